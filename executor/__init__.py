@@ -1,0 +1,1 @@
+"""The host agent: registration, heartbeats, artifact fetch, process spawn and supervision."""

@@ -1,0 +1,29 @@
+"""`python -m querylib.bench [SUITE ...]`: run benchmark suites, print JSON lines."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+# suite name -> module defining run() -> Iterable[dict]
+SUITES = {
+    "log": "querylib.bench._log",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(SUITES)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        print(f"bench: unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}",
+              file=sys.stderr)
+        return 2
+    for name in names:
+        for row in importlib.import_module(SUITES[name]).run():
+            print(json.dumps({"suite": name, **row}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

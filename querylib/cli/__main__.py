@@ -1,0 +1,5 @@
+import sys
+
+from querylib.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""The fixed 61-byte header of a Kafka RecordBatch (magic 2), and what the log needs from it.
+
+Peeking at a header never allocates more than the header itself and never trusts a length it has
+not bounded. The log stamps base offsets through `stamp_base_offset` without touching the CRC,
+which covers only attributes..end.
+
+Byte layout (Kafka's names):
+    baseOffset            int64   0
+    batchLength           int32   8   bytes after this field
+    partitionLeaderEpoch  int32   12
+    magic                 int8    16  2 (0 and 1 are the legacy MessageSet, same position)
+    crc                   uint32  17  CRC-32C over attributes..end
+    attributes            int16   21
+    lastOffsetDelta       int32   23
+    baseTimestamp         int64   27
+    maxTimestamp          int64   35
+    producerId            int64   43
+    producerEpoch         int16   51
+    baseSequence          int32   53
+    recordsCount          int32   57
+    records               ...     61
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: what precedes the length-counted part
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21
+MAGIC_OFFSET = 16
+MAX_BATCH_SIZE = 64 * 1024 * 1024  # no batch we accept is larger than this (Kafka default 1 MiB)
+
+_PREFIX = struct.Struct(">qib")  # baseOffset, batchLength, (leader epoch skipped) magic
+_OFFSET = struct.Struct(">q")
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies in a log: LOG_OVERHEAD + batch_length."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+
+def stamp_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -> bytes:
+    """Return the batch with its baseOffset field replaced. The CRC stays valid (it starts at
+    attributes), so the batch is never re-encoded."""
+    return _OFFSET.pack(base_offset) + bytes(memoryview(batch)[8:])
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse and bound-check the batch header at `pos`, without reading or checking the body.
+
+    Raises TruncatedRecordError when fewer than 61 bytes remain, InvalidLengthError when
+    batchLength is below the header or above MAX_BATCH_SIZE, UnsupportedMagicError when the
+    magic byte is not 2 (legacy message sets have their own reader).
+    """
+    from querylib.errors import InvalidLengthError, TruncatedRecordError, UnsupportedMagicError
+
+    avail = len(buf) - pos
+    if avail < LOG_OVERHEAD + 5:
+        raise TruncatedRecordError(f"batch header at {pos}: {avail} bytes left, need 17")
+    _base, length, magic = _PREFIX.unpack_from(buf, pos)
+    if magic != 2:
+        raise UnsupportedMagicError(f"batch at {pos}: magic {magic}, expected 2")
+    if length < HEADER_SIZE - LOG_OVERHEAD or length > MAX_BATCH_SIZE:
+        raise InvalidLengthError(f"batch at {pos}: batchLength {length} out of bounds")
+    if avail < HEADER_SIZE:
+        raise TruncatedRecordError(f"batch header at {pos}: {avail} bytes left, need 61")
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
