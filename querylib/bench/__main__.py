@@ -9,6 +9,8 @@ import sys
 # suite name -> module defining run() -> Iterable[dict]
 SUITES = {
     "log": "querylib.bench._log",
+    "records": "querylib.bench._records",
+    "rpc": "querylib.rpc._bench",
 }
 
 

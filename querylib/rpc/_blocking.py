@@ -1,0 +1,137 @@
+"""A blocking RPC client for plain scripts and threads: an RpcClient on its own loop thread.
+
+    with BlockingClient(address, secret) as client:
+        reply = client.request(Ping(b"hi"), timeout=5)
+
+Thread-safe: any number of threads may call one BlockingClient at once; every call is handed to
+the background loop with run_coroutine_threadsafe, and that loop alone touches the socket.
+Notify callbacks (`on_notify`) run on that background thread. Payload buffers passed in must
+not be mutated until the call returns (they are sent without copying).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+import zmq
+
+from ._client import Notification, NotifyCallback, RpcClient
+from ._codec import Buffer, Limits
+from ._errors import ClientClosedError
+from ._messages import Notify, Reply, Request
+
+__all__ = ["BlockingClient"]
+
+R = TypeVar("R", bound=Reply)
+T = TypeVar("T")
+
+
+class BlockingClient:
+    """The RpcClient API as blocking calls, safe to share between threads."""
+
+    def __init__(self, address: str, secret: bytes, *, limits: Limits | None = None,
+                 timeout: float = 30.0, context: zmq.Context[Any] | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=f"rpc-client {address}",
+                                        daemon=True)
+        self._thread.start()
+        self._closed = False
+        self._lock = threading.Lock()
+        try:
+            self._client = self._call(self._open(address, secret, limits, timeout, context))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _open(address: str, secret: bytes, limits: Limits | None, timeout: float,
+                    context: zmq.Context[Any] | None) -> RpcClient:
+        return await RpcClient(address, secret, limits=limits, timeout=timeout,
+                               context=context).connect()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            # Waiting here for the loop we are running on would never return.
+            raise RuntimeError("a BlockingClient cannot be called from its notify callbacks")
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise ClientClosedError("the client is closed") from None
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: make sure nothing keeps running for us.
+            future.cancel()
+            raise
+
+    @property
+    def session(self) -> bytes:
+        return self._client.session
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Messages dropped so far, by reason (a snapshot)."""
+        return self._call(_counters(self._client))
+
+    def request(self, request: Request[R], *, payload: Iterable[Buffer] = (),
+                timeout: float | None = None) -> R:
+        """Send `request` and block until its reply, error or deadline."""
+        return self._call(self._client.request(request, payload=list(payload),
+                                               timeout=timeout))
+
+    def exchange(self, request: Request[R], *, payload: Iterable[Buffer] = (),
+                 timeout: float | None = None) -> tuple[R, list[Buffer]]:
+        """Like `request`, also returning the reply's payload frames."""
+        return self._call(self._client.exchange(request, payload=list(payload),
+                                                timeout=timeout))
+
+    def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
+        """Send a one-way message."""
+        self._call(self._client.notify(message, list(payload)))
+
+    def on_notify(self, message_type: type[Notify], callback: NotifyCallback) -> None:
+        """Run `callback(notification)` on the client's loop thread for that type."""
+        self._client.on_notify(message_type, callback)
+
+    def next_notification(self, timeout: float | None = None) -> Notification | None:
+        """The oldest queued notify, waiting up to `timeout` seconds (None: forever)."""
+        try:
+            return self._call(asyncio.wait_for(self._client.notifications.get(), timeout))
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            return None
+
+    def close(self) -> None:
+        """Close the client and stop its thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._call(self._client.close())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _counters(client: RpcClient) -> dict[str, int]:
+    return client.counters  # read on the loop thread, which is the one updating them

@@ -1,0 +1,291 @@
+"""The asyncio client shell: a DEALER socket, a frame pump, one timer for all deadlines.
+
+    async with RpcClient("tcp://127.0.0.1:7400", secret) as client:
+        reply = await client.request(Produce(...), payload=[batch], timeout=5)
+        await client.notify(Credit(...))
+        note = await client.notifications.get()         # or client.on_notify(Delivery, cb)
+
+Any number of requests may be in flight (up to `Limits.max_in_flight`; more callers wait for a
+slot); replies are matched to their request by id, in whatever order they arrive. Request
+tracking and deadlines are the sans-I/O `RequestTracker` behind one loop timer; this module
+only moves frames, resolves futures and counts what it drops (replies nobody waits for, bad
+messages).
+Use it from one event loop; `BlockingClient` wraps it for threads and plain scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import zmq
+
+from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
+from ._errors import (
+    AddressError,
+    ClientClosedError,
+    DeadlineExceededError,
+    RpcError,
+    RpcProtocolError,
+    UnexpectedReplyError,
+    error_from_body,
+)
+from ._messages import Kind, Notify, Reply, Request
+from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
+
+__all__ = ["Notification", "RpcClient"]
+
+R = TypeVar("R", bound=Reply)
+
+NotifyCallback = Callable[["Notification"], object]
+
+
+class Notification:
+    """A notify the server pushed: the message and its payload frames (zero-copy views)."""
+
+    __slots__ = ("message", "payload")
+
+    def __init__(self, message: Notify, payload: list[Buffer]) -> None:
+        self.message = message
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Notification({self.message!r}, {len(self.payload)} payload frames)"
+
+
+class RpcClient:
+    """Requests to and notifies from one server, over one DEALER socket."""
+
+    def __init__(self, address: str, secret: bytes, *, limits: Limits | None = None,
+                 timeout: float = 30.0, context: zmq.Context[Any] | None = None) -> None:
+        self.address = address
+        self.limits = limits = limits or Limits()
+        self.timeout = _check_timeout(timeout)
+        self._codec = Codec(secret, role="client", limits=limits)
+        self._context = context
+        self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
+        self._slots = asyncio.Semaphore(limits.max_in_flight)
+        self._callbacks: dict[type[Notify], NotifyCallback] = {}
+        self._queue: asyncio.Queue[Notification] = asyncio.Queue(limits.notify_queue)
+        self._drops = DropCounters()
+        self._sock: zmq.Socket[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump: FramePump | None = None
+        self._closed = False
+
+    @property
+    def session(self) -> bytes:
+        """This client's session id (the server sees it as `ctx.session`)."""
+        return self._codec.session
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Messages dropped so far, by reason."""
+        return self._drops.snapshot()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered, failed or expired."""
+        return len(self._pending) if self._pending is not None else 0
+
+    @property
+    def notifications(self) -> asyncio.Queue[Notification]:
+        """Notifies of types without a callback, oldest first.
+
+        Bounded by `Limits.notify_queue`; when full, new ones are dropped and counted
+        ("notify_overflow"), so grant the server no more credit than the queue holds.
+        """
+        return self._queue
+
+    def on_notify(self, message_type: type[Notify], callback: NotifyCallback) -> None:
+        """Call `callback(notification)` in the receive loop for each notify of that type.
+
+        It must be a plain, quick function (it holds up every reply behind it); hand long
+        work to a task or a queue.
+        """
+        if not (isinstance(message_type, type) and issubclass(message_type, Notify)):
+            raise TypeError(f"{message_type!r} is not a Notify class")
+        if inspect.iscoroutinefunction(callback):
+            raise TypeError("the notify callback must be a plain function, not async")
+        self._callbacks[message_type] = callback
+
+    async def connect(self) -> RpcClient:
+        """Create the socket and start receiving. zmq connects (and reconnects) by itself."""
+        if self._sock is not None or self._closed:
+            raise RuntimeError("an RpcClient connects once")
+        sock = new_socket(zmq.DEALER, self.limits, self._context)
+        try:
+            sock.connect(self.address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise AddressError(f"cannot connect to {self.address}: {exc}") from exc
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
+        self._pump = FramePump(sock, self._loop, small_frames=3, limits=self.limits,
+                               on_message=self._on_message, on_drop=self._on_drop)
+        return self
+
+    async def close(self) -> None:
+        """Fail calls in flight with ClientClosedError, stop receiving, close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for _, future in self._pending.close() if self._pending is not None else ():
+            if not future.done():
+                future.set_exception(ClientClosedError(f"client of {self.address} closed"))
+        if self._pump is not None:
+            self._pump.close()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+
+    async def __aenter__(self) -> RpcClient:
+        if self._sock is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def request(self, request: Request[R], *, payload: Iterable[Buffer] = (),
+                      timeout: float | None = None) -> R:
+        """Send `request`, wait for its reply; raise the remote error or DeadlineExceeded."""
+        reply, _ = await self.exchange(request, payload=payload, timeout=timeout)
+        return reply
+
+    async def exchange(self, request: Request[R], *, payload: Iterable[Buffer] = (),
+                       timeout: float | None = None) -> tuple[R, list[Buffer]]:
+        """Like `request`, also returning the reply's payload frames."""
+        request_type = type(request)
+        if not isinstance(request, Request):
+            raise TypeError(f"{request_type.__name__} is not a Request")
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        pump, loop = self._require_open()
+        deadline = loop.time() + timeout
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise self._expired(request, timeout) from None
+        else:
+            await self._slots.acquire()
+        if self._closed:  # closed while we waited for a slot
+            self._slots.release()
+            raise ClientClosedError(f"client of {self.address} is closed")
+        pending = self._pending
+        assert pending is not None
+        request_id = pending.next_id()
+        try:
+            future: asyncio.Future[Incoming | None] = loop.create_future()
+            pending.track(request_id, deadline, future)
+            frames = self._codec.request(request_id, request, ttl=deadline - loop.time(),
+                                         now=time.time(), payload=payload)
+            await self._send(pump, frames, deadline)
+            incoming = await future
+        finally:
+            pending.forget(request_id)
+            self._slots.release()
+        if incoming is None:
+            raise self._expired(request, timeout)
+        body = incoming.body
+        if incoming.header.kind == Kind.ERROR:
+            raise error_from_body(body, request_type.error_type)  # type: ignore[arg-type]
+        if not isinstance(body, request_type.reply_type):
+            raise UnexpectedReplyError(f"{request_type.__name__} answered with "
+                                       f"{type(body).__name__}")
+        return body, incoming.payload  # type: ignore[return-value]
+
+    async def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
+        """Send a one-way message (a credit grant, a heartbeat). Waits only if queues are full."""
+        pump, loop = self._require_open()
+        frames = self._codec.notify(message, now=time.time(), payload=payload)
+        await self._send(pump, frames, loop.time() + self.timeout)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require_open(self) -> tuple[FramePump, asyncio.AbstractEventLoop]:
+        if self._closed:
+            raise ClientClosedError(f"client of {self.address} is closed")
+        if self._pump is None or self._loop is None:
+            raise RuntimeError("call connect() (or use `async with`) first")
+        return self._pump, self._loop
+
+    def _expired(self, request: Request[Any], timeout: float) -> DeadlineExceededError:
+        return DeadlineExceededError(f"{type(request).rpc_tag} to {self.address}: no reply "
+                                     f"within {timeout:g}s")
+
+    async def _send(self, pump: FramePump, frames: list[Buffer], deadline: float) -> None:
+        try:
+            pump.send(frames)
+            return
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as exc:
+            raise RpcError(f"send to {self.address} failed: {exc}") from exc
+        # The queue to the server is full (it is slow, or not there yet): wait for room.
+        try:
+            async with asyncio.timeout_at(deadline):
+                await pump.send_wait(frames)
+        except TimeoutError:
+            raise DeadlineExceededError(f"send to {self.address} blocked until the deadline "
+                                        "(queue full)") from None
+        except zmq.ZMQError as exc:
+            raise RpcError(f"send to {self.address} failed: {exc}") from exc
+
+    def _on_drop(self, reason: str) -> None:
+        self._drops[reason] += 1
+
+    def _on_message(self, parts: list[Any]) -> None:
+        try:
+            self._dispatch(parts)
+        except Exception:  # a bug in this module; the client must outlive it
+            self._drops["internal_error"] += 1
+            log.exception("rpc client %s: bug while handling a message", self.address)
+
+    def _dispatch(self, parts: list[Any]) -> None:
+        try:
+            incoming = self._codec.decode(parts, time.time())
+        except RpcProtocolError as exc:
+            self._drops[exc.reason] += 1
+            return
+        if incoming.header.kind == Kind.NOTIFY:
+            self._deliver(Notification(incoming.body, incoming.payload))  # type: ignore[arg-type]
+            return
+        future = self._pending.forget(incoming.header.id)  # type: ignore[union-attr]
+        if future is None:
+            self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
+        elif not future.done():
+            future.set_result(incoming)
+
+    def _deliver(self, note: Notification) -> None:
+        callback = self._callbacks.get(type(note.message))
+        if callback is not None:
+            try:
+                callback(note)
+            except Exception:
+                # The callback is application code run by our loop: report, keep receiving.
+                self._drops["notify_callback_error"] += 1
+                log.exception("rpc client %s: notify callback for %s failed", self.address,
+                              type(note.message).__name__)
+            return
+        try:
+            self._queue.put_nowait(note)
+        except asyncio.QueueFull:
+            self._drops["notify_overflow"] += 1
+            log.warning("rpc client %s: notify queue full, dropped a %s", self.address,
+                        type(note.message).__name__)
+
+
+def _expire(_request_id: int, future: asyncio.Future[Incoming | None]) -> None:
+    if not future.done():
+        future.set_result(None)  # the caller raises DeadlineExceededError, knowing the request
+
+
+def _check_timeout(timeout: float) -> float:
+    if not 0.0 < timeout <= MAX_TTL:
+        raise ValueError(f"timeout must be in (0, {MAX_TTL:g}] seconds, not {timeout!r}")
+    return float(timeout)

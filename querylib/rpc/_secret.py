@@ -1,0 +1,98 @@
+"""The cluster secret: a file of mode 0600 holding the HMAC key every RPC message is signed with.
+
+`load_or_create_secret(path)` creates the file (and its folder, 0700) when it is missing,
+atomically, so two processes starting together agree on one key; it refuses a file that group
+or other may read or write, or that another user owns, as ssh does with private keys. The key
+is the file's content with surrounding whitespace stripped (64 hex characters when we create
+it), so a key written by hand or by another tool works too.
+
+This module reads and writes that one file. It must not sign anything or touch sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ._errors import SecretFileError
+
+__all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "load_secret"]
+
+MIN_SECRET_BYTES = 16  # below 128 bits an HMAC key is guessable offline
+
+
+def default_secret_path() -> Path:
+    """`$TQ_HOME/secret`, where TQ_HOME defaults to ~/.tq (next to cluster.json)."""
+    home = os.environ.get("TQ_HOME") or os.path.join(os.path.expanduser("~"), ".tq")
+    return Path(home) / "secret"
+
+
+def load_secret(path: str | os.PathLike[str]) -> bytes:
+    """The key in the secret file at `path`; SecretFileError when missing, too open or short."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError as exc:
+        raise SecretFileError(f"secret file {path} does not exist; start the coordinator "
+                              "(tq up) to create it, or pass the right path") from exc
+    except OSError as exc:
+        raise SecretFileError(f"cannot open secret file {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        _check_mode(path, st)
+        data = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    key = data.strip()
+    if len(key) < MIN_SECRET_BYTES:
+        raise SecretFileError(f"secret file {path} holds {len(key)} bytes; at least "
+                              f"{MIN_SECRET_BYTES} are needed (delete it to have one created)")
+    return key
+
+
+def load_or_create_secret(path: str | os.PathLike[str]) -> bytes:
+    """The key in the secret file at `path`, creating the file with a fresh key if missing."""
+    path = Path(path)
+    if not path.exists():
+        _create(path)
+    return load_secret(path)
+
+
+def _check_mode(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise SecretFileError(f"secret file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise SecretFileError(
+            f"secret file {path} is accessible by group/other (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and st.st_uid != getuid():
+        raise SecretFileError(f"secret file {path} belongs to uid {st.st_uid}, not to you "
+                              f"(uid {getuid()}); use your own secret file")
+
+
+def _create(path: Path) -> None:
+    """Write a fresh key to a private temp file, then link it into place.
+
+    link() fails if `path` appeared meanwhile, so a concurrent creator's key wins and both
+    processes then read the same file; no reader ever sees a half-written key.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.write(fd, secrets.token_hex(32).encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    except OSError as exc:
+        raise SecretFileError(f"cannot create secret file {path}: {exc.strerror}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)

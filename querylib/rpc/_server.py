@@ -1,0 +1,337 @@
+"""The asyncio server shell: a ROUTER socket, a frame pump, one task per request.
+
+    server = RpcServer(secret)
+    server.register(Produce, handle_produce)      # async def handle_produce(req, ctx) -> Reply
+    endpoint = await server.start("tcp://127.0.0.1:0")
+    ...
+    server.notify(ctx.peer, Delivery(...), payload=[batch])   # push to a client, no request
+    await server.close()
+
+What a message means, whether it is signed, fresh and well formed, is decided by the codec;
+this module only moves frames, runs handlers under their deadlines and counts what it drops.
+A peer's garbage never stops the receive loop: it is counted by reason, and answered with an
+error only when it was authentic enough to deserve an answer (signed, with a request header).
+Handlers are cancelled at their request's deadline, by one timer for all of them (wrap work
+that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
+A handler raising a TqError answers the client with it; anything else is a bug: logged with
+its traceback and answered with InternalServerError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import zmq
+
+from catalog.errors import TqError
+
+from ._codec import Buffer, Codec, Incoming, Limits
+from ._errors import (
+    AddressError,
+    InternalServerError,
+    PeerBusyError,
+    PeerUnreachableError,
+    RpcProtocolError,
+    ServerBusyError,
+    UnsupportedRequestError,
+)
+from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
+from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
+
+__all__ = ["Context", "Handler", "RpcServer"]
+
+Handler = Callable[[Any, "Context"], Awaitable[Any]]
+
+
+class Context:
+    """What a handler knows about the message it handles, and how it adds payload to its reply.
+
+    peer        the client's ROUTER identity: the address for `server.notify(peer, ...)`
+    session     the client's session id (16 bytes, stable for the client's lifetime)
+    payload     the request's payload frames, as zero-copy memoryviews
+    deadline    the request's deadline on the event loop's clock (inf for notifies)
+    server      the server, e.g. to notify this peer later
+    """
+
+    __slots__ = ("deadline", "expired", "payload", "peer", "reply_payload", "request_id",
+                 "server", "session")
+
+    def __init__(self, server: RpcServer, peer: bytes, header: Header, payload: list[Buffer],
+                 deadline: float) -> None:
+        self.server = server
+        self.peer = peer
+        self.session = header.session
+        self.request_id = header.id
+        self.payload = payload
+        self.deadline = deadline
+        self.expired = False  # set when the server cancels the handler at the deadline
+        self.reply_payload: list[Buffer] = []
+
+    def attach(self, *frames: Buffer) -> None:
+        """Send these raw frames after the reply's body (not copied: do not mutate them)."""
+        self.reply_payload.extend(frames)
+
+    def remaining(self) -> float:
+        """Seconds until the deadline (negative once past)."""
+        return self.deadline - asyncio.get_running_loop().time()
+
+
+async def _echo(request: Ping, ctx: Context) -> Pong:
+    ctx.attach(*ctx.payload)
+    return Pong(request.data)
+
+
+def _cancel_expired(_local_id: int, entry: tuple[asyncio.Task[None], Context]) -> None:
+    task, ctx = entry
+    ctx.expired = True
+    task.cancel()
+
+
+class RpcServer:
+    """Serves registered request and notify types on a bound ROUTER socket."""
+
+    def __init__(self, secret: bytes, *, limits: Limits | None = None,
+                 context: zmq.Context[Any] | None = None) -> None:
+        self.limits = limits or Limits()
+        self._codec = Codec(secret, role="server", limits=self.limits)
+        self._context = context
+        self._handlers: dict[type[Message], Handler] = {Ping: _echo}
+        self._sock: zmq.Socket[Any] | None = None
+        self._pump: FramePump | None = None
+        self._deadlines: DeadlineTimer[tuple[asyncio.Task[None], Context]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._peers: dict[bytes, bytes] = {}  # ROUTER identity -> session, for notify()
+        self._drops = DropCounters()
+        self.endpoint: str | None = None
+        self._closed = False
+
+    @property
+    def session(self) -> bytes:
+        """This server's session id."""
+        return self._codec.session
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Messages dropped or refused so far, by reason."""
+        return self._drops.snapshot()
+
+    def register(self, message_type: type[Message], handler: Handler) -> None:
+        """Serve `message_type` (a Request or Notify class) with `async def handler(msg, ctx)`.
+
+        A request handler returns an instance of the request's reply type; a notify handler
+        returns None.
+        """
+        if not (isinstance(message_type, type) and issubclass(message_type, (Request, Notify))
+                and message_type.rpc_tag is not None):
+            raise TypeError(f"{message_type!r} is not a tagged Request or Notify class")
+        if not inspect.iscoroutinefunction(handler):
+            raise TypeError(f"handler for {message_type.__name__} must be an async function")
+        self._handlers[message_type] = handler
+
+    def route(self, message_type: type[Message]) -> Callable[[Handler], Handler]:
+        """Decorator form of `register`."""
+        def decorate(handler: Handler) -> Handler:
+            self.register(message_type, handler)
+            return handler
+        return decorate
+
+    async def start(self, bind: str = "tcp://127.0.0.1:0") -> str:
+        """Bind and start serving; returns the bound endpoint (the real port for port 0)."""
+        if self._sock is not None or self._closed:
+            raise RuntimeError("an RpcServer starts once")
+        sock = new_socket(zmq.ROUTER, self.limits, self._context)
+        # Unroutable replies (the client went away) fail loudly to us instead of vanishing.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            sock.bind(bind)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise AddressError(f"cannot listen on {bind}: {exc}") from exc
+        self._sock = sock
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        loop = asyncio.get_running_loop()
+        self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
+        self._pump = FramePump(sock, loop, small_frames=4,
+                               limits=self.limits, on_message=self._on_message,
+                               on_drop=self._on_drop)
+        return self.endpoint
+
+    async def close(self) -> None:
+        """Stop receiving, cancel running handlers, close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pump is not None:
+            self._pump.close()
+        if self._deadlines is not None:
+            self._deadlines.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close(linger=0)
+
+    async def __aenter__(self) -> RpcServer:
+        if self._sock is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def notify(self, peer: bytes, message: Notify, payload: Iterable[Buffer] = ()) -> None:
+        """Push `message` to the client with ROUTER identity `peer`, without waiting.
+
+        Call it from the server's event loop (a handler, or a task of the same loop).
+
+        Raises PeerUnreachableError if no such client is connected (or it never sent us
+        anything), PeerBusyError if its queue is full (it stopped reading; retriable).
+        """
+        if self._sock is None or self._closed:
+            raise PeerUnreachableError("the server is not running")
+        session = self._peers.get(peer)
+        if session is None:
+            raise PeerUnreachableError(f"no client with identity {peer.hex()} has spoken to us")
+        frames = self._codec.notify(message, to=session, now=time.time(), payload=payload)
+        try:
+            self._pump.send([peer, *frames])  # type: ignore[union-attr]
+        except zmq.Again as exc:
+            raise PeerBusyError(f"client {peer.hex()} is not reading (queue full)") from exc
+        except zmq.ZMQError as exc:
+            raise PeerUnreachableError(f"client {peer.hex()} is gone: {exc}") from exc
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _on_drop(self, reason: str) -> None:
+        self._drops[reason] += 1
+
+    def _on_message(self, parts: list[Any]) -> None:
+        try:
+            self._dispatch(parts)
+        except Exception:  # a bug in this module; the server must outlive it
+            self._drops["internal_error"] += 1
+            log.exception("rpc server %s: bug while handling a message", self.endpoint)
+
+    def _dispatch(self, parts: list[Any]) -> None:
+        peer = parts[0]
+        try:
+            incoming = self._codec.decode(parts[1:], time.time())
+        except RpcProtocolError as exc:
+            self._drops[exc.reason] += 1
+            header = exc.header
+            if header is not None and header.kind == Kind.REQUEST:
+                self._send_error(peer, header, exc)
+            return
+        header = incoming.header
+        if self._peers.get(peer) != header.session:
+            self._remember_peer(peer, header.session)
+        message = incoming.body
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            self._drops["no_handler"] += 1
+            if header.kind == Kind.REQUEST:
+                self._send_error(peer, header, UnsupportedRequestError(
+                    f"this server does not serve {type(message).__name__} ({header.tag})"))
+            return
+        if len(self._tasks) >= self.limits.max_handlers:
+            self._drops["busy"] += 1
+            if header.kind == Kind.REQUEST:
+                self._send_error(peer, header, ServerBusyError(
+                    f"{len(self._tasks)} requests running; retry later"))
+            return
+        loop = asyncio.get_running_loop()
+        if header.kind == Kind.REQUEST:
+            deadlines = self._deadlines
+            assert deadlines is not None
+            ctx = Context(self, peer, header, incoming.payload, loop.time() + header.ttl)
+            local_id = deadlines.next_id()
+            task = loop.create_task(self._serve_request(handler, incoming, ctx, local_id))
+            deadlines.track(local_id, ctx.deadline, (task, ctx))
+        else:
+            ctx = Context(self, peer, header, incoming.payload, math.inf)
+            task = loop.create_task(self._serve_notify(handler, incoming, ctx))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _remember_peer(self, peer: bytes, session: bytes) -> None:
+        self._peers.pop(peer, None)
+        self._peers[peer] = session
+        if len(self._peers) > self.limits.max_sessions:
+            # Forget the longest-known identity; if it is still alive, its next message
+            # teaches it to us again.
+            del self._peers[next(iter(self._peers))]
+
+    async def _serve_request(self, handler: Handler, incoming: Incoming, ctx: Context,
+                             local_id: int) -> None:
+        header = incoming.header
+        request = incoming.body
+        try:
+            reply = await handler(request, ctx)
+        except asyncio.CancelledError:
+            if not ctx.expired:
+                raise  # the server is closing
+            # Cancelled by us at the deadline: the client has given up on this id already.
+            self._drops["handler_deadline"] += 1
+            return
+        except TqError as exc:
+            self._send_error(ctx.peer, header, exc)
+            return
+        except Exception as exc:
+            log.exception("rpc server %s: handler of %s failed", self.endpoint, header.tag)
+            self._send_error(ctx.peer, header, InternalServerError(
+                f"handler of {header.tag} failed: {type(exc).__name__}: {exc}"))
+            return
+        finally:
+            if self._deadlines is not None:
+                self._deadlines.forget(local_id)
+        expected = type(request).reply_type
+        if not isinstance(reply, expected):
+            log.error("rpc server %s: handler of %s returned %r, not a %s", self.endpoint,
+                      header.tag, type(reply).__name__, expected.__name__)
+            self._send_error(ctx.peer, header, InternalServerError(
+                f"handler of {header.tag} returned {type(reply).__name__}, "
+                f"not {expected.__name__}"))
+            return
+        self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
+
+    async def _serve_notify(self, handler: Handler, incoming: Incoming, ctx: Context) -> None:
+        try:
+            await handler(incoming.body, ctx)
+        except Exception:
+            # Nobody waits for a notify's outcome: the traceback is the only report.
+            self._drops["notify_handler_error"] += 1
+            log.exception("rpc server %s: notify handler of %s failed", self.endpoint,
+                          incoming.header.tag)
+
+    def _send_reply(self, peer: bytes, header: Header, reply: Reply,
+                    payload: list[Buffer]) -> None:
+        try:
+            frames = self._codec.reply(header.id, reply, to=header.session, now=time.time(),
+                                       payload=payload)
+        except RpcProtocolError as exc:  # the reply itself is over the limits
+            self._send_error(peer, header, InternalServerError(f"reply not sendable: {exc}"))
+            return
+        self._send(peer, frames)
+
+    def _send_error(self, peer: bytes, header: Header, exc: TqError) -> None:
+        self._send(peer, self._codec.error(header.id, exc, to=header.session, now=time.time()))
+
+    def _send(self, peer: bytes, frames: list[Buffer]) -> None:
+        if self._closed or self._pump is None:
+            return
+        try:
+            self._pump.send([peer, *frames])
+        except zmq.Again:
+            self._drops["peer_busy"] += 1  # its queue is full: it hits its deadline instead
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drops["unroutable"] += 1  # it disconnected meanwhile
+            else:
+                self._drops["send_error"] += 1
+                log.warning("rpc server %s: send failed: %s", self.endpoint, exc)

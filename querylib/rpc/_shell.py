@@ -1,0 +1,259 @@
+"""The I/O both asyncio shells share: whole zmq messages in and out of an event loop, one
+timer for many deadlines, drop counters.
+
+Why not zmq.asyncio: it wraps every send and receive in a Future and goes through pyzmq's
+Python-level flag and option enums; on this project's 2-core machines it measured at about
+half of this pump's throughput for small round trips, and the coordinator needs >= 20k/s.
+`FramePump` registers the socket's ZMQ_FD with the loop (`add_reader`) and calls the Cython
+socket methods with integer flags. ZMQ_FD is edge-triggered: after *any* operation on the
+socket, messages may be waiting without the fd signalling again. So the pump drains until
+EAGAIN when the fd fires, and after sends re-reads ZMQ_EVENTS (`kick`) once per loop
+iteration, scheduling a drain when something is readable. Nothing else touches the socket.
+
+Receiving enforces the frame-count and size limits while reading, so an oversized message is
+consumed and dropped part by part instead of accumulated. The first `small_frames` parts
+(identity, signature, header, body) are copied into bytes; payload parts stay zmq-owned
+buffers (zero-copy memoryviews).
+
+This module moves frames and keeps time. It must not decode, sign or interpret messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import zmq
+from zmq.backend import Socket as _RawSocket
+
+from ._codec import Limits
+from ._tracker import RequestTracker
+
+T = TypeVar("T")
+
+log = logging.getLogger("querylib.rpc")
+
+_send = _RawSocket.send
+_recv = _RawSocket.recv
+_get = _RawSocket.get
+_SNDMORE = int(zmq.SNDMORE)
+_DONTWAIT = int(zmq.DONTWAIT)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+
+# Messages handled per loop callback before yielding, so handler tasks, timers and other
+# sockets run while a burst is drained.
+RECV_BURST = 64
+
+
+def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = None
+               ) -> zmq.Socket[Any]:
+    """A socket with the options every RPC socket gets: no linger, bounded frames and queues."""
+    sock = (context or zmq.Context.instance()).socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, limits.hwm)
+    sock.setsockopt(zmq.RCVHWM, limits.hwm)
+    return sock
+
+
+class DropCounters(Counter[str]):
+    """Messages dropped or refused, by reason (the RpcProtocolError `reason`, or the shell's)."""
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self)
+
+
+class DeadlineTimer(Generic[T]):
+    """A RequestTracker driven by one loop timer, armed for the earliest deadline only.
+
+    `on_expired(id, entry)` runs for each request whose deadline passes while tracked. One
+    timer for all requests, rather than one per request: a request then costs a dict insert
+    and a heap push, and the timer is re-armed only when a new deadline is the earliest.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int,
+                 on_expired: Callable[[int, T], None]) -> None:
+        self._loop = loop
+        self._tracker: RequestTracker[T] = RequestTracker(capacity)
+        self._on_expired = on_expired
+        self._timer: asyncio.TimerHandle | None = None
+        self._when = math.inf
+
+    def __len__(self) -> int:
+        return len(self._tracker)
+
+    def next_id(self) -> int:
+        return self._tracker.next_id()
+
+    def track(self, request_id: int, deadline: float, entry: T) -> None:
+        self._tracker.add(request_id, deadline, entry)
+        if deadline < self._when:
+            self._arm(deadline)
+
+    def forget(self, request_id: int) -> T | None:
+        return self._tracker.pop(request_id)
+
+    def close(self) -> list[tuple[int, T]]:
+        """Stop the timer; everything still tracked, for the owner to fail."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._when = -math.inf  # never arm again
+        return self._tracker.clear()
+
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(deadline, self._fire)
+        self._when = deadline
+
+    def _fire(self) -> None:
+        # The loop may run a timer up to its clock resolution early: count it as on time.
+        now = max(self._loop.time(), self._when)
+        self._timer = None
+        self._when = math.inf
+        for request_id, entry in self._tracker.expired(now):
+            self._on_expired(request_id, entry)
+        upcoming = self._tracker.next_deadline()
+        if upcoming is not None:
+            self._arm(upcoming)
+
+
+class FramePump:
+    """Feeds every message arriving on `sock` to `on_message(parts)`; sends without blocking.
+
+    `on_drop(reason)` is called instead for messages over the limits. Both run inside a loop
+    callback and must not block. Use from the loop's thread only.
+    """
+
+    def __init__(self, sock: zmq.Socket[Any], loop: asyncio.AbstractEventLoop, *,
+                 small_frames: int, limits: Limits,
+                 on_message: Callable[[list[Any]], None],
+                 on_drop: Callable[[str], None]) -> None:
+        self._sock = sock
+        self._loop = loop
+        self._small = small_frames
+        # Parts we accept: the codec's limit plus the ROUTER identity frame when there is one.
+        self._max_parts = limits.max_frames + (small_frames - 3)
+        self._max_bytes = limits.max_message_bytes
+        self._on_message = on_message
+        self._on_drop = on_drop
+        self._scheduled = False
+        self._kick_scheduled = False
+        self._writers: deque[asyncio.Future[None]] = deque()
+        self._fd = sock.getsockopt(zmq.FD)
+        self._closed = False
+        loop.add_reader(self._fd, self._drain)
+        self.kick()
+
+    def close(self) -> None:
+        """Stop watching the socket (the owner closes it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        while self._writers:
+            writer = self._writers.popleft()
+            if not writer.done():
+                writer.cancel()
+
+    def send(self, frames: Sequence[Any]) -> None:
+        """Queue a whole message or raise (zmq.Again when the peer's queue is full).
+
+        Buffers of zmq.COPY_THRESHOLD bytes or more are handed to zmq without a copy: the
+        caller must not mutate them afterwards. zmq queues the rest of a multipart message
+        once its first part is accepted, so Again can only come from the first part.
+        """
+        sock = self._sock
+        last = len(frames) - 1
+        try:
+            for i in range(last):
+                _send(sock, frames[i], _SNDMORE | _DONTWAIT, False, False)
+            _send(sock, frames[last], _DONTWAIT, False, False)
+        finally:
+            self._schedule_kick()
+
+    async def send_wait(self, frames: Sequence[Any]) -> None:
+        """Like `send`, but wait (the caller bounds how long) while the queue is full."""
+        while True:
+            try:
+                self.send(frames)
+                return
+            except zmq.Again:
+                writer = self._loop.create_future()
+                self._writers.append(writer)
+                self.kick()
+                await writer
+
+    def _schedule_kick(self) -> None:
+        # One ZMQ_EVENTS check per loop iteration, however many messages went out in it.
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._loop.call_soon(self._deferred_kick)
+
+    def _deferred_kick(self) -> None:
+        self._kick_scheduled = False
+        self.kick()
+
+    def kick(self) -> None:
+        """Re-read ZMQ_EVENTS after an operation and act on it (the fd may stay quiet)."""
+        if self._closed:
+            return
+        events = _get(self._sock, _EVENTS)
+        if events & _POLLIN and not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._drain)
+        if events & _POLLOUT and self._writers:
+            while self._writers:
+                writer = self._writers.popleft()
+                if not writer.done():
+                    writer.set_result(None)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        if self._closed:
+            return
+        for _ in range(RECV_BURST):
+            try:
+                parts = self._receive()
+            except zmq.Again:
+                break
+            if parts is not None:
+                self._on_message(parts)
+        # Drained to EAGAIN, or the burst is exhausted and messages may be left: either way
+        # re-read ZMQ_EVENTS once others have run (it also wakes writers waiting for room).
+        self._schedule_kick()
+
+    def _receive(self) -> list[Any] | None:
+        """One whole message, or None when it was over the limits (then reported dropped)."""
+        sock = self._sock
+        # Frames, not copied bytes, only to read `more` cheaply: ZMQ_RCVMORE through
+        # getsockopt costs several times more in pyzmq.
+        frame = _recv(sock, _DONTWAIT, False, False)
+        parts: list[Any] = [frame.bytes]
+        total = len(parts[0])
+        small = self._small
+        too_big: str | None = None
+        while frame.more:
+            frame = _recv(sock, _DONTWAIT, False, False)
+            if too_big is not None:
+                continue  # keep consuming the message's parts, keep none of them
+            part = frame.bytes if len(parts) < small else frame.buffer
+            total += len(part)
+            if len(parts) >= self._max_parts:
+                too_big = "too_many_frames"
+            elif total > self._max_bytes:
+                too_big = "too_large"
+            else:
+                parts.append(part)
+        if too_big is not None:
+            self._on_drop(too_big)
+            return None
+        return parts

@@ -1,0 +1,77 @@
+"""Shared test helpers: wait on a condition with a deadline, free loopback ports, child processes
+that are always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("tq", deadline=None, max_examples=100)
+settings.load_profile("tq")
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.01,
+             what: str = "condition") -> T:
+    """Poll `condition` until it returns a truthy value or the deadline passes (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Starts child processes in their own process groups and kills every one at teardown."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(args, **kwargs)
+        self.children.append(proc)
+        return proc
+
+    def python(self, *args: str, **kwargs) -> subprocess.Popen:
+        return self.start([sys.executable, *args], **kwargs)
+
+    def stop_all(self) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    procs = Processes()
+    try:
+        yield procs
+    finally:
+        procs.stop_all()

@@ -1,0 +1,369 @@
+"""RPC over real ZeroMQ sockets on 127.0.0.1: the asyncio server and client together."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import zmq
+
+from catalog.errors import UserError
+from querylib.rpc import (
+    AddressError,
+    ClientClosedError,
+    Codec,
+    DeadlineExceededError,
+    InternalServerError,
+    Limits,
+    PeerBusyError,
+    PeerUnreachableError,
+    Ping,
+    Pong,
+    RemoteError,
+    RpcClient,
+    RpcServer,
+    ServerBusyError,
+    UnsupportedRequestError,
+)
+from tests.querylib.rpc._support import (
+    SECRET,
+    Credit,
+    Delivery,
+    Fetch,
+    FetchReply,
+    Handlers,
+    ShelfEmptyError,
+    ShelfLockedError,
+    Subscribe,
+    Unserved,
+)
+
+TEST_TIMEOUT = 30.0
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), TEST_TIMEOUT))
+
+
+@asynccontextmanager
+async def served(limits: Limits | None = None,
+                 ) -> AsyncIterator[tuple[RpcServer, RpcClient, Handlers]]:
+    handlers = Handlers()
+    server = RpcServer(SECRET, limits=limits)
+    handlers.install(server)
+    await server.start("tcp://127.0.0.1:0")
+    assert server.endpoint is not None
+    client = RpcClient(server.endpoint, SECRET, limits=limits, timeout=10.0)
+    await client.connect()
+    try:
+        yield server, client, handlers
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def until(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Wait on the loop for `condition` with a deadline (the loop keeps serving meanwhile)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+    assert condition(), what
+
+
+def test_ping_and_the_bound_endpoint() -> None:
+    async def test() -> None:
+        async with served() as (server, client, _):
+            assert server.endpoint.startswith("tcp://127.0.0.1:")
+            assert not server.endpoint.endswith(":0")
+            assert await client.request(Ping(b"hello")) == Pong(b"hello")
+            assert server.counters == {} and client.counters == {}
+    run(test)
+
+
+def test_many_requests_in_flight_answered_out_of_order() -> None:
+    async def test() -> None:
+        async with served() as (_, client, handlers):
+            count = 60
+            for token in range(count):
+                handlers.gate(token)
+            completed: list[int] = []
+
+            async def call(token: int) -> None:
+                reply = await client.request(Fetch(token))
+                assert reply == FetchReply(token)
+                completed.append(token)
+
+            calls = [asyncio.create_task(call(token)) for token in range(count)]
+            await until(lambda: len(handlers.started) == count, "all requests in flight")
+            # Release in reverse order, one at a time: each reply must reach its own caller.
+            for token in reversed(range(count)):
+                handlers.gates[token].set()
+                await until(lambda t=token: t in completed, f"reply {token}")
+            await asyncio.gather(*calls)
+            assert completed == list(reversed(range(count)))
+    run(test)
+
+
+def test_deadline_expires_and_server_cancels_the_handler() -> None:
+    async def test() -> None:
+        async with served() as (server, client, handlers):
+            handlers.gate(1)  # never opened
+            with pytest.raises(DeadlineExceededError, match="test.fetch") as info:
+                await client.request(Fetch(1), timeout=0.2)
+            assert info.value.retriable
+            await until(lambda: server.counters.get("handler_deadline") == 1,
+                        "the server cancelled the handler at the deadline")
+            # Other calls, with and without deadlines, are unaffected.
+            assert await client.request(Fetch(2)) == FetchReply(2)
+    run(test)
+
+
+def test_deadlines_expire_independently_earliest_first() -> None:
+    async def test() -> None:
+        async with served() as (_, client, handlers):
+            for token in range(5):
+                handlers.gate(token)
+            order: list[int] = []
+
+            async def call(token: int, timeout: float) -> None:
+                with pytest.raises(DeadlineExceededError):
+                    await client.request(Fetch(token), timeout=timeout)
+                order.append(token)
+
+            await asyncio.gather(*(call(t, 0.1 + 0.1 * (4 - t)) for t in range(5)))
+            assert order == [4, 3, 2, 1, 0]
+            assert client.in_flight == 0
+    run(test)
+
+
+def test_typed_remote_errors() -> None:
+    async def test() -> None:
+        async with served() as (_, client, _handlers):
+            with pytest.raises(ShelfEmptyError, match="shelf 1 is empty") as empty:
+                await client.request(Fetch(1, fail="empty"))
+            assert empty.value.retriable and empty.value.kafka_error_code == 3
+            with pytest.raises(ShelfLockedError, match="locked by alice"):
+                await client.request(Fetch(2, fail="locked"))
+            # A TqError outside Fetch's declared ShelfError: a RemoteError naming it.
+            with pytest.raises(RemoteError) as user:
+                await client.request(Fetch(3, fail="user"))
+            assert user.value.remote_type == "catalog.errors.UserError"
+            assert user.value.kafka_error_code == UserError.kafka_error_code
+            with pytest.raises(RemoteError) as far:
+                await client.request(Fetch(4, fail="remote"))
+            assert far.value.remote_type == "elsewhere.FarError"
+            assert far.value.retriable and far.value.kafka_error_code == 77
+            with pytest.raises(InternalServerError, match="ZeroDivisionError"):
+                await client.request(Fetch(5, fail="bug"))
+            with pytest.raises(InternalServerError, match="WrongReply"):
+                await client.request(Fetch(6, fail="wrong_reply"))
+            with pytest.raises(UnsupportedRequestError):
+                await client.request(Unserved())
+            assert await client.request(Fetch(7)) == FetchReply(7)
+    run(test)
+
+
+def test_payload_frames_round_trip_unchanged() -> None:
+    async def test() -> None:
+        async with served() as (_, client, _handlers):
+            big = bytes(range(256)) * 4096  # 1 MiB, sent without a copy
+            payload = [b"", b"\x00", bytearray(b"mutable"), memoryview(big)[10:100_010], big]
+            reply, back = await client.exchange(Ping(b"p"), payload=payload)
+            assert reply == Pong(b"p")
+            assert [bytes(frame) for frame in back] == [bytes(frame) for frame in payload]
+            reply, back = await client.exchange(Fetch(1), payload=[b"batch"] * 10)
+            assert reply == FetchReply(1) and [bytes(f) for f in back] == [b"batch"] * 10
+    run(test)
+
+
+def test_server_pushes_notifies_to_the_client() -> None:
+    async def test() -> None:
+        async with served() as (_, client, _handlers):
+            assert await client.request(Subscribe(5)) == Subscribe.reply_type(5)
+            notes = [await client.notifications.get() for _ in range(5)]
+            assert [n.message for n in notes] == [Delivery(seq) for seq in range(5)]
+            assert [bytes(n.payload[0]) for n in notes] == [
+                seq.to_bytes(4, "big") * 100 for seq in range(5)]
+            # With a callback, notifies of that type go to it instead of the queue.
+            seen: list[int] = []
+            client.on_notify(Delivery, lambda note: seen.append(note.message.seq))
+            await client.request(Subscribe(3))
+            await until(lambda: seen == [0, 1, 2], "callback deliveries")
+            assert client.notifications.empty()
+    run(test)
+
+
+def test_client_notifies_reach_the_server_in_order() -> None:
+    async def test() -> None:
+        async with served() as (_, client, handlers):
+            for amount in range(20):
+                await client.notify(Credit(amount))
+            await until(lambda: len(handlers.credits) == 20, "all credits")
+            assert handlers.credits == [(amount, client.session) for amount in range(20)]
+    run(test)
+
+
+def test_notify_queue_overflow_is_counted() -> None:
+    async def test() -> None:
+        async with served(Limits(notify_queue=3)) as (_, client, _handlers):
+            await client.request(Subscribe(5))
+            await until(lambda: client.counters.get("notify_overflow") == 2, "2 dropped")
+            assert client.notifications.qsize() == 3
+    run(test)
+
+
+def test_notify_to_an_unknown_peer_fails() -> None:
+    async def test() -> None:
+        async with served() as (server, _client, _handlers):
+            with pytest.raises(PeerUnreachableError):
+                server.notify(b"\x00nobody", Delivery(1))
+    run(test)
+
+
+def test_server_busy_beyond_its_handler_limit() -> None:
+    async def test() -> None:
+        async with served(Limits(max_handlers=2)) as (server, client, handlers):
+            handlers.gate(1)
+            handlers.gate(2)
+            held = [asyncio.create_task(client.request(Fetch(t))) for t in (1, 2)]
+            await until(lambda: handlers.started == {1, 2}, "two handlers running")
+            with pytest.raises(ServerBusyError) as info:
+                await client.request(Fetch(3))
+            assert info.value.retriable and server.counters["busy"] == 1
+            handlers.gates[1].set()
+            handlers.gates[2].set()
+            await asyncio.gather(*held)
+            assert await client.request(Fetch(3)) == FetchReply(3)
+    run(test)
+
+
+def test_closing_the_client_fails_calls_in_flight() -> None:
+    async def test() -> None:
+        async with served() as (_, client, handlers):
+            handlers.gate(1)
+            call = asyncio.create_task(client.request(Fetch(1)))
+            await until(lambda: 1 in handlers.started, "request in flight")
+            await client.close()
+            with pytest.raises(ClientClosedError):
+                await call
+            with pytest.raises(ClientClosedError):
+                await client.request(Ping())
+    run(test)
+
+
+def test_client_in_flight_limit_queues_callers() -> None:
+    async def test() -> None:
+        async with served(Limits(max_in_flight=2)) as (_, client, handlers):
+            for token in range(6):
+                handlers.gate(token)
+            calls = [asyncio.create_task(client.request(Fetch(t))) for t in range(6)]
+            await until(lambda: len(handlers.started) == 2, "two requests sent")
+            for token in range(6):
+                handlers.gate(token).set()
+            assert [r.token for r in await asyncio.gather(*calls)] == list(range(6))
+    run(test)
+
+
+def test_wrong_secret_gets_no_answer_and_is_counted() -> None:
+    async def test() -> None:
+        async with served() as (server, _client, _handlers):
+            async with RpcClient(server.endpoint, b"not the cluster secret at all!!") as bad:
+                with pytest.raises(DeadlineExceededError):
+                    await bad.request(Ping(), timeout=0.3)
+            assert server.counters == {"bad_signature": 1}
+    run(test)
+
+
+def test_client_reconnects_to_a_restarted_server() -> None:
+    async def test() -> None:
+        first = RpcServer(SECRET)
+        endpoint = await first.start("tcp://127.0.0.1:0")
+        async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
+            assert await client.request(Ping(b"1")) == Pong(b"1")
+            await first.close()
+            second = RpcServer(SECRET)
+            try:
+                await second.start(endpoint)
+                assert await client.request(Ping(b"2")) == Pong(b"2")
+            finally:
+                await second.close()
+    run(test)
+
+
+def test_bad_addresses_are_user_errors() -> None:
+    async def test() -> None:
+        with pytest.raises(AddressError):
+            await RpcServer(SECRET).start("tcp://not an address")
+        async with RpcServer(SECRET) as server:
+            with pytest.raises(AddressError):
+                await RpcServer(SECRET).start(server.endpoint)  # in use
+        with pytest.raises(AddressError):
+            await RpcClient("nonsense://x", SECRET).connect()
+    run(test)
+
+
+def test_several_clients_interleave_requests_and_notifies() -> None:
+    async def test() -> None:
+        async with served() as (server, first, handlers):
+            others = [RpcClient(server.endpoint, SECRET, timeout=20.0) for _ in range(3)]
+            for client in others:
+                await client.connect()
+            clients = [first, *others]
+            try:
+                async def load(index: int, client: RpcClient) -> None:
+                    for n in range(100):
+                        token = index * 1000 + n
+                        reply, payload = await client.exchange(Fetch(token),
+                                                               payload=[b"%d" % token])
+                        assert reply.token == token and bytes(payload[0]) == b"%d" % token
+                        if n % 10 == 0:
+                            await client.notify(Credit(token))
+                            await client.request(Subscribe(2))
+
+                await asyncio.gather(*(load(i, c) for i, c in enumerate(clients)
+                                       for _ in range(5)))
+                await until(lambda: len(handlers.credits) == 4 * 5 * 10, "every credit")
+                for client in clients:
+                    assert client.notifications.qsize() == 5 * 10 * 2
+                    assert client.counters == {}
+                assert server.counters == {}
+            finally:
+                for client in others:
+                    await client.close()
+    run(test)
+
+
+def test_push_to_a_client_that_stops_reading_fails_fast() -> None:
+    """A subscriber that stops reading costs the server a PeerBusyError, never a blocked loop."""
+    async def test() -> None:
+        async with served(Limits(hwm=4)) as (server, client, handlers):
+            codec = Codec(SECRET, role="client")
+            sleeper = zmq.Context.instance().socket(zmq.DEALER)
+            sleeper.setsockopt(zmq.LINGER, 0)
+            sleeper.setsockopt(zmq.RCVHWM, 4)
+            sleeper.setsockopt(zmq.RCVBUF, 65536)
+            sleeper.connect(server.endpoint)
+            try:
+                sleeper.send_multipart(codec.notify(Credit(1), now=time.time()))
+                await until(lambda: handlers.credits, "the sleeper's notify arrived")
+                assert handlers.credits == [(1, codec.session)]
+                peer = handlers.peers[0]
+                batch = b"b" * 100_000
+                with pytest.raises(PeerBusyError) as info:
+                    for _ in range(2000):  # bounded: zmq and TCP buffers fill long before
+                        server.notify(peer, Delivery(0), payload=[batch])
+                        await asyncio.sleep(0)
+                assert info.value.retriable
+                # Everyone else is still served.
+                assert await client.request(Ping(b"still here")) == Pong(b"still here")
+            finally:
+                sleeper.close(0)
+            with pytest.raises(PeerUnreachableError):
+                for _ in range(2000):
+                    server.notify(peer, Delivery(1))
+                    await asyncio.sleep(0.005)
+    run(test)

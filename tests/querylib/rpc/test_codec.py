@@ -1,0 +1,288 @@
+"""The sans-I/O codec: encoding, signing, verification failures and the replay guard."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from querylib.rpc import (
+    BadSignatureError,
+    Codec,
+    DeadlineExceededError,
+    ErrorBody,
+    Header,
+    Kind,
+    Limits,
+    MalformedMessageError,
+    MessageTooLargeError,
+    Ping,
+    Pong,
+    ReplayedMessageError,
+    ReplayGuard,
+    Signer,
+    UnknownMessageTypeError,
+)
+from querylib.rpc._codec import SIGNATURE_BYTES
+
+from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
+
+NOW = 1_700_000_000.0
+
+
+def pair(limits: Limits | None = None) -> tuple[Codec, Codec]:
+    return (Codec(SECRET, role="client", limits=limits),
+            Codec(SECRET, role="server", limits=limits))
+
+
+def resign(frames: list, secret: bytes = SECRET) -> list:
+    """The same frames with a fresh, valid signature (as an insider could make)."""
+    return [Signer(secret).sign(frames[1:]), *frames[1:]]
+
+
+def test_request_reply_round_trip_with_payload() -> None:
+    client, server = pair()
+    payload = [b"", b"x", bytes(range(256)) * 400, memoryview(b"view")]
+    frames = client.request(7, Fetch(token=3), ttl=2.5, now=NOW, payload=payload)
+    assert len(frames) == 3 + len(payload)
+    incoming = server.decode(frames, NOW)
+    assert incoming.body == Fetch(token=3)
+    assert incoming.header.kind == Kind.REQUEST and incoming.header.id == 7
+    assert incoming.header.ttl == 2.5 and incoming.header.session == client.session
+    assert [bytes(p) for p in incoming.payload] == [bytes(p) for p in payload]
+
+    reply = server.reply(7, FetchReply(token=3), to=client.session, now=NOW, payload=[b"r"])
+    back = client.decode(reply, NOW)
+    assert back.body == FetchReply(token=3) and back.header.id == 7
+    assert back.header.kind == Kind.REPLY and [bytes(p) for p in back.payload] == [b"r"]
+
+
+def test_error_and_notify_round_trip() -> None:
+    client, server = pair()
+    frames = server.error(9, DeadlineExceededError("late"), to=client.session, now=NOW)
+    incoming = client.decode(frames, NOW)
+    assert incoming.header.kind == Kind.ERROR
+    assert incoming.body == ErrorBody("querylib.rpc._errors.DeadlineExceededError", "late",
+                                      True, 7)
+    note = client.decode(server.notify(Delivery(4), to=client.session, now=NOW), NOW)
+    assert note.header.kind == Kind.NOTIFY and note.body == Delivery(4)
+    up = server.decode(client.notify(Credit(10), now=NOW), NOW)
+    assert up.header.kind == Kind.NOTIFY and up.body == Credit(10)
+
+
+def test_wire_layout_is_the_documented_one() -> None:
+    client, _ = pair()
+    frames = client.request(1, Ping(b"hi"), ttl=1.0, now=NOW, payload=[b"p"])
+    signature, header, body, payload = frames
+    assert msgspec.msgpack.decode(header) == [0, 1, "rpc.ping", 1.0, client.session, 1, NOW,
+                                              b""]
+    assert msgspec.msgpack.decode(body) == {"type": "rpc.ping", "data": b"hi"}
+    assert payload == b"p"
+    # HMAC-SHA256 over the frame count and lengths, then the frames, with the secret.
+    mac = hmac.new(SECRET, digestmod=hashlib.sha256)
+    mac.update(struct.pack("<4Q", 3, len(header), len(body), 1))
+    for frame in (header, body, payload):
+        mac.update(frame)
+    assert signature == mac.digest()
+
+
+@given(key=st.binary(min_size=16, max_size=200),
+       frames=st.lists(st.binary(max_size=300), min_size=1, max_size=5))
+def test_signer_is_rfc2104_hmac(key: bytes, frames: list[bytes]) -> None:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    mac.update(struct.pack(f"<{len(frames) + 1}Q", len(frames), *map(len, frames)))
+    for frame in frames:
+        mac.update(frame)
+    signer = Signer(key)
+    assert signer.sign(frames) == mac.digest()
+    assert signer.verify(mac.digest(), frames)
+
+
+@given(st.data())
+def test_any_altered_byte_breaks_the_signature(data: st.DataObject) -> None:
+    client, server = pair()
+    frames = client.request(1, Fetch(token=1), ttl=1.0, now=NOW, payload=[b"payload"])
+    index = data.draw(st.integers(0, len(frames) - 1))
+    frame = bytearray(frames[index])
+    position = data.draw(st.integers(0, len(frame) - 1))
+    frame[position] ^= data.draw(st.integers(1, 255))
+    frames[index] = bytes(frame)
+    with pytest.raises(BadSignatureError):
+        server.decode(frames, NOW)
+
+
+def test_bytes_moved_between_frames_break_the_signature() -> None:
+    client, server = pair()
+    frames = client.request(1, Ping(), ttl=1.0, now=NOW, payload=[b"ab", b"cd"])
+    moved = [*frames[:3], b"abc", b"d"]  # same concatenation, other boundaries
+    with pytest.raises(BadSignatureError):
+        server.decode(moved, NOW)
+
+
+def test_wrong_secret_and_unsigned_are_refused() -> None:
+    _, server = pair()
+    stranger = Codec(b"another secret, 32 bytes long!!!", role="client")
+    with pytest.raises(BadSignatureError) as info:
+        server.decode(stranger.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    assert info.value.reason == "bad_signature" and info.value.header is None
+    frames = Codec(SECRET, role="client").request(1, Ping(), ttl=1.0, now=NOW)
+    with pytest.raises(BadSignatureError) as info:
+        server.decode([b"", *frames[1:]], NOW)
+    assert info.value.reason == "unsigned"
+
+
+def test_frame_count_and_size_limits() -> None:
+    limits = Limits(max_frames=5, max_message_bytes=1000, max_body_bytes=100)
+    client, server = pair(limits)
+    with pytest.raises(MalformedMessageError):
+        server.decode([b"x" * SIGNATURE_BYTES, b"h"], NOW)
+    with pytest.raises(MessageTooLargeError) as info:
+        server.decode([b"x"] * 6, NOW)
+    assert info.value.reason == "too_many_frames"
+    with pytest.raises(MessageTooLargeError) as info:
+        server.decode([b"x" * 32, b"h", b"b", b"p" * 1000], NOW)
+    assert info.value.reason == "too_large"
+    # The sender refuses to build what the receiver would refuse.
+    with pytest.raises(MessageTooLargeError):
+        client.request(1, Ping(), ttl=1.0, now=NOW, payload=[b"p"] * 3)
+    with pytest.raises(MessageTooLargeError):
+        client.request(1, Ping(b"d" * 200), ttl=1.0, now=NOW)
+
+
+def test_signed_but_undecodable_header_is_malformed_without_header() -> None:
+    _, server = pair()
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode(resign([b"", b"\xc1not msgpack", b"\x80"]), NOW)
+    assert info.value.reason == "bad_header" and info.value.header is None
+
+
+def test_unknown_tag_and_bad_body_carry_the_header_so_they_get_an_answer() -> None:
+    client, server = pair()
+    frames = client.request(5, Ping(), ttl=1.0, now=NOW)
+    header = msgspec.msgpack.decode(frames[1], type=Header)
+    unknown = msgspec.structs.replace(header, tag="no.such.tag")
+    with pytest.raises(UnknownMessageTypeError) as info:
+        server.decode(resign([b"", msgspec.msgpack.encode(unknown), frames[2]]), NOW)
+    assert info.value.reason == "unknown_type" and info.value.header.id == 5
+
+    bad = msgspec.structs.replace(header, seq=header.seq + 1)
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode(resign([b"", msgspec.msgpack.encode(bad), b"\x93\x01"]), NOW)
+    assert info.value.reason == "bad_body" and info.value.header.id == 5
+
+    # A reply's tag in a request header is a tag of the wrong kind.
+    wrong = msgspec.structs.replace(header, seq=header.seq + 2, tag="rpc.pong")
+    with pytest.raises(UnknownMessageTypeError):
+        server.decode(resign([b"", msgspec.msgpack.encode(wrong),
+                              msgspec.msgpack.encode(Pong())]), NOW)
+
+
+def test_each_side_accepts_only_its_kinds() -> None:
+    client, server = pair()
+    reply = server.reply(1, Pong(), to=client.session, now=NOW)
+    with pytest.raises(UnknownMessageTypeError) as info:
+        server.decode(reply, NOW)  # a server is sent requests, not replies
+    assert info.value.reason == "unexpected_kind"
+    with pytest.raises(UnknownMessageTypeError):
+        Codec(SECRET, role="client").decode(client.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, float("nan"), float("inf"), 1e12])
+def test_request_ttl_outside_bounds_is_refused(ttl: float) -> None:
+    client, server = pair()
+    frames = client.request(1, Ping(), ttl=1.0, now=NOW)
+    header = msgspec.structs.replace(msgspec.msgpack.decode(frames[1], type=Header), ttl=ttl)
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode(resign([b"", msgspec.msgpack.encode(header), frames[2]]), NOW)
+    assert info.value.reason == "bad_header" and info.value.header is not None
+
+
+def test_replayed_message_is_refused() -> None:
+    client, server = pair()
+    frames = client.request(1, Ping(), ttl=1.0, now=NOW)
+    server.decode(frames, NOW)
+    with pytest.raises(ReplayedMessageError) as info:
+        server.decode(frames, NOW + 1)
+    assert info.value.reason == "replayed"
+
+
+def test_stale_or_future_message_is_refused() -> None:
+    client, server = pair(Limits(max_clock_skew=60.0))
+    with pytest.raises(ReplayedMessageError) as info:
+        server.decode(client.request(1, Ping(), ttl=1.0, now=NOW - 61), NOW)
+    assert info.value.reason == "stale"
+    with pytest.raises(ReplayedMessageError):
+        server.decode(client.request(2, Ping(), ttl=1.0, now=NOW + 61), NOW)
+    server.decode(client.request(3, Ping(), ttl=1.0, now=NOW - 59), NOW)
+
+
+def test_reply_to_another_session_is_refused() -> None:
+    client, server = pair()
+    other = Codec(SECRET, role="client")
+    frames = server.reply(1, Pong(), to=other.session, now=NOW)
+    with pytest.raises(ReplayedMessageError) as info:
+        client.decode(frames, NOW)
+    assert info.value.reason == "misaddressed"
+    other.decode(frames, NOW)
+
+
+def test_untagged_message_cannot_be_sent() -> None:
+    from querylib.rpc import Notify
+
+    class Abstract(Notify):
+        pass
+
+    client, _ = pair()
+    with pytest.raises(TypeError, match="no tag"):
+        client.notify(Abstract(), now=NOW)
+    with pytest.raises(TypeError):
+        client.request(1, Pong(), ttl=1.0, now=NOW)  # type: ignore[arg-type]
+
+
+def test_short_secret_is_refused() -> None:
+    with pytest.raises(Exception, match="16 bytes"):
+        Signer(b"short")
+
+
+# -- replay guard ------------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(1, 200), max_size=300))
+def test_guard_matches_its_model(seqs: list[int]) -> None:
+    """Accepted iff never accepted before and within `window` of the highest accepted."""
+    guard = ReplayGuard(window=64, max_clock_skew=10.0, max_sessions=4)
+    seen: set[int] = set()
+    highest = 0
+    for seq in seqs:
+        expected = seq not in seen and seq > highest - 64
+        try:
+            guard.check(b"s" * 16, seq, NOW, NOW)
+            accepted = True
+        except ReplayedMessageError:
+            accepted = False
+        assert accepted == expected
+        if accepted:
+            seen.add(seq)
+            highest = max(highest, seq)
+
+
+@given(st.permutations(list(range(1, 65))))
+def test_guard_accepts_any_order_within_the_window(order: list[int]) -> None:
+    guard = ReplayGuard(window=64, max_clock_skew=10.0, max_sessions=4)
+    for seq in order:
+        guard.check(b"s" * 16, seq, NOW, NOW)
+    for seq in order:
+        with pytest.raises(ReplayedMessageError):
+            guard.check(b"s" * 16, seq, NOW, NOW)
+
+
+def test_guard_bounds_its_sessions() -> None:
+    guard = ReplayGuard(window=8, max_clock_skew=10.0, max_sessions=3)
+    for n in range(10):
+        guard.check(n.to_bytes(16, "big"), 1, NOW, NOW)
+    assert len(guard._sessions) == 3

@@ -1,0 +1,92 @@
+"""The cluster secret file: created 0600 when missing, refused when too open."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from querylib.rpc import SecretFileError, default_secret_path, load_or_create_secret, load_secret
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_missing_file_is_created_private_with_a_fresh_key(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "secret"
+    key = load_or_create_secret(path)
+    assert len(key) == 64 and int(key, 16) >= 0
+    assert mode(path) == 0o600 and mode(path.parent) == 0o700
+    assert load_or_create_secret(path) == key == load_secret(path)
+    assert [p.name for p in path.parent.iterdir()] == ["secret"]  # no temp file left
+
+
+def test_two_keys_differ(tmp_path: Path) -> None:
+    assert load_or_create_secret(tmp_path / "a") != load_or_create_secret(tmp_path / "b")
+
+
+@pytest.mark.parametrize("too_open", [0o640, 0o604, 0o644, 0o660, 0o602, 0o700])
+def test_file_readable_or_writable_by_others_is_refused(tmp_path: Path, too_open: int) -> None:
+    path = tmp_path / "secret"
+    load_or_create_secret(path)
+    os.chmod(path, too_open)
+    if too_open & 0o077:
+        with pytest.raises(SecretFileError, match="chmod 600"):
+            load_secret(path)
+        with pytest.raises(SecretFileError):
+            load_or_create_secret(path)
+    else:
+        assert load_secret(path)
+
+
+def test_missing_file_is_a_user_error_when_not_creating(tmp_path: Path) -> None:
+    with pytest.raises(SecretFileError, match="does not exist") as info:
+        load_secret(tmp_path / "nope")
+    assert info.value.exit_code == 2
+
+
+def test_short_key_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"short\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(SecretFileError, match="at least 16"):
+        load_secret(path)
+
+
+def test_hand_written_key_is_used_as_is(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"  my own long cluster secret  \n")
+    os.chmod(path, 0o600)
+    assert load_secret(path) == b"my own long cluster secret"
+
+
+def test_symlink_and_directory_are_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    load_or_create_secret(real)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(SecretFileError):
+        load_secret(link)
+    with pytest.raises(SecretFileError):
+        load_secret(tmp_path)
+
+
+def test_concurrent_creators_agree_on_one_key(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    keys: list[bytes] = []
+    threads = [threading.Thread(target=lambda: keys.append(load_or_create_secret(path)))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(keys) == 8 and len(set(keys)) == 1
+
+
+def test_default_path_follows_tq_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    assert default_secret_path() == tmp_path / "secret"
