@@ -9,7 +9,8 @@
     │       ├── InvalidLengthError      a length outside its bounds
     │       ├── UnsupportedMagicError   magic other than 0, 1, 2
     │       ├── BadVarintError          a varint longer than its type or cut short
-    │       └── CompressionError        compressed payload that does not decompress
+    │       ├── CompressionError        compressed payload that does not decompress
+    │       └── InvalidRecordError      readable fields that together make no valid record
     └── StorageError
         ├── OffsetOutOfRangeError       read below log start or above log end
         └── LogClosedError              use of a closed log
@@ -25,6 +26,7 @@ __all__ = [
     "CompressionError",
     "CorruptRecordError",
     "InvalidLengthError",
+    "InvalidRecordError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "ProtocolError",
@@ -69,6 +71,14 @@ class BadVarintError(RecordError):
 
 class CompressionError(RecordError):
     """A compressed payload that does not decompress, or an unknown codec id."""
+
+
+class InvalidRecordError(RecordError):
+    """Fields that each parse but together are not a valid record: bytes left over in a record,
+    a header key that is not UTF-8, a compressed message inside a compressed message, a control
+    record whose key is not Kafka's 4-byte (version, type)."""
+
+    kafka_error_code = 87  # INVALID_RECORD
 
 
 class OffsetOutOfRangeError(StorageError):

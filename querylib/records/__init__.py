@@ -1,1 +1,70 @@
-"""Kafka record batches (RecordBatch v2, legacy MessageSet v0/v1) and tq control records."""
+"""Kafka record batches (RecordBatch v2, legacy MessageSet v0/v1) and tq control records.
+
+A sans-I/O codec: bytes in, `RecordBatch` / `Record` values out, and entries in, batch bytes
+out. Hostile bytes raise `querylib.errors.RecordError` subclasses, never anything else, and
+never cause an unbounded allocation.
+
+    _header.py       the 61-byte batch header, what the log reads without decoding records
+    _types.py        Record, RecordBatch, Compression, TimestampType
+    _varint.py       zigzag varints and the lookup tables of the hot loops
+    _encode.py       entries -> RecordBatch v2 bytes
+    _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification)
+    _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output
+    _legacy.py       legacy message sets v0/v1 (read-only)
+    _segment.py      iterate the batches of a log segment or fetch response
+    _control.py      tq's control records (FRONTIER, END_OF_STREAM) and header names
+"""
+
+from querylib.records._compression import MAX_DECOMPRESSED_SIZE
+from querylib.records._control import (
+    DIFF_HEADER,
+    TIME_HEADER,
+    ControlType,
+    control_of,
+    decode_int64,
+    encode_int64,
+    end_of_stream_batch,
+    frontier_batch,
+    frontier_of,
+)
+from querylib.records._decode import decode_batch, verify_batch
+from querylib.records._encode import encode_batch
+from querylib.records._header import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAX_BATCH_SIZE,
+    BatchHeader,
+    read_header,
+    stamp_base_offset,
+)
+from querylib.records._legacy import decode_legacy
+from querylib.records._segment import iter_batches
+from querylib.records._types import Compression, Record, RecordBatch, TimestampType
+
+__all__ = [
+    "DIFF_HEADER",
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MAX_BATCH_SIZE",
+    "MAX_DECOMPRESSED_SIZE",
+    "TIME_HEADER",
+    "BatchHeader",
+    "Compression",
+    "ControlType",
+    "Record",
+    "RecordBatch",
+    "TimestampType",
+    "control_of",
+    "decode_batch",
+    "decode_int64",
+    "decode_legacy",
+    "encode_batch",
+    "encode_int64",
+    "end_of_stream_batch",
+    "frontier_batch",
+    "frontier_of",
+    "iter_batches",
+    "read_header",
+    "stamp_base_offset",
+    "verify_batch",
+]

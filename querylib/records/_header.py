@@ -26,6 +26,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from querylib.errors import InvalidLengthError, TruncatedRecordError, UnsupportedMagicError
+
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: what precedes the length-counted part
@@ -34,7 +36,7 @@ ATTRIBUTES_OFFSET = 21
 MAGIC_OFFSET = 16
 MAX_BATCH_SIZE = 64 * 1024 * 1024  # no batch we accept is larger than this (Kafka default 1 MiB)
 
-_PREFIX = struct.Struct(">qib")  # baseOffset, batchLength, (leader epoch skipped) magic
+_PREFIX = struct.Struct(">qi4xb")  # baseOffset, batchLength, (partitionLeaderEpoch skipped) magic
 _OFFSET = struct.Struct(">q")
 
 
@@ -80,8 +82,6 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
     batchLength is below the header or above MAX_BATCH_SIZE, UnsupportedMagicError when the
     magic byte is not 2 (legacy message sets have their own reader).
     """
-    from querylib.errors import InvalidLengthError, TruncatedRecordError, UnsupportedMagicError
-
     avail = len(buf) - pos
     if avail < LOG_OVERHEAD + 5:
         raise TruncatedRecordError(f"batch header at {pos}: {avail} bytes left, need 17")

@@ -1,0 +1,99 @@
+"""tq's conventions on top of Kafka's record format: control records and header names.
+
+Control batches (attributes bit 5) hold records whose key is Kafka's control key:
+    version  int16  0
+    type     int16  0 ABORT, 1 COMMIT (Kafka transactions); 2-4 Kafka's KRaft markers;
+                    100 FRONTIER, 101 END_OF_STREAM (tq's; Kafka clients skip control batches)
+tq's control batches have producerId -1 and are not transactional, so Kafka consumers in
+read_committed mode never take them for transaction markers. A FRONTIER record's value is the new
+frontier as int64 big-endian; an END_OF_STREAM record has a null value.
+
+tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
+(the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+from querylib.errors import InvalidRecordError
+from querylib.records._encode import encode_batch
+from querylib.records._types import Record
+
+TIME_HEADER = "tq.time"
+DIFF_HEADER = "tq.diff"
+
+CONTROL_KEY_VERSION = 0
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_INT64 = struct.Struct(">q")
+
+
+class ControlType(IntEnum):
+    ABORT = 0
+    COMMIT = 1
+    LEADER_CHANGE = 2
+    SNAPSHOT_HEADER = 3
+    SNAPSHOT_FOOTER = 4
+    FRONTIER = 100
+    END_OF_STREAM = 101
+
+
+def encode_int64(n: int) -> bytes:
+    """The 8-byte big-endian form tq uses for int64 header and control values."""
+    try:
+        return _INT64.pack(n)
+    except struct.error as exc:
+        raise ValueError(f"not an int64: {n!r}") from exc
+
+
+def decode_int64(value: bytes | None) -> int:
+    """Inverse of encode_int64; InvalidRecordError unless value is exactly 8 bytes."""
+    if value is None or len(value) != 8:
+        raise InvalidRecordError(f"expected an 8-byte int64, got {value!r:.40}")
+    return _INT64.unpack(value)[0]
+
+
+def control_key(kind: ControlType) -> bytes:
+    return _CONTROL_KEY.pack(CONTROL_KEY_VERSION, kind)
+
+
+def frontier_batch(frontier: int, *, timestamp: int) -> bytes:
+    """A control batch of one FRONTIER record: the partition's frontier is now `frontier`."""
+    return encode_batch([(timestamp, control_key(ControlType.FRONTIER), encode_int64(frontier),
+                          ())], is_control=True)
+
+
+def end_of_stream_batch(*, timestamp: int) -> bytes:
+    """A control batch of one END_OF_STREAM record: no more data will follow."""
+    return encode_batch([(timestamp, control_key(ControlType.END_OF_STREAM), None, ())],
+                        is_control=True)
+
+
+def control_of(record: Record) -> tuple[ControlType, bytes | None]:
+    """The control type and raw value of a record from a control batch.
+
+    As Java's ControlRecordType.parse: the key holds at least version and type; a version above
+    0 is read with the same layout. Raises InvalidRecordError for a short key, a negative version
+    or a type this code does not know.
+    """
+    key = record.key
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise InvalidRecordError(f"control record at offset {record.offset}: key {key!r:.40} "
+                                 f"is not a 4-byte (version, type)")
+    version, kind = _CONTROL_KEY.unpack_from(key)
+    if version < 0:
+        raise InvalidRecordError(f"control record at offset {record.offset}: version {version}")
+    try:
+        return ControlType(kind), record.value
+    except ValueError as exc:
+        raise InvalidRecordError(
+            f"control record at offset {record.offset}: unknown type {kind}") from exc
+
+
+def frontier_of(record: Record) -> int:
+    """The frontier a FRONTIER control record announces."""
+    kind, value = control_of(record)
+    if kind != ControlType.FRONTIER:
+        raise InvalidRecordError(f"record at offset {record.offset} is {kind.name}, not FRONTIER")
+    return decode_int64(value)

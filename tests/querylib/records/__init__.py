@@ -1,0 +1,1 @@
+"""Tests of querylib.records, the Kafka record-batch codec."""
