@@ -16,6 +16,7 @@ from catalog.errors import TqError
 
 # Command modules, in the order `tq --help` lists them. Each defines register(subparsers).
 _COMMAND_MODULES = [
+    "querylib.cli._demo",
     "querylib.cli._log",
 ]
 
@@ -23,7 +24,7 @@ _COMMAND_MODULES = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tq",
-        description="tq: timely-style publish/subscribe for Python and Spark, on Kafka's log format.",
+        description="tq: timely-style publish/subscribe for Python and Spark.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

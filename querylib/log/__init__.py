@@ -1,0 +1,78 @@
+"""Partition log storage: one Kafka log per topic partition, in Kafka's on-disk format.
+
+A partition lives in `<data>/<topic>-<partition>/` as segments named by their 20-digit base
+offset: `.log` (RecordBatch v2, magic 2, CRC-32C), `.index` (relative offset int32, position
+int32, one entry per `index_interval_bytes` appended) and `.timeindex` (timestamp int64,
+relative offset int32), all big-endian: Kafka's formats, so Kafka's tools can read them.
+Next to them: `recovery-point-offset-checkpoint` (Kafka's checkpoint format, one entry),
+`clean-shutdown` while closed cleanly, and `.lock` (flock held while open).
+
+    log = PartitionLog.open(path, LogConfig(flush="always"))   # recovers if needed
+    offset = log.append(batch_bytes)          # validated, base offset stamped, returned
+    offsets = log.append_batches([b1, b2])    # one write, at most one fsync
+    data = log.read(offset, max_bytes, end_offset=None)   # whole batches, >= 1, one segment
+    with log.read_slice(offset, max_bytes) as s:          # FileSlice(fd, path, position, length)
+        os.sendfile(sock_fd, s.fd, s.position, s.length)
+    log.log_start_offset, log.log_end_offset   # first offset kept, next offset to assign
+    log.durable_end_offset                     # acknowledge up to here (flush policy met)
+    log.flushed_end_offset                     # fsynced up to here
+    log.offset_for_timestamp(ts_ms)           # first offset with timestamp >= ts_ms, or None
+    log.flush(); log.flush_if_due(now); log.flush_due_in(now)
+    log.apply_retention(now_ms=None) -> int   # segments removed
+    log.truncate_to(offset) -> int            # new log end offset
+    log.segments -> list[SegmentInfo]; log.size_in_bytes
+    log.close()                               # seals, leaves the clean-shutdown marker
+
+    LogConfig(segment_bytes=1 GiB, index_interval_bytes=4096, retention_bytes=-1,
+              retention_ms=-1, flush="never" | "interval" | "always", flush_interval_ms=1000)
+    parse_partition_dir("orders-3") == ("orders", 3); partition_dir_name("orders", 3)
+    dump_segment(path, records=False) -> Iterator[dict]   # what `tq log dump` prints
+    stored_batch(batch, base_offset) -> bytes  # the bytes the log stores and serves for it
+
+Appends: each batch is checked (header bounds, magic 2, CRC-32C, records with deltas 0..n-1)
+before anything is written; a bad one raises a RecordError and leaves the log untouched. The
+log stamps the base offset and leader epoch 0 (tq has no leader election; Kafka's broker
+overwrites the epoch too) in the 16 bytes before the CRC'd part, and writes the rest as given.
+
+Durability: `flush` "always" fsyncs before append returns, "interval" at most
+flush_interval_ms after (on the next append, or when the owner calls `flush_if_due`), "never"
+leaves it to the OS. Rolled segments are always fsynced. `durable_end_offset` is what the policy
+guarantees (acknowledge up to it); `flushed_end_offset` is what was fsynced.
+
+Recovery: see `_recovery`. After an unclean shutdown the segments from the recovery point on
+(and any whose files changed or whose indexes are missing) are validated batch by batch, torn
+or corrupt tails truncated and indexes rebuilt; what is cut is logged on `querylib.log`.
+
+Thread-safety: one writer (writer methods are serialized by a lock); `read`, `read_slice`,
+`offset_for_timestamp` and the offset properties may run on other threads during appends,
+rolls, flushes and retention. `truncate_to` must not race readers. Details in `_log`.
+
+Errors: RecordError subclasses for bad batches; OffsetOutOfRangeError, LogClosedError and
+StorageError (I/O failure, corrupt bytes on disk, log locked elsewhere) from querylib.errors.
+"""
+
+from querylib.log._batch import stored_batch
+from querylib.log._config import (
+    FlushPolicy,
+    LogConfig,
+    parse_partition_dir,
+    parse_segment_name,
+    partition_dir_name,
+    segment_name,
+)
+from querylib.log._dump import dump_segment
+from querylib.log._log import FileSlice, PartitionLog, SegmentInfo
+
+__all__ = [
+    "FileSlice",
+    "FlushPolicy",
+    "LogConfig",
+    "PartitionLog",
+    "SegmentInfo",
+    "dump_segment",
+    "parse_partition_dir",
+    "parse_segment_name",
+    "partition_dir_name",
+    "segment_name",
+    "stored_batch",
+]

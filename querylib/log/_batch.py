@@ -1,0 +1,133 @@
+"""What the log checks and rewrites in a record batch's bytes, and how it walks batches in a file.
+
+Producer bytes are hostile: `check_batch` bounds the header, requires magic 2 and checks the
+CRC-32C before the log writes anything. Bytes read back from disk are only trusted as far as
+recovery validated them, so every length read from a file is bounded before it is used.
+Nothing here decodes records.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from querylib.errors import InvalidLengthError, RecordError, TruncatedRecordError
+from querylib.records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAX_BATCH_SIZE,
+    BatchHeader,
+    read_header,
+    verify_batch,
+)
+
+# tq has one writer per partition and no leader election, so every batch carries leader epoch
+# 0, as on a Kafka partition whose leader never changed. The log stamps it on append (outside
+# the CRC, like the base offset, and as Kafka's broker does); recovery rejects any other value,
+# which catches damage to the only header bytes that no checksum or offset check covers.
+LEADER_EPOCH = 0
+
+# baseOffset, batchLength, partitionLeaderEpoch: the 16 bytes the log rewrites on append.
+_PREFIX = struct.Struct(">qii")
+# baseOffset .. maxTimestamp: the header fields a read needs (HEADER's first nine).
+_PEEK = struct.Struct(">qiibIhiqq")
+_MIN_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+PREFIX_SIZE = _PREFIX.size
+_POSITION_PREFIX = re.compile(r"^batch (header )?at \d+: ")
+
+
+def describe(exc: RecordError) -> str:
+    """The codec's message without its "batch at N:" prefix, whose N counts from the start of
+    whatever buffer the codec was given rather than from the start of the file."""
+    return _POSITION_PREFIX.sub("", str(exc))
+
+
+def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
+    """Validate producer bytes that must be exactly one batch; raise a RecordError if not.
+
+    Beyond `verify_batch`: nothing may follow the batch, and it must hold 1..n records with
+    offset deltas 0..n-1, as every producer writes them, since the log assigns offsets from
+    lastOffsetDelta.
+    """
+    header = verify_batch(buf, 0)  # the codec's check: bounds, magic 2, CRC-32C
+    if header.size != len(buf):
+        raise InvalidLengthError(
+            f"batch is {header.size} bytes but {len(buf)} were given: append one batch at a time"
+        )
+    if header.records_count < 1 or header.last_offset_delta != header.records_count - 1:
+        raise InvalidLengthError(
+            f"batch has {header.records_count} records and lastOffsetDelta "
+            f"{header.last_offset_delta}; expected n >= 1 records with deltas 0..n-1"
+        )
+    return header
+
+
+def stamp_prefix(base_offset: int, header: BatchHeader) -> bytes:
+    """The first 16 bytes of the batch as stored: our base offset and leader epoch."""
+    return _PREFIX.pack(base_offset, header.batch_length, LEADER_EPOCH)
+
+
+def stored_batch(batch: bytes | bytearray | memoryview, base_offset: int) -> bytes:
+    """The bytes PartitionLog stores (and serves) for `batch` appended at `base_offset`: the
+    producer's bytes with base offset and leader epoch stamped. Validates like check_batch."""
+    view = memoryview(batch).cast("B")
+    return stamp_prefix(base_offset, check_batch(view)) + bytes(view[PREFIX_SIZE:])
+
+
+def pread_exact(fd: int, length: int, pos: int) -> bytes:
+    """`length` bytes at `pos`, or fewer only if the file ends first."""
+    data = os.pread(fd, length, pos)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, pos + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+class Span(NamedTuple):
+    """Where a batch lies and the header fields serving needs."""
+
+    position: int
+    base_offset: int
+    next_offset: int  # base offset + lastOffsetDelta + 1
+    size: int  # LOG_OVERHEAD + batchLength
+    max_timestamp: int | None = None  # None when known from the index, not read from disk
+
+
+def iter_spans(fd: int, start: int, stop: int, chunk: int = 8192) -> Iterator[Span]:
+    """The batch at `start` and each one after it, while a header fits before `stop`.
+
+    Reads `chunk` bytes at a time and only headers, so a 1 MiB batch costs one small read.
+    The header is bounded as read_header bounds it (and read_header raises the RecordError
+    for one that is not); the caller decides whether that is corruption to truncate or to
+    report. A batch whose end passes `stop` is still yielded: the caller bounds it.
+    """
+    chunk = max(chunk, HEADER_SIZE)
+    buf = b""
+    buf_pos = start
+    pos = start
+    while pos + HEADER_SIZE <= stop:
+        off = pos - buf_pos
+        if off + HEADER_SIZE > len(buf):
+            buf = pread_exact(fd, min(chunk, stop - pos), pos)
+            buf_pos, off = pos, 0
+            if len(buf) < HEADER_SIZE:
+                raise TruncatedRecordError(f"batch header at {pos}: file ends early")
+        # The hot path of every read: unpack only what serving needs, not a full BatchHeader.
+        base, length, _epoch, magic, _crc, _attributes, delta, _base_ts, max_ts = (
+            _PEEK.unpack_from(buf, off))
+        if magic != 2 or not _MIN_LENGTH <= length <= MAX_BATCH_SIZE:
+            read_header(buf, off)  # raises the precise RecordError
+        yield Span(pos, base, base + delta + 1, LOG_OVERHEAD + length, max_ts)
+        pos += LOG_OVERHEAD + length
+    if pos < stop:
+        raise TruncatedRecordError(f"batch header at {pos}: {stop - pos} bytes left, need 61")

@@ -1,0 +1,209 @@
+"""Opening a partition directory: find the segments, decide which to trust, validate the rest.
+
+Like Kafka, a clean close leaves a marker and an unclean one does not; the recovery-point
+checkpoint names the first offset whose segment was not yet forced to disk. On open:
+
+- the segment holding the recovery point and every later one are validated batch by batch
+  (bounds, CRC-32C, gapless offsets) and their torn or corrupt tails truncated;
+- earlier segments (or all of them after a clean close) are trusted up to their last index
+  entry; only the bytes after it are validated;
+- a segment with a missing or implausible index, or whose files changed after the checkpoint
+  (or marker) was written, is validated whole and its indexes rebuilt: a sealed segment is never
+  written again, so an mtime at or past the reference file's means someone else wrote it. File
+  clocks are coarse (a write right after the marker may get the marker's very mtime), so when
+  the log writes a reference file it sets its own files' mtimes strictly before it ("settles"
+  them), and any later write then compares at or after it;
+- a segment that ends short of the next one's base offset ends the log: later segments go.
+
+Everything removed or truncated is logged on the `querylib.log` logger. This module owns the
+checkpoint and marker files; it never serves reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from catalog.errors import StorageError
+from querylib.log._config import (
+    CHECKPOINT_FILE,
+    CLEAN_SHUTDOWN_FILE,
+    LOG_SUFFIX,
+    SEGMENT_SUFFIXES,
+    LogConfig,
+    parse_partition_dir,
+    parse_segment_name,
+    segment_name,
+)
+from querylib.log._segment import LogSegment
+
+logger = logging.getLogger("querylib.log")
+
+_CHECKPOINT_MAX_BYTES = 4096  # the file holds one line; anything larger is not ours
+
+
+def fsync_dir(directory: str) -> None:
+    """Make renames, creations and unlinks in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint(directory: str) -> int | None:
+    """The recovery point, or None when the file is missing or unreadable (then every segment
+    is validated)."""
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    try:
+        with open(path, "rb") as f:
+            text = f.read(_CHECKPOINT_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    # Kafka's checkpoint format: version, entry count, then "topic partition offset" lines.
+    lines = text.decode("utf-8", "replace").split("\n")
+    try:
+        if len(text) > _CHECKPOINT_MAX_BYTES or lines[0] != "0" or lines[1] != "1":
+            raise ValueError("not a version 0 checkpoint with one entry")
+        offset = int(lines[2].rsplit(" ", 1)[1])
+        if offset < 0:
+            raise ValueError(f"negative offset {offset}")
+    except (ValueError, IndexError) as exc:
+        logger.warning("%s: unreadable (%s); validating every segment", path, exc)
+        return None
+    return offset
+
+
+def write_checkpoint(directory: str, offset: int, settled: Iterable[str] = ()) -> None:
+    """Replace the recovery point atomically (temporary file, fsync, rename, fsync the
+    directory), then settle the `settled` files below its mtime."""
+    name = os.path.basename(os.path.normpath(directory))
+    try:
+        topic, partition = parse_partition_dir(name)
+    except StorageError:  # a directory not named <topic>-<partition> (tests, tools)
+        topic, partition = name.replace(" ", "_") or "-", 0
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(f"0\n1\n{topic} {partition} {offset}\n".encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(directory)
+    settle(settled, path)
+
+
+def write_clean_marker(directory: str, log_end_offset: int, settled: Iterable[str]) -> None:
+    """Leave the clean-shutdown marker, then settle the `settled` files below its mtime."""
+    path = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+    with open(path, "wb") as f:
+        f.write(f"{log_end_offset}\n".encode())  # for people reading the directory
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(directory)
+    settle(settled, path)
+
+
+def settle(paths: Iterable[str], reference: str) -> None:
+    """Set each file's mtime strictly before the reference file's, where it is not already, so
+    that any later write to it shows as a change (see the module docstring)."""
+    limit = os.stat(reference).st_mtime_ns
+    for path in paths:
+        st = os.stat(path)
+        if st.st_mtime_ns >= limit:
+            os.utime(path, ns=(st.st_atime_ns, limit - 1))
+
+
+def _mtime_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def _remove_segment_files(directory: str, base_offset: int) -> None:
+    for suffix in SEGMENT_SUFFIXES:
+        try:
+            os.unlink(os.path.join(directory, segment_name(base_offset, suffix)))
+        except FileNotFoundError:
+            pass
+
+
+def _scan(directory: str) -> list[int]:
+    """Base offsets of the .log files, after removing leftovers: temporary files, and indexes
+    whose log is gone (a crash in the middle of deleting a segment)."""
+    names = os.listdir(directory)
+    parsed = [p for p in map(parse_segment_name, names) if p is not None]
+    bases = sorted({base for base, suffix in parsed if suffix == LOG_SUFFIX})
+    logs = set(bases)
+    for name in names:
+        stray = name.endswith((".tmp", ".deleted"))
+        p = parse_segment_name(name)
+        if p is not None and p[0] not in logs:
+            stray = True
+        if stray:
+            logger.info("%s: removing leftover file %s", directory, name)
+            os.unlink(os.path.join(directory, name))
+    return bases
+
+
+def load_segments(directory: str, config: LogConfig) -> list[LogSegment]:
+    """Open every segment of `directory`, validated as the module docstring says, creating the
+    first segment of a new log. Leaves no clean-shutdown marker behind: from now on a crash is
+    an unclean shutdown."""
+    bases = _scan(directory)
+    marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+    clean = os.path.exists(marker)
+    recovery_point = read_checkpoint(directory)
+    reference = _mtime_ns(marker) if clean else (
+        _mtime_ns(os.path.join(directory, CHECKPOINT_FILE)) if recovery_point is not None else None)
+    if not clean and bases:
+        logger.info("%s: no clean shutdown marker; validating from offset %s", directory,
+                    recovery_point if recovery_point is not None else 0)
+    segments: list[LogSegment] = []
+    touched: list[LogSegment] = []  # segments whose files this open changed
+    try:
+        for i, base in enumerate(bases):
+            segment, indexes_ok = LogSegment.open(directory, base, config.index_interval_bytes)
+            segments.append(segment)
+            is_last = i == len(bases) - 1
+            unflushed = not clean and (
+                recovery_point is None or is_last or bases[i + 1] > recovery_point)
+            changed = reference is None or any(
+                (m := _mtime_ns(p)) is None or m >= reference for p in segment.file_paths())
+            if not indexes_ok or changed:
+                logger.info("%s: indexes missing or files changed since the last checkpoint; "
+                            "validating the whole segment", segment.path)
+            full = unflushed or changed or not indexes_ok
+            if segment.recover(resume=not full) or changed or not indexes_ok:
+                touched.append(segment)  # the checkpoint's mtime must move past its files
+            if not is_last and segment.next_offset != bases[i + 1]:
+                logger.warning(
+                    "%s: ends at offset %d but the next segment starts at %d; removing the "
+                    "segments from offset %d on", segment.path, segment.next_offset,
+                    bases[i + 1], bases[i + 1])
+                for later in bases[i + 1:]:
+                    _remove_segment_files(directory, later)
+                touched.append(segment)
+                break
+        if not segments:
+            segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
+            touched.append(segments[0])
+        # Whatever this open validated may still sit in the page cache only: force it to disk
+        # so the new checkpoint (and the log's flushed end offset) can vouch for it.
+        for segment in {id(s): s for s in [*touched, segments[-1]]}.values():
+            segment.sync_all()
+        active_base = segments[-1].base_offset
+        if touched or recovery_point != active_base:
+            # Rewritten even when unchanged: its mtime is the reference for "changed since".
+            write_checkpoint(directory, active_base, settled=[
+                p for segment in segments[:-1] for p in segment.file_paths()])
+        if clean:
+            os.unlink(marker)
+            fsync_dir(directory)
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments

@@ -1,0 +1,396 @@
+"""One log segment: a `.log` file of record batches with its offset and time indexes.
+
+The segment appends whole batches, keeps Kafka's index entries (one per
+`index_interval_bytes` appended), finds batch positions for readers, validates its bytes when
+recovering, and truncates. It does not decide when to roll, flush or delete: PartitionLog does.
+
+`size` is the end of the last whole batch the writer has written; it only grows while the
+segment is active (truncation aside), and readers never read past the value they sampled, so a
+reader on another thread never sees half an append.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from catalog.errors import StorageError
+from querylib.errors import RecordError
+from querylib.log._batch import LEADER_EPOCH, Span, describe, iter_spans, pread_exact
+from querylib.log._config import (
+    INDEX_SUFFIX,
+    INT32_MAX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    segment_name,
+)
+from querylib.log._index import OffsetIndex, TimeIndex
+from querylib.records import HEADER_SIZE, BatchHeader, read_header, verify_batch
+
+logger = logging.getLogger("querylib.log")
+
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+_RECOVERY_BLOCK = 8 * 1024 * 1024  # bytes validated per read during recovery
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # data and size, not mtime: enough to recover
+
+
+@dataclass(frozen=True, slots=True)
+class PendingBatch:
+    """A validated batch about to be written: its new 16-byte prefix and the bytes after it."""
+
+    base_offset: int
+    header: BatchHeader
+    prefix: bytes
+    body: memoryview  # the producer's bytes from offset 16 on
+
+
+def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+    """writev every buffer, in IOV_MAX slices, resuming after short writes."""
+    pending = [memoryview(b) for b in buffers if len(b)]
+    while pending:
+        chunk = pending[:_IOV_MAX]
+        written = os.writev(fd, chunk)
+        if written <= 0:
+            raise OSError(f"writev wrote {written} bytes")
+        done = 0
+        while done < len(chunk) and written >= len(chunk[done]):
+            written -= len(chunk[done])
+            done += 1
+        pending = pending[done:]
+        if written:
+            pending[0] = pending[0][written:]
+
+
+class LogSegment:
+    """A `.log` file and its indexes. Only the writer calls the mutating methods."""
+
+    def __init__(
+        self, directory: str, base_offset: int, fd: int, index: OffsetIndex,
+        time_index: TimeIndex, index_interval: int,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.path = os.path.join(directory, segment_name(base_offset, LOG_SUFFIX))
+        self.fd = fd  # -1 once closed; readers dup it under PartitionLog's lock
+        self.index = index
+        self.time_index = time_index
+        self.size = 0  # end of the last whole batch
+        self.next_offset = base_offset  # offset the next batch appended here would get
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = base_offset
+        self._interval = index_interval
+        self._bytes_since_index = 0
+
+    # ---- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str, base_offset: int, index_interval: int) -> tuple[LogSegment, bool]:
+        """Open (or create) the segment's files. True when both indexes loaded sanely; the
+        caller must still validate or recover before using `size` and `next_offset`."""
+        path = os.path.join(directory, segment_name(base_offset, LOG_SUFFIX))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            log_size = os.fstat(fd).st_size
+            index, index_ok = OffsetIndex.open(
+                os.path.join(directory, segment_name(base_offset, INDEX_SUFFIX)),
+                base_offset, log_size)
+            time_index, time_ok = TimeIndex.open(
+                os.path.join(directory, segment_name(base_offset, TIME_INDEX_SUFFIX)),
+                base_offset, log_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(directory, base_offset, fd, index, time_index, index_interval), (
+            index_ok and time_ok
+        )
+
+    @classmethod
+    def create(cls, directory: str, base_offset: int, index_interval: int) -> LogSegment:
+        """A new, empty segment; leftover files with its name are emptied."""
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            path = os.path.join(directory, segment_name(base_offset, suffix))
+            if os.path.exists(path):
+                os.truncate(path, 0)
+        segment, _ = cls.open(directory, base_offset, index_interval)
+        return segment
+
+    def file_size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def file_paths(self) -> list[str]:
+        return [self.path, self.index.path, self.time_index.path]
+
+    @property
+    def largest_timestamp(self) -> int:
+        """The largest batch timestamp in the segment, -1 when it holds none."""
+        return self.max_timestamp
+
+    # ---- appending (writer) --------------------------------------------------------------
+
+    def append(self, batches: Sequence[PendingBatch]) -> None:
+        """Write the batches with one writev and index them. On an I/O error the file is cut
+        back to its previous size and the error propagates; nothing was indexed."""
+        start = self.size
+        buffers: list[bytes | memoryview] = []
+        for batch in batches:
+            buffers.append(batch.prefix)
+            buffers.append(batch.body)
+        try:
+            _write_all(self.fd, buffers)
+        except OSError:
+            os.ftruncate(self.fd, start)  # may raise too: the caller then fails the log
+            raise
+        pos = start
+        for batch in batches:
+            self._note_batch(pos, batch.base_offset, batch.header)
+            pos += batch.header.size
+        self.next_offset = batches[-1].base_offset + batches[-1].header.last_offset_delta + 1
+        self.size = pos  # published last: readers may now read these batches
+
+    def _note_batch(self, pos: int, base_offset: int, header: BatchHeader) -> None:
+        """Kafka's rule: index a batch once more than index_interval bytes were appended since
+        the last entry; the time index records the largest timestamp so far at the same time."""
+        last_offset = base_offset + header.last_offset_delta
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if self._bytes_since_index > self._interval:
+            self.index.append(last_offset, pos, pos + header.size)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+
+    def fits(self, header: BatchHeader, base_offset: int, segment_bytes: int) -> bool:
+        """Whether the batch may go in this segment (an empty segment takes any batch)."""
+        if self.size == 0:
+            return True
+        return (
+            self.size + header.size <= segment_bytes
+            and base_offset + header.last_offset_delta - self.base_offset <= INT32_MAX
+        )
+
+    def sync(self) -> None:
+        _fdatasync(self.fd)
+
+    def sync_all(self) -> None:
+        """Force the log and both indexes to disk."""
+        os.fsync(self.fd)
+        self.index.sync()
+        self.time_index.sync()
+
+    def seal(self) -> None:
+        """Record the segment's largest timestamp in its time index (so a reopen finds it) and
+        force all three files to disk: when rolling, and as the last step of a clean close."""
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        self.sync_all()
+
+    # ---- reading (any thread, on a dup of fd) ---------------------------------------------
+
+    def find_batch(self, fd: int, offset: int, size: int) -> Span | None:
+        """The batch holding `offset`, below `size`; None when every batch here ends before
+        it. Raises RecordError on unparsable bytes. Sequential reads of large batches are
+        answered by the index alone, without reading a header."""
+        known = self.index.batch_holding(offset)
+        if known is not None and known[3] <= size:
+            position, base, next_offset, end = known
+            return Span(position, base, next_offset, end - position)
+        for span in iter_spans(fd, self.index.lookup(offset), size, self._scan_chunk):
+            if span.position + span.size > size:
+                raise StorageError(
+                    f"{self.path}: batch at {span.position} runs past the segment end")
+            self.index.learn(span.position, span.position + span.size)
+            if span.next_offset > offset:
+                return span
+        return None
+
+    def batches_end(
+        self, fd: int, first: Span, limit: int, size: int, end_offset: int | None
+    ) -> int:
+        """The end of the longest run of whole batches from `first` that stays within `limit`
+        bytes of the file and holds no batch whose base offset is >= `end_offset`. Always
+        includes the first batch."""
+        end = first.position + first.size
+        if end >= limit:
+            return end
+        # Jump by index to a batch start near the limit, then walk the few headers after it.
+        jump = self.index.floor_position(limit)
+        if end_offset is not None:
+            jump = min(jump, self.index.lookup(end_offset))
+        end = max(end, jump)
+        following = self.index.end_at(end)
+        if following is not None and following > limit:
+            return end  # the index says the next batch does not fit: no header to read
+        for span in iter_spans(fd, end, size, self._scan_chunk):
+            self.index.learn(span.position, span.position + span.size)
+            if span.position + span.size > limit:
+                break
+            if end_offset is not None and span.base_offset >= end_offset:
+                break
+            end = span.position + span.size
+        return end
+
+    @property
+    def _scan_chunk(self) -> int:
+        # From an index entry the wanted header is at most one interval (plus a batch) away.
+        return min(max(self._interval + 2 * HEADER_SIZE, 4096), 1 << 16)
+
+    def offset_for_timestamp(self, fd: int, timestamp: int, size: int) -> Span | None:
+        """The first batch here at or after the time index's hint whose maxTimestamp is >=
+        `timestamp`; None when there is none."""
+        found = self.find_batch(fd, self.time_index.lookup(timestamp), size)
+        if found is None:
+            return None
+        for span in iter_spans(fd, found.position, size, self._scan_chunk):
+            if span.position + span.size > size:
+                break
+            if span.max_timestamp is not None and span.max_timestamp >= timestamp:
+                return span
+        return None
+
+    # ---- recovery and truncation (writer) -------------------------------------------------
+
+    def recover(self, resume: bool) -> bool:
+        """Validate batches (bounds, CRC-32C, magic 2, gapless offsets, leader epoch) and cut
+        the file after the last valid one. True when any of the three files changed.
+
+        `resume` trusts the bytes before the last offset index entry (a cleanly closed or
+        checkpointed segment) and validates from the batch that entry names. Otherwise, or when
+        anything past that entry is invalid, the whole segment is validated and both indexes
+        are rebuilt from it.
+        """
+        resume = resume and len(self.index) > 0
+        file_size = self.file_size()
+        if resume:
+            start = self.index.last_position
+            anchor: int | None = self.index.last_offset  # last offset of the batch at `start`
+            self.max_timestamp = self.time_index.last_timestamp
+            self.offset_of_max_timestamp = self.time_index.last_offset
+        else:
+            start, anchor = 0, None
+            self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
+        time_floor = self.max_timestamp  # time entries must exceed what is indexed already
+        index_entries: list[tuple[int, int, int]] = []  # (last offset, position, end)
+        time_entries: list[tuple[int, int]] = []
+        self._bytes_since_index = 0
+        expected = self.base_offset
+        pos, reason = start, None
+        block, block_pos = b"", start
+        while pos < file_size:
+            if pos - block_pos + HEADER_SIZE > len(block):
+                block, block_pos = self._read_block(pos, file_size, HEADER_SIZE), pos
+            try:
+                header = read_header(block, pos - block_pos)
+            except RecordError as exc:
+                reason = f"batch at {pos}: {describe(exc)}"
+                break
+            if pos + header.size > file_size:
+                reason = f"batch at {pos} of {header.size} bytes cut short by the end of file"
+                break
+            if pos - block_pos + header.size > len(block):
+                block, block_pos = self._read_block(pos, file_size, header.size), pos
+            last = header.base_offset + header.last_offset_delta
+            if pos == start and anchor is not None:
+                expected = header.base_offset  # checked against the index entry instead
+                if last != anchor:
+                    reason = f"batch at {pos} does not hold offset {anchor} as its index says"
+                    break
+            reason = self._check(block, pos - block_pos, header, expected, pos)
+            if reason is not None:
+                break
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, last
+            if self._bytes_since_index > self._interval and not (pos == start and resume):
+                index_entries.append((last, pos, pos + header.size))
+                if self.max_timestamp > (time_entries[-1][0] if time_entries else time_floor):
+                    time_entries.append((self.max_timestamp, self.offset_of_max_timestamp))
+                self._bytes_since_index = 0
+            self._bytes_since_index += header.size
+            expected = last + 1
+            pos += header.size
+        truncated = file_size - pos
+        if resume and truncated:
+            logger.warning("%s: invalid bytes after the last index entry (%s); validating the "
+                           "whole segment", self.path, reason)
+            return self.recover(resume=False)
+        # Like seal(): the time index ends with the segment's largest timestamp, so a reopen
+        # (and retention by age) finds it without reading the segment.
+        if self.max_timestamp > (time_entries[-1][0] if time_entries else time_floor):
+            time_entries.append((self.max_timestamp, self.offset_of_max_timestamp))
+        if resume:
+            modified = bool(index_entries or time_entries or truncated)
+            for offset, position, end in index_entries:
+                self.index.append(offset, position, end)
+            for timestamp, offset in time_entries:
+                self.time_index.maybe_append(timestamp, offset)
+        else:
+            modified = self.index.replace(index_entries) or bool(truncated)
+            if time_entries != self.time_index.entries():
+                self.time_index.rewrite(time_entries)
+                modified = True
+        if truncated:
+            logger.warning(
+                "%s: truncated %d bytes at position %d (next offset %d): %s",
+                self.path, truncated, pos, expected, reason or "invalid tail")
+            os.ftruncate(self.fd, pos)
+        self.size = pos
+        self.next_offset = expected
+        return modified
+
+    def _read_block(self, pos: int, file_size: int, need: int) -> bytes:
+        # `need` is a header or one bounded batch (read_header capped it at MAX_BATCH_SIZE).
+        return pread_exact(self.fd, max(need, min(_RECOVERY_BLOCK, file_size - pos)), pos)
+
+    def _check(
+        self, block: bytes, off: int, header: BatchHeader, expected: int, pos: int
+    ) -> str | None:
+        """Why the batch at `pos` cannot be kept, or None when it is valid."""
+        try:
+            verify_batch(block, off)
+        except RecordError as exc:
+            return f"batch at {pos}: {describe(exc)}"
+        if header.base_offset != expected:
+            return f"batch at {pos}: base offset {header.base_offset}, expected {expected}"
+        if header.partition_leader_epoch != LEADER_EPOCH:
+            return f"batch at {pos}: leader epoch {header.partition_leader_epoch}"
+        if header.last_offset_delta < 0:
+            return f"batch at {pos}: lastOffsetDelta {header.last_offset_delta}"
+        if header.base_offset + header.last_offset_delta - self.base_offset > INT32_MAX:
+            return f"batch at {pos}: offset beyond this segment's int32 range"
+        return None
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the segment before the batch holding `offset` (so it ends at that batch's base
+        offset, like Kafka's LogSegment.truncateTo)."""
+        found = self.find_batch(self.fd, offset, self.size) if offset < self.next_offset else None
+        if found is None:
+            return
+        pos = found.position
+        self.index.truncate_to_position(pos)
+        self.time_index.truncate_to_offset(found.base_offset)
+        os.ftruncate(self.fd, pos)
+        os.fsync(self.fd)
+        self.recover(resume=True)
+
+    # ---- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the three files. The caller holds PartitionLog's lock so no reader dups a
+        closed descriptor."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.index.close()
+        self.time_index.close()
+
+    def delete(self) -> None:
+        """Close and remove the files, the .log first: a crash in between leaves only stray
+        indexes, which opening removes, never a log without its place in the offset order."""
+        self.close()
+        for path in self.file_paths():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
