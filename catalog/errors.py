@@ -9,6 +9,26 @@ branch on attributes, never on message strings.
     ├── ProtocolError          a peer sent bytes we cannot accept (subclasses per format)
     ├── StorageError           the local log or its files
     └── CatalogError           a catalog command broke an invariant
+        ├── InvalidCommandError        fields that contradict each other (counts, placement)
+        │   └── InvalidPartitionsError a partition count outside 1..MAX_PARTITIONS
+        ├── InvalidTopicNameError      not NAME, TENANT/NS/NAME or persistent://TENANT/NS/NAME
+        │   └── ReservedTopicNameError a `__` name asked for by someone other than the system
+        ├── NotFoundError              an id or name the catalog does not hold
+        │   ├── UnknownSessionError, UnknownBrokerError, UnknownExecutorError,
+        │   ├── UnknownQueryError, UnknownTopicError, UnknownCollectionError
+        │   └── NotPublishedError, NotSubscribedError
+        ├── ConflictError              the request contradicts the current state
+        │   ├── TopicExistsError, BrokerExistsError, BrokerInUseError
+        │   ├── AlreadyPublishedError, AlreadySubscribedError
+        │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
+        │   └── RecordTypeMismatchError
+        ├── NotOwnerError              only the owner may do this
+        └── CorruptCatalogError        replayed updates do not form a valid catalog
+
+    ProtocolError
+    └── CatalogDecodeError     bytes on a catalog topic that are not a catalog update
+
+`InvalidTopicNameError` is also a `UserError`: names come from people, and the fix is theirs.
 """
 
 from __future__ import annotations
@@ -44,3 +64,133 @@ class CatalogError(TqError):
     """A catalog command was refused because it would break an invariant."""
 
     exit_code = 2
+
+
+# -- catalog command errors ---------------------------------------------------------------------
+
+
+class InvalidCommandError(CatalogError):
+    """A command whose fields contradict each other or the limits (counts, placement length)."""
+
+    kafka_error_code = 42  # INVALID_REQUEST
+
+
+class InvalidPartitionsError(InvalidCommandError):
+    """A topic asked for fewer than one partition, too many, or locations that do not match."""
+
+    kafka_error_code = 37  # INVALID_PARTITIONS
+
+
+class InvalidTopicNameError(CatalogError, UserError):
+    """A topic name that is not one of the accepted forms; the message shows the valid forms."""
+
+    kafka_error_code = 17  # INVALID_TOPIC_EXCEPTION
+
+
+class ReservedTopicNameError(InvalidTopicNameError):
+    """Names starting with `__` belong to the system (catalog topics, logs, consumer offsets)."""
+
+
+class NotFoundError(CatalogError):
+    """The command names something the catalog does not hold (never did, or no longer)."""
+
+
+class UnknownSessionError(NotFoundError):
+    """No open session with this id (it never existed, was closed, or its lease expired)."""
+
+
+class UnknownBrokerError(NotFoundError):
+    """No registered broker with this id."""
+
+
+class UnknownExecutorError(NotFoundError):
+    """No registered executor with this id."""
+
+
+class UnknownQueryError(NotFoundError):
+    """No query with this id."""
+
+
+class UnknownTopicError(NotFoundError):
+    """No topic with this id or name. Retriable: a blocking subscribe waits for it to appear."""
+
+    retriable = True
+    kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+class UnknownCollectionError(NotFoundError):
+    """A catalog collection name that is not one of the catalog's collections."""
+
+
+class NotPublishedError(NotFoundError):
+    """Unpublish of a publication that does not exist."""
+
+
+class NotSubscribedError(NotFoundError):
+    """Unsubscribe of a subscription that does not exist."""
+
+
+class ConflictError(CatalogError):
+    """The command is well formed but contradicts the catalog's current state."""
+
+
+class TopicExistsError(ConflictError):
+    """A topic with this name exists already (delete it first to reuse the name)."""
+
+    kafka_error_code = 36  # TOPIC_ALREADY_EXISTS
+
+
+class BrokerExistsError(ConflictError):
+    """A broker re-joined with an id that is registered (up) right now."""
+
+
+class BrokerInUseError(ConflictError):
+    """A broker cannot leave while a registered executor still names it."""
+
+
+class AlreadyPublishedError(ConflictError):
+    """This party publishes this topic already."""
+
+
+class AlreadySubscribedError(ConflictError):
+    """This party subscribes to this topic already."""
+
+
+class QueryEndedError(ConflictError):
+    """The query has finished, failed or been killed; it can no longer own, publish or subscribe."""
+
+
+class QueryStateError(ConflictError):
+    """A query event that its current state does not allow (a pair missing from the table)."""
+
+    def __init__(self, message: str, state: str = "", event: str = "") -> None:
+        super().__init__(message)
+        self.state = state
+        self.event = event
+
+
+class ProcessAlreadyExitedError(ConflictError):
+    """A second exit report for the same process of a query."""
+
+
+class RecordTypeMismatchError(ConflictError):
+    """A subscriber expects another record type (or kind) than the topic carries."""
+
+
+class NotOwnerError(CatalogError):
+    """Only a topic's owner may do this (publish to it, delete it)."""
+
+    kafka_error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class CorruptCatalogError(CatalogError):
+    """Replayed updates do not form a valid catalog (a negative count, a dangling reference).
+
+    Raised on recovery; the catalog topics hold something this code never wrote.
+    """
+
+    exit_code = 1
+
+
+class CatalogDecodeError(ProtocolError):
+    """Bytes read from a catalog topic that do not decode to a well-typed catalog update."""

@@ -1,0 +1,335 @@
+"""The catalog state machine: commands in, consolidated diffs out, one version per change.
+
+`Catalog.apply(command)` either raises a CatalogError and changes nothing, or commits the
+command's updates to the collections, advances the version by one and returns a `Change`. A
+command that would change nothing returns an empty Change at the same version.
+
+Every change also retracts and re-inserts the single `counters` record (version and next ids), so
+the updates alone, even compacted to a snapshot, rebuild the catalog exactly:
+`Catalog.replay(c.snapshot()) == c` and `Catalog.replay(all updates ever emitted) == c`.
+
+Policy decisions (the issue leaves them to us):
+- Topics outlive their owners. When a query ends or a session closes, its publications and
+  subscriptions leave, but the topics it owns stay readable (the log is on disk). Such an
+  orphaned topic may be deleted by anyone; a re-run that wants the name deletes it first.
+- Deleting a topic removes every publication and subscription of it.
+- Queries stay in the catalog after they end, with their exit codes (history for `tq status`).
+- A query with a process still running on an executor that leaves fails ("lost executor").
+
+Must not: read clocks, do I/O, or mutate state before a command has been fully checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from catalog._collection import Collection
+from catalog._commands import Change, Command
+from catalog._invariants import check_invariants
+from catalog._names import TopicName
+from catalog._records import (
+    COLLECTIONS,
+    Broker,
+    Counters,
+    Executor,
+    IngestRef,
+    Owner,
+    Party,
+    Publication,
+    Query,
+    QueryRef,
+    Record,
+    Session,
+    SessionRef,
+    Subscription,
+    SystemRef,
+    Topic,
+    Update,
+    catalog_topic,
+)
+from catalog._rules import HANDLERS, Txn
+from catalog.errors import (
+    CorruptCatalogError,
+    InvalidCommandError,
+    UnknownBrokerError,
+    UnknownExecutorError,
+    UnknownQueryError,
+    UnknownSessionError,
+    UnknownTopicError,
+)
+
+__all__ = ["Catalog", "consolidate_updates"]
+
+# The id field of each collection whose records have one; the catalog indexes them by it.
+_ID_FIELDS = {
+    "sessions": "session_id",
+    "brokers": "broker_id",
+    "executors": "executor_id",
+    "queries": "query_id",
+    "topics": "topic_id",
+}
+
+
+def consolidate_updates(updates: Iterable[Update]) -> list[Update]:
+    """Sum the diffs of equal (collection, record) pairs, drop zeros, put retractions first.
+
+    Retractions first means a reader applying updates one by one never sees a record twice where
+    a command replaced it.
+    """
+    sums: dict[tuple[str, Record], int] = {}
+    for collection, record, diff in updates:
+        key = (collection, record)
+        sums[key] = sums.get(key, 0) + diff
+    retractions = [Update(c, r, d) for (c, r), d in sums.items() if d < 0]  # type: ignore[arg-type]
+    insertions = [Update(c, r, d) for (c, r), d in sums.items() if d > 0]  # type: ignore[arg-type]
+    return retractions + insertions
+
+
+class Catalog:
+    """The catalog: eight collections, the version, and the rules that change them."""
+
+    def __init__(self) -> None:
+        self._collections: dict[str, Collection[Record]] = {
+            name: Collection() for name in COLLECTIONS
+        }
+        self._counters = Counters()
+        self._by_id: dict[str, dict[int, Record]] = {name: {} for name in _ID_FIELDS}
+        self._topic_by_name: dict[str, Topic] = {}
+
+    # -- changing it ----------------------------------------------------------------------------
+
+    def apply(self, command: Command) -> Change:
+        """Check and commit one command. Raises a CatalogError subclass, changing nothing."""
+        handler = HANDLERS.get(type(command))
+        if handler is None:
+            raise InvalidCommandError(f"not a catalog command: {type(command).__name__}")
+        txn = Txn(self._counters)
+        handler(self, txn, command)
+        return self._commit(txn.updates, txn.counters, txn.created)
+
+    def _commit(self, updates: list[Update], counters: Counters, created: Record | None) -> Change:
+        changes = consolidate_updates(updates)
+        if not changes:
+            return Change(version=self.version, updates=(), created=created)
+        old = self._counters
+        new = msgspec.structs.replace(counters, version=old.version + 1)
+        retractions = [u for u in changes if u.diff < 0]
+        insertions = [u for u in changes if u.diff > 0]
+        if old.version:
+            retractions.append(Update("counters", old, -1))
+        insertions.append(Update("counters", new, 1))
+        changes = retractions + insertions
+        self._write(changes)
+        self._counters = new
+        return Change(version=new.version, updates=tuple(changes), created=created)
+
+    def _write(self, updates: list[Update]) -> None:
+        grouped: dict[str, list[tuple[Record, int]]] = {}
+        for collection, record, diff in updates:
+            grouped.setdefault(collection, []).append((record, diff))
+        # Check every collection before touching any, so a bug surfaces as an error, not as a
+        # half-applied command.
+        for name, batch in grouped.items():
+            self._collections[name].check(batch)
+        for name, batch in grouped.items():
+            self._collections[name].apply(batch)
+        for collection, record, diff in updates:
+            self._index(collection, record, diff)
+
+    def _index(self, collection: str, record: Record, diff: int) -> None:
+        field = _ID_FIELDS.get(collection)
+        if field is None:
+            return
+        index = self._by_id[collection]
+        key = getattr(record, field)
+        if diff > 0:
+            index[key] = record
+            if isinstance(record, Topic):
+                self._topic_by_name[record.name] = record
+        elif index.get(key) == record:
+            del index[key]
+            if isinstance(record, Topic) and self._topic_by_name.get(record.name) == record:
+                del self._topic_by_name[record.name]
+
+    # -- rebuilding it --------------------------------------------------------------------------
+
+    @classmethod
+    def replay(cls, updates: Iterable[Update]) -> Catalog:
+        """Rebuild a catalog from updates: every change ever emitted, or a snapshot, in any
+        order across collections. Raises CorruptCatalogError if they do not form a valid
+        catalog (wrong record type for a collection, a negative count, a broken invariant)."""
+        catalog = cls()
+        grouped: dict[str, list[tuple[Record, int]]] = {name: [] for name in COLLECTIONS}
+        for update in updates:
+            collection, record, diff = update
+            expected = COLLECTIONS.get(collection)
+            if expected is None or type(record) is not expected:
+                raise CorruptCatalogError(
+                    f"a {type(record).__name__} record in collection {collection!r}"
+                )
+            grouped[collection].append((record, diff))
+        for name, batch in grouped.items():
+            catalog._collections[name].apply(batch)
+        counters = list(catalog._collections["counters"].items())
+        if len(counters) > 1 or (counters and counters[0][1] != 1):
+            raise CorruptCatalogError(f"expected one counters record, found {counters!r}")
+        if counters:
+            record = counters[0][0]
+            assert isinstance(record, Counters)
+            catalog._counters = record
+        for name in _ID_FIELDS:
+            for record in catalog._collections[name]:
+                catalog._index(name, record, 1)
+        catalog.check_invariants()
+        return catalog
+
+    def snapshot(self) -> list[Update]:
+        """The whole catalog as consolidated updates, collection by collection, in a fixed order.
+
+        `Catalog.replay(snapshot)` equals this catalog, version and id counters included.
+        """
+        return [
+            Update(name, record, count)  # type: ignore[arg-type]
+            for name in COLLECTIONS
+            for record, count in self._collections[name].snapshot()
+        ]
+
+    def check_invariants(self) -> None:
+        """Raise CorruptCatalogError if any invariant does not hold (see `_invariants`)."""
+        check_invariants(self)
+
+    # -- reading it -----------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """How many changes the catalog has seen: the logical time of the catalog topics."""
+        return self._counters.version
+
+    @property
+    def counters(self) -> Counters:
+        return self._counters
+
+    def collection(self, name: str) -> Collection[Record]:
+        """A collection by name. Read it; do not apply to it (that bypasses every rule)."""
+        catalog_topic(name)  # raises UnknownCollectionError, listing the names
+        return self._collections[name]
+
+    def collections(self) -> Iterator[tuple[str, Collection[Record]]]:
+        return iter(self._collections.items())
+
+    @property
+    def sessions(self) -> Collection[Record]:
+        return self._collections["sessions"]
+
+    @property
+    def brokers(self) -> Collection[Record]:
+        return self._collections["brokers"]
+
+    @property
+    def executors(self) -> Collection[Record]:
+        return self._collections["executors"]
+
+    @property
+    def queries(self) -> Collection[Record]:
+        return self._collections["queries"]
+
+    @property
+    def topics(self) -> Collection[Record]:
+        return self._collections["topics"]
+
+    @property
+    def publications(self) -> Collection[Record]:
+        return self._collections["publications"]
+
+    @property
+    def subscriptions(self) -> Collection[Record]:
+        return self._collections["subscriptions"]
+
+    def session(self, session_id: int) -> Session:
+        record = self._by_id["sessions"].get(session_id)
+        if record is None:
+            raise UnknownSessionError(f"no open session {session_id}")
+        assert isinstance(record, Session)
+        return record
+
+    def broker(self, broker_id: int) -> Broker:
+        record = self._by_id["brokers"].get(broker_id)
+        if record is None:
+            raise UnknownBrokerError(f"no registered broker {broker_id}")
+        assert isinstance(record, Broker)
+        return record
+
+    def executor(self, executor_id: int) -> Executor:
+        record = self._by_id["executors"].get(executor_id)
+        if record is None:
+            raise UnknownExecutorError(f"no registered executor {executor_id}")
+        assert isinstance(record, Executor)
+        return record
+
+    def query(self, query_id: int) -> Query:
+        record = self._by_id["queries"].get(query_id)
+        if record is None:
+            raise UnknownQueryError(f"no query {query_id}")
+        assert isinstance(record, Query)
+        return record
+
+    def topic(self, topic_id: int) -> Topic:
+        record = self._by_id["topics"].get(topic_id)
+        if record is None:
+            raise UnknownTopicError(f"no topic with id {topic_id}")
+        assert isinstance(record, Topic)
+        return record
+
+    def find_topic(self, name: str) -> Topic | None:
+        """The topic with this name in any accepted spelling, or None. Bad names raise."""
+        return self._topic_by_name.get(TopicName.parse(name).full)
+
+    def topic_by_name(self, name: str) -> Topic:
+        topic = self.find_topic(name)
+        if topic is None:
+            raise UnknownTopicError(f"no topic {TopicName.parse(name).short!r}")
+        return topic
+
+    # These scan a collection: O(n), fine for the catalog's sizes (thousands, not millions).
+
+    def publications_of(self, party: Party) -> list[Publication]:
+        return [p for p in self.publications if isinstance(p, Publication) and p.publisher == party]
+
+    def subscriptions_of(self, party: Party) -> list[Subscription]:
+        return [
+            s for s in self.subscriptions if isinstance(s, Subscription) and s.subscriber == party
+        ]
+
+    def publications_on(self, topic_id: int) -> list[Publication]:
+        return [
+            p for p in self.publications if isinstance(p, Publication) and p.topic_id == topic_id
+        ]
+
+    def subscriptions_on(self, topic_id: int) -> list[Subscription]:
+        return [
+            s for s in self.subscriptions if isinstance(s, Subscription) and s.topic_id == topic_id
+        ]
+
+    def is_live(self, owner: Owner) -> bool:
+        """A query is live while submitted or running, a session while open; ingest and the
+        system always are."""
+        if isinstance(owner, QueryRef):
+            query = self._by_id["queries"].get(owner.query_id)
+            return isinstance(query, Query) and not query.ended
+        if isinstance(owner, SessionRef):
+            return owner.session_id in self._by_id["sessions"]
+        assert isinstance(owner, IngestRef | SystemRef)
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Catalog):
+            return NotImplemented
+        return self._collections == other._collections
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}={len(c)}" for name, c in self._collections.items())
+        return f"<Catalog version={self.version} {sizes}>"

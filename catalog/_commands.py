@@ -1,0 +1,242 @@
+"""Commands the catalog state machine accepts, and the `Change` it returns for each.
+
+Commands are frozen msgspec Structs with a tag, so the coordinator can log or forward them and
+decode them type-checked (`Command` is the tagged union). Each carries every input the catalog
+needs, including times (`at_ms`): the catalog reads no clock.
+
+Who may do what is decided by the fields, not by a hidden caller: the coordinator fills
+`requester`, `publisher` and `subscriber` with the party that made the request (the session or
+the query behind it), and the catalog checks ownership against them.
+
+Must not: hold logic; the rules live in `_rules`.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from catalog._records import Owner, Party, Record, Resources, SessionKind, TopicKind, Update
+
+__all__ = [
+    "Change",
+    "CloseSession",
+    "Command",
+    "CreateTopic",
+    "DeleteTopic",
+    "FailQuery",
+    "KillQuery",
+    "OpenSession",
+    "ProcessExited",
+    "Publish",
+    "RegisterBroker",
+    "RegisterExecutor",
+    "RemoveBroker",
+    "RemoveExecutor",
+    "SessionExpired",
+    "StartQuery",
+    "SubmitQuery",
+    "Subscribe",
+    "Unpublish",
+    "Unsubscribe",
+]
+
+
+class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="command"):
+    pass
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+class OpenSession(_Command, tag="open_session"):
+    """A client, executor or query process connected. Creates a Session with a new id."""
+
+    kind: SessionKind
+    peer: str
+    at_ms: int
+
+
+class CloseSession(_Command, tag="close_session"):
+    """The session said goodbye. Everything it owned leaves, as for SessionExpired."""
+
+    session_id: int
+    at_ms: int
+
+
+class SessionExpired(_Command, tag="session_expired"):
+    """The session's lease ran out. Its executors and brokers leave (queries with processes on
+    those executors fail), its publications and subscriptions leave; topics it owns stay."""
+
+    session_id: int
+    at_ms: int
+
+
+# -- brokers and executors ----------------------------------------------------------------------
+
+
+class RegisterBroker(_Command, tag="register_broker"):
+    """A broker came up. `broker_id=None` asks for a new id; an id the catalog assigned before
+    (and that is not up now) re-joins, keeping the partitions located there."""
+
+    host: str
+    address: str
+    session_id: int | None  # None: the coordinator's own broker
+    broker_id: int | None = None
+
+
+class RemoveBroker(_Command, tag="remove_broker"):
+    """A broker left cleanly. Refused while an executor still names it."""
+
+    broker_id: int
+
+
+class RegisterExecutor(_Command, tag="register_executor"):
+    """A host agent joined. Creates an Executor with a new id."""
+
+    host: str
+    broker_id: int
+    resources: Resources
+    session_id: int | None  # None: embedded in the coordinator's process
+    at_ms: int
+
+
+class RemoveExecutor(_Command, tag="remove_executor"):
+    """The executor left (or the coordinator gave up on it). Live queries with a process still
+    running there fail: that process is lost."""
+
+    executor_id: int
+    at_ms: int
+
+
+# -- queries ------------------------------------------------------------------------------------
+
+
+class SubmitQuery(_Command, tag="submit_query"):
+    """Creates a Query in state submitted, placed on `executors` (one executor id per process)."""
+
+    name: str
+    program: str
+    processes: int
+    workers: int
+    executors: tuple[int, ...]
+    at_ms: int
+    args: tuple[str, ...] = ()
+
+
+class StartQuery(_Command, tag="start_query"):
+    """Every process registered its worker group: submitted -> running."""
+
+    query_id: int
+    at_ms: int
+
+
+class ProcessExited(_Command, tag="process_exited"):
+    """An executor reports a process's exit code (negative: killed by that signal)."""
+
+    query_id: int
+    process: int
+    exit_code: int
+    at_ms: int
+
+
+class KillQuery(_Command, tag="kill_query"):
+    query_id: int
+    at_ms: int
+    reason: str = "killed"
+
+
+class FailQuery(_Command, tag="fail_query"):
+    """The coordinator gave up on the query (spawn failed, registration timed out, ...)."""
+
+    query_id: int
+    reason: str
+    at_ms: int
+
+
+# -- topics, publications, subscriptions --------------------------------------------------------
+
+
+class CreateTopic(_Command, tag="create_topic"):
+    """Creates a Topic. `name` is any accepted spelling; the catalog stores the canonical one.
+    `locations[i]` is the broker that hosts partition i; each must be up."""
+
+    name: str
+    partitions: int
+    record_type: str
+    kind: TopicKind
+    owner: Owner
+    locations: tuple[int, ...]
+    at_ms: int
+
+
+class DeleteTopic(_Command, tag="delete_topic"):
+    """Deletes a topic and every publication and subscription of it.
+
+    `requester` must be the owner, unless the owner has ended (an orphaned topic may be deleted
+    by anyone) or `force` is set (an operator's override). Internal topics only by the system.
+    """
+
+    topic_id: int
+    requester: Owner
+    force: bool = False
+
+
+class Publish(_Command, tag="publish"):
+    """`publisher` starts publishing the topic: it must own it, or the topic must be ingest's."""
+
+    topic_id: int
+    publisher: Party
+
+
+class Unpublish(_Command, tag="unpublish"):
+    """`publisher` stops publishing; only the publisher itself can remove its publication."""
+
+    topic_id: int
+    publisher: Party
+
+
+class Subscribe(_Command, tag="subscribe"):
+    """`subscriber` subscribes; if `record_type` or `kind` is given it must match the topic."""
+
+    topic_id: int
+    subscriber: Party
+    record_type: str | None = None
+    kind: TopicKind | None = None
+
+
+class Unsubscribe(_Command, tag="unsubscribe"):
+    topic_id: int
+    subscriber: Party
+
+
+Command: TypeAlias = (
+    OpenSession
+    | CloseSession
+    | SessionExpired
+    | RegisterBroker
+    | RemoveBroker
+    | RegisterExecutor
+    | RemoveExecutor
+    | SubmitQuery
+    | StartQuery
+    | ProcessExited
+    | KillQuery
+    | FailQuery
+    | CreateTopic
+    | DeleteTopic
+    | Publish
+    | Unpublish
+    | Subscribe
+    | Unsubscribe
+)
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """What one command did: the new version, the consolidated updates (retractions first), and
+    the record the command created, if any (so the caller learns a new id)."""
+
+    version: int
+    updates: tuple[Update, ...]
+    created: Record | None = None

@@ -1,0 +1,176 @@
+"""The catalog's invariants, checked as a whole: on replay, and after every step in the tests.
+
+The rules in `_rules` keep these true command by command; this module says what "true" is, so
+recovery can refuse catalog topics that hold something else. Every violation is reported as
+CorruptCatalogError naming the record.
+
+Must not: change anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from catalog._names import TopicName
+from catalog._records import (
+    COLLECTIONS,
+    INGEST,
+    SYSTEM,
+    Broker,
+    Executor,
+    Publication,
+    Query,
+    QueryRef,
+    QueryState,
+    SessionRef,
+    Subscription,
+    Topic,
+)
+from catalog.errors import CatalogError, CorruptCatalogError
+
+if TYPE_CHECKING:
+    from catalog._catalog import Catalog
+
+__all__ = ["check_invariants"]
+
+_ID_LIMITS = {
+    "sessions": ("session_id", "next_session_id"),
+    "brokers": ("broker_id", "next_broker_id"),
+    "executors": ("executor_id", "next_executor_id"),
+    "queries": ("query_id", "next_query_id"),
+    "topics": ("topic_id", "next_topic_id"),
+}
+
+
+def _fail(why: str) -> CorruptCatalogError:
+    return CorruptCatalogError(f"catalog invariant broken: {why}")
+
+
+def check_invariants(catalog: Catalog) -> None:
+    """Raise CorruptCatalogError unless every invariant of the catalog holds."""
+    _check_shape(catalog)
+    _check_executors(catalog)
+    registered = {e.executor_id for e in catalog.executors if isinstance(e, Executor)}
+    for query in catalog.queries:
+        assert isinstance(query, Query)
+        _check_query(catalog, query, registered)
+    _check_topics(catalog)
+    for publication in catalog.publications:
+        assert isinstance(publication, Publication)
+        topic = _topic_of(catalog, publication, publication.topic_id)
+        _check_live(catalog, publication, publication.publisher)
+        if publication.publisher != topic.owner and topic.owner != INGEST:
+            raise _fail(f"{publication!r} publishes a topic it does not own")
+    for subscription in catalog.subscriptions:
+        assert isinstance(subscription, Subscription)
+        _topic_of(catalog, subscription, subscription.topic_id)
+        _check_live(catalog, subscription, subscription.subscriber)
+
+
+def _check_shape(catalog: Catalog) -> None:
+    """Set semantics, the counters record, unique ids below their counters."""
+    counters = catalog.counters
+    for name, collection in catalog.collections():
+        expected = COLLECTIONS[name]
+        for record, count in collection.items():
+            if type(record) is not expected:
+                raise _fail(f"a {type(record).__name__} in {name}")
+            if count != 1:
+                raise _fail(f"{record!r} has multiplicity {count} in {name}")
+    stored = list(catalog.collection("counters"))
+    if stored != ([counters] if counters.version else []):
+        raise _fail(f"counters collection {stored!r} does not match version {counters.version}")
+    for name, (id_field, counter_field) in _ID_LIMITS.items():
+        limit = getattr(counters, counter_field)
+        seen: set[int] = set()
+        for record in catalog.collection(name):
+            record_id = getattr(record, id_field)
+            if not 1 <= record_id < limit:
+                raise _fail(f"{record!r} has an id outside 1..{limit - 1}")
+            if record_id in seen:
+                raise _fail(f"two {name} records with id {record_id}")
+            seen.add(record_id)
+
+
+def _check_executors(catalog: Catalog) -> None:
+    for broker in catalog.brokers:
+        assert isinstance(broker, Broker)
+        if broker.session_id is not None:
+            _session_open(catalog, broker, broker.session_id)
+    for executor in catalog.executors:
+        assert isinstance(executor, Executor)
+        if executor.session_id is not None:
+            _session_open(catalog, executor, executor.session_id)
+        try:
+            broker = catalog.broker(executor.broker_id)
+        except CatalogError:
+            raise _fail(f"{executor!r} names a broker that is not registered") from None
+        if broker.address != executor.broker:
+            raise _fail(f"{executor!r} names broker address {executor.broker!r}, not ours")
+
+
+def _check_query(catalog: Catalog, query: Query, registered: set[int]) -> None:
+    n = query.processes
+    if n < 1 or query.workers < 1 or len(query.executors) != n or len(query.exit_codes) != n:
+        raise _fail(f"{query!r} has inconsistent process counts")
+    if any(not 1 <= e < catalog.counters.next_executor_id for e in query.executors):
+        raise _fail(f"{query!r} names an executor id never assigned")
+    if query.ended != (query.ended_at_ms is not None):
+        raise _fail(f"{query!r}: ended_at_ms is set exactly when the query has ended")
+    if (query.state is QueryState.SUBMITTED) != (query.started_at_ms is None) and not query.ended:
+        raise _fail(f"{query!r}: started_at_ms is set exactly when the query started")
+    exited = [code for code in query.exit_codes if code is not None]
+    if query.state is QueryState.FINISHED and (len(exited) != n or any(exited)):
+        raise _fail(f"{query!r} finished without every process exiting 0")
+    if not query.ended:
+        if any(exited) or len(exited) == n:
+            raise _fail(f"{query!r} is {query.state.value} after its processes ended")
+        for executor_id, code in zip(query.executors, query.exit_codes, strict=True):
+            if code is None and executor_id not in registered:
+                raise _fail(f"{query!r} runs a process on executor {executor_id}, which left")
+
+
+def _check_topics(catalog: Catalog) -> None:
+    names: set[str] = set()
+    counters = catalog.counters
+    for topic in catalog.topics:
+        assert isinstance(topic, Topic)
+        try:
+            name = TopicName.parse(topic.name)
+        except CatalogError:
+            raise _fail(f"{topic!r} has an invalid name") from None
+        if name.full != topic.name or name.internal != topic.internal:
+            raise _fail(f"{topic!r} is not stored in canonical form")
+        if topic.name in names:
+            raise _fail(f"two topics named {topic.name!r}")
+        names.add(topic.name)
+        if topic.internal and topic.owner != SYSTEM:
+            raise _fail(f"{topic!r} is internal but not owned by the system")
+        if topic.partitions < 1 or len(topic.locations) != topic.partitions:
+            raise _fail(f"{topic!r} has inconsistent partitions")
+        if any(not 1 <= b < counters.next_broker_id for b in topic.locations):
+            raise _fail(f"{topic!r} is located on a broker id never assigned")
+        owner = topic.owner
+        if isinstance(owner, QueryRef) and not 1 <= owner.query_id < counters.next_query_id:
+            raise _fail(f"{topic!r} is owned by a query id never assigned")
+        if isinstance(owner, SessionRef) and not 1 <= owner.session_id < counters.next_session_id:
+            raise _fail(f"{topic!r} is owned by a session id never assigned")
+
+
+def _session_open(catalog: Catalog, record: object, session_id: int) -> None:
+    try:
+        catalog.session(session_id)
+    except CatalogError:
+        raise _fail(f"{record!r} belongs to session {session_id}, which is not open") from None
+
+
+def _topic_of(catalog: Catalog, record: object, topic_id: int) -> Topic:
+    try:
+        return catalog.topic(topic_id)
+    except CatalogError:
+        raise _fail(f"{record!r} names a topic that does not exist") from None
+
+
+def _check_live(catalog: Catalog, record: object, party: object) -> None:
+    if not catalog.is_live(party):  # type: ignore[arg-type]
+        raise _fail(f"{record!r} belongs to a party that is no longer alive")

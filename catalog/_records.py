@@ -1,0 +1,272 @@
+"""The catalog's records: immutable, hashable msgspec Structs, one type per collection.
+
+A record never changes; a change is a retraction of the old record and an insertion of the new
+one (diffs -1 and +1). Records are multiset elements, so every record is frozen (hashable) and
+built only from hashable fields (tuples, never lists). Each record type carries a msgpack tag
+(field `type`) so a decoded update is checked against the collection it claims to belong to.
+
+Times are integer milliseconds since the Unix epoch, given by the caller: nothing here reads a
+clock.
+
+Collections (DESIGN §3: the thesis' five plus `sessions`, `brokers` and `counters`):
+
+    sessions       Session       client, executor and query-process sessions (leases live in the
+                                 coordinator; the catalog only knows which are open)
+    brokers        Broker        every broker up now (a broker re-joins under its old id)
+    executors      Executor      host agents, each with the broker it runs
+    queries        Query         every query ever submitted, with its state and exit codes
+    topics         Topic         name, partitions, record type tag, kind, owner, locations
+    publications   Publication   (topic, publisher)
+    subscriptions  Subscription  (topic, subscriber)
+    counters       Counters      one record: the catalog version and the next id of each kind, so
+                                 replay restores them even from a compacted snapshot
+
+Must not: read clocks, do I/O, or hold mutable fields.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal, NamedTuple, TypeAlias
+
+import msgspec
+
+from catalog._names import TopicName
+from catalog.errors import UnknownCollectionError
+
+__all__ = [
+    "COLLECTIONS",
+    "INGEST",
+    "SYSTEM",
+    "Broker",
+    "CollectionName",
+    "Counters",
+    "Executor",
+    "IngestRef",
+    "Owner",
+    "Party",
+    "Publication",
+    "Query",
+    "QueryRef",
+    "QueryState",
+    "Record",
+    "Resources",
+    "Session",
+    "SessionKind",
+    "SessionRef",
+    "Subscription",
+    "SystemRef",
+    "Topic",
+    "TopicKind",
+    "Update",
+    "catalog_topic",
+]
+
+
+class QueryState(enum.StrEnum):
+    """submitted -> running -> finished | failed | killed (the table is in `_query_state`)."""
+
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    KILLED = "killed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (QueryState.FINISHED, QueryState.FAILED, QueryState.KILLED)
+
+
+class TopicKind(enum.StrEnum):
+    STREAM = "stream"
+    COLLECTION = "collection"
+
+
+class SessionKind(enum.StrEnum):
+    CLIENT = "client"  # the CLI, a notebook, a Spark driver, a connector
+    EXECUTOR = "executor"  # a host agent (and the broker it runs)
+    QUERY = "query"  # one process of a query
+
+
+# -- who owns, publishes, subscribes ------------------------------------------------------------
+
+
+class _Ref(msgspec.Struct, frozen=True, tag_field="type"):
+    pass
+
+
+class QueryRef(_Ref, tag="query"):
+    """A query, as owner, publisher or subscriber. Alive while submitted or running."""
+
+    query_id: int
+
+
+class SessionRef(_Ref, tag="session"):
+    """A client session. Alive while the session is open."""
+
+    session_id: int
+
+
+class IngestRef(_Ref, tag="ingest"):
+    """The owner of topics fed from outside (`tq produce`, the connector and Kafka endpoints).
+
+    Always alive; anyone may publish into an ingest topic.
+    """
+
+
+class SystemRef(_Ref, tag="system"):
+    """The coordinator itself: owner and publisher of the `__` system topics. Always alive."""
+
+
+INGEST = IngestRef()
+SYSTEM = SystemRef()
+
+# A party publishes or subscribes; an owner may also be `ingest`, which is nobody in particular.
+Party: TypeAlias = QueryRef | SessionRef | SystemRef
+Owner: TypeAlias = QueryRef | SessionRef | IngestRef | SystemRef
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class Session(_Record, tag="session"):
+    session_id: int
+    kind: SessionKind
+    peer: str  # who opened it, for people: "tq-cli alice@host pid 4242"
+    opened_at_ms: int
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    """What an executor offers: cores, memory and disk in bytes, and process slots."""
+
+    cores: int
+    memory: int
+    disk: int
+    slots: int
+
+
+class Broker(_Record, tag="broker"):
+    broker_id: int
+    host: str
+    address: str  # where producers and subscribers connect: "tcp://10.0.0.5:7411"
+    session_id: int | None  # None: the coordinator's own broker, which leaves with nobody
+
+
+class Executor(_Record, tag="executor"):
+    executor_id: int
+    session_id: int | None  # None: embedded in the coordinator's process (`tq up`)
+    host: str
+    broker_id: int
+    broker: str  # the broker's address, copied so `tq status` needs no join
+    resources: Resources
+    registered_at_ms: int
+
+
+class Query(_Record, tag="query"):
+    query_id: int
+    name: str
+    program: str  # the artifact: a content address or a path
+    args: tuple[str, ...]
+    processes: int
+    workers: int  # per process
+    executors: tuple[int, ...]  # executor id of process i
+    state: QueryState
+    exit_codes: tuple[int | None, ...]  # of process i; None while it runs (or was lost)
+    submitted_at_ms: int
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    reason: str = ""  # why it failed or was killed, for people
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
+
+
+class Topic(_Record, tag="topic"):
+    topic_id: int
+    name: str  # canonical full form, persistent://tenant/namespace/name
+    partitions: int
+    record_type: str  # tag checked on subscribe, as the thesis checks TypeId
+    kind: TopicKind
+    owner: Owner
+    locations: tuple[int, ...]  # broker id hosting partition i
+    internal: bool  # a `__` system topic
+    created_at_ms: int
+
+    @property
+    def topic_name(self) -> TopicName:
+        return TopicName.parse(self.name)
+
+    @property
+    def short_name(self) -> str:
+        return self.topic_name.short
+
+
+class Publication(_Record, tag="publication"):
+    topic_id: int
+    publisher: Party
+
+
+class Subscription(_Record, tag="subscription"):
+    topic_id: int
+    subscriber: Party
+
+
+class Counters(_Record, tag="counters"):
+    """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
+
+    version: int = 0
+    next_session_id: int = 1
+    next_broker_id: int = 1
+    next_executor_id: int = 1
+    next_query_id: int = 1
+    next_topic_id: int = 1
+
+
+Record: TypeAlias = (
+    Session | Broker | Executor | Query | Topic | Publication | Subscription | Counters
+)
+
+CollectionName: TypeAlias = Literal[
+    "sessions",
+    "brokers",
+    "executors",
+    "queries",
+    "topics",
+    "publications",
+    "subscriptions",
+    "counters",
+]
+
+# Collection name -> the one record type it holds. The order is the order of a snapshot.
+COLLECTIONS: dict[str, type[msgspec.Struct]] = {
+    "sessions": Session,
+    "brokers": Broker,
+    "executors": Executor,
+    "queries": Query,
+    "topics": Topic,
+    "publications": Publication,
+    "subscriptions": Subscription,
+    "counters": Counters,
+}
+
+
+class Update(NamedTuple):
+    """One change of one collection: `diff` copies of `record` added (or removed if negative)."""
+
+    collection: CollectionName
+    record: Record
+    diff: int
+
+
+def catalog_topic(collection: str) -> str:
+    """The system topic a collection is published as: `__catalog.<collection>`."""
+    if collection not in COLLECTIONS:
+        raise UnknownCollectionError(
+            f"unknown catalog collection {collection!r}; one of {', '.join(COLLECTIONS)}"
+        )
+    return f"__catalog.{collection}"

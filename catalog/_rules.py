@@ -1,0 +1,485 @@
+"""The rules: one handler per command; a refused command raises and leaves no trace.
+
+A handler reads the committed catalog, raises a CatalogError if the command breaks an invariant,
+and otherwise stages updates (and new ids) in a `Txn`. The catalog commits the Txn only if the
+handler returns, so a refused command leaves no trace.
+
+Cascades (a session ends -> its executors leave -> queries on them fail -> their publications
+leave) are computed over disjoint sets so that no record is retracted twice.
+
+Must not: mutate the catalog (only `Catalog._commit` does), read clocks, do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from catalog._commands import (
+    CloseSession,
+    CreateTopic,
+    DeleteTopic,
+    FailQuery,
+    KillQuery,
+    OpenSession,
+    ProcessExited,
+    Publish,
+    RegisterBroker,
+    RegisterExecutor,
+    RemoveBroker,
+    RemoveExecutor,
+    SessionExpired,
+    StartQuery,
+    SubmitQuery,
+    Subscribe,
+    Unpublish,
+    Unsubscribe,
+)
+from catalog._names import TopicName
+from catalog._query_state import QueryEvent, classify_exit, next_query_state
+from catalog._records import (
+    INGEST,
+    SYSTEM,
+    Broker,
+    Counters,
+    Executor,
+    Owner,
+    Publication,
+    Query,
+    QueryRef,
+    QueryState,
+    Record,
+    Session,
+    SessionRef,
+    Subscription,
+    Topic,
+    Update,
+)
+from catalog.errors import (
+    AlreadyPublishedError,
+    AlreadySubscribedError,
+    BrokerExistsError,
+    BrokerInUseError,
+    InvalidCommandError,
+    InvalidPartitionsError,
+    NotOwnerError,
+    NotPublishedError,
+    NotSubscribedError,
+    ProcessAlreadyExitedError,
+    QueryEndedError,
+    QueryStateError,
+    RecordTypeMismatchError,
+    ReservedTopicNameError,
+    TopicExistsError,
+    UnknownBrokerError,
+)
+
+if TYPE_CHECKING:
+    from catalog._catalog import Catalog
+
+__all__ = ["HANDLERS", "MAX_PARTITIONS", "Txn", "describe_owner"]
+
+# Partition directories are `<name>-<partition>`; names are at most 249 characters, so four
+# digits keep a directory name under the 255-byte limit of common file systems.
+MAX_PARTITIONS = 10_000
+
+
+class Txn:
+    """The updates and id allocations of one command, staged until the catalog commits them."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.updates: list[Update] = []
+        self.counters = counters
+        self.created: Record | None = None
+
+    def insert(self, collection: str, record: Record) -> None:
+        self.updates.append(Update(collection, record, 1))  # type: ignore[arg-type]
+
+    def retract(self, collection: str, record: Record) -> None:
+        self.updates.append(Update(collection, record, -1))  # type: ignore[arg-type]
+
+    def retract_all(self, collection: str, records: Iterable[Record]) -> None:
+        for record in records:
+            self.retract(collection, record)
+
+    def replace(self, collection: str, old: Record, new: Record) -> None:
+        self.retract(collection, old)
+        self.insert(collection, new)
+
+    def allocate(self, field: str) -> int:
+        """The next id of a kind (`next_query_id`, ...). Ids start at 1 and never repeat."""
+        new_id: int = getattr(self.counters, field)
+        self.counters = msgspec.structs.replace(self.counters, **{field: new_id + 1})
+        return new_id
+
+
+def describe_owner(owner: Owner) -> str:
+    """An owner or party for people: 'query 3', 'session 7', 'ingest', 'the system'."""
+    if isinstance(owner, QueryRef):
+        return f"query {owner.query_id}"
+    if isinstance(owner, SessionRef):
+        return f"session {owner.session_id}"
+    return "ingest" if owner == INGEST else "the system"
+
+
+def _require_live(catalog: Catalog, party: Owner) -> None:
+    if isinstance(party, QueryRef):
+        query = catalog.query(party.query_id)
+        if query.ended:
+            raise QueryEndedError(f"query {query.query_id} has ended ({query.state.value})")
+    elif isinstance(party, SessionRef):
+        catalog.session(party.session_id)
+
+
+def _require_session(catalog: Catalog, session_id: int | None) -> None:
+    if session_id is not None:
+        catalog.session(session_id)
+
+
+# -- queries ------------------------------------------------------------------------------------
+
+
+def _transition(
+    catalog: Catalog,
+    txn: Txn,
+    query: Query,
+    event: QueryEvent,
+    at_ms: int,
+    *,
+    reason: str = "",
+    exit_codes: tuple[int | None, ...] | None = None,
+) -> None:
+    """Move a query along the table; when it ends, its publications and subscriptions leave."""
+    try:
+        state = next_query_state(query.state, event)
+    except QueryStateError as exc:
+        raise QueryStateError(
+            f"query {query.query_id} is {query.state.value}: it does not accept {event.value!r}",
+            exc.state,
+            exc.event,
+        ) from None
+    ends_now = state.ended and not query.ended
+    new = msgspec.structs.replace(
+        query,
+        state=state,
+        exit_codes=query.exit_codes if exit_codes is None else exit_codes,
+        started_at_ms=at_ms if event is QueryEvent.START else query.started_at_ms,
+        ended_at_ms=at_ms if ends_now else query.ended_at_ms,
+        reason=reason if ends_now else query.reason,
+    )
+    txn.replace("queries", query, new)
+    if ends_now:
+        party = QueryRef(query.query_id)
+        txn.retract_all("publications", catalog.publications_of(party))
+        txn.retract_all("subscriptions", catalog.subscriptions_of(party))
+
+
+def _lose_executors(catalog: Catalog, txn: Txn, executors: list[Executor], at_ms: int) -> None:
+    """Executors leave; every live query with a process still running on one of them fails."""
+    lost = {e.executor_id for e in executors}
+    for query in list(catalog.queries):
+        assert isinstance(query, Query)
+        if query.ended:
+            continue
+        gone = sorted(
+            {e for e, code in zip(query.executors, query.exit_codes, strict=True) if code is None}
+            & lost
+        )
+        if gone:
+            which = ", ".join(str(e) for e in gone)
+            _transition(
+                catalog, txn, query, QueryEvent.FAIL, at_ms, reason=f"lost executor {which}"
+            )
+    txn.retract_all("executors", executors)
+
+
+def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
+    if cmd.processes < 1 or cmd.workers < 1:
+        raise InvalidCommandError(
+            f"a query needs at least one process and one worker per process, got "
+            f"processes={cmd.processes} workers={cmd.workers}"
+        )
+    if len(cmd.executors) != cmd.processes:
+        raise InvalidCommandError(
+            f"placement names {len(cmd.executors)} executors for {cmd.processes} processes"
+        )
+    for executor_id in cmd.executors:
+        catalog.executor(executor_id)
+    query = Query(
+        query_id=txn.allocate("next_query_id"),
+        name=cmd.name,
+        program=cmd.program,
+        args=tuple(cmd.args),
+        processes=cmd.processes,
+        workers=cmd.workers,
+        executors=tuple(cmd.executors),
+        state=QueryState.SUBMITTED,
+        exit_codes=(None,) * cmd.processes,
+        submitted_at_ms=cmd.at_ms,
+    )
+    txn.insert("queries", query)
+    txn.created = query
+
+
+def _start_query(catalog: Catalog, txn: Txn, cmd: StartQuery) -> None:
+    _transition(catalog, txn, catalog.query(cmd.query_id), QueryEvent.START, cmd.at_ms)
+
+
+def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
+    query = catalog.query(cmd.query_id)
+    if not 0 <= cmd.process < query.processes:
+        raise InvalidCommandError(
+            f"query {query.query_id} has processes 0..{query.processes - 1}, not {cmd.process}"
+        )
+    if query.exit_codes[cmd.process] is not None:
+        raise ProcessAlreadyExitedError(
+            f"process {cmd.process} of query {query.query_id} exited already "
+            f"(code {query.exit_codes[cmd.process]})"
+        )
+    event = classify_exit(query.exit_codes, cmd.process, cmd.exit_code)
+    codes = list(query.exit_codes)
+    codes[cmd.process] = cmd.exit_code
+    reason = f"process {cmd.process} exited with code {cmd.exit_code}"
+    _transition(
+        catalog,
+        txn,
+        query,
+        event,
+        cmd.at_ms,
+        reason=reason if event is QueryEvent.PROCESS_FAILED else "",
+        exit_codes=tuple(codes),
+    )
+
+
+def _kill_query(catalog: Catalog, txn: Txn, cmd: KillQuery) -> None:
+    query = catalog.query(cmd.query_id)
+    _transition(catalog, txn, query, QueryEvent.KILL, cmd.at_ms, reason=cmd.reason)
+
+
+def _fail_query(catalog: Catalog, txn: Txn, cmd: FailQuery) -> None:
+    query = catalog.query(cmd.query_id)
+    _transition(catalog, txn, query, QueryEvent.FAIL, cmd.at_ms, reason=cmd.reason)
+
+
+# -- sessions, brokers, executors ---------------------------------------------------------------
+
+
+def _open_session(catalog: Catalog, txn: Txn, cmd: OpenSession) -> None:
+    session = Session(
+        session_id=txn.allocate("next_session_id"),
+        kind=cmd.kind,
+        peer=cmd.peer,
+        opened_at_ms=cmd.at_ms,
+    )
+    txn.insert("sessions", session)
+    txn.created = session
+
+
+def _end_session(catalog: Catalog, txn: Txn, cmd: CloseSession | SessionExpired) -> None:
+    session = catalog.session(cmd.session_id)
+    brokers = [
+        b for b in catalog.brokers if isinstance(b, Broker) and b.session_id == session.session_id
+    ]
+    gone_brokers = {b.broker_id for b in brokers}
+    # An executor leaves with its session, and with its broker (whoever registered that).
+    executors = [
+        e
+        for e in catalog.executors
+        if isinstance(e, Executor)
+        and (e.session_id == session.session_id or e.broker_id in gone_brokers)
+    ]
+    _lose_executors(catalog, txn, executors, cmd.at_ms)
+    txn.retract_all("brokers", brokers)
+    party = SessionRef(session.session_id)
+    txn.retract_all("publications", catalog.publications_of(party))
+    txn.retract_all("subscriptions", catalog.subscriptions_of(party))
+    txn.retract("sessions", session)
+
+
+def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
+    _require_session(catalog, cmd.session_id)
+    if cmd.broker_id is None:
+        broker_id = txn.allocate("next_broker_id")
+    else:
+        broker_id = cmd.broker_id
+        if not 1 <= broker_id < txn.counters.next_broker_id:
+            raise UnknownBrokerError(
+                f"broker id {broker_id} was never assigned; register without an id to get one"
+            )
+        if broker_id in {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}:
+            raise BrokerExistsError(f"broker {broker_id} is registered already")
+    broker = Broker(
+        broker_id=broker_id, host=cmd.host, address=cmd.address, session_id=cmd.session_id
+    )
+    txn.insert("brokers", broker)
+    txn.created = broker
+
+
+def _remove_broker(catalog: Catalog, txn: Txn, cmd: RemoveBroker) -> None:
+    broker = catalog.broker(cmd.broker_id)
+    users = sorted(
+        e.executor_id
+        for e in catalog.executors
+        if isinstance(e, Executor) and e.broker_id == broker.broker_id
+    )
+    if users:
+        raise BrokerInUseError(
+            f"broker {broker.broker_id} still serves executor {', '.join(map(str, users))}"
+        )
+    txn.retract("brokers", broker)
+
+
+def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> None:
+    _require_session(catalog, cmd.session_id)
+    broker = catalog.broker(cmd.broker_id)
+    resources = cmd.resources
+    if min(resources.cores, resources.memory, resources.disk, resources.slots) < 0:
+        raise InvalidCommandError(f"resources cannot be negative: {resources!r}")
+    executor = Executor(
+        executor_id=txn.allocate("next_executor_id"),
+        session_id=cmd.session_id,
+        host=cmd.host,
+        broker_id=broker.broker_id,
+        broker=broker.address,
+        resources=resources,
+        registered_at_ms=cmd.at_ms,
+    )
+    txn.insert("executors", executor)
+    txn.created = executor
+
+
+def _remove_executor(catalog: Catalog, txn: Txn, cmd: RemoveExecutor) -> None:
+    _lose_executors(catalog, txn, [catalog.executor(cmd.executor_id)], cmd.at_ms)
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+
+def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
+    name = TopicName.parse(cmd.name)
+    if name.internal and cmd.owner != SYSTEM:
+        raise ReservedTopicNameError(
+            f"topic names starting with '__' are reserved for the system: {name.short!r}"
+        )
+    if not 1 <= cmd.partitions <= MAX_PARTITIONS:
+        raise InvalidPartitionsError(
+            f"a topic has 1 to {MAX_PARTITIONS} partitions, not {cmd.partitions}"
+        )
+    if len(cmd.locations) != cmd.partitions:
+        raise InvalidPartitionsError(
+            f"{len(cmd.locations)} partition locations given for {cmd.partitions} partitions"
+        )
+    for broker_id in sorted(set(cmd.locations)):
+        catalog.broker(broker_id)
+    _require_live(catalog, cmd.owner)
+    if catalog.find_topic(name.full) is not None:
+        raise TopicExistsError(f"topic {name.short!r} exists already")
+    topic = Topic(
+        topic_id=txn.allocate("next_topic_id"),
+        name=name.full,
+        partitions=cmd.partitions,
+        record_type=cmd.record_type,
+        kind=cmd.kind,
+        owner=cmd.owner,
+        locations=tuple(cmd.locations),
+        internal=name.internal,
+        created_at_ms=cmd.at_ms,
+    )
+    txn.insert("topics", topic)
+    txn.created = topic
+
+
+def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    if topic.internal and cmd.requester != SYSTEM:
+        raise NotOwnerError(f"topic {topic.short_name!r} is a system topic; it cannot be deleted")
+    if cmd.requester != topic.owner and not cmd.force and catalog.is_live(topic.owner):
+        raise NotOwnerError(
+            f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
+            f"may delete it while that owner is alive"
+        )
+    txn.retract_all("publications", catalog.publications_on(topic.topic_id))
+    txn.retract_all("subscriptions", catalog.subscriptions_on(topic.topic_id))
+    txn.retract("topics", topic)
+
+
+def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    _require_live(catalog, cmd.publisher)
+    if cmd.publisher != topic.owner and topic.owner != INGEST:
+        raise NotOwnerError(
+            f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
+            f"publishes to it (anyone may publish to an ingest topic)"
+        )
+    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher)
+    if publication in catalog.publications:
+        raise AlreadyPublishedError(
+            f"{describe_owner(cmd.publisher)} publishes {topic.short_name!r} already"
+        )
+    txn.insert("publications", publication)
+    txn.created = publication
+
+
+def _unpublish(catalog: Catalog, txn: Txn, cmd: Unpublish) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher)
+    if publication not in catalog.publications:
+        raise NotPublishedError(
+            f"{describe_owner(cmd.publisher)} does not publish {topic.short_name!r}"
+        )
+    txn.retract("publications", publication)
+
+
+def _subscribe(catalog: Catalog, txn: Txn, cmd: Subscribe) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    _require_live(catalog, cmd.subscriber)
+    if cmd.record_type is not None and cmd.record_type != topic.record_type:
+        raise RecordTypeMismatchError(
+            f"topic {topic.short_name!r} carries {topic.record_type!r} records, "
+            f"not {cmd.record_type!r}"
+        )
+    if cmd.kind is not None and cmd.kind != topic.kind:
+        raise RecordTypeMismatchError(
+            f"topic {topic.short_name!r} is a {topic.kind.value}, not a {cmd.kind.value}"
+        )
+    subscription = Subscription(topic_id=topic.topic_id, subscriber=cmd.subscriber)
+    if subscription in catalog.subscriptions:
+        raise AlreadySubscribedError(
+            f"{describe_owner(cmd.subscriber)} subscribes to {topic.short_name!r} already"
+        )
+    txn.insert("subscriptions", subscription)
+    txn.created = subscription
+
+
+def _unsubscribe(catalog: Catalog, txn: Txn, cmd: Unsubscribe) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    subscription = Subscription(topic_id=topic.topic_id, subscriber=cmd.subscriber)
+    if subscription not in catalog.subscriptions:
+        raise NotSubscribedError(
+            f"{describe_owner(cmd.subscriber)} does not subscribe to {topic.short_name!r}"
+        )
+    txn.retract("subscriptions", subscription)
+
+
+HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
+    OpenSession: _open_session,
+    CloseSession: _end_session,
+    SessionExpired: _end_session,
+    RegisterBroker: _register_broker,
+    RemoveBroker: _remove_broker,
+    RegisterExecutor: _register_executor,
+    RemoveExecutor: _remove_executor,
+    SubmitQuery: _submit_query,
+    StartQuery: _start_query,
+    ProcessExited: _process_exited,
+    KillQuery: _kill_query,
+    FailQuery: _fail_query,
+    CreateTopic: _create_topic,
+    DeleteTopic: _delete_topic,
+    Publish: _publish,
+    Unpublish: _unpublish,
+    Subscribe: _subscribe,
+    Unsubscribe: _unsubscribe,
+}

@@ -1,0 +1,90 @@
+"""Builders for catalog tests: a small cluster in a few lines."""
+
+from __future__ import annotations
+
+from catalog import (
+    Broker,
+    Catalog,
+    CreateTopic,
+    Executor,
+    OpenSession,
+    Owner,
+    Query,
+    RegisterBroker,
+    RegisterExecutor,
+    Resources,
+    Session,
+    SessionKind,
+    SubmitQuery,
+    Topic,
+    TopicKind,
+)
+
+RESOURCES = Resources(cores=4, memory=8 << 30, disk=100 << 30, slots=8)
+
+
+def open_session(catalog: Catalog, kind: SessionKind = SessionKind.CLIENT) -> Session:
+    session = catalog.apply(OpenSession(kind=kind, peer="test", at_ms=1)).created
+    assert isinstance(session, Session)
+    return session
+
+
+def host(catalog: Catalog, name: str = "host-a") -> tuple[Session, Broker, Executor]:
+    """An executor session with its broker and executor, as an executor agent registers."""
+    session = open_session(catalog, SessionKind.EXECUTOR)
+    broker = catalog.apply(
+        RegisterBroker(host=name, address=f"tcp://{name}:7411", session_id=session.session_id)
+    ).created
+    assert isinstance(broker, Broker)
+    executor = catalog.apply(
+        RegisterExecutor(
+            host=name,
+            broker_id=broker.broker_id,
+            resources=RESOURCES,
+            session_id=session.session_id,
+            at_ms=2,
+        )
+    ).created
+    assert isinstance(executor, Executor)
+    return session, broker, executor
+
+
+def submit(catalog: Catalog, executors: tuple[int, ...], name: str = "job") -> Query:
+    query = catalog.apply(
+        SubmitQuery(
+            name=name,
+            program="sha256:abc",
+            args=("--n", "3"),
+            processes=len(executors),
+            workers=2,
+            executors=executors,
+            at_ms=3,
+        )
+    ).created
+    assert isinstance(query, Query)
+    return query
+
+
+def create_topic(
+    catalog: Catalog,
+    name: str,
+    owner: Owner,
+    broker_id: int,
+    *,
+    partitions: int = 1,
+    record_type: str = "int",
+    kind: TopicKind = TopicKind.STREAM,
+) -> Topic:
+    topic = catalog.apply(
+        CreateTopic(
+            name=name,
+            partitions=partitions,
+            record_type=record_type,
+            kind=kind,
+            owner=owner,
+            locations=(broker_id,) * partitions,
+            at_ms=4,
+        )
+    ).created
+    assert isinstance(topic, Topic)
+    return topic

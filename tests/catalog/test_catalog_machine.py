@@ -1,0 +1,509 @@
+"""Random command sequences against the catalog state machine (hypothesis stateful testing).
+
+After every step: the invariants hold (checked here directly, not only through
+`check_invariants`), no id was ever handed out twice, a refused command changed nothing, the
+emitted updates are exactly the step's difference, and replaying every update emitted so far,
+from empty, rebuilds an equal catalog (collections, version and id counters).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, event, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from catalog import (
+    INGEST,
+    SYSTEM,
+    AlreadyPublishedError,
+    Broker,
+    Catalog,
+    CatalogError,
+    Change,
+    CloseSession,
+    Collection,
+    Command,
+    CorruptCatalogError,
+    CreateTopic,
+    DeleteTopic,
+    Executor,
+    FailQuery,
+    KillQuery,
+    NotOwnerError,
+    OpenSession,
+    ProcessExited,
+    Publication,
+    Publish,
+    Query,
+    QueryEndedError,
+    QueryRef,
+    RegisterBroker,
+    RegisterExecutor,
+    RemoveBroker,
+    RemoveExecutor,
+    SessionExpired,
+    SessionKind,
+    SessionRef,
+    StartQuery,
+    SubmitQuery,
+    Subscribe,
+    Subscription,
+    Topic,
+    TopicKind,
+    UnknownQueryError,
+    UnknownSessionError,
+    UnknownTopicError,
+    Unpublish,
+    Unsubscribe,
+    decode_updates,
+    encode_updates,
+)
+from tests.catalog._helpers import RESOURCES
+
+NEVER = 10_000  # an id no run gets near: exercises the "unknown id" paths
+TOPIC_NAMES = [
+    "numbers",
+    "persistent://public/default/numbers",  # the same topic, spelled in full
+    "acme/prod/orders",
+    "__logs",  # reserved for the system
+    "bad name",  # invalid
+    "a/b",  # invalid
+]
+_ID_OF = {
+    "Session": "session_id",
+    "Broker": "broker_id",
+    "Executor": "executor_id",
+    "Query": "query_id",
+    "Topic": "topic_id",
+}
+
+
+class CatalogMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.catalog = Catalog()
+        self.log: list = []
+        self.issued: dict[str, set[int]] = defaultdict(set)  # every id ever handed out, per kind
+        self.clock = 0
+        self.changes = 0
+        self.mirror = self.contents()
+        self.last_error: CatalogError | None = None
+
+    # -- running a command ------------------------------------------------------------------
+
+    def contents(self) -> dict[str, Collection]:
+        return {name: collection.copy() for name, collection in self.catalog.collections()}
+
+    def run(self, command: Command) -> Change | None:
+        before = self.contents()
+        version = self.catalog.version
+        try:
+            change = self.catalog.apply(command)
+        except CatalogError as exc:
+            event(f"{type(command).__name__} -> {type(exc).__name__}")
+            # Corrupt means a bug in the rules (a retraction of something absent), not a refusal.
+            assert not isinstance(exc, CorruptCatalogError), exc
+            assert str(exc)
+            assert self.contents() == before, "a refused command changed the catalog"
+            assert self.catalog.version == version
+            self.last_error = exc
+            return None
+        self.last_error = None
+        event(f"{type(command).__name__} -> ok")
+        if change.updates:
+            self.changes += 1
+            assert change.version == version + 1 == self.catalog.version
+            assert all(u.diff != 0 for u in change.updates)
+        else:
+            assert change.version == version == self.catalog.version
+        # The emitted updates are exactly this step's difference: applied to a mirror that has
+        # seen every earlier update, they give the catalog's collections.
+        for update in change.updates:
+            self.mirror[update.collection].apply([(update.record, update.diff)])
+        assert self.mirror == self.contents()
+        self.log.extend(change.updates)
+        rejoin = isinstance(command, RegisterBroker) and command.broker_id is not None
+        kind = type(change.created).__name__
+        if kind in _ID_OF and not rejoin:
+            new_id = getattr(change.created, _ID_OF[kind])
+            assert new_id not in self.issued[kind], f"{kind} id {new_id} reused"
+            self.issued[kind].add(new_id)
+        return change
+
+    def now(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def live(self, kind: str) -> list[int]:
+        catalog = self.catalog
+        if kind == "Query":
+            return sorted(q.query_id for q in catalog.queries if not q.ended)
+        collection = {
+            "Session": catalog.sessions,
+            "Broker": catalog.brokers,
+            "Executor": catalog.executors,
+            "Topic": catalog.topics,
+        }[kind]
+        return sorted(getattr(record, _ID_OF[kind]) for record in collection)
+
+    def pick(self, data: st.DataObject, kind: str) -> int:
+        """An id of this kind: mostly one that is alive now, sometimes one handed out earlier
+        (gone now, or still alive) or one never handed out."""
+        live = self.live(kind)
+        # One draw from a weighted list: live ids three times over, then everything else.
+        choices = live * 3 + sorted(self.issued[kind]) + [NEVER]
+        return data.draw(st.sampled_from(choices), label=kind)
+
+    def party(self, data: st.DataObject) -> QueryRef | SessionRef | type(SYSTEM):
+        choice = data.draw(st.sampled_from(["query", "session", "system"]), label="party")
+        if choice == "query":
+            return QueryRef(self.pick(data, "Query"))
+        if choice == "session":
+            return SessionRef(self.pick(data, "Session"))
+        return SYSTEM
+
+    def owner(self, data: st.DataObject):
+        if data.draw(st.booleans(), label="ingest?"):
+            return INGEST
+        return self.party(data)
+
+    def maybe_session(self, data: st.DataObject) -> int | None:
+        return None if data.draw(st.booleans(), label="no session") else self.pick(data, "Session")
+
+    # -- rules --------------------------------------------------------------------------------
+
+    @rule(kind=st.sampled_from(SessionKind))
+    def open_session(self, kind: SessionKind) -> None:
+        self.run(OpenSession(kind=kind, peer="p", at_ms=self.now()))
+
+    @rule(data=st.data(), expired=st.booleans())
+    def end_session(self, data: st.DataObject, expired: bool) -> None:
+        command = SessionExpired if expired else CloseSession
+        self.run(command(session_id=self.pick(data, "Session"), at_ms=self.now()))
+
+    @rule(data=st.data(), rejoin=st.booleans())
+    def register_broker(self, data: st.DataObject, rejoin: bool) -> None:
+        broker_id = self.pick(data, "Broker") if rejoin else None
+        session_id = self.maybe_session(data)
+        self.run(
+            RegisterBroker(
+                host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id
+            )
+        )
+
+    @rule(data=st.data())
+    def remove_broker(self, data: st.DataObject) -> None:
+        self.run(RemoveBroker(broker_id=self.pick(data, "Broker")))
+
+    @rule(data=st.data())
+    def register_executor(self, data: st.DataObject) -> None:
+        self.run(
+            RegisterExecutor(
+                host="h",
+                broker_id=self.pick(data, "Broker"),
+                resources=RESOURCES,
+                session_id=self.maybe_session(data),
+                at_ms=self.now(),
+            )
+        )
+
+    @rule(data=st.data())
+    def remove_executor(self, data: st.DataObject) -> None:
+        self.run(RemoveExecutor(executor_id=self.pick(data, "Executor"), at_ms=self.now()))
+
+    @rule(data=st.data(), processes=st.integers(0, 3))
+    def submit_query(self, data: st.DataObject, processes: int) -> None:
+        executors = tuple(self.pick(data, "Executor") for _ in range(max(processes, 1)))
+        self.run(
+            SubmitQuery(
+                name="q",
+                program="prog",
+                processes=processes,
+                workers=1,
+                executors=executors,
+                at_ms=self.now(),
+            )
+        )
+
+    @rule(data=st.data())
+    def start_query(self, data: st.DataObject) -> None:
+        self.run(StartQuery(query_id=self.pick(data, "Query"), at_ms=self.now()))
+
+    @rule(data=st.data(), code=st.sampled_from([0, 0, 0, 1, -15]))
+    def process_exited(self, data: st.DataObject, code: int) -> None:
+        query_id = self.pick(data, "Query")
+        known = [q.processes for q in self.catalog.queries if q.query_id == query_id]
+        process = data.draw(st.integers(0, known[0] if known else 2), label="process")
+        self.run(
+            ProcessExited(query_id=query_id, process=process, exit_code=code, at_ms=self.now())
+        )
+
+    @rule(data=st.data(), kill=st.booleans())
+    def end_query(self, data: st.DataObject, kill: bool) -> None:
+        query_id = self.pick(data, "Query")
+        if kill:
+            self.run(KillQuery(query_id=query_id, at_ms=self.now()))
+        else:
+            self.run(FailQuery(query_id=query_id, reason="gave up", at_ms=self.now()))
+
+    @rule(
+        data=st.data(),
+        name=st.sampled_from(TOPIC_NAMES),
+        partitions=st.integers(0, 3),
+        kind=st.sampled_from(TopicKind),
+        record_type=st.sampled_from(["int", "str"]),
+    )
+    def create_topic(
+        self, data: st.DataObject, name: str, partitions: int, kind: TopicKind, record_type: str
+    ) -> None:
+        locations = tuple(self.pick(data, "Broker") for _ in range(max(partitions, 1)))
+        self.run(
+            CreateTopic(
+                name=name,
+                partitions=partitions,
+                record_type=record_type,
+                kind=kind,
+                owner=self.owner(data),
+                locations=locations,
+                at_ms=self.now(),
+            )
+        )
+
+    def topic_or_none(self, topic_id: int) -> Topic | None:
+        return next((t for t in self.catalog.topics if t.topic_id == topic_id), None)
+
+    @rule(data=st.data(), force=st.booleans())
+    def delete_topic(self, data: st.DataObject, force: bool) -> None:
+        topic_id = self.pick(data, "Topic")
+        topic = self.topic_or_none(topic_id)
+        requester = self.party_for(data, topic_id, "subscriptions")
+        if data.draw(st.integers(0, 5), label="ingest requester?") == 0:
+            requester = INGEST
+        self.run(DeleteTopic(topic_id=topic_id, requester=requester, force=force))
+        # The ownership rule, stated independently of the implementation.
+        if topic is None:
+            assert isinstance(self.last_error, UnknownTopicError)
+        elif topic.internal and requester != SYSTEM:
+            assert isinstance(self.last_error, NotOwnerError)
+        elif requester != topic.owner and not force and self.alive(topic.owner):
+            assert isinstance(self.last_error, NotOwnerError)
+        else:
+            assert self.last_error is None
+            assert self.topic_or_none(topic_id) is None
+
+    def party_for(self, data: st.DataObject, topic_id: int, collection: str):
+        """A party likely to matter for this topic: its owner, a current publisher or
+        subscriber, or any party at all."""
+        topic = next((t for t in self.catalog.topics if t.topic_id == topic_id), None)
+        candidates = []
+        if topic is not None and topic.owner != INGEST:
+            candidates.append(topic.owner)
+        for record in self.catalog.collection(collection):
+            if record.topic_id == topic_id:
+                candidates.append(getattr(record, "publisher", None) or record.subscriber)
+        if candidates and data.draw(st.booleans(), label="relevant party?"):
+            return data.draw(st.sampled_from(candidates), label="party")
+        return self.party(data)
+
+    @rule(data=st.data(), undo=st.booleans())
+    def publish(self, data: st.DataObject, undo: bool) -> None:
+        topic_id = self.pick(data, "Topic")
+        topic = self.topic_or_none(topic_id)
+        publisher = self.party_for(data, topic_id, "publications")
+        if undo:
+            self.run(Unpublish(topic_id=topic_id, publisher=publisher))
+            return
+        was_publishing = Publication(topic_id=topic_id, publisher=publisher) in (
+            self.catalog.publications
+        )
+        self.run(Publish(topic_id=topic_id, publisher=publisher))
+        if topic is None:
+            assert isinstance(self.last_error, UnknownTopicError)
+        elif not self.alive(publisher):
+            assert isinstance(
+                self.last_error, UnknownSessionError | UnknownQueryError | QueryEndedError
+            )
+        elif publisher != topic.owner and topic.owner != INGEST:
+            assert isinstance(self.last_error, NotOwnerError)
+        elif was_publishing:
+            assert isinstance(self.last_error, AlreadyPublishedError)
+        else:
+            assert self.last_error is None
+
+    @rule(
+        data=st.data(),
+        undo=st.booleans(),
+        record_type=st.sampled_from([None, "int", "str"]),
+        kind=st.sampled_from([None, *TopicKind]),
+    )
+    def subscribe(self, data: st.DataObject, undo: bool, record_type, kind) -> None:
+        topic_id = self.pick(data, "Topic")
+        party = self.party_for(data, topic_id, "subscriptions")
+        if undo:
+            self.run(Unsubscribe(topic_id=topic_id, subscriber=party))
+        else:
+            self.run(
+                Subscribe(topic_id=topic_id, subscriber=party, record_type=record_type, kind=kind)
+            )
+
+    # Chains of valid commands, so that random runs reach deep states (running queries with
+    # topics, publications and subscriptions on several hosts) often, not by luck.
+
+    @initialize(data=st.data(), hosts=st.integers(0, 2), queries=st.integers(0, 3))
+    def populate(self, data: st.DataObject, hosts: int, queries: int) -> None:
+        for _ in range(hosts):
+            self.join_host()
+        if hosts:
+            # The system topics a coordinator creates at start, on its first broker.
+            broker = self.live("Broker")[0]
+            for name, kind in (
+                ("__logs", TopicKind.STREAM),
+                ("__catalog.topics", TopicKind.COLLECTION),
+            ):
+                self.run(
+                    CreateTopic(
+                        name=name,
+                        partitions=1,
+                        record_type="catalog",
+                        kind=kind,
+                        owner=SYSTEM,
+                        locations=(broker,),
+                        at_ms=self.now(),
+                    )
+                )
+        for _ in range(queries if hosts else 0):
+            self.launch_query(data, processes=data.draw(st.integers(1, 3)), start=True)
+
+    @rule()
+    def join_host(self) -> None:
+        session = self.run(OpenSession(kind=SessionKind.EXECUTOR, peer="agent", at_ms=self.now()))
+        assert session is not None
+        session_id = session.created.session_id
+        broker = self.run(RegisterBroker(host="h", address="tcp://h:2", session_id=session_id))
+        assert broker is not None
+        self.run(
+            RegisterExecutor(
+                host="h",
+                broker_id=broker.created.broker_id,
+                resources=RESOURCES,
+                session_id=session_id,
+                at_ms=self.now(),
+            )
+        )
+
+    @precondition(lambda self: len(self.catalog.executors) > 0)
+    @rule(data=st.data(), processes=st.integers(1, 3), start=st.booleans())
+    def launch_query(self, data: st.DataObject, processes: int, start: bool) -> None:
+        executors = tuple(
+            data.draw(st.sampled_from(self.live("Executor"))) for _ in range(processes)
+        )
+        change = self.run(
+            SubmitQuery(
+                name="q",
+                program="prog",
+                processes=processes,
+                workers=2,
+                executors=executors,
+                at_ms=self.now(),
+            )
+        )
+        assert change is not None
+        query = QueryRef(change.created.query_id)
+        if start:
+            self.run(StartQuery(query_id=query.query_id, at_ms=self.now()))
+        topic = self.run(
+            CreateTopic(
+                name=f"out-{query.query_id}",
+                partitions=processes,
+                record_type="int",
+                kind=TopicKind.STREAM,
+                owner=query,
+                locations=tuple(self.live("Broker")[:1]) * processes,
+                at_ms=self.now(),
+            )
+        )
+        assert topic is not None
+        self.run(Publish(topic_id=topic.created.topic_id, publisher=query))
+        other = data.draw(st.sampled_from(self.live("Topic")))
+        self.run(Subscribe(topic_id=other, subscriber=query))
+
+    @precondition(lambda self: len(self.catalog.topics) > 0)
+    @rule(data=st.data())
+    def client_reads_and_feeds(self, data: st.DataObject) -> None:
+        change = self.run(OpenSession(kind=SessionKind.CLIENT, peer="cli", at_ms=self.now()))
+        assert change is not None
+        me = SessionRef(change.created.session_id)
+        topic = data.draw(st.sampled_from(self.live("Topic")))
+        self.run(Subscribe(topic_id=topic, subscriber=me))
+        ingest = [t.topic_id for t in self.catalog.topics if t.owner == INGEST]
+        if ingest:
+            self.run(Publish(topic_id=data.draw(st.sampled_from(ingest)), publisher=me))
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    def alive(self, party) -> bool:
+        if isinstance(party, QueryRef):
+            query = next((q for q in self.catalog.queries if q.query_id == party.query_id), None)
+            return query is not None and query.state.value in ("submitted", "running")
+        if isinstance(party, SessionRef):
+            return any(s.session_id == party.session_id for s in self.catalog.sessions)
+        return True
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        catalog = self.catalog
+        catalog.check_invariants()
+        topics = {t.topic_id: t for t in catalog.topics if isinstance(t, Topic)}
+        for publication in catalog.publications:
+            assert isinstance(publication, Publication)
+            topic = topics[publication.topic_id]  # names an existing topic
+            assert self.alive(publication.publisher)  # and a live query or open session
+            assert publication.publisher in (topic.owner,) or topic.owner == INGEST
+        for subscription in catalog.subscriptions:
+            assert isinstance(subscription, Subscription)
+            assert subscription.topic_id in topics
+            assert self.alive(subscription.subscriber)
+        brokers = {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}
+        for executor in catalog.executors:
+            assert isinstance(executor, Executor)
+            assert executor.broker_id in brokers
+            assert executor.session_id is None or self.alive(SessionRef(executor.session_id))
+        for query in catalog.queries:
+            assert isinstance(query, Query)
+            assert query.query_id in self.issued["Query"]
+        names = [t.name for t in topics.values()]
+        assert len(names) == len(set(names))
+        assert catalog.version == self.changes
+
+    def teardown(self) -> None:
+        # Each step already checked replay(snapshot before + its updates) == the catalog after;
+        # here the whole history is replayed from empty, as the coordinator recovers.
+        replayed = Catalog.replay(self.log)
+        assert replayed == self.catalog
+        assert replayed.counters == self.catalog.counters
+        assert Catalog.replay(self.catalog.snapshot()) == self.catalog
+        for name, collection in self.catalog.collections():
+            rebuilt = Collection((u.record, u.diff) for u in self.log if u.collection == name)
+            assert rebuilt == collection
+        decoded = decode_updates(encode_updates(self.log))
+        assert decoded == self.log
+        # Each collection topic is read on its own: order across collections must not matter.
+        by_collection = sorted(decoded, key=lambda u: u.collection, reverse=True)
+        assert Catalog.replay(by_collection) == self.catalog
+
+
+CatalogMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCatalogMachine = CatalogMachine.TestCase
