@@ -18,6 +18,7 @@ from catalog.errors import TqError
 _COMMAND_MODULES = [
     "querylib.cli._demo",
     "querylib.cli._log",
+    "querylib.cli._kafka",
 ]
 
 

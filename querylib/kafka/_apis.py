@@ -1,0 +1,299 @@
+"""The Kafka apis the endpoint serves, their version ranges, and the kio codec around them.
+
+Request and response schemas come from `kio` (generated from Kafka's JSON message specs): a
+request body decodes to kio's dataclass for that api and version, and a handler's response,
+written once as a version-free dict using Kafka's field names, is built into the kio
+dataclass of the requested version (`build_response`: fields an older version lacks are
+dropped) and encoded by kio. Two exceptions, each for a reason:
+
+- Fetch responses are framed by `_fetch` so record batches go from the log file to the socket
+  unchanged (sendfile) instead of through a bytes field;
+- Produce v0-2 (advertised only because librdkafka probes for v0) are answered with
+  UNSUPPORTED_VERSION by `_produce_legacy`, as Kafka 4 does; kio has no schema below v3.
+
+Bounds: every frame is size-limited before it is buffered (`ListenerLimits`); kio decodes
+within the frame; Produce requests are walked once (`check_produce_shape`) so a frame of
+many tiny partition entries cannot become millions of Python objects.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import functools
+import io
+import struct
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, fields
+from typing import Any
+
+from kio.index import load_payload_module
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+from kio.static.constants import EntityType
+
+from querylib.kafka._errors import MalformedRequestError, UnsupportedRequestError
+
+__all__ = [
+    "ApiKey",
+    "ListenerLimits",
+    "SUPPORTED_VERSIONS",
+    "build_response",
+    "check_produce_shape",
+    "decode_request",
+    "encode_response",
+    "is_flexible",
+    "is_supported",
+    "millis",
+    "response_header_flexible",
+]
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
+    DESCRIBE_CONFIGS = 32
+
+
+# What ApiVersions advertises. Non-flexible versions only (tagged fields buy us nothing),
+# except ApiVersions v3, which librdkafka and the Java client send first.
+SUPPORTED_VERSIONS: Mapping[ApiKey, tuple[int, int]] = types.MappingProxyType({
+    ApiKey.PRODUCE: (0, 7),  # v0-2 answered with UNSUPPORTED_VERSION, see the module docstring
+    ApiKey.FETCH: (4, 11),
+    ApiKey.LIST_OFFSETS: (1, 5),
+    ApiKey.METADATA: (0, 8),
+    ApiKey.OFFSET_COMMIT: (2, 7),
+    ApiKey.OFFSET_FETCH: (1, 5),
+    ApiKey.FIND_COORDINATOR: (0, 2),
+    ApiKey.JOIN_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 3),
+    ApiKey.LEAVE_GROUP: (0, 3),
+    ApiKey.SYNC_GROUP: (0, 3),
+    ApiKey.DESCRIBE_GROUPS: (0, 4),
+    ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.CREATE_TOPICS: (2, 4),
+    ApiKey.INIT_PRODUCER_ID: (0, 1),
+    ApiKey.DESCRIBE_CONFIGS: (1, 3),
+})
+LEGACY_PRODUCE_VERSIONS = range(0, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """Bounds on what one connection may send."""
+
+    max_frame_bytes: int = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+    max_request_bytes: int = 1024 * 1024  # every api but Produce carries no records
+    max_produce_partitions: int = 10_000  # partition entries in one Produce request
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    span = SUPPORTED_VERSIONS.get(api_key)  # type: ignore[call-overload]
+    return span is not None and span[0] <= version <= span[1]
+
+
+@functools.cache
+def _payload_class(api_key: int, version: int, entity_type: EntityType) -> type:
+    module = load_payload_module(api_key, version, entity_type)  # type: ignore[arg-type]
+    name = ApiKey(api_key).name.title().replace("_", "")
+    suffix = "Request" if entity_type is EntityType.request else "Response"
+    return getattr(module, name + suffix)
+
+
+@functools.cache
+def is_flexible(api_key: int, version: int) -> bool:
+    """Whether this api version uses request header v2 and compact encodings."""
+    if not is_supported(api_key, version):
+        # ApiVersions at a version from the future: its header is v2 from v3 on, which only
+        # matters for reading past the client_id, which we never need to.
+        return api_key == ApiKey.API_VERSIONS and version >= 3
+    if api_key == ApiKey.PRODUCE and version in LEGACY_PRODUCE_VERSIONS:
+        return False
+    return bool(_payload_class(api_key, version, EntityType.request).__flexible__)
+
+
+def response_header_flexible(api_key: int, version: int) -> bool:
+    """Response header v1 goes with flexible versions, except for ApiVersions (always v0)."""
+    return api_key != ApiKey.API_VERSIONS and is_flexible(api_key, version)
+
+
+# What kio's native reader raises for bytes it cannot read: SerialError for most, ValueError for
+# a negative array length, KeyError for a tagged field it does not know (Kafka would skip it;
+# no client sends one in the only flexible request served, ApiVersions v3).
+_KIO_DECODE_ERRORS = (SerialError, ValueError, OverflowError, KeyError, IndexError)
+
+
+@functools.cache
+def _reader(api_key: int, version: int) -> Callable[[bytes, int], tuple[Any, int]]:
+    return entity_reader(_payload_class(api_key, version, EntityType.request))
+
+
+def decode_request(
+    api_key: int, version: int, frame: bytes, offset: int, *, max_produce_partitions: int = 10_000
+) -> Any:
+    """The request body at `frame[offset:]` as kio's dataclass for this api and version.
+
+    Raises UnsupportedRequestError outside the advertised ranges and MalformedRequestError
+    for a body that does not decode or leaves bytes over."""
+    if not is_supported(api_key, version):
+        raise UnsupportedRequestError(f"api key {api_key} version {version} is not supported")
+    if api_key == ApiKey.PRODUCE and version in LEGACY_PRODUCE_VERSIONS:
+        # v0-2 are v3 without the leading transactional_id: read them as v3 with a null one.
+        frame, offset, version = b"\xff\xff" + frame[offset:], 0, 3
+    if api_key == ApiKey.PRODUCE:
+        check_produce_shape(frame, offset, max_produce_partitions)
+    try:
+        request, size = _reader(api_key, version)(frame, offset)
+    except _KIO_DECODE_ERRORS as exc:
+        raise MalformedRequestError(
+            f"{ApiKey(api_key).name} v{version} body does not decode: {exc}") from exc
+    if offset + size != len(frame):
+        raise MalformedRequestError(
+            f"{ApiKey(api_key).name} v{version}: {len(frame) - offset - size} bytes after "
+            "the body")
+    return request
+
+
+def millis(value: datetime.timedelta) -> int:
+    """kio decodes *_ms fields to timedeltas; handlers work in integer milliseconds."""
+    return round(value.total_seconds() * 1000)
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+
+def build_response(api_key: int, version: int, data: Mapping[str, Any]) -> Any:
+    """kio's response dataclass for this version from a version-free dict: keys are Kafka's
+    field names (kio's spelling); keys the version lacks are dropped, nested lists of dicts
+    become nested entities, error codes become ErrorCode, `*_ms` timedeltas come from ints."""
+    return _build(_payload_class(api_key, version, EntityType.response), data)
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    kwargs = {}
+    for name, convert in _converters(cls):
+        if name in data:
+            value = data[name]
+            kwargs[name] = value if convert is None else convert(value)
+    return cls(**kwargs)
+
+
+@functools.cache
+def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    return tuple((f.name, _converter(f)) for f in fields(cls))
+
+
+def _converter(f: Field) -> Callable[[Any], Any] | None:
+    kafka_type = f.metadata.get("kafka_type")
+    if kafka_type == "error_code":
+        return ErrorCode
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return lambda ms: datetime.timedelta(milliseconds=ms)
+    nested, many = _entity_type(f.type)
+    if nested is None:
+        return None
+    if many:
+        return lambda items: None if items is None else tuple(_build(nested, i) for i in items)
+    return lambda item: None if item is None else _build(nested, item)
+
+
+def _entity_type(annotation: Any) -> tuple[type | None, bool]:
+    """(entity class, is a tuple of them) for a field's annotation, or (None, False)."""
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        for arg in typing.get_args(annotation):
+            if arg is not type(None):
+                return _entity_type(arg)
+    if typing.get_origin(annotation) is tuple:
+        inner = typing.get_args(annotation)[0]
+        return (inner, True) if _is_entity(inner) else (None, False)
+    return (annotation, False) if _is_entity(annotation) else (None, False)
+
+
+def _is_entity(cls: Any) -> bool:
+    return isinstance(cls, type) and hasattr(cls, "__dataclass_fields__") and hasattr(
+        cls, "__flexible__")
+
+
+@functools.cache
+def _writer(cls: type) -> Callable[[Any, Any], None]:
+    return entity_writer(cls)
+
+
+def encode_response(response: Any) -> bytes:
+    buffer = io.BytesIO()
+    _writer(type(response))(buffer, response)
+    return buffer.getvalue()
+
+
+def required_fields(cls: type) -> list[str]:
+    """Fields without defaults (for tests: a handler's dict must provide them)."""
+    return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+
+# ---- Produce shape ------------------------------------------------------------------------
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+def check_produce_shape(frame: bytes, offset: int, max_partitions: int = 10_000) -> None:
+    """Walk a Produce v3+ body (transactional_id, acks, timeout, [name, [index, records]])
+    without building objects; raise MalformedRequestError when it holds more than
+    `max_partitions` partition entries or does not fit its frame. Record bytes stay unread."""
+    end = len(frame)
+    pos = _skip_string(frame, offset, end)  # transactional_id
+    pos += 2 + 4  # acks, timeout
+    topics, pos = _count(frame, pos, end)
+    seen = 0
+    for _ in range(topics):
+        pos = _skip_string(frame, pos, end)
+        partitions, pos = _count(frame, pos, end)
+        seen += partitions
+        if seen > max_partitions:
+            raise MalformedRequestError(
+                f"Produce request with more than {max_partitions} partition entries")
+        for _ in range(partitions):
+            pos += 4  # index
+            size, pos = _count(frame, pos, end, nullable=True)
+            pos += size
+            if pos > end:
+                raise MalformedRequestError("Produce records run past the end of the request")
+
+
+def _skip_string(frame: bytes, pos: int, end: int) -> int:
+    if pos + 2 > end:
+        raise MalformedRequestError("Produce request cut short")
+    (length,) = _I16.unpack_from(frame, pos)
+    pos += 2 + max(length, 0)
+    if pos > end:
+        raise MalformedRequestError("Produce string runs past the end of the request")
+    return pos
+
+
+def _count(frame: bytes, pos: int, end: int, *, nullable: bool = False) -> tuple[int, int]:
+    if pos + 4 > end:
+        raise MalformedRequestError("Produce request cut short")
+    (count,) = _I32.unpack_from(frame, pos)
+    if count < 0:
+        if nullable and count == -1:
+            return 0, pos + 4
+        raise MalformedRequestError(f"negative length {count} in a Produce request")
+    return count, pos + 4

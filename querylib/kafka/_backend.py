@@ -1,0 +1,216 @@
+"""What the Kafka endpoint needs from the broker behind it: `KafkaBackend`, and the values that
+cross that line.
+
+The listener and its handlers speak Kafka; the backend hosts partitions, stores group state and
+knows the cluster. `LocalBackend` (one process, a data directory of partition logs) implements
+it today; the tq broker and coordinator will implement it later, unchanged for the endpoint.
+
+Topic names here are the Kafka-visible names (`numbers`, `tenant/ns/name`). Offsets and sizes
+are Kafka's. Errors are `TqError`s whose `kafka_error_code` the handlers put in responses
+(UnknownTopicError, NotLeaderError, OffsetOutOfRangeError, RecordError, ...).
+
+Declarations only: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from querylib.kafka._fetch import SizedChunk
+
+__all__ = [
+    "AppendResult",
+    "BrokerInfo",
+    "CommittedOffset",
+    "GroupMemberRecord",
+    "GroupRecord",
+    "KafkaBackend",
+    "PartitionInfo",
+    "PartitionOffsets",
+    "PartitionRead",
+    "TopicInfo",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """A broker as Kafka clients see it: where to connect for the partitions it leads."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    index: int
+    leader: int  # node id of the broker hosting the partition
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: tuple[PartitionInfo, ...]
+    internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int  # of the first appended batch (or of the original, for a duplicate)
+    log_start_offset: int
+    log_append_time: int = -1  # -1: the topic keeps CreateTime
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    log_start_offset: int
+    high_watermark: int  # what consumers may read: acknowledged by the flush policy
+    last_stable_offset: int  # = high_watermark: tq has no transactions
+
+
+@dataclass(slots=True)
+class PartitionRead:
+    """Whole batches from the one holding the fetch offset, as chunks to send unchanged
+    (file slices, or bytes), plus the partition's offsets. Close it after sending."""
+
+    offsets: PartitionOffsets
+    chunks: list[SizedChunk | bytes] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(len(c) if isinstance(c, bytes) else c.length for c in self.chunks)
+
+    def close(self) -> None:
+        for chunk in self.chunks:
+            close = getattr(chunk, "close", None)
+            if close is not None:
+                close()
+        self.chunks = []
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """One committed offset of a group (OffsetCommit value v3 in `__consumer_offsets`)."""
+
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int = -1
+    metadata: str = ""
+    commit_timestamp: int = -1  # ms since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberRecord:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    subscription: bytes  # the member's metadata for the chosen protocol
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A group's state after a rebalance (GroupMetadata value v3 in `__consumer_offsets`)."""
+
+    group_id: str
+    protocol_type: str
+    generation: int
+    protocol: str | None
+    leader: str | None
+    current_state_timestamp: int  # ms since the epoch
+    members: tuple[GroupMemberRecord, ...] = ()
+
+
+@runtime_checkable
+class KafkaBackend(Protocol):
+    """The partitions, cluster view and group store behind a Kafka listener."""
+
+    @property
+    def cluster_id(self) -> str: ...
+
+    @property
+    def controller_id(self) -> int: ...
+
+    @property
+    def auto_create_topics(self) -> bool:
+        """Whether Metadata (and a producer) may create a topic that does not exist."""
+        ...
+
+    def brokers(self) -> Sequence[BrokerInfo]: ...
+
+    # ---- topics -------------------------------------------------------------------------------
+
+    async def topics(self, names: Sequence[str] | None = None) -> list[TopicInfo]:
+        """The named topics that exist (all, internal ones included, when `names` is None).
+        Names that do not exist are left out; invalid names raise InvalidTopicNameError."""
+        ...
+
+    async def create_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
+        """Create an ingest topic (the backend's default partition count when None).
+        TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError."""
+        ...
+
+    # ---- data ---------------------------------------------------------------------------------
+
+    async def append(
+        self, topic: str, partition: int, batches: Sequence[bytes], *, acks: int
+    ) -> AppendResult:
+        """Append producer batches (RecordBatch v2) to a partition this broker leads, with
+        idempotent-producer sequence checks, returning once `acks` is met: 0 and 1 when
+        appended, -1 when durable under the flush policy."""
+        ...
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> PartitionRead:
+        """Stored batches from the one holding `offset`, up to `max_bytes` (at least one batch
+        when there is one), none past the high watermark. OffsetOutOfRangeError outside
+        log start .. high watermark."""
+        ...
+
+    async def offsets(self, topic: str, partition: int) -> PartitionOffsets: ...
+
+    async def offset_for_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`."""
+        ...
+
+    async def wait_for_data(
+        self, positions: Sequence[tuple[str, int, int]], timeout: float
+    ) -> None:
+        """Return when one of the (topic, partition, offset) has data at or past `offset`
+        below its high watermark, or after `timeout` seconds."""
+        ...
+
+    async def allocate_producer_id(self) -> int:
+        """A producer id never handed out before on this cluster (InitProducerId)."""
+        ...
+
+    # ---- groups -------------------------------------------------------------------------------
+
+    async def coordinator(self, group_id: str) -> BrokerInfo:
+        """The broker coordinating `group_id`."""
+        ...
+
+    async def store_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
+        """Persist committed offsets; durable when this returns."""
+        ...
+
+    async def committed_offsets(self, group_id: str) -> Mapping[tuple[str, int], CommittedOffset]:
+        ...
+
+    async def store_group(self, record: GroupRecord) -> None:
+        """Persist a group's state after a rebalance."""
+        ...
+
+    async def stored_groups(self) -> Sequence[GroupRecord]:
+        """The groups stored so far (to restore the coordinator on start)."""
+        ...

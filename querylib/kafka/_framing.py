@@ -1,0 +1,148 @@
+"""Kafka's wire framing, sans-I/O: size-prefixed frames in, request headers parsed, response
+headers and size prefixes out.
+
+    frame           = size:int32 (bytes that follow) , request or response
+    request header  = request_api_key:int16 request_api_version:int16 correlation_id:int32
+                      client_id:nullable legacy string (int16 length)
+                      [v2 only: tagged fields = uvarint count, (uvarint tag, uvarint size, bytes)*]
+    response header = correlation_id:int32 [v1 only: tagged fields, always empty here]
+
+Header v2 / v1 goes with the flexible versions of each api (ApiVersions responses always use
+header v0, whatever the request's version, so a client can read the error of an ApiVersions
+request the broker does not understand).
+
+No sockets, no asyncio, no clocks. Hostile sizes raise `FrameTooLargeError` /
+`MalformedRequestError` before anything is buffered beyond the limit.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from querylib.kafka._errors import FrameTooLargeError, MalformedRequestError
+
+__all__ = ["FrameReader", "RequestHeader", "parse_request_header", "response_prefix"]
+
+_SIZE = struct.Struct(">i")
+_HEADER_FIXED = struct.Struct(">hhih")  # api key, api version, correlation id, client_id length
+_API_KEY = struct.Struct(">h")
+_RESPONSE_HEADER = struct.Struct(">ii")  # frame size, correlation id
+# A request header is at least 10 bytes (the fixed fields with a null client_id).
+MIN_REQUEST_SIZE = _HEADER_FIXED.size
+_MAX_TAGGED_FIELDS = 64  # the header defines no tags; a few unknown ones are tolerated
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+class FrameReader:
+    """Cuts a byte stream into frames.
+
+    `max_frame_bytes(api_key)` bounds each frame by its api (Produce carries record batches,
+    everything else is small), checked as soon as the size and api key have arrived, before
+    the frame's bytes are buffered.
+    """
+
+    def __init__(self, max_frame_bytes: Callable[[int], int]) -> None:
+        self._limit = max_frame_bytes
+        self._buffer = bytearray()
+        self._need: int | None = None  # size of the frame being read, once checked
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buffer)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._buffer += data
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame (without its size prefix), or None until more bytes arrive.
+        Raises FrameTooLargeError / MalformedRequestError for a size no request may have."""
+        buffer = self._buffer
+        if self._need is None:
+            if len(buffer) < _SIZE.size + _API_KEY.size:
+                return None
+            (size,) = _SIZE.unpack_from(buffer, 0)
+            (api_key,) = _API_KEY.unpack_from(buffer, _SIZE.size)
+            if size < MIN_REQUEST_SIZE:
+                raise MalformedRequestError(f"frame of {size} bytes is shorter than a header")
+            limit = self._limit(api_key)
+            if size > limit:
+                raise FrameTooLargeError(
+                    f"frame of {size} bytes for api key {api_key} exceeds the limit of {limit}")
+            self._need = size
+        end = _SIZE.size + self._need
+        if len(buffer) < end:
+            return None
+        frame = bytes(buffer[_SIZE.size:end])
+        del buffer[:end]
+        self._need = None
+        return frame
+
+
+def parse_request_header(
+    frame: bytes, flexible: Callable[[int, int], bool]
+) -> tuple[RequestHeader, int]:
+    """(header, offset of the body). `flexible(api_key, version)` says whether header v2
+    (with tagged fields) applies."""
+    if len(frame) < _HEADER_FIXED.size:
+        raise MalformedRequestError("request shorter than its header")
+    api_key, version, correlation_id, length = _HEADER_FIXED.unpack_from(frame, 0)
+    pos = _HEADER_FIXED.size
+    client_id: str | None = None
+    if length >= 0:
+        if pos + length > len(frame):
+            raise MalformedRequestError("client_id runs past the end of the request")
+        try:
+            client_id = frame[pos:pos + length].decode()
+        except UnicodeDecodeError:
+            raise MalformedRequestError("client_id is not UTF-8") from None
+        pos += length
+    elif length != -1:
+        raise MalformedRequestError(f"client_id length {length}")
+    header = RequestHeader(api_key, version, correlation_id, client_id)
+    if flexible(api_key, version):
+        pos = skip_tagged_fields(frame, pos)
+    return header, pos
+
+
+def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes (a uint32) at `pos`: (value, next position)."""
+    value = 0
+    for shift in range(0, 35, 7):
+        if pos >= len(buf):
+            raise MalformedRequestError("varint runs past the end of the request")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+    raise MalformedRequestError("varint longer than 5 bytes")
+
+
+def skip_tagged_fields(buf: bytes, pos: int) -> int:
+    count, pos = read_uvarint(buf, pos)
+    if count > _MAX_TAGGED_FIELDS:
+        raise MalformedRequestError(f"{count} tagged fields in a request header")
+    for _ in range(count):
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        if pos + size > len(buf):
+            raise MalformedRequestError("tagged field runs past the end of the request")
+        pos += size
+    return pos
+
+
+def response_prefix(correlation_id: int, body_size: int, flexible_header: bool) -> bytes:
+    """Size prefix and response header for a body of `body_size` bytes."""
+    if flexible_header:
+        return _RESPONSE_HEADER.pack(body_size + 5, correlation_id) + b"\x00"
+    return _RESPONSE_HEADER.pack(body_size + 4, correlation_id)

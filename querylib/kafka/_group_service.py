@@ -1,0 +1,321 @@
+"""The group coordinator's async shell and the group apis: FindCoordinator, JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, DescribeGroups, ListGroups.
+
+`GroupService` feeds requests to the pure `GroupMachine` with the time, delivers the replies it
+returns (some later: a JoinGroup waits for the rebalance), persists group states through the
+backend in order, and runs the one timer task that calls `tick` at the machine's next deadline.
+Committed offsets go straight to the backend once the machine allows the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from catalog.errors import TqError
+from querylib.kafka._apis import ApiKey, build_response, millis
+from querylib.kafka._backend import CommittedOffset, GroupRecord, KafkaBackend
+from querylib.kafka._errors import ErrorCode, error_code_of
+from querylib.kafka._group import (
+    CommitCheck,
+    CommitReply,
+    Event,
+    GroupConfig,
+    GroupMachine,
+    GroupStatus,
+    Heartbeat,
+    Instruction,
+    Join,
+    JoinReply,
+    Leave,
+    LeaveReply,
+    StoreGroup,
+    Sync,
+    SyncReply,
+)
+from querylib.kafka._handlers import RequestContext
+
+__all__ = ["GroupService"]
+
+logger = logging.getLogger("querylib.kafka")
+
+MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+_COORDINATOR_GROUP = 0  # FindCoordinator key types
+_TIMER_IDLE = 3600.0
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class GroupService:
+    """Group coordination for one listener. `start()` before serving, `stop()` after."""
+
+    def __init__(self, backend: KafkaBackend, config: GroupConfig | None = None) -> None:
+        self.backend = backend
+        self.machine = GroupMachine(config)
+        self._tokens = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Instruction]] = {}
+        self._stores: asyncio.Queue[GroupRecord] = asyncio.Queue()
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        now = _monotonic_ms()
+        for record in await self.backend.stored_groups():
+            self.machine.restore(record, now)
+        self._tasks = [asyncio.create_task(self._run_timer(), name="tq-kafka-group-timer"),
+                       asyncio.create_task(self._run_stores(), name="tq-kafka-group-store")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ---- the shell ----------------------------------------------------------------------------
+
+    async def _ask(self, group_id: str, event: Event) -> Instruction:
+        future: asyncio.Future[Instruction] = asyncio.get_running_loop().create_future()
+        self._waiting[event.token] = future
+        try:
+            self._perform(self.machine.handle(group_id, event, _monotonic_ms()))
+            self._wakeup.set()
+            return await future
+        finally:
+            self._waiting.pop(event.token, None)
+
+    def _perform(self, instructions: list[Instruction]) -> None:
+        for instruction in instructions:
+            if isinstance(instruction, StoreGroup):
+                self._stores.put_nowait(
+                    replace(instruction.record, current_state_timestamp=_wall_ms()))
+                continue
+            future = self._waiting.get(instruction.token)
+            if future is not None and not future.done():
+                future.set_result(instruction)
+            # else the connection that asked has gone: nobody to tell
+
+    async def _run_timer(self) -> None:
+        while True:
+            deadline = self.machine.next_deadline()
+            delay = _TIMER_IDLE if deadline is None else max(0, deadline - _monotonic_ms()) / 1000
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+            except TimeoutError:
+                pass
+            self._wakeup.clear()
+            self._perform(self.machine.tick(_monotonic_ms()))
+
+    async def _run_stores(self) -> None:
+        """Group states are persisted in the order the machine produced them."""
+        while True:
+            record = await self._stores.get()
+            try:
+                await self.backend.store_group(record)
+            except TqError as exc:
+                logger.error("group %s: storing its state failed: %s", record.group_id, exc)
+
+    # ---- apis ---------------------------------------------------------------------------------
+
+    async def find_coordinator(self, ctx: RequestContext, request: Any) -> Any:
+        data: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none,
+                                "error_message": None, "node_id": -1, "host": "", "port": -1}
+        if getattr(request, "key_type", _COORDINATOR_GROUP) != _COORDINATOR_GROUP:
+            data["error_code"] = ErrorCode.coordinator_not_available
+            data["error_message"] = "tq has no transaction coordinator"
+        else:
+            try:
+                broker = await self.backend.coordinator(request.key)
+                data.update(node_id=broker.node_id, host=broker.host, port=broker.port)
+            except TqError as exc:
+                data["error_code"], data["error_message"] = error_code_of(exc), str(exc)
+        return build_response(ApiKey.FIND_COORDINATOR, ctx.api_version, data)
+
+    async def join_group(self, ctx: RequestContext, request: Any) -> Any:
+        session = millis(request.session_timeout)
+        rebalance = getattr(request, "rebalance_timeout", None)
+        if not request.group_id:
+            reply = JoinReply(0, ErrorCode.invalid_group_id, member_id=request.member_id)
+        else:
+            event = Join(
+                token=next(self._tokens), member_id=request.member_id,
+                new_member_id=f"{ctx.client_id or 'member'}-{uuid.uuid4()}",
+                client_id=ctx.client_id or "", client_host=ctx.client_host,
+                protocol_type=request.protocol_type,
+                protocols=tuple((p.name, p.metadata) for p in request.protocols),
+                session_timeout_ms=session,
+                rebalance_timeout_ms=session if rebalance is None else millis(rebalance),
+                group_instance_id=getattr(request, "group_instance_id", None),
+                require_known_member=ctx.api_version >= 4)
+            reply = await self._ask(request.group_id, event)
+        assert isinstance(reply, JoinReply)
+        return build_response(ApiKey.JOIN_GROUP, ctx.api_version, {
+            "throttle_time": 0, "error_code": reply.error, "generation_id": reply.generation,
+            "protocol_name": reply.protocol or "", "leader": reply.leader,
+            "member_id": reply.member_id,
+            "members": [{"member_id": m, "group_instance_id": i, "metadata": meta}
+                        for m, i, meta in reply.members]})
+
+    async def sync_group(self, ctx: RequestContext, request: Any) -> Any:
+        if not request.group_id:
+            reply = SyncReply(0, ErrorCode.invalid_group_id)
+        else:
+            reply = await self._ask(request.group_id, Sync(
+                next(self._tokens), request.member_id, request.generation_id,
+                tuple((a.member_id, a.assignment) for a in request.assignments)))
+        assert isinstance(reply, SyncReply)
+        return build_response(ApiKey.SYNC_GROUP, ctx.api_version, {
+            "throttle_time": 0, "error_code": reply.error, "assignment": reply.assignment})
+
+    async def heartbeat(self, ctx: RequestContext, request: Any) -> Any:
+        if not request.group_id:
+            error = ErrorCode.invalid_group_id
+        else:
+            reply = await self._ask(request.group_id, Heartbeat(
+                next(self._tokens), request.member_id, request.generation_id))
+            error = reply.error
+        return build_response(ApiKey.HEARTBEAT, ctx.api_version,
+                              {"throttle_time": 0, "error_code": error})
+
+    async def leave_group(self, ctx: RequestContext, request: Any) -> Any:
+        if ctx.api_version < 3:
+            leaving = [(request.member_id, None)]
+        else:
+            leaving = [(m.member_id, m.group_instance_id) for m in request.members]
+        members = []
+        for member_id, instance_id in leaving:
+            if not request.group_id:
+                error = ErrorCode.invalid_group_id
+            else:
+                reply = await self._ask(request.group_id,
+                                        Leave(next(self._tokens), member_id))
+                assert isinstance(reply, LeaveReply)
+                error = reply.error
+            members.append({"member_id": member_id, "group_instance_id": instance_id,
+                            "error_code": error})
+        top = members[0]["error_code"] if ctx.api_version < 3 and members else ErrorCode.none
+        return build_response(ApiKey.LEAVE_GROUP, ctx.api_version,
+                              {"throttle_time": 0, "error_code": top, "members": members})
+
+    async def offset_commit(self, ctx: RequestContext, request: Any) -> Any:
+        if not request.group_id:
+            error = ErrorCode.invalid_group_id
+        else:
+            reply = await self._ask(request.group_id, CommitCheck(
+                next(self._tokens), request.member_id,
+                getattr(request, "generation_id_or_member_epoch", -1)))
+            assert isinstance(reply, CommitReply)
+            error = reply.error
+        now = _wall_ms()
+        known = {t.name for t in await self._existing([t.name for t in request.topics])}
+        results, commits = [], []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                code = error
+                if code is ErrorCode.none:
+                    if topic.name not in known:
+                        code = ErrorCode.unknown_topic_or_partition
+                    elif len((p.committed_metadata or "").encode()) > MAX_METADATA_BYTES:
+                        code = ErrorCode.offset_metadata_too_large
+                    else:
+                        commits.append(CommittedOffset(
+                            topic.name, p.partition_index, p.committed_offset,
+                            getattr(p, "committed_leader_epoch", -1),
+                            p.committed_metadata or "", now))
+                partitions.append({"partition_index": p.partition_index, "error_code": code})
+            results.append({"name": topic.name, "partitions": partitions})
+        if commits:
+            try:
+                await self.backend.store_offsets(request.group_id, commits)
+            except TqError as exc:
+                code = error_code_of(exc)
+                for topic_result in results:
+                    for partition in topic_result["partitions"]:
+                        if partition["error_code"] is ErrorCode.none:
+                            partition["error_code"] = code
+        return build_response(ApiKey.OFFSET_COMMIT, ctx.api_version,
+                              {"throttle_time": 0, "topics": results})
+
+    async def _existing(self, names: list[str]) -> list[Any]:
+        try:
+            return await self.backend.topics(names)
+        except TqError:
+            # an invalid name among them: look them up one by one
+            found = []
+            for name in names:
+                try:
+                    found.extend(await self.backend.topics([name]))
+                except TqError:
+                    pass
+            return found
+
+    async def offset_fetch(self, ctx: RequestContext, request: Any) -> Any:
+        error = ErrorCode.none
+        committed = {}
+        if not request.group_id:
+            error = ErrorCode.invalid_group_id
+        else:
+            try:
+                committed = dict(await self.backend.committed_offsets(request.group_id))
+            except TqError as exc:
+                error = error_code_of(exc)
+        if request.topics is None:  # v2+: every partition the group has committed
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(committed):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in request.topics}
+        topics = []
+        for name, indexes in wanted.items():
+            partitions = []
+            for index in indexes:
+                found = committed.get((name, index))
+                partitions.append({
+                    "partition_index": index,
+                    "committed_offset": -1 if found is None else found.offset,
+                    "committed_leader_epoch": -1 if found is None else found.leader_epoch,
+                    "metadata": "" if found is None else found.metadata,
+                    "error_code": error if ctx.api_version < 2 else ErrorCode.none})
+            topics.append({"name": name, "partitions": partitions})
+        return build_response(ApiKey.OFFSET_FETCH, ctx.api_version,
+                              {"throttle_time": 0, "topics": topics, "error_code": error})
+
+    async def describe_groups(self, ctx: RequestContext, request: Any) -> Any:
+        groups = []
+        for group_id in request.groups:
+            group = self.machine.group(group_id)
+            if group is None:
+                groups.append({"error_code": ErrorCode.none, "group_id": group_id,
+                               "group_state": "Dead", "protocol_type": "", "protocol_data": "",
+                               "members": ()})
+                continue
+            stable = group.status is GroupStatus.STABLE
+            members = [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                        "client_id": m.client_id, "client_host": m.client_host,
+                        "member_metadata": m.metadata(group.protocol) if stable else b"",
+                        "member_assignment": m.assignment if stable else b""}
+                       for m in group.members.values()]
+            groups.append({"error_code": ErrorCode.none, "group_id": group_id,
+                           "group_state": str(group.status),
+                           "protocol_type": group.protocol_type or "",
+                           "protocol_data": group.protocol or "", "members": members})
+        return build_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version,
+                              {"throttle_time": 0, "groups": groups})
+
+    async def list_groups(self, ctx: RequestContext, request: Any) -> Any:
+        groups = [{"group_id": g.group_id, "protocol_type": g.protocol_type or ""}
+                  for g in self.machine.groups()]
+        return build_response(ApiKey.LIST_GROUPS, ctx.api_version,
+                              {"throttle_time": 0, "error_code": ErrorCode.none,
+                               "groups": groups})

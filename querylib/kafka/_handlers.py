@@ -1,0 +1,361 @@
+"""Request handlers for the cluster and data apis: ApiVersions, Metadata, Produce, Fetch,
+ListOffsets, InitProducerId, CreateTopics, DescribeConfigs. (Group apis: `_group_service`.)
+
+Each handler takes kio's decoded request and returns a response (a kio entity built from a
+version-free dict, a `RawResponse` for Fetch, or None when the client wants none) using only the
+`KafkaBackend`. Refusals are Kafka error codes in the response, per partition where the
+protocol allows; a `TqError` from the backend becomes its `kafka_error_code` here. No sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog.errors import TopicExistsError, TqError, UnknownTopicError
+from querylib.errors import InvalidRecordError
+from querylib.kafka._apis import (
+    SUPPORTED_VERSIONS,
+    ApiKey,
+    build_response,
+    millis,
+)
+from querylib.kafka._backend import KafkaBackend, PartitionRead, TopicInfo
+from querylib.kafka._errors import (
+    ErrorCode,
+    InvalidRequiredAcksError,
+    TransactionsNotSupportedError,
+    error_code_of,
+)
+from querylib.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
+from querylib.records import read_header
+
+__all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error"]
+
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    client_host: str
+
+
+@dataclass(slots=True)
+class RawResponse:
+    """An already framed body (Fetch): chunks of bytes and file slices, and what to close
+    once sent."""
+
+    chunks: list[Any]
+    size: int
+    reads: list[PartitionRead] = field(default_factory=list)
+
+    def close(self) -> None:
+        for read in self.reads:
+            read.close()
+        self.reads = []
+
+
+def _api_keys() -> list[dict[str, int]]:
+    return [{"api_key": int(key), "min_version": lo, "max_version": hi}
+            for key, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())]
+
+
+def api_versions_error() -> Any:
+    """The v0 ApiVersions response Kafka sends for a version it does not know: error 35 and
+    the supported ranges, so the client retries with one of them."""
+    return build_response(ApiKey.API_VERSIONS, 0, {
+        "error_code": ErrorCode.unsupported_version, "api_keys": _api_keys(),
+        "throttle_time": 0})
+
+
+class DataHandlers:
+    def __init__(self, backend: KafkaBackend) -> None:
+        self.backend = backend
+
+    # ---- ApiVersions, Metadata ----------------------------------------------------------------
+
+    async def api_versions(self, ctx: RequestContext, request: Any) -> Any:
+        return build_response(ApiKey.API_VERSIONS, ctx.api_version, {
+            "error_code": ErrorCode.none, "api_keys": _api_keys(), "throttle_time": 0})
+
+    async def metadata(self, ctx: RequestContext, request: Any) -> Any:
+        backend = self.backend
+        version = ctx.api_version
+        requested = request.topics
+        if requested is None or (version == 0 and not requested):
+            found = await backend.topics(None)
+            topics = [self._topic_metadata(t) for t in found]
+        else:
+            allow_create = backend.auto_create_topics and (
+                version < 4 or getattr(request, "allow_auto_topic_creation", True))
+            topics = [await self._lookup_topic(t.name, allow_create) for t in requested]
+        brokers = [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+                   for b in backend.brokers()]
+        return build_response(ApiKey.METADATA, version, {
+            "throttle_time": 0, "brokers": brokers, "cluster_id": backend.cluster_id,
+            "controller_id": backend.controller_id, "topics": topics})
+
+    async def _lookup_topic(self, name: str, allow_create: bool) -> dict[str, Any]:
+        try:
+            found = await self.backend.topics([name])
+            if not found and allow_create:
+                try:
+                    found = [await self.backend.create_topic(name)]
+                except TopicExistsError:
+                    found = await self.backend.topics([name])
+        except TqError as exc:
+            return _topic_error(name, error_code_of(exc))
+        if not found:
+            return _topic_error(name, ErrorCode.unknown_topic_or_partition)
+        return self._topic_metadata(found[0])
+
+    @staticmethod
+    def _topic_metadata(topic: TopicInfo) -> dict[str, Any]:
+        partitions = [
+            # Leader epoch -1: clients then skip epoch validation (OffsetForLeaderEpoch).
+            {"error_code": ErrorCode.none, "partition_index": p.index, "leader_id": p.leader,
+             "leader_epoch": -1, "replica_nodes": (p.leader,), "isr_nodes": (p.leader,),
+             "offline_replicas": ()}
+            for p in topic.partitions]
+        return {"error_code": ErrorCode.none, "name": topic.name, "is_internal": topic.internal,
+                "partitions": partitions}
+
+    # ---- Produce ------------------------------------------------------------------------------
+
+    async def produce(self, ctx: RequestContext, request: Any) -> Any:
+        acks = request.acks
+        refusal: ErrorCode | None = None  # for every partition of the request
+        if ctx.api_version < 3:
+            refusal = ErrorCode.unsupported_version  # as Kafka 4 answers Produce v0-2
+        elif acks not in (0, 1, -1):
+            refusal = error_code_of(InvalidRequiredAcksError(f"acks {acks}"))
+        elif request.transactional_id is not None:
+            refusal = error_code_of(TransactionsNotSupportedError("no transactions"))
+        responses = []
+        for topic in request.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                if refusal is not None:
+                    partitions.append(_produce_error(data.index, refusal))
+                else:
+                    partitions.append(await self._produce_partition(topic.name, data, acks))
+            responses.append({"name": topic.name, "partition_responses": partitions})
+        if acks == 0:
+            return None  # acks=0: the client reads no response
+        if ctx.api_version < 3:
+            body = legacy_produce_response(ctx.api_version, responses)
+            return RawResponse([body], len(body))
+        return build_response(ApiKey.PRODUCE, ctx.api_version,
+                              {"responses": responses, "throttle_time": 0})
+
+    async def _produce_partition(self, topic: str, data: Any, acks: int) -> dict[str, Any]:
+        records = data.records
+        try:
+            batch = _single_batch(records)
+            result = await self.backend.append(topic, data.index, [batch], acks=acks)
+        except TqError as exc:
+            return _produce_error(data.index, error_code_of(exc))
+        return {"index": data.index, "error_code": ErrorCode.none,
+                "base_offset": result.base_offset, "log_start_offset": result.log_start_offset}
+
+    # ---- Fetch --------------------------------------------------------------------------------
+
+    async def fetch(self, ctx: RequestContext, request: Any) -> RawResponse:
+        loop = asyncio.get_running_loop()
+        max_wait = max(millis(request.max_wait), 0) / 1000
+        deadline = loop.time() + max_wait
+        while True:
+            reads: list[PartitionRead] = []
+            try:
+                topics, total, failed = await self._fetch_once(request, reads)
+                remaining = deadline - loop.time()
+                if total >= request.min_bytes or failed or remaining <= 0:
+                    chunks, size = encode_fetch_response(ctx.api_version, topics)
+                    return RawResponse(chunks, size, reads)
+            except BaseException:
+                for read in reads:
+                    read.close()
+                raise
+            for read in reads:
+                read.close()
+            # Wait for appends past what this pass saw (not past the fetch offsets: data that
+            # is there but below min_bytes must not make the wait return at once, forever).
+            seen = [(t.topic, p.partition_index, p.high_watermark)
+                    for t in topics for p in t.partitions if p.high_watermark >= 0]
+            await self.backend.wait_for_data(seen, remaining)
+
+    async def _fetch_once(
+        self, request: Any, reads: list[PartitionRead]
+    ) -> tuple[list[FetchedTopic], int, bool]:
+        """One pass over the requested partitions: (topics, bytes, errors?); the reads whose
+        slices the response will send are added to `reads` (the caller closes them)."""
+        budget = getattr(request, "max_bytes", 0x7FFFFFFF)
+        topics: list[FetchedTopic] = []
+        total = 0
+        failed = False
+        for topic in request.topics:
+            fetched = FetchedTopic(topic.topic, [])
+            topics.append(fetched)
+            for p in topic.partitions:
+                entry = FetchedPartition(p.partition)
+                fetched.partitions.append(entry)
+                try:
+                    if total and total >= budget:
+                        offsets = await self.backend.offsets(topic.topic, p.partition)
+                    else:
+                        limit = min(p.partition_max_bytes, budget - total)
+                        read = await self.backend.read(topic.topic, p.partition, p.fetch_offset,
+                                                       max(limit, 0))
+                        offsets = read.offsets
+                        if total and read.size > budget - total:
+                            read.close()  # only the first partition may exceed the limits
+                        else:
+                            reads.append(read)
+                            entry.records = read.chunks
+                            total += read.size
+                except TqError as exc:
+                    entry.error_code = error_code_of(exc)
+                    failed = True
+                    try:
+                        offsets = await self.backend.offsets(topic.topic, p.partition)
+                    except TqError:
+                        continue
+                entry.high_watermark = offsets.high_watermark
+                entry.last_stable_offset = offsets.last_stable_offset
+                entry.log_start_offset = offsets.log_start_offset
+        return topics, total, failed
+
+    # ---- ListOffsets, InitProducerId ------------------------------------------------------------
+
+    async def list_offsets(self, ctx: RequestContext, request: Any) -> Any:
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry: dict[str, Any] = {"partition_index": p.partition_index,
+                                         "error_code": ErrorCode.none, "timestamp": -1,
+                                         "offset": -1, "leader_epoch": -1}
+                try:
+                    if p.timestamp in (LATEST, EARLIEST):
+                        offsets = await self.backend.offsets(topic.name, p.partition_index)
+                        entry["offset"] = (offsets.high_watermark if p.timestamp == LATEST
+                                           else offsets.log_start_offset)
+                    else:
+                        found = await self.backend.offset_for_timestamp(
+                            topic.name, p.partition_index, p.timestamp)
+                        if found is not None:
+                            entry["offset"], entry["timestamp"] = found
+                except TqError as exc:
+                    entry["error_code"] = error_code_of(exc)
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return build_response(ApiKey.LIST_OFFSETS, ctx.api_version,
+                              {"throttle_time": 0, "topics": topics})
+
+    async def init_producer_id(self, ctx: RequestContext, request: Any) -> Any:
+        if request.transactional_id is not None:
+            code, pid = ErrorCode.transactional_id_authorization_failed, -1
+        else:
+            try:
+                code, pid = ErrorCode.none, await self.backend.allocate_producer_id()
+            except TqError as exc:
+                code, pid = error_code_of(exc), -1
+        return build_response(ApiKey.INIT_PRODUCER_ID, ctx.api_version, {
+            "throttle_time": 0, "error_code": code, "producer_id": pid,
+            "producer_epoch": 0 if pid >= 0 else -1})
+
+    # ---- CreateTopics, DescribeConfigs ----------------------------------------------------------
+
+    async def create_topics(self, ctx: RequestContext, request: Any) -> Any:
+        results = []
+        for topic in request.topics:
+            code, message = ErrorCode.none, None
+            try:
+                if topic.replication_factor not in (-1, 1):
+                    code = ErrorCode.invalid_replication_factor
+                    message = "tq keeps one replica of each partition"
+                elif topic.assignments:
+                    code, message = ErrorCode.invalid_request, "manual assignments unsupported"
+                elif request.validate_only:
+                    if await self.backend.topics([topic.name]):
+                        code = ErrorCode.topic_already_exists
+                else:
+                    partitions = None if topic.num_partitions == -1 else topic.num_partitions
+                    await self.backend.create_topic(topic.name, partitions)
+            except TqError as exc:
+                code, message = error_code_of(exc), str(exc)
+            results.append({"name": topic.name, "error_code": code, "error_message": message})
+        return build_response(ApiKey.CREATE_TOPICS, ctx.api_version,
+                              {"throttle_time": 0, "topics": results})
+
+    async def describe_configs(self, ctx: RequestContext, request: Any) -> Any:
+        """Answered with no configs: clients that ask (admin tools) learn nothing wrong."""
+        results = []
+        for resource in request.resources:
+            code, message = ErrorCode.none, None
+            if resource.resource_type == 2:  # TOPIC
+                try:
+                    if not await self.backend.topics([resource.resource_name]):
+                        raise UnknownTopicError(f"topic {resource.resource_name!r} not found")
+                except TqError as exc:
+                    code, message = error_code_of(exc), str(exc)
+            results.append({"error_code": code, "error_message": message,
+                            "resource_type": resource.resource_type,
+                            "resource_name": resource.resource_name, "configs": ()})
+        return build_response(ApiKey.DESCRIBE_CONFIGS, ctx.api_version,
+                              {"throttle_time": 0, "results": results})
+
+
+def _topic_error(name: str, code: ErrorCode) -> dict[str, Any]:
+    return {"error_code": code, "name": name, "is_internal": False, "partitions": ()}
+
+
+def _produce_error(index: int, code: ErrorCode) -> dict[str, Any]:
+    return {"index": index, "error_code": code, "base_offset": -1, "log_start_offset": -1}
+
+
+def _single_batch(records: bytes | None) -> bytes:
+    """Produce v3+ carries exactly one RecordBatch v2 per partition (as Kafka requires);
+    transactional and control batches are refused."""
+    if not records:
+        raise InvalidRecordError("produce request without records")
+    header = read_header(records)
+    if header.size != len(records):
+        raise InvalidRecordError("produce request must hold exactly one record batch")
+    if header.attributes & _TRANSACTIONAL:
+        raise TransactionsNotSupportedError("transactional batches are not supported")
+    if header.attributes & _CONTROL:
+        raise InvalidRecordError("clients may not produce control batches")
+    return records
+
+
+_LEGACY_PARTITION_V0 = struct.Struct(">ihq")  # partition, error_code, base_offset
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+def legacy_produce_response(version: int, responses: Sequence[dict[str, Any]]) -> bytes:
+    """ProduceResponse v0-2 (kio has no schema for them):
+    [topic:string [partition:int32 error_code:int16 base_offset:int64
+    log_append_time:int64 (v2)]] throttle_time_ms:int32 (v1+)."""
+    out = bytearray(_I32.pack(len(responses)))
+    for topic in responses:
+        name = topic["name"].encode()
+        out += _I16.pack(len(name)) + name + _I32.pack(len(topic["partition_responses"]))
+        for p in topic["partition_responses"]:
+            out += _LEGACY_PARTITION_V0.pack(p["index"], p["error_code"], p["base_offset"])
+            if version >= 2:
+                out += _I64.pack(-1)
+    if version >= 1:
+        out += _I32.pack(0)
+    return bytes(out)

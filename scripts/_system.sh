@@ -1,0 +1,11 @@
+# Sourced by scripts/test: system packages the interop tests use, installed when missing.
+# kcat is a real Kafka client (librdkafka) the Kafka-endpoint tests run against.
+if ! command -v kcat >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/test: installing kcat (Debian package) for the Kafka interop tests" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat; } \
+            >/dev/null 2>&1 || echo "scripts/test: could not install kcat; its tests will skip" >&2
+    else
+        echo "scripts/test: kcat not found and not root; kcat tests will skip" >&2
+    fi
+fi

@@ -1,0 +1,156 @@
+"""The kio codec around the served apis: every advertised request version decodes (round trip
+through kio's own writer), bad bodies are MalformedRequestError, versions outside the ranges are
+UnsupportedRequestError, responses build from version-free dicts, Produce shapes are bounded."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.static.primitive import Records
+
+from querylib.kafka import (
+    SUPPORTED_VERSIONS,
+    ApiKey,
+    ErrorCode,
+    MalformedRequestError,
+    UnsupportedRequestError,
+)
+from querylib.kafka._apis import (
+    build_response,
+    check_produce_shape,
+    decode_request,
+    encode_response,
+    is_flexible,
+)
+from querylib.kafka._handlers import legacy_produce_response
+
+from ._support import encode, make_request, request_class
+
+# kio leaves record bytes to the user: any bytes will do for a round trip.
+st.register_type_strategy(Records, st.binary(max_size=64).map(Records))
+
+SERVED = [(key, version) for key, (lo, hi) in SUPPORTED_VERSIONS.items()
+          for version in range(lo, hi + 1) if not (key == ApiKey.PRODUCE and version < 3)]
+
+
+@pytest.mark.parametrize(("api_key", "version"), SERVED)
+@settings(max_examples=5, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_served_request_round_trips(api_key: int, version: int,
+                                          data: st.DataObject) -> None:
+    request = data.draw(st.from_type(request_class(api_key, version)))
+    body = encode(request)
+    assert decode_request(api_key, version, b"HDR" + body, 3) == request
+
+
+@pytest.mark.parametrize(("api_key", "version"), SERVED)
+def test_trailing_and_missing_bytes_are_malformed(api_key: int, version: int) -> None:
+    body = encode(make_request(api_key, version, **_minimal(api_key)))
+    with pytest.raises(MalformedRequestError):
+        decode_request(api_key, version, body + b"\x00", 0)
+    if body:
+        with pytest.raises(MalformedRequestError):
+            decode_request(api_key, version, body[:-1], 0)
+
+
+def _minimal(api_key: int) -> dict:
+    """Enough fields for a request of any version of this api."""
+    return {
+        ApiKey.PRODUCE: {"acks": 1, "timeout": 1000, "topic_data": []},
+        ApiKey.FETCH: {"max_wait": 0, "min_bytes": 0, "topics": [],
+                       "forgotten_topics_data": []},
+        ApiKey.LIST_OFFSETS: {"replica_id": -1, "isolation_level": 0, "topics": []},
+        ApiKey.METADATA: {"topics": [], "include_cluster_authorized_operations": False,
+                          "include_topic_authorized_operations": False},
+        ApiKey.OFFSET_COMMIT: {"group_id": "g", "member_id": "", "topics": [],
+                               "retention_time": -1},
+        ApiKey.OFFSET_FETCH: {"group_id": "g", "topics": []},
+        ApiKey.FIND_COORDINATOR: {"key": "g"},
+        ApiKey.JOIN_GROUP: {"group_id": "g", "session_timeout": 1000, "member_id": "",
+                            "protocol_type": "consumer", "protocols": []},
+        ApiKey.HEARTBEAT: {"group_id": "g", "generation_id": 1, "member_id": "m"},
+        ApiKey.LEAVE_GROUP: {"group_id": "g", "member_id": "m", "members": []},
+        ApiKey.SYNC_GROUP: {"group_id": "g", "generation_id": 1, "member_id": "m",
+                            "assignments": []},
+        ApiKey.DESCRIBE_GROUPS: {"groups": [], "include_authorized_operations": False},
+        ApiKey.LIST_GROUPS: {},
+        ApiKey.API_VERSIONS: {"client_software_name": "t", "client_software_version": "1"},
+        ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
+        ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
+        ApiKey.DESCRIBE_CONFIGS: {"resources": []},
+    }[api_key]
+
+
+@pytest.mark.parametrize(("api_key", "version"), [
+    (ApiKey.FETCH, 3), (ApiKey.FETCH, 12), (ApiKey.METADATA, 9), (ApiKey.API_VERSIONS, 4),
+    (ApiKey.OFFSET_COMMIT, 8), (25, 0), (-1, 0), (1000, 0)])
+def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int) -> None:
+    with pytest.raises(UnsupportedRequestError):
+        decode_request(api_key, version, b"", 0)
+
+
+def test_api_versions_v3_is_the_only_flexible_version() -> None:
+    assert [(k, v) for k, v in SERVED if is_flexible(k, v)] == [(ApiKey.API_VERSIONS, 3)]
+    assert is_flexible(ApiKey.API_VERSIONS, 4)  # a future version: header v2
+
+
+def _produce_v0(acks: int, partitions: list[tuple[int, bytes | None]]) -> bytes:
+    body = struct.pack(">hi", acks, 1000) + struct.pack(">i", 1) + b"\x00\x01t"
+    body += struct.pack(">i", len(partitions))
+    for index, records in partitions:
+        body += struct.pack(">i", index)
+        body += struct.pack(">i", -1) if records is None else struct.pack(">i", len(records))
+        body += records or b""
+    return body
+
+
+def test_produce_v0_to_v2_decode_as_v3_without_a_transactional_id() -> None:
+    request = decode_request(ApiKey.PRODUCE, 2, _produce_v0(1, [(0, b"xyz"), (1, None)]), 0)
+    assert request.transactional_id is None and request.acks == 1
+    assert [(p.index, p.records) for p in request.topic_data[0].partition_data] == [
+        (0, b"xyz"), (1, None)]
+
+
+def test_produce_with_too_many_partition_entries_is_refused_before_decoding() -> None:
+    body = _produce_v0(1, [(i, None) for i in range(11)])
+    v3 = b"\xff\xff" + body
+    check_produce_shape(v3, 0, max_partitions=11)
+    with pytest.raises(MalformedRequestError):
+        check_produce_shape(v3, 0, max_partitions=10)
+    with pytest.raises(MalformedRequestError):
+        decode_request(ApiKey.PRODUCE, 3, v3, 0, max_produce_partitions=10)
+
+
+@pytest.mark.parametrize("cut", range(1, 24))
+def test_produce_shape_of_a_cut_request_is_malformed(cut: int) -> None:
+    v3 = b"\xff\xff" + _produce_v0(1, [(0, b"abc")])
+    with pytest.raises(MalformedRequestError):
+        check_produce_shape(v3[:len(v3) - cut], 0)
+
+
+def test_build_response_drops_fields_the_version_lacks() -> None:
+    data = {"throttle_time": 0, "brokers": [{"node_id": 0, "host": "h", "port": 1,
+                                             "rack": "r"}],
+            "cluster_id": "c", "controller_id": 0, "topics": [
+                {"error_code": ErrorCode.none, "name": "t", "is_internal": True,
+                 "partitions": [{"error_code": 3, "partition_index": 0, "leader_id": 0,
+                                 "leader_epoch": -1, "replica_nodes": (0,),
+                                 "isr_nodes": (0,), "offline_replicas": ()}]}]}
+    v0 = build_response(ApiKey.METADATA, 0, data)
+    assert not hasattr(v0, "cluster_id") and not hasattr(v0.topics[0], "is_internal")
+    assert v0.topics[0].partitions[0].error_code is ErrorCode.unknown_topic_or_partition
+    v8 = build_response(ApiKey.METADATA, 8, data)
+    assert v8.cluster_id == "c" and v8.topics[0].is_internal
+    assert len(encode_response(v8)) > len(encode_response(v0))
+
+
+def test_legacy_produce_responses_golden() -> None:
+    responses = [{"name": "t", "partition_responses": [
+        {"index": 1, "error_code": 35, "base_offset": -1}]}]
+    v0 = b"\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01" + b"\x00\x00\x00\x01\x00\x23" + b"\xff" * 8
+    assert legacy_produce_response(0, responses) == v0
+    assert legacy_produce_response(1, responses) == v0 + b"\x00" * 4
+    assert legacy_produce_response(2, responses) == v0 + b"\xff" * 8 + b"\x00" * 4

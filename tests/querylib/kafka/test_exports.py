@@ -1,0 +1,44 @@
+"""The public surface of querylib.kafka: everything in __all__ exists and is public, errors sit
+under TqError, and the backend contract is what LocalBackend implements."""
+
+from __future__ import annotations
+
+import querylib.kafka as kafka
+from catalog.errors import ProtocolError, TqError
+
+
+def test_all_is_the_public_surface() -> None:
+    public = {name for name in vars(kafka) if not name.startswith("_")} - {"annotations"}
+    assert set(kafka.__all__) == public
+    assert len(kafka.__all__) == len(set(kafka.__all__))
+
+
+def test_errors_sit_under_the_tq_hierarchy() -> None:
+    assert issubclass(kafka.KafkaProtocolError, ProtocolError)
+    assert not issubclass(kafka.KafkaRequestError, ProtocolError)
+    for name in kafka.__all__:
+        obj = getattr(kafka, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, TqError), name
+
+
+def test_local_backend_implements_the_backend_protocol() -> None:
+    members = {name for name in dir(kafka.KafkaBackend) if not name.startswith("_")}
+    assert members <= set(dir(kafka.LocalBackend))
+
+
+def test_advertised_versions_match_the_issue() -> None:
+    v = kafka.SUPPORTED_VERSIONS
+    A = kafka.ApiKey
+    assert v[A.API_VERSIONS] == (0, 3)
+    assert v[A.METADATA] == (0, 8)
+    assert v[A.PRODUCE] == (0, 7)
+    assert v[A.FETCH] == (4, 11)
+    assert v[A.LIST_OFFSETS] == (1, 5)
+    assert v[A.FIND_COORDINATOR] == (0, 2)
+    assert v[A.OFFSET_COMMIT] == (2, 7)
+    assert v[A.OFFSET_FETCH] == (1, 5)
+    assert v[A.JOIN_GROUP] == (0, 5)
+    assert v[A.SYNC_GROUP] == (0, 3)
+    assert (v[A.HEARTBEAT], v[A.LEAVE_GROUP]) == ((0, 3), (0, 3))
+    assert v[A.INIT_PRODUCER_ID] == (0, 1)
