@@ -11,6 +11,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "log": ("querylib.bench._log", "querylib.bench._records"),
     "records": ("querylib.bench._records",),
     "rpc": ("querylib.rpc._bench",),
+    "pubsub": ("querylib.bench._pubsub",),
     "kafka": ("querylib.bench._kafka",),
 }
 

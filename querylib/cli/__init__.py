@@ -18,6 +18,9 @@ from catalog.errors import TqError
 _COMMAND_MODULES = [
     "querylib.cli._demo",
     "querylib.cli._log",
+    "querylib.cli._broker",
+    "querylib.cli._produce",
+    "querylib.cli._consume",
     "querylib.cli._kafka",
 ]
 

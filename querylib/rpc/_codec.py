@@ -321,7 +321,7 @@ class Codec:
             raise MalformedMessageError(f"header of {lengths[0]} bytes", reason="bad_header")
         try:
             header = self._header_decoder.decode(rest[0])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise MalformedMessageError(f"undecodable header: {exc}", reason="bad_header") \
                 from exc
         if len(header.session) != SESSION_BYTES:
@@ -351,7 +351,7 @@ class Codec:
             decoder = cls.rpc_decoder
         try:
             body = decoder.decode(rest[1])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise MalformedMessageError(f"undecodable {header.tag[:64]!r} body: {exc}",
                                         reason="bad_body", header=header) from exc
         return Incoming(header, body, list(rest[2:]))

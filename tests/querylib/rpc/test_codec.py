@@ -161,6 +161,18 @@ def test_signed_but_undecodable_header_is_malformed_without_header() -> None:
     assert info.value.reason == "bad_header" and info.value.header is None
 
 
+def test_signed_header_with_invalid_utf8_is_malformed_not_a_crash() -> None:
+    # msgspec raises UnicodeDecodeError (not DecodeError) for a str field holding bad UTF-8.
+    client, server = pair()
+    frames = client.request(5, Ping(), ttl=1.0, now=NOW)
+    tag = b"rpc.ping"
+    assert frames[1].count(tag) == 1
+    bad_header = frames[1].replace(tag, b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8")
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode(resign([b"", bad_header, frames[2]]), NOW)
+    assert info.value.reason == "bad_header"
+
+
 def test_unknown_tag_and_bad_body_carry_the_header_so_they_get_an_answer() -> None:
     client, server = pair()
     frames = client.request(5, Ping(), ttl=1.0, now=NOW)

@@ -1,0 +1,364 @@
+"""Blocking `Producer` and `Subscriber` for scripts and threads: the asyncio cores on a loop
+thread of their own (as `querylib.rpc.BlockingClient` does).
+
+CPU work stays on the caller's thread: a producer encodes its batches where `send` is called
+and crosses to the loop once per batch; a subscriber decodes where it iterates, and the loop
+thread only moves delivered bytes into a queue. So the loop thread stays responsive (heartbeats,
+acknowledgements) however busy the application is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+from catalog.errors import TqError, UserError
+
+from ._events import StartAt
+from ._link import BrokerLink
+from ._producer import Entry, ProducerCore, now_ms
+from ._stream import EndOfStream, Event, Headers, encode_records
+from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
+
+__all__ = ["Producer", "Subscriber"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running on a daemon thread; `call` runs a coroutine there and waits."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+
+    def soon(self, fn: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class Producer:
+    """Records into one partition of one broker, blocking when the window is exhausted.
+
+        with Producer("tcp://127.0.0.1:7500", "events", secret=key) as producer:
+            producer.send(b"hello", time=0)
+            producer.advance(1)
+        # leaving the block ends the stream and waits for every acknowledgement
+
+    `send` batches records (`batch_records`, `batch_bytes`, or after `linger` seconds); a
+    failure of an earlier batch is raised by a later call.
+    """
+
+    def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
+                 batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
+                 linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
+                 create: bool = True) -> None:
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self.linger = linger
+        self.timeout = timeout
+        self._thread = _LoopThread(f"tq-producer {topic}-{partition}")
+        # Records pending and encoded batches waiting for the loop, shared with the linger
+        # timer. Batches leave the outbox in order, one sender task at a time; the caller
+        # blocks while two batches wait (the window is exhausted), which is the backpressure.
+        self._lock = threading.Condition()
+        self._pending: list[Entry] = []
+        self._pending_bytes = 0
+        self._outbox: deque[bytes] = deque()
+        self._sender: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._linger_armed = False
+        self._closed = False
+        try:
+            self.link, self.core = self._thread.call(self._open(address, secret, topic,
+                                                                partition, lease, timeout,
+                                                                create))
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @staticmethod
+    async def _open(address: str, secret: bytes, topic: str, partition: int, lease: float,
+                    timeout: float, create: bool) -> tuple[BrokerLink, ProducerCore]:
+        link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        await link.start()
+        core = ProducerCore(link, topic, partition, create=create)
+        try:
+            await core.open()
+        except BaseException:
+            await link.close()
+            raise
+        return link, core
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close(end=exc_type is None)
+
+    @property
+    def frontier(self) -> int:
+        return self.core.frontier
+
+    @property
+    def last_acked(self) -> Any:
+        """The last acknowledgement (`Produced(base_offset, next_offset)`), or None."""
+        return self.core.last_acked
+
+    def send(self, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),
+             timestamp: int | None = None, time: int | None = None) -> None:
+        if self._closed:
+            raise UserError("the producer is closed")
+        if time is not None and time < self.core.frontier:
+            raise UserError(f"record time {time} is below this producer's frontier "
+                            f"{self.core.frontier}")
+        entry = (key, value, headers, now_ms() if timestamp is None else timestamp, time)
+        with self._lock:
+            self._pending.append(entry)
+            self._pending_bytes += len(value or b"") + len(key or b"") + 16
+            full = (len(self._pending) >= self.batch_records
+                    or self._pending_bytes >= self.batch_bytes)
+            if not full and not self._linger_armed:
+                self._linger_armed = True
+                self._thread.soon(self._arm_linger)
+        if full:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        """Encode what is pending on this thread and queue it for the loop; blocks while the
+        outbox is full (the broker's window is exhausted)."""
+        with self._lock:
+            while len(self._outbox) >= 2 and self._failure is None:
+                self._lock.wait(0.5)
+            self._raise_failure()
+            if self._pending:
+                self._enqueue_locked()
+
+    def _enqueue_locked(self) -> None:
+        entries, self._pending, self._pending_bytes = self._pending, [], 0
+        self._outbox.append(encode_records(entries))
+        self._thread.soon(self._start_sender)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _arm_linger(self) -> None:
+        self._thread.loop.call_later(self.linger, self._linger_fired)
+
+    def _linger_fired(self) -> None:
+        # On the loop thread: never wait here; the outbox may hold one batch more than usual.
+        with self._lock:
+            self._linger_armed = False
+            if self._pending:
+                self._enqueue_locked()
+
+    def _start_sender(self) -> None:
+        if self._sender is None or self._sender.done():
+            self._sender = self._thread.loop.create_task(self._send_outbox())
+
+    async def _send_outbox(self) -> None:
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    return
+                batch = self._outbox[0]
+            try:
+                await self.core.send_batch(batch)
+            except BaseException as exc:
+                with self._lock:
+                    self._failure = exc
+                    self._outbox.clear()
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                self._outbox.popleft()
+                self._lock.notify_all()
+
+    async def _drained(self) -> None:
+        while self._sender is not None and not self._sender.done():
+            await asyncio.shield(self._sender)
+
+    def send_batch(self, batch: bytes) -> None:
+        """Send an already encoded RecordBatch (after the records pending before it)."""
+        with self._lock:
+            while len(self._outbox) >= 2 and self._failure is None:
+                self._lock.wait(0.5)
+            self._raise_failure()
+            if self._pending:
+                self._enqueue_locked()
+            self._outbox.append(batch)
+            self._thread.soon(self._start_sender)
+
+    def advance(self, frontier: int) -> None:
+        """No more records with time < `frontier` from this producer."""
+        self._send_pending()
+        self._thread.call(self._after_outbox(self.core.advance, frontier))
+
+    async def _after_outbox(self, fn: Any, *args: Any) -> Any:
+        await self._drained()
+        with self._lock:
+            self._raise_failure()
+        return await fn(*args)
+
+    def flush(self) -> None:
+        """Send what is pending and wait until everything is acknowledged."""
+        self._send_pending()
+        self._thread.call(self._after_outbox(self.core.flush))
+
+    def close(self, *, end: bool = True) -> None:
+        """Flush, end the stream (unless `end` is False), close the session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._send_pending()
+            self._thread.call(self._after_outbox(self.core.end if end else self.core.flush))
+        finally:
+            try:
+                self._thread.call(self.link.close(clean=True), timeout=self.timeout)
+            finally:
+                self._thread.stop()
+
+
+class Subscriber:
+    """Events from partitions of a topic on one broker: `Data`, `Progress`, `EndOfStream`.
+
+        with Subscriber(address, "events", secret=key, start="earliest") as sub:
+            for event in sub:          # stops after EndOfStream (or at the end, follow=False)
+                ...
+            sub.positions              # {partition: next offset}, to resume later
+
+    Resumes by itself when the broker loses the subscription (restart, expiry): from the
+    offset after the last batch received, so no gap and no duplicate.
+    """
+
+    def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
+                 secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
+                 credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
+                 timeout: float = 30.0, create: bool = False) -> None:
+        if isinstance(partitions, int):
+            partitions = [partitions]
+        if credit <= 0:
+            raise UserError("credit must be a positive number of bytes")
+        self._queue: queue.SimpleQueue[Chunk | TqError] = queue.SimpleQueue()
+        self._thread = _LoopThread(f"tq-subscriber {topic}")
+        self._closed = False
+        self._finished = False
+        self._pending: list[tuple[Event | None, int, int]] = []
+        try:
+            self.link, self.core = self._thread.call(self._open(
+                address, secret, topic, partitions, start, credit, lease, timeout, create))
+        except BaseException:
+            self._thread.stop()
+            raise
+        self.decoder = ChunkDecoder(self.core, follow=follow)
+        self.decoder.start()
+
+    async def _open(self, address: str, secret: bytes, topic: str,
+                    partitions: list[int] | None, start: StartAt | dict[int, StartAt],
+                    credit: int, lease: float, timeout: float,
+                    create: bool) -> tuple[BrokerLink, SubscriberCore]:
+        link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        await link.start()
+        core = SubscriberCore(link, topic, partitions, start, credit=credit,
+                              sink=self._queue.put, create=create)
+        try:
+            await core.open()
+        except BaseException:
+            await link.close()
+            raise
+        return link, core
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per partition, the offset after the last record handed to the application."""
+        return dict(self.decoder.positions)
+
+    @property
+    def frontier(self) -> int | None:
+        """The frontier (minimum over the partitions) as of the last event handed out."""
+        return self.decoder.merge.published if self.decoder.merge else None
+
+    def next_chunk(self, timeout: float | None = None) -> Chunk | None:
+        """The next delivered chunk of raw batches (for tools that want bytes, not events);
+        the caller must hand it to `consumed` once processed. None after `timeout`."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, TqError):
+            raise item
+        return item
+
+    def consumed(self, chunk: Chunk) -> None:
+        """Mark a chunk processed: credit returns to the broker, positions move on."""
+        self.decoder.positions[chunk.partition] = chunk.next_offset
+        self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
+
+    def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event; None after `timeout` seconds, or at the end of a non-follow read."""
+        while True:
+            while self._pending:
+                event = self.decoder.take(self._pending.pop())
+                if event is not None:
+                    return event
+            if self.decoder.done():
+                return None
+            chunk = self.next_chunk(timeout)
+            if chunk is None:
+                return None
+            items = list(self.decoder.decode(chunk))
+            self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
+            items.reverse()
+            self._pending = items
+
+    def __iter__(self) -> Iterator[Event]:
+        while not self._finished:
+            event = self.next_event()
+            if event is None:
+                return
+            self._finished = isinstance(event, EndOfStream)
+            yield event
+
+    def close(self) -> None:
+        """Unsubscribe, close the session, stop the loop thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.call(self._close(), timeout=30.0)
+        finally:
+            self._thread.stop()
+
+    async def _close(self) -> None:
+        try:
+            await self.core.close()
+        finally:
+            await self.link.close()

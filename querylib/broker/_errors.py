@@ -1,0 +1,62 @@
+"""Errors the broker answers with, below the querylib hierarchy (querylib/errors.py).
+
+    TqError
+    ├── UserError
+    │   ├── UnknownPartitionError    no such partition here (create it, or check the name)
+    │   └── InvalidTopicError        a topic name the broker cannot host
+    ├── ProtocolError
+    │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
+    │       ├── UnknownSessionError  no live session with that id (lease expired): reopen
+    │       ├── CreditExceededError  a producer sent beyond its window / a grant beyond the limit
+    │       └── NotProducerError     produce/advance/end without OpenProducer on that partition
+    └── StorageError (OffsetOutOfRangeError lives in querylib.errors)
+
+The classes carry traits; clients branch on them (`retriable`), never on message strings.
+"""
+
+from __future__ import annotations
+
+from catalog.errors import ProtocolError, UserError
+
+__all__ = [
+    "BrokerProtocolError",
+    "CreditExceededError",
+    "InvalidTopicError",
+    "NotProducerError",
+    "UnknownPartitionError",
+    "UnknownSessionError",
+]
+
+
+class UnknownPartitionError(UserError):
+    """The broker does not host that partition (ask with create=True to create it)."""
+
+    kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+    retriable = True
+
+
+class InvalidTopicError(UserError):
+    """A topic name the broker cannot turn into a directory name."""
+
+    kafka_error_code = 17  # INVALID_TOPIC_EXCEPTION
+
+
+class BrokerProtocolError(ProtocolError):
+    """The client broke one of the broker's rules."""
+
+
+class UnknownSessionError(BrokerProtocolError):
+    """No live session with this id: it expired or the broker restarted. Open a new one and
+    re-establish producers and subscriptions."""
+
+    retriable = True
+
+
+class CreditExceededError(BrokerProtocolError):
+    """A producer sent with its window exhausted, or a subscriber granted beyond the maximum."""
+
+    kafka_error_code = 89  # THROTTLING_QUOTA_EXCEEDED
+
+
+class NotProducerError(BrokerProtocolError):
+    """Produce, advance or end on a partition the session has not opened as a producer."""

@@ -1,0 +1,248 @@
+"""The vocabulary of the broker's state machine: stimuli in, instructions out (DESIGN §5).
+
+`BrokerState.handle(stimulus) -> list[Instruction]` is the whole contract between the pure core
+(`_state.py`) and the I/O shell (`_server.py`). Stimuli are either client requests (carrying an
+opaque `token` the shell uses to route the reply) or results of I/O the shell performed for an
+earlier instruction (appends, reads, flushes) or the passing of time (`Tick`). Nothing here does
+I/O or reads a clock; these are plain frozen records (msgspec structs: cheap to create).
+
+Partitions are named by `PartitionId = (topic, partition)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+PartitionId = tuple[str, int]
+StartAt = int | Literal["earliest", "latest"]
+
+# --------------------------------------------------------------------------- stimuli: time
+
+
+class Tick(msgspec.Struct, frozen=True):
+    """The shell's clocks: `now` (seconds, monotonic) for leases; `wall_ms` (milliseconds since
+    the epoch) for the timestamps of the control batches the broker writes."""
+
+    now: float
+    wall_ms: int = 0
+
+
+# --------------------------------------------------------------------------- stimuli: requests
+
+
+class OpenSession(msgspec.Struct, frozen=True):
+    """Open (or, with a known id, renew) a session. `lease` is the requested lease in seconds."""
+
+    token: Any
+    session: str
+    lease: float
+
+
+class Heartbeat(msgspec.Struct, frozen=True):
+    token: Any
+    session: str
+
+
+class CloseSession(msgspec.Struct, frozen=True):
+    """Leave cleanly: producers drop out of their partitions' frontiers, subscriptions end."""
+
+    token: Any
+    session: str
+
+
+class OpenProducer(msgspec.Struct, frozen=True):
+    """The session starts producing into `partition` (joins its frontier)."""
+
+    token: Any
+    session: str
+    partition: PartitionId
+
+
+class Produce(msgspec.Struct, frozen=True):
+    """One record batch (magic 2, base offset not yet assigned) for `partition`."""
+
+    token: Any
+    session: str
+    partition: PartitionId
+    batch: bytes
+
+
+class AdvanceFrontier(msgspec.Struct, frozen=True):
+    token: Any
+    session: str
+    partition: PartitionId
+    frontier: int
+
+
+class EndStream(msgspec.Struct, frozen=True):
+    """The producer will send nothing more to `partition` (end-of-stream for it)."""
+
+    token: Any
+    session: str
+    partition: PartitionId
+
+
+class Subscribe(msgspec.Struct, frozen=True):
+    """Start pushing `partition` from `start` to subscription `sub_id` of the session."""
+
+    token: Any
+    session: str
+    sub_id: int
+    partition: PartitionId
+    start: StartAt
+    credit: int
+
+
+class GrantCredit(msgspec.Struct, frozen=True):
+    """One-way: the subscriber processed data and allows `nbytes` more."""
+
+    session: str
+    sub_id: int
+    nbytes: int
+
+
+class Unsubscribe(msgspec.Struct, frozen=True):
+    token: Any
+    session: str
+    sub_id: int
+
+
+class DropSubscription(msgspec.Struct, frozen=True):
+    """The shell could not deliver to the subscription (its client is gone or not reading):
+    end it, so the client resumes from its own last offset instead of seeing a gap."""
+
+    session: str
+    sub_id: int
+    error: Exception
+
+
+# --------------------------------------------------------------------------- stimuli: I/O results
+
+
+class PartitionOpened(msgspec.Struct, frozen=True):
+    """The shell opened (or created, or recovered) a partition log."""
+
+    partition: PartitionId
+    log_start: int
+    log_end: int
+    durable_end: int
+    frontier: int = 0
+    ended: bool = False
+
+
+class AppendCompleted(msgspec.Struct, frozen=True):
+    """The append for `ticket` landed at [base_offset, next_offset). The log's start and durable
+    end are reported as they stood right after it (retention and flushes move them)."""
+
+    partition: PartitionId
+    ticket: int
+    base_offset: int
+    next_offset: int
+    log_start: int
+    durable_end: int
+
+
+class AppendFailed(msgspec.Struct, frozen=True):
+    partition: PartitionId
+    ticket: int
+    error: Exception
+
+
+class DurableAdvanced(msgspec.Struct, frozen=True):
+    """A flush made the log durable up to `durable_end` (exclusive)."""
+
+    partition: PartitionId
+    durable_end: int
+
+
+class ReadCompleted(msgspec.Struct, frozen=True):
+    """Whole batches read for subscription `serial` from `offset`; `next_offset` is the offset
+    after the last of them."""
+
+    serial: int
+    offset: int
+    data: bytes
+    next_offset: int
+
+
+class ReadFailed(msgspec.Struct, frozen=True):
+    serial: int
+    offset: int
+    error: Exception
+
+
+Stimulus = (
+    Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
+    | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | PartitionOpened
+    | AppendCompleted
+    | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
+)
+
+# --------------------------------------------------------------------------- instructions
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """Answer the request that carried `token` with `value` (a reply message)."""
+
+    token: Any
+    value: Any
+
+
+class Fail(msgspec.Struct, frozen=True):
+    """Answer the request that carried `token` with an error (a TqError)."""
+
+    token: Any
+    error: Exception
+
+
+class Append(msgspec.Struct, frozen=True):
+    """Append `batch` to `partition`. The shell performs appends of one partition strictly in the
+    order of these instructions and answers each with AppendCompleted or AppendFailed."""
+
+    partition: PartitionId
+    ticket: int
+    batch: bytes
+
+
+class Read(msgspec.Struct, frozen=True):
+    """Read whole batches of `partition` from `offset`: at most `max_bytes` (but at least one
+    batch) and none at or beyond `end_offset`. Answer with ReadCompleted or ReadFailed."""
+
+    partition: PartitionId
+    serial: int
+    offset: int
+    max_bytes: int
+    end_offset: int
+
+
+class Deliver(msgspec.Struct, frozen=True):
+    """Push stored batch bytes [offset, next_offset) to subscription `sub_id` of `session`."""
+
+    session: str
+    sub_id: int
+    partition: PartitionId
+    offset: int
+    next_offset: int
+    data: bytes
+
+
+class SubscriptionClosed(msgspec.Struct, frozen=True):
+    """Tell the session its subscription ended for a reason (the error says which)."""
+
+    session: str
+    sub_id: int
+    partition: PartitionId
+    error: Exception
+
+
+class SessionExpired(msgspec.Struct, frozen=True):
+    """The session's lease ran out (or it closed): the shell may forget how to reach it."""
+
+    session: str
+
+
+Instruction = (
+    Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SessionExpired
+)

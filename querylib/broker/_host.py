@@ -1,0 +1,138 @@
+"""The partitions a broker hosts on disk: finding, creating, opening (with recovery) and the
+frontier a partition's log says it had (DESIGN §4).
+
+Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
+state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what
+the broker needs on top: which directories are partitions, which topic names are acceptable,
+and the frontier / end-of-stream recovered from the last control batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from catalog.errors import StorageError
+from querylib.log import LogConfig, PartitionLog, parse_partition_dir, partition_dir_name
+from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
+from querylib.records._header import ATTRIBUTES_OFFSET
+
+from ._errors import InvalidTopicError
+from ._events import PartitionId
+
+__all__ = ["OpenedPartition", "find_partitions", "open_partition", "recover_frontier",
+           "validate_partition"]
+
+logger = logging.getLogger("querylib.broker")
+
+# Kafka's legal topic characters and length: names stay valid file names and Kafka names.
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_MAX_PARTITION = 2**31 - 1
+_CONTROL_BIT = 0x20
+_SCAN_CHUNK = 1024 * 1024
+
+
+def validate_partition(topic: str, partition: int) -> PartitionId:
+    """(topic, partition) if the broker can host it, else InvalidTopicError saying why."""
+    if not _TOPIC_RE.match(topic) or topic in (".", ".."):
+        raise InvalidTopicError(f"topic name {topic[:60]!r} is not valid: use 1-249 characters "
+                                "from A-Z a-z 0-9 . _ -")
+    if not 0 <= partition <= _MAX_PARTITION:
+        raise InvalidTopicError(f"partition {partition} is outside 0..{_MAX_PARTITION}")
+    return topic, partition
+
+
+def find_partitions(data_dir: str) -> list[PartitionId]:
+    """The partitions stored under `data_dir` (directories named <topic>-<partition>)."""
+    found: list[PartitionId] = []
+    try:
+        entries = sorted(os.scandir(data_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StorageError(f"cannot list data directory {data_dir}: {exc}") from exc
+    for entry in entries:
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        try:
+            topic, partition = parse_partition_dir(entry.name)
+            found.append(validate_partition(topic, partition))
+        except (StorageError, InvalidTopicError):
+            logger.warning("%s: ignoring %s, not a partition directory", data_dir, entry.name)
+    return found
+
+
+@dataclass(frozen=True)
+class OpenedPartition:
+    log: PartitionLog
+    frontier: int
+    ended: bool
+
+
+def open_partition(data_dir: str, pid: PartitionId, config: LogConfig) -> OpenedPartition:
+    """Open (creating if missing) the log of `pid` and recover its frontier. Blocking."""
+    path = os.path.join(data_dir, partition_dir_name(*pid))
+    log = PartitionLog.open(path, config)
+    try:
+        frontier, ended = recover_frontier(log)
+    except BaseException:
+        log.close()
+        raise
+    return OpenedPartition(log, frontier, ended)
+
+
+def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
+    """(frontier, ended) as the log last recorded them: the value of the last FRONTIER control
+    record (0 if none), and whether the log ends with an END_OF_STREAM record (no data after).
+
+    Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
+    forwards, so a log whose last frontier is recent costs a small read however large it is.
+    """
+    start, hi = log.log_start_offset, log.log_end_offset
+    window = 4096
+    ended: bool | None = None  # decided by the last batch of the log
+    while hi > start:
+        lo = max(start, hi - window)
+        frontier = None
+        last: ControlType | None | str = "none"
+        for kind, value in _batches(log, lo, hi):
+            last = kind
+            if kind == ControlType.FRONTIER:
+                frontier = value
+        if ended is None and last != "none":
+            ended = last == ControlType.END_OF_STREAM
+        if frontier is not None:
+            return frontier, bool(ended)
+        hi = lo
+        window *= 4
+    return 0, bool(ended)
+
+
+def _batches(log: PartitionLog, lo: int,
+             hi: int) -> Iterator[tuple[ControlType | None, int | None]]:
+    """(control type or None for data, frontier value or None) of each batch in [lo, hi)."""
+    offset = lo
+    while offset < hi:
+        data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        if not data:
+            return
+        pos = 0
+        while pos < len(data):
+            header = read_header(data, pos)
+            if header.base_offset >= hi:
+                return
+            if data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+                batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
+                for record in batch.records:
+                    kind, value = control_of(record)
+                    if kind == ControlType.FRONTIER:
+                        yield kind, decode_int64(value)
+                    elif kind == ControlType.END_OF_STREAM:
+                        yield kind, None
+            else:
+                yield None, None
+            pos += header.size
+            offset = header.next_offset

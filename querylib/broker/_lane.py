@@ -1,0 +1,188 @@
+"""One partition's writer: appends in instruction order, with group commit, off the event loop
+when they may wait for the disk.
+
+The broker's core emits `Append` instructions; the lane performs them one group at a time per
+partition, so appends of a partition stay in order, on an executor thread, so a slow fsync
+stalls only that partition. Under the "never" flush policy no append waits for the disk (it
+lands in the page cache), and the lane writes inline on the loop instead. Each outcome comes
+back as an `AppendCompleted` or `AppendFailed` stimulus. Queued appends are written together
+with `append_batches` (one write and at most one fsync per group, as Kafka's log does with a
+produce request's batches). Under the "interval" flush policy the lane also schedules the
+flush the log asks for and reports `DurableAdvanced`.
+
+The lane owns its task and its timer; it decides nothing about acknowledgements (the core does)
+and never touches sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from catalog.errors import StorageError, TqError
+from querylib.errors import RecordError
+from querylib.log import PartitionLog
+from querylib.records import read_header
+
+from ._events import AppendCompleted, AppendFailed, DurableAdvanced, PartitionId, Stimulus
+
+__all__ = ["AppendLane"]
+
+logger = logging.getLogger("querylib.broker")
+
+_FLUSH = object()  # queue marker: run flush_if_due in order with the appends
+_RETENTION_EVERY = 10.0  # seconds between retention checks of an active partition
+
+
+class AppendLane:
+    """Performs one partition's appends and flushes in order on `executor`."""
+
+    def __init__(self, pid: PartitionId, log: PartitionLog, executor: Executor,
+                 report: Callable[[Stimulus], None], *, inline: bool = False,
+                 max_group_batches: int = 512, max_group_bytes: int = 8 * 1024 * 1024) -> None:
+        """`inline`: append on the event loop's thread instead of `executor`. Only for logs
+        that never fsync on append (flush policy "never"): the write lands in the page cache,
+        and skipping the thread hop matters (measured end-to-end p50 at 1,000 requests/s:
+        about 1.2 ms inline against 6 ms through a thread, where the loop and the writer
+        thread wait for each other's GIL switch interval)."""
+        self.pid = pid
+        self.log = log
+        self._executor = executor
+        self._inline = inline
+        self._report = report
+        self._max_batches = max_group_batches
+        self._max_bytes = max_group_bytes
+        self._queue: deque[Any] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._last_retention = time.monotonic()
+        self._closed = False
+
+    def submit(self, ticket: int, batch: Any) -> None:
+        """Queue an append; its outcome is reported later, in submission order."""
+        if self._closed:
+            self._report(AppendFailed(self.pid, ticket, TqError("the broker is shutting down")))
+            return
+        if self._inline and self._task is None and not self._queue:
+            # Idle and writing inline: append now rather than one loop iteration later (a
+            # burst arriving while a group is written still queues behind it and goes as one).
+            for stimulus in self._append([(ticket, batch)]):
+                self._report(stimulus)
+            return
+        self._queue.append((ticket, batch))
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._task is None and self._queue:
+            self._task = asyncio.get_running_loop().create_task(
+                self._drain(), name=f"append {self.pid[0]}-{self.pid[1]}")
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                if self._queue[0] is _FLUSH:
+                    self._queue.popleft()
+                    outcome = await loop.run_in_executor(self._executor, self._flush)
+                else:
+                    group = self._take_group()
+                    try:
+                        if self._inline:
+                            outcome = self._append(group)
+                        else:
+                            outcome = await loop.run_in_executor(self._executor,
+                                                                 self._append, group)
+                    except Exception as exc:
+                        # A bug below us: fail these appends (their producers hear of it)
+                        # rather than leave the partition waiting forever for outcomes.
+                        logger.exception("%s-%s: append failed unexpectedly", *self.pid)
+                        error = StorageError(f"append failed: {type(exc).__name__}: {exc}")
+                        outcome = [AppendFailed(self.pid, t, error) for t, _ in group]
+                for stimulus in outcome:
+                    self._report(stimulus)
+                self._schedule_flush(loop)
+        finally:
+            self._task = None
+        self._kick()  # something was queued while the last report ran
+
+    def _take_group(self) -> list[tuple[int, Any]]:
+        group = [self._queue.popleft()]
+        size = len(group[0][1])
+        while (self._queue and self._queue[0] is not _FLUSH and len(group) < self._max_batches
+               and size + len(self._queue[0][1]) <= self._max_bytes):
+            item = self._queue.popleft()
+            group.append(item)
+            size += len(item[1])
+        return group
+
+    # -- on the executor thread ------------------------------------------------------------
+
+    def _append(self, group: list[tuple[int, Any]]) -> list[Stimulus]:
+        log = self.log
+        try:
+            bases: list[int | TqError] = list(log.append_batches([b for _, b in group]))
+        except RecordError:
+            # One bad batch refuses the whole group before anything is written: append them
+            # one by one so only the bad one fails.
+            bases = []
+            for _, batch in group:
+                try:
+                    bases.append(log.append(batch))
+                except TqError as exc:
+                    bases.append(exc)
+        except TqError as exc:
+            bases = [exc] * len(group)
+        self._maybe_apply_retention()
+        durable, start = log.durable_end_offset, log.log_start_offset
+        out: list[Stimulus] = []
+        for (ticket, batch), base in zip(group, bases, strict=True):
+            if isinstance(base, TqError):
+                out.append(AppendFailed(self.pid, ticket, base))
+            else:
+                nxt = base + read_header(batch).last_offset_delta + 1
+                out.append(AppendCompleted(self.pid, ticket, base, nxt, start, durable))
+        return out
+
+    def _flush(self) -> list[Stimulus]:
+        try:
+            self.log.flush_if_due()
+        except TqError as exc:
+            logger.error("%s-%s: flush failed: %s", *self.pid, exc)
+            return []
+        return [DurableAdvanced(self.pid, self.log.durable_end_offset)]
+
+    def _maybe_apply_retention(self) -> None:
+        now = time.monotonic()
+        if now - self._last_retention >= _RETENTION_EVERY:
+            self._last_retention = now
+            self.log.apply_retention()
+
+    # -- flush timer -------------------------------------------------------------------------
+
+    def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Under the "interval" policy, make sure a flush runs when the log says one is due
+        (appends alone flush only while they keep coming)."""
+        due = self.log.flush_due_in()
+        if due is None or self._flush_timer is not None or self._closed:
+            return
+        self._flush_timer = loop.call_later(due, self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_timer = None
+        if not self._closed:
+            self._queue.append(_FLUSH)
+            self._kick()
+
+    async def close(self) -> None:
+        """Finish queued work (it is acknowledged as usual), then stop scheduling."""
+        self._closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        while self._task is not None:
+            await asyncio.shield(self._task)

@@ -1,0 +1,201 @@
+"""The broker's RPC messages (DESIGN §5): sessions, produce, frontier, subscribe, delivery.
+
+Declarations only: each request names its reply type; record batches never sit in a body but
+travel as raw payload frames next to it (Produce carries exactly one batch, Delivery carries the
+stored bytes of one or more whole batches, unchanged). Offsets and credits are Kafka's: int64
+offsets, byte counts. Requests keep the default error type (any TqError): the client rebuilds
+broker, storage and record errors as their own classes. Topic names are validated by the
+server, not here.
+
+Client -> broker requests (reply in brackets):
+    broker.session.open     OpenSessionRequest   [SessionOpened]   open or renew a lease
+    broker.session.renew    HeartbeatRequest     [Done]
+    broker.session.close    CloseSessionRequest  [Done]
+    broker.partitions       ListPartitions       [PartitionList]
+    broker.partition.ensure EnsurePartition      [PartitionInfo]   create=True creates it
+    broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
+    broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
+    broker.frontier         AdvanceRequest       [Done]
+    broker.end              EndStreamRequest     [Done]
+    broker.subscribe        SubscribeRequest     [Subscribed]
+    broker.unsubscribe      UnsubscribeRequest   [Done]
+Client -> broker notify:
+    broker.credit           CreditNotify                           more bytes for a subscription
+Broker -> client notifies:
+    broker.delivery         Delivery                               + one payload frame: batches
+    broker.sub.closed       SubscriptionEnded                      the subscription stopped
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from querylib.rpc._messages import ErrorBody, Notify, Reply, Request
+
+__all__ = [
+    "AdvanceRequest",
+    "CloseSessionRequest",
+    "CreditNotify",
+    "Delivery",
+    "Done",
+    "EndStreamRequest",
+    "EnsurePartition",
+    "HeartbeatRequest",
+    "ListPartitions",
+    "OpenProducerRequest",
+    "OpenSessionRequest",
+    "PartitionInfo",
+    "PartitionList",
+    "ProduceRequest",
+    "Produced",
+    "ProducerOpened",
+    "SessionOpened",
+    "SubscribeRequest",
+    "Subscribed",
+    "SubscriptionEnded",
+    "UnsubscribeRequest",
+]
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class Done(Reply, tag="broker.done"):
+    """The request took effect (heartbeat, close, advance, end, unsubscribe)."""
+
+
+class SessionOpened(Reply, tag="broker.session.opened"):
+    session: str
+    lease: float            # seconds granted (the broker clamps the request)
+    producer_window: int    # bytes of unacknowledged batches a producer may have in flight
+    max_credit: int         # most bytes a subscription may hold as credit
+    max_batch_bytes: int    # largest batch a Produce may carry
+    control_cost: int       # window bytes an advance or end-of-stream request takes
+
+
+class PartitionInfo(Reply, tag="broker.partition.info"):
+    topic: str
+    partition: int
+    log_start: int          # first offset still stored
+    log_end: int            # next offset visible to subscribers (durable)
+    frontier: int           # last published frontier
+    ended: bool             # the last control record is end-of-stream
+
+
+class PartitionList(Reply, tag="broker.partition.list"):
+    partitions: list[PartitionInfo]
+
+
+class ProducerOpened(Reply, tag="broker.producer.opened"):
+    log_end: int
+    frontier: int           # the producer starts here; it may not advance below it
+    window: int
+
+
+class Produced(Reply, tag="broker.produced"):
+    base_offset: int        # offset the broker stamped on the batch
+    next_offset: int
+
+
+class Subscribed(Reply, tag="broker.subscribed"):
+    offset: int             # where delivery starts
+    log_start: int
+    log_end: int
+    frontier: int | None    # the frontier in force at `offset` when the broker knows it
+    ended: bool             # end-of-stream is in force at `offset`
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class OpenSessionRequest(Request[SessionOpened], tag="broker.session.open"):
+    session: str            # chosen by the client (a uuid); reopening a live id renews it
+    lease: float = 10.0
+
+
+class HeartbeatRequest(Request[Done], tag="broker.session.renew"):
+    session: str
+
+
+class CloseSessionRequest(Request[Done], tag="broker.session.close"):
+    session: str
+
+
+class ListPartitions(Request[PartitionList], tag="broker.partitions"):
+    topic: str = ""         # "" lists every partition the broker hosts
+
+
+class EnsurePartition(Request[PartitionInfo], tag="broker.partition.ensure"):
+    topic: str
+    partition: int
+    create: bool = True
+
+
+class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
+    session: str
+    topic: str
+    partition: int
+    create: bool = True
+
+
+class ProduceRequest(Request[Produced], tag="broker.produce"):
+    """Followed by exactly one payload frame: one RecordBatch v2 (data, not control)."""
+
+    session: str
+    topic: str
+    partition: int
+
+
+class AdvanceRequest(Request[Done], tag="broker.frontier"):
+    session: str
+    topic: str
+    partition: int
+    frontier: int
+
+
+class EndStreamRequest(Request[Done], tag="broker.end"):
+    session: str
+    topic: str
+    partition: int
+
+
+class SubscribeRequest(Request[Subscribed], tag="broker.subscribe"):
+    session: str
+    sub_id: int             # chosen by the client, unique within its session
+    topic: str
+    partition: int
+    start: int | Literal["earliest", "latest"] = "earliest"
+    credit: int = 0         # initial credit in bytes
+    create: bool = False
+
+
+class UnsubscribeRequest(Request[Done], tag="broker.unsubscribe"):
+    session: str
+    sub_id: int
+
+
+# --------------------------------------------------------------------------- notifies
+
+
+class CreditNotify(Notify, tag="broker.credit"):
+    session: str
+    sub_id: int
+    nbytes: int
+
+
+class Delivery(Notify, tag="broker.delivery"):
+    """Followed by one payload frame: the stored bytes of whole batches, starting with the batch
+    that holds `offset`; `next_offset` is the offset after the last of them."""
+
+    sub_id: int
+    topic: str
+    partition: int
+    offset: int
+    next_offset: int
+
+
+class SubscriptionEnded(Notify, tag="broker.sub.closed"):
+    sub_id: int
+    topic: str
+    partition: int
+    error: ErrorBody

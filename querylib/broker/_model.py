@@ -1,0 +1,83 @@
+"""The bookkeeping records of the broker's core (`_state.py`): limits, sessions, partitions,
+subscriptions and appends in flight. Plain data; the rules that change them live in `_state`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ._credit import CreditWindow
+from ._events import PartitionId
+from ._frontier import FrontierEvent, PartitionFrontier
+
+
+class BrokerLimits(msgspec.Struct, frozen=True):
+    """Bounds that keep a broker's memory independent of what clients ask for."""
+
+    producer_window: int = 8 * 1024 * 1024      # unacknowledged bytes per producer session
+    max_credit: int = 16 * 1024 * 1024          # credit one subscription may hold
+    max_read_bytes: int = 1024 * 1024           # bytes per disk read for one subscription
+    max_batch_bytes: int = 8 * 1024 * 1024      # largest batch a producer may send
+    control_cost: int = 64                      # window bytes an advance/end request costs
+    min_lease: float = 1.0
+    max_lease: float = 300.0
+    max_sessions: int = 10_000
+    max_subscriptions_per_session: int = 1024
+    max_partitions_per_producer: int = 1024
+
+
+class Pending(msgspec.Struct):
+    """An append the shell is performing or has performed but not yet made durable."""
+
+    ticket: int
+    batch: Any                  # bytes-like (the shell may pass a view of a received frame)
+    token: Any                  # request to answer once durable (None for broker-made controls)
+    session: str | None         # whose window the cost came from
+    cost: int
+    reply: Any                  # "produced", or the reply value for control requests
+    control: FrontierEvent | None = None
+    base: int = -1
+    next: int = -1
+    stored: bytes | None = None  # the batch with its base offset stamped, made on first use
+
+    def stored_bytes(self, stamp: Callable[[Any, int], bytes]) -> bytes:
+        if self.stored is None:
+            self.stored = stamp(self.batch, self.base)
+        return self.stored
+
+
+class PartitionState(msgspec.Struct):
+    id: PartitionId
+    log_start: int
+    log_end: int                # end of completed appends (may be ahead of durable)
+    visible_end: int            # end of what subscribers may see: durable, whole batches
+    frontier: PartitionFrontier
+    visible_frontier: int       # the frontier in force at visible_end
+    visible_ended: bool
+    inflight: deque[Pending] = msgspec.field(default_factory=deque)   # Append sent, not completed
+    unflushed: deque[Pending] = msgspec.field(default_factory=deque)  # completed, not yet durable
+    subs: dict[int, Subscription] = msgspec.field(default_factory=dict)
+    tailing: set[int] = msgspec.field(default_factory=set)  # caught up, idle, with credit
+
+
+class Subscription(msgspec.Struct):
+    serial: int                 # unique for the broker's lifetime: stale reads are recognised
+    session: str
+    sub_id: int
+    partition: PartitionId
+    next_offset: int
+    credit: CreditWindow
+    reading: bool = False       # a Read instruction is outstanding
+
+
+class Session(msgspec.Struct):
+    id: str
+    lease: float
+    expires_at: float
+    window: CreditWindow
+    producing: set[PartitionId] = msgspec.field(default_factory=set)
+    subs: dict[int, int] = msgspec.field(default_factory=dict)  # sub_id -> serial

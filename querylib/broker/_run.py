@@ -1,0 +1,55 @@
+"""Running a standalone broker in the foreground (`tq broker`), and small blocking helpers the
+commands use. Signal handling and the process's event loop live here, nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+
+from querylib.log import LogConfig
+from querylib.rpc import BlockingClient
+
+from ._link import CLIENT_LIMITS
+from ._messages import ListPartitions, PartitionInfo
+from ._model import BrokerLimits
+from ._server import BrokerServer
+
+__all__ = ["list_partitions", "run_broker"]
+
+
+def run_broker(data_dir: str, listen: str, secret: bytes, *,
+               log_config: LogConfig | None = None, limits: BrokerLimits | None = None,
+               on_ready: Callable[[str], None] | None = None) -> int:
+    """Serve until SIGINT or SIGTERM, then close cleanly (queued appends finish, logs get
+    their clean-shutdown marker). `on_ready(endpoint)` runs once listening."""
+    return asyncio.run(_serve(data_dir, listen, secret, log_config, limits, on_ready))
+
+
+async def _serve(data_dir: str, listen: str, secret: bytes, log_config: LogConfig | None,
+                 limits: BrokerLimits | None,
+                 on_ready: Callable[[str], None] | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = BrokerServer(data_dir, secret, log_config=log_config, limits=limits)
+    try:
+        endpoint = await server.start(listen)
+        if on_ready is not None:
+            on_ready(endpoint)
+        else:
+            print(f"tq broker listening on {endpoint}", file=sys.stderr, flush=True)
+        await stop.wait()
+    finally:
+        await server.close()
+    return 0
+
+
+def list_partitions(address: str, secret: bytes, topic: str = "", *,
+                    timeout: float = 10.0) -> list[PartitionInfo]:
+    """The partitions a broker hosts (of `topic`, or all)."""
+    with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout) as client:
+        return client.request(ListPartitions(topic=topic)).partitions

@@ -1,0 +1,568 @@
+"""The broker's pure core: `BrokerState.handle(stimulus) -> list[Instruction]` (DESIGN §5).
+
+What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
+bytes each producer has in flight (its credit window), when an append is acknowledged (once the
+log reports it durable), which frontier/end-of-stream control batches to append (the minimum over
+a partition's live producers, via `PartitionFrontier`), and for every subscription where it
+stands, how much credit it has, and whether to read it from disk (catch-up) or hand it freshly
+appended batches (tail).
+
+What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
+Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
+must perform the appends of one partition in instruction order; everything else may complete in
+any order.
+
+Rules it enforces (tests in tests/querylib/broker/test_state.py):
+- Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
+  stopped subscriber never delays a producer.
+- A subscription is sent data only while its credit is positive, so it never receives more than
+  its credit plus one batch; deliveries to it are contiguous (each starts where the last ended).
+- Only durable batches are visible to subscribers (like Kafka's high watermark): a batch lost in
+  a crash was never delivered, so a resuming subscriber's offset stays valid.
+- Nothing is buffered per subscriber: batches stay referenced only while an append is in flight
+  or not yet durable (bounded by the producers' windows); subscribers that fall behind the tail
+  read from disk later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from catalog.errors import TqError
+from querylib.errors import InvalidLengthError, OffsetOutOfRangeError, StorageError
+from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
+
+from ._credit import CreditWindow
+from ._errors import (
+    BrokerProtocolError,
+    CreditExceededError,
+    NotProducerError,
+    UnknownPartitionError,
+    UnknownSessionError,
+)
+from ._events import (
+    AdvanceFrontier,
+    Append,
+    AppendCompleted,
+    AppendFailed,
+    CloseSession,
+    Deliver,
+    DropSubscription,
+    DurableAdvanced,
+    EndStream,
+    Fail,
+    GrantCredit,
+    Heartbeat,
+    Instruction,
+    OpenProducer,
+    OpenSession,
+    PartitionId,
+    PartitionOpened,
+    Produce,
+    Read,
+    ReadCompleted,
+    ReadFailed,
+    Reply,
+    SessionExpired,
+    Stimulus,
+    Subscribe,
+    SubscriptionClosed,
+    Tick,
+    Unsubscribe,
+)
+from ._frontier import FrontierAdvanced, FrontierEvent, PartitionFrontier, StreamEnded
+from ._messages import (
+    Done,
+    PartitionInfo,
+    Produced,
+    ProducerOpened,
+    SessionOpened,
+    Subscribed,
+)
+from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+
+_CONTROL_BIT = 0x20  # attributes bit 5: a control batch (only the broker writes those)
+
+
+def _encode_frontier(frontier: int, timestamp: int) -> bytes:
+    from querylib.records import frontier_batch
+
+    return frontier_batch(frontier, timestamp=timestamp)
+
+
+def _encode_end(timestamp: int) -> bytes:
+    from querylib.records import end_of_stream_batch
+
+    return end_of_stream_batch(timestamp=timestamp)
+
+
+class BrokerState:
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O."""
+
+    def __init__(self, limits: BrokerLimits | None = None, *,
+                 encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
+                 encode_end: Callable[[int], bytes] = _encode_end,
+                 stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
+        """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
+        log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
+        hand out those bytes instead of reading them back."""
+        self.limits = limits or BrokerLimits()
+        self._stamp = stamp
+        self._encode_frontier = encode_frontier
+        self._encode_end = encode_end
+        self.now = 0.0
+        self.wall_ms = 0
+        self.partitions: dict[PartitionId, PartitionState] = {}
+        self.sessions: dict[str, Session] = {}
+        self._subs: dict[int, Subscription] = {}
+        self._next_serial = 1
+        self._next_ticket = 1
+        self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
+        self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
+            Tick: self._tick,
+            OpenSession: self._open_session,
+            Heartbeat: self._heartbeat,
+            CloseSession: self._close_session,
+            OpenProducer: self._open_producer,
+            Produce: self._produce,
+            AdvanceFrontier: self._advance,
+            EndStream: self._end_stream,
+            Subscribe: self._subscribe,
+            GrantCredit: self._grant,
+            Unsubscribe: self._unsubscribe,
+            DropSubscription: self._drop_subscription,
+            PartitionOpened: self._partition_opened,
+            AppendCompleted: self._append_completed,
+            AppendFailed: self._append_failed,
+            DurableAdvanced: self._durable_advanced,
+            ReadCompleted: self._read_completed,
+            ReadFailed: self._read_failed,
+        }
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, stimulus: Stimulus) -> list[Instruction]:
+        """Apply one stimulus; return what the shell must do, in order.
+
+        A request that breaks a rule is answered with Fail and changes nothing. An unknown
+        stimulus type or an I/O result that contradicts the instructions given is a bug in the
+        shell and raises.
+        """
+        handler = self._handlers.get(type(stimulus))
+        if handler is None:
+            raise TypeError(f"BrokerState cannot handle {type(stimulus).__name__}")
+        token = getattr(stimulus, "token", None)
+        try:
+            return handler(stimulus)
+        except TqError as exc:
+            if token is None:
+                raise
+            return [Fail(token, exc)]
+
+    def partition_info(self, pid: PartitionId) -> PartitionInfo:
+        """What a client may know of a partition: its range visible to subscribers and the
+        frontier in force at its end."""
+        part = self._partition(pid)
+        return PartitionInfo(topic=pid[0], partition=pid[1], log_start=part.log_start,
+                             log_end=part.visible_end, frontier=part.visible_frontier,
+                             ended=part.visible_ended)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "sessions": len(self.sessions),
+            "partitions": len(self.partitions),
+            "subscriptions": len(self._subs),
+            "pending_appends": sum(len(p.inflight) + len(p.unflushed)
+                                   for p in self.partitions.values()),
+            "pending_bytes": sum(len(e.batch) for p in self.partitions.values()
+                                 for e in (*p.inflight, *p.unflushed)),
+            **self.counters,
+        }
+
+    # ------------------------------------------------------------------ time and sessions
+
+    def _tick(self, ev: Tick) -> list[Instruction]:
+        self.now = max(self.now, ev.now)
+        self.wall_ms = max(self.wall_ms, ev.wall_ms)
+        # O(sessions) per tick; fine for the 10k sessions the limits allow at ~10 ticks/s.
+        expired = [s for s in self.sessions.values() if s.expires_at <= self.now]
+        out: list[Instruction] = []
+        for session in expired:
+            out += self._end_session(session)
+        return out
+
+    def _open_session(self, ev: OpenSession) -> list[Instruction]:
+        lim = self.limits
+        if not ev.session or len(ev.session) > 128:
+            raise BrokerProtocolError("a session id is 1 to 128 characters")
+        lease = min(max(float(ev.lease), lim.min_lease), lim.max_lease)
+        session = self.sessions.get(ev.session)
+        if session is None:
+            if len(self.sessions) >= lim.max_sessions:
+                raise BrokerProtocolError(f"the broker holds its maximum of {lim.max_sessions} "
+                                          "sessions")
+            session = Session(ev.session, lease, self.now + lease,
+                               CreditWindow(lim.producer_window))
+            self.sessions[ev.session] = session
+        session.lease = lease
+        session.expires_at = self.now + lease
+        return [Reply(ev.token, SessionOpened(session=session.id, lease=lease,
+                                              producer_window=lim.producer_window,
+                                              max_credit=lim.max_credit,
+                                              max_batch_bytes=lim.max_batch_bytes,
+                                              control_cost=lim.control_cost))]
+
+    def _live(self, session_id: str) -> Session:
+        """The live session with this id, its lease renewed by the request that named it."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no live session {session_id!r} (lease expired or broker "
+                                      "restarted): open a new session")
+        session.expires_at = self.now + session.lease
+        return session
+
+    def _heartbeat(self, ev: Heartbeat) -> list[Instruction]:
+        self._live(ev.session)
+        return [Reply(ev.token, Done())]
+
+    def _close_session(self, ev: CloseSession) -> list[Instruction]:
+        session = self._live(ev.session)
+        return [Reply(ev.token, Done()), *self._end_session(session)]
+
+    def _end_session(self, session: Session) -> list[Instruction]:
+        """The session is gone: its producers stop holding frontiers back (without ending the
+        streams) and its subscriptions stop."""
+        del self.sessions[session.id]
+        out: list[Instruction] = []
+        for pid in sorted(session.producing):
+            part = self.partitions[pid]
+            out += self._controls(part, part.frontier.drop(session.id), None, None, None)
+        for serial in list(session.subs.values()):
+            self._remove_sub(self._subs[serial])
+        out.append(SessionExpired(session.id))
+        return out
+
+    # ------------------------------------------------------------------ partitions
+
+    def _partition(self, pid: PartitionId) -> PartitionState:
+        part = self.partitions.get(pid)
+        if part is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return part
+
+    def _partition_opened(self, ev: PartitionOpened) -> list[Instruction]:
+        if ev.partition in self.partitions:
+            raise RuntimeError(f"partition {ev.partition} opened twice")
+        end = min(ev.durable_end, ev.log_end)
+        self.partitions[ev.partition] = PartitionState(
+            id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
+            frontier=PartitionFrontier(ev.frontier, ended=ev.ended),
+            visible_frontier=ev.frontier, visible_ended=ev.ended)
+        return []
+
+    # ------------------------------------------------------------------ producers
+
+    def _producer(self, session_id: str, pid: PartitionId) -> tuple[Session, PartitionState]:
+        session = self._live(session_id)
+        part = self._partition(pid)
+        if pid not in session.producing:
+            raise NotProducerError(f"session {session_id!r} has not opened a producer on "
+                                   f"partition {pid[1]} of {pid[0]!r}")
+        return session, part
+
+    def _open_producer(self, ev: OpenProducer) -> list[Instruction]:
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        if (ev.partition not in session.producing
+                and len(session.producing) >= self.limits.max_partitions_per_producer):
+            raise BrokerProtocolError("too many partitions for one producer session")
+        session.producing.add(ev.partition)
+        part.frontier.join(session.id)
+        return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
+                                               frontier=part.frontier.producers[session.id],
+                                               window=self.limits.producer_window))]
+
+    def _produce(self, ev: Produce) -> list[Instruction]:
+        session, part = self._producer(ev.session, ev.partition)
+        batch = ev.batch
+        if len(batch) > self.limits.max_batch_bytes:
+            raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
+                                     f"of {self.limits.max_batch_bytes}")
+        header = read_header(batch)
+        if header.size != len(batch):
+            raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
+                                     f"got {len(batch)} bytes")
+        if batch[ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        self._charge(session, len(batch))
+        return [self._append(part, batch, ev.token, session.id, len(batch), "produced")]
+
+    def _advance(self, ev: AdvanceFrontier) -> list[Instruction]:
+        session, part = self._producer(ev.session, ev.partition)
+        self._check_can_send(session)
+        events = part.frontier.advance(session.id, ev.frontier)
+        return self._control_request(session, part, events, ev.token)
+
+    def _end_stream(self, ev: EndStream) -> list[Instruction]:
+        session, part = self._producer(ev.session, ev.partition)
+        self._check_can_send(session)
+        events = part.frontier.end(session.id)
+        session.producing.discard(part.id)
+        return self._control_request(session, part, events, ev.token)
+
+    def _control_request(self, session: Session, part: PartitionState,
+                         events: list[FrontierEvent], token: Any) -> list[Instruction]:
+        """Append what a frontier change caused; answer once it is durable (or now, if the
+        partition's frontier did not move)."""
+        if not events:
+            return [Reply(token, Done())]
+        self._charge(session, self.limits.control_cost)
+        return self._controls(part, events, token, session.id, Done())
+
+    def _controls(self, part: PartitionState, events: list[FrontierEvent], token: Any,
+                  session: str | None, reply: Any) -> list[Instruction]:
+        out: list[Instruction] = []
+        for event in events:
+            if isinstance(event, FrontierAdvanced):
+                batch = self._encode_frontier(event.frontier, self.wall_ms)
+            else:
+                batch = self._encode_end(self.wall_ms)
+            cost = self.limits.control_cost if session is not None else 0
+            out.append(self._append(part, batch, token, session, cost, reply, control=event))
+            token, session = None, None  # one answer per request
+        return out
+
+    def _check_can_send(self, session: Session) -> None:
+        if not session.window.can_send():
+            raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
+                                      f"{self.limits.producer_window} bytes exhausted")
+
+    def _charge(self, session: Session, cost: int) -> None:
+        # The window may overshoot by the one request that found it positive, as a
+        # subscription's credit does; then nothing more until acknowledgements return credit.
+        self._check_can_send(session)
+        session.window.consume(cost)
+
+    def _refund(self, entry: Pending) -> None:
+        session = self.sessions.get(entry.session) if entry.session is not None else None
+        if session is not None and entry.cost:
+            session.window.grant(entry.cost)
+
+    def _append(self, part: PartitionState, batch: bytes, token: Any, session: str | None,
+                cost: int, reply: Any, control: FrontierEvent | None = None) -> Append:
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        part.inflight.append(Pending(ticket, batch, token, session, cost, reply, control))
+        return Append(part.id, ticket, batch)
+
+    def _take_inflight(self, pid: PartitionId, ticket: int) -> tuple[PartitionState, Pending]:
+        part = self.partitions[pid]
+        if not part.inflight or part.inflight[0].ticket != ticket:
+            expected = part.inflight[0].ticket if part.inflight else None
+            raise RuntimeError(f"append {ticket} on {pid} completed out of order "
+                               f"(expected {expected})")
+        return part, part.inflight.popleft()
+
+    def _append_completed(self, ev: AppendCompleted) -> list[Instruction]:
+        part, entry = self._take_inflight(ev.partition, ev.ticket)
+        entry.base, entry.next = ev.base_offset, ev.next_offset
+        part.log_end = ev.next_offset
+        part.unflushed.append(entry)
+        out = self._retention(part, ev.log_start)
+        return out + self._make_durable(part, ev.durable_end)
+
+    def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
+        _part, entry = self._take_inflight(ev.partition, ev.ticket)
+        self._refund(entry)
+        if entry.token is None:
+            return []
+        error = ev.error if isinstance(ev.error, TqError) else StorageError(
+            f"append failed: {ev.error}")
+        return [Fail(entry.token, error)]
+
+    def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
+        return self._make_durable(self.partitions[ev.partition], ev.durable_end)
+
+    def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:
+        """Acknowledge every append now durable, then show those batches to subscribers."""
+        out: list[Instruction] = []
+        newly: list[Pending] = []
+        while part.unflushed and part.unflushed[0].next <= durable_end:
+            entry = part.unflushed.popleft()
+            newly.append(entry)
+            self._refund(entry)
+            if entry.token is not None:
+                value = (Produced(base_offset=entry.base, next_offset=entry.next)
+                         if entry.reply == "produced" else entry.reply)
+                out.append(Reply(entry.token, value))
+            if isinstance(entry.control, FrontierAdvanced):
+                part.visible_frontier, part.visible_ended = entry.control.frontier, False
+            elif isinstance(entry.control, StreamEnded):
+                part.visible_ended = True
+            elif entry.control is None:
+                part.visible_ended = False  # a new producer wrote after an end-of-stream
+        # Durable data is visible up to the first append not yet durable. (At open, the log
+        # may report a durable end below its end; a later flush then uncovers that data.)
+        bound = part.unflushed[0].base if part.unflushed else part.log_end
+        visible = max(part.visible_end, min(durable_end, bound))
+        if visible == part.visible_end:
+            return out
+        part.visible_end = visible
+        return out + self._tail(part, newly)
+
+    def _retention(self, part: PartitionState, log_start: int) -> list[Instruction]:
+        """The log deleted old segments: a subscription left below the start cannot go on."""
+        if log_start <= part.log_start:
+            return []
+        part.log_start = log_start
+        out: list[Instruction] = []
+        for sub in list(part.subs.values()):
+            if sub.next_offset < log_start and not sub.reading:
+                out += self._close_sub(sub, OffsetOutOfRangeError(
+                    f"offset {sub.next_offset} was deleted by retention (log starts at "
+                    f"{log_start}): subscribe again from earliest"))
+        return out
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _subscribe(self, ev: Subscribe) -> list[Instruction]:
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        lim = self.limits
+        if ev.sub_id in session.subs:
+            raise BrokerProtocolError(f"subscription {ev.sub_id} already exists in this session")
+        if len(session.subs) >= lim.max_subscriptions_per_session:
+            raise BrokerProtocolError("too many subscriptions for one session")
+        if not 0 <= ev.credit <= lim.max_credit:
+            raise CreditExceededError(f"initial credit {ev.credit} outside 0..{lim.max_credit}")
+        if ev.start == "earliest":
+            offset = part.log_start
+        elif ev.start == "latest":
+            offset = part.visible_end
+        elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.visible_end:
+            offset = ev.start
+        else:
+            raise OffsetOutOfRangeError(f"offset {ev.start!r} is outside the partition's range "
+                                        f"{part.log_start}..{part.visible_end}")
+        serial = self._next_serial
+        self._next_serial += 1
+        sub = Subscription(serial, session.id, ev.sub_id, part.id, offset,
+                            CreditWindow(ev.credit))
+        self._subs[serial] = sub
+        part.subs[serial] = sub
+        session.subs[ev.sub_id] = serial
+        at_end = offset == part.visible_end
+        reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.visible_end,
+                           frontier=part.visible_frontier if at_end else None,
+                           ended=part.visible_ended and at_end)
+        return [Reply(ev.token, reply), *self._pump(sub)]
+
+    def _grant(self, ev: GrantCredit) -> list[Instruction]:
+        session = self.sessions.get(ev.session)
+        serial = session.subs.get(ev.sub_id) if session is not None else None
+        if serial is None:
+            # One-way message racing an unsubscribe or an expiry: nobody to answer, nothing
+            # to undo. Counted so a flood of them is visible.
+            self.counters["stale_grants"] += 1
+            return []
+        session.expires_at = self.now + session.lease
+        sub = self._subs[serial]
+        if ev.nbytes <= 0 or sub.credit.available + ev.nbytes > self.limits.max_credit:
+            return self._close_sub(sub, CreditExceededError(
+                f"credit grant of {ev.nbytes} bytes: a grant is positive and credit stays "
+                f"within {self.limits.max_credit} bytes"))
+        sub.credit.grant(ev.nbytes)
+        return self._pump(sub)
+
+    def _unsubscribe(self, ev: Unsubscribe) -> list[Instruction]:
+        session = self._live(ev.session)
+        serial = session.subs.get(ev.sub_id)
+        if serial is None:
+            raise BrokerProtocolError(f"no subscription {ev.sub_id} in this session")
+        self._remove_sub(self._subs[serial])
+        return [Reply(ev.token, Done())]
+
+    def _drop_subscription(self, ev: DropSubscription) -> list[Instruction]:
+        session = self.sessions.get(ev.session)
+        serial = session.subs.get(ev.sub_id) if session is not None else None
+        if serial is None:
+            return []  # already gone (several deliveries of one round failed)
+        error = ev.error if isinstance(ev.error, TqError) else BrokerProtocolError(str(ev.error))
+        return self._close_sub(self._subs[serial], error)
+
+    def _remove_sub(self, sub: Subscription) -> None:
+        del self._subs[sub.serial]
+        part = self.partitions[sub.partition]
+        del part.subs[sub.serial]
+        part.tailing.discard(sub.serial)
+        session = self.sessions.get(sub.session)
+        if session is not None:
+            session.subs.pop(sub.sub_id, None)
+
+    def _close_sub(self, sub: Subscription, error: TqError) -> list[Instruction]:
+        self._remove_sub(sub)
+        return [SubscriptionClosed(sub.session, sub.sub_id, sub.partition, error)]
+
+    def _pump(self, sub: Subscription) -> list[Instruction]:
+        """Move a subscription forward: read from disk if it is behind, else wait at the tail."""
+        part = self.partitions[sub.partition]
+        if sub.reading or not sub.credit.can_send():
+            part.tailing.discard(sub.serial)
+            return []
+        if sub.next_offset < part.visible_end:
+            part.tailing.discard(sub.serial)
+            sub.reading = True
+            max_bytes = min(sub.credit.available, self.limits.max_read_bytes)
+            return [Read(part.id, sub.serial, sub.next_offset, max_bytes, part.visible_end)]
+        part.tailing.add(sub.serial)
+        return []
+
+    def _tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
+        """Hand batches that just became visible to subscriptions waiting at the tail, straight
+        from memory; one stored copy is shared by all of them. A subscription that runs out of
+        credit part way reads the rest from disk later."""
+        out: list[Instruction] = []
+        for serial in list(part.tailing):
+            sub = self._subs[serial]
+            for entry in newly:
+                if entry.next <= sub.next_offset:
+                    continue
+                if not sub.credit.can_send() or entry.base != sub.next_offset:
+                    break
+                data = entry.stored_bytes(self._stamp)
+                out.append(Deliver(sub.session, sub.sub_id, part.id, entry.base, entry.next,
+                                   data))
+                sub.credit.consume(len(data))
+                sub.next_offset = entry.next
+            out += self._pump(sub)
+        return out
+
+    def _read_completed(self, ev: ReadCompleted) -> list[Instruction]:
+        sub = self._subs.get(ev.serial)
+        if sub is None:
+            self.counters["stale_reads"] += 1  # unsubscribed or expired while reading
+            return []
+        if not sub.reading or ev.offset != sub.next_offset:
+            raise RuntimeError(f"read for subscription {ev.serial} at {ev.offset} was not asked "
+                               f"for (next offset {sub.next_offset})")
+        sub.reading = False
+        if not ev.data or ev.next_offset <= ev.offset:
+            return self._close_sub(sub, StorageError(
+                f"the log returned nothing at offset {ev.offset} below its visible end"))
+        out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
+                                          ev.next_offset, ev.data)]
+        sub.credit.consume(len(ev.data))
+        sub.next_offset = ev.next_offset
+        return out + self._pump(sub)
+
+    def _read_failed(self, ev: ReadFailed) -> list[Instruction]:
+        sub = self._subs.get(ev.serial)
+        if sub is None:
+            self.counters["stale_reads"] += 1
+            return []
+        sub.reading = False
+        error = ev.error if isinstance(ev.error, TqError) else StorageError(
+            f"read failed: {ev.error}")
+        return self._close_sub(sub, error)

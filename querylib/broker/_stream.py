@@ -1,0 +1,166 @@
+"""What a subscriber sees, and how delivered bytes become it (DESIGN §5).
+
+Events: `Data(time, records)` for a run of records with the same logical time (the `tq.time`
+header; None when a record has none), `Progress(frontier)` when the frontier over the
+subscribed partitions (their minimum) advances, and `EndOfStream` once every subscribed
+partition has ended. Pure: bytes in, events out; the subscriber shells do the I/O.
+
+Producers build their batches here too (`encode_records`), so the header conventions live in
+one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from querylib.records import (
+    TIME_HEADER,
+    ControlType,
+    Record,
+    control_of,
+    decode_batch,
+    decode_int64,
+    encode_batch,
+    encode_int64,
+    read_header,
+)
+from querylib.records._header import ATTRIBUTES_OFFSET
+
+__all__ = ["Data", "EndOfStream", "Event", "FrontierMerge", "Progress", "encode_records",
+           "events_of"]
+
+_CONTROL_BIT = 0x20
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+class Data(msgspec.Struct, frozen=True):
+    """Records of one partition with the same logical time, in offset order."""
+
+    time: int | None
+    records: list[Record]
+    partition: int = 0
+
+
+class Progress(msgspec.Struct, frozen=True):
+    """No more data with a logical time below `frontier` will arrive."""
+
+    frontier: int
+
+
+class EndOfStream(msgspec.Struct, frozen=True):
+    """Every subscribed partition ended: no more data will arrive (unless a producer returns)."""
+
+
+Event = Data | Progress | EndOfStream
+
+
+def encode_records(records: Iterable[tuple[bytes | None, bytes | None, Headers, int, int | None]]
+                   ) -> bytes:
+    """One batch from (key, value, headers, timestamp_ms, time) tuples; `time` (the logical
+    time) travels as the tq.time header, first."""
+    entries = []
+    for key, value, headers, timestamp, time in records:
+        if time is not None:
+            headers = ((TIME_HEADER, encode_int64(time)), *headers)
+        entries.append((timestamp, key, value, headers))
+    return encode_batch(entries)
+
+
+def time_of(record: Record) -> int | None:
+    for name, value in record.headers:
+        if name == TIME_HEADER:
+            return decode_int64(value)
+    return None
+
+
+class PartitionMark(msgspec.Struct, frozen=True):
+    """A partition-level control record: a new frontier, or end-of-stream (frontier None)."""
+
+    partition: int
+    frontier: int | None
+    next_offset: int = 0  # the offset after the control batch
+
+
+def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
+              ) -> Iterator[Data | PartitionMark]:
+    """Data runs and control marks of the batches in `data`, skipping records with offsets
+    below `skip_below` (a subscription that started inside a batch)."""
+    pos = 0
+    size = len(data)
+    while pos < size:
+        header = read_header(data, pos)
+        end = pos + header.size
+        if header.next_offset <= skip_below:
+            pos = end
+            continue
+        batch = decode_batch(data[pos:end])
+        if data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+            for record in batch.records:
+                kind, value = control_of(record)
+                if kind == ControlType.FRONTIER:
+                    yield PartitionMark(partition, decode_int64(value), header.next_offset)
+                elif kind == ControlType.END_OF_STREAM:
+                    yield PartitionMark(partition, None, header.next_offset)
+        else:
+            run: list[Record] = []
+            run_time: int | None = None
+            for record in batch.records:
+                if record.offset < skip_below:
+                    continue
+                t = time_of(record)
+                if run and t != run_time:
+                    yield Data(run_time, run, partition)
+                    run = []
+                run_time = t
+                run.append(record)
+            if run:
+                yield Data(run_time, run, partition)
+        pos = end
+
+
+@dataclass
+class FrontierMerge:
+    """The frontier over several partitions: the minimum of the live ones. A partition that
+    ended counts as done; data after its end (a producer came back) makes it live again."""
+
+    frontiers: dict[int, int]
+    ended: dict[int, bool] = field(default_factory=dict)
+    published: int | None = None
+    ended_published: bool = False
+
+    def __post_init__(self) -> None:
+        for p in self.frontiers:
+            self.ended.setdefault(p, False)
+        if self.published is None and self.frontiers:
+            self.published = min(self.frontiers.values())  # where the subscription starts
+
+    def mark(self, mark: PartitionMark) -> list[Event]:
+        if mark.frontier is None:
+            self.ended[mark.partition] = True
+        else:
+            self.frontiers[mark.partition] = max(self.frontiers[mark.partition], mark.frontier)
+            self.ended[mark.partition] = False
+        return self._events()
+
+    def data(self, partition: int) -> None:
+        if self.ended.get(partition):
+            self.ended[partition] = False
+            self.ended_published = False
+
+    def _events(self) -> list[Event]:
+        live = [f for p, f in self.frontiers.items() if not self.ended[p]]
+        if not live:
+            if self.ended_published:
+                return []
+            self.ended_published = True
+            return [EndOfStream()]
+        self.ended_published = False
+        low = min(live)
+        if self.published is None or low > self.published:
+            self.published = low
+            return [Progress(low)]
+        return []

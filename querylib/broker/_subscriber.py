@@ -1,0 +1,394 @@
+"""Subscribing to partitions of a topic on one broker, with credit and resumption (DESIGN §5),
+as an asyncio `AsyncSubscriber`.
+
+`SubscriberCore` (shared with the blocking `Subscriber`) keeps one broker subscription per
+partition. It accepts a delivery only if it starts exactly where the last one ended, so the
+stream it hands on has no gap and no duplicate; whenever the broker loses a subscription (it
+ended one, the session expired, the broker restarted) the core subscribes again from the
+offset after the last batch it received. It grants credit as the application consumes bytes
+(half a window at a time), so at most a window (plus one batch) is ever buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from catalog.errors import TqError, UserError
+from querylib.errors import OffsetOutOfRangeError
+from querylib.rpc import ClientClosedError, Notification, RpcError, error_from_body
+
+from ._errors import UnknownPartitionError, UnknownSessionError
+from ._events import StartAt
+from ._link import BrokerLink
+from ._messages import (
+    CreditNotify,
+    Delivery,
+    ListPartitions,
+    SubscribeRequest,
+    SubscriptionEnded,
+    UnsubscribeRequest,
+)
+from ._stream import Data, EndOfStream, Event, FrontierMerge, PartitionMark, events_of
+
+__all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]
+
+logger = logging.getLogger("querylib.broker")
+
+
+class Chunk(msgspec.Struct, frozen=True):
+    """Delivered batches of one partition, contiguous with the previous chunk."""
+
+    partition: int
+    offset: int
+    next_offset: int
+    skip_below: int
+    data: memoryview | bytes
+
+
+@dataclass
+class _PartitionSub:
+    partition: int
+    start: StartAt
+    sub_id: int = 0
+    received: int | None = None   # offset after the last accepted delivery
+    skip_below: int = 0
+    unconsumed: int = 0           # bytes handed on, not yet consumed by the application
+    end_at_start: int = 0         # the log end when first subscribed (for non-follow reads)
+    granted: int = 0              # credit given to the current subscription, in all
+    delivered: int = 0            # bytes it delivered
+    early: list[Notification] | None = None  # deliveries that beat the first subscribe reply
+
+
+class SubscriberCore:
+    """Broker subscriptions for some partitions of a topic; runs on the link's loop."""
+
+    def __init__(self, link: BrokerLink, topic: str, partitions: list[int] | None,
+                 start: StartAt | dict[int, StartAt], *, credit: int,
+                 sink: Callable[[Chunk | TqError], None], create: bool = False) -> None:
+        self.link = link
+        self.topic = topic
+        self.credit = credit
+        self.create = create
+        self._requested = partitions
+        self._start = start
+        self._sink = sink
+        self._ids = itertools.count(1)
+        self.subs: dict[int, _PartitionSub] = {}
+        self._by_id: dict[int, _PartitionSub] = {}
+        self.initial_frontiers: dict[int, int] = {}
+        self._resubscribing: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        partitions = self._requested
+        if partitions is None:
+            listed = await self.link.request(ListPartitions(topic=self.topic))
+            partitions = [p.partition for p in listed.partitions]
+            if not partitions:
+                if not self.create:
+                    raise UnknownPartitionError(f"the broker has no partitions of topic "
+                                                f"{self.topic!r}")
+                partitions = [0]
+        self.credit = min(self.credit, self.link.opened.max_credit)  # type: ignore[union-attr]
+        for p in partitions:
+            start = self._start.get(p, "earliest") if isinstance(self._start, dict) \
+                else self._start
+            self.subs[p] = _PartitionSub(p, start)
+        self.link.client.on_notify(Delivery, self._on_delivery)
+        self.link.client.on_notify(SubscriptionEnded, self._on_ended)
+        self.link.on_reopen.append(self._resubscribe_all)
+        for sub in self.subs.values():
+            await self._subscribe(sub, first=True)
+
+    async def _subscribe(self, sub: _PartitionSub, *, first: bool = False) -> None:
+        start = sub.start if sub.received is None else sub.received
+        credit = max(0, self.credit - sub.unconsumed)
+        sub_id = next(self._ids)
+        self._by_id.pop(sub.sub_id, None)
+        sub.sub_id = sub_id
+        sub.granted, sub.delivered = credit, 0
+        self._by_id[sub_id] = sub  # before the request: deliveries may beat the reply
+        reply = await self.link.request(SubscribeRequest(
+            session=self.link.session, sub_id=sub_id, topic=self.topic,
+            partition=sub.partition, start=start, credit=credit, create=self.create))
+        if sub.sub_id != sub_id:
+            return  # superseded while we waited
+        if sub.received is None:
+            sub.received = reply.offset
+            sub.skip_below = reply.offset
+            sub.end_at_start = reply.log_end
+            self.initial_frontiers[sub.partition] = reply.frontier or 0
+            early, sub.early = sub.early or [], None
+            for note in early:
+                self._on_delivery(note)
+        if first:
+            logger.debug("subscribed %s-%d at %d", self.topic, sub.partition, reply.offset)
+
+    # -- notifications (on the loop, must be quick) ---------------------------------------
+
+    def _on_delivery(self, note: Notification) -> None:
+        message: Delivery = note.message  # type: ignore[assignment]
+        sub = self._by_id.get(message.sub_id)
+        if sub is None:
+            return  # from a subscription we replaced
+        if sub.received is None:
+            # The broker may push before its subscribe reply reaches us: hold these until the
+            # reply says where the subscription starts (bounded by the credit we granted).
+            sub.early = [*(sub.early or []), note]
+            return
+        if message.offset != sub.received or len(note.payload) != 1:
+            # Cannot happen with a correct broker; never hand on a gap or a duplicate.
+            logger.warning("%s-%d: delivery at %d, expected %s: resubscribing", self.topic,
+                           sub.partition, message.offset, sub.received)
+            self._spawn(self._unsubscribe(sub.sub_id))  # the broker still feeds the old one
+            self._resubscribe_soon(sub)
+            return
+        data = note.payload[0]
+        sub.received = message.next_offset
+        sub.unconsumed += len(data)
+        sub.delivered += len(data)
+        self._sink(Chunk(sub.partition, message.offset, message.next_offset, sub.skip_below,
+                         data))
+
+    def _on_ended(self, note: Notification) -> None:
+        message: SubscriptionEnded = note.message  # type: ignore[assignment]
+        sub = self._by_id.pop(message.sub_id, None)
+        if sub is None:
+            return
+        error = error_from_body(message.error)
+        if isinstance(error, OffsetOutOfRangeError):
+            self._sink(error)  # retention deleted our position: only the application can decide
+            return
+        logger.info("%s-%d: subscription ended (%s): resubscribing", self.topic, sub.partition,
+                    error)
+        self._resubscribe_soon(sub)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unsubscribe(self, sub_id: int) -> None:
+        try:
+            await self.link.request(UnsubscribeRequest(session=self.link.session, sub_id=sub_id),
+                                    timeout=5.0)
+        except TqError as exc:
+            logger.debug("unsubscribe %d: %s", sub_id, exc)
+
+    def _resubscribe_soon(self, sub: _PartitionSub) -> None:
+        self._by_id.pop(sub.sub_id, None)
+        if sub.partition in self._resubscribing:
+            return
+        self._resubscribing.add(sub.partition)
+        self._spawn(self._resubscribe(sub))
+
+    async def _resubscribe(self, sub: _PartitionSub) -> None:
+        try:
+            while True:
+                generation = self.link.generation
+                try:
+                    await self._subscribe(sub)
+                    return
+                except UnknownSessionError:
+                    await self.link.reopen(generation)  # resubscribes everything
+                    return
+                except ClientClosedError:
+                    return
+                except RpcError as exc:
+                    logger.info("%s-%d: resubscribe: %s", self.topic, sub.partition, exc)
+                except TqError as exc:
+                    self._sink(exc)
+                    return
+        finally:
+            self._resubscribing.discard(sub.partition)
+
+    async def _resubscribe_all(self) -> None:
+        for sub in self.subs.values():
+            try:
+                await self._subscribe(sub)
+            except TqError as exc:
+                if isinstance(exc, RpcError):
+                    self._resubscribe_soon(sub)
+                else:
+                    self._sink(exc)
+
+    # -- credit ----------------------------------------------------------------------------
+
+    def consumed(self, partition: int, nbytes: int) -> None:
+        """The application processed `nbytes` of this partition: maybe grant more credit.
+
+        Keeps what the broker may still send plus what waits for the application near the
+        window: grants the difference once it reaches half a window. Computed from totals of
+        the current subscription, so nothing drifts across resubscriptions; the broker's
+        view of the credit is never above ours (grants and deliveries in flight)."""
+        sub = self.subs[partition]
+        sub.unconsumed -= nbytes
+        if sub.sub_id not in self._by_id:
+            return  # between subscriptions: the next one starts with the room there is
+        room = self.credit - (sub.granted - sub.delivered) - sub.unconsumed
+        if room * 2 >= self.credit:
+            sub.granted += room
+            self._spawn(self._grant(sub.sub_id, room))
+
+    async def _grant(self, sub_id: int, nbytes: int) -> None:
+        try:
+            await self.link.notify(CreditNotify(session=self.link.session, sub_id=sub_id,
+                                                nbytes=nbytes))
+        except RpcError as exc:
+            logger.debug("credit grant failed: %s", exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sub in self.subs.values():
+            if sub.sub_id in self._by_id:
+                await self._unsubscribe(sub.sub_id)
+        self._by_id.clear()
+
+
+class ChunkDecoder:
+    """Turns chunks into events, tracking consumed positions and the merged frontier. Pure;
+    used on whichever thread consumes."""
+
+    def __init__(self, core: SubscriberCore, *, follow: bool) -> None:
+        self.core = core
+        self.follow = follow
+        self.positions: dict[int, int] = {}
+        self.merge: FrontierMerge | None = None
+
+    def start(self) -> None:
+        self.positions = {p: s.skip_below for p, s in self.core.subs.items()}
+        self.merge = FrontierMerge(dict(self.core.initial_frontiers))
+
+    def done(self) -> bool:
+        """Without follow: every partition consumed up to its end when we subscribed."""
+        if self.follow:
+            return False
+        return all(self.positions[p] >= s.end_at_start for p, s in self.core.subs.items())
+
+    def decode(self, chunk: Chunk) -> Iterator[tuple[Event | None, int, int]]:
+        """(event or None, partition, position after it) for the chunk's contents; the last
+        item (None) moves the position past the whole chunk (control batches, skipped
+        records). Apply positions as the application takes each event."""
+        assert self.merge is not None
+        p = chunk.partition
+        for item in decode_chunk(chunk):
+            if isinstance(item, PartitionMark):
+                for event in self.merge.mark(item):
+                    yield event, p, item.next_offset
+            else:
+                self.merge.data(item.partition)
+                yield item, p, item.records[-1].offset + 1
+        yield None, p, chunk.next_offset
+
+    def take(self, item: tuple[Event | None, int, int]) -> Event | None:
+        event, partition, position = item
+        self.positions[partition] = max(self.positions[partition], position)
+        return event
+
+
+def decode_chunk(chunk: Chunk) -> Iterator[Data | PartitionMark]:
+    return events_of(chunk.data, chunk.partition, skip_below=chunk.skip_below)
+
+
+class AsyncSubscriber:
+    """Events from partitions of a topic: `Data`, `Progress`, `EndOfStream`.
+
+        async with AsyncSubscriber(address, "events", secret=key, start="earliest") as sub:
+            async for event in sub:
+                ...
+    """
+
+    def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
+                 secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
+                 credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
+                 timeout: float = 30.0, create: bool = False) -> None:
+        if isinstance(partitions, int):
+            partitions = [partitions]
+        if credit <= 0:
+            raise UserError("credit must be a positive number of bytes")
+        self.link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        self._chunks: deque[Chunk | TqError] = deque()
+        self._wakeup = asyncio.Event()
+        self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,
+                                   sink=self._put, create=create)
+        self.decoder = ChunkDecoder(self.core, follow=follow)
+        self._ready: deque[tuple[Event | None, int, int]] = deque()
+        self._finished = False
+
+    def _put(self, item: Chunk | TqError) -> None:
+        self._chunks.append(item)
+        self._wakeup.set()
+
+    async def start(self) -> AsyncSubscriber:
+        await self.link.start()
+        await self.core.open()
+        self.decoder.start()
+        return self
+
+    async def __aenter__(self) -> AsyncSubscriber:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per partition, the offset after the last record handed to the application."""
+        return dict(self.decoder.positions)
+
+    @property
+    def frontier(self) -> int | None:
+        """The frontier (minimum over the partitions) as of the last event handed out."""
+        return self.decoder.merge.published if self.decoder.merge else None
+
+    async def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event; None at the end of a non-follow read or after `timeout` seconds."""
+        while True:
+            while self._ready:
+                event = self.decoder.take(self._ready.popleft())
+                if event is not None:
+                    return event
+            if self.decoder.done():
+                return None
+            if not self._chunks:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                except TimeoutError:
+                    return None
+                continue
+            item = self._chunks.popleft()
+            if isinstance(item, TqError):
+                raise item
+            self._ready.extend(self.decoder.decode(item))
+            self.core.consumed(item.partition, len(item.data))
+
+    def __aiter__(self) -> AsyncSubscriber:
+        return self
+
+    async def __anext__(self) -> Event:
+        """The next event; iteration stops after EndOfStream (or at the end of a non-follow
+        read)."""
+        if self._finished:
+            raise StopAsyncIteration
+        event = await self.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        self._finished = isinstance(event, EndOfStream)
+        return event
+
+    async def close(self) -> None:
+        try:
+            await self.core.close()
+        finally:
+            await self.link.close()

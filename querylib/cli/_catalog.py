@@ -1,0 +1,259 @@
+"""`tq catalog COLLECTION [--follow] [--json]`, `tq status`, `tq topics [--json]`: the catalog,
+read as collection snapshots from the catalog topics (querylib.cluster), rendered.
+
+A thin adapter: connecting, following and snapshots are `querylib.cluster` functions; this
+module only turns records into tables, trees and JSON. Read-only: it opens no session, so
+looking at the catalog does not change it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
+                    "subscriptions", "counters")
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """The options every coordinator client command shares."""
+    parser.add_argument("--coordinator", metavar="ADDR",
+                        help="the coordinator's endpoint (default: $TQ_COORDINATOR, else "
+                        "$TQ_HOME/cluster.json)")
+    parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
+                        "names, else $TQ_HOME/secret)")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds to wait for the coordinator (default 10)")
+
+
+def connect(args: argparse.Namespace, *, session: bool = False) -> Any:
+    """A blocking Cluster from the shared options."""
+    from querylib.cluster import Cluster
+
+    return Cluster.connect(args.coordinator, secret_file=args.secret_file, session=session,
+                           connect_timeout=args.timeout, timeout=max(args.timeout, 30.0))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    catalog = sub.add_parser(
+        "catalog", help="print a catalog collection (and follow its changes)",
+        description="Print a catalog collection as of the current catalog version; with "
+        "--follow, then print every change as it commits (+ added, - removed).")
+    catalog.add_argument("collection", choices=COLLECTION_NAMES)
+    catalog.add_argument("--follow", action="store_true", help="keep printing changes")
+    catalog.add_argument("--json", action="store_true",
+                         help="JSON: one object per event (snapshot, then diffs)")
+    add_cluster_options(catalog)
+    catalog.set_defaults(func=_catalog)
+
+    status = sub.add_parser("status", help="executors -> queries -> publications/"
+                            "subscriptions, as a tree")
+    status.add_argument("--json", action="store_true", help="the collections as one JSON object")
+    add_cluster_options(status)
+    status.set_defaults(func=_status)
+
+    topics = sub.add_parser("topics", help="list the topics")
+    topics.add_argument("--json", action="store_true", help="one JSON object per line")
+    topics.add_argument("--all", action="store_true", help="include the __ system topics")
+    add_cluster_options(topics)
+    topics.set_defaults(func=_topics)
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def to_json(record: Any) -> Any:
+    return msgspec.to_builtins(record)
+
+
+def describe(value: Any) -> str:
+    """A field value for a table cell."""
+    from catalog import Resources, describe_owner
+
+    if value is None:
+        return "-"
+    if isinstance(value, Resources):
+        return (f"{value.cores} cores, {value.memory // 2**20} MiB, {value.disk // 2**30} GiB "
+                f"disk, {value.slots} slots")
+    if isinstance(value, msgspec.Struct):
+        return describe_owner(value)  # type: ignore[arg-type]
+    if isinstance(value, tuple):
+        return ",".join(describe(v) for v in value) or "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str) and value.startswith("persistent://public/default/"):
+        return value.removeprefix("persistent://public/default/")
+    return str(value)
+
+
+def table(records: Iterable[Any]) -> list[str]:
+    """Records of one type as aligned rows, a header first."""
+    rows = list(records)
+    if not rows:
+        return []
+    fields = [f for f in rows[0].__struct_fields__ if f != "type"]
+    cells = [[f.upper().replace("_", " ") for f in fields]]
+    cells += [[describe(getattr(r, f)) for f in fields] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(fields))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+
+
+def _key(record: Any) -> tuple[int, str]:
+    """Records by their id (the first field), then by the rest as shown."""
+    fields = [f for f in record.__struct_fields__ if f != "type"]
+    first = getattr(record, fields[0])
+    rest = " ".join(describe(getattr(record, f)) for f in fields[1:])
+    return (first if isinstance(first, int) else 0, rest)
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    from querylib.cluster import Snapshot
+
+    out = sys.stdout
+    with connect(args) as cluster, cluster.follow(args.collection) as follower:
+        for event in follower:
+            if args.json:
+                body: dict[str, Any] = {"collection": event.collection, "version": event.version}
+                if isinstance(event, Snapshot):
+                    body["snapshot"] = [to_json(r) for r, _ in event.records]
+                else:
+                    body["diff"] = [{"diff": d, "record": to_json(r)} for r, d in event.updates]
+                out.write(json.dumps(body) + "\n")
+            elif isinstance(event, Snapshot):
+                records = sorted((r for r, _ in event.records), key=_key)
+                out.write(f"# {args.collection} at catalog version {event.version}: "
+                          f"{len(records)} records\n")
+                for line in table(records):
+                    out.write(line + "\n")
+            else:
+                for record, diff in event.updates:
+                    sign = "+" if diff > 0 else "-"
+                    fields = " ".join(f"{f}={describe(getattr(record, f))}"
+                                      for f in record.__struct_fields__ if f != "type")
+                    out.write(f"{event.version} {sign} {fields}\n")
+            out.flush()
+            if not args.follow:
+                break
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    with connect(args) as cluster:
+        snaps = cluster.snapshot("topics", "publications", "subscriptions",
+                                 timeout=max(args.timeout, 30.0))
+    publishers: dict[int, int] = {}
+    subscribers: dict[int, int] = {}
+    for p, _ in snaps["publications"].records:
+        publishers[p.topic_id] = publishers.get(p.topic_id, 0) + 1
+    for s, _ in snaps["subscriptions"].records:
+        subscribers[s.topic_id] = subscribers.get(s.topic_id, 0) + 1
+    topics = sorted((t for t, _ in snaps["topics"].records if args.all or not t.internal),
+                    key=lambda t: t.name)
+    out = sys.stdout
+    if args.json:
+        for t in topics:
+            out.write(json.dumps({**to_json(t), "short_name": t.short_name,
+                                  "publishers": publishers.get(t.topic_id, 0),
+                                  "subscribers": subscribers.get(t.topic_id, 0)}) + "\n")
+        return 0
+    cells = [["NAME", "PARTITIONS", "KIND", "RECORD TYPE", "OWNER", "PUBLISHERS",
+              "SUBSCRIBERS", "BROKERS"]]
+    for t in topics:
+        cells.append([t.short_name, str(t.partitions), t.kind.value, t.record_type,
+                      describe(t.owner), str(publishers.get(t.topic_id, 0)),
+                      str(subscribers.get(t.topic_id, 0)),
+                      ",".join(str(b) for b in sorted(set(t.locations)))])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    for row in cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                  + "\n")
+    if len(cells) == 1:
+        out.write("(no topics)\n")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with connect(args) as cluster:
+        snaps = cluster.snapshot("sessions", "brokers", "executors", "queries", "topics",
+                                 "publications", "subscriptions",
+                                 timeout=max(args.timeout, 30.0))
+        address, broker = cluster.address, cluster.catalog_broker
+    if args.json:
+        body = {name: [to_json(r) for r, _ in snap.records] for name, snap in snaps.items()}
+        body["version"] = min(s.version for s in snaps.values())  # type: ignore[assignment]
+        sys.stdout.write(json.dumps(body) + "\n")
+        return 0
+    for line in render_status(snaps, address, broker):
+        sys.stdout.write(line + "\n")
+    return 0
+
+
+def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]:
+    """The tree `tq status` prints: executors -> queries -> publications/subscriptions, then
+    queries elsewhere, then client sessions with what they publish and subscribe."""
+    from catalog import QueryRef, SessionRef
+
+    def records(name: str) -> list[Any]:
+        return sorted((r for r, _ in snaps[name].records), key=_key)
+
+    topics = {t.topic_id: t for t in records("topics")}
+    brokers = {b.broker_id: b for b in records("brokers")}
+    pubs: dict[Any, list[str]] = {}
+    subs: dict[Any, list[str]] = {}
+    for p in records("publications"):
+        pubs.setdefault(p.publisher, []).append(_topic_label(topics.get(p.topic_id)))
+    for s in records("subscriptions"):
+        subs.setdefault(s.subscriber, []).append(_topic_label(topics.get(s.topic_id)))
+
+    def party_lines(party: Any, indent: str) -> list[str]:
+        return ([f"{indent}publishes {t}" for t in pubs.get(party, [])]
+                + [f"{indent}subscribes {t}" for t in subs.get(party, [])])
+
+    version = min(s.version for s in snaps.values())
+    lines = [f"catalog version {version}   coordinator {address}   catalog broker {broker}"]
+    executors = records("executors")
+    queries = records("queries")
+    shown: set[int] = set()
+    lines.append(f"executors ({len(executors)})")
+    for e in executors:
+        b = brokers.get(e.broker_id)
+        where = b.address if b is not None else "down"
+        lines.append(f"  executor {e.executor_id} on {e.host} (broker {e.broker_id} at {where}; "
+                     f"{e.resources.slots} slots)")
+        for q in queries:
+            here = [str(i) for i, ex in enumerate(q.executors) if ex == e.executor_id]
+            if q.ended or not here:
+                continue
+            shown.add(q.query_id)
+            lines.append(f"    query {q.query_id} {q.name} [{q.state.value}] "
+                         f"process{'es' if len(here) > 1 else ''} {','.join(here)}")
+            lines += party_lines(QueryRef(q.query_id), "      ")
+    if not executors:
+        lines.append("  (none: start one with `tq executor` or run `tq up`)")
+    others = [q for q in queries if q.query_id not in shown]
+    if others:
+        lines.append(f"other queries ({len(others)})")
+        for q in others:
+            reason = f": {q.reason}" if q.reason else ""
+            codes = ",".join("-" if c is None else str(c) for c in q.exit_codes)
+            lines.append(f"  query {q.query_id} {q.name} [{q.state.value}] exit codes "
+                         f"{codes}{reason}")
+            lines += party_lines(QueryRef(q.query_id), "    ")
+    sessions = records("sessions")
+    lines.append(f"sessions ({len(sessions)})")
+    for session in sessions:
+        lines.append(f"  session {session.session_id} {session.kind.value}: {session.peer}")
+        lines += party_lines(SessionRef(session.session_id), "    ")
+    return lines
+
+
+def _topic_label(topic: Any) -> str:
+    if topic is None:
+        return "(deleted topic)"
+    return f"{topic.short_name} ({topic.partitions} partition{'s' if topic.partitions > 1 else ''})"

@@ -1,0 +1,64 @@
+"""`tq coordinator`: run the coordinator in the foreground (DESIGN §9).
+
+A thin adapter over `coordinator.run_coordinator`. It writes `$TQ_HOME/cluster.json` (the
+coordinator's address and the secret file's path) so that clients on this machine need no
+flags, and removes it on a clean exit. The `coordinator` package is imported only when the
+command runs: the rest of `querylib` never depends on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "coordinator", help="run the coordinator (catalog, sessions, catalog topics)",
+        description="Run the coordinator in the foreground: it serves the catalog over RPC, "
+        "keeps client sessions alive by their leases, and persists the catalog as "
+        "__catalog.* topics on an embedded broker under --data. It writes "
+        "$TQ_HOME/cluster.json so that other tq commands on this machine find it.")
+    parser.add_argument("--data", help="data directory (default $TQ_HOME/coordinator)")
+    parser.add_argument("--listen", default="tcp://127.0.0.1:7400",
+                        help="ZeroMQ endpoint to serve RPC on (default tcp://127.0.0.1:7400)")
+    parser.add_argument("--broker-listen", metavar="ADDR",
+                        help="endpoint of the embedded broker serving the catalog topics "
+                        "(default: the --listen port + 1)")
+    parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
+                        "created if missing)")
+    parser.add_argument("--recovery-lease", type=float, default=10.0, metavar="SECONDS",
+                        help="after a restart, how long sessions have to come back before "
+                        "they expire (default 10)")
+    parser.add_argument("--checkpoint-updates", type=int, default=4096, metavar="N",
+                        help="checkpoint the catalog topics after N updates (or half the "
+                        "catalog's size, if more), so late followers and recovery read little "
+                        "history (default 4096)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here: `querylib` must not depend on the server package, only this command does.
+    from coordinator import CoordinatorConfig, run_coordinator
+    from querylib.cluster import cluster_file, tq_home
+    from querylib.rpc import default_secret_path, load_or_create_secret
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    secret_file = args.secret_file or str(default_secret_path())
+    secret = load_or_create_secret(secret_file)
+    data = args.data or str(tq_home() / "coordinator")
+    config = CoordinatorConfig(recovery_lease_ms=int(args.recovery_lease * 1000),
+                               checkpoint_updates=max(1, args.checkpoint_updates))
+
+    def ready(coordinator: object) -> None:
+        state = coordinator.state  # type: ignore[attr-defined]
+        print(f"tq coordinator listening on {coordinator.endpoint} (catalog broker "  # type: ignore[attr-defined]
+              f"{state.catalog_broker}, catalog version {state.catalog.version}, data {data}, "
+              f"started in {coordinator.recovery_seconds:.2f}s); clients find it through "  # type: ignore[attr-defined]
+              f"{cluster_file()}", file=sys.stderr, flush=True)
+
+    return run_coordinator(data, args.listen, secret, secret_file,
+                           broker_listen=args.broker_listen, config=config, on_ready=ready)

@@ -1,0 +1,157 @@
+"""The broker with real processes on loopback: `tq broker`, producer and subscriber processes.
+
+No timing thresholds: every wait is on a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from querylib.broker import Data, EndOfStream, Progress, Subscriber
+from tests.conftest import free_port
+
+from ._broker_helpers import Lines, client, data_values, secret_file, start_broker
+
+
+def expected(tag: str, batches: int, records: int) -> list[str]:
+    return [f"{tag}:{b}:{i}" for b in range(batches) for i in range(records)]
+
+
+def test_one_producer_to_one_subscriber_through_the_cli(processes, tmp_path):
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    lines = "".join(f"line {i}\n" for i in range(2000))
+    produce = processes.python("-m", "tests.integration._tq", "produce", "demo", "--broker",
+                               address, "--secret-file", path, "--time", "5",
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = produce.communicate(lines, timeout=60)
+    assert produce.returncode == 0, err
+    consume = processes.python("-m", "tests.integration._tq", "consume", "demo", "--broker",
+                               address, "--secret-file", path, "--from", "earliest",
+                               "--follow", "--json", stdout=subprocess.PIPE, text=True)
+    out = Lines(consume)
+    assert out.finish(timeout=60) == 0
+    records = out.having("value")
+    assert [r["value"] for r in records] == [f"line {i}" for i in range(2000)]
+    assert [r["offset"] for r in records] == list(range(2000))
+    assert {r["time"] for r in records} == {5}
+    assert out.snapshot()[-1] == {"end_of_stream": True}
+
+
+def test_subscriber_process_follows_a_producer_process(processes, tmp_path):
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    sub = client(processes, "consume", address, path, "--follow")
+    sub.wait("ready")
+    prod = client(processes, "produce", address, path, "--batches", "50", "--records", "100",
+                  "--advance", "--pipeline")
+    assert prod.finish() == 0
+    assert sub.finish() == 0
+    items = sub.snapshot()
+    assert data_values(items) == expected("p", 50, 100)
+    progress = [i["progress"] for i in items if "progress" in i]
+    assert progress == list(range(1, 51))
+    assert items[-2] == {"eos": True}
+
+
+def test_frontier_is_the_minimum_over_several_producers(processes, tmp_path):
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    start, go = tmp_path / "start", tmp_path / "go"
+    # Producer a goes to time 10 at once; b stops at 3 until told to go on. Both join the
+    # partition before either sends.
+    fast = client(processes, "produce", address, path, "--tag", "a", "--batches", "10",
+                  "--advance", "--start-file", str(start), "--go-file", str(go))
+    slow = client(processes, "produce", address, path, "--tag", "b", "--batches", "3",
+                  "--advance", "--start-file", str(start), "--go-file", str(go),
+                  "--then-advance", "7")
+    fast.wait("ready")
+    slow.wait("ready")
+    start.touch()
+    fast.wait("waiting")
+    slow.wait("waiting")
+    # Both producers' advances are acknowledged, so every control record the broker wrote
+    # for them is in the log: a reader of the log so far sees the minimum, ending at 3.
+    with Subscriber(address, "t", 0, secret=secret, follow=False) as sub:
+        before = [e.frontier for e in sub if isinstance(e, Progress)]
+    assert before == sorted(set(before)) and before[-1] == 3
+    go.touch()
+    assert fast.finish() == 0 and slow.finish() == 0
+    with Subscriber(address, "t", 0, secret=secret) as sub:
+        events = list(sub)
+    after = [e.frontier for e in events if isinstance(e, Progress)]
+    # b moves to 7; whoever ends first leaves the other's frontier (7 or 10) as the minimum.
+    assert after in ([*before, 7], [*before, 7, 10])
+    assert isinstance(events[-1], EndOfStream)
+    # Data never arrives for a time the frontier already passed.
+    frontier = 0
+    for event in events:
+        if isinstance(event, Progress):
+            frontier = event.frontier
+        elif isinstance(event, Data):
+            assert event.time >= frontier
+    values = [r.value.decode() for e in events if isinstance(e, Data) for r in e.records]
+    assert sorted(values) == sorted(expected("a", 10, 10) + expected("b", 3, 10))
+
+
+def test_many_subscribers_at_different_speeds_one_paused(processes, tmp_path):
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    fast = [client(processes, "consume", address, path, "--follow") for _ in range(3)]
+    slow = client(processes, "consume", address, path, "--follow", "--credit", "4096",
+                  "--delay", "0.001")
+    paused = client(processes, "consume", address, path, "--follow", "--credit", "8192")
+    for sub in [*fast, slow, paused]:
+        sub.wait("ready")
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        # The producer finishes, every batch acknowledged, while one subscriber is stopped.
+        prod = client(processes, "produce", address, path, "--batches", "200", "--records",
+                      "50", "--pipeline", "--advance")
+        assert prod.finish() == 0
+        assert len(prod.having("acked")) == 200
+        for sub in fast:
+            assert sub.finish() == 0
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    assert slow.finish() == 0
+    assert paused.finish() == 0
+    want = expected("p", 200, 50)
+    for sub in [*fast, slow, paused]:
+        assert data_values(sub.snapshot()) == want
+        assert sub.snapshot()[-2] == {"eos": True}
+
+
+def test_a_late_subscriber_catches_up_then_tails_without_gap_or_duplicate(processes, tmp_path):
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    go = tmp_path / "go"
+    first = client(processes, "produce", address, path, "--tag", "x", "--batches", "300",
+                   "--records", "20", "--pipeline", "--go-file", str(go))
+    first.wait("waiting")
+    # Joins late, with little credit so the catch-up from disk is still running when the
+    # second producer starts appending.
+    late = client(processes, "consume", address, path, "--follow", "--credit", "16384")
+    late.wait("data")
+    second = client(processes, "produce", address, path, "--tag", "y", "--batches", "100",
+                    "--records", "20", "--pipeline")
+    assert second.finish() == 0
+    go.touch()  # only now does x end its stream (the last producer to end ends the partition)
+    assert first.finish() == 0
+    assert late.finish() == 0
+    values = data_values(late.snapshot())
+    assert len(values) == len(set(values)) == 400 * 20
+    assert values[:6000] == expected("x", 300, 20)
+    assert [v for v in values if v.startswith("y")] == expected("y", 100, 20)

@@ -1,0 +1,176 @@
+"""A deterministic in-memory shell for BrokerState: performs Append/Read instructions against a
+list of stored batches, and checks the delivery invariants on every instruction it sees.
+
+Not a fake of the real shell's I/O (that is tested with real files and sockets in
+tests/integration); this drives the pure core through every interleaving hypothesis finds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from querylib.broker._events import (
+    Append,
+    AppendCompleted,
+    Deliver,
+    DurableAdvanced,
+    Fail,
+    PartitionId,
+    PartitionOpened,
+    Read,
+    ReadCompleted,
+    Reply,
+    SessionExpired,
+    SubscriptionClosed,
+)
+from querylib.broker._state import BrokerLimits, BrokerState
+from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_header
+
+CONTROL = 0x20
+
+
+def fake_batch(n_records: int = 1, payload: bytes = b"", *, control: bool = False) -> bytes:
+    """A batch whose header is well formed (the core reads headers, never CRCs or records)."""
+    attributes = CONTROL if control else 0
+    length = HEADER_SIZE - LOG_OVERHEAD + len(payload)
+    return HEADER.pack(0, length, -1, 2, 0, attributes, n_records - 1, 0, 0, -1, -1, -1,
+                       n_records) + payload
+
+
+def fake_frontier(frontier: int, timestamp: int) -> bytes:
+    return fake_batch(1, b"F" + frontier.to_bytes(8, "big", signed=True), control=True)
+
+
+def fake_end(timestamp: int) -> bytes:
+    return fake_batch(1, b"E", control=True)
+
+
+def control_of(stored: bytes) -> tuple[str, int | None] | None:
+    """('F', frontier) / ('E', None) for the fake control batches, None for data."""
+    if not stored[22] & CONTROL:
+        return None
+    kind = stored[HEADER_SIZE:HEADER_SIZE + 1]
+    if kind == b"F":
+        return "F", int.from_bytes(stored[HEADER_SIZE + 1:HEADER_SIZE + 9], "big", signed=True)
+    return "E", None
+
+
+@dataclass
+class SubTrack:
+    granted: int
+    next_offset: int | None = None
+    delivered: int = 0
+    batches: list[tuple[int, int]] = field(default_factory=list)
+    closed: bool = False
+
+
+class Sim:
+    def __init__(self, limits: BrokerLimits | None = None, *, auto_durable: bool = True) -> None:
+        self.state = BrokerState(limits, encode_frontier=fake_frontier, encode_end=fake_end)
+        self.auto_durable = auto_durable
+        self.logs: dict[PartitionId, list[tuple[int, int, bytes]]] = {}
+        self.durable: dict[PartitionId, int] = {}
+        self.appends: dict[PartitionId, deque[Append]] = {}
+        self.reads: dict[int, Read] = {}
+        self.replies: dict[object, object] = {}
+        self.subs: dict[tuple[str, int], SubTrack] = {}
+        self.expired: list[str] = []
+        self.max_batch = 0
+        self.now = 0.0
+
+    # ----------------------------------------------------------------- driving
+
+    def open_partition(self, pid: PartitionId) -> None:
+        self.logs[pid] = []
+        self.durable[pid] = 0
+        self.appends[pid] = deque()
+        self.feed(PartitionOpened(pid, 0, 0, 0))
+
+    def feed(self, stimulus) -> list:
+        out = self.state.handle(stimulus)
+        for instr in out:
+            self._see(instr)
+        return out
+
+    def log_end(self, pid: PartitionId) -> int:
+        log = self.logs[pid]
+        return log[-1][1] if log else 0
+
+    def complete_append(self, pid: PartitionId) -> list:
+        queue = self.appends[pid]
+        if not queue:
+            return []
+        instr = queue.popleft()
+        base = self.log_end(pid)
+        header = read_header(instr.batch)
+        nxt = base + header.last_offset_delta + 1
+        stored = base.to_bytes(8, "big", signed=True) + instr.batch[8:]
+        self.logs[pid].append((base, nxt, stored))
+        if self.auto_durable:
+            self.durable[pid] = nxt
+        return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid]))
+
+    def flush(self, pid: PartitionId) -> list:
+        self.durable[pid] = self.log_end(pid)
+        return self.feed(DurableAdvanced(pid, self.durable[pid]))
+
+    def complete_read(self, serial: int) -> list:
+        instr = self.reads.pop(serial)
+        chunks, total, nxt = [], 0, instr.offset
+        for base, end, stored in self.logs[instr.partition]:
+            if end <= instr.offset or base >= instr.end_offset:
+                continue
+            if chunks and total + len(stored) > instr.max_bytes:
+                break
+            chunks.append(stored)
+            total += len(stored)
+            nxt = end
+        return self.feed(ReadCompleted(serial, instr.offset, b"".join(chunks), nxt))
+
+    # ----------------------------------------------------------------- checking
+
+    def track(self, session: str, sub_id: int, credit: int) -> None:
+        self.subs[(session, sub_id)] = SubTrack(granted=credit)
+
+    def _see(self, instr) -> None:
+        if isinstance(instr, Reply | Fail):
+            assert instr.token not in self.replies, "a request was answered twice"
+            self.replies[instr.token] = instr.value if isinstance(instr, Reply) else instr.error
+        elif isinstance(instr, Append):
+            self.max_batch = max(self.max_batch, len(instr.batch))
+            self.appends[instr.partition].append(instr)
+        elif isinstance(instr, Read):
+            assert instr.serial not in self.reads, "two reads outstanding for one subscription"
+            assert instr.end_offset <= self.durable[instr.partition], "read beyond durable end"
+            assert instr.max_bytes > 0
+            self.reads[instr.serial] = instr
+        elif isinstance(instr, Deliver):
+            self._check_delivery(instr)
+        elif isinstance(instr, SubscriptionClosed):
+            self.subs[(instr.session, instr.sub_id)].closed = True
+        elif isinstance(instr, SessionExpired):
+            self.expired.append(instr.session)
+        else:  # pragma: no cover
+            raise AssertionError(f"unexpected instruction {instr}")
+
+    def _check_delivery(self, d: Deliver) -> None:
+        track = self.subs[(d.session, d.sub_id)]
+        assert not track.closed
+        if track.next_offset is not None:
+            assert d.offset == track.next_offset, "gap or duplicate in a subscription"
+        # Credit was positive when this was sent: overshoot is at most this one delivery, and
+        # a delivery larger than the credit holds exactly one batch.
+        assert track.delivered < track.granted, "delivered with no credit left"
+        if track.delivered + len(d.data) > track.granted:
+            assert read_header(d.data).size == len(d.data), "overshoot by more than one batch"
+        assert d.next_offset <= self.durable[d.partition], "delivered data that is not durable"
+        expected = [s for b, e, s in self.logs[d.partition] if e > d.offset and b < d.next_offset]
+        assert d.data == b"".join(expected), "delivered bytes differ from the stored batches"
+        track.delivered += len(d.data)
+        track.next_offset = d.next_offset
+        pos = 0
+        while pos < len(d.data):
+            h = read_header(d.data, pos)
+            track.batches.append((h.base_offset, h.next_offset))
+            pos += h.size
