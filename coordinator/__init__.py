@@ -1,2 +1,61 @@
-"""The control-plane server: event loop, request handlers, sessions and leases, placement,
-catalog persistence and recovery."""
+"""The control-plane server (DESIGN §2, §3): one event loop, request handlers, sessions with
+leases, blocking requests, the catalog persisted as collection topics on an embedded broker, and
+recovery from them.
+
+    _events.py     stimuli and instructions of the core
+    _state.py      CoordinatorState: the pure core, handle(stimulus) -> [instructions]
+    _handlers.py   one handler per request type: requests -> catalog commands -> replies
+    _leases.py     session leases and query-process bindings;  _waiters.py blocking requests
+    _placement.py  brokers for partitions, executors for processes
+    _journal.py    changes as record batches; recovery from the catalog partitions
+    _writer.py     group commit to the catalog topics (counters last), frontiers
+    _server.py     Coordinator: the asyncio shell (RPC, broker, writer, clock)
+    _run.py        run_coordinator: the foreground process (`tq coordinator`)
+"""
+
+from coordinator._events import (
+    Bootstrap,
+    Checkpointed,
+    Committed,
+    Instruction,
+    KillProcesses,
+    Persist,
+    Received,
+    Respond,
+    SessionEnded,
+    Stimulus,
+    Tick,
+    WriteCheckpoint,
+)
+from coordinator._journal import Recovered, read_catalog
+from coordinator._leases import Leases, binding_of, bound_peer
+from coordinator._run import run_coordinator
+from coordinator._server import Coordinator
+from coordinator._state import CoordinatorConfig, CoordinatorState
+from coordinator._waiters import Waiter, Waiters
+
+__all__ = [
+    "Bootstrap",
+    "Checkpointed",
+    "Committed",
+    "Coordinator",
+    "CoordinatorConfig",
+    "CoordinatorState",
+    "Instruction",
+    "KillProcesses",
+    "Leases",
+    "Persist",
+    "Received",
+    "Recovered",
+    "Respond",
+    "SessionEnded",
+    "Stimulus",
+    "Tick",
+    "Waiter",
+    "Waiters",
+    "WriteCheckpoint",
+    "binding_of",
+    "bound_peer",
+    "read_catalog",
+    "run_coordinator",
+]

@@ -18,6 +18,8 @@ from catalog.errors import TqError
 _COMMAND_MODULES = [
     "querylib.cli._demo",
     "querylib.cli._log",
+    "querylib.cli._coordinator",
+    "querylib.cli._catalog",
     "querylib.cli._broker",
     "querylib.cli._produce",
     "querylib.cli._consume",

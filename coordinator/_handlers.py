@@ -1,0 +1,338 @@
+"""Request handlers: one function per request type, turning a request into catalog commands and
+a reply. `HANDLERS` is the table the core dispatches on (keyed by the message class, the one
+spelling of a request type).
+
+A handler reads the state, applies commands through `state.apply` (which persists the change
+and runs its consequences) and returns the reply, or raises a TqError that answers the request.
+Raising `WaitForTopic` parks the request until the topic exists or its wait runs out. The party
+a request acts for comes from its session: the query a query-process session runs, else the
+session itself.
+
+Must not: answer requests itself, read clocks, do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from catalog import (
+    INGEST,
+    CloseSession,
+    ConflictError,
+    InvalidCommandError,
+    NotFoundError,
+    NotOwnerError,
+    OpenSession,
+    Party,
+    ProcessExited,
+    QueryEndedError,
+    QueryRef,
+    SessionKind,
+    SessionRef,
+    Topic,
+    TopicName,
+    UnknownTopicError,
+)
+from catalog import CreateTopic as CreateTopicCommand
+from catalog import DeleteTopic as DeleteTopicCommand
+from catalog import KillQuery as KillQueryCommand
+from catalog import Publish as PublishCommand
+from catalog import RegisterBroker as RegisterBrokerCommand
+from catalog import RegisterExecutor as RegisterExecutorCommand
+from catalog import RemoveBroker as RemoveBrokerCommand
+from catalog import RemoveExecutor as RemoveExecutorCommand
+from catalog import SubmitQuery as SubmitQueryCommand
+from catalog import Subscribe as SubscribeCommand
+from catalog import Unpublish as UnpublishCommand
+from catalog import Unsubscribe as UnsubscribeCommand
+from querylib.cluster import _messages as m
+
+from ._leases import bound_peer
+from ._placement import place_partitions, place_processes
+from ._state import Call, CoordinatorState, WaitForTopic
+
+__all__ = ["HANDLERS"]
+
+Handler = Callable[[CoordinatorState, Any, Call], Any]
+
+# Strings clients give are stored in the catalog and copied to every follower: bound them.
+MAX_LABEL = 256  # host names, record types, query names
+MAX_TEXT = 4096  # addresses, programs
+MAX_ARGS_CHARS = 64 * 1024
+
+
+def _bounded(text: str, limit: int, what: str) -> str:
+    if len(text) > limit:
+        raise InvalidCommandError(f"{what} is {len(text)} characters long; at most {limit}")
+    return text
+
+
+def _party(state: CoordinatorState, session_id: int, call: Call) -> Party:
+    """The party a session acts as; renews its lease (any request counts as a heartbeat)."""
+    state.renew(session_id, call.now)
+    binding = state.bindings.get(session_id)
+    return QueryRef(binding[0]) if binding is not None else SessionRef(session_id)
+
+
+def _topic_info(state: CoordinatorState, topic: Topic) -> m.TopicInfo:
+    brokers = {}
+    for broker_id in sorted(set(topic.locations)):
+        try:
+            brokers[broker_id] = state.catalog.broker(broker_id).address
+        except NotFoundError:
+            continue  # that broker is down: its partitions have no address right now
+    return m.TopicInfo(topic=topic, brokers=brokers, version=state.catalog.version)
+
+
+def _find(state: CoordinatorState, name: str, wait_ms: int, session_id: int | None) -> Topic:
+    topic = state.catalog.find_topic(name)
+    if topic is not None:
+        return topic
+    canonical = TopicName.parse(name)
+    if wait_ms > 0:
+        raise WaitForTopic(canonical.full, wait_ms, session_id)
+    raise UnknownTopicError(f"no topic {canonical.short!r}")
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.SessionOpened:
+    lease_ms = state.config.clamp_lease(req.lease_ms)
+    if req.resume is not None:
+        session = state.catalog.session(req.resume)  # UnknownSessionError: it is gone
+        if session.kind != req.kind:
+            raise InvalidCommandError(f"session {req.resume} is a {session.kind.value} "
+                                      f"session, not a {req.kind.value} one")
+        state.renew(req.resume, call.now, lease_ms)
+        return m.SessionOpened(session_id=req.resume, lease_ms=lease_ms,
+                               version=state.catalog.version, resumed=True,
+                               catalog_broker=state.catalog_broker)
+    peer = req.peer[:200]  # for people to read: bounded, never parsed
+    binding = None
+    if req.kind == SessionKind.QUERY:
+        binding = _check_binding(state, req)
+        peer = bound_peer(binding[0], binding[1], peer)
+    elif req.query_id is not None or req.process is not None:
+        raise InvalidCommandError("only a query session names a query and a process")
+    if len(state.catalog.sessions) >= state.config.max_sessions:
+        raise ConflictError(f"{len(state.catalog.sessions)} sessions are open, the most this "
+                            "coordinator allows; close some (or wait for their leases)")
+    change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms), call.now,
+                         call.wall_ms)
+    session_id = change.created.session_id  # type: ignore[union-attr]
+    state.leases.grant(session_id, lease_ms / 1000, call.now)
+    if binding is not None:
+        state.bind(session_id, binding)
+        state.start_if_registered(binding[0], call.now, call.wall_ms)
+    return m.SessionOpened(session_id=session_id, lease_ms=lease_ms,
+                           version=state.catalog.version, resumed=False,
+                           catalog_broker=state.catalog_broker)
+
+
+def _check_binding(state: CoordinatorState, req: m.OpenSession) -> tuple[int, int]:
+    if req.query_id is None or req.process is None:
+        raise InvalidCommandError("a query session names its query_id and process")
+    query = state.catalog.query(req.query_id)
+    if query.ended:
+        raise QueryEndedError(f"query {query.query_id} has ended ({query.state.value})")
+    if not 0 <= req.process < query.processes:
+        raise InvalidCommandError(f"query {query.query_id} has processes 0.."
+                                  f"{query.processes - 1}, not {req.process}")
+    if query.exit_codes[req.process] is not None:
+        raise ConflictError(f"process {req.process} of query {query.query_id} exited already")
+    binding = (req.query_id, req.process)
+    holder = state.bound.get(binding)
+    if holder is not None:
+        raise ConflictError(f"process {req.process} of query {query.query_id} is registered "
+                            f"already (session {holder})")
+    return binding
+
+
+def heartbeat(state: CoordinatorState, req: m.Heartbeat, call: Call) -> m.Renewed:
+    lease_ms = state.renew(req.session_id, call.now, req.lease_ms)
+    return m.Renewed(lease_ms=lease_ms, version=state.catalog.version)
+
+
+def close_session(state: CoordinatorState, req: m.CloseSession, call: Call) -> m.Done:
+    state.apply(CloseSession(session_id=req.session_id, at_ms=call.wall_ms), call.now,
+                call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+def catalog_info(state: CoordinatorState, req: m.GetCatalogInfo, call: Call) -> m.CatalogInfo:
+    topics = {c: t.short_name for c, t in state.catalog_topics().items()}
+    checkpoint = state.checkpoint
+    return m.CatalogInfo(version=state.catalog.version, catalog_broker=state.catalog_broker,
+                         collections=topics, checkpoint=None if checkpoint is None else
+                         m.CheckpointRef(version=checkpoint.version,
+                                         offsets=dict(checkpoint.offsets)))
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+
+def lookup_topic(state: CoordinatorState, req: m.LookupTopic, call: Call) -> m.TopicInfo:
+    return _topic_info(state, _find(state, req.name, req.wait_ms, None))
+
+
+def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.TopicInfo:
+    party = _party(state, req.session_id, call)
+    locations = req.locations
+    if locations is None:
+        if not 1 <= req.partitions <= 10_000:
+            raise InvalidCommandError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
+        locations = place_partitions(state.catalog, party, req.partitions,
+                                     state.placement_cursor, state.catalog_broker_id)
+        state.placement_cursor += req.partitions
+    change = state.apply(CreateTopicCommand(
+        name=req.name, partitions=req.partitions,
+        record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
+        owner=INGEST if req.ingest else party, locations=tuple(locations),
+        at_ms=call.wall_ms), call.now, call.wall_ms)
+    return _topic_info(state, change.created)  # type: ignore[arg-type]
+
+
+def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.Done:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, 0, req.session_id)
+    state.apply(DeleteTopicCommand(topic_id=topic.topic_id, requester=party, force=req.force),
+                call.now, call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+def publish(state: CoordinatorState, req: m.Publish, call: Call) -> m.TopicInfo:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, 0, req.session_id)
+    state.apply(PublishCommand(topic_id=topic.topic_id, publisher=party), call.now,
+                call.wall_ms)
+    return _topic_info(state, topic)
+
+
+def unpublish(state: CoordinatorState, req: m.Unpublish, call: Call) -> m.Done:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, 0, req.session_id)
+    state.apply(UnpublishCommand(topic_id=topic.topic_id, publisher=party), call.now,
+                call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+def subscribe(state: CoordinatorState, req: m.Subscribe, call: Call) -> m.TopicInfo:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, req.wait_ms, req.session_id)
+    state.apply(SubscribeCommand(topic_id=topic.topic_id, subscriber=party,
+                                 record_type=req.record_type, kind=req.kind),
+                call.now, call.wall_ms)
+    return _topic_info(state, topic)
+
+
+def unsubscribe(state: CoordinatorState, req: m.Unsubscribe, call: Call) -> m.Done:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, 0, req.session_id)
+    state.apply(UnsubscribeCommand(topic_id=topic.topic_id, subscriber=party), call.now,
+                call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+# -- brokers and executors ----------------------------------------------------------------------
+
+
+def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) -> m.BrokerInfo:
+    state.renew(req.session_id, call.now)
+    change = state.apply(RegisterBrokerCommand(host=_bounded(req.host, MAX_LABEL, "the host"),
+                                               address=_bounded(req.address, MAX_TEXT,
+                                                                "the address"),
+                                               session_id=req.session_id,
+                                               broker_id=req.broker_id),
+                         call.now, call.wall_ms)
+    return m.BrokerInfo(broker=change.created, version=state.catalog.version)  # type: ignore[arg-type]
+
+
+def remove_broker(state: CoordinatorState, req: m.RemoveBroker, call: Call) -> m.Done:
+    state.renew(req.session_id, call.now)
+    broker = state.catalog.broker(req.broker_id)
+    if broker.session_id != req.session_id:
+        raise NotOwnerError(f"broker {req.broker_id} was registered by another session")
+    state.apply(RemoveBrokerCommand(broker_id=req.broker_id), call.now, call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
+                      call: Call) -> m.ExecutorInfo:
+    state.renew(req.session_id, call.now)
+    change = state.apply(RegisterExecutorCommand(host=_bounded(req.host, MAX_LABEL, "the host"),
+                                                 broker_id=req.broker_id,
+                                                 resources=req.resources,
+                                                 session_id=req.session_id, at_ms=call.wall_ms),
+                         call.now, call.wall_ms)
+    return m.ExecutorInfo(executor=change.created,  # type: ignore[arg-type]
+                          version=state.catalog.version)
+
+
+def remove_executor(state: CoordinatorState, req: m.RemoveExecutor, call: Call) -> m.Done:
+    state.renew(req.session_id, call.now)
+    executor = state.catalog.executor(req.executor_id)
+    if executor.session_id != req.session_id:
+        raise NotOwnerError(f"executor {req.executor_id} was registered by another session")
+    state.apply(RemoveExecutorCommand(executor_id=req.executor_id, at_ms=call.wall_ms),
+                call.now, call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+# -- queries ------------------------------------------------------------------------------------
+
+
+def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.QueryInfo:
+    state.renew(req.session_id, call.now)
+    _bounded(req.name, MAX_LABEL, "the query name")
+    _bounded(req.program, MAX_TEXT, "the program")
+    _bounded("".join(req.args), MAX_ARGS_CHARS, "the arguments")
+    if not 1 <= req.processes <= 10_000:
+        raise InvalidCommandError(f"a query has 1 to 10000 processes, not {req.processes}")
+    executors = req.executors
+    if executors is None:
+        executors = place_processes(state.catalog, req.processes)
+    change = state.apply(SubmitQueryCommand(
+        name=req.name, program=req.program, processes=req.processes, workers=req.workers,
+        executors=tuple(executors), args=tuple(req.args), at_ms=call.wall_ms),
+        call.now, call.wall_ms)
+    return m.QueryInfo(query=change.created, version=state.catalog.version)  # type: ignore[arg-type]
+
+
+def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.QueryInfo:
+    state.renew(req.session_id, call.now)
+    state.apply(ProcessExited(query_id=req.query_id, process=req.process,
+                              exit_code=req.exit_code, at_ms=call.wall_ms),
+                call.now, call.wall_ms)
+    state.start_if_registered(req.query_id, call.now, call.wall_ms)
+    return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
+
+
+def kill_query(state: CoordinatorState, req: m.KillQuery, call: Call) -> m.QueryInfo:
+    state.renew(req.session_id, call.now)
+    state.apply(KillQueryCommand(query_id=req.query_id, at_ms=call.wall_ms,
+                                 reason=req.reason[:500]), call.now, call.wall_ms)
+    return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
+
+
+HANDLERS: dict[type, Handler] = {
+    m.OpenSession: open_session,
+    m.Heartbeat: heartbeat,
+    m.CloseSession: close_session,
+    m.GetCatalogInfo: catalog_info,
+    m.LookupTopic: lookup_topic,
+    m.CreateTopic: create_topic,
+    m.DeleteTopic: delete_topic,
+    m.Publish: publish,
+    m.Unpublish: unpublish,
+    m.Subscribe: subscribe,
+    m.Unsubscribe: unsubscribe,
+    m.RegisterBroker: register_broker,
+    m.RemoveBroker: remove_broker,
+    m.RegisterExecutor: register_executor,
+    m.RemoveExecutor: remove_executor,
+    m.SubmitQuery: submit_query,
+    m.ReportExit: report_exit,
+    m.KillQuery: kill_query,
+}

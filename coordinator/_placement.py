@@ -1,0 +1,79 @@
+"""Where things go: brokers for a new topic's partitions, executors for a new query's processes.
+
+Pure functions of the catalog and a rotating start index (so successive topics spread out).
+Deliberately simple; the catalog checks whatever is chosen (brokers up, executors registered).
+
+Must not: change the catalog, read clocks, do I/O.
+"""
+
+from __future__ import annotations
+
+from catalog import (
+    Broker,
+    Catalog,
+    Executor,
+    InvalidCommandError,
+    NotFoundError,
+    Party,
+    Query,
+    QueryRef,
+)
+
+__all__ = ["place_partitions", "place_processes"]
+
+
+def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int,
+                     catalog_broker: int | None) -> tuple[int, ...]:
+    """A broker id for each partition.
+
+    A query's partition i goes to the broker of the executor running its process i mod n (a
+    per-worker partition lands on its worker's host). Anyone else's are spread round-robin over
+    the executors' brokers, then over other brokers; the coordinator's own broker (which serves
+    the catalog) hosts data only when there is no other broker.
+    """
+    if isinstance(party, QueryRef):
+        query = catalog.query(party.query_id)
+        hosts = [_broker_of(catalog, e) for e in query.executors]
+        if all(h is not None for h in hosts):
+            return tuple(hosts[i % len(hosts)] for i in range(partitions))  # type: ignore[misc]
+    executors = sorted({e.broker_id for e in catalog.executors if isinstance(e, Executor)})
+    candidates = executors or sorted(
+        b.broker_id for b in catalog.brokers
+        if isinstance(b, Broker) and b.broker_id != catalog_broker)
+    if not candidates:
+        if catalog_broker is None:
+            raise InvalidCommandError("no broker is registered to host the topic")
+        candidates = [catalog_broker]
+    return tuple(candidates[(start + i) % len(candidates)] for i in range(partitions))
+
+
+def _broker_of(catalog: Catalog, executor_id: int) -> int | None:
+    try:
+        return catalog.executor(executor_id).broker_id
+    except NotFoundError:  # the executor left; the query is failing anyway
+        return None
+
+
+def place_processes(catalog: Catalog, processes: int) -> tuple[int, ...]:
+    """An executor id for each process: the one with the most free slots each time (ties to
+    the lowest id). Slots count processes of live queries still running there."""
+    executors = sorted((e for e in catalog.executors if isinstance(e, Executor)),
+                       key=lambda e: e.executor_id)
+    if not executors:
+        raise InvalidCommandError("no executor is registered; start one with `tq executor` "
+                                  "(or run `tq up`)")
+    used = {e.executor_id: 0 for e in executors}
+    for query in catalog.queries:
+        assert isinstance(query, Query)
+        if query.ended:
+            continue
+        for executor_id, code in zip(query.executors, query.exit_codes, strict=True):
+            if code is None and executor_id in used:
+                used[executor_id] += 1
+    placement = []
+    for _ in range(processes):
+        best = max(executors, key=lambda e: (e.resources.slots - used[e.executor_id],
+                                             -e.executor_id))
+        used[best.executor_id] += 1
+        placement.append(best.executor_id)
+    return tuple(placement)

@@ -1,0 +1,315 @@
+"""The coordinator's asyncio shell around the pure `CoordinatorState` (DESIGN §2, §3).
+
+    coordinator = Coordinator("/data", secret, listen="tcp://127.0.0.1:7400")
+    endpoint = await coordinator.start()      # recover, start the broker, bootstrap, listen
+    ...
+    await coordinator.close()
+
+One event loop. Every request becomes a `Received` stimulus whose token is the future the RPC
+handler awaits; the core's instructions are performed here: `Persist` goes to the catalog
+writer, `Respond` resolves the future, `KillProcesses` becomes a notify to the executors,
+`SessionEnded` drops the session's transport identity. Commits come back as `Committed`, time
+as `Tick`. The shell decides nothing the core decides, and owns every task it starts: the
+ticker, the writer's tasks, the embedded broker, the RPC server.
+
+Start-up order: read the catalog topics straight from the broker's data directory (before the
+broker opens them), start the broker, append recovery's compensation and wait for it, then
+bootstrap (register this broker, create missing catalog topics), then listen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import deque
+from typing import Any
+
+from catalog import StorageError
+from querylib.broker import BrokerServer
+from querylib.cluster import _messages as m
+from querylib.log import LogConfig
+from querylib.rpc import (
+    Context,
+    InternalServerError,
+    PeerBusyError,
+    PeerUnreachableError,
+    RpcServer,
+)
+
+from ._events import (
+    Bootstrap,
+    Checkpointed,
+    Committed,
+    Instruction,
+    KillProcesses,
+    Persist,
+    Received,
+    Respond,
+    SessionEnded,
+    Stimulus,
+    Tick,
+    WriteCheckpoint,
+)
+from ._handlers import HANDLERS
+from ._journal import Recovered, read_catalog
+from ._state import CoordinatorConfig, CoordinatorState
+from ._writer import CatalogWriter
+
+__all__ = ["Coordinator"]
+
+logger = logging.getLogger("coordinator")
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Token:
+    """What the core hands back in a Respond: who asked, and where the answer goes. Most
+    requests are answered while the core handles them; only those that wait (for a commit, for
+    a topic) get a future, which saves one per heartbeat."""
+
+    __slots__ = ("answered", "error", "future", "peer", "reply")
+
+    def __init__(self, peer: bytes) -> None:
+        self.peer = peer
+        self.future: asyncio.Future[Any] | None = None
+        self.answered = False
+        self.reply: Any = None
+        self.error: BaseException | None = None
+
+    def answer(self, reply: Any, error: BaseException | None) -> None:
+        if self.future is None:
+            self.answered, self.reply, self.error = True, reply, error
+        elif not self.future.done():  # done: the handler hit its deadline and was cancelled
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(reply)
+
+
+class Coordinator:
+    """The control-plane server: catalog, sessions, the catalog topics and their broker."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
+                 listen: str = "tcp://127.0.0.1:7400", broker_listen: str | None = None,
+                 host: str | None = None, config: CoordinatorConfig | None = None,
+                 tick_interval: float = 0.05) -> None:
+        self.data_dir = os.fspath(data_dir)
+        self.broker_dir = os.path.join(self.data_dir, "broker")
+        self.listen = listen
+        self.broker_listen = broker_listen or _next_port(listen)
+        self.host = host or socket.gethostname()
+        self.config = config or CoordinatorConfig()
+        self.tick_interval = tick_interval
+        self._secret = secret
+        self.state: CoordinatorState | None = None
+        self.broker: BrokerServer | None = None
+        self.writer: CatalogWriter | None = None
+        self._rpc = RpcServer(secret)
+        self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
+        self._inbox: deque[Stimulus] = deque()
+        self._feeding = False
+        self._ticker: asyncio.Task[None] | None = None
+        self.failed = asyncio.Event()  # set when the catalog log cannot be written
+        self.failure: BaseException | None = None
+        self.endpoint: str | None = None
+        self.broker_endpoint: str | None = None
+        self.recovered: Recovered | None = None
+        self.recovery_seconds = 0.0
+        self.counters = {"notify_failed": 0, "bugs": 0}
+        self._closed = False
+        for request_type in HANDLERS:
+            self._rpc.register(request_type, self._serve)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        os.makedirs(self.broker_dir, exist_ok=True)
+        self.recovered = recovered = await loop.run_in_executor(None, read_catalog,
+                                                                self.broker_dir)
+        checkpoint = recovered.checkpoint
+        self.state = CoordinatorState(
+            recovered.catalog, config=self.config, now=loop.time(),
+            checkpoint=None if checkpoint is None else Checkpointed(checkpoint.version,
+                                                                    dict(checkpoint.offsets)),
+            since_checkpoint=recovered.since_checkpoint)
+        self.broker = BrokerServer(self.broker_dir, self._secret,
+                                   log_config=LogConfig(flush="always"))
+        self.broker_endpoint = await self.broker.start(self.broker_listen)
+        self.writer = CatalogWriter(self.broker_endpoint, self._secret,
+                                    on_committed=self._on_committed, on_failed=self._on_failed,
+                                    on_checkpointed=self._on_checkpointed)
+        await self.writer.start(recovered.catalog.version)
+        if recovered.compensation:
+            logger.warning("coordinator: taking back %d updates of a change that did not "
+                           "commit before the crash",
+                           sum(len(u) for u in recovered.compensation.values()))
+            await self.writer.append_now(recovered.compensation, _wall_ms())
+        self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint), _wall_ms()))
+        await self.writer.drain()
+        if self.failure is not None:
+            raise StorageError(f"cannot write the catalog topics: {self.failure}")
+        self.endpoint = await self._rpc.start(self.listen)
+        self._ticker = loop.create_task(self._tick_forever(), name="coordinator ticks")
+        self.recovery_seconds = time.perf_counter() - started
+        logger.info("coordinator on %s (catalog broker %s, version %d, %d sessions) in %.2fs",
+                    self.endpoint, self.broker_endpoint, self.state.catalog.version,
+                    len(self.state.catalog.sessions), self.recovery_seconds)
+        return self.endpoint
+
+    async def close(self) -> None:
+        """Stop serving, commit what is queued, close the broker. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        await self._rpc.close()
+        if self.writer is not None:
+            await self.writer.close()
+        if self.broker is not None:
+            await self.broker.close()
+
+    async def __aenter__(self) -> Coordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def rpc_counters(self) -> dict[str, int]:
+        return self._rpc.counters
+
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            self._feed(Tick(loop.time(), _wall_ms()))
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def _serve(self, request: Any, ctx: Context) -> Any:
+        loop = asyncio.get_running_loop()
+        if self.failure is not None:
+            raise StorageError("the coordinator cannot write its catalog and is stopping")
+        session_id = getattr(request, "session_id", None)
+        if (session_id is not None and self._peers.get(session_id) != ctx.peer
+                and session_id in self.state.leases):  # type: ignore[union-attr]
+            self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
+        token = _Token(ctx.peer)
+        self._feed(Received(token, request, loop.time(), _wall_ms(), ctx.peer))
+        if not token.answered:
+            token.future = loop.create_future()
+            return await token.future
+        if token.error is not None:
+            raise token.error
+        return token.reply
+
+    # -- the state machine loop ----------------------------------------------------------------
+
+    def _feed(self, stimulus: Stimulus) -> None:
+        """Hand a stimulus to the core and perform its instructions; stimuli raised while
+        performing queue behind, so instructions run in the order the core gave them."""
+        self._inbox.append(stimulus)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._inbox:
+                current = self._inbox.popleft()
+                try:
+                    instructions = self.state.handle(current)  # type: ignore[union-attr]
+                except Exception:
+                    # A bug (ours): report it, answer the request, keep serving everyone else.
+                    self.counters["bugs"] += 1
+                    logger.exception("coordinator: bug handling %s", type(current).__name__)
+                    token = getattr(current, "token", None)
+                    if isinstance(token, _Token):
+                        token.answer(None, InternalServerError(
+                            "the coordinator hit a bug handling this request; see its log"))
+                    continue
+                for instruction in instructions:
+                    self._perform(instruction)
+        finally:
+            self._feeding = False
+
+    def _perform(self, instruction: Instruction) -> None:
+        if isinstance(instruction, Persist | WriteCheckpoint):
+            self.writer.submit(instruction)  # type: ignore[union-attr]
+        elif isinstance(instruction, Respond):
+            self._respond(instruction)
+        elif isinstance(instruction, KillProcesses):
+            self._kill(instruction)
+        elif isinstance(instruction, SessionEnded):
+            self._peers.pop(instruction.session_id, None)
+            if instruction.expired:
+                logger.info("coordinator: session %d expired", instruction.session_id)
+        else:  # pragma: no cover - the core emits nothing else
+            raise TypeError(f"unknown instruction {instruction!r}")
+
+    def _respond(self, instruction: Respond) -> None:
+        token = instruction.token
+        if not isinstance(token, _Token):
+            return
+        reply = instruction.reply
+        if isinstance(reply, m.SessionOpened):
+            self._peers[reply.session_id] = token.peer
+        token.answer(reply, instruction.error)
+
+    def _kill(self, instruction: KillProcesses) -> None:
+        by_session: dict[int, list[int]] = {}
+        for process, _executor, session_id in instruction.processes:
+            if session_id is not None:
+                by_session.setdefault(session_id, []).append(process)
+        for session_id, processes in by_session.items():
+            peer = self._peers.get(session_id)
+            if peer is None:
+                continue
+            try:
+                self._rpc.notify(peer, m.KillProcesses(query_id=instruction.query_id,
+                                                       processes=processes,
+                                                       reason=instruction.reason))
+            except (PeerBusyError, PeerUnreachableError) as exc:
+                self.counters["notify_failed"] += 1
+                logger.warning("coordinator: cannot tell session %d to kill query %d: %s",
+                               session_id, instruction.query_id, exc)
+
+    # -- from the writer -----------------------------------------------------------------------
+
+    def _on_committed(self, version: int) -> None:
+        self._feed(Committed(version))
+
+    def _on_checkpointed(self, version: int, offsets: dict[str, int]) -> None:
+        self._feed(Checkpointed(version, offsets))
+
+    def _on_failed(self, exc: BaseException) -> None:
+        self.failure = exc
+        self.failed.set()
+
+
+def _next_port(listen: str) -> str:
+    """The broker's default endpoint: the coordinator's port + 1 (0 stays 0: any free port)."""
+    head, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        return "tcp://127.0.0.1:0"
+    return f"{head}:{int(port) + 1 if int(port) else 0}"
+
+
+def _advertised(endpoint: str) -> str:
+    """An endpoint others can connect to: a wildcard bind becomes this host's address."""
+    for wildcard in ("0.0.0.0", "*"):
+        if f"//{wildcard}:" in endpoint:
+            try:
+                address = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                address = "127.0.0.1"
+            return endpoint.replace(f"//{wildcard}:", f"//{address}:")
+    return endpoint

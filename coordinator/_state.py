@@ -1,0 +1,403 @@
+"""The coordinator's pure core: `CoordinatorState.handle(stimulus) -> [instructions]`.
+
+What it decides: which request becomes which catalog commands (the handlers in `_handlers`),
+which sessions are alive (leases against the time each stimulus carries), which requests wait
+for a topic and when they give up, what follows from a change (a query that lost a process
+fails; the executors of a failed or killed query are told to kill what is left of it; a query
+whose processes all registered starts), and when a request may be answered: only once the
+change it saw is durable. Every reply is held until `Committed` reaches the catalog version it
+was computed at, so no client ever sees state that a crash could take back.
+
+What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Persist,
+Respond, KillProcesses and SessionEnded, feeds back Committed, and owns every task.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from catalog import (
+    COLLECTIONS,
+    SYSTEM,
+    Broker,
+    Catalog,
+    Change,
+    Command,
+    CreateTopic,
+    Executor,
+    FailQuery,
+    InvalidCommandError,
+    Query,
+    QueryState,
+    RegisterBroker,
+    RemoveBroker,
+    RemoveExecutor,
+    SessionExpired,
+    StartQuery,
+    Topic,
+    TopicKind,
+    TqError,
+    UnknownSessionError,
+    UnknownTopicError,
+    catalog_topic,
+)
+from querylib.cluster._format import CHECKPOINT_TOPIC
+
+from ._events import (
+    Bootstrap,
+    Checkpointed,
+    Committed,
+    Instruction,
+    KillProcesses,
+    Persist,
+    Received,
+    Respond,
+    SessionEnded,
+    Stimulus,
+    Tick,
+    WriteCheckpoint,
+)
+from ._leases import Leases, binding_of
+from ._waiters import Waiter, Waiters
+
+__all__ = ["Call", "CoordinatorConfig", "CoordinatorState", "WaitForTopic"]
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Bounds on what clients may ask for, in milliseconds."""
+
+    min_lease_ms: int = 100
+    max_lease_ms: int = 300_000
+    # The lease every session gets after a restart, until its holder renews with its own.
+    recovery_lease_ms: int = 10_000
+    max_wait_ms: int = 300_000
+    max_waiters: int = 10_000
+    max_sessions: int = 100_000
+    # Checkpoint once this many updates were appended since the last one, or half the
+    # catalog's size if that is more: a late follower then reads at most about one catalog
+    # size of history, and checkpoints cost O(1) per update, amortized.
+    checkpoint_updates: int = 4096
+
+    def clamp_lease(self, lease_ms: int) -> int:
+        return max(self.min_lease_ms, min(self.max_lease_ms, lease_ms))
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What a handler knows about the request it handles besides the request itself."""
+
+    token: Any
+    now: float
+    wall_ms: int
+    peer: bytes
+
+
+class WaitForTopic(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a handler whose request should wait until topic `name` exists."""
+
+    def __init__(self, name: str, wait_ms: int, session_id: int | None) -> None:
+        super().__init__(name)
+        self.name = name
+        self.wait_ms = wait_ms
+        self.session_id = session_id
+
+
+_HANDLERS: dict[type, Any] = {}
+
+
+def _handlers() -> dict[type, Any]:
+    """The request table of `_handlers` (which imports this module, hence the late import)."""
+    if not _HANDLERS:
+        from ._handlers import HANDLERS
+
+        _HANDLERS.update(HANDLERS)
+    return _HANDLERS
+
+
+class CoordinatorState:
+    """The catalog plus everything the coordinator tracks beside it, driven by stimuli."""
+
+    def __init__(self, catalog: Catalog | None = None, *,
+                 config: CoordinatorConfig | None = None, now: float = 0.0,
+                 checkpoint: Checkpointed | None = None, since_checkpoint: int = 0) -> None:
+        self.catalog = catalog if catalog is not None else Catalog()
+        self.config = config or CoordinatorConfig()
+        self.committed = self.catalog.version
+        self.leases = Leases()
+        self.bindings: dict[int, tuple[int, int]] = {}  # session -> (query, process)
+        self.bound: dict[tuple[int, int], int] = {}  # (query, process) -> session
+        self.waiters = Waiters()
+        self.placement_cursor = 0
+        self.checkpoint = checkpoint  # the latest durable checkpoint
+        self.since_checkpoint = since_checkpoint  # updates appended after it
+        self._checkpointing = False
+        self._held: deque[tuple[int, Respond]] = deque()
+        self._out: list[Instruction] = []
+        # Every session the catalog holds gets a fresh lease: its holder may be alive and
+        # about to renew (this is how sessions survive a coordinator restart).
+        recovery_lease = self.config.recovery_lease_ms / 1000
+        for session in self.catalog.sessions:
+            self.leases.grant(session.session_id, recovery_lease, now)  # type: ignore[union-attr]
+            binding = binding_of(session)  # type: ignore[arg-type]
+            if binding is not None:
+                self.bind(session.session_id, binding)  # type: ignore[union-attr]
+
+    # -- the one entry point -------------------------------------------------------------------
+
+    def handle(self, stimulus: Stimulus) -> list[Instruction]:
+        self._out = out = []
+        if isinstance(stimulus, Received):
+            self._received(stimulus)
+        elif isinstance(stimulus, Tick):
+            self._tick(stimulus.now, stimulus.wall_ms)
+        elif isinstance(stimulus, Committed):
+            self._committed(stimulus.version)
+        elif isinstance(stimulus, Bootstrap):
+            self._bootstrap(stimulus)
+        elif isinstance(stimulus, Checkpointed):
+            self._checkpointing = False
+            if self.checkpoint is None or stimulus.version > self.checkpoint.version:
+                self.checkpoint = stimulus
+        else:
+            raise TypeError(f"not a coordinator stimulus: {stimulus!r}")
+        self._out = []
+        return out
+
+    # -- what handlers use ---------------------------------------------------------------------
+
+    @property
+    def catalog_broker_id(self) -> int | None:
+        """The coordinator's own broker: the one registered without a session."""
+        for broker in self.catalog.brokers:
+            assert isinstance(broker, Broker)
+            if broker.session_id is None:
+                return broker.broker_id
+        return None
+
+    @property
+    def catalog_broker(self) -> str:
+        broker_id = self.catalog_broker_id
+        return "" if broker_id is None else self.catalog.broker(broker_id).address
+
+    def apply(self, command: Command, now: float, wall_ms: int) -> Change:
+        """Apply one command (raising its CatalogError, changing nothing), persist the change
+        and run what follows from it."""
+        change = self.catalog.apply(command)
+        if change.updates:
+            self._out.append(Persist(change.version, change.updates, wall_ms))
+            self.since_checkpoint += len(change.updates)
+            self._after(command, change, now, wall_ms)
+        return change
+
+    def respond(self, token: Any, reply: Any = None, error: BaseException | None = None) -> None:
+        """Answer a request once the catalog version it saw is durable."""
+        respond = Respond(token, reply, error)
+        version = self.catalog.version
+        if version <= self.committed:
+            self._out.append(respond)
+        else:
+            self._held.append((version, respond))
+
+    def renew(self, session_id: int, now: float, lease_ms: int | None = None) -> int:
+        """Check the session is open and extend its lease; returns the lease in ms."""
+        self.catalog.session(session_id)  # UnknownSessionError if it is gone
+        length = None if lease_ms is None else self.config.clamp_lease(lease_ms) / 1000
+        if session_id not in self.leases:
+            self.leases.grant(session_id, length or self.config.recovery_lease_ms / 1000, now)
+            return round(self.leases.length(session_id) * 1000)
+        return round(self.leases.renew(session_id, now, length) * 1000)
+
+    def bind(self, session_id: int, binding: tuple[int, int]) -> None:
+        self.bindings[session_id] = binding
+        self.bound[binding] = session_id
+
+    @property
+    def held(self) -> int:
+        """Replies waiting for their change to become durable."""
+        return len(self._held)
+
+    # -- stimuli -------------------------------------------------------------------------------
+
+    def _received(self, stimulus: Received) -> None:
+        request = stimulus.request
+        handler = _handlers().get(type(request))
+        if handler is None:
+            self.respond(stimulus.token, error=InvalidCommandError(
+                f"the coordinator does not serve {type(request).__name__}"))
+            return
+        call = Call(stimulus.token, stimulus.now, stimulus.wall_ms, stimulus.peer)
+        self._run(handler, request, call, deadline=None)
+
+    def _run(self, handler: Any, request: Any, call: Call, deadline: float | None) -> None:
+        try:
+            reply = handler(self, request, call)
+        except WaitForTopic as wait:
+            self._wait(request, call, wait, deadline)
+        except TqError as exc:
+            self.respond(call.token, error=exc)
+        else:
+            self.respond(call.token, reply)
+
+    def _wait(self, request: Any, call: Call, wait: WaitForTopic, deadline: float | None) -> None:
+        if deadline is None:
+            if len(self.waiters) >= self.config.max_waiters:
+                self.respond(call.token, error=UnknownTopicError(
+                    f"topic {wait.name!r} does not exist, and {len(self.waiters)} requests "
+                    "wait for topics already; retry later"))
+                return
+            wait_ms = min(wait.wait_ms, self.config.max_wait_ms)
+            deadline = call.now + wait_ms / 1000
+        self.waiters.add(Waiter(call.token, request, wait.name, deadline, wait.session_id,
+                                call.peer))
+
+    def _tick(self, now: float, wall_ms: int) -> None:
+        for session_id in self.leases.expired(now):
+            self._expire(session_id, now, wall_ms)
+        for waiter in self.waiters.expired(now):
+            self.respond(waiter.token, error=UnknownTopicError(
+                f"topic {waiter.name!r} did not appear in time"))
+
+    def _expire(self, session_id: int, now: float, wall_ms: int) -> None:
+        binding = self.bindings.get(session_id)
+        try:
+            self.apply(SessionExpired(session_id=session_id, at_ms=wall_ms), now, wall_ms)
+        except UnknownSessionError:
+            return  # closed in the same instant; nothing owned is left
+        if binding is None:
+            return
+        query_id, process = binding
+        query = self.catalog.query(query_id)
+        if not query.ended and query.exit_codes[process] is None:
+            # A process that stopped renewing is lost, though no executor reported an exit.
+            self.apply(FailQuery(query_id=query_id, at_ms=wall_ms,
+                                 reason=f"process {process} lost its session (lease expired)"),
+                       now, wall_ms)
+
+    def _committed(self, version: int) -> None:
+        if version <= self.committed:
+            return
+        self.committed = version
+        held = self._held
+        while held and held[0][0] <= version:
+            self._out.append(held.popleft()[1])
+        size = sum(len(c) for _, c in self.catalog.collections())
+        if not self._checkpointing and self.since_checkpoint >= max(
+                self.config.checkpoint_updates, size // 2):
+            # Taken at the in-memory version: the writer appends it after every change up to
+            # it, and indexes it only once they are all durable.
+            self._checkpointing = True
+            self.since_checkpoint = 0
+            self._out.append(WriteCheckpoint(self.catalog.version, {
+                name: list(collection.items()) for name, collection in self.catalog.collections()
+            }))
+
+    # -- what follows from a change ------------------------------------------------------------
+
+    def _after(self, command: Command, change: Change, now: float, wall_ms: int) -> None:
+        ended_sessions: list[int] = []
+        created_topics: list[str] = []
+        old_queries: dict[int, Query] = {}
+        new_queries: list[Query] = []
+        for collection, record, diff in change.updates:
+            if collection == "sessions" and diff < 0:
+                ended_sessions.append(record.session_id)  # type: ignore[union-attr]
+            elif collection == "topics" and diff > 0:
+                created_topics.append(record.name)  # type: ignore[union-attr]
+            elif collection == "queries":
+                assert isinstance(record, Query)
+                if diff < 0:
+                    old_queries[record.query_id] = record
+                else:
+                    new_queries.append(record)
+        for session_id in ended_sessions:
+            self._session_ended(session_id, isinstance(command, SessionExpired))
+        for query in new_queries:
+            old = old_queries.get(query.query_id)
+            if query.state in (QueryState.FAILED, QueryState.KILLED) and (
+                    old is None or not old.ended):
+                self._kill_remaining(query)
+        for name in created_topics:
+            for waiter in self.waiters.take(name):
+                call = Call(waiter.token, now, wall_ms, waiter.peer)
+                self._run(_handlers()[type(waiter.request)], waiter.request, call,
+                          waiter.deadline)
+
+    def _session_ended(self, session_id: int, expired: bool) -> None:
+        self.leases.forget(session_id)
+        binding = self.bindings.pop(session_id, None)
+        if binding is not None and self.bound.get(binding) == session_id:
+            del self.bound[binding]
+        self._out.append(SessionEnded(session_id, expired))
+        for waiter in self.waiters.take_session(session_id):
+            self.respond(waiter.token, error=UnknownSessionError(
+                f"session {session_id} ended while waiting for topic {waiter.name!r}"))
+
+    def _kill_remaining(self, query: Query) -> None:
+        running = []
+        for process, (executor_id, code) in enumerate(
+                zip(query.executors, query.exit_codes, strict=True)):
+            if code is not None:
+                continue
+            try:
+                session_id = self.catalog.executor(executor_id).session_id
+            except TqError:
+                session_id = None  # the executor left; its processes went with it
+            running.append((process, executor_id, session_id))
+        if running:
+            self._out.append(KillProcesses(query.query_id, tuple(running), query.reason))
+
+    def start_if_registered(self, query_id: int, now: float, wall_ms: int) -> None:
+        """Start a submitted query once each of its processes registered (or exited)."""
+        query = self.catalog.query(query_id)
+        if query.state != QueryState.SUBMITTED:
+            return
+        if all((query_id, p) in self.bound or query.exit_codes[p] is not None
+               for p in range(query.processes)):
+            self.apply(StartQuery(query_id=query_id, at_ms=wall_ms), now, wall_ms)
+
+    # -- bootstrap -----------------------------------------------------------------------------
+
+    def _bootstrap(self, b: Bootstrap) -> None:
+        """Register this process's broker and create the catalog topics on it.
+
+        Executors and brokers registered without a session belong to the coordinator's own
+        process (`tq up`); a previous run's are stale by definition, so they leave first.
+        """
+        now = 0.0
+        mine = [r for r in self.catalog.brokers if isinstance(r, Broker) and r.session_id is None]
+        keep = next((r for r in mine if r.address == b.address and r.host == b.host), None)
+        for executor in list(self.catalog.executors):
+            assert isinstance(executor, Executor)
+            if executor.session_id is None:
+                self.apply(RemoveExecutor(executor_id=executor.executor_id, at_ms=b.wall_ms),
+                           now, b.wall_ms)
+        for broker in mine:
+            if broker is not keep:
+                self.apply(RemoveBroker(broker_id=broker.broker_id), now, b.wall_ms)
+        if keep is None:
+            # Re-join under the old id, so the catalog topics' locations stay right.
+            old_id = min((r.broker_id for r in mine), default=None)
+            self.apply(RegisterBroker(host=b.host, address=b.address, session_id=None,
+                                      broker_id=old_id), now, b.wall_ms)
+        broker_id = self.catalog_broker_id
+        assert broker_id is not None
+        wanted = [(catalog_topic(c), f"tq.catalog.{t.__name__}", TopicKind.COLLECTION)
+                  for c, t in COLLECTIONS.items()]
+        wanted.append((CHECKPOINT_TOPIC, "tq.catalog.checkpoint", TopicKind.STREAM))
+        for name, record_type, kind in wanted:
+            if self.catalog.find_topic(name) is None:
+                self.apply(CreateTopic(name=name, partitions=1, record_type=record_type,
+                                       kind=kind, owner=SYSTEM, locations=(broker_id,),
+                                       at_ms=b.wall_ms), now, b.wall_ms)
+
+    def catalog_topics(self) -> dict[str, Topic]:
+        """Collection name -> its `__catalog.*` topic, for those that exist."""
+        out = {}
+        for collection in COLLECTIONS:
+            topic = self.catalog.find_topic(catalog_topic(collection))
+            if topic is not None:
+                out[collection] = topic
+        return out

@@ -1,0 +1,194 @@
+"""The blocking `Cluster`: an `AsyncCluster` on an event loop thread of its own, for scripts,
+the CLI and threads (as `querylib.rpc.BlockingClient` wraps `RpcClient`).
+
+    with Cluster.connect() as cluster:
+        cluster.create_topic("numbers", partitions=4)
+        with cluster.follow("topics") as follower:
+            for event in follower: ...
+
+Thread-safe: calls from any thread are handed to the loop thread, which alone touches the
+socket; heartbeats run there too, so a busy caller never lets the lease run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from catalog import Broker, Executor, Query, Resources, TopicKind
+from querylib.rpc import Notify, Reply, Request
+
+from . import _messages as m
+from ._connection import discover
+from ._session import AsyncCluster
+
+__all__ = ["Cluster"]
+
+R = TypeVar("R", bound=Reply)
+T = TypeVar("T")
+
+
+class Cluster:
+    """A blocking connection to the coordinator (with a session unless `session=False`)."""
+
+    def __init__(self, address: str, secret: bytes, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"tq-cluster {address}")
+        self._thread.start()
+        self._closed = False
+        try:
+            self._async = self._call(self._start(address, secret, options))
+        except BaseException:
+            self._stop()
+            raise
+
+    @staticmethod
+    async def _start(address: str, secret: bytes, options: dict[str, Any]) -> AsyncCluster:
+        return await AsyncCluster(address, secret, **options).start()
+
+    @classmethod
+    def connect(cls, coordinator: str | None = None, *, secret_file: str | None = None,
+                **options: Any) -> Cluster:
+        """Find the coordinator (argument, TQ_COORDINATOR, cluster.json) and connect."""
+        found = discover(coordinator, secret_file=secret_file)
+        return cls(found.address, found.secret, source=found.source, **options)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a Cluster cannot be called from its own loop thread")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    # -- what AsyncCluster knows ---------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self._async.address
+
+    @property
+    def secret(self) -> bytes:
+        return self._async.secret
+
+    @property
+    def session_id(self) -> int | None:
+        return self._async.session_id
+
+    @property
+    def catalog_broker(self) -> str:
+        return self._async.catalog_broker
+
+    @property
+    def version(self) -> int:
+        return self._async.version
+
+    @property
+    def lease(self) -> float:
+        return self._async.lease
+
+    @property
+    def resumed(self) -> bool:
+        return self._async.resumed
+
+    @property
+    def lost(self) -> bool:
+        return self._async.lost
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request(self, request: Request[R], *, timeout: float | None = None) -> R:
+        return self._call(self._async.request(request, timeout=timeout))
+
+    def info(self) -> m.CatalogInfo:
+        return self._call(self._async.info())
+
+    def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
+        return self._call(self._async.lookup_topic(name, wait=wait))
+
+    def create_topic(self, name: str, partitions: int = 1, *, record_type: str = "bytes",
+                     kind: TopicKind | str = TopicKind.STREAM, ingest: bool = False,
+                     locations: tuple[int, ...] | None = None) -> m.TopicInfo:
+        return self._call(self._async.create_topic(name, partitions, record_type=record_type,
+                                                   kind=kind, ingest=ingest,
+                                                   locations=locations))
+
+    def delete_topic(self, name: str, *, force: bool = False) -> None:
+        self._call(self._async.delete_topic(name, force=force))
+
+    def publish(self, name: str) -> m.TopicInfo:
+        return self._call(self._async.publish(name))
+
+    def unpublish(self, name: str) -> None:
+        self._call(self._async.unpublish(name))
+
+    def subscribe(self, name: str, *, record_type: str | None = None,
+                  kind: TopicKind | str | None = None, wait: float = 0.0) -> m.TopicInfo:
+        return self._call(self._async.subscribe(name, record_type=record_type, kind=kind,
+                                                wait=wait))
+
+    def unsubscribe(self, name: str) -> None:
+        self._call(self._async.unsubscribe(name))
+
+    def register_broker(self, host: str, address: str, *, broker_id: int | None = None
+                        ) -> Broker:
+        return self._call(self._async.register_broker(host, address, broker_id=broker_id))
+
+    def register_executor(self, host: str, broker_id: int, resources: Resources) -> Executor:
+        return self._call(self._async.register_executor(host, broker_id, resources))
+
+    def submit_query(self, name: str, program: str, **options: Any) -> Query:
+        return self._call(self._async.submit_query(name, program, **options))
+
+    def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
+        return self._call(self._async.report_exit(query_id, process, exit_code))
+
+    def kill_query(self, query_id: int, reason: str = "killed") -> Query:
+        return self._call(self._async.kill_query(query_id, reason))
+
+    def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
+        """Run `callback(notification)` on the loop thread for each notify of that type (an
+        executor's `KillProcesses`). It must be quick and must not call this Cluster."""
+        self._async.on_notify(message_type, callback)
+
+    def follow(self, collection: str, *, credit: int = 4 * 1024 * 1024) -> Any:
+        """A CollectionFollower (`with` / `for`): a snapshot at the current version or later,
+        then every later diff."""
+        from ._follow import CollectionFollower
+
+        return CollectionFollower(self, collection, credit=credit)
+
+    def snapshot(self, *collections: str, timeout: float = 30.0) -> dict[str, Any]:
+        """A Snapshot of each collection, read concurrently (see `read_collections`)."""
+        from ._follow import read_collections
+
+        return self._call(read_collections(self._async, collections, timeout=timeout))
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the session and the connection, stop the loop thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._async.close())
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

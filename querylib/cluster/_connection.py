@@ -1,0 +1,165 @@
+"""Finding the coordinator (DESIGN §9): `--coordinator ADDR`, else `TQ_COORDINATOR`, else the
+connection file `$TQ_HOME/cluster.json` (default ~/.tq/) that `tq coordinator` writes, as
+Jupyter's runtime files work. The file holds the coordinator's address and the path of the
+secret file (never the secret), plus the pid and host of the process that wrote it, so a file
+left behind by a killed coordinator is recognised instead of waited on.
+
+Small blocking file work; no sockets. The first request tells whether anyone answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from querylib.rpc import default_secret_path, load_secret
+
+from ._errors import START_HINT, ClusterFileError, NoCoordinatorError
+
+__all__ = [
+    "ClusterInfo",
+    "Connection",
+    "cluster_file",
+    "discover",
+    "read_cluster_file",
+    "remove_cluster_file",
+    "tq_home",
+    "write_cluster_file",
+]
+
+CLUSTER_FILE = "cluster.json"
+_MAX_FILE_BYTES = 64 * 1024
+
+
+def tq_home() -> Path:
+    """`$TQ_HOME`, default ~/.tq: where cluster.json and the secret live."""
+    return Path(os.environ.get("TQ_HOME") or os.path.join(os.path.expanduser("~"), ".tq"))
+
+
+def cluster_file(home: str | os.PathLike[str] | None = None) -> Path:
+    return Path(home if home is not None else tq_home()) / CLUSTER_FILE
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What cluster.json says."""
+
+    coordinator: str
+    secret_file: str
+    catalog_broker: str = ""
+    pid: int | None = None
+    host: str | None = None
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the coordinator is, the cluster secret, and where we learned the address."""
+
+    address: str
+    secret: bytes
+    secret_file: str
+    source: str
+
+
+def write_cluster_file(info: ClusterInfo, home: str | os.PathLike[str] | None = None) -> Path:
+    """Write cluster.json atomically (0600; the folder 0700, created if missing)."""
+    path = cluster_file(home)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(info), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo | None:
+    """The connection file's contents, None if there is none; ClusterFileError if unusable."""
+    path = cluster_file(home)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ClusterFileError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        if len(data) > _MAX_FILE_BYTES:
+            raise ValueError("too large")
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        info = ClusterInfo(
+            coordinator=_field(raw, "coordinator", str),
+            secret_file=_field(raw, "secret_file", str),
+            catalog_broker=raw.get("catalog_broker") or "",
+            pid=raw.get("pid"),
+            host=raw.get("host"),
+            data=raw.get("data"),
+        )
+        if info.pid is not None and not isinstance(info.pid, int):
+            raise ValueError("pid is not an integer")
+    except (ValueError, TypeError) as exc:
+        raise ClusterFileError(f"{path} is not a tq connection file ({exc}); delete it and "
+                               f"restart the coordinator") from exc
+    return info
+
+
+def _field(raw: dict[str, object], name: str, kind: type) -> str:
+    value = raw.get(name)
+    if not isinstance(value, kind) or not value:
+        raise ValueError(f"missing {name!r}")
+    return value  # type: ignore[return-value]
+
+
+def remove_cluster_file(pid: int, home: str | os.PathLike[str] | None = None) -> None:
+    """Remove cluster.json if it is still the one process `pid` wrote."""
+    try:
+        info = read_cluster_file(home)
+    except ClusterFileError:
+        return
+    if info is not None and info.pid == pid:
+        cluster_file(home).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    return True
+
+
+def discover(coordinator: str | None = None, *, secret_file: str | None = None,
+             home: str | os.PathLike[str] | None = None) -> Connection:
+    """Where to reach the coordinator, and the secret to sign with.
+
+    Raises NoCoordinatorError (saying how to start one) when nothing names a coordinator, or
+    when the connection file names one that is not running on this host; SecretFileError when
+    the secret file is missing or unsafe.
+    """
+    info = None
+    if coordinator:
+        source = "--coordinator"
+    elif os.environ.get("TQ_COORDINATOR"):
+        coordinator, source = os.environ["TQ_COORDINATOR"], "TQ_COORDINATOR"
+    else:
+        info = read_cluster_file(home)
+        path = cluster_file(home)
+        if info is None:
+            raise NoCoordinatorError(f"no coordinator found (no {path}, no TQ_COORDINATOR, no "
+                                     f"--coordinator); {START_HINT}")
+        if info.pid is not None and info.host == socket.gethostname() and not _alive(info.pid):
+            raise NoCoordinatorError(f"the coordinator in {path} (pid {info.pid}) is not "
+                                     f"running; {START_HINT}")
+        coordinator, source = info.coordinator, str(path)
+    if secret_file is None:
+        secret_file = info.secret_file if info is not None else str(default_secret_path())
+    return Connection(coordinator, load_secret(secret_file), secret_file, source)

@@ -1,0 +1,30 @@
+"""Errors of talking to the cluster (finding the coordinator, holding a session).
+
+    TqError (catalog.errors)
+    ├── UserError
+    │   ├── NoCoordinatorError   none configured, none running, or none answering: says how to
+    │   │                        start one
+    │   └── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
+    └── SessionLostError         the coordinator no longer holds our session (lease expired)
+"""
+
+from __future__ import annotations
+
+from catalog.errors import TqError, UserError
+
+__all__ = ["ClusterFileError", "NoCoordinatorError", "SessionLostError"]
+
+START_HINT = "start one with `tq coordinator` (or `tq up`)"
+
+
+class NoCoordinatorError(UserError):
+    """No coordinator to talk to; the message says where we looked and how to start one."""
+
+
+class ClusterFileError(UserError):
+    """The connection file is unreadable or malformed; the message names it."""
+
+
+class SessionLostError(TqError):
+    """The coordinator dropped our session (its lease expired while we could not renew it):
+    everything the session owned is gone; open a new session."""

@@ -1,0 +1,350 @@
+"""Following a catalog collection: a consolidated snapshot, then every later diff (DESIGN §3).
+
+A follower is an ordinary subscriber of the collection's topic `__catalog.<name>` on the
+coordinator's broker (the broker's subscribe path; there is no second mechanism). It reads from
+the earliest offset, and `CollectionView` turns what arrives into catalog events:
+
+    Data(time=v, records)   updates of change v, each record's diff in its `tq.diff` header;
+                            held until the frontier passes v
+    Progress(f)             every change below f is complete: consolidate the held updates
+                            with times < f into the contents
+
+A follower starts at the collection's block of the latest checkpoint (the coordinator says
+where): the marker record says how many records the block holds, and those records are the
+collection at the checkpoint's version, so a late follower reads one collection's worth plus
+the changes since, not the whole history. Other blocks it meets (later checkpoints) it skips,
+as a follower reading from the earliest offset skips all of them.
+
+The first event is a `Snapshot` at the first frontier at or past the catalog version the
+coordinator reported when the follower started, so a follower that joins late does not see
+history as a burst of diffs; then a `Diff` per frontier that changed something. Updates of a
+change are only ever counted once their change is complete, so there is no gap and no double
+count, at version 0 or at version 100,000. Updates of a change that a coordinator crash aborted
+are taken back at the same time before the frontier passes it (see coordinator/_journal), so
+they net to zero here.
+
+`CollectionView` is pure (broker events in, catalog events out); the followers own their
+subscriber. Must not: count an update before its frontier passed, or ask the coordinator for
+anything but where to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time as _time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from catalog import (
+    CatalogDecodeError,
+    CorruptCatalogError,
+    Record,
+    TqError,
+    catalog_topic,
+    consolidate,
+    decode_record,
+)
+from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
+
+from ._format import COUNT_HEADER, SNAPSHOT_HEADER
+
+if TYPE_CHECKING:
+    from ._blocking import Cluster
+    from ._messages import CatalogInfo
+    from ._session import AsyncCluster
+
+__all__ = [
+    "AsyncCollectionFollower",
+    "read_collections",
+    "CatalogEvent",
+    "CollectionFollower",
+    "CollectionView",
+    "Diff",
+    "Snapshot",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole collection at `version`: (record, multiplicity) pairs."""
+
+    collection: str
+    version: int
+    records: list[tuple[Record, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """What changed up to `version` since the previous event, consolidated."""
+
+    collection: str
+    version: int
+    updates: list[tuple[Record, int]]
+
+
+CatalogEvent: TypeAlias = Snapshot | Diff
+
+
+class CollectionView:
+    """A collection rebuilt from its topic's events. `until`: emit the snapshot only once the
+    frontier has passed this version. `block`: the version of the checkpoint whose block the
+    events start with (None: they start at the earliest offset)."""
+
+    def __init__(self, collection: str, *, until: int = 0, block: int | None = None) -> None:
+        catalog_topic(collection)  # UnknownCollectionError names the valid ones
+        self.collection = collection
+        self.until = until
+        self.block = block
+        self.contents: dict[Record, int] = {}
+        self.version: int | None = None  # None until the snapshot is out
+        self.frontier = 0
+        self._held: list[tuple[int, Record, int]] = []
+        self._expected: int | None = None if block is not None else 0  # block records to come
+        self._early_frontier = 0  # frontiers seen before the block was complete
+
+    def feed(self, event: object) -> list[CatalogEvent]:
+        if isinstance(event, Data):
+            if event.time is None:
+                raise CorruptCatalogError(f"{catalog_topic(self.collection)}: a record "
+                                          "without tq.time")
+            out: list[CatalogEvent] = []
+            for record in event.records:
+                out += self._record(event.time, record)
+            return out
+        if isinstance(event, Progress):
+            if self._expected != 0:
+                self._early_frontier = max(self._early_frontier, event.frontier)
+                return []
+            return self._advance(event.frontier)
+        return []  # EndOfStream: catalog topics never end; nothing to do
+
+    def _record(self, time: int, record: Any) -> list[CatalogEvent]:
+        headers = _headers(record.headers)
+        snapshot = headers.get(SNAPSHOT_HEADER)
+        if self._expected is None:  # the first record must be the block's marker
+            count = headers.get(COUNT_HEADER)
+            if snapshot != self.block or count is None or count < 0:
+                raise CorruptCatalogError(f"{catalog_topic(self.collection)}: the checkpoint "
+                                          f"block of version {self.block} does not start here")
+            self._expected = count
+            return self._block_done() if count == 0 else []
+        if snapshot is not None:
+            if self._expected and snapshot == self.block and COUNT_HEADER not in headers:
+                value = self._decode(record.value)
+                self.contents[value] = self.contents.get(value, 0) + _need(headers, DIFF_HEADER)
+                self._expected -= 1
+                if not self._expected:
+                    return self._block_done()
+            return []  # another checkpoint's block: we have that state already
+        if self.block is not None and time <= self.block:
+            return []  # already in the block we started from
+        self._held.append((time, self._decode(record.value), _need(headers, DIFF_HEADER)))
+        return []
+
+    def _block_done(self) -> list[CatalogEvent]:
+        assert self.block is not None
+        self.frontier = self.block + 1
+        out: list[CatalogEvent] = []
+        if self.block >= self.until:
+            self.version = self.block
+            out.append(Snapshot(self.collection, self.block, list(self.contents.items())))
+        if self._early_frontier > self.frontier:
+            out += self._advance(self._early_frontier)
+        return out
+
+    def _decode(self, value: bytes | None) -> Record:
+        if value is None:
+            raise CorruptCatalogError(f"{catalog_topic(self.collection)}: a record without "
+                                      "a value")
+        try:
+            return decode_record(self.collection, value)
+        except CatalogDecodeError as exc:
+            raise CorruptCatalogError(f"{catalog_topic(self.collection)}: {exc}") from exc
+
+    def _advance(self, frontier: int) -> list[CatalogEvent]:
+        if frontier <= self.frontier:
+            return []
+        self.frontier = frontier
+        held = self._held
+        if all(t < frontier for t, _, _ in held):
+            ready, self._held = held, []
+        else:
+            ready = [h for h in held if h[0] < frontier]
+            self._held = [h for h in held if h[0] >= frontier]
+        updates = consolidate((record, diff) for _, record, diff in ready)
+        contents = self.contents
+        for record, diff in updates:
+            count = contents.get(record, 0) + diff
+            if count < 0:
+                raise CorruptCatalogError(f"{catalog_topic(self.collection)}: retracting "
+                                          f"{record!r} below zero")
+            if count:
+                contents[record] = count
+            else:
+                del contents[record]
+        version = frontier - 1
+        if self.version is None:
+            if version < self.until:
+                return []
+            self.version = version
+            return [Snapshot(self.collection, version, list(contents.items()))]
+        self.version = version
+        return [Diff(self.collection, version, updates)] if updates else []
+
+
+def _headers(headers: Any) -> dict[str, int]:
+    out = {}
+    try:
+        for name, value in headers:
+            if name in (DIFF_HEADER, SNAPSHOT_HEADER, COUNT_HEADER, TIME_HEADER):
+                out[name] = decode_int64(value)
+    except TqError as exc:
+        raise CorruptCatalogError(f"a catalog record with a bad header: {exc}") from exc
+    return out
+
+
+def _need(headers: dict[str, int], name: str) -> int:
+    value = headers.get(name)
+    if value is None:
+        raise CorruptCatalogError(f"a catalog record without {name}")
+    return value
+
+
+def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, int | str]:
+    """The view and the offset to start from: the latest checkpoint's block, else earliest."""
+    checkpoint = info.checkpoint
+    if checkpoint is None or collection not in checkpoint.offsets:
+        return CollectionView(collection, until=info.version), "earliest"
+    return (CollectionView(collection, until=info.version, block=checkpoint.version),
+            checkpoint.offsets[collection])
+
+
+class AsyncCollectionFollower:
+    """Catalog events of one collection, on asyncio.
+
+        async with cluster.follow("topics") as follower:
+            async for event in follower:      # Snapshot, then Diffs, forever
+                ...
+    """
+
+    def __init__(self, cluster: AsyncCluster, collection: str, *,
+                 credit: int = 4 * 1024 * 1024) -> None:
+        self.cluster = cluster
+        self.collection = collection
+        self.credit = credit
+        self.view = CollectionView(collection)
+        self._subscriber: AsyncSubscriber | None = None
+        self._ready: list[CatalogEvent] = []
+
+    async def start(self) -> AsyncCollectionFollower:
+        info = await self.cluster.info()
+        self.view, start = _start(self.collection, info)
+        self._subscriber = AsyncSubscriber(
+            info.catalog_broker, info.collections[self.collection], 0,
+            secret=self.cluster.secret, start=start, credit=self.credit, follow=True)
+        await self._subscriber.start()
+        return self
+
+    async def __aenter__(self) -> AsyncCollectionFollower:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def next_event(self, timeout: float | None = None) -> CatalogEvent | None:
+        """The next catalog event; None after `timeout` seconds without one."""
+        assert self._subscriber is not None, "start the follower first"
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while not self._ready:
+            left = None if deadline is None else max(0.0, deadline - _time.monotonic())
+            event = await self._subscriber.next_event(left)
+            if event is None:
+                return None
+            self._ready.extend(self.view.feed(event))
+        return self._ready.pop(0)
+
+    def __aiter__(self) -> AsyncIterator[CatalogEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[CatalogEvent]:
+        while True:
+            event = await self.next_event()
+            if event is not None:
+                yield event
+
+    async def close(self) -> None:
+        if self._subscriber is not None:
+            subscriber, self._subscriber = self._subscriber, None
+            await subscriber.close()
+
+
+class CollectionFollower:
+    """Catalog events of one collection, blocking (`with` / `for`). See AsyncCollectionFollower.
+    """
+
+    def __init__(self, cluster: Cluster, collection: str, *,
+                 credit: int = 4 * 1024 * 1024) -> None:
+        self.collection = collection
+        self.view = CollectionView(collection)
+        info = cluster.info()
+        self.view, start = _start(collection, info)
+        self._subscriber = Subscriber(info.catalog_broker, info.collections[collection], 0,
+                                      secret=cluster.secret, start=start, credit=credit,
+                                      follow=True)
+        self._ready: list[CatalogEvent] = []
+
+    def __enter__(self) -> CollectionFollower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_event(self, timeout: float | None = None) -> CatalogEvent | None:
+        """The next catalog event; None after `timeout` seconds without one."""
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while not self._ready:
+            left = None if deadline is None else max(0.0, deadline - _time.monotonic())
+            event = self._subscriber.next_event(left)
+            if event is None:
+                return None
+            self._ready.extend(self.view.feed(event))
+        return self._ready.pop(0)
+
+    def __iter__(self) -> Iterator[CatalogEvent]:
+        while True:
+            event = self.next_event()
+            if event is not None:
+                yield event
+
+    def snapshot(self, timeout: float | None = None) -> Snapshot | None:
+        """The first event (a Snapshot), or None if it did not come within `timeout`."""
+        event = self.next_event(timeout)
+        assert event is None or isinstance(event, Snapshot)
+        return event
+
+    def close(self) -> None:
+        self._subscriber.close()
+
+
+async def read_collections(cluster: AsyncCluster, collections: Iterable[str], *,
+                           timeout: float = 30.0) -> dict[str, Snapshot]:
+    """A snapshot of each collection (at the version the coordinator reported, or later), read
+    concurrently; TqError if one does not arrive within `timeout` seconds."""
+    names = list(dict.fromkeys(collections))
+    for name in names:
+        catalog_topic(name)  # UnknownCollectionError before anything starts
+    followers = [AsyncCollectionFollower(cluster, name) for name in names]
+    try:
+        await asyncio.gather(*(f.start() for f in followers))
+        events = await asyncio.gather(*(f.next_event(timeout) for f in followers))
+    finally:
+        await asyncio.gather(*(f.close() for f in followers), return_exceptions=True)
+    out = {}
+    for name, event in zip(names, events, strict=True):
+        if not isinstance(event, Snapshot):
+            raise TqError(f"no snapshot of {catalog_topic(name)} within {timeout:g}s from "
+                          f"the catalog broker {cluster.catalog_broker}")
+        out[name] = event
+    return out

@@ -1,0 +1,283 @@
+"""The coordinator's RPC messages (DESIGN §2): sessions, topics, publications, subscriptions,
+brokers, executors and queries.
+
+Declarations only. They live in `querylib` because every tq process speaks them and `querylib`
+may not import `coordinator`. Catalog records travel as themselves (tagged msgspec Structs), so a
+reply carries the exact record the catalog holds. Times are milliseconds. Every request that acts
+for someone names its session: the coordinator derives the acting party from it (the query a
+query-process session runs, else the session itself), never from a field the client fills in.
+
+Client -> coordinator requests (reply in brackets):
+    coord.session.open      OpenSession        [SessionOpened]   new session, or resume one
+    coord.session.renew     Heartbeat          [Renewed]         renew the lease
+    coord.session.close     CloseSession       [Done]
+    coord.info              GetCatalogInfo     [CatalogInfo]     version, catalog broker, topics
+    coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
+    coord.topic.create      CreateTopic        [TopicInfo]
+    coord.topic.delete      DeleteTopic        [Done]
+    coord.publish           Publish            [TopicInfo]
+    coord.unpublish         Unpublish          [Done]
+    coord.subscribe         Subscribe          [TopicInfo]       optionally waiting for the topic
+    coord.unsubscribe       Unsubscribe        [Done]
+    coord.broker.register   RegisterBroker     [BrokerInfo]
+    coord.broker.remove     RemoveBroker       [Done]
+    coord.executor.register RegisterExecutor   [ExecutorInfo]
+    coord.executor.remove   RemoveExecutor     [Done]
+    coord.query.submit      SubmitQuery        [QueryInfo]
+    coord.query.exited      ReportExit         [QueryInfo]       an executor reports an exit code
+    coord.query.kill        KillQuery          [QueryInfo]
+Coordinator -> executor notify:
+    coord.kill.processes    KillProcesses                        terminate what is left of a query
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from catalog import (
+    Broker,
+    Executor,
+    Query,
+    Resources,
+    SessionKind,
+    Topic,
+    TopicKind,
+)
+from querylib.rpc import Notify, Reply, Request
+
+__all__ = [
+    "BrokerInfo",
+    "CatalogInfo",
+    "CheckpointRef",
+    "CloseSession",
+    "CreateTopic",
+    "DeleteTopic",
+    "Done",
+    "ExecutorInfo",
+    "GetCatalogInfo",
+    "Heartbeat",
+    "KillProcesses",
+    "KillQuery",
+    "LookupTopic",
+    "OpenSession",
+    "Publish",
+    "QueryInfo",
+    "RegisterBroker",
+    "RegisterExecutor",
+    "RemoveBroker",
+    "RemoveExecutor",
+    "Renewed",
+    "ReportExit",
+    "SessionOpened",
+    "SubmitQuery",
+    "Subscribe",
+    "TopicInfo",
+    "Unpublish",
+    "Unsubscribe",
+]
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class Done(Reply, tag="coord.done"):
+    """The request took effect; `version` is the catalog version that holds the effect."""
+
+    version: int
+
+
+class SessionOpened(Reply, tag="coord.session.opened"):
+    session_id: int
+    lease_ms: int           # the lease granted (the coordinator clamps the request)
+    version: int
+    resumed: bool           # True: an existing session was handed back
+    catalog_broker: str     # the broker serving the __catalog.* topics
+
+
+class Renewed(Reply, tag="coord.session.renewed"):
+    lease_ms: int
+    version: int
+
+
+class CheckpointRef(msgspec.Struct, frozen=True):
+    """The latest checkpoint of the catalog topics: a follower starts at its collection's
+    block offset, where the collection at `version` is written out whole."""
+
+    version: int
+    offsets: dict[str, int]
+
+
+class CatalogInfo(Reply, tag="coord.info.reply"):
+    version: int
+    catalog_broker: str
+    collections: dict[str, str]   # collection -> its topic on the catalog broker
+    checkpoint: CheckpointRef | None = None
+
+
+class TopicInfo(Reply, tag="coord.topic.info"):
+    topic: Topic
+    brokers: dict[int, str]       # broker id -> address, for every partition location
+    version: int
+
+
+class BrokerInfo(Reply, tag="coord.broker.info"):
+    broker: Broker
+    version: int
+
+
+class ExecutorInfo(Reply, tag="coord.executor.info"):
+    executor: Executor
+    version: int
+
+
+class QueryInfo(Reply, tag="coord.query.info"):
+    query: Query
+    version: int
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class OpenSession(Request[SessionOpened], tag="coord.session.open"):
+    """Open a session, or take back `resume` if the coordinator still holds it (after a client
+    restart, or after the coordinator's). A query process names its query and process index:
+    the session then acts as that query, and its expiry fails the query."""
+
+    kind: SessionKind = SessionKind.CLIENT
+    peer: str = ""
+    lease_ms: int = 10_000
+    resume: int | None = None
+    query_id: int | None = None
+    process: int | None = None
+
+
+class Heartbeat(Request[Renewed], tag="coord.session.renew"):
+    session_id: int
+    lease_ms: int | None = None   # None: keep the lease length granted before
+
+
+class CloseSession(Request[Done], tag="coord.session.close"):
+    session_id: int
+
+
+class GetCatalogInfo(Request[CatalogInfo], tag="coord.info"):
+    pass
+
+
+# --------------------------------------------------------------------------- topics
+
+
+class LookupTopic(Request[TopicInfo], tag="coord.topic.lookup"):
+    """The topic called `name`; with `wait_ms`, wait that long for it to be created."""
+
+    name: str
+    wait_ms: int = 0
+
+
+class CreateTopic(Request[TopicInfo], tag="coord.topic.create"):
+    """Create a topic owned by the session's party (or by `ingest`, fed from outside).
+    `locations` (broker id per partition) defaults to the coordinator's placement."""
+
+    session_id: int
+    name: str
+    partitions: int = 1
+    record_type: str = "bytes"
+    kind: TopicKind = TopicKind.STREAM
+    ingest: bool = False
+    locations: tuple[int, ...] | None = None
+
+
+class DeleteTopic(Request[Done], tag="coord.topic.delete"):
+    session_id: int
+    name: str
+    force: bool = False
+
+
+class Publish(Request[TopicInfo], tag="coord.publish"):
+    session_id: int
+    name: str
+
+
+class Unpublish(Request[Done], tag="coord.unpublish"):
+    session_id: int
+    name: str
+
+
+class Subscribe(Request[TopicInfo], tag="coord.subscribe"):
+    """Subscribe the session's party; with `wait_ms`, wait that long for the topic to exist."""
+
+    session_id: int
+    name: str
+    record_type: str | None = None
+    kind: TopicKind | None = None
+    wait_ms: int = 0
+
+
+class Unsubscribe(Request[Done], tag="coord.unsubscribe"):
+    session_id: int
+    name: str
+
+
+# --------------------------------------------------------------------------- brokers, executors
+
+
+class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
+    """A broker came up; it leaves with the session. `broker_id` re-joins under an old id."""
+
+    session_id: int
+    host: str
+    address: str
+    broker_id: int | None = None
+
+
+class RemoveBroker(Request[Done], tag="coord.broker.remove"):
+    session_id: int
+    broker_id: int
+
+
+class RegisterExecutor(Request[ExecutorInfo], tag="coord.executor.register"):
+    session_id: int
+    host: str
+    broker_id: int
+    resources: Resources
+
+
+class RemoveExecutor(Request[Done], tag="coord.executor.remove"):
+    session_id: int
+    executor_id: int
+
+
+# --------------------------------------------------------------------------- queries
+
+
+class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
+    """A query placed on `executors` (one per process), or by the coordinator when None."""
+
+    session_id: int
+    name: str
+    program: str
+    processes: int = 1
+    workers: int = 1
+    args: tuple[str, ...] = ()
+    executors: tuple[int, ...] | None = None
+
+
+class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
+    session_id: int
+    query_id: int
+    process: int
+    exit_code: int
+
+
+class KillQuery(Request[QueryInfo], tag="coord.query.kill"):
+    session_id: int
+    query_id: int
+    reason: str = "killed"
+
+
+class KillProcesses(Notify, tag="coord.kill.processes"):
+    """To an executor: terminate these processes of the query (it failed or was killed)."""
+
+    query_id: int
+    processes: list[int]
+    reason: str

@@ -1,0 +1,302 @@
+"""A client's session with the coordinator, on asyncio: `AsyncCluster`.
+
+    cluster = await AsyncCluster.connect()                  # discovery as in DESIGN §9
+    info = await cluster.create_topic("numbers", partitions=4)
+    await cluster.publish("numbers")
+    sub = await cluster.subscribe("primes", wait=30)        # waits for the topic to exist
+    async with cluster.follow("topics") as follower:        # the catalog, as a collection
+        async for event in follower: ...
+    await cluster.close()
+
+The session holds a lease, renewed by a heartbeat task every third of the lease (any request
+renews it too). While the coordinator is away (restarting) heartbeats fail and are retried; a
+coordinator that comes back within the lease hands the session back unchanged, since it
+recovers its sessions from the catalog. If the lease ran out meanwhile, the coordinator
+retracted everything the session owned: the next call raises SessionLostError.
+
+A cluster opened with `session=False` has no session (read-only tools: `tq status`, `tq
+catalog`), so it leaves no trace in the catalog. Owns its RpcClient and heartbeat task.
+Must not: decide what the coordinator decides (who acts as whom, who owns what); it asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from catalog import (
+    Broker,
+    Executor,
+    Query,
+    Resources,
+    SessionKind,
+    TopicKind,
+    TqError,
+    UnknownSessionError,
+)
+from querylib.rpc import (
+    ClientClosedError,
+    DeadlineExceededError,
+    Notify,
+    Reply,
+    Request,
+    RpcClient,
+    RpcError,
+)
+
+from . import _messages as m
+from ._connection import discover
+from ._errors import START_HINT, NoCoordinatorError, SessionLostError
+
+__all__ = ["AsyncCluster", "default_peer"]
+
+logger = logging.getLogger("querylib.cluster")
+
+R = TypeVar("R", bound=Reply)
+
+
+def default_peer() -> str:
+    """Who we are, for people reading `tq catalog sessions`: program, user@host, pid."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{program} {user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+class AsyncCluster:
+    """A connection to the coordinator, with a session unless `session=False`."""
+
+    def __init__(self, address: str, secret: bytes, *, session: bool = True,
+                 kind: SessionKind = SessionKind.CLIENT, peer: str | None = None,
+                 lease: float = 10.0, timeout: float = 30.0, connect_timeout: float = 10.0,
+                 resume: int | None = None, query_id: int | None = None,
+                 process: int | None = None, source: str = "") -> None:
+        self.address = address
+        self.secret = secret
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.lease = lease
+        self.source = source or address
+        self._wants_session = session
+        self._open_request = m.OpenSession(kind=kind, peer=peer or default_peer(),
+                                           lease_ms=int(lease * 1000), resume=resume,
+                                           query_id=query_id, process=process)
+        self.client = RpcClient(address, secret, timeout=timeout)
+        self.session_id: int | None = None
+        self.catalog_broker = ""
+        self.version = 0  # the newest catalog version a reply mentioned
+        self.resumed = False
+        self._lost: SessionLostError | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._started = False
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, coordinator: str | None = None, *, secret_file: str | None = None,
+                      **options: Any) -> AsyncCluster:
+        """Find the coordinator (argument, TQ_COORDINATOR, cluster.json) and start."""
+        found = discover(coordinator, secret_file=secret_file)
+        return await cls(found.address, found.secret, source=found.source, **options).start()
+
+    async def start(self) -> AsyncCluster:
+        """Connect, and open (or resume) the session. NoCoordinatorError if nobody answers
+        within `connect_timeout`."""
+        await self.client.connect()
+        self._started = True
+        try:
+            if self._wants_session:
+                opened = await self._first(self._open_request)
+                self.session_id = opened.session_id
+                self.lease = opened.lease_ms / 1000
+                self.catalog_broker = opened.catalog_broker
+                self.resumed = opened.resumed
+                self._seen(opened.version)
+                self._heartbeats = asyncio.get_running_loop().create_task(
+                    self._heartbeat_forever(), name=f"tq session {self.session_id}")
+            else:
+                info = await self._first(m.GetCatalogInfo())
+                self.catalog_broker = info.catalog_broker
+                self._seen(info.version)
+        except BaseException:
+            await self.client.close()
+            raise
+        return self
+
+    async def _first(self, request: Request[R]) -> R:
+        try:
+            return await self.client.request(request, timeout=self.connect_timeout)
+        except DeadlineExceededError:
+            raise NoCoordinatorError(f"no coordinator answers at {self.address} (from "
+                                     f"{self.source}) within {self.connect_timeout:g}s; "
+                                     f"{START_HINT}") from None
+
+    async def __aenter__(self) -> AsyncCluster:
+        return self if self._started else await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def lost(self) -> bool:
+        """True once the coordinator dropped our session."""
+        return self._lost is not None
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def request(self, request: Request[R], *, timeout: float | None = None) -> R:
+        """Send any coordinator request; raises SessionLostError once the session is gone."""
+        if self._lost is not None:
+            raise self._lost
+        try:
+            reply = await self.client.request(request, timeout=timeout)
+        except UnknownSessionError as exc:
+            if getattr(request, "session_id", None) == self.session_id is not None:
+                self._lose(exc)
+                raise self._lost from exc  # type: ignore[misc]
+            raise
+        version = getattr(reply, "version", None)
+        if version is not None:
+            self._seen(version)
+        return reply
+
+    def _seen(self, version: int) -> None:
+        self.version = max(self.version, version)
+
+    def _session(self) -> int:
+        if self.session_id is None:
+            raise TqError("this cluster connection has no session (opened with session=False)")
+        return self.session_id
+
+    async def info(self) -> m.CatalogInfo:
+        return await self.request(m.GetCatalogInfo())
+
+    async def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
+        """The topic called `name`; with `wait` seconds, wait for it to be created."""
+        return await self.request(m.LookupTopic(name=name, wait_ms=int(wait * 1000)),
+                                  timeout=self._wait_timeout(wait))
+
+    async def create_topic(self, name: str, partitions: int = 1, *, record_type: str = "bytes",
+                           kind: TopicKind | str = TopicKind.STREAM, ingest: bool = False,
+                           locations: tuple[int, ...] | None = None) -> m.TopicInfo:
+        return await self.request(m.CreateTopic(
+            session_id=self._session(), name=name, partitions=partitions,
+            record_type=record_type, kind=TopicKind(kind), ingest=ingest, locations=locations))
+
+    async def delete_topic(self, name: str, *, force: bool = False) -> None:
+        await self.request(m.DeleteTopic(session_id=self._session(), name=name, force=force))
+
+    async def publish(self, name: str) -> m.TopicInfo:
+        return await self.request(m.Publish(session_id=self._session(), name=name))
+
+    async def unpublish(self, name: str) -> None:
+        await self.request(m.Unpublish(session_id=self._session(), name=name))
+
+    async def subscribe(self, name: str, *, record_type: str | None = None,
+                        kind: TopicKind | str | None = None, wait: float = 0.0) -> m.TopicInfo:
+        """Subscribe; with `wait` seconds, wait for the topic to be created (UnknownTopicError
+        if it is not by then)."""
+        return await self.request(m.Subscribe(
+            session_id=self._session(), name=name, record_type=record_type,
+            kind=None if kind is None else TopicKind(kind), wait_ms=int(wait * 1000)),
+            timeout=self._wait_timeout(wait))
+
+    async def unsubscribe(self, name: str) -> None:
+        await self.request(m.Unsubscribe(session_id=self._session(), name=name))
+
+    async def register_broker(self, host: str, address: str, *,
+                              broker_id: int | None = None) -> Broker:
+        reply = await self.request(m.RegisterBroker(session_id=self._session(), host=host,
+                                                    address=address, broker_id=broker_id))
+        return reply.broker
+
+    async def register_executor(self, host: str, broker_id: int,
+                                resources: Resources) -> Executor:
+        reply = await self.request(m.RegisterExecutor(session_id=self._session(), host=host,
+                                                      broker_id=broker_id, resources=resources))
+        return reply.executor
+
+    async def submit_query(self, name: str, program: str, *, processes: int = 1,
+                           workers: int = 1, args: tuple[str, ...] = (),
+                           executors: tuple[int, ...] | None = None) -> Query:
+        reply = await self.request(m.SubmitQuery(
+            session_id=self._session(), name=name, program=program, processes=processes,
+            workers=workers, args=tuple(args), executors=executors))
+        return reply.query
+
+    async def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
+        reply = await self.request(m.ReportExit(session_id=self._session(), query_id=query_id,
+                                                process=process, exit_code=exit_code))
+        return reply.query
+
+    async def kill_query(self, query_id: int, reason: str = "killed") -> Query:
+        reply = await self.request(m.KillQuery(session_id=self._session(), query_id=query_id,
+                                               reason=reason))
+        return reply.query
+
+    def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
+        """Run `callback(notification)` on this loop for each notify of that type the
+        coordinator pushes (an executor's `KillProcesses`). It must be quick: hand work on."""
+        self.client.on_notify(message_type, callback)
+
+    def follow(self, collection: str, *, credit: int = 4 * 1024 * 1024) -> Any:
+        """An AsyncCollectionFollower of a catalog collection (`async with` / `async for`):
+        a snapshot at the current version or later, then every later diff."""
+        from ._follow import AsyncCollectionFollower
+
+        return AsyncCollectionFollower(self, collection, credit=credit)
+
+    def _wait_timeout(self, wait: float) -> float | None:
+        return None if wait <= 0 else max(self.timeout, wait + 5.0)
+
+    # -- the lease -----------------------------------------------------------------------------
+
+    async def _heartbeat_forever(self) -> None:
+        interval = max(self.lease / 3, 0.02)
+        request = m.Heartbeat(session_id=self.session_id, lease_ms=int(self.lease * 1000))  # type: ignore[arg-type]
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.client.request(request, timeout=max(interval, 0.5))
+            except UnknownSessionError as exc:
+                self._lose(exc)
+                return
+            except ClientClosedError:
+                return
+            except RpcError as exc:  # the coordinator is slow or away: keep trying
+                logger.debug("session %s: heartbeat: %s", self.session_id, exc)
+            except TqError as exc:
+                logger.warning("session %s: heartbeat refused: %s", self.session_id, exc)
+
+    def _lose(self, cause: BaseException) -> None:
+        if self._lost is None:
+            logger.warning("session %s lost: %s", self.session_id, cause)
+            self._lost = SessionLostError(
+                f"the coordinator dropped session {self.session_id} (its lease of "
+                f"{self.lease:g}s ran out); what it owned is gone: open a new session")
+
+    async def close(self) -> None:
+        """Stop heartbeats, close the session (its publications and subscriptions leave; its
+        topics stay), close the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
+        try:
+            if self.session_id is not None and self._lost is None:
+                try:
+                    await self.client.request(m.CloseSession(session_id=self.session_id),
+                                              timeout=min(self.timeout, 5.0))
+                except TqError as exc:  # it expires by itself later
+                    logger.debug("session %s: close: %s", self.session_id, exc)
+        finally:
+            await self.client.close()

@@ -1,0 +1,104 @@
+"""A real `tq coordinator` process for integration and fault tests, and client processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Processes, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tq_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TQ_HOME"] = str(home)
+    env.pop("TQ_COORDINATOR", None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def tq(home: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run a `tq` command to completion (with the coordinator commands registered)."""
+    return subprocess.run([sys.executable, "-m", "tests.coordinator._tq", *args],
+                          capture_output=True, text=True, env=tq_env(home), cwd=ROOT,
+                          timeout=timeout)
+
+
+class CoordinatorProcess:
+    """`tq coordinator` on fixed free ports, so a restart comes back at the same addresses."""
+
+    def __init__(self, processes: Processes, home: Path, *, recovery_lease: float = 10.0,
+                 checkpoint_updates: int = 4096) -> None:
+        self.processes = processes
+        self.home = home
+        self.data = home / "coordinator"
+        self.port = free_port()
+        self.broker_port = free_port()
+        self.recovery_lease = recovery_lease
+        self.checkpoint_updates = checkpoint_updates
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def start(self) -> CoordinatorProcess:
+        self.proc = self.processes.python(
+            "-m", "tests.coordinator._tq", "coordinator", "--data", str(self.data),
+            "--listen", self.address, "--broker-listen", f"tcp://127.0.0.1:{self.broker_port}",
+            "--recovery-lease", str(self.recovery_lease),
+            "--checkpoint-updates", str(self.checkpoint_updates),
+            env=tq_env(self.home), cwd=ROOT, stderr=subprocess.PIPE)
+        pid = self.proc.pid
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:  # type: ignore[union-attr]
+                raise AssertionError(f"coordinator exited: {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
+            try:
+                return json.loads((self.home / "cluster.json").read_text())["pid"] == pid
+            except (OSError, ValueError, KeyError):
+                return False
+
+        wait_for(ready, timeout=30, what="the coordinator to write cluster.json")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, cluster.json stays behind."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+def client_process(processes: Processes, home: Path, *args: str) -> tuple[subprocess.Popen[str],
+                                                                        dict[str, Any]]:
+    """A `tests.coordinator._client` process; returns it and the JSON line it prints once its
+    session holds what it was asked to hold."""
+    (client,) = client_processes(processes, home, list(args))
+    return client
+
+
+def client_processes(processes: Processes, home: Path, *arg_lists: list[str]
+                     ) -> list[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """Several client processes started at once (interpreter start-up is the slow part)."""
+    procs = [processes.python("-m", "tests.coordinator._client", *args, env=tq_env(home),
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for args in arg_lists]
+    out = []
+    for proc in procs:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise AssertionError(f"client failed: {proc.stderr.read()}")  # type: ignore[union-attr]
+        out.append((proc, json.loads(line)))
+    return out

@@ -1,0 +1,94 @@
+"""Finding the coordinator: --coordinator, TQ_COORDINATOR, then $TQ_HOME/cluster.json; and the
+one-line errors when there is none."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from querylib.cluster import (
+    ClusterFileError,
+    ClusterInfo,
+    NoCoordinatorError,
+    cluster_file,
+    discover,
+    read_cluster_file,
+    remove_cluster_file,
+    write_cluster_file,
+)
+from querylib.rpc import SecretFileError, load_or_create_secret
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    monkeypatch.delenv("TQ_COORDINATOR", raising=False)
+    load_or_create_secret(tmp_path / "secret")
+    return tmp_path
+
+
+def _info(home: Path, **fields: object) -> ClusterInfo:
+    values: dict[str, object] = {"coordinator": "tcp://127.0.0.1:7400",
+                                 "secret_file": str(home / "secret"), "pid": os.getpid(),
+                                 "host": socket.gethostname()}
+    values.update(fields)
+    return ClusterInfo(**values)  # type: ignore[arg-type]
+
+
+def test_nothing_configured_says_how_to_start_a_coordinator(home: Path) -> None:
+    with pytest.raises(NoCoordinatorError, match="tq coordinator"):
+        discover()
+
+
+def test_the_cluster_file_is_written_privately_and_read_back(home: Path) -> None:
+    path = write_cluster_file(_info(home))
+    assert path == cluster_file() == home / "cluster.json"
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert read_cluster_file() == _info(home)
+    found = discover()
+    assert found.address == "tcp://127.0.0.1:7400" and found.source == str(path)
+    assert found.secret == (home / "secret").read_bytes().strip()
+
+
+def test_the_argument_beats_the_environment_beats_the_file(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_cluster_file(_info(home))
+    monkeypatch.setenv("TQ_COORDINATOR", "tcp://10.0.0.1:1")
+    assert discover().address == "tcp://10.0.0.1:1"
+    assert discover("tcp://10.0.0.2:2").address == "tcp://10.0.0.2:2"
+
+
+def test_a_file_left_by_a_dead_coordinator_is_recognised(home: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    write_cluster_file(_info(home, pid=int(dead.stdout)))
+    with pytest.raises(NoCoordinatorError, match="not running"):
+        discover()
+
+
+@pytest.mark.parametrize("content", [b"", b"[]", b"{}", b'{"coordinator": 5}',
+                                     b"\xff\xfe", b'{"coordinator": "x", "secret_file": "y",'
+                                     b' "pid": "nope"}', b" " * 70_000])
+def test_a_malformed_cluster_file_is_one_clear_error(home: Path, content: bytes) -> None:
+    (home / "cluster.json").write_bytes(content)
+    with pytest.raises(ClusterFileError, match="cluster.json"):
+        discover()
+
+
+def test_a_missing_secret_is_reported(home: Path) -> None:
+    write_cluster_file(_info(home, secret_file=str(home / "missing")))
+    with pytest.raises(SecretFileError):
+        discover()
+
+
+def test_only_the_writer_removes_the_file(home: Path) -> None:
+    write_cluster_file(_info(home, pid=1))
+    remove_cluster_file(os.getpid())
+    assert cluster_file().exists()
+    remove_cluster_file(1)
+    assert not cluster_file().exists()

@@ -1,0 +1,397 @@
+"""The coordinator core as pure logic: sessions and leases, blocking requests, what follows from
+a change, replies held until durable, recovery and bootstrap. Time is an input."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog import (
+    SYSTEM,
+    Catalog,
+    ConflictError,
+    InvalidCommandError,
+    NotOwnerError,
+    QueryRef,
+    QueryState,
+    SessionKind,
+    SessionRef,
+    TopicExistsError,
+    UnknownSessionError,
+    UnknownTopicError,
+    catalog_topic,
+)
+from coordinator import (
+    Bootstrap,
+    Checkpointed,
+    Committed,
+    CoordinatorConfig,
+    CoordinatorState,
+    Persist,
+    Respond,
+    Tick,
+)
+from querylib.cluster import _messages as m
+
+from ._driver import Driver
+
+
+def test_bootstrap_registers_the_broker_and_creates_every_catalog_topic() -> None:
+    d = Driver()
+    catalog = d.state.catalog
+    assert d.state.catalog_broker == "tcp://127.0.0.1:7401"
+    topics = d.state.catalog_topics()
+    assert set(topics) == {"sessions", "brokers", "executors", "queries", "topics",
+                           "publications", "subscriptions", "counters"}
+    for name, topic in topics.items():
+        assert topic.short_name == catalog_topic(name)
+        assert topic.owner == SYSTEM and topic.internal
+    version = catalog.version
+    d.feed(Bootstrap("coord-host", "tcp://127.0.0.1:7401", d.wall))
+    assert catalog.version == version, "bootstrapping again at the same address changes nothing"
+
+
+def test_bootstrap_at_a_new_address_keeps_the_broker_id() -> None:
+    d = Driver()
+    old = d.state.catalog_broker_id
+    d.feed(Bootstrap("coord-host", "tcp://127.0.0.1:9999", d.wall))
+    assert d.state.catalog_broker_id == old
+    assert d.state.catalog_broker == "tcp://127.0.0.1:9999"
+
+
+def test_a_reply_waits_until_its_change_is_durable() -> None:
+    d = Driver()
+    token = d.send(m.OpenSession(lease_ms=1000))
+    persists = [i for i in d.out if isinstance(i, Persist)]
+    assert persists and not [i for i in d.out if isinstance(i, Respond)]
+    assert d.state.held == 1
+    d.feed(Committed(persists[-1].version - 1))
+    assert token not in d.answers
+    d.feed(Committed(persists[-1].version))
+    assert d.answer(token).session_id == 1
+
+
+def test_a_read_of_uncommitted_state_waits_too() -> None:
+    d = Driver()
+    session = d.session()
+    d.send(m.CreateTopic(session_id=session, name="numbers"))  # not committed yet
+    token = d.send(m.LookupTopic(name="numbers"))
+    assert token not in d.answers
+    d.commit()
+    assert d.answer(token).topic.short_name == "numbers"
+
+
+def test_requests_renew_the_lease_and_it_expires_without_them() -> None:
+    d = Driver()
+    session = d.session(lease_ms=1000)
+    d.tick(0.9)
+    d.call(m.Heartbeat(session_id=session))
+    d.tick(0.9)
+    d.call(m.CreateTopic(session_id=session, name="t"))  # any request renews
+    d.tick(0.9)
+    assert session in d.state.leases
+    d.tick(0.2)
+    assert session not in d.state.leases
+    assert [e.session_id for e in d.ended if e.expired] == [session]
+    with pytest.raises(UnknownSessionError):
+        d.call(m.Heartbeat(session_id=session))
+
+
+def test_an_expired_session_loses_what_it_owned_but_its_topics_stay() -> None:
+    d = Driver()
+    session = d.session(lease_ms=500)
+    d.call(m.CreateTopic(session_id=session, name="numbers", partitions=2))
+    d.call(m.Publish(session_id=session, name="numbers"))
+    d.call(m.Subscribe(session_id=session, name="numbers"))
+    catalog = d.state.catalog
+    assert len(catalog.publications) == len(catalog.subscriptions) == 1
+    d.tick(0.6)
+    d.commit()
+    assert len(catalog.publications) == len(catalog.subscriptions) == 0
+    assert len(catalog.sessions) == 0
+    assert catalog.find_topic("numbers") is not None
+
+
+def test_lease_requests_are_clamped() -> None:
+    d = Driver(config=CoordinatorConfig(min_lease_ms=100, max_lease_ms=5000))
+    assert d.call(m.OpenSession(lease_ms=1)).lease_ms == 100
+    assert d.call(m.OpenSession(lease_ms=10**9)).lease_ms == 5000
+    session = d.session()
+    assert d.call(m.Heartbeat(session_id=session, lease_ms=-5)).lease_ms == 100
+
+
+def test_resume_hands_the_session_back_or_says_it_is_gone() -> None:
+    d = Driver()
+    session = d.session(lease_ms=1000)
+    reply = d.call(m.OpenSession(resume=session, lease_ms=2000))
+    assert reply.resumed and reply.session_id == session and reply.lease_ms == 2000
+    with pytest.raises(InvalidCommandError):
+        d.call(m.OpenSession(resume=session, kind=SessionKind.EXECUTOR))
+    d.tick(2.1)
+    with pytest.raises(UnknownSessionError):
+        d.call(m.OpenSession(resume=session))
+
+
+def test_close_session_cleans_up_like_expiry_without_failing_anything() -> None:
+    d = Driver()
+    session = d.session()
+    d.call(m.CreateTopic(session_id=session, name="t"))
+    d.call(m.Publish(session_id=session, name="t"))
+    d.call(m.CloseSession(session_id=session))
+    assert not d.state.catalog.publications and session not in d.state.leases
+    assert [e.expired for e in d.ended] == [False]
+
+
+# -- blocking requests --------------------------------------------------------------------------
+
+
+def test_blocking_subscribe_is_answered_when_the_topic_appears() -> None:
+    d = Driver()
+    waiting = d.session(lease_ms=10_000)
+    token = d.send(m.Subscribe(session_id=waiting, name="later", wait_ms=5000))
+    d.commit()
+    assert token not in d.answers and len(d.state.waiters) == 1
+    owner = d.session(lease_ms=10_000)
+    d.tick(1.0)
+    d.call(m.CreateTopic(session_id=owner, name="public/default/later", partitions=3))
+    reply = d.answer(token)
+    assert reply.topic.partitions == 3 and len(d.state.waiters) == 0
+    assert d.state.catalog.subscriptions_of(SessionRef(waiting))
+
+
+def test_blocking_lookup_times_out_with_a_retriable_error() -> None:
+    d = Driver()
+    token = d.send(m.LookupTopic(name="never", wait_ms=1500))
+    d.tick(1.0)
+    assert token not in d.answers
+    d.tick(0.6)
+    with pytest.raises(UnknownTopicError) as info:
+        d.answer(token)
+    assert info.value.retriable
+
+
+def test_a_waiting_request_fails_when_its_session_ends() -> None:
+    d = Driver()
+    session = d.session(lease_ms=500)
+    token = d.send(m.Subscribe(session_id=session, name="later", wait_ms=60_000))
+    d.tick(0.6)
+    d.commit()
+    with pytest.raises(UnknownSessionError):
+        d.answer(token)
+    assert len(d.state.waiters) == 0
+
+
+def test_waiters_are_bounded() -> None:
+    d = Driver(config=CoordinatorConfig(max_waiters=2))
+    tokens = [d.send(m.LookupTopic(name=f"t{i}", wait_ms=1000)) for i in range(3)]
+    assert tokens[2] in d.answers and tokens[0] not in d.answers
+    with pytest.raises(UnknownTopicError):
+        d.answer(tokens[2])
+
+
+def test_without_wait_a_missing_topic_fails_at_once() -> None:
+    d = Driver()
+    session = d.session()
+    with pytest.raises(UnknownTopicError):
+        d.call(m.Subscribe(session_id=session, name="nope"))
+
+
+# -- queries and executors ----------------------------------------------------------------------
+
+
+def _query(d: Driver, processes: int = 2, leases: tuple[int, ...] = ()
+           ) -> tuple[list[tuple[int, int, int]], int]:
+    leases = leases or (10_000,) * processes
+    hosts = [d.host(f"host-{i}", lease_ms=leases[i]) for i in range(processes)]
+    client = d.session(lease_ms=10_000)
+    query = d.call(m.SubmitQuery(session_id=client, name="job", program="job.py",
+                                 processes=processes,
+                                 executors=tuple(h[2] for h in hosts))).query
+    return hosts, query.query_id
+
+
+def test_a_query_starts_once_every_process_registered() -> None:
+    d = Driver()
+    _, query_id = _query(d, processes=2)
+    d.session(SessionKind.QUERY, query_id=query_id, process=0)
+    assert d.state.catalog.query(query_id).state == QueryState.SUBMITTED
+    with pytest.raises(ConflictError):
+        d.session(SessionKind.QUERY, query_id=query_id, process=0)
+    with pytest.raises(InvalidCommandError):
+        d.session(SessionKind.QUERY, query_id=query_id, process=5)
+    d.session(SessionKind.QUERY, query_id=query_id, process=1)
+    assert d.state.catalog.query(query_id).state == QueryState.RUNNING
+
+
+def test_a_query_process_acts_as_its_query() -> None:
+    d = Driver()
+    _, query_id = _query(d, processes=1)
+    process = d.session(SessionKind.QUERY, lease_ms=10_000, query_id=query_id, process=0)
+    info = d.call(m.CreateTopic(session_id=process, name="out", partitions=2))
+    assert info.topic.owner == QueryRef(query_id)
+    # Its partitions land on the broker of the executor running the process.
+    executor = d.state.catalog.executor(d.state.catalog.query(query_id).executors[0])
+    assert set(info.topic.locations) == {executor.broker_id}
+    d.call(m.Publish(session_id=process, name="out"))
+    assert d.state.catalog.publications_of(QueryRef(query_id))
+
+
+def test_a_lost_process_session_fails_the_query_and_kills_the_rest() -> None:
+    d = Driver()
+    hosts, query_id = _query(d, processes=2)
+    d.session(SessionKind.QUERY, lease_ms=500, query_id=query_id, process=0)
+    d.session(SessionKind.QUERY, lease_ms=10_000, query_id=query_id, process=1)
+    assert d.state.catalog.query(query_id).state == QueryState.RUNNING
+    d.tick(0.6)
+    d.commit()
+    query = d.state.catalog.query(query_id)
+    assert query.state == QueryState.FAILED and "process 0" in query.reason
+    (kill,) = d.kills
+    assert kill.query_id == query_id
+    assert [(p, e, s) for p, e, s in kill.processes] == [
+        (0, hosts[0][2], hosts[0][0]), (1, hosts[1][2], hosts[1][0])]
+
+
+def test_a_process_that_exited_before_its_session_expired_fails_nothing() -> None:
+    d = Driver()
+    hosts, query_id = _query(d, processes=1)
+    d.session(SessionKind.QUERY, lease_ms=500, query_id=query_id, process=0)
+    d.call(m.ReportExit(session_id=hosts[0][0], query_id=query_id, process=0, exit_code=0))
+    assert d.state.catalog.query(query_id).state == QueryState.FINISHED
+    d.tick(0.6)
+    assert d.state.catalog.query(query_id).state == QueryState.FINISHED
+    assert not d.kills
+
+
+def test_an_expired_executor_fails_its_queries_and_the_others_are_told_to_kill() -> None:
+    d = Driver()
+    hosts, query_id = _query(d, processes=2, leases=(500, 60_000))
+    d.tick(0.6)
+    d.commit()
+    assert d.state.catalog.query(query_id).state == QueryState.FAILED
+    assert "lost executor" in d.state.catalog.query(query_id).reason
+    (kill,) = d.kills
+    # The process on the lost executor has no session to reach any more.
+    assert (0, hosts[0][2], None) in kill.processes
+    assert (1, hosts[1][2], hosts[1][0]) in kill.processes
+
+
+def test_kill_query_tells_the_executors() -> None:
+    d = Driver()
+    hosts, query_id = _query(d, processes=1)
+    client = d.session(lease_ms=10_000)
+    reply = d.call(m.KillQuery(session_id=client, query_id=query_id, reason="by test"))
+    assert reply.query.state == QueryState.KILLED
+    assert d.kills[0].reason == "by test"
+
+
+def test_placement_spreads_processes_over_free_slots() -> None:
+    d = Driver()
+    hosts = [d.host(f"h{i}", lease_ms=10_000) for i in range(2)]
+    client = d.session(lease_ms=10_000)
+    query = d.call(m.SubmitQuery(session_id=client, name="q", program="p", processes=4)).query
+    assert sorted(query.executors) == sorted([hosts[0][2], hosts[1][2]] * 2)
+
+
+def test_submit_without_executors_is_refused() -> None:
+    d = Driver()
+    client = d.session()
+    with pytest.raises(InvalidCommandError, match="tq executor"):
+        d.call(m.SubmitQuery(session_id=client, name="q", program="p"))
+
+
+def test_only_the_registering_session_removes_its_executor() -> None:
+    d = Driver()
+    session, _, executor = d.host()
+    other = d.session()
+    with pytest.raises(NotOwnerError):
+        d.call(m.RemoveExecutor(session_id=other, executor_id=executor))
+    d.call(m.RemoveExecutor(session_id=session, executor_id=executor))
+
+
+def test_sessions_and_strings_are_bounded() -> None:
+    d = Driver(config=CoordinatorConfig(max_sessions=2))
+    session = d.session()
+    d.session()
+    with pytest.raises(ConflictError, match="sessions are open"):
+        d.session()
+    with pytest.raises(InvalidCommandError):
+        d.call(m.CreateTopic(session_id=session, name="t", record_type="x" * 1000))
+    with pytest.raises(InvalidCommandError):
+        d.call(m.SubmitQuery(session_id=session, name="q", program="p", args=("a" * 70_000,)))
+
+
+def test_catalog_errors_answer_the_request_and_change_nothing() -> None:
+    d = Driver()
+    session = d.session()
+    d.call(m.CreateTopic(session_id=session, name="t"))
+    version = d.state.catalog.version
+    with pytest.raises(TopicExistsError):
+        d.call(m.CreateTopic(session_id=session, name="t"))
+    with pytest.raises(InvalidCommandError):
+        d.call(m.CreateTopic(session_id=session, name="u", partitions=0))
+    assert d.state.catalog.version == version
+
+
+# -- recovery -----------------------------------------------------------------------------------
+
+
+def _recovered(d: Driver, now: float, recovery_lease_ms: int = 2000) -> Driver:
+    catalog = Catalog.replay(d.state.catalog.snapshot())
+    state = CoordinatorState(catalog, config=CoordinatorConfig(
+        recovery_lease_ms=recovery_lease_ms), now=now)
+    return Driver(state, now=now)
+
+
+def test_after_recovery_sessions_get_a_fresh_lease_and_keep_what_they_own() -> None:
+    d = Driver()
+    back = d.session(lease_ms=500)
+    gone = d.session(lease_ms=500)
+    d.call(m.CreateTopic(session_id=back, name="t"))
+    d.call(m.Publish(session_id=back, name="t"))
+    r = _recovered(d, now=100.0)
+    assert back in r.state.leases and gone in r.state.leases
+    r.tick(1.9)
+    r.call(m.Heartbeat(session_id=back, lease_ms=500))
+    r.tick(0.2)
+    r.commit()
+    assert back in r.state.leases and gone not in r.state.leases
+    assert r.state.catalog.publications_of(SessionRef(back))
+
+
+def test_bindings_survive_recovery() -> None:
+    d = Driver()
+    _, query_id = _query(d, processes=1)
+    process = d.session(SessionKind.QUERY, lease_ms=500, query_id=query_id, process=0)
+    r = _recovered(d, now=50.0, recovery_lease_ms=1000)
+    assert r.state.bindings == {process: (query_id, 0)}
+    r.call(m.Heartbeat(session_id=d.state.catalog.query(query_id).executors[0]))  # noise
+    r.tick(1.1)
+    r.commit()
+    assert r.state.catalog.query(query_id).state == QueryState.FAILED
+
+
+def test_tick_and_commit_order_is_enforced() -> None:
+    state = CoordinatorState()
+    assert state.handle(Tick(1.0, 1)) == []
+    assert state.handle(Committed(0)) == []
+    with pytest.raises(TypeError):
+        state.handle("nonsense")  # type: ignore[arg-type]
+
+
+def test_checkpoints_are_asked_for_after_enough_updates_one_at_a_time() -> None:
+    d = Driver(config=CoordinatorConfig(checkpoint_updates=100))
+    session = d.session(lease_ms=60_000)
+    for i in range(40):
+        d.call(m.CreateTopic(session_id=session, name=f"t{i}"))
+    (first,) = d.checkpoints  # no second one while the first is not durable
+    assert first.version <= d.state.catalog.version
+    at = Catalog.replay(u for p in d.persisted if p.version <= first.version for u in p.updates)
+    for name, collection in at.collections():
+        assert dict(first.contents[name]) == dict(collection.items())
+    assert d.call(m.GetCatalogInfo()).checkpoint is None
+    d.feed(Checkpointed(first.version, {"topics": 123}))
+    info = d.call(m.GetCatalogInfo())
+    assert info.checkpoint == m.CheckpointRef(version=first.version, offsets={"topics": 123})
+    for i in range(40, 80):
+        d.call(m.CreateTopic(session_id=session, name=f"t{i}"))
+    assert len(d.checkpoints) == 2 and d.checkpoints[1].version > first.version
