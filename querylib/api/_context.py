@@ -1,0 +1,141 @@
+"""`querylib.execute(main)` and `querylib.connect()`: a query process and its workers' Context.
+
+    def main(ctx):
+        with ctx.publish("numbers", partition=PerWorker) as out:
+            out.send(0, range(ctx.index * 100, (ctx.index + 1) * 100))
+            out.advance_to(1)
+
+    if __name__ == "__main__":
+        querylib.execute(main)
+
+`execute` reads TQ_* (see _env), opens one coordinator session for the process (a query
+session bound to TQ_QUERY_ID and TQ_PROCESS_INDEX, or a client session when run directly) and
+runs `main(ctx)` once per worker, on threads when TQ_WORKERS > 1. `connect()` gives a plain
+script or notebook one Context on a client session.
+
+Must not: parse command lines or touch stdout; the caller owns both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from catalog import SessionKind, TopicKind
+from catalog.errors import UserError
+from querylib.cluster import Cluster
+
+from ._env import QueryEnv
+from ._partitioning import Partitioning, PerWorker, partition_count
+from ._publisher import Publisher
+from ._runtime import Runtime
+from ._subscription import Start, Subscription
+from .serdes import Serde, resolve, type_tag
+
+__all__ = ["Context", "connect", "execute"]
+
+
+class Context:
+    """What one worker uses: its identity, `publish` and `subscribe`."""
+
+    def __init__(self, runtime: Runtime, worker: int, *, owns_runtime: bool = False) -> None:
+        self.runtime = runtime
+        self.worker = worker
+        self._owns_runtime = owns_runtime
+        env = runtime.env
+        self.index = env.process * env.workers + worker  # this worker among all of the query
+        self.peers = env.processes * env.workers
+        self.process = env.process
+        self.processes = env.processes
+        self.query_id = env.query_id
+
+    def publish(self, name: str, *, partition: Partitioning = PerWorker,
+                kind: TopicKind | str = TopicKind.STREAM, serde: str | Serde = "msgpack",
+                record_type: str | None = None) -> Publisher:
+        """Create or join topic `name` and return this worker's Publisher. Merge and Hash
+        publications are collective: every worker of the query must publish them."""
+        codec = resolve(serde)
+        env = self.runtime.env
+        kind = TopicKind(kind)
+        partitions = partition_count(partition, env.processes, env.workers)
+        info = self.runtime.join_topic(name, partitions, type_tag(codec, record_type), kind)
+        self.runtime.add_publication(info.topic.name)
+        try:
+            return Publisher(self.runtime, self.worker, info, partition, codec)
+        except BaseException:
+            self.runtime.remove_publication(info.topic.name)
+            raise
+
+    def subscribe(self, names: str | list[str], *, partitions: list[int] | None = None,
+                  start: Start = "earliest", timeout: float = 30.0,
+                  serde: str | Serde = "msgpack", record_type: str | None = None,
+                  kind: TopicKind | str | None = None) -> Subscription:
+        """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
+        topic that does not exist yet (UnknownTopicError after that)."""
+        if isinstance(names, str):
+            names = [names]
+        if not names:
+            raise UserError("subscribe to at least one topic")
+        if timeout <= 0:
+            raise UserError("timeout is a positive number of seconds")
+        return Subscription(self.runtime, list(names), partitions=partitions, start=start,
+                            timeout=timeout, serde=resolve(serde), record_type=record_type,
+                            kind=None if kind is None else TopicKind(kind))
+
+    def close(self) -> None:
+        """Close the session of a Context made by `connect()`."""
+        if self._owns_runtime:
+            self.runtime.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open(env: QueryEnv, coordinator: str | None, **options: Any) -> Runtime:
+    if env.query_id is not None:
+        options.update(kind=SessionKind.QUERY, query_id=env.query_id, process=env.process)
+    cluster = Cluster.connect(coordinator or env.coordinator, secret_file=env.secret_file,
+                              **options)
+    return Runtime(cluster, env)
+
+
+def connect(coordinator: str | None = None, **options: Any) -> Context:
+    """One Context on a client session, for scripts and notebooks (close it, or use `with`)."""
+    env = QueryEnv(None, 0, 1, 1, coordinator, None, None)
+    return Context(_open(env, coordinator, **options), 0, owns_runtime=True)
+
+
+def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None) -> list[Any]:
+    """Run `main(ctx)` once per worker of this process (threads when TQ_WORKERS > 1); returns
+    their results in worker order. The first worker failure is raised after all finished."""
+    query_env = QueryEnv.read(env)
+    runtime = _open(query_env, None)
+    results: list[Any] = [None] * query_env.workers
+    errors: list[BaseException | None] = [None] * query_env.workers
+
+    def run(worker: int) -> None:
+        try:
+            results[worker] = main(Context(runtime, worker))
+        except BaseException as exc:  # handed to the caller below
+            errors[worker] = exc
+
+    try:
+        if query_env.workers == 1:
+            run(0)
+        else:
+            threads = [threading.Thread(target=run, args=(w,), name=f"tq-worker {w}")
+                       for w in range(query_env.workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        runtime.close()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results

@@ -1,0 +1,57 @@
+"""The `TQ_*` variables an executor sets for a query process, read once.
+
+    TQ_QUERY_ID, TQ_PROCESS_INDEX, TQ_PROCESS_COUNT, TQ_WORKERS, TQ_COORDINATOR,
+    TQ_SECRET_FILE, TQ_BROKER
+
+Without TQ_QUERY_ID the process runs on its own (`python job.py`): one process, a client
+session, TQ_WORKERS workers (default 1). Must not: connect anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from catalog.errors import UserError
+
+__all__ = ["QueryEnv"]
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, low: int) -> int | None:
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r} is not a whole number") from None
+    if value < low:
+        raise UserError(f"{name}={value} must be >= {low}")
+    return value
+
+
+@dataclass(frozen=True)
+class QueryEnv:
+    query_id: int | None
+    process: int
+    processes: int
+    workers: int
+    coordinator: str | None
+    secret_file: str | None
+    broker: str | None
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] | None = None) -> QueryEnv:
+        env = os.environ if env is None else env
+        query_id = _int(env, "TQ_QUERY_ID", None, 0)
+        process = _int(env, "TQ_PROCESS_INDEX", 0, 0)
+        processes = _int(env, "TQ_PROCESS_COUNT", 1, 1)
+        workers = _int(env, "TQ_WORKERS", 1, 1)
+        assert process is not None and processes is not None and workers is not None
+        if process >= processes:
+            raise UserError(f"TQ_PROCESS_INDEX={process} but TQ_PROCESS_COUNT={processes}")
+        if query_id is None and processes > 1:
+            raise UserError("TQ_PROCESS_COUNT > 1 needs TQ_QUERY_ID (the query they share)")
+        return cls(query_id, process, processes, workers, env.get("TQ_COORDINATOR") or None,
+                   env.get("TQ_SECRET_FILE") or None, env.get("TQ_BROKER") or None)

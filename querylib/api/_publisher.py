@@ -1,0 +1,119 @@
+"""`ctx.publish(...)` returns a Publisher: `send(time, records)`, `advance_to(time)`, `close()`.
+
+A PerWorker publisher owns the producer of its worker's partition. Merge and Hash publishers
+write through the process's SharedPartitions. Collection publishers send `(value, diff)` pairs
+and the diff travels as the `tq.diff` header.
+
+Must not: talk to the coordinator except through the Runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from catalog import TopicKind
+from catalog.errors import UserError
+from querylib.broker import Producer
+from querylib.cluster import TopicInfo
+from querylib.records import DIFF_HEADER, encode_int64
+
+from ._partitioning import Hash, Partitioning, _PerWorker, per_worker_partition
+from ._runtime import Runtime, SharedPartitions, address_of
+from .serdes import Serde
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Records of one worker into a topic. Use as a context manager, or call close()."""
+
+    def __init__(self, runtime: Runtime, worker: int, info: TopicInfo,
+                 partitioning: Partitioning, serde: Serde) -> None:
+        self.runtime = runtime
+        self.worker = worker
+        self.info = info
+        self.name = info.topic.short_name
+        self.partitioning = partitioning
+        self.serde = serde
+        self.collection = info.topic.kind == TopicKind.COLLECTION
+        self.frontier = 0
+        self._closed = False
+        self._own: Producer | None = None
+        self._shared: SharedPartitions | None = None
+        env = runtime.env
+        if isinstance(partitioning, _PerWorker):
+            self.partition = per_worker_partition(env.process, worker, env.processes)
+            self._own = Producer(address_of(info, self.partition), self.name, self.partition,
+                                 secret=runtime.secret)
+        else:
+            self.partition = 0
+            self._shared = runtime.shared(info)
+            self._shared.ready()
+
+    def send(self, time: int, records: Iterable[Any]) -> None:
+        """Records at logical `time` (>= the frontier); for a collection, `(value, diff)`."""
+        if self._closed:
+            raise UserError(f"the publisher of {self.name!r} is closed")
+        if time < self.frontier:
+            raise UserError(f"time {time} is below the frontier {self.frontier} of this "
+                            f"publisher of {self.name!r}")
+        encode = self.serde.encode
+        for record in records:
+            headers: tuple[tuple[str, bytes], ...] = ()
+            value = record
+            if self.collection:
+                try:
+                    value, diff = record
+                except (TypeError, ValueError):
+                    raise UserError(f"{self.name!r} is a collection: send (value, diff) pairs, "
+                                    f"not {record!r}") from None
+                headers = ((DIFF_HEADER, encode_int64(int(diff))),)
+            data = encode(value)
+            if self._own is not None:
+                self._own.send(data, headers=headers, time=time)
+                continue
+            key = None
+            partition = 0
+            if isinstance(self.partitioning, Hash):
+                key = encode(self.partitioning.key(value))
+                partition = self.partitioning.partition_of(key)
+            self._shared.send(partition, data, key, headers, time)  # type: ignore[union-attr]
+
+    def advance_to(self, time: int) -> None:
+        """Promise no more records with a time below `time`."""
+        if self._closed:
+            raise UserError(f"the publisher of {self.name!r} is closed")
+        if time < self.frontier:
+            raise UserError(f"the frontier only advances: {time} < {self.frontier}")
+        self.frontier = time
+        if self._own is not None:
+            self._own.advance(time)
+        else:
+            self._shared.advance(self.worker, time)  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        """Wait until everything sent is acknowledged (PerWorker only; shared producers
+        flush when the last local worker closes)."""
+        if self._own is not None:
+            self._own.flush()
+
+    def close(self) -> None:
+        """End this worker's stream; the publication leaves the catalog when the process's
+        last publisher of the topic closes. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._own is not None:
+                self._own.close()
+            else:
+                self._shared.close(self.worker)  # type: ignore[union-attr]
+        finally:
+            self.runtime.remove_publication(self.info.topic.name)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,266 @@
+"""`ctx.subscribe(...)`: events of one or more topics, all partitions merged.
+
+Each broker holding subscribed partitions gets one `querylib.broker.Subscriber`, read by a
+thread of its own into one bounded queue; this module decodes values with the serde and merges
+frontiers: Progress(f) is the minimum over every live source, EndOfStream comes once all ended.
+
+A collection topic is first read to the end of what is stored (a non-following read), its
+records below the frontier F0 seen then are consolidated into one Snapshot, records at or
+after F0 follow as diffs, and a following read goes on from where the first stopped, so
+nothing is missed or counted twice.
+
+Must not: decode on the reader threads (CPU stays with the consumer), or buffer unboundedly
+(the queue is bounded, and broker credit bounds each reader).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time as _time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog import TopicKind
+from catalog.errors import RecordTypeMismatchError, TqError, UserError
+from querylib.broker import Data as RawData
+from querylib.broker import EndOfStream as RawEnd
+from querylib.broker import Progress as RawProgress
+from querylib.broker import Subscriber
+from querylib.cluster import TopicInfo
+from querylib.records import DIFF_HEADER, Record, decode_int64
+
+from ._events import Data, EndOfStream, Progress, Snapshot
+from ._runtime import Runtime, address_of
+from .serdes import Serde, decode_value, type_tag
+
+__all__ = ["Subscription"]
+
+Start = str | int | dict[int, int]
+_QUEUE_EVENTS = 256
+
+
+@dataclass
+class _Source:
+    """The subscribed partitions of one topic on one broker."""
+
+    info: TopicInfo
+    address: str
+    partitions: list[int]
+    subscriber: Subscriber | None = None
+    frontier: int = 0
+    ended: bool = False
+    thread: threading.Thread | None = None
+    start: Any = "earliest"
+    pending: list[Data] = field(default_factory=list)
+
+
+def _diff_of(record: Record) -> int:
+    for name, value in record.headers:
+        if name == DIFF_HEADER:
+            return decode_int64(value)
+    return 1
+
+
+class Subscription:
+    """An iterator of Data / Progress / EndOfStream (and a Snapshot first for collections)."""
+
+    def __init__(self, runtime: Runtime, names: list[str], *, partitions: list[int] | None,
+                 start: Start, timeout: float, serde: Serde, record_type: str | None,
+                 kind: TopicKind | None) -> None:
+        self.runtime = runtime
+        self.serde = serde
+        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(_QUEUE_EVENTS)
+        self._closed = threading.Event()
+        self._sources: list[_Source] = []
+        self._names: list[str] = []
+        self._published: int | None = None
+        self._ended = False
+        self._head: list[Any] = []
+        deadline = _time.monotonic() + timeout
+        try:
+            for name in names:
+                info = runtime.cluster.lookup_topic(name, wait=max(deadline - _time.monotonic(),
+                                                                  0.001))
+                self._check(info, record_type, kind)
+                runtime.add_subscription(info.topic.name,
+                                         type_tag(serde, record_type) if record_type else None,
+                                         kind)
+                self._names.append(info.topic.name)
+                self._add_sources(info, partitions, start)
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, info: TopicInfo, record_type: str | None, kind: TopicKind | None) -> None:
+        topic = info.topic
+        carried = topic.record_type.split("/", 1)[0]
+        if carried != self.serde.name:
+            raise RecordTypeMismatchError(
+                f"topic {topic.short_name!r} carries {topic.record_type!r} records; this "
+                f"subscriber decodes {self.serde.name!r} (pass serde={carried!r})")
+        if kind is not None and topic.kind != kind:
+            raise RecordTypeMismatchError(f"topic {topic.short_name!r} is a "
+                                          f"{topic.kind.value}, not a {kind.value}")
+
+    def _add_sources(self, info: TopicInfo, partitions: list[int] | None, start: Start) -> None:
+        wanted = list(range(info.topic.partitions)) if partitions is None else partitions
+        by_address: dict[str, list[int]] = {}
+        for p in wanted:
+            if not 0 <= p < info.topic.partitions:
+                raise UserError(f"topic {info.topic.short_name!r} has partitions 0.."
+                                f"{info.topic.partitions - 1}, not {p}")
+            by_address.setdefault(address_of(info, p), []).append(p)
+        for address, parts in by_address.items():
+            src_start: Any = start
+            if isinstance(start, dict):
+                src_start = {p: start[p] for p in parts if p in start}
+            if info.topic.kind == TopicKind.COLLECTION:
+                src_start = "earliest"  # a snapshot is the whole collection
+            self._sources.append(_Source(info, address, parts, start=src_start))
+
+    def _open(self) -> None:
+        snapshot: dict[bytes, int] = {}
+        collections = [s for s in self._sources if s.info.topic.kind == TopicKind.COLLECTION]
+        low: int | None = None
+        for source in collections:
+            f0 = self._read_stored(source, snapshot)
+            low = f0 if low is None else min(low, f0)
+        if collections:
+            assert low is not None
+            self._head.append(Snapshot(low, [(decode_value(self.serde, b), c)
+                                             for b, c in snapshot.items() if c != 0]))
+            for source in collections:
+                self._head.extend(source.pending)
+        for index, source in enumerate(self._sources):
+            source.subscriber = Subscriber(source.address, source.info.topic.short_name,
+                                           source.partitions, secret=self.runtime.secret,
+                                           start=source.start, create=True)
+            if source not in collections:
+                source.frontier = source.subscriber.frontier or 0
+            source.thread = threading.Thread(target=self._pump, args=(index, source),
+                                             name=f"tq-subscription {source.address}",
+                                             daemon=True)
+        self._published = min(s.frontier for s in self._sources)
+        for source in self._sources:
+            source.thread.start()  # type: ignore[union-attr]
+
+    def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
+        """Read what the broker stores now; fold records below its frontier into `snapshot`,
+        keep later ones as diffs. Returns that frontier; the follower resumes after it."""
+        stored: list[RawData] = []
+        with Subscriber(source.address, source.info.topic.short_name, source.partitions,
+                        secret=self.runtime.secret, start="earliest", follow=False,
+                        create=True) as sub:
+            stored.extend(e for e in sub if isinstance(e, RawData))
+            # The frontier after replaying the stored control batches: all data below it
+            # was stored before it, so the snapshot below it is complete.
+            f0 = sub.frontier or 0
+            source.start = sub.positions
+        for event in stored:
+            if event.time is not None and event.time < f0:
+                for r in event.records:
+                    key = r.value or b""
+                    snapshot[key] = snapshot.get(key, 0) + _diff_of(r)
+            else:
+                source.pending.append(self._decode(event, True))
+        source.frontier = f0
+        return f0
+
+    def _pump(self, index: int, source: _Source) -> None:
+        sub = source.subscriber
+        assert sub is not None
+        try:
+            while not self._closed.is_set():
+                event = sub.next_event(timeout=0.2)
+                if event is not None:
+                    self._put((index, event))
+        except TqError as exc:
+            self._put((index, exc))
+
+    def _put(self, item: tuple[int, Any]) -> None:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _decode(self, event: RawData, collection: bool) -> Data:
+        serde = self.serde
+        if collection:
+            records = [(decode_value(serde, r.value or b""), _diff_of(r))
+                       for r in event.records]
+        else:
+            records = [decode_value(serde, r.value or b"") for r in event.records]
+        return Data(event.time, records, event.partition)
+
+    @property
+    def frontier(self) -> int | None:
+        """The merged frontier as of the last event handed out."""
+        return self._published
+
+    def next_event(self, timeout: float | None = None) -> Any:
+        """The next event, or None after `timeout` seconds (or after EndOfStream)."""
+        if self._head:
+            return self._head.pop(0)
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while not self._ended:
+            left = None if deadline is None else deadline - _time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:
+                index, event = self._queue.get(timeout=left)
+            except queue.Empty:
+                return None
+            out = self._handle(self._sources[index], event)
+            if out is not None:
+                return out
+        return None
+
+    def _handle(self, source: _Source, event: Any) -> Any:
+        if isinstance(event, TqError):
+            raise event
+        if isinstance(event, RawData):
+            source.ended = False
+            return self._decode(event, source.info.topic.kind == TopicKind.COLLECTION)
+        if isinstance(event, RawProgress):
+            source.frontier = max(source.frontier, event.frontier)
+        elif isinstance(event, RawEnd):
+            source.ended = True
+        live = [s.frontier for s in self._sources if not s.ended]
+        if not live:
+            self._ended = True
+            return EndOfStream()
+        low = min(live)
+        if self._published is None or low > self._published:
+            self._published = low
+            return Progress(low)
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        while (event := self.next_event()) is not None:
+            yield event
+            if isinstance(event, EndOfStream):
+                return
+
+    def close(self) -> None:
+        """Stop reading; the subscription leaves the catalog (once per process). Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for source in self._sources:
+            if source.thread is not None and source.thread.is_alive():
+                source.thread.join(timeout=5)
+            if source.subscriber is not None:
+                source.subscriber.close()
+        for name in self._names:
+            self.runtime.remove_subscription(name)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

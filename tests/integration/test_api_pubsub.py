@@ -1,0 +1,249 @@
+"""querylib's publish/subscribe API against a real `tq coordinator` process (and the broker it
+embeds): the thesis' numbers query as 2 processes x 2 workers in both partitionings, a
+collection's snapshot then diffs, blocking subscribe, type checks, and the catalog entries of
+publications and subscriptions."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import querylib
+from catalog import Broker, RecordTypeMismatchError, Resources, SessionKind, UnknownTopicError
+from querylib.cluster import Cluster
+from tests.conftest import Processes, wait_for
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq_env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    monkeypatch.delenv("TQ_COORDINATOR", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def coordinator(processes: Processes, home: Path) -> CoordinatorProcess:
+    return CoordinatorProcess(processes, home).start()
+
+
+@pytest.fixture
+def agent(coordinator: CoordinatorProcess) -> Iterator[tuple[Cluster, int]]:
+    """A stand-in executor on the coordinator's own broker, so queries can be submitted and
+    their partitions land on a broker that runs."""
+    with Cluster.connect(kind=SessionKind.EXECUTOR, peer="test agent") as cluster:
+        brokers = cluster.snapshot("brokers")["brokers"].records
+        (broker,) = [b for b, _ in brokers
+                     if isinstance(b, Broker) and b.address == cluster.catalog_broker]
+        executor = cluster.register_executor(socket.gethostname(), broker.broker_id,
+                                             Resources(cores=2, memory=1 << 30, disk=1 << 30,
+                                                       slots=4))
+        yield cluster, executor.executor_id
+
+
+def _records(cluster: Cluster, collection: str) -> list[Any]:
+    return [r for r, _ in cluster.snapshot(collection)[collection].records]
+
+
+def _drain(sub: querylib.Subscription) -> tuple[dict[int, int], list[int], set[int]]:
+    """Sum of values per time, the frontiers seen, the partitions data came from."""
+    sums: dict[int, int] = {}
+    frontiers: list[int] = []
+    partitions: set[int] = set()
+    for event in sub:
+        if isinstance(event, querylib.Data):
+            assert event.time is not None
+            assert sub.frontier is None or event.time >= sub.frontier
+            sums[event.time] = sums.get(event.time, 0) + sum(event.records)
+            partitions.add(event.partition)
+        elif isinstance(event, querylib.Progress):
+            frontiers.append(event.frontier)
+    return sums, frontiers, partitions
+
+
+@pytest.mark.parametrize(("merge", "late"), [(False, False), (True, False), (True, True)],
+                         ids=["PerWorker", "Merge", "Merge-late-process"])
+def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
+                                           agent: tuple[Cluster, int], merge: bool,
+                                           late: bool) -> None:
+    """`late`: process 1 starts only once process 0 has created the topic, so process 0's
+    workers must wait for it before moving the merged partition's frontier."""
+    cluster, executor_id = agent
+    query = cluster.submit_query("numbers", "querylib/examples/numbers.py", processes=2,
+                                 workers=2, executors=(executor_id, executor_id))
+    topic = "merged" if merge else "numbers"
+    times = 5
+
+    def start(process: int) -> subprocess.Popen[str]:
+        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
+                              "TQ_PROCESS_INDEX": str(process), "TQ_PROCESS_COUNT": "2",
+                              "TQ_WORKERS": "2"}
+        args = ["-m", "querylib.examples.numbers", "--topic", topic, "--times", str(times)]
+        return processes.python(*args, *(["--merge"] if merge else []), env=env, cwd=ROOT,
+                                stderr=subprocess.PIPE, text=True)
+
+    jobs = [start(0)]
+    if late:
+        cluster.lookup_topic(topic, wait=60)
+    jobs.append(start(1))
+    with querylib.connect() as ctx, ctx.subscribe(topic, timeout=60) as sub:
+        sums, frontiers, partitions = _drain(sub)
+    for job in jobs:
+        assert job.wait(timeout=60) == 0, job.stderr.read()  # type: ignore[union-attr]
+    expected = {t: sum(n for n in range(400) if n % times == t) for t in range(times)}
+    assert sums == expected
+    assert frontiers == sorted(frontiers) and frontiers[-1] == times
+    assert partitions == ({0} if merge else {0, 1, 2, 3})
+    (info,) = [t for t in _records(cluster, "topics") if t.short_name == topic]
+    assert info.partitions == (1 if merge else 4) and info.record_type == "msgpack"
+    wait_for(lambda: not [p for p in _records(cluster, "publications")
+                          if p.topic_id == info.topic_id],
+             timeout=30, what="the query's publication to leave the catalog")
+
+
+def test_collection_late_subscriber_sees_snapshot_then_diffs(coordinator: CoordinatorProcess
+                                                             ) -> None:
+    with querylib.connect() as writer_ctx, querylib.connect() as reader_ctx:
+        with writer_ctx.publish("inventory", kind="collection", serde="json") as out:
+            out.send(0, [("apple", 1), ("pear", 1)])
+            out.send(1, [("apple", -1), ("plum", 2)])
+            out.advance_to(2)
+            out.flush()
+            with reader_ctx.subscribe("inventory", serde="json") as sub:
+                first = sub.next_event(timeout=30)
+                assert isinstance(first, querylib.Snapshot)
+                assert first.frontier == 2
+                assert sorted(first.records) == [("pear", 1), ("plum", 2)]
+                out.send(2, [("pear", -1)])
+                out.advance_to(3)
+                seen: list[Any] = []
+                wait_for(lambda: _take(sub, seen, querylib.Progress), timeout=30,
+                         what="the diff and the frontier after it")
+                data = [e for e in seen if isinstance(e, querylib.Data)]
+                assert [(d.time, d.records) for d in data] == [(2, [("pear", -1)])]
+                assert seen[-1] == querylib.Progress(3)
+
+
+def _take(sub: querylib.Subscription, seen: list[Any], until: type) -> bool:
+    event = sub.next_event(timeout=0.2)
+    if event is not None:
+        seen.append(event)
+    return isinstance(event, until)
+
+
+def test_blocking_subscribe_is_released_by_a_later_publish(coordinator: CoordinatorProcess
+                                                           ) -> None:
+    with querylib.connect() as ctx:
+        with pytest.raises(UnknownTopicError):
+            ctx.subscribe("nobody", timeout=0.2)
+        got: list[Any] = []
+        failure: list[BaseException] = []
+        checked = threading.Event()
+
+        def reader() -> None:
+            try:
+                with querylib.connect() as rctx:
+                    with pytest.raises(UnknownTopicError):
+                        rctx.runtime.cluster.lookup_topic("later")
+                    checked.set()  # the topic did not exist when this reader started waiting
+                    with rctx.subscribe("later", timeout=60) as sub:
+                        got.extend(sub)
+            except BaseException as exc:  # reported by the test below
+                failure.append(exc)
+                checked.set()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            assert checked.wait(timeout=30)
+            with ctx.publish("later") as out:
+                out.send(0, ["hello"])
+                out.advance_to(1)
+        finally:
+            thread.join(timeout=60)
+        assert not failure, failure
+        assert querylib.Data(0, ["hello"], 0) in got
+        assert isinstance(got[-1], querylib.EndOfStream)
+
+
+def test_a_type_mismatch_is_a_clear_error(coordinator: CoordinatorProcess) -> None:
+    with querylib.connect() as ctx:
+        with ctx.publish("points", serde="json", record_type="Point") as out:
+            out.send(0, [{"x": 1}])
+            with pytest.raises(RecordTypeMismatchError, match="json"):
+                ctx.subscribe("points", serde="msgpack")
+            with pytest.raises(RecordTypeMismatchError, match="Point"):
+                ctx.subscribe("points", serde="json", record_type="Line")
+            with pytest.raises(RecordTypeMismatchError):
+                ctx.publish("points", serde="msgpack")
+            with pytest.raises(RecordTypeMismatchError, match="stream"):
+                ctx.subscribe("points", serde="json", kind="collection")
+            with ctx.subscribe("points", serde="json", record_type="Point") as sub:
+                event = sub.next_event(timeout=30)
+                assert event == querylib.Data(0, [{"x": 1}], 0)
+
+
+def test_publications_and_subscriptions_live_in_the_catalog(coordinator: CoordinatorProcess
+                                                            ) -> None:
+    with querylib.connect() as ctx, Cluster.connect(session=False) as watcher:
+        def entries(collection: str) -> list[Any]:
+            return _records(watcher, collection)
+
+        out = ctx.publish("visible")
+        (topic,) = [t for t in entries("topics") if t.short_name == "visible"]
+        assert [p.topic_id for p in entries("publications")] == [topic.topic_id]
+        sub = ctx.subscribe("visible")
+        assert [s.topic_id for s in entries("subscriptions")] == [topic.topic_id]
+        sub.close()
+        assert entries("subscriptions") == []
+        out.close()
+        assert entries("publications") == []
+        assert [t.short_name for t in entries("topics") if not t.internal] == ["visible"]
+
+
+def test_a_directly_run_job_is_a_one_process_query(processes: Processes, home: Path,
+                                                   coordinator: CoordinatorProcess) -> None:
+    env = tq_env(home) | {"TQ_WORKERS": "2"}
+    job = processes.python("-m", "querylib.examples.numbers", "--topic", "solo", "--times", "2",
+                           env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    with querylib.connect() as ctx, ctx.subscribe("solo", timeout=60) as sub:
+        sums, frontiers, partitions = _drain(sub)
+    assert job.wait(timeout=60) == 0, job.stderr.read()  # type: ignore[union-attr]
+    assert sums == {t: sum(n for n in range(200) if n % 2 == t) for t in range(2)}
+    assert frontiers[-1] == 2 and partitions == {0, 1}
+
+
+def test_hash_partitioning_routes_by_key(coordinator: CoordinatorProcess) -> None:
+    words = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "sloe"]
+    with querylib.connect() as ctx:
+        with ctx.publish("words", partition=querylib.Hash(3), serde="json") as out:
+            out.send(0, words)
+            out.advance_to(1)
+        with ctx.subscribe("words", serde="json") as sub:
+            placed = {w: e.partition for e in sub if isinstance(e, querylib.Data)
+                      for w in e.records}
+    hashed = querylib.Hash(3)
+    assert placed == {w: hashed.partition_of(querylib.serdes.JSON.encode(w)) for w in words}
+    assert len(set(placed.values())) > 1
+
+
+def test_start_latest_skips_what_is_stored(coordinator: CoordinatorProcess) -> None:
+    with querylib.connect() as ctx, ctx.publish("ticks") as out:
+        out.send(0, ["old"])
+        out.advance_to(1)
+        out.flush()
+        with ctx.subscribe("ticks", start="latest") as sub:
+            out.send(1, ["new"])
+            out.advance_to(2)
+            seen: list[Any] = []
+            wait_for(lambda: _take(sub, seen, querylib.Progress), timeout=30,
+                     what="the new record and its frontier")
+    assert [e for e in seen if isinstance(e, querylib.Data)] == [querylib.Data(1, ["new"], 0)]

@@ -1,0 +1,84 @@
+"""The pure parts of querylib.api: serdes, TQ_* parsing, partitionings, the public surface."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import querylib
+import querylib.api
+from catalog.errors import UserError
+from querylib.api import QueryEnv, serdes
+from querylib.api._partitioning import partition_count, per_worker_partition
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=10)
+
+
+@given(json_values)
+def test_json_and_msgpack_round_trip(value: object) -> None:
+    for serde in (serdes.JSON, serdes.MSGPACK):
+        assert serde.decode(serde.encode(value)) == value
+
+
+def test_serdes_by_name_and_pickle_only_when_named() -> None:
+    assert serdes.resolve("bytes").decode(serdes.resolve("bytes").encode(b"x")) == b"x"
+    with pytest.raises(UserError, match="bytes serde"):
+        serdes.BYTES.encode("text")
+    with pytest.raises(UserError, match="unknown serde"):
+        serdes.resolve("yaml")
+    assert serdes.resolve("pickle") is serdes.PICKLE
+    assert serdes.type_tag(serdes.MSGPACK, None) == "msgpack"
+    assert serdes.type_tag(serdes.JSON, "Point") == "json/Point"
+    for serde in (serdes.JSON, serdes.MSGPACK):
+        with pytest.raises(serdes.ValueDecodeError, match=serde.name):
+            serdes.decode_value(serde, b"\xc1{")
+
+
+def test_query_env() -> None:
+    env = QueryEnv.read({"TQ_QUERY_ID": "7", "TQ_PROCESS_INDEX": "1", "TQ_PROCESS_COUNT": "2",
+                         "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://h:1"})
+    assert (env.query_id, env.process, env.processes, env.workers) == (7, 1, 2, 3)
+    assert env.coordinator == "tcp://h:1" and env.broker is None
+    alone = QueryEnv.read({})
+    assert (alone.query_id, alone.process, alone.processes, alone.workers) == (None, 0, 1, 1)
+    for bad, message in [({"TQ_WORKERS": "x"}, "whole number"), ({"TQ_WORKERS": "0"}, ">= 1"),
+                         ({"TQ_QUERY_ID": "1", "TQ_PROCESS_INDEX": "2"}, "TQ_PROCESS_COUNT"),
+                         ({"TQ_PROCESS_COUNT": "2"}, "TQ_QUERY_ID")]:
+        with pytest.raises(UserError, match=message):
+            QueryEnv.read(bad)
+
+
+def test_partitionings() -> None:
+    assert partition_count(querylib.PerWorker, 2, 3) == 6
+    assert partition_count(querylib.Merge, 2, 3) == 1
+    assert partition_count(querylib.Hash(5), 2, 3) == 5
+    with pytest.raises(UserError):
+        querylib.Hash(0)
+    with pytest.raises(UserError):
+        partition_count("merge", 1, 1)  # type: ignore[arg-type]
+    # Every (process, worker) gets its own partition, and partition i belongs to process
+    # i mod P, where the coordinator places it.
+    seen = {per_worker_partition(p, w, 2): p for p in range(2) for w in range(3)}
+    assert sorted(seen) == list(range(6))
+    assert all(partition % 2 == process for partition, process in seen.items())
+
+
+def test_public_surface() -> None:
+    for package in (querylib, querylib.api):
+        names = package.__all__
+        assert len(set(names)) == len(names)
+        for name in names:
+            assert getattr(package, name) is getattr(querylib.api, name), name
+    for info in pkgutil.iter_modules(querylib.api.__path__):
+        module = importlib.import_module(f"querylib.api.{info.name}")
+        assert module.__doc__ and "Must not" in module.__doc__, info.name
+    with pytest.raises(AttributeError):
+        querylib.nothing_here  # noqa: B018
