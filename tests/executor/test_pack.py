@@ -1,0 +1,141 @@
+"""Deterministic packs and the hostile-input checks of unpacking."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from catalog.errors import StorageError
+from executor import InvalidArtifactError, pack_bytes, pack_path, sha256_hex, unpack
+
+MAX = 1 << 20
+
+
+def make_tree(root, order):
+    for rel in order:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {rel}\n")
+    return root
+
+
+def test_the_same_tree_packs_to_the_same_bytes_whatever_the_metadata(tmp_path):
+    names = ["__main__.py", "lib/util.py", "lib/data/x.txt", "README"]
+    a = make_tree(tmp_path / "a", names)
+    b = make_tree(tmp_path / "b", list(reversed(names)))
+    os.utime(b / "lib" / "util.py", (1, 1))
+    os.chmod(b / "README", 0o600)
+    (b / "lib" / "__pycache__").mkdir()
+    (b / "lib" / "__pycache__" / "util.cpython-311.pyc").write_bytes(b"junk")
+    (b / "stale.pyc").write_bytes(b"junk")
+    assert pack_path(a, max_bytes=MAX) == pack_path(b, max_bytes=MAX)
+
+
+def test_content_and_executable_bits_change_the_digest(tmp_path):
+    tree = make_tree(tmp_path / "t", ["__main__.py"])
+    first = sha256_hex(pack_path(tree, max_bytes=MAX))
+    os.chmod(tree / "__main__.py", 0o755)
+    second = sha256_hex(pack_path(tree, max_bytes=MAX))
+    (tree / "__main__.py").write_text("changed\n")
+    third = sha256_hex(pack_path(tree, max_bytes=MAX))
+    assert len({first, second, third}) == 3
+
+
+def test_a_single_file_packs_as_one_member_named_after_it(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("print(1)\n")
+    blob = pack_path(job, max_bytes=MAX)
+    assert blob == pack_bytes("job.py", b"print(1)\n")
+    names = unpack(blob, tmp_path / "out")
+    assert names == ["job.py"]
+    assert (tmp_path / "out" / "job.py").read_text() == "print(1)\n"
+
+
+def test_unpack_round_trips_a_tree_with_modes(tmp_path):
+    tree = make_tree(tmp_path / "t", ["__main__.py", "pkg/mod.py"])
+    (tree / "empty").mkdir()
+    os.chmod(tree / "pkg" / "mod.py", 0o755)
+    unpack(pack_path(tree, max_bytes=MAX), tmp_path / "out")
+    assert (tmp_path / "out" / "pkg" / "mod.py").read_text() == "# pkg/mod.py\n"
+    assert (tmp_path / "out" / "empty").is_dir()
+    assert os.stat(tmp_path / "out" / "pkg" / "mod.py").st_mode & 0o100
+
+
+def test_packing_refuses_what_is_not_a_program(tmp_path):
+    with pytest.raises(InvalidArtifactError, match="no such file"):
+        pack_path(tmp_path / "missing", max_bytes=MAX)
+    tree = make_tree(tmp_path / "t", ["a.py"])
+    (tree / "loop").symlink_to(tree)
+    with pytest.raises(InvalidArtifactError, match="symlink to a directory"):
+        pack_path(tree, max_bytes=MAX)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InvalidArtifactError, match="neither a file nor a directory"):
+        pack_path(tmp_path / "fifo", max_bytes=MAX)
+
+
+def test_a_symlinked_file_packs_as_its_content(tmp_path):
+    tree = make_tree(tmp_path / "t", ["real.py"])
+    (tree / "link.py").symlink_to(tree / "real.py")
+    unpack(pack_path(tree, max_bytes=MAX), tmp_path / "out")
+    assert not (tmp_path / "out" / "link.py").is_symlink()
+    assert (tmp_path / "out" / "link.py").read_text() == "# real.py\n"
+
+
+def test_packing_stops_at_the_size_limit(tmp_path):
+    (tmp_path / "big.py").write_bytes(b"#" * 10_000)
+    with pytest.raises(InvalidArtifactError, match="more than 4096 bytes"):
+        pack_path(tmp_path / "big.py", max_bytes=4096)
+
+
+def hostile(*members):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def member(name, data=b"x", kind=tarfile.REGTYPE, linkname=""):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    info.linkname = linkname
+    return info, data if kind == tarfile.REGTYPE else None
+
+
+@pytest.mark.parametrize("blob, message", [
+    (hostile(member("/etc/evil")), "unsafe member name"),
+    (hostile(member("../evil")), "unsafe member name"),
+    (hostile(member("a/../../evil")), "unsafe member name"),
+    (hostile(member("link", kind=tarfile.SYMTYPE, linkname="/etc/passwd")), "not a regular"),
+    (hostile(member("hard", kind=tarfile.LNKTYPE, linkname="x")), "not a regular"),
+    (hostile(member("dev", kind=tarfile.CHRTYPE)), "not a regular"),
+    (hostile(member("fifo", kind=tarfile.FIFOTYPE)), "not a regular"),
+    (hostile(member("a"), member("a")), "appears twice"),
+    (hostile(), "empty"),
+    (b"not a tar at all" * 64, "not a program pack"),
+    (b"", "not a program pack"),
+])
+def test_unpack_refuses_hostile_packs(tmp_path, blob, message):
+    with pytest.raises(InvalidArtifactError, match=message):
+        unpack(blob, tmp_path / "out")
+    assert not (tmp_path / "evil").exists()
+
+
+def test_unpack_refuses_too_many_members(tmp_path):
+    blob = hostile(*(member(f"f{i}") for i in range(11)))
+    with pytest.raises(InvalidArtifactError, match="more than 10 members"):
+        unpack(blob, tmp_path / "out", max_members=10)
+
+
+def test_unpack_refuses_a_truncated_pack(tmp_path):
+    blob = pack_bytes("job.py", b"print(1)\n" * 200)
+    with pytest.raises(InvalidArtifactError):
+        unpack(blob[:700], tmp_path / "out")
+
+
+def test_unpack_into_an_unwritable_place_is_a_storage_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StorageError):
+        unpack(pack_bytes("job.py", b"1"), tmp_path / "file" / "out")
