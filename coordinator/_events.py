@@ -23,6 +23,7 @@ __all__ = [
     "Committed",
     "Instruction",
     "KillProcesses",
+    "SpawnProcesses",
     "Persist",
     "Received",
     "Respond",
@@ -115,6 +116,19 @@ class KillProcesses:
 
 
 @dataclass(frozen=True, slots=True)
+class SpawnProcesses:
+    """Tell the executors to start a query's processes: (process index, executor id, that
+    executor's session or None)."""
+
+    query_id: int
+    program: str
+    processes: tuple[tuple[int, int, int | None], ...]
+    process_count: int
+    workers: int
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SessionEnded:
     """A session left (closed or expired): the shell forgets its transport identity."""
 
@@ -131,4 +145,5 @@ class WriteCheckpoint:
     contents: dict[str, list[tuple[Record, int]]]
 
 
-Instruction: TypeAlias = Persist | Respond | KillProcesses | SessionEnded | WriteCheckpoint
+Instruction: TypeAlias = (Persist | Respond | KillProcesses | SpawnProcesses | SessionEnded
+                          | WriteCheckpoint)

@@ -20,6 +20,7 @@ from catalog import (
     INGEST,
     CloseSession,
     ConflictError,
+    FailQuery,
     InvalidCommandError,
     NotFoundError,
     NotOwnerError,
@@ -47,10 +48,11 @@ from catalog import Subscribe as SubscribeCommand
 from catalog import Unpublish as UnpublishCommand
 from catalog import Unsubscribe as UnsubscribeCommand
 from querylib.cluster import _messages as m
+from querylib.cluster._errors import QueryFailedError
 
 from ._leases import bound_peer
 from ._placement import place_partitions, place_processes
-from ._state import Call, CoordinatorState, WaitForTopic
+from ._state import Call, CoordinatorState, WaitForStart, WaitForTopic
 
 __all__ = ["HANDLERS"]
 
@@ -152,6 +154,8 @@ def _check_binding(state: CoordinatorState, req: m.OpenSession) -> tuple[int, in
 
 def heartbeat(state: CoordinatorState, req: m.Heartbeat, call: Call) -> m.Renewed:
     lease_ms = state.renew(req.session_id, call.now, req.lease_ms)
+    if req.load is not None:
+        state.loads[req.session_id] = req.load
     return m.Renewed(lease_ms=lease_ms, version=state.catalog.version)
 
 
@@ -292,12 +296,31 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
         raise InvalidCommandError(f"a query has 1 to 10000 processes, not {req.processes}")
     executors = req.executors
     if executors is None:
-        executors = place_processes(state.catalog, req.processes)
+        executors = place_processes(state.catalog, req.processes, state.loads)
     change = state.apply(SubmitQueryCommand(
         name=req.name, program=req.program, processes=req.processes, workers=req.workers,
         executors=tuple(executors), args=tuple(req.args), at_ms=call.wall_ms),
         call.now, call.wall_ms)
-    return m.QueryInfo(query=change.created, version=state.catalog.version)  # type: ignore[arg-type]
+    query = change.created
+    state.spawn(query, call.now, call.wall_ms)  # type: ignore[arg-type]
+    query = state.catalog.query(query.query_id)  # type: ignore[union-attr]
+    if req.wait:
+        if query.ended:
+            raise QueryFailedError(f"query {query.query_id} ({query.name}) "
+                                   f"{query.state.value}: {query.reason}")
+        raise WaitForStart(query.query_id)
+    return m.QueryInfo(query=query, version=state.catalog.version)
+
+
+def report_spawn_failed(state: CoordinatorState, req: m.ReportSpawnFailed,
+                        call: Call) -> m.QueryInfo:
+    state.renew(req.session_id, call.now)
+    query = state.catalog.query(req.query_id)
+    if not query.ended:
+        state.apply(FailQuery(query_id=req.query_id, at_ms=call.wall_ms, reason=(
+            f"process {req.process} could not start: {req.reason[:MAX_TEXT]}")),
+            call.now, call.wall_ms)
+    return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
 
 
 def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.QueryInfo:
@@ -335,4 +358,5 @@ HANDLERS: dict[type, Handler] = {
     m.SubmitQuery: submit_query,
     m.ReportExit: report_exit,
     m.KillQuery: kill_query,
+    m.ReportSpawnFailed: report_spawn_failed,
 }

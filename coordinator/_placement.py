@@ -8,6 +8,8 @@ Must not: change the catalog, read clocks, do I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from catalog import (
     Broker,
     Catalog,
@@ -18,6 +20,7 @@ from catalog import (
     Query,
     QueryRef,
 )
+from querylib.cluster._messages import HostLoad
 
 __all__ = ["place_partitions", "place_processes"]
 
@@ -54,9 +57,11 @@ def _broker_of(catalog: Catalog, executor_id: int) -> int | None:
         return None
 
 
-def place_processes(catalog: Catalog, processes: int) -> tuple[int, ...]:
-    """An executor id for each process: the one with the most free slots each time (ties to
-    the lowest id). Slots count processes of live queries still running there."""
+def place_processes(catalog: Catalog, processes: int,
+                    loads: Mapping[int, HostLoad] | None = None) -> tuple[int, ...]:
+    """An executor id for each process: the one with the most free slots each time, ties to
+    the least busy CPU (`loads`: executor session -> its last heartbeat's load), then to the
+    lowest id. Slots count processes of live queries still running there."""
     executors = sorted((e for e in catalog.executors if isinstance(e, Executor)),
                        key=lambda e: e.executor_id)
     if not executors:
@@ -70,10 +75,13 @@ def place_processes(catalog: Catalog, processes: int) -> tuple[int, ...]:
         for executor_id, code in zip(query.executors, query.exit_codes, strict=True):
             if code is None and executor_id in used:
                 used[executor_id] += 1
+    loads = loads or {}
+    cpu = {e.executor_id: (loads[e.session_id].cpu_percent if e.session_id in loads else 0.0)
+           for e in executors}
     placement = []
     for _ in range(processes):
         best = max(executors, key=lambda e: (e.resources.slots - used[e.executor_id],
-                                             -e.executor_id))
+                                             -cpu[e.executor_id], -e.executor_id))
         used[best.executor_id] += 1
         placement.append(best.executor_id)
     return tuple(placement)

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from catalog import StorageError
@@ -30,15 +30,22 @@ logger = logging.getLogger("coordinator")
 def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str, *,
                     broker_listen: str | None = None, config: CoordinatorConfig | None = None,
                     home: str | None = None,
-                    on_ready: Callable[[Coordinator], None] | None = None) -> int:
-    """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening."""
+                    on_ready: Callable[[Coordinator], None] | None = None,
+                    attach: Attach | None = None) -> int:
+    """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
+    `attach` returned: `tq up` starts its executor there). `attach(coordinator)` returns the
+    coroutine function that stops what it started, run before the coordinator closes."""
     return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
-                              home, on_ready))
+                              home, on_ready, attach))
+
+
+Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
 
 
 async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  broker_listen: str | None, config: CoordinatorConfig | None, home: str | None,
-                 on_ready: Callable[[Coordinator], None] | None) -> int:
+                 on_ready: Callable[[Coordinator], None] | None,
+                 attach: Attach | None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -46,8 +53,11 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
     coordinator = Coordinator(data_dir, secret, listen=listen, broker_listen=broker_listen,
                               config=config)
     wrote = False
+    detach: Callable[[], Awaitable[None]] | None = None
     try:
         endpoint = await coordinator.start()
+        if attach is not None:
+            detach = await attach(coordinator)
         write_cluster_file(ClusterInfo(
             coordinator=endpoint, secret_file=str(Path(secret_file).resolve()),
             catalog_broker=coordinator.state.catalog_broker,  # type: ignore[union-attr]
@@ -68,5 +78,7 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
     finally:
         if wrote:
             remove_cluster_file(os.getpid(), home)
+        if detach is not None:
+            await detach()
         await coordinator.close()
     return 0

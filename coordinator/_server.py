@@ -7,7 +7,8 @@
 
 One event loop. Every request becomes a `Received` stimulus whose token is the future the RPC
 handler awaits; the core's instructions are performed here: `Persist` goes to the catalog
-writer, `Respond` resolves the future, `KillProcesses` becomes a notify to the executors,
+writer, `Respond` resolves the future, `KillProcesses` and `SpawnProcesses` become notifies to
+the executors, uploads and fetches of program packs go to the `ArtifactStore` directly,
 `SessionEnded` drops the session's transport identity. Commits come back as `Committed`, time
 as `Tick`. The shell decides nothing the core decides, and owns every task it starts: the
 ticker, the writer's tasks, the embedded broker, the RPC server.
@@ -27,7 +28,7 @@ import time
 from collections import deque
 from typing import Any
 
-from catalog import StorageError
+from catalog import StorageError, UnknownSessionError
 from querylib.broker import BrokerServer
 from querylib.cluster import _messages as m
 from querylib.log import LogConfig
@@ -39,6 +40,7 @@ from querylib.rpc import (
     RpcServer,
 )
 
+from ._artifacts import ArtifactStore
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -49,6 +51,7 @@ from ._events import (
     Received,
     Respond,
     SessionEnded,
+    SpawnProcesses,
     Stimulus,
     Tick,
     WriteCheckpoint,
@@ -124,6 +127,9 @@ class Coordinator:
         self._closed = False
         for request_type in HANDLERS:
             self._rpc.register(request_type, self._serve)
+        self.artifacts = ArtifactStore(os.path.join(self.data_dir, "artifacts"))
+        self._rpc.register(m.UploadArtifact, self._upload)
+        self._rpc.register(m.FetchArtifact, self._fetch)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -248,6 +254,8 @@ class Coordinator:
             self._respond(instruction)
         elif isinstance(instruction, KillProcesses):
             self._kill(instruction)
+        elif isinstance(instruction, SpawnProcesses):
+            self._spawn(instruction)
         elif isinstance(instruction, SessionEnded):
             self._peers.pop(instruction.session_id, None)
             if instruction.expired:
@@ -281,6 +289,45 @@ class Coordinator:
                 self.counters["notify_failed"] += 1
                 logger.warning("coordinator: cannot tell session %d to kill query %d: %s",
                                session_id, instruction.query_id, exc)
+
+    def _spawn(self, instruction: SpawnProcesses) -> None:
+        by_executor: dict[tuple[int, int | None], list[int]] = {}
+        for process, executor_id, session_id in instruction.processes:
+            by_executor.setdefault((executor_id, session_id), []).append(process)
+        for (executor_id, session_id), processes in by_executor.items():
+            peer = None if session_id is None else self._peers.get(session_id)
+            if peer is None:  # it left (the core failed the query) or never spoke to us
+                self.counters["notify_failed"] += 1
+                continue
+            try:
+                self._rpc.notify(peer, m.SpawnProcesses(
+                    query_id=instruction.query_id, program=instruction.program,
+                    processes=processes, process_count=instruction.process_count,
+                    workers=instruction.workers, args=list(instruction.args),
+                    executor_id=executor_id))
+            except (PeerBusyError, PeerUnreachableError) as exc:
+                # The query's start timeout fails it and tells the submitter.
+                self.counters["notify_failed"] += 1
+                logger.warning("coordinator: cannot ask executor %d to spawn query %d: %s",
+                               executor_id, instruction.query_id, exc)
+
+    async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
+        self._check_session(request.session_id)
+        loop = asyncio.get_running_loop()
+        size = await loop.run_in_executor(None, self.artifacts.store, request.sha256,
+                                          ctx.payload)
+        return m.ArtifactStored(sha256=request.sha256, size=size)
+
+    async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
+        self._check_session(request.session_id)
+        loop = asyncio.get_running_loop()
+        blob = await loop.run_in_executor(None, self.artifacts.load, request.sha256)
+        ctx.attach(blob)
+        return m.ArtifactStored(sha256=request.sha256, size=len(blob))
+
+    def _check_session(self, session_id: int) -> None:
+        if self.state is None or session_id not in self.state.leases:
+            raise UnknownSessionError(f"no session {session_id}")
 
     # -- from the writer -----------------------------------------------------------------------
 

@@ -43,7 +43,9 @@ from catalog import (
     UnknownTopicError,
     catalog_topic,
 )
+from querylib.cluster._errors import QueryFailedError
 from querylib.cluster._format import CHECKPOINT_TOPIC
+from querylib.cluster._messages import HostLoad, QueryInfo
 
 from ._events import (
     Bootstrap,
@@ -55,6 +57,7 @@ from ._events import (
     Received,
     Respond,
     SessionEnded,
+    SpawnProcesses,
     Stimulus,
     Tick,
     WriteCheckpoint,
@@ -62,7 +65,7 @@ from ._events import (
 from ._leases import Leases, binding_of
 from ._waiters import Waiter, Waiters
 
-__all__ = ["Call", "CoordinatorConfig", "CoordinatorState", "WaitForTopic"]
+__all__ = ["Call", "CoordinatorConfig", "CoordinatorState", "WaitForStart", "WaitForTopic"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class CoordinatorConfig:
     # catalog's size if that is more: a late follower then reads at most about one catalog
     # size of history, and checkpoints cost O(1) per update, amortized.
     checkpoint_updates: int = 4096
+    # A submitted query whose processes have not all registered by then fails (a spawn that
+    # hangs, an executor that never answers); its submitter learns why.
+    start_timeout_ms: int = 60_000
 
     def clamp_lease(self, lease_ms: int) -> int:
         return max(self.min_lease_ms, min(self.max_lease_ms, lease_ms))
@@ -93,6 +99,14 @@ class Call:
     now: float
     wall_ms: int
     peer: bytes
+
+
+class WaitForStart(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a handler: answer once the query leaves `submitted` (it ran, or failed)."""
+
+    def __init__(self, query_id: int) -> None:
+        super().__init__(query_id)
+        self.query_id = query_id
 
 
 class WaitForTopic(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -131,6 +145,9 @@ class CoordinatorState:
         self.bound: dict[tuple[int, int], int] = {}  # (query, process) -> session
         self.waiters = Waiters()
         self.placement_cursor = 0
+        self.start_deadlines: dict[int, float] = {}  # submitted query -> when it fails
+        self.start_waiters: dict[int, list[Any]] = {}  # submitted query -> tokens to answer
+        self.loads: dict[int, HostLoad] = {}  # executor session -> its latest heartbeat load
         self.checkpoint = checkpoint  # the latest durable checkpoint
         self.since_checkpoint = since_checkpoint  # updates appended after it
         self._checkpointing = False
@@ -236,6 +253,8 @@ class CoordinatorState:
             reply = handler(self, request, call)
         except WaitForTopic as wait:
             self._wait(request, call, wait, deadline)
+        except WaitForStart as wait:
+            self.start_waiters.setdefault(wait.query_id, []).append(call.token)
         except TqError as exc:
             self.respond(call.token, error=exc)
         else:
@@ -259,6 +278,42 @@ class CoordinatorState:
         for waiter in self.waiters.expired(now):
             self.respond(waiter.token, error=UnknownTopicError(
                 f"topic {waiter.name!r} did not appear in time"))
+        late = [q for q, deadline in self.start_deadlines.items() if deadline <= now]
+        for query_id in late:
+            del self.start_deadlines[query_id]
+            if self.catalog.query(query_id).state == QueryState.SUBMITTED:
+                seconds = self.config.start_timeout_ms / 1000
+                self.apply(FailQuery(query_id=query_id, at_ms=wall_ms, reason=(
+                    f"not every process registered within {seconds:g}s")), now, wall_ms)
+
+    def spawn(self, query: Query, now: float, wall_ms: int) -> None:
+        """Tell the executors to start the processes of a new query; it fails if they have
+        not all registered by the start timeout."""
+        processes = []
+        for process, executor_id in enumerate(query.executors):
+            try:
+                session_id: int | None = self.catalog.executor(executor_id).session_id
+            except TqError:
+                session_id = None
+            processes.append((process, executor_id, session_id))
+        self.start_deadlines[query.query_id] = now + self.config.start_timeout_ms / 1000
+        gone = [executor_id for _, executor_id, session in processes if session is None]
+        if gone:
+            self.apply(FailQuery(query_id=query.query_id, at_ms=wall_ms, reason=(
+                f"executor {gone[0]} is gone")), now, wall_ms)
+            return
+        self._out.append(SpawnProcesses(query.query_id, query.program, tuple(processes),
+                                        query.processes, query.workers, tuple(query.args)))
+
+    def _left_submitted(self, query: Query) -> None:
+        self.start_deadlines.pop(query.query_id, None)
+        for token in self.start_waiters.pop(query.query_id, []):
+            if query.state in (QueryState.FAILED, QueryState.KILLED):
+                self.respond(token, error=QueryFailedError(
+                    f"query {query.query_id} ({query.name}) {query.state.value}: "
+                    f"{query.reason or 'no reason given'}"))
+            else:
+                self.respond(token, QueryInfo(query=query, version=self.catalog.version))
 
     def _expire(self, session_id: int, now: float, wall_ms: int) -> None:
         binding = self.bindings.get(session_id)
@@ -316,6 +371,9 @@ class CoordinatorState:
             self._session_ended(session_id, isinstance(command, SessionExpired))
         for query in new_queries:
             old = old_queries.get(query.query_id)
+            if (old is not None and old.state == QueryState.SUBMITTED
+                    and query.state != QueryState.SUBMITTED):
+                self._left_submitted(query)
             if query.state in (QueryState.FAILED, QueryState.KILLED) and (
                     old is None or not old.ended):
                 self._kill_remaining(query)
@@ -327,6 +385,7 @@ class CoordinatorState:
 
     def _session_ended(self, session_id: int, expired: bool) -> None:
         self.leases.forget(session_id)
+        self.loads.pop(session_id, None)
         binding = self.bindings.pop(session_id, None)
         if binding is not None and self.bound.get(binding) == session_id:
             del self.bound[binding]

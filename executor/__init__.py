@@ -14,8 +14,11 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _logs.py        LogForwarder: the sink that publishes lines to the __logs topic
     _metrics.py     host resources and load for registration and heartbeats (psutil)
     _slots.py       Slots: process slot accounting
+    _agent.py       ExecutorAgent: the `tq executor` agent wiring all of the above to the
+                    coordinator
 """
 
+from executor._agent import ExecutorAgent
 from executor._artifacts import (
     DEFAULT_MAX_ARTIFACT_BYTES,
     Artifact,
@@ -63,6 +66,7 @@ __all__ = [
     "ArtifactMissingError",
     "DigestMismatchError",
     "ExecFailedError",
+    "ExecutorAgent",
     "ExecutorError",
     "ExitReport",
     "FetchFailedError",

@@ -1,6 +1,7 @@
 """What an executor tells the coordinator about its host (DESIGN §6): the resources it offers
 when it registers, and the load it reports with each heartbeat. Measured with psutil; the
-structs are msgspec so a heartbeat message can carry them as they are.
+structs (HostLoad, ProcessLoad) live with the heartbeat message in `querylib.cluster`, which
+carries them as they are.
 
 psutil's CPU percentages are "since the previous call": the sampler keeps one psutil.Process
 per pid between samples, so the first sample of a new process reads 0.0. Reading a process
@@ -14,10 +15,10 @@ import os
 import time
 from collections.abc import Iterable
 
-import msgspec
 import psutil
 
 from catalog import Resources
+from querylib.cluster import HostLoad, ProcessLoad
 
 __all__ = ["HostLoad", "LoadSampler", "ProcessLoad", "host_resources"]
 
@@ -27,27 +28,6 @@ def host_resources(data_dir: str | os.PathLike[str], slots: int) -> Resources:
     return Resources(cores=psutil.cpu_count(logical=True) or 1,
                      memory=psutil.virtual_memory().total,
                      disk=psutil.disk_usage(os.fspath(data_dir)).total, slots=slots)
-
-
-class ProcessLoad(msgspec.Struct, frozen=True, kw_only=True):
-    """One query process with everything it started (a Spark JVM, a multiprocessing pool)."""
-
-    query_id: int
-    process: int
-    pid: int
-    rss: int                 # bytes, summed over the process and its descendants
-    cpu_percent: float       # since the previous sample; 100.0 = one core busy
-    processes: int           # the process and its live descendants
-
-
-class HostLoad(msgspec.Struct, frozen=True, kw_only=True):
-    sampled_at_ms: int
-    cpu_percent: float       # the whole host, 0..100 (all cores)
-    memory_used: int
-    memory_available: int
-    disk_free: int           # on the data directory's file system
-    running: int             # query processes under supervision
-    per_process: tuple[ProcessLoad, ...] = ()
 
 
 class LoadSampler:

@@ -22,7 +22,12 @@ from querylib.cluster._connection import (
     tq_home,
     write_cluster_file,
 )
-from querylib.cluster._errors import ClusterFileError, NoCoordinatorError, SessionLostError
+from querylib.cluster._errors import (
+    ClusterFileError,
+    NoCoordinatorError,
+    QueryFailedError,
+    SessionLostError,
+)
 from querylib.cluster._follow import (
     AsyncCollectionFollower,
     CatalogEvent,
@@ -36,8 +41,11 @@ from querylib.cluster._messages import (
     BrokerInfo,
     CatalogInfo,
     ExecutorInfo,
+    HostLoad,
     KillProcesses,
+    ProcessLoad,
     QueryInfo,
+    SpawnProcesses,
     TopicInfo,
 )
 from querylib.cluster._session import AsyncCluster, default_peer
@@ -56,10 +64,14 @@ __all__ = [
     "Connection",
     "Diff",
     "ExecutorInfo",
+    "HostLoad",
     "KillProcesses",
     "NoCoordinatorError",
+    "ProcessLoad",
+    "QueryFailedError",
     "QueryInfo",
     "SessionLostError",
+    "SpawnProcesses",
     "Snapshot",
     "TopicInfo",
     "cluster_file",

@@ -152,6 +152,9 @@ class Cluster:
     def kill_query(self, query_id: int, reason: str = "killed") -> Query:
         return self._call(self._async.kill_query(query_id, reason))
 
+    def upload_artifact(self, digest: str, pack: bytes) -> str:
+        return self._call(self._async.upload_artifact(digest, pack))
+
     def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
         """Run `callback(notification)` on the loop thread for each notify of that type (an
         executor's `KillProcesses`). It must be quick and must not call this Cluster."""

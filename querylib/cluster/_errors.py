@@ -5,14 +5,16 @@
     │   ├── NoCoordinatorError   none configured, none running, or none answering: says how to
     │   │                        start one
     │   └── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
-    └── SessionLostError         the coordinator no longer holds our session (lease expired)
+    ├── SessionLostError         the coordinator no longer holds our session (lease expired)
+    └── QueryEndedError (catalog)
+        └── QueryFailedError     a submitted query failed or was killed before it ran
 """
 
 from __future__ import annotations
 
-from catalog.errors import TqError, UserError
+from catalog.errors import QueryEndedError, TqError, UserError
 
-__all__ = ["ClusterFileError", "NoCoordinatorError", "SessionLostError"]
+__all__ = ["ClusterFileError", "NoCoordinatorError", "QueryFailedError", "SessionLostError"]
 
 START_HINT = "start one with `tq coordinator` (or `tq up`)"
 
@@ -28,3 +30,8 @@ class ClusterFileError(UserError):
 class SessionLostError(TqError):
     """The coordinator dropped our session (its lease expired while we could not renew it):
     everything the session owned is gone; open a new session."""
+
+
+class QueryFailedError(QueryEndedError):
+    """A submitted query failed or was killed before it ran (a spawn failed, a process did not
+    register in time); the message says why."""

@@ -26,7 +26,11 @@ Client -> coordinator requests (reply in brackets):
     coord.query.submit      SubmitQuery        [QueryInfo]
     coord.query.exited      ReportExit         [QueryInfo]       an executor reports an exit code
     coord.query.kill        KillQuery          [QueryInfo]
+    coord.query.spawn_failed ReportSpawnFailed [QueryInfo]       an executor could not start one
+    coord.artifact.upload   UploadArtifact     [ArtifactStored]  a program pack (payload frame)
+    coord.artifact.fetch    FetchArtifact      [ArtifactStored]  ... and its bytes back (payload)
 Coordinator -> executor notify:
+    coord.spawn.processes   SpawnProcesses                       start these processes of a query
     coord.kill.processes    KillProcesses                        terminate what is left of a query
 """
 
@@ -46,6 +50,7 @@ from catalog import (
 from querylib.rpc import Notify, Reply, Request
 
 __all__ = [
+    "ArtifactStored",
     "BrokerInfo",
     "CatalogInfo",
     "CheckpointRef",
@@ -54,12 +59,15 @@ __all__ = [
     "DeleteTopic",
     "Done",
     "ExecutorInfo",
+    "FetchArtifact",
     "GetCatalogInfo",
+    "HostLoad",
     "Heartbeat",
     "KillProcesses",
     "KillQuery",
     "LookupTopic",
     "OpenSession",
+    "ProcessLoad",
     "Publish",
     "QueryInfo",
     "RegisterBroker",
@@ -68,11 +76,14 @@ __all__ = [
     "RemoveExecutor",
     "Renewed",
     "ReportExit",
+    "ReportSpawnFailed",
     "SessionOpened",
+    "SpawnProcesses",
     "SubmitQuery",
     "Subscribe",
     "TopicInfo",
     "Unpublish",
+    "UploadArtifact",
     "Unsubscribe",
 ]
 
@@ -135,6 +146,38 @@ class QueryInfo(Reply, tag="coord.query.info"):
     version: int
 
 
+class ArtifactStored(Reply, tag="coord.artifact.stored"):
+    """The coordinator holds the pack `sha256` (hex) of `size` bytes (FetchArtifact: the bytes
+    follow as the reply's one payload frame)."""
+
+    sha256: str
+    size: int
+
+
+# --------------------------------------------------------------------------- load
+
+
+class ProcessLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """One query process with everything it started (a Spark JVM, a multiprocessing pool)."""
+
+    query_id: int
+    process: int
+    pid: int
+    rss: int                 # bytes, summed over the process and its descendants
+    cpu_percent: float       # since the previous sample; 100.0 = one core busy
+    processes: int           # the process and its live descendants
+
+
+class HostLoad(msgspec.Struct, frozen=True, kw_only=True):
+    sampled_at_ms: int
+    cpu_percent: float       # the whole host, 0..100 (all cores)
+    memory_used: int
+    memory_available: int
+    disk_free: int           # on the data directory's file system
+    running: int             # query processes under supervision
+    per_process: tuple[ProcessLoad, ...] = ()
+
+
 # --------------------------------------------------------------------------- sessions
 
 
@@ -154,6 +197,7 @@ class OpenSession(Request[SessionOpened], tag="coord.session.open"):
 class Heartbeat(Request[Renewed], tag="coord.session.renew"):
     session_id: int
     lease_ms: int | None = None   # None: keep the lease length granted before
+    load: HostLoad | None = None  # an executor's: its host's load, for placement
 
 
 class CloseSession(Request[Done], tag="coord.session.close"):
@@ -251,7 +295,8 @@ class RemoveExecutor(Request[Done], tag="coord.executor.remove"):
 
 
 class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
-    """A query placed on `executors` (one per process), or by the coordinator when None."""
+    """A query placed on `executors` (one per process), or by the coordinator when None. The
+    coordinator tells those executors to spawn the processes."""
 
     session_id: int
     name: str
@@ -260,6 +305,9 @@ class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
     workers: int = 1
     args: tuple[str, ...] = ()
     executors: tuple[int, ...] | None = None
+    # True: answer once every process registered (the query runs), or with QueryFailedError
+    # once it failed (a spawn failed, the start timed out, it was killed).
+    wait: bool = False
 
 
 class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
@@ -281,3 +329,43 @@ class KillProcesses(Notify, tag="coord.kill.processes"):
     query_id: int
     processes: list[int]
     reason: str
+
+
+class ReportSpawnFailed(Request[QueryInfo], tag="coord.query.spawn_failed"):
+    """An executor could not start a process of the query: the query fails with `reason`."""
+
+    session_id: int
+    query_id: int
+    process: int
+    reason: str
+
+
+class SpawnProcesses(Notify, tag="coord.spawn.processes"):
+    """To an executor: start these processes of the query. `program` is a source
+    (`sha256:<hex>` for an uploaded pack, `file://`, `http(s)://`)."""
+
+    query_id: int
+    program: str
+    processes: list[int]
+    process_count: int
+    workers: int
+    args: list[str]
+    executor_id: int
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+class UploadArtifact(Request[ArtifactStored], tag="coord.artifact.upload"):
+    """Store a program pack, content-addressed: its bytes are the request's one payload frame
+    and must hash to `sha256`."""
+
+    session_id: int
+    sha256: str
+
+
+class FetchArtifact(Request[ArtifactStored], tag="coord.artifact.fetch"):
+    """The pack `sha256`, as the reply's payload frame (NotFoundError if nobody uploaded it)."""
+
+    session_id: int
+    sha256: str

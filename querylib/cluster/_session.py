@@ -96,6 +96,9 @@ class AsyncCluster:
         self.resumed = False
         self._lost: SessionLostError | None = None
         self._heartbeats: asyncio.Task[None] | None = None
+        self.renewed_at = 0.0
+        # An executor's: called for each heartbeat, its HostLoad rides along (quick, please).
+        self.load_source: Callable[[], m.HostLoad] | None = None
         self._started = False
         self._closed = False
 
@@ -119,6 +122,9 @@ class AsyncCluster:
                 self.catalog_broker = opened.catalog_broker
                 self.resumed = opened.resumed
                 self._seen(opened.version)
+                # When the lease was last renewed (loop time): a holder that has not renewed
+                # for a lease must assume the coordinator expired it.
+                self.renewed_at = asyncio.get_running_loop().time()
                 self._heartbeats = asyncio.get_running_loop().create_task(
                     self._heartbeat_forever(), name=f"tq session {self.session_id}")
             else:
@@ -225,10 +231,14 @@ class AsyncCluster:
 
     async def submit_query(self, name: str, program: str, *, processes: int = 1,
                            workers: int = 1, args: tuple[str, ...] = (),
-                           executors: tuple[int, ...] | None = None) -> Query:
+                           executors: tuple[int, ...] | None = None, wait: bool = False,
+                           timeout: float | None = None) -> Query:
+        """Submit a query; with `wait`, return once it runs (QueryFailedError if it failed
+        to start: the message says why)."""
         reply = await self.request(m.SubmitQuery(
             session_id=self._session(), name=name, program=program, processes=processes,
-            workers=workers, args=tuple(args), executors=executors))
+            workers=workers, args=tuple(args), executors=executors, wait=wait),
+            timeout=timeout)
         return reply.query
 
     async def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
@@ -240,6 +250,25 @@ class AsyncCluster:
         reply = await self.request(m.KillQuery(session_id=self._session(), query_id=query_id,
                                                reason=reason))
         return reply.query
+
+    async def report_spawn_failed(self, query_id: int, process: int, reason: str) -> Query:
+        reply = await self.request(m.ReportSpawnFailed(
+            session_id=self._session(), query_id=query_id, process=process, reason=reason[:2000]))
+        return reply.query
+
+    async def upload_artifact(self, digest: str, pack: bytes) -> str:
+        """Store a program pack on the coordinator; returns its source, `sha256:<hex>`."""
+        if self._lost is not None:
+            raise self._lost
+        await self.client.request(m.UploadArtifact(session_id=self._session(), sha256=digest),
+                                  payload=[pack])
+        return f"sha256:{digest}"
+
+    async def fetch_artifact(self, digest: str) -> bytes:
+        """The pack `digest` (hex) that someone uploaded (NotFoundError if none)."""
+        _, payload = await self.client.exchange(
+            m.FetchArtifact(session_id=self._session(), sha256=digest))
+        return b"".join(bytes(frame) for frame in payload)
 
     def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
         """Run `callback(notification)` on this loop for each notify of that type the
@@ -260,11 +289,14 @@ class AsyncCluster:
 
     async def _heartbeat_forever(self) -> None:
         interval = max(self.lease / 3, 0.02)
-        request = m.Heartbeat(session_id=self.session_id, lease_ms=int(self.lease * 1000))  # type: ignore[arg-type]
         while True:
             await asyncio.sleep(interval)
+            load = None if self.load_source is None else self.load_source()
+            request = m.Heartbeat(session_id=self.session_id,  # type: ignore[arg-type]
+                                  lease_ms=int(self.lease * 1000), load=load)
             try:
                 await self.client.request(request, timeout=max(interval, 0.5))
+                self.renewed_at = asyncio.get_running_loop().time()
             except UnknownSessionError as exc:
                 self._lose(exc)
                 return

@@ -1,0 +1,239 @@
+"""The executor agent (`tq executor`, DESIGN §6): one per host, it wires the building blocks to
+the coordinator.
+
+    agent = await ExecutorAgent(coordinator, secret, secret_file, data_dir).start()
+    ...
+    await agent.close()
+
+On start it runs this host's broker, opens an executor session, registers the broker and the
+executor (host, broker address, host resources); its heartbeats carry the host's load
+(placement breaks ties by it). Then it serves the coordinator's notifies:
+
+- `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
+  from the coordinator), start it under the supervisor. A failure is reported back as
+  `ReportSpawnFailed` with the typed error's message, and the query fails with that reason.
+- `KillProcesses`: TERM to each process group, KILL after the grace period.
+
+Every exit goes back as `ReportExit` (an exit status, or minus the signal that killed it);
+output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
+session is lost (the coordinator did not hear from it for a lease), it kills its processes:
+the coordinator has failed their queries by then anyway. `lost` is set then, and `stopped` once
+they are killed (`tq executor` exits non-zero).
+
+Must not: decide placement or query state (the coordinator does), or block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from catalog import NotFoundError, SessionKind, TqError
+from querylib.broker import BrokerServer
+from querylib.cluster import AsyncCluster, KillProcesses, SpawnProcesses
+
+from ._artifacts import ArtifactCache, ArtifactFetcher
+from ._logs import LogForwarder
+from ._metrics import LoadSampler, host_resources
+from ._slots import Slots
+from ._spawn import SpawnSpec
+from ._supervisor import ExitReport, Supervisor
+
+__all__ = ["ExecutorAgent"]
+
+logger = logging.getLogger("executor")
+
+
+class ExecutorAgent:
+    """A host agent: its broker, its session with the coordinator, its query processes."""
+
+    def __init__(self, coordinator: str, secret: bytes, secret_file: str,
+                 data_dir: str | os.PathLike[str], *, slots: int | None = None,
+                 host: str | None = None, broker_listen: str = "tcp://127.0.0.1:0",
+                 lease: float = 10.0, grace: float = 5.0) -> None:
+        self.coordinator = coordinator
+        self.secret = secret
+        self.secret_file = str(Path(secret_file).resolve())
+        self.data_dir = Path(data_dir)
+        self.slots = Slots(slots or max(os.cpu_count() or 1, 1))
+        self.host = host or socket.gethostname()
+        self.broker_listen = broker_listen
+        self.lease = lease
+        self.grace = grace
+        self.broker: BrokerServer | None = None
+        self.broker_address = ""
+        self.cluster: AsyncCluster | None = None
+        self.forwarder: LogForwarder | None = None
+        self.supervisor: Supervisor | None = None
+        self.fetcher: ArtifactFetcher | None = None
+        self.executor_id: int | None = None
+        self.broker_id: int | None = None
+        self.lost = asyncio.Event()  # set when the session is gone: the agent must stop
+        self.stopped = asyncio.Event()  # ... and once its processes are killed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watch: asyncio.Task[None] | None = None
+        self._closed = False
+        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> ExecutorAgent:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.broker = BrokerServer(self.data_dir / "broker", self.secret)
+            self.broker_address = await self.broker.start(self.broker_listen)
+            self.forwarder = await LogForwarder(self.broker_address, self.secret).start()
+            self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
+                                         on_exit=self._exited, grace=self.grace)
+            cache = ArtifactCache(self.data_dir / "artifacts")
+            cache.clean_incoming()
+            self.fetcher = ArtifactFetcher(cache, upload=self._download)
+            self.cluster = await AsyncCluster(self.coordinator, self.secret,
+                                              kind=SessionKind.EXECUTOR, lease=self.lease,
+                                              peer=f"executor@{self.host}").start()
+            # Notifies may arrive as soon as the executor is registered: listen first.
+            self.cluster.on_notify(SpawnProcesses, self._on_spawn)
+            self.cluster.on_notify(KillProcesses, self._on_kill)
+            sampler = LoadSampler(self.data_dir)
+            supervisor = self.supervisor
+            self.cluster.load_source = lambda: sampler.sample(
+                (r.spec.query_id, r.spec.process, r.pid) for r in supervisor.running())
+            broker = await self.cluster.register_broker(self.host, self.broker_address)
+            self.broker_id = broker.broker_id
+            executor = await self.cluster.register_executor(
+                self.host, broker.broker_id,
+                host_resources(self.data_dir, self.slots.total))
+            self.executor_id = executor.executor_id
+        except BaseException:
+            await self.close()
+            raise
+        self._watch = asyncio.get_running_loop().create_task(self._watch_session(),
+                                                             name="executor session watch")
+        return self
+
+    async def close(self) -> None:
+        """Kill every process (reporting their exits while the session lasts), close the
+        session, the log forwarder and the broker. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.supervisor is not None:
+            await self.supervisor.close()
+        if self.fetcher is not None:
+            await self.fetcher.close()
+        if self.cluster is not None:
+            await self.cluster.close()
+        if self.forwarder is not None:
+            await self.forwarder.close()
+        if self.broker is not None:
+            await self.broker.close()
+
+    async def __aenter__(self) -> ExecutorAgent:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _watch_session(self) -> None:
+        """Once the coordinator dropped our session, our processes' queries have failed: kill
+        them rather than let them run unaccounted for."""
+        cluster = self.cluster
+        assert cluster is not None
+        loop = asyncio.get_running_loop()
+        # Unheard for a lease, the coordinator has expired our session (or is gone).
+        while not cluster.lost and loop.time() - cluster.renewed_at <= cluster.lease:
+            await asyncio.sleep(cluster.lease / 4)
+        logger.warning("executor %s: lost the coordinator; killing its processes",
+                       self.executor_id)
+        self.lost.set()  # first: nobody is there to hear about their exits
+        if self.supervisor is not None:
+            await self.supervisor.kill_all()
+        self.stopped.set()
+
+    def _spawn_task(self, coro: object, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- notifies ------------------------------------------------------------------------------
+
+    def _on_spawn(self, notification: Any) -> None:
+        note: SpawnProcesses = notification.message
+        for process in note.processes:
+            self._spawn_task(self._start(note, process), f"spawn {note.query_id}/{process}")
+
+    def _on_kill(self, notification: Any) -> None:
+        note: KillProcesses = notification.message
+        for process in note.processes:
+            self._spawn_task(self._kill(note.query_id, process), f"kill {note.query_id}/{process}")
+
+    async def _start(self, note: SpawnProcesses, process: int) -> None:
+        assert self.supervisor is not None and self.fetcher is not None
+        key = (note.query_id, process)
+        try:
+            self.slots.reserve(key)
+        except TqError as exc:
+            await self._spawn_failed(note.query_id, process, exc)
+            return
+        try:
+            artifact = await self.fetcher.ensure(note.program)
+            spec = SpawnSpec(query_id=note.query_id, process=process,
+                             processes=note.process_count, workers=note.workers,
+                             args=tuple(note.args), coordinator=self.coordinator,
+                             secret_file=self.secret_file, broker=self.broker_address,
+                             executor_id=self.executor_id)
+            await self.supervisor.spawn(spec, artifact.program)
+            self.counters["spawned"] += 1
+        except TqError as exc:
+            self.slots.release(key)
+            await self._spawn_failed(note.query_id, process, exc)
+
+    async def _spawn_failed(self, query_id: int, process: int, exc: TqError) -> None:
+        self.counters["spawn_failed"] += 1
+        reason = f"{type(exc).__name__}: {exc}"
+        logger.warning("executor %s: process %d of query %d did not start: %s",
+                       self.executor_id, process, query_id, reason)
+        try:
+            await self.cluster.report_spawn_failed(query_id, process, reason)  # type: ignore[union-attr]
+        except TqError as report_exc:
+            self.counters["report_failed"] += 1
+            logger.warning("executor %s: cannot report the failed spawn: %s",
+                           self.executor_id, report_exc)
+
+    async def _kill(self, query_id: int, process: int) -> None:
+        assert self.supervisor is not None
+        try:
+            await self.supervisor.kill((query_id, process), self.grace)
+        except TqError as exc:  # it ended (or never started) here: nothing to kill
+            logger.debug("executor %s: kill %d/%d: %s", self.executor_id, query_id, process,
+                         exc)
+
+    # -- from the supervisor and the fetcher -----------------------------------------------------
+
+    async def _exited(self, report: ExitReport) -> None:
+        self.slots.release((report.query_id, report.process))
+        if self.cluster is None or self.cluster.lost or self.lost.is_set():
+            return
+        try:
+            await self.cluster.report_exit(report.query_id, report.process, report.exit_code)
+        except TqError as exc:  # the query ended already (killed), or the coordinator is away
+            self.counters["report_failed"] += 1
+            logger.info("executor %s: exit of %d/%d not recorded: %s", self.executor_id,
+                        report.query_id, report.process, exc)
+
+    async def _download(self, digest: str) -> bytes | None:
+        assert self.cluster is not None
+        try:
+            return await self.cluster.fetch_artifact(digest)
+        except NotFoundError:
+            return None

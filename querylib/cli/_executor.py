@@ -1,0 +1,75 @@
+"""`tq executor`: run a host agent in the foreground (DESIGN §6, §9).
+
+A thin adapter over `executor.ExecutorAgent`, imported only when the command runs (the rest of
+`querylib` never depends on the agent). SIGINT/SIGTERM stop it: its processes are killed and
+their exits reported first. It also stops, non-zero, when it lost the coordinator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "executor", help="run an executor agent (spawns query processes, hosts a broker)",
+        description="Run this host's executor agent in the foreground: it runs a broker for "
+        "the host's topic partitions, registers with the coordinator, and starts, supervises "
+        "and kills query processes as the coordinator asks.")
+    parser.add_argument("--coordinator", metavar="ADDR", help="the coordinator's endpoint "
+                        "(default: $TQ_COORDINATOR, else $TQ_HOME/cluster.json)")
+    parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
+                        "names, else $TQ_HOME/secret)")
+    parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
+    parser.add_argument("--slots", type=int, help="process slots (default: CPU count)")
+    parser.add_argument("--host", help="host name to register (default: this host's name)")
+    parser.add_argument("--broker-listen", default="tcp://127.0.0.1:0", metavar="ADDR",
+                        help="endpoint of this host's broker (default: a free local port)")
+    parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                        help="after SIGTERM, how long a killed process has before SIGKILL")
+    parser.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
+                        help="session lease: unheard by the coordinator this long, the agent "
+                        "kills its processes and stops (default 10)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from querylib.cluster import discover, tq_home
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    found = discover(args.coordinator, secret_file=args.secret_file)
+    data = args.data or str(tq_home() / "executor")
+    return asyncio.run(_serve(args, found.address, found.secret, found.secret_file, data))
+
+
+async def _serve(args: argparse.Namespace, address: str, secret: bytes, secret_file: str,
+                 data: str) -> int:
+    from executor import ExecutorAgent
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    agent = await ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
+                                host=args.host, broker_listen=args.broker_listen,
+                                grace=args.grace, lease=args.lease).start()
+    try:
+        print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}, "
+              f"{agent.slots.total} slots, coordinator {address}", file=sys.stderr, flush=True)
+        stopped = loop.create_task(stop.wait())
+        lost = loop.create_task(agent.stopped.wait())
+        await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopped, lost):
+            task.cancel()
+        if agent.stopped.is_set():
+            print("tq executor: stopping: lost the coordinator", file=sys.stderr, flush=True)
+            return 1
+    finally:
+        await agent.close()
+    return 0

@@ -1,0 +1,93 @@
+"""`tq kill`, `tq logs` and `tq topic create`: acting on queries and topics (DESIGN §6, §9).
+
+Thin adapters over the cluster client. `tq logs` reads the `__logs` topic of every executor's
+broker (each executor writes its processes' lines to its own broker) and keeps the lines of
+one query, keyed `<query>/<process>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+
+from querylib.cli._catalog import add_cluster_options, connect
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    kill = sub.add_parser("kill", help="kill a query (TERM, then KILL after a grace period)")
+    kill.add_argument("query", type=int, help="the query id")
+    kill.add_argument("--reason", default="killed by tq kill")
+    add_cluster_options(kill)
+    kill.set_defaults(func=_kill)
+
+    logs = sub.add_parser("logs", help="print a query's output lines")
+    logs.add_argument("query", type=int, help="the query id")
+    logs.add_argument("--follow", action="store_true", help="keep printing new lines")
+    add_cluster_options(logs)
+    logs.set_defaults(func=_logs)
+
+    topic = sub.add_parser("topic", help="manage topics")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True)
+    create = topic_sub.add_parser("create", help="create an ingest topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--record-type", default="bytes")
+    add_cluster_options(create)
+    create.set_defaults(func=_create_topic)
+
+
+def _kill(args: argparse.Namespace) -> int:
+    with connect(args, session=True) as cluster:
+        query = cluster.kill_query(args.query, args.reason)
+    print(f"query {query.query_id} ({query.name}) {query.state.value}", file=sys.stderr)
+    return 0
+
+
+def _create_topic(args: argparse.Namespace) -> int:
+    with connect(args, session=True) as cluster:
+        info = cluster.create_topic(args.name, args.partitions, record_type=args.record_type,
+                                    ingest=True)
+    print(f"topic {info.topic.short_name}: {info.topic.partitions} partitions", file=sys.stderr)
+    return 0
+
+
+def log_brokers(cluster: Any, timeout: float) -> list[str]:
+    """The address of every executor's broker (where the `__logs` partitions live)."""
+    snaps = cluster.snapshot("executors", "brokers", timeout=timeout)
+    brokers = {b.broker_id: b.address for b, _ in snaps["brokers"].records}
+    return sorted({brokers[e.broker_id] for e, _ in snaps["executors"].records
+                   if e.broker_id in brokers})
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from querylib.broker import Data, Subscriber
+
+    prefix = f"{args.query}/".encode()
+    with connect(args) as cluster:
+        addresses = log_brokers(cluster, max(args.timeout, 30.0))
+        secret = cluster.secret
+    lock = threading.Lock()
+
+    def read(address: str) -> None:
+        with Subscriber(address, "__logs", [0], secret=secret, start="earliest",
+                        follow=args.follow, timeout=args.timeout) as sub:
+            for event in sub:
+                if not isinstance(event, Data):
+                    continue
+                for record in event.records:
+                    if record.key is None or not record.key.startswith(prefix):
+                        continue
+                    process = record.key[len(prefix):].decode(errors="replace")
+                    text = (record.value or b"").decode(errors="replace")
+                    with lock:
+                        sys.stdout.write(f"[{process}] {text}\n")
+                        sys.stdout.flush()
+
+    threads = [threading.Thread(target=read, args=(a,), daemon=True) for a in addresses]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return 0

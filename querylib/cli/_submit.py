@@ -1,0 +1,110 @@
+"""`tq submit`: pack a program, upload it to the coordinator, and run it as a query (DESIGN §6).
+
+A thin adapter over `querylib.artifacts` and the cluster client. The command returns once every
+process of the query registered (the query runs), or fails with the reason a process could not
+start. With `--wait` it then waits for the query to end and exits with its outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from querylib.cli._catalog import add_cluster_options, connect
+
+# The executor's artifact cache takes no bigger pack.
+MAX_PROGRAM_BYTES = 64 * 1024 * 1024
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "submit", help="run a program (file or directory) as a query on the executors",
+        description="Pack PROGRAM (a .py file, or a directory with __main__.py), upload it "
+        "to the coordinator, and start it as a query of N processes x W workers. Arguments "
+        "after `--` go to the program.")
+    parser.add_argument("program", help="a Python file, or a directory with __main__.py")
+    _add_options(parser)
+    # Everything after PROGRAM: its options (re-parsed in _submit), then `--` and the
+    # program's arguments. argparse alone cannot take options after a REMAINDER positional.
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the program's arguments")
+    parser.set_defaults(func=_submit)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--processes", type=int, default=1, help="processes (default 1)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="workers per process (default 1)")
+    parser.add_argument("--name", help="query name (default: the program's name)")
+    parser.add_argument("--executor", type=int, action="append", dest="executors",
+                        metavar="ID", help="pin process i to this executor (repeat once per "
+                        "process)")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for the query to end; exit non-zero unless it finished")
+    parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long to wait for the processes to start (default 120)")
+    add_cluster_options(parser)
+
+
+def _split(args: argparse.Namespace) -> list[str]:
+    """Parse the options given after PROGRAM into `args`; returns the program's arguments.
+    (argparse drops a `--` right after PROGRAM itself, so what it does not know goes to the
+    program too.)"""
+    rest = list(args.rest)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    late = argparse.ArgumentParser(prog="tq submit PROGRAM", add_help=False)
+    _add_options(late)
+    _, unknown = late.parse_known_args(rest[:cut], namespace=args)
+    return unknown + rest[cut + 1:]
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from catalog import UserError
+    from querylib.artifacts import pack_path, sha256_hex
+
+    program_args = _split(args)
+    if args.executors is not None and len(args.executors) != args.processes:
+        raise UserError(f"--executor given {len(args.executors)} times for "
+                        f"{args.processes} processes: pin every process or none")
+    path = Path(args.program)
+    pack = pack_path(path, max_bytes=MAX_PROGRAM_BYTES)
+    digest = sha256_hex(pack)
+    with connect(args, session=True) as cluster:
+        source = cluster.upload_artifact(digest, pack)
+        query = cluster.submit_query(
+            args.name or path.stem, source, processes=args.processes, workers=args.workers,
+            args=tuple(program_args),
+            executors=None if args.executors is None else tuple(args.executors),
+            wait=True, timeout=args.start_timeout)
+        print(f"query {query.query_id} ({query.name}) {query.state.value}: "
+              f"{query.processes} x {query.workers} on executors "
+              f"{', '.join(map(str, query.executors))}", file=sys.stderr, flush=True)
+        sys.stdout.write(f"{query.query_id}\n")
+        sys.stdout.flush()
+        if not args.wait:
+            return 0
+        ended = wait_for_end(cluster, query.query_id)
+    print(f"query {ended.query_id} {ended.state.value}; exit codes "
+          f"{list(ended.exit_codes)}{': ' + ended.reason if ended.reason else ''}",
+          file=sys.stderr, flush=True)
+    return 0 if ended.state.value == "finished" else 1
+
+
+def wait_for_end(cluster: Any, query_id: int) -> Any:
+    """The query's record once it ended, following the `queries` collection."""
+    from catalog import Query
+    from querylib.cluster import Diff, Snapshot
+
+    with cluster.follow("queries") as follower:
+        for event in follower:
+            if isinstance(event, Snapshot):
+                records = event.records
+            elif isinstance(event, Diff):
+                records = [(r, d) for r, d in event.updates if d > 0]
+            else:
+                continue
+            for record, _ in records:
+                if isinstance(record, Query) and record.query_id == query_id and record.ended:
+                    return record
+    raise AssertionError("the catalog follower ended")  # pragma: no cover - it follows forever
