@@ -14,6 +14,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "pubsub": ("querylib.bench._pubsub",),
     "coordinator": ("querylib.bench._coordinator",),
     "kafka": ("querylib.bench._kafka",),
+    "connector": ("querylib.bench._connector",),
 }
 
 

@@ -24,6 +24,7 @@ _COMMAND_MODULES = [
     "querylib.cli._produce",
     "querylib.cli._consume",
     "querylib.cli._kafka",
+    "querylib.cli._ingest",
     "querylib.cli._up",
     "querylib.cli._executor",
     "querylib.cli._submit",

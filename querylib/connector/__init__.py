@@ -12,15 +12,27 @@ credits and streams, and translate both dialects into one event vocabulary (`Hel
 `StreamOpened`, `MessageReceived`, ...). Points of reference are always `processed`: the id of
 the last message the worker processed on a stream, or None.
 
-This package must not do I/O: no sockets, no asyncio, no clocks. The TCP endpoint and the client
-are thin loops built on it elsewhere.
+The modules above do no I/O: no sockets, no asyncio, no clocks. Built on them, with I/O:
+
+    ConnectorEndpoint   (_endpoint, _peer, _sink, _offsets)  the TCP listener inside a broker
+                        process: streams become appends to its partitions, ACKs follow
+                        durability, points of reference live in `__connector_offsets`
+    Connector           (_client)  the blocking client: at-least-once resume, ids deduplicated
+                        by the endpoint
+    ingest              (_ingest)  lines or JSON lines from a file into a topic (`tq ingest`)
+
+`_bulk` holds the fast MESSAGE paths both sides use (`BulkWorkerConnection`,
+`BulkSourceConnection`); `_records` says how messages become records and stream names topics.
 """
 
 from __future__ import annotations
 
 from . import draft, released
+from ._bulk import BulkSourceConnection, BulkWorkerConnection, MessageRun
+from ._client import Connector, ConnectorError, RewindError, StreamRefusedError
 from ._credit import Credits
 from ._dialect import Dialect, detect_dialect
+from ._endpoint import DEFAULT_CONNECTOR_PORT, ConnectorEndpoint, EndpointConfig, derive_cookie
 from ._errors import (
     BadCookieError,
     ConnectorProtocolError,
@@ -57,6 +69,9 @@ from ._events import (
     StreamOpened,
     StreamRejected,
 )
+from ._ingest import IngestResult, ingest
+from ._records import FLAGS_HEADER, MSGID_HEADER, parse_stream_name
+from ._serve import run_connector_broker, serve_connector_broker
 from ._source import SourceConnection
 from ._state import (
     DRAFT_CONNECTION,
@@ -75,23 +90,32 @@ from ._wire import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, FrameDecoder
 from ._worker import DEFAULT_MAX_STREAMS, WorkerConnection
 
 __all__ = [
+    "DEFAULT_CONNECTOR_PORT",
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_STREAMS",
     "DRAFT_CONNECTION",
     "DRAFT_STREAMS",
+    "FLAGS_HEADER",
     "HEADER_SIZE",
+    "MSGID_HEADER",
     "RELEASED_CONNECTION",
     "RELEASED_STREAMS",
     "Accepted",
     "Acked",
     "BadCookieError",
+    "BulkSourceConnection",
+    "BulkWorkerConnection",
     "ConnectionState",
+    "Connector",
+    "ConnectorEndpoint",
+    "ConnectorError",
     "ConnectorProtocolError",
     "CreditExhaustedError",
     "Credits",
     "Dialect",
     "DialectError",
     "DropReason",
+    "EndpointConfig",
     "Event",
     "Frame",
     "FrameDecoder",
@@ -99,16 +123,19 @@ __all__ = [
     "FrameType",
     "HandshakeError",
     "Hello",
+    "IngestResult",
     "LocalProtocolError",
     "MalformedFrameError",
     "MessageDropped",
     "MessageFlags",
+    "MessageRun",
     "MessageReceived",
     "Nacked",
     "NoCreditError",
     "PeerError",
     "ProtocolFailed",
     "RestartRequested",
+    "RewindError",
     "Role",
     "SourceConnection",
     "StreamAccepted",
@@ -117,6 +144,7 @@ __all__ = [
     "StreamInfo",
     "StreamInput",
     "StreamOpened",
+    "StreamRefusedError",
     "StreamRejected",
     "StreamState",
     "TooManyStreamsError",
@@ -126,8 +154,13 @@ __all__ = [
     "VersionMismatchError",
     "WorkerConnection",
     "connection_transition",
+    "derive_cookie",
     "detect_dialect",
     "draft",
+    "ingest",
+    "parse_stream_name",
     "released",
+    "run_connector_broker",
+    "serve_connector_broker",
     "stream_transition",
 ]

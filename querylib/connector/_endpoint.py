@@ -1,0 +1,269 @@
+"""The connector endpoint: a TCP listener inside a broker process that turns connector streams
+into appends to the broker's partitions (issue 8 §2; DESIGN §8).
+
+    server = BrokerServer(data_dir, secret)
+    await server.start("tcp://127.0.0.1:7500")
+    endpoint = ConnectorEndpoint(server, EndpointConfig(port=7600), secret=secret)
+    host, port = await endpoint.start()
+    ...
+    await endpoint.close()          # before server.close()
+    await server.close()
+
+What it owns: the listener, one `PeerConnection` per accepted socket, the registry that makes a
+(program, instance) pair live on one connection at a time (a new HELLO of the same pair fences
+the old connection and waits for its appends to settle before answering), the `OffsetStore`
+with its checkpoint timer, and the heartbeats that keep its broker sessions alive.
+
+Configuration (`EndpointConfig`): bound to 127.0.0.1 by default; `max_frame_size` bounds every
+frame; `initial_credits` is the window per connection. The cookie is the configured one, else
+derived from the cluster secret (`derive_cookie`: HMAC-SHA256 of a fixed label, hex, so a
+client that can read the secret file computes the same), else empty (development). Topics are
+created at the first NOTIFY that names them when `auto_create` is on; names starting with `__`
+are refused. A topic outside public/default needs the broker to accept TopicName.dir_name.
+
+It must not decide what the broker decides (durability, frontiers, credit windows of broker
+sessions): it asks the broker through `BrokerPort` and waits for the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+
+from catalog.errors import InvalidTopicNameError, TqError, UserError
+from querylib.broker import BrokerServer
+
+from ._broker_port import BrokerPort
+from ._dialect import Dialect
+from ._offsets import OffsetStore, StreamKey, StreamProgress, last_appended
+from ._peer import PeerConnection
+from ._records import broker_topic, parse_stream_name, source_id
+from ._sink import StreamSink
+from ._wire import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "derive_cookie"]
+
+logger = logging.getLogger("querylib.connector")
+
+DEFAULT_CONNECTOR_PORT = 7600
+_COOKIE_LABEL = b"tq connector cookie v1"
+_BATCH_OVERHEAD = 64 * 1024  # record framing and headers around a frame's payload, generously
+
+
+def derive_cookie(secret: bytes) -> str:
+    """The connector cookie of a cluster: 32 hex digits derived from its secret."""
+    return hmac.new(secret, _COOKIE_LABEL, hashlib.sha256).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_CONNECTOR_PORT  # 0: any free port
+    cookie: bytes | str | None = None  # None: derive_cookie(secret) if a secret is given
+    dialects: tuple[Dialect, ...] = (Dialect.DRAFT, Dialect.RELEASED)
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    initial_credits: int = 1024  # frames a connection may have unacknowledged
+    max_held_bytes: int = 32 * 1024 * 1024  # received, not yet appended: reading pauses above
+    max_streams: int = 1024  # per connection
+    max_connections: int = 1024
+    auto_create: bool = True  # create a topic partition at the first NOTIFY naming it
+    checkpoint_interval: float = 1.0  # seconds between writes to __connector_offsets
+    lease: float = 30.0  # of each stream's broker session; heartbeats every lease / 3
+    handshake_timeout: float = 10.0  # a connection must send HELLO within this
+    max_batch_records: int = 4096  # per record batch appended
+    max_batch_bytes: int = 1024 * 1024
+
+
+class ConnectorEndpoint:
+    """Serves the connector protocol for the partitions of one in-process `BrokerServer`."""
+
+    def __init__(self, server: BrokerServer, config: EndpointConfig | None = None, *,
+                 secret: bytes | None = None) -> None:
+        self.config = config = config or EndpointConfig()
+        self.port = BrokerPort(server)
+        if config.cookie is not None:
+            cookie = config.cookie
+        else:
+            cookie = derive_cookie(secret) if secret else b""
+        self.cookie = cookie.encode() if isinstance(cookie, str) else bytes(cookie)
+        limit = self.port.max_batch_bytes - _BATCH_OVERHEAD
+        if config.max_frame_size > limit:
+            raise UserError(f"max_frame_size {config.max_frame_size} exceeds what one broker "
+                            f"batch can hold ({limit} bytes)")
+        if config.initial_credits < 1:
+            raise UserError("initial_credits must be at least 1")
+        self.store = OffsetStore(self.port, lease=config.lease)
+        self.counters: dict[str, int] = {
+            "connections": 0, "refused_connections": 0, "protocol_errors": 0, "bugs": 0,
+            "nacks": 0, "append_failures": 0, "streams_refused": 0, "fenced": 0}
+        self._peers: set[PeerConnection] = set()
+        self._live: dict[tuple[str, str], PeerConnection] = {}
+        self._admitting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._server: asyncio.Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.address: tuple[str, int] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> tuple[str, int]:
+        """Replay the checkpoints, then listen. Returns the bound (host, port)."""
+        known = await self.store.load()
+        self._server = await asyncio.start_server(self._accept, self.config.host,
+                                                  self.config.port)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.address = (host, port)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="connector")
+        logger.info("connector endpoint on %s:%d (%d streams known)", host, port, known)
+        return self.address
+
+    async def close(self) -> None:
+        """Stop listening, end every connection (their appends settle), checkpoint. Idempotent."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        await asyncio.gather(*(p.stop("the broker is shutting down") for p in list(self._peers)),
+                             return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+            self._ticker = None
+            await self.store.checkpoint()
+
+    async def __aenter__(self) -> ConnectorEndpoint:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def statistics(self) -> dict[str, int]:
+        return {**self.counters, "live_connections": len(self._peers),
+                "checkpoints": self.store.checkpoints}
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._peers) >= self.config.max_connections or self._server is None:
+            # Before HELLO the dialect is unknown, so there is no ERROR frame to send.
+            self.counters["refused_connections"] += 1
+            writer.close()
+            return
+        self.counters["connections"] += 1
+        peer = PeerConnection(self, reader, writer)
+        self._peers.add(peer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        try:
+            await peer.run()
+        finally:
+            self._peers.discard(peer)
+            self._tasks.discard(task)  # type: ignore[arg-type]
+
+    async def _tick(self) -> None:
+        interval = min(self.config.checkpoint_interval, self.config.lease / 3)
+        loop = asyncio.get_running_loop()
+        next_checkpoint = loop.time() + self.config.checkpoint_interval
+        while True:
+            await asyncio.sleep(interval)
+            sinks = [s for p in list(self._peers) for s in p.sinks.values()]
+            await asyncio.gather(*(s.heartbeat() for s in sinks), return_exceptions=True)
+            try:
+                await self.store.heartbeat()
+                if loop.time() >= next_checkpoint:
+                    next_checkpoint = loop.time() + self.config.checkpoint_interval
+                    await self.store.checkpoint()
+            except TqError as exc:  # the broker refused or the disk failed: next tick retries
+                logger.warning("connector checkpoint failed: %s", exc)
+
+    # -- what connections ask for -------------------------------------------------------------
+
+    async def admit(self, peer: PeerConnection, key: tuple[str, str]) -> dict[int, int | None]:
+        """Make `peer` the live connection of (program, instance); return where each stream
+        this instance has history of stands (checked against the data)."""
+        lock = self._admitting.setdefault(key, asyncio.Lock())
+        async with lock:
+            old = self._live.get(key)
+            if old is not None and old is not peer:
+                self.counters["fenced"] += 1
+                await old.fence("superseded by a new connection of the same program and "
+                                "instance")
+            self._live[key] = peer
+            points = {}
+            for sid, progress in self.store.streams_of(*key).items():
+                if not progress.verified:
+                    await self._verify((*key, sid), progress)
+                points[sid] = progress.processed
+            return points
+
+    def release(self, peer: PeerConnection) -> None:
+        if peer.instance is not None and self._live.get(peer.instance) is peer:
+            del self._live[peer.instance]
+            self._admitting.pop(peer.instance, None)
+        for sink in peer.sinks.values():
+            self.store.touch(sink.key)
+
+    def save(self, key: StreamKey, progress: StreamProgress) -> None:
+        self.store.put(key, progress)
+
+    async def resolve(self, sink: StreamSink, name: str) -> StreamProgress:
+        """The progress record of the partition a NOTIFY names (see StreamSink)."""
+        topic, partition = parse_stream_name(name)
+        if topic.internal:
+            raise InvalidTopicNameError(f"stream {name!r}: topics starting with '__' are "
+                                        "internal and cannot be ingested into")
+        pid = await self.port.ensure(broker_topic(topic), partition, self.config.auto_create)
+        progress = self.store.get(sink.key)
+        if progress is not None and (progress.topic, progress.partition) == pid:
+            if not progress.verified:
+                await self._verify(sink.key, progress)
+            progress.name = name
+            self.store.put(sink.key, progress)
+            return progress
+        if progress is None:
+            # Never seen: nothing of it can be in the partition, because a stream's record is
+            # made durable (below) before its first append. Later crashes are then covered by
+            # scanning from the recorded offset, never the whole partition.
+            found = None
+        else:
+            # The stream moved to another partition, where it may have written before.
+            found = await self._scan(pid, sink.source_id, 0)
+        offset = found[1] if found else self.port.info(pid).log_end
+        progress = StreamProgress(name, pid[0], pid[1], found[0] if found else None, offset,
+                                  True)
+        self.store.put(sink.key, progress)
+        await self.store.checkpoint()
+        return progress
+
+    async def _verify(self, key: StreamKey, progress: StreamProgress) -> None:
+        """Check a checkpointed point against the data partition (it lags, and the data may
+        have lost its tail)."""
+        pid = (progress.topic, progress.partition)
+        if not self.port.hosts(pid):
+            progress.processed, progress.offset = None, 0
+        else:
+            info = self.port.info(pid)
+            if progress.offset > info.log_end:
+                # The log is shorter than when we checkpointed: what we acknowledged is gone.
+                logger.warning("connector stream %s: %s-%d ends at %d below its checkpoint %d",
+                               key, *pid, info.log_end, progress.offset)
+                found = await self._scan(pid, source_id(*key), 0)
+                progress.processed = found[0] if found else None
+                progress.offset = found[1] if found else info.log_start
+            else:
+                found = await self._scan(pid, source_id(*key), progress.offset)
+                if found is not None:
+                    old = -1 if progress.processed is None else progress.processed
+                    progress.processed = max(old, found[0])
+                    progress.offset = found[1]
+        progress.verified = True
+        self.store.put(key, progress)
+
+    async def _scan(self, pid: tuple[str, int], producer_id: int,
+                    start: int) -> tuple[int, int] | None:
+        log = self.port.log(pid)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, last_appended, log, producer_id, start)

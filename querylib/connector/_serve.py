@@ -1,0 +1,59 @@
+"""A broker with its connector endpoint: what `tq broker --connector-port` runs (until
+querylib/broker's `run_broker` grows that option), and `python -m querylib.connector`.
+
+Signal handling and the event loop of the process live here; nothing else does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+from querylib.broker import BrokerLimits, BrokerServer
+from querylib.log import LogConfig
+
+from ._endpoint import ConnectorEndpoint, EndpointConfig
+
+__all__ = ["run_connector_broker", "serve_connector_broker"]
+
+
+async def serve_connector_broker(data_dir: str, listen: str, secret: bytes,
+                                 config: EndpointConfig, *, log_config: LogConfig | None = None,
+                                 limits: BrokerLimits | None = None,
+                                 on_ready: Callable[[str, tuple[str, int]], None] | None = None,
+                                 stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set; close the endpoint, then the broker."""
+    stop = stop or asyncio.Event()
+    server = BrokerServer(data_dir, secret, log_config=log_config, limits=limits)
+    endpoint: ConnectorEndpoint | None = None
+    try:
+        address = await server.start(listen)
+        endpoint = ConnectorEndpoint(server, config, secret=secret)
+        bound = await endpoint.start()
+        if on_ready is not None:
+            on_ready(address, bound)
+        await stop.wait()
+    finally:
+        try:
+            if endpoint is not None:
+                await endpoint.close()
+        finally:
+            await server.close()
+
+
+def run_connector_broker(data_dir: str, listen: str, secret: bytes, config: EndpointConfig, *,
+                         log_config: LogConfig | None = None,
+                         on_ready: Callable[[str, tuple[str, int]], None] | None = None) -> int:
+    """Serve until SIGINT or SIGTERM, then close cleanly."""
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_connector_broker(data_dir, listen, secret, config, log_config=log_config,
+                                     on_ready=on_ready, stop=stop)
+
+    asyncio.run(serve())
+    return 0
