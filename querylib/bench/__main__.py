@@ -15,6 +15,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "coordinator": ("querylib.bench._coordinator",),
     "kafka": ("querylib.bench._kafka",),
     "connector": ("querylib.bench._connector",),
+    "spark": ("querylib.bench._spark",),
 }
 
 

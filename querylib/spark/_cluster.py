@@ -1,0 +1,151 @@
+"""Topics of a running cluster: found through the coordinator, read from and written to the
+brokers that host their partitions.
+
+The driver asks the coordinator (`querylib.cluster`, no session needed) for topics and their
+partitions' brokers, and each broker for its partitions' offsets. Tasks get the broker's
+address and the path of the secret file, never the secret: they load it where they run (the
+file must be readable there, as on one host or a shared file system). A reading task
+subscribes to its partition from its start offset and takes the delivered chunks of whole
+batches until its stop offset, granting credit as it decodes; a writing task publishes encoded
+batches through a `Producer` and closes without ending the stream.
+
+Errors: an unknown topic is catalog's UnknownTopicError; a coordinator or broker that does not
+answer (not running, or a wrong secret: unsigned messages are dropped unanswered) is
+NoCoordinatorError / BrokerUnreachableError, saying both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from catalog import Topic, TopicName
+from catalog.errors import UnknownTopicError
+from querylib.broker import Producer, Subscriber, list_partitions
+from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
+from querylib.rpc import RpcError, load_secret
+from querylib.spark._errors import BrokerUnreachableError
+from querylib.spark._options import Location
+
+__all__ = ["ClusterTopics", "PartitionPlace", "broker_read", "open_producer"]
+
+READ_CREDIT = 8 * 1024 * 1024  # bytes a reading task lets a broker send ahead
+
+
+@dataclass(frozen=True)
+class PartitionPlace:
+    """Where a task finds its partition: the broker, the secret file to sign with, and how
+    long the broker may take to answer (seconds)."""
+
+    broker: str
+    secret_file: str
+    timeout: float = 30.0
+
+
+def _secret_hint(secret_file: str) -> str:
+    return f"is it running, and is {secret_file} this cluster's secret?"
+
+
+class ClusterTopics:
+    """Planning's view of a cluster's topics (see _plan.TopicAccess)."""
+
+    def __init__(self, location: Location) -> None:
+        found = discover(location.coordinator, secret_file=location.secret_file)
+        self.secret = found.secret
+        self.secret_file = found.secret_file
+        self.timeout = location.timeout
+        try:
+            self.cluster = Cluster(found.address, found.secret, session=False, source=found.source,
+                                   timeout=self.timeout, connect_timeout=self.timeout)
+        except NoCoordinatorError as exc:
+            raise NoCoordinatorError(f"{exc}; or {found.secret_file} is not this cluster's "
+                                     "secret (option secretFile)") from exc
+        self.coordinator = found.address
+        self._infos: dict[str, TopicInfo] = {}
+        self._offsets: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def refresh(self) -> None:
+        """Forget what was looked up: topics, placements and offsets move."""
+        self._infos.clear()
+        self._offsets.clear()
+
+    def _info(self, topic: str) -> TopicInfo:
+        info = self._infos.get(topic)
+        if info is None:
+            try:
+                info = self.cluster.lookup_topic(topic)
+            except UnknownTopicError:
+                raise UnknownTopicError(f"topic {topic!r} not found in the cluster at "
+                                        f"{self.coordinator}") from None
+            self._infos[topic] = info
+        return info
+
+    def topics(self) -> dict[str, int]:
+        records = self.cluster.snapshot("topics", timeout=self.timeout)["topics"].records
+        return {t.short_name: t.partitions for t, _ in records if isinstance(t, Topic)}
+
+    def partitions(self, topic: str) -> int:
+        return self._info(topic).topic.partitions
+
+    def place(self, topic: str, partition: int) -> PartitionPlace:
+        info = self._info(topic)
+        broker_id = info.topic.locations[partition]
+        address = info.brokers.get(broker_id)
+        if address is None:
+            raise BrokerUnreachableError(f"partition {partition} of {topic!r} is on broker "
+                                         f"{broker_id}, which is not up")
+        return PartitionPlace(address, self.secret_file, self.timeout)
+
+    def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, durable log end); (0, 0) for a partition no one has written yet."""
+        place = self.place(topic, partition)
+        key = (place.broker, topic)
+        known = self._offsets.get(key)
+        if known is None:
+            try:
+                listed = list_partitions(place.broker, self.secret,
+                                         TopicName.parse(topic).short, timeout=self.timeout)
+            except RpcError as exc:
+                raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
+                                             f"{_secret_hint(self.secret_file)}") from exc
+            known = self._offsets[key] = {p.partition: (p.log_start, p.log_end) for p in listed}
+        return known.get(partition, (0, 0))
+
+
+def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
+                stop: int) -> Iterator[bytes]:
+    """Buffers of whole batches of one partition from the batch holding `start` until one
+    reaches `stop`, as the hosting broker delivers them."""
+    secret = load_secret(place.secret_file)
+    try:
+        subscriber = Subscriber(place.broker, topic, [partition], secret=secret, start=start,
+                                credit=READ_CREDIT, follow=True, timeout=place.timeout)
+    except RpcError as exc:
+        raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
+                                     f"{_secret_hint(place.secret_file)}") from exc
+    with subscriber:
+        while True:
+            chunk = subscriber.next_chunk(timeout=place.timeout)
+            if chunk is None:
+                raise BrokerUnreachableError(
+                    f"broker {place.broker} sent nothing of {topic}-{partition} for "
+                    f"{place.timeout:g}s before offset {stop}")
+            data = bytes(chunk.data)
+            subscriber.consumed(chunk)
+            yield data
+            if chunk.next_offset >= stop:
+                return
+
+
+def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer:
+    """A producer into one partition, which it creates on the broker if needed (the
+    coordinator placed it there)."""
+    try:
+        return Producer(place.broker, topic, partition, secret=load_secret(place.secret_file),
+                        create=True, timeout=place.timeout)
+    except RpcError as exc:
+        raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
+                                     f"{_secret_hint(place.secret_file)}") from exc
