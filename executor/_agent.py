@@ -37,6 +37,7 @@ from querylib.broker import BrokerServer
 from querylib.cluster import AsyncCluster, KillProcesses, SpawnProcesses
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
+from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
 from ._slots import Slots
@@ -64,6 +65,11 @@ class ExecutorAgent:
         self.broker_listen = broker_listen
         self.lease = lease
         self.grace = grace
+        # Processes told to die whose slots are not back yet, and a wake-up for whoever waits on
+        # one: the coordinator counts a slot free once its query ended, a little before the
+        # process here has exited and been drained.
+        self._dying: set[tuple[int, int]] = set()
+        self._slot_freed = asyncio.Event()
         self.broker: BrokerServer | None = None
         self.broker_address = ""
         self.cluster: AsyncCluster | None = None
@@ -181,7 +187,7 @@ class ExecutorAgent:
         assert self.supervisor is not None and self.fetcher is not None
         key = (note.query_id, process)
         try:
-            self.slots.reserve(key)
+            await self._reserve(key)
         except TqError as exc:
             await self._spawn_failed(note.query_id, process, exc)
             return
@@ -196,6 +202,7 @@ class ExecutorAgent:
             self.counters["spawned"] += 1
         except TqError as exc:
             self.slots.release(key)
+            self._slot_freed.set()
             await self._spawn_failed(note.query_id, process, exc)
 
     async def _spawn_failed(self, query_id: int, process: int, exc: TqError) -> None:
@@ -210,8 +217,29 @@ class ExecutorAgent:
             logger.warning("executor %s: cannot report the failed spawn: %s",
                            self.executor_id, report_exc)
 
+    async def _reserve(self, key: tuple[int, int]) -> None:
+        """Reserve a slot; while slots are held only by processes being killed, wait for them
+        (bounded by the kill grace period plus the supervisor's drain time) before refusing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace + 5.0
+        while True:
+            try:
+                self.slots.reserve(key)
+                return
+            except NoFreeSlotsError:
+                remaining = deadline - loop.time()
+                if not self._dying or remaining <= 0:
+                    raise
+                self._slot_freed.clear()
+                try:
+                    await asyncio.wait_for(self._slot_freed.wait(), remaining)
+                except TimeoutError:
+                    pass
+
     async def _kill(self, query_id: int, process: int) -> None:
         assert self.supervisor is not None
+        if (query_id, process) in self.slots.held():
+            self._dying.add((query_id, process))
         try:
             await self.supervisor.kill((query_id, process), self.grace)
         except TqError as exc:  # it ended (or never started) here: nothing to kill
@@ -222,6 +250,8 @@ class ExecutorAgent:
 
     async def _exited(self, report: ExitReport) -> None:
         self.slots.release((report.query_id, report.process))
+        self._dying.discard((report.query_id, report.process))
+        self._slot_freed.set()
         if self.cluster is None or self.cluster.lost or self.lost.is_set():
             return
         try:

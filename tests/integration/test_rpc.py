@@ -362,8 +362,14 @@ def test_push_to_a_client_that_stops_reading_fails_fast() -> None:
                 assert await client.request(Ping(b"still here")) == Pong(b"still here")
             finally:
                 sleeper.close(0)
+            # Once zmq has torn down the closed peer's (full) pipe, it is unreachable; until
+            # then, on a loaded machine, it may still look busy.
+            deadline = time.monotonic() + 30
             with pytest.raises(PeerUnreachableError):
-                for _ in range(2000):
-                    server.notify(peer, Delivery(1))
+                while time.monotonic() < deadline:
+                    try:
+                        server.notify(peer, Delivery(1))
+                    except PeerBusyError:
+                        pass
                     await asyncio.sleep(0.005)
     run(test)
