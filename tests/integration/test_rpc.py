@@ -280,18 +280,44 @@ def test_wrong_secret_gets_no_answer_and_is_counted() -> None:
 
 def test_client_reconnects_to_a_restarted_server() -> None:
     async def test() -> None:
+        # A port below the ephemeral range: the client's reconnect attempts to a port inside
+        # it can be given that very port as their own source port (a TCP self-connect), which
+        # then holds the address the restarted server needs.
         first = RpcServer(SECRET)
-        endpoint = await first.start("tcp://127.0.0.1:0")
+        endpoint = await first.start(f"tcp://127.0.0.1:{_port_below_ephemeral()}")
         async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
             assert await client.request(Ping(b"1")) == Pong(b"1")
             await first.close()
             second = RpcServer(SECRET)
             try:
-                await second.start(endpoint)
+                deadline = time.monotonic() + 10
+                while True:  # the old socket's close completes on zmq's I/O thread
+                    try:
+                        await second.start(endpoint)
+                        break
+                    except AddressError:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.05)
                 assert await client.request(Ping(b"2")) == Pong(b"2")
             finally:
                 await second.close()
     run(test)
+
+
+def _port_below_ephemeral() -> int:
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def test_bad_addresses_are_user_errors() -> None:
