@@ -148,7 +148,7 @@ def split_ranges(ranges: list[OffsetRange], max_records: int,
     size = max_records
     total = sum(r.stop - r.start for r in work)
     if min_partitions > 1 and total:
-        size = max(1, min(size, -(-total // min_partitions)))
+        size = max(1, min(size, total // min_partitions))  # floor: ceil(total/size) >= min
     out: list[OffsetRange] = []
     for r in work:
         start = r.start
