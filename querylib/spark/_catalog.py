@@ -42,7 +42,8 @@ def catalog_table(spark: SparkSession, collection: str, *, history: bool = False
     if collection not in COLLECTIONS:
         raise BadOptionError(f"no catalog collection {collection!r}; the collections are "
                              f"{', '.join(sorted(COLLECTIONS))}")
-    reader = spark.read.format("tq").option("subscribe", f"__catalog.{collection}")
+    reader = (spark.read.format("tq").option("subscribe", f"__catalog.{collection}")
+              .option("includeHeaders", "true"))
     for key, value in options.items():
         reader = reader.option(key, value)
     updates: list[tuple[int, int, bytes]] = []

@@ -25,13 +25,10 @@ checked against its record before a span is kept. This module does no I/O.
 
 from __future__ import annotations
 
-import sys
-from array import array
 from collections.abc import Iterator
 
 import crc32c
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from querylib.errors import (
     BadVarintError,
@@ -41,7 +38,17 @@ from querylib.errors import (
     TruncatedRecordError,
 )
 from querylib.records import HEADER_SIZE, TIME_HEADER, BatchHeader, decode_batch, read_header
-from querylib.spark._schema import HEADERS_TYPE, arrow_schema
+from querylib.spark._pieces import (
+    Columns,
+    Piece,
+    concat,
+    constant,
+    headers_column,
+    piece_columns,
+    shifted,
+    spread,
+)
+from querylib.spark._schema import arrow_schema
 from querylib.spark._vector import vector_batch
 
 __all__ = ["ColumnAssembler", "ROWS_PER_BATCH"]
@@ -62,8 +69,6 @@ _UNZ2 = tuple(
     tuple((((c << 7) | (b & 0x7F)) >> 1) ^ -(((c << 7) | (b & 0x7F)) & 1) for b in range(256))
     for c in range(128)
 )
-_EVEN = pa.array(range(0, 2 * ROWS_PER_BATCH, 2), pa.int64())
-_COUNTING = pa.array(range(ROWS_PER_BATCH + 1), pa.int32())
 _UTC_MS = pa.timestamp("ms", tz="UTC")
 _UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -82,144 +87,6 @@ def _varlong(buf: bytes, pos: int) -> tuple[int, int]:
             return (z >> 1) ^ -(z & 1), p
         shift += 7
     raise BadVarintError(f"varint at {pos} is longer than 10 bytes or cut short")
-
-
-class _Piece:
-    """What the loop keeps for rows whose bytes lie in one buffer. Rows are counted from the
-    piece's first row; spans are positions in `buf`."""
-
-    __slots__ = ("buf", "rows", "values", "value_nulls", "keys", "key_rows", "time_pos",
-                 "time_rows", "general")
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.rows = 0
-        self.values: list[int] = []  # s, e per row with a value
-        self.value_nulls: list[int] = []  # rows whose value is null
-        self.keys: list[int] = []  # s, e per row with a key
-        self.key_rows: list[int] = []  # rows that have a key
-        self.time_pos: list[int] = []  # where rows with exactly one tq.time header have it
-        self.time_rows: list[int] = []
-        # rows with other headers: (row, [key start, key end, value start, value end or -1])
-        self.general: list[tuple[int, list[int]]] = []
-
-
-class _Columns:
-    """One piece's binary and header columns as Arrow arrays."""
-
-    __slots__ = ("rows", "keys", "values", "header_rows", "header_counts", "hkeys", "hvalues",
-                 "time_rows", "times")
-
-    def __init__(self, rows: int, keys: pa.Array, values: pa.Array, header_rows: list[int],
-                 header_counts: list[int] | None, hkeys: pa.Array, hvalues: pa.Array,
-                 time_rows: list[int], times: pa.Array) -> None:
-        self.rows = rows
-        self.keys = keys
-        self.values = values
-        self.header_rows = header_rows  # rows with at least one header
-        self.header_counts = header_counts  # their header counts; None when all are 1
-        self.hkeys = hkeys
-        self.hvalues = hvalues
-        self.time_rows = time_rows  # rows with a tq.time header, and their times
-        self.times = times
-
-
-def _spans_array(buf: bytes, spans: list[int]) -> pa.Array:
-    """The binary values at spans [s0, e0, s1, e1, ...] of buf, copied out in C."""
-    count = len(spans) // 2
-    if count == 0:
-        return pa.array([], pa.binary())
-    interleaved = pa.Array.from_buffers(
-        pa.large_binary(), len(spans) - 1,
-        [None, pa.py_buffer(array("q", spans)), pa.py_buffer(buf)])
-    even = _EVEN if count <= len(_EVEN) else pa.array(range(0, 2 * count, 2), pa.int64())
-    return pc.take(interleaved, even.slice(0, count)).cast(pa.binary())
-
-
-def _spread(values: pa.Array, rows: int, present: list[int]) -> pa.Array:
-    """`rows` rows: values[j] at row present[j] (ascending), null elsewhere."""
-    if len(present) == rows:
-        return values
-    if not present:
-        return pa.nulls(rows, values.type)
-    indices: list[int | None] = [None] * rows
-    for j, row in enumerate(present):
-        indices[row] = j
-    return pc.take(values, pa.array(indices, pa.int64()))
-
-
-def _without(rows: int, absent: list[int]) -> list[int]:
-    """The rows 0..rows-1 not in `absent` (ascending)."""
-    skip = set(absent)
-    return [row for row in range(rows) if row not in skip]
-
-
-def _times_column(buf: bytes, time_pos: list[int]) -> tuple[pa.Array, pa.Array]:
-    """The 8-byte values of lone tq.time headers at `time_pos`, as binary (the header value)
-    and as int64 (tq_time): one join of slices, then a byte swap in C."""
-    data = b"".join([buf[p + 10:p + 18] for p in time_pos])
-    count = len(time_pos)
-    offsets = array("i", range(0, 8 * count + 1, 8))
-    binary = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(data)])
-    ints = array("q")
-    ints.frombytes(data)
-    if sys.byteorder == "little":
-        ints.byteswap()
-    return binary, pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(ints)])
-
-
-def _piece_columns(piece: _Piece) -> _Columns:
-    buf = piece.buf
-    rows = piece.rows
-    values = _spans_array(buf, piece.values)
-    if piece.value_nulls:
-        values = _spread(values, rows, _without(rows, piece.value_nulls))
-    keys = (pa.nulls(rows, pa.binary()) if not piece.key_rows
-            else _spread(_spans_array(buf, piece.keys), rows, piece.key_rows))
-    if not piece.general:
-        # Only tq.time headers (or none): the keys are one constant, the values 8 bytes each.
-        hvalues, times = _times_column(buf, piece.time_pos)
-        hkeys = _constant(TIME_HEADER, pa.string(), len(hvalues))
-        return _Columns(rows, keys, values, piece.time_rows, None, hkeys, hvalues,
-                        piece.time_rows, times)
-    return _general_headers(piece, rows, keys, values)
-
-
-def _general_headers(piece: _Piece, rows: int, keys: pa.Array, values: pa.Array) -> _Columns:
-    """Headers other than a lone tq.time: merge both kinds of rows, field by field."""
-    buf = piece.buf
-    by_row: dict[int, list[int]] = {
-        row: [p + 2, p + 9, p + 10, p + 18] for row, p in zip(piece.time_rows, piece.time_pos,
-                                                            strict=True)}
-    by_row.update(piece.general)
-    header_rows = sorted(by_row)
-    counts: list[int] = []
-    key_spans: list[int] = []
-    value_spans: list[int] = []
-    value_present: list[int] = []
-    time_rows: list[int] = []
-    times: list[int] = []
-    for row in header_rows:
-        fields = by_row[row]
-        counts.append(len(fields) // 4)
-        for i in range(0, len(fields), 4):
-            ks, ke, vs, ve = fields[i:i + 4]
-            key_spans += (ks, ke)
-            if ve >= 0:
-                value_present.append(len(key_spans) // 2 - 1)
-                value_spans += (vs, ve)
-                if ve - vs == 8 and buf[ks:ke] == _TIME_KEY and (
-                        not time_rows or time_rows[-1] != row):
-                    time_rows.append(row)
-                    times.append(int.from_bytes(buf[vs:ve], "big", signed=True))
-    try:
-        hkeys = _spans_array(buf, key_spans).cast(pa.string())
-    except pa.ArrowInvalid as exc:
-        raise InvalidRecordError(f"a header key is not UTF-8: {exc}") from exc
-    hvalues = _spread(_spans_array(buf, value_spans), len(key_spans) // 2, value_present)
-    return _Columns(rows, keys, values, header_rows, counts, hkeys, hvalues, time_rows,
-                    pa.array(times, pa.int64()))
 
 
 class ColumnAssembler:
@@ -246,8 +113,8 @@ class ColumnAssembler:
         self._offsets: list[int] = []
         self._timestamps: list[int] = []
         self._ts_types: list[list[int]] = []  # [rows, timestampType] runs
-        self._pieces: list[_Columns] = []
-        self._piece: _Piece | None = None
+        self._pieces: list[Columns] = []
+        self._piece: Piece | None = None
 
     # ---- input ------------------------------------------------------------------------------
 
@@ -318,16 +185,16 @@ class ColumnAssembler:
         else:
             self._ts_types.append([rows, log_append])
 
-    def _piece_for(self, buf: bytes) -> _Piece:
+    def _piece_for(self, buf: bytes) -> Piece:
         piece = self._piece
         if piece is None or piece.buf is not buf:
             self._close_piece()
-            piece = self._piece = _Piece(buf)
+            piece = self._piece = Piece(buf)
         return piece
 
     def _close_piece(self) -> None:
         if self._piece is not None and self._piece.rows:
-            self._pieces.append(_piece_columns(self._piece))
+            self._pieces.append(piece_columns(self._piece))
         self._piece = None
 
     def _add_plain(self, buf: bytes, pos: int, header: BatchHeader) -> None:  # noqa: C901
@@ -471,7 +338,7 @@ class ColumnAssembler:
         self._close_piece()
         parts: list[bytes] = []
         size = 0
-        piece = _Piece(b"")
+        piece = Piece(b"")
         for record in batch.records:
             if not self.start <= record.offset < self.stop:
                 continue
@@ -505,7 +372,7 @@ class ColumnAssembler:
             piece.rows += 1
         if piece.rows:
             piece.buf = b"".join(parts)
-            self._pieces.append(_piece_columns(piece))
+            self._pieces.append(piece_columns(piece))
 
     # ---- output -----------------------------------------------------------------------------
 
@@ -514,18 +381,18 @@ class ColumnAssembler:
         pieces = self._pieces
         rows = len(self._offsets)
         columns = [
-            _concat([c.keys for c in pieces], pa.binary()),
-            _concat([c.values for c in pieces], pa.binary()),
-            _constant(self.topic, pa.string(), rows),
-            _constant(self.partition, pa.int32(), rows),
+            concat([c.keys for c in pieces], pa.binary()),
+            concat([c.values for c in pieces], pa.binary()),
+            constant(self.topic, pa.string(), rows),
+            constant(self.partition, pa.int32(), rows),
             pa.array(self._offsets, pa.int64()),
             pa.array(self._timestamps, _UTC_MS).cast(_UTC_US),
-            _concat([_constant(v, pa.int32(), n) for n, v in self._ts_types], pa.int32()),
-            _spread(_concat([c.times for c in pieces], pa.int64()), rows,
-                    _shifted(pieces, "time_rows")),
+            concat([constant(v, pa.int32(), n) for n, v in self._ts_types], pa.int32()),
+            spread(concat([c.times for c in pieces], pa.int64()), rows,
+                    shifted(pieces, "time_rows")),
         ]
         if self.include_headers:
-            columns.insert(7, _headers_column(pieces, rows))
+            columns.insert(7, headers_column(pieces, rows))
         self._reset()
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
@@ -555,62 +422,3 @@ def _header_spans(buf: bytes, p: int, end: int) -> list[int]:
     if p != end:
         raise InvalidRecordError(f"record ending at {end}: {end - p} bytes after its fields")
     return fields
-
-
-def _shifted(pieces: list[_Columns], attribute: str) -> list[int]:
-    """A row list of every piece, as rows of the whole record batch."""
-    if len(pieces) == 1:
-        return getattr(pieces[0], attribute)
-    out: list[int] = []
-    first = 0
-    for columns in pieces:
-        out += [first + row for row in getattr(columns, attribute)]
-        first += columns.rows
-    return out
-
-
-def _headers_column(pieces: list[_Columns], rows: int) -> pa.Array:
-    """list<struct<key, value>>, null for records without headers (as Spark's Kafka source
-    shows them)."""
-    header_rows = _shifted(pieces, "header_rows")
-    if not header_rows:
-        return pa.nulls(rows, HEADERS_TYPE)
-    items = pa.StructArray.from_arrays(
-        [_concat([c.hkeys for c in pieces], pa.string()),
-         _concat([c.hvalues for c in pieces], pa.binary())],
-        fields=list(HEADERS_TYPE.value_type))
-    if len(header_rows) == rows and all(c.header_counts is None for c in pieces):
-        counting = (_COUNTING.slice(0, rows + 1) if rows < len(_COUNTING)
-                    else pa.array(range(rows + 1), pa.int32()))
-        return pa.ListArray.from_arrays(counting, items, type=HEADERS_TYPE)
-    counts: list[int] = []
-    for c in pieces:
-        counts += c.header_counts if c.header_counts is not None else [1] * len(c.header_rows)
-    ends = [0] * (rows + 1)
-    mask = [True] * rows
-    total = 0
-    k = 0
-    for row in range(rows):
-        if k < len(header_rows) and header_rows[k] == row:
-            total += counts[k]
-            k += 1
-            mask[row] = False
-        ends[row + 1] = total
-    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), items, type=HEADERS_TYPE,
-                                    mask=pa.array(mask, pa.bool_()))
-
-
-def _concat(arrays: list[pa.Array], type_: pa.DataType) -> pa.Array:
-    if not arrays:
-        return pa.array([], type_)
-    if len(arrays) == 1:
-        return arrays[0]
-    return pa.concat_arrays(arrays)
-
-
-def _constant(value: object, type_: pa.DataType, rows: int) -> pa.Array:
-    """`rows` copies of one value, built in C (a one-entry dictionary, decoded)."""
-    if rows == 0:
-        return pa.array([], type_)
-    indices = pa.nulls(rows, pa.int32()).fill_null(0)
-    return pa.DictionaryArray.from_arrays(indices, pa.array([value], type_)).dictionary_decode()

@@ -9,6 +9,8 @@ them in its offset log.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -142,20 +144,27 @@ def rate_limit(start: Mapping[Partition, int], latest: Mapping[Partition, int],
 
 def split_ranges(ranges: list[OffsetRange], max_records: int,
                  min_partitions: int = 1) -> list[OffsetRange]:
-    """Cut ranges into tasks of at most `max_records` offsets, and smaller when needed for at
-    least `min_partitions` tasks. Empty ranges are dropped."""
+    """Cut ranges into tasks of at most `max_records` offsets, and into exactly
+    `min_partitions` tasks when that asks for more (and there are that many offsets): each extra
+    task goes to the range whose pieces are currently largest, and every range is cut into even
+    pieces. Empty ranges are dropped."""
     work = [r for r in ranges if r.stop > r.start]
-    size = max_records
-    total = sum(r.stop - r.start for r in work)
-    if min_partitions > 1 and total:
-        size = max(1, min(size, total // min_partitions))  # floor: ceil(total/size) >= min
+    sizes = [r.stop - r.start for r in work]
+    pieces = [-(-n // max_records) for n in sizes]
+    extra = min(min_partitions, sum(sizes)) - sum(pieces)
+    heap = [(-n / p, i) for i, (n, p) in enumerate(zip(sizes, pieces, strict=True))]
+    heapq.heapify(heap)
+    while extra > 0 and heap:
+        _, i = heapq.heappop(heap)
+        if pieces[i] < sizes[i]:
+            pieces[i] += 1
+            extra -= 1
+            heapq.heappush(heap, (-sizes[i] / pieces[i], i))
     out: list[OffsetRange] = []
-    for r in work:
-        start = r.start
-        while start < r.stop:
-            stop = min(r.stop, start + size)
-            out.append(OffsetRange(r.topic, r.partition, start, stop))
-            start = stop
+    for r, n, count in zip(work, sizes, pieces, strict=True):
+        bounds = [r.start + n * i // count for i in range(count + 1)]
+        out.extend(OffsetRange(r.topic, r.partition, a, b)
+                   for a, b in itertools.pairwise(bounds))
     return out
 
 

@@ -1,8 +1,9 @@
 """The PySpark data source `tq`: batch and streaming reads, and the writers' entry points.
 
-    spark.read.format("tq").option("subscribe", "orders").load("/var/lib/tq")
-    spark.readStream.format("tq").option("subscribe", "orders").load("/var/lib/tq")
-    df.write.format("tq").option("topic", "out").mode("append").save("/var/lib/tq")
+    spark.read.format("tq").option("subscribe", "orders").load()       # the cluster
+    spark.read.format("tq").option("subscribe", "orders").load("/var/lib/tq")   # a data dir
+    spark.readStream.format("tq").option("subscribe", "orders").load()
+    df.write.format("tq").option("topic", "out").mode("append").save()
 
 PySpark runs the pieces in different processes: `reader`/`streamReader` and their planning
 methods in a Python worker on the driver (a streaming reader lives there for the whole query),

@@ -107,7 +107,11 @@ def test_splits_cover_each_range_exactly(spans: list, size: int, min_parts: int)
         assert covered == list(range(r.start, r.stop))
         assert all(b - a <= size for a, b in mine)
     total = sum(r.stop - r.start for r in ranges)
+    by_size = sum(-(-(r.stop - r.start) // size) for r in ranges)
+    live = sum(1 for r in ranges if r.stop > r.start)
     assert len(tasks) >= min(min_parts, total)
+    if by_size < min(min_parts, total):  # minPartitions decides: exactly that many tasks
+        assert len(tasks) == max(min(min_parts, total), live)
 
 
 def test_offsets_dict_round_trip() -> None:
