@@ -84,6 +84,7 @@ class RegisterBroker(_Command, tag="register_broker"):
     address: str
     session_id: int | None  # None: the coordinator's own broker
     broker_id: int | None = None
+    kafka_address: str = ""  # HOST:PORT of its Kafka listener, "" for none
 
 
 class RemoveBroker(_Command, tag="remove_broker"):

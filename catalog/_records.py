@@ -154,6 +154,8 @@ class Broker(_Record, tag="broker"):
     host: str
     address: str  # where producers and subscribers connect: "tcp://10.0.0.5:7411"
     session_id: int | None  # None: the coordinator's own broker, which leaves with nobody
+    # HOST:PORT of its Kafka listener, "" for none. Last, with a default: older catalogs load.
+    kafka_address: str = ""
 
 
 class Executor(_Record, tag="executor"):

@@ -311,7 +311,8 @@ def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
         if broker_id in {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}:
             raise BrokerExistsError(f"broker {broker_id} is registered already")
     broker = Broker(
-        broker_id=broker_id, host=cmd.host, address=cmd.address, session_id=cmd.session_id
+        broker_id=broker_id, host=cmd.host, address=cmd.address, session_id=cmd.session_id,
+        kafka_address=cmd.kafka_address,
     )
     txn.insert("brokers", broker)
     txn.created = broker

@@ -248,7 +248,10 @@ def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) 
                                                address=_bounded(req.address, MAX_TEXT,
                                                                 "the address"),
                                                session_id=req.session_id,
-                                               broker_id=req.broker_id),
+                                               broker_id=req.broker_id,
+                                               kafka_address=_bounded(req.kafka_address,
+                                                                      MAX_TEXT,
+                                                                      "the Kafka address")),
                          call.now, call.wall_ms)
     return m.BrokerInfo(broker=change.created, version=state.catalog.version)  # type: ignore[arg-type]
 

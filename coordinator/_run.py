@@ -31,12 +31,14 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
                     broker_listen: str | None = None, config: CoordinatorConfig | None = None,
                     home: str | None = None,
                     on_ready: Callable[[Coordinator], None] | None = None,
-                    attach: Attach | None = None) -> int:
+                    attach: Attach | None = None,
+                    amend: Callable[[ClusterInfo], ClusterInfo] | None = None) -> int:
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
-    `attach` returned: `tq up` starts its executor there). `attach(coordinator)` returns the
-    coroutine function that stops what it started, run before the coordinator closes."""
+    `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
+    `attach(coordinator)` returns the coroutine function that stops what it started, run
+    before the coordinator closes."""
     return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
-                              home, on_ready, attach))
+                              home, on_ready, attach, amend))
 
 
 Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
@@ -45,7 +47,8 @@ Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
 async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  broker_listen: str | None, config: CoordinatorConfig | None, home: str | None,
                  on_ready: Callable[[Coordinator], None] | None,
-                 attach: Attach | None) -> int:
+                 attach: Attach | None,
+                 amend: Callable[[ClusterInfo], ClusterInfo] | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -58,11 +61,11 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
         endpoint = await coordinator.start()
         if attach is not None:
             detach = await attach(coordinator)
-        write_cluster_file(ClusterInfo(
+        info = ClusterInfo(
             coordinator=endpoint, secret_file=str(Path(secret_file).resolve()),
             catalog_broker=coordinator.state.catalog_broker,  # type: ignore[union-attr]
-            pid=os.getpid(), host=coordinator.host, data=str(Path(data_dir).resolve())),
-            home)
+            pid=os.getpid(), host=coordinator.host, data=str(Path(data_dir).resolve()))
+        write_cluster_file(amend(info) if amend is not None else info, home)
         wrote = True
         if on_ready is not None:
             on_ready(coordinator)

@@ -5,7 +5,9 @@ the coordinator.
     ...
     await agent.close()
 
-On start it runs this host's broker, opens an executor session, registers the broker and the
+On start it runs this host's broker, opens an executor session, opens the broker's optional
+endpoints (connector endpoint, Kafka listener; the catalog decides through `CatalogTopics`
+which topics they may create here), registers the broker (with its Kafka address) and the
 executor (host, broker address, host resources); its heartbeats carry the host's load
 (placement breaks ties by it). Then it serves the coordinator's notifies:
 
@@ -30,13 +32,14 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import NotFoundError, SessionKind, TqError
-from querylib.broker import BrokerServer
+from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import AsyncCluster, KillProcesses, SpawnProcesses
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
+from ._endpoints import CatalogTopics
 from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
@@ -44,18 +47,28 @@ from ._slots import Slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
 
+if TYPE_CHECKING:
+    from querylib.connector import EndpointConfig
+
 __all__ = ["ExecutorAgent"]
 
 logger = logging.getLogger("executor")
 
 
 class ExecutorAgent:
-    """A host agent: its broker, its session with the coordinator, its query processes."""
+    """A host agent: its broker, its session with the coordinator, its query processes.
+
+    `connector` (a querylib.connector.EndpointConfig) and `kafka` (a querylib.kafka.KafkaConfig)
+    open the broker's endpoints; with `endpoints_required=False` one whose port is taken is
+    skipped (listed in `endpoints.skipped`) instead of failing the start.
+    """
 
     def __init__(self, coordinator: str, secret: bytes, secret_file: str,
                  data_dir: str | os.PathLike[str], *, slots: int | None = None,
                  host: str | None = None, broker_listen: str = "tcp://127.0.0.1:0",
-                 lease: float = 10.0, grace: float = 5.0) -> None:
+                 lease: float = 10.0, grace: float = 5.0,
+                 connector: EndpointConfig | None = None, kafka: Any = None,
+                 endpoints_required: bool = True) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.secret_file = str(Path(secret_file).resolve())
@@ -65,6 +78,11 @@ class ExecutorAgent:
         self.broker_listen = broker_listen
         self.lease = lease
         self.grace = grace
+        self.connector_config = connector
+        self.kafka_config = kafka
+        self.endpoints_required = endpoints_required
+        self.topics = CatalogTopics()
+        self.endpoints: BrokerEndpoints | None = None
         # Processes told to die whose slots are not back yet, and a wake-up for whoever waits on
         # one: the coordinator counts a slot free once its query ended, a little before the
         # process here has exited and been drained.
@@ -108,8 +126,15 @@ class ExecutorAgent:
             supervisor = self.supervisor
             self.cluster.load_source = lambda: sampler.sample(
                 (r.spec.query_id, r.spec.process, r.pid) for r in supervisor.running())
-            broker = await self.cluster.register_broker(self.host, self.broker_address)
+            self.endpoints = await BrokerEndpoints(
+                self.broker, self.secret, connector=self.connector_config,
+                kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
+                required=self.endpoints_required).start()
+            broker = await self.cluster.register_broker(
+                self.host, self.broker_address, kafka_address=self.kafka_address or "")
             self.broker_id = broker.broker_id
+            self.topics.attach(self.cluster, broker.broker_id,
+                               follow=self.endpoints.kafka is not None)
             executor = await self.cluster.register_executor(
                 self.host, broker.broker_id,
                 host_resources(self.data_dir, self.slots.total))
@@ -120,6 +145,16 @@ class ExecutorAgent:
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(),
                                                              name="executor session watch")
         return self
+
+    @property
+    def connector_address(self) -> str | None:
+        """HOST:PORT of the broker's connector endpoint, if it has one."""
+        return None if self.endpoints is None else self.endpoints.connector_address
+
+    @property
+    def kafka_address(self) -> str | None:
+        """HOST:PORT Kafka clients bootstrap from, if the broker has a Kafka listener."""
+        return None if self.endpoints is None else self.endpoints.kafka_address
 
     async def close(self) -> None:
         """Kill every process (reporting their exits while the session lasts), close the
@@ -137,6 +172,9 @@ class ExecutorAgent:
             await self.supervisor.close()
         if self.fetcher is not None:
             await self.fetcher.close()
+        if self.endpoints is not None:
+            await self.endpoints.close()
+        await self.topics.close()
         if self.cluster is not None:
             await self.cluster.close()
         if self.forwarder is not None:

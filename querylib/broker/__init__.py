@@ -10,11 +10,13 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
     _link.py        a client's session;  _producer.py / _subscriber.py async clients
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
+    _endpoints.py   BrokerEndpoints: the optional connector endpoint and Kafka listener
     _run.py         running a standalone broker (tq broker)
 """
 
 from querylib.broker._blocking import Producer, Subscriber
 from querylib.broker._credit import CreditGrant, CreditWindow
+from querylib.broker._endpoints import BrokerEndpoints, EndpointUnavailableError
 from querylib.broker._errors import (
     BrokerProtocolError,
     CreditExceededError,
@@ -35,6 +37,7 @@ from querylib.broker._subscriber import AsyncSubscriber, Chunk
 __all__ = [
     "AsyncProducer",
     "AsyncSubscriber",
+    "BrokerEndpoints",
     "BrokerLimits",
     "BrokerProtocolError",
     "BrokerServer",
@@ -45,6 +48,7 @@ __all__ = [
     "CreditWindow",
     "Data",
     "EndOfStream",
+    "EndpointUnavailableError",
     "Event",
     "InvalidTopicError",
     "NotProducerError",

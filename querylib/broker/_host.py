@@ -11,38 +11,50 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from catalog.errors import StorageError
-from querylib.log import LogConfig, PartitionLog, parse_partition_dir, partition_dir_name
+from catalog import TopicName
+from catalog.errors import InvalidTopicNameError, StorageError
+from querylib.log import LogConfig, PartitionLog
 from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
 from querylib.records._header import ATTRIBUTES_OFFSET
 
 from ._errors import InvalidTopicError
 from ._events import PartitionId
 
-__all__ = ["OpenedPartition", "find_partitions", "open_partition", "recover_frontier",
-           "validate_partition"]
+__all__ = ["OpenedPartition", "find_partitions", "open_partition", "partition_path",
+           "recover_frontier", "validate_partition"]
 
 logger = logging.getLogger("querylib.broker")
 
-# Kafka's legal topic characters and length: names stay valid file names and Kafka names.
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _MAX_PARTITION = 2**31 - 1
 _CONTROL_BIT = 0x20
 _SCAN_CHUNK = 1024 * 1024
 
 
 def validate_partition(topic: str, partition: int) -> PartitionId:
-    """(topic, partition) if the broker can host it, else InvalidTopicError saying why."""
-    if not _TOPIC_RE.match(topic) or topic in (".", ".."):
-        raise InvalidTopicError(f"topic name {topic[:60]!r} is not valid: use 1-249 characters "
-                                "from A-Z a-z 0-9 . _ -")
+    """(topic, partition) if the broker can host it, else InvalidTopicError saying why.
+
+    A broker names a topic by its short form (`numbers`, `tenant/ns/name`: what the catalog
+    shows and Kafka clients see), one spelling per topic, so two spellings never make two
+    partitions. On disk the directory is `TopicName.partition_dir` (`/` escaped as `%2F`).
+    """
+    try:
+        name = TopicName.parse(topic)
+    except InvalidTopicNameError as exc:
+        raise InvalidTopicError(str(exc)) from None
+    if name.short != topic:
+        raise InvalidTopicError(f"topic {topic[:80]!r}: a broker names it {name.short!r} "
+                                "(the short form)")
     if not 0 <= partition <= _MAX_PARTITION:
         raise InvalidTopicError(f"partition {partition} is outside 0..{_MAX_PARTITION}")
     return topic, partition
+
+
+def partition_path(data_dir: str, pid: PartitionId) -> str:
+    """Where a (validated) partition's log lives under `data_dir`."""
+    return os.path.join(data_dir, TopicName.parse(pid[0]).partition_dir(pid[1]))
 
 
 def find_partitions(data_dir: str) -> list[PartitionId]:
@@ -58,9 +70,9 @@ def find_partitions(data_dir: str) -> list[PartitionId]:
         if not entry.is_dir() or entry.name.startswith("."):
             continue
         try:
-            topic, partition = parse_partition_dir(entry.name)
-            found.append(validate_partition(topic, partition))
-        except (StorageError, InvalidTopicError):
+            name, partition = TopicName.parse_partition_dir(entry.name)
+            found.append(validate_partition(name.short, partition))
+        except (InvalidTopicNameError, InvalidTopicError):
             logger.warning("%s: ignoring %s, not a partition directory", data_dir, entry.name)
     return found
 
@@ -74,8 +86,7 @@ class OpenedPartition:
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig) -> OpenedPartition:
     """Open (creating if missing) the log of `pid` and recover its frontier. Blocking."""
-    path = os.path.join(data_dir, partition_dir_name(*pid))
-    log = PartitionLog.open(path, config)
+    log = PartitionLog.open(partition_path(data_dir, pid), config)
     try:
         frontier, ended = recover_frontier(log)
     except BaseException:

@@ -42,9 +42,11 @@ from ._errors import BrokerProtocolError, UnknownPartitionError
 from ._events import (
     AdvanceFrontier,
     Append,
+    AppendCompleted,
     CloseSession,
     Deliver,
     DropSubscription,
+    DurableAdvanced,
     EndStream,
     Fail,
     GrantCredit,
@@ -143,6 +145,7 @@ class BrokerServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint: str | None = None
         self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0}
+        self._visible_listeners: list[Callable[[PartitionId], None]] = []
         self._register()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -150,6 +153,9 @@ class BrokerServer:
     async def start(self, listen: str = "tcp://127.0.0.1:0") -> str:
         """Open (and recover) every partition under the data directory, then listen."""
         self._loop = asyncio.get_running_loop()
+        # The state's clock starts now, not at the ticker's first run: a session opened in
+        # between would otherwise get its lease counted from time 0 and expire at once.
+        self._feed(Tick(self._loop.time(), int(time.time() * 1000)))
         os.makedirs(self.data_dir, exist_ok=True)
         pids = await self._loop.run_in_executor(self._append_pool, find_partitions,
                                                 self.data_dir)
@@ -208,6 +214,39 @@ class BrokerServer:
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended))
 
+    # -- hooks for endpoints in the same process (connector, Kafka listener) ----------------------
+
+    def submit(self, make: Callable[[asyncio.Future[Any]], Stimulus]) -> asyncio.Future[Any]:
+        """Feed the stimulus `make(future)` to the state, on the broker's loop; the future
+        resolves with the state's reply (or its error). How in-process endpoints produce,
+        advance frontiers and open sessions exactly as RPC clients do."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._feed(make(future))
+        return future
+
+    async def ensure_partition(self, topic: str, partition: int, *,
+                               create: bool) -> PartitionId:
+        """The partition's id once this broker hosts it, opening (`create`: creating) it.
+        InvalidTopicError for a name the broker cannot store, UnknownPartitionError when it
+        does not host it and `create` is off."""
+        return await self._ensure(topic, partition, create)
+
+    def on_visible(self, listener: Callable[[PartitionId], None]) -> Callable[[], None]:
+        """Call `listener(pid)` (on the loop; it must be quick) whenever what subscribers may
+        read of a partition may have grown. Returns the function that stops it. How a Kafka
+        Fetch waiting for data learns of appends without polling."""
+        self._visible_listeners.append(listener)
+        return lambda: self._visible_listeners.remove(listener)
+
+    def partition_log(self, pid: PartitionId) -> PartitionLog:
+        """The log of a hosted partition, for reads (thread-safe against the append lane).
+        Never append to it: the lane is its one writer. UnknownPartitionError if not hosted."""
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return lane.log
+
     async def _ensure(self, topic: str, partition: int, create: bool) -> PartitionId:
         pid = validate_partition(topic, partition)
         if pid in self.state.partitions:
@@ -250,6 +289,10 @@ class BrokerServer:
                     continue
                 for instruction in instructions:
                     self._perform(instruction)
+                if self._visible_listeners and isinstance(current, (AppendCompleted,
+                                                                    DurableAdvanced)):
+                    for listener in list(self._visible_listeners):
+                        listener(current.partition)
         finally:
             self._feeding = False
 

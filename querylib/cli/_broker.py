@@ -1,7 +1,9 @@
-"""`tq broker`: run a standalone broker in the foreground (development, tests).
+"""`tq broker`: run a standalone broker in the foreground (development, tests), optionally
+with its connector endpoint (`--connector-port`) and Kafka listener (`--kafka-port`).
 
 A thin adapter over `querylib.broker.run_broker`; also home of the options every broker client
-command shares (`--broker`, `--secret-file`).
+command shares (`--broker`, `--secret-file`) and of the endpoint options `tq executor` and
+`tq up` share (`add_connector_options`, `add_kafka_options` and their `*_config`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,58 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="roll a segment at this size (default 1 GiB)")
     broker.add_argument("--retention-bytes", type=int, default=-1,
                         help="keep at most this many bytes per partition (-1: no limit)")
+    add_connector_options(broker, default_port=None)
+    add_kafka_options(broker, default_port=None)
     broker.set_defaults(func=_run)
+
+
+def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
+    """The connector endpoint's options; `default_port` None: no endpoint unless asked."""
+    shown = "none" if default_port is None else str(default_port)
+    parser.add_argument("--connector-port", type=int, default=default_port, metavar="PORT",
+                        help="open the connector endpoint (external sources push streams) on "
+                        f"this TCP port; 0: any free port, -1: none (default {shown})")
+    parser.add_argument("--connector-host", default="127.0.0.1", metavar="HOST",
+                        help="address the connector endpoint binds (default 127.0.0.1)")
+    parser.add_argument("--connector-cookie", metavar="COOKIE",
+                        help="cookie connectors must present (default: derived from the "
+                        "cluster secret, as `tq ingest` derives it)")
+    parser.add_argument("--connector-credits", type=int, default=1024, metavar="K",
+                        help="frames a connector connection may have unacknowledged "
+                        "(default 1024)")
+
+
+def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
+    """The Kafka listener's options; `default_port` None: no listener unless asked."""
+    shown = "none" if default_port is None else str(default_port)
+    parser.add_argument("--kafka-port", type=int, default=default_port, metavar="PORT",
+                        help="open a Kafka-protocol listener (kcat, confluent-kafka, ...) on this "
+                        f"TCP port; 0: any free port, -1: none (default {shown})")
+    parser.add_argument("--kafka-host", default="127.0.0.1", metavar="HOST",
+                        help="address the Kafka listener binds (default 127.0.0.1)")
+    parser.add_argument("--advertised-host", metavar="HOST",
+                        help="host name Kafka clients are told to connect to (default: "
+                        "--kafka-host, or 127.0.0.1 for a wildcard)")
+
+
+def kafka_config(args: argparse.Namespace) -> object | None:
+    """The KafkaConfig the Kafka options ask for; None when there is to be no listener."""
+    if args.kafka_port is None or args.kafka_port < 0:
+        return None
+    from querylib.kafka import KafkaConfig
+
+    return KafkaConfig(host=args.kafka_host, port=args.kafka_port,
+                       advertised_host=args.advertised_host)
+
+
+def connector_config(args: argparse.Namespace) -> object | None:
+    """The EndpointConfig the connector options ask for; None when there is to be none."""
+    if args.connector_port is None or args.connector_port < 0:
+        return None
+    from querylib.connector import EndpointConfig
+
+    return EndpointConfig(host=args.connector_host, port=args.connector_port,
+                          cookie=args.connector_cookie, initial_credits=args.connector_credits)
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -56,4 +109,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tq broker listening on {endpoint} (data {args.data}, flush {args.flush})",
               file=sys.stderr, flush=True)
 
-    return run_broker(args.data, args.listen, secret, log_config=config, on_ready=ready)
+    def endpoints(opened: object) -> None:
+        for what, attr in (("connector endpoint", "connector_address"),
+                           ("Kafka listener", "kafka_address")):
+            address = getattr(opened, attr, None)
+            if address is not None:
+                print(f"tq broker: {what} on {address}", file=sys.stderr, flush=True)
+
+    return run_broker(args.data, args.listen, secret, log_config=config, on_ready=ready,
+                      connector=connector_config(args),  # type: ignore[arg-type]
+                      kafka=kafka_config(args), on_endpoints=endpoints)

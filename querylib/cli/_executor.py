@@ -13,6 +13,13 @@ import logging
 import signal
 import sys
 
+from querylib.cli._broker import (
+    add_connector_options,
+    add_kafka_options,
+    connector_config,
+    kafka_config,
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -34,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
                         help="session lease: unheard by the coordinator this long, the agent "
                         "kills its processes and stops (default 10)")
+    add_connector_options(parser, default_port=None)
+    add_kafka_options(parser, default_port=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -58,10 +67,15 @@ async def _serve(args: argparse.Namespace, address: str, secret: bytes, secret_f
         loop.add_signal_handler(sig, stop.set)
     agent = await ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
                                 host=args.host, broker_listen=args.broker_listen,
-                                grace=args.grace, lease=args.lease).start()
+                                grace=args.grace, lease=args.lease,
+                                connector=connector_config(args),  # type: ignore[arg-type]
+                                kafka=kafka_config(args)).start()
     try:
-        print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}, "
-              f"{agent.slots.total} slots, coordinator {address}", file=sys.stderr, flush=True)
+        extra = "".join(f", {name} {where}" for name, where in (
+            ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
+        print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}"
+              f"{extra}, {agent.slots.total} slots, coordinator {address}", file=sys.stderr,
+              flush=True)
         stopped = loop.create_task(stop.wait())
         lost = loop.create_task(agent.stopped.wait())
         await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)

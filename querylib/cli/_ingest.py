@@ -1,7 +1,9 @@
 """`tq ingest TOPIC [FILE|-]`: lines or JSON lines into a topic through the connector protocol.
 
-A thin adapter over `querylib.connector.ingest`. The cookie is --cookie, else derived from the
-cluster secret file (the endpoint derives the same one), else empty. Progress goes to stderr:
+A thin adapter over `querylib.connector.ingest`. The endpoint is --connector, else
+$TQ_CONNECTOR, else the one `tq up` wrote into cluster.json, else 127.0.0.1:7600. The cookie is
+--cookie, else derived from the cluster secret file (the endpoint derives the same one), else
+empty. Progress goes to stderr:
 a live line when stderr is a terminal, otherwise one line every 10 seconds for long runs.
 """
 
@@ -22,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="lines: each line is a value; jsonl: each line is JSON, objects with "
                    "a \"value\" member give value, key and timestamp (default lines)")
     p.add_argument("--connector", metavar="ADDR", default=None,
-                   help="the connector endpoint, HOST:PORT (default $TQ_CONNECTOR or "
-                   "127.0.0.1:7600)")
+                   help="the connector endpoint, HOST:PORT (default $TQ_CONNECTOR, else "
+                   "the one in $TQ_HOME/cluster.json, else 127.0.0.1:7600)")
     p.add_argument("--dialect", choices=["draft", "released"], default="draft",
                    help="connector protocol dialect (default draft)")
     p.add_argument("--program", default="tq-ingest", help="connector program name")
@@ -37,13 +39,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_ingest)
 
 
-def _cookie(args: argparse.Namespace) -> str:
+def _cluster() -> object | None:
+    """What cluster.json says, if anything usable: it only supplies defaults here."""
+    from catalog.errors import TqError
+    from querylib.cluster import read_cluster_file
+
+    try:
+        return read_cluster_file()
+    except TqError:
+        return None
+
+
+def _cookie(args: argparse.Namespace, cluster: object | None) -> str:
     if args.cookie is not None:
         return args.cookie
     from querylib.connector import derive_cookie
     from querylib.rpc import default_secret_path, load_secret
 
-    path = args.secret_file or default_secret_path()
+    path = args.secret_file or getattr(cluster, "secret_file", None) or default_secret_path()
     if args.secret_file is None and not os.path.exists(path):
         return ""
     return derive_cookie(load_secret(path))
@@ -75,12 +88,14 @@ class _Progress:
 def _ingest(args: argparse.Namespace) -> int:
     from querylib.connector import ingest
 
-    address = args.connector or os.environ.get("TQ_CONNECTOR") or "127.0.0.1:7600"
+    cluster = _cluster()
+    address = (args.connector or os.environ.get("TQ_CONNECTOR")
+               or getattr(cluster, "connector", "") or "127.0.0.1:7600")
     progress = _Progress()
     try:
         result = ingest(args.file, args.topic, address=address, dialect=args.dialect,
                         fmt=args.format, program=args.program, instance=args.instance,
-                        cookie=_cookie(args), timeout=args.timeout, end=not args.no_end,
+                        cookie=_cookie(args, cluster), timeout=args.timeout, end=not args.no_end,
                         progress=progress)
     finally:
         progress.done()

@@ -3,16 +3,32 @@ broker of the catalog topics) and one executor agent (with this host's broker) i
 
 A thin adapter over `coordinator.run_coordinator` and `executor.ExecutorAgent`, imported only
 when the command runs. It writes `$TQ_HOME/cluster.json` once the executor is registered, so a
-client that finds the file can submit at once.
+client that finds the file can submit at once; the file also names the executor broker's
+connector endpoint (default port 7600) and Kafka listener (default 9092) when it could open
+them. A port that is taken is said on
+stderr, naming the port and the flag, and tq up goes on without that endpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from typing import Any
+
+from querylib.cli._broker import (
+    add_connector_options,
+    add_kafka_options,
+    connector_config,
+    kafka_config,
+)
+
+# The connector endpoint's usual port (querylib.connector.DEFAULT_CONNECTOR_PORT, which `tq
+# ingest` connects to), spelled out so `tq --help` does not import the connector package.
+_CONNECTOR_PORT = 7600
+_KAFKA_PORT = 9092
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: CPU count)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
+    add_connector_options(parser, default_port=_CONNECTOR_PORT)
+    add_kafka_options(parser, default_port=_KAFKA_PORT)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -45,15 +63,29 @@ def _run(args: argparse.Namespace) -> int:
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home())
+    started: list[Any] = []
 
     async def attach(coordinator: Any) -> Any:
+        # A port may be taken (another tq up, a Kafka on 9092): go on without that endpoint,
+        # saying so; the rest of tq up is still useful.
         agent = await ExecutorAgent(coordinator.endpoint, secret, secret_file,
                                     os.path.join(data, "executor"), slots=args.slots,
-                                    grace=args.grace).start()
+                                    grace=args.grace, connector=connector_config(args),
+                                    kafka=kafka_config(args), endpoints_required=False).start()
+        started.append(agent)
+        for message in agent.endpoints.skipped:
+            print(f"tq up: {message}", file=sys.stderr, flush=True)
+        extra = "".join(f", {name} {where}" for name, where in (
+            ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
         print(f"tq up: coordinator {coordinator.endpoint}, executor {agent.executor_id} "
-              f"({agent.slots.total} slots, broker {agent.broker_address}), data {data}; "
+              f"({agent.slots.total} slots, broker {agent.broker_address}{extra}), data {data}; "
               f"clients find it through {cluster_file()}", file=sys.stderr, flush=True)
         return agent.close
 
+    def amend(info: Any) -> Any:
+        agent = started[0]
+        return dataclasses.replace(info, connector=agent.connector_address or "",
+                                   kafka=agent.kafka_address or "")
+
     return run_coordinator(os.path.join(data, "coordinator"), args.listen, secret, secret_file,
-                           attach=attach)
+                           attach=attach, amend=amend)

@@ -136,9 +136,10 @@ class Cluster:
     def unsubscribe(self, name: str) -> None:
         self._call(self._async.unsubscribe(name))
 
-    def register_broker(self, host: str, address: str, *, broker_id: int | None = None
-                        ) -> Broker:
-        return self._call(self._async.register_broker(host, address, broker_id=broker_id))
+    def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
+                        kafka_address: str = "") -> Broker:
+        return self._call(self._async.register_broker(host, address, broker_id=broker_id,
+                                                      kafka_address=kafka_address))
 
     def register_executor(self, host: str, broker_id: int, resources: Resources) -> Executor:
         return self._call(self._async.register_executor(host, broker_id, resources))

@@ -53,6 +53,8 @@ class ClusterInfo:
     pid: int | None = None
     host: str | None = None
     data: str | None = None
+    connector: str = ""  # HOST:PORT of `tq up`'s connector endpoint, if it opened one
+    kafka: str = ""  # HOST:PORT Kafka clients bootstrap from, if `tq up` opened a listener
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo
             pid=raw.get("pid"),
             host=raw.get("host"),
             data=raw.get("data"),
+            connector=raw.get("connector") or "",
+            kafka=raw.get("kafka") or "",
         )
         if info.pid is not None and not isinstance(info.pid, int):
             raise ValueError("pid is not an integer")

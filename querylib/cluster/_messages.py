@@ -272,6 +272,7 @@ class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
     host: str
     address: str
     broker_id: int | None = None
+    kafka_address: str = ""  # HOST:PORT of the broker's Kafka listener, "" for none
 
 
 class RemoveBroker(Request[Done], tag="coord.broker.remove"):

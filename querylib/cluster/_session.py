@@ -218,9 +218,10 @@ class AsyncCluster:
         await self.request(m.Unsubscribe(session_id=self._session(), name=name))
 
     async def register_broker(self, host: str, address: str, *,
-                              broker_id: int | None = None) -> Broker:
+                              broker_id: int | None = None, kafka_address: str = "") -> Broker:
         reply = await self.request(m.RegisterBroker(session_id=self._session(), host=host,
-                                                    address=address, broker_id=broker_id))
+                                                    address=address, broker_id=broker_id,
+                                                    kafka_address=kafka_address))
         return reply.broker
 
     async def register_executor(self, host: str, broker_id: int,

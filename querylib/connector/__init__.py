@@ -32,7 +32,13 @@ from ._bulk import BulkSourceConnection, BulkWorkerConnection, MessageRun
 from ._client import Connector, ConnectorError, RewindError, StreamRefusedError
 from ._credit import Credits
 from ._dialect import Dialect, detect_dialect
-from ._endpoint import DEFAULT_CONNECTOR_PORT, ConnectorEndpoint, EndpointConfig, derive_cookie
+from ._endpoint import (
+    DEFAULT_CONNECTOR_PORT,
+    ConnectorEndpoint,
+    EndpointConfig,
+    TopicAdmission,
+    derive_cookie,
+)
 from ._errors import (
     BadCookieError,
     ConnectorProtocolError,
@@ -148,6 +154,7 @@ __all__ = [
     "StreamRejected",
     "StreamState",
     "TooManyStreamsError",
+    "TopicAdmission",
     "UnexpectedFrameError",
     "UnknownStreamError",
     "UnknownTagError",

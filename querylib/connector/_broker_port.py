@@ -6,10 +6,8 @@ under the broker's flush policy), `AdvanceFrontier`, `EndStream`. So credit wind
 end-of-stream and durability acknowledgements are exactly the broker's, and subscribers see
 connector records like any others.
 
-This is the ONLY module that touches the broker's non-public members (`_feed`, `_ensure`,
-`_lanes`); the small public hook that would replace them is written down in the report for
-querylib/broker (`BrokerServer.submit`, `ensure_partition`, `partition_log`). Nothing here
-decides anything; it forwards.
+It uses only the broker's public hooks for in-process endpoints (`BrokerServer.submit`,
+`ensure_partition`, `partition_log`, `state`). Nothing here decides anything; it forwards.
 """
 
 from __future__ import annotations
@@ -46,9 +44,7 @@ class BrokerPort:
         return self.server.state.limits.max_batch_bytes
 
     def _submit(self, make: Callable[[asyncio.Future[Any]], Any]) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.server._feed(make(future))
-        return future
+        return self.server.submit(make)
 
     async def open_session(self, session: str, lease: float) -> None:
         await self._submit(lambda t: OpenSession(t, session, lease))
@@ -60,7 +56,7 @@ class BrokerPort:
         await self._submit(lambda t: CloseSession(t, session))
 
     async def ensure(self, topic: str, partition: int, create: bool) -> PartitionId:
-        return await self.server._ensure(topic, partition, create)
+        return await self.server.ensure_partition(topic, partition, create=create)
 
     def hosts(self, pid: PartitionId) -> bool:
         return pid in self.server.state.partitions
@@ -83,4 +79,4 @@ class BrokerPort:
 
     def log(self, pid: PartitionId) -> PartitionLog:
         """The partition's log, for reads on a worker thread (reads are thread-safe)."""
-        return self.server._lanes[pid].log
+        return self.server.partition_log(pid)

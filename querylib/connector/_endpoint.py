@@ -19,7 +19,8 @@ frame; `initial_credits` is the window per connection. The cookie is the configu
 derived from the cluster secret (`derive_cookie`: HMAC-SHA256 of a fixed label, hex, so a
 client that can read the secret file computes the same), else empty (development). Topics are
 created at the first NOTIFY that names them when `auto_create` is on; names starting with `__`
-are refused. A topic outside public/default needs the broker to accept TopicName.dir_name.
+are refused. Under an executor, a `TopicAdmission` (the catalog) decides first whether a
+partition the broker does not host yet may be created here, registering new ingest topics.
 
 It must not decide what the broker decides (durability, frontiers, credit windows of broker
 sessions): it asks the broker through `BrokerPort` and waits for the answers.
@@ -32,7 +33,9 @@ import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
+from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, TqError, UserError
 from querylib.broker import BrokerServer
 
@@ -44,7 +47,8 @@ from ._records import broker_topic, parse_stream_name, source_id
 from ._sink import StreamSink
 from ._wire import DEFAULT_MAX_FRAME_SIZE
 
-__all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "derive_cookie"]
+__all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "TopicAdmission",
+           "derive_cookie"]
 
 logger = logging.getLogger("querylib.connector")
 
@@ -77,12 +81,24 @@ class EndpointConfig:
     max_batch_bytes: int = 1024 * 1024
 
 
+class TopicAdmission(Protocol):
+    """Who says whether a partition the broker does not host yet may be created on it (the
+    catalog, under an executor). Without one, `EndpointConfig.auto_create` alone decides."""
+
+    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
+        """True if this broker may create `partition` of `topic`: the catalog places it here
+        (registering the topic, owned by `ingest`, when it is new and `create` allows). A
+        TqError refuses the stream with its message."""
+        ...
+
+
 class ConnectorEndpoint:
     """Serves the connector protocol for the partitions of one in-process `BrokerServer`."""
 
     def __init__(self, server: BrokerServer, config: EndpointConfig | None = None, *,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, topics: TopicAdmission | None = None) -> None:
         self.config = config = config or EndpointConfig()
+        self.topics = topics
         self.port = BrokerPort(server)
         if config.cookie is not None:
             cookie = config.cookie
@@ -215,7 +231,10 @@ class ConnectorEndpoint:
         if topic.internal:
             raise InvalidTopicNameError(f"stream {name!r}: topics starting with '__' are "
                                         "internal and cannot be ingested into")
-        pid = await self.port.ensure(broker_topic(topic), partition, self.config.auto_create)
+        create = self.config.auto_create
+        if self.topics is not None and not self.port.hosts((broker_topic(topic), partition)):
+            create = await self.topics.admit(topic, partition, create=create)
+        pid = await self.port.ensure(broker_topic(topic), partition, create)
         progress = self.store.get(sink.key)
         if progress is not None and (progress.topic, progress.partition) == pid:
             if not progress.verified:

@@ -109,8 +109,8 @@ def _partition(name: str, number: str) -> int:
 
 
 def broker_topic(topic: TopicName) -> str:
-    """The name a broker stores `topic` under (its directory form)."""
-    return topic.dir_name
+    """The name a broker knows `topic` by: its short form (`numbers`, `tenant/ns/name`)."""
+    return topic.short
 
 
 def source_id(program: str, instance: str, stream_id: int) -> int:

@@ -1,5 +1,6 @@
-"""A broker with its connector endpoint: what `tq broker --connector-port` runs (until
-querylib/broker's `run_broker` grows that option), and `python -m querylib.connector`.
+"""A broker with its connector endpoint, as `python -m querylib.connector` and the connector
+benchmark run it (`tq broker --connector-port` goes through `querylib.broker.run_broker`,
+which opens the same endpoint through `BrokerEndpoints`).
 
 Signal handling and the event loop of the process live here; nothing else does.
 """

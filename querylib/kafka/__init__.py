@@ -11,6 +11,9 @@ kafka-python and aiokafka list topics, consume, commit offsets in groups and pro
     _offsets_format.py  `__consumer_offsets` key/value formats (Kafka's)
     _backend.py         KafkaBackend: what the endpoint needs from the broker behind it
     _local.py           LocalBackend: one process, a data dir of partition logs
+    _group_store.py     GroupStore: what `__consumer_offsets` says (both backends)
+    _broker_backend.py  BrokerBackend: a live tq broker's partitions; KafkaCluster, KafkaConfig
+    _broker_kafka.py    BrokerKafka: a broker's listener (`--kafka-port`), opened by the broker
     _server.py          KafkaListener: the asyncio server
     _run.py             serve_local / run_kafka: a data dir served standalone (`tq kafka`)
 
@@ -34,6 +37,13 @@ from querylib.kafka._backend import (
     PartitionRead,
     TopicInfo,
 )
+from querylib.kafka._broker_backend import (
+    BrokerBackend,
+    KafkaCluster,
+    KafkaConfig,
+    StandaloneCluster,
+)
+from querylib.kafka._broker_kafka import BrokerKafka
 from querylib.kafka._errors import (
     DuplicateSequenceError,
     ErrorCode,
@@ -54,6 +64,7 @@ from querylib.kafka._errors import (
 )
 from querylib.kafka._framing import FrameReader, RequestHeader, parse_request_header
 from querylib.kafka._group import GroupConfig, GroupMachine, GroupStatus
+from querylib.kafka._group_store import GroupStore
 from querylib.kafka._local import OFFSETS_TOPIC, LocalBackend
 from querylib.kafka._offsets_format import decode_offsets_record, encode_group, encode_offset
 from querylib.kafka._producers import ProducerStateTable
@@ -65,7 +76,9 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "ApiKey",
     "AppendResult",
+    "BrokerBackend",
     "BrokerInfo",
+    "BrokerKafka",
     "CommittedOffset",
     "DuplicateSequenceError",
     "ErrorCode",
@@ -76,9 +89,12 @@ __all__ = [
     "GroupMemberRecord",
     "GroupRecord",
     "GroupStatus",
+    "GroupStore",
     "InvalidProducerEpochError",
     "InvalidRequiredAcksError",
     "InvalidTopicError",
+    "KafkaCluster",
+    "KafkaConfig",
     "KafkaBackend",
     "KafkaListener",
     "KafkaProtocolError",
@@ -95,6 +111,7 @@ __all__ = [
     "PartitionOffsets",
     "PartitionRead",
     "ProducerStateTable",
+    "StandaloneCluster",
     "RequestHeader",
     "TopicInfo",
     "TransactionsNotSupportedError",

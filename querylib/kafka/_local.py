@@ -48,16 +48,11 @@ from querylib.kafka._backend import (
     TopicInfo,
 )
 from querylib.kafka._errors import InvalidTopicError, PolicyViolationError, UnknownPartitionError
-from querylib.kafka._offsets_format import (
-    GroupTombstone,
-    OffsetTombstone,
-    decode_offsets_record,
-    encode_group,
-    encode_offset,
-)
+from querylib.kafka._group_store import GroupStore
+from querylib.kafka._offsets_format import encode_group, encode_offset
 from querylib.kafka._producers import ProducerStateTable
 from querylib.log import FlushPolicy, LogConfig, PartitionLog
-from querylib.records import decode_batch, encode_batch, iter_batches, read_header, verify_batch
+from querylib.records import decode_batch, encode_batch, read_header, verify_batch
 
 __all__ = ["LocalBackend"]
 
@@ -68,7 +63,6 @@ META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000  # ids reserved on disk at a time, as Kafka's controller hands out
 MAX_PARTITIONS = 10_000  # per topic
 MAX_TOPICS = 10_000  # auto-creation lets any client create topics: bound how many
-_REPLAY_CHUNK = 4 * 1024 * 1024
 
 
 @dataclass
@@ -93,8 +87,7 @@ class LocalBackend:
         self.default_partitions = default_partitions
         self._topics: dict[str, list[_Partition]] = {}  # by TopicName.short
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tq-kafka-writer")
-        self._offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
-        self._groups: dict[str, GroupRecord] = {}
+        self._store = GroupStore()
         self._cluster_id = ""
         self._next_producer_id = 0
         self._reserved_producer_ids = 0
@@ -344,21 +337,19 @@ class LocalBackend:
             return
         entries = [(c.commit_timestamp, *encode_offset(group_id, c), ()) for c in offsets]
         await self._append_offsets(entries)
-        stored = self._offsets.setdefault(group_id, {})
-        for committed in offsets:
-            stored[(committed.topic, committed.partition)] = committed
+        self._store.committed(group_id, list(offsets))
 
     async def committed_offsets(
         self, group_id: str
     ) -> Mapping[tuple[str, int], CommittedOffset]:
-        return dict(self._offsets.get(group_id, {}))
+        return dict(self._store.offsets.get(group_id, {}))
 
     async def store_group(self, record: GroupRecord) -> None:
         await self._append_offsets([(record.current_state_timestamp, *encode_group(record), ())])
-        self._groups[record.group_id] = record
+        self._store.groups[record.group_id] = record
 
     async def stored_groups(self) -> Sequence[GroupRecord]:
-        return list(self._groups.values())
+        return list(self._store.groups.values())
 
     async def _append_offsets(self, entries: list) -> None:
         log = self._topics[OFFSETS_TOPIC][0].log
@@ -401,39 +392,7 @@ class LocalBackend:
         if OFFSETS_TOPIC not in self._topics:
             path = os.path.join(self.data_dir, f"{OFFSETS_TOPIC}-0")
             self._topics[OFFSETS_TOPIC] = [_Partition(PartitionLog.open(path, self.log_config))]
-        self._replay_offsets(self._topics[OFFSETS_TOPIC][0].log)
-
-    def _replay_offsets(self, log: PartitionLog) -> None:
-        offset, end = log.log_start_offset, log.log_end_offset
-        while offset < end:
-            data = log.read(offset, _REPLAY_CHUNK)
-            if not data:
-                break
-            for batch in iter_batches(data):
-                offset = batch.next_offset
-                if batch.is_control:
-                    continue
-                for record in batch.records:
-                    self._apply_offsets_record(record.key, record.value)
-        logger.info("replayed %s: %d group(s) with offsets, %d group state(s)",
-                    OFFSETS_TOPIC, len(self._offsets), len(self._groups))
-
-    def _apply_offsets_record(self, key: bytes | None, value: bytes | None) -> None:
-        try:
-            decoded = decode_offsets_record(key, value)
-        except StorageError as exc:
-            logger.warning("%s: skipping a record: %s", OFFSETS_TOPIC, exc)
-            return
-        if isinstance(decoded, OffsetTombstone):
-            self._offsets.get(decoded.group_id, {}).pop((decoded.topic, decoded.partition), None)
-        elif isinstance(decoded, GroupTombstone):
-            self._groups.pop(decoded.group_id, None)
-        elif isinstance(decoded, GroupRecord):
-            self._groups[decoded.group_id] = decoded
-        else:
-            group_id, committed = decoded
-            self._offsets.setdefault(group_id, {})[(committed.topic, committed.partition)] = (
-                committed)
+        self._store.replay(self._topics[OFFSETS_TOPIC][0].log)
 
     def _read_meta(self) -> None:
         path = os.path.join(self.data_dir, META_FILE)

@@ -10,7 +10,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.static.primitive import Records
+from kio.static.primitive import Records, i64Timedelta
 
 from querylib.kafka import (
     SUPPORTED_VERSIONS,
@@ -35,8 +35,10 @@ st.register_type_strategy(Records, st.binary(max_size=64).map(Records))
 # kio decodes int64 millisecond durations into timedelta and overflows near the int64 bounds
 # (e.g. an OffsetCommit retention_time of ~2**63 ms); clients send -1 or real durations, so the
 # round trip is checked over durations Python's timedelta can hold.
-st.register_type_strategy(datetime.timedelta, st.integers(-(2**40), 2**40).map(
-    lambda ms: datetime.timedelta(milliseconds=ms)))
+# kio's own strategy for its i64Timedelta fields draws the whole int64 range, so it is replaced.
+_DURATIONS = st.integers(-(2**40), 2**40).map(lambda ms: datetime.timedelta(milliseconds=ms))
+st.register_type_strategy(datetime.timedelta, _DURATIONS)
+st.register_type_strategy(i64Timedelta, _DURATIONS.map(i64Timedelta.parse))
 
 SERVED = [(key, version) for key, (lo, hi) in SUPPORTED_VERSIONS.items()
           for version in range(lo, hi + 1) if not (key == ApiKey.PRODUCE and version < 3)]

@@ -1,0 +1,129 @@
+"""The optional listeners of a broker process (DESIGN §8): the connector endpoint and the Kafka
+listener, opened on a running `BrokerServer` and closed before it.
+
+    endpoints = await BrokerEndpoints(server, secret, connector=EndpointConfig(port=7600),
+                                      kafka=KafkaConfig(port=9092)).start()
+    endpoints.connector_address        # "127.0.0.1:7600"
+    endpoints.kafka_address            # "127.0.0.1:9092"
+    ...
+    await endpoints.close()            # then server.close()
+
+Their packages are imported only when one is asked for, so a broker that opens neither never
+loads them. With `required=False` (what `tq up` uses for its default ports) a listener whose port
+is taken is skipped and said so in `skipped`, and the broker serves on without it; otherwise the
+bind failure is a `ListenError`.
+
+Must not: decide which topics may be created where (the `topics` / `kafka_cluster` hooks given
+by the executor, which has the catalog, decide), or touch the broker's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from catalog.errors import UserError
+
+if TYPE_CHECKING:
+    from querylib.connector import ConnectorEndpoint, EndpointConfig, TopicAdmission
+
+    from ._server import BrokerServer
+
+__all__ = ["BrokerEndpoints", "EndpointUnavailableError"]
+
+logger = logging.getLogger("querylib.broker")
+
+
+class EndpointUnavailableError(UserError):
+    """A listener could not bind its port (taken, or not ours to bind)."""
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    name: str
+    port: int
+    flag: str
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"port {self.port} for the {self.name} is not available ({self.reason}); "
+                f"choose another with {self.flag} PORT (0: any free port, -1: none)")
+
+
+class BrokerEndpoints:
+    """The connector endpoint and the Kafka listener of one in-process broker, each optional."""
+
+    def __init__(self, server: BrokerServer, secret: bytes, *,
+                 connector: EndpointConfig | None = None, kafka: Any = None,
+                 topics: TopicAdmission | None = None, kafka_cluster: Any = None,
+                 required: bool = True) -> None:
+        self.server = server
+        self.secret = secret
+        self.connector_config = connector
+        self.kafka_config = kafka
+        self.topics = topics
+        self.kafka_cluster = kafka_cluster
+        self.required = required
+        self.connector: ConnectorEndpoint | None = None
+        self.kafka: Any = None  # a querylib.kafka.BrokerKafka once started
+        self.connector_address: str | None = None
+        self.kafka_address: str | None = None
+        self.skipped: list[str] = []
+
+    async def start(self) -> BrokerEndpoints:
+        try:
+            if self.connector_config is not None:
+                await self._start_connector(self.connector_config)
+            if self.kafka_config is not None:
+                await self._start_kafka(self.kafka_config)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _start_connector(self, config: EndpointConfig) -> None:
+        from querylib.connector import ConnectorEndpoint
+
+        endpoint = ConnectorEndpoint(self.server, config, secret=self.secret, topics=self.topics)
+        try:
+            host, port = await endpoint.start()
+        except OSError as exc:
+            await endpoint.close()
+            self._unavailable(_Skipped("connector endpoint", config.port, "--connector-port",
+                                       exc.strerror or str(exc)))
+            return
+        self.connector = endpoint
+        self.connector_address = f"{host}:{port}"
+
+    async def _start_kafka(self, config: Any) -> None:
+        from querylib.kafka import BrokerKafka, ListenError
+
+        kafka = BrokerKafka(self.server, config, secret=self.secret, cluster=self.kafka_cluster)
+        try:
+            await kafka.start()
+        except ListenError as exc:
+            await kafka.close()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            self._unavailable(_Skipped("Kafka listener", config.port, "--kafka-port", reason))
+            return
+        self.kafka = kafka
+        self.kafka_address = kafka.address
+
+    def _unavailable(self, skipped: _Skipped) -> None:
+        if self.required:
+            raise EndpointUnavailableError(str(skipped))
+        logger.warning("%s", skipped)
+        self.skipped.append(str(skipped))
+
+    async def close(self) -> None:
+        """Close the listeners (their appends settle). Idempotent; before `server.close()`."""
+        kafka, self.kafka = self.kafka, None
+        connector, self.connector = self.connector, None
+        try:
+            if kafka is not None:
+                await kafka.close()
+        finally:
+            if connector is not None:
+                await connector.close()

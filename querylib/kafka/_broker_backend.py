@@ -1,0 +1,493 @@
+"""BrokerBackend: the Kafka endpoint's backend over a live tq `BrokerServer` in the same process,
+so every broker can serve its own partitions to Kafka clients (DESIGN §8).
+
+It shares the broker's partition logs and never writes one itself: producer batches and
+offset commits go through the broker's state machine as a broker producer session would
+(`BrokerServer.submit` with `OpenProducer` / `Produce`, answered once durable under the
+broker's flush policy), so the append lane stays each log's one writer and tq subscribers see
+Kafka-produced records like any others. Reads use `partition_log` (reads are thread-safe)
+up to what the broker lets subscribers see (`partition_info().log_end`, its high watermark);
+`on_visible` wakes fetches waiting for data.
+
+What it does not know, it asks its `KafkaCluster`: which brokers have Kafka listeners, which
+topics exist with how many partitions where, whether a partition may be created here. Under
+an executor that is the catalog (executor/_endpoints.py); a standalone broker uses
+`StandaloneCluster`: the broker alone, its hosted partitions are the topics.
+
+Group state and committed offsets live in `__consumer_offsets` partition 0 on this broker, in
+Kafka's formats, and this broker coordinates every group (the seam for a later move to the
+coordinator's broker is `coordinator()` and the group store calls). Producer ids are
+`node id << 32 | n`, with n reserved in blocks in `<broker data>/.tq-kafka.json`, so brokers
+never hand out the same id.
+
+Must not: decode or re-encode producer batches, append to a log directly, or hold state the
+logs cannot rebuild except idempotent-producer sequences (lost on restart, as in LocalBackend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from catalog import TopicName
+from catalog.errors import (
+    InvalidPartitionsError,
+    ReservedTopicNameError,
+    StorageError,
+    TopicExistsError,
+    TqError,
+    UnknownTopicError,
+)
+from querylib.broker import BrokerServer
+from querylib.broker._events import Heartbeat, OpenProducer, OpenSession, PartitionId, Produce
+from querylib.errors import OffsetOutOfRangeError
+from querylib.kafka._apis import ListenerLimits
+from querylib.kafka._backend import (
+    AppendResult,
+    BrokerInfo,
+    CommittedOffset,
+    GroupRecord,
+    PartitionInfo,
+    PartitionOffsets,
+    PartitionRead,
+    TopicInfo,
+)
+from querylib.kafka._errors import InvalidTopicError, NotLeaderError, UnknownPartitionError
+from querylib.kafka._group import GroupConfig
+from querylib.kafka._group_store import GroupStore
+from querylib.kafka._offsets_format import encode_group, encode_offset
+from querylib.kafka._producers import ProducerStateTable
+from querylib.records import decode_batch, encode_batch, read_header, verify_batch
+
+__all__ = ["BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
+
+logger = logging.getLogger("querylib.kafka")
+
+OFFSETS: PartitionId = ("__consumer_offsets", 0)
+META_FILE = ".tq-kafka.json"
+PRODUCER_ID_BLOCK = 1000
+MAX_PARTITIONS = 10_000  # per topic created through Kafka
+_CLUSTER_ID_LABEL = b"tq kafka cluster id v1"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """A broker's Kafka listener: where it binds, what it tells clients, what it may create."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092  # 0: any free port
+    advertised_host: str | None = None  # default: host (127.0.0.1 when host is a wildcard)
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+    limits: ListenerLimits | None = None
+    group_config: GroupConfig | None = None
+    lease: float = 30.0  # of the backend's broker producer session; heartbeats every lease/3
+
+    @property
+    def advertised(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        return self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+
+
+class KafkaCluster(Protocol):
+    """The cluster as a broker's Kafka listener sees it (the catalog, under an executor)."""
+
+    async def node_id(self) -> int:
+        """This broker's id (waits until it is known)."""
+        ...
+
+    def kafka_brokers(self) -> Sequence[BrokerInfo]:
+        """Every broker with a Kafka listener, as last known."""
+        ...
+
+    async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
+        """The named topics that exist (all when None); InvalidTopicNameError for bad names."""
+        ...
+
+    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+        """Create an ingest topic with every partition on this broker; TopicExistsError."""
+        ...
+
+    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
+        """Whether a producer may append to `partition` here, creating it (TqError: no)."""
+        ...
+
+    async def placed_here(self, topic: TopicName, partition: int) -> bool:
+        """Whether the cluster places `partition` of `topic` on this broker."""
+        ...
+
+
+class StandaloneCluster:
+    """A broker alone: the topics are the partitions it hosts; it leads them all."""
+
+    def __init__(self, server: BrokerServer, config: KafkaConfig) -> None:
+        self.server = server
+        self.config = config
+        self.me = BrokerInfo(0, config.advertised, config.port)
+
+    async def node_id(self) -> int:
+        return 0
+
+    def kafka_brokers(self) -> Sequence[BrokerInfo]:
+        return (self.me,)
+
+    def _counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for topic, partition in self.server.state.partitions:
+            counts[topic] = max(counts.get(topic, 0), partition + 1)
+        return counts
+
+    async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
+        counts = self._counts()
+        wanted = sorted(counts) if names is None else list(names)
+        found = []
+        for name in wanted:
+            parsed = TopicName.parse(name)
+            count = counts.get(parsed.short)
+            if count is not None:
+                found.append(TopicInfo(name, tuple(PartitionInfo(i, 0) for i in range(count)),
+                                       internal=parsed.internal))
+        return found
+
+    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+        if name.short in self._counts():
+            raise TopicExistsError(f"topic {name.short!r} exists already")
+        for index in range(partitions):
+            await self.server.ensure_partition(name.short, index, create=True)
+        return TopicInfo(name.short, tuple(PartitionInfo(i, 0) for i in range(partitions)))
+
+    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
+        if topic.short not in self._counts():
+            raise UnknownTopicError(f"topic {topic.short!r} does not exist")
+        return create
+
+    async def placed_here(self, topic: TopicName, partition: int) -> bool:
+        return False  # hosted partitions are found before this is asked
+
+
+@dataclass
+class _Partition:
+    producers: ProducerStateTable = field(default_factory=ProducerStateTable)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # check, append, record: atomic
+
+
+class BrokerBackend:
+    """The partitions of one in-process broker, served to Kafka clients. `await open()` first."""
+
+    def __init__(self, server: BrokerServer, config: KafkaConfig, *, secret: bytes,
+                 cluster: KafkaCluster | None = None) -> None:
+        self.server = server
+        self.config = config
+        self.cluster: KafkaCluster = cluster or StandaloneCluster(server, config)
+        self._cluster_id = hmac.new(secret, _CLUSTER_ID_LABEL, hashlib.sha256).hexdigest()[:22]
+        self._me = BrokerInfo(0, config.advertised, config.port)
+        self._node: int | None = None
+        self._session = f"kafka-{uuid.uuid4().hex[:12]}"
+        self._producing: set[PartitionId] = set()
+        self._partitions: dict[PartitionId, _Partition] = {}
+        self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
+        self._store = GroupStore()
+        self._meta_lock = asyncio.Lock()
+        self._next_producer_id = self._reserved_producer_ids = 0
+        self._inflight = 0  # bytes sent to the broker, not yet acknowledged
+        self._window = asyncio.Condition()
+        self._unwatch: Any = None
+        self._heartbeats: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> BrokerBackend:
+        """Open the broker session, `__consumer_offsets`, and replay it."""
+        await self.server.submit(lambda t: OpenSession(t, self._session, self.config.lease))
+        self._heartbeats = asyncio.get_running_loop().create_task(
+            self._heartbeat_forever(), name="kafka backend session")
+        self._unwatch = self.server.on_visible(self._wake)
+        pid = await self.server.ensure_partition(*OFFSETS, create=True)
+        log = self.server.partition_log(pid)
+        end = self.server.state.partition_info(pid).log_end
+        await asyncio.get_running_loop().run_in_executor(None, self._store.replay, log, end)
+        await asyncio.get_running_loop().run_in_executor(None, self._read_meta)
+        return self
+
+    def advertise(self, port: int) -> None:
+        """Set the port clients are told (once the listener has bound)."""
+        self._me = BrokerInfo(self._me.node_id, self.config.advertised, port)
+
+    async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
+            self._heartbeats = None
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease / 3)
+            try:
+                await self.server.submit(lambda t: Heartbeat(t, self._session))
+            except TqError as exc:  # the session expired (a stalled loop): open it again
+                logger.warning("kafka backend session: %s; reopening", exc)
+                self._producing.clear()
+                await self.server.submit(lambda t: OpenSession(t, self._session,
+                                                               self.config.lease))
+
+    # ---- cluster ------------------------------------------------------------------------------
+
+    @property
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    @property
+    def controller_id(self) -> int:
+        return self._me.node_id
+
+    @property
+    def auto_create_topics(self) -> bool:
+        return self.config.auto_create_topics
+
+    async def _known(self) -> None:
+        if self._node is None:
+            self._node = await self.cluster.node_id()
+            self._me = BrokerInfo(self._node, self._me.host, self._me.port)
+
+    def brokers(self) -> Sequence[BrokerInfo]:
+        known = list(self.cluster.kafka_brokers())
+        if all(b.node_id != self._me.node_id for b in known):
+            known.append(self._me)  # the catalog may lag our own registration
+        return [self._me if b.node_id == self._me.node_id else b for b in known]
+
+    async def coordinator(self, group_id: str) -> BrokerInfo:
+        await self._known()
+        return self._me
+
+    async def topics(self, names: Sequence[str] | None = None) -> list[TopicInfo]:
+        await self._known()
+        return await self.cluster.kafka_topics(names)
+
+    async def create_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
+        topic = TopicName.parse(name)
+        if topic.internal:
+            raise ReservedTopicNameError(f"topic {name!r}: names starting with '__' are "
+                                         "reserved for tq's own topics")
+        count = self.config.default_partitions if partitions is None else partitions
+        if not 1 <= count <= MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"topic {name!r}: {count} partitions, expected 1..{MAX_PARTITIONS}")
+        await self._known()
+        return await self.cluster.create_kafka_topic(topic, count)
+
+    # ---- data ---------------------------------------------------------------------------------
+
+    async def _hosted(self, topic: str, partition: int, *, write: bool) -> PartitionId:
+        """The broker's id of a partition this broker serves, opened if the cluster places
+        it here; NotLeaderError / UnknownPartitionError / UnknownTopicError otherwise."""
+        name = TopicName.parse(topic)
+        pid = (name.short, partition)
+        if pid in self.server.state.partitions:
+            return pid
+        if write:
+            here = await self.cluster.admit(name, partition, create=self.auto_create_topics)
+        else:
+            here = await self.cluster.placed_here(name, partition)
+        if not here:
+            if await self.cluster.kafka_topics([name.short]):
+                raise NotLeaderError(f"this broker does not host {name.short}-{partition}")
+            raise UnknownPartitionError(f"topic {topic!r} has no partition {partition} here")
+        return await self.server.ensure_partition(name.short, partition, create=True)
+
+    def _partition(self, pid: PartitionId) -> _Partition:
+        part = self._partitions.get(pid)
+        if part is None:
+            part = self._partitions[pid] = _Partition()
+        return part
+
+    async def append(self, topic: str, partition: int, batches: Sequence[bytes], *,
+                     acks: int) -> AppendResult:
+        if TopicName.parse(topic).internal:
+            raise InvalidTopicError(f"topic {topic!r} is internal: clients may not write to it")
+        pid = await self._hosted(topic, partition, write=True)
+        part = self._partition(pid)
+        first: int | None = None
+        async with part.lock:
+            for batch in batches:
+                header = read_header(batch)
+                original = part.producers.check(header)
+                if original is not None:
+                    verify_batch(batch)  # acknowledge a retry only if it is intact
+                    base = original
+                else:
+                    base = await self._produce(pid, batch)
+                    part.producers.record(header, base)
+                first = base if first is None else first
+        info = self.server.state.partition_info(pid)
+        return AppendResult(first if first is not None else info.log_end, info.log_start)
+
+    async def _produce(self, pid: PartitionId, batch: bytes) -> int:
+        """Append through the broker; returns the base offset once durable. Waits while the
+        session's window is spent, so the broker never sees it overdrawn."""
+        if pid not in self._producing:
+            await self.server.submit(lambda t: OpenProducer(t, self._session, pid))
+            self._producing.add(pid)
+        window = self.server.state.limits.producer_window
+        async with self._window:
+            await self._window.wait_for(lambda: self._inflight < window)
+            self._inflight += len(batch)
+        try:
+            produced = await self.server.submit(lambda t: Produce(t, self._session, pid, batch))
+        finally:
+            async with self._window:
+                self._inflight -= len(batch)
+                self._window.notify_all()
+        return produced.base_offset
+
+    def _offsets(self, pid: PartitionId) -> PartitionOffsets:
+        info = self.server.state.partition_info(pid)
+        return PartitionOffsets(info.log_start, info.log_end, info.log_end)
+
+    async def read(self, topic: str, partition: int, offset: int,
+                   max_bytes: int) -> PartitionRead:
+        pid = await self._hosted(topic, partition, write=False)
+        offsets = self._offsets(pid)
+        if not offsets.log_start_offset <= offset <= offsets.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}-{partition} is outside "
+                f"{offsets.log_start_offset}..{offsets.high_watermark}")
+        read = PartitionRead(offsets)
+        if offset < offsets.high_watermark:
+            log = self.server.partition_log(pid)
+            chunk = log.read_slice(offset, max_bytes, end_offset=offsets.high_watermark)
+            if chunk.length:
+                read.chunks.append(chunk)
+            else:
+                chunk.close()
+        return read
+
+    async def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        return self._offsets(await self._hosted(topic, partition, write=False))
+
+    async def offset_for_timestamp(self, topic: str, partition: int,
+                                   timestamp_ms: int) -> tuple[int, int] | None:
+        pid = await self._hosted(topic, partition, write=False)
+        log = self.server.partition_log(pid)
+        high_watermark = self._offsets(pid).high_watermark
+        offset = log.offset_for_timestamp(timestamp_ms)
+        if offset is None or offset >= high_watermark:
+            return None
+        data = log.read(offset, 1, end_offset=high_watermark)
+        for record in decode_batch(data).records:
+            if record.offset >= offset:
+                return offset, record.timestamp
+        return offset, timestamp_ms
+
+    async def wait_for_data(self, positions: Sequence[tuple[str, int, int]],
+                            timeout: float) -> None:
+        watched = []
+        for topic, partition, offset in positions:
+            try:
+                pid = (TopicName.parse(topic).short, partition)
+                if self._offsets(pid).high_watermark > offset:
+                    return
+            except TqError:
+                continue
+            watched.append(pid)
+        if timeout <= 0:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for pid in watched:
+            self._waiters.setdefault(pid, set()).add(future)
+        try:
+            # With nothing to watch the fetch just waits out its max_wait, as Kafka's does.
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for pid in watched:
+                waiters = self._waiters.get(pid)
+                if waiters is not None:
+                    waiters.discard(future)
+                    if not waiters:
+                        del self._waiters[pid]
+
+    def _wake(self, pid: PartitionId) -> None:
+        for future in self._waiters.pop(pid, ()):
+            if not future.done():
+                future.set_result(None)
+
+    # ---- producer ids -------------------------------------------------------------------------
+
+    async def allocate_producer_id(self) -> int:
+        await self._known()
+        assert self._node is not None
+        async with self._meta_lock:
+            if self._next_producer_id >= self._reserved_producer_ids:
+                reserved = self._next_producer_id + PRODUCER_ID_BLOCK
+                await asyncio.get_running_loop().run_in_executor(None, self._write_meta,
+                                                                 reserved)
+                self._reserved_producer_ids = reserved
+            counter = self._next_producer_id
+            self._next_producer_id += 1
+        return self._node << 32 | counter
+
+    def _meta_path(self) -> str:
+        return os.path.join(self.server.data_dir, META_FILE)
+
+    def _read_meta(self) -> None:
+        path = self._meta_path()
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+            self._next_producer_id = self._reserved_producer_ids = int(meta["next_producer_id"])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StorageError(f"{path}: unreadable ({exc}); it holds the next producer "
+                               "id") from exc
+
+    def _write_meta(self, reserved: int) -> None:
+        """Durably record the first producer id not yet reserved (ids are never reused)."""
+        path = self._meta_path()
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"next_producer_id": reserved}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot write: {exc}") from exc
+
+    # ---- groups -------------------------------------------------------------------------------
+
+    async def store_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
+        if not offsets:
+            return
+        await self._produce(OFFSETS, encode_batch(
+            [(c.commit_timestamp, *encode_offset(group_id, c), ()) for c in offsets]))
+        self._store.committed(group_id, list(offsets))
+
+    async def committed_offsets(self, group_id: str
+                                ) -> Mapping[tuple[str, int], CommittedOffset]:
+        return dict(self._store.offsets.get(group_id, {}))
+
+    async def store_group(self, record: GroupRecord) -> None:
+        await self._produce(OFFSETS, encode_batch(
+            [(record.current_state_timestamp, *encode_group(record), ())]))
+        self._store.groups[record.group_id] = record
+
+    async def stored_groups(self) -> Sequence[GroupRecord]:
+        return list(self._store.groups.values())

@@ -1,0 +1,68 @@
+"""What `__consumer_offsets` says: committed offsets and group states, rebuilt by replaying the
+topic's records (Kafka's key/value formats) and kept current as commits are appended.
+
+Both backends (`LocalBackend`, `BrokerBackend`) hold one. Pure bookkeeping over decoded
+records; reading the log is the caller's (`replay` takes the log, reads it, and only reads).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from catalog.errors import StorageError
+from querylib.kafka._backend import CommittedOffset, GroupRecord
+from querylib.kafka._offsets_format import GroupTombstone, OffsetTombstone, decode_offsets_record
+from querylib.log import PartitionLog
+from querylib.records import iter_batches
+
+__all__ = ["GroupStore"]
+
+logger = logging.getLogger("querylib.kafka")
+
+_REPLAY_CHUNK = 4 * 1024 * 1024
+
+
+class GroupStore:
+    """Committed offsets per group and the last state of each group."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+        self.groups: dict[str, GroupRecord] = {}
+
+    def replay(self, log: PartitionLog, end: int | None = None) -> None:
+        """Apply every record of `log` below `end` (default: its end). Blocking reads."""
+        offset = log.log_start_offset
+        end = log.log_end_offset if end is None else end
+        while offset < end:
+            data = log.read(offset, _REPLAY_CHUNK, end_offset=end)
+            if not data:
+                break
+            for batch in iter_batches(data):
+                offset = batch.next_offset
+                if batch.is_control:
+                    continue
+                for record in batch.records:
+                    self.apply(record.key, record.value)
+        logger.info("replayed __consumer_offsets: %d group(s) with offsets, %d group state(s)",
+                    len(self.offsets), len(self.groups))
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        try:
+            decoded = decode_offsets_record(key, value)
+        except StorageError as exc:
+            logger.warning("__consumer_offsets: skipping a record: %s", exc)
+            return
+        if isinstance(decoded, OffsetTombstone):
+            self.offsets.get(decoded.group_id, {}).pop((decoded.topic, decoded.partition), None)
+        elif isinstance(decoded, GroupTombstone):
+            self.groups.pop(decoded.group_id, None)
+        elif isinstance(decoded, GroupRecord):
+            self.groups[decoded.group_id] = decoded
+        else:
+            group_id, committed = decoded
+            self.committed(group_id, [committed])
+
+    def committed(self, group_id: str, offsets: list[CommittedOffset]) -> None:
+        stored = self.offsets.setdefault(group_id, {})
+        for committed in offsets:
+            stored[(committed.topic, committed.partition)] = committed
