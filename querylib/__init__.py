@@ -1,8 +1,8 @@
 """The library every tq process uses: record-batch codec, partition log storage, RPC, the broker,
 the pub/sub API and the `tq` command.
 
-The user-facing API (`execute`, `Context`, `connect`, `PerWorker`, `Merge`, `Hash`, `Data`,
-`Progress`, `serdes`, ...) lives in `querylib.api` and is re-exported here lazily, so that
+The user-facing API (`execute`, `Context`, `connect`, `submit`, `PerWorker`, `Merge`, `Hash`,
+`Data`, `Progress`, `serdes`, ...) lives in `querylib.api` and is re-exported here lazily, so that
 importing a small part of querylib (the record codec, the CLI) does not load the broker and
 cluster clients.
 """
@@ -21,10 +21,12 @@ __all__ = [
     "Progress",
     "Publisher",
     "Snapshot",
+    "SubmittedQuery",
     "Subscription",
     "connect",
     "execute",
     "serdes",
+    "submit",
 ]
 
 

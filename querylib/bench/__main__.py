@@ -12,6 +12,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "records": ("querylib.bench._records",),
     "rpc": ("querylib.rpc._bench",),
     "pubsub": ("querylib.bench._pubsub",),
+    "queries": ("querylib.bench._queries",),
     "coordinator": ("querylib.bench._coordinator",),
     "kafka": ("querylib.bench._kafka",),
     "connector": ("querylib.bench._connector",),

@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     catalog.set_defaults(func=_catalog)
 
     status = sub.add_parser("status", help="executors -> queries -> publications/"
-                            "subscriptions, as a tree")
+                            "subscriptions, as a tree (or one query)")
+    status.add_argument("query", type=int, nargs="?",
+                        help="show only this query (an error if there is none)")
     status.add_argument("--json", action="store_true", help="the collections as one JSON object")
     add_cluster_options(status)
     status.set_defaults(func=_status)
@@ -184,6 +186,8 @@ def _status(args: argparse.Namespace) -> int:
                                  "publications", "subscriptions",
                                  timeout=max(args.timeout, 30.0))
         address, broker = cluster.address, cluster.catalog_broker
+    if args.query is not None:
+        return _query_status(snaps, args.query, json_out=args.json)
     if args.json:
         body = {name: [to_json(r) for r, _ in snap.records] for name, snap in snaps.items()}
         body["version"] = min(s.version for s in snaps.values())  # type: ignore[assignment]
@@ -191,6 +195,31 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     for line in render_status(snaps, address, broker):
         sys.stdout.write(line + "\n")
+    return 0
+
+
+def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> int:
+    from catalog import QueryRef, UnknownQueryError
+
+    found = [q for q, _ in snaps["queries"].records if q.query_id == query_id]
+    if not found:
+        raise UnknownQueryError(f"no query {query_id} (see `tq status` for the queries "
+                                "there are)")
+    (query,) = found
+    if json_out:
+        sys.stdout.write(json.dumps(to_json(query)) + "\n")
+        return 0
+    topics = {t.topic_id: t for t, _ in snaps["topics"].records}
+    party = QueryRef(query_id)
+    codes = ",".join("-" if c is None else str(c) for c in query.exit_codes)
+    lines = [f"query {query.query_id} {query.name} [{query.state.value}] {query.processes} x "
+             f"{query.workers} on executors {describe(query.executors)}; exit codes {codes}"
+             + (f": {query.reason}" if query.reason else "")]
+    lines += [f"  publishes {_topic_label(topics.get(p.topic_id))}"
+              for p, _ in snaps["publications"].records if p.publisher == party]
+    lines += [f"  subscribes {_topic_label(topics.get(s.topic_id))}"
+              for s, _ in snaps["subscriptions"].records if s.subscriber == party]
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 

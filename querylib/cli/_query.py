@@ -2,7 +2,8 @@
 
 Thin adapters over the cluster client. `tq logs` reads the `__logs` topic of every executor's
 broker (each executor writes its processes' lines to its own broker) and keeps the lines of
-one query, keyed `<query>/<process>`.
+one query, keyed `<query>/<process>`. A query the catalog does not know is an error (exit 2),
+for `tq logs` as for `tq kill`.
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ def log_brokers(cluster: Any, timeout: float) -> list[str]:
 
 def _logs(args: argparse.Namespace) -> int:
     from querylib.broker import Data, Subscriber
+    from querylib.cluster import find_query
 
     prefix = f"{args.query}/".encode()
     with connect(args) as cluster:
+        # An unknown query has no lines: say so rather than print nothing and succeed.
+        find_query(cluster, args.query, timeout=max(args.timeout, 30.0))
         addresses = log_brokers(cluster, max(args.timeout, 30.0))
         secret = cluster.secret
     lock = threading.Lock()

@@ -10,12 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from querylib.cli._catalog import add_cluster_options, connect
-
-# The executor's artifact cache takes no bigger pack.
-MAX_PROGRAM_BYTES = 64 * 1024 * 1024
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +57,9 @@ def _split(args: argparse.Namespace) -> list[str]:
 
 def _submit(args: argparse.Namespace) -> int:
     from catalog import UserError
+    from querylib.api._submit import MAX_PROGRAM_BYTES
     from querylib.artifacts import pack_path, sha256_hex
+    from querylib.cluster import wait_for_query_end
 
     program_args = _split(args)
     if args.executors is not None and len(args.executors) != args.processes:
@@ -84,27 +82,9 @@ def _submit(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if not args.wait:
             return 0
-        ended = wait_for_end(cluster, query.query_id)
+        ended = wait_for_query_end(cluster, query.query_id)
     print(f"query {ended.query_id} {ended.state.value}; exit codes "
           f"{list(ended.exit_codes)}{': ' + ended.reason if ended.reason else ''}",
           file=sys.stderr, flush=True)
     return 0 if ended.state.value == "finished" else 1
 
-
-def wait_for_end(cluster: Any, query_id: int) -> Any:
-    """The query's record once it ended, following the `queries` collection."""
-    from catalog import Query
-    from querylib.cluster import Diff, Snapshot
-
-    with cluster.follow("queries") as follower:
-        for event in follower:
-            if isinstance(event, Snapshot):
-                records = event.records
-            elif isinstance(event, Diff):
-                records = [(r, d) for r, d in event.updates if d > 0]
-            else:
-                continue
-            for record, _ in records:
-                if isinstance(record, Query) and record.query_id == query_id and record.ended:
-                    return record
-    raise AssertionError("the catalog follower ended")  # pragma: no cover - it follows forever

@@ -6,6 +6,7 @@
                               (topics, publications, subscriptions, brokers, executors, queries)
     follow(collection)        a catalog collection as a snapshot, then diffs (CollectionView is
                               the pure part), read from the catalog topics on the broker
+    find_query / wait_for_query_end   a query's record, now or once it ended
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
 Must not: import `coordinator` (the server imports us, not the other way round).
@@ -26,6 +27,7 @@ from querylib.cluster._errors import (
     ClusterFileError,
     NoCoordinatorError,
     QueryFailedError,
+    QueryTimeoutError,
     SessionLostError,
 )
 from querylib.cluster._follow import (
@@ -48,6 +50,7 @@ from querylib.cluster._messages import (
     SpawnProcesses,
     TopicInfo,
 )
+from querylib.cluster._queries import find_query, wait_for_query_end
 from querylib.cluster._session import AsyncCluster, default_peer
 
 __all__ = [
@@ -70,6 +73,7 @@ __all__ = [
     "ProcessLoad",
     "QueryFailedError",
     "QueryInfo",
+    "QueryTimeoutError",
     "SessionLostError",
     "SpawnProcesses",
     "Snapshot",
@@ -78,8 +82,10 @@ __all__ = [
     "default_peer",
     "read_collections",
     "discover",
+    "find_query",
     "read_cluster_file",
     "remove_cluster_file",
     "tq_home",
+    "wait_for_query_end",
     "write_cluster_file",
 ]

@@ -6,6 +6,7 @@
     │   │                        start one
     │   └── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
     ├── SessionLostError         the coordinator no longer holds our session (lease expired)
+    ├── QueryTimeoutError        a query did not end within the time we were willing to wait
     └── QueryEndedError (catalog)
         └── QueryFailedError     a submitted query failed or was killed before it ran
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from catalog.errors import QueryEndedError, TqError, UserError
 
-__all__ = ["ClusterFileError", "NoCoordinatorError", "QueryFailedError", "SessionLostError"]
+__all__ = ["ClusterFileError", "NoCoordinatorError", "QueryFailedError", "QueryTimeoutError",
+           "SessionLostError"]
 
 START_HINT = "start one with `tq coordinator` (or `tq up`)"
 
@@ -30,6 +32,12 @@ class ClusterFileError(UserError):
 class SessionLostError(TqError):
     """The coordinator dropped our session (its lease expired while we could not renew it):
     everything the session owned is gone; open a new session."""
+
+
+class QueryTimeoutError(TqError):
+    """A query we waited for has not ended yet; it goes on running (wait again, or kill it)."""
+
+    retriable = True
 
 
 class QueryFailedError(QueryEndedError):

@@ -77,8 +77,8 @@ def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
     """`late`: process 1 starts only once process 0 has created the topic, so process 0's
     workers must wait for it before moving the merged partition's frontier."""
     cluster, executor_id = agent
-    query = cluster.submit_query("numbers", "querylib/examples/numbers.py", processes=2,
-                                 workers=2, executors=(executor_id, executor_id))
+    query = cluster.submit_query("numbers", "querylib/examples/numbers_query.py",
+                                 processes=2, workers=2, executors=(executor_id, executor_id))
     topic = "merged" if merge else "numbers"
     times = 5
 
@@ -86,7 +86,8 @@ def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
         env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
                               "TQ_PROCESS_INDEX": str(process), "TQ_PROCESS_COUNT": "2",
                               "TQ_WORKERS": "2"}
-        args = ["-m", "querylib.examples.numbers", "--topic", topic, "--times", str(times)]
+        args = ["-m", "querylib.examples.numbers_query", "--topic", topic,
+                "--times", str(times)]
         return processes.python(*args, *(["--merge"] if merge else []), env=env, cwd=ROOT,
                                 stderr=subprocess.PIPE, text=True)
 
@@ -212,8 +213,8 @@ def test_publications_and_subscriptions_live_in_the_catalog(coordinator: Coordin
 def test_a_directly_run_job_is_a_one_process_query(processes: Processes, home: Path,
                                                    coordinator: CoordinatorProcess) -> None:
     env = tq_env(home) | {"TQ_WORKERS": "2"}
-    job = processes.python("-m", "querylib.examples.numbers", "--topic", "solo", "--times", "2",
-                           env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    job = processes.python("-m", "querylib.examples.numbers_query", "--topic", "solo",
+                           "--times", "2", env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     with querylib.connect() as ctx, ctx.subscribe("solo", timeout=60) as sub:
         sums, frontiers, partitions = _drain(sub)
     assert job.wait(timeout=60) == 0, job.stderr.read()  # type: ignore[union-attr]

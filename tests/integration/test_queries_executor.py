@@ -8,26 +8,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from catalog import InvalidCommandError, Query
+from catalog import InvalidCommandError
 from querylib.cluster import Cluster
-from tests.conftest import free_port, wait_for
-from tests.coordinator._cluster import ROOT, tq_env
+from tests.conftest import wait_for
+from tests.coordinator._cluster import ROOT
+from tests.integration._up import SLOTS, Up
 
 pytestmark = pytest.mark.timeout(180)
-
-SLOTS = 3
 
 SUBSCRIBER = textwrap.dedent('''
     import sys
@@ -59,50 +54,6 @@ SLEEPER = textwrap.dedent('''
 ''')
 
 
-class Up:
-    """A `tq up` child process and the tq commands run against it."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = tq_env(home)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "querylib.cli", "up", "--listen",
-             f"tcp://127.0.0.1:{free_port()}", "--slots", str(SLOTS), "--grace", "2"],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
-        wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
-                 timeout=60, what="tq up to write cluster.json")
-        assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
-        self.info = json.loads((home / "cluster.json").read_text())
-
-    def tq(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "querylib.cli", *args], env=self.env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-    def submit(self, program: Path, *args: str) -> int:
-        done = self.tq("submit", str(program), *args)
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.split()[0])
-
-    def query(self, query_id: int) -> Query:
-        (query,) = [q for q in _all_queries(self) if q.query_id == query_id]
-        return query
-
-    def ended(self, query_id: int) -> Query:
-        return wait_for(lambda: (q := self.query(query_id)).ended and q, timeout=120,
-                        interval=0.1, what=f"query {query_id} to end")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.proc.stderr.close()  # type: ignore[union-attr]
-
-
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     running = Up(tmp_path_factory.mktemp("tq-up"))
@@ -126,9 +77,8 @@ def _pids(directory: Path, count: int) -> list[int]:
 
 
 def test_numbers_and_a_subscriber_run_to_the_end(up: Up) -> None:
-    # A program called numbers.py would shadow the stdlib `numbers` module it imports.
-    numbers = up.home / "numbers_job.py"
-    shutil.copy(ROOT / "querylib" / "examples" / "numbers.py", numbers)
+    # The shipped example itself, run as a file (its folder is sys.path[0]).
+    numbers = ROOT / "querylib" / "examples" / "numbers_query.py"
     subscriber = _program(up, "sum_job.py", SUBSCRIBER)
     reader = up.submit(subscriber, "--", "nums")
     writer = up.submit(numbers, "--processes", "2", "--workers", "2", "--wait", "--",
@@ -140,6 +90,10 @@ def test_numbers_and_a_subscriber_run_to_the_end(up: Up) -> None:
     logs = up.tq("logs", str(reader))
     assert logs.returncode == 0, logs.stderr
     assert f"[0] total {sum(range(400))}" in logs.stdout.splitlines()
+    status = up.tq("status", str(writer))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"query {writer} numbers_query [finished] 2 x 2 on "
+                                    "executors 1,1; exit codes 0,0"), status.stdout
 
 
 def test_kill_terminates_the_processes(up: Up) -> None:
@@ -168,7 +122,7 @@ def test_a_failed_spawn_reaches_the_submitter(up: Up) -> None:
                  str(pids_dir))
     assert done.returncode != 0
     assert "NoFreeSlotsError" in done.stderr and "could not start" in done.stderr, done.stderr
-    (query,) = [q for q in _all_queries(up) if q.program.startswith("sha256:")
+    (query,) = [q for q in up.queries() if q.program.startswith("sha256:")
                 and q.name == "sleeper2"]
     ended = up.ended(query.query_id)
     assert ended.state.value == "failed" and "NoFreeSlotsError" in ended.reason
@@ -191,13 +145,6 @@ def test_a_sigkilled_process_fails_its_query(up: Up) -> None:
     assert -signal.SIGKILL in ended.exit_codes
 
 
-def _all_queries(up: Up) -> list[Any]:
-    with Cluster.connect(up.info["coordinator"], secret_file=up.info["secret_file"],
-                         session=False) as cluster:
-        return [q for q, _ in cluster.snapshot("queries")["queries"].records
-                if isinstance(q, Query)]
-
-
 def test_uploads_are_checked_against_their_digest(up: Up) -> None:
     with Cluster.connect(up.info["coordinator"], secret_file=up.info["secret_file"]) as cluster:
         with pytest.raises(InvalidCommandError, match="hashes to"):
@@ -215,3 +162,11 @@ def test_topic_create(up: Up) -> None:
     listed = up.tq("topics", "--json")
     (topic,) = [t for t in map(json.loads, listed.stdout.splitlines()) if "feed" in str(t)]
     assert topic["partitions"] == 3
+
+
+@pytest.mark.parametrize("command", [["logs"], ["kill"], ["status"], ["status", "--json"]])
+def test_an_unknown_query_is_an_error(up: Up, command: list[str]) -> None:
+    done = up.tq(*command[:1], "424242", *command[1:])
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip().startswith("tq: error: no query 424242"), done.stderr
+    assert done.stdout == ""

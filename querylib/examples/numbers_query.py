@@ -1,10 +1,12 @@
 """The thesis' `numbers` query: worker i publishes i*100 .. (i+1)*100, spread over logical
 times, as topic `numbers` (PerWorker: one partition per worker; `--merge`: one partition).
 
-    python -m querylib.examples.numbers [--topic numbers] [--merge] [--times 10]
+    python -m querylib.examples.numbers_query [--topic numbers] [--merge] [--times 10]
 
 Run directly it is a one-process query; under an executor (or with TQ_* set) every process
 and worker takes part. Worker i sends number n at time n mod `times`, then advances to `times`.
+(Named numbers_query, not numbers: run as a program, its folder is sys.path[0], where a
+numbers.py would shadow the stdlib `numbers` module.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,72 @@
+"""The main of a program built by `querylib.submit`: unpickle the submitted function and run it
+under `querylib.execute` (DESIGN §6, §11 "Submitting functions").
+
+The program pack holds three files: `__main__.py` (two lines that call `main()` here),
+`submitted.json` (the submitter's Python version, the function's name, the pickle's sha256) and
+`function.pkl` (cloudpickle of `(fn, args, kwargs)`). The executor runs `__main__.py` with the
+TQ_* environment, so `execute` makes this process one process of the submitted query.
+
+Unpickling runs arbitrary code: it is done only for a pack the coordinator accepted over an
+authenticated session, i.e. code a cluster member chose to submit (as `tq submit` runs any
+program). Must not: be imported by anything but that `__main__.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FUNCTION_FILE", "MAIN_SOURCE", "META_FILE", "main"]
+
+FUNCTION_FILE = "function.pkl"
+META_FILE = "submitted.json"
+MAIN_SOURCE = ("# Built by querylib.submit: runs the pickled function under querylib.execute.\n"
+               "import sys\n"
+               "from querylib.api._runner import main\n\n"
+               "sys.exit(main())\n")
+
+# Exit code of a program that cannot even load its function (2: the usual "bad invocation").
+_LOAD_FAILED = 2
+
+
+def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+    """(fn, args, kwargs, name) from the pack in `folder`; SystemExit with one line if the pack
+    does not fit this interpreter."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+        blob = (folder / FUNCTION_FILE).read_bytes()
+    except (OSError, ValueError) as exc:
+        raise _fail(f"not a querylib.submit program: {exc}") from exc
+    python = tuple(meta.get("python", ()))
+    if python != tuple(sys.version_info[:2]):
+        # cloudpickle's code objects only load on the Python version that made them.
+        raise _fail(f"the function was pickled on Python {'.'.join(map(str, python))}, this "
+                    f"executor runs Python {sys.version_info[0]}.{sys.version_info[1]}")
+    if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+        raise _fail(f"{FUNCTION_FILE} does not match its recorded sha256")
+    try:
+        fn, args, kwargs = pickle.loads(blob)  # noqa: S301 - see the module docstring
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's to read
+        raise _fail(f"cannot unpickle {meta.get('name', 'the function')}: "
+                    f"{type(exc).__name__}: {exc}") from exc
+    return fn, tuple(args), dict(kwargs), str(meta.get("name", "function"))
+
+
+def _fail(message: str) -> SystemExit:
+    print(f"querylib.submit: {message}", file=sys.stderr, flush=True)
+    return SystemExit(_LOAD_FAILED)
+
+
+def main(folder: str | Path | None = None) -> int:
+    """Load the function next to `__main__.py` and run `fn(ctx, *args, **kwargs)` on every
+    worker of this process. Returns 0; a worker's exception propagates (exit code 1)."""
+    import querylib
+
+    here = Path(folder) if folder is not None else Path(sys.argv[0]).resolve().parent
+    fn, args, kwargs, _ = _load(here)
+    querylib.execute(lambda ctx: fn(ctx, *args, **kwargs))
+    return 0

@@ -1,0 +1,172 @@
+"""`querylib.submit(fn, ...)`: run a Python function as a query, from a script or a notebook.
+
+    def count(ctx, limit):
+        with ctx.publish("counts") as out:
+            out.send(0, range(ctx.index, limit, ctx.peers))
+            out.advance_to(1)
+
+    with querylib.submit(count, processes=2, workers=2, args=(1000,)) as query:
+        print(query.wait().state)
+
+The function is pickled with cloudpickle and packed with a small runner (`_runner.py`) into a
+program, uploaded as `tq submit` uploads a program file (content-addressed, over the
+submitter's authenticated session), and run by the executors like any other program: each
+process calls `fn(ctx, *args, **kwargs)` once per worker under `querylib.execute`.
+
+Security: pickle runs arbitrary code when it is loaded. That is what submitting a query means
+anyway (the executor runs whatever program a cluster member submits), and only packs uploaded
+over a session signed with the cluster secret reach an executor; never unpickle anything else.
+Must not: decide placement or start processes (the coordinator and executors do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import cloudpickle
+
+from catalog import Query
+from catalog.errors import UserError
+from querylib.artifacts import pack_path, sha256_hex
+from querylib.cluster import Cluster, find_query, wait_for_query_end
+
+from ._runner import FUNCTION_FILE, MAIN_SOURCE, META_FILE
+
+__all__ = ["MAX_PROGRAM_BYTES", "SubmittedQuery", "build_program", "submit"]
+
+# The executor's artifact cache takes no bigger pack.
+MAX_PROGRAM_BYTES = 64 * 1024 * 1024
+
+# cloudpickle's by-value registry is process-wide: one submit at a time may change it.
+_BY_VALUE_LOCK = threading.Lock()
+
+
+def _pickle(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+            by_value: Iterable[ModuleType]) -> bytes:
+    modules = [m for m in by_value]
+    with _BY_VALUE_LOCK:
+        added = []
+        try:
+            for module in modules:
+                try:
+                    cloudpickle.register_pickle_by_value(module)
+                    added.append(module)
+                except ValueError:  # already registered by the caller: leave it so
+                    pass
+            return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        except Exception as exc:  # noqa: BLE001 - pickling errors vary by object
+            raise UserError(f"cannot pickle {_name(fn)} with its arguments: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            for module in added:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def build_program(fn: Callable[..., Any], args: tuple[Any, ...] = (),
+                  kwargs: Mapping[str, Any] | None = None, *,
+                  by_value: Iterable[ModuleType] = ()) -> bytes:
+    """The program pack that runs `fn(ctx, *args, **kwargs)` on every worker: `__main__.py`,
+    `submitted.json` and `function.pkl` (see `_runner`). UserError if it cannot be pickled."""
+    if not callable(fn):
+        raise UserError(f"submit needs a function taking a Context, not {type(fn).__name__}")
+    blob = _pickle(fn, args, kwargs or {}, by_value)
+    meta = {"name": _name(fn), "python": list(sys.version_info[:2]),
+            "sha256": hashlib.sha256(blob).hexdigest()}
+    with tempfile.TemporaryDirectory(prefix="tq-submit-") as folder:
+        root = Path(folder)
+        (root / "__main__.py").write_text(MAIN_SOURCE)
+        (root / META_FILE).write_text(json.dumps(meta, sort_keys=True) + "\n")
+        (root / FUNCTION_FILE).write_bytes(blob)
+        return pack_path(root, max_bytes=MAX_PROGRAM_BYTES)
+
+
+class SubmittedQuery:
+    """A query started by `submit`: its id, its catalog record, waiting for its end, killing
+    it. Holds a coordinator session until closed (the query itself does not depend on it)."""
+
+    def __init__(self, cluster: Cluster, query: Query, *, owns_cluster: bool = True) -> None:
+        self.cluster = cluster
+        self.query_id = query.query_id
+        self.name = query.name
+        self.query = query  # the latest record this handle saw
+        self._owns_cluster = owns_cluster
+
+    def info(self) -> Query:
+        """The query's current catalog record."""
+        self.query = find_query(self.cluster, self.query_id)
+        return self.query
+
+    def wait(self, timeout: float | None = None) -> Query:
+        """The query's record once it ended: `state` finished, failed or killed, and
+        `exit_codes` per process. QueryTimeoutError after `timeout` seconds (it runs on)."""
+        self.query = wait_for_query_end(self.cluster, self.query_id, timeout=timeout)
+        return self.query
+
+    def kill(self, reason: str = "killed by querylib.submit") -> Query:
+        """Kill every process of the query (TERM, then KILL after the executor's grace)."""
+        return self.cluster.kill_query(self.query_id, reason)
+
+    def close(self) -> None:
+        """Close the session this handle holds (the query goes on). Idempotent."""
+        if self._owns_cluster:
+            self.cluster.close()
+
+    def __enter__(self) -> SubmittedQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SubmittedQuery(query_id={self.query_id}, name={self.name!r})"
+
+
+def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
+           name: str | None = None, args: tuple[Any, ...] = (),
+           kwargs: Mapping[str, Any] | None = None, wait: bool = False,
+           executors: tuple[int, ...] | None = None, start_timeout: float = 120.0,
+           by_value: Iterable[ModuleType] = (), coordinator: str | None = None,
+           secret_file: str | None = None, cluster: Cluster | None = None) -> SubmittedQuery:
+    """Run `fn(ctx, *args, **kwargs)` as a query of `processes` x `workers` workers.
+
+    Returns once every process has registered (the query runs), or raises QueryFailedError
+    with the reason it could not start; with `wait=True` it returns once the query ended
+    (`handle.query` is then its final record). `executors` pins process i to an executor.
+    Functions of `__main__` (a script, a notebook) travel by value; name other modules whose
+    functions should too in `by_value` (else executors import them by name). The arguments
+    travel in the same pickle. Pickle runs code when loaded: submit only what you would run.
+    Uses `cluster` if given (left open), else connects (discovery as in DESIGN §9)."""
+    if processes < 1 or workers < 1:
+        raise UserError("a query has at least one process of at least one worker")
+    if executors is not None and len(executors) != processes:
+        raise UserError(f"executors names {len(executors)} executors for {processes} "
+                        "processes: pin every process or none")
+    pack = build_program(fn, args, kwargs, by_value=by_value)
+    owns = cluster is None
+    if cluster is None:
+        cluster = Cluster.connect(coordinator, secret_file=secret_file)
+    try:
+        source = cluster.upload_artifact(sha256_hex(pack), pack)
+        query = cluster.submit_query(
+            name or getattr(fn, "__name__", "function"), source, processes=processes,
+            workers=workers, executors=executors, wait=True, timeout=start_timeout)
+        handle = SubmittedQuery(cluster, query, owns_cluster=owns)
+        if wait:
+            handle.wait()
+    except BaseException:
+        if owns:
+            cluster.close()
+        raise
+    return handle

@@ -1,0 +1,177 @@
+"""Queries on `tq up`, end to end: `python -m querylib.bench queries` (`scripts/bench queries`).
+
+Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
+- queries_submit_to_running: a 4-process query (one worker each) of a function that returns
+  at once, submitted with `querylib.submit` to a `tq up` with 4 slots; the time from the
+  submit request until its reply says every process registered (the query runs): spawning,
+  interpreter start, `import querylib`, the session and the registration barrier. Median and
+  spread of a few runs; the upload (`submit` with the pickling and packing) is reported beside.
+  Goal: median <= 1 s.
+- queries_pubsub_throughput: a publisher query sends 100-byte records (serde `bytes`, batches
+  of 1000 records per logical time, PerWorker) to a subscriber query on the same `tq up`; the
+  subscriber counts records from its first Data event to the last. Baseline: the broker-level
+  figures of `python -m querylib.bench pubsub` measured in the same run: the record API on
+  both ends (`pubsub_throughput_codec`, the like-for-like figure: per-record Producer.send and
+  decoding) and pre-built batches (`pubsub_throughput`). Goal: >= 0.8x the record-API figure.
+
+All processes share this machine's cores; nothing here asserts the numbers.
+Must not: leave a `tq up` or its processes behind (everything started is stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+RECORD_BYTES = 100
+BATCH_RECORDS = 1000
+
+
+def _idle(ctx: Any) -> None:
+    """The submitted function of the latency runs: registering is all it does."""
+
+
+def _publish(ctx: Any, topic: str, records: int) -> None:
+    value = bytes(RECORD_BYTES)
+    batch = [value] * BATCH_RECORDS
+    with ctx.publish(topic, serde="bytes") as out:
+        for t in range(records // BATCH_RECORDS):
+            out.send(t, batch)
+        out.advance_to(records // BATCH_RECORDS)
+
+
+def _count(ctx: Any, topic: str, records: int, result: str) -> None:
+    import querylib
+
+    seen, first = 0, None
+    with ctx.subscribe(topic, serde="bytes", timeout=120) as sub:
+        for event in sub:
+            if isinstance(event, querylib.Data):
+                first = first or time.perf_counter()
+                seen += len(event.records)
+                if seen >= records:
+                    break
+    elapsed = time.perf_counter() - (first or time.perf_counter())
+    Path(result).write_text(json.dumps({"records": seen, "seconds": elapsed}))
+
+
+class _Up:
+    """`tq up` in a temporary TQ_HOME, stopped (and its folder removed) on close."""
+
+    def __init__(self, slots: int) -> None:
+        from querylib.bench._pubsub import _free_port
+
+        self.home = Path(tempfile.mkdtemp(prefix="tq-bench-queries-"))
+        env = dict(os.environ, TQ_HOME=str(self.home))
+        env.pop("TQ_COORDINATOR", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "querylib.cli", "up", "--data", str(self.home / "data"),
+             "--listen", f"tcp://127.0.0.1:{_free_port()}", "--slots", str(slots)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        deadline = time.monotonic() + 120
+        info = self.home / "cluster.json"
+        while not info.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("tq up did not start")
+            time.sleep(0.05)
+        found = json.loads(info.read_text())
+        self.coordinator, self.secret_file = found["coordinator"], found["secret_file"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def submit_to_running(up: _Up, runs: int = 5, processes: int = 4) -> dict[str, Any]:
+    from querylib import submit
+    from querylib.api._submit import build_program
+    from querylib.artifacts import sha256_hex
+    from querylib.cluster import Cluster, wait_for_query_end
+
+    with Cluster.connect(up.coordinator, secret_file=up.secret_file) as cluster:
+        pack = build_program(_idle)
+        source = cluster.upload_artifact(sha256_hex(pack), pack)
+        seconds = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            query = cluster.submit_query("idle", source, processes=processes, wait=True,
+                                         timeout=120)
+            seconds.append(time.perf_counter() - started)
+            wait_for_query_end(cluster, query.query_id, timeout=120)
+        started = time.perf_counter()
+        handle = submit(_idle, processes=processes, cluster=cluster)
+        with_upload = time.perf_counter() - started
+        handle.wait(timeout=120)
+    median = statistics.median(seconds)
+    return {
+        "name": "queries_submit_to_running",
+        "figures": {"processes": processes, "runs": runs, "median_s": round(median, 3),
+                    "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3),
+                    "submit_with_upload_s": round(with_upload, 3)},
+        "baseline": None,
+        "ratio": None,
+        "goal": "median <= 1 s",
+    }
+
+
+def query_throughput(up: _Up, records: int) -> dict[str, Any]:
+    from querylib import submit
+    from querylib.cluster import Cluster
+
+    result = up.home / "count.json"
+    topic = f"bench-{time.time_ns()}"  # a fresh topic per run: an ended stream stays ended
+    with Cluster.connect(up.coordinator, secret_file=up.secret_file) as cluster:
+        reader = submit(_count, args=(topic, records, str(result)), cluster=cluster,
+                        name="count")
+        writer = submit(_publish, args=(topic, records), cluster=cluster, name="publish")
+        ends = [writer.wait(timeout=600), reader.wait(timeout=600)]
+    if any(q.state.value != "finished" for q in ends):
+        raise RuntimeError(f"a benchmark query did not finish: {ends}")
+    counted = json.loads(result.read_text())
+    seconds = max(counted["seconds"], 1e-9)
+    return {"records": counted["records"], "records_per_s": counted["records"] / seconds}
+
+
+def run(records: int = 500_000) -> Iterator[dict[str, Any]]:
+    from querylib.bench import _pubsub
+
+    broker = {row["name"]: row["figures"]["records_per_s"]
+              for row in _pubsub.throughput(batches=records // BATCH_RECORDS * 2)}
+    up = _Up(slots=4)
+    try:
+        latency = submit_to_running(up)
+        latency["figures"]["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        yield latency
+        through = query_throughput(up, records)
+    finally:
+        up.close()
+    codec = broker["pubsub_throughput_codec"]
+    yield {
+        "name": "queries_pubsub_throughput",
+        "figures": {"records_per_s": round(through["records_per_s"]),
+                    "records": through["records"], "record_bytes": RECORD_BYTES,
+                    "batch_records": BATCH_RECORDS, "serde": "bytes",
+                    "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "baseline": {"pubsub_throughput_codec_records_per_s": codec,
+                     "pubsub_throughput_records_per_s": broker["pubsub_throughput"]},
+        "ratio": round(through["records_per_s"] / codec, 3),
+        "goal": ">= 0.8x the broker-level record-API figure (pubsub_throughput_codec)",
+    }

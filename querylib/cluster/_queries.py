@@ -1,0 +1,55 @@
+"""Looking up queries in the catalog and waiting for one to end, for `querylib.submit`'s handle
+and the `tq submit/logs/kill/status` commands.
+
+Both read the `queries` collection (a snapshot, then diffs) from the catalog topics, so they
+open no session and change nothing. Must not: ask the coordinator to act on a query.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from catalog import Query, UnknownQueryError
+
+from ._errors import QueryTimeoutError
+from ._follow import Diff, Snapshot
+
+__all__ = ["find_query", "wait_for_query_end"]
+
+
+def find_query(cluster: Any, query_id: int, *, timeout: float = 30.0) -> Query:
+    """The catalog's record of query `query_id`; UnknownQueryError if there is none."""
+    snapshot = cluster.snapshot("queries", timeout=timeout)["queries"]
+    for record, _ in snapshot.records:
+        if isinstance(record, Query) and record.query_id == query_id:
+            return record
+    raise UnknownQueryError(f"no query {query_id} (see `tq status` for the queries there are)")
+
+
+def wait_for_query_end(cluster: Any, query_id: int, *, timeout: float | None = None) -> Query:
+    """The query's record once it has ended (finished, failed or killed), following the
+    `queries` collection of a blocking Cluster. UnknownQueryError if the catalog has no such
+    query; QueryTimeoutError if it has not ended within `timeout` seconds (None: forever)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    known = False
+    with cluster.follow("queries") as follower:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise QueryTimeoutError(f"query {query_id} has not ended within {timeout:g}s")
+            event = follower.next_event(left)
+            if isinstance(event, Snapshot):
+                updates = event.records
+            elif isinstance(event, Diff):
+                updates = [(r, d) for r, d in event.updates if d > 0]
+            else:
+                continue
+            for record, _ in updates:
+                if isinstance(record, Query) and record.query_id == query_id:
+                    known = True
+                    if record.ended:
+                        return record
+            if isinstance(event, Snapshot) and not known:
+                # Ids are never reused and the snapshot is at least as new as our question.
+                raise UnknownQueryError(f"no query {query_id}")

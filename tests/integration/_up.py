@@ -1,0 +1,68 @@
+"""A real `tq up` child process (coordinator + executor agent in one process) and the `tq`
+commands run against it, for integration tests of queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from catalog import Query
+from querylib.cluster import Cluster
+from tests.conftest import free_port, wait_for
+from tests.coordinator._cluster import ROOT, tq_env
+
+SLOTS = 3
+
+
+class Up:
+    """A `tq up` child process and the tq commands run against it."""
+
+    def __init__(self, home: Path, *, slots: int = SLOTS) -> None:
+        self.home = home
+        self.env = tq_env(home)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "querylib.cli", "up", "--listen",
+             f"tcp://127.0.0.1:{free_port()}", "--slots", str(slots), "--grace", "2"],
+            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True)
+        wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
+                 timeout=60, what="tq up to write cluster.json")
+        assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
+        self.info = json.loads((home / "cluster.json").read_text())
+
+    def tq(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "querylib.cli", *args], env=self.env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+    def submit(self, program: Path, *args: str) -> int:
+        done = self.tq("submit", str(program), *args)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[0])
+
+    def query(self, query_id: int) -> Query:
+        (query,) = [q for q in self.queries() if q.query_id == query_id]
+        return query
+
+    def ended(self, query_id: int) -> Query:
+        return wait_for(lambda: (q := self.query(query_id)).ended and q, timeout=120,
+                        interval=0.1, what=f"query {query_id} to end")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc.stderr.close()  # type: ignore[union-attr]
+
+    def queries(self) -> list[Query]:
+        with Cluster.connect(self.info["coordinator"], secret_file=self.info["secret_file"],
+                             session=False) as cluster:
+            return [q for q, _ in cluster.snapshot("queries")["queries"].records
+                    if isinstance(q, Query)]

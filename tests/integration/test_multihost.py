@@ -1,0 +1,226 @@
+"""Three hosts in network namespaces (needs root and `ip netns`; skipped otherwise): a
+coordinator in one, an executor in each of two others, linked by veth pairs to a bridge in the
+coordinator's namespace. A query runs across both executors; cutting one executor's link
+fails the query and kills its processes on both hosts (the cut executor kills its own when
+its lease runs out and exits; the coordinator kills the rest). Once the link is back, the
+executor started again on that host (as a service manager would restart it) joins with a new
+session and runs a new query.
+
+Everything lives inside the namespaces the test creates (nothing touches the host's network);
+they are deleted in a finally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import Processes, free_port, wait_for
+from tests.coordinator._cluster import ROOT, tq_env
+
+pytestmark = pytest.mark.timeout(240)
+
+LEASE = 2.0
+SUBNET = "10.199.7"
+
+SLEEPER = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+    import querylib
+
+    def main(ctx):
+        name = f"{os.environ['TQ_EXECUTOR_ID']}-{os.getpid()}"
+        Path(sys.argv[1], name).write_text("")
+        while True:
+            time.sleep(0.2)
+
+    querylib.execute(main)
+''')
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _netns_works() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = f"tqprobe{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+    except (subprocess.CalledProcessError, OSError):
+        return False
+    _ip("netns", "del", probe)
+    return True
+
+
+class Hosts:
+    """Namespaces `c` (coordinator, with the bridge), `a` and `b`, on SUBNET.0/24."""
+
+    def __init__(self) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.ns = {name: f"tq{name}{tag}" for name in "cab"}
+        self.address = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
+        self.link = {name: f"tq{name}{tag}" for name in "ab"}  # the bridge side, in `c`
+        self.created: list[str] = []
+
+    def create(self) -> Hosts:
+        c = self.ns["c"]
+        for ns in self.ns.values():
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", c, "link", "add", "br0", "type", "bridge")
+        _ip("-n", c, "addr", "add", f"{self.address['c']}/24", "dev", "br0")
+        _ip("-n", c, "link", "set", "br0", "up")
+        for name in "ab":
+            ns, outer = self.ns[name], self.link[name]
+            _ip("-n", c, "link", "add", outer, "type", "veth", "peer", "name", "eth0",
+                "netns", ns)
+            _ip("-n", c, "link", "set", outer, "master", "br0")
+            _ip("-n", c, "link", "set", outer, "up")
+            _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+        return self
+
+    def set_link(self, name: str, up: bool) -> None:
+        _ip("-n", self.ns["c"], "link", "set", self.link[name], "up" if up else "down")
+
+    def argv(self, host: str, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[host], sys.executable, *args]
+
+    def delete(self) -> None:
+        for ns in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def hosts(processes: Processes) -> Iterator[Hosts]:
+    if not _netns_works():
+        pytest.skip("needs root and working `ip netns`")
+    made = Hosts()
+    try:
+        yield made.create()
+    finally:
+        processes.stop_all()  # before the namespaces go: nothing may be left inside them
+        made.delete()
+
+
+class Cluster:
+    """The coordinator and executors of `hosts`, and `tq` commands run on host `c`."""
+
+    def __init__(self, hosts: Hosts, processes: Processes, home: Path) -> None:
+        self.hosts, self.processes, self.home = hosts, processes, home
+        self.env = tq_env(home)
+        self.port = free_port()
+        self.coordinator = f"tcp://{hosts.address['c']}:{self.port}"
+        processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
+                                   str(home / "coordinator"), "--listen", self.coordinator,
+                                   "--broker-listen", f"tcp://{hosts.address['c']}:"
+                                   f"{free_port()}"),
+                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+        wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
+                 what="the coordinator to start")
+
+    def executor(self, host: str) -> subprocess.Popen[Any]:
+        return self.processes.start(
+            self.hosts.argv(host, "-m", "querylib.cli", "executor", "--coordinator",
+                            self.coordinator, "--data", str(self.home / f"executor-{host}"),
+                            "--host", f"host-{host}", "--slots", "2", "--lease", str(LEASE),
+                            "--grace", "1", "--broker-listen",
+                            f"tcp://{self.hosts.address[host]}:{free_port()}"),
+            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+
+    def tq(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.hosts.argv("c", "-m", "querylib.cli", *args,
+                                              "--coordinator", self.coordinator),
+                              env=self.env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+
+    def status(self) -> dict[str, Any]:
+        done = self.tq("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def executors(self) -> dict[str, int]:
+        """host name -> executor id, of the executors registered now."""
+        return {e["host"]: e["executor_id"] for e in self.status()["executors"]}
+
+    def query(self, query_id: int) -> dict[str, Any]:
+        done = self.tq("status", str(query_id), "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def submit(self, program: Path, executors: list[int], *args: str) -> int:
+        pins = [arg for e in executors for arg in ("--executor", str(e))]
+        done = self.tq("submit", str(program), "--processes", str(len(executors)), *pins,
+                       "--", *args)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[0])
+
+
+def _pids(folder: Path, count: int) -> dict[int, int]:
+    """executor id -> pid of the processes that wrote their marker into `folder`."""
+    names = wait_for(lambda: len(found := list(folder.iterdir())) >= count and found,
+                     timeout=60, what=f"{count} query processes to start")
+    return dict(tuple(map(int, p.name.split("-"))) for p in names)  # type: ignore[union-attr]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_query_across_two_hosts_survives_a_cut_link_cleanly(
+        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    cluster = Cluster(hosts, processes, tmp_path)
+    cluster.executor("a")
+    cut = cluster.executor("b")
+    ids = wait_for(lambda: len(e := cluster.executors()) == 2 and e, timeout=60,
+                   interval=0.2, what="both executors to register")
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER)
+    first = tmp_path / "first"
+    first.mkdir()
+    query_id = cluster.submit(program, [ids["host-a"], ids["host-b"]], str(first))
+    pids = _pids(first, 2)
+    assert set(pids) == {ids["host-a"], ids["host-b"]}
+    assert cluster.query(query_id)["state"] == "running"
+
+    hosts.set_link("b", up=False)
+    query = wait_for(lambda: (q := cluster.query(query_id))["state"] != "running" and q,
+                     timeout=LEASE * 10, interval=0.2, what="the query to fail")
+    assert query["state"] == "failed" and f"lost executor {ids['host-b']}" in query["reason"]
+    wait_for(lambda: all(_gone(p) for p in pids.values()), timeout=30,
+             what="the query's processes on both hosts to be killed")
+    assert cut.wait(timeout=30) != 0  # it lost the coordinator and stopped
+    assert "lost the coordinator" in cut.stderr.read()  # type: ignore[union-attr]
+
+    hosts.set_link("b", up=True)
+    cluster.executor("b")
+    rejoined = wait_for(lambda: (e := cluster.executors()).get("host-b") not in
+                        (None, ids["host-b"]) and e, timeout=60, interval=0.2,
+                        what="host b's executor to rejoin")
+    assert rejoined["host-a"] == ids["host-a"]
+    second = tmp_path / "second"
+    second.mkdir()
+    again = cluster.submit(program, [rejoined["host-b"]], str(second))
+    assert set(_pids(second, 1)) == {rejoined["host-b"]}
+    assert cluster.query(again)["state"] == "running"
+    killed = cluster.tq("kill", str(again))
+    assert killed.returncode == 0, killed.stderr
