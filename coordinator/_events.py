@@ -71,6 +71,7 @@ class Bootstrap:
     host: str
     address: str
     wall_ms: int
+    kafka_address: str = ""  # HOST:PORT of its Kafka listener (the group coordinator), or ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from catalog import StorageError
 from querylib.cluster import ClusterInfo, remove_cluster_file, write_cluster_file
@@ -32,13 +33,15 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
                     home: str | None = None,
                     on_ready: Callable[[Coordinator], None] | None = None,
                     attach: Attach | None = None,
-                    amend: Callable[[ClusterInfo], ClusterInfo] | None = None) -> int:
+                    amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
+                    kafka: Any = None) -> int:
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
     `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
     `attach(coordinator)` returns the coroutine function that stops what it started, run
-    before the coordinator closes."""
+    before the coordinator closes. `kafka` (a querylib.kafka.KafkaConfig) opens the Kafka
+    listener of its broker: the cluster's group coordinator."""
     return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
-                              home, on_ready, attach, amend))
+                              home, on_ready, attach, amend, kafka))
 
 
 Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
@@ -48,13 +51,14 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  broker_listen: str | None, config: CoordinatorConfig | None, home: str | None,
                  on_ready: Callable[[Coordinator], None] | None,
                  attach: Attach | None,
-                 amend: Callable[[ClusterInfo], ClusterInfo] | None = None) -> int:
+                 amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
+                 kafka: Any = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     coordinator = Coordinator(data_dir, secret, listen=listen, broker_listen=broker_listen,
-                              config=config)
+                              config=config, kafka=kafka)
     wrote = False
     detach: Callable[[], Awaitable[None]] | None = None
     try:

@@ -14,22 +14,26 @@ as `Tick`. The shell decides nothing the core decides, and owns every task it st
 ticker, the writer's tasks, the embedded broker, the RPC server.
 
 Start-up order: read the catalog topics straight from the broker's data directory (before the
-broker opens them), start the broker, append recovery's compensation and wait for it, then
-bootstrap (register this broker, create missing catalog topics), then listen.
+broker opens them), start the broker, append recovery's compensation and wait for it, open the
+broker's Kafka listener (the cluster's group coordinator, coordinator/_kafka.py) when asked,
+on the previous run's port when "any free port" was asked and that one is free, then
+bootstrap (register this broker with the listener's address, create missing catalog topics),
+then listen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import StorageError, UnknownSessionError
-from querylib.broker import BrokerServer
+from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import _messages as m
 from querylib.log import LogConfig
 from querylib.rpc import (
@@ -60,6 +64,9 @@ from ._handlers import HANDLERS
 from ._journal import Recovered, read_catalog
 from ._state import CoordinatorConfig, CoordinatorState
 from ._writer import CatalogWriter
+
+if TYPE_CHECKING:
+    from ._kafka import CatalogView
 
 __all__ = ["Coordinator"]
 
@@ -100,7 +107,7 @@ class Coordinator:
     def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
                  listen: str = "tcp://127.0.0.1:7400", broker_listen: str | None = None,
                  host: str | None = None, config: CoordinatorConfig | None = None,
-                 tick_interval: float = 0.05) -> None:
+                 tick_interval: float = 0.05, kafka: Any = None) -> None:
         self.data_dir = os.fspath(data_dir)
         self.broker_dir = os.path.join(self.data_dir, "broker")
         self.listen = listen
@@ -108,6 +115,8 @@ class Coordinator:
         self.host = host or socket.gethostname()
         self.config = config or CoordinatorConfig()
         self.tick_interval = tick_interval
+        self.kafka_config = kafka  # a querylib.kafka.KafkaConfig: the group coordinator
+        self.endpoints: BrokerEndpoints | None = None
         self._secret = secret
         self.state: CoordinatorState | None = None
         self.broker: BrokerServer | None = None
@@ -124,6 +133,7 @@ class Coordinator:
         self.recovered: Recovered | None = None
         self.recovery_seconds = 0.0
         self.counters = {"notify_failed": 0, "bugs": 0}
+        self._kafka_view: CatalogView | None = None
         self._closed = False
         for request_type in HANDLERS:
             self._rpc.register(request_type, self._serve)
@@ -157,8 +167,12 @@ class Coordinator:
                            "commit before the crash",
                            sum(len(u) for u in recovered.compensation.values()))
             await self.writer.append_now(recovered.compensation, _wall_ms())
-        self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint), _wall_ms()))
+        kafka_address = await self._open_kafka()
+        self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint), _wall_ms(),
+                             kafka_address=kafka_address))
         await self.writer.drain()
+        if self._kafka_view is not None:
+            self._kafka_view.registered()
         if self.failure is not None:
             raise StorageError(f"cannot write the catalog topics: {self.failure}")
         self.endpoint = await self._rpc.start(self.listen)
@@ -178,10 +192,61 @@ class Coordinator:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
         await self._rpc.close()
+        if self.endpoints is not None:
+            await self.endpoints.close()
         if self.writer is not None:
             await self.writer.close()
         if self.broker is not None:
             await self.broker.close()
+
+    @property
+    def kafka_address(self) -> str | None:
+        """HOST:PORT of the group coordinator's Kafka listener, if it has one."""
+        return None if self.endpoints is None else self.endpoints.kafka_address
+
+    async def _open_kafka(self) -> str:
+        if self.kafka_config is None:
+            return ""
+        from ._kafka import CatalogView  # imports querylib.kafka: only when a listener opens
+
+        state = self.state
+        assert state is not None and self.broker is not None
+        self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id)
+        rpc_port = self.listen.rpartition(":")[2]
+        address = await self._reopen_kafka(rpc_port)
+        if address:
+            return address
+        for _ in range(3):
+            self.endpoints = await BrokerEndpoints(
+                self.broker, self._secret, kafka=self.kafka_config,
+                kafka_cluster=self._kafka_view).start()
+            address = self.endpoints.kafka_address or ""
+            # Any free port (0) may be the one the RPC server is about to bind (it binds
+            # after bootstrap, which needs this address): take another.
+            if address.rpartition(":")[2] != rpc_port:
+                break
+            await self.endpoints.close()
+        return address
+
+    async def _reopen_kafka(self, rpc_port: str) -> str:
+        """With "any free port", first the port of the previous run: the catalog's record and
+        clients that cached the group coordinator stay right across a restart. "" if taken."""
+        from ._kafka import previous_port
+
+        assert self.state is not None and self.broker is not None
+        config = self.kafka_config
+        previous = previous_port(self.state.catalog, config.advertised) \
+            if config.port == 0 else None
+        if previous is None or str(previous) == rpc_port:
+            return ""
+        endpoints = await BrokerEndpoints(
+            self.broker, self._secret, kafka=dataclasses.replace(config, port=previous),
+            kafka_cluster=self._kafka_view, required=False).start()
+        if endpoints.kafka_address:
+            self.endpoints = endpoints
+            return endpoints.kafka_address
+        await endpoints.close()
+        return ""
 
     async def __aenter__(self) -> Coordinator:
         await self.start()

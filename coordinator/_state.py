@@ -427,7 +427,8 @@ class CoordinatorState:
         """
         now = 0.0
         mine = [r for r in self.catalog.brokers if isinstance(r, Broker) and r.session_id is None]
-        keep = next((r for r in mine if r.address == b.address and r.host == b.host), None)
+        keep = next((r for r in mine if r.address == b.address and r.host == b.host
+                     and r.kafka_address == b.kafka_address), None)
         for executor in list(self.catalog.executors):
             assert isinstance(executor, Executor)
             if executor.session_id is None:
@@ -440,7 +441,8 @@ class CoordinatorState:
             # Re-join under the old id, so the catalog topics' locations stay right.
             old_id = min((r.broker_id for r in mine), default=None)
             self.apply(RegisterBroker(host=b.host, address=b.address, session_id=None,
-                                      broker_id=old_id), now, b.wall_ms)
+                                      broker_id=old_id, kafka_address=b.kafka_address),
+                       now, b.wall_ms)
         broker_id = self.catalog_broker_id
         assert broker_id is not None
         wanted = [(catalog_topic(c), f"tq.catalog.{t.__name__}", TopicKind.COLLECTION)

@@ -7,12 +7,14 @@ places it on this broker, and a topic that does not exist yet is registered firs
 will write it). A standalone `tq broker` has no catalog and skips all this.
 
 `CatalogTopics` answers the connector endpoint's `TopicAdmission` and is the Kafka listener's
-`KafkaCluster`: for Metadata it follows the catalog's `brokers` and `topics` collections (every
-broker registered with a Kafka address is listed; a partition's leader is the broker the
-catalog locates it on), and looks a named topic up at the coordinator when the followed view
-does not have it yet. It is built before the broker is registered (the endpoints open first,
-so the registration can carry their addresses) and answers once `attach` gave it the session
-and the broker id.
+`KafkaCluster`: for Metadata it follows the catalog's `brokers` and `topics` collections. Every
+broker registered with a Kafka address is listed, the coordinator's own too: it is the group
+coordinator FindCoordinator names, and librdkafka drops a broker Metadata does not list. A
+partition's leader is the broker the catalog locates it on, never the coordinator's for a data
+topic (those live on executor brokers). A named topic the followed view does not have yet is
+looked up at the coordinator. It is built before the broker is registered (the endpoints open
+first, so the registration can carry their addresses) and answers once `attach` gave it the
+session and the broker id.
 
 Must not: write to the broker, or let a connector or Kafka producer feed a topic some query
 owns.
@@ -37,7 +39,7 @@ from catalog import (
 )
 from querylib.broker import UnknownPartitionError
 from querylib.cluster import AsyncCluster, Snapshot
-from querylib.kafka import BrokerInfo, PartitionInfo, TopicInfo
+from querylib.kafka import BrokerInfo, CoordinatorNotAvailableError, PartitionInfo, TopicInfo
 
 __all__ = ["CatalogTopics", "NotHereError", "NotIngestError"]
 
@@ -123,20 +125,32 @@ class CatalogTopics:
         return (await self._session())[1]
 
     def kafka_brokers(self) -> Sequence[BrokerInfo]:
-        found = []
+        # The coordinator's own broker (no session) is listed too: librdkafka decommissions a
+        # group coordinator that Metadata does not list, and then keeps finding it again.
+        found = [_broker_info(b) for b in self._views["brokers"] if isinstance(b, Broker)]
+        return sorted((b for b in found if b is not None), key=lambda b: b.node_id)
+
+    async def group_coordinator(self) -> BrokerInfo | None:
+        """The coordinator's own broker coordinates every group (DESIGN §8)."""
+        await self._session()
         for broker in self._views["brokers"]:
-            if isinstance(broker, Broker) and broker.kafka_address:
-                host, _, port = broker.kafka_address.rpartition(":")
-                if host and port.isdigit():
-                    found.append(BrokerInfo(broker.broker_id, host, int(port)))
-        return sorted(found, key=lambda b: b.node_id)
+            if isinstance(broker, Broker) and broker.session_id is None:
+                found = _broker_info(broker)
+                if found is not None:
+                    return found
+        raise CoordinatorNotAvailableError(
+            "the coordinator's broker has no Kafka listener (yet): no group coordinator")
 
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}
         if names is None:
-            listening = {b.node_id for b in self.kafka_brokers()} | {await self.node_id()}
-            # Topics on brokers without a Kafka listener (the catalog's own) would have
-            # leaders no client can reach: leave them out of the full list.
+            system = {b.broker_id for b in self._views["brokers"]
+                      if isinstance(b, Broker) and b.session_id is None}
+            listening = ({b.node_id for b in self.kafka_brokers()} - system) | \
+                {await self.node_id()}
+            # Topics on brokers without a Kafka listener would have leaders no client can
+            # reach, and the coordinator's broker holds only the system's own topics: leave
+            # both out of the full list.
             return [_topic_info(t) for _, t in sorted(known.items())
                     if set(t.locations) <= listening]
         found = []
@@ -195,6 +209,14 @@ class CatalogTopics:
             raise NotHereError(f"partition {partition} of {topic.short!r} lives on {where}, "
                                "not on this broker: send it there")
         return True
+
+
+def _broker_info(broker: Broker) -> BrokerInfo | None:
+    """Where a broker's Kafka listener is, if it has one."""
+    host, _, port = broker.kafka_address.rpartition(":")
+    if host and port.isdigit():
+        return BrokerInfo(broker.broker_id, host, int(port))
+    return None
 
 
 def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:

@@ -9,6 +9,13 @@ records below the frontier F0 seen then are consolidated into one Snapshot, reco
 after F0 follow as diffs, and a following read goes on from where the first stopped, so
 nothing is missed or counted twice.
 
+With `group="g"` the subscriber is a member of Kafka consumer group g (`_group_client`): the
+group's coordinator assigns it partitions, which it reads from the group's committed offsets
+(or `start` where none), and a rebalance revokes them. What it hands out is committed every
+second and on close, as the next offset to read; an event counts as consumed once the next
+`next_event` call (or `close`) comes, so delivery is at-least-once: records handed out after
+the last commit before a rebalance or crash are read again by the partition's next owner.
+
 Must not: decode on the reader threads (CPU stays with the consumer), or buffer unboundedly
 (the queue is bounded, and broker credit bounds each reader).
 """
@@ -20,7 +27,7 @@ import threading
 import time as _time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import TopicKind
 from catalog.errors import RecordTypeMismatchError, TqError, UserError
@@ -34,6 +41,9 @@ from querylib.records import DIFF_HEADER, Record, decode_int64
 from ._events import Data, EndOfStream, Progress, Snapshot
 from ._runtime import Runtime, address_of
 from .serdes import Serde, decode_value, type_tag
+
+if TYPE_CHECKING:  # the group client pulls in the Kafka codecs: loaded only for a group
+    from ._group_client import GroupMember
 
 __all__ = ["Subscription"]
 
@@ -54,6 +64,7 @@ class _Source:
     thread: threading.Thread | None = None
     start: Any = "earliest"
     pending: list[Data] = field(default_factory=list)
+    revoked: bool = False  # a group rebalance took its partitions: drop what it still queued
 
 
 def _diff_of(record: Record) -> int:
@@ -68,10 +79,17 @@ class Subscription:
 
     def __init__(self, runtime: Runtime, names: list[str], *, partitions: list[int] | None,
                  start: Start, timeout: float, serde: Serde, record_type: str | None,
-                 kind: TopicKind | None) -> None:
+                 kind: TopicKind | None, group: str | None = None) -> None:
         self.runtime = runtime
         self.serde = serde
-        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(_QUEUE_EVENTS)
+        self.group = group
+        self.member: GroupMember | None = None
+        self._start = start
+        self._infos: dict[str, TopicInfo] = {}
+        self._lock = threading.Lock()  # sources, positions: the group thread changes them too
+        self._handed: dict[tuple[str, int], int] = {}  # by the last next_event
+        self._consumed: dict[tuple[str, int], int] = {}  # next offset to read, to commit
+        self._queue: queue.Queue[tuple[_Source, Any]] = queue.Queue(_QUEUE_EVENTS)
         self._closed = threading.Event()
         self._sources: list[_Source] = []
         self._names: list[str] = []
@@ -88,11 +106,113 @@ class Subscription:
                                          type_tag(serde, record_type) if record_type else None,
                                          kind)
                 self._names.append(info.topic.name)
-                self._add_sources(info, partitions, start)
-            self._open()
+                if group is None:
+                    self._add_sources(info, partitions, start)
+                else:
+                    self._check_group(info, partitions)
+            if group is None:
+                self._open()
+            else:
+                self._join(group, max(deadline - _time.monotonic(), 0.001))
         except BaseException:
             self.close()
             raise
+
+    # ---- consumer groups ----------------------------------------------------------------------
+
+    def _check_group(self, info: TopicInfo, partitions: list[int] | None) -> None:
+        if partitions is not None:
+            raise UserError("a group member reads the partitions the group assigns it: pass "
+                            "either group= or partitions=, not both")
+        if info.topic.kind == TopicKind.COLLECTION:
+            raise UserError(f"topic {info.topic.short_name!r} is a collection: every "
+                            "subscriber needs all of it, so it cannot be split in a group")
+        self._infos[info.topic.short_name] = info
+
+    def _join(self, group: str, timeout: float) -> None:
+        cluster = self.runtime.cluster
+
+        def counts(names: Any) -> dict[str, int]:
+            return {n: cluster.lookup_topic(n).topic.partitions for n in names}
+
+        from ._group_client import GroupMember  # noqa: PLC0415 - see the import block
+
+        self.member = GroupMember(group, list(self._infos), locate=self._locate_coordinator,
+                                  partition_counts=counts, partitions=self).start()
+        # The first assignment normally comes within a heartbeat or two; a group that is
+        # rebalancing slowly just delivers later.
+        self.member.wait_assigned(timeout)
+
+    def _locate_coordinator(self) -> str:
+        from catalog import Broker
+
+        records = self.runtime.cluster.snapshot("brokers")["brokers"].records
+        for broker, _ in records:
+            if isinstance(broker, Broker) and broker.session_id is None and \
+                    broker.kafka_address:
+                return broker.kafka_address
+        raise UserError("the coordinator's broker has no Kafka listener, so there is no group "
+                        "coordinator: start the coordinator with --kafka-port 0 (the default)")
+
+    def assign(self, assignment: dict[str, list[int]],
+               starts: dict[tuple[str, int], int | None]) -> None:
+        """The group gave this member `assignment`: read it, from the committed offsets."""
+        fallback = "earliest" if self._start == "committed" else self._start
+        added = []
+        for topic, parts in sorted(assignment.items()):
+            info = self._infos[topic]
+            by_address: dict[str, list[int]] = {}
+            for p in parts:
+                by_address.setdefault(address_of(info, p), []).append(p)
+            for address, mine in by_address.items():
+                start: dict[int, Any] = {}
+                for p in mine:
+                    found = starts.get((topic, p))
+                    if found is not None:
+                        start[p] = found
+                    elif isinstance(fallback, dict):
+                        start[p] = fallback.get(p, "earliest")
+                    else:
+                        start[p] = fallback
+                source = _Source(info, address, mine, start=start)
+                source.subscriber = Subscriber(address, topic, mine, secret=self.runtime.secret,
+                                               start=start, create=True)
+                source.frontier = source.subscriber.frontier or 0
+                source.thread = threading.Thread(target=self._pump, args=(source,),
+                                                 name=f"tq-subscription {address}", daemon=True)
+                added.append(source)
+        with self._lock:
+            for (topic, p), offset in starts.items():
+                if offset is not None:
+                    self._consumed[(topic, p)] = offset
+            self._sources.extend(added)
+        for source in added:
+            source.thread.start()  # type: ignore[union-attr]
+
+    def revoke(self) -> None:
+        """Stop reading every partition (a rebalance, or close); what they queued is dropped."""
+        with self._lock:
+            gone, self._sources = self._sources, []
+            for source in gone:
+                source.revoked = True
+        for source in gone:
+            if source.thread is not None and source.thread.is_alive():
+                source.thread.join(timeout=5)
+            if source.subscriber is not None:
+                source.subscriber.close()
+
+    def consumed(self) -> dict[tuple[str, int], int]:
+        """The next offset to read of each partition whose events were consumed."""
+        with self._lock:
+            return dict(self._consumed)
+
+    def _promote(self) -> None:
+        """Events handed out before this call have been consumed."""
+        with self._lock:
+            self._consumed.update(self._handed)
+            self._handed.clear()
+
+    # ---- topics -------------------------------------------------------------------------------
 
     def _check(self, info: TopicInfo, record_type: str | None, kind: TopicKind | None) -> None:
         topic = info.topic
@@ -134,13 +254,13 @@ class Subscription:
                                              for b, c in snapshot.items() if c != 0]))
             for source in collections:
                 self._head.extend(source.pending)
-        for index, source in enumerate(self._sources):
+        for source in self._sources:
             source.subscriber = Subscriber(source.address, source.info.topic.short_name,
                                            source.partitions, secret=self.runtime.secret,
                                            start=source.start, create=True)
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
-            source.thread = threading.Thread(target=self._pump, args=(index, source),
+            source.thread = threading.Thread(target=self._pump, args=(source,),
                                              name=f"tq-subscription {source.address}",
                                              daemon=True)
         self._published = min(s.frontier for s in self._sources)
@@ -169,19 +289,20 @@ class Subscription:
         source.frontier = f0
         return f0
 
-    def _pump(self, index: int, source: _Source) -> None:
+    def _pump(self, source: _Source) -> None:
         sub = source.subscriber
         assert sub is not None
         try:
-            while not self._closed.is_set():
+            while not self._closed.is_set() and not source.revoked:
                 event = sub.next_event(timeout=0.2)
                 if event is not None:
-                    self._put((index, event))
+                    self._put((source, event))
         except TqError as exc:
-            self._put((index, exc))
+            if not source.revoked:
+                self._put((source, exc))
 
-    def _put(self, item: tuple[int, Any]) -> None:
-        while not self._closed.is_set():
+    def _put(self, item: tuple[_Source, Any]) -> None:
+        while not self._closed.is_set() and not item[0].revoked:
             try:
                 self._queue.put(item, timeout=0.2)
                 return
@@ -206,21 +327,32 @@ class Subscription:
         """The next event, or None after `timeout` seconds (or after EndOfStream)."""
         if self._head:
             return self._head.pop(0)
+        if self.member is not None:
+            self._promote()
+            if self.member.error is not None:
+                raise self.member.error
         deadline = None if timeout is None else _time.monotonic() + timeout
         while not self._ended:
             left = None if deadline is None else deadline - _time.monotonic()
             if left is not None and left <= 0:
                 return None
             try:
-                index, event = self._queue.get(timeout=left)
+                source, event = self._queue.get(timeout=left)
             except queue.Empty:
                 return None
-            out = self._handle(self._sources[index], event)
+            out = self._handle(source, event)
             if out is not None:
                 return out
         return None
 
     def _handle(self, source: _Source, event: Any) -> Any:
+        if self.member is not None:
+            with self._lock:
+                if source.revoked:
+                    return None  # its partitions belong to another member now
+                if isinstance(event, RawData) and event.records:
+                    key = (source.info.topic.short_name, event.partition)
+                    self._handed[key] = event.records[-1].offset + 1
         if isinstance(event, TqError):
             raise event
         if isinstance(event, RawData):
@@ -230,9 +362,15 @@ class Subscription:
             source.frontier = max(source.frontier, event.frontier)
         elif isinstance(event, RawEnd):
             source.ended = True
-        live = [s.frontier for s in self._sources if not s.ended]
+        with self._lock:
+            live = [s.frontier for s in self._sources if not s.ended]
+            holding = bool(self._sources)
         if not live:
-            self._ended = True
+            if not holding:
+                return None  # a group member between assignments
+            # A group member's end of stream covers the partitions it holds now; a later
+            # assignment may bring more, so it does not end the subscription.
+            self._ended = self.member is None
             return EndOfStream()
         low = min(live)
         if self._published is None or low > self._published:
@@ -250,6 +388,9 @@ class Subscription:
         """Stop reading; the subscription leaves the catalog (once per process). Idempotent."""
         if self._closed.is_set():
             return
+        if self.member is not None:
+            self._promote()  # the caller is done with everything handed out
+            self.member.close()  # stops reading, commits, leaves the group
         self._closed.set()
         for source in self._sources:
             if source.thread is not None and source.thread.is_alive():

@@ -12,13 +12,17 @@ import argparse
 import logging
 import sys
 
+from querylib.cli._broker import add_kafka_options, kafka_config
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "coordinator", help="run the coordinator (catalog, sessions, catalog topics)",
         description="Run the coordinator in the foreground: it serves the catalog over RPC, "
         "keeps client sessions alive by their leases, and persists the catalog as "
-        "__catalog.* topics on an embedded broker under --data. It writes "
+        "__catalog.* topics on an embedded broker under --data. That broker's Kafka listener "
+        "(--kafka-port, default any free port) is the group coordinator of Kafka clients' and "
+        "querylib's consumer groups. It writes "
         "$TQ_HOME/cluster.json so that other tq commands on this machine find it.")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/coordinator)")
     parser.add_argument("--listen", default="tcp://127.0.0.1:7400",
@@ -35,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="checkpoint the catalog topics after N updates (or half the "
                         "catalog's size, if more), so late followers and recovery read little "
                         "history (default 4096)")
+    add_kafka_options(parser, default_port=0)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -61,4 +66,14 @@ def _run(args: argparse.Namespace) -> int:
               f"{cluster_file()}", file=sys.stderr, flush=True)
 
     return run_coordinator(data, args.listen, secret, secret_file,
-                           broker_listen=args.broker_listen, config=config, on_ready=ready)
+                           broker_listen=args.broker_listen, config=config, on_ready=ready,
+                           kafka=group_coordinator_config(kafka_config(args)))
+
+
+def group_coordinator_config(config: object | None) -> object | None:
+    """The coordinator's Kafka listener is the group coordinator: it creates no topics."""
+    if config is None:
+        return None
+    import dataclasses
+
+    return dataclasses.replace(config, auto_create_topics=False)  # type: ignore[type-var]

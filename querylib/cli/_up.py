@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     add_connector_options(parser, default_port=_CONNECTOR_PORT)
     add_kafka_options(parser, default_port=_KAFKA_PORT)
+    parser.add_argument("--coordinator-kafka-port", type=int, default=0, metavar="PORT",
+                        help="Kafka listener of the coordinator's broker, the group "
+                        "coordinator of every consumer group (FindCoordinator names it); "
+                        "0: any free port (default), -1: none")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -77,7 +81,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
         extra = "".join(f", {name} {where}" for name, where in (
             ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
-        print(f"tq up: coordinator {coordinator.endpoint}, executor {agent.executor_id} "
+        groups = coordinator.kafka_address
+        print(f"tq up: coordinator {coordinator.endpoint}"
+              f"{f' (group coordinator {groups})' if groups else ''}, executor {agent.executor_id} "
               f"({agent.slots.total} slots, broker {agent.broker_address}{extra}), data {data}; "
               f"clients find it through {cluster_file()}", file=sys.stderr, flush=True)
         return agent.close
@@ -88,4 +94,12 @@ def _run(args: argparse.Namespace) -> int:
                                    kafka=agent.kafka_address or "")
 
     return run_coordinator(os.path.join(data, "coordinator"), args.listen, secret, secret_file,
-                           attach=attach, amend=amend)
+                           attach=attach, amend=amend, kafka=_group_coordinator(args))
+
+
+def _group_coordinator(args: argparse.Namespace) -> object | None:
+    from querylib.cli._coordinator import group_coordinator_config
+
+    port = args.coordinator_kafka_port
+    return group_coordinator_config(kafka_config(argparse.Namespace(
+        kafka_port=port, kafka_host=args.kafka_host, advertised_host=args.advertised_host)))

@@ -45,6 +45,7 @@ from querylib.kafka._broker_backend import (
 )
 from querylib.kafka._broker_kafka import BrokerKafka
 from querylib.kafka._errors import (
+    CoordinatorNotAvailableError,
     DuplicateSequenceError,
     ErrorCode,
     FrameTooLargeError,
@@ -80,6 +81,7 @@ __all__ = [
     "BrokerInfo",
     "BrokerKafka",
     "CommittedOffset",
+    "CoordinatorNotAvailableError",
     "DuplicateSequenceError",
     "ErrorCode",
     "FrameReader",

@@ -200,6 +200,11 @@ class KafkaBackend(Protocol):
         """The broker coordinating `group_id`."""
         ...
 
+    async def coordinates(self, group_id: str) -> bool:
+        """Whether this listener coordinates `group_id` (else group requests get
+        NOT_COORDINATOR and clients ask FindCoordinator again)."""
+        ...
+
     async def store_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
         """Persist committed offsets; durable when this returns."""
         ...

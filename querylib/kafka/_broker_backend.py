@@ -14,9 +14,11 @@ topics exist with how many partitions where, whether a partition may be created 
 an executor that is the catalog (executor/_endpoints.py); a standalone broker uses
 `StandaloneCluster`: the broker alone, its hosted partitions are the topics.
 
-Group state and committed offsets live in `__consumer_offsets` partition 0 on this broker, in
-Kafka's formats, and this broker coordinates every group (the seam for a later move to the
-coordinator's broker is `coordinator()` and the group store calls). Producer ids are
+Group state and committed offsets live in `__consumer_offsets` partition 0 of the broker that
+coordinates groups, in Kafka's formats: the one `KafkaCluster.group_coordinator()` names (the
+coordinator's own broker, in a cluster), else this one (a standalone broker). A broker that
+does not coordinate names the one that does in FindCoordinator, and its group service
+answers group requests with NOT_COORDINATOR. Producer ids are
 `node id << 32 | n`, with n reserved in blocks in `<broker data>/.tq-kafka.json`, so brokers
 never hand out the same id.
 
@@ -125,6 +127,11 @@ class KafkaCluster(Protocol):
         """Whether the cluster places `partition` of `topic` on this broker."""
         ...
 
+    async def group_coordinator(self) -> BrokerInfo | None:
+        """The broker coordinating every group, or None when it is this one.
+        CoordinatorNotAvailableError when there is none to name now."""
+        ...
+
 
 class StandaloneCluster:
     """A broker alone: the topics are the partitions it hosts; it leads them all."""
@@ -172,6 +179,9 @@ class StandaloneCluster:
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         return False  # hosted partitions are found before this is asked
+
+    async def group_coordinator(self) -> BrokerInfo | None:
+        return None  # a broker alone coordinates its own groups
 
 
 @dataclass
@@ -273,7 +283,13 @@ class BrokerBackend:
 
     async def coordinator(self, group_id: str) -> BrokerInfo:
         await self._known()
-        return self._me
+        found = await self.cluster.group_coordinator()
+        return self._me if found is None or found.node_id == self._me.node_id else found
+
+    async def coordinates(self, group_id: str) -> bool:
+        await self._known()
+        found = await self.cluster.group_coordinator()
+        return found is None or found.node_id == self._me.node_id
 
     async def topics(self, names: Sequence[str] | None = None) -> list[TopicInfo]:
         await self._known()

@@ -26,6 +26,7 @@ from kio.schema.errors import ErrorCode
 from catalog.errors import ProtocolError, TqError, UserError
 
 __all__ = [
+    "CoordinatorNotAvailableError",
     "DuplicateSequenceError",
     "ErrorCode",
     "FrameTooLargeError",
@@ -134,6 +135,14 @@ class PolicyViolationError(KafkaRequestError):
     """A request that would pass one of the endpoint's bounds (topics, partitions)."""
 
     kafka_error_code = ErrorCode.policy_violation.value
+
+
+class CoordinatorNotAvailableError(KafkaRequestError):
+    """No broker with a Kafka listener coordinates groups now (the coordinator's broker has
+    none, or is not registered yet); clients retry FindCoordinator."""
+
+    retriable = True
+    kafka_error_code = ErrorCode.coordinator_not_available.value
 
 
 def error_code_of(exc: TqError) -> ErrorCode:

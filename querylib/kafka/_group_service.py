@@ -127,6 +127,15 @@ class GroupService:
 
     # ---- apis ---------------------------------------------------------------------------------
 
+    async def _elsewhere(self, group_id: str) -> ErrorCode | None:
+        """NOT_COORDINATOR when another broker coordinates groups (the client asks
+        FindCoordinator again), COORDINATOR_NOT_AVAILABLE while none is known."""
+        try:
+            here = await self.backend.coordinates(group_id)
+        except TqError as exc:
+            return error_code_of(exc)
+        return None if here else ErrorCode.not_coordinator
+
     async def find_coordinator(self, ctx: RequestContext, request: Any) -> Any:
         data: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none,
                                 "error_message": None, "node_id": -1, "host": "", "port": -1}
@@ -144,8 +153,11 @@ class GroupService:
     async def join_group(self, ctx: RequestContext, request: Any) -> Any:
         session = millis(request.session_timeout)
         rebalance = getattr(request, "rebalance_timeout", None)
+        refused = await self._elsewhere(request.group_id)
         if not request.group_id:
             reply = JoinReply(0, ErrorCode.invalid_group_id, member_id=request.member_id)
+        elif refused is not None:
+            reply = JoinReply(0, refused, member_id=request.member_id)
         else:
             event = Join(
                 token=next(self._tokens), member_id=request.member_id,
@@ -167,8 +179,11 @@ class GroupService:
                         for m, i, meta in reply.members]})
 
     async def sync_group(self, ctx: RequestContext, request: Any) -> Any:
+        refused = await self._elsewhere(request.group_id)
         if not request.group_id:
             reply = SyncReply(0, ErrorCode.invalid_group_id)
+        elif refused is not None:
+            reply = SyncReply(0, refused)
         else:
             reply = await self._ask(request.group_id, Sync(
                 next(self._tokens), request.member_id, request.generation_id,
@@ -178,8 +193,11 @@ class GroupService:
             "throttle_time": 0, "error_code": reply.error, "assignment": reply.assignment})
 
     async def heartbeat(self, ctx: RequestContext, request: Any) -> Any:
+        refused = await self._elsewhere(request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
+        elif refused is not None:
+            error = refused
         else:
             reply = await self._ask(request.group_id, Heartbeat(
                 next(self._tokens), request.member_id, request.generation_id))
@@ -193,9 +211,12 @@ class GroupService:
         else:
             leaving = [(m.member_id, m.group_instance_id) for m in request.members]
         members = []
+        refused = await self._elsewhere(request.group_id)
         for member_id, instance_id in leaving:
             if not request.group_id:
                 error = ErrorCode.invalid_group_id
+            elif refused is not None:
+                error = refused
             else:
                 reply = await self._ask(request.group_id,
                                         Leave(next(self._tokens), member_id))
@@ -203,13 +224,17 @@ class GroupService:
                 error = reply.error
             members.append({"member_id": member_id, "group_instance_id": instance_id,
                             "error_code": error})
-        top = members[0]["error_code"] if ctx.api_version < 3 and members else ErrorCode.none
+        top = members[0]["error_code"] if ctx.api_version < 3 and members else (
+            refused or ErrorCode.none)
         return build_response(ApiKey.LEAVE_GROUP, ctx.api_version,
                               {"throttle_time": 0, "error_code": top, "members": members})
 
     async def offset_commit(self, ctx: RequestContext, request: Any) -> Any:
+        refused = await self._elsewhere(request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
+        elif refused is not None:
+            error = refused
         else:
             reply = await self._ask(request.group_id, CommitCheck(
                 next(self._tokens), request.member_id,
@@ -263,8 +288,11 @@ class GroupService:
     async def offset_fetch(self, ctx: RequestContext, request: Any) -> Any:
         error = ErrorCode.none
         committed = {}
+        refused = await self._elsewhere(request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
+        elif refused is not None:
+            error = refused
         else:
             try:
                 committed = dict(await self.backend.committed_offsets(request.group_id))

@@ -140,6 +140,9 @@ class LocalBackend:
     async def coordinator(self, group_id: str) -> BrokerInfo:
         return self._broker
 
+    async def coordinates(self, group_id: str) -> bool:
+        return True
+
     # ---- topics -------------------------------------------------------------------------------
 
     async def topics(self, names: Sequence[str] | None = None) -> list[TopicInfo]:

@@ -51,7 +51,9 @@ def test_the_kafka_address_is_in_cluster_json_and_the_catalog(up: UpWithEndpoint
     with up.cluster() as cluster:
         brokers = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
                    if isinstance(b, Broker)]
-    assert [b.kafka_address for b in brokers if b.kafka_address] == [address]
+    assert [b.kafka_address for b in brokers if b.session_id is not None] == [address]
+    # The coordinator's broker (no session) has its own listener: the group coordinator.
+    assert all(b.kafka_address for b in brokers if b.session_id is None)
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
@@ -66,9 +68,14 @@ def test_kcat_lists_and_reads_what_a_query_published(up: UpWithEndpoints) -> Non
     assert listed.returncode == 0, listed.stderr
     metadata = json.loads(listed.stdout)
     (topic,) = [t for t in metadata["topics"] if t["topic"] == "made-by-tq"]
+    # Both listeners are brokers in Metadata (the coordinator's coordinates groups), and the
+    # executor's leads the data topic.
+    coordinator_id, coordinator_kafka = _group_coordinator(up)
+    named = {b["id"]: b["name"].split("/")[0] for b in metadata["brokers"]}
+    assert sorted(named.values()) == sorted([bootstrap, coordinator_kafka])
     leaders = {p["leader"] for p in topic["partitions"]}
-    assert leaders <= {b["id"] for b in metadata["brokers"]}
-    assert [b["name"] for b in metadata["brokers"]] == [bootstrap]
+    assert {named[leader] for leader in leaders} == {bootstrap}
+    assert coordinator_id not in leaders
     read = run(["kcat", "-b", bootstrap, "-C", "-t", "made-by-tq", "-p", "0", "-o",
                 "beginning", "-e", "-f", "%k|%s\\n"])
     assert read.returncode == 0, read.stderr
@@ -144,10 +151,18 @@ def test_every_listener_reports_every_broker_with_a_listener(up: UpWithEndpoints
             return set()
         return {b["name"].split("/")[0] for b in json.loads(listed.stdout)["brokers"]}
 
-    both = {up.info["kafka"], second}
-    wait_for(lambda: brokers(up.info["kafka"]) == both, timeout=30,
-             what="tq up's listener to report both brokers")
-    wait_for(lambda: brokers(second) == both, timeout=30,
-             what="the second listener to report both brokers")
+    every = {up.info["kafka"], second, _group_coordinator(up)[1]}
+    wait_for(lambda: brokers(up.info["kafka"]) == every, timeout=30,
+             what="tq up's listener to report every broker")
+    wait_for(lambda: brokers(second) == every, timeout=30,
+             what="the second listener to report every broker")
     agent.terminate()
     agent.wait(timeout=30)
+
+
+def _group_coordinator(up: UpWithEndpoints) -> tuple[int, str]:
+    """The coordinator's broker: its id and its Kafka listener (the group coordinator)."""
+    with up.cluster() as cluster:
+        (found,) = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
+                    if isinstance(b, Broker) and b.session_id is None]
+    return found.broker_id, found.kafka_address

@@ -1,0 +1,104 @@
+"""The Kafka listener of the coordinator's own broker: the cluster's group coordinator
+(DESIGN §8, §11).
+
+Every group's state and committed offsets live in `__consumer_offsets` of the coordinator's
+broker, whose log flushes `always`, so an OffsetCommit is answered only once it is on disk.
+Executor brokers name this listener in FindCoordinator (they find it in the catalog's
+`brokers` collection: the broker registered without a session, with a `kafka_address`).
+
+`CatalogView` is this listener's `querylib.kafka.KafkaCluster`, read straight from the
+coordinator's in-memory catalog (no session, no following): Metadata lists every broker with
+a Kafka listener, this one included (librdkafka drops a group coordinator that Metadata does
+not list), and the topics the executor brokers lead, as their own listeners do; it
+coordinates groups itself.
+
+Must not: create or admit data topics (they belong on executor brokers), or change the catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from catalog import Broker, Catalog, Topic, TopicName
+from querylib.kafka import BrokerInfo, PartitionInfo, PolicyViolationError, TopicInfo
+
+__all__ = ["CatalogView", "previous_port"]
+
+
+class CatalogView:
+    """The coordinator's catalog as its broker's Kafka listener sees it."""
+
+    def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None]
+                 ) -> None:
+        self._catalog = catalog
+        self._broker_id = broker_id
+        self._registered = asyncio.Event()
+
+    def registered(self) -> None:
+        """The broker is in the catalog now (bootstrap committed): answer."""
+        self._registered.set()
+
+    async def node_id(self) -> int:
+        await self._registered.wait()
+        found = self._broker_id()
+        assert found is not None, "the coordinator's broker is registered at bootstrap"
+        return found
+
+    def kafka_brokers(self) -> Sequence[BrokerInfo]:
+        found = []
+        for broker in self._catalog().brokers:
+            if isinstance(broker, Broker):
+                host, _, port = broker.kafka_address.rpartition(":")
+                if host and port.isdigit():
+                    found.append(BrokerInfo(broker.broker_id, host, int(port)))
+        return sorted(found, key=lambda b: b.node_id)
+
+    async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
+        catalog = self._catalog()
+        if names is None:
+            # This broker holds only the system's own topics: no data topic is led here.
+            listening = {b.node_id for b in self.kafka_brokers()} - {self._broker_id()}
+            topics = [t for t in catalog.topics if isinstance(t, Topic)]
+            return [_topic_info(t) for t in sorted(topics, key=lambda t: t.name)
+                    if set(t.locations) <= listening]
+        found = []
+        for name in names:
+            topic = catalog.find_topic(name)
+            if topic is not None:
+                found.append(_topic_info(topic, name))
+        return found
+
+    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+        raise PolicyViolationError(
+            f"topic {name.short!r}: the group coordinator's listener creates no topics; "
+            "create it through an executor broker's listener or `tq topic create`")
+
+    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
+        return False  # data topics live on executor brokers: NOT_LEADER sends clients there
+
+    async def placed_here(self, topic: TopicName, partition: int) -> bool:
+        found = self._catalog().find_topic(topic.short)
+        broker_id = self._broker_id()
+        return (found is not None and 0 <= partition < found.partitions
+                and found.locations[partition] == broker_id)
+
+    async def group_coordinator(self) -> BrokerInfo | None:
+        return None  # this broker coordinates every group
+
+
+def previous_port(catalog: Catalog, advertised: str) -> int | None:
+    """The port the group coordinator's listener had in the previous run (its broker record,
+    recovered from the catalog topics), if it advertised the same host then."""
+    for broker in catalog.brokers:
+        if isinstance(broker, Broker) and broker.session_id is None:
+            host, _, port = broker.kafka_address.rpartition(":")
+            if host == advertised and port.isdigit() and 0 < int(port) < 65536:
+                return int(port)
+    return None
+
+
+def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
+    return TopicInfo(name or topic.short_name,
+                     tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
+                     internal=topic.internal)

@@ -1,0 +1,77 @@
+"""The executor broker's id, kept across restarts in `<data>/broker.id` (as Kafka keeps
+`broker.id` in its log dir's meta.properties).
+
+Topic partitions are located by broker id in the catalog. A restarted executor (after `tq up`
+stops and starts again on the same data) must register its broker under the id it had, or
+every partition on its disk would name a broker that never comes back (DESIGN §11 "Executor
+broker ids").
+
+    broker = await register_remembered(cluster, data_dir, host, address, kafka_address=...)
+
+Must not: register anything but the broker, or decide placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from catalog import Broker, BrokerExistsError, UnknownBrokerError
+from querylib.cluster import AsyncCluster
+
+__all__ = ["BROKER_ID_FILE", "register_remembered"]
+
+logger = logging.getLogger("executor")
+
+BROKER_ID_FILE = "broker.id"
+_RETRY = 0.2  # seconds between attempts while the old registration is still up
+
+
+def _remembered(data_dir: Path) -> int | None:
+    try:
+        text = (data_dir / BROKER_ID_FILE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _remember(data_dir: Path, broker_id: int) -> None:
+    """Write by rename, so a crash leaves the old id or the new one, never half a file."""
+    path = data_dir / BROKER_ID_FILE
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(f"{broker_id}\n")
+    os.replace(scratch, path)
+
+
+async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, address: str,
+                              *, kafka_address: str = "", wait: float = 30.0) -> Broker:
+    """Register the broker under its remembered id, else under a new one (remembered then).
+
+    The old registration may still be up for a while after a crash (the coordinator keeps a
+    recovered session for its recovery lease): retried until it goes, for at most `wait`
+    seconds, then BrokerExistsError (two live brokers must not share an id). An id this
+    catalog never assigned (the data dir came from another cluster) is dropped for a new one.
+    """
+    remembered = await asyncio.to_thread(_remembered, data_dir)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            broker = await cluster.register_broker(host, address, broker_id=remembered,
+                                                   kafka_address=kafka_address)
+            break
+        except UnknownBrokerError:
+            logger.warning("broker id %s in %s is unknown to this cluster; registering a new "
+                           "one", remembered, data_dir / BROKER_ID_FILE)
+            remembered = None
+        except BrokerExistsError:
+            if time.monotonic() > deadline:
+                raise
+            logger.info("broker %s is still registered (a previous run's session); waiting "
+                        "for it to expire", remembered)
+            await asyncio.sleep(_RETRY)
+    if broker.broker_id != remembered:
+        await asyncio.to_thread(_remember, data_dir, broker.broker_id)
+    return broker

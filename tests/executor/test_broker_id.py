@@ -1,0 +1,77 @@
+"""The executor broker keeps its id across restarts (`executor/_broker_id.py`), against a
+stand-in for the coordinator that enforces the catalog's RegisterBroker rules."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from catalog import Broker, BrokerExistsError, UnknownBrokerError
+from executor._broker_id import BROKER_ID_FILE, register_remembered
+
+
+class Catalog:
+    """RegisterBroker as catalog/_rules.py decides it: a new id, or a known id not up."""
+
+    def __init__(self, next_id: int = 1, up: set[int] | None = None,
+                 expire_after: int = 0) -> None:
+        self.next_id = next_id
+        self.up = up or set()
+        self.expire_after = expire_after  # refusals before the held ids' session expires
+        self.asked: list[int | None] = []
+
+    async def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
+                              kafka_address: str = "") -> Broker:
+        self.asked.append(broker_id)
+        if broker_id is None:
+            broker_id, self.next_id = self.next_id, self.next_id + 1
+        elif broker_id >= self.next_id:
+            raise UnknownBrokerError(f"broker id {broker_id} was never assigned")
+        elif broker_id in self.up:
+            if self.expire_after == 0:
+                self.up.clear()
+            else:
+                self.expire_after -= 1
+            raise BrokerExistsError(f"broker {broker_id} is registered already")
+        self.up.add(broker_id)
+        return Broker(broker_id=broker_id, host=host, address=address, session_id=1,
+                      kafka_address=kafka_address)
+
+
+def _register(catalog: Catalog, data: Path, wait: float = 30.0) -> Broker:
+    return asyncio.run(register_remembered(catalog, data, "h", "tcp://h:1",  # type: ignore[arg-type]
+                                           wait=wait))
+
+
+def test_a_new_broker_remembers_its_id_and_rejoins_under_it(tmp_path: Path) -> None:
+    catalog = Catalog(next_id=3)
+    assert _register(catalog, tmp_path).broker_id == 3
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "3\n"
+    catalog.up.clear()  # the executor stopped cleanly: its broker left the catalog
+    assert _register(catalog, tmp_path).broker_id == 3
+    assert catalog.asked == [None, 3]
+
+
+def test_an_id_still_up_after_a_crash_is_waited_for(tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    catalog = Catalog(next_id=5, up={2}, expire_after=2)
+    assert _register(catalog, tmp_path).broker_id == 2
+    assert catalog.asked == [2, 2, 2, 2]
+
+
+def test_an_id_that_stays_up_is_refused_after_the_wait(tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    catalog = Catalog(next_id=5, up={2}, expire_after=10**9)
+    with pytest.raises(BrokerExistsError):
+        _register(catalog, tmp_path, wait=0.0)
+
+
+@pytest.mark.parametrize("content", ["9\n", "garbage", "-1", ""])
+def test_an_id_from_another_cluster_or_a_damaged_file_gets_a_new_one(
+        tmp_path: Path, content: str) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text(content)
+    catalog = Catalog(next_id=4)
+    assert _register(catalog, tmp_path).broker_id == 4
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "4\n"
