@@ -31,6 +31,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import AsyncCluster, KillProcesses, SpawnProcesses
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
+from ._broker_id import register_remembered
+from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
 from ._endpoints import CatalogTopics
 from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
@@ -68,7 +71,8 @@ class ExecutorAgent:
                  host: str | None = None, broker_listen: str = "tcp://127.0.0.1:0",
                  lease: float = 10.0, grace: float = 5.0,
                  connector: EndpointConfig | None = None, kafka: Any = None,
-                 endpoints_required: bool = True) -> None:
+                 endpoints_required: bool = True, keep_work_dirs: int = 50,
+                 artifact_ttl: float = 7 * 86400.0) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.secret_file = str(Path(secret_file).resolve())
@@ -81,6 +85,12 @@ class ExecutorAgent:
         self.connector_config = connector
         self.kafka_config = kafka
         self.endpoints_required = endpoints_required
+        # Disk cleanup after each exit: the newest work dirs stay for post-mortems, artifacts
+        # unused for artifact_ttl seconds go (DESIGN §11 "Executor disk cleanup").
+        self.keep_work_dirs = keep_work_dirs
+        self.artifact_ttl = artifact_ttl
+        self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest
+        self._cleaning = False
         self.topics = CatalogTopics()
         self.endpoints: BrokerEndpoints | None = None
         # Processes told to die whose slots are not back yet, and a wake-up for whoever waits on
@@ -101,7 +111,8 @@ class ExecutorAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
-        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0}
+        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0,
+                         "work_dirs_removed": 0, "artifacts_removed": 0}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -130,8 +141,9 @@ class ExecutorAgent:
                 self.broker, self.secret, connector=self.connector_config,
                 kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
                 required=self.endpoints_required).start()
-            broker = await self.cluster.register_broker(
-                self.host, self.broker_address, kafka_address=self.kafka_address or "")
+            broker = await register_remembered(self.cluster, self.data_dir, self.host,
+                                               self.broker_address,
+                                               kafka_address=self.kafka_address or "")
             self.broker_id = broker.broker_id
             self.topics.attach(self.cluster, broker.broker_id,
                                follow=self.endpoints.kafka is not None)
@@ -231,6 +243,8 @@ class ExecutorAgent:
             return
         try:
             artifact = await self.fetcher.ensure(note.program)
+            self._artifact_of[key] = artifact.digest
+            await asyncio.to_thread(touch_artifact, self.fetcher.cache, artifact.digest)
             spec = SpawnSpec(query_id=note.query_id, process=process,
                              processes=note.process_count, workers=note.workers,
                              args=tuple(note.args), coordinator=self.coordinator,
@@ -239,6 +253,7 @@ class ExecutorAgent:
             await self.supervisor.spawn(spec, artifact.program)
             self.counters["spawned"] += 1
         except TqError as exc:
+            self._artifact_of.pop(key, None)
             self.slots.release(key)
             self._slot_freed.set()
             await self._spawn_failed(note.query_id, process, exc)
@@ -290,6 +305,10 @@ class ExecutorAgent:
         self.slots.release((report.query_id, report.process))
         self._dying.discard((report.query_id, report.process))
         self._slot_freed.set()
+        self._artifact_of.pop((report.query_id, report.process), None)
+        if not self._cleaning and not self._closed:
+            self._cleaning = True
+            self._spawn_task(self._clean_disk(), "disk cleanup")
         if self.cluster is None or self.cluster.lost or self.lost.is_set():
             return
         try:
@@ -298,6 +317,26 @@ class ExecutorAgent:
             self.counters["report_failed"] += 1
             logger.info("executor %s: exit of %d/%d not recorded: %s", self.executor_id,
                         report.query_id, report.process, exc)
+
+    async def _clean_disk(self) -> None:
+        """Prune work dirs and artifacts on a thread; one run at a time (an exit during a
+        run is covered by the next exit's)."""
+        assert self.supervisor is not None and self.fetcher is not None
+        running = [r.launched.work_dir for r in self.supervisor.running()]
+        in_use = set(self._artifact_of.values())
+        try:
+            dirs = await asyncio.to_thread(prune_work_dirs, self.data_dir / "work",
+                                           keep=self.keep_work_dirs, running=running)
+            digests = await asyncio.to_thread(prune_artifacts, self.fetcher.cache,
+                                              unused_for=self.artifact_ttl, now=time.time(),
+                                              running=in_use)
+        except OSError as exc:  # a disk problem must not stop the agent; the next exit retries
+            logger.warning("executor %s: disk cleanup: %s", self.executor_id, exc)
+            return
+        finally:
+            self._cleaning = False
+        self.counters["work_dirs_removed"] += len(dirs)
+        self.counters["artifacts_removed"] += len(digests)
 
     async def _download(self, digest: str) -> bytes | None:
         assert self.cluster is not None

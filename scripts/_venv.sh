@@ -14,5 +14,9 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[$EXTRAS]"
     touch "$STAMP"
 fi
+# Byte-compile tq's own modules: query processes start often, and where PYTHONDONTWRITEBYTECODE
+# is set nothing else would cache them (stale files are simply recompiled in memory).
+"$VENV/bin/python" -m compileall -q -j 0 "$ROOT/catalog" "$ROOT/coordinator" "$ROOT/executor" \
+    "$ROOT/querylib" "$ROOT/pyspark_tq.py" >/dev/null || true
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

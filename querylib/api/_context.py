@@ -70,18 +70,28 @@ class Context:
     def subscribe(self, names: str | list[str], *, partitions: list[int] | None = None,
                   start: Start = "earliest", timeout: float = 30.0,
                   serde: str | Serde = "msgpack", record_type: str | None = None,
-                  kind: TopicKind | str | None = None) -> Subscription:
+                  kind: TopicKind | str | None = None, group: str | None = None
+                  ) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
-        topic that does not exist yet (UnknownTopicError after that)."""
+        topic that does not exist yet (UnknownTopicError after that).
+
+        With `group`, this subscriber is a member of that Kafka consumer group: it reads the
+        partitions the group assigns it, from the group's committed offsets (else `start`;
+        start="committed" falls back to "earliest"), commits what it consumed every second
+        and on close, and leaves the group on close. Delivery is at-least-once."""
         if isinstance(names, str):
             names = [names]
         if not names:
             raise UserError("subscribe to at least one topic")
         if timeout <= 0:
             raise UserError("timeout is a positive number of seconds")
+        if start == "committed" and group is None:
+            raise UserError('start="committed" reads a consumer group\'s offsets: pass group=')
+        if group is not None and not group:
+            raise UserError("a consumer group needs a non-empty name")
         return Subscription(self.runtime, list(names), partitions=partitions, start=start,
                             timeout=timeout, serde=resolve(serde), record_type=record_type,
-                            kind=None if kind is None else TopicKind(kind))
+                            kind=None if kind is None else TopicKind(kind), group=group)
 
     def close(self) -> None:
         """Close the session of a Context made by `connect()`."""
@@ -98,8 +108,9 @@ class Context:
 def _open(env: QueryEnv, coordinator: str | None, **options: Any) -> Runtime:
     if env.query_id is not None:
         options.update(kind=SessionKind.QUERY, query_id=env.query_id, process=env.process)
-    cluster = Cluster.connect(coordinator or env.coordinator, secret_file=env.secret_file,
-                              **options)
+    # connect(secret_file=...) names the file itself; the environment's is only the default.
+    options.setdefault("secret_file", env.secret_file)
+    cluster = Cluster.connect(coordinator or env.coordinator, **options)
     return Runtime(cluster, env)
 
 

@@ -10,29 +10,48 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
     _link.py        a client's session;  _producer.py / _subscriber.py async clients
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
+    _drop.py        drop_partitions: a deleted topic's partitions leave their brokers
     _endpoints.py   BrokerEndpoints: the optional connector endpoint and Kafka listener
     _run.py         running a standalone broker (tq broker)
 """
 
-from querylib.broker._blocking import Producer, Subscriber
-from querylib.broker._credit import CreditGrant, CreditWindow
-from querylib.broker._endpoints import BrokerEndpoints, EndpointUnavailableError
-from querylib.broker._errors import (
-    BrokerProtocolError,
-    CreditExceededError,
-    InvalidTopicError,
-    NotProducerError,
-    UnknownPartitionError,
-    UnknownSessionError,
-)
-from querylib.broker._frontier import PartitionFrontier
-from querylib.broker._model import BrokerLimits
-from querylib.broker._producer import AsyncProducer
-from querylib.broker._run import list_partitions, run_broker
-from querylib.broker._server import BrokerServer
-from querylib.broker._state import BrokerState
-from querylib.broker._stream import Data, EndOfStream, Event, Progress
-from querylib.broker._subscriber import AsyncSubscriber, Chunk
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# Names are loaded on first use (PEP 562): a query process needs the clients
+# (Producer, Subscriber) and must not pay for the server, its state machine and the log
+# storage, about a third of its import time. Every name below is still a public export.
+_EXPORTS = {
+    "AsyncProducer": "_producer",
+    "AsyncSubscriber": "_subscriber",
+    "BrokerEndpoints": "_endpoints",
+    "BrokerLimits": "_model",
+    "BrokerProtocolError": "_errors",
+    "BrokerServer": "_server",
+    "BrokerState": "_state",
+    "Chunk": "_subscriber",
+    "CreditExceededError": "_errors",
+    "CreditGrant": "_credit",
+    "CreditWindow": "_credit",
+    "Data": "_stream",
+    "EndOfStream": "_stream",
+    "EndpointUnavailableError": "_endpoints",
+    "Event": "_stream",
+    "InvalidTopicError": "_errors",
+    "NotProducerError": "_errors",
+    "PartitionBusyError": "_errors",
+    "PartitionFrontier": "_frontier",
+    "Producer": "_blocking",
+    "Progress": "_stream",
+    "Subscriber": "_blocking",
+    "UnknownPartitionError": "_errors",
+    "UnknownSessionError": "_errors",
+    "drop_partitions": "_drop",
+    "list_partitions": "_run",
+    "run_broker": "_run",
+}
 
 __all__ = [
     "AsyncProducer",
@@ -52,12 +71,27 @@ __all__ = [
     "Event",
     "InvalidTopicError",
     "NotProducerError",
+    "PartitionBusyError",
     "PartitionFrontier",
     "Producer",
     "Progress",
     "Subscriber",
     "UnknownPartitionError",
     "UnknownSessionError",
+    "drop_partitions",
     "list_partitions",
     "run_broker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'querylib.broker' has no attribute {name!r}")
+    value = getattr(import_module(f"querylib.broker.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,6 +3,7 @@
     TqError
     ├── UserError
     │   ├── UnknownPartitionError    no such partition here (create it, or check the name)
+    │   ├── PartitionBusyError       a partition to drop still has appends or reads in flight
     │   └── InvalidTopicError        a topic name the broker cannot host
     ├── ProtocolError
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
@@ -23,6 +24,7 @@ __all__ = [
     "CreditExceededError",
     "InvalidTopicError",
     "NotProducerError",
+    "PartitionBusyError",
     "UnknownPartitionError",
     "UnknownSessionError",
 ]
@@ -32,6 +34,13 @@ class UnknownPartitionError(UserError):
     """The broker does not host that partition (ask with create=True to create it)."""
 
     kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+    retriable = True
+
+
+class PartitionBusyError(UserError):
+    """A partition cannot be dropped while appends or disk reads on it are in flight; they
+    finish within moments, so asking again succeeds."""
+
     retriable = True
 
 

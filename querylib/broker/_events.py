@@ -109,6 +109,14 @@ class Unsubscribe(msgspec.Struct, frozen=True):
     sub_id: int
 
 
+class DropPartition(msgspec.Struct, frozen=True):
+    """Forget `partition`: end its subscriptions, detach its producers. The shell then closes
+    its log and deletes its files (the catalog deleted the topic)."""
+
+    token: Any
+    partition: PartitionId
+
+
 class DropSubscription(msgspec.Struct, frozen=True):
     """The shell could not deliver to the subscription (its client is gone or not reading):
     end it, so the client resumes from its own last offset instead of seeing a gap."""
@@ -175,7 +183,8 @@ class ReadFailed(msgspec.Struct, frozen=True):
 
 Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
-    | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | PartitionOpened
+    | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
+    | PartitionOpened
     | AppendCompleted
     | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
 )

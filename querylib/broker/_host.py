@@ -9,8 +9,10 @@ and the frontier / end-of-stream recovered from the last control batches.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,7 +26,9 @@ from ._errors import InvalidTopicError
 from ._events import PartitionId
 
 __all__ = ["OpenedPartition", "find_partitions", "open_partition", "partition_path",
-           "recover_frontier", "validate_partition"]
+           "purge_deleted", "recover_frontier", "remove_partition_dir", "validate_partition"]
+
+_DELETED = ".deleted-"  # prefix of a partition directory on its way out
 
 logger = logging.getLogger("querylib.broker")
 
@@ -55,6 +59,36 @@ def validate_partition(topic: str, partition: int) -> PartitionId:
 def partition_path(data_dir: str, pid: PartitionId) -> str:
     """Where a (validated) partition's log lives under `data_dir`."""
     return os.path.join(data_dir, TopicName.parse(pid[0]).partition_dir(pid[1]))
+
+
+_tombstones = itertools.count()
+
+
+def remove_partition_dir(data_dir: str, pid: PartitionId) -> None:
+    """Delete a (closed) partition's directory. Renamed out of the way first, atomically, so
+    a crash half way through the deletion never leaves a truncated partition that the next
+    start would recover as live (`purge_deleted` finishes the job then)."""
+    path = partition_path(data_dir, pid)
+    tomb = os.path.join(data_dir, f"{_DELETED}{os.getpid()}-{next(_tombstones)}-"
+                        f"{os.path.basename(path)}")
+    try:
+        os.rename(path, tomb)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot delete partition directory {path}: {exc}") from exc
+    shutil.rmtree(tomb, ignore_errors=True)
+
+
+def purge_deleted(data_dir: str) -> None:
+    """Finish deletions a crash interrupted (directories `remove_partition_dir` renamed)."""
+    try:
+        entries = list(os.scandir(data_dir))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(_DELETED) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def find_partitions(data_dir: str) -> list[PartitionId]:

@@ -13,6 +13,7 @@ Client -> broker requests (reply in brackets):
     broker.session.close    CloseSessionRequest  [Done]
     broker.partitions       ListPartitions       [PartitionList]
     broker.partition.ensure EnsurePartition      [PartitionInfo]   create=True creates it
+    broker.partition.drop   DropPartitionRequest [Done]            delete it and its files
     broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
     broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
     broker.frontier         AdvanceRequest       [Done]
@@ -38,6 +39,7 @@ __all__ = [
     "CreditNotify",
     "Delivery",
     "Done",
+    "DropPartitionRequest",
     "EndStreamRequest",
     "EnsurePartition",
     "HeartbeatRequest",
@@ -129,6 +131,15 @@ class EnsurePartition(Request[PartitionInfo], tag="broker.partition.ensure"):
     topic: str
     partition: int
     create: bool = True
+
+
+class DropPartitionRequest(Request[Done], tag="broker.partition.drop"):
+    """Forget the partition and delete its directory (the catalog deleted its topic): its
+    subscriptions end with UnknownPartitionError, its producers' next request fails. Done
+    also when the broker does not host it."""
+
+    topic: str
+    partition: int
 
 
 class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):

@@ -45,6 +45,7 @@ from ._events import (
     AppendCompleted,
     CloseSession,
     Deliver,
+    DropPartition,
     DropSubscription,
     DurableAdvanced,
     EndStream,
@@ -68,7 +69,13 @@ from ._events import (
     Tick,
     Unsubscribe,
 )
-from ._host import find_partitions, open_partition, validate_partition
+from ._host import (
+    find_partitions,
+    open_partition,
+    purge_deleted,
+    remove_partition_dir,
+    validate_partition,
+)
 from ._lane import AppendLane
 from ._messages import (
     AdvanceRequest,
@@ -76,6 +83,7 @@ from ._messages import (
     CreditNotify,
     Delivery,
     Done,
+    DropPartitionRequest,
     EndStreamRequest,
     EnsurePartition,
     HeartbeatRequest,
@@ -157,6 +165,7 @@ class BrokerServer:
         # between would otherwise get its lease counted from time 0 and expire at once.
         self._feed(Tick(self._loop.time(), int(time.time() * 1000)))
         os.makedirs(self.data_dir, exist_ok=True)
+        await self._loop.run_in_executor(self._append_pool, purge_deleted, self.data_dir)
         pids = await self._loop.run_in_executor(self._append_pool, find_partitions,
                                                 self.data_dir)
         await asyncio.gather(*(self._open(pid) for pid in pids))
@@ -263,6 +272,26 @@ class BrokerServer:
                 await self._open(pid)
         self._opening.pop(pid, None)
         return pid
+
+    async def drop_partition(self, topic: str, partition: int) -> None:
+        """Forget a partition and delete its files (its topic was deleted). PartitionBusyError
+        while appends or reads on it are in flight; done already if not hosted."""
+        pid = validate_partition(topic, partition)
+        # Under the partition's opening lock: an open asked for meanwhile (the topic created
+        # again) waits and then finds no directory, so a new topic never sees old records.
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock  # an open that held it before us may have let it go
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._feed(DropPartition(future, pid))
+            await future
+            loop = asyncio.get_running_loop()
+            lane = self._lanes.pop(pid, None)
+            if lane is not None:
+                await lane.close()
+                await loop.run_in_executor(self._append_pool, lane.log.close)
+            await loop.run_in_executor(self._append_pool, remove_partition_dir, self.data_dir,
+                                       pid)
 
     # -- the state machine loop -------------------------------------------------------------
 
@@ -402,6 +431,11 @@ class BrokerServer:
         async def ensure(req: EnsurePartition, ctx: Context) -> PartitionInfo:
             pid = await self._ensure(req.topic, req.partition, req.create)
             return self.state.partition_info(pid)
+
+        @rpc.route(DropPartitionRequest)
+        async def drop(req: DropPartitionRequest, ctx: Context) -> Done:
+            await self.drop_partition(req.topic, req.partition)
+            return Done()
 
         @rpc.route(OpenProducerRequest)
         async def open_producer(req: OpenProducerRequest, ctx: Context) -> ProducerOpened:

@@ -38,6 +38,7 @@ from ._errors import (
     BrokerProtocolError,
     CreditExceededError,
     NotProducerError,
+    PartitionBusyError,
     UnknownPartitionError,
     UnknownSessionError,
 )
@@ -48,6 +49,7 @@ from ._events import (
     AppendFailed,
     CloseSession,
     Deliver,
+    DropPartition,
     DropSubscription,
     DurableAdvanced,
     EndStream,
@@ -132,6 +134,7 @@ class BrokerState:
             GrantCredit: self._grant,
             Unsubscribe: self._unsubscribe,
             DropSubscription: self._drop_subscription,
+            DropPartition: self._drop_partition,
             PartitionOpened: self._partition_opened,
             AppendCompleted: self._append_completed,
             AppendFailed: self._append_failed,
@@ -261,6 +264,27 @@ class BrokerState:
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended),
             visible_frontier=ev.frontier, visible_ended=ev.ended)
         return []
+
+    def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
+        """Forget the partition (its topic was deleted). Refused while an append or a disk
+        read is in flight, so the shell never closes a log under a thread using it; dropping
+        a partition this broker does not hold is done already."""
+        part = self.partitions.get(ev.partition)
+        if part is None:
+            return [Reply(ev.token, Done())]
+        if part.inflight or part.unflushed or any(s.reading for s in part.subs.values()):
+            raise PartitionBusyError(f"partition {ev.partition[1]} of {ev.partition[0]!r} has "
+                                     "appends or reads in flight; ask again")
+        gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
+                                     f"{ev.partition[0]!r} was deleted")
+        out: list[Instruction] = []
+        for sub in list(part.subs.values()):
+            out += self._close_sub(sub, gone)
+        for session in self.sessions.values():
+            session.producing.discard(ev.partition)  # their next produce: unknown partition
+        del self.partitions[ev.partition]
+        out.append(Reply(ev.token, Done()))
+        return out
 
     # ------------------------------------------------------------------ producers
 

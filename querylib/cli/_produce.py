@@ -1,49 +1,95 @@
-"""`tq produce TOPIC --broker ADDR`: stdin lines become records of one partition.
+"""`tq produce TOPIC [FILE|-]`: lines become records of a topic (DESIGN §9).
 
-A thin adapter over `querylib.broker.Producer`. At end of input the producer ends its stream
-(end-of-stream control record) unless --no-end is given.
+A thin adapter over `querylib.cluster.TopicWriter`: the coordinator (--coordinator,
+TQ_COORDINATOR or $TQ_HOME/cluster.json) says which brokers host the topic's partitions, and
+the lines go there, to --partition N, else by key hash (--key-separator), else round-robin.
+`--create --partitions N` creates a missing topic, owned by ingest. Line i gets logical time
+i (the tq.time header) unless --time T gives all of them T. At end of input every partition
+written ends its stream, unless --keep-open (then the frontier moves past the last time).
+`--broker ADDR` writes one partition of a standalone broker directly.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from typing import BinaryIO
 
-from querylib.cli._broker import add_client_options, client_secret
+from catalog.errors import UserError
+from querylib.cli._consume import add_topic_client_options, open_route, standalone
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    produce = sub.add_parser("produce", help="send stdin lines as records to a topic partition")
+    produce = sub.add_parser("produce", help="send lines (stdin or a file) as records to a topic")
     produce.add_argument("topic")
-    add_client_options(produce)
-    produce.add_argument("--partition", type=int, default=0, help="partition (default 0)")
+    produce.add_argument("file", nargs="?", default="-",
+                         help="file of lines to send (default -, stdin)")
+    add_topic_client_options(produce)
+    produce.add_argument("--partition", type=int,
+                         help="send every line to this partition (default: by key, else "
+                         "round-robin; 0 with --broker)")
     produce.add_argument("--key-separator", metavar="SEP",
                          help="split each line at the first SEP into key and value")
     produce.add_argument("--time", type=int, metavar="T",
-                         help="logical time of every record (the tq.time header)")
-    produce.add_argument("--no-end", action="store_true",
+                         help="logical time of every record (default: line number, from 0)")
+    produce.add_argument("--create", action="store_true",
+                         help="create the topic (owned by ingest) if it does not exist")
+    produce.add_argument("--partitions", type=int, default=1, metavar="N",
+                         help="partitions of a topic made by --create (default 1)")
+    produce.add_argument("--keep-open", "--no-end", dest="keep_open", action="store_true",
                          help="do not end the stream at end of input")
     produce.set_defaults(func=_produce)
 
 
-def _produce(args: argparse.Namespace) -> int:
-    from querylib.broker import Producer
+def _lines(path: str) -> Iterator[bytes]:
+    source: BinaryIO
+    if path == "-":
+        source = sys.stdin.buffer
+        yield from (line.rstrip(b"\r\n") for line in source)
+        return
+    try:
+        source = open(path, "rb")  # noqa: SIM115 - closed below, also when abandoned
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}") from exc
+    with source:
+        yield from (line.rstrip(b"\r\n") for line in source)
 
+
+def _produce(args: argparse.Namespace) -> int:
+    from querylib.cli._broker import client_secret
+    from querylib.cluster import TopicRoute, TopicWriter
+
+    if args.partitions < 1:
+        raise UserError(f"--partitions {args.partitions}: a topic has at least one partition")
+    if standalone(args):
+        partition = args.partition or 0
+        if partition < 0:
+            raise UserError(f"--partition {partition}: a partition is >= 0")
+        # A standalone broker has no catalog: the partition exists once it is written.
+        route = TopicRoute(name=args.topic, partitions=partition + 1,
+                           addresses=(args.broker,) * (partition + 1), ingest=True)
+        secret = client_secret(args)
+        args.partition = partition
+    else:
+        route, secret = open_route(args, create_partitions=args.partitions if args.create
+                                   else None)
     sep = args.key_separator.encode() if args.key_separator else None
     count = 0
-    with Producer(args.broker, args.topic, args.partition, secret=client_secret(args),
-                  timeout=args.timeout) as producer:
-        try:
-            for line in sys.stdin.buffer:
-                value = line.rstrip(b"\r\n")
-                key = None
-                if sep is not None and sep in value:
-                    key, value = value.split(sep, 1)
-                producer.send(value, key=key, time=args.time)
-                count += 1
-        finally:
-            producer.close(end=not args.no_end)
-    last = producer.last_acked
-    where = f", last offset {last.next_offset - 1}" if last is not None else ""
-    print(f"produced {count} records to {args.topic}-{args.partition}{where}", file=sys.stderr)
+    time = args.time
+    with TopicWriter(route, secret, timeout=args.timeout) as writer:
+        for value in _lines(args.file):
+            key = None
+            if sep is not None and sep in value:
+                key, value = value.split(sep, 1)
+            writer.send(value, key=key, partition=args.partition,
+                        time=count if args.time is None else args.time)
+            count += 1
+        if args.keep_open:
+            last = count - 1 if time is None else time
+            if last >= 0:
+                writer.advance(last + 1)  # readers may go past what was sent
+            writer.close(end=False)
+    counts = ", ".join(f"{route.name}-{p}: {n}" for p, n in sorted(writer.counts.items()))
+    print(f"produced {count} records" + (f" ({counts})" if counts else ""), file=sys.stderr)
     return 0

@@ -52,6 +52,7 @@ from querylib.cluster._messages import (
 )
 from querylib.cluster._queries import find_query, wait_for_query_end
 from querylib.cluster._session import AsyncCluster, default_peer
+from querylib.cluster._topic_io import TopicRoute, TopicWriter, read_topic, route_topic
 
 __all__ = [
     "AsyncCluster",
@@ -78,13 +79,17 @@ __all__ = [
     "SpawnProcesses",
     "Snapshot",
     "TopicInfo",
+    "TopicRoute",
+    "TopicWriter",
     "cluster_file",
     "default_peer",
     "read_collections",
+    "read_topic",
     "discover",
     "find_query",
     "read_cluster_file",
     "remove_cluster_file",
+    "route_topic",
     "tq_home",
     "wait_for_query_end",
     "write_cluster_file",

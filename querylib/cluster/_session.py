@@ -197,7 +197,19 @@ class AsyncCluster:
             record_type=record_type, kind=TopicKind(kind), ingest=ingest, locations=locations))
 
     async def delete_topic(self, name: str, *, force: bool = False) -> None:
+        """Delete the topic in the catalog, then drop its partitions (and their files) from
+        the brokers hosting them, so a topic created again under the name starts empty."""
+        from querylib.broker import drop_partitions
+
+        info = await self.lookup_topic(name)
         await self.request(m.DeleteTopic(session_id=self._session(), name=name, force=force))
+        hosted: dict[str, list[int]] = {}
+        for partition, broker_id in enumerate(info.topic.locations):
+            hosted.setdefault(info.brokers[broker_id], []).append(partition)
+        await asyncio.gather(*(
+            drop_partitions(address, self.secret, info.topic.short_name, partitions,
+                            timeout=self.timeout)
+            for address, partitions in hosted.items()))
 
     async def publish(self, name: str) -> m.TopicInfo:
         return await self.request(m.Publish(session_id=self._session(), name=name))

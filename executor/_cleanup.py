@@ -1,0 +1,104 @@
+"""Bounded cleanup of what ended queries leave on an executor's disk (DESIGN §11 "Executor
+disk cleanup"): work directories and cached artifacts.
+
+    prune_work_dirs(data / "work", keep=50, running={Path(...), ...})
+    prune_artifacts(cache, unused_for=86400.0, running={digest, ...}, now=time.time())
+
+A work directory (`<query>-<process>-<attempt>`) of a process that is not running is
+removed once it is older than the newest `keep` of them, by modification time, so the
+recent ones stay for a post-mortem. An artifact is removed once it has not been used for
+`unused_for` seconds: a spawn marks its use by touching the artifact's directory
+(`touch_artifact`); one a running process uses is never removed.
+
+Blocking file I/O, meant for a worker thread; no asyncio, no decisions about queries.
+Must not: remove anything a running process uses, or anything that is not a work directory
+or an artifact (names are checked).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from collections.abc import Collection
+from pathlib import Path
+
+from ._artifacts import ArtifactCache
+
+__all__ = ["prune_artifacts", "prune_work_dirs", "touch_artifact"]
+
+_WORK_DIR = re.compile(r"\d+-\d+-\d+")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _age_key(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove(path: Path) -> None:
+    # Query programs may leave read-only files or directories behind (the artifact's
+    # program tree is made read-only on purpose): make each writable and retry.
+    def writable_then_retry(func: object, name: str, _exc: object) -> None:
+        parent = os.path.dirname(name)
+        for target in (parent, name):
+            try:
+                os.chmod(target, os.stat(target).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+            except OSError:
+                pass
+        try:
+            func(name)  # type: ignore[operator]
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=writable_then_retry)
+
+
+def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
+                    running: Collection[Path] = ()) -> list[Path]:
+    """Remove the work directories under `root` beyond the newest `keep`, except those of
+    running processes; returns what was removed."""
+    if keep < 0:
+        raise ValueError("keep is >= 0")
+    root = Path(root)
+    try:
+        dirs = [p for p in root.iterdir() if p.is_dir() and _WORK_DIR.fullmatch(p.name)]
+    except FileNotFoundError:
+        return []
+    busy = {Path(p).resolve() for p in running}
+    idle = sorted((p for p in dirs if p.resolve() not in busy), key=_age_key, reverse=True)
+    # The running ones count toward `keep`: they are the newest in use.
+    spare = max(keep - (len(dirs) - len(idle)), 0)
+    removed = idle[spare:]
+    for path in removed:
+        _remove(path)
+    return removed
+
+
+def touch_artifact(cache: ArtifactCache, digest: str) -> None:
+    """Mark an artifact used now (its directory's modification time)."""
+    found = cache.lookup(digest)
+    if found is not None:
+        try:
+            os.utime(found.root)
+        except OSError:
+            pass  # a mark missed makes the artifact look older: it is fetched again if needed
+
+
+def prune_artifacts(cache: ArtifactCache, *, unused_for: float, now: float,
+                    running: Collection[str] = ()) -> list[str]:
+    """Remove artifacts not used for `unused_for` seconds (before `now`, wall-clock seconds)
+    and not used by a running process; returns their digests."""
+    removed = []
+    for digest in cache.digests():
+        if not _DIGEST.fullmatch(digest) or digest in running:
+            continue
+        found = cache.lookup(digest)
+        if found is None or now - _age_key(found.root) <= unused_for:
+            continue
+        if cache.remove(digest):
+            removed.append(digest)
+    return removed

@@ -1,0 +1,219 @@
+"""Records into and out of a topic of a running cluster, found through the coordinator
+(`tq produce` / `tq consume`, DESIGN §9).
+
+    route = route_topic(cluster, "events")              # where each partition lives
+    with TopicWriter(route, secret) as writer:          # one broker producer per partition
+        writer.send(b"hello", time=0)
+    for event in read_topic(route, secret, follow=True):  # partitions of every broker, merged
+        ...
+
+The coordinator only says where partitions live; records go to and come from the brokers
+hosting them, as for queries. Several brokers are read by one thread each into one bounded
+queue; the merged frontier is the minimum over brokers, the stream ends when every broker's
+part of it has ended.
+
+Must not: print or parse arguments (the CLI does), or carry data through the coordinator.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from catalog import INGEST, UnknownTopicError
+from catalog.errors import TqError, UserError
+
+__all__ = ["TopicRoute", "TopicWriter", "read_topic", "route_topic"]
+
+_MERGE_QUEUE = 1024  # events in flight from the broker threads to the reader
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    """A topic as its brokers know it: short name, and the broker address of each partition."""
+
+    name: str
+    partitions: int
+    addresses: tuple[str, ...]  # addresses[i]: the broker hosting partition i
+    ingest: bool
+
+    def by_broker(self, partitions: list[int] | None = None) -> dict[str, list[int]]:
+        """The partitions to read (all by default), grouped by the broker hosting them."""
+        chosen = list(range(self.partitions)) if partitions is None else partitions
+        groups: dict[str, list[int]] = {}
+        for p in chosen:
+            if not 0 <= p < self.partitions:
+                raise UserError(f"topic {self.name!r} has partitions 0..{self.partitions - 1}; "
+                                f"there is no partition {p}")
+            groups.setdefault(self.addresses[p], []).append(p)
+        return groups
+
+
+def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None,
+                wait: float = 0.0) -> TopicRoute:
+    """Look `name` up in the catalog (waiting up to `wait` s for it). With `create_partitions`,
+    a missing topic is created as an ingest topic of that many partitions (the cluster needs
+    a session for that)."""
+    try:
+        info = cluster.lookup_topic(name, wait=wait)
+    except UnknownTopicError:
+        if create_partitions is None:
+            raise
+        info = cluster.create_topic(name, create_partitions, ingest=True)
+    topic = info.topic
+    return TopicRoute(name=topic.short_name, partitions=topic.partitions,
+                      addresses=tuple(info.brokers[b] for b in topic.locations),
+                      ingest=topic.owner == INGEST)
+
+
+class TopicWriter:
+    """Records into a topic: one broker producer per partition written, opened on first use.
+
+    A record goes to `partition` when given, else to the hash of its key (CRC-32, stable
+    across runs), else round-robin. Only ingest topics are fed from outside a query."""
+
+    def __init__(self, route: TopicRoute, secret: bytes, *, timeout: float = 30.0) -> None:
+        if not route.ingest:
+            raise UserError(f"topic {route.name!r} is owned by a query; only ingest topics "
+                            f"are fed from outside (tq topic create makes one)")
+        self.route = route
+        self.secret = secret
+        self.timeout = timeout
+        self.producers: dict[int, Any] = {}
+        self.counts: dict[int, int] = {}
+        self._next = 0
+
+    def _producer(self, partition: int) -> Any:
+        from querylib.broker import Producer
+
+        producer = self.producers.get(partition)
+        if producer is None:
+            self.route.by_broker([partition])  # a clear error for a partition out of range
+            producer = Producer(self.route.addresses[partition], self.route.name, partition,
+                                secret=self.secret, timeout=self.timeout)
+            self.producers[partition] = producer
+        return producer
+
+    def send(self, value: bytes, *, key: bytes | None = None, time: int | None = None,
+             partition: int | None = None) -> int:
+        """Queue one record; returns the partition it goes to."""
+        if partition is None:
+            if key is not None:
+                partition = zlib.crc32(key) % self.route.partitions
+            else:
+                partition = self._next % self.route.partitions
+                self._next += 1
+        self._producer(partition).send(value, key=key, time=time)
+        self.counts[partition] = self.counts.get(partition, 0) + 1
+        return partition
+
+    def advance(self, frontier: int) -> None:
+        """No more records below `frontier` in any partition written so far."""
+        for producer in self.producers.values():
+            producer.advance(frontier)
+
+    def close(self, *, end: bool = True) -> None:
+        """Flush every producer and, with `end`, end the stream of every partition written."""
+        first: BaseException | None = None
+        for producer in self.producers.values():
+            try:
+                producer.close(end=end)
+            except BaseException as exc:  # close the others, then raise the first failure
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> TopicWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close(end=exc_type is None)
+
+
+def read_topic(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
+               start: str | int = "earliest", follow: bool = False,
+               timeout: float = 30.0) -> Iterator[Any]:
+    """Events (`Data`, `Progress`, `EndOfStream` of querylib.broker) of the chosen partitions.
+    Without `follow` it stops at the end of what was stored when it started; with it, at the
+    end of stream. Progress is the merged frontier (the minimum over the brokers). A partition
+    the catalog places on a broker but nobody wrote yet is created there, empty."""
+    from querylib.broker import Subscriber
+
+    groups = route.by_broker(partitions)
+    if len(groups) == 1:
+        ((address, chosen),) = groups.items()
+        with Subscriber(address, route.name, chosen, secret=secret, start=start,
+                        follow=follow, timeout=timeout, create=True) as sub:
+            yield from sub
+        return
+    yield from _merged(route, groups, secret, start, follow, timeout)
+
+
+_DONE = object()  # a broker thread's last item
+
+
+def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
+            start: str | int, follow: bool, timeout: float) -> Iterator[Any]:
+    from querylib.broker import EndOfStream, Progress, Subscriber
+
+    events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                events.put(item, timeout=0.2)  # wakes to see `stop` when the reader left
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read(address: str, chosen: list[int]) -> None:
+        try:
+            with Subscriber(address, route.name, chosen, secret=secret, start=start,
+                            follow=follow, timeout=timeout, create=True) as sub:
+                for event in sub:
+                    if not put((address, event)):
+                        return
+        except TqError as exc:
+            put((address, exc))
+        put((address, _DONE))
+
+    threads = [threading.Thread(target=read, args=item, daemon=True,
+                                name=f"tq-consume {item[0]}") for item in groups.items()]
+    for thread in threads:
+        thread.start()
+    frontiers: dict[str, int | None] = dict.fromkeys(groups)
+    running = set(groups)
+    ended: set[str] = set()
+    merged: int | None = None
+    try:
+        while running:
+            address, item = events.get()
+            if item is _DONE:
+                running.discard(address)
+            elif isinstance(item, TqError):
+                raise item
+            elif isinstance(item, EndOfStream):
+                ended.add(address)
+                frontiers.pop(address, None)  # an ended part holds nobody back
+                if ended == set(groups):
+                    yield item
+                    return
+            elif isinstance(item, Progress):
+                frontiers[address] = item.frontier
+            else:
+                yield item
+                continue
+            known = [f for f in frontiers.values() if f is not None]
+            if known and len(known) == len(frontiers) and min(known) != merged:
+                merged = min(known)
+                yield Progress(merged)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=0)  # daemons: a broker thread blocked on its socket may linger

@@ -1,0 +1,66 @@
+"""Bounded disk cleanup on an executor: old work dirs and unused artifacts go, running ones
+and recent ones stay (real files; no clocks: ages are set with os.utime)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from executor._artifacts import ArtifactCache
+from executor._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
+from executor._pack import pack_bytes
+
+NOW = 1_700_000_000.0
+
+
+def _work_dir(root: Path, name: str, age: float) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "out.txt").write_text("left behind")
+    read_only = path / "frozen"
+    read_only.mkdir()
+    (read_only / "f").write_text("x")
+    read_only.chmod(0o500)  # a query may leave read-only trees: still removable
+    os.utime(path, (NOW - age, NOW - age))
+    return path
+
+
+def test_work_dirs_beyond_the_newest_are_removed_but_never_a_running_one(tmp_path: Path):
+    root = tmp_path / "work"
+    newest = _work_dir(root, "7-0-0", 10)
+    older = _work_dir(root, "6-1-0", 20)
+    running = _work_dir(root, "1-0-0", 1000)  # old, but its process still runs
+    oldest = _work_dir(root, "5-0-2", 30)
+    stranger = root / "notes"  # not a work dir: never touched
+    stranger.mkdir()
+    removed = prune_work_dirs(root, keep=3, running=[running])
+    assert removed == [oldest]
+    assert {p.name for p in root.iterdir()} == {"7-0-0", "6-1-0", "1-0-0", "notes"}
+    assert prune_work_dirs(root, keep=1, running=[running]) == [newest, older]
+    assert prune_work_dirs(tmp_path / "absent", keep=0) == []
+    with pytest.raises(ValueError):
+        prune_work_dirs(root, keep=-1)
+
+
+def test_artifacts_unused_for_longer_than_the_ttl_are_removed(tmp_path: Path):
+    cache = ArtifactCache(tmp_path / "artifacts")
+    stale = cache.install(pack_bytes("job.py", b"print('old')\n"))
+    busy = cache.install(pack_bytes("job.py", b"print('busy')\n"))
+    fresh = cache.install(pack_bytes("job.py", b"print('new')\n"))
+    for artifact in (stale, busy):
+        os.utime(artifact.root, (NOW - 3600, NOW - 3600))
+    os.utime(fresh.root, (NOW - 10, NOW - 10))
+    removed = prune_artifacts(cache, unused_for=600, now=NOW, running={busy.digest})
+    assert removed == [stale.digest]
+    assert sorted(cache.digests()) == sorted([busy.digest, fresh.digest])
+
+
+def test_touching_an_artifact_marks_it_used(tmp_path: Path):
+    cache = ArtifactCache(tmp_path / "artifacts")
+    artifact = cache.install(pack_bytes("job.py", b"pass\n"))
+    os.utime(artifact.root, (0, 0))
+    touch_artifact(cache, artifact.digest)
+    assert artifact.root.stat().st_mtime > 0
+    touch_artifact(cache, "0" * 64)  # unknown: nothing to mark
