@@ -185,17 +185,21 @@ class DeleteTopic(_Command, tag="delete_topic"):
 
 
 class Publish(_Command, tag="publish"):
-    """`publisher` starts publishing the topic: it must own it, or the topic must be ingest's."""
+    """`publisher` starts publishing the topic: it must own it, or the topic must be ingest's.
+    `process`: which process of the publishing query (None for other parties)."""
 
     topic_id: int
     publisher: Party
+    process: int | None = None
 
 
 class Unpublish(_Command, tag="unpublish"):
-    """`publisher` stops publishing; only the publisher itself can remove its publication."""
+    """`publisher` stops publishing; only the publisher itself can remove its publication.
+    A query's publication leaves once every `process` holding it has unpublished."""
 
     topic_id: int
     publisher: Party
+    process: int | None = None
 
 
 class Subscribe(_Command, tag="subscribe"):

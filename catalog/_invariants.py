@@ -55,16 +55,34 @@ def check_invariants(catalog: Catalog) -> None:
         assert isinstance(query, Query)
         _check_query(catalog, query, registered)
     _check_topics(catalog)
+    publishers: set[tuple[int, object]] = set()
     for publication in catalog.publications:
         assert isinstance(publication, Publication)
         topic = _topic_of(catalog, publication, publication.topic_id)
         _check_live(catalog, publication, publication.publisher)
         if publication.publisher != topic.owner and topic.owner != INGEST:
             raise _fail(f"{publication!r} publishes a topic it does not own")
+        key = (publication.topic_id, publication.publisher)
+        if key in publishers:
+            raise _fail(f"{publication!r} is a second publication of one publisher")
+        publishers.add(key)
+        _check_holders(catalog, publication)
     for subscription in catalog.subscriptions:
         assert isinstance(subscription, Subscription)
         _topic_of(catalog, subscription, subscription.topic_id)
         _check_live(catalog, subscription, subscription.subscriber)
+
+
+def _check_holders(catalog: Catalog, publication: Publication) -> None:
+    """The processes holding a publication: distinct, sorted, of its query."""
+    held = publication.processes
+    if not held:
+        return
+    if not isinstance(publication.publisher, QueryRef):
+        raise _fail(f"{publication!r} names processes of a publisher that has none")
+    count = catalog.query(publication.publisher.query_id).processes
+    if list(held) != sorted(set(held)) or held[0] < 0 or held[-1] >= count:
+        raise _fail(f"{publication!r} names processes outside 0..{count - 1} or out of order")
 
 
 def _check_shape(catalog: Catalog) -> None:

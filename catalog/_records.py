@@ -208,9 +208,16 @@ class Topic(_Record, tag="topic"):
         return self.topic_name.short
 
 
-class Publication(_Record, tag="publication"):
+class Publication(_Record, tag="publication", omit_defaults=True):
+    """One per (topic, publisher). A query's processes publish collectively: `processes` are
+    those holding it (sorted); it leaves when the last lets go or the query ends. Empty for
+    other publishers, and in records written before processes were counted (last, with a
+    default: older catalogs load; such a record leaves at the first process's unpublish).
+    Encoded without `processes` when empty, so those records keep their bytes."""
+
     topic_id: int
     publisher: Party
+    processes: tuple[int, ...] = ()
 
 
 class Subscription(_Record, tag="subscription"):

@@ -46,6 +46,7 @@ from catalog._records import (
     Counters,
     Executor,
     Owner,
+    Party,
     Publication,
     Query,
     QueryRef,
@@ -414,23 +415,59 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
             f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
             f"publishes to it (anyone may publish to an ingest topic)"
         )
-    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher)
-    if publication in catalog.publications:
+    process = _process_of(catalog, cmd.publisher, cmd.process)
+    current = _publication(catalog, topic.topic_id, cmd.publisher)
+    if current is not None and (process is None or not current.processes
+                                or process in current.processes):
         raise AlreadyPublishedError(
             f"{describe_owner(cmd.publisher)} publishes {topic.short_name!r} already"
+            + (f" from process {process}" if process is not None else "")
         )
+    held = () if process is None else (process,)
+    if current is not None:
+        txn.retract("publications", current)
+        held = tuple(sorted((*current.processes, *held)))
+    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher, processes=held)
     txn.insert("publications", publication)
     txn.created = publication
 
 
 def _unpublish(catalog: Catalog, txn: Txn, cmd: Unpublish) -> None:
     topic = catalog.topic(cmd.topic_id)
-    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher)
-    if publication not in catalog.publications:
+    process = _process_of(catalog, cmd.publisher, cmd.process)
+    current = _publication(catalog, topic.topic_id, cmd.publisher)
+    if current is None or (process is not None and current.processes
+                           and process not in current.processes):
         raise NotPublishedError(
             f"{describe_owner(cmd.publisher)} does not publish {topic.short_name!r}"
+            + (f" from process {process}" if process is not None else "")
         )
-    txn.retract("publications", publication)
+    txn.retract("publications", current)
+    left = tuple(p for p in current.processes if p != process)
+    if process is not None and left:
+        txn.insert("publications", Publication(topic_id=topic.topic_id,
+                                               publisher=cmd.publisher, processes=left))
+
+
+def _publication(catalog: Catalog, topic_id: int, publisher: Party) -> Publication | None:
+    """The one publication of `publisher` on the topic (the invariants allow one)."""
+    for publication in catalog.publications_on(topic_id):
+        if publication.publisher == publisher:
+            return publication
+    return None
+
+
+def _process_of(catalog: Catalog, publisher: Party, process: int | None) -> int | None:
+    """The process index a publish names: only a query's, and within its process count."""
+    if process is None:
+        return None
+    if not isinstance(publisher, QueryRef):
+        raise InvalidCommandError(f"{describe_owner(publisher)} has no processes")
+    count = catalog.query(publisher.query_id).processes
+    if not 0 <= process < count:
+        raise InvalidCommandError(f"query {publisher.query_id} has {count} processes; there is "
+                                  f"no process {process}")
+    return process
 
 
 def _subscribe(catalog: Catalog, txn: Txn, cmd: Subscribe) -> None:

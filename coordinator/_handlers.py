@@ -206,10 +206,18 @@ def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.D
     return m.Done(version=state.catalog.version)
 
 
+def _process(state: CoordinatorState, session_id: int) -> int | None:
+    """Which process of its query a session is, if it is one: a query's publication is held
+    per process (DESIGN §11 "Collective publishing")."""
+    binding = state.bindings.get(session_id)
+    return binding[1] if binding is not None else None
+
+
 def publish(state: CoordinatorState, req: m.Publish, call: Call) -> m.TopicInfo:
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, 0, req.session_id)
-    state.apply(PublishCommand(topic_id=topic.topic_id, publisher=party), call.now,
+    state.apply(PublishCommand(topic_id=topic.topic_id, publisher=party,
+                               process=_process(state, req.session_id)), call.now,
                 call.wall_ms)
     return _topic_info(state, topic)
 
@@ -217,7 +225,8 @@ def publish(state: CoordinatorState, req: m.Publish, call: Call) -> m.TopicInfo:
 def unpublish(state: CoordinatorState, req: m.Unpublish, call: Call) -> m.Done:
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, 0, req.session_id)
-    state.apply(UnpublishCommand(topic_id=topic.topic_id, publisher=party), call.now,
+    state.apply(UnpublishCommand(topic_id=topic.topic_id, publisher=party,
+                                 process=_process(state, req.session_id)), call.now,
                 call.wall_ms)
     return m.Done(version=state.catalog.version)
 

@@ -1,10 +1,14 @@
 """What the workers of one process share: the coordinator session, topics joined, catalog
 entries counted per process, and the producers of partitions every worker writes (Merge, Hash).
 
-The catalog records a publication or subscription per party, and every process of a query acts
-as the same party, so several workers (and processes) publishing one topic are one entry: the
-first local publish adds it (another process may have added it already), the last local close
-removes it.
+Those shared producers join each partition as one writer of a writer group, the process being
+the writer and the query's process count the writers expected, so the broker holds the
+partition's frontier until every process has joined (DESIGN §11 "Collective publishing").
+
+The catalog records a publication per party, held by the processes of a query that publish
+it: the first local publish adds this process to it, the last local close takes this process
+off, and it leaves the catalog when no process holds it. Subscriptions are per party: every
+process of a query acts as the same subscriber.
 
 Must not: encode records (publishers do) or hold its lock across a blocking wait.
 """
@@ -12,10 +16,8 @@ Must not: encode records (publishers do) or hold its lock across a blocking wait
 from __future__ import annotations
 
 import threading
-import time as _time
-from typing import Any
 
-from catalog import TopicKind, TopicName
+from catalog import TopicKind
 from catalog.errors import (
     AlreadyPublishedError,
     AlreadySubscribedError,
@@ -26,14 +28,14 @@ from catalog.errors import (
     UnknownTopicError,
     UserError,
 )
-from querylib.broker import Producer, Progress, Subscriber
+from querylib.broker import Producer, WriterGroup
 from querylib.cluster import Cluster, TopicInfo
 
 from ._env import QueryEnv
 
 __all__ = ["Runtime", "SharedPartitions"]
 
-BARRIER_TIMEOUT = 60.0
+OPEN_TIMEOUT = 90.0
 
 
 class Runtime:
@@ -46,6 +48,7 @@ class Runtime:
         self._publications: dict[str, int] = {}
         self._subscriptions: dict[str, int] = {}
         self._shared: dict[str, SharedPartitions] = {}
+        self._opened: dict[str, int] = {}  # topic -> SharedPartitions made for it so far
 
     @property
     def secret(self) -> bytes:
@@ -81,7 +84,7 @@ class Runtime:
                 try:
                     self.cluster.publish(name)
                 except AlreadyPublishedError:
-                    pass  # another process of this query published it
+                    pass  # a catalog from before per-process holders: the query holds it
             self._publications[name] = count + 1
 
     def remove_publication(self, name: str) -> None:
@@ -94,7 +97,7 @@ class Runtime:
             try:
                 self.cluster.unpublish(name)
             except NotPublishedError:
-                pass  # another process of this query unpublished it first
+                pass  # the query ended meanwhile, which retracted it
 
     def add_subscription(self, name: str, record_type: str | None,
                          kind: TopicKind | None) -> TopicInfo:
@@ -121,13 +124,24 @@ class Runtime:
 
     def shared(self, info: TopicInfo) -> SharedPartitions:
         """The producers this process uses for a topic every worker writes (Merge, Hash).
-        The first worker opens them and waits until every process of the query has."""
+        Publishing is collective, so the n-th opening in this process is the n-th in every
+        process: it names the writer group."""
+        name = info.topic.name
         with self._lock:
-            shared = self._shared.get(info.topic.name)
+            shared = self._shared.get(name)
             if shared is None or shared.closed:
-                shared = SharedPartitions(self, info)
-                self._shared[info.topic.name] = shared
+                generation = self._opened.get(name, 0) + 1
+                self._opened[name] = generation
+                shared = SharedPartitions(self, info, self._writer_group(info, generation))
+                self._shared[name] = shared
             return shared
+
+    def _writer_group(self, info: TopicInfo, generation: int) -> WriterGroup | None:
+        env = self.env
+        if env.processes <= 1:
+            return None  # the only writer: nothing to wait for
+        return WriterGroup(f"q{env.query_id}/{info.topic.short_name}#{generation}",
+                           str(env.process), env.processes)
 
     def close(self) -> None:
         self.cluster.close()
@@ -145,11 +159,13 @@ def address_of(info: TopicInfo, partition: int) -> str:
 class SharedPartitions:
     """Producers of every partition of a topic, shared by this process's workers. The process
     advances a partition's frontier to the minimum over its workers, and ends it when the last
-    worker closes: each worker is expected to publish (as in Timely, publish is collective)."""
+    worker closes: each worker is expected to publish (as in Timely, publish is collective).
+    Each producer is this process's writer of `group` (None when the query has one process)."""
 
-    def __init__(self, runtime: Runtime, info: TopicInfo) -> None:
+    def __init__(self, runtime: Runtime, info: TopicInfo, group: WriterGroup | None) -> None:
         self.runtime = runtime
         self.info = info
+        self.group = group
         self.closed = False
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -162,7 +178,8 @@ class SharedPartitions:
         self.producers: dict[int, Producer] = {}
 
     def ready(self) -> None:
-        """Open the producers once per process, then meet the other processes."""
+        """Open the producers once per process; the other workers wait for that. Nobody waits
+        for the other processes: the broker holds the frontier until they join."""
         with self._lock:
             first = not self._opening
             self._opening = True
@@ -171,17 +188,13 @@ class SharedPartitions:
                 topic = self.info.topic
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(address_of(self.info, p), topic.short_name, p,
-                                                 secret=self.runtime.secret)
-                env = self.runtime.env
-                if env.processes > 1:
-                    _barrier(self.info, env.query_id, env.process, env.processes,
-                             self.runtime.secret)
+                                                 secret=self.runtime.secret, group=self.group)
             except BaseException as exc:
                 self._error = exc
                 raise
             finally:
                 self._ready.set()
-        elif not self._ready.wait(BARRIER_TIMEOUT + 30):
+        elif not self._ready.wait(OPEN_TIMEOUT):
             raise UserError("timed out waiting for the producers of "
                             f"{self.info.topic.short_name!r}")
         if self._error is not None:
@@ -216,33 +229,3 @@ class SharedPartitions:
             for producer in self.producers.values():
                 producer.advance(low)
 
-
-def _barrier(info: TopicInfo, query_id: int | None, process: int, processes: int,
-             secret: bytes) -> None:
-    """Wait until every process of the query has joined the partitions of `info`.
-
-    A partition's frontier is the minimum over the producers joined so far, so a process that
-    joined late could find the frontier moved past its first records. Each process writes its
-    index to a scratch partition next to partition 0 once its producers are open, then reads
-    that partition until it has seen every index. (A count of producers in the broker's
-    partition info, or a writer barrier in the coordinator, would make this unnecessary.)
-    """
-    name = TopicName.parse(info.topic.name)
-    scratch = TopicName(name.tenant, name.namespace, f"{name.local}.__join.q{query_id}").short
-    address = address_of(info, 0)
-    with Producer(address, scratch, 0, secret=secret) as producer:
-        producer.send(str(process).encode())
-        producer.flush()
-        producer.close(end=False)
-    seen: set[bytes] = set()
-    deadline = _time.monotonic() + BARRIER_TIMEOUT
-    with Subscriber(address, scratch, [0], secret=secret, create=True) as sub:
-        while len(seen) < processes:
-            left = deadline - _time.monotonic()
-            if left <= 0:
-                raise UserError(f"only {len(seen)} of {processes} processes joined "
-                                f"{info.topic.short_name!r} within {BARRIER_TIMEOUT:g}s")
-            event: Any = sub.next_event(timeout=min(left, 1.0))
-            if event is None or isinstance(event, Progress):
-                continue
-            seen.update(r.value for r in event.records if r.value is not None)

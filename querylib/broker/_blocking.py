@@ -20,7 +20,7 @@ from catalog.errors import TqError, UserError
 
 from ._events import StartAt
 from ._link import BrokerLink
-from ._producer import Entry, ProducerCore, now_ms
+from ._producer import Entry, ProducerCore, WriterGroup, now_ms
 from ._stream import EndOfStream, Event, Headers, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 
@@ -71,7 +71,7 @@ class Producer:
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True) -> None:
+                 create: bool = True, group: WriterGroup | None = None) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -91,17 +91,18 @@ class Producer:
         try:
             self.link, self.core = self._thread.call(self._open(address, secret, topic,
                                                                 partition, lease, timeout,
-                                                                create))
+                                                                create, group))
         except BaseException:
             self._thread.stop()
             raise
 
     @staticmethod
     async def _open(address: str, secret: bytes, topic: str, partition: int, lease: float,
-                    timeout: float, create: bool) -> tuple[BrokerLink, ProducerCore]:
+                    timeout: float, create: bool,
+                    group: WriterGroup | None) -> tuple[BrokerLink, ProducerCore]:
         link = BrokerLink(address, secret, lease=lease, timeout=timeout)
         await link.start()
-        core = ProducerCore(link, topic, partition, create=create)
+        core = ProducerCore(link, topic, partition, create=create, group=group)
         try:
             await core.open()
         except BaseException:

@@ -53,11 +53,17 @@ class CloseSession(msgspec.Struct, frozen=True):
 
 
 class OpenProducer(msgspec.Struct, frozen=True):
-    """The session starts producing into `partition` (joins its frontier)."""
+    """The session starts producing into `partition` (joins its frontier), as `writer` of
+    writer group `group` expecting `writers` distinct writers when `group` is not empty
+    (`_frontier.py`); `rejoin` after the broker forgot the session."""
 
     token: Any
     session: str
     partition: PartitionId
+    group: str = ""
+    writer: str = ""
+    writers: int = 0
+    rejoin: bool = False
 
 
 class Produce(msgspec.Struct, frozen=True):

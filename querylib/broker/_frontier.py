@@ -1,4 +1,5 @@
-"""The frontier of one partition: the minimum over its live producers (DESIGN §5).
+"""The frontier of one partition: the minimum over its live producers, held while a writer
+group is still incomplete (DESIGN §5, §11 "Collective publishing").
 
 Pure bookkeeping, no I/O: the broker feeds it producer events and appends a control batch for
 every `FrontierAdvanced` or `StreamEnded` it returns. The frontier is a logical time (int) below
@@ -11,13 +12,30 @@ Rules:
   crashed producer no longer holds readers back.
 - When the last live producer ends cleanly, the partition reaches end-of-stream. A producer that
   is merely dropped never ends the stream: a restarted producer may join and go on.
+- Writer groups (collective publications: every process of a query writes the partition). A
+  producer may join as writer `w` of group `g` expecting `n` distinct writers. Until `n`
+  distinct writer names of `g` have joined, the group is pending: the published frontier stays
+  where it was (late writers join there, so the frontier never passes a record they may still
+  send) and the stream does not end, even when every producer that came has ended.
+- A writer that joins again under a name already counted (a restarted process) counts once.
+- A pending group is released (forgotten, so it holds nothing) when its live producers are
+  all gone and one of them vanished: its query is failing, the missing writer will not come.
+- A complete group is remembered, so a member rejoining it (after a lease expiry) joins as a
+  plain producer. A rejoin naming a group this partition does not know (the broker restarted,
+  or the group was released) joins as a plain producer too: it was counted before.
+- At most `max_groups` groups are remembered per partition; beyond that the oldest group with
+  no live producer is forgotten first (a pending one stops holding), else the join is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from catalog.errors import ProtocolError
+
+MAX_GROUP_NAME = 256
+MAX_WRITER_NAME = 64
+MAX_WRITERS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +55,32 @@ class FrontierRegressionError(ProtocolError):
     """A producer tried to move its frontier backwards."""
 
 
+class WriterGroupError(ProtocolError):
+    """A writer group named badly, with a count other than its members', or one too many."""
+
+
+@dataclass(slots=True)
+class _Group:
+    writers: int                                        # distinct writers expected
+    joined: set[str] = field(default_factory=set)       # writer names seen (while pending)
+    live: set[str] = field(default_factory=set)         # producers of the group now joined
+    vanished: bool = False                              # one of them was dropped
+
+    @property
+    def complete(self) -> bool:
+        return len(self.joined) >= self.writers
+
+
 class PartitionFrontier:
     """Tracks the live producers of one partition and the frontier they jointly allow."""
 
-    def __init__(self, frontier: int = 0, *, ended: bool = False) -> None:
+    def __init__(self, frontier: int = 0, *, ended: bool = False, max_groups: int = 64) -> None:
         self._published = frontier
         self._ended = ended
         self._producers: dict[str, int] = {}
+        self._groups: dict[str, _Group] = {}    # insertion order: oldest first
+        self._group_of: dict[str, str] = {}     # producer -> its group
+        self._max_groups = max_groups
 
     @property
     def frontier(self) -> int:
@@ -58,11 +95,29 @@ class PartitionFrontier:
     def producers(self) -> dict[str, int]:
         return dict(self._producers)
 
-    def join(self, producer: str) -> None:
-        """A producer starts writing; it begins at the published frontier."""
-        if producer not in self._producers:
-            self._producers[producer] = self._published
-            self._ended = False
+    @property
+    def held(self) -> bool:
+        """True while a writer group is incomplete: the frontier and end-of-stream wait."""
+        return any(not g.complete for g in self._groups.values())
+
+    def pending_groups(self) -> dict[str, tuple[int, int]]:
+        """Incomplete groups: name -> (writers joined, writers expected)."""
+        return {name: (len(g.joined), g.writers) for name, g in self._groups.items()
+                if not g.complete}
+
+    def join(self, producer: str, group: str = "", writer: str = "", writers: int = 0, *,
+             rejoin: bool = False) -> list[FrontierEvent]:
+        """A producer starts writing; it begins at the published frontier. With a `group`, it
+        is `writer` of a group of `writers` (see the module rules). Returns what forgetting an
+        old pending group to make room released."""
+        if producer in self._producers:
+            return []
+        events: list[FrontierEvent] = []
+        if group:
+            events = self._join_group(producer, group, writer, writers, rejoin)
+        self._producers[producer] = self._published
+        self._ended = False
+        return events
 
     def advance(self, producer: str, frontier: int) -> list[FrontierEvent]:
         current = self._require(producer)
@@ -74,10 +129,12 @@ class PartitionFrontier:
         return self._recompute()
 
     def end(self, producer: str) -> list[FrontierEvent]:
-        """The producer closed its stream: it leaves, and the stream ends if it was the last."""
+        """The producer closed its stream: it leaves, and the stream ends if it was the last
+        (and no writer group is still waiting for a writer)."""
         self._require(producer)
         del self._producers[producer]
-        if self._producers:
+        self._leave(producer, vanished=False)
+        if self._producers or self.held:
             return self._recompute()
         self._ended = True
         return [StreamEnded()]
@@ -87,7 +144,56 @@ class PartitionFrontier:
         stream."""
         if self._producers.pop(producer, None) is None:
             return []
+        self._leave(producer, vanished=True)
         return self._recompute()
+
+    # ------------------------------------------------------------------ groups
+
+    def _join_group(self, producer: str, group: str, writer: str, writers: int,
+                    rejoin: bool) -> list[FrontierEvent]:
+        if len(group) > MAX_GROUP_NAME or not 0 < len(writer) <= MAX_WRITER_NAME:
+            raise WriterGroupError(f"a writer group name is 1 to {MAX_GROUP_NAME} characters "
+                                   f"and a writer name 1 to {MAX_WRITER_NAME}")
+        if not 0 < writers <= MAX_WRITERS:
+            raise WriterGroupError(f"a writer group expects 1 to {MAX_WRITERS} writers, "
+                                   f"not {writers}")
+        events: list[FrontierEvent] = []
+        state = self._groups.get(group)
+        if state is None:
+            if rejoin:
+                return []  # counted before this broker forgot the group: a plain producer
+            events = self._make_room(group)
+            state = self._groups[group] = _Group(writers)
+        elif state.writers != writers:
+            raise WriterGroupError(f"writer group {group!r} expects {state.writers} writers, "
+                                   f"not {writers}")
+        if not state.complete:
+            state.joined.add(writer)
+        state.live.add(producer)
+        self._group_of[producer] = group
+        return events
+
+    def _make_room(self, group: str) -> list[FrontierEvent]:
+        if len(self._groups) < self._max_groups:
+            return []
+        for name, state in self._groups.items():
+            if not state.live:
+                del self._groups[name]
+                return self._recompute()
+        raise WriterGroupError(f"the partition already tracks {self._max_groups} writer groups "
+                               f"with live producers; cannot start {group!r}")
+
+    def _leave(self, producer: str, *, vanished: bool) -> None:
+        name = self._group_of.pop(producer, None)
+        if name is None:
+            return
+        state = self._groups[name]
+        state.live.discard(producer)
+        state.vanished = state.vanished or vanished
+        if not state.live and state.vanished and not state.complete:
+            del self._groups[name]
+
+    # ------------------------------------------------------------------ the minimum
 
     def _require(self, producer: str) -> int:
         try:
@@ -96,7 +202,7 @@ class PartitionFrontier:
             raise ProtocolError(f"producer {producer!r} has not joined this partition") from None
 
     def _recompute(self) -> list[FrontierEvent]:
-        if not self._producers:
+        if not self._producers or self.held:
             return []
         low = min(self._producers.values())
         if low > self._published:

@@ -15,6 +15,7 @@ Client -> broker requests (reply in brackets):
     broker.partition.ensure EnsurePartition      [PartitionInfo]   create=True creates it
     broker.partition.drop   DropPartitionRequest [Done]            delete it and its files
     broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
+                                                                   (optionally as a group writer)
     broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
     broker.frontier         AdvanceRequest       [Done]
     broker.end              EndStreamRequest     [Done]
@@ -147,6 +148,12 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     topic: str
     partition: int
     create: bool = True
+    # A collective publication: this producer is `writer` of `group`, which expects
+    # `writers` distinct writers; the partition's frontier waits for all of them.
+    group: str = ""
+    writer: str = ""
+    writers: int = 0
+    rejoin: bool = False     # the broker forgot our session; we were counted before
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):

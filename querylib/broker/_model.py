@@ -28,6 +28,7 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     max_sessions: int = 10_000
     max_subscriptions_per_session: int = 1024
     max_partitions_per_producer: int = 1024
+    max_writer_groups: int = 64                 # writer groups remembered per partition
 
 
 class Pending(msgspec.Struct):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time as _time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from catalog.errors import TqError, UserError
@@ -28,7 +29,7 @@ from ._messages import (
 )
 from ._stream import Headers, encode_records
 
-__all__ = ["AsyncProducer", "ProducerCore"]
+__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup"]
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
 
@@ -37,15 +38,27 @@ def now_ms() -> int:
     return int(_time.time() * 1000)
 
 
+@dataclass(frozen=True, slots=True)
+class WriterGroup:
+    """A producer's place in a collective publication: it is `writer` (e.g. a process index)
+    of `name`, which has `writers` distinct writers. The partition's frontier does not move,
+    nor its stream end, until all of them have joined (DESIGN §11 "Collective publishing")."""
+
+    name: str
+    writer: str
+    writers: int
+
+
 class ProducerCore:
     """Ordered, windowed sends of encoded batches into one partition (on the link's loop)."""
 
     def __init__(self, link: BrokerLink, topic: str, partition: int, *, create: bool = True,
-                 max_in_flight: int = 64) -> None:
+                 max_in_flight: int = 64, group: WriterGroup | None = None) -> None:
         self.link = link
         self.topic = topic
         self.partition = partition
         self.create = create
+        self.group = group
         self.max_in_flight = max_in_flight
         self.window = CreditWindow(0)
         self.frontier = 0           # this producer's own frontier
@@ -62,9 +75,7 @@ class ProducerCore:
         opened = self.link.opened
         assert opened is not None, "start the link first"
         self._control_cost = opened.control_cost
-        reply = await self.link.request(OpenProducerRequest(
-            session=self.link.session, topic=self.topic, partition=self.partition,
-            create=self.create))
+        reply = await self.link.request(self._open_request(rejoin=False))
         self.window = CreditWindow(reply.window)
         self.frontier = max(self.frontier, reply.frontier)
         self._room.set()
@@ -75,13 +86,21 @@ class ProducerCore:
         restate our frontier. Batches in flight at that moment fail and are reported."""
         if self._ended:
             return
-        reply = await self.link.request(OpenProducerRequest(
-            session=self.link.session, topic=self.topic, partition=self.partition,
-            create=self.create))
+        reply = await self.link.request(self._open_request(rejoin=True))
         if self.frontier > reply.frontier:
             await self.link.request(AdvanceRequest(session=self.link.session, topic=self.topic,
                                                    partition=self.partition,
                                                    frontier=self.frontier))
+
+    def _open_request(self, *, rejoin: bool) -> OpenProducerRequest:
+        group = self.group
+        if group is None:
+            return OpenProducerRequest(session=self.link.session, topic=self.topic,
+                                       partition=self.partition, create=self.create)
+        return OpenProducerRequest(session=self.link.session, topic=self.topic,
+                                   partition=self.partition, create=self.create,
+                                   group=group.name, writer=group.writer,
+                                   writers=group.writers, rejoin=rejoin)
 
     def check(self) -> None:
         """Raise the first failure of an earlier send, once."""
@@ -169,9 +188,9 @@ class AsyncProducer:
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True) -> None:
+                 create: bool = True, group: WriterGroup | None = None) -> None:
         self.link = BrokerLink(address, secret, lease=lease, timeout=timeout)
-        self.core = ProducerCore(self.link, topic, partition, create=create)
+        self.core = ProducerCore(self.link, topic, partition, create=create, group=group)
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger

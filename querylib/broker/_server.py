@@ -441,7 +441,9 @@ class BrokerServer:
         async def open_producer(req: OpenProducerRequest, ctx: Context) -> ProducerOpened:
             pid = await self._ensure(req.topic, req.partition, req.create)
             return await self._call(ctx, req.session,
-                                    lambda t: OpenProducer(t, req.session, pid))
+                                    lambda t: OpenProducer(t, req.session, pid, req.group,
+                                                           req.writer, req.writers,
+                                                           req.rejoin))
 
         @rpc.route(ProduceRequest)
         async def produce(req: ProduceRequest, ctx: Context) -> Produced:

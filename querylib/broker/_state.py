@@ -3,7 +3,8 @@
 What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
 log reports it durable), which frontier/end-of-stream control batches to append (the minimum over
-a partition's live producers, via `PartitionFrontier`), and for every subscription where it
+a partition's live producers, held while a writer group waits for writers, via
+`PartitionFrontier`), and for every subscription where it
 stands, how much credit it has, and whether to read it from disk (catch-up) or hand it freshly
 appended batches (tail).
 
@@ -261,7 +262,8 @@ class BrokerState:
         end = min(ev.durable_end, ev.log_end)
         self.partitions[ev.partition] = PartitionState(
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
-            frontier=PartitionFrontier(ev.frontier, ended=ev.ended),
+            frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
+                                       max_groups=self.limits.max_writer_groups),
             visible_frontier=ev.frontier, visible_ended=ev.ended)
         return []
 
@@ -302,11 +304,12 @@ class BrokerState:
         if (ev.partition not in session.producing
                 and len(session.producing) >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
+        released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
+                                      rejoin=ev.rejoin)
         session.producing.add(ev.partition)
-        part.frontier.join(session.id)
-        return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
-                                               frontier=part.frontier.producers[session.id],
-                                               window=self.limits.producer_window))]
+        reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
+                               window=self.limits.producer_window)
+        return [Reply(ev.token, reply), *self._controls(part, released, None, None, None)]
 
     def _produce(self, ev: Produce) -> list[Instruction]:
         session, part = self._producer(ev.session, ev.partition)

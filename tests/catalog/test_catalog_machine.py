@@ -38,6 +38,7 @@ from catalog import (
     FailQuery,
     KillQuery,
     NotOwnerError,
+    NotPublishedError,
     OpenSession,
     ProcessExited,
     Publication,
@@ -321,9 +322,7 @@ class CatalogMachine(RuleBasedStateMachine):
         if undo:
             self.run(Unpublish(topic_id=topic_id, publisher=publisher))
             return
-        was_publishing = Publication(topic_id=topic_id, publisher=publisher) in (
-            self.catalog.publications
-        )
+        was_publishing = self.publication(topic_id, publisher) is not None
         self.run(Publish(topic_id=topic_id, publisher=publisher))
         if topic is None:
             assert isinstance(self.last_error, UnknownTopicError)
@@ -337,6 +336,45 @@ class CatalogMachine(RuleBasedStateMachine):
             assert isinstance(self.last_error, AlreadyPublishedError)
         else:
             assert self.last_error is None
+
+    def publication(self, topic_id: int, publisher) -> Publication | None:
+        found = [p for p in self.catalog.publications
+                 if p.topic_id == topic_id and p.publisher == publisher]
+        assert len(found) <= 1
+        return found[0] if found else None
+
+    @precondition(lambda self: any(isinstance(t.owner, QueryRef) for t in self.catalog.topics))
+    @rule(data=st.data(), undo=st.booleans())
+    def process_publishes(self, data: st.DataObject, undo: bool) -> None:
+        """A process of the owning query publishes (or stops): the publication is held by the
+        set of processes publishing and leaves when the last lets go."""
+        topic = data.draw(st.sampled_from([t for t in self.catalog.topics
+                                           if isinstance(t.owner, QueryRef)]))
+        query = next((q for q in self.catalog.queries if q.query_id == topic.owner.query_id),
+                     None)
+        count = query.processes if query is not None else 1
+        process = data.draw(st.integers(-1, count), label="process")
+        current = self.publication(topic.topic_id, topic.owner)
+        held = set(current.processes) if current is not None else set()
+        command = Unpublish if undo else Publish
+        self.run(command(topic_id=topic.topic_id, publisher=topic.owner, process=process))
+        after = self.publication(topic.topic_id, topic.owner)
+        if not 0 <= process < count:
+            assert self.last_error is not None
+        elif undo:
+            if current is None or (held and process not in held):
+                assert isinstance(self.last_error, NotPublishedError)
+            else:
+                assert self.last_error is None
+                left = held - {process}
+                assert (after is None) if not left else after.processes == tuple(sorted(left))
+        elif not self.alive(topic.owner):
+            assert isinstance(self.last_error, UnknownQueryError | QueryEndedError)
+        elif current is not None and (not held or process in held):
+            assert isinstance(self.last_error, AlreadyPublishedError)
+        else:
+            assert self.last_error is None
+            assert after.processes == tuple(sorted(held | {process}))
 
     @rule(
         data=st.data(),

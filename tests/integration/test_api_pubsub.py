@@ -5,6 +5,7 @@ publications and subscriptions."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import threading
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 
 import querylib
+import querylib.broker
 from catalog import Broker, RecordTypeMismatchError, Resources, SessionKind, UnknownTopicError
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq_env
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,6 +110,110 @@ def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
     wait_for(lambda: not [p for p in _records(cluster, "publications")
                           if p.topic_id == info.topic_id],
              timeout=30, what="the query's publication to leave the catalog")
+
+
+def test_merge_frontier_waits_for_a_delayed_process(processes: Processes, home: Path,
+                                                   agent: tuple[Cluster, int]) -> None:
+    """Merge, 2 processes x 2 workers, process 1 started only after process 0 has sent all
+    its records, advanced past them, closed and exited: the merged partition's frontier stays
+    below process 1's first record time (0) and the stream does not end until process 1 has
+    joined and ended; then every record arrives (DESIGN §11 "Collective publishing")."""
+    cluster, executor_id = agent
+    query = cluster.submit_query("numbers", "querylib/examples/numbers_query.py",
+                                 processes=2, workers=2, executors=(executor_id, executor_id))
+    times = 4
+
+    def start(process: int) -> subprocess.Popen[str]:
+        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
+                              "TQ_PROCESS_INDEX": str(process), "TQ_PROCESS_COUNT": "2",
+                              "TQ_WORKERS": "2"}
+        return processes.python("-m", "querylib.examples.numbers_query", "--topic", "held",
+                                "--times", str(times), "--merge", env=env, cwd=ROOT,
+                                stderr=subprocess.PIPE, text=True)
+
+    first = start(0)
+    assert first.wait(timeout=60) == 0, first.stderr.read()  # type: ignore[union-attr]
+    info = cluster.lookup_topic("held")
+    (part,) = querylib.broker.list_partitions(info.brokers[info.topic.locations[0]],
+                                              cluster.secret, "held")
+    assert part.log_end > 0 and part.frontier == 0 and not part.ended
+    with querylib.connect() as ctx, ctx.subscribe("held", timeout=60) as sub:
+        seen: list[Any] = []
+        wait_for(lambda: _count(sub, seen) == 200, timeout=30,
+                 what="process 0's 200 records")
+        assert not [e for e in seen if isinstance(e, querylib.Progress) and e.frontier > 0]
+        second = start(1)
+        sums, frontiers, _ = _drain(sub)
+    assert second.wait(timeout=60) == 0, second.stderr.read()  # type: ignore[union-attr]
+    for event in seen:
+        if isinstance(event, querylib.Data):
+            sums[event.time] = sums.get(event.time, 0) + sum(event.records)
+    assert sums == {t: sum(n for n in range(400) if n % times == t) for t in range(times)}
+    assert frontiers == sorted(frontiers) and frontiers[-1] == times
+
+
+def _count(sub: querylib.Subscription, seen: list[Any]) -> int:
+    event = sub.next_event(timeout=0.2)
+    if event is not None:
+        seen.append(event)
+    return sum(len(e.records) for e in seen if isinstance(e, querylib.Data))
+
+
+def test_a_publication_lives_while_any_process_holds_it(home: Path,
+                                                      agent: tuple[Cluster, int]) -> None:
+    """Processes 0 and 1 of a query publish one topic; process 0 closes first; the publication
+    stays in `tq catalog publications`, held by process 1, until process 1 closes."""
+    cluster, executor_id = agent
+    query = cluster.submit_query("holders", "unused.py", processes=2, workers=1,
+                                 executors=(executor_id, executor_id))
+    published = [threading.Event(), threading.Event()]
+    release = [threading.Event(), threading.Event()]
+    closed = [threading.Event(), threading.Event()]
+    failures: list[BaseException] = []
+
+    def process(index: int) -> None:
+        def main(ctx: querylib.Context) -> None:
+            with ctx.publish("shared") as out:
+                out.send(0, [index])
+                published[index].set()
+                assert release[index].wait(timeout=60)
+            closed[index].set()
+
+        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
+                              "TQ_PROCESS_INDEX": str(index), "TQ_PROCESS_COUNT": "2",
+                              "TQ_WORKERS": "1"}
+        try:
+            querylib.execute(main, env=env)
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+            published[index].set()
+            closed[index].set()
+
+    def listed() -> list[dict[str, Any]]:
+        result = tq(home, "catalog", "publications", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["snapshot"]
+
+    threads = [threading.Thread(target=process, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert all(e.wait(timeout=60) for e in published) and not failures, failures
+        (both,) = listed()
+        assert both["processes"] == [0, 1]
+        release[0].set()
+        assert closed[0].wait(timeout=60) and not failures, failures
+        (held,) = listed()
+        assert held["publisher"] == {"type": "query", "query_id": query.query_id}
+        assert held["processes"] == [1]
+        release[1].set()
+        assert closed[1].wait(timeout=60) and not failures, failures
+        assert listed() == []
+    finally:
+        for event in release:
+            event.set()
+        for thread in threads:
+            thread.join(timeout=60)
 
 
 def test_collection_late_subscriber_sees_snapshot_then_diffs(coordinator: CoordinatorProcess
