@@ -4,6 +4,7 @@ that are always stopped."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,9 +36,28 @@ def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, interval: flo
 
 
 def free_port() -> int:
+    """A port on 127.0.0.1 that is free now, and the one after it too (`tq up` and `tq
+    coordinator` put their broker on listen port + 1). Taken below the kernel's ephemeral range
+    (32768-60999 here): a port the kernel handed out with bind(0) could otherwise be given to
+    another socket (a listener on port 0, an outgoing connection) before the server under test
+    binds it."""
+    for _ in range(200):
+        port = _ports.randrange(20000, 32000)
+        if _bindable(port) and _bindable(port + 1):
+            return port
+    raise AssertionError("no free port pair found in 20000-32000")
+
+
+_ports = random.Random()
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class Processes:

