@@ -4,13 +4,15 @@ Workload: TQ_BENCH_SPARK_RECORDS records (default 2,000,000) with a null key, a 
 and a tq.time header, in a topic of 2 partitions written through querylib.log in batches of
 1000 records; the same records (value, partition, offset, timestamp, tq_time) as JSON lines and
 as Parquet, written by Spark into 2 files each. One local session with 2 cores; each query runs
-once to warm up (JVM, Python workers, page cache), then is timed over TQ_BENCH_SPARK_REPEAT
-runs (default 3) and the best is reported.
+once per source to warm up (JVM, Python workers, page cache), then TQ_BENCH_SPARK_REPEAT
+times (default 3) per source, the sources taking turns, and the best is reported.
 
 Rows: `tq`, `json` (schema given), `json-infer` (spark.read.json as it is usually called:
 the schema is inferred by an extra scan) and `parquet`, each for `count` and for
 `groupBy(partition).count()`, as rows/s; tq rows add `vs_json`, the ratio to the JSON figure
-with the schema given. Goal: vs_json >= 1.0.
+with the schema given. Goal: vs_json >= 1.0. A last row, `decode`, gives the CPU seconds per
+million records of tq's reader alone, in this process: steadier than wall times on a shared
+machine.
 """
 
 from __future__ import annotations
@@ -62,14 +64,37 @@ def _write_files(spark: Any, root: str, records: int) -> None:
     df.write.mode("overwrite").parquet(os.path.join(root, "parquet"))
 
 
-def _best(action: Callable[[], object], repeat: int) -> float:
-    action()  # warm up
-    times = []
+def _best(actions: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """The best time of each action. Runs alternate (a, b, c, a, b, c, ...) so that load from
+    elsewhere on the machine falls on all of them alike."""
+    for action in actions.values():
+        action()  # warm up
+    times: dict[str, list[float]] = {name: [] for name in actions}
     for _ in range(repeat):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, action in actions.items():
+            start = time.perf_counter()
+            action()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(t) for name, t in times.items()}
+
+
+def _decode_cpu_s(data: str, records: int) -> float:
+    """CPU seconds of the reader alone (segment files to Arrow batches, in this process) per
+    million records: what a Spark task's Python worker spends, without Spark."""
+    from querylib.spark._access import read_range
+    from querylib.spark._options import Location
+    from querylib.spark._plan import OffsetRange
+
+    per_partition = records // PARTITIONS
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        for p in range(PARTITIONS):
+            for _batch in read_range(Location(data_dir=data),
+                                     OffsetRange(TOPIC, p, 0, per_partition), None):
+                pass
+        best = min(best, time.process_time() - start)
+    return best * 1_000_000 / (per_partition * PARTITIONS)
 
 
 def run() -> Iterator[dict]:
@@ -100,8 +125,9 @@ def run() -> Iterator[dict]:
         assert frames["tq"]().count() == records - records % PARTITIONS
         results: dict[tuple[str, str], float] = {}
         for query, action in queries.items():
-            for source, frame in frames.items():
-                seconds = _best(lambda: action(frame()), repeat)  # noqa: B023 - run at once
+            best = _best({source: lambda f=frame, a=action: a(f())
+                          for source, frame in frames.items()}, repeat)
+            for source, seconds in best.items():
                 results[(source, query)] = records / seconds
         for (source, query), rows_s in results.items():
             row: dict[str, Any] = {"source": source, "query": query, "records": records,
@@ -113,6 +139,8 @@ def run() -> Iterator[dict]:
                            vs_parquet=round(rows_s / results[("parquet", query)], 2),
                            goal=GOAL, met=ratio >= GOAL, topic_write_s=round(write_s, 1))
             yield row
+        yield {"source": "tq", "query": "decode", "records": records,
+               "cpu_s_per_million": round(_decode_cpu_s(data, records), 3)}
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

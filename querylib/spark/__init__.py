@@ -21,7 +21,7 @@ top-level module `pyspark_tq` (see `_session`).
     _options.py   options, parsed and checked (pure)
     _plan.py      partitions, offsets, rate limits, task splits (pure)
     _columns.py   record batches -> Arrow record batches (the hot path)
-    _vector.py    ... the regular case, by Arrow kernels;  _pieces.py  ... the general case's
+    _vector.py    ... the regular case, by numpy;  _pieces.py  ... the general case's
                   columns
     _local.py     read-only access to a data dir's segment files
     _cluster.py   a cluster's topics: coordinator lookups, broker reads and producers

@@ -5,9 +5,10 @@ what a broker sent) and yields `pyarrow.RecordBatch`es of about `rows_per_batch`
 source's Arrow schema (`_schema.arrow_schema`, with or without the headers column). Control
 batches (frontiers, end of stream) are not rows. Only offsets in [start, stop) become rows.
 
-Runs of uncompressed batches of the regular shape (short varints, no headers or the lone
-tq.time header) are decoded by Arrow kernels (`_vector`): the fast path, about 5x the loop
-below. The loop handles everything else, and names what is wrong with malformed bytes.
+Runs of uncompressed batches of the regular shape (varints of up to 5 bytes, no headers or
+the lone tq.time header) are decoded by numpy over the whole buffer (`_vector`): the fast
+path, about 10x the loop below. The loop handles everything else, and names what is wrong with
+malformed bytes.
 
 Why the loop looks like this: decoding one `Record` object per record and then transposing
 costs about three times what the columns need. It walks each record once and keeps only
@@ -118,10 +119,15 @@ class ColumnAssembler:
 
     # ---- input ------------------------------------------------------------------------------
 
-    def add(self, buf: bytes) -> Iterator[pa.RecordBatch]:
-        """Decode every batch in buf (whole batches only); yield each full record batch."""
+    def add(self, buf: bytes | memoryview) -> Iterator[pa.RecordBatch]:
+        """Decode every batch in buf (whole batches only); yield each full record batch.
+        A memoryview must be of the start of a bytes (as `LocalDir.read` gives): the bytes
+        are decoded up to the view's end."""
         pos = 0
         end = len(buf)
+        if isinstance(buf, memoryview):
+            assert isinstance(buf.obj, bytes) and buf.contiguous
+            buf = buf.obj
         plain: list[tuple[int, BatchHeader]] = []  # a run of uncompressed data batches
         while pos < end and not self.done:
             header = read_header(buf, pos)
@@ -151,7 +157,7 @@ class ColumnAssembler:
 
     def _add_run(self, buf: bytes, plain: list[tuple[int, BatchHeader]]
                  ) -> Iterator[pa.RecordBatch]:
-        """Uncompressed batches: by Arrow kernels when regular (`_vector`), else by the loop."""
+        """Uncompressed batches: by numpy when regular (`_vector`), else by the loop."""
         if not plain:
             return
         batch = vector_batch(buf, plain, self.topic, self.partition, self.start, self.stop,

@@ -186,9 +186,12 @@ class LocalDir:
             os.close(fd)
 
     def read(self, topic: str, partition: int, start: int, stop: int, *,
-             fail_on_data_loss: bool = True, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+             fail_on_data_loss: bool = True,
+             chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes | memoryview]:
         """Buffers of whole batches covering offsets [start, stop), in order, from the batch
-        holding `start` on. The caller drops offsets outside the range."""
+        holding `start` on. The caller drops offsets outside the range. A buffer is bytes, or
+        a memoryview of the start of a bytes (a chunk cut after its last whole batch: not
+        copying it saves about a tenth of a read)."""
         path = self._partition_path(topic, partition)
         segments = _segments(path)
         if not segments or start < segments[0].base:
@@ -221,7 +224,7 @@ class LocalDir:
 
     @staticmethod
     def _read_segment(segment: _Segment, offset: int, stop: int,
-                      chunk_bytes: int) -> Iterator[bytes]:
+                      chunk_bytes: int) -> Iterator[bytes | memoryview]:
         """Yield chunks of whole batches of one segment from the batch holding `offset`;
         return the offset after the last batch seen (`offset` when none)."""
         try:
@@ -257,7 +260,7 @@ class LocalDir:
                     if next_offset >= stop:
                         break
                     span = _batch_at(buf, cut)
-                yield buf if cut == len(buf) else buf[:cut]
+                yield buf if cut == len(buf) else memoryview(buf)[:cut]
                 position += cut
             return next_offset
         finally:

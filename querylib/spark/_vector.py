@@ -1,24 +1,31 @@
-"""The regular case of `_columns`, decoded by Arrow kernels instead of a Python loop per field.
+"""The regular case of `_columns`, decoded by numpy over the whole buffer instead of a Python
+loop per field.
 
-Most batches tq reads look alike: uncompressed, varints of at most 2 bytes, and per record no
-headers or exactly the one `tq.time` header tq writes. For a buffer of such batches, Python
-only walks the chain of record lengths (one table lookup and an append per record); every
-field is then computed for all records at once with `pyarrow.compute` over a uint8 view of the
-buffer: varints from gathered bytes, positions by addition, values and header values copied
-out by the spans trick of `_columns`, tq.time turned into int64 by a byte swap.
+Most batches tq reads look alike: uncompressed, short varints, and per record no headers or
+exactly the one `tq.time` header tq writes. For a buffer of such batches Python only walks the
+chain of record lengths a run of records of one size at a time (`_walk`: a few steps per run,
+not per record); every field is then decoded for many records at once over views of the
+buffer (no copy): varints by gathers and shifts of a uint8 view, positions by addition, tq.time
+by one gather from the overlapping big-endian int64 at every byte position. Records are decoded
+8192 at a time (`_Records`): numpy's temporaries then stay small and reused, where arrays of a
+whole chunk each cost fresh pages, more than the arithmetic on them.
 
-Anything else (a 3-byte varint, other headers, a length that does not fit its record) makes
-`vector_batch` return None, and the caller decodes those batches with the general loop of
-`_columns`, which also names what is wrong with malformed bytes. No I/O here.
+Binary columns are copied by runs (`_binary`): records whose values have one length and lie
+one stride apart, most of a batch, are one strided numpy copy, about 5x Arrow's `take` over
+the spans (which copies value by value through a builder). A buffer whose values break into
+short runs (lengths that vary record by record) uses that `take`: a Python step per run would
+cost more.
+
+Anything else (a varint of more than 5 bytes, other headers, a length that does not fit its
+record, a timestamp beyond +-2^52 ms) makes `vector_batch` return None, and the caller decodes
+those batches with the general loop of `_columns`, which also names what is wrong with
+malformed bytes. No I/O here.
 """
 
 from __future__ import annotations
 
-import sys
-from array import array
-
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from querylib.records import HEADER_SIZE, TIME_HEADER, BatchHeader
 from querylib.spark._schema import HEADERS_TYPE, arrow_schema
@@ -29,13 +36,15 @@ _LOG_APPEND_TIME_BIT = 0x08
 _TIME_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"  # count 1, key 7 bytes, value 8
 _TIME_TAIL = len(_TIME_PREFIX) + 8
 _MIN_RECORD = 6  # attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
-_UNZ = tuple((z >> 1) ^ -(z & 1) for z in range(128))
-_UNZ2 = tuple(
-    tuple((((c << 7) | (b & 0x7F)) >> 1) ^ -(((c << 7) | (b & 0x7F)) & 1) for b in range(256))
-    for c in range(128)
-)
-_I64 = pa.int64()
-_UTC_MS = pa.timestamp("ms", tz="UTC")
+_MAX_VARINT = 5  # bytes: 34 bits of zigzag value, far beyond any length or delta seen
+_MAX_LENGTH_VARINT = 3  # a record length below 1 MiB
+_TS_LIMIT = 2**52  # ms; base +- a 5-byte delta, times 1000 (to us), stays inside int64
+_MAX_BUFFER = 2**31 - 1  # int32 offsets of binary arrays
+_SLICE = 8192  # records decoded at a time (see _Records)
+_MIN_RUN = 8  # records per strided copy, on average, below which `take` copies the values
+# The prefix as two overlapping big-endian words, compared at value_end and value_end + 2.
+_PREFIX_HEAD = int.from_bytes(_TIME_PREFIX[:8], "big", signed=True)
+_PREFIX_TAIL = int.from_bytes(_TIME_PREFIX[2:], "big", signed=True)
 _UTC_US = pa.timestamp("us", tz="UTC")
 
 
@@ -43,279 +52,309 @@ class _Irregular(Exception):
     """Not the regular shape: decode these batches with the general loop."""
 
 
-def _arange(n: int) -> pa.Array:
-    """0, 1, ..., n-1, built in C (a running sum of ones)."""
-    if n == 0:
-        return pa.array([], _I64)
-    return pc.subtract(pc.cumulative_sum(pa.nulls(n, _I64).fill_null(1)), 1)
-
-
-def _ones(n: int) -> pa.Array:
-    return pa.nulls(n, _I64).fill_null(1)
-
-
-def _all(mask: pa.Array) -> bool:
-    return bool(pc.all(mask).as_py()) if len(mask) else True
-
-
-class _Bytes:
-    """Gathers over one buffer, as int64 arrays."""
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.size = len(buf)
-        self.u8 = pa.Array.from_buffers(pa.uint8(), len(buf), [None, pa.py_buffer(buf)])
-
-    def at(self, positions: pa.Array) -> pa.Array:
-        try:
-            return pc.take(self.u8, positions).cast(_I64)
-        except (pa.ArrowIndexError, IndexError) as exc:
-            raise _Irregular from exc
-
-    def varint(self, positions: pa.Array) -> tuple[pa.Array, pa.Array]:
-        """Zigzag varints of 1 or 2 bytes at `positions`: (values, widths). A varint is never
-        a record's last byte, so the byte after one is always in the buffer."""
-        b0 = self.at(positions)
-        two = pc.greater_equal(b0, 128)
-        if not pc.any(two).as_py():  # all 1 byte: the common case of most fields
-            z = b0
-            widths = _ones(len(b0))
-        else:
-            b1 = self.at(pc.add(positions, 1))
-            if pc.any(pc.and_(two, pc.greater_equal(b1, 128))).as_py():
-                raise _Irregular
-            z = pc.if_else(two, pc.bit_wise_or(pc.bit_wise_and(b0, 127), pc.shift_left(b1, 7)),
-                           b0)
-            widths = pc.add(two.cast(_I64), 1)
-        values = pc.bit_wise_xor(pc.shift_right(z, 1), pc.negate(pc.bit_wise_and(z, 1)))
-        return values, widths
-
-    def spans(self, starts: pa.Array, stops: pa.Array) -> pa.Array:
-        """binary values buf[starts[i]:stops[i]] (ascending, non-overlapping), copied in C."""
-        n = len(starts)
-        if n == 0:
-            return pa.array([], pa.binary())
-        i = _arange(2 * n)
-        order = pc.add(pc.shift_right(i, 1), pc.multiply(pc.bit_wise_and(i, 1), n))
-        offsets = pc.take(pa.concat_arrays([starts, stops]), order)
-        interleaved = pa.Array.from_buffers(pa.large_binary(), 2 * n - 1,
-                                            [None, offsets.buffers()[1], pa.py_buffer(self.buf)],
-                                            offset=0)
-        even = pc.multiply(_arange(n), 2)
-        return pc.take(interleaved, even).cast(pa.binary())
-
-
-def _per_record(values: list[int], run_ends: pa.Array, type_: pa.DataType) -> pa.Array:
-    """One value per batch, repeated for each record of the batch."""
-    encoded = pa.RunEndEncodedArray.from_arrays(run_ends, pa.array(values, type_))
-    return pc.run_end_decode(encoded)
-
-
-def _walk(buf: bytes, batches: list[tuple[int, BatchHeader]]) -> list[int]:
-    """The start of every record: the one part that is a chain. Records of one size come in
-    runs (same value size, same varint widths), so after each record the walk gallops: the
-    length prefixes of the next candidates, one stride apart, are compared in C (a strided
-    slice and lstrip); every candidate before the first mismatch is a record of that size."""
-    starts: list[int] = []
-    unz, unz2 = _UNZ, _UNZ2
-    try:
-        for pos, header in batches:
-            limit = pos + header.size
-            p = pos + HEADER_SIZE
-            left = header.records_count
-            while left > 0:
-                b = buf[p]
-                if b < 0x80:
-                    size = 1 + unz[b]
-                    second = -1
-                else:
-                    second = buf[p + 1]
-                    if second >= 0x80:
-                        raise _Irregular
-                    size = 2 + unz2[second][b]
-                if size < _MIN_RECORD + 1:
-                    raise _Irregular
-                first = buf[p:p + 1]
-                same = 1
-                window = 8
-                while same < left:
-                    q = p + same * size
-                    n = min(window, left - same)
-                    firsts = buf[q:q + n * size:size]
-                    m = len(firsts) - len(firsts.lstrip(first))
-                    if second >= 0 and m:
-                        seconds = buf[q + 1:q + 1 + m * size:size]
-                        m = min(m, len(seconds) - len(seconds.lstrip(bytes((second,)))))
-                    same += m
-                    if m < n:
-                        break
-                    window *= 4
-                starts.extend(range(p, p + same * size, size))
-                p += same * size
-                left -= same
-            if p != limit:
-                raise _Irregular
-    except IndexError as exc:
-        raise _Irregular from exc
-    return starts
-
-
 def vector_batch(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str,
                  partition: int, start: int, stop: int,
                  include_headers: bool) -> pa.RecordBatch | None:
     """The rows of `batches` (uncompressed data batches in buf, CRC-checked) with offsets in
     [start, stop), or None when they are not all of the regular shape."""
+    if len(buf) > _MAX_BUFFER:
+        return None
     try:
         return _decode(buf, batches, topic, partition, start, stop, include_headers)
-    except _Irregular:
+    except (_Irregular, IndexError):  # IndexError: a position past the buffer
         return None
 
 
-def _decode(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str, partition: int,
-            start: int, stop: int, include_headers: bool) -> pa.RecordBatch | None:
-    data = _Bytes(buf)
-    starts = _int64s(_walk(buf, batches))
-    n = len(starts)
-    if n == 0:
-        return _empty(include_headers)
-    counts = [h.records_count for _, h in batches]
-    run_ends = pa.array(_cumulative([c for c in counts if c]), pa.int32())
-    nonempty = [h for (_, h), c in zip(batches, counts, strict=True) if c]
-    base = _per_record([h.base_offset for h in nonempty], run_ends, _I64)
-    base_ts = _per_record([h.base_timestamp for h in nonempty], run_ends, _I64)
-
-    length, width = data.varint(starts)
-    end = pc.add(pc.add(starts, width), length)
-    ok = pc.greater_equal(length, _MIN_RECORD)
-    p = pc.add(pc.add(starts, width), 1)  # past the attributes
-    ts_delta, width = data.varint(p)
-    p = pc.add(p, width)
-    offset_delta, width = data.varint(p)
-    p = pc.add(p, width)
-    key_length, width = data.varint(p)
-    key_start = pc.add(p, width)
-    key_end = pc.add(key_start, pc.max_element_wise(key_length, 0))
-    value_length, width = data.varint(key_end)
-    value_start = pc.add(key_end, width)
-    value_end = pc.add(value_start, pc.max_element_wise(value_length, 0))
-    tail = pc.subtract(end, value_end)  # headersCount and headers
-    for check in (pc.greater_equal(key_length, -1), pc.greater_equal(value_length, -1),
-                  pc.less(value_end, end)):
-        ok = pc.and_(ok, check)
-    if not _all(ok):
-        raise _Irregular
-    no_headers = pc.and_(pc.equal(tail, 1), pc.equal(data.at(value_end), 0))
-    with_time = pc.equal(tail, _TIME_TAIL)
-    has_time = pa.array([], pa.bool_())
-    if pc.any(with_time).as_py():
-        prefix = data.spans(pc.filter(value_end, with_time),
-                            pc.add(pc.filter(value_end, with_time), len(_TIME_PREFIX)))
-        if not _all(pc.equal(prefix, pa.scalar(_TIME_PREFIX, pa.binary()))):
+def _walk(buf: bytes, batches: list[tuple[int, BatchHeader]]) -> tuple[list[int], list[int],
+                                                                          list[int]]:
+    """(first start, size, count) of each run of consecutive records of one size: the one part
+    that is a chain, walked a run at a time (a strided slice and lstrip per prefix byte)."""
+    firsts: list[int] = []
+    sizes: list[int] = []
+    counts: list[int] = []
+    for pos, header in batches:
+        limit = pos + header.size
+        p = pos + HEADER_SIZE
+        left = header.records_count
+        if left < 0:
             raise _Irregular
-        has_time = with_time
-    if not _all(pc.or_(no_headers, with_time)):
+        while left > 0:
+            z = 0
+            width = 0
+            while True:
+                b = buf[p + width]
+                z |= (b & 0x7F) << (7 * width)
+                width += 1
+                if b < 0x80:
+                    break
+                if width == _MAX_LENGTH_VARINT:
+                    raise _Irregular
+            size = width + ((z >> 1) ^ -(z & 1))
+            if size < _MIN_RECORD + 1:
+                raise _Irregular
+            # The length prefixes of the rest of the batch, one stride apart: those before
+            # the first mismatch are records of this size.
+            same = left - 1
+            q = p + size
+            for k in range(width):
+                column = buf[q + k:q + k + same * size:size]
+                same = min(same, len(column) - len(column.lstrip(buf[p + k:p + k + 1])))
+            same += 1
+            firsts.append(p)
+            sizes.append(size)
+            counts.append(same)
+            p += same * size
+            left -= same
+        if p != limit:
+            raise _Irregular
+    return firsts, sizes, counts
+
+
+def _starts(firsts: list[int], sizes: list[int], counts: list[int]) -> np.ndarray:
+    """Every record's start, from the runs: first + (i - records before the run) * size."""
+    count = np.array(counts, np.int64)
+    size = np.array(sizes, np.int64)
+    run = np.repeat(np.arange(len(counts)), count)
+    origin = np.array(firsts, np.int64) - (np.cumsum(count) - count) * size
+    return origin[run] + np.arange(len(run), dtype=np.int64) * size[run]
+
+
+def _varints(u8: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
+    """Zigzag varints at `pos`: (values, widths). Widths of 1 and 2 bytes, nearly all of
+    them, take a shortcut; longer ones (up to _MAX_VARINT bytes) a loop over byte positions.
+    A varint is never a record's last byte, so the byte after one is in the buffer."""
+    b0 = u8[pos]
+    more = b0 >= 0x80
+    if not more.any():
+        z = b0.astype(np.int64)
+        return (z >> 1) ^ -(z & 1), 1
+    b1 = u8[pos + 1]
+    if (more & (b1 >= 0x80)).any():
+        return _long_varints(u8, pos)
+    z = (b0 & 0x7F).astype(np.int64)
+    z |= (b1 * more).astype(np.int64) << 7
+    return (z >> 1) ^ -(z & 1), 1 + more
+
+
+def _long_varints(u8: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    z = np.zeros(len(pos), np.int64)
+    width = np.zeros(len(pos), np.int64)
+    more = np.ones(len(pos), bool)
+    last = len(u8) - 1
+    for k in range(_MAX_VARINT):
+        at = pos + k
+        if (more & (at > last)).any():
+            raise _Irregular
+        b = u8[np.minimum(at, last)]
+        z |= np.where(more, (b & 0x7F).astype(np.int64) << (7 * k), 0)
+        width += more
+        more &= b >= 0x80
+        if not more.any():
+            return (z >> 1) ^ -(z & 1), width
+    raise _Irregular
+
+
+class _Records:
+    """What the columns need of each record, decoded `_SLICE` records at a time: numpy's
+    temporaries then stay small (cache-sized, reused by malloc) instead of fresh pages."""
+
+    def __init__(self, n: int) -> None:
+        self.offsets = np.empty(n, np.int64)
+        self.timestamps = np.empty(n, np.int64)  # ms, then us
+        self.key_start = np.empty(n, np.int64)
+        self.key_length = np.empty(n, np.int64)
+        self.value_start = np.empty(n, np.int64)
+        self.value_length = np.empty(n, np.int64)
+        self.value_end = np.empty(n, np.int64)
+        self.has_time = np.empty(n, bool)
+
+    def decode(self, u8: np.ndarray, words: np.ndarray, starts: np.ndarray, base: np.ndarray,
+               base_ts: np.ndarray, lo: int) -> None:
+        """Records lo.. of the buffer, starting at `starts`, of batches with those base
+        offsets and base timestamps."""
+        hi = lo + len(starts)
+        length, width = _varints(u8, starts)
+        end = starts + width + length
+        p = starts + width + 1  # past the attributes
+        ts_delta, width = _varints(u8, p)
+        p += width
+        offset_delta, width = _varints(u8, p)
+        p += width
+        key_length, width = _varints(u8, p)
+        key_start = p + width
+        key_end = key_start + np.maximum(key_length, 0)
+        value_length, width = _varints(u8, key_end)
+        value_start = key_end + width
+        value_end = value_start + np.maximum(value_length, 0)
+        # Every field lies before value_end, so value_end < end keeps them all in the record.
+        if not ((length >= _MIN_RECORD) & (key_length >= -1) & (value_length >= -1)
+                & (value_end < end)).all():
+            raise _Irregular
+        tail = end - value_end  # headersCount and headers
+        has_time = tail == _TIME_TAIL
+        at = value_end[has_time]
+        if not ((words[at] == _PREFIX_HEAD) & (words[at + 2] == _PREFIX_TAIL)).all():
+            raise _Irregular
+        if not (has_time | ((tail == 1) & (u8[value_end] == 0))).all():
+            raise _Irregular
+        np.add(base, offset_delta, out=self.offsets[lo:hi])
+        np.add(base_ts, ts_delta, out=self.timestamps[lo:hi])
+        self.key_start[lo:hi] = key_start
+        self.key_length[lo:hi] = key_length
+        self.value_start[lo:hi] = value_start
+        self.value_length[lo:hi] = value_length
+        self.value_end[lo:hi] = value_end
+        self.has_time[lo:hi] = has_time
+
+
+def _decode(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str, partition: int,
+            start: int, stop: int, include_headers: bool) -> pa.RecordBatch:
+    u8 = np.frombuffer(buf, np.uint8)
+    # The big-endian int64 at every byte position (overlapping, unaligned): one gather reads
+    # 8 bytes anywhere, about 4x gathering them one by one.
+    words = np.ndarray((max(len(buf) - 7, 0),), ">i8", buffer=buf, strides=(1,))
+    starts = _starts(*_walk(buf, batches))
+    n = len(starts)
+    headers = [h for _, h in batches]
+    if any(abs(h.base_timestamp) >= _TS_LIMIT or abs(h.max_timestamp) >= _TS_LIMIT
+           for h in headers):
         raise _Irregular
+    counts = [h.records_count for h in headers]
+    base = np.repeat(np.array([h.base_offset for h in headers], np.int64), counts)
+    base_ts = np.repeat(np.array([h.base_timestamp for h in headers], np.int64), counts)
+    records = _Records(n)
+    for lo in range(0, n, _SLICE):
+        hi = lo + _SLICE
+        records.decode(u8, words, starts[lo:hi], base[lo:hi], base_ts[lo:hi], lo)
+    offsets, timestamps, has_time = records.offsets, records.timestamps, records.has_time
+    log_append = np.array([bool(h.attributes & _LOG_APPEND_TIME_BIT) for h in headers])
+    ts_types = np.repeat(log_append.astype(np.int32), counts)
+    if log_append.any():  # every record carries the batch's maxTimestamp (Kafka's rule)
+        max_ts = np.repeat(np.array([h.max_timestamp for h in headers], np.int64), counts)
+        np.copyto(timestamps, max_ts, where=ts_types == 1)
+    timestamps *= 1000  # to us; |ms| < _TS_LIMIT keeps it inside int64
+    key_start, key_length = records.key_start, records.key_length
+    value_start, value_length = records.value_start, records.value_length
+    value_end = records.value_end
 
-    offsets = pc.add(base, offset_delta)
-    timestamps = pc.add(base_ts, ts_delta)
-    if any(h.attributes & _LOG_APPEND_TIME_BIT for h in nonempty):
-        log_append = _per_record([bool(h.attributes & _LOG_APPEND_TIME_BIT) for h in nonempty],
-                                 run_ends, pa.bool_())
-        max_ts = _per_record([h.max_timestamp for h in nonempty], run_ends, _I64)
-        timestamps = pc.if_else(log_append, max_ts, timestamps)
-        ts_types = log_append.cast(pa.int32())
-    else:
-        ts_types = pa.nulls(n, pa.int32()).fill_null(0)
-
-    keep = pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, stop))
-    if not _all(keep):
-        def only(a: pa.Array) -> pa.Array:
-            return pc.filter(a, keep)
-        offsets, timestamps, ts_types = only(offsets), only(timestamps), only(ts_types)
-        key_length, key_start, key_end = only(key_length), only(key_start), only(key_end)
-        value_length, value_start, value_end = (only(value_length), only(value_start),
-                                                only(value_end))
-        if len(has_time):
-            has_time = only(has_time)
+    keep = (offsets >= start) & (offsets < stop)
+    if not keep.all():
+        offsets, timestamps, ts_types = offsets[keep], timestamps[keep], ts_types[keep]
+        key_length, key_start = key_length[keep], key_start[keep]
+        value_length, value_start = value_length[keep], value_start[keep]
+        value_end, has_time = value_end[keep], has_time[keep]
         n = len(offsets)
-        if n == 0:
-            return _empty(include_headers)
+    at = value_end[has_time]
 
-    values = _nullable(data.spans(value_start, value_end), pc.equal(value_length, -1))
-    key_null = pc.equal(key_length, -1)
-    keys = (pa.nulls(n, pa.binary()) if _all(key_null)
-            else _nullable(data.spans(key_start, key_end), key_null))
-    time_values, times = _times(data, value_end, has_time, n)
+    key_null = key_length == -1
+    keys = (pa.nulls(n, pa.binary()) if key_null.all()
+            else _binary(buf, key_start, np.maximum(key_length, 0), key_null))
+    values = _binary(buf, value_start, np.maximum(value_length, 0), value_length == -1)
+    times = words[at + len(_TIME_PREFIX)].astype(np.int64)
     columns = [
-        keys, values,
-        pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()).fill_null(0),
-                                       pa.array([topic])).dictionary_decode(),
-        pa.nulls(n, pa.int32()).fill_null(partition),
-        offsets,
-        timestamps.cast(_UTC_MS).cast(_UTC_US),
-        ts_types,
-        times,
+        keys,
+        values,
+        _repeated_string(topic, n),
+        pa.array(np.full(n, partition, np.int32)),
+        pa.array(offsets),
+        pa.Array.from_buffers(_UTC_US, n, [None, pa.py_buffer(timestamps)]),
+        pa.array(ts_types),
+        _spread(times, has_time),
     ]
     if include_headers:
-        columns.insert(7, _headers(time_values, has_time, n))
+        columns.insert(7, _time_headers(times, has_time))
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
 
 
-def _empty(include_headers: bool) -> pa.RecordBatch:
-    schema = arrow_schema(include_headers)
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+def _validity(present: np.ndarray) -> pa.Buffer:
+    return pa.py_buffer(np.packbits(present, bitorder="little"))
 
 
-def _int64s(values: list[int]) -> pa.Array:
-    """A list of ints as an int64 array, converted by array.array in C."""
-    packed = array("q", values)
-    return pa.Array.from_buffers(_I64, len(packed), [None, pa.py_buffer(packed)])
+def _binary(buf: bytes, starts: np.ndarray, lengths: np.ndarray, null: np.ndarray, *,
+            min_run: int = _MIN_RUN) -> pa.Array:
+    """binary values buf[starts[i]:starts[i] + lengths[i]] (ascending, non-overlapping; null
+    where `null`, length 0 there). A run starts wherever the length or the stride changes."""
+    n = len(starts)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    edges = np.flatnonzero(_run_starts(starts, lengths))
+    if len(edges) * min_run > n:
+        data = _taken(buf, starts, lengths)
+    else:
+        data = np.empty(int(offsets[-1]), np.uint8)
+        bounds = [*edges.tolist(), n]
+        firsts = starts[edges].tolist()
+        sizes = lengths[edges].tolist()
+        strides = np.diff(starts, append=starts[-1:]).astype(np.int64)[edges].tolist()
+        dests = offsets[edges].tolist()
+        for i, size in enumerate(sizes):
+            rows = bounds[i + 1] - bounds[i]
+            if size:
+                source = np.ndarray((rows, size), np.uint8, buffer=buf, offset=firsts[i],
+                                    strides=(strides[i], 1))
+                data[dests[i]:dests[i] + rows * size].reshape(rows, size)[...] = source
+    validity = _validity(~null) if null.any() else None
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
+                                                  pa.py_buffer(data)])
 
 
-def _cumulative(counts: list[int]) -> list[int]:
-    out = []
-    total = 0
-    for c in counts:
-        total += c
-        out.append(total)
-    return out
+def _run_starts(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """True where a run of one length and one stride starts: within a run [a, b), every
+    i in a+2..b-1 has the stride and length of i-1, so all strides of the run are equal."""
+    n = len(starts)
+    change = np.ones(n, bool)
+    if n > 1:
+        change[1:] = lengths[1:] != lengths[:-1]
+        step = np.diff(starts)
+        change[2:] |= step[1:] != step[:-1]
+    return change
 
 
-def _nullable(values: pa.Array, null: pa.Array) -> pa.Array:
-    if not pc.any(null).as_py():
-        return values
-    return pc.if_else(null, pa.scalar(None, values.type), values)
+def _taken(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> pa.Buffer:
+    """The bytes of the spans, concatenated by Arrow's take: the spans [s0, e0, s1, e1, ...]
+    are the offsets of a binary array whose even elements are the values."""
+    n = len(starts)
+    if n == 0:
+        return pa.py_buffer(b"")
+    spans = np.empty(2 * n, np.int32)
+    spans[0::2] = starts
+    spans[1::2] = starts + lengths
+    interleaved = pa.Array.from_buffers(pa.binary(), 2 * n - 1,
+                                        [None, pa.py_buffer(spans), pa.py_buffer(buf)])
+    taken = interleaved.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
+    return taken.buffers()[2] or pa.py_buffer(b"")
 
 
-def _times(data: _Bytes, value_end: pa.Array, has_time: pa.Array,
-           n: int) -> tuple[pa.Array, pa.Array]:
-    """(tq.time header values as binary, tq_time as int64 with nulls) of the records."""
-    if not len(has_time) or not pc.any(has_time).as_py():
-        return pa.array([], pa.binary()), pa.nulls(n, _I64)
-    at = pc.add(pc.filter(value_end, has_time), len(_TIME_PREFIX))
-    raw = data.spans(at, pc.add(at, 8))
-    ints = array("q")
-    ints.frombytes(raw.buffers()[2].to_pybytes()[:8 * len(raw)])
-    if sys.byteorder == "little":
-        ints.byteswap()
-    present = pa.Array.from_buffers(_I64, len(ints), [None, pa.py_buffer(ints)])
-    if len(present) == n:
-        return raw, present
-    # Spread over the rows: the k-th true of has_time gets present[k].
-    index = pc.subtract(pc.cumulative_sum(has_time.cast(_I64)), 1)
-    return raw, pc.if_else(has_time, pc.take(present, pc.max_element_wise(index, 0)),
-                           pa.scalar(None, _I64))
+def _repeated_string(text: str, n: int) -> pa.Array:
+    raw = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(raw * n)])
 
 
-def _headers(time_values: pa.Array, has_time: pa.Array, n: int) -> pa.Array:
-    """[{"tq.time": value}] for records with the header, null for those without."""
-    if not len(time_values):
+def _spread(times: np.ndarray, has_time: np.ndarray) -> pa.Array:
+    """tq_time: the k-th row with the header gets times[k]; the others are null."""
+    n = len(has_time)
+    if len(times) == n:
+        return pa.array(times)
+    values = np.zeros(n, np.int64)
+    values[has_time] = times
+    return pa.Array.from_buffers(pa.int64(), n, [_validity(has_time), pa.py_buffer(values)])
+
+
+def _time_headers(times: np.ndarray, has_time: np.ndarray) -> pa.Array:
+    """[{"tq.time": value}] for rows with the header, null for those without."""
+    n = len(has_time)
+    count = len(times)
+    if count == 0:
         return pa.nulls(n, HEADERS_TYPE)
-    keys = pa.DictionaryArray.from_arrays(pa.nulls(len(time_values), pa.int32()).fill_null(0),
-                                          pa.array([TIME_HEADER])).dictionary_decode()
-    items = pa.StructArray.from_arrays([keys, time_values],
-                                       fields=list(HEADERS_TYPE.value_type))
-    ends = pc.cumulative_sum(has_time.cast(pa.int32()))
-    offsets = pa.concat_arrays([pa.array([0], pa.int32()), ends])
-    return pa.ListArray.from_arrays(offsets, items, type=HEADERS_TYPE,
-                                    mask=pc.invert(has_time))
+    keys = _repeated_string(TIME_HEADER, count)
+    values = pa.Array.from_buffers(pa.binary(), count, [
+        None, pa.py_buffer(np.arange(count + 1, dtype=np.int32) * 8),
+        pa.py_buffer(times.astype(">i8"))])
+    items = pa.StructArray.from_arrays([keys, values], fields=list(HEADERS_TYPE.value_type))
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(has_time, out=offsets[1:])
+    validity = None if count == n else _validity(has_time)
+    return pa.Array.from_buffers(HEADERS_TYPE, n, [validity, pa.py_buffer(offsets)],
+                                 children=[items])
