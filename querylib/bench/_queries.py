@@ -10,9 +10,11 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
 - queries_pubsub_throughput: a publisher query sends 100-byte records (serde `bytes`, batches
   of 1000 records per logical time, PerWorker) to a subscriber query on the same `tq up`; the
   subscriber counts records from its first Data event to the last. Baseline: the broker-level
-  figures of `python -m querylib.bench pubsub` measured in the same run: the record API on
-  both ends (`pubsub_throughput_codec`, the like-for-like figure: per-record Producer.send and
-  decoding) and pre-built batches (`pubsub_throughput`). Goal: >= 0.8x the record-API figure.
+  figures of `python -m querylib.bench pubsub` measured in the same run: its headline figure,
+  pre-built batches (`pubsub_throughput`: the transport and broker alone, the ratio's
+  baseline), and the record API on both ends (`pubsub_throughput_codec`: per-record
+  Producer.send and decoding, shown beside as `ratio_to_record_api`). Goal: >= 0.8x the
+  broker-level figure.
 
 All processes share this machine's cores; nothing here asserts the numbers.
 Must not: leave a `tq up` or its processes behind (everything started is stopped).
@@ -163,15 +165,16 @@ def run(records: int = 500_000) -> Iterator[dict[str, Any]]:
         through = query_throughput(up, records)
     finally:
         up.close()
-    codec = broker["pubsub_throughput_codec"]
+    codec, headline = broker["pubsub_throughput_codec"], broker["pubsub_throughput"]
     yield {
         "name": "queries_pubsub_throughput",
         "figures": {"records_per_s": round(through["records_per_s"]),
                     "records": through["records"], "record_bytes": RECORD_BYTES,
                     "batch_records": BATCH_RECORDS, "serde": "bytes",
-                    "load_avg_1m": round(os.getloadavg()[0], 2)},
-        "baseline": {"pubsub_throughput_codec_records_per_s": codec,
-                     "pubsub_throughput_records_per_s": broker["pubsub_throughput"]},
-        "ratio": round(through["records_per_s"] / codec, 3),
-        "goal": ">= 0.8x the broker-level record-API figure (pubsub_throughput_codec)",
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                    "ratio_to_record_api": round(through["records_per_s"] / codec, 3)},
+        "baseline": {"pubsub_throughput_records_per_s": headline,
+                     "pubsub_throughput_codec_records_per_s": codec},
+        "ratio": round(through["records_per_s"] / headline, 3),
+        "goal": ">= 0.8x the broker-level figure (pubsub_throughput)",
     }

@@ -13,7 +13,7 @@ import asyncio
 import queue
 import threading
 from collections import deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from catalog.errors import TqError, UserError
@@ -143,6 +143,39 @@ class Producer:
                 self._thread.soon(self._arm_linger)
         if full:
             self._send_pending()
+
+    def send_values(self, values: Iterable[bytes | None], *, headers: Headers = (),
+                    timestamp: int | None = None, time: int | None = None) -> None:
+        """Many keyless records sharing headers, timestamp and time: what `send` does for each,
+        with one lock round per batch instead of per record (the per-record cost of `send` is
+        most of a publisher's)."""
+        if self._closed:
+            raise UserError("the producer is closed")
+        if time is not None and time < self.core.frontier:
+            raise UserError(f"record time {time} is below this producer's frontier "
+                            f"{self.core.frontier}")
+        stamp = now_ms() if timestamp is None else timestamp
+        rest = iter(values)
+        more = True
+        while more:
+            more = False
+            with self._lock:
+                pending, size = self._pending, self._pending_bytes
+                room, limit = self.batch_records - len(pending), self.batch_bytes
+                append = pending.append
+                for value in rest:
+                    append((None, value, headers, stamp, time))
+                    size += len(value) + 16 if value is not None else 16
+                    room -= 1
+                    if room <= 0 or size >= limit:
+                        more = True
+                        break
+                self._pending_bytes = size
+                if not more and pending and not self._linger_armed:
+                    self._linger_armed = True
+                    self._thread.soon(self._arm_linger)
+            if more:
+                self._send_pending()
 
     def _send_pending(self) -> None:
         """Encode what is pending on this thread and queue it for the loop; blocks while the

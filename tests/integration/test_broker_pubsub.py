@@ -155,3 +155,44 @@ def test_a_late_subscriber_catches_up_then_tails_without_gap_or_duplicate(proces
     assert len(values) == len(set(values)) == 400 * 20
     assert values[:6000] == expected("x", 300, 20)
     assert [v for v in values if v.startswith("y")] == expected("y", 100, 20)
+
+
+def test_send_values_batches_many_records_like_send(processes, tmp_path):
+    """Records handed over many at a time arrive in order with their time, timestamp and
+    headers, across batch boundaries (batch_records 7, and a byte limit), mixed with send."""
+    from querylib.broker import Producer
+
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    sent = []
+    with Producer(address, "many", secret=secret, batch_records=7, batch_bytes=300) as producer:
+        for t in range(5):
+            values = [b"t%d-%d" % (t, i) + bytes(i % 40) for i in range(23 + t)] + [None]
+            producer.send_values(values, headers=(("h", b"%d" % t),), timestamp=1000 + t,
+                                 time=t)
+            producer.send(b"single-%d" % t, time=t)
+            sent += [(v, t, 1000 + t) for v in values]
+            sent.append((b"single-%d" % t, t, None))
+            producer.advance(t + 1)
+    got = []
+    with Subscriber(address, "many", 0, secret=secret) as sub:
+        while True:
+            event = sub.next_event(30)
+            assert event is not None, "timed out"
+            if isinstance(event, EndOfStream):
+                break
+            if isinstance(event, Data):
+                got += [(r.value, _time_of(r), r.timestamp, r.headers) for r in event.records]
+    assert [(v, t) for v, t, _, _ in got] == [(v, t) for v, t, _ in sent]
+    for (_, t, stamp, headers), (_, _, want_stamp) in zip(got, sent, strict=True):
+        if want_stamp is not None:
+            assert stamp == want_stamp
+            assert ("h", b"%d" % t) in headers
+
+
+def _time_of(record) -> int:
+    from querylib.records import TIME_HEADER, decode_int64
+
+    return next(decode_int64(v) for k, v in record.headers if k == TIME_HEADER)
