@@ -40,7 +40,7 @@ from querylib.records import DIFF_HEADER, Record, decode_int64
 
 from ._events import Data, EndOfStream, Progress, Snapshot
 from ._runtime import Runtime, address_of
-from .serdes import Serde, decode_value, type_tag
+from .serdes import Serde, decode_value, decode_values, type_tag
 
 if TYPE_CHECKING:  # the group client pulls in the Kafka codecs: loaded only for a group
     from ._group_client import GroupMember
@@ -315,7 +315,7 @@ class Subscription:
             records = [(decode_value(serde, r.value or b""), _diff_of(r))
                        for r in event.records]
         else:
-            records = [decode_value(serde, r.value or b"") for r in event.records]
+            records = decode_values(serde, [r.value for r in event.records])
         return Data(event.time, records, event.partition)
 
     @property
