@@ -182,10 +182,8 @@ def summary_lines(summary: Any, elapsed: float) -> list[str]:
         f"  export TQ_HOME={data}",
         "  tq up &                # the demo's cluster again: catalog and topics recovered",
         "  tq topics; tq status   # clicks, page_counts, the queries that made them",
-        "  kill %1                # (tq up holds the logs: stop it before the next lines)",
-        f"  tq broker --data {broker} --listen tcp://127.0.0.1:7500 &",
-        "  tq consume page_counts --broker tcp://127.0.0.1:7500",
-        "  kill %1",
+        "  tq consume page_counts # the counts, through the running cluster",
+        "  kill %1                # (tq up holds the logs: stop it before reading the files)",
         f"  python -c \"import querylib.spark as s; s.session().read.format('tq')"
         f".option('subscribe', 'page_counts').load('{broker}').show(truncate=False)\"",
     ]
