@@ -19,8 +19,11 @@ executor (host, broker address, host resources); its heartbeats carry the host's
 Every exit goes back as `ReportExit` (an exit status, or minus the signal that killed it);
 output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
 session is lost (the coordinator did not hear from it for a lease), it kills its processes:
-the coordinator has failed their queries by then anyway. `lost` is set then, and `stopped` once
-they are killed (`tq executor` exits non-zero).
+the coordinator has failed their queries by then anyway. After a loss it rejoins by itself
+(DESIGN §11 "Executor loss and rejoin"): its broker and endpoints keep running, and it opens a
+new session (retried with backoff, capped at `REJOIN_BACKOFF_MAX` seconds, until it succeeds or
+the agent is closed), registers the broker under its remembered id and itself as a new
+executor. `lost` is set while it has no session; `rejoins` counts the rejoins.
 
 Must not: decide placement or query state (the coordinator does), or block the event loop.
 """
@@ -53,9 +56,12 @@ from ._supervisor import ExitReport, Supervisor
 if TYPE_CHECKING:
     from querylib.connector import EndpointConfig
 
-__all__ = ["ExecutorAgent"]
+__all__ = ["REJOIN_BACKOFF_MAX", "ExecutorAgent"]
 
 logger = logging.getLogger("executor")
+
+REJOIN_BACKOFF_MIN = 0.2  # seconds before the first rejoin attempt; doubled after each failure
+REJOIN_BACKOFF_MAX = 5.0  # ... up to this
 
 
 class ExecutorAgent:
@@ -106,8 +112,12 @@ class ExecutorAgent:
         self.fetcher: ArtifactFetcher | None = None
         self.executor_id: int | None = None
         self.broker_id: int | None = None
-        self.lost = asyncio.Event()  # set when the session is gone: the agent must stop
-        self.stopped = asyncio.Event()  # ... and once its processes are killed
+        self.lost = asyncio.Event()  # set while the agent has no session (until it rejoins)
+        self.rejoins = 0
+        # Bumped when a session is lost: a spawn that began under an older session must not
+        # leave a process running (its query failed with that session).
+        self._generation = 0
+        self._sampler: LoadSampler | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
@@ -127,36 +137,51 @@ class ExecutorAgent:
             cache = ArtifactCache(self.data_dir / "artifacts")
             cache.clean_incoming()
             self.fetcher = ArtifactFetcher(cache, upload=self._download)
-            self.cluster = await AsyncCluster(self.coordinator, self.secret,
-                                              kind=SessionKind.EXECUTOR, lease=self.lease,
-                                              peer=f"executor@{self.host}").start()
-            # Notifies may arrive as soon as the executor is registered: listen first.
-            self.cluster.on_notify(SpawnProcesses, self._on_spawn)
-            self.cluster.on_notify(KillProcesses, self._on_kill)
-            sampler = LoadSampler(self.data_dir)
-            supervisor = self.supervisor
-            self.cluster.load_source = lambda: sampler.sample(
-                (r.spec.query_id, r.spec.process, r.pid) for r in supervisor.running())
+            self._sampler = LoadSampler(self.data_dir)
+            # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret, connector=self.connector_config,
                 kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
                 required=self.endpoints_required).start()
-            broker = await register_remembered(self.cluster, self.data_dir, self.host,
-                                               self.broker_address,
-                                               kafka_address=self.kafka_address or "")
-            self.broker_id = broker.broker_id
-            self.topics.attach(self.cluster, broker.broker_id,
-                               follow=self.endpoints.kafka is not None)
-            executor = await self.cluster.register_executor(
-                self.host, broker.broker_id,
-                host_resources(self.data_dir, self.slots.total))
-            self.executor_id = executor.executor_id
+            await self._join()
         except BaseException:
             await self.close()
             raise
-        self._watch = asyncio.get_running_loop().create_task(self._watch_session(),
+        self._watch = asyncio.get_running_loop().create_task(self._keep_session(),
                                                              name="executor session watch")
         return self
+
+    async def _join(self, connect_timeout: float = 10.0) -> None:
+        """Open a session, register the broker (its remembered id) and the executor."""
+        assert self.supervisor is not None and self._sampler is not None
+        cluster = AsyncCluster(self.coordinator, self.secret, kind=SessionKind.EXECUTOR,
+                               lease=self.lease, peer=f"executor@{self.host}",
+                               connect_timeout=connect_timeout)
+        # Notifies may arrive as soon as the executor is registered: listen first.
+        cluster.on_notify(SpawnProcesses, self._on_spawn)
+        cluster.on_notify(KillProcesses, self._on_kill)
+        sampler, supervisor = self._sampler, self.supervisor
+        cluster.load_source = lambda: sampler.sample(
+            (r.spec.query_id, r.spec.process, r.pid) for r in supervisor.running())
+        self.cluster = cluster
+        try:
+            await cluster.start()
+            broker = await register_remembered(cluster, self.data_dir, self.host,
+                                               self.broker_address,
+                                               kafka_address=self.kafka_address or "")
+            self.broker_id = broker.broker_id
+            await self.topics.close()  # a previous session's catalog view
+            self.topics.attach(cluster, broker.broker_id,
+                               follow=self.endpoints is not None and
+                               self.endpoints.kafka is not None)
+            executor = await cluster.register_executor(
+                self.host, broker.broker_id,
+                host_resources(self.data_dir, self.slots.total))
+        except BaseException:
+            await cluster.close()
+            raise
+        self.executor_id = executor.executor_id
+        self.lost.clear()
 
     @property
     def connector_address(self) -> str | None:
@@ -200,21 +225,63 @@ class ExecutorAgent:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _keep_session(self) -> None:
+        while True:
+            await self._watch_session()
+            await self._drop_session()
+            await self._rejoin()
+
     async def _watch_session(self) -> None:
-        """Once the coordinator dropped our session, our processes' queries have failed: kill
-        them rather than let them run unaccounted for."""
+        """Return once the coordinator has dropped our session (or must be assumed to)."""
         cluster = self.cluster
         assert cluster is not None
         loop = asyncio.get_running_loop()
         # Unheard for a lease, the coordinator has expired our session (or is gone).
         while not cluster.lost and loop.time() - cluster.renewed_at <= cluster.lease:
             await asyncio.sleep(cluster.lease / 4)
+
+    async def _drop_session(self) -> None:
+        """Our processes' queries have failed with the session: kill them rather than let them
+        run unaccounted for, then let the old session go."""
         logger.warning("executor %s: lost the coordinator; killing its processes",
                        self.executor_id)
         self.lost.set()  # first: nobody is there to hear about their exits
-        if self.supervisor is not None:
-            await self.supervisor.kill_all()
-        self.stopped.set()
+        self._generation += 1
+        assert self.supervisor is not None
+        await self.supervisor.kill_all()
+        self._dying.clear()
+        await self.topics.close()
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            # If the coordinator still holds the session (we gave up on our own clock), this
+            # ends it now, so the broker's registration is free for the next one.
+            await cluster.close()
+
+    async def _rejoin(self) -> None:
+        """Join again, with backoff, until it works (or the agent is closed)."""
+        delay = REJOIN_BACKOFF_MIN
+        attempt = 0
+        while True:
+            attempt += 1
+            logger.info("executor %s: rejoining the coordinator at %s (attempt %d)",
+                        self.executor_id, self.coordinator, attempt)
+            lost_id = self.executor_id
+            try:
+                await self._join(connect_timeout=REJOIN_BACKOFF_MAX)
+            except Exception as exc:
+                self.cluster = None
+                if isinstance(exc, TqError | OSError):  # the coordinator is away or refuses
+                    logger.info("executor %s: rejoin attempt %d failed: %s; next in %.1fs",
+                                lost_id, attempt, exc, delay)
+                else:  # a bug must not leave the agent for good without a session: say it
+                    logger.exception("executor %s: rejoin attempt %d failed", lost_id, attempt)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REJOIN_BACKOFF_MAX)
+                continue
+            self.rejoins += 1
+            logger.warning("executor %s: rejoined the coordinator as executor %s (broker %s)",
+                           lost_id, self.executor_id, self.broker_id)
+            return
 
     def _spawn_task(self, coro: object, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
@@ -236,6 +303,7 @@ class ExecutorAgent:
     async def _start(self, note: SpawnProcesses, process: int) -> None:
         assert self.supervisor is not None and self.fetcher is not None
         key = (note.query_id, process)
+        generation = self._generation
         try:
             await self._reserve(key)
         except TqError as exc:
@@ -243,6 +311,10 @@ class ExecutorAgent:
             return
         try:
             artifact = await self.fetcher.ensure(note.program)
+            if generation != self._generation:  # its session, hence its query, is gone
+                self._artifact_of.pop(key, None)
+                self.slots.release(key)
+                return
             self._artifact_of[key] = artifact.digest
             await asyncio.to_thread(touch_artifact, self.fetcher.cache, artifact.digest)
             spec = SpawnSpec(query_id=note.query_id, process=process,
@@ -252,6 +324,8 @@ class ExecutorAgent:
                              executor_id=self.executor_id)
             await self.supervisor.spawn(spec, artifact.program)
             self.counters["spawned"] += 1
+            if generation != self._generation:  # lost the session while it started
+                await self._kill(note.query_id, process)
         except TqError as exc:
             self._artifact_of.pop(key, None)
             self.slots.release(key)
@@ -263,8 +337,11 @@ class ExecutorAgent:
         reason = f"{type(exc).__name__}: {exc}"
         logger.warning("executor %s: process %d of query %d did not start: %s",
                        self.executor_id, process, query_id, reason)
+        cluster = self.cluster
+        if cluster is None or self.lost.is_set():  # its session, hence its query, is gone
+            return
         try:
-            await self.cluster.report_spawn_failed(query_id, process, reason)  # type: ignore[union-attr]
+            await cluster.report_spawn_failed(query_id, process, reason)
         except TqError as report_exc:
             self.counters["report_failed"] += 1
             logger.warning("executor %s: cannot report the failed spawn: %s",
@@ -339,7 +416,8 @@ class ExecutorAgent:
         self.counters["artifacts_removed"] += len(digests)
 
     async def _download(self, digest: str) -> bytes | None:
-        assert self.cluster is not None
+        if self.cluster is None:  # between sessions: the spawn that asked is void anyway
+            return None
         try:
             return await self.cluster.fetch_artifact(digest)
         except NotFoundError:

@@ -2,7 +2,8 @@
 
 A thin adapter over `executor.ExecutorAgent`, imported only when the command runs (the rest of
 `querylib` never depends on the agent). SIGINT/SIGTERM stop it: its processes are killed and
-their exits reported first. It also stops, non-zero, when it lost the coordinator.
+their exits reported first. Losing the coordinator does not stop it: the agent kills its
+processes and rejoins by itself (DESIGN §11 "Executor loss and rejoin").
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     parser.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
                         help="session lease: unheard by the coordinator this long, the agent "
-                        "kills its processes and stops (default 10)")
+                        "kills its processes and rejoins with a new session (default 10)")
     add_connector_options(parser, default_port=None)
     add_kafka_options(parser, default_port=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
@@ -76,14 +77,7 @@ async def _serve(args: argparse.Namespace, address: str, secret: bytes, secret_f
         print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}"
               f"{extra}, {agent.slots.total} slots, coordinator {address}", file=sys.stderr,
               flush=True)
-        stopped = loop.create_task(stop.wait())
-        lost = loop.create_task(agent.stopped.wait())
-        await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stopped, lost):
-            task.cancel()
-        if agent.stopped.is_set():
-            print("tq executor: stopping: lost the coordinator", file=sys.stderr, flush=True)
-            return 1
+        await stop.wait()
     finally:
         await agent.close()
     return 0

@@ -5,7 +5,7 @@ executor and query sessions back, and a subscriber query receives every record a
 query sent across the crash exactly once.
 
 (tests/integration/test_queries_executor_loss.py covers an executor that loses a coordinator
-for longer than its lease; test_queries_executor.py a SIGKILLed query process.)"""
+for longer than its lease and rejoins; test_queries_executor.py a SIGKILLed query process.)"""
 
 from __future__ import annotations
 
