@@ -28,8 +28,10 @@ from coordinator import (
     CoordinatorState,
     Persist,
     Respond,
+    SpawnProcesses,
     Tick,
 )
+from querylib.cluster import QueryFailedError
 from querylib.cluster import _messages as m
 
 from ._driver import Driver
@@ -273,6 +275,78 @@ def test_an_expired_executor_fails_its_queries_and_the_others_are_told_to_kill()
     # The process on the lost executor has no session to reach any more.
     assert (0, hosts[0][2], None) in kill.processes
     assert (1, hosts[1][2], hosts[1][0]) in kill.processes
+
+
+def test_submit_sends_one_spawn_naming_every_process_and_its_executor_session() -> None:
+    d = Driver()
+    hosts = [d.host(f"host-{i}", lease_ms=10_000) for i in range(2)]
+    client = d.session(lease_ms=10_000)
+    d.send(m.SubmitQuery(session_id=client, name="job", program="sha256:ab", processes=2,
+                         workers=3, args=("x",), executors=(hosts[1][2], hosts[0][2])))
+    (spawn,) = [i for i in d.out if isinstance(i, SpawnProcesses)]
+    assert (spawn.program, spawn.process_count, spawn.workers, spawn.args) == (
+        "sha256:ab", 2, 3, ("x",))
+    assert list(spawn.processes) == [(0, hosts[1][2], hosts[1][0]), (1, hosts[0][2], hosts[0][0])]
+
+
+def test_a_query_whose_processes_do_not_all_register_fails_at_the_start_timeout() -> None:
+    d = Driver(config=CoordinatorConfig(start_timeout_ms=2_000))
+    hosts, query_id = _query(d, processes=2)
+    d.session(SessionKind.QUERY, lease_ms=60_000, query_id=query_id, process=0)
+    d.tick(1.5)
+    assert d.state.catalog.query(query_id).state == QueryState.SUBMITTED
+    d.tick(0.6)
+    d.commit()
+    query = d.state.catalog.query(query_id)
+    assert query.state == QueryState.FAILED
+    assert "not every process registered within 2s" in query.reason
+    (kill,) = d.kills  # whatever started is killed
+    assert {p for p, _, _ in kill.processes} == {0, 1}
+
+
+def test_a_started_query_is_not_failed_by_its_old_start_deadline() -> None:
+    d = Driver(config=CoordinatorConfig(start_timeout_ms=2_000))
+    _, query_id = _query(d, processes=1)
+    d.session(SessionKind.QUERY, lease_ms=60_000, query_id=query_id, process=0)
+    assert d.state.catalog.query(query_id).state == QueryState.RUNNING
+    d.tick(3.0)
+    assert d.state.catalog.query(query_id).state == QueryState.RUNNING
+    assert not d.kills
+
+
+def test_a_spawn_failure_fails_the_query_kills_the_rest_and_answers_the_waiting_submit() -> None:
+    d = Driver()
+    hosts = [d.host(f"host-{i}", lease_ms=10_000) for i in range(2)]
+    client = d.session(lease_ms=10_000)
+    waiting = d.send(m.SubmitQuery(session_id=client, name="job", program="job.py",
+                                   processes=2, executors=tuple(h[2] for h in hosts),
+                                   wait=True))
+    (spawn,) = [i for i in d.out if isinstance(i, SpawnProcesses)]
+    d.commit()
+    assert waiting not in d.answers  # held until every process registered, or it failed
+    query_id = spawn.query_id
+    d.session(SessionKind.QUERY, lease_ms=60_000, query_id=query_id, process=0)
+    d.call(m.ReportSpawnFailed(session_id=hosts[1][0], query_id=query_id, process=1,
+                               reason="ArtifactMissingError: no such program"))
+    query = d.state.catalog.query(query_id)
+    assert query.state == QueryState.FAILED
+    assert "process 1 could not start: ArtifactMissingError" in query.reason
+    assert d.kills and d.kills[-1].query_id == query_id
+    with pytest.raises(QueryFailedError, match="could not start"):
+        d.answer(waiting)
+
+
+def test_a_waiting_submit_is_answered_once_the_query_runs() -> None:
+    d = Driver()
+    host = d.host("host-a", lease_ms=10_000)
+    client = d.session(lease_ms=10_000)
+    waiting = d.send(m.SubmitQuery(session_id=client, name="job", program="job.py",
+                                   processes=1, executors=(host[2],), wait=True))
+    d.commit()
+    assert waiting not in d.answers
+    query_id = max(q.query_id for q in d.state.catalog.queries)
+    d.session(SessionKind.QUERY, lease_ms=60_000, query_id=query_id, process=0)
+    assert d.answer(waiting).query.state == QueryState.RUNNING
 
 
 def test_kill_query_tells_the_executors() -> None:
