@@ -14,6 +14,7 @@ import msgspec
 import psutil
 import pytest
 
+import executor._supervisor as _supervisor_module
 from executor import (
     ArtifactCache,
     ExecFailedError,
@@ -373,15 +374,24 @@ def test_output_held_open_by_an_escaped_process_is_abandoned_after_the_drain_tim
     assert counters["undrained"] == 1
 
 
-def test_a_process_still_starting_when_close_runs_does_not_survive_it(tmp_path):
+def test_a_process_still_starting_when_close_runs_does_not_survive_it(tmp_path, monkeypatch):
     prog = program(tmp_path, SLEEPER_PROGRAM)
+    real_launch = _supervisor_module.launch
 
     async def go():
+        entered = asyncio.Event()
+
+        async def launch(*args, **kwargs):
+            entered.set()  # close() runs at the launch's first await, mid-start
+            return await real_launch(*args, **kwargs)
+
+        monkeypatch.setattr(_supervisor_module, "launch", launch)
         out = Recorder()
         sup = supervisor(tmp_path, out)
         spec = SpawnSpec(query_id=11, process=0)
         starting = asyncio.create_task(sup.spawn(spec, prog))
-        await wait_until(lambda: spec.key in sup._starting, what="the spawn to be under way")
+        await asyncio.wait_for(entered.wait(), 20)
+        assert spec.key in sup._starting
         await sup.close()
         with pytest.raises(ExecutorError, match="shutting down"):
             await starting
