@@ -151,7 +151,7 @@ class CoordinatorState:
         self.checkpoint = checkpoint  # the latest durable checkpoint
         self.since_checkpoint = since_checkpoint  # updates appended after it
         self._checkpointing = False
-        self._held: deque[tuple[int, Respond]] = deque()
+        self._held: deque[tuple[int, Respond | SpawnProcesses]] = deque()
         self._out: list[Instruction] = []
         # Every session the catalog holds gets a fresh lease: its holder may be alive and
         # about to renew (this is how sessions survive a coordinator restart).
@@ -211,12 +211,16 @@ class CoordinatorState:
 
     def respond(self, token: Any, reply: Any = None, error: BaseException | None = None) -> None:
         """Answer a request once the catalog version it saw is durable."""
-        respond = Respond(token, reply, error)
+        self._when_durable(Respond(token, reply, error))
+
+    def _when_durable(self, instruction: Respond | SpawnProcesses) -> None:
+        """Emit `instruction` once the catalog's current version is durable: nothing outside
+        may act on a change a crash could still undo."""
         version = self.catalog.version
         if version <= self.committed:
-            self._out.append(respond)
+            self._out.append(instruction)
         else:
-            self._held.append((version, respond))
+            self._held.append((version, instruction))
 
     def renew(self, session_id: int, now: float, lease_ms: int | None = None) -> int:
         """Check the session is open and extend its lease; returns the lease in ms."""
@@ -302,8 +306,10 @@ class CoordinatorState:
             self.apply(FailQuery(query_id=query.query_id, at_ms=wall_ms, reason=(
                 f"executor {gone[0]} is gone")), now, wall_ms)
             return
-        self._out.append(SpawnProcesses(query.query_id, query.program, tuple(processes),
-                                        query.processes, query.workers, tuple(query.args)))
+        # Held until the query is durable: processes of a query a crash forgot could not
+        # register, and would run unaccounted for until they gave up.
+        self._when_durable(SpawnProcesses(query.query_id, query.program, tuple(processes),
+                                          query.processes, query.workers, tuple(query.args)))
 
     def _left_submitted(self, query: Query) -> None:
         self.start_deadlines.pop(query.query_id, None)

@@ -277,13 +277,15 @@ def test_an_expired_executor_fails_its_queries_and_the_others_are_told_to_kill()
     assert (1, hosts[1][2], hosts[1][0]) in kill.processes
 
 
-def test_submit_sends_one_spawn_naming_every_process_and_its_executor_session() -> None:
+def test_submit_sends_one_spawn_once_durable_naming_every_process_and_its_executor() -> None:
     d = Driver()
     hosts = [d.host(f"host-{i}", lease_ms=10_000) for i in range(2)]
     client = d.session(lease_ms=10_000)
     d.send(m.SubmitQuery(session_id=client, name="job", program="sha256:ab", processes=2,
                          workers=3, args=("x",), executors=(hosts[1][2], hosts[0][2])))
-    (spawn,) = [i for i in d.out if isinstance(i, SpawnProcesses)]
+    # Not before the query is durable: a crash could still forget it.
+    assert not [i for i in d.out if isinstance(i, SpawnProcesses)]
+    (spawn,) = [i for i in d.commit() if isinstance(i, SpawnProcesses)]
     assert (spawn.program, spawn.process_count, spawn.workers, spawn.args) == (
         "sha256:ab", 2, 3, ("x",))
     assert list(spawn.processes) == [(0, hosts[1][2], hosts[1][0]), (1, hosts[0][2], hosts[0][0])]
@@ -321,8 +323,7 @@ def test_a_spawn_failure_fails_the_query_kills_the_rest_and_answers_the_waiting_
     waiting = d.send(m.SubmitQuery(session_id=client, name="job", program="job.py",
                                    processes=2, executors=tuple(h[2] for h in hosts),
                                    wait=True))
-    (spawn,) = [i for i in d.out if isinstance(i, SpawnProcesses)]
-    d.commit()
+    (spawn,) = [i for i in d.commit() if isinstance(i, SpawnProcesses)]
     assert waiting not in d.answers  # held until every process registered, or it failed
     query_id = spawn.query_id
     d.session(SessionKind.QUERY, lease_ms=60_000, query_id=query_id, process=0)
