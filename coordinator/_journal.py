@@ -54,14 +54,13 @@ from catalog import (
     encode_record,
 )
 from querylib.cluster._format import CHECKPOINT_TOPIC, COUNT_HEADER, SNAPSHOT_HEADER
-from querylib.log import LogConfig, PartitionLog, partition_dir_name
+from querylib.log import LogConfig, PartitionLog, data_records, partition_dir_name
 from querylib.records import (
     DIFF_HEADER,
     TIME_HEADER,
     decode_int64,
     encode_batch,
     encode_int64,
-    iter_batches,
 )
 
 from ._events import Persist
@@ -85,7 +84,6 @@ __all__ = [
 
 # Keep each batch well under the broker's default max_batch_bytes (8 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
-_READ_CHUNK = 4 * 1024 * 1024
 _INT64_CACHE: dict[int, bytes] = {}
 
 
@@ -196,21 +194,6 @@ class _Collected:
     updates: list[TimedUpdate] = field(default_factory=list)  # changes after it
 
 
-def _records(log: PartitionLog, start: int) -> Iterator[tuple[int, object]]:
-    offset, end = max(start, log.log_start_offset), log.log_end_offset
-    while offset < end:
-        data = log.read(offset, _READ_CHUNK, end_offset=end)
-        if not data:
-            break
-        for batch in iter_batches(data):
-            offset = batch.next_offset
-            if batch.is_control:
-                continue
-            for record in batch.records:
-                if record.offset >= start:
-                    yield record.offset, record
-
-
 def _headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, int]:
     out = {}
     for name, value in headers:
@@ -227,9 +210,10 @@ def read_collection(log: PartitionLog, collection: str, *, start: int = 0,
     topic = catalog_topic(collection)
     out = _Collected()
     expected: int | None = None  # records of the starting block still to come
-    for offset, record in _records(log, start):
+    for record in data_records(log, start):
+        offset = record.offset
         try:
-            headers = _headers(record.headers)  # type: ignore[attr-defined]
+            headers = _headers(record.headers)
         except TqError as exc:
             raise CorruptCatalogError(f"{topic} offset {offset}: {exc}") from exc
         snapshot = headers.get(SNAPSHOT_HEADER)
@@ -262,7 +246,7 @@ def _need(headers: dict[str, int], name: str, topic: str, offset: int) -> int:
 
 
 def _value(topic: str, collection: str, record: object, offset: int) -> Record:
-    value = record.value  # type: ignore[attr-defined]
+    value = record.value
     if value is None:
         raise CorruptCatalogError(f"{topic} offset {offset}: a record without a value")
     try:
@@ -296,8 +280,9 @@ def _last_checkpoint(broker_dir: str) -> CheckpointEntry | None:
         return None
     try:
         last = None
-        for offset, record in _records(log, 0):
-            entry = decode_checkpoint(record.value)  # type: ignore[attr-defined]
+        for record in data_records(log):
+            offset = record.offset
+            entry = decode_checkpoint(record.value)
             if last is not None and entry.version <= last.version:
                 raise CorruptCatalogError(f"{CHECKPOINT_TOPIC} offset {offset}: versions go "
                                           "backwards")

@@ -67,7 +67,8 @@ from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import encode_group, encode_offset
 from querylib.kafka._producers import ProducerStateTable
-from querylib.records import decode_batch, encode_batch, read_header, verify_batch
+from querylib.log import record_at_timestamp
+from querylib.records import encode_batch, read_header, verify_batch
 
 __all__ = ["BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
 
@@ -399,16 +400,8 @@ class BrokerBackend:
     async def offset_for_timestamp(self, topic: str, partition: int,
                                    timestamp_ms: int) -> tuple[int, int] | None:
         pid = await self._hosted(topic, partition, write=False)
-        log = self.server.partition_log(pid)
-        high_watermark = self._offsets(pid).high_watermark
-        offset = log.offset_for_timestamp(timestamp_ms)
-        if offset is None or offset >= high_watermark:
-            return None
-        data = log.read(offset, 1, end_offset=high_watermark)
-        for record in decode_batch(data).records:
-            if record.offset >= offset:
-                return offset, record.timestamp
-        return offset, timestamp_ms
+        return record_at_timestamp(self.server.partition_log(pid), timestamp_ms,
+                                   self._offsets(pid).high_watermark)
 
     async def wait_for_data(self, positions: Sequence[tuple[str, int, int]],
                             timeout: float) -> None:

@@ -12,15 +12,11 @@ import logging
 from catalog.errors import StorageError
 from querylib.kafka._backend import CommittedOffset, GroupRecord
 from querylib.kafka._offsets_format import GroupTombstone, OffsetTombstone, decode_offsets_record
-from querylib.log import PartitionLog
-from querylib.records import iter_batches
+from querylib.log import PartitionLog, data_records
 
 __all__ = ["GroupStore"]
 
 logger = logging.getLogger("querylib.kafka")
-
-_REPLAY_CHUNK = 4 * 1024 * 1024
-
 
 class GroupStore:
     """Committed offsets per group and the last state of each group."""
@@ -31,18 +27,8 @@ class GroupStore:
 
     def replay(self, log: PartitionLog, end: int | None = None) -> None:
         """Apply every record of `log` below `end` (default: its end). Blocking reads."""
-        offset = log.log_start_offset
-        end = log.log_end_offset if end is None else end
-        while offset < end:
-            data = log.read(offset, _REPLAY_CHUNK, end_offset=end)
-            if not data:
-                break
-            for batch in iter_batches(data):
-                offset = batch.next_offset
-                if batch.is_control:
-                    continue
-                for record in batch.records:
-                    self.apply(record.key, record.value)
+        for record in data_records(log, end=end):
+            self.apply(record.key, record.value)
         logger.info("replayed __consumer_offsets: %d group(s) with offsets, %d group state(s)",
                     len(self.offsets), len(self.groups))
 

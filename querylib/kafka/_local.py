@@ -51,8 +51,8 @@ from querylib.kafka._errors import InvalidTopicError, PolicyViolationError, Unkn
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import encode_group, encode_offset
 from querylib.kafka._producers import ProducerStateTable
-from querylib.log import FlushPolicy, LogConfig, PartitionLog
-from querylib.records import decode_batch, encode_batch, read_header, verify_batch
+from querylib.log import FlushPolicy, LogConfig, PartitionLog, record_at_timestamp
+from querylib.records import encode_batch, read_header, verify_batch
 
 __all__ = ["LocalBackend"]
 
@@ -258,15 +258,7 @@ class LocalBackend:
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None:
         log = self._partition(topic, partition).log
-        high_watermark = log.durable_end_offset
-        offset = log.offset_for_timestamp(timestamp_ms)
-        if offset is None or offset >= high_watermark:
-            return None
-        data = log.read(offset, 1, end_offset=high_watermark)
-        for record in decode_batch(data).records:
-            if record.offset >= offset:
-                return offset, record.timestamp
-        return offset, timestamp_ms
+        return record_at_timestamp(log, timestamp_ms, log.durable_end_offset)
 
     async def wait_for_data(
         self, positions: Sequence[tuple[str, int, int]], timeout: float

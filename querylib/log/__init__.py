@@ -28,6 +28,8 @@ Next to them: `recovery-point-offset-checkpoint` (Kafka's checkpoint format, one
     parse_partition_dir("orders-3") == ("orders", 3); partition_dir_name("orders", 3)
     dump_segment(path, records=False) -> Iterator[dict]   # what `tq log dump` prints
     stored_batch(batch, base_offset) -> bytes  # the bytes the log stores and serves for it
+    data_records(log, start, end) -> Iterator[Record]  # replay: data records, controls skipped
+    record_at_timestamp(log, ts, end) -> (offset, timestamp) | None  # ListOffsets by time
 
 Appends: each batch is checked (header bounds, magic 2, CRC-32C, records with deltas 0..n-1)
 before anything is written; a bad one raises a RecordError and leaves the log untouched. The
@@ -62,6 +64,7 @@ from querylib.log._config import (
 )
 from querylib.log._dump import dump_segment
 from querylib.log._log import FileSlice, PartitionLog, SegmentInfo
+from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
     "FileSlice",
@@ -69,10 +72,12 @@ __all__ = [
     "LogConfig",
     "PartitionLog",
     "SegmentInfo",
+    "data_records",
     "dump_segment",
     "parse_partition_dir",
     "parse_segment_name",
     "partition_dir_name",
+    "record_at_timestamp",
     "segment_name",
     "stored_batch",
 ]
