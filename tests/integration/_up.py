@@ -21,22 +21,24 @@ SLOTS = 3
 class Up:
     """A `tq up` child process and the tq commands run against it."""
 
-    def __init__(self, home: Path, *, slots: int = SLOTS) -> None:
+    def __init__(self, home: Path, *extra: str, slots: int = SLOTS) -> None:
         self.home = home
         self.env = tq_env(home)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "querylib.cli", "up", "--listen",
-             f"tcp://127.0.0.1:{free_port()}", "--slots", str(slots), "--grace", "2"],
+             f"tcp://127.0.0.1:{free_port()}", "--slots", str(slots), "--grace", "2", *extra],
             env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
+            text=True, start_new_session=True)
         wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
                  timeout=60, what="tq up to write cluster.json")
         assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
         self.info = json.loads((home / "cluster.json").read_text())
 
-    def tq(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    def tq(self, *args: str, stdin: str | None = None,
+           timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "querylib.cli", *args], env=self.env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              input=stdin)
 
     def submit(self, program: Path, *args: str) -> int:
         done = self.tq("submit", str(program), *args)
@@ -51,7 +53,8 @@ class Up:
         return wait_for(lambda: (q := self.query(query_id)).ended and q, timeout=120,
                         interval=0.1, what=f"query {query_id} to end")
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """SIGTERM (SIGKILL after 30 s); returns what tq up wrote to stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -59,10 +62,16 @@ class Up:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        err = self.proc.stderr.read()  # type: ignore[union-attr]
         self.proc.stderr.close()  # type: ignore[union-attr]
+        return err
+
+    def cluster(self) -> Cluster:
+        """A read-only client of this cluster (no session)."""
+        return Cluster.connect(self.info["coordinator"], secret_file=self.info["secret_file"],
+                               session=False)
 
     def queries(self) -> list[Query]:
-        with Cluster.connect(self.info["coordinator"], secret_file=self.info["secret_file"],
-                             session=False) as cluster:
+        with self.cluster() as cluster:
             return [q for q, _ in cluster.snapshot("queries")["queries"].records
                     if isinstance(q, Query)]
