@@ -21,7 +21,7 @@ from querylib.records import DIFF_HEADER, encode_int64
 
 from ._partitioning import Hash, Partitioning, _PerWorker, per_worker_partition
 from ._runtime import Runtime, SharedPartitions, address_of
-from .serdes import Serde
+from .serdes import BYTES, Serde
 
 __all__ = ["Publisher"]
 
@@ -62,9 +62,12 @@ class Publisher:
         encode = self.serde.encode
         if self._own is not None and not self.collection:
             # The common case, kept lean: one append-time stamp per call, and the records go
-            # to the producer a batch at a time (per-record calls were most of the cost).
-            self._own.send_values(map(encode, records), timestamp=int(_time.time() * 1000),
-                                  time=time)
+            # to the producer as one run of values (encoded a run at a time, not per record).
+            # Bytes for the bytes serde are sent as they are (immutable: nothing to copy).
+            values = list(records)
+            if self.serde is not BYTES or not set(map(type, values)) <= {bytes}:
+                values = list(map(encode, values))
+            self._own.send_values(values, timestamp=int(_time.time() * 1000), time=time)
             return
         for record in records:
             headers: tuple[tuple[str, bytes], ...] = ()

@@ -34,7 +34,7 @@ from catalog.errors import RecordTypeMismatchError, TqError, UserError
 from querylib.broker import Data as RawData
 from querylib.broker import EndOfStream as RawEnd
 from querylib.broker import Progress as RawProgress
-from querylib.broker import Subscriber
+from querylib.broker import Subscriber, Values
 from querylib.cluster import TopicInfo
 from querylib.records import DIFF_HEADER, Record, decode_int64
 
@@ -49,6 +49,9 @@ __all__ = ["Subscription"]
 
 Start = str | int | dict[int, int]
 _QUEUE_EVENTS = 256
+# Bytes each broker may push ahead of what this process consumed: several batches in flight,
+# so the broker's pushes and this process's decoding overlap (1 MiB, the default, stalled it).
+_CREDIT = 4 * 1024 * 1024
 
 
 @dataclass
@@ -175,8 +178,10 @@ class Subscription:
                     else:
                         start[p] = fallback
                 source = _Source(info, address, mine, start=start)
-                source.subscriber = Subscriber(address, topic, mine, secret=self.runtime.secret,
-                                               start=start, create=True)
+                source.subscriber = Subscriber(
+                    address, topic, mine, secret=self.runtime.secret, start=start,
+                    create=True, values=info.topic.kind != TopicKind.COLLECTION,
+                    credit=_CREDIT)
                 source.frontier = source.subscriber.frontier or 0
                 source.thread = threading.Thread(target=self._pump, args=(source,),
                                                  name=f"tq-subscription {address}", daemon=True)
@@ -255,9 +260,10 @@ class Subscription:
             for source in collections:
                 self._head.extend(source.pending)
         for source in self._sources:
-            source.subscriber = Subscriber(source.address, source.info.topic.short_name,
-                                           source.partitions, secret=self.runtime.secret,
-                                           start=source.start, create=True)
+            source.subscriber = Subscriber(
+                source.address, source.info.topic.short_name, source.partitions,
+                secret=self.runtime.secret, start=source.start, create=True,
+                values=source.info.topic.kind != TopicKind.COLLECTION, credit=_CREDIT)
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
             source.thread = threading.Thread(target=self._pump, args=(source,),
@@ -309,13 +315,11 @@ class Subscription:
             except queue.Full:
                 continue
 
-    def _decode(self, event: RawData, collection: bool) -> Data:
+    def _decode(self, event: RawData | Values) -> Data:
         serde = self.serde
-        if collection:
-            records = [(decode_value(serde, r.value or b""), _diff_of(r))
-                       for r in event.records]
-        else:
-            records = decode_values(serde, [r.value for r in event.records])
+        if isinstance(event, Values):  # a stream topic: values only
+            return Data(event.time, decode_values(serde, event.values), event.partition)
+        records = [(decode_value(serde, r.value or b""), _diff_of(r)) for r in event.records]
         return Data(event.time, records, event.partition)
 
     @property
@@ -350,14 +354,17 @@ class Subscription:
             with self._lock:
                 if source.revoked:
                     return None  # its partitions belong to another member now
-                if isinstance(event, RawData) and event.records:
+                if isinstance(event, Values):
+                    self._handed[(source.info.topic.short_name, event.partition)] = \
+                        event.next_offset
+                elif isinstance(event, RawData) and event.records:
                     key = (source.info.topic.short_name, event.partition)
                     self._handed[key] = event.records[-1].offset + 1
         if isinstance(event, TqError):
             raise event
-        if isinstance(event, RawData):
+        if isinstance(event, RawData | Values):
             source.ended = False
-            return self._decode(event, source.info.topic.kind == TopicKind.COLLECTION)
+            return self._decode(event)
         if isinstance(event, RawProgress):
             source.frontier = max(source.frontier, event.frontier)
         elif isinstance(event, RawEnd):

@@ -75,6 +75,9 @@ def type_tag(serde: Serde, record_type: str | None) -> str:
 def decode_values(serde: Serde, values: Iterable[bytes | None]) -> list[Any]:
     """`decode_value` over many values (a null value decodes as empty bytes), with one error
     handler for the lot: the per-record call was a large part of a subscriber's cost."""
+    if serde is BYTES:  # values are bytes already: only nulls need replacing
+        values = values if isinstance(values, list) else list(values)
+        return values if None not in values else [v or b"" for v in values]
     decode = serde.decode
     try:
         return [decode(v or b"") for v in values]

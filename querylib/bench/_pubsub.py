@@ -10,6 +10,8 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
 - pubsub_throughput_codec: the same, but through the record API on both ends (Producer.send
   per record, the subscriber decodes every record into Data events). No goal; the codec's own
   ceiling is `python -m querylib.bench records`.
+- pubsub_throughput_values: the same through the run-at-a-time paths a query uses
+  (Producer.send_values of 1000 values per logical time; Subscriber(values=True)). No goal.
 - pubsub_latency: records created at a steady 10,000/s (a batch of 10 every millisecond),
   latency from creation to the subscriber decoding it, with the asyncio clients (the main
   figures) and with the blocking ones. Goal: p50 <= 1 ms, p99 <= 5 ms.
@@ -84,6 +86,10 @@ def _producer_process(address: str, secret: bytes, topic: str, batches: int, mod
             value = bytes(RECORD_BYTES)
             for _ in range(batches * BATCH_RECORDS):
                 producer.send(value)
+        elif mode == "values":  # what a query's publisher does: a run of values per time
+            values = [bytes(RECORD_BYTES)] * BATCH_RECORDS
+            for t in range(batches):
+                producer.send_values(values, time=t)
         else:  # "paced": 10 records every millisecond, each stamped with its creation time
             start = time.perf_counter()
             for tick in range(batches):
@@ -96,10 +102,10 @@ def _producer_process(address: str, secret: bytes, topic: str, batches: int, mod
 
 def _subscriber_process(address: str, secret: bytes, topic: str, records: int, mode: str,
                         queue: Any) -> None:
-    from querylib.broker import Data, Subscriber
+    from querylib.broker import Data, Subscriber, Values
 
     with Subscriber(address, topic, 0, secret=secret, create=True,
-                    credit=4 * 1024 * 1024) as sub:
+                    credit=4 * 1024 * 1024, values=mode == "values") as sub:
         queue.put("ready")
         seen, first, nbytes, latencies = 0, None, 0, []
         if mode == "headers":
@@ -116,7 +122,10 @@ def _subscriber_process(address: str, secret: bytes, topic: str, records: int, m
                 event = sub.next_event(60)
                 if event is None:
                     break
-                if isinstance(event, Data):
+                if isinstance(event, Values):
+                    first = first or time.perf_counter()
+                    seen += len(event.values)
+                elif isinstance(event, Data):
                     first = first or time.perf_counter()
                     seen += len(event.records)
                     if mode == "latency":
@@ -173,12 +182,14 @@ async def _async_latency_subscribe(address: str, secret: bytes, topic: str, reco
 def _raw_push(port: int, batches: int) -> None:
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.PUSH)
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
     sock.connect(f"tcp://127.0.0.1:{port}")
     batch = _batch()
     for _ in range(batches):
         sock.send(batch, copy=False)
     sock.close(linger=-1)
+    context.term()  # waits until every queued batch is out: exiting sooner could drop some
 
 
 def _raw_pull(port: int, batches: int, queue: Any) -> None:
@@ -311,6 +322,17 @@ def throughput(batches: int = 5000) -> Iterator[dict[str, Any]]:
             "name": "pubsub_throughput_codec",
             "figures": {"records_per_s": round(rps), "records": result["records"],
                         "note": "Producer.send per record; every record decoded"},
+            "baseline": {"raw_zmq_records_per_s": round(raw_rps)},
+            "ratio": round(rps / raw_rps, 3),
+            "goal": None,
+        }
+        result = _through(cluster, "bench-values", batches, "values", "values")
+        rps, _ = _rate(result)
+        yield {
+            "name": "pubsub_throughput_values",
+            "figures": {"records_per_s": round(rps), "records": result["records"],
+                        "note": "Producer.send_values of 1000 values per time; Subscriber "
+                                "values=True (what a query's publisher and subscriber use)"},
             "baseline": {"raw_zmq_records_per_s": round(raw_rps)},
             "ratio": round(rps / raw_rps, 3),
             "goal": None,

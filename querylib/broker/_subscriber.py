@@ -36,7 +36,16 @@ from ._messages import (
     SubscriptionEnded,
     UnsubscribeRequest,
 )
-from ._stream import Data, EndOfStream, Event, FrontierMerge, PartitionMark, events_of
+from ._stream import (
+    Data,
+    EndOfStream,
+    Event,
+    FrontierMerge,
+    PartitionMark,
+    Values,
+    events_of,
+    value_events_of,
+)
 
 __all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]
 
@@ -259,9 +268,10 @@ class ChunkDecoder:
     """Turns chunks into events, tracking consumed positions and the merged frontier. Pure;
     used on whichever thread consumes."""
 
-    def __init__(self, core: SubscriberCore, *, follow: bool) -> None:
+    def __init__(self, core: SubscriberCore, *, follow: bool, values: bool = False) -> None:
         self.core = core
         self.follow = follow
+        self.values = values  # Values events (values only, decoded by runs) instead of Data
         self.positions: dict[int, int] = {}
         self.merge: FrontierMerge | None = None
 
@@ -281,10 +291,15 @@ class ChunkDecoder:
         records). Apply positions as the application takes each event."""
         assert self.merge is not None
         p = chunk.partition
-        for item in decode_chunk(chunk):
+        items = value_events_of(chunk.data, p, skip_below=chunk.skip_below) if self.values \
+            else decode_chunk(chunk)
+        for item in items:
             if isinstance(item, PartitionMark):
                 for event in self.merge.mark(item):
                     yield event, p, item.next_offset
+            elif isinstance(item, Values):
+                self.merge.data(p)
+                yield item, p, item.next_offset
             else:
                 self.merge.data(item.partition)
                 yield item, p, item.records[-1].offset + 1

@@ -7,7 +7,8 @@ never cause an unbounded allocation.
     _header.py       the 61-byte batch header, what the log reads without decoding records
     _types.py        Record, RecordBatch, Compression, TimestampType
     _varint.py       zigzag varints and the lookup tables of the hot loops
-    _encode.py       entries -> RecordBatch v2 bytes
+    _encode.py       entries -> RecordBatch v2 bytes (and runs of values sharing headers)
+    _runs.py         regular batches -> runs of values, without Python work per record
     _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification)
     _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output
     _legacy.py       legacy message sets v0/v1 (read-only)
@@ -28,7 +29,7 @@ from querylib.records._control import (
     frontier_of,
 )
 from querylib.records._decode import decode_batch, verify_batch
-from querylib.records._encode import encode_batch
+from querylib.records._encode import encode_batch, encode_value_runs
 from querylib.records._header import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -38,12 +39,14 @@ from querylib.records._header import (
     stamp_base_offset,
 )
 from querylib.records._legacy import decode_legacy
+from querylib.records._runs import Irregular, ValueRun, value_runs
 from querylib.records._segment import iter_batches
 from querylib.records._types import Compression, Record, RecordBatch, TimestampType
 
 __all__ = [
     "DIFF_HEADER",
     "HEADER_SIZE",
+    "Irregular",
     "LOG_OVERHEAD",
     "MAX_BATCH_SIZE",
     "MAX_DECOMPRESSED_SIZE",
@@ -54,17 +57,20 @@ __all__ = [
     "Record",
     "RecordBatch",
     "TimestampType",
+    "ValueRun",
     "control_of",
     "decode_batch",
     "decode_int64",
     "decode_legacy",
     "encode_batch",
     "encode_int64",
+    "encode_value_runs",
     "end_of_stream_batch",
     "frontier_batch",
     "frontier_of",
     "iter_batches",
     "read_header",
     "stamp_base_offset",
+    "value_runs",
     "verify_batch",
 ]

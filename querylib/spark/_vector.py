@@ -3,7 +3,8 @@ loop per field.
 
 Most batches tq reads look alike: uncompressed, short varints, and per record no headers or
 exactly the one `tq.time` header tq writes. For a buffer of such batches Python only walks the
-chain of record lengths a run of records of one size at a time (`_walk`: a few steps per run,
+chain of record lengths a run of records of one size at a time (`querylib.records`'
+`size_runs`, shared with the subscribers' fast path: a few steps per run,
 not per record); every field is then decoded for many records at once over views of the
 buffer (no copy): varints by gathers and shifts of a uint8 view, positions by addition, tq.time
 by one gather from the overlapping big-endian int64 at every byte position. Records are decoded
@@ -27,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from querylib.records import HEADER_SIZE, TIME_HEADER, BatchHeader
+from querylib.records import TIME_HEADER, BatchHeader
+from querylib.records import Irregular as _Irregular
+from querylib.records._runs import size_runs as _walk
 from querylib.spark._schema import HEADERS_TYPE, arrow_schema
 
 __all__ = ["vector_batch"]
@@ -37,7 +40,6 @@ _TIME_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"  # count 1, key 7 by
 _TIME_TAIL = len(_TIME_PREFIX) + 8
 _MIN_RECORD = 6  # attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
 _MAX_VARINT = 5  # bytes: 34 bits of zigzag value, far beyond any length or delta seen
-_MAX_LENGTH_VARINT = 3  # a record length below 1 MiB
 _TS_LIMIT = 2**52  # ms; base +- a 5-byte delta, times 1000 (to us), stays inside int64
 _MAX_BUFFER = 2**31 - 1  # int32 offsets of binary arrays
 _SLICE = 8192  # records decoded at a time (see _Records)
@@ -46,10 +48,6 @@ _MIN_RUN = 8  # records per strided copy, on average, below which `take` copies 
 _PREFIX_HEAD = int.from_bytes(_TIME_PREFIX[:8], "big", signed=True)
 _PREFIX_TAIL = int.from_bytes(_TIME_PREFIX[2:], "big", signed=True)
 _UTC_US = pa.timestamp("us", tz="UTC")
-
-
-class _Irregular(Exception):
-    """Not the regular shape: decode these batches with the general loop."""
 
 
 def vector_batch(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str,
@@ -63,51 +61,6 @@ def vector_batch(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str,
         return _decode(buf, batches, topic, partition, start, stop, include_headers)
     except (_Irregular, IndexError):  # IndexError: a position past the buffer
         return None
-
-
-def _walk(buf: bytes, batches: list[tuple[int, BatchHeader]]) -> tuple[list[int], list[int],
-                                                                          list[int]]:
-    """(first start, size, count) of each run of consecutive records of one size: the one part
-    that is a chain, walked a run at a time (a strided slice and lstrip per prefix byte)."""
-    firsts: list[int] = []
-    sizes: list[int] = []
-    counts: list[int] = []
-    for pos, header in batches:
-        limit = pos + header.size
-        p = pos + HEADER_SIZE
-        left = header.records_count
-        if left < 0:
-            raise _Irregular
-        while left > 0:
-            z = 0
-            width = 0
-            while True:
-                b = buf[p + width]
-                z |= (b & 0x7F) << (7 * width)
-                width += 1
-                if b < 0x80:
-                    break
-                if width == _MAX_LENGTH_VARINT:
-                    raise _Irregular
-            size = width + ((z >> 1) ^ -(z & 1))
-            if size < _MIN_RECORD + 1:
-                raise _Irregular
-            # The length prefixes of the rest of the batch, one stride apart: those before
-            # the first mismatch are records of this size.
-            same = left - 1
-            q = p + size
-            for k in range(width):
-                column = buf[q + k:q + k + same * size:size]
-                same = min(same, len(column) - len(column.lstrip(buf[p + k:p + k + 1])))
-            same += 1
-            firsts.append(p)
-            sizes.append(size)
-            counts.append(same)
-            p += same * size
-            left -= same
-        if p != limit:
-            raise _Irregular
-    return firsts, sizes, counts
 
 
 def _starts(firsts: list[int], sizes: list[int], counts: list[int]) -> np.ndarray:

@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 
-from querylib.broker import Data, EndOfStream, Progress, Subscriber
+import pytest
+
+from querylib.broker import Data, EndOfStream, Progress, Subscriber, Values
 from tests.conftest import free_port
 
 from ._broker_helpers import Lines, client, data_values, secret_file, start_broker
@@ -190,9 +192,35 @@ def test_send_values_batches_many_records_like_send(processes, tmp_path):
         if want_stamp is not None:
             assert stamp == want_stamp
             assert ("h", b"%d" % t) in headers
+    # The same records read values-only (Values events, cut out a run at a time)
+    values_got = []
+    with Subscriber(address, "many", 0, secret=secret, values=True) as sub:
+        while not isinstance(event := sub.next_event(30), EndOfStream):
+            assert event is not None, "timed out"
+            if isinstance(event, Values):
+                values_got += [(v, event.time) for v in event.values]
+    assert values_got == [(v, t) for v, t, _ in sent]
 
 
 def _time_of(record) -> int:
     from querylib.records import TIME_HEADER, decode_int64
 
     return next(decode_int64(v) for k, v in record.headers if k == TIME_HEADER)
+
+
+def test_send_values_of_wrong_types_is_an_error_for_the_caller(processes, tmp_path):
+    """A value that is not bytes fails the call that encodes it, or (when the linger timer
+    encoded it on the producer's loop thread) the next call: never silently."""
+    from querylib.broker import Producer
+
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    with Producer(address, "typed", secret=secret, batch_records=3) as producer:
+        with pytest.raises(TypeError):
+            producer.send_values(["text"] * 5, time=0)
+        with pytest.raises(TypeError):
+            producer.send_values(["text"], time=0)  # below batch_records: the linger encodes it
+            producer.flush()
+        producer.send_values([b"ok"], time=0)

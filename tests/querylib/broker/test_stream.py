@@ -6,8 +6,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from querylib.broker import Data, EndOfStream, Progress
-from querylib.broker._stream import FrontierMerge, PartitionMark, encode_records, events_of
+from querylib.broker import Data, EndOfStream, Progress, Values
+from querylib.broker._stream import (
+    FrontierMerge,
+    PartitionMark,
+    encode_records,
+    encode_runs,
+    events_of,
+    value_events_of,
+)
 from querylib.records import end_of_stream_batch, frontier_batch
 from querylib.records._header import stamp_base_offset
 
@@ -80,3 +87,35 @@ def test_merged_frontier_never_goes_back_and_stays_below_live_partitions(marks):
 def test_data_events_are_plain_values():
     assert Data(1, [], 0) == Data(1, [], 0)
     assert Progress(2) != Progress(3)
+
+
+def _as_values(items: list) -> list:
+    """events_of's items as a values-only subscriber must see them."""
+    return [Values(i.time, [r.value for r in i.records], i.partition, i.records[-1].offset + 1)
+            if isinstance(i, Data) else i for i in items]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 120), st.booleans()),
+                min_size=1, max_size=6), st.integers(0, 300))
+def test_value_events_are_events_of_values_only(chunks: list, skip_below: int) -> None:
+    """Runs from `encode_runs` (the fast path), records with other headers (the general
+    decoder), and control batches, in one delivery: the same as events_of, values only."""
+    batches = []
+    for t, n, general in chunks:
+        values = [bytes([n % 256]) * (n % 7)] * n
+        if general:
+            batches.append(encode_records([(None, v, (("h", b"x"),), 5, t) for v in values]))
+        else:
+            batches.append(encode_runs([(5, t, (), values[:n // 2]), (6, t + 1, (), values)]))
+        batches.append(frontier_batch(t + 2, timestamp=0))
+    data = stored(*batches)
+    assert list(value_events_of(data, 3, skip_below=skip_below)) == \
+        _as_values(list(events_of(data, 3, skip_below=skip_below)))
+    assert list(value_events_of(memoryview(data), 3)) == _as_values(list(events_of(data, 3)))
+
+
+def test_encode_runs_is_encode_records_of_the_same_records() -> None:
+    runs = [(7, 1, (("h", b"x"),), [b"a", b"bb"]), (9, None, (), [b"c"]), (9, 2, (), [None])]
+    records = [(None, v, h, ts, t) for ts, t, h, values in runs for v in values]
+    assert encode_runs(runs) == encode_records(records)

@@ -1,0 +1,114 @@
+"""Runs of values: `encode_value_runs` against `encode_batch`, `value_runs` against
+`decode_batch`, byte for byte and value for value."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from querylib.errors import CorruptRecordError
+from querylib.records import (
+    TIME_HEADER,
+    Compression,
+    Irregular,
+    decode_batch,
+    decode_int64,
+    encode_batch,
+    encode_int64,
+    encode_value_runs,
+    end_of_stream_batch,
+    value_runs,
+)
+
+from .strategies import headers, near
+
+T0 = 1_700_000_000_000
+
+
+def _time(t: int | None) -> tuple[tuple[str, bytes], ...]:
+    return () if t is None else ((TIME_HEADER, encode_int64(t)),)
+
+
+def _reference(batch: bytes, skip_below: int = 0) -> list[tuple[int | None, list, int]]:
+    """What value_runs must return, from the general decoder."""
+    runs: list[tuple[int | None, list, int]] = []
+    for r in decode_batch(batch).records:
+        if r.offset < skip_below:
+            continue
+        t = decode_int64(r.headers[0][1]) if r.headers else None
+        if runs and runs[-1][0] == t:
+            runs[-1][1].append(r.value)
+            runs[-1] = (t, runs[-1][1], r.offset + 1)
+        else:
+            runs.append((t, [r.value], r.offset + 1))
+    return runs
+
+
+same_length = st.integers(0, 300).flatmap(
+    lambda n: st.lists(st.binary(min_size=n, max_size=n), min_size=1, max_size=90))
+any_values = st.lists(st.none() | st.binary(max_size=200), min_size=1, max_size=40)
+runs = st.lists(st.tuples(near, headers | st.integers(-5, 3).map(_time), same_length | any_values),
+                min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs)
+def test_encode_value_runs_is_encode_batch_of_the_records(given_runs: list) -> None:
+    entries = [(ts, None, v, h) for ts, h, values in given_runs for v in values]
+    assert encode_value_runs(given_runs) == encode_batch(entries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), same_length), min_size=1, max_size=5),
+       st.integers(0, 400), st.booleans())
+def test_value_runs_of_what_tq_writes(given: list, skip_below: int, timed: bool) -> None:
+    """tq's own shape (no key, none or one tq.time header) always takes the fast path."""
+    batch = encode_value_runs([(T0 + i, _time(t if timed else None), values)
+                               for i, (t, values) in enumerate(given)])
+    assert value_runs(batch, 0, skip_below) == _reference(batch, skip_below)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(near, st.none() | st.binary(max_size=4), st.none() | st.binary(
+    max_size=70), headers | st.integers(0, 2).map(_time)), min_size=1, max_size=80))
+def test_value_runs_is_the_general_decode_or_irregular(entries: list) -> None:
+    batch = encode_batch(entries)
+    try:
+        got = value_runs(batch, 0)
+    except Irregular:
+        return
+    assert got == _reference(batch)
+
+
+def test_a_batch_inside_a_buffer_and_mixed_times_within_a_run() -> None:
+    values = [bytes([i]) * 10 for i in range(200)]
+    entries = [(T0, None, v, _time(i // 50)) for i, v in enumerate(values)]
+    batch = encode_batch(entries, base_offset=1000)
+    buf = b"x" * 17 + batch
+    got = value_runs(buf, 17, 1010)
+    assert got == [(0, values[10:50], 1050), (1, values[50:100], 1100),
+                   (2, values[100:150], 1150), (3, values[150:], 1200)]
+
+
+def test_not_regular_batches_are_irregular_and_corruption_is_an_error() -> None:
+    entries = [(T0, None, b"v" * 10, _time(1))] * 20
+    with pytest.raises(Irregular):  # compressed
+        value_runs(encode_batch(entries, compression=Compression.GZIP), 0)
+    with pytest.raises(Irregular):  # control
+        value_runs(end_of_stream_batch(timestamp=T0), 0)
+    with pytest.raises(Irregular):  # a header other than tq.time
+        value_runs(encode_batch([(T0, None, b"v" * 10, (("h", b"1"),))] * 20), 0)
+    keyed = encode_batch([(T0, b"k", b"v" * 10, _time(1))] * 20)  # keys are skipped over
+    assert value_runs(keyed, 0) == _reference(keyed)
+    batch = bytearray(encode_value_runs([(T0, _time(1), [b"v" * 10] * 20)]))
+    batch[-3] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        value_runs(bytes(batch), 0)
+
+
+def test_encode_value_runs_refuses_nothing_and_wrong_types() -> None:
+    with pytest.raises(ValueError):
+        encode_value_runs([(T0, (), [])])
+    with pytest.raises(TypeError):
+        encode_value_runs([(T0, (), ["text"])])
