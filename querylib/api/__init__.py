@@ -19,18 +19,36 @@
     _context.py        Context, execute, connect
     _submit.py         submit, SubmittedQuery;  _runner.py  the submitted program's main
 
-Must not: carry data through the coordinator (data goes to brokers), or import coordinator/
-or executor/.
+Must not: carry data through the coordinator (data goes to brokers), import coordinator/
+or executor/, or load at import time what registering a query process does not need.
 """
 
-from querylib.api import serdes
-from querylib.api._context import Context, connect, execute
-from querylib.api._env import QueryEnv
-from querylib.api._events import Data, EndOfStream, Progress, Snapshot
-from querylib.api._partitioning import Hash, Merge, PerWorker
-from querylib.api._publisher import Publisher
-from querylib.api._submit import SubmittedQuery, submit
-from querylib.api._subscription import Subscription
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# Names are loaded on first use (PEP 562): a query process registers its worker group before
+# it needs publishers, subscriptions, serdes or submit, and each of those pulls in record
+# codecs, broker clients or cloudpickle (see DESIGN §11 "Query process start").
+_EXPORTS = {
+    "Context": "_context",
+    "Data": "_events",
+    "EndOfStream": "_events",
+    "Hash": "_partitioning",
+    "Merge": "_partitioning",
+    "PerWorker": "_partitioning",
+    "Progress": "_events",
+    "Publisher": "_publisher",
+    "QueryEnv": "_env",
+    "Snapshot": "_events",
+    "SubmittedQuery": "_submit",
+    "Subscription": "_subscription",
+    "connect": "_context",
+    "execute": "_context",
+    "serdes": "",  # the module itself
+    "submit": "_submit",
+}
 
 __all__ = [
     "Context",
@@ -50,3 +68,19 @@ __all__ = [
     "serdes",
     "submit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'querylib.api' has no attribute {name!r}")
+    if module:
+        value = getattr(import_module(f"querylib.api.{module}"), name)
+    else:
+        value = import_module(f"querylib.api.{name}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

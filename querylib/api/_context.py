@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import SessionKind, TopicKind
 from catalog.errors import UserError
@@ -28,10 +28,14 @@ from querylib.cluster import Cluster
 
 from ._env import QueryEnv
 from ._partitioning import Partitioning, PerWorker, partition_count
-from ._publisher import Publisher
 from ._runtime import Runtime
-from ._subscription import Start, Subscription
-from .serdes import Serde, resolve, type_tag
+
+if TYPE_CHECKING:
+    # Loaded by publish/subscribe, not here: a process registers before it needs them (their
+    # record codecs and broker clients are most of its start; DESIGN §11 "Query process start").
+    from ._publisher import Publisher
+    from ._subscription import Start, Subscription
+    from .serdes import Serde
 
 __all__ = ["Context", "connect", "execute"]
 
@@ -55,6 +59,9 @@ class Context:
                 record_type: str | None = None) -> Publisher:
         """Create or join topic `name` and return this worker's Publisher. Merge and Hash
         publications are collective: every worker of the query must publish them."""
+        from ._publisher import Publisher
+        from .serdes import resolve, type_tag
+
         codec = resolve(serde)
         env = self.runtime.env
         kind = TopicKind(kind)
@@ -79,6 +86,9 @@ class Context:
         partitions the group assigns it, from the group's committed offsets (else `start`;
         start="committed" falls back to "earliest"), commits what it consumed every second
         and on close, and leaves the group on close. Delivery is at-least-once."""
+        from ._subscription import Subscription
+        from .serdes import resolve
+
         if isinstance(names, str):
             names = [names]
         if not names:

@@ -6,6 +6,11 @@ The program pack holds three files: `__main__.py` (two lines that call `main()` 
 `function.pkl` (cloudpickle of `(fn, args, kwargs)`). The executor runs `__main__.py` with the
 TQ_* environment, so `execute` makes this process one process of the submitted query.
 
+The pack is checked (Python version, digest) and the function unpickled before `execute`
+registers, as a program's own imports come before it calls `execute`: a function that cannot
+load fails the query's start with exit code 2 and one line, and the function's modules are
+imported on the main thread.
+
 Unpickling runs arbitrary code: it is done only for a pack the coordinator accepted over an
 authenticated session, i.e. code a cluster member chose to submit (as `tq submit` runs any
 program). Must not: be imported by anything but that `__main__.py`.
@@ -33,9 +38,9 @@ MAIN_SOURCE = ("# Built by querylib.submit: runs the pickled function under quer
 _LOAD_FAILED = 2
 
 
-def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
-    """(fn, args, kwargs, name) from the pack in `folder`; SystemExit with one line if the pack
-    does not fit this interpreter."""
+def _read(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """(pickle, metadata) of the pack in `folder`, once they pass the checks that need no
+    unpickling; SystemExit with one line if the pack does not fit this interpreter."""
     try:
         meta = json.loads((folder / META_FILE).read_text())
         blob = (folder / FUNCTION_FILE).read_bytes()
@@ -48,12 +53,23 @@ def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
                     f"executor runs Python {sys.version_info[0]}.{sys.version_info[1]}")
     if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
         raise _fail(f"{FUNCTION_FILE} does not match its recorded sha256")
+    return blob, meta
+
+
+def _unpickle(blob: bytes, meta: dict[str, Any]
+              ) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
     try:
         fn, args, kwargs = pickle.loads(blob)  # noqa: S301 - see the module docstring
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's to read
         raise _fail(f"cannot unpickle {meta.get('name', 'the function')}: "
                     f"{type(exc).__name__}: {exc}") from exc
     return fn, tuple(args), dict(kwargs), str(meta.get("name", "function"))
+
+
+def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+    """(fn, args, kwargs, name) from the pack in `folder`; SystemExit with one line if the pack
+    does not fit this interpreter."""
+    return _unpickle(*_read(folder))
 
 
 def _fail(message: str) -> SystemExit:
@@ -63,7 +79,8 @@ def _fail(message: str) -> SystemExit:
 
 def main(folder: str | Path | None = None) -> int:
     """Load the function next to `__main__.py` and run `fn(ctx, *args, **kwargs)` on every
-    worker of this process. Returns 0; a worker's exception propagates (exit code 1)."""
+    worker of this process. Returns 0; a worker's exception propagates (exit code 1), a
+    function that cannot load exits 2."""
     import querylib
 
     here = Path(folder) if folder is not None else Path(sys.argv[0]).resolve().parent

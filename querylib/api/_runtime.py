@@ -16,6 +16,7 @@ Must not: encode records (publishers do) or hold its lock across a blocking wait
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from catalog import TopicKind
 from catalog.errors import (
@@ -28,10 +29,14 @@ from catalog.errors import (
     UnknownTopicError,
     UserError,
 )
-from querylib.broker import Producer, WriterGroup
 from querylib.cluster import Cluster, TopicInfo
 
 from ._env import QueryEnv
+
+if TYPE_CHECKING:
+    # The broker client is loaded by the first shared publication, not at import: a query
+    # process registers before it needs it (DESIGN §11 "Query process start").
+    from querylib.broker import Producer, WriterGroup
 
 __all__ = ["Runtime", "SharedPartitions"]
 
@@ -137,6 +142,8 @@ class Runtime:
             return shared
 
     def _writer_group(self, info: TopicInfo, generation: int) -> WriterGroup | None:
+        from querylib.broker import WriterGroup
+
         env = self.env
         if env.processes <= 1:
             return None  # the only writer: nothing to wait for
@@ -184,6 +191,8 @@ class SharedPartitions:
             first = not self._opening
             self._opening = True
         if first:
+            from querylib.broker import Producer
+
             try:
                 topic = self.info.topic
                 for p in range(topic.partitions):
