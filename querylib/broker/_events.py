@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ._frontier import SavedGroup
+
 PartitionId = tuple[str, int]
 StartAt = int | Literal["earliest", "latest"]
 
@@ -132,6 +134,16 @@ class DropSubscription(msgspec.Struct, frozen=True):
     error: Exception
 
 
+class QueryExits(msgspec.Struct, frozen=True):
+    """What the catalog says of query `query_id`'s processes: each one's exit code (None while
+    it runs, or never started), and whether the query failed or was killed. One-way, from the
+    shell (the executor follows the catalog); writer groups of the query settle by it."""
+
+    query_id: int
+    exit_codes: tuple[int | None, ...]
+    failed: bool = False
+
+
 # --------------------------------------------------------------------------- stimuli: I/O results
 
 
@@ -144,6 +156,20 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     durable_end: int
     frontier: int = 0
     ended: bool = False
+    groups: tuple[SavedGroup, ...] = ()  # pending writer groups saved beside the log
+
+
+class GroupsSaved(msgspec.Struct, frozen=True):
+    """The partition's pending writer groups as of `revision` are on disk."""
+
+    partition: PartitionId
+    revision: int
+
+
+class GroupsSaveFailed(msgspec.Struct, frozen=True):
+    partition: PartitionId
+    revision: int
+    error: Exception
 
 
 class AppendCompleted(msgspec.Struct, frozen=True):
@@ -190,7 +216,7 @@ class ReadFailed(msgspec.Struct, frozen=True):
 Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
-    | PartitionOpened
+    | QueryExits | PartitionOpened | GroupsSaved | GroupsSaveFailed
     | AppendCompleted
     | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
 )
@@ -252,6 +278,16 @@ class SubscriptionClosed(msgspec.Struct, frozen=True):
     error: Exception
 
 
+class SaveGroups(msgspec.Struct, frozen=True):
+    """Replace the saved pending writer groups of `partition` with `groups` (atomically, on
+    disk, beside its log); answer with GroupsSaved or GroupsSaveFailed for `revision`. Saves
+    of one partition may be coalesced: only the latest revision matters."""
+
+    partition: PartitionId
+    revision: int
+    groups: tuple[SavedGroup, ...]
+
+
 class SessionExpired(msgspec.Struct, frozen=True):
     """The session's lease ran out (or it closed): the shell may forget how to reach it."""
 
@@ -259,5 +295,5 @@ class SessionExpired(msgspec.Struct, frozen=True):
 
 
 Instruction = (
-    Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SessionExpired
+    Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SaveGroups | SessionExpired
 )

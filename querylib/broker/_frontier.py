@@ -25,10 +25,17 @@ Rules:
   or the group was released) joins as a plain producer too: it was counted before.
 - At most `max_groups` groups are remembered per partition; beyond that the oldest group with
   no live producer is forgotten first (a pending one stops holding), else the join is refused.
+- Writers whose processes exited (`settle`, from the catalog's exit codes) never join: with a
+  failed or killed query the group is released as above; otherwise they count as joined and
+  ended, so a group whose joined writers all ended cleanly completes and the stream ends.
+- Pending groups survive a broker restart: `pending()` is what the shell saves (`revision`
+  says when it changed), and a frontier built with `groups=` waits for them again.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from catalog.errors import ProtocolError
@@ -49,6 +56,25 @@ class StreamEnded:
 
 
 FrontierEvent = FrontierAdvanced | StreamEnded
+
+# Writer groups of a query's collective publications are named `q<query>/<topic>#<n>` and
+# their writers are process indexes (querylib/api/_runtime.py, DESIGN §11).
+_QUERY_GROUP = re.compile(r"q([0-9]{1,18})/")
+
+
+def query_of_group(group: str) -> int | None:
+    """The query whose processes write `group`, or None for a group not named after one."""
+    match = _QUERY_GROUP.match(group)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class SavedGroup:
+    """A pending writer group as it survives a broker restart."""
+
+    name: str
+    writers: int
+    joined: tuple[str, ...]
 
 
 class FrontierRegressionError(ProtocolError):
@@ -74,13 +100,16 @@ class _Group:
 class PartitionFrontier:
     """Tracks the live producers of one partition and the frontier they jointly allow."""
 
-    def __init__(self, frontier: int = 0, *, ended: bool = False, max_groups: int = 64) -> None:
+    def __init__(self, frontier: int = 0, *, ended: bool = False, max_groups: int = 64,
+                 groups: Iterable[SavedGroup] = ()) -> None:
         self._published = frontier
         self._ended = ended
         self._producers: dict[str, int] = {}
-        self._groups: dict[str, _Group] = {}    # insertion order: oldest first
+        self._groups: dict[str, _Group] = {    # insertion order: oldest first
+            g.name: _Group(g.writers, set(g.joined)) for g in groups}
         self._group_of: dict[str, str] = {}     # producer -> its group
         self._max_groups = max_groups
+        self._revision = 0                      # bumped whenever pending() changes
 
     @property
     def frontier(self) -> int:
@@ -104,6 +133,16 @@ class PartitionFrontier:
         """Incomplete groups: name -> (writers joined, writers expected)."""
         return {name: (len(g.joined), g.writers) for name, g in self._groups.items()
                 if not g.complete}
+
+    def pending(self) -> tuple[SavedGroup, ...]:
+        """The incomplete groups, oldest first, as a restarted broker must know them."""
+        return tuple(SavedGroup(name, g.writers, tuple(sorted(g.joined)))
+                     for name, g in self._groups.items() if not g.complete)
+
+    @property
+    def revision(self) -> int:
+        """Changes whenever `pending()` does: the shell saves the groups when it moved."""
+        return self._revision
 
     def join(self, producer: str, group: str = "", writer: str = "", writers: int = 0, *,
              rejoin: bool = False) -> list[FrontierEvent]:
@@ -147,6 +186,30 @@ class PartitionFrontier:
         self._leave(producer, vanished=True)
         return self._recompute()
 
+    def settle(self, group: str, ended: Collection[str], *, failed: bool) -> list[FrontierEvent]:
+        """The processes behind writers `ended` of `group` have exited, so those writers will
+        not join. A group of a failed query is released (as when a joined writer vanished);
+        otherwise they count as joined and ended: a group that completes so lets the frontier
+        move, and ends the stream when no producer is left."""
+        state = self._groups.get(group)
+        if state is None or state.complete:
+            return []
+        if failed:
+            del self._groups[group]
+            for producer in state.live:
+                del self._group_of[producer]  # plain producers from now on
+            self._revision += 1
+            return self._recompute()
+        missing = set(ended) - state.joined
+        if not missing:
+            return []
+        state.joined |= missing
+        self._revision += 1
+        if self._producers or self.held or self._ended:
+            return self._recompute()
+        self._ended = True
+        return [StreamEnded()]
+
     # ------------------------------------------------------------------ groups
 
     def _join_group(self, producer: str, group: str, writer: str, writers: int,
@@ -164,11 +227,13 @@ class PartitionFrontier:
                 return []  # counted before this broker forgot the group: a plain producer
             events = self._make_room(group)
             state = self._groups[group] = _Group(writers)
+            self._revision += 1
         elif state.writers != writers:
             raise WriterGroupError(f"writer group {group!r} expects {state.writers} writers, "
                                    f"not {writers}")
-        if not state.complete:
+        if not state.complete and writer not in state.joined:
             state.joined.add(writer)
+            self._revision += 1
         state.live.add(producer)
         self._group_of[producer] = group
         return events
@@ -179,6 +244,7 @@ class PartitionFrontier:
         for name, state in self._groups.items():
             if not state.live:
                 del self._groups[name]
+                self._revision += not state.complete
                 return self._recompute()
         raise WriterGroupError(f"the partition already tracks {self._max_groups} writer groups "
                                f"with live producers; cannot start {group!r}")
@@ -192,6 +258,7 @@ class PartitionFrontier:
         state.vanished = state.vanished or vanished
         if not state.live and state.vanished and not state.complete:
             del self._groups[name]
+            self._revision += 1
 
     # ------------------------------------------------------------------ the minimum
 

@@ -58,10 +58,12 @@ from ._events import (
     PartitionId,
     PartitionOpened,
     Produce,
+    QueryExits,
     Read,
     ReadCompleted,
     ReadFailed,
     Reply,
+    SaveGroups,
     SessionExpired,
     Stimulus,
     Subscribe,
@@ -69,9 +71,13 @@ from ._events import (
     Tick,
     Unsubscribe,
 )
+from ._frontier import SavedGroup, query_of_group
+from ._group_store import GroupSaver, load_groups
 from ._host import (
+    OpenedPartition,
     find_partitions,
     open_partition,
+    partition_path,
     purge_deleted,
     remove_partition_dir,
     validate_partition,
@@ -123,6 +129,13 @@ def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tu
     return data, read_header(data, last).next_offset
 
 
+def _open_partition(data_dir: str, pid: PartitionId,
+                    config: LogConfig) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
+    """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
+    opened = open_partition(data_dir, pid, config)
+    return opened, load_groups(partition_path(data_dir, pid))
+
+
 class BrokerServer:
     """A broker hosting the partitions under `data_dir`, serving them over RPC."""
 
@@ -144,6 +157,7 @@ class BrokerServer:
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
         self._lanes: dict[PartitionId, AppendLane] = {}
+        self._savers: dict[PartitionId, GroupSaver] = {}
         self._opening: dict[PartitionId, asyncio.Lock] = {}
         self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
         self._broken: set[tuple[str, int]] = set()  # subscriptions whose delivery failed
@@ -184,6 +198,8 @@ class BrokerServer:
         await self._rpc.close()
         for lane in list(self._lanes.values()):
             await lane.close()
+        for saver in list(self._savers.values()):
+            await saver.close()
         loop = asyncio.get_running_loop()
         for lane in self._lanes.values():
             await loop.run_in_executor(self._append_pool, lane.log.close)
@@ -215,13 +231,16 @@ class BrokerServer:
 
     async def _open(self, pid: PartitionId) -> None:
         loop = asyncio.get_running_loop()
-        opened = await loop.run_in_executor(self._append_pool, open_partition, self.data_dir,
-                                            pid, self.log_config)
+        opened, groups = await loop.run_in_executor(self._append_pool, _open_partition,
+                                                    self.data_dir, pid, self.log_config)
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
         self._lanes[pid] = AppendLane(pid, log, self._append_pool, self._feed, inline=inline)
+        self._savers[pid] = GroupSaver(pid, partition_path(self.data_dir, pid),
+                                       self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
-                                   log.durable_end_offset, opened.frontier, opened.ended))
+                                   log.durable_end_offset, opened.frontier, opened.ended,
+                                   groups))
 
     # -- hooks for endpoints in the same process (connector, Kafka listener) ----------------------
 
@@ -255,6 +274,19 @@ class BrokerServer:
             raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
                                         f"{pid[0]!r}")
         return lane.log
+
+    def query_exits(self, query_id: int, exit_codes: tuple[int | None, ...],
+                    failed: bool) -> None:
+        """What the catalog says of a query's processes (exit code each, None while running;
+        `failed`: the query failed or was killed): its writer groups on this broker settle
+        (DESIGN §11 "Collective publishing"). Call on the broker's loop."""
+        self._feed(QueryExits(query_id, tuple(exit_codes), failed))
+
+    def group_queries(self) -> set[int]:
+        """The queries some writer group on this broker is waiting for."""
+        return {q for part in self.state.partitions.values()
+                for g in part.frontier.pending_groups()
+                if (q := query_of_group(g)) is not None}
 
     async def _ensure(self, topic: str, partition: int, create: bool) -> PartitionId:
         pid = validate_partition(topic, partition)
@@ -290,6 +322,9 @@ class BrokerServer:
             if lane is not None:
                 await lane.close()
                 await loop.run_in_executor(self._append_pool, lane.log.close)
+            saver = self._savers.pop(pid, None)
+            if saver is not None:
+                await saver.close()
             await loop.run_in_executor(self._append_pool, remove_partition_dir, self.data_dir,
                                        pid)
 
@@ -345,6 +380,8 @@ class BrokerServer:
             self._notify(instr.session, SubscriptionEnded(
                 sub_id=instr.sub_id, topic=instr.partition[0], partition=instr.partition[1],
                 error=error_body(error)))
+        elif isinstance(instr, SaveGroups):
+            self._savers[instr.partition].submit(instr)
         elif isinstance(instr, SessionExpired):
             self._peers.pop(instr.session, None)
         else:  # pragma: no cover - the state emits nothing else

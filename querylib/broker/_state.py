@@ -56,6 +56,8 @@ from ._events import (
     EndStream,
     Fail,
     GrantCredit,
+    GroupsSaved,
+    GroupsSaveFailed,
     Heartbeat,
     Instruction,
     OpenProducer,
@@ -63,6 +65,7 @@ from ._events import (
     PartitionId,
     PartitionOpened,
     Produce,
+    QueryExits,
     Read,
     ReadCompleted,
     ReadFailed,
@@ -84,6 +87,7 @@ from ._messages import (
     Subscribed,
 )
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._state_groups import WriterGroupRules
 
 _CONTROL_BIT = 0x20  # attributes bit 5: a control batch (only the broker writes those)
 
@@ -100,8 +104,9 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
-class BrokerState:
-    """Sessions, producers, subscriptions and partitions of one broker; no I/O."""
+class BrokerState(WriterGroupRules):
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O. The writer
+    group rules (exits of query processes, saving pending groups) are in `_state_groups`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
                  encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
@@ -119,6 +124,7 @@ class BrokerState:
         self.partitions: dict[PartitionId, PartitionState] = {}
         self.sessions: dict[str, Session] = {}
         self._subs: dict[int, Subscription] = {}
+        self._exits: dict[int, QueryExits] = {}  # queries with processes still running
         self._next_serial = 1
         self._next_ticket = 1
         self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
@@ -136,7 +142,10 @@ class BrokerState:
             Unsubscribe: self._unsubscribe,
             DropSubscription: self._drop_subscription,
             DropPartition: self._drop_partition,
+            QueryExits: self._query_exits,
             PartitionOpened: self._partition_opened,
+            GroupsSaved: self._groups_saved,
+            GroupsSaveFailed: self._groups_save_failed,
             AppendCompleted: self._append_completed,
             AppendFailed: self._append_failed,
             DurableAdvanced: self._durable_advanced,
@@ -242,6 +251,7 @@ class BrokerState:
         for pid in sorted(session.producing):
             part = self.partitions[pid]
             out += self._controls(part, part.frontier.drop(session.id), None, None, None)
+            out += self._save_groups(part)
         for serial in list(session.subs.values()):
             self._remove_sub(self._subs[serial])
         out.append(SessionExpired(session.id))
@@ -263,7 +273,8 @@ class BrokerState:
         self.partitions[ev.partition] = PartitionState(
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
-                                       max_groups=self.limits.max_writer_groups),
+                                       max_groups=self.limits.max_writer_groups,
+                                       groups=ev.groups),
             visible_frontier=ev.frontier, visible_ended=ev.ended)
         return []
 
@@ -274,7 +285,8 @@ class BrokerState:
         part = self.partitions.get(ev.partition)
         if part is None:
             return [Reply(ev.token, Done())]
-        if part.inflight or part.unflushed or any(s.reading for s in part.subs.values()):
+        if (part.inflight or part.unflushed or any(s.reading for s in part.subs.values())
+                or part.groups_asked != part.groups_saved):
             raise PartitionBusyError(f"partition {ev.partition[1]} of {ev.partition[0]!r} has "
                                      "appends or reads in flight; ask again")
         gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
@@ -304,12 +316,18 @@ class BrokerState:
         if (ev.partition not in session.producing
                 and len(session.producing) >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
+        before = part.frontier.revision
         released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
                                       rejoin=ev.rejoin)
         session.producing.add(ev.partition)
         reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
                                window=self.limits.producer_window)
-        return [Reply(ev.token, reply), *self._controls(part, released, None, None, None)]
+        out = self._controls(part, released, None, None, None)
+        if ev.group:
+            out += self._settle_known(part, ev.group)
+        if part.frontier.revision == before:
+            return [Reply(ev.token, reply), *out]
+        return [*self._save_groups(part, ev.token, reply), *out]
 
     def _produce(self, ev: Produce) -> list[Instruction]:
         session, part = self._producer(ev.session, ev.partition)
@@ -337,7 +355,8 @@ class BrokerState:
         self._check_can_send(session)
         events = part.frontier.end(session.id)
         session.producing.discard(part.id)
-        return self._control_request(session, part, events, ev.token)
+        return [*self._control_request(session, part, events, ev.token),
+                *self._save_groups(part)]
 
     def _control_request(self, session: Session, part: PartitionState,
                          events: list[FrontierEvent], token: Any) -> list[Instruction]:

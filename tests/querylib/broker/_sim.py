@@ -16,11 +16,13 @@ from querylib.broker._events import (
     Deliver,
     DurableAdvanced,
     Fail,
+    GroupsSaved,
     PartitionId,
     PartitionOpened,
     Read,
     ReadCompleted,
     Reply,
+    SaveGroups,
     SessionExpired,
     SubscriptionClosed,
 )
@@ -66,9 +68,13 @@ class SubTrack:
 
 
 class Sim:
-    def __init__(self, limits: BrokerLimits | None = None, *, auto_durable: bool = True) -> None:
+    def __init__(self, limits: BrokerLimits | None = None, *, auto_durable: bool = True,
+                 auto_save: bool = True) -> None:
         self.state = BrokerState(limits, encode_frontier=fake_frontier, encode_end=fake_end)
         self.auto_durable = auto_durable
+        self.auto_save = auto_save  # answer SaveGroups at once (else they wait in `saves`)
+        self.saves: list[SaveGroups] = []
+        self.saved: dict[PartitionId, SaveGroups] = {}
         self.logs: dict[PartitionId, list[tuple[int, int, bytes]]] = {}
         self.durable: dict[PartitionId, int] = {}
         self.appends: dict[PartitionId, deque[Append]] = {}
@@ -81,11 +87,16 @@ class Sim:
 
     # ----------------------------------------------------------------- driving
 
-    def open_partition(self, pid: PartitionId) -> None:
+    def open_partition(self, pid: PartitionId, **kwargs) -> None:
         self.logs[pid] = []
         self.durable[pid] = 0
         self.appends[pid] = deque()
-        self.feed(PartitionOpened(pid, 0, 0, 0))
+        self.feed(PartitionOpened(pid, 0, 0, 0, **kwargs))
+
+    def complete_save(self) -> list:
+        save = self.saves.pop(0)
+        self.saved[save.partition] = save
+        return self.feed(GroupsSaved(save.partition, save.revision))
 
     def feed(self, stimulus) -> list:
         out = self.state.handle(stimulus)
@@ -151,6 +162,10 @@ class Sim:
             self.subs[(instr.session, instr.sub_id)].closed = True
         elif isinstance(instr, SessionExpired):
             self.expired.append(instr.session)
+        elif isinstance(instr, SaveGroups):
+            self.saves.append(instr)
+            if self.auto_save:
+                self.complete_save()
         else:  # pragma: no cover
             raise AssertionError(f"unexpected instruction {instr}")
 

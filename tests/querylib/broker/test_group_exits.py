@@ -1,0 +1,248 @@
+"""Writer groups and the exits of their query's processes (DESIGN §11 "Collective
+publishing"): a missing writer whose process ended never comes, so the group stops waiting
+for it; pending groups are saved beside the log and wait again after a broker restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from querylib.broker._events import (
+    AdvanceFrontier,
+    EndStream,
+    GroupsSaveFailed,
+    OpenProducer,
+    OpenSession,
+    QueryExits,
+    SaveGroups,
+    Tick,
+)
+from querylib.broker._frontier import (
+    FrontierAdvanced,
+    PartitionFrontier,
+    SavedGroup,
+    StreamEnded,
+    query_of_group,
+)
+from querylib.broker._group_store import GROUPS_FILE, load_groups, save_groups
+from querylib.broker._messages import Done, ProducerOpened
+from querylib.broker._state import BrokerLimits
+from querylib.errors import StorageError
+
+from ._sim import Sim, control_of
+
+P = ("t", 0)
+G = "q7/merged#1"
+
+
+def controls(sim: Sim) -> list:
+    while sim.appends[P]:
+        sim.complete_append(P)
+    return [control_of(s) for _, _, s in sim.logs[P]]
+
+
+def writer(sim: Sim, session: str, name: str, *, rejoin: bool = False,
+           lease: float = 10.0) -> object:
+    sim.feed(OpenSession(f"os-{session}", session, lease))
+    sim.feed(OpenProducer(f"op-{session}", session, P, G, name, 2, rejoin))
+    return sim.replies.get(f"op-{session}")
+
+
+# -- the frontier ------------------------------------------------------------------------------
+
+
+def test_group_names_say_their_query() -> None:
+    assert query_of_group("q7/merged#1") == 7
+    assert query_of_group("q7merged") is None and query_of_group("x/q7/a") is None
+
+
+def test_a_missing_writer_that_exited_cleanly_counts_as_ended() -> None:
+    f = PartitionFrontier()
+    f.join("s0", G, "0", 2)
+    f.advance("s0", 5)
+    assert f.end("s0") == [] and f.held
+    assert f.settle(G, {"1"}, failed=False) == [StreamEnded()]
+    assert f.ended and not f.held and f.pending() == ()
+
+
+def test_a_settled_group_with_live_writers_lets_the_frontier_move() -> None:
+    f = PartitionFrontier()
+    f.join("s0", G, "0", 3)
+    f.advance("s0", 4)
+    assert f.settle(G, {"2"}, failed=False) == []  # writer 1 may still come
+    assert f.held
+    assert f.settle(G, {"1", "2"}, failed=False) == [FrontierAdvanced(4)]
+    assert f.end("s0") == [StreamEnded()]
+
+
+def test_a_failed_query_releases_its_group_without_ending_the_stream() -> None:
+    f = PartitionFrontier()
+    f.join("s0", G, "0", 2)
+    f.advance("s0", 6)
+    assert f.settle(G, set(), failed=True) == [FrontierAdvanced(6)]
+    assert not f.held and not f.ended
+    assert f.end("s0") == [StreamEnded()]  # a plain producer now
+
+
+def test_pending_groups_are_restored_and_wait_again() -> None:
+    f = PartitionFrontier()
+    f.join("s0", G, "0", 2)
+    revision = f.revision
+    f.advance("s0", 5)
+    assert f.revision == revision  # the data path never changes what is saved
+    f.end("s0")
+    saved = f.pending()
+    assert saved == (SavedGroup(G, 2, ("0",)),)
+    again = PartitionFrontier(f.frontier, groups=saved)
+    assert again.held
+    again.join("s1", G, "1", 2)  # the second writer: the group completes only now
+    assert not again.held and again.pending() == ()
+    assert again.advance("s1", 3) == [FrontierAdvanced(3)]
+    assert again.end("s1") == [StreamEnded()]
+
+
+# -- the broker state --------------------------------------------------------------------------
+
+
+def test_the_stream_ends_once_the_process_that_never_published_exits_0() -> None:
+    sim = Sim()
+    sim.open_partition(P)
+    writer(sim, "a", "0")
+    sim.feed(AdvanceFrontier("a1", "a", P, 5))
+    sim.feed(EndStream("a2", "a", P))
+    assert controls(sim) == []
+    sim.feed(QueryExits(7, (None, 0)))
+    assert controls(sim) == [("E", None)]
+    assert sim.state.partition_info(P).ended
+
+
+def test_an_exit_reported_before_the_group_opens_settles_it_at_once() -> None:
+    sim = Sim()
+    sim.open_partition(P)
+    sim.feed(QueryExits(7, (None, 0)))  # process 1 exited before process 0 published
+    writer(sim, "a", "0")
+    sim.feed(AdvanceFrontier("a1", "a", P, 5))
+    sim.feed(EndStream("a2", "a", P))
+    assert controls(sim) == [("F", 5), ("E", None)]
+
+
+def test_exits_of_other_queries_change_nothing() -> None:
+    sim = Sim()
+    sim.open_partition(P)
+    writer(sim, "a", "0")
+    sim.feed(EndStream("a2", "a", P))
+    sim.feed(QueryExits(8, (0, 0)))
+    sim.feed(QueryExits(17, (None, 0)))
+    assert controls(sim) == [] and sim.state.partition_info(P).ended is False
+
+
+def test_a_failed_query_no_longer_holds_subscribers_back() -> None:
+    sim = Sim()
+    sim.open_partition(P)
+    sim.feed(OpenSession("os-p", "plain", 10.0))
+    sim.feed(OpenProducer("op-p", "plain", P))
+    writer(sim, "a", "0")
+    sim.feed(AdvanceFrontier("p1", "plain", P, 4))
+    sim.feed(AdvanceFrontier("a1", "a", P, 9))
+    assert controls(sim) == []
+    sim.feed(QueryExits(7, (None, 1), failed=True))
+    assert controls(sim) == [("F", 4)]  # as when a joined writer is killed: released
+    # A process of the failed query still alive opens another group: it holds nothing.
+    sim.feed(OpenSession("os-c", "c", 10.0))
+    sim.feed(OpenProducer("op-c", "c", P, "q7/merged#2", "0", 2))
+    sim.feed(AdvanceFrontier("p2", "plain", P, 6))
+    sim.feed(AdvanceFrontier("c1", "c", P, 6))
+    assert controls(sim) == [("F", 4), ("F", 6)]
+
+
+def test_exits_are_forgotten_once_every_process_exited_and_bounded() -> None:
+    sim = Sim(BrokerLimits(max_query_exits=2))
+    sim.open_partition(P)
+    for query in (1, 2, 3):
+        sim.feed(QueryExits(query, (None, 0)))
+    sim.feed(QueryExits(2, (0, 0)))
+    assert list(sim.state._exits) == [3]
+
+
+def test_the_reply_to_a_join_waits_until_the_group_is_saved() -> None:
+    sim = Sim(auto_save=False)
+    sim.open_partition(P)
+    assert writer(sim, "a", "0") is None
+    (save,) = sim.saves
+    assert save == SaveGroups(P, save.revision, (SavedGroup(G, 2, ("0",)),))
+    sim.complete_save()
+    assert isinstance(sim.replies["op-a"], ProducerOpened)
+    # A plain producer changes no group: answered at once.
+    sim.feed(OpenSession("os-p", "plain", 10.0))
+    sim.feed(OpenProducer("op-p", "plain", P))
+    assert isinstance(sim.replies["op-p"], ProducerOpened) and sim.saves == []
+    assert writer(sim, "b", "1") is None  # completes the group: saved as no group left
+    assert sim.saves[0].groups == ()
+    sim.feed(GroupsSaveFailed(P, sim.saves.pop().revision, StorageError("disk full")))
+    assert isinstance(sim.replies["op-b"], StorageError)
+
+
+def test_a_partition_saving_its_groups_is_busy_for_a_drop() -> None:
+    from querylib.broker._errors import PartitionBusyError
+    from querylib.broker._events import DropPartition
+
+    sim = Sim(auto_save=False)
+    sim.open_partition(P)
+    writer(sim, "a", "0")
+    sim.feed(DropPartition("d1", P))
+    assert isinstance(sim.replies["d1"], PartitionBusyError)
+    sim.complete_save()
+    sim.feed(DropPartition("d2", P))
+    assert sim.replies["d2"] == Done()
+
+
+def test_a_group_saved_to_disk_waits_again_after_a_restart(tmp_path: Path) -> None:
+    """Writer 0 joins, writes, advances and ends; the broker restarts from its files; writer
+    1 joins only then: nothing runs ahead of writer 1, and the stream ends after it."""
+    first = Sim()
+    first.open_partition(P)
+    writer(first, "a", "0")
+    first.feed(AdvanceFrontier("a1", "a", P, 9))
+    first.feed(EndStream("a2", "a", P))
+    assert controls(first) == []
+    save_groups(str(tmp_path), first.saved[P].groups)
+
+    second = Sim()  # the restarted broker: the log (no controls) and the saved groups
+    second.open_partition(P, groups=load_groups(str(tmp_path)))
+    assert second.state.partition_info(P).frontier == 0
+    writer(second, "b", "1")
+    second.feed(AdvanceFrontier("b1", "b", P, 3))
+    assert controls(second) == [("F", 3)]  # writer 1's frontier, not past it
+    second.feed(EndStream("b2", "b", P))
+    assert controls(second) == [("F", 3), ("E", None)]
+    save_groups(str(tmp_path), second.saved[P].groups)
+    assert not (tmp_path / GROUPS_FILE).exists()  # no group waits: no file
+
+
+def test_a_writer_rejoining_after_a_restart_still_waits_for_the_other(tmp_path: Path) -> None:
+    first = Sim(BrokerLimits(min_lease=1.0))
+    first.open_partition(P)
+    writer(first, "a", "0")
+    save_groups(str(tmp_path), first.saved[P].groups)
+    second = Sim(BrokerLimits(min_lease=1.0))
+    second.open_partition(P, groups=load_groups(str(tmp_path)))
+    writer(second, "a", "0", rejoin=True)  # its session was forgotten: it rejoins
+    second.feed(AdvanceFrontier("a1", "a", P, 9))
+    assert controls(second) == []  # before: a plain producer, the frontier went to 9
+    second.feed(Tick(0.5))
+    writer(second, "b", "1")
+    second.feed(AdvanceFrontier("b1", "b", P, 2))
+    assert controls(second) == [("F", 2)]
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+def test_damaged_or_oversized_saved_groups_are_ignored(tmp_path: Path) -> None:
+    path = tmp_path / GROUPS_FILE
+    for content in (b"{", b'{"groups": [["", 2, []]]}', b'{"groups": [["g", 0, []]]}',
+                    b'{"groups": [["g", 2, ["' + b"x" * 100 + b'"]]]}', b"[" * 10_000):
+        path.write_bytes(content)
+        assert load_groups(str(tmp_path)) == ()
+    save_groups(str(tmp_path), (SavedGroup("g", 2, ("0",)), SavedGroup("h", 3, ())))
+    assert load_groups(str(tmp_path)) == (SavedGroup("g", 2, ("0",)), SavedGroup("h", 3, ()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [GROUPS_FILE]
