@@ -2,7 +2,8 @@
 
 Pure: no I/O, no sockets, no clocks. Imports only the standard library and msgspec.
 
-    records      Session, Broker, Executor, Query, Topic, Publication, Subscription, Counters
+    records      Session, Broker, Executor, Query, Topic, Publication, Subscription,
+                 PendingDrop, Counters
     collections  Collection (a multiset updated by (record, diff) pairs), consolidate
     commands     OpenSession ... Unsubscribe -> Catalog.apply -> Change(version, updates)
     recovery     Catalog.replay(updates), Catalog.snapshot(), encode_update / decode_update
@@ -28,6 +29,7 @@ from catalog._commands import (
     FailQuery,
     KillQuery,
     OpenSession,
+    PartitionsDropped,
     ProcessExited,
     Publish,
     RegisterBroker,
@@ -54,6 +56,7 @@ from catalog._records import (
     IngestRef,
     Owner,
     Party,
+    PendingDrop,
     Publication,
     Query,
     QueryRef,
@@ -94,6 +97,7 @@ from catalog.errors import (
     RecordTypeMismatchError,
     ReservedTopicNameError,
     StorageError,
+    TopicBeingDroppedError,
     TopicExistsError,
     TqError,
     UnknownBrokerError,
@@ -144,8 +148,10 @@ __all__ = [
     "NotPublishedError",
     "NotSubscribedError",
     "OpenSession",
+    "PartitionsDropped",
     "Owner",
     "Party",
+    "PendingDrop",
     "ProcessAlreadyExitedError",
     "ProcessExited",
     "ProtocolError",
@@ -176,6 +182,7 @@ __all__ = [
     "Subscription",
     "SystemRef",
     "Topic",
+    "TopicBeingDroppedError",
     "TopicExistsError",
     "TopicKind",
     "TopicName",

@@ -37,6 +37,7 @@ from catalog._records import (
     IngestRef,
     Owner,
     Party,
+    PendingDrop,
     Publication,
     Query,
     QueryRef,
@@ -311,6 +312,14 @@ class Catalog:
         return [
             s for s in self.subscriptions if isinstance(s, Subscription) and s.topic_id == topic_id
         ]
+
+    def pending_drops(self, broker_id: int | None = None) -> list[PendingDrop]:
+        """Drops of deleted topics' partitions not yet reported done (on one broker)."""
+        return [d for d in self._collections["drops"] if isinstance(d, PendingDrop)
+                and (broker_id is None or d.broker_id == broker_id)]
+
+    def pending_drop(self, topic_id: int, broker_id: int) -> PendingDrop | None:
+        return next((d for d in self.pending_drops(broker_id) if d.topic_id == topic_id), None)
 
     def is_live(self, owner: Owner) -> bool:
         """A query is live while submitted or running, a session while open; ingest and the

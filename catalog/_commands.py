@@ -28,6 +28,7 @@ __all__ = [
     "FailQuery",
     "KillQuery",
     "OpenSession",
+    "PartitionsDropped",
     "ProcessExited",
     "Publish",
     "RegisterBroker",
@@ -184,6 +185,14 @@ class DeleteTopic(_Command, tag="delete_topic"):
     force: bool = False
 
 
+class PartitionsDropped(_Command, tag="partitions_dropped"):
+    """Broker `broker_id` dropped its partitions of deleted topic `topic_id`: the pending drop
+    leaves (UnknownTopicError if there is none: nothing to acknowledge)."""
+
+    topic_id: int
+    broker_id: int
+
+
 class Publish(_Command, tag="publish"):
     """`publisher` starts publishing the topic: it must own it, or the topic must be ingest's.
     `process`: which process of the publishing query (None for other parties)."""
@@ -231,6 +240,7 @@ Command: TypeAlias = (
     | FailQuery
     | CreateTopic
     | DeleteTopic
+    | PartitionsDropped
     | Publish
     | Unpublish
     | Subscribe

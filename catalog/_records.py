@@ -18,6 +18,7 @@ Collections (DESIGN §3: the thesis' five plus `sessions`, `brokers` and `counte
     topics         Topic         name, partitions, record type tag, kind, owner, locations
     publications   Publication   (topic, publisher)
     subscriptions  Subscription  (topic, subscriber)
+    drops          PendingDrop   partitions of deleted topics a broker has not dropped yet
     counters       Counters      one record: the catalog version and the next id of each kind, so
                                  replay restores them even from a compacted snapshot
 
@@ -45,6 +46,7 @@ __all__ = [
     "IngestRef",
     "Owner",
     "Party",
+    "PendingDrop",
     "Publication",
     "Query",
     "QueryRef",
@@ -225,6 +227,19 @@ class Subscription(_Record, tag="subscription"):
     subscriber: Party
 
 
+class PendingDrop(_Record, tag="pending_drop"):
+    """Partitions of a deleted topic that the broker hosting them has not dropped yet. Inserted
+    with the delete, in the same change; the coordinator tells the broker's executor to drop
+    them, again each time that broker registers, and retracts the record on its report
+    (DESIGN §11 "Deleting topics"). `topic_id` is the deleted incarnation: a topic created
+    again under the name has another id and is never the subject of this record."""
+
+    topic_id: int
+    name: str  # canonical, as the deleted topic's; its partition directories are named by it
+    broker_id: int
+    partitions: tuple[int, ...]  # sorted
+
+
 class Counters(_Record, tag="counters"):
     """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
 
@@ -237,7 +252,8 @@ class Counters(_Record, tag="counters"):
 
 
 Record: TypeAlias = (
-    Session | Broker | Executor | Query | Topic | Publication | Subscription | Counters
+    Session | Broker | Executor | Query | Topic | Publication | Subscription | PendingDrop
+    | Counters
 )
 
 CollectionName: TypeAlias = Literal[
@@ -248,6 +264,7 @@ CollectionName: TypeAlias = Literal[
     "topics",
     "publications",
     "subscriptions",
+    "drops",
     "counters",
 ]
 
@@ -260,6 +277,7 @@ COLLECTIONS: dict[str, type[msgspec.Struct]] = {
     "topics": Topic,
     "publications": Publication,
     "subscriptions": Subscription,
+    "drops": PendingDrop,
     "counters": Counters,
 }
 

@@ -24,6 +24,7 @@ from catalog._commands import (
     FailQuery,
     KillQuery,
     OpenSession,
+    PartitionsDropped,
     ProcessExited,
     Publish,
     RegisterBroker,
@@ -47,6 +48,7 @@ from catalog._records import (
     Executor,
     Owner,
     Party,
+    PendingDrop,
     Publication,
     Query,
     QueryRef,
@@ -73,8 +75,10 @@ from catalog.errors import (
     QueryStateError,
     RecordTypeMismatchError,
     ReservedTopicNameError,
+    TopicBeingDroppedError,
     TopicExistsError,
     UnknownBrokerError,
+    UnknownTopicError,
 )
 
 if TYPE_CHECKING:
@@ -252,6 +256,21 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
         reason=reason if event is QueryEvent.PROCESS_FAILED else "",
         exit_codes=tuple(codes),
     )
+    if not next_query_state(query.state, event).ended:
+        _release_process(catalog, txn, query.query_id, cmd.process)
+
+
+def _release_process(catalog: Catalog, txn: Txn, query_id: int, process: int) -> None:
+    """An exited process holds no publication, whether or not it closed its publishers: it
+    leaves each one it held, which leaves the catalog with its last process (an ending query
+    retracts them all in `_transition` instead)."""
+    for publication in catalog.publications_of(QueryRef(query_id)):
+        if process not in publication.processes:
+            continue
+        txn.retract("publications", publication)
+        left = tuple(p for p in publication.processes if p != process)
+        if left:
+            txn.insert("publications", msgspec.structs.replace(publication, processes=left))
 
 
 def _kill_query(catalog: Catalog, txn: Txn, cmd: KillQuery) -> None:
@@ -378,6 +397,15 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
     _require_live(catalog, cmd.owner)
     if catalog.find_topic(name.full) is not None:
         raise TopicExistsError(f"topic {name.short!r} exists already")
+    # An earlier incarnation's files on one of these brokers go first: the partition
+    # directories are named by the topic, so the drop would take the new topic's data too.
+    dropping = sorted({d.broker_id for d in catalog.pending_drops()
+                       if d.name == name.full and d.broker_id in cmd.locations})
+    if dropping:
+        raise TopicBeingDroppedError(
+            f"topic {name.short!r} was deleted and broker {dropping[0]} has not dropped its old "
+            f"partitions yet; retry in a moment"
+        )
     topic = Topic(
         topic_id=txn.allocate("next_topic_id"),
         name=name.full,
@@ -405,6 +433,22 @@ def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
     txn.retract_all("publications", catalog.publications_on(topic.topic_id))
     txn.retract_all("subscriptions", catalog.subscriptions_on(topic.topic_id))
     txn.retract("topics", topic)
+    # Its files go too, by the brokers hosting them, told by the coordinator; remembered in
+    # this same change so that neither a crash nor a broker that is down loses a drop.
+    hosted: dict[int, list[int]] = {}
+    for partition, broker_id in enumerate(topic.locations):
+        hosted.setdefault(broker_id, []).append(partition)
+    for broker_id, partitions in sorted(hosted.items()):
+        txn.insert("drops", PendingDrop(topic_id=topic.topic_id, name=topic.name,
+                                        broker_id=broker_id, partitions=tuple(partitions)))
+
+
+def _partitions_dropped(catalog: Catalog, txn: Txn, cmd: PartitionsDropped) -> None:
+    drop = catalog.pending_drop(cmd.topic_id, cmd.broker_id)
+    if drop is None:
+        raise UnknownTopicError(f"no pending drop of deleted topic {cmd.topic_id} on broker "
+                                f"{cmd.broker_id}")
+    txn.retract("drops", drop)
 
 
 def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
@@ -516,6 +560,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     FailQuery: _fail_query,
     CreateTopic: _create_topic,
     DeleteTopic: _delete_topic,
+    PartitionsDropped: _partitions_dropped,
     Publish: _publish,
     Unpublish: _unpublish,
     Subscribe: _subscribe,

@@ -19,6 +19,7 @@ branch on attributes, never on message strings.
         │   └── NotPublishedError, NotSubscribedError
         ├── ConflictError              the request contradicts the current state
         │   ├── TopicExistsError, BrokerExistsError, BrokerInUseError
+        │   ├── TopicBeingDroppedError (retriable)
         │   ├── AlreadyPublishedError, AlreadySubscribedError
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
@@ -138,6 +139,13 @@ class TopicExistsError(ConflictError):
     """A topic with this name exists already (delete it first to reuse the name)."""
 
     kafka_error_code = 36  # TOPIC_ALREADY_EXISTS
+
+
+class TopicBeingDroppedError(ConflictError):
+    """A topic of this name was deleted and a broker the new one would live on has not dropped
+    the old partitions yet: creating it there now could mix old files with new. Retry."""
+
+    retriable = True
 
 
 class BrokerExistsError(ConflictError):

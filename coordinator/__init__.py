@@ -7,16 +7,19 @@ recovery from them.
     _handlers.py   one handler per request type: requests -> catalog commands -> replies
     _leases.py     session leases and query-process bindings;  _waiters.py blocking requests
     _placement.py  brokers for partitions, executors for processes
+    _drops.py      DropTracker: deleted topics' partitions, when to tell which broker to drop
     _journal.py    changes as record batches; recovery from the catalog partitions
     _writer.py     group commit to the catalog topics (counters last), frontiers
     _server.py     Coordinator: the asyncio shell (RPC, broker, writer, clock)
     _run.py        run_coordinator: the foreground process (`tq coordinator`)
 """
 
+from coordinator._drops import DropTracker
 from coordinator._events import (
     Bootstrap,
     Checkpointed,
     Committed,
+    DropPartitions,
     Instruction,
     KillProcesses,
     Persist,
@@ -42,6 +45,8 @@ __all__ = [
     "Coordinator",
     "CoordinatorConfig",
     "CoordinatorState",
+    "DropPartitions",
+    "DropTracker",
     "Instruction",
     "KillProcesses",
     "SpawnProcesses",

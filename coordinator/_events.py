@@ -21,6 +21,7 @@ __all__ = [
     "Bootstrap",
     "Checkpointed",
     "Committed",
+    "DropPartitions",
     "Instruction",
     "KillProcesses",
     "SpawnProcesses",
@@ -130,6 +131,18 @@ class SpawnProcesses:
 
 
 @dataclass(frozen=True, slots=True)
+class DropPartitions:
+    """Tell the executor holding broker `broker_id` (through its session `session_id`) to
+    drop these partitions of deleted topic `topic_id` (`name`, canonical) and report it."""
+
+    session_id: int
+    topic_id: int
+    name: str
+    broker_id: int
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SessionEnded:
     """A session left (closed or expired): the shell forgets its transport identity."""
 
@@ -147,4 +160,4 @@ class WriteCheckpoint:
 
 
 Instruction: TypeAlias = (Persist | Respond | KillProcesses | SpawnProcesses | SessionEnded
-                          | WriteCheckpoint)
+                          | WriteCheckpoint | DropPartitions)

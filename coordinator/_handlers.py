@@ -25,6 +25,7 @@ from catalog import (
     NotFoundError,
     NotOwnerError,
     OpenSession,
+    PartitionsDropped,
     Party,
     ProcessExited,
     QueryEndedError,
@@ -50,6 +51,7 @@ from catalog import Unsubscribe as UnsubscribeCommand
 from querylib.cluster import _messages as m
 from querylib.cluster._errors import QueryFailedError
 
+from ._drops import WaitForDrops
 from ._leases import bound_peer
 from ._placement import place_partitions, place_processes
 from ._state import Call, CoordinatorState, WaitForStart, WaitForTopic
@@ -203,6 +205,21 @@ def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.D
     topic = _find(state, req.name, 0, req.session_id)
     state.apply(DeleteTopicCommand(topic_id=topic.topic_id, requester=party, force=req.force),
                 call.now, call.wall_ms)
+    # Answered once the brokers that are up dropped the files (or a bound passed): a client
+    # creating the name again right after finds it empty (coordinator/_drops.py).
+    raise WaitForDrops(topic.topic_id, m.Done(version=state.catalog.version))
+
+
+def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDropped,
+                              call: Call) -> m.Done:
+    state.renew(req.session_id, call.now)
+    broker = state.catalog.broker(req.broker_id)
+    if broker.session_id != req.session_id:
+        raise NotOwnerError(f"broker {req.broker_id} was registered by another session")
+    if state.catalog.pending_drop(req.topic_id, req.broker_id) is not None:
+        # Absent: reported already (a drop is sent again until reported, so twice is fine).
+        state.apply(PartitionsDropped(topic_id=req.topic_id, broker_id=req.broker_id),
+                    call.now, call.wall_ms)
     return m.Done(version=state.catalog.version)
 
 
@@ -359,6 +376,7 @@ HANDLERS: dict[type, Handler] = {
     m.LookupTopic: lookup_topic,
     m.CreateTopic: create_topic,
     m.DeleteTopic: delete_topic,
+    m.ReportPartitionsDropped: report_partitions_dropped,
     m.Publish: publish,
     m.Unpublish: unpublish,
     m.Subscribe: subscribe,

@@ -7,11 +7,11 @@
 
 One event loop. Every request becomes a `Received` stimulus whose token is the future the RPC
 handler awaits; the core's instructions are performed here: `Persist` goes to the catalog
-writer, `Respond` resolves the future, `KillProcesses` and `SpawnProcesses` become notifies to
-the executors, uploads and fetches of program packs go to the `ArtifactStore` directly,
-`SessionEnded` drops the session's transport identity. Commits come back as `Committed`, time
-as `Tick`. The shell decides nothing the core decides, and owns every task it starts: the
-ticker, the writer's tasks, the embedded broker, the RPC server.
+writer, `Respond` resolves the future, `KillProcesses`, `SpawnProcesses` and `DropPartitions`
+become notifies to the executors, uploads and fetches of program packs go to the
+`ArtifactStore` directly, `SessionEnded` drops the session's transport identity. Commits come
+back as `Committed`, time as `Tick`. The shell decides nothing the core decides, and owns every
+task it starts: the ticker, the writer's tasks, the embedded broker, the RPC server.
 
 Start-up order: read the catalog topics straight from the broker's data directory (before the
 broker opens them), start the broker, append recovery's compensation and wait for it, open the
@@ -49,6 +49,7 @@ from ._events import (
     Bootstrap,
     Checkpointed,
     Committed,
+    DropPartitions,
     Instruction,
     KillProcesses,
     Persist,
@@ -121,7 +122,8 @@ class Coordinator:
         self.state: CoordinatorState | None = None
         self.broker: BrokerServer | None = None
         self.writer: CatalogWriter | None = None
-        self._rpc = RpcServer(secret)
+        # A client with another secret is told so (an executor then stops, not retries).
+        self._rpc = RpcServer(secret, refuse_bad_signatures=True)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._inbox: deque[Stimulus] = deque()
         self._feeding = False
@@ -321,6 +323,8 @@ class Coordinator:
             self._kill(instruction)
         elif isinstance(instruction, SpawnProcesses):
             self._spawn(instruction)
+        elif isinstance(instruction, DropPartitions):
+            self._drop(instruction)
         elif isinstance(instruction, SessionEnded):
             self._peers.pop(instruction.session_id, None)
             if instruction.expired:
@@ -375,6 +379,20 @@ class Coordinator:
                 self.counters["notify_failed"] += 1
                 logger.warning("coordinator: cannot ask executor %d to spawn query %d: %s",
                                executor_id, instruction.query_id, exc)
+
+    def _drop(self, instruction: DropPartitions) -> None:
+        peer = self._peers.get(instruction.session_id)
+        if peer is None:  # it has not spoken since we started: the core sends it again
+            self.counters["notify_failed"] += 1
+            return
+        try:
+            self._rpc.notify(peer, m.DropPartitions(
+                topic_id=instruction.topic_id, name=instruction.name,
+                broker_id=instruction.broker_id, partitions=list(instruction.partitions)))
+        except (PeerBusyError, PeerUnreachableError) as exc:
+            self.counters["notify_failed"] += 1
+            logger.warning("coordinator: cannot ask broker %d to drop topic %d: %s",
+                           instruction.broker_id, instruction.topic_id, exc)
 
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id)

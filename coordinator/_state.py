@@ -47,10 +47,12 @@ from querylib.cluster._errors import QueryFailedError
 from querylib.cluster._format import CHECKPOINT_TOPIC
 from querylib.cluster._messages import HostLoad, QueryInfo
 
+from ._drops import DropTracker, WaitForDrops
 from ._events import (
     Bootstrap,
     Checkpointed,
     Committed,
+    DropPartitions,
     Instruction,
     KillProcesses,
     Persist,
@@ -148,10 +150,11 @@ class CoordinatorState:
         self.start_deadlines: dict[int, float] = {}  # submitted query -> when it fails
         self.start_waiters: dict[int, list[Any]] = {}  # submitted query -> tokens to answer
         self.loads: dict[int, HostLoad] = {}  # executor session -> its latest heartbeat load
+        self.drops = DropTracker()  # deleted topics' partitions: who to tell, who waits
         self.checkpoint = checkpoint  # the latest durable checkpoint
         self.since_checkpoint = since_checkpoint  # updates appended after it
         self._checkpointing = False
-        self._held: deque[tuple[int, Respond | SpawnProcesses]] = deque()
+        self._held: deque[tuple[int, Respond | SpawnProcesses | DropPartitions]] = deque()
         self._out: list[Instruction] = []
         # Every session the catalog holds gets a fresh lease: its holder may be alive and
         # about to renew (this is how sessions survive a coordinator restart).
@@ -213,7 +216,10 @@ class CoordinatorState:
         """Answer a request once the catalog version it saw is durable."""
         self._when_durable(Respond(token, reply, error))
 
-    def _when_durable(self, instruction: Respond | SpawnProcesses) -> None:
+    def when_durable(self, instruction: Respond | SpawnProcesses | DropPartitions) -> None:
+        self._when_durable(instruction)
+
+    def _when_durable(self, instruction: Respond | SpawnProcesses | DropPartitions) -> None:
         """Emit `instruction` once the catalog's current version is durable: nothing outside
         may act on a change a crash could still undo."""
         version = self.catalog.version
@@ -259,6 +265,8 @@ class CoordinatorState:
             self._wait(request, call, wait, deadline)
         except WaitForStart as wait:
             self.start_waiters.setdefault(wait.query_id, []).append(call.token)
+        except WaitForDrops as wait:
+            self.drops.wait(self, wait, call.token, call.now)
         except TqError as exc:
             self.respond(call.token, error=exc)
         else:
@@ -279,6 +287,7 @@ class CoordinatorState:
     def _tick(self, now: float, wall_ms: int) -> None:
         for session_id in self.leases.expired(now):
             self._expire(session_id, now, wall_ms)
+        self.drops.tick(self, now)
         for waiter in self.waiters.expired(now):
             self.respond(waiter.token, error=UnknownTopicError(
                 f"topic {waiter.name!r} did not appear in time"))
@@ -383,6 +392,7 @@ class CoordinatorState:
             if query.state in (QueryState.FAILED, QueryState.KILLED) and (
                     old is None or not old.ended):
                 self._kill_remaining(query)
+        self.drops.after(self, change, now)
         for name in created_topics:
             for waiter in self.waiters.take(name):
                 call = Call(waiter.token, now, wall_ms, waiter.peer)

@@ -5,16 +5,20 @@ the coordinator.
     ...
     await agent.close()
 
-On start it runs this host's broker, opens an executor session, opens the broker's optional
-endpoints (connector endpoint, Kafka listener; the catalog decides through `CatalogTopics`
-which topics they may create here), registers the broker (with its Kafka address) and the
-executor (host, broker address, host resources); its heartbeats carry the host's load
-(placement breaks ties by it). Then it serves the coordinator's notifies:
+On start it runs this host's broker, opens the broker's optional endpoints (connector
+endpoint, Kafka listener; the catalog decides through `CatalogTopics` which topics they may
+create here), opens an executor session (while no coordinator answers it says so and keeps
+trying, as a rejoin does; a coordinator refusing our secret ends the start with
+SecretRejectedError), registers the broker (with its Kafka address) and the executor (host,
+broker address, host resources); its heartbeats carry the host's load (placement breaks
+ties by it). Then it serves the coordinator's notifies:
 
 - `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
   from the coordinator), start it under the supervisor. A failure is reported back as
   `ReportSpawnFailed` with the typed error's message, and the query fails with that reason.
 - `KillProcesses`: TERM to each process group, KILL after the grace period.
+- `DropPartitions`: a deleted topic's partitions leave this host's broker, files included;
+  reported back with `ReportPartitionsDropped` (the coordinator asks again until it is).
 
 Every exit goes back as `ReportExit` (an exit status, or minus the signal that killed it);
 output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
@@ -38,9 +42,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from catalog import NotFoundError, SessionKind, TqError
-from querylib.broker import BrokerEndpoints, BrokerServer
-from querylib.cluster import AsyncCluster, KillProcesses, SpawnProcesses
+from catalog import NotFoundError, SessionKind, TopicName, TqError
+from querylib.broker import BrokerEndpoints, BrokerServer, drop_hosted
+from querylib.cluster import (
+    AsyncCluster,
+    DropPartitions,
+    KillProcesses,
+    NoCoordinatorError,
+    SpawnProcesses,
+)
+from querylib.rpc import RpcError, SecretRejectedError
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
 from ._broker_id import register_remembered
@@ -49,6 +60,7 @@ from ._endpoints import CatalogTopics
 from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
+from ._query_exits import QueryExitFeed
 from ._slots import Slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
@@ -61,7 +73,12 @@ __all__ = ["REJOIN_BACKOFF_MAX", "ExecutorAgent"]
 logger = logging.getLogger("executor")
 
 REJOIN_BACKOFF_MIN = 0.2  # seconds before the first rejoin attempt; doubled after each failure
-REJOIN_BACKOFF_MAX = 5.0  # ... up to this
+REJOIN_BACKOFF_MAX = 5.0  # ... up to this (also how long each attempt waits for an answer)
+# The very first attempt waits this long before the agent says it is waiting for the
+# coordinator (a running one answers in milliseconds), and then repeats that notice at most
+# this often while it keeps waiting.
+FIRST_CONNECT_TIMEOUT = 2.0
+WAITING_NOTICE_INTERVAL = 30.0
 
 
 class ExecutorAgent:
@@ -103,8 +120,10 @@ class ExecutorAgent:
         # one: the coordinator counts a slot free once its query ended, a little before the
         # process here has exited and been drained.
         self._dying: set[tuple[int, int]] = set()
+        self._dropping: set[int] = set()  # deleted topics whose partitions are being dropped
         self._slot_freed = asyncio.Event()
         self.broker: BrokerServer | None = None
+        self.exit_feed: QueryExitFeed | None = None  # process exits from the catalog
         self.broker_address = ""
         self.cluster: AsyncCluster | None = None
         self.forwarder: LogForwarder | None = None
@@ -131,6 +150,7 @@ class ExecutorAgent:
         try:
             self.broker = BrokerServer(self.data_dir / "broker", self.secret)
             self.broker_address = await self.broker.start(self.broker_listen)
+            self.exit_feed = QueryExitFeed(self.broker)
             self.forwarder = await LogForwarder(self.broker_address, self.secret).start()
             self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
                                          on_exit=self._exited, grace=self.grace)
@@ -143,7 +163,7 @@ class ExecutorAgent:
                 self.broker, self.secret, connector=self.connector_config,
                 kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
                 required=self.endpoints_required).start()
-            await self._join()
+            await self._join_retrying(first=True)
         except BaseException:
             await self.close()
             raise
@@ -160,6 +180,7 @@ class ExecutorAgent:
         # Notifies may arrive as soon as the executor is registered: listen first.
         cluster.on_notify(SpawnProcesses, self._on_spawn)
         cluster.on_notify(KillProcesses, self._on_kill)
+        cluster.on_notify(DropPartitions, self._on_drop)
         sampler, supervisor = self._sampler, self.supervisor
         cluster.load_source = lambda: sampler.sample(
             (r.spec.query_id, r.spec.process, r.pid) for r in supervisor.running())
@@ -181,6 +202,8 @@ class ExecutorAgent:
             await cluster.close()
             raise
         self.executor_id = executor.executor_id
+        if self.exit_feed is not None:
+            self.exit_feed.attach(cluster)
         self.lost.clear()
 
     @property
@@ -212,6 +235,8 @@ class ExecutorAgent:
         if self.endpoints is not None:
             await self.endpoints.close()
         await self.topics.close()
+        if self.exit_feed is not None:
+            await self.exit_feed.close()
         if self.cluster is not None:
             await self.cluster.close()
         if self.forwarder is not None:
@@ -251,6 +276,8 @@ class ExecutorAgent:
         await self.supervisor.kill_all()
         self._dying.clear()
         await self.topics.close()
+        if self.exit_feed is not None:
+            await self.exit_feed.close()
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             # If the coordinator still holds the session (we gave up on our own clock), this
@@ -259,29 +286,59 @@ class ExecutorAgent:
 
     async def _rejoin(self) -> None:
         """Join again, with backoff, until it works (or the agent is closed)."""
+        lost_id = self.executor_id
+        await self._join_retrying(first=False)
+        self.rejoins += 1
+        logger.warning("executor %s: rejoined the coordinator as executor %s (broker %s)",
+                       lost_id, self.executor_id, self.broker_id)
+
+    async def _join_retrying(self, *, first: bool) -> None:
+        """Join, with backoff (REJOIN_BACKOFF_MIN doubling up to REJOIN_BACKOFF_MAX), until it
+        works or the agent is closed.
+
+        The first join retries only while nobody answers (the coordinator is not up yet),
+        saying so at WARNING once and then at most every WAITING_NOTICE_INTERVAL; a refused
+        secret, or any other error, ends the start. A rejoin retries whatever fails: a bug
+        must not leave a running agent for good without a session."""
+        loop = asyncio.get_running_loop()
         delay = REJOIN_BACKOFF_MIN
         attempt = 0
+        noticed_at: float | None = None
         while True:
             attempt += 1
-            logger.info("executor %s: rejoining the coordinator at %s (attempt %d)",
-                        self.executor_id, self.coordinator, attempt)
-            lost_id = self.executor_id
+            if not first:
+                logger.info("executor %s: rejoining the coordinator at %s (attempt %d)",
+                            self.executor_id, self.coordinator, attempt)
+            timeout = FIRST_CONNECT_TIMEOUT if first and attempt == 1 else REJOIN_BACKOFF_MAX
             try:
-                await self._join(connect_timeout=REJOIN_BACKOFF_MAX)
+                await self._join(connect_timeout=timeout)
+                return
             except Exception as exc:
                 self.cluster = None
-                if isinstance(exc, TqError | OSError):  # the coordinator is away or refuses
+                if first:
+                    if not isinstance(exc, NoCoordinatorError | RpcError) or \
+                            isinstance(exc, SecretRejectedError):
+                        raise
+                    if noticed_at is None or \
+                            loop.time() - noticed_at >= WAITING_NOTICE_INTERVAL:
+                        noticed_at = loop.time()
+                        logger.warning("executor on %s: waiting for the coordinator at %s "
+                                       "(attempt %d: %s)", self.host, self.coordinator,
+                                       attempt, exc)
+                    else:
+                        logger.info("executor on %s: attempt %d to join %s failed: %s",
+                                    self.host, attempt, self.coordinator, exc)
+                elif isinstance(exc, SecretRejectedError):  # fixable only by an operator
+                    logger.error("executor %s: rejoin attempt %d: %s", self.executor_id,
+                                 attempt, exc)
+                elif isinstance(exc, TqError | OSError):  # the coordinator is away or refuses
                     logger.info("executor %s: rejoin attempt %d failed: %s; next in %.1fs",
-                                lost_id, attempt, exc, delay)
-                else:  # a bug must not leave the agent for good without a session: say it
-                    logger.exception("executor %s: rejoin attempt %d failed", lost_id, attempt)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, REJOIN_BACKOFF_MAX)
-                continue
-            self.rejoins += 1
-            logger.warning("executor %s: rejoined the coordinator as executor %s (broker %s)",
-                           lost_id, self.executor_id, self.broker_id)
-            return
+                                self.executor_id, attempt, exc, delay)
+                else:
+                    logger.exception("executor %s: rejoin attempt %d failed",
+                                     self.executor_id, attempt)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REJOIN_BACKOFF_MAX)
 
     def _spawn_task(self, coro: object, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
@@ -299,6 +356,29 @@ class ExecutorAgent:
         note: KillProcesses = notification.message
         for process in note.processes:
             self._spawn_task(self._kill(note.query_id, process), f"kill {note.query_id}/{process}")
+
+    def _on_drop(self, notification: Any) -> None:
+        note: DropPartitions = notification.message
+        if note.topic_id in self._dropping:  # sent again while we are at it
+            return
+        self._dropping.add(note.topic_id)
+        self._spawn_task(self._drop(note), f"drop topic {note.topic_id}")
+
+    async def _drop(self, note: DropPartitions) -> None:
+        """Drop a deleted topic's partitions from our broker, then report it; a failure is
+        left to the coordinator, which sends the drop again."""
+        assert self.broker is not None
+        try:
+            await drop_hosted(self.broker, TopicName.parse(note.name).short, note.partitions)
+            cluster = self.cluster
+            if cluster is None or self.lost.is_set():
+                return  # dropped; the coordinator asks again, and we report, after a rejoin
+            await cluster.report_partitions_dropped(note.topic_id, note.broker_id)
+        except (TqError, OSError) as exc:
+            logger.warning("executor %s: drop of deleted topic %d (%s): %s", self.executor_id,
+                           note.topic_id, note.name, exc)
+        finally:
+            self._dropping.discard(note.topic_id)
 
     async def _start(self, note: SpawnProcesses, process: int) -> None:
         assert self.supervisor is not None and self.fetcher is not None

@@ -3,14 +3,17 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
 
     _state.py       BrokerState: the pure core, handle(stimulus) -> [instructions]
     _events.py      its stimuli and instructions;  _model.py its bookkeeping records
-    _frontier.py    PartitionFrontier: minimum over live producers
+    _frontier.py    PartitionFrontier: minimum over live producers, writer groups
+    _state_groups.py  the core's writer-group rules: process exits, saving pending groups
+    _group_store.py   pending writer groups on disk beside the log
     _credit.py      CreditWindow / CreditGrant
     _messages.py    the RPC messages
     _server.py      BrokerServer: the asyncio shell (RPC, append lanes, reads, clock)
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
     _link.py        a client's session;  _producer.py / _subscriber.py async clients
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
-    _drop.py        drop_partitions: a deleted topic's partitions leave their brokers
+    _drop.py        drop_hosted / drop_partitions: a deleted topic's partitions leave
+                    their broker
     _endpoints.py   BrokerEndpoints: the optional connector endpoint and Kafka listener
     _run.py         running a standalone broker (tq broker)
 """
@@ -48,7 +51,9 @@ _EXPORTS = {
     "Subscriber": "_blocking",
     "UnknownPartitionError": "_errors",
     "UnknownSessionError": "_errors",
+    "Values": "_stream",
     "WriterGroup": "_producer",
+    "drop_hosted": "_drop",
     "drop_partitions": "_drop",
     "list_partitions": "_run",
     "run_broker": "_run",
@@ -79,7 +84,9 @@ __all__ = [
     "Subscriber",
     "UnknownPartitionError",
     "UnknownSessionError",
+    "Values",
     "WriterGroup",
+    "drop_hosted",
     "drop_partitions",
     "list_partitions",
     "run_broker",

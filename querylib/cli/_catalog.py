@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
-                    "subscriptions", "counters")
+                    "subscriptions", "drops", "counters")
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:

@@ -2,8 +2,10 @@
 
 A thin adapter over `executor.ExecutorAgent`, imported only when the command runs (the rest of
 `querylib` never depends on the agent). SIGINT/SIGTERM stop it: its processes are killed and
-their exits reported first. Losing the coordinator does not stop it: the agent kills its
-processes and rejoins by itself (DESIGN §11 "Executor loss and rejoin").
+their exits reported first. A coordinator not up yet is waited for (the agent says so on
+stderr); one refusing our secret ends it with exit code 2. Losing the coordinator does not stop
+it: the agent kills its processes and rejoins by itself (DESIGN §11 "Executor loss and
+rejoin").
 """
 
 from __future__ import annotations
@@ -66,11 +68,21 @@ async def _serve(args: argparse.Namespace, address: str, secret: bytes, secret_f
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    agent = await ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
-                                host=args.host, broker_listen=args.broker_listen,
-                                grace=args.grace, lease=args.lease,
-                                connector=connector_config(args),  # type: ignore[arg-type]
-                                kafka=kafka_config(args)).start()
+    agent = ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
+                          host=args.host, broker_listen=args.broker_listen,
+                          grace=args.grace, lease=args.lease,
+                          connector=connector_config(args),  # type: ignore[arg-type]
+                          kafka=kafka_config(args))
+    # start() waits for a coordinator that is not up yet: a signal must still stop it.
+    starting = loop.create_task(agent.start())
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()  # start() closes what it opened
+        await asyncio.gather(starting, return_exceptions=True)
+        return 0
+    stopping.cancel()
+    starting.result()  # a refused secret or a broken start: the CLI says it and exits
     try:
         extra = "".join(f", {name} {where}" for name, where in (
             ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)

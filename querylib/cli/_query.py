@@ -37,6 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--record-type", default="bytes")
     add_cluster_options(create)
     create.set_defaults(func=_create_topic)
+    delete = topic_sub.add_parser(
+        "delete", help="delete a topic and its data",
+        description="Delete a topic: it leaves the catalog, and the brokers hosting it drop "
+        "its partitions and files (one that is down does when it is back). Only its owner "
+        "may delete a topic while that owner lives, unless --force.")
+    delete.add_argument("name")
+    delete.add_argument("--force", action="store_true",
+                        help="delete even though its owner (a live query or session) did not")
+    add_cluster_options(delete)
+    delete.set_defaults(func=_delete_topic)
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -51,6 +61,13 @@ def _create_topic(args: argparse.Namespace) -> int:
         info = cluster.create_topic(args.name, args.partitions, record_type=args.record_type,
                                     ingest=True)
     print(f"topic {info.topic.short_name}: {info.topic.partitions} partitions", file=sys.stderr)
+    return 0
+
+
+def _delete_topic(args: argparse.Namespace) -> int:
+    with connect(args, session=True) as cluster:
+        cluster.delete_topic(args.name, force=args.force)
+    print(f"topic {args.name} deleted", file=sys.stderr)
     return 0
 
 

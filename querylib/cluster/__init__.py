@@ -9,50 +9,60 @@
     find_query / wait_for_query_end   a query's record, now or once it ended
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
-Must not: import `coordinator` (the server imports us, not the other way round).
+Names are loaded on first use (PEP 562): a query process registering its worker group needs
+only the session (`Cluster`), not the catalog follower, whose record codecs and broker client
+cost about a third of its start; `from querylib.cluster import X` works as before.
+
+Must not: import `coordinator` (the server imports us, not the other way round), or load a
+submodule at import time that registration does not need.
 """
 
-from querylib.cluster._blocking import Cluster
-from querylib.cluster._connection import (
-    ClusterInfo,
-    Connection,
-    cluster_file,
-    discover,
-    read_cluster_file,
-    remove_cluster_file,
-    tq_home,
-    write_cluster_file,
-)
-from querylib.cluster._errors import (
-    ClusterFileError,
-    NoCoordinatorError,
-    QueryFailedError,
-    QueryTimeoutError,
-    SessionLostError,
-)
-from querylib.cluster._follow import (
-    AsyncCollectionFollower,
-    CatalogEvent,
-    CollectionFollower,
-    CollectionView,
-    Diff,
-    Snapshot,
-    read_collections,
-)
-from querylib.cluster._messages import (
-    BrokerInfo,
-    CatalogInfo,
-    ExecutorInfo,
-    HostLoad,
-    KillProcesses,
-    ProcessLoad,
-    QueryInfo,
-    SpawnProcesses,
-    TopicInfo,
-)
-from querylib.cluster._queries import find_query, wait_for_query_end
-from querylib.cluster._session import AsyncCluster, default_peer
-from querylib.cluster._topic_io import TopicRoute, TopicWriter, read_topic, route_topic
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "AsyncCluster": "_session",
+    "AsyncCollectionFollower": "_follow",
+    "BrokerInfo": "_messages",
+    "CatalogEvent": "_follow",
+    "CatalogInfo": "_messages",
+    "Cluster": "_blocking",
+    "ClusterFileError": "_errors",
+    "ClusterInfo": "_connection",
+    "CollectionFollower": "_follow",
+    "CollectionView": "_follow",
+    "Connection": "_connection",
+    "Diff": "_follow",
+    "DropPartitions": "_messages",
+    "ExecutorInfo": "_messages",
+    "HostLoad": "_messages",
+    "KillProcesses": "_messages",
+    "NoCoordinatorError": "_errors",
+    "ProcessLoad": "_messages",
+    "QueryFailedError": "_errors",
+    "QueryInfo": "_messages",
+    "QueryTimeoutError": "_errors",
+    "SessionLostError": "_errors",
+    "Snapshot": "_follow",
+    "SpawnProcesses": "_messages",
+    "TopicInfo": "_messages",
+    "TopicRoute": "_topic_io",
+    "TopicWriter": "_topic_io",
+    "cluster_file": "_connection",
+    "default_peer": "_session",
+    "discover": "_connection",
+    "find_query": "_queries",
+    "read_cluster_file": "_connection",
+    "read_collections": "_follow",
+    "read_topic": "_topic_io",
+    "remove_cluster_file": "_connection",
+    "route_topic": "_topic_io",
+    "tq_home": "_connection",
+    "wait_for_query_end": "_queries",
+    "write_cluster_file": "_connection",
+}
 
 __all__ = [
     "AsyncCluster",
@@ -67,6 +77,7 @@ __all__ = [
     "CollectionView",
     "Connection",
     "Diff",
+    "DropPartitions",
     "ExecutorInfo",
     "HostLoad",
     "KillProcesses",
@@ -76,21 +87,34 @@ __all__ = [
     "QueryInfo",
     "QueryTimeoutError",
     "SessionLostError",
-    "SpawnProcesses",
     "Snapshot",
+    "SpawnProcesses",
     "TopicInfo",
     "TopicRoute",
     "TopicWriter",
     "cluster_file",
     "default_peer",
-    "read_collections",
-    "read_topic",
     "discover",
     "find_query",
     "read_cluster_file",
+    "read_collections",
+    "read_topic",
     "remove_cluster_file",
     "route_topic",
     "tq_home",
     "wait_for_query_end",
     "write_cluster_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'querylib.cluster' has no attribute {name!r}")
+    value = getattr(import_module(f"querylib.cluster.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

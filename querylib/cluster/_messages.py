@@ -15,6 +15,7 @@ Client -> coordinator requests (reply in brackets):
     coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
+    coord.topic.dropped     ReportPartitionsDropped [Done]       a broker dropped a deleted topic
     coord.publish           Publish            [TopicInfo]
     coord.unpublish         Unpublish          [Done]
     coord.subscribe         Subscribe          [TopicInfo]       optionally waiting for the topic
@@ -32,6 +33,7 @@ Client -> coordinator requests (reply in brackets):
 Coordinator -> executor notify:
     coord.spawn.processes   SpawnProcesses                       start these processes of a query
     coord.kill.processes    KillProcesses                        terminate what is left of a query
+    coord.drop.partitions   DropPartitions                       drop a deleted topic's partitions
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ __all__ = [
     "CloseSession",
     "CreateTopic",
     "DeleteTopic",
+    "DropPartitions",
     "Done",
     "ExecutorInfo",
     "FetchArtifact",
@@ -76,6 +79,7 @@ __all__ = [
     "RemoveExecutor",
     "Renewed",
     "ReportExit",
+    "ReportPartitionsDropped",
     "ReportSpawnFailed",
     "SessionOpened",
     "SpawnProcesses",
@@ -235,6 +239,26 @@ class DeleteTopic(Request[Done], tag="coord.topic.delete"):
     session_id: int
     name: str
     force: bool = False
+
+
+class ReportPartitionsDropped(Request[Done], tag="coord.topic.dropped"):
+    """An executor's broker dropped its partitions of deleted topic `topic_id` (after a
+    `DropPartitions`): the coordinator forgets that pending drop."""
+
+    session_id: int
+    topic_id: int
+    broker_id: int
+
+
+class DropPartitions(Notify, tag="coord.drop.partitions"):
+    """To an executor: drop these partitions of deleted topic `topic_id` (`name`, canonical)
+    from broker `broker_id`, files included, then answer `ReportPartitionsDropped`. Sent after
+    the delete is durable and again each time that broker registers, until reported."""
+
+    topic_id: int
+    name: str
+    broker_id: int
+    partitions: list[int]
 
 
 class Publish(Request[TopicInfo], tag="coord.publish"):

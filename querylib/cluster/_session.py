@@ -197,19 +197,15 @@ class AsyncCluster:
             record_type=record_type, kind=TopicKind(kind), ingest=ingest, locations=locations))
 
     async def delete_topic(self, name: str, *, force: bool = False) -> None:
-        """Delete the topic in the catalog, then drop its partitions (and their files) from
-        the brokers hosting them, so a topic created again under the name starts empty."""
-        from querylib.broker import drop_partitions
-
-        info = await self.lookup_topic(name)
+        """Delete the topic. The coordinator has the brokers hosting it drop its partitions
+        and files, and answers once those that are up did (a broker that is down drops them
+        when it registers again), so a topic created again under the name starts empty."""
         await self.request(m.DeleteTopic(session_id=self._session(), name=name, force=force))
-        hosted: dict[str, list[int]] = {}
-        for partition, broker_id in enumerate(info.topic.locations):
-            hosted.setdefault(info.brokers[broker_id], []).append(partition)
-        await asyncio.gather(*(
-            drop_partitions(address, self.secret, info.topic.short_name, partitions,
-                            timeout=self.timeout)
-            for address, partitions in hosted.items()))
+
+    async def report_partitions_dropped(self, topic_id: int, broker_id: int) -> None:
+        """An executor's: its broker dropped its partitions of deleted topic `topic_id`."""
+        await self.request(m.ReportPartitionsDropped(session_id=self._session(),
+                                                     topic_id=topic_id, broker_id=broker_id))
 
     async def publish(self, name: str) -> m.TopicInfo:
         return await self.request(m.Publish(session_id=self._session(), name=name))

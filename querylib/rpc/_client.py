@@ -23,13 +23,14 @@ from typing import Any, TypeVar
 
 import zmq
 
-from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
+from ._codec import MAX_TTL, SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
 from ._errors import (
     AddressError,
     ClientClosedError,
     DeadlineExceededError,
     RpcError,
     RpcProtocolError,
+    SecretRejectedError,
     UnexpectedReplyError,
     error_from_body,
 )
@@ -247,6 +248,9 @@ class RpcClient:
             log.exception("rpc client %s: bug while handling a message", self.address)
 
     def _dispatch(self, parts: list[Any]) -> None:
+        if len(parts) == 1 and parts[0] == SIGNATURE_REFUSED:
+            self._refused()
+            return
         try:
             incoming = self._codec.decode(parts, time.time())
         except RpcProtocolError as exc:
@@ -260,6 +264,17 @@ class RpcClient:
             self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
         elif not future.done():
             future.set_result(incoming)
+
+    def _refused(self) -> None:
+        """The server does not share our secret: fail every call in flight now (the refusal
+        names no request; all of them were signed alike)."""
+        self._drops["refused"] += 1
+        assert self._pending is not None
+        for future in self._pending.entries():  # each caller forgets its own
+            if not future.done():
+                future.set_exception(SecretRejectedError(
+                    f"the server at {self.address} refused our signature: it holds another "
+                    f"cluster secret; use the secret file it uses"))
 
     def _deliver(self, note: Notification) -> None:
         callback = self._callbacks.get(type(note.message))

@@ -22,6 +22,12 @@ per session. The session table is bounded (`max_sessions`, oldest evicted); to m
 or restarted table useless to a replayer, the header also carries the sender's wall clock and
 messages older or newer than `max_clock_skew` are dropped as stale. Server->client messages
 name the recipient session in `to`, so one client's reply cannot be replayed to another.
+Refusal. A server that opts in answers a message whose signature frame has the right length
+but does not verify with the single unsigned frame `SIGNATURE_REFUSED`, so a client holding
+another secret fails at once with SecretRejectedError instead of waiting out its deadline as if
+nobody were there (an executor must not retry a wrong secret forever). It tells the peer
+nothing about the secret; a forged refusal needs a position on the connection, where dropping
+messages works as well.
 What stays open, knowingly: within the skew window, a message replayed to a *different* server
 of the same cluster, or to a server that restarted, is accepted once. Closing that needs a
 handshake per connection; the broker and coordinator requests are idempotent enough by
@@ -57,11 +63,12 @@ from ._errors import (
 )
 from ._messages import ErrorBody, Header, Kind, Message, Notify, Reply, Request, message_type
 
-__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec", "Incoming", "Limits",
-           "ReplayGuard", "Signer"]
+__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "SIGNATURE_REFUSED", "Codec",
+           "Incoming", "Limits", "ReplayGuard", "Signer"]
 
 SIGNATURE_BYTES = 32
 SESSION_BYTES = 16
+SIGNATURE_REFUSED = b"tq-rpc:signature-refused"  # the whole (unsigned) refusal message
 MAX_TTL = 7 * 24 * 3600.0  # a week: longer "deadlines" are bugs, and NaN/inf are hostile
 _MiB = 1024 * 1024
 

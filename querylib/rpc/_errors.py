@@ -3,6 +3,7 @@
     TqError (catalog.errors)
     ├── UserError
     │   ├── SecretFileError             the cluster secret file is missing, too open or too short
+    │   ├── SecretRejectedError         the server answered that our signatures do not verify
     │   └── AddressError                an endpoint we cannot bind or connect to
     ├── ProtocolError
     │   └── RpcProtocolError            a message we cannot accept (`reason` names the counter)
@@ -51,6 +52,7 @@ __all__ = [
     "RpcError",
     "RpcProtocolError",
     "SecretFileError",
+    "SecretRejectedError",
     "ServerBusyError",
     "UnexpectedReplyError",
     "UnknownMessageTypeError",
@@ -64,6 +66,11 @@ _MAX_MESSAGE_CHARS = 4096  # an error reply stays small whatever the handler put
 
 class SecretFileError(UserError):
     """The cluster secret file cannot be used; the message says how to fix it."""
+
+
+class SecretRejectedError(UserError):
+    """The server refused our signature: it holds another cluster secret (or we do). Retrying
+    cannot help; the message says which secret file to check."""
 
 
 class AddressError(UserError):

@@ -10,7 +10,9 @@
 What a message means, whether it is signed, fresh and well formed, is decided by the codec;
 this module only moves frames, runs handlers under their deadlines and counts what it drops.
 A peer's garbage never stops the receive loop: it is counted by reason, and answered with an
-error only when it was authentic enough to deserve an answer (signed, with a request header).
+error only when it was authentic enough to deserve an answer (signed, with a request header);
+with `refuse_bad_signatures` (the coordinator's) a message signed with another secret gets the
+unsigned refusal frame (see `_codec`).
 Handlers are cancelled at their request's deadline, by one timer for all of them (wrap work
 that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
@@ -30,7 +32,7 @@ import zmq
 
 from catalog.errors import TqError
 
-from ._codec import Buffer, Codec, Incoming, Limits
+from ._codec import SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
 from ._errors import (
     AddressError,
     InternalServerError,
@@ -96,8 +98,12 @@ class RpcServer:
     """Serves registered request and notify types on a bound ROUTER socket."""
 
     def __init__(self, secret: bytes, *, limits: Limits | None = None,
-                 context: zmq.Context[Any] | None = None) -> None:
+                 context: zmq.Context[Any] | None = None,
+                 refuse_bad_signatures: bool = False) -> None:
         self.limits = limits or Limits()
+        # Answer a message signed with another secret with the refusal frame (the coordinator
+        # does, so a misconfigured executor stops instead of waiting forever); else silence.
+        self.refuse_bad_signatures = refuse_bad_signatures
         self._codec = Codec(secret, role="server", limits=self.limits)
         self._context = context
         self._handlers: dict[type[Message], Handler] = {Ping: _echo}
@@ -227,6 +233,8 @@ class RpcServer:
             header = exc.header
             if header is not None and header.kind == Kind.REQUEST:
                 self._send_error(peer, header, exc)
+            elif exc.reason == "bad_signature" and self.refuse_bad_signatures:
+                self._send(peer, [SIGNATURE_REFUSED])
             return
         header = incoming.header
         if self._peers.get(peer) != header.session:

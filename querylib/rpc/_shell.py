@@ -100,6 +100,10 @@ class DeadlineTimer(Generic[T]):
     def forget(self, request_id: int) -> T | None:
         return self._tracker.pop(request_id)
 
+    def entries(self) -> list[T]:
+        """Everything tracked now (still tracked afterwards)."""
+        return self._tracker.entries()
+
     def close(self) -> list[tuple[int, T]]:
         """Stop the timer; everything still tracked, for the owner to fail."""
         if self._timer is not None:

@@ -70,6 +70,10 @@ class RequestTracker(Generic[T]):
                 out.append((request_id, item[1]))
         return out
 
+    def entries(self) -> list[T]:
+        """The entries of everything in flight, left in flight."""
+        return [entry for _, entry in self._pending.values()]
+
     def clear(self) -> list[tuple[int, T]]:
         """Remove and return (id, entry) of everything in flight (the client is closing)."""
         out = [(rid, entry) for rid, (_, entry) in self._pending.items()]

@@ -23,6 +23,7 @@ from catalog import (
     NotOwnerError,
     NotPublishedError,
     OpenSession,
+    PartitionsDropped,
     ProcessAlreadyExitedError,
     ProcessExited,
     Publication,
@@ -277,7 +278,8 @@ def test_a_query_that_ends_leaves_its_topics_behind() -> None:
         change.updates
     )
     assert catalog.find_topic("out") is None
-    # The name is free again, under a new id.
+    # The name is free again, under a new id, once its broker dropped the old partitions.
+    catalog.apply(PartitionsDropped(topic_id=out.topic_id, broker_id=broker.broker_id))
     assert create_topic(catalog, "out", INGEST, broker.broker_id).topic_id > out.topic_id
 
 

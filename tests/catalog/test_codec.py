@@ -11,6 +11,7 @@ from catalog import (
     Catalog,
     CatalogDecodeError,
     CorruptCatalogError,
+    DeleteTopic,
     Publication,
     Publish,
     QueryRef,
@@ -62,6 +63,8 @@ def full_catalog() -> Catalog:
     )
     catalog.apply(Publish(topic_id=topic.topic_id, publisher=QueryRef(query.query_id)))
     catalog.apply(Subscribe(topic_id=topic.topic_id, subscriber=SessionRef(client.session_id)))
+    gone = create_topic(catalog, "gone", SessionRef(client.session_id), broker.broker_id)
+    catalog.apply(DeleteTopic(topic_id=gone.topic_id, requester=SessionRef(client.session_id)))
     assert all(len(catalog.collection(name)) for name in COLLECTIONS)
     return catalog
 
