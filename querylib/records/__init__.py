@@ -7,7 +7,8 @@ never cause an unbounded allocation.
     _header.py       the 61-byte batch header, what the log reads without decoding records
     _types.py        Record, RecordBatch, Compression, TimestampType
     _varint.py       zigzag varints and the lookup tables of the hot loops
-    _encode.py       entries -> RecordBatch v2 bytes (and runs of values sharing headers)
+    _encode.py       entries -> RecordBatch v2 bytes
+    _encode_runs.py  runs of values sharing timestamp and headers -> the same bytes, faster
     _runs.py         regular batches -> runs of values, without Python work per record
     _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification)
     _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output
@@ -29,7 +30,8 @@ from querylib.records._control import (
     frontier_of,
 )
 from querylib.records._decode import decode_batch, verify_batch
-from querylib.records._encode import encode_batch, encode_value_runs
+from querylib.records._encode import encode_batch
+from querylib.records._encode_runs import encode_value_runs
 from querylib.records._header import (
     HEADER_SIZE,
     LOG_OVERHEAD,

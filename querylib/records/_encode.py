@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 import crc32c
@@ -67,9 +67,14 @@ _OFFSET_NULL_KEY: list[bytes] = [v + _NULL for v in VARINT_OF]
 # A timestamp at least this far from the int64 bounds plus any table delta stays in int64.
 _SAFE_TS_MIN, _SAFE_TS_MAX = INT64_MIN + TABLE_SIZE, INT64_MAX - TABLE_SIZE
 _CRC = struct.Struct(">I")
+_KEY, _VALUE = itemgetter(1), itemgetter(2)
 # encoded header names (see _header_name); bounded, so odd names cannot grow it without end
 _HEADER_NAMES: dict[str, bytes] = {}
 _HEADER_NAMES_CACHED = 256
+
+
+def _plain(data: Any) -> Any:
+    return bytes(data) if type(data) is memoryview else data
 
 
 def _bytes_field(data: bytes | bytearray | memoryview | None, what: str) -> list[bytes | Any]:
@@ -213,6 +218,11 @@ def encode_batch(
     """
     if not entries:
         raise ValueError("a record batch needs at least one record")
+    if memoryview in set(map(type, map(_VALUE, entries))) \
+            or memoryview in set(map(type, map(_KEY, entries))):
+        # The hot loop takes len() as the byte size, which a memoryview of wider items breaks.
+        entries = [(ts, _plain(key), _plain(value), headers)
+                   for ts, key, value, headers in entries]
     base_ts = _check_timestamp(entries[0][0])
     parts, max_ts = _encode_records(entries, base_ts)
     return _batch(b"".join(parts), len(entries), base_ts, _check_timestamp(max_ts),
@@ -221,78 +231,6 @@ def encode_batch(
                   producer_epoch=producer_epoch, base_sequence=base_sequence,
                   is_transactional=is_transactional, is_control=is_control,
                   partition_leader_epoch=partition_leader_epoch)
-
-
-def encode_value_runs(runs: Sequence[tuple[int, Sequence[Header], Sequence[bytes | None]]]
-                      ) -> bytes:
-    """One uncompressed RecordBatch v2 of keyless records given as runs `(timestamp_ms,
-    headers, values)`: every record of a run shares its timestamp and headers. The same bytes
-    as `encode_batch` of the records one by one, built without Python work per record when a
-    run's values are bytes of one length (what a publisher sends): each record is then a
-    cached prefix, the value and the run's shared tail, joined in C."""
-    runs = [run for run in runs if len(run[2])]
-    if not runs:
-        raise ValueError("a record batch needs at least one record")
-    base_ts = _check_timestamp(runs[0][0])
-    max_ts = base_ts
-    parts: list[bytes] = []
-    count = 0
-    for ts, headers, values in runs:
-        max_ts = max(max_ts, _check_timestamp(ts))
-        delta = wrap_int64(ts - base_ts)
-        n = len(values)
-        tail = _headers_tail(headers)
-        length = _common_length(values)
-        if length is None or count + n > TABLE_SIZE:
-            parts += [_encode_record(count + i, delta, None, v, headers)
-                      for i, v in enumerate(values)]
-        else:
-            prefixes = _prefixes(delta, length, len(tail), count + n)[count:count + n]
-            parts += chain.from_iterable(zip(prefixes, values, repeat(tail, n), strict=True))
-        count += n
-    return _batch(b"".join(parts), count, base_ts, max_ts)
-
-
-def _headers_tail(headers: Sequence[Header]) -> bytes:
-    """headersCount and the headers: the bytes after a record's value."""
-    tail = [encode_varint(len(headers))]
-    for name, hvalue in headers:
-        tail.append(_header_name(name))
-        tail += _bytes_field(hvalue, f"header {name!r} value")
-    return b"".join(tail)
-
-
-def _common_length(values: Sequence[bytes | None]) -> int | None:
-    """The length every value has, when they are all bytes of one length (checked in C)."""
-    if set(map(type, values)) != {bytes}:
-        return None
-    lengths = set(map(len, values))
-    return lengths.pop() if len(lengths) == 1 else None
-
-
-# (timestamp delta, value length, tail length) -> record prefixes for offset deltas 0, 1, ...
-_PREFIXES: dict[tuple[int, int, int], list[bytes]] = {}
-_PREFIXES_CACHED = 32
-
-
-def _prefixes(delta: int, length: int, tail: int, upto: int) -> list[bytes]:
-    """Everything before the value of keyless records with these lengths: length, attributes,
-    timestampDelta, offsetDelta, a null key and the value's length; for offset deltas < upto."""
-    key = (delta, length, tail)
-    known = _PREFIXES.get(key)
-    if known is None:
-        if len(_PREFIXES) >= _PREFIXES_CACHED:
-            _PREFIXES.clear()
-        known = _PREFIXES[key] = []
-    if len(known) < upto:
-        head = b"\x00" + encode_varlong(delta)
-        mid = _NULL + encode_varint(length)
-        rest = len(head) + len(mid) + length + tail
-        for i in range(len(known), upto):
-            offset = VARINT_OF[i]
-            known.append(b"".join((VARINT_OF[rest + len(offset)] if rest + 2 < TABLE_SIZE
-                                   else encode_varint(rest + len(offset)), head, offset, mid)))
-    return known
 
 
 def _batch(records: bytes, count: int, base_ts: int, max_ts: int, *, base_offset: int = 0,

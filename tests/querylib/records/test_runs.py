@@ -112,3 +112,14 @@ def test_encode_value_runs_refuses_nothing_and_wrong_types() -> None:
         encode_value_runs([(T0, (), [])])
     with pytest.raises(TypeError):
         encode_value_runs([(T0, (), ["text"])])
+
+
+def test_values_whose_length_is_not_their_size_take_the_general_path() -> None:
+    """A memoryview of 4-byte items has len() 25 for 100 bytes: the joined size gives it
+    away, and the record encoder copies its bytes, as encode_batch does."""
+    from array import array
+
+    wide = memoryview(array("i", range(25)))
+    values = [wide, bytes(25), wide]
+    entries = [(T0, None, v, _time(1)) for v in values]
+    assert encode_value_runs([(T0, _time(1), values)]) == encode_batch(entries)
