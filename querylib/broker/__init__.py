@@ -5,6 +5,7 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _events.py      its stimuli and instructions;  _model.py its bookkeeping records
     _frontier.py    PartitionFrontier: minimum over live producers, writer groups
     _state_groups.py  the core's writer-group rules: process exits, saving pending groups
+    _state_subscriptions.py  the core's subscription rules: credit, catch-up, tail
     _group_store.py   pending writer groups on disk beside the log
     _credit.py      CreditWindow / CreditGrant
     _messages.py    the RPC messages

@@ -2,11 +2,11 @@
 
 What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
-log reports it durable), which frontier/end-of-stream control batches to append (the minimum over
-a partition's live producers, held while a writer group waits for writers, via
-`PartitionFrontier`), and for every subscription where it
-stands, how much credit it has, and whether to read it from disk (catch-up) or hand it freshly
-appended batches (tail).
+log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
+over a partition's live producers, held while a writer group waits for writers, via
+`PartitionFrontier`). Two seams live in mixins it inherits: the subscription rules (credit,
+catch-up from disk, tail) in `_state_subscriptions.py`, the writer-group rules (process exits,
+saving pending groups) in `_state_groups.py`.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
 Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
@@ -16,22 +16,18 @@ any order.
 Rules it enforces (tests in tests/querylib/broker/test_state.py):
 - Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
   stopped subscriber never delays a producer.
-- A subscription is sent data only while its credit is positive, so it never receives more than
-  its credit plus one batch; deliveries to it are contiguous (each starts where the last ended).
-- Only durable batches are visible to subscribers (like Kafka's high watermark): a batch lost in
-  a crash was never delivered, so a resuming subscriber's offset stays valid.
-- Nothing is buffered per subscriber: batches stay referenced only while an append is in flight
-  or not yet durable (bounded by the producers' windows); subscribers that fall behind the tail
-  read from disk later.
+- Only durable batches are made visible to subscribers (`_make_durable` moves `visible_end`, then
+  hands the new batches to `_tail`).
+- Batches stay referenced only while an append is in flight or not yet durable (bounded by the
+  producers' windows); nothing is buffered per subscriber.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
 from catalog.errors import TqError
-from querylib.errors import InvalidLengthError, OffsetOutOfRangeError, StorageError
+from querylib.errors import InvalidLengthError, StorageError
 from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
 
 from ._credit import CreditWindow
@@ -49,7 +45,6 @@ from ._events import (
     AppendCompleted,
     AppendFailed,
     CloseSession,
-    Deliver,
     DropPartition,
     DropSubscription,
     DurableAdvanced,
@@ -66,28 +61,20 @@ from ._events import (
     PartitionOpened,
     Produce,
     QueryExits,
-    Read,
     ReadCompleted,
     ReadFailed,
     Reply,
     SessionExpired,
     Stimulus,
     Subscribe,
-    SubscriptionClosed,
     Tick,
     Unsubscribe,
 )
 from ._frontier import FrontierAdvanced, FrontierEvent, PartitionFrontier, StreamEnded
-from ._messages import (
-    Done,
-    PartitionInfo,
-    Produced,
-    ProducerOpened,
-    SessionOpened,
-    Subscribed,
-)
+from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
 from ._state_groups import WriterGroupRules
+from ._state_subscriptions import SubscriptionRules
 
 _CONTROL_BIT = 0x20  # attributes bit 5: a control batch (only the broker writes those)
 
@@ -104,9 +91,10 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
-class BrokerState(WriterGroupRules):
-    """Sessions, producers, subscriptions and partitions of one broker; no I/O. The writer
-    group rules (exits of query processes, saving pending groups) are in `_state_groups`."""
+class BrokerState(SubscriptionRules, WriterGroupRules):
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O. The
+    subscription rules are in `_state_subscriptions`, the writer-group rules (exits of query
+    processes, saving pending groups) in `_state_groups`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
                  encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
@@ -457,158 +445,3 @@ class BrokerState(WriterGroupRules):
             return out
         part.visible_end = visible
         return out + self._tail(part, newly)
-
-    def _retention(self, part: PartitionState, log_start: int) -> list[Instruction]:
-        """The log deleted old segments: a subscription left below the start cannot go on."""
-        if log_start <= part.log_start:
-            return []
-        part.log_start = log_start
-        out: list[Instruction] = []
-        for sub in list(part.subs.values()):
-            if sub.next_offset < log_start and not sub.reading:
-                out += self._close_sub(sub, OffsetOutOfRangeError(
-                    f"offset {sub.next_offset} was deleted by retention (log starts at "
-                    f"{log_start}): subscribe again from earliest"))
-        return out
-
-    # ------------------------------------------------------------------ subscriptions
-
-    def _subscribe(self, ev: Subscribe) -> list[Instruction]:
-        session = self._live(ev.session)
-        part = self._partition(ev.partition)
-        lim = self.limits
-        if ev.sub_id in session.subs:
-            raise BrokerProtocolError(f"subscription {ev.sub_id} already exists in this session")
-        if len(session.subs) >= lim.max_subscriptions_per_session:
-            raise BrokerProtocolError("too many subscriptions for one session")
-        if not 0 <= ev.credit <= lim.max_credit:
-            raise CreditExceededError(f"initial credit {ev.credit} outside 0..{lim.max_credit}")
-        if ev.start == "earliest":
-            offset = part.log_start
-        elif ev.start == "latest":
-            offset = part.visible_end
-        elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.visible_end:
-            offset = ev.start
-        else:
-            raise OffsetOutOfRangeError(f"offset {ev.start!r} is outside the partition's range "
-                                        f"{part.log_start}..{part.visible_end}")
-        serial = self._next_serial
-        self._next_serial += 1
-        sub = Subscription(serial, session.id, ev.sub_id, part.id, offset,
-                            CreditWindow(ev.credit))
-        self._subs[serial] = sub
-        part.subs[serial] = sub
-        session.subs[ev.sub_id] = serial
-        at_end = offset == part.visible_end
-        reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.visible_end,
-                           frontier=part.visible_frontier if at_end else None,
-                           ended=part.visible_ended and at_end)
-        return [Reply(ev.token, reply), *self._pump(sub)]
-
-    def _grant(self, ev: GrantCredit) -> list[Instruction]:
-        session = self.sessions.get(ev.session)
-        serial = session.subs.get(ev.sub_id) if session is not None else None
-        if serial is None:
-            # One-way message racing an unsubscribe or an expiry: nobody to answer, nothing
-            # to undo. Counted so a flood of them is visible.
-            self.counters["stale_grants"] += 1
-            return []
-        session.expires_at = self.now + session.lease
-        sub = self._subs[serial]
-        if ev.nbytes <= 0 or sub.credit.available + ev.nbytes > self.limits.max_credit:
-            return self._close_sub(sub, CreditExceededError(
-                f"credit grant of {ev.nbytes} bytes: a grant is positive and credit stays "
-                f"within {self.limits.max_credit} bytes"))
-        sub.credit.grant(ev.nbytes)
-        return self._pump(sub)
-
-    def _unsubscribe(self, ev: Unsubscribe) -> list[Instruction]:
-        session = self._live(ev.session)
-        serial = session.subs.get(ev.sub_id)
-        if serial is None:
-            raise BrokerProtocolError(f"no subscription {ev.sub_id} in this session")
-        self._remove_sub(self._subs[serial])
-        return [Reply(ev.token, Done())]
-
-    def _drop_subscription(self, ev: DropSubscription) -> list[Instruction]:
-        session = self.sessions.get(ev.session)
-        serial = session.subs.get(ev.sub_id) if session is not None else None
-        if serial is None:
-            return []  # already gone (several deliveries of one round failed)
-        error = ev.error if isinstance(ev.error, TqError) else BrokerProtocolError(str(ev.error))
-        return self._close_sub(self._subs[serial], error)
-
-    def _remove_sub(self, sub: Subscription) -> None:
-        del self._subs[sub.serial]
-        part = self.partitions[sub.partition]
-        del part.subs[sub.serial]
-        part.tailing.discard(sub.serial)
-        session = self.sessions.get(sub.session)
-        if session is not None:
-            session.subs.pop(sub.sub_id, None)
-
-    def _close_sub(self, sub: Subscription, error: TqError) -> list[Instruction]:
-        self._remove_sub(sub)
-        return [SubscriptionClosed(sub.session, sub.sub_id, sub.partition, error)]
-
-    def _pump(self, sub: Subscription) -> list[Instruction]:
-        """Move a subscription forward: read from disk if it is behind, else wait at the tail."""
-        part = self.partitions[sub.partition]
-        if sub.reading or not sub.credit.can_send():
-            part.tailing.discard(sub.serial)
-            return []
-        if sub.next_offset < part.visible_end:
-            part.tailing.discard(sub.serial)
-            sub.reading = True
-            max_bytes = min(sub.credit.available, self.limits.max_read_bytes)
-            return [Read(part.id, sub.serial, sub.next_offset, max_bytes, part.visible_end)]
-        part.tailing.add(sub.serial)
-        return []
-
-    def _tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
-        """Hand batches that just became visible to subscriptions waiting at the tail, straight
-        from memory; one stored copy is shared by all of them. A subscription that runs out of
-        credit part way reads the rest from disk later."""
-        out: list[Instruction] = []
-        for serial in list(part.tailing):
-            sub = self._subs[serial]
-            for entry in newly:
-                if entry.next <= sub.next_offset:
-                    continue
-                if not sub.credit.can_send() or entry.base != sub.next_offset:
-                    break
-                data = entry.stored_bytes(self._stamp)
-                out.append(Deliver(sub.session, sub.sub_id, part.id, entry.base, entry.next,
-                                   data))
-                sub.credit.consume(len(data))
-                sub.next_offset = entry.next
-            out += self._pump(sub)
-        return out
-
-    def _read_completed(self, ev: ReadCompleted) -> list[Instruction]:
-        sub = self._subs.get(ev.serial)
-        if sub is None:
-            self.counters["stale_reads"] += 1  # unsubscribed or expired while reading
-            return []
-        if not sub.reading or ev.offset != sub.next_offset:
-            raise RuntimeError(f"read for subscription {ev.serial} at {ev.offset} was not asked "
-                               f"for (next offset {sub.next_offset})")
-        sub.reading = False
-        if not ev.data or ev.next_offset <= ev.offset:
-            return self._close_sub(sub, StorageError(
-                f"the log returned nothing at offset {ev.offset} below its visible end"))
-        out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
-                                          ev.next_offset, ev.data)]
-        sub.credit.consume(len(ev.data))
-        sub.next_offset = ev.next_offset
-        return out + self._pump(sub)
-
-    def _read_failed(self, ev: ReadFailed) -> list[Instruction]:
-        sub = self._subs.get(ev.serial)
-        if sub is None:
-            self.counters["stale_reads"] += 1
-            return []
-        sub.reading = False
-        error = ev.error if isinstance(ev.error, TqError) else StorageError(
-            f"read failed: {ev.error}")
-        return self._close_sub(sub, error)

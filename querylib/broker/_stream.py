@@ -20,6 +20,7 @@ import msgspec
 
 from querylib.records import (
     TIME_HEADER,
+    BatchHeader,
     ControlType,
     Irregular,
     Record,
@@ -38,6 +39,9 @@ __all__ = ["Data", "EndOfStream", "Event", "FrontierMerge", "Progress", "Values"
            "encode_records", "encode_runs", "events_of", "value_events_of"]
 
 _CONTROL_BIT = 0x20
+# Batches of fewer records decode faster one record at a time than by runs (measured: 4
+# records 13 us against 23 us; 16 records 35 us against 24 us).
+_RUN_MIN = 8
 
 Headers = Sequence[tuple[str, bytes | None]]
 
@@ -114,14 +118,7 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
               ) -> Iterator[Data | PartitionMark]:
     """Data runs and control marks of the batches in `data`, skipping records with offsets
     below `skip_below` (a subscription that started inside a batch)."""
-    pos = 0
-    size = len(data)
-    while pos < size:
-        header = read_header(data, pos)
-        end = pos + header.size
-        if header.next_offset <= skip_below:
-            pos = end
-            continue
+    for pos, end, header in _batches(data, skip_below):
         batch = decode_batch(data[pos:end])
         if data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
             for record in batch.records:
@@ -144,6 +141,19 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
                 run.append(record)
             if run:
                 yield Data(run_time, run, partition)
+
+
+def _batches(data: bytes | memoryview, skip_below: int
+             ) -> Iterator[tuple[int, int, BatchHeader]]:
+    """(start, end, header) of each batch in `data` that holds an offset at or past
+    `skip_below`; the walk `events_of` and `value_events_of` share."""
+    pos = 0
+    size = len(data)
+    while pos < size:
+        header = read_header(data, pos)
+        end = pos + header.size
+        if header.next_offset > skip_below:
+            yield pos, end, header
         pos = end
 
 
@@ -198,15 +208,9 @@ def value_events_of(data: bytes | memoryview, partition: int, *, skip_below: int
     other batch goes through the general decoder."""
     if type(data) is not bytes:
         data = bytes(data)
-    pos = 0
-    size = len(data)
-    while pos < size:
-        header = read_header(data, pos)
-        end = pos + header.size
-        if header.next_offset <= skip_below:
-            pos = end
-            continue
-        if not data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+    for pos, end, header in _batches(data, skip_below):
+        if header.records_count >= _RUN_MIN and not data[pos + ATTRIBUTES_OFFSET + 1] \
+                & _CONTROL_BIT:
             try:
                 runs = value_runs(data, pos, skip_below)
             except Irregular:
@@ -214,7 +218,6 @@ def value_events_of(data: bytes | memoryview, partition: int, *, skip_below: int
             else:
                 for time, values, next_offset in runs:
                     yield Values(time, values, partition, next_offset)
-                pos = end
                 continue
         for item in events_of(data[pos:end], partition, skip_below=skip_below):
             if isinstance(item, Data):
@@ -222,4 +225,3 @@ def value_events_of(data: bytes | memoryview, partition: int, *, skip_below: int
                              item.records[-1].offset + 1)
             else:
                 yield item
-        pos = end

@@ -122,6 +122,13 @@ class Sim:
             self.durable[pid] = nxt
         return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid]))
 
+    def controls(self, pid: PartitionId) -> list:
+        """Complete every append asked on `pid`, then its control marks in log order
+        (`control_of`; None for data)."""
+        while self.appends[pid]:
+            self.complete_append(pid)
+        return [control_of(stored) for _, _, stored in self.logs[pid]]
+
     def flush(self, pid: PartitionId) -> list:
         self.durable[pid] = self.log_end(pid)
         return self.feed(DurableAdvanced(pid, self.durable[pid]))

@@ -28,16 +28,10 @@ from querylib.broker._messages import Done, ProducerOpened
 from querylib.broker._state import BrokerLimits
 from querylib.errors import StorageError
 
-from ._sim import Sim, control_of
+from ._sim import Sim
 
 P = ("t", 0)
 G = "q7/merged#1"
-
-
-def controls(sim: Sim) -> list:
-    while sim.appends[P]:
-        sim.complete_append(P)
-    return [control_of(s) for _, _, s in sim.logs[P]]
 
 
 def writer(sim: Sim, session: str, name: str, *, rejoin: bool = False,
@@ -109,9 +103,9 @@ def test_the_stream_ends_once_the_process_that_never_published_exits_0() -> None
     writer(sim, "a", "0")
     sim.feed(AdvanceFrontier("a1", "a", P, 5))
     sim.feed(EndStream("a2", "a", P))
-    assert controls(sim) == []
+    assert sim.controls(P) == []
     sim.feed(QueryExits(7, (None, 0)))
-    assert controls(sim) == [("E", None)]
+    assert sim.controls(P) == [("E", None)]
     assert sim.state.partition_info(P).ended
 
 
@@ -122,7 +116,7 @@ def test_an_exit_reported_before_the_group_opens_settles_it_at_once() -> None:
     writer(sim, "a", "0")
     sim.feed(AdvanceFrontier("a1", "a", P, 5))
     sim.feed(EndStream("a2", "a", P))
-    assert controls(sim) == [("F", 5), ("E", None)]
+    assert sim.controls(P) == [("F", 5), ("E", None)]
 
 
 def test_exits_of_other_queries_change_nothing() -> None:
@@ -132,7 +126,7 @@ def test_exits_of_other_queries_change_nothing() -> None:
     sim.feed(EndStream("a2", "a", P))
     sim.feed(QueryExits(8, (0, 0)))
     sim.feed(QueryExits(17, (None, 0)))
-    assert controls(sim) == [] and sim.state.partition_info(P).ended is False
+    assert sim.controls(P) == [] and sim.state.partition_info(P).ended is False
 
 
 def test_a_failed_query_no_longer_holds_subscribers_back() -> None:
@@ -143,15 +137,15 @@ def test_a_failed_query_no_longer_holds_subscribers_back() -> None:
     writer(sim, "a", "0")
     sim.feed(AdvanceFrontier("p1", "plain", P, 4))
     sim.feed(AdvanceFrontier("a1", "a", P, 9))
-    assert controls(sim) == []
+    assert sim.controls(P) == []
     sim.feed(QueryExits(7, (None, 1), failed=True))
-    assert controls(sim) == [("F", 4)]  # as when a joined writer is killed: released
+    assert sim.controls(P) == [("F", 4)]  # as when a joined writer is killed: released
     # A process of the failed query still alive opens another group: it holds nothing.
     sim.feed(OpenSession("os-c", "c", 10.0))
     sim.feed(OpenProducer("op-c", "c", P, "q7/merged#2", "0", 2))
     sim.feed(AdvanceFrontier("p2", "plain", P, 6))
     sim.feed(AdvanceFrontier("c1", "c", P, 6))
-    assert controls(sim) == [("F", 4), ("F", 6)]
+    assert sim.controls(P) == [("F", 4), ("F", 6)]
 
 
 def test_exits_are_forgotten_once_every_process_exited_and_bounded() -> None:
@@ -203,7 +197,7 @@ def test_a_group_saved_to_disk_waits_again_after_a_restart(tmp_path: Path) -> No
     writer(first, "a", "0")
     first.feed(AdvanceFrontier("a1", "a", P, 9))
     first.feed(EndStream("a2", "a", P))
-    assert controls(first) == []
+    assert first.controls(P) == []
     save_groups(str(tmp_path), first.saved[P].groups)
 
     second = Sim()  # the restarted broker: the log (no controls) and the saved groups
@@ -211,9 +205,9 @@ def test_a_group_saved_to_disk_waits_again_after_a_restart(tmp_path: Path) -> No
     assert second.state.partition_info(P).frontier == 0
     writer(second, "b", "1")
     second.feed(AdvanceFrontier("b1", "b", P, 3))
-    assert controls(second) == [("F", 3)]  # writer 1's frontier, not past it
+    assert second.controls(P) == [("F", 3)]  # writer 1's frontier, not past it
     second.feed(EndStream("b2", "b", P))
-    assert controls(second) == [("F", 3), ("E", None)]
+    assert second.controls(P) == [("F", 3), ("E", None)]
     save_groups(str(tmp_path), second.saved[P].groups)
     assert not (tmp_path / GROUPS_FILE).exists()  # no group waits: no file
 
@@ -227,11 +221,11 @@ def test_a_writer_rejoining_after_a_restart_still_waits_for_the_other(tmp_path: 
     second.open_partition(P, groups=load_groups(str(tmp_path)))
     writer(second, "a", "0", rejoin=True)  # its session was forgotten: it rejoins
     second.feed(AdvanceFrontier("a1", "a", P, 9))
-    assert controls(second) == []  # before: a plain producer, the frontier went to 9
+    assert second.controls(P) == []  # before: a plain producer, the frontier went to 9
     second.feed(Tick(0.5))
     writer(second, "b", "1")
     second.feed(AdvanceFrontier("b1", "b", P, 2))
-    assert controls(second) == [("F", 2)]
+    assert second.controls(P) == [("F", 2)]
 
 
 # -- the store ---------------------------------------------------------------------------------

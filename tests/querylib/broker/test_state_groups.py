@@ -16,16 +16,10 @@ from querylib.broker._frontier import WriterGroupError
 from querylib.broker._messages import Done, ProducerOpened, Subscribed
 from querylib.broker._state import BrokerLimits
 
-from ._sim import Sim, control_of
+from ._sim import Sim
 
 P = ("t", 0)
 G = "q7/merged#1"
-
-
-def controls(sim: Sim) -> list:
-    while sim.appends[P]:
-        sim.complete_append(P)
-    return [control_of(s) for _, _, s in sim.logs[P]]
 
 
 def writer(sim: Sim, session: str, name: str, writers: int = 2, lease: float = 10.0) -> None:
@@ -42,7 +36,7 @@ def test_a_late_writer_joins_below_everything_published():
     sim.feed(AdvanceFrontier("a1", "a", P, 5))
     sim.feed(EndStream("a2", "a", P))
     assert sim.replies["a1"] == Done() and sim.replies["a2"] == Done()
-    assert controls(sim) == []  # neither the frontier nor the end: writer 1 may still send
+    assert sim.controls(P) == []  # neither the frontier nor the end: writer 1 may still send
     sim.feed(OpenSession("os-r", "r", 10.0))
     sim.track("r", 1, 10_000)
     sim.feed(Subscribe("s", "r", 1, P, "latest", 10_000))
@@ -52,7 +46,7 @@ def test_a_late_writer_joins_below_everything_published():
     assert sim.replies["op-b"].frontier == 0
     sim.feed(AdvanceFrontier("b1", "b", P, 3))
     sim.feed(EndStream("b2", "b", P))
-    assert controls(sim) == [("F", 3), ("E", None)]
+    assert sim.controls(P) == [("F", 3), ("E", None)]
 
 
 def test_the_group_is_released_when_its_producers_vanish():
@@ -63,12 +57,12 @@ def test_the_group_is_released_when_its_producers_vanish():
     writer(sim, "a", "0", lease=2.0)
     sim.feed(AdvanceFrontier("p1", "plain", P, 4))
     sim.feed(AdvanceFrontier("a1", "a", P, 9))
-    assert controls(sim) == []
+    assert sim.controls(P) == []
     sim.feed(Tick(1.5))
     sim.feed(Heartbeat("hb", "plain"))
     sim.feed(Tick(3.0))  # writer a's lease ran out: its query is failing
     assert "a" not in sim.state.sessions
-    assert controls(sim) == [("F", 4)]
+    assert sim.controls(P) == [("F", 4)]
 
 
 def test_a_group_of_another_size_is_refused():
