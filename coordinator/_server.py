@@ -339,6 +339,10 @@ class Coordinator:
         reply = instruction.reply
         if isinstance(reply, m.SessionOpened):
             self._peers[reply.session_id] = token.peer
+        elif isinstance(reply, m.CatalogInfo) and self.writer is not None:
+            # A follower asks this before it subscribes and waits for a snapshot at
+            # reply.version (committed by now): untouched collections must get there too.
+            self.writer.catch_up()
         token.answer(reply, instruction.error)
 
     def _kill(self, instruction: KillProcesses) -> None:

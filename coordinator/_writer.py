@@ -11,9 +11,14 @@ Only then does `on_committed(version)` let the core answer the group's requests 
 topic is the commit record; see `_journal`). A checkpoint queued after some changes is written
 once they are committed: every collection's block in parallel (encoded on a thread: a block is
 the whole collection), then its entry in `__catalog_checkpoints`, then `on_checkpointed`.
-Frontiers follow commits: the topics a group touched advance to version + 1 right away; the
-others catch up within `sweep_interval`, so a follower of any collection learns that nothing
-changed there up to the current version.
+Frontiers follow commits: the topics a group touched advance to version + 1 right away, once
+per topic per group, so a follower sees Progress past a change as soon as it is durable. An
+untouched topic holds no record the lag could hide, so it advances only when someone needs its
+frontier: `catch_up()` (the shell calls it when it answers `GetCatalogInfo`, which a follower
+asks before it subscribes, so its snapshot at the reported version comes at once) and otherwise
+within `sweep_interval` (1 s) of the first commit it missed: one timer however many commits
+come meanwhile, never on a commit's own path. Each advance is a control batch the broker makes
+durable; sweeping every topic after each commit cost ~8 such appends per change.
 
 Durability is the broker's: the coordinator's broker runs with flush "always", so a batch is
 acknowledged only once fsynced. Catalog changes are few next to data and each one is something
@@ -59,7 +64,7 @@ class CatalogWriter:
     def __init__(self, address: str, secret: bytes, *, on_committed: Callable[[int], None],
                  on_failed: Callable[[BaseException], None],
                  on_checkpointed: Callable[[int, dict[str, int]], None] | None = None,
-                 lease: float = 10.0, sweep_interval: float = 0.02) -> None:
+                 lease: float = 10.0, sweep_interval: float = 1.0) -> None:
         self.address = address
         self._secret = secret
         self._lease = lease
@@ -74,7 +79,7 @@ class CatalogWriter:
         self._frontiers: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._touched: set[str] = set()
-        self._last_sweep = 0.0
+        self._catch_up = False
         self._sweep_timer: asyncio.TimerHandle | None = None
         self.committed = 0
         self.failed: BaseException | None = None
@@ -109,6 +114,12 @@ class CatalogWriter:
         if self._writing is None:
             self._writing = asyncio.get_running_loop().create_task(
                 self._write_groups(), name="catalog writer")
+
+    def catch_up(self) -> None:
+        """Advance every collection's frontier to the committed version + 1 soon: a follower
+        is about to wait for a snapshot at a version its collection may not have reached."""
+        self._catch_up = True
+        self._wake.set()
 
     async def drain(self) -> None:
         """Wait until every submitted change is committed (or the writer failed)."""
@@ -208,7 +219,7 @@ class CatalogWriter:
 
     def _sweep_due(self) -> None:
         self._sweep_timer = None
-        self._wake.set()
+        self.catch_up()
 
     # -- frontiers -----------------------------------------------------------------------------
 
@@ -221,18 +232,13 @@ class CatalogWriter:
             self._wake.clear()
             target = self.committed + 1
             touched, self._touched = self._touched, set()
+            if self._catch_up:
+                self._catch_up = False
+                touched = set(self._cores)
             for collection in touched:
                 core = self._cores[collection]
                 if core.frontier < target:
                     await core.advance(target)
-            behind = [c for c in self._cores.values() if c.frontier < target]
-            if not behind:
-                continue
-            wait = self._last_sweep + self.sweep_interval - time.monotonic()
-            if wait > 0:
-                if self._sweep_timer is None:  # one timer, however many commits come meanwhile
-                    self._sweep_timer = loop.call_later(wait, self._sweep_due)
-                continue
-            self._last_sweep = time.monotonic()
-            for core in behind:
-                await core.advance(target)
+            behind = any(c.frontier < target for c in self._cores.values())
+            if behind and self._sweep_timer is None:  # one timer, however many commits come
+                self._sweep_timer = loop.call_later(self.sweep_interval, self._sweep_due)

@@ -17,47 +17,62 @@ is usable without sockets; the shells only move frames. Wire format and replay g
 see `querylib.rpc._codec`.
 """
 
-from ._blocking import BlockingClient
-from ._client import Notification, RpcClient
-from ._codec import MAX_TTL, Codec, Incoming, Limits, ReplayGuard, Signer
-from ._errors import (
-    AddressError,
-    BadSignatureError,
-    ClientClosedError,
-    DeadlineExceededError,
-    InternalServerError,
-    MalformedMessageError,
-    MessageTooLargeError,
-    PeerBusyError,
-    PeerUnreachableError,
-    RemoteError,
-    ReplayedMessageError,
-    RpcError,
-    RpcProtocolError,
-    SecretFileError,
-    SecretRejectedError,
-    ServerBusyError,
-    UnexpectedReplyError,
-    UnknownMessageTypeError,
-    UnsupportedRequestError,
-    error_body,
-    error_from_body,
-)
-from ._messages import (
-    ErrorBody,
-    Header,
-    Kind,
-    Message,
-    Notify,
-    Ping,
-    Pong,
-    Reply,
-    Request,
-    message_type,
-)
-from ._secret import default_secret_path, load_or_create_secret, load_secret
-from ._server import Context, Handler, RpcServer
-from ._tracker import RequestTracker
+# Private aliases: every public name of this module is in __all__ (tests/querylib/rpc).
+import importlib as _importlib
+import typing as _typing
+
+# Names are loaded on first use (PEP 562): a client (every query process, on its way to
+# registering) needs the codec, the messages and RpcClient, not RpcServer. Every name
+# below is still a public export.
+_EXPORTS = {
+    "MAX_TTL": "_codec",
+    "AddressError": "_errors",
+    "BadSignatureError": "_errors",
+    "BlockingClient": "_blocking",
+    "ClientClosedError": "_errors",
+    "Codec": "_codec",
+    "Context": "_server",
+    "DeadlineExceededError": "_errors",
+    "ErrorBody": "_messages",
+    "Handler": "_server",
+    "Header": "_messages",
+    "Incoming": "_codec",
+    "InternalServerError": "_errors",
+    "Kind": "_messages",
+    "Limits": "_codec",
+    "MalformedMessageError": "_errors",
+    "Message": "_messages",
+    "MessageTooLargeError": "_errors",
+    "Notification": "_client",
+    "Notify": "_messages",
+    "PeerBusyError": "_errors",
+    "PeerUnreachableError": "_errors",
+    "Ping": "_messages",
+    "Pong": "_messages",
+    "RemoteError": "_errors",
+    "ReplayGuard": "_codec",
+    "ReplayedMessageError": "_errors",
+    "Reply": "_messages",
+    "Request": "_messages",
+    "RequestTracker": "_tracker",
+    "RpcClient": "_client",
+    "RpcError": "_errors",
+    "RpcProtocolError": "_errors",
+    "RpcServer": "_server",
+    "SecretFileError": "_errors",
+    "SecretRejectedError": "_errors",
+    "ServerBusyError": "_errors",
+    "Signer": "_codec",
+    "UnexpectedReplyError": "_errors",
+    "UnknownMessageTypeError": "_errors",
+    "UnsupportedRequestError": "_errors",
+    "default_secret_path": "_secret",
+    "error_body": "_errors",
+    "error_from_body": "_errors",
+    "load_or_create_secret": "_secret",
+    "load_secret": "_secret",
+    "message_type": "_messages",
+}
 
 __all__ = [
     "MAX_TTL",
@@ -108,3 +123,16 @@ __all__ = [
     "load_secret",
     "message_type",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'querylib.rpc' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"querylib.rpc.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -29,7 +29,8 @@ HEAVY = ("querylib.records", "querylib.broker._stream", "querylib.broker._blocki
          "querylib.broker._producer", "querylib.broker._link", "querylib.cluster._follow",
          "querylib.cluster._topic_io", "querylib.cluster._queries", "querylib.kafka",
          "querylib.log", "querylib.api._publisher", "querylib.api._subscription",
-         "querylib.api._submit", "querylib.api.serdes", "crc32c", "cloudpickle", "kio")
+         "querylib.api._submit", "querylib.api.serdes", "querylib.rpc._server",
+         "querylib.rpc._bench", "crc32c", "cloudpickle", "kio")
 
 # What the submit runner's __main__ runs up to `execute`, and what `execute` runs up to the
 # session (resolving every name it calls).

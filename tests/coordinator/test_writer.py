@@ -1,0 +1,136 @@
+"""The catalog writer's frontiers on a real broker: a group advances each topic it touched once,
+untouched topics wait for `catch_up` (or the sweep), and a follower of an untouched collection
+still gets its snapshot at once because asking where to start catches it up."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import coordinator._server
+from catalog import COLLECTIONS
+from coordinator import Coordinator
+from coordinator._writer import CatalogWriter
+from querylib.broker import BrokerServer
+from querylib.cluster import AsyncCluster, Snapshot
+from querylib.log import LogConfig
+
+from ._driver import Driver
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+NEVER = 3600.0  # a sweep interval no test lives to see
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def _record_advances(writer: CatalogWriter) -> dict[str, list[int]]:
+    """Every frontier each collection's producer is asked to advance to, from now on."""
+    seen: dict[str, list[int]] = {c: [] for c in COLLECTIONS}
+    for collection, producer in writer._cores.items():
+        real = producer.advance
+
+        async def advance(frontier: int, real=real, collection=collection) -> None:
+            seen[collection].append(frontier)
+            await real(frontier)
+
+        producer.advance = advance  # type: ignore[method-assign]
+    return seen
+
+
+def _frontiers(writer: CatalogWriter) -> dict[str, int]:
+    return {c: p.core.frontier for c, p in writer._cores.items()}
+
+
+def test_a_group_advances_each_touched_topic_once_and_nothing_else(tmp_path: Path) -> None:
+    driver = Driver()  # bootstrap: brokers, topics, counters
+    driver.host()      # an executor agent: sessions, brokers, executors, counters (a few changes)
+    driver.session()
+    changes = driver.persisted
+    last = changes[-1].version
+    touched = {collection for change in changes for collection, _, _ in change.updates}
+    assert len(changes) > 3 and len(touched) > 2 and set(COLLECTIONS) - touched
+
+    async def main() -> None:
+        broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
+        endpoint = await broker.start()
+        writer = CatalogWriter(endpoint, SECRET, on_committed=lambda version: None,
+                               on_failed=lambda exc: None, sweep_interval=NEVER)
+        try:
+            await writer.start(0)
+            await _until(lambda: set(_frontiers(writer).values()) == {1}, "the start's catch-up")
+            advances = _record_advances(writer)
+            for change in changes:  # one event-loop turn: one group
+                writer.submit(change)
+            await writer.drain()
+            assert writer.committed == last and writer.statistics["groups"] == 1
+            await _until(lambda: all(_frontiers(writer)[c] == last + 1 for c in touched),
+                         "the touched topics' frontiers")
+            assert advances == {c: [last + 1] if c in touched else [] for c in COLLECTIONS}
+
+            writer.catch_up()  # a follower is about to start: the others catch up, once
+            await _until(lambda: set(_frontiers(writer).values()) == {last + 1},
+                         "every frontier")
+            assert advances == {c: [last + 1] for c in COLLECTIONS}
+        finally:
+            await writer.close()
+            await broker.close()
+
+    asyncio.run(main())
+
+
+def test_untouched_topics_catch_up_within_the_sweep_interval(tmp_path: Path) -> None:
+    driver = Driver()
+    change = driver.persisted[0]
+
+    async def main() -> None:
+        broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
+        endpoint = await broker.start()
+        writer = CatalogWriter(endpoint, SECRET, on_committed=lambda version: None,
+                               on_failed=lambda exc: None, sweep_interval=0.05)
+        try:
+            await writer.start(0)
+            writer.submit(change)
+            await writer.drain()
+            # Nobody asks: the sweep alone brings every topic to the committed version.
+            await _until(lambda: set(_frontiers(writer).values()) == {change.version + 1},
+                         "the sweep")
+        finally:
+            await writer.close()
+            await broker.close()
+
+    asyncio.run(main())
+
+
+def test_a_follower_of_an_untouched_collection_gets_its_snapshot_without_a_sweep(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator._server, "CatalogWriter",
+                        functools.partial(CatalogWriter, sweep_interval=NEVER))
+
+    async def main() -> None:
+        coord = Coordinator(tmp_path, SECRET, listen="tcp://127.0.0.1:0",
+                            broker_listen="tcp://127.0.0.1:0")
+        await coord.start()
+        try:
+            assert coord.endpoint is not None
+            async with AsyncCluster(coord.endpoint, SECRET, lease=5.0) as cluster:
+                created = await cluster.create_topic("numbers", 2)  # topics, counters
+                follower = await cluster.follow("drops").start()  # untouched since start
+                try:
+                    first = await follower.next_event(timeout=10)
+                    assert isinstance(first, Snapshot), first
+                    assert first.version >= created.version and first.records == []
+                finally:
+                    await follower.close()
+        finally:
+            await coord.close()
+
+    asyncio.run(main())
