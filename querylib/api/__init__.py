@@ -25,8 +25,7 @@ or executor/, or load at import time what registering a query process does not n
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from querylib._lazy import lazy_exports as _lazy_exports
 
 # Names are loaded on first use (PEP 562): a query process registers its worker group before
 # it needs publishers, subscriptions, serdes or submit, and each of those pulls in record
@@ -70,17 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'querylib.api' has no attribute {name!r}")
-    if module:
-        value = getattr(import_module(f"querylib.api.{module}"), name)
-    else:
-        value = import_module(f"querylib.api.{name}")
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

@@ -21,8 +21,7 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from querylib._lazy import lazy_exports as _lazy_exports
 
 # Names are loaded on first use (PEP 562): a query process needs the clients
 # (Producer, Subscriber) and must not pay for the server, its state machine and the log
@@ -94,14 +93,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'querylib.broker' has no attribute {name!r}")
-    value = getattr(import_module(f"querylib.broker.{module}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

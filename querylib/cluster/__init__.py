@@ -19,8 +19,7 @@ submodule at import time that registration does not need.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from querylib._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "AsyncCluster": "_session",
@@ -107,14 +106,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'querylib.cluster' has no attribute {name!r}")
-    value = getattr(import_module(f"querylib.cluster.{module}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

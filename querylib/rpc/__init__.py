@@ -17,9 +17,7 @@ is usable without sockets; the shells only move frames. Wire format and replay g
 see `querylib.rpc._codec`.
 """
 
-# Private aliases: every public name of this module is in __all__ (tests/querylib/rpc).
-import importlib as _importlib
-import typing as _typing
+from querylib._lazy import lazy_exports as _lazy_exports
 
 # Names are loaded on first use (PEP 562): a client (every query process, on its way to
 # registering) needs the codec, the messages and RpcClient, not RpcServer. Every name
@@ -125,14 +123,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'querylib.rpc' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"querylib.rpc.{module}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
