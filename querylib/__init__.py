@@ -34,5 +34,6 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         from querylib import api
 
-        return getattr(api, name)
+        value = globals()[name] = getattr(api, name)  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'querylib' has no attribute {name!r}")
