@@ -1,8 +1,9 @@
 """`ctx.subscribe(...)`: events of one or more topics, all partitions merged.
 
-Each broker holding subscribed partitions gets one `querylib.broker.Subscriber`, read by a
-thread of its own into one bounded queue; this module decodes values with the serde and merges
-frontiers: Progress(f) is the minimum over every live source, EndOfStream comes once all ended.
+Each broker holding subscribed partitions gets one `querylib.broker.Subscriber`. With one
+broker it is read on the caller's thread; with several, each is read by a thread of its own
+into one bounded queue. This module decodes values with the serde and merges frontiers:
+Progress(f) is the minimum over every live source, EndOfStream comes once all ended.
 
 A collection topic is first read to the end of what is stored (a non-following read), its
 records below the frontier F0 seen then are consolidated into one Snapshot, records at or
@@ -99,6 +100,7 @@ class Subscription:
         self._published: int | None = None
         self._ended = False
         self._head: list[Any] = []
+        self._direct: _Source | None = None  # the one source read on the caller's thread
         deadline = _time.monotonic() + timeout
         try:
             for name in names:
@@ -266,12 +268,18 @@ class Subscription:
                 values=source.info.topic.kind != TopicKind.COLLECTION, credit=_CREDIT)
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
+        self._published = min(s.frontier for s in self._sources)
+        if len(self._sources) == 1:
+            # One broker: read it on the caller's thread. A reader thread and queue only pay
+            # off when several brokers must be waited on at once (measured: the extra thread
+            # handoff per event cost the GIL-bound subscriber throughput).
+            self._direct = self._sources[0]
+            return
+        for source in self._sources:
             source.thread = threading.Thread(target=self._pump, args=(source,),
                                              name=f"tq-subscription {source.address}",
                                              daemon=True)
-        self._published = min(s.frontier for s in self._sources)
-        for source in self._sources:
-            source.thread.start()  # type: ignore[union-attr]
+            source.thread.start()
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
@@ -336,14 +344,22 @@ class Subscription:
             if self.member.error is not None:
                 raise self.member.error
         deadline = None if timeout is None else _time.monotonic() + timeout
+        direct = self._direct
         while not self._ended:
             left = None if deadline is None else deadline - _time.monotonic()
             if left is not None and left <= 0:
                 return None
-            try:
-                source, event = self._queue.get(timeout=left)
-            except queue.Empty:
-                return None
+            if direct is not None:
+                assert direct.subscriber is not None
+                event = direct.subscriber.next_event(timeout=left)
+                if event is None:
+                    return None
+                source = direct
+            else:
+                try:
+                    source, event = self._queue.get(timeout=left)
+                except queue.Empty:
+                    return None
             out = self._handle(source, event)
             if out is not None:
                 return out

@@ -23,7 +23,7 @@ from catalog import Topic, TopicName
 from catalog.errors import UnknownTopicError
 from querylib.broker import Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
-from querylib.rpc import RpcError, load_secret
+from querylib.rpc import RpcError, SecretRejectedError, load_secret
 from querylib.spark._errors import BrokerUnreachableError
 from querylib.spark._options import Location
 
@@ -57,9 +57,12 @@ class ClusterTopics:
         try:
             self.cluster = Cluster(found.address, found.secret, session=False, source=found.source,
                                    timeout=self.timeout, connect_timeout=self.timeout)
+        except SecretRejectedError as exc:
+            raise SecretRejectedError(f"{exc}: {found.secret_file} is not this cluster's "
+                                      "secret (option secretFile)") from exc
         except NoCoordinatorError as exc:
-            raise NoCoordinatorError(f"{exc}; or {found.secret_file} is not this cluster's "
-                                     "secret (option secretFile)") from exc
+            raise NoCoordinatorError(f"{exc} (option coordinator, or the cluster file's "
+                                     "address)") from exc
         self.coordinator = found.address
         self._infos: dict[str, TopicInfo] = {}
         self._offsets: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}

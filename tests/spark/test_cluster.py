@@ -123,7 +123,7 @@ def test_cluster_errors(spark, cluster: Running, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong-secret"
     wrong.write_bytes(os.urandom(32))
     wrong.chmod(0o600)
-    with pytest.raises(Exception, match="NoCoordinatorError: no coordinator answers.*is not "
+    with pytest.raises(Exception, match="SecretRejectedError: .*refused our signature.*is not "
                                         "this cluster's secret"):
         read(spark, cluster, subscribe="events", secretFile=str(wrong), timeout="2").collect()
     with pytest.raises(Exception, match="NoCoordinatorError: no coordinator answers"):
