@@ -25,6 +25,13 @@ from .serdes import BYTES, Serde
 
 __all__ = ["Publisher"]
 
+# Records per batch of a PerWorker publisher (or 1 MiB, or the producer's 2 ms linger, whichever
+# comes first). Up to 8191 records keeps every offset delta a 1- or 2-byte varint, the run
+# encoder's fast path; the broker's work is mostly per batch, so fewer, larger batches carry
+# more records per second (measured through queries: 1000 -> 8000 records per batch raised
+# 0.71-0.92M to 0.93-1.18M records/s of 100 bytes).
+_BATCH_RECORDS = 8000
+
 
 class Publisher:
     """Records of one worker into a topic. Use as a context manager, or call close()."""
@@ -46,7 +53,7 @@ class Publisher:
         if isinstance(partitioning, _PerWorker):
             self.partition = per_worker_partition(env.process, worker, env.processes)
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
-                                 secret=runtime.secret)
+                                 secret=runtime.secret, batch_records=_BATCH_RECORDS)
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

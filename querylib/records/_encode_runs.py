@@ -64,7 +64,7 @@ def encode_value_runs(runs: Sequence[tuple[int, Sequence[Header], Sequence[bytes
         else:
             parts += fast
         count += len(values)
-    return _batch(b"".join(parts), count, base_ts, max_ts)
+    return _batch(parts, count, base_ts, max_ts)
 
 
 def _headers_tail(headers: Sequence[Header]) -> bytes:
