@@ -19,6 +19,8 @@ bytes. Nothing here trusts a length it has not checked against the batch's end. 
 from __future__ import annotations
 
 import struct
+from itertools import compress, islice
+from operator import ne
 
 from querylib.records._control import TIME_HEADER
 from querylib.records._decode import verify_batch
@@ -236,13 +238,13 @@ def _add_runs(runs: list[ValueRun], buf: bytes, p: int, size: int, n: int, skip:
         cuts = [0, n - skip]
     else:
         at = p + shape.time_at + skip * size
-        stop = p + n * size
         if _same(buf, at, n - skip, size, 8):
             times = [int.from_bytes(buf[at:at + 8], "big", signed=True)]
             cuts = [0, n - skip]
-        else:
-            raw = [buf[s:s + 8] for s in range(at, stop, size)]
-            cuts = [0] + [i for i in range(1, len(raw)) if raw[i] != raw[i - 1]] + [len(raw)]
+        else:  # the times, cut out as the values are; where a time differs from the one before
+            raw = _cutter(8, size, n - skip).unpack_from(buf, at)
+            changes = compress(range(1, len(raw)), map(ne, raw, islice(raw, 1, None)))
+            cuts = [0, *changes, len(raw)]
             times = [int.from_bytes(raw[c], "big", signed=True) for c in cuts[:-1]]
     for time, lo, hi in zip(times, cuts, cuts[1:], strict=False):
         next_offset = base + skip + hi
