@@ -1,4 +1,4 @@
-"""RPC over ZeroMQ: typed msgspec messages, HMAC-signed frames, many requests in flight.
+"""RPC over ZeroMQ: typed msgspec messages, MAC-signed frames, many requests in flight.
 
 Servers bind a ROUTER (`RpcServer`), clients connect a DEALER (`RpcClient`, or
 `BlockingClient` from threads and scripts). Declare messages as structs:

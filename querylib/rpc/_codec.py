@@ -5,9 +5,10 @@ shell strips before calling `decode`):
 
     [signature][header][body][payload...]
 
-    signature  32 bytes, HMAC-SHA256 with the cluster secret over the frame count and lengths
-               (8-byte little-endian each) followed by every other frame; the lengths bind the
-               frame boundaries, so bytes cannot be moved between frames
+    signature  32 bytes, keyed BLAKE3 (key derived from the cluster secret, see `Signer`) over
+               the frame count and lengths (8-byte little-endian each) followed by every other
+               frame; the lengths bind the frame boundaries, so bytes cannot be moved between
+               frames
     header     `Header`, MessagePack array
     body       the message struct (or `ErrorBody`), MessagePack
     payload    raw bytes (record batches), never copied into the body
@@ -39,7 +40,6 @@ clock, touches a socket or logs.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import struct
@@ -48,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import msgspec
 
 from catalog.errors import TqError
@@ -110,26 +111,27 @@ def _nbytes(frame: Buffer) -> int:
     return frame.nbytes if type(frame) is memoryview else len(frame)
 
 
-class Signer:
-    """HMAC-SHA256 over frames, keyed once.
+# BLAKE3 derive_key context for the frame MAC's key (never reuse it for another purpose).
+MAC_KEY_CONTEXT = "tq 2026-11 rpc frame MAC"
 
-    This is RFC 2104 HMAC spelled out over hashlib: the key-padded inner and outer states are
-    hashed once here and copied per message, which is what hmac.new(key).copy() does, minus
-    the Python wrapper around each call (about a microsecond per message, measured).
-    A unit test checks it against hmac.new.
+
+class Signer:
+    """A keyed BLAKE3 MAC over frames (BLAKE3's keyed_hash mode, a PRF), keyed once.
+
+    The 32-byte key is derived from the cluster secret with BLAKE3's derive_key mode and a
+    fixed context, so secrets of any length >= 16 bytes work. BLAKE3 rather than HMAC-SHA256:
+    every data byte is MACed four times on its way from a publisher to a subscriber (signed,
+    verified by the broker, signed again, verified), and keyed BLAKE3 runs ~4x faster here
+    (1 MiB: 222 us against 878 us for HMAC-SHA256, with SHA-NI). A unit test checks it
+    against the blake3 package's own keyed hash.
     """
 
-    __slots__ = ("_inner", "_outer", "_packers")
+    __slots__ = ("_key", "_packers")
 
     def __init__(self, key: bytes) -> None:
         if len(key) < 16:
             raise SecretFileError("the cluster secret must be at least 16 bytes")
-        block = hashlib.sha256().block_size
-        if len(key) > block:
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(block, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+        self._key = blake3.blake3(key, derive_key_context=MAC_KEY_CONTEXT).digest()
         self._packers: dict[int, struct.Struct] = {}
 
     def sign(self, frames: Sequence[Buffer]) -> bytes:
@@ -141,13 +143,10 @@ class Signer:
         packer = self._packers.get(count)
         if packer is None:
             packer = self._packers[count] = struct.Struct(f"<{count + 1}Q")
-        inner = self._inner.copy()
-        inner.update(packer.pack(count, *lengths))
+        mac = blake3.blake3(packer.pack(count, *lengths), key=self._key)
         for frame in frames:
-            inner.update(frame)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()
+            mac.update(frame)
+        return mac.digest()
 
     def verify(self, signature: Buffer, frames: Sequence[Buffer]) -> bool:
         """Whether `signature` signs `frames`, compared in constant time."""
@@ -304,7 +303,7 @@ class Codec:
         """Verify and decode `frames`, or raise an RpcProtocolError saying why not.
 
         Checks run cheapest first and the signature before anything is parsed, so unsigned
-        input costs one HMAC at most. When the error carries `.header`, the message was
+        input costs one MAC at most. When the error carries `.header`, the message was
         authentic and the caller may answer it.
         """
         limits = self.limits

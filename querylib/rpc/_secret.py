@@ -1,4 +1,4 @@
-"""The cluster secret: a file of mode 0600 holding the HMAC key every RPC message is signed with.
+"""The cluster secret: a file of mode 0600 holding the key every RPC message is signed with.
 
 `load_or_create_secret(path)` creates the file (and its folder, 0700) when it is missing,
 atomically, so two processes starting together agree on one key; it refuses a file that group
@@ -20,7 +20,7 @@ from ._errors import SecretFileError
 
 __all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "load_secret"]
 
-MIN_SECRET_BYTES = 16  # below 128 bits an HMAC key is guessable offline
+MIN_SECRET_BYTES = 16  # below 128 bits a MAC key is guessable offline
 
 
 def default_secret_path() -> Path:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
 
+import blake3
 import msgspec
 import pytest
 from hypothesis import given
@@ -28,7 +27,7 @@ from querylib.rpc import (
     Signer,
     UnknownMessageTypeError,
 )
-from querylib.rpc._codec import SIGNATURE_BYTES
+from querylib.rpc._codec import MAC_KEY_CONTEXT, SIGNATURE_BYTES
 
 from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
 
@@ -83,8 +82,9 @@ def test_wire_layout_is_the_documented_one() -> None:
                                               b""]
     assert msgspec.msgpack.decode(body) == {"type": "rpc.ping", "data": b"hi"}
     assert payload == b"p"
-    # HMAC-SHA256 over the frame count and lengths, then the frames, with the secret.
-    mac = hmac.new(SECRET, digestmod=hashlib.sha256)
+    # Keyed BLAKE3 over the frame count and lengths, then the frames, with a key derived from
+    # the secret.
+    mac = blake3.blake3(key=blake3.blake3(SECRET, derive_key_context=MAC_KEY_CONTEXT).digest())
     mac.update(struct.pack("<4Q", 3, len(header), len(body), 1))
     for frame in (header, body, payload):
         mac.update(frame)
@@ -93,8 +93,8 @@ def test_wire_layout_is_the_documented_one() -> None:
 
 @given(key=st.binary(min_size=16, max_size=200),
        frames=st.lists(st.binary(max_size=300), min_size=1, max_size=5))
-def test_signer_is_rfc2104_hmac(key: bytes, frames: list[bytes]) -> None:
-    mac = hmac.new(key, digestmod=hashlib.sha256)
+def test_signer_is_keyed_blake3(key: bytes, frames: list[bytes]) -> None:
+    mac = blake3.blake3(key=blake3.blake3(key, derive_key_context=MAC_KEY_CONTEXT).digest())
     mac.update(struct.pack(f"<{len(frames) + 1}Q", len(frames), *map(len, frames)))
     for frame in frames:
         mac.update(frame)
