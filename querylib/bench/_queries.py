@@ -11,7 +11,8 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
   records per `send` and logical time, PerWorker; the publisher batches up to
   `publisher_batch_records` of them, where the pubsub rows send 1000-record batches) to a
   subscriber query on the same `tq up`; the subscriber counts records from its first Data
-  event to the last. Baseline: the broker-level
+  event to the last. Three rounds, each the broker-level figures then the query path; the row
+  is the round with the median ratio, and lists every round. Baseline: the broker-level
   figures of `python -m querylib.bench pubsub` measured in the same run: its headline figure,
   pre-built batches (`pubsub_throughput`: the transport and broker alone, the ratio's
   baseline), and the record API on both ends (`pubsub_throughput_codec`: per-record
@@ -162,33 +163,44 @@ def _publisher_batch_records() -> int:
     return _BATCH_RECORDS
 
 
-def run(records: int = 2_000_000) -> Iterator[dict[str, Any]]:
+def run(records: int = 2_000_000, rounds: int = 3) -> Iterator[dict[str, Any]]:
+    """The rows; the throughput row is the median of `rounds` rounds, each measuring the
+    broker-level figures and then the query path back to back (on a shared 2-core machine one
+    round's ratio moves by +-0.2, more than the goal's margin)."""
     from querylib.bench import _pubsub
 
-    broker = {row["name"]: row["figures"]["records_per_s"]
-              for row in _pubsub.throughput(batches=records // BATCH_RECORDS * 2)}
     up = _Up(slots=4)
     try:
         latency = submit_to_running(up)
         latency["figures"]["load_avg_1m"] = round(os.getloadavg()[0], 2)
         yield latency
-        through = query_throughput(up, records)
+        measured = []
+        for _ in range(rounds):
+            broker = {row["name"]: row["figures"]["records_per_s"]
+                      for row in _pubsub.throughput(batches=records // BATCH_RECORDS * 2)}
+            measured.append((broker, query_throughput(up, records)["records_per_s"]))
     finally:
         up.close()
+    ratios = [through / broker["pubsub_throughput"] for broker, through in measured]
+    broker, through = measured[ratios.index(statistics.median(ratios))] if rounds % 2 else \
+        sorted(measured, key=lambda m: m[1] / m[0]["pubsub_throughput"])[rounds // 2]
     codec, headline = broker["pubsub_throughput_codec"], broker["pubsub_throughput"]
     values = broker["pubsub_throughput_values"]
     yield {
         "name": "queries_pubsub_throughput",
-        "figures": {"records_per_s": round(through["records_per_s"]),
-                    "records": through["records"], "record_bytes": RECORD_BYTES,
+        "figures": {"records_per_s": round(through),
+                    "records": records, "record_bytes": RECORD_BYTES,
                     "records_per_send": BATCH_RECORDS,
                     "publisher_batch_records": _publisher_batch_records(), "serde": "bytes",
                     "load_avg_1m": round(os.getloadavg()[0], 2),
-                    "ratio_to_record_api": round(through["records_per_s"] / codec, 3),
-                    "ratio_to_values_path": round(through["records_per_s"] / values, 3)},
+                    "rounds": [{"records_per_s": round(t), "headline": b["pubsub_throughput"],
+                                "ratio": round(t / b["pubsub_throughput"], 3)}
+                               for b, t in measured],
+                    "ratio_to_record_api": round(through / codec, 3),
+                    "ratio_to_values_path": round(through / values, 3)},
         "baseline": {"pubsub_throughput_records_per_s": headline,
                      "pubsub_throughput_codec_records_per_s": codec,
                      "pubsub_throughput_values_records_per_s": values},
-        "ratio": round(through["records_per_s"] / headline, 3),
+        "ratio": round(through / headline, 3),
         "goal": ">= 0.8x the broker-level figure (pubsub_throughput)",
     }
