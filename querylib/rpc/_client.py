@@ -72,6 +72,7 @@ class RpcClient:
         self._callbacks: dict[type[Notify], NotifyCallback] = {}
         self._queue: asyncio.Queue[Notification] = asyncio.Queue(limits.notify_queue)
         self._drops = DropCounters()
+        self._authentic = False  # has the server sent one message signed with our secret?
         self._sock: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: FramePump | None = None
@@ -256,6 +257,7 @@ class RpcClient:
         except RpcProtocolError as exc:
             self._drops[exc.reason] += 1
             return
+        self._authentic = True  # the server holds our secret: refusals are forgeries now
         if incoming.header.kind == Kind.NOTIFY:
             self._deliver(Notification(incoming.body, incoming.payload))  # type: ignore[arg-type]
             return
@@ -267,8 +269,13 @@ class RpcClient:
 
     def _refused(self) -> None:
         """The server does not share our secret: fail every call in flight now (the refusal
-        names no request; all of them were signed alike)."""
+        names no request; all of them were signed alike). The refusal is unsigned (the server
+        cannot sign with a secret it does not have), so it is believed only until the server
+        has sent one authentic message: after that it can only be a forgery, counted and
+        ignored."""
         self._drops["refused"] += 1
+        if self._authentic:
+            return
         assert self._pending is not None
         for future in self._pending.entries():  # each caller forgets its own
             if not future.done():

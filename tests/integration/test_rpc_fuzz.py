@@ -30,6 +30,7 @@ from querylib.rpc import (
     Signer,
     message_type,
 )
+from querylib.rpc._codec import SIGNATURE_REFUSED
 from tests.conftest import wait_for
 from tests.querylib.rpc._support import SECRET, Fetch, FetchReply, ServerThread
 
@@ -249,7 +250,14 @@ def rogue() -> Iterator[RogueServer]:
     port = router.bind_to_random_port("tcp://127.0.0.1")
     client = BlockingClient(f"tcp://127.0.0.1:{port}", SECRET, limits=LIMITS, timeout=20.0)
     try:
-        yield RogueServer(router, client, Codec(SECRET, role="server", limits=LIMITS))
+        server = RogueServer(router, client, Codec(SECRET, role="server", limits=LIMITS))
+        # One genuine exchange first: from then on the client knows the server holds its
+        # secret, and an (unsigned) refusal frame among the garbage can only be a forgery.
+        first = threading.Thread(target=answer_one_ping, args=(server, []))
+        first.start()
+        assert client.request(Ping(b"?")) == Pong(b"ok")
+        first.join(30)
+        yield server
     finally:
         client.close()
         router.close(0)
@@ -283,3 +291,16 @@ def test_client_counts_hostile_replies_and_keeps_working(rogue: RogueServer,
         server.join(30)
     wait_for(lambda: sum(rogue.client.counters.values()) == rogue.garbage,
              what="every hostile message counted by the client")
+
+
+def test_a_forged_refusal_after_a_genuine_reply_is_counted_and_ignored(
+        rogue: RogueServer) -> None:
+    server = threading.Thread(target=answer_one_ping, args=(rogue, [[SIGNATURE_REFUSED]]))
+    server.start()
+    try:
+        assert rogue.client.request(Ping(b"?")) == Pong(b"ok")
+    finally:
+        server.join(30)
+    wait_for(lambda: sum(rogue.client.counters.values()) == rogue.garbage,
+             what="every hostile message counted by the client")
+    assert rogue.client.counters["refused"] >= 1
