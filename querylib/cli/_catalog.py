@@ -20,15 +20,16 @@ COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "pu
                     "subscriptions", "drops", "counters")
 
 
-def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.0,
+                        waits_for: str = "the coordinator") -> None:
     """The options every coordinator client command shares."""
     parser.add_argument("--coordinator", metavar="ADDR",
                         help="the coordinator's endpoint (default: $TQ_COORDINATOR, else "
                         "$TQ_HOME/cluster.json)")
     parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
                         "names, else $TQ_HOME/secret)")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to wait for the coordinator (default 10)")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help=f"seconds to wait for {waits_for} (default {timeout:g})")
 
 
 def connect(args: argparse.Namespace, *, session: bool = False) -> Any:

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from catalog.errors import UserError
+from querylib.cli._catalog import add_cluster_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,16 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_topic_client_options(parser: argparse.ArgumentParser) -> None:
     """Where the topic is: through the coordinator (default) or on one standalone broker."""
-    parser.add_argument("--coordinator", metavar="ADDR",
-                        help="the coordinator's endpoint (default: $TQ_COORDINATOR, else "
-                        "$TQ_HOME/cluster.json)")
+    add_cluster_options(parser, timeout=30.0, waits_for="the coordinator and brokers")
     parser.add_argument("--broker", metavar="ADDR",
                         help="talk to this standalone broker directly, e.g. "
                         "tcp://127.0.0.1:7500 (no coordinator)")
-    parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
-                        "names, else $TQ_HOME/secret)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds to wait for the coordinator and brokers (default 30)")
 
 
 def open_route(args: argparse.Namespace, *, create_partitions: int | None = None,
