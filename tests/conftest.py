@@ -3,6 +3,7 @@ that are always stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -20,6 +21,19 @@ settings.register_profile("tq", deadline=None, max_examples=100)
 settings.load_profile("tq")
 
 T = TypeVar("T")
+
+
+async def wait_for_async(condition: Callable[[], T], *, timeout: float = 10.0,
+                         interval: float = 0.005, what: str = "condition") -> T:
+    """`wait_for` for coroutines: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.01,

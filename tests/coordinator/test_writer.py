@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,12 @@ from coordinator._writer import CatalogWriter
 from querylib.broker import BrokerServer
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.log import LogConfig
+from tests.conftest import wait_for_async
 
 from ._driver import Driver
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 NEVER = 3600.0  # a sweep interval no test lives to see
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def _record_advances(writer: CatalogWriter) -> dict[str, list[int]]:
@@ -66,19 +59,20 @@ def test_a_group_advances_each_touched_topic_once_and_nothing_else(tmp_path: Pat
                                on_failed=lambda exc: None, sweep_interval=NEVER)
         try:
             await writer.start(0)
-            await _until(lambda: set(_frontiers(writer).values()) == {1}, "the start's catch-up")
+            await wait_for_async(lambda: set(_frontiers(writer).values()) == {1},
+                                 what="the start's catch-up")
             advances = _record_advances(writer)
             for change in changes:  # one event-loop turn: one group
                 writer.submit(change)
             await writer.drain()
             assert writer.committed == last and writer.statistics["groups"] == 1
-            await _until(lambda: all(_frontiers(writer)[c] == last + 1 for c in touched),
-                         "the touched topics' frontiers")
+            await wait_for_async(lambda: all(_frontiers(writer)[c] == last + 1 for c in touched),
+                                 what="the touched topics' frontiers")
             assert advances == {c: [last + 1] if c in touched else [] for c in COLLECTIONS}
 
             writer.catch_up()  # a follower is about to start: the others catch up, once
-            await _until(lambda: set(_frontiers(writer).values()) == {last + 1},
-                         "every frontier")
+            await wait_for_async(lambda: set(_frontiers(writer).values()) == {last + 1},
+                                 what="every frontier")
             assert advances == {c: [last + 1] for c in COLLECTIONS}
         finally:
             await writer.close()
@@ -101,8 +95,8 @@ def test_untouched_topics_catch_up_within_the_sweep_interval(tmp_path: Path) -> 
             writer.submit(change)
             await writer.drain()
             # Nobody asks: the sweep alone brings every topic to the committed version.
-            await _until(lambda: set(_frontiers(writer).values()) == {change.version + 1},
-                         "the sweep")
+            await wait_for_async(lambda: set(_frontiers(writer).values()) == {change.version + 1},
+                                 what="the sweep")
         finally:
             await writer.close()
             await broker.close()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import querylib
 from catalog import Query
 from querylib.cluster import Cluster
 from tests.conftest import free_port, wait_for
@@ -33,6 +34,16 @@ class Up:
                  timeout=60, what="tq up to write cluster.json")
         assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
         self.info = json.loads((home / "cluster.json").read_text())
+
+    def __enter__(self) -> Up:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def connect(self) -> querylib.api.Context:
+        """A querylib context on a client session of this cluster (close it, or use `with`)."""
+        return querylib.connect(self.info["coordinator"], secret_file=self.info["secret_file"])
 
     def tq(self, *args: str, stdin: str | None = None,
            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -39,11 +39,8 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    running = Up(tmp_path_factory.mktemp("tq-up"))
-    try:
+    with Up(tmp_path_factory.mktemp("tq-up")) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture

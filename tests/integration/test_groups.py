@@ -23,16 +23,9 @@ TOPIC_PARTITIONS = 6
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    running = UpWithEndpoints(tmp_path_factory.mktemp("tq-up-groups"),
-                              "--connector-port", "-1", "--kafka-port", str(free_port()))
-    try:
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-groups"),
+                         "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
-    finally:
-        running.stop()
-
-
-def _connect(up: UpWithEndpoints) -> querylib.api.Context:
-    return querylib.connect(up.info["coordinator"], secret_file=up.info["secret_file"])
 
 
 def _publisher(ctx: querylib.api.Context, topic: str):
@@ -47,10 +40,10 @@ def _drain(sub, seen: list[int], limit: float = 0.2) -> None:
 
 
 def test_three_members_split_six_partitions_and_survivors_take_over(up) -> None:
-    owner = _connect(up)
+    owner = up.connect()
     pub = _publisher(owner, "g-numbers")
     pub.send(0, list(range(600)))
-    contexts = [_connect(up) for _ in range(3)]
+    contexts = [up.connect() for _ in range(3)]
     seen: list[list[int]] = [[], [], []]
     try:
         subs = [ctx.subscribe("g-numbers", group="g1", serde="json") for ctx in contexts]
@@ -99,9 +92,9 @@ def test_a_new_member_resumes_at_the_commit_after_a_restart(tmp_path) -> None:
     home = tmp_path / "home"
     first = UpWithEndpoints(home, "--connector-port", "-1", "--kafka-port", "-1")
     try:
-        with _connect(first) as owner, _publisher(owner, "g-resume") as pub:
+        with first.connect() as owner, _publisher(owner, "g-resume") as pub:
             pub.send(0, list(range(100)))
-            with _connect(first) as ctx:
+            with first.connect() as ctx:
                 sub = ctx.subscribe("g-resume", group="g2", serde="json")
                 got: list[int] = []
                 wait_for(lambda: _drain(sub, got, 0.05) or len(got) >= 100, timeout=30,
@@ -118,7 +111,7 @@ def test_a_new_member_resumes_at_the_commit_after_a_restart(tmp_path) -> None:
     try:
         # Its Kafka listener (any free port) came back on the same port: the same record.
         assert _group_coordinator(second) == coordinator
-        with _connect(second) as ctx:
+        with second.connect() as ctx:
             sub = ctx.subscribe("g-resume", group="g2", serde="json", start="committed")
             later: list[int] = []
             wait_for(lambda: _drain(sub, later, 0.05) or len(later) >= 30, timeout=30,

@@ -58,12 +58,9 @@ querylib.execute(main)
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    running = Up(tmp_path_factory.mktemp("tq-up-exits"), "--connector-port", "-1",
-                 "--kafka-port", "-1")
-    try:
+    with Up(tmp_path_factory.mktemp("tq-up-exits"), "--connector-port", "-1",
+            "--kafka-port", "-1") as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _program(tmp_path: Path, text: str) -> Path:

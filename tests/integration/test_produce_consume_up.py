@@ -22,11 +22,8 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    running = Up(tmp_path_factory.mktemp("tq-up"))
-    try:
+    with Up(tmp_path_factory.mktemp("tq-up")) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _produce(up: Up, *args: str, lines: str) -> subprocess.CompletedProcess[str]:

@@ -56,11 +56,8 @@ SLEEPER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    running = Up(tmp_path_factory.mktemp("tq-up"))
-    try:
+    with Up(tmp_path_factory.mktemp("tq-up")) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _program(up: Up, name: str, text: str) -> Path:

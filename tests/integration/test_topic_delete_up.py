@@ -17,11 +17,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    running = Up(tmp_path)
-    try:
+    with Up(tmp_path) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _values(up: Up, topic: str) -> list[str]:

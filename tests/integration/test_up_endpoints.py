@@ -27,12 +27,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    running = UpWithEndpoints(tmp_path_factory.mktemp("tq-up-endpoints"),
-                              "--connector-port", str(free_port()), "--kafka-port", "-1")
-    try:
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-endpoints"),
+                         "--connector-port", str(free_port()), "--kafka-port", "-1") as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.mark.parametrize("topic", ["sensor-lines", "acme/plant/readings"])

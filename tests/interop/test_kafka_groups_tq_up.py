@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import querylib
 from catalog import Broker
 from querylib.api import Hash
 from querylib.api._events import Data
@@ -33,16 +32,9 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    running = UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka-groups"),
-                              "--connector-port", "-1", "--kafka-port", str(free_port()))
-    try:
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka-groups"),
+                         "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
-    finally:
-        running.stop()
-
-
-def _connect(up: UpWithEndpoints) -> querylib.api.Context:
-    return querylib.connect(up.info["coordinator"], secret_file=up.info["secret_file"])
 
 
 def _consumer(up: UpWithEndpoints, group: str, assigned: dict[str, set[int]], name: str,
@@ -72,12 +64,12 @@ def _poll(c, into: list) -> None:
 
 
 def test_a_confluent_consumer_and_a_querylib_member_split_a_topic(up) -> None:
-    owner = _connect(up)
+    owner = up.connect()
     pub = owner.publish("kg-split", partition=Hash(PARTITIONS), serde="json")
     assigned: dict[str, set[int]] = {}
     kafka, callbacks = _consumer(up, "kg-mixed", assigned, "kafka",
                                  **{"partition.assignment.strategy": "range"})
-    member_ctx = _connect(up)
+    member_ctx = up.connect()
     member = None
     from_kafka: list = []
     from_tq: list[int] = []
@@ -128,7 +120,7 @@ def _drain(sub, into: list[int], quiet: float = 0.02) -> None:
 
 
 def test_two_confluent_consumers_one_leaves_and_commits_read_back(up) -> None:
-    owner = _connect(up)
+    owner = up.connect()
     pub = owner.publish("kg-jobs", partition=Hash(PARTITIONS), serde="json")
     pub.send(0, list(range(200)))
     assigned: dict[str, set[int]] = {}
@@ -196,7 +188,7 @@ def test_metadata_lists_the_group_coordinator_leading_no_data_topic(up) -> None:
     with up.cluster() as cluster:
         (coordinator,) = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
                           if isinstance(b, Broker) and b.session_id is None]
-    owner = _connect(up)
+    owner = up.connect()
     pub = owner.publish("kg-meta", partition=Hash(PARTITIONS), serde="json")
     try:
         for bootstrap in (up.info["kafka"], coordinator.kafka_address):

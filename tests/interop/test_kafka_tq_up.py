@@ -37,12 +37,9 @@ PUBLISHER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    running = UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka"),
-                              "--connector-port", "-1", "--kafka-port", str(free_port()))
-    try:
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka"),
+                         "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def test_the_kafka_address_is_in_cluster_json_and_the_catalog(up: UpWithEndpoints) -> None:
