@@ -326,7 +326,8 @@ class Subscription:
     def _decode(self, event: RawData | Values) -> Data:
         serde = self.serde
         if isinstance(event, Values):  # a stream topic: values only
-            return Data(event.time, decode_values(serde, event.values), event.partition)
+            return Data(event.time, decode_values(serde, event.values, nulls=event.nulls),
+                        event.partition)
         records = [(decode_value(serde, r.value or b""), _diff_of(r)) for r in event.records]
         return Data(event.time, records, event.partition)
 

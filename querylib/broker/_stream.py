@@ -62,6 +62,7 @@ class Values(msgspec.Struct, frozen=True):
     values: list[bytes | None]
     partition: int
     next_offset: int
+    nulls: bool = True  # whether a value is None (False: decoders need not look for one)
 
 
 class Progress(msgspec.Struct, frozen=True):
@@ -216,12 +217,13 @@ def value_events_of(data: bytes | memoryview, partition: int, *, skip_below: int
             except Irregular:
                 pass
             else:
-                for time, values, next_offset in runs:
-                    yield Values(time, values, partition, next_offset)
+                for time, values, next_offset, nulls in runs:
+                    yield Values(time, values, partition, next_offset, nulls)
                 continue
         for item in events_of(data[pos:end], partition, skip_below=skip_below):
             if isinstance(item, Data):
-                yield Values(item.time, [r.value for r in item.records], partition,
-                             item.records[-1].offset + 1)
+                values = [r.value for r in item.records]
+                yield Values(item.time, values, partition, item.records[-1].offset + 1,
+                             None in values)
             else:
                 yield item

@@ -91,7 +91,8 @@ def test_data_events_are_plain_values():
 
 def _as_values(items: list) -> list:
     """events_of's items as a values-only subscriber must see them."""
-    return [Values(i.time, [r.value for r in i.records], i.partition, i.records[-1].offset + 1)
+    return [Values(i.time, [r.value for r in i.records], i.partition, i.records[-1].offset + 1,
+                   any(r.value is None for r in i.records))
             if isinstance(i, Data) else i for i in items]
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from querylib.errors import CorruptRecordError
@@ -39,9 +39,9 @@ def _reference(batch: bytes, skip_below: int = 0) -> list[tuple[int | None, list
         t = decode_int64(r.headers[0][1]) if r.headers else None
         if runs and runs[-1][0] == t:
             runs[-1][1].append(r.value)
-            runs[-1] = (t, runs[-1][1], r.offset + 1)
+            runs[-1] = (t, runs[-1][1], r.offset + 1, runs[-1][3] or r.value is None)
         else:
-            runs.append((t, [r.value], r.offset + 1))
+            runs.append((t, [r.value], r.offset + 1, r.value is None))
     return runs
 
 
@@ -81,14 +81,26 @@ def test_value_runs_is_the_general_decode_or_irregular(entries: list) -> None:
     assert got == _reference(batch)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 255, 256, -1, 2**40, -(2**63), 2**63 - 1]),
+                min_size=1, max_size=150), st.integers(0, 130))
+@example(times=[0, 1, 2] * 40, skip_below=0)  # a new time at every record
+def test_value_runs_times_changing_often_and_in_any_byte(times: list, skip_below: int) -> None:
+    """One run of equal-sized records whose tq.time changes anywhere, in any byte, and more
+    often than the column walk handles before it switches to comparing neighbours."""
+    batch = encode_batch([(T0, None, bytes([i % 256]) * 7, _time(t))
+                          for i, t in enumerate(times)])
+    assert value_runs(batch, 0, skip_below) == _reference(batch, skip_below)
+
+
 def test_a_batch_inside_a_buffer_and_mixed_times_within_a_run() -> None:
     values = [bytes([i]) * 10 for i in range(200)]
     entries = [(T0, None, v, _time(i // 50)) for i, v in enumerate(values)]
     batch = encode_batch(entries, base_offset=1000)
     buf = b"x" * 17 + batch
     got = value_runs(buf, 17, 1010)
-    assert got == [(0, values[10:50], 1050), (1, values[50:100], 1100),
-                   (2, values[100:150], 1150), (3, values[150:], 1200)]
+    assert got == [(0, values[10:50], 1050, False), (1, values[50:100], 1100, False),
+                   (2, values[100:150], 1150, False), (3, values[150:], 1200, False)]
 
 
 def test_not_regular_batches_are_irregular_and_corruption_is_an_error() -> None:
