@@ -70,11 +70,20 @@ class Publisher:
         if self._own is not None and not self.collection:
             # The common case, kept lean: one append-time stamp per call, and the records go
             # to the producer as one run of values (encoded a run at a time, not per record).
-            # Bytes for the bytes serde are sent as they are (immutable: nothing to copy).
+            # The bytes serde hands its values over as they are: the producer copies them as
+            # it encodes and refuses (sending nothing) anything but bytes-likes, which the
+            # serde then names.
             values = list(records)
-            if self.serde is not BYTES or not set(map(type, values)) <= {bytes}:
+            stamp = int(_time.time() * 1000)
+            if self.serde is BYTES:
+                try:
+                    self._own.send_values(values, timestamp=stamp, time=time, allow_none=False)
+                    return
+                except TypeError:
+                    values = list(map(encode, values))  # raises the serde's UserError
+            else:
                 values = list(map(encode, values))
-            self._own.send_values(values, timestamp=int(_time.time() * 1000), time=time)
+            self._own.send_values(values, timestamp=stamp, time=time)
             return
         for record in records:
             headers: tuple[tuple[str, bytes], ...] = ()

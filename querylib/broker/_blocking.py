@@ -17,11 +17,12 @@ from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from catalog.errors import TqError, UserError
+from querylib.records import TIME_HEADER, RunBatch, encode_int64
 
 from ._events import StartAt
 from ._link import BrokerLink
 from ._producer import Entry, ProducerCore, WriterGroup, now_ms
-from ._stream import EndOfStream, Event, Headers, encode_records, encode_runs
+from ._stream import EndOfStream, Event, Headers, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 
 __all__ = ["Producer", "Subscriber"]
@@ -29,13 +30,33 @@ __all__ = ["Producer", "Subscriber"]
 T = TypeVar("T")
 
 
-def _payload(values: list[bytes | None]) -> int:
-    """Bytes a list of values adds to a batch, as `send` counts them (16 per record)."""
+def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
+    """TypeError unless every value is bytes-like (or None, when allowed): one C-speed pass,
+    so a send split over several batches fails before its first part is queued."""
     try:
-        size = sum(map(len, values))
-    except TypeError:  # a None among them
-        size = sum(len(v) for v in values if v is not None)
-    return size + 16 * len(values)
+        b"".join(values)  # type: ignore[arg-type]
+        return
+    except TypeError:
+        pass
+    for value in values:
+        if value is None and allow_none:
+            continue
+        try:
+            memoryview(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"record values are bytes-like or None, not "
+                            f"{type(value).__name__}") from None
+
+
+def _estimate(values: list[bytes | None], tail: int) -> int:
+    """Bytes `values` will take in a batch, guessed from the first (exact when all have its
+    length, as a publisher's usually do)."""
+    first = values[0]
+    try:
+        length = len(first) if first is not None else 0
+    except TypeError:
+        length = 0
+    return len(values) * (length + tail + 10)
 
 
 class _LoopThread:
@@ -92,9 +113,7 @@ class Producer:
         self._lock = threading.Condition()
         self._pending: list[Entry] = []
         self._pending_bytes = 0
-        self._runs: list[tuple[int, int | None, Headers, list[bytes | None]]] = []
-        self._runs_records = 0
-        self._runs_bytes = 0
+        self._runs = RunBatch()  # runs from send_values, encoded as they come
         self._outbox: deque[bytes] = deque()
         self._sender: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -146,7 +165,7 @@ class Producer:
                             f"{self.core.frontier}")
         entry = (key, value, headers, now_ms() if timestamp is None else timestamp, time)
         with self._lock:
-            if self._runs:  # runs from `send_values` go first, in a batch of their own
+            if self._runs.count:  # runs from `send_values` go first, in a batch of their own
                 self._enqueue_locked()
             self._pending.append(entry)
             self._pending_bytes += len(value or b"") + len(key or b"") + 16
@@ -159,34 +178,41 @@ class Producer:
             self._send_pending()
 
     def send_values(self, values: Iterable[bytes | None], *, headers: Headers = (),
-                    timestamp: int | None = None, time: int | None = None) -> None:
+                    timestamp: int | None = None, time: int | None = None,
+                    allow_none: bool = True) -> None:
         """Many keyless records sharing headers, timestamp and time: what `send` does for each,
-        but kept as runs of values and encoded a run at a time (`encode_runs`), which is
-        several times cheaper than a record at a time."""
+        encoded a run at a time (`RunBatch`), several times cheaper than record by record.
+        The values are copied before this returns. TypeError (and nothing sent) for a value
+        that is not bytes-like, or None when not `allow_none`."""
         if self._closed:
             raise UserError("the producer is closed")
         if time is not None and time < self.core.frontier:
             raise UserError(f"record time {time} is below this producer's frontier "
                             f"{self.core.frontier}")
         stamp = now_ms() if timestamp is None else timestamp
+        if time is not None:
+            headers = ((TIME_HEADER, encode_int64(time)), *headers)
+        tail = sum(len(n) + len(v) + 2 for n, v in headers)
         values = values if isinstance(values, list) else list(values)
         done, total = 0, len(values)
         while done < total:
             with self._lock:
                 if self._pending:  # records from `send` go first, in a batch of their own
                     self._enqueue_locked()
-                chunk = values[done:done + self.batch_records - self._runs_records]
-                size = _payload(chunk)
-                room = self.batch_bytes - self._runs_bytes
-                if size > room and len(chunk) > 1:  # as many as fit, at least one
-                    chunk = chunk[:max(1, room * len(chunk) // size)]
-                    size = _payload(chunk)
-                self._runs.append((stamp, time, headers, chunk))
-                self._runs_records += len(chunk)
-                self._runs_bytes += size
+                runs = self._runs
+                chunk = values[done:done + self.batch_records - runs.count]
+                if done == 0 and len(chunk) < total:
+                    _check_bytes_like(values, allow_none)  # all or nothing
+                room = self.batch_bytes - runs.size
+                if len(chunk) > 1 and (guess := _estimate(chunk, tail)) > room:
+                    chunk = chunk[:max(1, room * len(chunk) // guess)]
+                run = runs.encode(stamp, headers, chunk, allow_none=allow_none)
+                if run.size > room and len(chunk) > 1:  # as many as fit, at least one
+                    chunk = chunk[:max(1, room * len(chunk) // run.size)]
+                    run = runs.encode(stamp, headers, chunk, allow_none=allow_none)
+                runs.add(run)
                 done += len(chunk)
-                full = (self._runs_records >= self.batch_records
-                        or self._runs_bytes >= self.batch_bytes)
+                full = runs.count >= self.batch_records or runs.size >= self.batch_bytes
                 if not full and not self._linger_armed:
                     self._linger_armed = True
                     self._thread.soon(self._arm_linger)
@@ -200,7 +226,7 @@ class Producer:
             while len(self._outbox) >= 2 and self._failure is None:
                 self._lock.wait(0.5)
             self._raise_failure()
-            if self._pending or self._runs:
+            if self._pending or self._runs.count:
                 self._enqueue_locked()
 
     def _enqueue_locked(self) -> None:
@@ -209,10 +235,9 @@ class Producer:
         if self._pending:
             entries, self._pending, self._pending_bytes = self._pending, [], 0
             self._outbox.append(encode_records(entries))
-        if self._runs:
-            runs, self._runs = self._runs, []
-            self._runs_records = self._runs_bytes = 0
-            self._outbox.append(encode_runs(runs))
+        if self._runs.count:
+            runs, self._runs = self._runs, RunBatch()
+            self._outbox.append(runs.build())
         self._thread.soon(self._start_sender)
 
     def _raise_failure(self) -> None:
@@ -227,7 +252,7 @@ class Producer:
         # On the loop thread: never wait here; the outbox may hold one batch more than usual.
         with self._lock:
             self._linger_armed = False
-            if self._pending or self._runs:
+            if self._pending or self._runs.count:
                 try:
                     self._enqueue_locked()
                 except (TypeError, ValueError) as exc:  # bad records: the next call raises it
@@ -266,7 +291,7 @@ class Producer:
             while len(self._outbox) >= 2 and self._failure is None:
                 self._lock.wait(0.5)
             self._raise_failure()
-            if self._pending or self._runs:
+            if self._pending or self._runs.count:
                 self._enqueue_locked()
             self._outbox.append(batch)
             self._thread.soon(self._start_sender)

@@ -31,7 +31,7 @@ from querylib.records._control import (
 )
 from querylib.records._decode import decode_batch, verify_batch
 from querylib.records._encode import encode_batch
-from querylib.records._encode_runs import encode_value_runs
+from querylib.records._encode_runs import Run, RunBatch, encode_value_runs
 from querylib.records._header import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -58,6 +58,8 @@ __all__ = [
     "ControlType",
     "Record",
     "RecordBatch",
+    "Run",
+    "RunBatch",
     "TimestampType",
     "ValueRun",
     "control_of",

@@ -17,6 +17,7 @@ also reports wrong types. No I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from querylib.records._encode import (
     _batch,
@@ -28,7 +29,7 @@ from querylib.records._encode import (
 from querylib.records._types import Header
 from querylib.records._varint import TABLE_SIZE, encode_varint, encode_varlong, wrap_int64
 
-__all__ = ["encode_value_runs"]
+__all__ = ["Run", "RunBatch", "encode_value_runs"]
 
 _NULL = b"\x01"  # varint -1: a null key
 _ONE_BYTE = 64  # offset deltas below this are 1-byte varints; up to TABLE_SIZE - 1, 2 bytes
@@ -44,27 +45,78 @@ def encode_value_runs(runs: Sequence[tuple[int, Sequence[Header], Sequence[bytes
     headers, values)`: every record of a run shares its timestamp and headers. Raises as
     `encode_batch` does (ValueError for no records or a batch too large, TypeError for values
     that are not bytes)."""
-    runs = [run for run in runs if len(run[2])]
-    if not runs:
-        raise ValueError("a record batch needs at least one record")
-    base_ts = _check_timestamp(runs[0][0])
-    max_ts = base_ts
-    parts: list[bytes | bytearray] = []
-    count = 0
+    batch = RunBatch()
     for ts, headers, values in runs:
-        max_ts = max(max_ts, _check_timestamp(ts))
-        delta = wrap_int64(ts - base_ts)
+        batch.add(batch.encode(ts, headers, values))
+    return batch.build()
+
+
+class Run(NamedTuple):
+    """A run encoded for the next offset deltas of a RunBatch (see RunBatch.encode)."""
+
+    first: int             # the offset delta of its first record
+    timestamp: int
+    count: int
+    size: int              # bytes of its records
+    parts: list[bytes | bytearray]
+
+
+class RunBatch:
+    """A batch of keyless runs built as they come (what a producer fills between sends):
+    `encode` a run at the batch's next offset delta, `add` it, `build` the batch.
+
+        batch = RunBatch()
+        run = batch.encode(ts, headers, values)   # raises before anything changes
+        if run.size <= room: batch.add(run)
+        data = batch.build()
+
+    Encoding copies the values, so a caller may change them afterwards."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | bytearray] = []
+        self.count = 0
+        self.size = 0  # bytes of the records so far
+        self._base_ts = 0
+        self._max_ts = 0
+
+    def encode(self, timestamp: int, headers: Sequence[Header], values: Sequence[bytes | None],
+               *, allow_none: bool = True) -> Run:
+        """`values` as records after those of this batch so far. TypeError for a value that is
+        not bytes-like (or None when not `allow_none`), ValueError for a bad timestamp."""
+        if not len(values):
+            return Run(self.count, 0, 0, 0, [])
+        ts = _check_timestamp(timestamp)
+        delta = wrap_int64(ts - (self._base_ts if self.count else ts))
         tail = _headers_tail(headers)
-        fast = None
-        if count + len(values) <= TABLE_SIZE:
-            fast = _equal_run(values, delta, tail, count)
-        if fast is None:
-            parts += [_encode_record(count + i, delta, None, v, headers)
-                      for i, v in enumerate(values)]
-        else:
-            parts += fast
-        count += len(values)
-    return _batch(parts, count, base_ts, max_ts)
+        first = self.count
+        parts = None
+        if first + len(values) <= TABLE_SIZE:
+            parts = _equal_run(values, delta, tail, first)
+        if parts is None:
+            if not allow_none and None in values:
+                raise TypeError("a record value is None")
+            parts = [_encode_record(first + i, delta, None, v, headers)
+                     for i, v in enumerate(values)]
+        return Run(first, ts, len(values), sum(map(len, parts)), parts)
+
+    def add(self, run: Run) -> None:
+        """Append a run encoded by `encode` for where this batch ends now."""
+        if run.first != self.count:
+            raise ValueError(f"a run encoded for offset delta {run.first} added at {self.count}")
+        if not run.count:
+            return
+        if not self.count:
+            self._base_ts = self._max_ts = run.timestamp
+        self._max_ts = max(self._max_ts, run.timestamp)
+        self.parts += run.parts
+        self.count += run.count
+        self.size += run.size
+
+    def build(self) -> bytes:
+        """The batch (ValueError when it has no records or is too large)."""
+        if not self.count:
+            raise ValueError("a record batch needs at least one record")
+        return _batch(self.parts, self.count, self._base_ts, self._max_ts)
 
 
 def _headers_tail(headers: Sequence[Header]) -> bytes:

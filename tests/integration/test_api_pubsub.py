@@ -18,6 +18,7 @@ import pytest
 import querylib
 import querylib.broker
 from catalog import Broker, RecordTypeMismatchError, Resources, SessionKind, UnknownTopicError
+from catalog.errors import UserError
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
@@ -354,3 +355,25 @@ def test_start_latest_skips_what_is_stored(coordinator: CoordinatorProcess) -> N
             wait_for(lambda: _take(sub, seen, querylib.Progress), timeout=30,
                      what="the new record and its frontier")
     assert [e for e in seen if isinstance(e, querylib.Data)] == [querylib.Data(1, ["new"], 0)]
+
+
+def test_the_bytes_serde_refuses_what_is_not_bytes_and_copies_what_it_sends(
+        coordinator: CoordinatorProcess) -> None:
+    """Other types (None included) are the serde's UserError and send nothing of that call;
+    bytearrays are copied as they are sent, so changing them later changes nothing."""
+    with querylib.connect() as ctx, ctx.publish("raw", serde="bytes") as out:
+        for bad in ([b"x", "text"], [None], [b"y"] * 3 + [7]):
+            with pytest.raises(UserError, match="bytes serde"):
+                out.send(0, bad)
+        mutable = [bytearray(b"m0"), bytearray(b"m1")]
+        out.send(0, mutable)
+        mutable[0][:] = b"changed"
+        out.send(1, [b"b"])
+        out.advance_to(2)
+        out.flush()
+        with ctx.subscribe("raw", serde="bytes") as sub:
+            seen: list[Any] = []
+            wait_for(lambda: _take(sub, seen, querylib.Progress), timeout=30,
+                     what="the records and their frontier")
+    assert [e for e in seen if isinstance(e, querylib.Data)] == [
+        querylib.Data(0, [b"m0", b"m1"], 0), querylib.Data(1, [b"b"], 0)]

@@ -208,9 +208,10 @@ def _time_of(record) -> int:
     return next(decode_int64(v) for k, v in record.headers if k == TIME_HEADER)
 
 
-def test_send_values_of_wrong_types_is_an_error_for_the_caller(processes, tmp_path):
-    """A value that is not bytes fails the call that encodes it, or (when the linger timer
-    encoded it on the producer's loop thread) the next call: never silently."""
+def test_send_values_refuses_wrong_types_whole_and_copies_what_it_takes(processes, tmp_path):
+    """A value that is not bytes-like (or None, when refused) fails the call and sends none of
+    its values, even when they would span batches; values are copied as they are handed over,
+    so changing them afterwards changes nothing sent."""
     from querylib.broker import Producer
 
     path, secret = secret_file(tmp_path)
@@ -218,9 +219,18 @@ def test_send_values_of_wrong_types_is_an_error_for_the_caller(processes, tmp_pa
     start_broker(processes, tmp_path / "data", port, path, secret)
     address = f"tcp://127.0.0.1:{port}"
     with Producer(address, "typed", secret=secret, batch_records=3) as producer:
+        producer.send_values([b"a0"], time=0)
         with pytest.raises(TypeError):
-            producer.send_values(["text"] * 5, time=0)
+            producer.send_values([b"x0", b"x1", b"x2", b"x3", "text", b"x5"], time=0)
         with pytest.raises(TypeError):
-            producer.send_values(["text"], time=0)  # below batch_records: the linger encodes it
-            producer.flush()
-        producer.send_values([b"ok"], time=0)
+            producer.send_values(["text"], time=0)
+        with pytest.raises(TypeError):
+            producer.send_values([b"n0", None], time=0, allow_none=False)
+        mutable = [bytearray(b"m%d" % i) for i in range(5)]
+        producer.send_values(mutable, time=0)
+        for value in mutable:
+            value[:] = b"changed"
+        producer.send_values([b"z", None], time=1)
+    with Subscriber(address, "typed", 0, secret=secret, follow=False) as sub:
+        got = [r.value for e in sub if isinstance(e, Data) for r in e.records]
+    assert got == [b"a0", b"m0", b"m1", b"m2", b"m3", b"m4", b"z", None]

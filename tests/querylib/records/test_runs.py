@@ -12,6 +12,7 @@ from querylib.records import (
     TIME_HEADER,
     Compression,
     Irregular,
+    RunBatch,
     decode_batch,
     decode_int64,
     encode_batch,
@@ -135,3 +136,25 @@ def test_values_whose_length_is_not_their_size_take_the_general_path() -> None:
     values = [wide, bytes(25), wide]
     entries = [(T0, None, v, _time(1)) for v in values]
     assert encode_value_runs([(T0, _time(1), values)]) == encode_batch(entries)
+
+
+def test_a_run_batch_copies_as_it_encodes_and_changes_nothing_on_errors() -> None:
+    batch = RunBatch()
+    mutable = [bytearray(b"ab"), bytearray(b"cd")]
+    first = batch.encode(T0, _time(0), mutable)
+    with pytest.raises(TypeError):
+        batch.encode(T0, _time(0), [b"ok", "text"])
+    with pytest.raises(TypeError):
+        batch.encode(T0, _time(0), [b"ok", None], allow_none=False)
+    batch.add(first)
+    mutable[0][:] = b"zz"
+    stale = batch.encode(T0 + 1, _time(1), [b"ef"])
+    batch.add(batch.encode(T0 + 2, _time(1), [None, b"gh"]))
+    with pytest.raises(ValueError, match="offset delta 2"):
+        batch.add(stale)  # encoded for where the batch ended before the last add
+    assert batch.count == 4
+    assert batch.build() == encode_batch([(T0, None, b"ab", _time(0)), (T0, None, b"cd", _time(0)),
+                                          (T0 + 2, None, None, _time(1)),
+                                          (T0 + 2, None, b"gh", _time(1))])
+    with pytest.raises(ValueError, match="at least one record"):
+        RunBatch().build()
