@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from catalog.errors import TqError
+from querylib._memory import keep_freed_memory
 from querylib.rpc import (
     ClientClosedError,
     DeadlineExceededError,
@@ -44,6 +45,7 @@ class BrokerLink:
 
     def __init__(self, address: str, secret: bytes, *, lease: float = 10.0,
                  timeout: float = 30.0, limits: Limits | None = None) -> None:
+        keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
         self.address = address
         self.session = uuid.uuid4().hex
         self.lease = lease

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from catalog.errors import StorageError, TqError, UserError
+from querylib._memory import keep_freed_memory
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
 from querylib.records import read_header
 from querylib.rpc import (
@@ -144,6 +145,7 @@ class BrokerServer:
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
                  read_threads: int = 4) -> None:
+        keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
         self.max_partitions = max_partitions
