@@ -9,6 +9,7 @@ never cause an unbounded allocation.
     _varint.py       zigzag varints and the lookup tables of the hot loops
     _encode.py       entries -> RecordBatch v2 bytes
     _encode_runs.py  runs of values sharing timestamp and headers -> the same bytes, faster
+                     (RunBatch: a batch built run by run)
     _runs.py         regular batches -> runs of values, without Python work per record
     _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification)
     _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output

@@ -3,6 +3,8 @@
 A run is `(timestamp_ms, headers, values)`: keyless records sharing a timestamp and headers
 (tq's publishers put the logical time in the `tq.time` header, one run per `send(time, ...)`).
 The bytes are exactly those of `encode_batch` over the records one by one (property-tested).
+`encode_value_runs` encodes a list of runs; `RunBatch` builds a batch run by run as a producer
+receives them (each run encoded, and its values copied, when it arrives).
 
 When a run's values are bytes of one length (the common case), its records differ only in
 their value and their offsetDelta, so a run is built without Python work per record: one
