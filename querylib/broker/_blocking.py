@@ -192,13 +192,13 @@ class Producer:
         stamp = now_ms() if timestamp is None else timestamp
         if time is not None:
             headers = ((TIME_HEADER, encode_int64(time)), *headers)
-        tail = sum(len(n) + len(v) + 2 for n, v in headers)
+        tail = sum(len(n) + len(v or b"") + 2 for n, v in headers)
         values = values if isinstance(values, list) else list(values)
         done, total = 0, len(values)
         while done < total:
             with self._lock:
-                if self._pending:  # records from `send` go first, in a batch of their own
-                    self._enqueue_locked()
+                if self._pending or self._runs.count >= self.batch_records:
+                    self._enqueue_locked()  # records from `send` go first; a full batch goes
                 runs = self._runs
                 chunk = values[done:done + self.batch_records - runs.count]
                 if done == 0 and len(chunk) < total:
