@@ -21,6 +21,7 @@ from catalog.errors import InvalidTopicNameError, StorageError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
 from querylib.records._header import ATTRIBUTES_OFFSET
+from querylib.records._types import CONTROL_BIT
 
 from ._errors import InvalidTopicError
 from ._events import PartitionId
@@ -33,7 +34,6 @@ _DELETED = ".deleted-"  # prefix of a partition directory on its way out
 logger = logging.getLogger("querylib.broker")
 
 _MAX_PARTITION = 2**31 - 1
-_CONTROL_BIT = 0x20
 _SCAN_CHUNK = 1024 * 1024
 
 
@@ -169,7 +169,7 @@ def _batches(log: PartitionLog, lo: int,
             header = read_header(data, pos)
             if header.base_offset >= hi:
                 return
-            if data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+            if data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
                 batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
                 for record in batch.records:
                     kind, value = control_of(record)

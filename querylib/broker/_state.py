@@ -29,6 +29,7 @@ from typing import Any
 from catalog.errors import TqError
 from querylib.errors import InvalidLengthError, StorageError
 from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
+from querylib.records._types import CONTROL_BIT
 
 from ._credit import CreditWindow
 from ._errors import (
@@ -75,8 +76,6 @@ from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpe
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
 from ._state_groups import WriterGroupRules
 from ._state_subscriptions import SubscriptionRules
-
-_CONTROL_BIT = 0x20  # attributes bit 5: a control batch (only the broker writes those)
 
 
 def _encode_frontier(frontier: int, timestamp: int) -> bytes:
@@ -327,7 +326,7 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
         if header.size != len(batch):
             raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
                                      f"got {len(batch)} bytes")
-        if batch[ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT:
+        if batch[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
             raise BrokerProtocolError("control batches are written by the broker, not producers")
         self._charge(session, len(batch))
         return [self._append(part, batch, ev.token, session.id, len(batch), "produced")]

@@ -42,6 +42,7 @@ from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, UserError
 from querylib.records import MAX_BATCH_SIZE, RecordBatch, read_header
 from querylib.records._header import ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER, HEADER_SIZE
+from querylib.records._types import CONTROL_BIT
 from querylib.records._varint import (
     TABLE_SIZE,
     VARINT_OF,
@@ -79,7 +80,6 @@ _MSGID_NAME = b"\x10tq.msgid\x10"  # varint(8) "tq.msgid" varint(8)
 _FLAGS_NAME = b"\x10tq.flags\x04"  # varint(8) "tq.flags" varint(2)
 _TWO, _THREE = b"\x04", b"\x06"  # varint(2), varint(3)
 _NULL = b"\x01"  # varint(-1): a null key
-_CONTROL_BIT = 0x20
 # attributes 0, timestampDelta 0, offsetDelta i, null key: the start of most records
 _HEADS = [b"\x00\x00" + VARINT_OF[i] + _NULL for i in range(TABLE_SIZE)]
 
@@ -195,7 +195,7 @@ def encode_messages(
 def header_of(data: bytes | memoryview, pos: int = 0) -> tuple[int, int, int, bool]:
     """(size, producer_id, next_offset, is_control) of the batch at `pos`."""
     header = read_header(data, pos)
-    control = bool(data[pos + ATTRIBUTES_OFFSET + 1] & _CONTROL_BIT)
+    control = bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
     return header.size, header.producer_id, header.next_offset, control
 
 

@@ -25,10 +25,10 @@ from querylib.records import (
     read_header,
     verify_batch,
 )
+from querylib.records._types import CONTROL_BIT
 
 _BLOCK = 8 * 1024 * 1024
 _CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-_CONTROL_BIT = 0x20
 _TRANSACTIONAL_BIT = 0x10
 _LOG_APPEND_TIME_BIT = 0x08
 _INDEX_ENTRY = struct.Struct(">ii")
@@ -132,7 +132,7 @@ def _batch_row(h: BatchHeader, pos: int, valid: bool) -> Row:
         "producerEpoch": h.producer_epoch,
         "partitionLeaderEpoch": h.partition_leader_epoch,
         "isTransactional": bool(h.attributes & _TRANSACTIONAL_BIT),
-        "isControl": bool(h.attributes & _CONTROL_BIT),
+        "isControl": bool(h.attributes & CONTROL_BIT),
         "position": pos,
         _timestamp_key(h.attributes): h.max_timestamp,
         "size": h.size,
@@ -174,7 +174,7 @@ def _record_rows(data: bytes, header: BatchHeader) -> Iterator[Row]:
             "payload": render_bytes(record.value),
             "headers": {k: render_bytes(v) for k, v in record.headers},
         }
-        if header.attributes & _CONTROL_BIT:
+        if header.attributes & CONTROL_BIT:
             try:
                 kind, value = control_of(record)
             except RecordError as exc:

@@ -25,6 +25,7 @@ from operator import ne
 from querylib.records._control import TIME_HEADER
 from querylib.records._decode import verify_batch
 from querylib.records._header import ATTRIBUTES_OFFSET, HEADER_SIZE, BatchHeader
+from querylib.records._types import CONTROL_BIT
 
 __all__ = ["Irregular", "ValueRun", "size_runs", "value_runs"]
 
@@ -35,7 +36,7 @@ ValueRun = tuple[int | None, list[bytes | None], int, bool]
 _MIN_RECORD = 6  # attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
 _MAX_LENGTH_VARINT = 3  # a record length below 1 MiB
 _MAX_VARINT = 5
-_NON_DATA = 0x20 | 0x07  # the control bit, and any compression codec
+_NON_DATA = CONTROL_BIT | 0x07  # the control bit, and any compression codec
 # headersCount 1, headerKeyLength 7, "tq.time", headerValueLength 8
 _TIME_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"
 _TIME_TAIL = len(_TIME_PREFIX) + 8

@@ -39,6 +39,7 @@ from querylib.errors import (
     TruncatedRecordError,
 )
 from querylib.records import HEADER_SIZE, TIME_HEADER, BatchHeader, decode_batch, read_header
+from querylib.records._types import CONTROL_BIT
 from querylib.spark._pieces import (
     Columns,
     Piece,
@@ -58,7 +59,6 @@ ROWS_PER_BATCH = 64 * 1024
 _ATTRIBUTES_OFFSET = 21  # Kafka's layout: the CRC-32C covers attributes..end
 _COMPRESSION_MASK = 0x07
 _LOG_APPEND_TIME_BIT = 0x08
-_CONTROL_BIT = 0x20
 _MIN_RECORD_SIZE = 7
 _TIME_KEY = TIME_HEADER.encode()
 # headersCount 1, keyLength 7, "tq.time", valueLength 8: then the 8 value bytes end the record.
@@ -142,7 +142,7 @@ class ColumnAssembler:
                     raise CorruptRecordError(
                         f"batch at offset {header.base_offset}: CRC-32C {crc:#010x}, "
                         f"header says {header.crc:#010x}")
-                if not header.attributes & _CONTROL_BIT:
+                if not header.attributes & CONTROL_BIT:
                     if header.attributes & _COMPRESSION_MASK:
                         yield from self._add_run(buf, plain)
                         plain = []
