@@ -145,6 +145,9 @@ class CoordinatorState:
         self.leases = Leases()
         self.bindings: dict[int, tuple[int, int]] = {}  # session -> (query, process)
         self.bound: dict[tuple[int, int], int] = {}  # (query, process) -> session
+        # Processes of submitted queries that registered, whether or not still connected: a
+        # short process may finish before its last sibling registers.
+        self.registered: dict[int, set[int]] = {}
         self.waiters = Waiters()
         self.placement_cursor = 0
         self.start_deadlines: dict[int, float] = {}  # submitted query -> when it fails
@@ -240,6 +243,9 @@ class CoordinatorState:
     def bind(self, session_id: int, binding: tuple[int, int]) -> None:
         self.bindings[session_id] = binding
         self.bound[binding] = session_id
+        query_id, process = binding
+        if self.catalog.query(query_id).state == QueryState.SUBMITTED:
+            self.registered.setdefault(query_id, set()).add(process)
 
     @property
     def held(self) -> int:
@@ -322,6 +328,7 @@ class CoordinatorState:
 
     def _left_submitted(self, query: Query) -> None:
         self.start_deadlines.pop(query.query_id, None)
+        self.registered.pop(query.query_id, None)
         for token in self.start_waiters.pop(query.query_id, []):
             if query.state in (QueryState.FAILED, QueryState.KILLED):
                 self.respond(token, error=QueryFailedError(
@@ -425,11 +432,13 @@ class CoordinatorState:
             self._out.append(KillProcesses(query.query_id, tuple(running), query.reason))
 
     def start_if_registered(self, query_id: int, now: float, wall_ms: int) -> None:
-        """Start a submitted query once each of its processes registered (or exited)."""
+        """Start a submitted query once each of its processes registered (even if it has closed
+        its session since) or exited."""
         query = self.catalog.query(query_id)
         if query.state != QueryState.SUBMITTED:
             return
-        if all((query_id, p) in self.bound or query.exit_codes[p] is not None
+        registered = self.registered.get(query_id, set())
+        if all(p in registered or query.exit_codes[p] is not None
                for p in range(query.processes)):
             self.apply(StartQuery(query_id=query_id, at_ms=wall_ms), now, wall_ms)
 

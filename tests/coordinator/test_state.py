@@ -224,6 +224,19 @@ def test_a_query_starts_once_every_process_registered() -> None:
     assert d.state.catalog.query(query_id).state == QueryState.RUNNING
 
 
+def test_a_process_that_registered_and_left_before_the_last_registered_counts() -> None:
+    """A short process may register, finish and close its session before a sibling registers:
+    the query runs when the last registers, not only once the early one's exit is reported."""
+    d = Driver()
+    _, query_id = _query(d, processes=2)
+    early = d.session(SessionKind.QUERY, query_id=query_id, process=0)
+    d.call(m.CloseSession(session_id=early))
+    assert d.state.catalog.query(query_id).state == QueryState.SUBMITTED
+    d.session(SessionKind.QUERY, query_id=query_id, process=1)
+    assert d.state.catalog.query(query_id).state == QueryState.RUNNING
+    assert query_id not in d.state.registered
+
+
 def test_a_query_process_acts_as_its_query() -> None:
     d = Driver()
     _, query_id = _query(d, processes=1)
