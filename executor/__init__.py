@@ -8,6 +8,8 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _artifacts.py   ArtifactCache (<data>/artifacts/<sha256>/) and the async ArtifactFetcher
     _spawn.py       SpawnSpec, the TQ_* environment, work directories, launch()
     _launcher.py    the exec wrapper arming PR_SET_PDEATHSIG (a standalone script)
+    _forkserver.py  ForkServer: forks query processes from a pre-imported zygote
+    _zygote.py      the zygote's program (a standalone script)
     _lines.py       LineSplitter: bounded line splitting
     _groups.py      signalling and emptying a process group
     _supervisor.py  Supervisor: pumps output to a sink, reports exits, kills

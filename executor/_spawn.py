@@ -1,6 +1,7 @@
 """Starting one query process (DESIGN §6): `python ENTRY ARGS...` in a fresh work directory,
 in its own session and process group, stdin closed, stdout and stderr piped, with the TQ_*
-environment the query library reads, behind the death-signal launcher (`_launcher.py`).
+environment the query library reads: forked by the fork server (`_forkserver.py`) when it
+serves this process, else exec'ed behind the death-signal launcher (`_launcher.py`).
 
 The environment and command are computed by pure functions (`query_environment`,
 `launch_command`, `resolve_entry`); `launch` does the I/O. Supervision (reading the pipes,
@@ -37,19 +38,20 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ._errors import ExecFailedError
 
-__all__ = ["Launched", "SpawnSpec", "launch", "launch_command", "make_work_dir",
-           "query_environment", "resolve_entry"]
+__all__ = ["Forks", "Launched", "SpawnSpec", "exec_result", "launch", "launch_command",
+           "make_work_dir", "pipe_reader", "query_environment", "resolve_entry"]
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 _MAX_ATTEMPTS = 10_000
 _STREAM_LIMIT = 64 * 1024  # bytes buffered per pipe before reading pauses (backpressure)
-_KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
+KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
     """The query process's environment: `base` without its TQ_* variables, the spec's extra
     variables, then ours (which win)."""
     env = {k: v for k, v in base.items()
-           if not k.startswith("TQ_") or k in _KEPT_TQ_VARIABLES}
+           if not k.startswith("TQ_") or k in KEPT_TQ_VARIABLES}
     env.update(spec.env)
     env.update({
         "TQ_QUERY_ID": str(spec.query_id),
@@ -153,50 +155,57 @@ def make_work_dir(root: str | os.PathLike[str], spec: SpawnSpec) -> tuple[Path, 
 
 
 class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """The stream protocol of `create_subprocess_exec`, plus a future resolved when the process
-    itself exits. `Process.wait()` (Python 3.11) returns only once every pipe is closed too,
-    which a grandchild holding stdout can put off forever."""
+    """The stream protocol of `create_subprocess_exec`, plus a future resolved with the exit
+    code when the process itself exits. `Process.wait()` (Python 3.11) returns only once every
+    pipe is closed too, which a grandchild holding stdout can put off forever."""
 
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=limit, loop=loop)
-        self.exited: asyncio.Future[None] = loop.create_future()
+        self.exited: asyncio.Future[int] = loop.create_future()
 
     def process_exited(self) -> None:
-        super().process_exited()
+        code = self._transport.get_returncode()  # type: ignore[union-attr]
+        super().process_exited()  # (forgets the transport)
         if not self.exited.done():
-            self.exited.set_result(None)
+            assert code is not None
+            self.exited.set_result(code)
 
 
 @dataclass
 class Launched:
-    """A started query process (the launcher exec'ed it: same pid, own process group)."""
+    """A started query process: the leader of its own session and process group, with its
+    stdout and stderr pipes. Started through the launcher (exec'ed: same pid) or forked by
+    the fork server (`_forkserver.py`)."""
 
     spec: SpawnSpec
-    process: asyncio.subprocess.Process  # .stdout / .stderr are its pipes
-    transport: asyncio.SubprocessTransport
-    protocol: _ExitAwareProtocol
+    pid: int
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    exited: asyncio.Future[int]       # its exit code once it exited (< 0: killed by signal)
+    close_pipes: Callable[[], None]   # drop our ends of its pipes
     work_dir: Path
     attempt: int
     argv: list[str]
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     async def exit_code(self) -> int:
         """Wait for the process (not its pipes) to exit; < 0: killed by that signal."""
-        await asyncio.shield(self.protocol.exited)
-        code = self.transport.get_returncode()
-        assert code is not None
-        return code
+        return await asyncio.shield(self.exited)
+
+
+class Forks(Protocol):
+    """What `launch` needs of a fork server (`_forkserver.ForkServer`)."""
+
+    async def spawn(self, spec: SpawnSpec, entry: Path, work_dir: Path, attempt: int,
+                    env: Mapping[str, str], timeout: float = ...) -> Launched | None: ...
 
 
 async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
                  work_root: str | os.PathLike[str], python: str | None = None,
                  base_env: Mapping[str, str] | None = None,
-                 start_timeout: float = 30.0) -> Launched:
+                 start_timeout: float = 30.0, forks: Forks | None = None) -> Launched:
     """Start process `spec.process` of a query from the unpacked artifact `program`; returns
-    once the query's interpreter is exec'ed. ExecFailedError (with the reason) if it cannot be.
+    once it runs the program (forked by `forks` when that serves this process, else exec'ed
+    through the launcher). ExecFailedError (with the reason) if it cannot be.
 
     Call it from the thread that lives as long as the executor (the event loop's): the death
     signal fires when the *thread* that forked the child ends."""
@@ -204,6 +213,10 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
     work_dir, attempt = make_work_dir(work_root, spec)
     env = query_environment(spec, base=os.environ if base_env is None else base_env,
                             work_dir=work_dir)
+    if forks is not None:
+        forked = await forks.spawn(spec, entry, work_dir, attempt, env, start_timeout)
+        if forked is not None:
+            return forked
     read_fd, write_fd = os.pipe()
     argv = launch_command(python or sys.executable, entry, spec.args, errfd=write_fd,
                           parent_pid=os.getpid())
@@ -223,7 +236,7 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
         finally:
             os.close(write_fd)
         try:
-            failure = await _exec_result(read_fd, start_timeout)
+            failure = await exec_result(read_fd, start_timeout)
         except BaseException:
             _kill_group(proc)  # cancelled while starting: nobody would supervise it
             raise
@@ -234,8 +247,9 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
         await proc.wait()
         raise ExecFailedError(f"cannot start process {spec.process} of query {spec.query_id}: "
                               f"{failure}", reason=failure)
-    return Launched(spec, proc, transport, protocol, work_dir, attempt,
-                    argv[argv.index("--") + 1:])
+    assert proc.stdout is not None and proc.stderr is not None
+    return Launched(spec, proc.pid, proc.stdout, proc.stderr, protocol.exited,
+                    transport.close, work_dir, attempt, argv[argv.index("--") + 1:])
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -246,8 +260,17 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
             pass
 
 
-async def _exec_result(read_fd: int, timeout: float) -> str | None:
-    """None once the launcher exec'ed (EOF on the pipe), else the reason it wrote."""
+async def pipe_reader(fd: int) -> tuple[asyncio.StreamReader, Callable[[], None]]:
+    """A StreamReader on the read end `fd` of a pipe (which it then owns), and its closer."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_STREAM_LIMIT, loop=loop)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0))
+    return reader, transport.close
+
+
+async def exec_result(read_fd: int, timeout: float) -> str | None:
+    """None once the process started (EOF on the pipe), else the reason it wrote."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[bytes] = loop.create_future()
     chunks: list[bytes] = []
@@ -267,7 +290,7 @@ async def _exec_result(read_fd: int, timeout: float) -> str | None:
     try:
         message = await asyncio.wait_for(done, timeout)
     except TimeoutError:
-        return f"the launcher did not exec within {timeout}s"
+        return f"the process did not start within {timeout}s"
     finally:
         loop.remove_reader(read_fd)
     return message.decode(errors="replace") if message else None

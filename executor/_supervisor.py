@@ -27,12 +27,14 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._errors import ExecutorError, ProcessExistsError, UnknownProcessError
+from ._errors import ExecFailedError, ExecutorError, ProcessExistsError, UnknownProcessError
+from ._forkserver import ForkServer, zygote_environment
 from ._groups import signal_group, terminate_group
 from ._lines import DEFAULT_MAX_LINE, LineSplitter
 from ._spawn import Launched, SpawnSpec, launch
@@ -108,7 +110,8 @@ class Supervisor:
     def __init__(self, *, work_root: str | os.PathLike[str], sink: LogSink,
                  on_exit: ExitCallback = _discard, grace: float = 5.0,
                  drain_timeout: float = 5.0, max_line: int = DEFAULT_MAX_LINE,
-                 python: str | None = None, base_env: Mapping[str, str] | None = None) -> None:
+                 python: str | None = None, base_env: Mapping[str, str] | None = None,
+                 fork_server: bool = True) -> None:
         self.work_root = Path(work_root)
         self.sink = sink
         self.on_exit = on_exit
@@ -117,6 +120,8 @@ class Supervisor:
         self.max_line = LineSplitter(max_line).max_line  # refuses a useless maximum now
         self.python = python
         self.base_env = base_env
+        self.fork_server = fork_server
+        self._forks: ForkServer | None = None
         self._running: dict[tuple[int, int], Running] = {}
         self._starting: set[tuple[int, int]] = set()
         self._monitors: set[asyncio.Task[None]] = set()  # until each has called on_exit
@@ -137,6 +142,26 @@ class Supervisor:
 
     # -- start ----------------------------------------------------------------------------
 
+    async def start(self, *, wait: bool = False) -> None:
+        """Start the fork server (in the background unless `wait`). A spawn waits for it
+        while it starts; if it cannot start, processes start through the launcher."""
+        if not self.fork_server or self._closing:
+            return
+        if self._forks is None:
+            base = os.environ if self.base_env is None else self.base_env
+            self._forks = ForkServer(self.python or sys.executable, zygote_environment(base))
+        self._forks.start()
+        if wait:
+            await self._forks.ready()
+
+    @property
+    def forks(self) -> ForkServer | None:
+        """The fork server, when it forks for this supervisor's interpreter."""
+        forks = self._forks
+        if forks is None or forks.python != (self.python or sys.executable):
+            return None
+        return forks
+
     async def spawn(self, spec: SpawnSpec, program: str | os.PathLike[str]) -> Running:
         """Start and supervise process `spec.process` of a query from the unpacked artifact
         `program`. ProcessExistsError if that process runs here already; ExecFailedError if
@@ -149,15 +174,22 @@ class Supervisor:
                                      "here already")
         self._starting.add(key)
         try:
+            await self.start(wait=True)  # at once when it serves, or could not start
             launched = await launch(spec, program, work_root=self.work_root,
-                                    python=self.python, base_env=self.base_env)
+                                    python=self.python, base_env=self.base_env,
+                                    forks=self.forks)
+        except ExecFailedError as exc:
+            if self._closing:  # close() stopped the fork server under this start
+                raise ExecutorError("the executor is shutting down; it starts no more "
+                                    "processes") from exc
+            raise
         finally:
             self._starting.discard(key)
         if self._closing:
             # close() ran while this one was starting: it must not outlive the supervisor.
             signal_group(launched.pid, signal.SIGKILL)
             await launched.exit_code()
-            launched.transport.close()
+            launched.close_pipes()
             raise ExecutorError("the executor is shutting down; it starts no more processes")
         run = Running(launched, _now_ms())
         self._running[key] = run
@@ -194,23 +226,23 @@ class Supervisor:
         self._closing = True
         await self.kill_all(grace)
         await asyncio.gather(*self._monitors, return_exceptions=True)
+        if self._forks is not None:
+            await self._forks.close()
 
     # -- the monitor ----------------------------------------------------------------------
 
     async def _monitor(self, run: Running) -> None:
-        proc = run.launched.process
         spec = run.spec
         loop = asyncio.get_running_loop()
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [loop.create_task(self._pump(spec, proc.stdout, "stdout")),
-                 loop.create_task(self._pump(spec, proc.stderr, "stderr"))]
+        pumps = [loop.create_task(self._pump(spec, run.launched.stdout, "stdout")),
+                 loop.create_task(self._pump(spec, run.launched.stderr, "stderr"))]
         try:
             code = await run.launched.exit_code()
             # Whatever the main process left in its group goes with it.
             await terminate_group(run.pid, self.grace)
             _, late = await asyncio.wait(pumps, timeout=self.drain_timeout)
             if late:
-                run.launched.transport.close()  # drop our ends of the pipes
+                run.launched.close_pipes()
                 self.counters["undrained"] += 1
                 logger.warning("query %s process %s: output still open %ss after exit (a "
                                "process left the group with it); stopped reading",

@@ -40,7 +40,7 @@ ENV_PROGRAM = """
         "cwd": os.getcwd(), "listing": sorted(os.listdir(".")), "argv": sys.argv[1:],
         "stdin_is_devnull": (stdin.st_rdev, stdin.st_ino) == (null.st_rdev, null.st_ino),
         "stdin": sys.stdin.read(), "pid": os.getpid(), "pgid": os.getpgid(0),
-        "sid": os.getsid(0), "executable": sys.executable}))
+        "sid": os.getsid(0), "ppid": os.getppid(), "executable": sys.executable}))
     open("written-here", "w").close()
 """
 
@@ -92,6 +92,22 @@ def program(tmp_path: Path, source: str, name: str = "job.py") -> Path:
     return artifact.program
 
 
+@pytest.fixture(autouse=True, params=["forked", "exec"])
+def start_mode(request, monkeypatch):
+    """Every test twice: processes forked by the fork server, and exec'ed by the launcher."""
+    monkeypatch.setattr(Supervisor, "__init__", _with_fork_server(request.param == "forked"))
+    return request.param
+
+
+def _with_fork_server(enabled: bool):
+    real = Supervisor.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **{"fork_server": enabled, **kwargs})
+
+    return init
+
+
 def supervisor(tmp_path: Path, sink, **kwargs) -> Supervisor:
     return Supervisor(work_root=tmp_path / "data" / "work", sink=sink, **kwargs)
 
@@ -100,7 +116,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path):
+def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, start_mode):
     prog = program(tmp_path, ENV_PROGRAM)
     spec = SpawnSpec(query_id=12, process=1, processes=2, workers=3,
                      coordinator="tcp://127.0.0.1:7400", peers=("tcp://a:1", "tcp://b:2"),
@@ -114,10 +130,11 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path):
         report = await first.wait()
         second = await sup.spawn(spec, prog)  # the same process again: a new work directory
         await second.wait()
+        forks = sup.forks.pid if sup.forks else None
         await sup.close()
-        return out, first, second, report
+        return out, first, second, report, forks
 
-    out, first, second, report = run(go())
+    out, first, second, report, forks = run(go())
     seen, again = out.json_lines()
     assert report.exit_code == 0 and not report.killed
     assert seen["env"] == {
@@ -132,8 +149,10 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path):
     assert Path(again["cwd"]) == second.launched.work_dir == tmp_path / "data/work/12-1-1"
     assert (first.launched.work_dir / "written-here").exists()
     assert seen["stdin_is_devnull"] and seen["stdin"] == ""
-    # exec'ed through the launcher: same pid, leader of its own session and group
+    # forked by the fork server, or exec'ed through the launcher (same pid): either way the
+    # leader of its own session and group
     assert seen["pid"] == seen["pgid"] == seen["sid"] == first.pid == report.pid
+    assert (seen["ppid"] == forks) == (start_mode == "forked")
     assert os.path.realpath(seen["executable"]) == os.path.realpath(sys.executable)
 
 
