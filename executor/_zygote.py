@@ -79,7 +79,10 @@ def main(argv: list[str]) -> None:
                 _send(sock, {"id": request["id"], "error": f"fork: {exc.strerror or exc}"})
                 pid = -1
             if pid == 0:
-                _become(request, fds, zygote, [sock.fileno(), wake_r, wake_w])
+                try:
+                    _become(request, fds, zygote, [sock.fileno(), wake_r, wake_w])
+                except BaseException:  # never a second zygote: whatever went wrong, go
+                    os._exit(127)
                 _run(request["entry"])  # never returns
             for fd in fds:
                 os.close(fd)
