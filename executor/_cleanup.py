@@ -17,6 +17,7 @@ or an artifact (names are checked).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from pathlib import Path
 from ._artifacts import ArtifactCache
 
 __all__ = ["prune_artifacts", "prune_work_dirs", "touch_artifact"]
+
+logger = logging.getLogger("executor")
 
 _WORK_DIR = re.compile(r"\d+-\d+-\d+")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -39,7 +42,10 @@ def _age_key(path: Path) -> float:
         return 0.0
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path) -> bool:
+    """Remove a tree; False (logged) if some of it would not go."""
+    failures: list[str] = []
+
     # Query programs may leave read-only files or directories behind (the artifact's
     # program tree is made read-only on purpose): make each writable and retry.
     def writable_then_retry(func: object, name: str, _exc: object) -> None:
@@ -51,16 +57,23 @@ def _remove(path: Path) -> None:
                 pass
         try:
             func(name)  # type: ignore[operator]
-        except OSError:
+        except FileNotFoundError:
             pass
+        except OSError as exc:
+            failures.append(f"{name}: {exc.strerror or exc}")
 
     shutil.rmtree(path, onerror=writable_then_retry)
+    if failures:
+        logger.warning("cannot remove all of %s (%d left, e.g. %s); trying again at the next "
+                       "cleanup", path, len(failures), failures[0])
+    return not failures
 
 
 def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
                     running: Collection[Path] = ()) -> list[Path]:
     """Remove the work directories under `root` beyond the newest `keep`, except those of
-    running processes; returns what was removed."""
+    running processes; returns what was removed (what would not go is logged, and left for
+    the next call)."""
     if keep < 0:
         raise ValueError("keep is >= 0")
     root = Path(root)
@@ -72,10 +85,7 @@ def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
     idle = sorted((p for p in dirs if p.resolve() not in busy), key=_age_key, reverse=True)
     # The running ones count toward `keep`: they are the newest in use.
     spare = max(keep - (len(dirs) - len(idle)), 0)
-    removed = idle[spare:]
-    for path in removed:
-        _remove(path)
-    return removed
+    return [path for path in idle[spare:] if _remove(path)]
 
 
 def touch_artifact(cache: ArtifactCache, digest: str) -> None:

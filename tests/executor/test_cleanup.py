@@ -3,7 +3,9 @@ and recent ones stay (real files; no clocks: ages are set with os.utime)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,21 @@ def test_touching_an_artifact_marks_it_used(tmp_path: Path):
     touch_artifact(cache, artifact.digest)
     assert artifact.root.stat().st_mtime > 0
     touch_artifact(cache, "0" * 64)  # unknown: nothing to mark
+
+
+def test_a_work_dir_that_will_not_go_is_logged_and_not_reported_removed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    root = tmp_path / "work"
+    stuck = _work_dir(root, "3-0-0", 30)
+    pinned = stuck / "pinned"
+    pinned.write_text("immutable")
+    if subprocess.run(["chattr", "+i", str(pinned)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root on a filesystem with the immutable attribute)")
+    try:
+        with caplog.at_level(logging.WARNING, logger="executor"):
+            assert prune_work_dirs(root, keep=0) == []
+        assert pinned.exists()
+        assert "cannot remove all of" in caplog.text and "pinned" in caplog.text
+    finally:
+        subprocess.run(["chattr", "-i", str(pinned)], check=True)
+    assert prune_work_dirs(root, keep=0) == [stuck]  # the next cleanup finishes it
