@@ -76,22 +76,25 @@ class _Up:
     """`tq up` in a temporary TQ_HOME, stopped (and its folder removed) on close."""
 
     def __init__(self, slots: int) -> None:
-        from querylib.bench._pubsub import _free_port
-
         self.home = Path(tempfile.mkdtemp(prefix="tq-bench-queries-"))
         env = dict(os.environ, TQ_HOME=str(self.home))
         env.pop("TQ_COORDINATOR", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "querylib.cli", "up", "--data", str(self.home / "data"),
-             "--listen", f"tcp://127.0.0.1:{_free_port()}", "--slots", str(slots)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        self.log = self.home / "up.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                # Any free ports (the chosen ones are in cluster.json); no connector or Kafka
+                # endpoint: their default ports may be held by another `tq up` of this host.
+                [sys.executable, "-m", "querylib.cli", "up", "--data", str(self.home / "data"),
+                 "--listen", "tcp://127.0.0.1:0", "--slots", str(slots),
+                 "--connector-port", "-1", "--kafka-port", "-1"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
         info = self.home / "cluster.json"
         while not info.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                said = self.log.read_text(errors="replace")[-2000:]
                 self.close()
-                raise RuntimeError("tq up did not start")
+                raise RuntimeError(f"tq up did not start; it said:\n{said}")
             time.sleep(0.05)
         found = json.loads(info.read_text())
         self.coordinator, self.secret_file = found["coordinator"], found["secret_file"]
