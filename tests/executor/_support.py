@@ -59,17 +59,3 @@ class Recorder:
         except TimeoutError:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; got "
                                  f"{[line.text[:80] for line in self.lines]}") from None
-
-
-async def wait_until(condition: Callable[[], object], *, timeout: float = 20.0,
-                     what: str = "condition") -> object:
-    """Poll a condition from a coroutine until it holds or the deadline passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)

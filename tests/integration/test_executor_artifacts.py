@@ -23,8 +23,7 @@ from executor import (
     pack_path,
     sha256_hex,
 )
-from tests.conftest import free_port
-from tests.executor._support import wait_until
+from tests.conftest import free_port, wait_for_async
 
 JOB = b"print('hello from job')\n"
 
@@ -136,7 +135,7 @@ def test_uploaded_bytes_come_from_the_uploader_once(tmp_path):
 
         f = fetcher(tmp_path, upload=upload)
         waiting = [asyncio.create_task(f.ensure(f"sha256:{digest}")) for _ in range(5)]
-        await wait_until(lambda: asked, what="the uploader to be asked")
+        await wait_for_async(lambda: asked, what="the uploader to be asked")
         opened.set()
         results = await asyncio.gather(*waiting)
         hit = await f.ensure(f"sha256:{digest}")

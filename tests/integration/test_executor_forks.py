@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from executor import SpawnSpec, Supervisor
-from tests.executor._support import Recorder, alive, wait_until
+from tests.conftest import wait_for_async
+from tests.executor._support import Recorder, alive
 from tests.integration.test_executor_processes import SLEEPER_PROGRAM, program
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,7 +96,7 @@ def test_when_the_zygote_dies_its_processes_die_and_another_zygote_serves(tmp_pa
         await out.wait_for(lambda: "ready" in out.texts("stdout"))
         os.kill(first_zygote, signal.SIGKILL)
         report = await asyncio.wait_for(run_.wait(), 30)
-        await wait_until(lambda: sup.forks.pid not in (None, first_zygote),
+        await wait_for_async(lambda: sup.forks.pid not in (None, first_zygote),
                          what="another zygote")
         again = await sup.spawn(SpawnSpec(query_id=3, process=1), prog)
         await out.wait_for(lambda: out.texts("stdout").count("ready") == 2)

@@ -28,7 +28,8 @@ from executor import (
     host_resources,
     pack_path,
 )
-from tests.executor._support import Recorder, alive, wait_until, write_program
+from tests.conftest import wait_for_async
+from tests.executor._support import Recorder, alive, write_program
 
 ENV_PROGRAM = """
     import json, os, sys
@@ -208,7 +209,7 @@ def test_kill_escalates_to_sigkill_for_a_group_that_ignores_sigterm(tmp_path):
         assert alive(pids["pid"]) and alive(pids["grandchild"])
         assert os.getpgid(pids["grandchild"]) == run_.pid
         report = await sup.kill(spec.key, grace=0.3)
-        await wait_until(lambda: not alive(pids["grandchild"]), what="the grandchild to die")
+        await wait_for_async(lambda: not alive(pids["grandchild"]), what="the grandchild to die")
         assert sup.running() == []
         await sup.close()
         return pids, report

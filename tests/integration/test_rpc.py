@@ -29,6 +29,7 @@ from querylib.rpc import (
     ServerBusyError,
     UnsupportedRequestError,
 )
+from tests.conftest import wait_for_async
 from tests.querylib.rpc._support import (
     SECRET,
     Credit,
@@ -66,14 +67,6 @@ async def served(limits: Limits | None = None,
         await server.close()
 
 
-async def until(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    """Wait on the loop for `condition` with a deadline (the loop keeps serving meanwhile)."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
-    assert condition(), what
-
-
 def test_ping_and_the_bound_endpoint() -> None:
     async def test() -> None:
         async with served() as (server, client, _):
@@ -98,11 +91,12 @@ def test_many_requests_in_flight_answered_out_of_order() -> None:
                 completed.append(token)
 
             calls = [asyncio.create_task(call(token)) for token in range(count)]
-            await until(lambda: len(handlers.started) == count, "all requests in flight")
+            await wait_for_async(lambda: len(handlers.started) == count,
+                                 what="all requests in flight")
             # Release in reverse order, one at a time: each reply must reach its own caller.
             for token in reversed(range(count)):
                 handlers.gates[token].set()
-                await until(lambda t=token: t in completed, f"reply {token}")
+                await wait_for_async(lambda t=token: t in completed, what=f"reply {token}")
             await asyncio.gather(*calls)
             assert completed == list(reversed(range(count)))
     run(test)
@@ -115,8 +109,8 @@ def test_deadline_expires_and_server_cancels_the_handler() -> None:
             with pytest.raises(DeadlineExceededError, match="test.fetch") as info:
                 await client.request(Fetch(1), timeout=0.2)
             assert info.value.retriable
-            await until(lambda: server.counters.get("handler_deadline") == 1,
-                        "the server cancelled the handler at the deadline")
+            await wait_for_async(lambda: server.counters.get("handler_deadline") == 1,
+                                 what="the server cancelled the handler at the deadline")
             # Other calls, with and without deadlines, are unaffected.
             assert await client.request(Fetch(2)) == FetchReply(2)
     run(test)
@@ -192,7 +186,7 @@ def test_server_pushes_notifies_to_the_client() -> None:
             seen: list[int] = []
             client.on_notify(Delivery, lambda note: seen.append(note.message.seq))
             await client.request(Subscribe(3))
-            await until(lambda: seen == [0, 1, 2], "callback deliveries")
+            await wait_for_async(lambda: seen == [0, 1, 2], what="callback deliveries")
             assert client.notifications.empty()
     run(test)
 
@@ -202,7 +196,7 @@ def test_client_notifies_reach_the_server_in_order() -> None:
         async with served() as (_, client, handlers):
             for amount in range(20):
                 await client.notify(Credit(amount))
-            await until(lambda: len(handlers.credits) == 20, "all credits")
+            await wait_for_async(lambda: len(handlers.credits) == 20, what="all credits")
             assert handlers.credits == [(amount, client.session) for amount in range(20)]
     run(test)
 
@@ -211,7 +205,8 @@ def test_notify_queue_overflow_is_counted() -> None:
     async def test() -> None:
         async with served(Limits(notify_queue=3)) as (_, client, _handlers):
             await client.request(Subscribe(5))
-            await until(lambda: client.counters.get("notify_overflow") == 2, "2 dropped")
+            await wait_for_async(lambda: client.counters.get("notify_overflow") == 2,
+                                 what="2 dropped")
             assert client.notifications.qsize() == 3
     run(test)
 
@@ -230,7 +225,7 @@ def test_server_busy_beyond_its_handler_limit() -> None:
             handlers.gate(1)
             handlers.gate(2)
             held = [asyncio.create_task(client.request(Fetch(t))) for t in (1, 2)]
-            await until(lambda: handlers.started == {1, 2}, "two handlers running")
+            await wait_for_async(lambda: handlers.started == {1, 2}, what="two handlers running")
             with pytest.raises(ServerBusyError) as info:
                 await client.request(Fetch(3))
             assert info.value.retriable and server.counters["busy"] == 1
@@ -246,7 +241,7 @@ def test_closing_the_client_fails_calls_in_flight() -> None:
         async with served() as (_, client, handlers):
             handlers.gate(1)
             call = asyncio.create_task(client.request(Fetch(1)))
-            await until(lambda: 1 in handlers.started, "request in flight")
+            await wait_for_async(lambda: 1 in handlers.started, what="request in flight")
             await client.close()
             with pytest.raises(ClientClosedError):
                 await call
@@ -261,7 +256,7 @@ def test_client_in_flight_limit_queues_callers() -> None:
             for token in range(6):
                 handlers.gate(token)
             calls = [asyncio.create_task(client.request(Fetch(t))) for t in range(6)]
-            await until(lambda: len(handlers.started) == 2, "two requests sent")
+            await wait_for_async(lambda: len(handlers.started) == 2, what="two requests sent")
             for token in range(6):
                 handlers.gate(token).set()
             assert [r.token for r in await asyncio.gather(*calls)] == list(range(6))
@@ -352,7 +347,8 @@ def test_several_clients_interleave_requests_and_notifies() -> None:
 
                 await asyncio.gather(*(load(i, c) for i, c in enumerate(clients)
                                        for _ in range(5)))
-                await until(lambda: len(handlers.credits) == 4 * 5 * 10, "every credit")
+                await wait_for_async(lambda: len(handlers.credits) == 4 * 5 * 10,
+                                     what="every credit")
                 for client in clients:
                     assert client.notifications.qsize() == 5 * 10 * 2
                     assert client.counters == {}
@@ -375,7 +371,7 @@ def test_push_to_a_client_that_stops_reading_fails_fast() -> None:
             sleeper.connect(server.endpoint)
             try:
                 sleeper.send_multipart(codec.notify(Credit(1), now=time.time()))
-                await until(lambda: handlers.credits, "the sleeper's notify arrived")
+                await wait_for_async(lambda: handlers.credits, what="the sleeper's notify arrived")
                 assert handlers.credits == [(1, codec.session)]
                 peer = handlers.peers[0]
                 batch = b"b" * 100_000
