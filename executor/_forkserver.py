@@ -94,10 +94,10 @@ class ForkServer:
         self.start()
         if self._starting is not None:
             await asyncio.shield(self._starting)
-        return self._sock is not None
+        return self.pid is not None
 
     def can_fork(self, env: Mapping[str, str]) -> bool:
-        return self._sock is not None and startup_env(env) == startup_env(self.env)
+        return self.pid is not None and startup_env(env) == startup_env(self.env)
 
     async def _start(self) -> bool:
         self.counters["starts"] += 1
@@ -105,6 +105,7 @@ class ForkServer:
         read_fd, write_fd = os.pipe()
         argv = launch_command(self.python, ZYGOTE, [str(theirs.fileno())], errfd=write_fd,
                               parent_pid=os.getpid())
+        proc = None
         try:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -114,30 +115,40 @@ class ForkServer:
                 os.close(write_fd)
                 theirs.close()
             failure = await exec_result(read_fd, self.start_timeout)
+            if failure is None:
+                failure = await self._hello(ours, proc)
         except OSError as exc:
             failure = exc.strerror or str(exc)
+        except BaseException:  # cancelled (closing): leave nothing behind
+            await self._gone()
+            ours.close()
+            await _reap(proc)
+            raise
         finally:
             os.close(read_fd)
-        if failure is None:
-            ours.setblocking(False)
-            loop = asyncio.get_running_loop()
-            hello: asyncio.Future[dict[str, Any]] = loop.create_future()
-            self._replies[-1] = hello
-            self._sock, self._proc = ours, proc
-            loop.add_reader(ours.fileno(), self._readable)
-            try:
-                message = await asyncio.wait_for(hello, self.start_timeout)
-                failure = message.get("error")
-                self.pid = message.get("ready")
-            except (TimeoutError, ExecFailedError) as exc:
-                failure = str(exc) or "no answer"
         if failure is not None:
             logger.warning("the fork server did not start (%s): query processes start "
                            "through the launcher", failure)
             await self._gone()
             ours.close()
+            await _reap(proc)
             return False
         return True
+
+    async def _hello(self, sock: socket.socket, proc: asyncio.subprocess.Process) -> str | None:
+        """Serve `sock` from now on; None once the zygote says it is ready, else why not."""
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        hello: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._replies[-1] = hello
+        self._sock, self._proc = sock, proc
+        loop.add_reader(sock.fileno(), self._readable)
+        try:
+            message = await asyncio.wait_for(hello, self.start_timeout)
+        except (TimeoutError, ExecFailedError) as exc:
+            return str(exc) or "no answer"
+        self.pid = message.get("ready")
+        return message.get("error")
 
     async def close(self) -> None:
         """Stop the zygote (its processes should have been stopped first). Idempotent."""
@@ -164,12 +175,7 @@ class ForkServer:
             if not exited.done():
                 exited.set_result(-signal.SIGKILL)  # its death signal killed them
         self._exits.clear()
-        if proc is not None and proc.returncode is None:
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await _reap(proc)
 
     # -- messages -------------------------------------------------------------------------
 
@@ -185,7 +191,9 @@ class ForkServer:
                 data = b""
             if not data:
                 self.counters["deaths"] += not self._closed
-                asyncio.get_running_loop().create_task(self._died())
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(sock.fileno())  # once: EOF stays readable
+                loop.create_task(self._died())
                 return
             self._dispatch(json.loads(data))
 
@@ -207,6 +215,8 @@ class ForkServer:
         reply = self._replies.pop(message.get("id", -1), None)
         if reply is not None and not reply.done():
             reply.set_result(message)
+        elif "pid" in message:  # its spawn gave up waiting (cancelled, timed out): unwanted
+            _kill(message["pid"])
 
     # -- forking --------------------------------------------------------------------------
 
@@ -249,12 +259,24 @@ class ForkServer:
             for fd in (devnull, out_w, err_w, started_w):
                 os.close(fd)
         pid, exited = message["pid"], message["exited"]
+        pipes = [out_r, err_r]  # ours to close until a reader takes one
+        closers = []
         try:
-            failure = await exec_result(started_r, timeout)
-        finally:
-            os.close(started_r)
-        stdout, close_out = await pipe_reader(out_r)
-        stderr, close_err = await pipe_reader(err_r)
+            try:
+                failure = await exec_result(started_r, timeout)
+            finally:
+                os.close(started_r)
+            stdout, close_out = await pipe_reader(pipes.pop(0))
+            closers.append(close_out)
+            stderr, close_err = await pipe_reader(pipes.pop(0))
+            closers.append(close_err)
+        except BaseException:
+            _kill(pid)  # cancelled while it started: nobody would supervise it
+            for close in closers:
+                close()
+            for fd in pipes:
+                os.close(fd)
+            raise
 
         def close_pipes() -> None:
             close_out()
@@ -263,7 +285,7 @@ class ForkServer:
         launched = Launched(spec, pid, stdout, stderr, exited, close_pipes, work_dir, attempt,
                             [self.python, str(entry), *spec.args])
         if failure is not None:
-            _kill_group(pid)
+            _kill(pid)
             await launched.exit_code()
             close_pipes()
             raise ExecFailedError(f"cannot start process {spec.process} of query "
@@ -272,8 +294,22 @@ class ForkServer:
         return launched
 
 
-def _kill_group(pid: int) -> None:
+async def _reap(proc: asyncio.subprocess.Process | None) -> None:
+    """Wait for the zygote to exit (it does once its socket closes); kill it after 5 s."""
+    if proc is None or proc.returncode is not None:
+        return
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        await asyncio.wait_for(proc.wait(), 5.0)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a forked child and its group (it may not have made its group yet; the zygote
+    reaps it, so the pid is not reused before its exit is reported)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -261,11 +261,17 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 async def pipe_reader(fd: int) -> tuple[asyncio.StreamReader, Callable[[], None]]:
-    """A StreamReader on the read end `fd` of a pipe (which it then owns), and its closer."""
+    """A StreamReader on the read end `fd` of a pipe, and its closer. Owns `fd` from the call
+    on (closed here if it fails)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_STREAM_LIMIT, loop=loop)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0))
+    pipe = os.fdopen(fd, "rb", 0)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    except BaseException:
+        pipe.close()
+        raise
     return reader, transport.close
 
 
