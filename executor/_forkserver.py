@@ -30,12 +30,12 @@ from typing import Any
 
 from ._errors import ExecFailedError
 from ._spawn import (
-    KEPT_TQ_VARIABLES,
     Launched,
     SpawnSpec,
     exec_result,
     launch_command,
     pipe_reader,
+    query_environment,
 )
 
 __all__ = ["ForkServer", "ZYGOTE", "startup_env", "zygote_environment"]
@@ -48,10 +48,9 @@ _MAX_MESSAGE = 64 * 1024
 
 
 def zygote_environment(base: Mapping[str, str]) -> dict[str, str]:
-    """The zygote's environment: what every query process gets from `base`."""
-    env = {k: v for k, v in base.items() if not k.startswith("TQ_") or k in KEPT_TQ_VARIABLES}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """The zygote's environment: a query process's from `base`, without its TQ_* variables."""
+    return startup_env(query_environment(SpawnSpec(query_id=0, process=0), base=base,
+                                         work_dir=""))
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -120,20 +119,23 @@ class ForkServer:
         except OSError as exc:
             failure = exc.strerror or str(exc)
         except BaseException:  # cancelled (closing): leave nothing behind
-            await self._gone()
-            ours.close()
-            await _reap(proc)
+            await self._abandon(ours, proc)
             raise
         finally:
             os.close(read_fd)
         if failure is not None:
             logger.warning("the fork server did not start (%s): query processes start "
                            "through the launcher", failure)
-            await self._gone()
-            ours.close()
-            await _reap(proc)
+            await self._abandon(ours, proc)
             return False
         return True
+
+    async def _abandon(self, sock: socket.socket, proc: asyncio.subprocess.Process | None
+                       ) -> None:
+        """A zygote that did not start: close its socket, reap it."""
+        await self._gone()
+        sock.close()
+        await _reap(proc)
 
     async def _hello(self, sock: socket.socket, proc: asyncio.subprocess.Process) -> str | None:
         """Serve `sock` from now on; None once the zygote says it is ready, else why not."""

@@ -51,7 +51,7 @@ __all__ = ["Forks", "Launched", "SpawnSpec", "exec_result", "launch", "launch_co
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 _MAX_ATTEMPTS = 10_000
 _STREAM_LIMIT = 64 * 1024  # bytes buffered per pipe before reading pauses (backpressure)
-KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
+_KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
     """The query process's environment: `base` without its TQ_* variables, the spec's extra
     variables, then ours (which win)."""
     env = {k: v for k, v in base.items()
-           if not k.startswith("TQ_") or k in KEPT_TQ_VARIABLES}
+           if not k.startswith("TQ_") or k in _KEPT_TQ_VARIABLES}
     env.update(spec.env)
     env.update({
         "TQ_QUERY_ID": str(spec.query_id),

@@ -145,26 +145,25 @@ def _become(request: dict, fds: list[int], zygote: int, inherited: list[int]) ->
         import importlib
 
         importlib.invalidate_caches()
-    except OSError as exc:
-        os.write(errfd, (exc.strerror or str(exc)).encode(errors="replace"))
+    except Exception as exc:  # the executor reads the reason as an exec failure's
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        os.write(errfd, (reason or type(exc).__name__).encode(errors="replace"))
         os._exit(127)
     os.close(errfd)  # EOF: started
 
 
 def _fresh_std_streams() -> None:
-    """Text streams on the new descriptors, unbuffered as PYTHONUNBUFFERED=1 makes them."""
+    """Text streams on the new descriptors, unbuffered as PYTHONUNBUFFERED=1 (which every
+    query process has, so every forked one) makes them."""
     import io
 
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.stdin.encoding,
+        errors=sys.stdin.errors)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
         old = getattr(sys, name)
-        mode = "r" if fd == 0 else "w"
-        raw = io.FileIO(fd, mode, closefd=False)
-        buffered = raw if unbuffered and fd else (io.BufferedReader(raw) if fd == 0
-                                                  else io.BufferedWriter(raw))
-        stream = io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors,
-                                  line_buffering=fd != 0 and not unbuffered,
-                                  write_through=bool(fd) and unbuffered)
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding,
+                                  errors=old.errors, write_through=True)
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
