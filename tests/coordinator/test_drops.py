@@ -5,6 +5,8 @@ a topic created again under the name is never the subject of the old drop."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from catalog import Catalog, NotOwnerError, SessionKind, TopicBeingDroppedError
@@ -23,6 +25,17 @@ def _topic(d: Driver, client: int, name: str, brokers: tuple[int, ...]) -> int:
     info = d.call(m.CreateTopic(session_id=client, name=name, partitions=len(brokers),
                                 locations=brokers))
     return info.topic.topic_id
+
+
+def _deleted_on_one_broker(d: Driver) -> tuple[int, int, Any]:
+    """(broker id, topic id, the delete's token) of topic "t" on host-a's broker, deleted by
+    a client and committed."""
+    _, broker_id, _ = d.host("host-a", lease_ms=60_000)
+    client = d.session(lease_ms=60_000)
+    topic_id = _topic(d, client, "t", (broker_id,))
+    token = d.send(m.DeleteTopic(session_id=client, name="t"))
+    d.commit()
+    return broker_id, topic_id, token
 
 
 def test_delete_sends_drops_once_durable_and_answers_once_reported() -> None:
@@ -92,11 +105,7 @@ def test_a_broker_down_at_the_delete_is_told_when_it_registers_again() -> None:
 
 def test_unreported_drops_are_sent_again_and_a_late_delete_is_answered_anyway() -> None:
     d = Driver()
-    executor, broker_id, _ = d.host("host-a", lease_ms=60_000)
-    client = d.session(lease_ms=60_000)
-    topic_id = _topic(d, client, "t", (broker_id,))
-    token = d.send(m.DeleteTopic(session_id=client, name="t"))
-    d.commit()
+    broker_id, topic_id, token = _deleted_on_one_broker(d)
     assert len(_drops(d)) == 1
     d.tick(RESEND_S / 2)
     assert not _drops(d)
@@ -142,11 +151,8 @@ def test_a_topic_created_again_is_never_the_subject_of_the_old_drop() -> None:
 
 def test_only_the_session_holding_the_broker_may_report_its_drops() -> None:
     d = Driver()
-    executor, broker_id, _ = d.host("host-a", lease_ms=60_000)
-    client = d.session(lease_ms=60_000)
-    topic_id = _topic(d, client, "t", (broker_id,))
-    d.send(m.DeleteTopic(session_id=client, name="t"))
-    d.commit()
+    broker_id, topic_id, _ = _deleted_on_one_broker(d)
+    client = d.session(lease_ms=60_000)  # not the session holding the broker
     with pytest.raises(NotOwnerError):
         d.call(m.ReportPartitionsDropped(session_id=client, topic_id=topic_id,
                                          broker_id=broker_id))
@@ -155,11 +161,7 @@ def test_only_the_session_holding_the_broker_may_report_its_drops() -> None:
 
 def test_pending_drops_survive_a_restart_through_the_catalog() -> None:
     d = Driver()
-    _, broker_id, _ = d.host("host-a", lease_ms=60_000)
-    client = d.session(lease_ms=60_000)
-    topic_id = _topic(d, client, "t", (broker_id,))
-    d.send(m.DeleteTopic(session_id=client, name="t"))
-    d.commit()
+    broker_id, topic_id, _ = _deleted_on_one_broker(d)
     updates = [u for p in d.persisted for u in p.updates]
     restarted = Driver(CoordinatorState(Catalog.replay(updates)), bootstrap=False)
     assert [x.topic_id for x in restarted.state.catalog.pending_drops()] == [topic_id]

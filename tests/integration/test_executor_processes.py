@@ -93,24 +93,19 @@ def program(tmp_path: Path, source: str, name: str = "job.py") -> Path:
     return artifact.program
 
 
+_FORK_SERVER = {"enabled": True}
+
+
 @pytest.fixture(autouse=True, params=["forked", "exec"])
 def start_mode(request, monkeypatch):
     """Every test twice: processes forked by the fork server, and exec'ed by the launcher."""
-    monkeypatch.setattr(Supervisor, "__init__", _with_fork_server(request.param == "forked"))
+    monkeypatch.setitem(_FORK_SERVER, "enabled", request.param == "forked")
     return request.param
 
 
-def _with_fork_server(enabled: bool):
-    real = Supervisor.__init__
-
-    def init(self, *args, **kwargs):
-        real(self, *args, **{"fork_server": enabled, **kwargs})
-
-    return init
-
-
 def supervisor(tmp_path: Path, sink, **kwargs) -> Supervisor:
-    return Supervisor(work_root=tmp_path / "data" / "work", sink=sink, **kwargs)
+    return Supervisor(work_root=tmp_path / "data" / "work", sink=sink,
+                      fork_server=_FORK_SERVER["enabled"], **kwargs)
 
 
 def run(coro):
