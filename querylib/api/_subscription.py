@@ -180,10 +180,7 @@ class Subscription:
                     else:
                         start[p] = fallback
                 source = _Source(info, address, mine, start=start)
-                source.subscriber = Subscriber(
-                    address, topic, mine, secret=self.runtime.secret, start=start,
-                    create=True, values=info.topic.kind != TopicKind.COLLECTION,
-                    credit=_CREDIT)
+                source.subscriber = self._follow(source)
                 source.frontier = source.subscriber.frontier or 0
                 source.thread = threading.Thread(target=self._pump, args=(source,),
                                                  name=f"tq-subscription {address}", daemon=True)
@@ -262,10 +259,7 @@ class Subscription:
             for source in collections:
                 self._head.extend(source.pending)
         for source in self._sources:
-            source.subscriber = Subscriber(
-                source.address, source.info.topic.short_name, source.partitions,
-                secret=self.runtime.secret, start=source.start, create=True,
-                values=source.info.topic.kind != TopicKind.COLLECTION, credit=_CREDIT)
+            source.subscriber = self._follow(source)
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
         self._published = min(s.frontier for s in self._sources)
@@ -280,6 +274,13 @@ class Subscription:
                                              name=f"tq-subscription {source.address}",
                                              daemon=True)
             source.thread.start()
+
+    def _follow(self, source: _Source) -> Subscriber:
+        """The subscriber that follows `source` from its start (values only for a stream)."""
+        return Subscriber(source.address, source.info.topic.short_name, source.partitions,
+                          secret=self.runtime.secret, start=source.start, create=True,
+                          values=source.info.topic.kind != TopicKind.COLLECTION,
+                          credit=_CREDIT)
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
