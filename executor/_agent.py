@@ -155,7 +155,6 @@ class ExecutorAgent:
             self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
                                          on_exit=self._exited, grace=self.grace)
             await self.supervisor.start()  # the fork server imports in the background
-            await self.supervisor.start()  # the fork server imports in the background
             cache = ArtifactCache(self.data_dir / "artifacts")
             cache.clean_incoming()
             self.fetcher = ArtifactFetcher(cache, upload=self._download)
