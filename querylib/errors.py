@@ -111,7 +111,9 @@ class CorruptDataError(StorageError):
     range; a reader that gives those records up goes on from `end_offset`."""
 
     kafka_error_code = 2  # CORRUPT_MESSAGE
-    # Class defaults: an instance rebuilt from an RPC error reply carries only its message.
+    # Sent with RPC error replies (querylib.rpc error_body); the defaults stand for what a
+    # reply did not carry.
+    wire_attributes = ("topic", "partition", "start_offset", "end_offset", "path")
     topic: str = ""
     partition: int = -1
     start_offset: int = -1

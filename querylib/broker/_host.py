@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
+from querylib.errors import CorruptDataError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
 from querylib.records._header import ATTRIBUTES_OFFSET
@@ -158,10 +159,16 @@ def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
 
 def _batches(log: PartitionLog, lo: int,
              hi: int) -> Iterator[tuple[ControlType | None, int | None]]:
-    """(control type or None for data, frontier value or None) of each batch in [lo, hi)."""
+    """(control type or None for data, frontier value or None) of each batch in [lo, hi); a
+    damaged range counts as data (what it held is unknown: it ends no stream)."""
     offset = lo
     while offset < hi:
-        data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        try:
+            data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        except CorruptDataError as exc:
+            yield None, None
+            offset = max(exc.end_offset, offset + 1)
+            continue
         if not data:
             return
         pos = 0

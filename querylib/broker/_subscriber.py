@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from catalog.errors import TqError, UserError
-from querylib.errors import OffsetOutOfRangeError
+from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import ClientClosedError, Notification, RpcError, error_from_body
 
 from ._errors import UnknownPartitionError, UnknownSessionError
@@ -74,6 +74,7 @@ class _PartitionSub:
     granted: int = 0              # credit given to the current subscription, in all
     delivered: int = 0            # bytes it delivered
     early: list[Notification] | None = None  # deliveries that beat the first subscribe reply
+    early_end: Notification | None = None  # the end of the subscription, if that beat it too
 
 
 class SubscriberCore:
@@ -138,6 +139,9 @@ class SubscriberCore:
             early, sub.early = sub.early or [], None
             for note in early:
                 self._on_delivery(note)
+            ended, sub.early_end = sub.early_end, None
+            if ended is not None:
+                self._on_ended(ended)
         if first:
             logger.debug("subscribed %s-%d at %d", self.topic, sub.partition, reply.offset)
 
@@ -169,12 +173,18 @@ class SubscriberCore:
 
     def _on_ended(self, note: Notification) -> None:
         message: SubscriptionEnded = note.message  # type: ignore[assignment]
-        sub = self._by_id.pop(message.sub_id, None)
+        sub = self._by_id.get(message.sub_id)
         if sub is None:
             return
+        if sub.received is None:
+            sub.early_end = note  # after the deliveries it ended behind, once the reply is in
+            return
+        del self._by_id[message.sub_id]
         error = error_from_body(message.error)
-        if isinstance(error, OffsetOutOfRangeError):
-            self._sink(error)  # retention deleted our position: only the application can decide
+        if isinstance(error, (OffsetOutOfRangeError, CorruptDataError)):
+            # Retention deleted our position, or the next offsets are damaged on disk:
+            # resubscribing would meet the same; only the application can decide.
+            self._sink(error)
             return
         logger.info("%s-%d: subscription ended (%s): resubscribing", self.topic, sub.partition,
                     error)

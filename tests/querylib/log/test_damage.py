@@ -12,7 +12,6 @@ import os
 import pytest
 
 from querylib.errors import CorruptDataError, StorageError
-
 from querylib.log import LogConfig, PartitionLog
 from tests.querylib.log._batches import as_stored, make_batch, split_batches
 
