@@ -62,22 +62,26 @@ from querylib.log._config import (
     partition_dir_name,
     segment_name,
 )
+from querylib.log._damage import Damage, segment_damage
 from querylib.log._dump import dump_segment
-from querylib.log._log import FileSlice, PartitionLog, SegmentInfo
+from querylib.log._log import FileSlice, PartitionLog, SegmentInfo, corrupt_data_error
 from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
+    "Damage",
     "FileSlice",
     "FlushPolicy",
     "LogConfig",
     "PartitionLog",
     "SegmentInfo",
+    "corrupt_data_error",
     "data_records",
     "dump_segment",
     "parse_partition_dir",
     "parse_segment_name",
     "partition_dir_name",
     "record_at_timestamp",
+    "segment_damage",
     "segment_name",
     "stored_batch",
 ]

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 from querylib.errors import RecordError
 from querylib.log._batch import LEADER_EPOCH, describe, pread_exact
-from querylib.log._config import INT32_MAX
+from querylib.log._config import DAMAGE_SUFFIX, INT32_MAX, LOG_SUFFIX
 from querylib.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -110,6 +110,12 @@ def load_damage(path: str) -> tuple[Damage, ...] | None:
         logger.warning("%s: unreadable (%s); validating its segment whole", path, exc)
         return None
     return tuple(sorted(found, key=lambda d: (d.position, d.start_offset)))
+
+
+def segment_damage(log_path: str) -> tuple[Damage, ...]:
+    """The damaged ranges recorded for the segment file `log_path` (`<base>.log`), for readers
+    of the files that do not open the log (Spark's); () when none or unreadable."""
+    return load_damage(log_path[:-len(LOG_SUFFIX)] + DAMAGE_SUFFIX) or ()
 
 
 def save_damage(path: str, damage: Sequence[Damage]) -> None:
