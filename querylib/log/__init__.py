@@ -54,6 +54,7 @@ StorageError (I/O failure, corrupt bytes on disk, log locked elsewhere) from que
 """
 
 from querylib.log._batch import stored_batch
+from querylib.log._check import Finding, check_partition, find_partition_dirs, repair_partition
 from querylib.log._config import (
     FlushPolicy,
     LogConfig,
@@ -70,17 +71,21 @@ from querylib.log._scan import data_records, record_at_timestamp
 __all__ = [
     "Damage",
     "FileSlice",
+    "Finding",
     "FlushPolicy",
     "LogConfig",
     "PartitionLog",
     "SegmentInfo",
+    "check_partition",
     "corrupt_data_error",
     "data_records",
     "dump_segment",
+    "find_partition_dirs",
     "parse_partition_dir",
     "parse_segment_name",
     "partition_dir_name",
     "record_at_timestamp",
+    "repair_partition",
     "segment_damage",
     "segment_name",
     "stored_batch",

@@ -1,7 +1,8 @@
 """A 16-byte flip in the middle of a segment of a cleanly stopped broker (issue 13 part 5):
 after the restart every other batch is readable, by tq subscribers and by a Kafka client; the
-damaged batch's offsets fail with CorruptDataError for tq and CORRUPT_MESSAGE (2) for Kafka;
-the partition keeps taking appends."""
+damaged batch's offsets fail with CorruptDataError for tq (`tq consume` says so in one line)
+and CORRUPT_MESSAGE (2) for Kafka; the partition keeps taking appends. After `tq log repair`
+(broker stopped) Kafka clients step over the quarantined offsets and tq readers are told."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from querylib.broker import Data, EndOfStream, Producer, Subscriber, list_partitions
-from querylib.errors import CorruptDataError
+from querylib.errors import CorruptDataError, QuarantinedDataError
 from querylib.rpc import RpcError, load_or_create_secret
 from tests.conftest import free_port, wait_for
 
@@ -42,6 +44,11 @@ def _start(processes, data: Path, rpc: int, kafka: int, secret_file: Path,
 
     wait_for(answers, timeout=30, what="the broker to answer")
     return proc
+
+
+def _tq(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "querylib.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -116,7 +123,6 @@ def test_a_mid_segment_flip_after_a_clean_stop_keeps_every_other_batch(tmp_path,
     assert _values(seen) + _values(rest) == expected
 
     # Kafka: the records before the damage, then CORRUPT_MESSAGE for the partition
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{kafka}", "group.id": "g",
                          "enable.auto.commit": False, "fetch.error.backoff.ms": 50})
@@ -146,9 +152,44 @@ def test_a_mid_segment_flip_after_a_clean_stop_keeps_every_other_batch(tmp_path,
     finally:
         consumer.close()
 
+    consumed = _tq("consume", "t", "--broker", address, "--secret-file", str(secret_file))
+    assert consumed.returncode == 1
+    assert consumed.stderr.count("\n") == 1 and f"offsets {base}..{base + count - 1}" in (
+        consumed.stderr)
+    assert consumed.stdout.splitlines() == [v for values in sent[:damaged_batch]
+                                            for v in values]
+
     # the partition keeps taking appends
     end = list_partitions(address, secret, "t", timeout=10)[0].log_end
     with Producer(address, "t", 0, secret=secret) as producer:
         producer.send(b"after the damage", time=BATCHES)
     with Subscriber(address, "t", 0, secret=secret, start=end) as sub:
         assert _values(list(sub)) == ["after the damage"]
+
+    # repair: refused while the broker runs, then quarantined with it stopped
+    refused = _tq("log", "repair", str(data / "t-0"))
+    assert refused.returncode == 2 and "stop the broker" in refused.stderr
+    _stop(broker)
+    repaired = _tq("log", "repair", str(data / "t-0"))
+    assert repaired.returncode == 0, repaired.stderr
+    assert _tq("log", "check", "--data", str(data)).returncode == 0
+    broker = _start(processes, data, rpc, kafka, secret_file, secret)
+    with Subscriber(address, "t", 0, secret=secret) as sub:
+        with pytest.raises(QuarantinedDataError, match="quarantined by `tq log repair`"):
+            while sub.next_event(timeout=30) is not None:
+                pass
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{kafka}", "group.id": "h",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("t", 0, 0)])
+        values, errors = [], []
+        deadline = time.monotonic() + 60
+        while len(values) < len(expected) + 1 and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is not None:
+                errors.append(message.error())
+            elif message is not None:
+                values.append(message.value().decode())
+        assert values == [*expected, "after the damage"] and not errors
+    finally:
+        consumer.close()
