@@ -31,6 +31,7 @@ from ._link import BrokerLink
 from ._messages import (
     CreditNotify,
     Delivery,
+    Incarnation,
     ListPartitions,
     SubscribeRequest,
     SubscriptionEnded,
@@ -82,11 +83,13 @@ class SubscriberCore:
 
     def __init__(self, link: BrokerLink, topic: str, partitions: list[int] | None,
                  start: StartAt | dict[int, StartAt], *, credit: int,
-                 sink: Callable[[Chunk | TqError], None], create: bool = False) -> None:
+                 sink: Callable[[Chunk | TqError], None], create: bool = False,
+                 incarnation: Incarnation | None = None) -> None:
         self.link = link
         self.topic = topic
         self.credit = credit
         self.create = create
+        self.incarnation = incarnation or Incarnation(0, 0)  # the catalog's topic, if known
         self._requested = partitions
         self._start = start
         self._sink = sink
@@ -128,7 +131,8 @@ class SubscriberCore:
         self._by_id[sub_id] = sub  # before the request: deliveries may beat the reply
         reply = await self.link.request(SubscribeRequest(
             session=self.link.session, sub_id=sub_id, topic=self.topic,
-            partition=sub.partition, start=start, credit=credit, create=self.create))
+            partition=sub.partition, start=start, credit=credit, create=self.create,
+            topic_id=self.incarnation.topic_id, topic_created_ms=self.incarnation.created_ms))
         if sub.sub_id != sub_id:
             return  # superseded while we waited
         if sub.received is None:
@@ -336,7 +340,8 @@ class AsyncSubscriber:
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
                  secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
-                 timeout: float = 30.0, create: bool = False) -> None:
+                 timeout: float = 30.0, create: bool = False,
+                 incarnation: Incarnation | None = None) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
@@ -345,7 +350,7 @@ class AsyncSubscriber:
         self._chunks: deque[Chunk | TqError] = deque()
         self._wakeup = asyncio.Event()
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,
-                                   sink=self._put, create=create)
+                                   sink=self._put, create=create, incarnation=incarnation)
         self.decoder = ChunkDecoder(self.core, follow=follow)
         self._ready: deque[tuple[Event | None, int, int]] = deque()
         self._finished = False
