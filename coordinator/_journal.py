@@ -35,6 +35,7 @@ opens the logs. Must not: write anything but through the broker; decide what a c
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from catalog import (
     encode_record,
 )
 from querylib.cluster._format import CHECKPOINT_TOPIC, COUNT_HEADER, SNAPSHOT_HEADER
+from querylib.errors import CorruptDataError, QuarantinedDataError
 from querylib.log import LogConfig, PartitionLog, data_records, partition_dir_name
 from querylib.records import (
     DIFF_HEADER,
@@ -81,6 +83,8 @@ __all__ = [
     "read_catalog",
     "read_collection",
 ]
+
+logger = logging.getLogger("coordinator")
 
 # Keep each batch well under the broker's default max_batch_bytes (8 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
@@ -274,13 +278,31 @@ def _open(broker_dir: str, topic: str) -> PartitionLog | None:
     return PartitionLog.open(path, LogConfig()) if os.path.isdir(path) else None
 
 
+def _damaged_catalog(broker_dir: str, topic: str, exc: CorruptDataError) -> CorruptCatalogError:
+    """The coordinator's refusal to start on a catalog topic it cannot read whole."""
+    what = "quarantined by `tq log repair`" if isinstance(exc, QuarantinedDataError) else \
+        "damaged"
+    return CorruptCatalogError(
+        f"catalog topic {topic} is {what} at offsets {exc.start_offset}..{exc.end_offset - 1} "
+        f"({exc.path}): the coordinator will not start without the catalog changes those "
+        f"records hold (it would forget topics whose data stays on disk); run `tq log check "
+        f"--data {broker_dir}` for details, then restore {broker_dir} from a backup "
+        f"(DESIGN.md §11 \"Damaged logs\")")
+
+
+def _skip_damaged_checkpoints(exc: CorruptDataError) -> None:
+    # Any checkpoint is a valid starting point (later changes are replayed on top of it), so
+    # one lost in a damaged range only makes recovery start from an older one.
+    logger.warning("%s: skipping damaged checkpoint entries: %s", CHECKPOINT_TOPIC, exc)
+
+
 def _last_checkpoint(broker_dir: str) -> CheckpointEntry | None:
     log = _open(broker_dir, CHECKPOINT_TOPIC)
     if log is None:
         return None
     try:
         last = None
-        for record in data_records(log):
+        for record in data_records(log, on_damage=_skip_damaged_checkpoints):
             offset = record.offset
             entry = decode_checkpoint(record.value)
             if last is not None and entry.version <= last.version:
@@ -295,8 +317,9 @@ def _last_checkpoint(broker_dir: str) -> CheckpointEntry | None:
 def read_catalog(broker_dir: str | os.PathLike[str]) -> Recovered:
     """Rebuild the committed catalog from the catalog partitions under `broker_dir`, starting
     at the last checkpoint. A missing directory is an empty catalog. Raises
-    CorruptCatalogError if what is stored does not form a valid catalog, StorageError if a log
-    cannot be read."""
+    CorruptCatalogError if what is stored does not form a valid catalog or a catalog topic is
+    damaged past its last checkpoint (a damaged range is never skipped: the coordinator would
+    forget what it held), StorageError if a log cannot be read."""
     broker_dir = os.fspath(broker_dir)
     checkpoint = _last_checkpoint(broker_dir)
     collected: dict[str, _Collected] = {}
@@ -317,6 +340,8 @@ def read_catalog(broker_dir: str | os.PathLike[str]) -> Recovered:
                 collected[collection] = read_collection(
                     log, collection, start=checkpoint.offsets[collection],
                     block=checkpoint.version)
+        except CorruptDataError as exc:
+            raise _damaged_catalog(broker_dir, catalog_topic(collection), exc) from exc
         finally:
             log.close()
     base = checkpoint.version if checkpoint is not None else 0

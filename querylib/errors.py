@@ -13,7 +13,10 @@
     │       └── InvalidRecordError      readable fields that together make no valid record
     └── StorageError
         ├── OffsetOutOfRangeError       read below log start or above log end
-        └── LogClosedError              use of a closed log
+        ├── LogClosedError              use of a closed log
+        ├── LogLockedError              the log is open elsewhere (a running broker)
+        └── CorruptDataError            offsets whose stored bytes are damaged (CORRUPT_MESSAGE)
+            └── QuarantinedDataError    ... whose bytes `tq log repair` moved aside
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ __all__ = [
     "BadVarintError",
     "CatalogError",
     "CompressionError",
+    "CorruptDataError",
     "CorruptRecordError",
     "InvalidLengthError",
     "InvalidRecordError",
     "LogClosedError",
+    "LogLockedError",
     "OffsetOutOfRangeError",
     "ProtocolError",
+    "QuarantinedDataError",
     "RecordError",
     "StorageError",
     "TqError",
@@ -89,3 +95,43 @@ class OffsetOutOfRangeError(StorageError):
 
 class LogClosedError(StorageError):
     """The log was closed."""
+
+
+class LogLockedError(StorageError):
+    """The partition's log is open in another PartitionLog or process (a running broker
+    holds its lock): stop that first."""
+
+    exit_code = 2
+
+
+class CorruptDataError(StorageError):
+    """Offsets of a partition whose stored bytes failed their checks (a CRC mismatch, bytes
+    that are no batch, offsets missing): reads of them fail until `tq log repair`, while the
+    offsets before and after stay readable. `start_offset`..`end_offset - 1` is the damaged
+    range; a reader that gives those records up goes on from `end_offset`."""
+
+    kafka_error_code = 2  # CORRUPT_MESSAGE
+    # Sent with RPC error replies (querylib.rpc error_body); the defaults stand for what a
+    # reply did not carry.
+    wire_attributes = ("topic", "partition", "start_offset", "end_offset", "path")
+    topic: str = ""
+    partition: int = -1
+    start_offset: int = -1
+    end_offset: int = -1
+    path: str = ""
+
+    def __init__(self, message: str, *, topic: str = "", partition: int = -1,
+                 start_offset: int = -1, end_offset: int = -1, path: str = "") -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+        self.path = path
+
+
+class QuarantinedDataError(CorruptDataError):
+    """Damaged offsets that `tq log repair` quarantined: their bytes left the segment (for a
+    `.corrupt-*` file beside it), so the offsets are a gap. Kafka clients step over it (they
+    tolerate offset gaps, as after compaction); tq readers, which expect gapless offsets, get
+    this error and must be told to go on from `end_offset`."""

@@ -20,7 +20,7 @@ from querylib.cluster import TopicInfo
 from querylib.records import DIFF_HEADER, encode_int64
 
 from ._partitioning import Hash, Partitioning, _PerWorker, per_worker_partition
-from ._runtime import Runtime, SharedPartitions, address_of
+from ._runtime import Runtime, SharedPartitions, address_of, incarnation_of
 from .serdes import BYTES, Serde
 
 __all__ = ["Publisher"]
@@ -53,7 +53,8 @@ class Publisher:
         if isinstance(partitioning, _PerWorker):
             self.partition = per_worker_partition(env.process, worker, env.processes)
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
-                                 secret=runtime.secret, batch_records=_BATCH_RECORDS)
+                                 secret=runtime.secret, batch_records=_BATCH_RECORDS,
+                                 incarnation=incarnation_of(info))
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

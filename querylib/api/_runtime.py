@@ -36,7 +36,7 @@ from ._env import QueryEnv
 if TYPE_CHECKING:
     # The broker client is loaded by the first shared publication, not at import: a query
     # process registers before it needs it (DESIGN §11 "Query process start").
-    from querylib.broker import Producer, WriterGroup
+    from querylib.broker import Incarnation, Producer, WriterGroup
 
 __all__ = ["Runtime", "SharedPartitions"]
 
@@ -163,6 +163,13 @@ def address_of(info: TopicInfo, partition: int) -> str:
                                 f"broker {broker_id}, which is not up") from None
 
 
+def incarnation_of(info: TopicInfo) -> Incarnation:
+    """Which topic of its name `info` is, for the brokers (DESIGN §11 "Topic incarnations")."""
+    from querylib.broker import Incarnation
+
+    return Incarnation(info.topic.created_at_ms, info.topic.topic_id)
+
+
 class SharedPartitions:
     """Producers of every partition of a topic, shared by this process's workers. The process
     advances a partition's frontier to the minimum over its workers, and ends it when the last
@@ -197,7 +204,8 @@ class SharedPartitions:
                 topic = self.info.topic
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(address_of(self.info, p), topic.short_name, p,
-                                                 secret=self.runtime.secret, group=self.group)
+                                                 secret=self.runtime.secret, group=self.group,
+                                                 incarnation=incarnation_of(self.info))
             except BaseException as exc:
                 self._error = exc
                 raise

@@ -40,7 +40,7 @@ from querylib.cluster import TopicInfo
 from querylib.records import DIFF_HEADER, Record, decode_int64
 
 from ._events import Data, EndOfStream, Progress, Snapshot
-from ._runtime import Runtime, address_of
+from ._runtime import Runtime, address_of, incarnation_of
 from .serdes import Serde, decode_value, decode_values, type_tag
 
 if TYPE_CHECKING:  # the group client pulls in the Kafka codecs: loaded only for a group
@@ -280,7 +280,7 @@ class Subscription:
         return Subscriber(source.address, source.info.topic.short_name, source.partitions,
                           secret=self.runtime.secret, start=source.start, create=True,
                           values=source.info.topic.kind != TopicKind.COLLECTION,
-                          credit=_CREDIT)
+                          credit=_CREDIT, incarnation=incarnation_of(source.info))
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
@@ -288,7 +288,7 @@ class Subscription:
         stored: list[RawData] = []
         with Subscriber(source.address, source.info.topic.short_name, source.partitions,
                         secret=self.runtime.secret, start="earliest", follow=False,
-                        create=True) as sub:
+                        create=True, incarnation=incarnation_of(source.info)) as sub:
             stored.extend(e for e in sub if isinstance(e, RawData))
             # The frontier after replaying the stored control batches: all data below it
             # was stored before it, so the snapshot below it is complete.

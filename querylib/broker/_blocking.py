@@ -21,6 +21,7 @@ from querylib.records import TIME_HEADER, RunBatch, encode_int64
 
 from ._events import StartAt
 from ._link import BrokerLink
+from ._messages import Incarnation
 from ._producer import Entry, ProducerCore, WriterGroup, now_ms
 from ._stream import EndOfStream, Event, Headers, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
@@ -101,7 +102,8 @@ class Producer:
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True, group: WriterGroup | None = None) -> None:
+                 create: bool = True, group: WriterGroup | None = None,
+                 incarnation: Incarnation | None = None) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -122,18 +124,19 @@ class Producer:
         try:
             self.link, self.core = self._thread.call(self._open(address, secret, topic,
                                                                 partition, lease, timeout,
-                                                                create, group))
+                                                                create, group, incarnation))
         except BaseException:
             self._thread.stop()
             raise
 
     @staticmethod
     async def _open(address: str, secret: bytes, topic: str, partition: int, lease: float,
-                    timeout: float, create: bool,
-                    group: WriterGroup | None) -> tuple[BrokerLink, ProducerCore]:
+                    timeout: float, create: bool, group: WriterGroup | None,
+                    incarnation: Incarnation | None) -> tuple[BrokerLink, ProducerCore]:
         link = BrokerLink(address, secret, lease=lease, timeout=timeout)
         await link.start()
-        core = ProducerCore(link, topic, partition, create=create, group=group)
+        core = ProducerCore(link, topic, partition, create=create, group=group,
+                            incarnation=incarnation)
         try:
             await core.open()
         except BaseException:
@@ -345,7 +348,8 @@ class Subscriber:
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
                  secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
-                 timeout: float = 30.0, create: bool = False, values: bool = False) -> None:
+                 timeout: float = 30.0, create: bool = False, values: bool = False,
+                 incarnation: Incarnation | None = None) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
@@ -357,7 +361,8 @@ class Subscriber:
         self._pending: list[tuple[Event | None, int, int]] = []
         try:
             self.link, self.core = self._thread.call(self._open(
-                address, secret, topic, partitions, start, credit, lease, timeout, create))
+                address, secret, topic, partitions, start, credit, lease, timeout, create,
+                incarnation))
         except BaseException:
             self._thread.stop()
             raise
@@ -366,12 +371,12 @@ class Subscriber:
 
     async def _open(self, address: str, secret: bytes, topic: str,
                     partitions: list[int] | None, start: StartAt | dict[int, StartAt],
-                    credit: int, lease: float, timeout: float,
-                    create: bool) -> tuple[BrokerLink, SubscriberCore]:
+                    credit: int, lease: float, timeout: float, create: bool,
+                    incarnation: Incarnation | None) -> tuple[BrokerLink, SubscriberCore]:
         link = BrokerLink(address, secret, lease=lease, timeout=timeout)
         await link.start()
         core = SubscriberCore(link, topic, partitions, start, credit=credit,
-                              sink=self._queue.put, create=create)
+                              sink=self._queue.put, create=create, incarnation=incarnation)
         try:
             await core.open()
         except BaseException:

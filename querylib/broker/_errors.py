@@ -4,7 +4,8 @@
     ├── UserError
     │   ├── UnknownPartitionError    no such partition here (create it, or check the name)
     │   ├── PartitionBusyError       a partition to drop still has appends or reads in flight
-    │   └── InvalidTopicError        a topic name the broker cannot host
+    │   ├── InvalidTopicError        a topic name the broker cannot host
+    │   └── StaleIncarnationError    the partition here belongs to a newer topic of that name
     ├── ProtocolError
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
     │       ├── UnknownSessionError  no live session with that id (lease expired): reopen
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidTopicError",
     "NotProducerError",
     "PartitionBusyError",
+    "StaleIncarnationError",
     "UnknownPartitionError",
     "UnknownSessionError",
 ]
@@ -48,6 +50,14 @@ class InvalidTopicError(UserError):
     """A topic name the broker cannot turn into a directory name."""
 
     kafka_error_code = 17  # INVALID_TOPIC_EXCEPTION
+
+
+class StaleIncarnationError(UserError):
+    """The client asked for a partition of an older topic of that name than the one whose
+    directory the broker holds: its view of the catalog is out of date (or the catalog is
+    older than the broker's data)."""
+
+    kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
 
 
 class BrokerProtocolError(ProtocolError):

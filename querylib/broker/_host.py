@@ -1,5 +1,6 @@
-"""The partitions a broker hosts on disk: finding, creating, opening (with recovery) and the
-frontier a partition's log says it had (DESIGN §4).
+"""The partitions a broker hosts on disk: finding, creating, opening (with recovery), the
+frontier a partition's log says it had, and which topic incarnation a directory belongs to
+(DESIGN §4, §11 "Topic incarnations").
 
 Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
 state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what
@@ -10,6 +11,7 @@ and the frontier / end-of-stream recovered from the last control batches.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -18,18 +20,24 @@ from dataclasses import dataclass
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
+from querylib.errors import CorruptDataError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
 from querylib.records._header import ATTRIBUTES_OFFSET
 from querylib.records._types import CONTROL_BIT
 
-from ._errors import InvalidTopicError
+from ._errors import InvalidTopicError, StaleIncarnationError
 from ._events import PartitionId
+from ._messages import Incarnation
 
-__all__ = ["OpenedPartition", "find_partitions", "open_partition", "partition_path",
-           "purge_deleted", "recover_frontier", "remove_partition_dir", "validate_partition"]
+__all__ = ["OpenedPartition", "find_partitions", "open_partition",
+           "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
+           "remove_partition_dir", "set_aside", "stale_incarnation", "validate_partition",
+           "write_incarnation"]
 
 _DELETED = ".deleted-"  # prefix of a partition directory on its way out
+_ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
+INCARNATION_FILE = "topic.json"
 
 logger = logging.getLogger("querylib.broker")
 
@@ -91,6 +99,58 @@ def purge_deleted(data_dir: str) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
+def read_incarnation(path: str) -> Incarnation | None:
+    """The incarnation a partition directory records, None when it records none (a directory
+    made without a catalog, or by an older tq)."""
+    try:
+        with open(os.path.join(path, INCARNATION_FILE), "rb") as f:
+            doc = json.loads(f.read(4096))
+        return Incarnation(int(doc["created_ms"]), int(doc["topic_id"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"{path}/{INCARNATION_FILE}: unreadable ({exc}); move it aside if "
+                           "the directory belongs to the topic the catalog names") from exc
+
+
+def write_incarnation(path: str, pid: PartitionId, incarnation: Incarnation) -> None:
+    """Record the incarnation in the partition directory (temporary file, fsync, rename)."""
+    target = os.path.join(path, INCARNATION_FILE)
+    body = json.dumps({"topic": pid[0], "partition": pid[1], "topic_id": incarnation.topic_id,
+                       "created_ms": incarnation.created_ms})
+    with open(target + ".tmp", "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(target + ".tmp", target)
+    fsync_dir(path)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename itself must survive a crash
+    finally:
+        os.close(fd)
+
+
+def set_aside(data_dir: str, pid: PartitionId, held: Incarnation) -> str:
+    """Rename a (closed) partition directory of an older incarnation out of the broker's sight
+    (`.orphaned-<topic id>-<created ms>-<dir>`, never opened or removed by tq); its path."""
+    path = partition_path(data_dir, pid)
+    aside = os.path.join(data_dir, f"{_ORPHANED}{held.topic_id}-{held.created_ms}-"
+                                   f"{os.path.basename(path)}")
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        raise StorageError(f"cannot move {path} aside to {aside}: {exc}") from exc
+    fsync_dir(data_dir)
+    logger.warning("%s belongs to an older topic of that name (id %d, created at %d ms), not "
+                   "the one the catalog names now: moved it aside to %s", path, held.topic_id,
+                   held.created_ms, aside)
+    return aside
+
+
 def find_partitions(data_dir: str) -> list[PartitionId]:
     """The partitions stored under `data_dir` (directories named <topic>-<partition>)."""
     found: list[PartitionId] = []
@@ -116,17 +176,42 @@ class OpenedPartition:
     log: PartitionLog
     frontier: int
     ended: bool
+    incarnation: Incarnation | None = None
 
 
-def open_partition(data_dir: str, pid: PartitionId, config: LogConfig) -> OpenedPartition:
-    """Open (creating if missing) the log of `pid` and recover its frontier. Blocking."""
-    log = PartitionLog.open(partition_path(data_dir, pid), config)
+def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
+                   incarnation: Incarnation | None = None) -> OpenedPartition:
+    """Open (creating if missing) the log of `pid` and recover its frontier. Blocking.
+
+    With `incarnation` (the topic the catalog names), a directory of an older incarnation is
+    set aside first and a new one created; one of a newer incarnation is refused
+    (StaleIncarnationError); one that records none is taken as this incarnation's."""
+    path = partition_path(data_dir, pid)
+    held = read_incarnation(path)
+    if incarnation is not None and held is not None and held != incarnation:
+        if held > incarnation:
+            raise stale_incarnation(pid, held, incarnation, path)
+        set_aside(data_dir, pid, held)
+        held = None
+    log = PartitionLog.open(path, config)
     try:
+        if incarnation is not None and held is None:
+            write_incarnation(path, pid, incarnation)
+            held = incarnation
         frontier, ended = recover_frontier(log)
     except BaseException:
         log.close()
         raise
-    return OpenedPartition(log, frontier, ended)
+    return OpenedPartition(log, frontier, ended, held)
+
+
+def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
+                      path: str) -> StaleIncarnationError:
+    return StaleIncarnationError(
+        f"partition {pid[1]} of topic {pid[0]!r} here belongs to topic id {held.topic_id} "
+        f"created at {held.created_ms} ms, newer than the topic id {asked.topic_id} asked for "
+        f"(created at {asked.created_ms} ms): look the topic up again; if the catalog is the "
+        f"older one (restored from a backup), move {path} aside")
 
 
 def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
@@ -158,10 +243,16 @@ def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
 
 def _batches(log: PartitionLog, lo: int,
              hi: int) -> Iterator[tuple[ControlType | None, int | None]]:
-    """(control type or None for data, frontier value or None) of each batch in [lo, hi)."""
+    """(control type or None for data, frontier value or None) of each batch in [lo, hi); a
+    damaged range counts as data (what it held is unknown: it ends no stream)."""
     offset = lo
     while offset < hi:
-        data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        try:
+            data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        except CorruptDataError as exc:
+            yield None, None
+            offset = max(exc.end_offset, offset + 1)
+            continue
         if not data:
             return
         pos = 0

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 from typing import Literal
 
+import msgspec
+
 from querylib.rpc._messages import ErrorBody, Notify, Reply, Request
 
 __all__ = [
     "AdvanceRequest",
+    "Incarnation",
     "CloseSessionRequest",
     "CreditNotify",
     "Delivery",
@@ -58,6 +61,16 @@ __all__ = [
     "SubscriptionEnded",
     "UnsubscribeRequest",
 ]
+
+
+class Incarnation(msgspec.Struct, frozen=True, order=True):
+    """Which topic of a name a partition belongs to: the catalog's topic id and the topic's
+    creation time (requests carry them as `topic_id`, `topic_created_ms`). Ids alone are not
+    enough: a catalog restored from a backup, or started afresh, hands out the same ids
+    again. Ordered by creation (then id): the later topic of a name is the newer one."""
+
+    created_ms: int
+    topic_id: int
 
 
 # --------------------------------------------------------------------------- replies
@@ -132,6 +145,10 @@ class EnsurePartition(Request[PartitionInfo], tag="broker.partition.ensure"):
     topic: str
     partition: int
     create: bool = True
+    # The catalog's topic (id and creation time; 0: no catalog): the partition must belong
+    # to it (DESIGN §11 "Topic incarnations"). Also on OpenProducerRequest, SubscribeRequest.
+    topic_id: int = 0
+    topic_created_ms: int = 0
 
 
 class DropPartitionRequest(Request[Done], tag="broker.partition.drop"):
@@ -154,6 +171,8 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     writer: str = ""
     writers: int = 0
     rejoin: bool = False     # the broker forgot our session; we were counted before
+    topic_id: int = 0        # the catalog's topic, as on EnsurePartition
+    topic_created_ms: int = 0
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):
@@ -185,6 +204,8 @@ class SubscribeRequest(Request[Subscribed], tag="broker.subscribe"):
     start: int | Literal["earliest", "latest"] = "earliest"
     credit: int = 0         # initial credit in bytes
     create: bool = False
+    topic_id: int = 0       # the catalog's topic, as on EnsurePartition
+    topic_created_ms: int = 0
 
 
 class UnsubscribeRequest(Request[Done], tag="broker.unsubscribe"):

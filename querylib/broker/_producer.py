@@ -23,6 +23,7 @@ from ._link import BrokerLink
 from ._messages import (
     AdvanceRequest,
     EndStreamRequest,
+    Incarnation,
     OpenProducerRequest,
     Produced,
     ProduceRequest,
@@ -53,11 +54,13 @@ class ProducerCore:
     """Ordered, windowed sends of encoded batches into one partition (on the link's loop)."""
 
     def __init__(self, link: BrokerLink, topic: str, partition: int, *, create: bool = True,
-                 max_in_flight: int = 64, group: WriterGroup | None = None) -> None:
+                 max_in_flight: int = 64, group: WriterGroup | None = None,
+                 incarnation: Incarnation | None = None) -> None:
         self.link = link
         self.topic = topic
         self.partition = partition
         self.create = create
+        self.incarnation = incarnation  # the catalog's topic, when known
         self.group = group
         self.max_in_flight = max_in_flight
         self.window = CreditWindow(0)
@@ -94,13 +97,17 @@ class ProducerCore:
 
     def _open_request(self, *, rejoin: bool) -> OpenProducerRequest:
         group = self.group
+        topic = self.incarnation or Incarnation(0, 0)
         if group is None:
             return OpenProducerRequest(session=self.link.session, topic=self.topic,
-                                       partition=self.partition, create=self.create)
+                                       partition=self.partition, create=self.create,
+                                       topic_id=topic.topic_id,
+                                       topic_created_ms=topic.created_ms)
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
                                    group=group.name, writer=group.writer,
-                                   writers=group.writers, rejoin=rejoin)
+                                   writers=group.writers, rejoin=rejoin,
+                                   topic_id=topic.topic_id, topic_created_ms=topic.created_ms)
 
     def check(self) -> None:
         """Raise the first failure of an earlier send, once."""
@@ -188,9 +195,11 @@ class AsyncProducer:
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True, group: WriterGroup | None = None) -> None:
+                 create: bool = True, group: WriterGroup | None = None,
+                 incarnation: Incarnation | None = None) -> None:
         self.link = BrokerLink(address, secret, lease=lease, timeout=timeout)
-        self.core = ProducerCore(self.link, topic, partition, create=create, group=group)
+        self.core = ProducerCore(self.link, topic, partition, create=create, group=group,
+                                 incarnation=incarnation)
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger

@@ -81,7 +81,10 @@ from ._host import (
     partition_path,
     purge_deleted,
     remove_partition_dir,
+    set_aside,
+    stale_incarnation,
     validate_partition,
+    write_incarnation,
 )
 from ._lane import AppendLane
 from ._messages import (
@@ -94,6 +97,7 @@ from ._messages import (
     EndStreamRequest,
     EnsurePartition,
     HeartbeatRequest,
+    Incarnation,
     ListPartitions,
     OpenProducerRequest,
     OpenSessionRequest,
@@ -130,11 +134,17 @@ def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tu
     return data, read_header(data, last).next_offset
 
 
-def _open_partition(data_dir: str, pid: PartitionId,
-                    config: LogConfig) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
+def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
+                    incarnation: Incarnation | None
+                    ) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
     """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
-    opened = open_partition(data_dir, pid, config)
+    opened = open_partition(data_dir, pid, config, incarnation)
     return opened, load_groups(partition_path(data_dir, pid))
+
+
+def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
+    """The topic incarnation a request names; None when it names none (no catalog)."""
+    return Incarnation(created_ms, topic_id) if topic_id > 0 else None
 
 
 class BrokerServer:
@@ -161,6 +171,8 @@ class BrokerServer:
         self._lanes: dict[PartitionId, AppendLane] = {}
         self._savers: dict[PartitionId, GroupSaver] = {}
         self._opening: dict[PartitionId, asyncio.Lock] = {}
+        # The topic incarnation each open partition's directory records (None: none).
+        self._incarnations: dict[PartitionId, Incarnation | None] = {}
         self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
         self._broken: set[tuple[str, int]] = set()  # subscriptions whose delivery failed
         self._inbox: deque[Stimulus] = deque()
@@ -231,10 +243,12 @@ class BrokerServer:
 
     # -- partitions -------------------------------------------------------------------------
 
-    async def _open(self, pid: PartitionId) -> None:
+    async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
         loop = asyncio.get_running_loop()
         opened, groups = await loop.run_in_executor(self._append_pool, _open_partition,
-                                                    self.data_dir, pid, self.log_config)
+                                                    self.data_dir, pid, self.log_config,
+                                                    incarnation)
+        self._incarnations[pid] = opened.incarnation
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
         self._lanes[pid] = AppendLane(pid, log, self._append_pool, self._feed, inline=inline)
@@ -254,12 +268,16 @@ class BrokerServer:
         self._feed(make(future))
         return future
 
-    async def ensure_partition(self, topic: str, partition: int, *,
-                               create: bool) -> PartitionId:
+    async def ensure_partition(self, topic: str, partition: int, *, create: bool,
+                               topic_id: int = 0, topic_created_ms: int = 0) -> PartitionId:
         """The partition's id once this broker hosts it, opening (`create`: creating) it.
         InvalidTopicError for a name the broker cannot store, UnknownPartitionError when it
-        does not host it and `create` is off."""
-        return await self._ensure(topic, partition, create)
+        does not host it and `create` is off. With the catalog's `topic_id` and
+        `topic_created_ms`, the partition must belong to that topic (DESIGN §11 "Topic
+        incarnations"): an older incarnation's directory is set aside, a newer one's refuses
+        (StaleIncarnationError)."""
+        return await self._ensure(topic, partition, create,
+                                  incarnation_of(topic_id, topic_created_ms))
 
     def on_visible(self, listener: Callable[[PartitionId], None]) -> Callable[[], None]:
         """Call `listener(pid)` (on the loop; it must be quick) whenever what subscribers may
@@ -290,22 +308,48 @@ class BrokerServer:
                 for g in part.frontier.pending_groups()
                 if (q := query_of_group(g)) is not None}
 
-    async def _ensure(self, topic: str, partition: int, create: bool) -> PartitionId:
+    async def _ensure(self, topic: str, partition: int, create: bool,
+                      incarnation: Incarnation | None = None) -> PartitionId:
         pid = validate_partition(topic, partition)
-        if pid in self.state.partitions:
+        if pid in self.state.partitions and (
+                incarnation is None or self._incarnations.get(pid) == incarnation):
             return pid
-        if not create:
+        if pid not in self.state.partitions and not create:
             raise UnknownPartitionError(f"this broker has no partition {partition} of topic "
                                         f"{topic!r}")
         lock = self._opening.setdefault(pid, asyncio.Lock())
         async with lock:
+            self._opening[pid] = lock  # an open that held it before us may have let it go
+            if pid in self.state.partitions and incarnation is not None:
+                await self._check_incarnation(pid, incarnation)
             if pid not in self.state.partitions:
+                if not create:
+                    raise UnknownPartitionError(f"this broker has no partition {partition} of "
+                                                f"topic {topic!r}")
                 if len(self.state.partitions) >= self.max_partitions:
                     raise UserError(f"this broker hosts its maximum of {self.max_partitions} "
                                     "partitions")
-                await self._open(pid)
+                await self._open(pid, incarnation)
         self._opening.pop(pid, None)
         return pid
+
+    async def _check_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
+        """An open partition asked for as `incarnation` (under its opening lock): take it as
+        that one if its directory records none, set it aside if it is an older one (then it
+        is no longer hosted), refuse if it is a newer one."""
+        held = self._incarnations.get(pid)
+        path = partition_path(self.data_dir, pid)
+        loop = asyncio.get_running_loop()
+        if held == incarnation:
+            return
+        if held is None:
+            await loop.run_in_executor(self._append_pool, write_incarnation, path, pid,
+                                       incarnation)
+            self._incarnations[pid] = incarnation
+        elif held > incarnation:
+            raise stale_incarnation(pid, held, incarnation, path)
+        else:
+            await self._forget(pid, lambda: set_aside(self.data_dir, pid, held))
 
     async def drop_partition(self, topic: str, partition: int) -> None:
         """Forget a partition and delete its files (its topic was deleted). PartitionBusyError
@@ -316,19 +360,24 @@ class BrokerServer:
         lock = self._opening.setdefault(pid, asyncio.Lock())
         async with lock:
             self._opening[pid] = lock  # an open that held it before us may have let it go
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._feed(DropPartition(future, pid))
-            await future
-            loop = asyncio.get_running_loop()
-            lane = self._lanes.pop(pid, None)
-            if lane is not None:
-                await lane.close()
-                await loop.run_in_executor(self._append_pool, lane.log.close)
-            saver = self._savers.pop(pid, None)
-            if saver is not None:
-                await saver.close()
-            await loop.run_in_executor(self._append_pool, remove_partition_dir, self.data_dir,
-                                       pid)
+            await self._forget(pid, lambda: remove_partition_dir(self.data_dir, pid))
+
+    async def _forget(self, pid: PartitionId, then: Callable[[], object]) -> None:
+        """Drop the partition from the state, close its log, then run `then` (on the append
+        pool) on its closed directory. The caller holds the partition's opening lock."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._feed(DropPartition(future, pid))
+        await future
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.pop(pid, None)
+        if lane is not None:
+            await lane.close()
+            await loop.run_in_executor(self._append_pool, lane.log.close)
+        saver = self._savers.pop(pid, None)
+        if saver is not None:
+            await saver.close()
+        self._incarnations.pop(pid, None)
+        await loop.run_in_executor(self._append_pool, then)
 
     # -- the state machine loop -------------------------------------------------------------
 
@@ -468,7 +517,8 @@ class BrokerServer:
 
         @rpc.route(EnsurePartition)
         async def ensure(req: EnsurePartition, ctx: Context) -> PartitionInfo:
-            pid = await self._ensure(req.topic, req.partition, req.create)
+            pid = await self._ensure(req.topic, req.partition, req.create,
+                                     incarnation_of(req.topic_id, req.topic_created_ms))
             return self.state.partition_info(pid)
 
         @rpc.route(DropPartitionRequest)
@@ -478,7 +528,8 @@ class BrokerServer:
 
         @rpc.route(OpenProducerRequest)
         async def open_producer(req: OpenProducerRequest, ctx: Context) -> ProducerOpened:
-            pid = await self._ensure(req.topic, req.partition, req.create)
+            pid = await self._ensure(req.topic, req.partition, req.create,
+                                     incarnation_of(req.topic_id, req.topic_created_ms))
             return await self._call(ctx, req.session,
                                     lambda t: OpenProducer(t, req.session, pid, req.group,
                                                            req.writer, req.writers,
@@ -507,7 +558,8 @@ class BrokerServer:
 
         @rpc.route(SubscribeRequest)
         async def subscribe(req: SubscribeRequest, ctx: Context) -> Subscribed:
-            pid = await self._ensure(req.topic, req.partition, req.create)
+            pid = await self._ensure(req.topic, req.partition, req.create,
+                                     incarnation_of(req.topic_id, req.topic_created_ms))
             return await self._call(ctx, req.session, lambda t: Subscribe(
                 t, req.session, req.sub_id, pid, req.start, req.credit))
 

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from catalog.errors import TqError, UserError
-from querylib.errors import OffsetOutOfRangeError
+from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import ClientClosedError, Notification, RpcError, error_from_body
 
 from ._errors import UnknownPartitionError, UnknownSessionError
@@ -31,6 +31,7 @@ from ._link import BrokerLink
 from ._messages import (
     CreditNotify,
     Delivery,
+    Incarnation,
     ListPartitions,
     SubscribeRequest,
     SubscriptionEnded,
@@ -74,6 +75,7 @@ class _PartitionSub:
     granted: int = 0              # credit given to the current subscription, in all
     delivered: int = 0            # bytes it delivered
     early: list[Notification] | None = None  # deliveries that beat the first subscribe reply
+    early_end: Notification | None = None  # the end of the subscription, if that beat it too
 
 
 class SubscriberCore:
@@ -81,11 +83,13 @@ class SubscriberCore:
 
     def __init__(self, link: BrokerLink, topic: str, partitions: list[int] | None,
                  start: StartAt | dict[int, StartAt], *, credit: int,
-                 sink: Callable[[Chunk | TqError], None], create: bool = False) -> None:
+                 sink: Callable[[Chunk | TqError], None], create: bool = False,
+                 incarnation: Incarnation | None = None) -> None:
         self.link = link
         self.topic = topic
         self.credit = credit
         self.create = create
+        self.incarnation = incarnation or Incarnation(0, 0)  # the catalog's topic, if known
         self._requested = partitions
         self._start = start
         self._sink = sink
@@ -127,7 +131,8 @@ class SubscriberCore:
         self._by_id[sub_id] = sub  # before the request: deliveries may beat the reply
         reply = await self.link.request(SubscribeRequest(
             session=self.link.session, sub_id=sub_id, topic=self.topic,
-            partition=sub.partition, start=start, credit=credit, create=self.create))
+            partition=sub.partition, start=start, credit=credit, create=self.create,
+            topic_id=self.incarnation.topic_id, topic_created_ms=self.incarnation.created_ms))
         if sub.sub_id != sub_id:
             return  # superseded while we waited
         if sub.received is None:
@@ -138,6 +143,9 @@ class SubscriberCore:
             early, sub.early = sub.early or [], None
             for note in early:
                 self._on_delivery(note)
+            ended, sub.early_end = sub.early_end, None
+            if ended is not None:
+                self._on_ended(ended)
         if first:
             logger.debug("subscribed %s-%d at %d", self.topic, sub.partition, reply.offset)
 
@@ -169,12 +177,18 @@ class SubscriberCore:
 
     def _on_ended(self, note: Notification) -> None:
         message: SubscriptionEnded = note.message  # type: ignore[assignment]
-        sub = self._by_id.pop(message.sub_id, None)
+        sub = self._by_id.get(message.sub_id)
         if sub is None:
             return
+        if sub.received is None:
+            sub.early_end = note  # after the deliveries it ended behind, once the reply is in
+            return
+        del self._by_id[message.sub_id]
         error = error_from_body(message.error)
-        if isinstance(error, OffsetOutOfRangeError):
-            self._sink(error)  # retention deleted our position: only the application can decide
+        if isinstance(error, (OffsetOutOfRangeError, CorruptDataError)):
+            # Retention deleted our position, or the next offsets are damaged on disk:
+            # resubscribing would meet the same; only the application can decide.
+            self._sink(error)
             return
         logger.info("%s-%d: subscription ended (%s): resubscribing", self.topic, sub.partition,
                     error)
@@ -326,7 +340,8 @@ class AsyncSubscriber:
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
                  secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
-                 timeout: float = 30.0, create: bool = False) -> None:
+                 timeout: float = 30.0, create: bool = False,
+                 incarnation: Incarnation | None = None) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
@@ -335,7 +350,7 @@ class AsyncSubscriber:
         self._chunks: deque[Chunk | TqError] = deque()
         self._wakeup = asyncio.Event()
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,
-                                   sink=self._put, create=create)
+                                   sink=self._put, create=create, incarnation=incarnation)
         self.decoder = ChunkDecoder(self.core, follow=follow)
         self._ready: deque[tuple[Event | None, int, int]] = deque()
         self._finished = False

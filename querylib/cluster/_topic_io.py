@@ -40,6 +40,9 @@ class TopicRoute:
     partitions: int
     addresses: tuple[str, ...]  # addresses[i]: the broker hosting partition i
     ingest: bool
+    # Which topic of the name the catalog means (querylib.broker.Incarnation); None for a
+    # standalone broker, which has no catalog.
+    incarnation: Any = None
 
     def by_broker(self, partitions: list[int] | None = None) -> dict[str, list[int]]:
         """The partitions to read (all by default), grouped by the broker hosting them."""
@@ -64,10 +67,13 @@ def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None
         if create_partitions is None:
             raise
         info = cluster.create_topic(name, create_partitions, ingest=True)
+    from querylib.broker import Incarnation
+
     topic = info.topic
     return TopicRoute(name=topic.short_name, partitions=topic.partitions,
                       addresses=tuple(info.brokers[b] for b in topic.locations),
-                      ingest=topic.owner == INGEST)
+                      ingest=topic.owner == INGEST,
+                      incarnation=Incarnation(topic.created_at_ms, topic.topic_id))
 
 
 class TopicWriter:
@@ -94,7 +100,8 @@ class TopicWriter:
         if producer is None:
             self.route.by_broker([partition])  # a clear error for a partition out of range
             producer = Producer(self.route.addresses[partition], self.route.name, partition,
-                                secret=self.secret, timeout=self.timeout)
+                                secret=self.secret, timeout=self.timeout,
+                                incarnation=self.route.incarnation)
             self.producers[partition] = producer
         return producer
 
@@ -147,7 +154,8 @@ def read_topic(route: TopicRoute, secret: bytes, *, partitions: list[int] | None
     if len(groups) == 1:
         ((address, chosen),) = groups.items()
         with Subscriber(address, route.name, chosen, secret=secret, start=start,
-                        follow=follow, timeout=timeout, create=True) as sub:
+                        follow=follow, timeout=timeout, create=True,
+                        incarnation=route.incarnation) as sub:
             yield from sub
         return
     yield from _merged(route, groups, secret, start, follow, timeout)
@@ -175,7 +183,8 @@ def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
     def read(address: str, chosen: list[int]) -> None:
         try:
             with Subscriber(address, route.name, chosen, secret=secret, start=start,
-                            follow=follow, timeout=timeout, create=True) as sub:
+                            follow=follow, timeout=timeout, create=True,
+                            incarnation=route.incarnation) as sub:
                 for event in sub:
                     if not put((address, event)):
                         return

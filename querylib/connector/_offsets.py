@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import msgspec
 
 from catalog.errors import TqError
+from querylib.errors import CorruptDataError
 from querylib.log import PartitionLog
 from querylib.records import decode_batch, encode_batch, read_header
 
@@ -77,7 +78,14 @@ def _batches(log: PartitionLog, start: int, end: int) -> Iterator[tuple[bytes, i
     """(batch bytes, position) of every batch with base offset in [start, end)."""
     offset = start
     while offset < end:
-        data = log.read(offset, _READ_BYTES, end_offset=end)
+        try:
+            data = log.read(offset, _READ_BYTES, end_offset=end)
+        except CorruptDataError as exc:
+            # Progress records are superseded by later ones, and a damaged data batch cannot
+            # be a stream's resume point: go on after the range (a resume may repeat data).
+            logger.error("%s: skipping damaged records: %s", log.path, exc)
+            offset = max(exc.end_offset, offset + 1)
+            continue
         if not data:
             return
         pos = 0

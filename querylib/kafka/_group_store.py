@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from catalog.errors import StorageError
+from querylib.errors import CorruptDataError
 from querylib.kafka._backend import CommittedOffset, GroupRecord
 from querylib.kafka._offsets_format import GroupTombstone, OffsetTombstone, decode_offsets_record
 from querylib.log import PartitionLog, data_records
@@ -17,6 +18,12 @@ from querylib.log import PartitionLog, data_records
 __all__ = ["GroupStore"]
 
 logger = logging.getLogger("querylib.kafka")
+
+def _damaged(exc: CorruptDataError) -> None:
+    # Commits are superseded by later ones: a group whose last commits were in the damaged
+    # range resumes from an earlier one (reads again, at least once) rather than never start.
+    logger.error("__consumer_offsets: skipping damaged records: %s", exc)
+
 
 class GroupStore:
     """Committed offsets per group and the last state of each group."""
@@ -27,7 +34,7 @@ class GroupStore:
 
     def replay(self, log: PartitionLog, end: int | None = None) -> None:
         """Apply every record of `log` below `end` (default: its end). Blocking reads."""
-        for record in data_records(log, end=end):
+        for record in data_records(log, end=end, on_damage=_damaged):
             self.apply(record.key, record.value)
         logger.info("replayed __consumer_offsets: %d group(s) with offsets, %d group state(s)",
                     len(self.offsets), len(self.groups))

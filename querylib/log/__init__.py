@@ -5,7 +5,8 @@ offset: `.log` (RecordBatch v2, magic 2, CRC-32C), `.index` (relative offset int
 int32, one entry per `index_interval_bytes` appended) and `.timeindex` (timestamp int64,
 relative offset int32), all big-endian: Kafka's formats, so Kafka's tools can read them.
 Next to them: `recovery-point-offset-checkpoint` (Kafka's checkpoint format, one entry),
-`clean-shutdown` while closed cleanly, and `.lock` (flock held while open).
+`clean-shutdown` while closed cleanly (holding the log end offset), `.lock` (flock held while
+open), and for a damaged segment `<base>.damage` and `<base>.log.corrupt-<position>` files.
 
     log = PartitionLog.open(path, LogConfig(flush="always"))   # recovers if needed
     offset = log.append(batch_bytes)          # validated, base offset stamped, returned
@@ -42,18 +43,28 @@ leaves it to the OS. Rolled segments are always fsynced. `durable_end_offset` is
 guarantees (acknowledge up to it); `flushed_end_offset` is what was fsynced.
 
 Recovery: see `_recovery`. After an unclean shutdown the segments from the recovery point on
-(and any whose files changed or whose indexes are missing) are validated batch by batch, torn
-or corrupt tails truncated and indexes rebuilt; what is cut is logged on `querylib.log`.
+(and any whose files changed or whose indexes are missing) are validated batch by batch, the
+last segment's torn tail truncated and indexes rebuilt; what is cut is logged on
+`querylib.log`. Bytes that fail their checks anywhere else are never cut: they become a
+damaged range (`_damage`, remembered in `<base>.damage`), reads of which raise
+CorruptDataError while every batch around it stays readable.
+
+    log.read(offset_in_damaged_range, n)      # CorruptDataError(start_offset, end_offset, ...)
+    check_partition(path) -> [Finding]        # what `tq log check` reports; writes nothing
+    repair_partition(path) -> [Finding]       # `tq log repair`: quarantine, leave a gap
+    segment_damage(log_path) -> (Damage, ...) # for readers of the files (Spark's)
 
 Thread-safety: one writer (writer methods are serialized by a lock); `read`, `read_slice`,
 `offset_for_timestamp` and the offset properties may run on other threads during appends,
 rolls, flushes and retention. `truncate_to` must not race readers. Details in `_log`.
 
-Errors: RecordError subclasses for bad batches; OffsetOutOfRangeError, LogClosedError and
-StorageError (I/O failure, corrupt bytes on disk, log locked elsewhere) from querylib.errors.
+Errors: RecordError subclasses for bad batches; OffsetOutOfRangeError, LogClosedError,
+LogLockedError (open elsewhere), CorruptDataError / QuarantinedDataError (damaged offsets)
+and StorageError (I/O failure) from querylib.errors.
 """
 
 from querylib.log._batch import stored_batch
+from querylib.log._check import Finding, check_partition, find_partition_dirs, repair_partition
 from querylib.log._config import (
     FlushPolicy,
     LogConfig,
@@ -62,22 +73,30 @@ from querylib.log._config import (
     partition_dir_name,
     segment_name,
 )
+from querylib.log._damage import Damage, segment_damage
 from querylib.log._dump import dump_segment
-from querylib.log._log import FileSlice, PartitionLog, SegmentInfo
+from querylib.log._log import FileSlice, PartitionLog, SegmentInfo, corrupt_data_error
 from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
+    "Damage",
     "FileSlice",
+    "Finding",
     "FlushPolicy",
     "LogConfig",
     "PartitionLog",
     "SegmentInfo",
+    "check_partition",
+    "corrupt_data_error",
     "data_records",
     "dump_segment",
+    "find_partition_dirs",
     "parse_partition_dir",
     "parse_segment_name",
     "partition_dir_name",
     "record_at_timestamp",
+    "repair_partition",
+    "segment_damage",
     "segment_name",
     "stored_batch",
 ]

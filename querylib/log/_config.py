@@ -26,7 +26,10 @@ __all__ = [
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+# tq's own: the damaged ranges of a segment (querylib.log._damage), when it has any.
+DAMAGE_SUFFIX = ".damage"
+# `tq log repair` moves damaged bytes to `<segment>.log.corrupt-<position>` beside it.
+QUARANTINE_INFIX = ".corrupt-"
 
 # Files of our own in a partition directory. Kafka keeps its recovery points and clean-shutdown
 # marker one level up (per log dir); tq keeps them per partition because each partition has
@@ -38,7 +41,7 @@ LOCK_FILE = ".lock"
 # Kafka's offset index stores positions and relative offsets as int32.
 INT32_MAX = 2**31 - 1
 
-_SEGMENT_RE = re.compile(r"^(\d{20})(\.log|\.index|\.timeindex)$")
+_SEGMENT_RE = re.compile(r"^(\d{20})(\.log|\.index|\.timeindex|\.damage)$")
 _PARTITION_RE = re.compile(r"^(.+)-(\d{1,10})$")
 
 

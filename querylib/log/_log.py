@@ -31,8 +31,16 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from catalog.errors import StorageError
-from querylib.errors import LogClosedError, OffsetOutOfRangeError, RecordError
+from catalog import TopicName
+from catalog.errors import InvalidTopicNameError, StorageError
+from querylib.errors import (
+    CorruptDataError,
+    LogClosedError,
+    LogLockedError,
+    OffsetOutOfRangeError,
+    QuarantinedDataError,
+    RecordError,
+)
 from querylib.log._batch import (
     PREFIX_SIZE,
     Span,
@@ -42,6 +50,7 @@ from querylib.log._batch import (
     stamp_prefix,
 )
 from querylib.log._config import INT32_MAX, LOCK_FILE, FlushPolicy, LogConfig
+from querylib.log._damage import Damage
 from querylib.log._recovery import fsync_dir, load_segments, write_checkpoint, write_clean_marker
 from querylib.log._segment import LogSegment, PendingBatch
 from querylib.records import BatchHeader, decode_batch
@@ -59,6 +68,7 @@ class SegmentInfo(NamedTuple):
     size: int
     largest_timestamp: int  # -1 when no batch carries a timestamp
     path: str
+    damage: tuple[Damage, ...] = ()  # its damaged ranges (querylib.log._damage)
 
 
 class FileSlice:
@@ -109,8 +119,38 @@ def _lock_directory(path: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StorageError(f"{path}: the log is open in another PartitionLog or process") from None
+        raise LogLockedError(f"{path}: the log is open in another PartitionLog or process (a "
+                             "running broker?)") from None
     return fd
+
+
+def partition_of(path: str) -> tuple[str, int]:
+    """(topic as a broker names it, partition) of a partition directory, for messages; the
+    directory's own name and 0 when it is not named like one."""
+    name = os.path.basename(os.path.normpath(path))
+    try:
+        topic, partition = TopicName.parse_partition_dir(name)
+        return topic.short, partition
+    except InvalidTopicNameError:
+        return name, 0
+
+
+def corrupt_data_error(path: str, segment_path: str, damage: Damage) -> CorruptDataError:
+    """The error for a read of a damaged range of the partition in directory `path`."""
+    topic, partition = partition_of(path)
+    last = damage.end_offset - 1
+    where = f"topic {topic!r} partition {partition}: offsets {damage.start_offset}..{last}"
+    fields = {"topic": topic, "partition": partition, "start_offset": damage.start_offset,
+              "end_offset": damage.end_offset, "path": segment_path}
+    if damage.repaired:
+        kept = f" (their bytes are in {damage.quarantine})" if damage.quarantine else ""
+        return QuarantinedDataError(
+            f"{where} were damaged on disk and quarantined by `tq log repair`{kept}: they are "
+            f"lost; read from offset {damage.end_offset} to go on", **fields)
+    return CorruptDataError(
+        f"{where} are damaged on disk ({damage.reason}; {segment_path}): reads of them fail; "
+        f"read from offset {damage.end_offset} to go on, and see `tq log check {path}`",
+        **fields)
 
 
 class PartitionLog:
@@ -188,7 +228,8 @@ class PartitionLog:
     def segments(self) -> list[SegmentInfo]:
         segments = self._view[1]
         return [
-            SegmentInfo(s.base_offset, s.next_offset, s.size, s.largest_timestamp, s.path)
+            SegmentInfo(s.base_offset, s.next_offset, s.size, s.largest_timestamp, s.path,
+                        s.damage)
             for s in segments
         ]
 
@@ -365,6 +406,9 @@ class PartitionLog:
         if offset >= stop:
             return None
         for segment in segments[bisect_right(bases, offset) - 1:]:
+            damaged = segment.damage_holding(offset)
+            if damaged is not None:
+                raise corrupt_data_error(self.path, segment.path, damaged)
             fd = self._dup(segment)
             try:
                 size = segment.size
@@ -412,6 +456,8 @@ class PartitionLog:
                 continue
             try:
                 found = segment.offset_for_timestamp(fd, timestamp_ms, segment.size)
+                if isinstance(found, Damage):
+                    raise corrupt_data_error(self.path, segment.path, found)
                 if found is not None:
                     return _first_record_at(fd, found, timestamp_ms)
             except RecordError as exc:

@@ -4,16 +4,25 @@ Like Kafka, a clean close leaves a marker and an unclean one does not; the recov
 checkpoint names the first offset whose segment was not yet forced to disk. On open:
 
 - the segment holding the recovery point and every later one are validated batch by batch
-  (bounds, CRC-32C, gapless offsets) and their torn or corrupt tails truncated;
+  (bounds, CRC-32C, continuing offsets); only the last segment's torn tail is cut, and only
+  after an unclean shutdown: bad bytes at the end of the file with no valid batch after them,
+  a write the crash tore (as Kafka truncates from the first invalid batch past the recovery
+  point);
+- bad bytes anywhere else (after a clean close nothing is cut at all) are a damaged range:
+  every valid batch before and after them is kept, the range is remembered beside the segment
+  and reads of it fail with CorruptDataError (`_damage`; `tq log check` / `repair`);
 - earlier segments (or all of them after a clean close) are trusted up to their last index
-  entry; only the bytes after it are validated;
+  entry and their recorded damaged ranges; only the bytes after it are validated;
 - a segment with a missing or implausible index, or whose files changed after the checkpoint
   (or marker) was written, is validated whole and its indexes rebuilt: a sealed segment is never
   written again, so an mtime at or past the reference file's means someone else wrote it. File
   clocks are coarse (a write right after the marker may get the marker's very mtime), so when
   the log writes a reference file it sets its own files' mtimes strictly before it ("settles"
   them), and any later write then compares at or after it;
-- a segment that ends short of the next one's base offset ends the log: later segments go.
+- offsets missing between a segment's last batch and the next segment's base offset (or the
+  log end offset a clean close recorded in its marker) are a damaged range with no bytes: the
+  log keeps its offsets and never hands them out again. Batches whose offsets run past the
+  next segment's base offset are damage too (valid batches never overlap).
 
 Everything removed or truncated is logged on the `querylib.log` logger. This module owns the
 checkpoint and marker files; it never serves reads.
@@ -30,11 +39,9 @@ from querylib.log._config import (
     CHECKPOINT_FILE,
     CLEAN_SHUTDOWN_FILE,
     LOG_SUFFIX,
-    SEGMENT_SUFFIXES,
     LogConfig,
     parse_partition_dir,
     parse_segment_name,
-    segment_name,
 )
 from querylib.log._segment import LogSegment
 
@@ -115,19 +122,26 @@ def settle(paths: Iterable[str], reference: str) -> None:
             os.utime(path, ns=(st.st_atime_ns, limit - 1))
 
 
+def read_clean_marker(directory: str) -> int | None:
+    """The log end offset a clean close recorded in its marker, or None (no marker, or one
+    that does not say)."""
+    try:
+        with open(os.path.join(directory, CLEAN_SHUTDOWN_FILE), "rb") as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        return None
+    try:
+        end = int(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return end if end >= 0 else None
+
+
 def _mtime_ns(path: str) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
     except FileNotFoundError:
         return None
-
-
-def _remove_segment_files(directory: str, base_offset: int) -> None:
-    for suffix in SEGMENT_SUFFIXES:
-        try:
-            os.unlink(os.path.join(directory, segment_name(base_offset, suffix)))
-        except FileNotFoundError:
-            pass
 
 
 def _scan(directory: str) -> list[int]:
@@ -155,6 +169,7 @@ def load_segments(directory: str, config: LogConfig) -> list[LogSegment]:
     bases = _scan(directory)
     marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
     clean = os.path.exists(marker)
+    clean_end = read_clean_marker(directory) if clean else None
     recovery_point = read_checkpoint(directory)
     reference = _mtime_ns(marker) if clean else (
         _mtime_ns(os.path.join(directory, CHECKPOINT_FILE)) if recovery_point is not None else None)
@@ -176,17 +191,10 @@ def load_segments(directory: str, config: LogConfig) -> list[LogSegment]:
                 logger.info("%s: indexes missing or files changed since the last checkpoint; "
                             "validating the whole segment", segment.path)
             full = unflushed or changed or not indexes_ok
-            if segment.recover(resume=not full) or changed or not indexes_ok:
+            end_offset = clean_end if is_last else bases[i + 1]
+            if segment.recover(resume=not full, end_offset=end_offset,
+                               torn_tail=is_last and unflushed) or changed or not indexes_ok:
                 touched.append(segment)  # the checkpoint's mtime must move past its files
-            if not is_last and segment.next_offset != bases[i + 1]:
-                logger.warning(
-                    "%s: ends at offset %d but the next segment starts at %d; removing the "
-                    "segments from offset %d on", segment.path, segment.next_offset,
-                    bases[i + 1], bases[i + 1])
-                for later in bases[i + 1:]:
-                    _remove_segment_files(directory, later)
-                touched.append(segment)
-                break
         if not segments:
             segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
             touched.append(segments[0])

@@ -7,8 +7,9 @@ chunk ahead of the caller (a replay of a long log stays in bounded memory).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from querylib.errors import CorruptDataError
 from querylib.log._log import PartitionLog
 from querylib.records import Record, decode_batch, iter_batches
 
@@ -17,15 +18,25 @@ __all__ = ["data_records", "record_at_timestamp"]
 SCAN_CHUNK = 4 * 1024 * 1024
 
 
-def data_records(log: PartitionLog, start: int | None = None,
-                 end: int | None = None) -> Iterator[Record]:
+def data_records(log: PartitionLog, start: int | None = None, end: int | None = None, *,
+                 on_damage: Callable[[CorruptDataError], None] | None = None
+                 ) -> Iterator[Record]:
     """Every data record (control batches skipped) with offset in [start, end); `start`
-    defaults to the log start, `end` to the log end."""
+    defaults to the log start, `end` to the log end. A damaged range raises its
+    CorruptDataError, unless `on_damage` is given: then it is told of the range, and the scan
+    goes on after it (for bookkeeping topics whose records a later one supersedes)."""
     first = log.log_start_offset if start is None else max(start, log.log_start_offset)
     end = log.log_end_offset if end is None else end
     offset = first
     while offset < end:
-        data = log.read(offset, SCAN_CHUNK, end_offset=end)
+        try:
+            data = log.read(offset, SCAN_CHUNK, end_offset=end)
+        except CorruptDataError as exc:
+            if on_damage is None or exc.end_offset <= offset:
+                raise
+            on_damage(exc)
+            offset = exc.end_offset
+            continue
         if not data:
             return
         for batch in iter_batches(data):

@@ -2,7 +2,11 @@
 
 The segment appends whole batches, keeps Kafka's index entries (one per
 `index_interval_bytes` appended), finds batch positions for readers, validates its bytes when
-recovering, and truncates. It does not decide when to roll, flush or delete: PartitionLog does.
+recovering (remembering damaged ranges, `_damage`), and truncates. It does not decide when to
+roll, flush or delete: PartitionLog does; nor what is a torn tail: recovery tells it.
+
+Readers never cross a damaged range: a read stops in front of one, and `damage_holding`
+names the range an offset falls in (the log turns it into CorruptDataError).
 
 `size` is the end of the last whole batch the writer has written; it only grows while the
 segment is active (truncation aside), and readers never read past the value they sampled, so a
@@ -17,22 +21,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from catalog.errors import StorageError
-from querylib.errors import RecordError
-from querylib.log._batch import LEADER_EPOCH, Span, describe, iter_spans, pread_exact
+from querylib.log._batch import Span, iter_spans
 from querylib.log._config import (
+    DAMAGE_SUFFIX,
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
+    QUARANTINE_INFIX,
     TIME_INDEX_SUFFIX,
     segment_name,
 )
+from querylib.log._damage import Damage, SegmentWalk, damage_at, load_damage, save_damage
 from querylib.log._index import OffsetIndex, TimeIndex
-from querylib.records import HEADER_SIZE, BatchHeader, read_header, verify_batch
+from querylib.records import HEADER_SIZE, BatchHeader
 
 logger = logging.getLogger("querylib.log")
 
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
-_RECOVERY_BLOCK = 8 * 1024 * 1024  # bytes validated per read during recovery
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # data and size, not mtime: enough to recover
 
 
@@ -82,13 +87,17 @@ class LogSegment:
         self.offset_of_max_timestamp = base_offset
         self._interval = index_interval
         self._bytes_since_index = 0
+        self.damage_path = os.path.join(directory, segment_name(base_offset, DAMAGE_SUFFIX))
+        # Damaged ranges, by position: replaced whole (recovery, truncation), never mutated.
+        self.damage: tuple[Damage, ...] = ()
 
     # ---- opening -------------------------------------------------------------------------
 
     @classmethod
     def open(cls, directory: str, base_offset: int, index_interval: int) -> tuple[LogSegment, bool]:
-        """Open (or create) the segment's files. True when both indexes loaded sanely; the
-        caller must still validate or recover before using `size` and `next_offset`."""
+        """Open (or create) the segment's files and load its damaged ranges. True when both
+        indexes and the damage file loaded sanely; the caller must still validate or recover
+        before using `size` and `next_offset`."""
         path = os.path.join(directory, segment_name(base_offset, LOG_SUFFIX))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -102,9 +111,10 @@ class LogSegment:
         except BaseException:
             os.close(fd)
             raise
-        return cls(directory, base_offset, fd, index, time_index, index_interval), (
-            index_ok and time_ok
-        )
+        segment = cls(directory, base_offset, fd, index, time_index, index_interval)
+        damage = load_damage(segment.damage_path)
+        segment.damage = damage or ()
+        return segment, index_ok and time_ok and damage is not None
 
     @classmethod
     def create(cls, directory: str, base_offset: int, index_interval: int) -> LogSegment:
@@ -113,6 +123,7 @@ class LogSegment:
             path = os.path.join(directory, segment_name(base_offset, suffix))
             if os.path.exists(path):
                 os.truncate(path, 0)
+        save_damage(os.path.join(directory, segment_name(base_offset, DAMAGE_SUFFIX)), ())
         segment, _ = cls.open(directory, base_offset, index_interval)
         return segment
 
@@ -120,7 +131,18 @@ class LogSegment:
         return os.fstat(self.fd).st_size
 
     def file_paths(self) -> list[str]:
-        return [self.path, self.index.path, self.time_index.path]
+        """The segment's files: log, indexes, and the damage file when it has one."""
+        paths = [self.path, self.index.path, self.time_index.path]
+        return [*paths, self.damage_path] if self.damage else paths
+
+    def quarantine_paths(self) -> list[str]:
+        """Files `tq log repair` moved this segment's damaged bytes to."""
+        prefix = os.path.basename(self.path) + QUARANTINE_INFIX
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted(os.path.join(self.directory, n) for n in names if n.startswith(prefix))
 
     @property
     def largest_timestamp(self) -> int:
@@ -189,16 +211,41 @@ class LogSegment:
 
     # ---- reading (any thread, on a dup of fd) ---------------------------------------------
 
+    def damage_holding(self, offset: int) -> Damage | None:
+        """The damaged range holding `offset`, if any."""
+        return damage_at(self.damage, offset) if self.damage else None
+
+    def clean_end(self, position: int, size: int) -> int:
+        """Where the bytes readable from batch start `position` end: `size`, or the start of
+        the first damaged range after `position`."""
+        for d in self.damage:
+            # (An empty range at `position` itself lies before the batch there.)
+            if d.position > position:
+                return min(size, d.position)
+        return size
+
     def find_batch(self, fd: int, offset: int, size: int) -> Span | None:
         """The batch holding `offset`, below `size`; None when every batch here ends before
         it. Raises RecordError on unparsable bytes. Sequential reads of large batches are
-        answered by the index alone, without reading a header."""
-        known = self.index.batch_holding(offset)
-        if known is not None and known[3] <= size:
-            position, base, next_offset, end = known
-            return Span(position, base, next_offset, end - position)
-        for span in iter_spans(fd, self.index.lookup(offset), size, self._scan_chunk):
-            if span.position + span.size > size:
+        answered by the index alone, without reading a header. The caller has checked that
+        `offset` is in no damaged range."""
+        start, limit = self.index.lookup(offset), size
+        if self.damage:
+            # Walk only the clean bytes between the ranges around `offset`. (The index's
+            # shortcut assumes gapless offsets between adjacent entries: not used here.)
+            for d in self.damage:
+                if d.end_offset <= offset:
+                    start = max(start, d.end_position)
+                elif d.start_offset > offset:
+                    limit = min(limit, d.position)
+                    break
+        else:
+            known = self.index.batch_holding(offset)
+            if known is not None and known[3] <= size:
+                position, base, next_offset, end = known
+                return Span(position, base, next_offset, end - position)
+        for span in iter_spans(fd, start, limit, self._scan_chunk):
+            if span.position + span.size > limit:
                 raise StorageError(
                     f"{self.path}: batch at {span.position} runs past the segment end")
             self.index.learn(span.position, span.position + span.size)
@@ -210,9 +257,12 @@ class LogSegment:
         self, fd: int, first: Span, limit: int, size: int, end_offset: int | None
     ) -> int:
         """The end of the longest run of whole batches from `first` that stays within `limit`
-        bytes of the file and holds no batch whose base offset is >= `end_offset`. Always
-        includes the first batch."""
+        bytes of the file, in front of any damaged range, and holds no batch whose base offset
+        is >= `end_offset`. Always includes the first batch."""
         end = first.position + first.size
+        if self.damage:
+            size = self.clean_end(first.position, size)
+            limit = min(limit, size)
         if end >= limit:
             return end
         # Jump by index to a batch start near the limit, then walk the few headers after it.
@@ -237,68 +287,87 @@ class LogSegment:
         # From an index entry the wanted header is at most one interval (plus a batch) away.
         return min(max(self._interval + 2 * HEADER_SIZE, 4096), 1 << 16)
 
-    def offset_for_timestamp(self, fd: int, timestamp: int, size: int) -> Span | None:
+    def offset_for_timestamp(self, fd: int, timestamp: int, size: int) -> Span | Damage | None:
         """The first batch here at or after the time index's hint whose maxTimestamp is >=
-        `timestamp`; None when there is none."""
-        found = self.find_batch(fd, self.time_index.lookup(timestamp), size)
+        `timestamp`; None when there is none; the damaged range met first when the answer
+        may lie in it (its timestamps are unknown)."""
+        hint = self.time_index.lookup(timestamp)
+        damaged = self.damage_holding(hint)
+        if damaged is not None:
+            return damaged
+        found = self.find_batch(fd, hint, size)
         if found is None:
             return None
-        for span in iter_spans(fd, found.position, size, self._scan_chunk):
-            if span.position + span.size > size:
-                break
-            if span.max_timestamp is not None and span.max_timestamp >= timestamp:
-                return span
+        position = found.position
+        ahead = [d for d in self.damage if d.position > position and d.position < size]
+        for d in [*ahead, None]:
+            stop = size if d is None else d.position
+            for span in iter_spans(fd, position, stop, self._scan_chunk):
+                if span.position + span.size > stop:
+                    break
+                if span.max_timestamp is not None and span.max_timestamp >= timestamp:
+                    return span
+            if d is None:
+                return None
+            if not d.repaired and d.end_offset > d.start_offset:
+                return d  # its records' timestamps are unknown
+            position = d.end_position  # a gap, or bytes that held no offsets: go on after
         return None
 
     # ---- recovery and truncation (writer) -------------------------------------------------
 
-    def recover(self, resume: bool) -> bool:
-        """Validate batches (bounds, CRC-32C, magic 2, gapless offsets, leader epoch) and cut
-        the file after the last valid one. True when any of the three files changed.
+    def recover(self, resume: bool, *, end_offset: int | None = None,
+                torn_tail: bool = False) -> bool:
+        """Validate batches (bounds, CRC-32C, magic 2, leader epoch, continuing offsets) and
+        rebuild what depends on them. True when any of the segment's files changed.
 
-        `resume` trusts the bytes before the last offset index entry (a cleanly closed or
-        checkpointed segment) and validates from the batch that entry names. Otherwise, or when
-        anything past that entry is invalid, the whole segment is validated and both indexes
-        are rebuilt from it.
+        Bytes that fail, with valid batches after them, become a damaged range: kept, with
+        every valid batch around them (`_damage`). Bad bytes up to the end of the file are
+        cut when `torn_tail` (the last segment after an unclean shutdown: a write the crash
+        tore), else kept as a damaged range too: nothing else is ever cut. `end_offset`, when
+        known (the next segment's base offset, the log end a clean close recorded), is where
+        this segment's offsets end: offsets short of it are a gap.
+
+        `resume` trusts the bytes before the last offset index entry and the ranges recorded
+        before (a cleanly closed or checkpointed segment) and validates from the batch that
+        entry names. Otherwise, or when anything new turns up past that entry, the whole
+        segment is validated and both indexes and the damage file are rebuilt from it.
         """
         resume = resume and len(self.index) > 0
         file_size = self.file_size()
+        known = self.damage
         if resume:
             start = self.index.last_position
-            anchor: int | None = self.index.last_offset  # last offset of the batch at `start`
+            anchor = self.index.last_offset  # last offset of the batch at `start`
             self.max_timestamp = self.time_index.last_timestamp
             self.offset_of_max_timestamp = self.time_index.last_offset
+            carried = [d for d in known if d.position < start]
+            trusted = [d for d in known if d.position >= start]
+            walk = SegmentWalk(self.fd, self.base_offset, start, file_size, None,
+                               end_offset=end_offset, trusted=trusted)
         else:
-            start, anchor = 0, None
+            start, anchor = 0, -1
             self.max_timestamp, self.offset_of_max_timestamp = -1, self.base_offset
+            # Repaired gaps are authoritative: their bytes are gone, the offsets stay a hole.
+            carried, trusted = [], [d for d in known if d.repaired]
+            walk = SegmentWalk(self.fd, self.base_offset, 0, file_size, self.base_offset,
+                               end_offset=end_offset, trusted=trusted,
+                               hints=[p for _, p in self.index.entries()])
         time_floor = self.max_timestamp  # time entries must exceed what is indexed already
         index_entries: list[tuple[int, int, int]] = []  # (last offset, position, end)
         time_entries: list[tuple[int, int]] = []
+        found: list[Damage] = []
         self._bytes_since_index = 0
-        expected = self.base_offset
-        pos, reason = start, None
-        block, block_pos = b"", start
-        while pos < file_size:
-            if pos - block_pos + HEADER_SIZE > len(block):
-                block, block_pos = self._read_block(pos, file_size, HEADER_SIZE), pos
-            try:
-                header = read_header(block, pos - block_pos)
-            except RecordError as exc:
-                reason = f"batch at {pos}: {describe(exc)}"
-                break
-            if pos + header.size > file_size:
-                reason = f"batch at {pos} of {header.size} bytes cut short by the end of file"
-                break
-            if pos - block_pos + header.size > len(block):
-                block, block_pos = self._read_block(pos, file_size, header.size), pos
+        for item in walk:
+            if isinstance(item, Damage):
+                found.append(item)
+                continue
+            pos, header = item
             last = header.base_offset + header.last_offset_delta
-            if pos == start and anchor is not None:
-                expected = header.base_offset  # checked against the index entry instead
-                if last != anchor:
-                    reason = f"batch at {pos} does not hold offset {anchor} as its index says"
-                    break
-            reason = self._check(block, pos - block_pos, header, expected, pos)
-            if reason is not None:
+            if resume and pos == start and last != anchor:
+                walk.tail = Damage(pos, file_size, anchor, anchor,
+                                   f"batch at {pos} does not hold offset {anchor} as its "
+                                   "index says")
                 break
             if header.max_timestamp > self.max_timestamp:
                 self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, last
@@ -308,19 +377,23 @@ class LogSegment:
                     time_entries.append((self.max_timestamp, self.offset_of_max_timestamp))
                 self._bytes_since_index = 0
             self._bytes_since_index += header.size
-            expected = last + 1
-            pos += header.size
-        truncated = file_size - pos
-        if resume and truncated:
+        tail = walk.tail
+        if resume and (tail is not None or any(d not in trusted for d in found)):
+            problem = tail or next(d for d in found if d not in trusted)
             logger.warning("%s: invalid bytes after the last index entry (%s); validating the "
-                           "whole segment", self.path, reason)
-            return self.recover(resume=False)
+                           "whole segment", self.path, problem.reason)
+            return self.recover(resume=False, end_offset=end_offset, torn_tail=torn_tail)
         # Like seal(): the time index ends with the segment's largest timestamp, so a reopen
         # (and retention by age) finds it without reading the segment.
         if self.max_timestamp > (time_entries[-1][0] if time_entries else time_floor):
             time_entries.append((self.max_timestamp, self.offset_of_max_timestamp))
+        truncated = 0
+        if tail is not None and torn_tail:
+            truncated = file_size - tail.position
+        elif tail is not None:
+            found.append(tail)
         if resume:
-            modified = bool(index_entries or time_entries or truncated)
+            modified = bool(index_entries or time_entries)
             for offset, position, end in index_entries:
                 self.index.append(offset, position, end)
             for timestamp, offset in time_entries:
@@ -331,45 +404,48 @@ class LogSegment:
                 self.time_index.rewrite(time_entries)
                 modified = True
         if truncated:
+            assert tail is not None
             logger.warning(
                 "%s: truncated %d bytes at position %d (next offset %d): %s",
-                self.path, truncated, pos, expected, reason or "invalid tail")
-            os.ftruncate(self.fd, pos)
-        self.size = pos
-        self.next_offset = expected
+                self.path, truncated, tail.position, tail.start_offset, tail.reason)
+            os.ftruncate(self.fd, tail.position)
+            self.size, self.next_offset = tail.position, tail.start_offset
+        elif tail is not None:
+            self.size, self.next_offset = file_size, tail.end_offset
+        else:
+            self.size, self.next_offset = walk.end, walk.next_offset
+        damage = tuple(sorted([*carried, *found], key=lambda d: (d.position, d.start_offset)))
+        for d in damage:
+            if d not in known:
+                logger.warning("%s: damaged: %s; every valid batch around it is kept, reads of "
+                               "it fail until `tq log repair`", self.path, d.describe())
+        if damage != known:
+            self.set_damage(damage)
+            modified = True
         return modified
 
-    def _read_block(self, pos: int, file_size: int, need: int) -> bytes:
-        # `need` is a header or one bounded batch (read_header capped it at MAX_BATCH_SIZE).
-        return pread_exact(self.fd, max(need, min(_RECOVERY_BLOCK, file_size - pos)), pos)
-
-    def _check(
-        self, block: bytes, off: int, header: BatchHeader, expected: int, pos: int
-    ) -> str | None:
-        """Why the batch at `pos` cannot be kept, or None when it is valid."""
-        try:
-            verify_batch(block, off)
-        except RecordError as exc:
-            return f"batch at {pos}: {describe(exc)}"
-        if header.base_offset != expected:
-            return f"batch at {pos}: base offset {header.base_offset}, expected {expected}"
-        if header.partition_leader_epoch != LEADER_EPOCH:
-            return f"batch at {pos}: leader epoch {header.partition_leader_epoch}"
-        if header.last_offset_delta < 0:
-            return f"batch at {pos}: lastOffsetDelta {header.last_offset_delta}"
-        if header.base_offset + header.last_offset_delta - self.base_offset > INT32_MAX:
-            return f"batch at {pos}: offset beyond this segment's int32 range"
-        return None
+    def set_damage(self, damage: Sequence[Damage]) -> None:
+        """Replace the damaged ranges and their file (the caller syncs the directory)."""
+        save_damage(self.damage_path, damage)
+        self.damage = tuple(damage)
 
     def truncate_to(self, offset: int) -> None:
         """Cut the segment before the batch holding `offset` (so it ends at that batch's base
-        offset, like Kafka's LogSegment.truncateTo)."""
-        found = self.find_batch(self.fd, offset, self.size) if offset < self.next_offset else None
-        if found is None:
+        offset, like Kafka's LogSegment.truncateTo), or before the damaged range holding it."""
+        if offset >= self.next_offset:
             return
-        pos = found.position
+        damaged = self.damage_holding(offset)
+        if damaged is not None:
+            pos, cut = damaged.position, damaged.start_offset
+        else:
+            found = self.find_batch(self.fd, offset, self.size)
+            if found is None:
+                return
+            pos, cut = found.position, found.base_offset
+        if self.damage:
+            self.set_damage([d for d in self.damage if d.end_offset <= cut])
         self.index.truncate_to_position(pos)
-        self.time_index.truncate_to_offset(found.base_offset)
+        self.time_index.truncate_to_offset(cut)
         os.ftruncate(self.fd, pos)
         os.fsync(self.fd)
         self.recover(resume=True)
@@ -386,10 +462,11 @@ class LogSegment:
         self.time_index.close()
 
     def delete(self) -> None:
-        """Close and remove the files, the .log first: a crash in between leaves only stray
-        indexes, which opening removes, never a log without its place in the offset order."""
+        """Close and remove the files (with any quarantined bytes of it), the .log first: a
+        crash in between leaves only stray indexes, which opening removes, never a log without
+        its place in the offset order."""
         self.close()
-        for path in self.file_paths():
+        for path in [*self.file_paths(), *self.quarantine_paths()]:
             try:
                 os.unlink(path)
             except FileNotFoundError:

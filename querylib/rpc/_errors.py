@@ -193,11 +193,15 @@ def error_body(exc: TqError) -> ErrorBody:
     message = str(exc)
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[:_MAX_MESSAGE_CHARS] + "..."
+    attributes = {name: value for name in getattr(exc, "wire_attributes", ())
+                  if isinstance(value := getattr(exc, name, None), int | str)
+                  and not isinstance(value, bool)}
     return ErrorBody(
         type=getattr(exc, "remote_type", "") or _full_name(type(exc)),
         message=message,
         retriable=bool(exc.retriable),
         kafka_error_code=int(exc.kafka_error_code),
+        attributes=attributes,
     )
 
 
@@ -230,5 +234,9 @@ def error_from_body(body: ErrorBody, declared: type[TqError] = TqError) -> TqErr
     BaseException.__init__(exc, body.message)
     if isinstance(exc, RpcProtocolError):
         exc.header = None
+    for name in getattr(cls, "wire_attributes", ()):
+        value = body.attributes.get(name)
+        if isinstance(value, type(getattr(cls, name, None))):
+            setattr(exc, name, value)  # only declared names, of the class default's type
     exc.remote_type = body.type  # type: ignore[attr-defined]
     return exc

@@ -78,12 +78,14 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
 
 
 class ErrorBody(msgspec.Struct, array_like=True, frozen=True):
-    """The body of an ERROR message: a TqError's class name, message and traits."""
+    """The body of an ERROR message: a TqError's class name, message and traits, and the
+    attributes its class names in `wire_attributes` (e.g. the offsets of CorruptDataError)."""
 
     type: str
     message: str
     retriable: bool
     kafka_error_code: int
+    attributes: dict[str, int | str] = msgspec.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, type[Message]] = {}

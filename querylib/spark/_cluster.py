@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from catalog import Topic, TopicName
 from catalog.errors import UnknownTopicError
-from querylib.broker import Producer, Subscriber, list_partitions
+from querylib.broker import Incarnation, Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
 from querylib.rpc import RpcError, SecretRejectedError, load_secret
 from querylib.spark._errors import BrokerUnreachableError
@@ -40,6 +40,9 @@ class PartitionPlace:
     broker: str
     secret_file: str
     timeout: float = 30.0
+    # The catalog's topic, (creation ms, topic id): a broker serves only that topic's
+    # partition under the name (DESIGN §11 "Topic incarnations"); None: not checked.
+    incarnation: tuple[int, int] | None = None
 
 
 def _secret_hint(secret_file: str) -> str:
@@ -100,7 +103,8 @@ class ClusterTopics:
         if address is None:
             raise BrokerUnreachableError(f"partition {partition} of {topic!r} is on broker "
                                          f"{broker_id}, which is not up")
-        return PartitionPlace(address, self.secret_file, self.timeout)
+        return PartitionPlace(address, self.secret_file, self.timeout,
+                              (info.topic.created_at_ms, info.topic.topic_id))
 
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, durable log end); (0, 0) for a partition no one has written yet."""
@@ -118,6 +122,10 @@ class ClusterTopics:
         return known.get(partition, (0, 0))
 
 
+def _incarnation(place: PartitionPlace) -> Incarnation | None:
+    return None if place.incarnation is None else Incarnation(*place.incarnation)
+
+
 def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
                 stop: int) -> Iterator[bytes]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
@@ -125,7 +133,8 @@ def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
     secret = load_secret(place.secret_file)
     try:
         subscriber = Subscriber(place.broker, topic, [partition], secret=secret, start=start,
-                                credit=READ_CREDIT, follow=True, timeout=place.timeout)
+                                credit=READ_CREDIT, follow=True, timeout=place.timeout,
+                                incarnation=_incarnation(place))
     except RpcError as exc:
         raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc
@@ -148,7 +157,7 @@ def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer
     coordinator placed it there)."""
     try:
         return Producer(place.broker, topic, partition, secret=load_secret(place.secret_file),
-                        create=True, timeout=place.timeout)
+                        create=True, timeout=place.timeout, incarnation=_incarnation(place))
     except RpcError as exc:
         raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc

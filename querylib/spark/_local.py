@@ -12,7 +12,10 @@ Offsets are those on disk now: `offset_range` gives (log start, end of the last 
 What a broker has not flushed may already be visible here; what it truncates at recovery may
 have been read. A segment removed by retention while a read has it open stays readable (the
 open descriptor keeps it); one removed before is DataLossError or, with failOnDataLoss=false,
-skipped.
+skipped. Damaged offsets are never skipped: the ranges the broker recorded beside a segment
+(`querylib.log.segment_damage`), and any offsets a read cannot get to (bytes that are no batch
+before the segment ends, offsets that jump), raise CorruptDataError, as a read through the
+broker does.
 
 Must not: write, lock or rename anything in the data dir.
 """
@@ -24,11 +27,11 @@ import struct
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError, UnknownTopicError
-from querylib.log import parse_segment_name
+from querylib.log import Damage, corrupt_data_error, parse_segment_name, segment_damage
 from querylib.records import HEADER_SIZE, LOG_OVERHEAD, MAX_BATCH_SIZE
 from querylib.spark._errors import DataLossError
 
@@ -68,11 +71,18 @@ def _batch_at(buf: bytes, pos: int) -> _BatchSpan | None:
 
 
 class _Segment:
-    __slots__ = ("base", "path")
+    __slots__ = ("base", "path", "_damage")
 
     def __init__(self, base: int, path: str) -> None:
         self.base = base
         self.path = path
+        self._damage: tuple[Damage, ...] | None = None
+
+    def damage(self) -> tuple[Damage, ...]:
+        """The damaged ranges the broker recorded for this segment."""
+        if self._damage is None:
+            self._damage = segment_damage(self.path)
+        return self._damage
 
     def index_hint(self, offset: int) -> int:
         """A file position at or before the batch holding `offset`, from the `.index` file
@@ -208,14 +218,26 @@ class LocalDir:
             if i < 0:
                 raise DataLossError(f"{topic}-{partition}: offset {next_offset} is gone")
             segment = segments[i]
+            damaged = next((d for d in segment.damage() if d.holds(next_offset)), None)
+            if damaged is not None:
+                raise corrupt_data_error(path, segment.path, damaged)
             reached = yield from self._read_segment(segment, next_offset, stop, chunk_bytes)
+            if isinstance(reached, Damage):  # offsets jump, where nothing was recorded
+                raise corrupt_data_error(path, segment.path, reached)
             if reached >= stop:
                 return
             later = [s for s in _segments(path) if s.base > segment.base]
             if reached > next_offset:
                 next_offset = reached
+            elif later and (reached == segment.base or not os.path.exists(segment.path)):
+                next_offset = max(next_offset, later[0].base)  # empty, or gone by retention
+            elif later and later[0].base > next_offset:
+                # The segment holds bytes up to its end but no batch we can read from here.
+                raise corrupt_data_error(path, segment.path, Damage(
+                    0, 0, next_offset, later[0].base, "the segment has no readable batch at "
+                    f"offset {next_offset} (damaged bytes the broker has not checked yet?)"))
             elif later:
-                next_offset = max(next_offset, later[0].base)
+                next_offset = later[0].base
             else:
                 raise DataLossError(
                     f"{topic}-{partition}: the log ends at offset {reached}, before {stop} "
@@ -224,21 +246,33 @@ class LocalDir:
 
     @staticmethod
     def _read_segment(segment: _Segment, offset: int, stop: int,
-                      chunk_bytes: int) -> Iterator[bytes | memoryview]:
-        """Yield chunks of whole batches of one segment from the batch holding `offset`;
-        return the offset after the last batch seen (`offset` when none)."""
+                      chunk_bytes: int) -> Generator[bytes | memoryview, None, int | Damage]:
+        """Yield chunks of whole batches of one segment from the batch holding `offset`, never
+        reading into a recorded damaged range; return the offset after the last batch seen
+        (`offset` when none), or the offsets found missing where batches jump."""
         try:
             fd = os.open(segment.path, os.O_RDONLY)
         except FileNotFoundError:
             return offset
         except OSError as exc:
             raise StorageError(f"{segment.path}: cannot open: {exc}") from exc
+        damage = segment.damage()
         try:
             position = segment.index_hint(offset)
             trust_hint = position > 0
+            for d in damage:
+                if d.end_offset <= offset and d.end_position > position:
+                    position, trust_hint = d.end_position, False
             next_offset = offset
             while next_offset < stop:
-                buf = _pread(fd, chunk_bytes, position)
+                ahead = [d for d in damage if d.position >= position]
+                if ahead and ahead[0].position == position:
+                    if ahead[0].end_offset > ahead[0].start_offset:
+                        return next_offset  # the caller raises for the range
+                    position = ahead[0].end_position  # bytes that held no offsets
+                    continue
+                limit = ahead[0].position - position if ahead else chunk_bytes
+                buf = _pread(fd, min(chunk_bytes, limit), position)
                 first = _batch_at(buf, 0)
                 if first is None and len(buf) == chunk_bytes:
                     length = _batch_length(buf)
@@ -255,6 +289,12 @@ class LocalDir:
                 span: _BatchSpan | None = first
                 cut = 0
                 while span is not None:
+                    if span.base > next_offset:
+                        if cut:
+                            yield memoryview(buf)[:cut]
+                        return Damage(position + span.position, position + span.position,
+                                      next_offset, span.base, "offsets missing before the "
+                                      f"batch at {position + span.position}")
                     cut = span.end
                     next_offset = max(next_offset, span.next)
                     if next_offset >= stop:

@@ -1,6 +1,8 @@
 """Damage a log's files at random (flipped bytes, truncation, garbage, deleted or scrambled
 indexes, lost checkpoint or marker), after a clean close or a SIGKILL; the reopened log must
-keep every acknowledged batch before the first damaged byte and serve nothing corrupt."""
+keep every acknowledged batch whose bytes are intact (before and after the damage), serve
+nothing corrupt, and fail reads of the damaged offsets (CorruptDataError) rather than skip
+them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from querylib.errors import CorruptDataError
 from querylib.log import PartitionLog
 from tests.querylib.log._faults import Writer, check_log
 from tests.querylib.log._writer import CONFIG, batch_for
@@ -33,9 +36,9 @@ def _layout(path: Path) -> list[tuple[str, int, int, int]]:
     return out
 
 
-def _damage(rng: random.Random, path: Path) -> tuple[str, int] | None:
-    """Damage the files one random way; return (segment file, position) of the first damaged
-    byte of log data, or None when no log byte was damaged."""
+def _damage(rng: random.Random, path: Path) -> tuple[str, int, int] | None:
+    """Damage the files one random way; return (segment file, position, end) of the damaged
+    or removed bytes of log data, or None when no log byte was damaged."""
     logs = sorted(n for n in os.listdir(path) if n.endswith(".log"))
     indexes = sorted(n for n in os.listdir(path) if n.endswith((".index", ".timeindex")))
     name = rng.choice(logs)
@@ -50,11 +53,11 @@ def _damage(rng: random.Random, path: Path) -> tuple[str, int] | None:
             new = bytes(b ^ rng.randint(1, 255) for b in old)  # every byte really changes
             f.seek(pos)
             f.write(new)
-        return name, pos
+        return name, pos, pos + len(new)
     if kind == "truncate":
         pos = rng.randrange(size + 1)
         os.truncate(path / name, pos)
-        return (name, pos) if pos < size else None
+        return (name, pos, size) if pos < size else None
     if kind == "append":
         with open(path / name, "ab") as f:
             f.write(rng.randbytes(rng.randint(1, 5000)))
@@ -100,14 +103,22 @@ def test_damaged_files_lose_nothing_before_the_damage_and_serve_nothing_corrupt(
         path = tmp_path / f"damaged-{round_}"
         shutil.copytree(original, path)
         point = _damage(rng, path)
-        # Acknowledged batches wholly before the first damaged byte must survive.
-        before = {base for name, pos, size, base in layout
-                  if point is None or name < point[0]
-                  or (name == point[0] and pos + size <= point[1])}
+        # Acknowledged batches whose bytes are intact must survive, before and after the
+        # damage: only bytes that fail their checks are lost.
+        intact = {base for name, pos, size, base in layout
+                  if point is None or name != point[0]
+                  or pos + size <= point[1] or pos >= point[2]}
         with PartitionLog.open(path, CONFIG) as log:
-            served = check_log(log, known, before)
+            damaged: list[CorruptDataError] = []
+            served = check_log(log, known, intact, damaged=damaged)
             if point is None:
-                assert len(served) == BATCHES, f"seed {seed} round {round_}"
+                assert len(served) == BATCHES and not damaged, f"seed {seed} round {round_}"
+            lost = set(known) - {int.from_bytes(b[:8], "big") for b in served}
+            for base in lost & set(writer.acks.values()):
+                # lost: inside a reported range, or (after a kill only) in the torn tail cut
+                assert any(e.start_offset <= base < e.end_offset for e in damaged) or (
+                    shutdown == "kill" and base >= log.log_end_offset), (
+                    f"seed {seed} round {round_}: batch {base} neither served nor reported")
             assert log.log_start_offset == 0
             # the repaired log takes appends again, and keeps them over a clean reopen
             log.append(batch_for(seed, 0))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from catalog.errors import UnknownTopicError
+from querylib.errors import CorruptDataError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import encode_batch, frontier_batch, iter_batches
 from querylib.spark import DataLossError
@@ -126,3 +127,42 @@ def test_offsets_removed_by_retention(tmp_path: Path) -> None:
         list(local.read("a", 0, 0, 400))
     got = offsets_read(local, "a", 0, 0, 400, fail_on_data_loss=False)
     assert got == list(range(first, 400))
+
+
+def _flip_batch(path: str, segment_index: int, batch_index: int,
+                at_header: bool = False) -> tuple[int, int]:
+    """Flip 16 bytes in the middle of a batch of a segment file (or from its length field
+    on); (base offset, next offset) of the batch."""
+    name = sorted(n for n in os.listdir(path) if n.endswith(".log"))[segment_index]
+    with open(os.path.join(path, name), "r+b") as f:
+        data = f.read()
+        pos = 0
+        for _ in range(batch_index):
+            pos += 12 + int.from_bytes(data[pos + 8:pos + 12], "big")
+        size = 12 + int.from_bytes(data[pos + 8:pos + 12], "big")
+        base = int.from_bytes(data[pos:pos + 8], "big")
+        delta = int.from_bytes(data[pos + 23:pos + 27], "big")
+        at = pos + 8 if at_header else pos + size // 2 - 8
+        f.seek(at)
+        f.write(bytes(b ^ 0x3C for b in data[at:at + 16]))
+    return base, base + delta + 1
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_damaged_offsets_fail_and_the_rest_is_read(tmp_path: Path, recorded: bool) -> None:
+    """Damage the broker recorded (it reopened the log since), or a header not checked yet:
+    the damaged offsets fail with CorruptDataError, never skipped; offsets around them read."""
+    append(tmp_path, "a", 0, [batch(10 * i) for i in range(60)], SMALL)
+    path = partition_path(tmp_path, "a", 0)
+    first, end = _flip_batch(path, 2, 3, at_header=not recorded)
+    if recorded:
+        PartitionLog.open(path, SMALL).close()
+    local = LocalDir(str(tmp_path))
+    with pytest.raises(CorruptDataError) as caught:
+        offsets_read(local, "a", 0, 0, 600)
+    assert (caught.value.start_offset, caught.value.kafka_error_code) == (first, 2)
+    assert caught.value.end_offset == end if recorded else caught.value.end_offset > first
+    assert [o for o in offsets_read(local, "a", 0, 0, first) if o < first] == list(range(first))
+    if recorded:
+        assert [o for o in offsets_read(local, "a", 0, end, 600) if o >= end] == list(
+            range(end, 600))

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from querylib.errors import CorruptDataError
 from querylib.log import PartitionLog
 from querylib.records import decode_batch
 from tests.querylib.log._batches import as_stored, split_batches
@@ -97,11 +98,23 @@ def in_flight(writer: Writer, batch_for) -> tuple[int, bytes] | None:
     return writer.acks[last] + count, batch_for(writer.seed, last + 1, writer.huge_at)
 
 
-def served_batches(log: PartitionLog) -> list[bytes]:
-    """Every batch from the log start to the log end, checked whole, CRC-valid and gapless."""
+def served_batches(log: PartitionLog, *, damaged: list[CorruptDataError] | None = None
+                   ) -> list[bytes]:
+    """Every batch from the log start to the log end, checked whole, CRC-valid and gapless.
+    With `damaged`, a damaged range (CorruptDataError for its first offset) is collected there
+    and stepped over; every offset is still either served or inside such a range."""
     out, offset = [], log.log_start_offset
     while offset < log.log_end_offset:
-        pieces = split_batches(log.read(offset, 1 << 20))
+        try:
+            data = log.read(offset, 1 << 20)
+        except CorruptDataError as exc:
+            if damaged is None:
+                raise
+            assert exc.start_offset == offset < exc.end_offset, (offset, exc)
+            damaged.append(exc)
+            offset = exc.end_offset
+            continue
+        pieces = split_batches(data)
         assert pieces, f"nothing served at {offset} < log end {log.log_end_offset}"
         for piece in pieces:
             batch = decode_batch(piece)  # raises on a CRC mismatch or a torn batch
@@ -111,11 +124,13 @@ def served_batches(log: PartitionLog) -> list[bytes]:
     return out
 
 
-def check_log(log: PartitionLog, known: dict[int, bytes], acked: set[int]) -> list[bytes]:
-    """Every served batch is CRC-valid, gapless and one we know (its bytes as appended at its
-    offset); every acknowledged offset is served. `known` maps base offset -> appended batch
-    (acknowledged or possibly in flight when killed)."""
-    served = served_batches(log)
+def check_log(log: PartitionLog, known: dict[int, bytes], acked: set[int], *,
+              damaged: list[CorruptDataError] | None = None) -> list[bytes]:
+    """Every served batch is CRC-valid, gapless (but for the damaged ranges, with `damaged`)
+    and one we know (its bytes as appended at its offset); every acknowledged offset is
+    served. `known` maps base offset -> appended batch (acknowledged or possibly in flight
+    when killed)."""
+    served = served_batches(log, damaged=damaged)
     by_offset = {int.from_bytes(b[:8], "big"): b for b in served}
     for offset, data in by_offset.items():
         assert offset in known, f"served a batch at {offset} that nobody appended there"

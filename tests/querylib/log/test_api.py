@@ -18,9 +18,11 @@ from querylib.log import (
 
 def test_public_names():
     assert sorted(querylib.log.__all__) == [
-        "FileSlice", "FlushPolicy", "LogConfig", "PartitionLog", "SegmentInfo", "data_records",
-        "dump_segment", "parse_partition_dir", "parse_segment_name", "partition_dir_name",
-        "record_at_timestamp", "segment_name", "stored_batch",
+        "Damage", "FileSlice", "Finding", "FlushPolicy", "LogConfig", "PartitionLog",
+        "SegmentInfo", "check_partition", "corrupt_data_error", "data_records", "dump_segment",
+        "find_partition_dirs", "parse_partition_dir", "parse_segment_name",
+        "partition_dir_name", "record_at_timestamp", "repair_partition", "segment_damage",
+        "segment_name", "stored_batch",
     ]
     for name in querylib.log.__all__:
         assert getattr(querylib.log, name).__module__.startswith("querylib.log")

@@ -12,7 +12,9 @@ import shutil
 
 import pytest
 
+from querylib.errors import CorruptDataError
 from querylib.log import LogConfig, PartitionLog
+from querylib.records import decode_batch
 from tests.querylib.log._batches import as_stored, make_batch, split_batches
 
 CONFIG = LogConfig(segment_bytes=2000, index_interval_bytes=300)
@@ -31,10 +33,16 @@ def _write(path, batches, *, close: bool = True, crash_to=None) -> list[int]:
     return offsets
 
 
-def _all_batches(log: PartitionLog) -> list[bytes]:
+def _all_batches(log: PartitionLog, *, skip_damage: bool = False) -> list[bytes]:
     out, offset = [], log.log_start_offset
     while offset < log.log_end_offset:
-        pieces = split_batches(log.read(offset, 1 << 20))
+        try:
+            pieces = split_batches(log.read(offset, 1 << 20))
+        except CorruptDataError as exc:
+            if not skip_damage:
+                raise
+            offset = exc.end_offset
+            continue
         out += pieces
         last = pieces[-1]
         offset = int.from_bytes(last[:8], "big") + int.from_bytes(last[23:27], "big") + 1
@@ -114,12 +122,13 @@ def test_garbage_after_the_last_batch_is_truncated(tmp_path, tail):
         assert _all_batches(log) == _expected(batches, offsets)
 
 
-def test_a_corrupt_batch_in_a_sealed_segment_ends_the_log_there(tmp_path, caplog):
+def test_a_corrupt_batch_in_a_sealed_segment_is_reported_and_the_rest_kept(tmp_path, caplog):
     batches = _batches(60)
     offsets = _write(tmp_path / "t-0", batches)
     path = tmp_path / "t-0"
     with PartitionLog.open(path, CONFIG) as log:
         second = log.segments[1]
+        bases = [s.base_offset for s in log.segments]
     # a value byte of the third batch of the second segment
     positions = [0]
     first_index = offsets.index(second.base_offset)
@@ -127,13 +136,16 @@ def test_a_corrupt_batch_in_a_sealed_segment_ends_the_log_there(tmp_path, caplog
         positions.append(positions[-1] + len(b))
     _flip(second.path, positions[2] + len(batches[first_index + 2]) - 3)
     caplog.set_level(logging.WARNING, logger="querylib.log")
+    damaged = first_index + 2
     with PartitionLog.open(path, CONFIG) as log:
-        assert log.log_end_offset == offsets[first_index + 2]
-        assert len(log.segments) == 2
-        assert _all_batches(log) == _expected(batches[:first_index + 2],
-                                              offsets[:first_index + 2])
+        assert [s.base_offset for s in log.segments] == bases
+        assert log.log_end_offset == offsets[-1] + len(decode_batch(batches[-1]).records)
+        with pytest.raises(CorruptDataError):
+            log.read(offsets[damaged], 1)
+        kept = _all_batches(log, skip_damage=True)
+        assert kept == [b for i, b in enumerate(_expected(batches, offsets)) if i != damaged]
     messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "CRC" in messages and "truncated" in messages and "removing the segments" in messages
+    assert "CRC" in messages and "damaged" in messages and "truncated" not in messages
 
 
 @pytest.mark.parametrize("suffix", [".index", ".timeindex"])
@@ -192,13 +204,13 @@ def test_without_a_checkpoint_every_segment_is_validated(tmp_path):
     os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     os.unlink(path / "recovery-point-offset-checkpoint")
     with PartitionLog.open(path, CONFIG) as log:
-        kept = _all_batches(log)
-        assert kept == _expected(batches, offsets)[: len(kept)]
-        assert sum(map(len, kept)) <= 100
-        assert len(log.segments) == 1
+        (damage,) = [d for s in log.segments for d in s.damage]
+        assert damage.position == 0 and damage.start_offset == 0
+        assert damage.end_offset == offsets[1]
+        assert _all_batches(log, skip_damage=True) == _expected(batches, offsets)[1:]
 
 
-def test_a_missing_middle_segment_ends_the_log_before_the_gap(tmp_path, caplog):
+def test_a_missing_middle_segment_is_a_gap_and_later_segments_stay(tmp_path, caplog):
     batches = _batches(60)
     offsets = _write(tmp_path / "t-0", batches)
     path = tmp_path / "t-0"
@@ -207,12 +219,15 @@ def test_a_missing_middle_segment_ends_the_log_before_the_gap(tmp_path, caplog):
     os.unlink(_seg(path, bases[2]))
     caplog.set_level(logging.WARNING, logger="querylib.log")
     with PartitionLog.open(path, CONFIG) as log:
-        assert [s.base_offset for s in log.segments] == bases[:2]
-        n = offsets.index(bases[2])
-        assert _all_batches(log) == _expected(batches[:n], offsets[:n])
-    assert sorted(os.listdir(path)) == sorted(
-        [".lock", "clean-shutdown", "recovery-point-offset-checkpoint"]
-        + [f"{b:020d}{s}" for b in bases[:2] for s in (".log", ".index", ".timeindex")])
+        assert [s.base_offset for s in log.segments] == bases[:2] + bases[3:]
+        for offset in (bases[2], bases[3] - 1):
+            with pytest.raises(CorruptDataError) as caught:
+                log.read(offset, 1)
+            assert (caught.value.start_offset, caught.value.end_offset) == tuple(bases[2:4])
+        n, m = offsets.index(bases[2]), offsets.index(bases[3])
+        expected = _expected(batches, offsets)
+        assert _all_batches(log, skip_damage=True) == expected[:n] + expected[m:]
+    assert "offsets missing" in " ".join(r.getMessage() for r in caplog.records)
 
 
 def test_leftover_files_are_removed(tmp_path):

@@ -1,0 +1,107 @@
+"""Topic incarnations (DESIGN §11): a partition directory records which topic of its name it
+belongs to (catalog topic id and creation time); a broker asked for a newer one sets the old
+directory aside, refuses an older one, and takes a directory that records none as the one
+asked for. A real BrokerServer, its in-process hook and its files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from querylib.broker import BrokerServer, Incarnation, StaleIncarnationError
+from querylib.broker._events import OpenProducer, OpenSession, Produce
+from querylib.broker._host import open_partition
+from querylib.broker._stream import encode_records
+from querylib.log import LogConfig
+from querylib.records import iter_batches
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def _values(server: BrokerServer, pid) -> list[bytes]:
+    log = server.partition_log(pid)
+    data = log.read(0, 1 << 20, end_offset=log.durable_end_offset) \
+        if log.log_end_offset else b""
+    return [r.value for b in iter_batches(data) for r in b.records]
+
+
+async def _write(server: BrokerServer, pid, session: str, value: bytes) -> None:
+    await server.submit(lambda t: OpenSession(t, session, 10.0))
+    await server.submit(lambda t: OpenProducer(t, session, pid))
+    batch = encode_records([(None, value, (), 0, 1)])
+    await server.submit(lambda t: Produce(t, session, pid, batch))
+
+
+def test_a_newer_topic_of_a_name_sets_the_old_partition_aside(tmp_path):
+    async def scenario() -> None:
+        server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
+        await server.start("tcp://127.0.0.1:0")
+        try:
+            pid = await server.ensure_partition("x", 0, create=True, topic_id=5,
+                                                topic_created_ms=100)
+            await _write(server, pid, "s1", b"old")
+            assert await server.ensure_partition("x", 0, create=False, topic_id=5,
+                                                 topic_created_ms=100) == pid
+            with pytest.raises(StaleIncarnationError, match="look the topic up again"):
+                await server.ensure_partition("x", 0, create=True, topic_id=4,
+                                              topic_created_ms=90)
+            # the same id from a catalog started afresh later is another topic
+            await server.ensure_partition("x", 0, create=True, topic_id=5,
+                                          topic_created_ms=200)
+            assert _values(server, pid) == []
+            await _write(server, pid, "s2", b"new")
+            assert _values(server, pid) == [b"new"]
+        finally:
+            await server.close()
+        # a restarted broker knows the directory's incarnation from its file
+        server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
+        await server.start("tcp://127.0.0.1:0")
+        try:
+            with pytest.raises(StaleIncarnationError):
+                await server.ensure_partition("x", 0, create=True, topic_id=5,
+                                              topic_created_ms=100)
+            assert _values(server, ("x", 0)) == [b"new"]
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+    assert json.loads((tmp_path / "x-0" / "topic.json").read_text()) == {
+        "topic": "x", "partition": 0, "topic_id": 5, "created_ms": 200}
+    aside = tmp_path / ".orphaned-5-100-x-0"
+    assert json.loads((aside / "topic.json").read_text())["created_ms"] == 100
+    assert sorted(os.listdir(tmp_path)) == [".orphaned-5-100-x-0", "x-0"]
+
+
+def test_opening_a_closed_partition_checks_its_incarnation(tmp_path):
+    data = str(tmp_path)
+    opened = open_partition(data, ("x", 1), LogConfig(), Incarnation(10, 3))
+    opened.log.close()
+    with pytest.raises(StaleIncarnationError):
+        open_partition(data, ("x", 1), LogConfig(), Incarnation(5, 2))
+    opened = open_partition(data, ("x", 1), LogConfig(), Incarnation(20, 9))
+    assert opened.incarnation == Incarnation(20, 9)
+    opened.log.close()
+    assert sorted(os.listdir(tmp_path)) == [".orphaned-3-10-x-1", "x-1"]
+    opened = open_partition(data, ("x", 1), LogConfig())  # no catalog: whatever it records
+    assert opened.incarnation == Incarnation(20, 9)
+    opened.log.close()
+
+
+def test_a_directory_recording_no_topic_is_taken_as_the_one_asked_for(tmp_path):
+    async def scenario() -> None:
+        server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
+        await server.start("tcp://127.0.0.1:0")
+        try:
+            pid = await server.ensure_partition("x", 0, create=True)  # no catalog
+            await _write(server, pid, "s1", b"kept")
+            await server.ensure_partition("x", 0, create=True, topic_id=7,
+                                          topic_created_ms=70)
+            assert _values(server, pid) == [b"kept"]
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+    assert json.loads((tmp_path / "x-0" / "topic.json").read_text())["topic_id"] == 7
