@@ -20,6 +20,7 @@ from catalog._access import (
     may_delete_topic,
     owner_principal,
     party_principal,
+    placed_on_session,
     publishes_as_owner,
 )
 from catalog._catalog import Catalog, consolidate_updates
@@ -261,6 +262,7 @@ __all__ = [
     "next_query_state",
     "owner_principal",
     "party_principal",
+    "placed_on_session",
     "principal_kind",
     "publishes_as_owner",
     "query_of_principal",

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from catalog._catalog import Catalog
 
 __all__ = [
+    "placed_on_session",
     "is_admin",
     "is_executor",
     "known_principal",
@@ -85,6 +86,15 @@ def is_admin(catalog: Catalog, principal: str) -> bool:
 def is_executor(catalog: Catalog, principal: str) -> bool:
     """May act as a host agent: an executor principal, or an admin (tq up's own executor)."""
     return _role(catalog, principal) in (Role.EXECUTOR, Role.ADMIN)
+
+
+def placed_on_session(catalog: Catalog, query: Query, process: int, session_id: int) -> bool:
+    """Whether `session_id` is the session of the executor process `process` was placed on:
+    only it reports what became of the process."""
+    if not 0 <= process < query.processes:
+        return False
+    executor = catalog.find_executor(query.executors[process])
+    return executor is not None and executor.session_id == session_id
 
 
 def _owners_of(catalog: Catalog, query: Query) -> list[str]:

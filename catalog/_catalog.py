@@ -269,6 +269,10 @@ class Catalog:
         record = self._by_id["sessions"].get(session_id)
         return record if isinstance(record, Session) else None
 
+    def find_executor(self, executor_id: int) -> Executor | None:
+        record = self._by_id["executors"].get(executor_id)
+        return record if isinstance(record, Executor) else None
+
     def find_query(self, query_id: int) -> Query | None:
         record = self._by_id["queries"].get(query_id)
         return record if isinstance(record, Query) else None

@@ -22,6 +22,7 @@ from catalog._access import (
     is_executor,
     manages_query,
     may_delete_topic,
+    placed_on_session,
     publishes_as_owner,
 )
 from catalog._commands import (
@@ -303,18 +304,10 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
 
 def _require_placed_on(catalog: Catalog, query: Query, process: int, session_id: int) -> None:
     """Only the executor a process was placed on reports what became of it."""
-    executor = _executor_or_none(catalog, query.executors[process])
-    if executor is None or executor.session_id != session_id:
+    if not placed_on_session(catalog, query, process, session_id):
         raise NotAuthorizedError(
             f"process {process} of query {query.query_id} runs on executor "
             f"{query.executors[process]}; only that executor reports its exit")
-
-
-def _executor_or_none(catalog: Catalog, executor_id: int) -> Executor | None:
-    for executor in catalog.executors:
-        if isinstance(executor, Executor) and executor.executor_id == executor_id:
-            return executor
-    return None
 
 
 def _release_process(catalog: Catalog, txn: Txn, query_id: int, process: int) -> None:

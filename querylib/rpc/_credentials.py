@@ -53,6 +53,7 @@ __all__ = [
     "MasterKeyring",
     "RemoteKeyring",
     "audience_key",
+    "kafka_password",
     "load_credential",
     "principal_key",
     "seal",
@@ -68,6 +69,7 @@ AUDIENCES = (COORDINATOR, BROKER)
 _PRINCIPAL_CONTEXT = "tq 2026-11 principal key"
 _BROKER_CONTEXT = "tq 2026-11 broker audience key"
 _SEAL_CONTEXT = "tq 2026-11 sealed key"
+_KAFKA_PASSWORD_CONTEXT = "tq 2026-11 kafka sasl password"
 _NONCE = 16
 _MAX_CREDENTIAL_FILE = 4096
 
@@ -88,6 +90,16 @@ def audience_key(key: bytes, audience: str) -> bytes:
     if audience == BROKER:
         return blake3.blake3(key, derive_key_context=_BROKER_CONTEXT).digest()
     raise ValueError(f"unknown audience {audience!r}")
+
+
+def kafka_password(credential: Credential | bytes, *, broker_key: bool = False) -> str:
+    """The Kafka SASL password of a principal (PLAIN or SCRAM): 32 hex digits derived from
+    its broker key, so any broker that may check its messages can check its password, and the
+    password opens nothing else. `broker_key`: `credential` is that broker key already."""
+    key = credential.key if isinstance(credential, Credential) else credential
+    if not broker_key:
+        key = audience_key(key, BROKER)
+    return blake3.blake3(key, derive_key_context=_KAFKA_PASSWORD_CONTEXT).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -256,13 +268,22 @@ class RemoteKeyring(Keyring):
         self._max = max_entries
         self._clock = clock
         self._known: OrderedDict[str, tuple[Signer | None, float]] = OrderedDict()
+        self._pinned: dict[str, Signer] = {}
         self._pending: dict[str, asyncio.Future[bool]] = {}
 
     @property
     def resolves(self) -> bool:
         return True
 
+    def pin(self, principal: str, key: bytes) -> None:
+        """Know `principal`'s key for good (the server's own principal: it needs nobody to
+        tell it its own key)."""
+        self._pinned[principal] = Signer(key)
+
     def signer(self, principal: str) -> Signer | None:
+        pinned = self._pinned.get(principal)
+        if pinned is not None:
+            return pinned
         found = self._known.get(principal)
         if found is None or found[1] <= self._clock():
             return None
