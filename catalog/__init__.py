@@ -3,13 +3,26 @@
 Pure: no I/O, no sockets, no clocks. Imports only the standard library and msgspec.
 
     records      Session, Broker, Executor, Query, Topic, Publication, Subscription,
-                 PendingDrop, Counters
+                 PendingDrop, User, Counters
+    principals   who a request acts for (admin, user:NAME, executor:NAME, query:ID) and
+                 what each may do (`_access`: manages_query, may_delete_topic, ...)
     collections  Collection (a multiset updated by (record, diff) pairs), consolidate
     commands     OpenSession ... Unsubscribe -> Catalog.apply -> Change(version, updates)
     recovery     Catalog.replay(updates), Catalog.snapshot(), encode_update / decode_update
     names        TopicName.parse("numbers") -> persistent://public/default/numbers
 """
 
+from catalog._access import (
+    is_admin,
+    is_executor,
+    known_principal,
+    manages_query,
+    may_delete_topic,
+    owner_principal,
+    party_principal,
+    placed_on_session,
+    publishes_as_owner,
+)
 from catalog._catalog import Catalog, consolidate_updates
 from catalog._codec import (
     decode_record,
@@ -21,6 +34,7 @@ from catalog._codec import (
 )
 from catalog._collection import Collection, consolidate
 from catalog._commands import (
+    AddUser,
     Change,
     CloseSession,
     Command,
@@ -36,6 +50,8 @@ from catalog._commands import (
     RegisterExecutor,
     RemoveBroker,
     RemoveExecutor,
+    RemoveUser,
+    RotateUser,
     SessionExpired,
     StartQuery,
     SubmitQuery,
@@ -44,6 +60,17 @@ from catalog._commands import (
     Unsubscribe,
 )
 from catalog._names import DEFAULT_NAMESPACE, DEFAULT_TENANT, MAX_TOPIC_NAME_LENGTH, TopicName
+from catalog._principals import (
+    ADMIN,
+    ANONYMOUS,
+    SYSTEM_PRINCIPAL,
+    PrincipalKind,
+    Role,
+    check_principal,
+    principal_kind,
+    query_of_principal,
+    query_principal,
+)
 from catalog._query_state import QUERY_TRANSITIONS, QueryEvent, classify_exit, next_query_state
 from catalog._records import (
     COLLECTIONS,
@@ -57,6 +84,7 @@ from catalog._records import (
     Owner,
     Party,
     PendingDrop,
+    PrincipalRef,
     Publication,
     Query,
     QueryRef,
@@ -71,6 +99,7 @@ from catalog._records import (
     Topic,
     TopicKind,
     Update,
+    User,
     catalog_topic,
 )
 from catalog._rules import MAX_PARTITIONS, describe_owner
@@ -86,10 +115,12 @@ from catalog.errors import (
     InvalidCommandError,
     InvalidPartitionsError,
     InvalidTopicNameError,
+    NotAuthorizedError,
     NotFoundError,
     NotOwnerError,
     NotPublishedError,
     NotSubscribedError,
+    PrincipalExistsError,
     ProcessAlreadyExitedError,
     ProtocolError,
     QueryEndedError,
@@ -103,6 +134,7 @@ from catalog.errors import (
     UnknownBrokerError,
     UnknownCollectionError,
     UnknownExecutorError,
+    UnknownPrincipalError,
     UnknownQueryError,
     UnknownSessionError,
     UnknownTopicError,
@@ -110,6 +142,8 @@ from catalog.errors import (
 )
 
 __all__ = [
+    "ADMIN",
+    "ANONYMOUS",
     "COLLECTIONS",
     "DEFAULT_NAMESPACE",
     "DEFAULT_TENANT",
@@ -118,6 +152,8 @@ __all__ = [
     "MAX_TOPIC_NAME_LENGTH",
     "QUERY_TRANSITIONS",
     "SYSTEM",
+    "SYSTEM_PRINCIPAL",
+    "AddUser",
     "AlreadyPublishedError",
     "AlreadySubscribedError",
     "Broker",
@@ -143,15 +179,19 @@ __all__ = [
     "InvalidPartitionsError",
     "InvalidTopicNameError",
     "KillQuery",
+    "NotAuthorizedError",
     "NotFoundError",
     "NotOwnerError",
     "NotPublishedError",
     "NotSubscribedError",
     "OpenSession",
-    "PartitionsDropped",
     "Owner",
+    "PartitionsDropped",
     "Party",
     "PendingDrop",
+    "PrincipalExistsError",
+    "PrincipalKind",
+    "PrincipalRef",
     "ProcessAlreadyExitedError",
     "ProcessExited",
     "ProtocolError",
@@ -169,8 +209,11 @@ __all__ = [
     "RegisterExecutor",
     "RemoveBroker",
     "RemoveExecutor",
+    "RemoveUser",
     "ReservedTopicNameError",
     "Resources",
+    "Role",
+    "RotateUser",
     "Session",
     "SessionExpired",
     "SessionKind",
@@ -190,14 +233,17 @@ __all__ = [
     "UnknownBrokerError",
     "UnknownCollectionError",
     "UnknownExecutorError",
+    "UnknownPrincipalError",
     "UnknownQueryError",
     "UnknownSessionError",
     "UnknownTopicError",
     "Unpublish",
     "Unsubscribe",
     "Update",
+    "User",
     "UserError",
     "catalog_topic",
+    "check_principal",
     "classify_exit",
     "consolidate",
     "consolidate_updates",
@@ -208,5 +254,17 @@ __all__ = [
     "encode_record",
     "encode_update",
     "encode_updates",
+    "is_admin",
+    "is_executor",
+    "known_principal",
+    "manages_query",
+    "may_delete_topic",
     "next_query_state",
+    "owner_principal",
+    "party_principal",
+    "placed_on_session",
+    "principal_kind",
+    "publishes_as_owner",
+    "query_of_principal",
+    "query_principal",
 ]

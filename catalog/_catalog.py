@@ -38,6 +38,7 @@ from catalog._records import (
     Owner,
     Party,
     PendingDrop,
+    PrincipalRef,
     Publication,
     Query,
     QueryRef,
@@ -48,6 +49,7 @@ from catalog._records import (
     SystemRef,
     Topic,
     Update,
+    User,
     catalog_topic,
 )
 from catalog._rules import HANDLERS, Txn
@@ -89,7 +91,7 @@ def consolidate_updates(updates: Iterable[Update]) -> list[Update]:
 
 
 class Catalog:
-    """The catalog: eight collections, the version, and the rules that change them."""
+    """The catalog: ten collections, the version, and the rules that change them."""
 
     def __init__(self) -> None:
         self._collections: dict[str, Collection[Record]] = {
@@ -98,6 +100,7 @@ class Catalog:
         self._counters = Counters()
         self._by_id: dict[str, dict[int, Record]] = {name: {} for name in _ID_FIELDS}
         self._topic_by_name: dict[str, Topic] = {}
+        self._users: dict[str, User] = {}
 
     # -- changing it ----------------------------------------------------------------------------
 
@@ -140,6 +143,12 @@ class Catalog:
             self._index(collection, record, diff)
 
     def _index(self, collection: str, record: Record, diff: int) -> None:
+        if isinstance(record, User):
+            if diff > 0:
+                self._users[record.principal] = record
+            elif self._users.get(record.principal) == record:
+                del self._users[record.principal]
+            return
         field = _ID_FIELDS.get(collection)
         if field is None:
             return
@@ -180,7 +189,7 @@ class Catalog:
             record = counters[0][0]
             assert isinstance(record, Counters)
             catalog._counters = record
-        for name in _ID_FIELDS:
+        for name in (*_ID_FIELDS, "users"):
             for record in catalog._collections[name]:
                 catalog._index(name, record, 1)
         catalog.check_invariants()
@@ -247,6 +256,26 @@ class Catalog:
     @property
     def subscriptions(self) -> Collection[Record]:
         return self._collections["subscriptions"]
+
+    @property
+    def users(self) -> Collection[Record]:
+        return self._collections["users"]
+
+    def user(self, principal: str) -> User | None:
+        """The named principal (`user:NAME`, `executor:NAME`), or None."""
+        return self._users.get(principal)
+
+    def find_session(self, session_id: int) -> Session | None:
+        record = self._by_id["sessions"].get(session_id)
+        return record if isinstance(record, Session) else None
+
+    def find_executor(self, executor_id: int) -> Executor | None:
+        record = self._by_id["executors"].get(executor_id)
+        return record if isinstance(record, Executor) else None
+
+    def find_query(self, query_id: int) -> Query | None:
+        record = self._by_id["queries"].get(query_id)
+        return record if isinstance(record, Query) else None
 
     def session(self, session_id: int) -> Session:
         record = self._by_id["sessions"].get(session_id)
@@ -329,6 +358,8 @@ class Catalog:
             return isinstance(query, Query) and not query.ended
         if isinstance(owner, SessionRef):
             return owner.session_id in self._by_id["sessions"]
+        if isinstance(owner, PrincipalRef):
+            return not owner.principal.partition(":")[1] or owner.principal in self._users
         assert isinstance(owner, IngestRef | SystemRef)
         return True
 

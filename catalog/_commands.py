@@ -6,7 +6,8 @@ needs, including times (`at_ms`): the catalog reads no clock.
 
 Who may do what is decided by the fields, not by a hidden caller: the coordinator fills
 `requester`, `publisher` and `subscriber` with the party that made the request (the session or
-the query behind it), and the catalog checks ownership against them.
+the query behind it) and `principal` / `requester` strings with the authenticated principal
+behind it (DESIGN §12), and the catalog checks ownership against them (`_access`).
 
 Must not: hold logic; the rules live in `_rules`.
 """
@@ -28,6 +29,7 @@ __all__ = [
     "FailQuery",
     "KillQuery",
     "OpenSession",
+    "AddUser",
     "PartitionsDropped",
     "ProcessExited",
     "Publish",
@@ -35,6 +37,8 @@ __all__ = [
     "RegisterExecutor",
     "RemoveBroker",
     "RemoveExecutor",
+    "RemoveUser",
+    "RotateUser",
     "SessionExpired",
     "StartQuery",
     "SubmitQuery",
@@ -57,6 +61,7 @@ class OpenSession(_Command, tag="open_session"):
     kind: SessionKind
     peer: str
     at_ms: int
+    principal: str = "admin"  # who authenticated; only it may use the session
 
 
 class CloseSession(_Command, tag="close_session"):
@@ -125,6 +130,7 @@ class SubmitQuery(_Command, tag="submit_query"):
     executors: tuple[int, ...]
     at_ms: int
     args: tuple[str, ...] = ()
+    owner: str = "admin"  # the submitting principal: it (and its submitters) manage the query
 
 
 class StartQuery(_Command, tag="start_query"):
@@ -135,18 +141,25 @@ class StartQuery(_Command, tag="start_query"):
 
 
 class ProcessExited(_Command, tag="process_exited"):
-    """An executor reports a process's exit code (negative: killed by that signal)."""
+    """An executor reports a process's exit code (negative: killed by that signal). Only the
+    session of the executor the process was placed on may (`session_id`; None: the
+    coordinator itself)."""
 
     query_id: int
     process: int
     exit_code: int
     at_ms: int
+    session_id: int | None = None
 
 
 class KillQuery(_Command, tag="kill_query"):
+    """`requester` (a principal) must manage the query: an admin, the query itself, or a
+    principal on its chain of submitters."""
+
     query_id: int
     at_ms: int
     reason: str = "killed"
+    requester: str = "admin"
 
 
 class FailQuery(_Command, tag="fail_query"):
@@ -171,18 +184,46 @@ class CreateTopic(_Command, tag="create_topic"):
     owner: Owner
     locations: tuple[int, ...]
     at_ms: int
+    creator: str = ""  # the principal asking; an ingest topic's creator may delete it
 
 
 class DeleteTopic(_Command, tag="delete_topic"):
     """Deletes a topic and every publication and subscription of it.
 
-    `requester` must be the owner, unless the owner has ended (an orphaned topic may be deleted
-    by anyone) or `force` is set (an operator's override). Internal topics only by the system.
+    `principal` must own it or manage its owning query (`_access.may_delete_topic`); an admin
+    may delete an orphan, and any topic with `force`. Internal topics only by the system
+    (`requester` SYSTEM).
     """
 
     topic_id: int
     requester: Owner
     force: bool = False
+    principal: str = "admin"
+
+
+class AddUser(_Command, tag="add_user"):
+    """An admin (`requester`) names a new principal (`user:NAME` or `executor:NAME`)."""
+
+    principal: str
+    role: str
+    requester: str
+    at_ms: int
+
+
+class RemoveUser(_Command, tag="remove_user"):
+    """An admin removes a named principal: its credential stops working; topics it owns are
+    orphaned (an admin may delete them)."""
+
+    principal: str
+    requester: str
+
+
+class RotateUser(_Command, tag="rotate_user"):
+    """An admin replaces a named principal's credential: the generation goes up by one, so the
+    old key stops working."""
+
+    principal: str
+    requester: str
 
 
 class PartitionsDropped(_Command, tag="partitions_dropped"):
@@ -245,6 +286,9 @@ Command: TypeAlias = (
     | Unpublish
     | Subscribe
     | Unsubscribe
+    | AddUser
+    | RemoveUser
+    | RotateUser
 )
 
 

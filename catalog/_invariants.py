@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from catalog._access import publishes_as_owner
 from catalog._names import TopicName
+from catalog._principals import PrincipalKind, Role, principal_kind
 from catalog._records import (
     COLLECTIONS,
-    INGEST,
     SYSTEM,
     Broker,
     Executor,
@@ -25,6 +26,7 @@ from catalog._records import (
     SessionRef,
     Subscription,
     Topic,
+    User,
 )
 from catalog.errors import CatalogError, CorruptCatalogError
 
@@ -55,12 +57,13 @@ def check_invariants(catalog: Catalog) -> None:
         assert isinstance(query, Query)
         _check_query(catalog, query, registered)
     _check_topics(catalog)
+    _check_users(catalog)
     publishers: set[tuple[int, object]] = set()
     for publication in catalog.publications:
         assert isinstance(publication, Publication)
         topic = _topic_of(catalog, publication, publication.topic_id)
         _check_live(catalog, publication, publication.publisher)
-        if publication.publisher != topic.owner and topic.owner != INGEST:
+        if not publishes_as_owner(catalog, publication.publisher, topic):
             raise _fail(f"{publication!r} publishes a topic it does not own")
         key = (publication.topic_id, publication.publisher)
         if key in publishers:
@@ -173,6 +176,23 @@ def _check_topics(catalog: Catalog) -> None:
             raise _fail(f"{topic!r} is owned by a query id never assigned")
         if isinstance(owner, SessionRef) and not 1 <= owner.session_id < counters.next_session_id:
             raise _fail(f"{topic!r} is owned by a session id never assigned")
+
+
+def _check_users(catalog: Catalog) -> None:
+    names: set[str] = set()
+    for user in catalog.users:
+        assert isinstance(user, User)
+        try:
+            kind = principal_kind(user.principal)
+            role = Role(user.role)
+        except (CatalogError, ValueError):
+            raise _fail(f"{user!r} has an invalid name or role") from None
+        if kind not in (PrincipalKind.USER, PrincipalKind.EXECUTOR) or (
+                (kind is PrincipalKind.EXECUTOR) != (role is Role.EXECUTOR)):
+            raise _fail(f"{user!r} has a role its kind of name cannot have")
+        if user.principal in names or user.generation < 0:
+            raise _fail(f"{user!r} is a second record of its name, or has a negative generation")
+        names.add(user.principal)
 
 
 def _session_open(catalog: Catalog, record: object, session_id: int) -> None:

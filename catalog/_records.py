@@ -19,6 +19,8 @@ Collections (DESIGN §3: the thesis' five plus `sessions`, `brokers` and `counte
     publications   Publication   (topic, publisher)
     subscriptions  Subscription  (topic, subscriber)
     drops          PendingDrop   partitions of deleted topics a broker has not dropped yet
+    users          User          named principals an admin made (`tq user add`): role and
+                                 credential generation, never the key (DESIGN §12)
     counters       Counters      one record: the catalog version and the next id of each kind, so
                                  replay restores them even from a compacted snapshot
 
@@ -47,6 +49,7 @@ __all__ = [
     "Owner",
     "Party",
     "PendingDrop",
+    "PrincipalRef",
     "Publication",
     "Query",
     "QueryRef",
@@ -61,6 +64,7 @@ __all__ = [
     "Topic",
     "TopicKind",
     "Update",
+    "User",
     "catalog_topic",
 ]
 
@@ -109,6 +113,14 @@ class SessionRef(_Ref, tag="session"):
     session_id: int
 
 
+class PrincipalRef(_Ref, tag="principal"):
+    """A principal (`user:alice`, `admin`) as the owner of a topic a client session created: the
+    topic is its principal's, not the session's, so a script that reconnects (a new session of
+    the same principal) still owns it. Alive while the principal exists (DESIGN §12)."""
+
+    principal: str
+
+
 class IngestRef(_Ref, tag="ingest"):
     """The owner of topics fed from outside (`tq produce`, the connector and Kafka endpoints).
 
@@ -125,7 +137,8 @@ SYSTEM = SystemRef()
 
 # A party publishes or subscribes; an owner may also be `ingest`, which is nobody in particular.
 Party: TypeAlias = QueryRef | SessionRef | SystemRef
-Owner: TypeAlias = QueryRef | SessionRef | IngestRef | SystemRef
+# SessionRef owners come from catalogs written before principals owned client topics.
+Owner: TypeAlias = QueryRef | SessionRef | PrincipalRef | IngestRef | SystemRef
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -140,6 +153,9 @@ class Session(_Record, tag="session"):
     kind: SessionKind
     peer: str  # who opened it, for people: "tq-cli alice@host pid 4242"
     opened_at_ms: int
+    # The authenticated principal that opened it (DESIGN §12); only it may use the session.
+    # Last, with a default: catalogs written before principals load (as "admin").
+    principal: str = "admin"
 
 
 class Resources(msgspec.Struct, frozen=True, kw_only=True):
@@ -184,6 +200,7 @@ class Query(_Record, tag="query"):
     started_at_ms: int | None = None
     ended_at_ms: int | None = None
     reason: str = ""  # why it failed or was killed, for people
+    owner: str = "admin"  # the principal that submitted it (older catalogs: admin)
 
     @property
     def ended(self) -> bool:
@@ -200,6 +217,8 @@ class Topic(_Record, tag="topic"):
     locations: tuple[int, ...]  # broker id hosting partition i
     internal: bool  # a `__` system topic
     created_at_ms: int
+    creator: str = ""  # the principal that created it ("" in older catalogs): may delete an
+    # ingest topic it created
 
     @property
     def topic_name(self) -> TopicName:
@@ -240,6 +259,17 @@ class PendingDrop(_Record, tag="pending_drop"):
     partitions: tuple[int, ...]  # sorted
 
 
+class User(_Record, tag="user"):
+    """A named principal (`user:NAME` or `executor:NAME`) and its role. Its key is derived from
+    the cluster secret, the name and `generation` (querylib.rpc.principal_key); rotating the
+    credential bumps the generation, so the old key stops working (DESIGN §12)."""
+
+    principal: str
+    role: str  # catalog.Role
+    generation: int
+    created_at_ms: int
+
+
 class Counters(_Record, tag="counters"):
     """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
 
@@ -253,7 +283,7 @@ class Counters(_Record, tag="counters"):
 
 Record: TypeAlias = (
     Session | Broker | Executor | Query | Topic | Publication | Subscription | PendingDrop
-    | Counters
+    | User | Counters
 )
 
 CollectionName: TypeAlias = Literal[
@@ -265,6 +295,7 @@ CollectionName: TypeAlias = Literal[
     "publications",
     "subscriptions",
     "drops",
+    "users",
     "counters",
 ]
 
@@ -278,6 +309,7 @@ COLLECTIONS: dict[str, type[msgspec.Struct]] = {
     "publications": Publication,
     "subscriptions": Subscription,
     "drops": PendingDrop,
+    "users": User,
     "counters": Counters,
 }
 

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from catalog._access import (
+    is_admin,
+    is_executor,
+    manages_query,
+    may_delete_topic,
+    placed_on_session,
+    publishes_as_owner,
+)
 from catalog._commands import (
+    AddUser,
     CloseSession,
     CreateTopic,
     DeleteTopic,
@@ -31,6 +40,8 @@ from catalog._commands import (
     RegisterExecutor,
     RemoveBroker,
     RemoveExecutor,
+    RemoveUser,
+    RotateUser,
     SessionExpired,
     StartQuery,
     SubmitQuery,
@@ -39,6 +50,7 @@ from catalog._commands import (
     Unsubscribe,
 )
 from catalog._names import TopicName
+from catalog._principals import PrincipalKind, Role, check_principal, principal_kind
 from catalog._query_state import QueryEvent, classify_exit, next_query_state
 from catalog._records import (
     INGEST,
@@ -49,6 +61,7 @@ from catalog._records import (
     Owner,
     Party,
     PendingDrop,
+    PrincipalRef,
     Publication,
     Query,
     QueryRef,
@@ -57,8 +70,10 @@ from catalog._records import (
     Session,
     SessionRef,
     Subscription,
+    SystemRef,
     Topic,
     Update,
+    User,
 )
 from catalog.errors import (
     AlreadyPublishedError,
@@ -67,9 +82,11 @@ from catalog.errors import (
     BrokerInUseError,
     InvalidCommandError,
     InvalidPartitionsError,
+    NotAuthorizedError,
     NotOwnerError,
     NotPublishedError,
     NotSubscribedError,
+    PrincipalExistsError,
     ProcessAlreadyExitedError,
     QueryEndedError,
     QueryStateError,
@@ -78,6 +95,7 @@ from catalog.errors import (
     TopicBeingDroppedError,
     TopicExistsError,
     UnknownBrokerError,
+    UnknownPrincipalError,
     UnknownTopicError,
 )
 
@@ -121,11 +139,14 @@ class Txn:
 
 
 def describe_owner(owner: Owner) -> str:
-    """An owner or party for people: 'query 3', 'session 7', 'ingest', 'the system'."""
+    """An owner or party for people: 'query 3', 'session 7', 'user:alice', 'ingest', 'the
+    system'."""
     if isinstance(owner, QueryRef):
         return f"query {owner.query_id}"
     if isinstance(owner, SessionRef):
         return f"session {owner.session_id}"
+    if isinstance(owner, PrincipalRef):
+        return owner.principal
     return "ingest" if owner == INGEST else "the system"
 
 
@@ -138,9 +159,27 @@ def _require_live(catalog: Catalog, party: Owner) -> None:
         catalog.session(party.session_id)
 
 
+def _require_party(party: object) -> None:
+    """Publishers and subscribers are queries, sessions or the system; owners such as ingest
+    or a principal are not parties."""
+    if not isinstance(party, QueryRef | SessionRef | SystemRef):
+        raise InvalidCommandError(f"{describe_owner(party)} cannot publish or subscribe; "  # type: ignore[arg-type]
+                                  "a query or a session does")
+
+
 def _require_session(catalog: Catalog, session_id: int | None) -> None:
     if session_id is not None:
         catalog.session(session_id)
+
+
+def _require_host_agent(catalog: Catalog, session_id: int | None, what: str) -> None:
+    """Executors and brokers are registered by host agents (or an admin), never by users."""
+    if session_id is None:
+        return  # the coordinator's own
+    principal = catalog.session(session_id).principal
+    if not is_executor(catalog, principal):
+        raise NotAuthorizedError(f"{principal} may not register {what}: that takes an "
+                                 "executor credential (tq user add NAME --role executor)")
 
 
 # -- queries ------------------------------------------------------------------------------------
@@ -223,6 +262,7 @@ def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
         state=QueryState.SUBMITTED,
         exit_codes=(None,) * cmd.processes,
         submitted_at_ms=cmd.at_ms,
+        owner=check_principal(cmd.owner),
     )
     txn.insert("queries", query)
     txn.created = query
@@ -238,6 +278,8 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
         raise InvalidCommandError(
             f"query {query.query_id} has processes 0..{query.processes - 1}, not {cmd.process}"
         )
+    if cmd.session_id is not None:
+        _require_placed_on(catalog, query, cmd.process, cmd.session_id)
     if query.exit_codes[cmd.process] is not None:
         raise ProcessAlreadyExitedError(
             f"process {cmd.process} of query {query.query_id} exited already "
@@ -260,6 +302,14 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
         _release_process(catalog, txn, query.query_id, cmd.process)
 
 
+def _require_placed_on(catalog: Catalog, query: Query, process: int, session_id: int) -> None:
+    """Only the executor a process was placed on reports what became of it."""
+    if not placed_on_session(catalog, query, process, session_id):
+        raise NotAuthorizedError(
+            f"process {process} of query {query.query_id} runs on executor "
+            f"{query.executors[process]}; only that executor reports its exit")
+
+
 def _release_process(catalog: Catalog, txn: Txn, query_id: int, process: int) -> None:
     """An exited process holds no publication, whether or not it closed its publishers: it
     leaves each one it held, which leaves the catalog with its last process (an ending query
@@ -275,6 +325,9 @@ def _release_process(catalog: Catalog, txn: Txn, query_id: int, process: int) ->
 
 def _kill_query(catalog: Catalog, txn: Txn, cmd: KillQuery) -> None:
     query = catalog.query(cmd.query_id)
+    if not manages_query(catalog, cmd.requester, query):
+        raise NotOwnerError(f"query {query.query_id} belongs to {query.owner}; "
+                            f"{cmd.requester} may not kill it")
     _transition(catalog, txn, query, QueryEvent.KILL, cmd.at_ms, reason=cmd.reason)
 
 
@@ -292,6 +345,7 @@ def _open_session(catalog: Catalog, txn: Txn, cmd: OpenSession) -> None:
         kind=cmd.kind,
         peer=cmd.peer,
         opened_at_ms=cmd.at_ms,
+        principal=check_principal(cmd.principal),
     )
     txn.insert("sessions", session)
     txn.created = session
@@ -319,7 +373,7 @@ def _end_session(catalog: Catalog, txn: Txn, cmd: CloseSession | SessionExpired)
 
 
 def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
-    _require_session(catalog, cmd.session_id)
+    _require_host_agent(catalog, cmd.session_id, "a broker")
     if cmd.broker_id is None:
         broker_id = txn.allocate("next_broker_id")
     else:
@@ -353,7 +407,7 @@ def _remove_broker(catalog: Catalog, txn: Txn, cmd: RemoveBroker) -> None:
 
 
 def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> None:
-    _require_session(catalog, cmd.session_id)
+    _require_host_agent(catalog, cmd.session_id, "an executor")
     broker = catalog.broker(cmd.broker_id)
     resources = cmd.resources
     if min(resources.cores, resources.memory, resources.disk, resources.slots) < 0:
@@ -416,6 +470,7 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
         locations=tuple(cmd.locations),
         internal=name.internal,
         created_at_ms=cmd.at_ms,
+        creator=cmd.creator,
     )
     txn.insert("topics", topic)
     txn.created = topic
@@ -423,13 +478,12 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
 
 def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
     topic = catalog.topic(cmd.topic_id)
-    if topic.internal and cmd.requester != SYSTEM:
-        raise NotOwnerError(f"topic {topic.short_name!r} is a system topic; it cannot be deleted")
-    if cmd.requester != topic.owner and not cmd.force and catalog.is_live(topic.owner):
-        raise NotOwnerError(
-            f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
-            f"may delete it while that owner is alive"
-        )
+    if topic.internal:
+        if cmd.requester != SYSTEM:
+            raise NotOwnerError(f"topic {topic.short_name!r} is a system topic; it cannot be "
+                                "deleted")
+    elif not may_delete_topic(catalog, cmd.principal, topic, force=cmd.force):
+        raise NotOwnerError(_why_not_delete(catalog, cmd, topic))
     txn.retract_all("publications", catalog.publications_on(topic.topic_id))
     txn.retract_all("subscriptions", catalog.subscriptions_on(topic.topic_id))
     txn.retract("topics", topic)
@@ -443,6 +497,17 @@ def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
                                         broker_id=broker_id, partitions=tuple(partitions)))
 
 
+def _why_not_delete(catalog: Catalog, cmd: DeleteTopic, topic: Topic) -> str:
+    owner = describe_owner(topic.owner)
+    if topic.owner == INGEST:
+        return (f"topic {topic.short_name!r} is an ingest topic: deleting one needs --force, "
+                "by its creator or an admin")
+    if is_admin(catalog, cmd.principal):
+        return (f"topic {topic.short_name!r} is owned by {owner}, which is alive; an admin "
+                "deletes it with --force")
+    return f"topic {topic.short_name!r} is owned by {owner}; {cmd.principal} may not delete it"
+
+
 def _partitions_dropped(catalog: Catalog, txn: Txn, cmd: PartitionsDropped) -> None:
     drop = catalog.pending_drop(cmd.topic_id, cmd.broker_id)
     if drop is None:
@@ -453,8 +518,9 @@ def _partitions_dropped(catalog: Catalog, txn: Txn, cmd: PartitionsDropped) -> N
 
 def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
     topic = catalog.topic(cmd.topic_id)
+    _require_party(cmd.publisher)
     _require_live(catalog, cmd.publisher)
-    if cmd.publisher != topic.owner and topic.owner != INGEST:
+    if not publishes_as_owner(catalog, cmd.publisher, topic):
         raise NotOwnerError(
             f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
             f"publishes to it (anyone may publish to an ingest topic)"
@@ -516,6 +582,7 @@ def _process_of(catalog: Catalog, publisher: Party, process: int | None) -> int 
 
 def _subscribe(catalog: Catalog, txn: Txn, cmd: Subscribe) -> None:
     topic = catalog.topic(cmd.topic_id)
+    _require_party(cmd.subscriber)
     _require_live(catalog, cmd.subscriber)
     if cmd.record_type is not None and cmd.record_type != topic.record_type:
         raise RecordTypeMismatchError(
@@ -545,6 +612,56 @@ def _unsubscribe(catalog: Catalog, txn: Txn, cmd: Unsubscribe) -> None:
     txn.retract("subscriptions", subscription)
 
 
+# -- users --------------------------------------------------------------------------------------
+
+
+def _require_admin(catalog: Catalog, requester: str) -> None:
+    if not is_admin(catalog, requester):
+        raise NotAuthorizedError(f"managing users takes the admin role; {requester} has not")
+
+
+def _named(principal: str) -> str:
+    if principal_kind(principal) not in (PrincipalKind.USER, PrincipalKind.EXECUTOR):
+        raise InvalidCommandError(f"{principal!r} is not a user or executor name (user:NAME, "
+                                  "executor:NAME)")
+    return principal
+
+
+def _user(catalog: Catalog, principal: str) -> User:
+    user = catalog.user(_named(principal))
+    if user is None:
+        raise UnknownPrincipalError(f"no {principal}")
+    return user
+
+
+def _add_user(catalog: Catalog, txn: Txn, cmd: AddUser) -> None:
+    _require_admin(catalog, cmd.requester)
+    kind = principal_kind(_named(cmd.principal))
+    role = Role.parse(cmd.role)
+    if (kind is PrincipalKind.EXECUTOR) != (role is Role.EXECUTOR):
+        raise InvalidCommandError(f"{cmd.principal}: executor:NAME takes the executor role and "
+                                  "user:NAME the user or admin role")
+    if catalog.user(cmd.principal) is not None:
+        raise PrincipalExistsError(f"{cmd.principal} exists already")
+    user = User(principal=cmd.principal, role=role.value, generation=0,
+                created_at_ms=cmd.at_ms)
+    txn.insert("users", user)
+    txn.created = user
+
+
+def _remove_user(catalog: Catalog, txn: Txn, cmd: RemoveUser) -> None:
+    _require_admin(catalog, cmd.requester)
+    txn.retract("users", _user(catalog, cmd.principal))
+
+
+def _rotate_user(catalog: Catalog, txn: Txn, cmd: RotateUser) -> None:
+    _require_admin(catalog, cmd.requester)
+    user = _user(catalog, cmd.principal)
+    rotated = msgspec.structs.replace(user, generation=user.generation + 1)
+    txn.replace("users", user, rotated)
+    txn.created = rotated
+
+
 HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     OpenSession: _open_session,
     CloseSession: _end_session,
@@ -565,4 +682,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     Unpublish: _unpublish,
     Subscribe: _subscribe,
     Unsubscribe: _unsubscribe,
+    AddUser: _add_user,
+    RemoveUser: _remove_user,
+    RotateUser: _rotate_user,
 }

@@ -23,7 +23,10 @@ branch on attributes, never on message strings.
         │   ├── AlreadyPublishedError, AlreadySubscribedError
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
-        ├── NotOwnerError              only the owner may do this
+        ├── NotAuthorizedError         the requesting principal may not do this
+        │   └── NotOwnerError          only the owner (or who manages it) may do this
+        ├── UnknownPrincipalError      a user or executor name the catalog does not hold
+        ├── PrincipalExistsError       adding a name that exists
         └── CorruptCatalogError        replayed updates do not form a valid catalog
 
     ProtocolError
@@ -185,10 +188,25 @@ class RecordTypeMismatchError(ConflictError):
     """A subscriber expects another record type (or kind) than the topic carries."""
 
 
-class NotOwnerError(CatalogError):
-    """Only a topic's owner may do this (publish to it, delete it)."""
+class NotAuthorizedError(CatalogError):
+    """The authenticated principal behind the request may not do this (DESIGN §12)."""
+
+    kafka_error_code = 31  # CLUSTER_AUTHORIZATION_FAILED
+    exit_code = 2
+
+
+class NotOwnerError(NotAuthorizedError):
+    """Only a topic's or query's owner (or an admin, with force) may do this."""
 
     kafka_error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class UnknownPrincipalError(NotFoundError):
+    """A user or executor principal the catalog does not hold."""
+
+
+class PrincipalExistsError(ConflictError):
+    """A user or executor principal of that name exists already."""
 
 
 class CorruptCatalogError(CatalogError):

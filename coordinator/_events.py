@@ -40,13 +40,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """A decoded request from a client. `peer` is its transport identity, for notifies."""
+    """A decoded request from a client. `peer` is its transport identity, for notifies;
+    `principal` who it authenticated as (DESIGN §12)."""
 
     token: Any
     request: Any
     now: float
     wall_ms: int
     peer: bytes = b""
+    principal: str = "admin"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,10 @@ A handler reads the state, applies commands through `state.apply` (which persist
 and runs its consequences) and returns the reply, or raises a TqError that answers the request.
 Raising `WaitForTopic` parks the request until the topic exists or its wait runs out. The party
 a request acts for comes from its session: the query a query-process session runs, else the
-session itself.
+session itself. The principal behind it is `call.principal`, authenticated by the RPC layer;
+every request naming a session comes from that session's principal (checked before the
+handler runs, `CoordinatorState._check_holder`), and the catalog's rules decide what the
+principal may do (DESIGN §12).
 
 Must not: answer requests itself, read clocks, do I/O.
 """
@@ -18,23 +21,34 @@ from typing import Any
 
 from catalog import (
     INGEST,
+    AddUser,
     CloseSession,
     ConflictError,
     FailQuery,
     InvalidCommandError,
+    NotAuthorizedError,
     NotFoundError,
     NotOwnerError,
     OpenSession,
     PartitionsDropped,
     Party,
+    PrincipalKind,
+    PrincipalRef,
     ProcessExited,
     QueryEndedError,
     QueryRef,
+    RemoveUser,
+    RotateUser,
     SessionKind,
     SessionRef,
     Topic,
     TopicName,
     UnknownTopicError,
+    User,
+    is_executor,
+    manages_query,
+    placed_on_session,
+    principal_kind,
 )
 from catalog import CreateTopic as CreateTopicCommand
 from catalog import DeleteTopic as DeleteTopicCommand
@@ -106,6 +120,8 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
     lease_ms = state.config.clamp_lease(req.lease_ms)
     if req.resume is not None:
         session = state.catalog.session(req.resume)  # UnknownSessionError: it is gone
+        if session.principal != call.principal:
+            raise NotAuthorizedError(f"session {req.resume} belongs to another principal")
         if session.kind != req.kind:
             raise InvalidCommandError(f"session {req.resume} is a {session.kind.value} "
                                       f"session, not a {req.kind.value} one")
@@ -116,15 +132,19 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
     peer = req.peer[:200]  # for people to read: bounded, never parsed
     binding = None
     if req.kind == SessionKind.QUERY:
-        binding = _check_binding(state, req)
+        binding = _check_binding(state, req, call.principal)
         peer = bound_peer(binding[0], binding[1], peer)
     elif req.query_id is not None or req.process is not None:
         raise InvalidCommandError("only a query session names a query and a process")
+    if req.kind == SessionKind.EXECUTOR and not is_executor(state.catalog, call.principal):
+        raise NotAuthorizedError(f"{call.principal} may not open an executor session: that "
+                                 "takes an executor credential (tq user add NAME --role "
+                                 "executor)")
     if len(state.catalog.sessions) >= state.config.max_sessions:
         raise ConflictError(f"{len(state.catalog.sessions)} sessions are open, the most this "
                             "coordinator allows; close some (or wait for their leases)")
-    change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms), call.now,
-                         call.wall_ms)
+    change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms,
+                                     principal=call.principal), call.now, call.wall_ms)
     session_id = change.created.session_id  # type: ignore[union-attr]
     state.leases.grant(session_id, lease_ms / 1000, call.now)
     if binding is not None:
@@ -135,10 +155,16 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
                            catalog_broker=state.catalog_broker)
 
 
-def _check_binding(state: CoordinatorState, req: m.OpenSession) -> tuple[int, int]:
+def _check_binding(state: CoordinatorState, req: m.OpenSession,
+                   principal: str) -> tuple[int, int]:
     if req.query_id is None or req.process is None:
         raise InvalidCommandError("a query session names its query_id and process")
     query = state.catalog.query(req.query_id)
+    # The query's own credential, or whoever manages the query (a program run directly by
+    # the one who submitted it).
+    if not manages_query(state.catalog, principal, query):
+        raise NotAuthorizedError(f"{principal} may not register a process of query "
+                                 f"{query.query_id}")
     if query.ended:
         raise QueryEndedError(f"query {query.query_id} has ended ({query.state.value})")
     if not 0 <= req.process < query.processes:
@@ -192,19 +218,22 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         locations = place_partitions(state.catalog, party, req.partitions,
                                      state.placement_cursor, state.catalog_broker_id)
         state.placement_cursor += req.partitions
+    # A client session's topic is its principal's: a reconnected script still owns it.
+    owner = INGEST if req.ingest else (PrincipalRef(call.principal)
+                                       if isinstance(party, SessionRef) else party)
     change = state.apply(CreateTopicCommand(
         name=req.name, partitions=req.partitions,
         record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
-        owner=INGEST if req.ingest else party, locations=tuple(locations),
-        at_ms=call.wall_ms), call.now, call.wall_ms)
+        owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
+        creator=call.principal), call.now, call.wall_ms)
     return _topic_info(state, change.created)  # type: ignore[arg-type]
 
 
 def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.Done:
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, 0, req.session_id)
-    state.apply(DeleteTopicCommand(topic_id=topic.topic_id, requester=party, force=req.force),
-                call.now, call.wall_ms)
+    state.apply(DeleteTopicCommand(topic_id=topic.topic_id, requester=party, force=req.force,
+                                   principal=call.principal), call.now, call.wall_ms)
     # Answered once the brokers that are up dropped the files (or a bound passed): a client
     # creating the name again right after finds it empty (coordinator/_drops.py).
     raise WaitForDrops(topic.topic_id, m.Done(version=state.catalog.version))
@@ -318,6 +347,8 @@ def remove_executor(state: CoordinatorState, req: m.RemoveExecutor, call: Call) 
 
 def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.QueryInfo:
     state.renew(req.session_id, call.now)
+    if principal_kind(call.principal) is PrincipalKind.EXECUTOR:
+        raise NotAuthorizedError(f"{call.principal} runs queries; it does not submit them")
     _bounded(req.name, MAX_LABEL, "the query name")
     _bounded(req.program, MAX_TEXT, "the program")
     _bounded("".join(req.args), MAX_ARGS_CHARS, "the arguments")
@@ -328,8 +359,8 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
         executors = place_processes(state.catalog, req.processes, state.loads)
     change = state.apply(SubmitQueryCommand(
         name=req.name, program=req.program, processes=req.processes, workers=req.workers,
-        executors=tuple(executors), args=tuple(req.args), at_ms=call.wall_ms),
-        call.now, call.wall_ms)
+        executors=tuple(executors), args=tuple(req.args), at_ms=call.wall_ms,
+        owner=call.principal), call.now, call.wall_ms)
     query = change.created
     state.spawn(query, call.now, call.wall_ms)  # type: ignore[arg-type]
     query = state.catalog.query(query.query_id)  # type: ignore[union-attr]
@@ -345,6 +376,9 @@ def report_spawn_failed(state: CoordinatorState, req: m.ReportSpawnFailed,
                         call: Call) -> m.QueryInfo:
     state.renew(req.session_id, call.now)
     query = state.catalog.query(req.query_id)
+    if not placed_on_session(state.catalog, query, req.process, req.session_id):
+        raise NotAuthorizedError(f"process {req.process} of query {query.query_id} was not "
+                                 "placed on this session's executor")
     if not query.ended:
         state.apply(FailQuery(query_id=req.query_id, at_ms=call.wall_ms, reason=(
             f"process {req.process} could not start: {req.reason[:MAX_TEXT]}")),
@@ -355,8 +389,8 @@ def report_spawn_failed(state: CoordinatorState, req: m.ReportSpawnFailed,
 def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.QueryInfo:
     state.renew(req.session_id, call.now)
     state.apply(ProcessExited(query_id=req.query_id, process=req.process,
-                              exit_code=req.exit_code, at_ms=call.wall_ms),
-                call.now, call.wall_ms)
+                              exit_code=req.exit_code, at_ms=call.wall_ms,
+                              session_id=req.session_id), call.now, call.wall_ms)
     state.start_if_registered(req.query_id, call.now, call.wall_ms)
     return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
 
@@ -364,8 +398,37 @@ def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.Que
 def kill_query(state: CoordinatorState, req: m.KillQuery, call: Call) -> m.QueryInfo:
     state.renew(req.session_id, call.now)
     state.apply(KillQueryCommand(query_id=req.query_id, at_ms=call.wall_ms,
-                                 reason=req.reason[:500]), call.now, call.wall_ms)
+                                 reason=req.reason[:500], requester=call.principal),
+                call.now, call.wall_ms)
     return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
+
+
+# -- users (DESIGN §12) -------------------------------------------------------------------------
+# The replies carry the user record; the shell seals the key into them (the core holds none).
+
+
+def add_user(state: CoordinatorState, req: m.AddUser, call: Call) -> m.UserCredential:
+    state.renew(req.session_id, call.now)
+    change = state.apply(AddUser(principal=_bounded(req.principal, MAX_LABEL, "the name"),
+                                 role=req.role, requester=call.principal, at_ms=call.wall_ms),
+                         call.now, call.wall_ms)
+    assert isinstance(change.created, User)
+    return m.UserCredential(user=change.created, sealed_key=b"", version=change.version)
+
+
+def rotate_user(state: CoordinatorState, req: m.RotateUser, call: Call) -> m.UserCredential:
+    state.renew(req.session_id, call.now)
+    change = state.apply(RotateUser(principal=_bounded(req.principal, MAX_LABEL, "the name"),
+                                    requester=call.principal), call.now, call.wall_ms)
+    assert isinstance(change.created, User)
+    return m.UserCredential(user=change.created, sealed_key=b"", version=change.version)
+
+
+def remove_user(state: CoordinatorState, req: m.RemoveUser, call: Call) -> m.Done:
+    state.renew(req.session_id, call.now)
+    state.apply(RemoveUser(principal=_bounded(req.principal, MAX_LABEL, "the name"),
+                           requester=call.principal), call.now, call.wall_ms)
+    return m.Done(version=state.catalog.version)
 
 
 HANDLERS: dict[type, Handler] = {
@@ -389,4 +452,7 @@ HANDLERS: dict[type, Handler] = {
     m.ReportExit: report_exit,
     m.KillQuery: kill_query,
     m.ReportSpawnFailed: report_spawn_failed,
+    m.AddUser: add_user,
+    m.RotateUser: rotate_user,
+    m.RemoveUser: remove_user,
 }

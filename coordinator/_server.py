@@ -32,16 +32,28 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from catalog import StorageError, UnknownSessionError
+import msgspec
+
+from catalog import (
+    ADMIN,
+    NotAuthorizedError,
+    StorageError,
+    UnknownSessionError,
+    is_executor,
+    known_principal,
+)
 from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import _messages as m
 from querylib.log import LogConfig
 from querylib.rpc import (
+    BROKER,
     Context,
     InternalServerError,
+    MasterKeyring,
     PeerBusyError,
     PeerUnreachableError,
     RpcServer,
+    seal,
 )
 
 from ._artifacts import ArtifactStore
@@ -72,6 +84,15 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator"]
 
 logger = logging.getLogger("coordinator")
+
+
+# How long an executor's broker may keep a principal key it asked for: a removed user or a
+# rotated key stops working at brokers within this (at the coordinator at once).
+PRINCIPAL_KEY_TTL_MS = 30_000
+
+
+def _with_key(reply: m.UserCredential, sealed: bytes) -> m.UserCredential:
+    return msgspec.structs.replace(reply, sealed_key=sealed)
 
 
 def _wall_ms() -> int:
@@ -122,8 +143,12 @@ class Coordinator:
         self.state: CoordinatorState | None = None
         self.broker: BrokerServer | None = None
         self.writer: CatalogWriter | None = None
-        # A client with another secret is told so (an executor then stops, not retries).
-        self._rpc = RpcServer(secret, refuse_bad_signatures=True)
+        # Every principal's key derives from the secret; the catalog says which exist now
+        # (DESIGN §12). A client with another secret is told so (an executor then stops, not
+        # retries).
+        self.keys = MasterKeyring(secret, valid=self._generation)
+        self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
+        self._rpc = RpcServer(self.keys, refuse_bad_signatures=True)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._inbox: deque[Stimulus] = deque()
         self._feeding = False
@@ -142,6 +167,7 @@ class Coordinator:
         self.artifacts = ArtifactStore(os.path.join(self.data_dir, "artifacts"))
         self._rpc.register(m.UploadArtifact, self._upload)
         self._rpc.register(m.FetchArtifact, self._fetch)
+        self._rpc.register(m.ResolvePrincipal, self._resolve_principal)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -157,7 +183,7 @@ class Coordinator:
             checkpoint=None if checkpoint is None else Checkpointed(checkpoint.version,
                                                                     dict(checkpoint.offsets)),
             since_checkpoint=recovered.since_checkpoint)
-        self.broker = BrokerServer(self.broker_dir, self._secret,
+        self.broker = BrokerServer(self.broker_dir, self._broker_keys,
                                    log_config=LogConfig(flush="always"))
         self.broker_endpoint = await self.broker.start(self.broker_listen)
         self.writer = CatalogWriter(self.broker_endpoint, self._secret,
@@ -278,13 +304,21 @@ class Coordinator:
                 and session_id in self.state.leases):  # type: ignore[union-attr]
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
         token = _Token(ctx.peer)
-        self._feed(Received(token, request, loop.time(), _wall_ms(), ctx.peer))
+        self._feed(Received(token, request, loop.time(), _wall_ms(), ctx.peer, ctx.principal))
         if not token.answered:
             token.future = loop.create_future()
-            return await token.future
-        if token.error is not None:
+            reply = await token.future
+        elif token.error is not None:
             raise token.error
-        return token.reply
+        else:
+            reply = token.reply
+        if isinstance(reply, m.UserCredential):
+            # The core holds no key: the new one is derived and sealed here, for the asker.
+            key = self.keys.key(reply.user.principal, reply.user.generation)
+            asker = self.keys.key(ctx.principal)
+            assert key is not None and asker is not None
+            reply = _with_key(reply, seal(asker, key))
+        return reply
 
     # -- the state machine loop ----------------------------------------------------------------
 
@@ -377,12 +411,34 @@ class Coordinator:
                     query_id=instruction.query_id, program=instruction.program,
                     processes=processes, process_count=instruction.process_count,
                     workers=instruction.workers, args=list(instruction.args),
-                    executor_id=executor_id))
+                    executor_id=executor_id,
+                    credential=self._query_credential(instruction.query_id, session_id)))
             except (PeerBusyError, PeerUnreachableError) as exc:
                 # The query's start timeout fails it and tells the submitter.
                 self.counters["notify_failed"] += 1
                 logger.warning("coordinator: cannot ask executor %d to spawn query %d: %s",
                                executor_id, instruction.query_id, exc)
+
+    def _query_credential(self, query_id: int, session_id: int) -> bytes:
+        """The key of query `query_id`'s processes, sealed for the executor of `session_id`."""
+        assert self.state is not None
+        executor = self.keys.key(self.state.catalog.session(session_id).principal)
+        key = self.keys.key(f"query:{query_id}", 0)
+        assert executor is not None and key is not None
+        return seal(executor, key)
+
+    def _generation(self, principal: str) -> int | None:
+        """The keyrings' view of the catalog: the principal's key generation, or None when it
+        may hold no credential now."""
+        if principal == ADMIN:
+            return 0
+        if self.state is None:
+            return None
+        catalog = self.state.catalog
+        if not known_principal(catalog, principal):
+            return None
+        user = catalog.user(principal)
+        return 0 if user is None else user.generation
 
     def _drop(self, instruction: DropPartitions) -> None:
         peer = self._peers.get(instruction.session_id)
@@ -398,23 +454,40 @@ class Coordinator:
             logger.warning("coordinator: cannot ask broker %d to drop topic %d: %s",
                            instruction.broker_id, instruction.topic_id, exc)
 
+    async def _resolve_principal(self, request: m.ResolvePrincipal,
+                                 ctx: Context) -> m.PrincipalKey:
+        """An executor's broker asks for a principal's broker key (RemoteKeyring)."""
+        self._check_session(request.session_id, ctx.principal)
+        assert self.state is not None
+        if not is_executor(self.state.catalog, ctx.principal):
+            raise NotAuthorizedError(f"{ctx.principal} may not learn other principals' keys")
+        key = self._broker_keys.key(request.principal[:100])
+        asker = self.keys.key(ctx.principal)
+        assert asker is not None
+        return m.PrincipalKey(principal=request.principal,
+                              sealed_key=b"" if key is None else seal(asker, key),
+                              valid_ms=PRINCIPAL_KEY_TTL_MS)
+
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
-        self._check_session(request.session_id)
+        self._check_session(request.session_id, ctx.principal)
         loop = asyncio.get_running_loop()
         size = await loop.run_in_executor(None, self.artifacts.store, request.sha256,
                                           ctx.payload)
         return m.ArtifactStored(sha256=request.sha256, size=size)
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
-        self._check_session(request.session_id)
+        self._check_session(request.session_id, ctx.principal)
         loop = asyncio.get_running_loop()
         blob = await loop.run_in_executor(None, self.artifacts.load, request.sha256)
         ctx.attach(blob)
         return m.ArtifactStored(sha256=request.sha256, size=len(blob))
 
-    def _check_session(self, session_id: int) -> None:
+    def _check_session(self, session_id: int, principal: str) -> None:
         if self.state is None or session_id not in self.state.leases:
             raise UnknownSessionError(f"no session {session_id}")
+        session = self.state.catalog.find_session(session_id)
+        if session is None or session.principal != principal:
+            raise NotAuthorizedError(f"session {session_id} belongs to another principal")
 
     # -- from the writer -----------------------------------------------------------------------
 

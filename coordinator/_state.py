@@ -29,6 +29,7 @@ from catalog import (
     Executor,
     FailQuery,
     InvalidCommandError,
+    NotAuthorizedError,
     Query,
     QueryState,
     RegisterBroker,
@@ -101,6 +102,7 @@ class Call:
     now: float
     wall_ms: int
     peer: bytes
+    principal: str = "admin"  # who the request comes from, authenticated (DESIGN §12)
 
 
 class WaitForStart(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -261,8 +263,24 @@ class CoordinatorState:
             self.respond(stimulus.token, error=InvalidCommandError(
                 f"the coordinator does not serve {type(request).__name__}"))
             return
-        call = Call(stimulus.token, stimulus.now, stimulus.wall_ms, stimulus.peer)
+        call = Call(stimulus.token, stimulus.now, stimulus.wall_ms, stimulus.peer,
+                    stimulus.principal)
+        try:
+            self._check_holder(request, call.principal)
+        except TqError as exc:
+            self.respond(call.token, error=exc)
+            return
         self._run(handler, request, call, deadline=None)
+
+    def _check_holder(self, request: Any, principal: str) -> None:
+        """A session is used only by the principal that opened it: naming another's session
+        id gets nothing of it (DESIGN §12)."""
+        session_id = getattr(request, "session_id", None)
+        if session_id is None:
+            return
+        session = self.catalog.find_session(session_id)
+        if session is not None and session.principal != principal:
+            raise NotAuthorizedError(f"session {session_id} belongs to another principal")
 
     def _run(self, handler: Any, request: Any, call: Call, deadline: float | None) -> None:
         try:
@@ -288,7 +306,7 @@ class CoordinatorState:
             wait_ms = min(wait.wait_ms, self.config.max_wait_ms)
             deadline = call.now + wait_ms / 1000
         self.waiters.add(Waiter(call.token, request, wait.name, deadline, wait.session_id,
-                                call.peer))
+                                call.peer, call.principal))
 
     def _tick(self, now: float, wall_ms: int) -> None:
         for session_id in self.leases.expired(now):
@@ -402,7 +420,7 @@ class CoordinatorState:
         self.drops.after(self, change, now)
         for name in created_topics:
             for waiter in self.waiters.take(name):
-                call = Call(waiter.token, now, wall_ms, waiter.peer)
+                call = Call(waiter.token, now, wall_ms, waiter.peer, waiter.principal)
                 self._run(_handlers()[type(waiter.request)], waiter.request, call,
                           waiter.deadline)
 

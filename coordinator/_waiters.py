@@ -26,6 +26,7 @@ class Waiter:
     deadline: float
     session_id: int | None
     peer: bytes = b""
+    principal: str = "admin"  # who asked: the request runs again as them
     done: bool = field(default=False)
 
 

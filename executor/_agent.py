@@ -51,11 +51,18 @@ from querylib.cluster import (
     NoCoordinatorError,
     SpawnProcesses,
 )
-from querylib.rpc import RpcError, SecretRejectedError
+from querylib.rpc import (
+    BROKER,
+    Credential,
+    RemoteKeyring,
+    RpcError,
+    SecretRejectedError,
+)
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
 from ._broker_id import register_remembered
 from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
+from ._credentials import ProcessCredentials
 from ._endpoints import CatalogTopics
 from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
@@ -71,6 +78,8 @@ if TYPE_CHECKING:
 __all__ = ["REJOIN_BACKOFF_MAX", "ExecutorAgent"]
 
 logger = logging.getLogger("executor")
+
+_KEY_WAIT = 30.0  # seconds a key request waits for this agent's session with the coordinator
 
 REJOIN_BACKOFF_MIN = 0.2  # seconds before the first rejoin attempt; doubled after each failure
 REJOIN_BACKOFF_MAX = 5.0  # ... up to this (also how long each attempt waits for an answer)
@@ -89,7 +98,7 @@ class ExecutorAgent:
     skipped (listed in `endpoints.skipped`) instead of failing the start.
     """
 
-    def __init__(self, coordinator: str, secret: bytes, secret_file: str,
+    def __init__(self, coordinator: str, secret: bytes | Credential, secret_file: str,
                  data_dir: str | os.PathLike[str], *, slots: int | None = None,
                  host: str | None = None, broker_listen: str = "tcp://127.0.0.1:0",
                  lease: float = 10.0, grace: float = 5.0,
@@ -97,9 +106,15 @@ class ExecutorAgent:
                  endpoints_required: bool = True, keep_work_dirs: int = 50,
                  artifact_ttl: float = 7 * 86400.0) -> None:
         self.coordinator = coordinator
-        self.secret = secret
+        self.secret = Credential.of(secret)  # our own credential: executor:NAME, or admin
         self.secret_file = str(Path(secret_file).resolve())
         self.data_dir = Path(data_dir)
+        self.credentials = ProcessCredentials(self.data_dir / "credentials", self.secret)
+        # Our broker checks its clients' keys; the coordinator tells it each principal's
+        # (ResolvePrincipal), once this agent has a session. It knows its own.
+        self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
+        self.keys.pin(self.secret.principal, self.secret.for_audience(BROKER).key)
+        self._attached = asyncio.Event()
         self.slots = Slots(slots or max(os.cpu_count() or 1, 1))
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
@@ -148,7 +163,7 @@ class ExecutorAgent:
     async def start(self) -> ExecutorAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.broker = BrokerServer(self.data_dir / "broker", self.secret)
+            self.broker = BrokerServer(self.data_dir / "broker", self.keys)
             self.broker_address = await self.broker.start(self.broker_listen)
             self.exit_feed = QueryExitFeed(self.broker)
             self.forwarder = await LogForwarder(self.broker_address, self.secret).start()
@@ -160,8 +175,10 @@ class ExecutorAgent:
             self.fetcher = ArtifactFetcher(cache, upload=self._download)
             self._sampler = LoadSampler(self.data_dir)
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
+            # The connector cookie and the Kafka cluster id derive from the key we hold (the
+            # cluster secret for an admin's executor, as in tq up).
             self.endpoints = await BrokerEndpoints(
-                self.broker, self.secret, connector=self.connector_config,
+                self.broker, self.secret.key, connector=self.connector_config,
                 kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
                 required=self.endpoints_required).start()
             await self._join_retrying(first=True)
@@ -206,6 +223,18 @@ class ExecutorAgent:
         if self.exit_feed is not None:
             self.exit_feed.attach(cluster)
         self.lost.clear()
+        self._attached.set()
+
+    async def _fetch_key(self, principal: str) -> bytes | None:
+        """A principal's broker key, from the coordinator (waits for a session, bounded)."""
+        try:
+            await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
+        except TimeoutError:
+            return None
+        cluster = self.cluster
+        if cluster is None or cluster.lost:
+            return None
+        return await cluster.resolve_principal(principal)
 
     @property
     def connector_address(self) -> str | None:
@@ -272,6 +301,7 @@ class ExecutorAgent:
         logger.warning("executor %s: lost the coordinator; killing its processes",
                        self.executor_id)
         self.lost.set()  # first: nobody is there to hear about their exits
+        self._attached.clear()  # key requests wait for the rejoin
         self._generation += 1
         assert self.supervisor is not None
         await self.supervisor.kill_all()
@@ -398,10 +428,13 @@ class ExecutorAgent:
                 return
             self._artifact_of[key] = artifact.digest
             await asyncio.to_thread(touch_artifact, self.fetcher.cache, artifact.digest)
+            credentials = await asyncio.to_thread(
+                self.credentials.write, note.query_id, process, note.credential,
+                coordinator=self.coordinator)
             spec = SpawnSpec(query_id=note.query_id, process=process,
                              processes=note.process_count, workers=note.workers,
                              args=tuple(note.args), coordinator=self.coordinator,
-                             secret_file=self.secret_file, broker=self.broker_address,
+                             credentials=str(credentials), broker=self.broker_address,
                              executor_id=self.executor_id)
             await self.supervisor.spawn(spec, artifact.program)
             self.counters["spawned"] += 1
@@ -464,6 +497,7 @@ class ExecutorAgent:
         self._dying.discard((report.query_id, report.process))
         self._slot_freed.set()
         self._artifact_of.pop((report.query_id, report.process), None)
+        self.credentials.remove(report.query_id, report.process)
         if not self._cleaning and not self._closed:
             self._cleaning = True
             self._spawn_task(self._clean_disk(), "disk cleanup")

@@ -20,7 +20,8 @@ Environment of a query process (every value a string):
     TQ_WORKERS         worker threads per process
     TQ_COORDINATOR     the coordinator's address
     TQ_PEERS           the query's processes' peer addresses, comma-separated, by index
-    TQ_SECRET_FILE     the cluster secret's file
+    TQ_CREDENTIALS     its credential file (principal query:ID, key minted by the coordinator
+                       for this query; DESIGN §12), never the cluster secret
     TQ_BROKER          this host's broker
     TQ_EXECUTOR_ID     the executor it runs on (empty if not known yet)
     TQ_WORK_DIR        its work directory (also its cwd)
@@ -66,7 +67,7 @@ class SpawnSpec:
     entry: str | None = None          # a file inside a directory artifact (else __main__.py)
     coordinator: str = ""
     peers: tuple[str, ...] = ()
-    secret_file: str = ""
+    credentials: str = ""            # the process's credential file
     broker: str = ""
     executor_id: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables (TQ_* are ours)
@@ -90,7 +91,7 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
         "TQ_WORKERS": str(spec.workers),
         "TQ_COORDINATOR": spec.coordinator,
         "TQ_PEERS": ",".join(spec.peers),
-        "TQ_SECRET_FILE": spec.secret_file,
+        "TQ_CREDENTIALS": spec.credentials,
         "TQ_BROKER": spec.broker,
         "TQ_EXECUTOR_ID": "" if spec.executor_id is None else str(spec.executor_id),
         "TQ_WORK_DIR": os.fspath(work_dir),

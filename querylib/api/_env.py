@@ -1,7 +1,7 @@
 """The `TQ_*` variables an executor sets for a query process, read once.
 
     TQ_QUERY_ID, TQ_PROCESS_INDEX, TQ_PROCESS_COUNT, TQ_WORKERS, TQ_COORDINATOR,
-    TQ_SECRET_FILE, TQ_BROKER
+    TQ_CREDENTIALS (the process's credential file, principal query:ID), TQ_BROKER
 
 Without TQ_QUERY_ID the process runs on its own (`python job.py`): one process, a client
 session, TQ_WORKERS workers (default 1). Must not: connect anywhere.
@@ -54,4 +54,4 @@ class QueryEnv:
         if query_id is None and processes > 1:
             raise UserError("TQ_PROCESS_COUNT > 1 needs TQ_QUERY_ID (the query they share)")
         return cls(query_id, process, processes, workers, env.get("TQ_COORDINATOR") or None,
-                   env.get("TQ_SECRET_FILE") or None, env.get("TQ_BROKER") or None)
+                   env.get("TQ_CREDENTIALS") or None, env.get("TQ_BROKER") or None)

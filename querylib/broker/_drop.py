@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
-from querylib.rpc import RpcClient
+from querylib.rpc import BROKER, RpcClient
 
 from ._errors import PartitionBusyError
 from ._link import CLIENT_LIMITS
@@ -34,7 +34,8 @@ async def drop_partitions(address: str, secret: bytes, topic: str, partitions: I
                           *, timeout: float = 30.0) -> None:
     """Ask the broker at `address` to drop these partitions of `topic` (its short name).
     Retries a partition that is busy (appends or reads in flight) until `timeout`."""
-    async with RpcClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout) as client:
+    async with RpcClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
+                         audience=BROKER) as client:
         async def drop(partition: int) -> None:
             await client.request(DropPartitionRequest(topic=topic, partition=partition))
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from catalog.errors import TqError
 from querylib._memory import keep_freed_memory
 from querylib.rpc import (
+    BROKER,
     ClientClosedError,
     DeadlineExceededError,
     Limits,
@@ -50,7 +51,7 @@ class BrokerLink:
         self.session = uuid.uuid4().hex
         self.lease = lease
         self.timeout = timeout
-        self.client = RpcClient(address, secret, limits=limits or CLIENT_LIMITS,
+        self.client = RpcClient(address, secret, audience=BROKER, limits=limits or CLIENT_LIMITS,
                                 timeout=timeout)
         self.opened: SessionOpened | None = None
         self.generation = 0  # how many times the session was (re)opened

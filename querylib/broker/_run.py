@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from querylib.log import LogConfig
-from querylib.rpc import BlockingClient
+from querylib.rpc import BROKER, BlockingClient
 
 from ._endpoints import BrokerEndpoints
 from ._link import CLIENT_LIMITS
@@ -73,5 +73,6 @@ async def _serve(data_dir: str, listen: str, secret: bytes, log_config: LogConfi
 def list_partitions(address: str, secret: bytes, topic: str = "", *,
                     timeout: float = 10.0) -> list[PartitionInfo]:
     """The partitions a broker hosts (of `topic`, or all)."""
-    with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout) as client:
+    with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
+                        audience=BROKER) as client:
         return client.request(ListPartitions(topic=topic)).partitions

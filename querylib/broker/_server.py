@@ -30,6 +30,7 @@ from querylib._memory import keep_freed_memory
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
 from querylib.records import read_header
 from querylib.rpc import (
+    BROKER,
     Context,
     InternalServerError,
     Limits,
@@ -165,7 +166,8 @@ class BrokerServer:
         self.state = BrokerState(limits, stamp=stored_batch)
         # Deliveries are bounded by credit, not by message count: a subscriber with 1 MiB of
         # credit and 100-byte batches has ~10k messages in flight, beyond zmq's default HWM.
-        self._rpc = RpcServer(secret, limits=rpc_limits or Limits(hwm=100_000))
+        self._rpc = RpcServer(secret, limits=rpc_limits or Limits(hwm=100_000),
+                              audience=BROKER)
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
         self._lanes: dict[PartitionId, AppendLane] = {}

@@ -29,6 +29,7 @@ _COMMAND_MODULES = [
     "querylib.cli._executor",
     "querylib.cli._submit",
     "querylib.cli._query",
+    "querylib.cli._user",
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
-                    "subscriptions", "drops", "counters")
+                    "subscriptions", "drops", "users", "counters")
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.0,
@@ -26,8 +26,10 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.
     parser.add_argument("--coordinator", metavar="ADDR",
                         help="the coordinator's endpoint (default: $TQ_COORDINATOR, else "
                         "$TQ_HOME/cluster.json)")
-    parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
-                        "names, else $TQ_HOME/secret)")
+    parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
+                        help="who you are: a credential file from `tq user add`, or the "
+                        "cluster secret (its holder is the admin); default $TQ_CREDENTIALS, "
+                        "else the secret file cluster.json names, else $TQ_HOME/secret")
     parser.add_argument("--timeout", type=float, default=timeout,
                         help=f"seconds to wait for {waits_for} (default {timeout:g})")
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 from querylib.cli._broker import (
     add_connector_options,
@@ -60,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args, found.address, found.secret, found.secret_file, data))
 
 
-async def _serve(args: argparse.Namespace, address: str, secret: bytes, secret_file: str,
+async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_file: str,
                  data: str) -> int:
     from executor import ExecutorAgent
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from catalog import Broker, Executor, Query, Resources, TopicKind
-from querylib.rpc import Notify, Reply, Request
+from querylib.rpc import Credential, Notify, Reply, Request
 
 from . import _messages as m
 from ._connection import discover
@@ -33,7 +33,7 @@ T = TypeVar("T")
 class Cluster:
     """A blocking connection to the coordinator (with a session unless `session=False`)."""
 
-    def __init__(self, address: str, secret: bytes, **options: Any) -> None:
+    def __init__(self, address: str, secret: bytes | Credential, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"tq-cluster {address}")
@@ -46,7 +46,8 @@ class Cluster:
             raise
 
     @staticmethod
-    async def _start(address: str, secret: bytes, options: dict[str, Any]) -> AsyncCluster:
+    async def _start(address: str, secret: bytes | Credential,
+                     options: dict[str, Any]) -> AsyncCluster:
         return await AsyncCluster(address, secret, **options).start()
 
     @classmethod
@@ -74,8 +75,13 @@ class Cluster:
         return self._async.address
 
     @property
-    def secret(self) -> bytes:
+    def secret(self) -> Credential:
+        """Our credential (what clients of this cluster's brokers sign with)."""
         return self._async.secret
+
+    @property
+    def principal(self) -> str:
+        return self._async.principal
 
     @property
     def session_id(self) -> int | None:
@@ -152,6 +158,15 @@ class Cluster:
 
     def kill_query(self, query_id: int, reason: str = "killed") -> Query:
         return self._call(self._async.kill_query(query_id, reason))
+
+    def add_user(self, principal: str, role: str = "user") -> Credential:
+        return self._call(self._async.add_user(principal, role))
+
+    def rotate_user(self, principal: str) -> Credential:
+        return self._call(self._async.rotate_user(principal))
+
+    def remove_user(self, principal: str) -> None:
+        self._call(self._async.remove_user(principal))
 
     def upload_artifact(self, digest: str, pack: bytes) -> str:
         return self._call(self._async.upload_artifact(digest, pack))

@@ -15,7 +15,7 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from querylib.rpc import default_secret_path, load_secret
+from querylib.rpc import Credential, default_secret_path, load_credential
 
 from ._errors import START_HINT, ClusterFileError, NoCoordinatorError
 
@@ -59,10 +59,11 @@ class ClusterInfo:
 
 @dataclass(frozen=True)
 class Connection:
-    """Where the coordinator is, the cluster secret, and where we learned the address."""
+    """Where the coordinator is, our credential (`secret`: the cluster secret's admin, or a
+    principal's credential file), and where we learned the address."""
 
     address: str
-    secret: bytes
+    secret: Credential
     secret_file: str
     source: str
 
@@ -143,11 +144,12 @@ def _alive(pid: int) -> bool:
 
 def discover(coordinator: str | None = None, *, secret_file: str | None = None,
              home: str | os.PathLike[str] | None = None) -> Connection:
-    """Where to reach the coordinator, and the secret to sign with.
+    """Where to reach the coordinator, and the credential to sign with: `secret_file`, else
+    `TQ_CREDENTIALS`, else the secret file cluster.json names (its holder is the admin).
 
     Raises NoCoordinatorError (saying how to start one) when nothing names a coordinator, or
     when the connection file names one that is not running on this host; SecretFileError when
-    the secret file is missing or unsafe.
+    the credential file is missing or unsafe.
     """
     info = None
     if coordinator:
@@ -165,5 +167,7 @@ def discover(coordinator: str | None = None, *, secret_file: str | None = None,
                                      f"running; {START_HINT}")
         coordinator, source = info.coordinator, str(path)
     if secret_file is None:
+        secret_file = os.environ.get("TQ_CREDENTIALS") or None
+    if secret_file is None:
         secret_file = info.secret_file if info is not None else str(default_secret_path())
-    return Connection(coordinator, load_secret(secret_file), secret_file, source)
+    return Connection(coordinator, load_credential(secret_file), secret_file, source)

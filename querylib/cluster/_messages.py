@@ -30,6 +30,11 @@ Client -> coordinator requests (reply in brackets):
     coord.query.spawn_failed ReportSpawnFailed [QueryInfo]       an executor could not start one
     coord.artifact.upload   UploadArtifact     [ArtifactStored]  a program pack (payload frame)
     coord.artifact.fetch    FetchArtifact      [ArtifactStored]  ... and its bytes back (payload)
+    coord.user.add          AddUser            [UserCredential]  admins: a new named principal
+    coord.user.rotate       RotateUser         [UserCredential]  admins: a new key for one
+    coord.user.remove       RemoveUser         [Done]            admins: its key stops working
+    coord.principal.key     ResolvePrincipal   [PrincipalKey]    executors: a principal's broker
+                                                                 key, for their broker's keyring
 Coordinator -> executor notify:
     coord.spawn.processes   SpawnProcesses                       start these processes of a query
     coord.kill.processes    KillProcesses                        terminate what is left of a query
@@ -48,10 +53,12 @@ from catalog import (
     SessionKind,
     Topic,
     TopicKind,
+    User,
 )
 from querylib.rpc import Notify, Reply, Request
 
 __all__ = [
+    "AddUser",
     "ArtifactStored",
     "BrokerInfo",
     "CatalogInfo",
@@ -70,6 +77,7 @@ __all__ = [
     "KillQuery",
     "LookupTopic",
     "OpenSession",
+    "PrincipalKey",
     "ProcessLoad",
     "Publish",
     "QueryInfo",
@@ -77,10 +85,13 @@ __all__ = [
     "RegisterExecutor",
     "RemoveBroker",
     "RemoveExecutor",
+    "RemoveUser",
     "Renewed",
     "ReportExit",
     "ReportPartitionsDropped",
     "ReportSpawnFailed",
+    "ResolvePrincipal",
+    "RotateUser",
     "SessionOpened",
     "SpawnProcesses",
     "SubmitQuery",
@@ -89,6 +100,7 @@ __all__ = [
     "Unpublish",
     "UploadArtifact",
     "Unsubscribe",
+    "UserCredential",
 ]
 
 
@@ -376,6 +388,50 @@ class SpawnProcesses(Notify, tag="coord.spawn.processes"):
     workers: int
     args: list[str]
     executor_id: int
+    # The processes' credential (principal `query:<query_id>`), sealed with the executor's
+    # own key (querylib.rpc.seal): only that executor reads it (DESIGN §12).
+    credential: bytes = b""
+
+
+# --------------------------------------------------------------------------- principals
+
+
+class UserCredential(Reply, tag="coord.user.credential"):
+    """A named principal and its key, sealed with the requester's own key."""
+
+    user: User
+    sealed_key: bytes
+    version: int
+
+
+class PrincipalKey(Reply, tag="coord.principal.key.reply"):
+    """A principal's broker-audience key sealed with the requester's key; empty when the
+    principal does not exist (now). `valid_ms`: how long the requester may cache it."""
+
+    principal: str
+    sealed_key: bytes
+    valid_ms: int
+
+
+class AddUser(Request[UserCredential], tag="coord.user.add"):
+    session_id: int
+    principal: str  # user:NAME or executor:NAME
+    role: str = "user"
+
+
+class RotateUser(Request[UserCredential], tag="coord.user.rotate"):
+    session_id: int
+    principal: str
+
+
+class RemoveUser(Request[Done], tag="coord.user.remove"):
+    session_id: int
+    principal: str
+
+
+class ResolvePrincipal(Request[PrincipalKey], tag="coord.principal.key"):
+    session_id: int
+    principal: str
 
 
 # --------------------------------------------------------------------------- artifacts

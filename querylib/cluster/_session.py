@@ -42,12 +42,14 @@ from catalog import (
 )
 from querylib.rpc import (
     ClientClosedError,
+    Credential,
     DeadlineExceededError,
     Notify,
     Reply,
     Request,
     RpcClient,
     RpcError,
+    unseal,
 )
 
 from . import _messages as m
@@ -74,13 +76,13 @@ def default_peer() -> str:
 class AsyncCluster:
     """A connection to the coordinator, with a session unless `session=False`."""
 
-    def __init__(self, address: str, secret: bytes, *, session: bool = True,
+    def __init__(self, address: str, secret: bytes | Credential, *, session: bool = True,
                  kind: SessionKind = SessionKind.CLIENT, peer: str | None = None,
                  lease: float = 10.0, timeout: float = 30.0, connect_timeout: float = 10.0,
                  resume: int | None = None, query_id: int | None = None,
                  process: int | None = None, source: str = "") -> None:
         self.address = address
-        self.secret = secret
+        self.secret = Credential.of(secret)  # who we are (a bare secret: the admin)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.lease = lease
@@ -264,6 +266,34 @@ class AsyncCluster:
         reply = await self.request(m.ReportSpawnFailed(
             session_id=self._session(), query_id=query_id, process=process, reason=reason[:2000]))
         return reply.query
+
+    # -- principals (DESIGN §12) ------------------------------------------------------------
+
+    @property
+    def principal(self) -> str:
+        return self.secret.principal
+
+    async def add_user(self, principal: str, role: str = "user") -> Credential:
+        """Make a named principal (admins only); returns its credential."""
+        reply = await self.request(m.AddUser(session_id=self._session(), principal=principal,
+                                             role=role))
+        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key))
+
+    async def rotate_user(self, principal: str) -> Credential:
+        """A new key for a named principal (admins only); the old one stops working."""
+        reply = await self.request(m.RotateUser(session_id=self._session(),
+                                                principal=principal))
+        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key))
+
+    async def remove_user(self, principal: str) -> None:
+        await self.request(m.RemoveUser(session_id=self._session(), principal=principal))
+
+    async def resolve_principal(self, principal: str) -> bytes | None:
+        """`principal`'s broker key, or None if it does not exist (executors only: their
+        broker's keyring asks this)."""
+        reply = await self.request(m.ResolvePrincipal(session_id=self._session(),
+                                                      principal=principal))
+        return unseal(self.secret.key, reply.sealed_key) if reply.sealed_key else None
 
     async def upload_artifact(self, digest: str, pack: bytes) -> str:
         """Store a program pack on the coordinator; returns its source, `sha256:<hex>`."""

@@ -14,7 +14,7 @@ Servers bind a ROUTER (`RpcServer`), clients connect a DEALER (`RpcClient`, or
 
 The sans-I/O core (`Codec`, `Signer`, `ReplayGuard`, `RequestTracker`) holds all the logic and
 is usable without sockets; the shells only move frames. Wire format and replay guard:
-see `querylib.rpc._codec`.
+see `querylib.rpc._codec`; principals, their keys and keyrings: `querylib.rpc._credentials`.
 """
 
 from querylib._lazy import lazy_exports as _lazy_exports
@@ -23,6 +23,8 @@ from querylib._lazy import lazy_exports as _lazy_exports
 # registering) needs the codec, the messages and RpcClient, not RpcServer. Every name
 # below is still a public export.
 _EXPORTS = {
+    "BROKER": "_credentials",
+    "COORDINATOR": "_credentials",
     "MAX_TTL": "_codec",
     "AddressError": "_errors",
     "BadSignatureError": "_errors",
@@ -30,15 +32,18 @@ _EXPORTS = {
     "ClientClosedError": "_errors",
     "Codec": "_codec",
     "Context": "_server",
+    "Credential": "_credentials",
     "DeadlineExceededError": "_errors",
     "ErrorBody": "_messages",
     "Handler": "_server",
     "Header": "_messages",
     "Incoming": "_codec",
     "InternalServerError": "_errors",
+    "Keyring": "_credentials",
     "Kind": "_messages",
     "Limits": "_codec",
     "MalformedMessageError": "_errors",
+    "MasterKeyring": "_credentials",
     "Message": "_messages",
     "MessageTooLargeError": "_errors",
     "Notification": "_client",
@@ -48,6 +53,7 @@ _EXPORTS = {
     "Ping": "_messages",
     "Pong": "_messages",
     "RemoteError": "_errors",
+    "RemoteKeyring": "_credentials",
     "ReplayGuard": "_codec",
     "ReplayedMessageError": "_errors",
     "Reply": "_messages",
@@ -60,19 +66,29 @@ _EXPORTS = {
     "SecretFileError": "_errors",
     "SecretRejectedError": "_errors",
     "ServerBusyError": "_errors",
-    "Signer": "_codec",
+    "Signer": "_signer",
     "UnexpectedReplyError": "_errors",
     "UnknownMessageTypeError": "_errors",
+    "UnknownPrincipalError": "_errors",
     "UnsupportedRequestError": "_errors",
+    "audience_key": "_credentials",
+    "kafka_password": "_credentials",
     "default_secret_path": "_secret",
     "error_body": "_errors",
     "error_from_body": "_errors",
+    "load_credential": "_credentials",
     "load_or_create_secret": "_secret",
     "load_secret": "_secret",
     "message_type": "_messages",
+    "principal_key": "_credentials",
+    "seal": "_credentials",
+    "unseal": "_credentials",
+    "write_credential": "_credentials",
 }
 
 __all__ = [
+    "BROKER",
+    "COORDINATOR",
     "MAX_TTL",
     "AddressError",
     "BadSignatureError",
@@ -80,15 +96,18 @@ __all__ = [
     "ClientClosedError",
     "Codec",
     "Context",
+    "Credential",
     "DeadlineExceededError",
     "ErrorBody",
     "Handler",
     "Header",
     "Incoming",
     "InternalServerError",
+    "Keyring",
     "Kind",
     "Limits",
     "MalformedMessageError",
+    "MasterKeyring",
     "Message",
     "MessageTooLargeError",
     "Notification",
@@ -98,6 +117,7 @@ __all__ = [
     "Ping",
     "Pong",
     "RemoteError",
+    "RemoteKeyring",
     "ReplayGuard",
     "ReplayedMessageError",
     "Reply",
@@ -113,13 +133,21 @@ __all__ = [
     "Signer",
     "UnexpectedReplyError",
     "UnknownMessageTypeError",
+    "UnknownPrincipalError",
     "UnsupportedRequestError",
+    "audience_key",
+    "kafka_password",
     "default_secret_path",
     "error_body",
     "error_from_body",
+    "load_credential",
     "load_or_create_secret",
     "load_secret",
     "message_type",
+    "principal_key",
+    "seal",
+    "unseal",
+    "write_credential",
 ]
 
 

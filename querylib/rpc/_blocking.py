@@ -21,6 +21,7 @@ import zmq
 
 from ._client import Notification, NotifyCallback, RpcClient
 from ._codec import Buffer, Limits
+from ._credentials import COORDINATOR, Credential
 from ._errors import ClientClosedError
 from ._messages import Notify, Reply, Request
 
@@ -33,8 +34,9 @@ T = TypeVar("T")
 class BlockingClient:
     """The RpcClient API as blocking calls, safe to share between threads."""
 
-    def __init__(self, address: str, secret: bytes, *, limits: Limits | None = None,
-                 timeout: float = 30.0, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, address: str, secret: bytes | Credential, *,
+                 limits: Limits | None = None, timeout: float = 30.0,
+                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"rpc-client {address}",
                                         daemon=True)
@@ -42,16 +44,12 @@ class BlockingClient:
         self._closed = False
         self._lock = threading.Lock()
         try:
-            self._client = self._call(self._open(address, secret, limits, timeout, context))
+            self._client = self._call(RpcClient(
+                address, secret, limits=limits, timeout=timeout, context=context,
+                audience=audience).connect())
         except BaseException:
             self._stop_loop()
             raise
-
-    @staticmethod
-    async def _open(address: str, secret: bytes, limits: Limits | None, timeout: float,
-                    context: zmq.Context[Any] | None) -> RpcClient:
-        return await RpcClient(address, secret, limits=limits, timeout=timeout,
-                               context=context).connect()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import zmq
 
 from ._codec import MAX_TTL, SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
+from ._credentials import COORDINATOR, Credential
 from ._errors import (
     AddressError,
     ClientClosedError,
@@ -60,12 +61,17 @@ class Notification:
 class RpcClient:
     """Requests to and notifies from one server, over one DEALER socket."""
 
-    def __init__(self, address: str, secret: bytes, *, limits: Limits | None = None,
-                 timeout: float = 30.0, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, address: str, secret: bytes | Credential, *,
+                 limits: Limits | None = None, timeout: float = 30.0,
+                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR) -> None:
+        """`secret` is our credential (a bare cluster secret: the admin's); `audience` the
+        kind of server we talk to (COORDINATOR, or BROKER: DESIGN §12)."""
         self.address = address
         self.limits = limits = limits or Limits()
         self.timeout = _check_timeout(timeout)
-        self._codec = Codec(secret, role="client", limits=limits)
+        self.principal = Credential.of(secret).principal
+        self._codec = Codec(Credential.of(secret).for_audience(audience), role="client",
+                            limits=limits)
         self._context = context
         self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
         self._slots = asyncio.Semaphore(limits.max_in_flight)

@@ -5,11 +5,11 @@ shell strips before calling `decode`):
 
     [signature][header][body][payload...]
 
-    signature  32 bytes, keyed BLAKE3 (key derived from the cluster secret, see `Signer`) over
-               the frame count and lengths (8-byte little-endian each) followed by every other
-               frame; the lengths bind the frame boundaries, so bytes cannot be moved between
-               frames
-    header     `Header`, MessagePack array
+    signature  32 bytes, keyed BLAKE3 (`Signer`, with the key of the principal the header
+               names, for the audience of the server: `_credentials`) over the frame count and
+               lengths (8-byte little-endian each) followed by every other frame; the lengths
+               bind the frame boundaries, so bytes cannot be moved between frames
+    header     `Header`, MessagePack array, naming the sender's principal
     body       the message struct (or `ErrorBody`), MessagePack
     payload    raw bytes (record batches), never copied into the body
 
@@ -23,8 +23,16 @@ per session. The session table is bounded (`max_sessions`, oldest evicted); to m
 or restarted table useless to a replayer, the header also carries the sender's wall clock and
 messages older or newer than `max_clock_skew` are dropped as stale. Server->client messages
 name the recipient session in `to`, so one client's reply cannot be replayed to another.
+Principals. A client signs everything it sends with its principal's key, and the server signs
+what it sends that client with the same key, so a client accepts only messages of someone
+holding its key. A server looks the key up by the principal the header names (parsing the
+bounded header before the signature, and trusting nothing else in it until the signature
+verifies), binds the sender session to that principal for good, and hands the principal to
+the handler (DESIGN §12). An unknown principal raises UnknownPrincipalError before any MAC, so
+a server whose keyring resolves keys elsewhere may fetch the key and decode again.
 Refusal. A server that opts in answers a message whose signature frame has the right length
-but does not verify with the single unsigned frame `SIGNATURE_REFUSED`, so a client holding
+but does not verify (or names a principal it does not know) with the single unsigned frame
+`SIGNATURE_REFUSED`, so a client holding
 another secret fails at once with SecretRejectedError instead of waiting out its deadline as if
 nobody were there (an executor must not retry a wrong secret forever). It tells the peer
 nothing about the secret; a forged refusal needs a position on the connection, where dropping
@@ -42,30 +50,33 @@ from __future__ import annotations
 
 import hmac
 import os
-import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import blake3
 import msgspec
 
 from catalog.errors import TqError
 
+from ._credentials import Credential, Keyring, MasterKeyring
 from ._errors import (
     BadSignatureError,
     MalformedMessageError,
     MessageTooLargeError,
+    PeerUnreachableError,
     ReplayedMessageError,
-    SecretFileError,
     UnknownMessageTypeError,
+    UnknownPrincipalError,
     error_body,
 )
 from ._messages import ErrorBody, Header, Kind, Message, Notify, Reply, Request, message_type
+from ._signer import Signer, _nbytes
 
 __all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "SIGNATURE_REFUSED", "Codec",
            "Incoming", "Limits", "ReplayGuard", "Signer"]
+
+_MAX_PRINCIPAL = 80  # catalog's bound on a principal's length
 
 SIGNATURE_BYTES = 32
 SESSION_BYTES = 16
@@ -105,52 +116,6 @@ class Limits:
     max_clock_skew: float = 300.0
     max_sessions: int = 65536
     notify_queue: int = 1024
-
-
-def _nbytes(frame: Buffer) -> int:
-    return frame.nbytes if type(frame) is memoryview else len(frame)
-
-
-# BLAKE3 derive_key context for the frame MAC's key (never reuse it for another purpose).
-MAC_KEY_CONTEXT = "tq 2026-11 rpc frame MAC"
-
-
-class Signer:
-    """A keyed BLAKE3 MAC over frames (BLAKE3's keyed_hash mode, a PRF), keyed once.
-
-    The 32-byte key is derived from the cluster secret with BLAKE3's derive_key mode and a
-    fixed context, so secrets of any length >= 16 bytes work. BLAKE3 rather than HMAC-SHA256:
-    every data byte is MACed four times on its way from a publisher to a subscriber (signed,
-    verified by the broker, signed again, verified), and keyed BLAKE3 runs ~4x faster here
-    (1 MiB: 222 us against 878 us for HMAC-SHA256, with SHA-NI). A unit test checks it
-    against the blake3 package's own keyed hash.
-    """
-
-    __slots__ = ("_key", "_packers")
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) < 16:
-            raise SecretFileError("the cluster secret must be at least 16 bytes")
-        self._key = blake3.blake3(key, derive_key_context=MAC_KEY_CONTEXT).digest()
-        self._packers: dict[int, struct.Struct] = {}
-
-    def sign(self, frames: Sequence[Buffer]) -> bytes:
-        """The signature of `frames` (everything after the signature frame)."""
-        return self._sign(frames, [_nbytes(f) for f in frames])
-
-    def _sign(self, frames: Sequence[Buffer], lengths: list[int]) -> bytes:
-        count = len(lengths)
-        packer = self._packers.get(count)
-        if packer is None:
-            packer = self._packers[count] = struct.Struct(f"<{count + 1}Q")
-        mac = blake3.blake3(packer.pack(count, *lengths), key=self._key)
-        for frame in frames:
-            mac.update(frame)
-        return mac.digest()
-
-    def verify(self, signature: Buffer, frames: Sequence[Buffer]) -> bool:
-        """Whether `signature` signs `frames`, compared in constant time."""
-        return hmac.compare_digest(signature, self.sign(frames))
 
 
 class ReplayGuard:
@@ -224,11 +189,16 @@ class Codec:
     """One endpoint's encoder/decoder: signs what it sends, verifies and guards what it gets.
 
     `role` is "server" (accepts requests and notifies) or "client" (accepts replies, errors
-    and notifies). Not thread-safe: one codec per socket, used from that socket's loop.
+    and notifies). A client signs as one principal (`credential`; a bare cluster secret is the
+    admin's) and accepts only messages signed with its own key. A server asks its `keyring`
+    for the signer of the principal a message names, remembers which principal each sender
+    session is (a session never changes principal), and signs what it sends a session with
+    that session's key. Not thread-safe: one codec per socket, used from that socket's loop.
     """
 
-    def __init__(self, secret: bytes, *, role: str, limits: Limits | None = None,
-                 session: bytes | None = None) -> None:
+    def __init__(self, credential: Credential | bytes | None = None, *, role: str,
+                 limits: Limits | None = None, session: bytes | None = None,
+                 keyring: Keyring | None = None) -> None:
         if role not in _ACCEPTED:
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
         self.role = role
@@ -237,13 +207,34 @@ class Codec:
         if len(self.session) != SESSION_BYTES:
             raise ValueError(f"a session id is {SESSION_BYTES} bytes")
         self._seq = 0
-        self._signer = Signer(secret)
+        if role == "client":
+            if credential is None:
+                raise ValueError("a client codec signs with a credential")
+            own = Credential.of(credential)
+            self.principal = own.principal
+            self._signer = Signer(own.key)
+            self.keyring = None
+        else:
+            if keyring is None:
+                if credential is None:
+                    raise ValueError("a server codec needs a keyring or the cluster secret")
+                keyring = MasterKeyring(Credential.of(credential).key)
+            self.principal = ""
+            self.keyring = keyring
+        # Server: sender session -> (its principal, the signer of that principal's key),
+        # learned from its first authentic message; bounded like the replay guard.
+        self._senders: OrderedDict[bytes, tuple[str, Signer]] = OrderedDict()
         self._guard = ReplayGuard(limits.replay_window, limits.max_clock_skew,
                                   limits.max_sessions)
         self._accepted = _ACCEPTED[role]
         self._encoder = msgspec.msgpack.Encoder()
         self._header_decoder = msgspec.msgpack.Decoder(Header)
         self._error_decoder = msgspec.msgpack.Decoder(ErrorBody)
+
+    def sender(self, session: bytes) -> str | None:
+        """The principal of a sender session this server has heard from (None: never)."""
+        found = self._senders.get(session)
+        return None if found is None else found[0]
 
     # -- encoding --------------------------------------------------------------------------
 
@@ -280,10 +271,18 @@ class Codec:
         if tag is None:
             raise TypeError(f"{type(body).__name__} has no tag: declare it with "
                             f"class {type(body).__name__}(..., tag='...') to send it")
+        if self.role == "client":
+            signer = self._signer
+        else:
+            sender = self._senders.get(to)
+            if sender is None:
+                raise PeerUnreachableError("no key known for that session: it never sent an "
+                                           "authentic message, or it was forgotten")
+            signer = sender[1]
         self._seq += 1
         encode = self._encoder.encode
         frames = [b"", encode(Header(int(kind), request_id, tag, ttl, self.session, self._seq,
-                                     now, to)),
+                                     now, to, self.principal)),
                   encode(body), *payload]
         body_frames = frames[1:]
         lengths = [_nbytes(f) for f in body_frames]
@@ -294,7 +293,7 @@ class Codec:
                 f"{type(body).__name__} with {len(frames)} frames and {sum(lengths)} bytes is "
                 f"over the limits ({limits.max_frames} frames, {limits.max_message_bytes} "
                 f"bytes, body {limits.max_body_bytes})")
-        frames[0] = self._signer._sign(body_frames, lengths)
+        frames[0] = signer._sign(body_frames, lengths)
         return frames
 
     # -- decoding --------------------------------------------------------------------------
@@ -321,8 +320,8 @@ class Codec:
         signature = frames[0]
         if _nbytes(signature) != SIGNATURE_BYTES:
             raise BadSignatureError("no signature frame", reason="unsigned")
-        if not hmac.compare_digest(signature, self._signer._sign(rest, lengths)):
-            raise BadSignatureError("signature does not verify (wrong secret or altered)")
+        # The header names whose key signs the message, so it is parsed before the signature
+        # is checked: bounded in size, decoded into a fixed struct, trusted for nothing else.
         if lengths[0] > limits.max_header_bytes:
             raise MalformedMessageError(f"header of {lengths[0]} bytes", reason="bad_header")
         try:
@@ -332,7 +331,15 @@ class Codec:
                 from exc
         if len(header.session) != SESSION_BYTES:
             raise MalformedMessageError("session id of the wrong length", reason="bad_header")
+        if self.role == "client":
+            signer = self._signer
+        else:
+            signer = self._server_signer(header)
+        if not hmac.compare_digest(signature, signer._sign(rest, lengths)):
+            raise BadSignatureError("signature does not verify (wrong key or altered)")
         self._guard.check(header.session, header.seq, header.sent_at, now)
+        if self.role == "server":
+            self._remember(header.session, header.principal, signer)
         # Authentic and fresh from here on: errors carry the header so requests get answered.
         kind = header.kind
         if kind not in self._accepted:
@@ -361,3 +368,27 @@ class Codec:
             raise MalformedMessageError(f"undecodable {header.tag[:64]!r} body: {exc}",
                                         reason="bad_body", header=header) from exc
         return Incoming(header, body, list(rest[2:]))
+
+    def _server_signer(self, header: Header) -> Signer:
+        principal = header.principal
+        if not principal or len(principal) > _MAX_PRINCIPAL:
+            raise BadSignatureError("no principal named", reason="unsigned")
+        known = self._senders.get(header.session)
+        if known is not None and known[0] != principal:
+            raise BadSignatureError("a session changed its principal")
+        assert self.keyring is not None
+        signer = self.keyring.signer(principal)
+        if signer is None:
+            raise UnknownPrincipalError(f"no key known for principal {principal[:80]!r}",
+                                        principal=principal)
+        return signer
+
+    def _remember(self, session: bytes, principal: str, signer: Signer) -> None:
+        senders = self._senders
+        if session in senders:
+            senders.move_to_end(session)
+            senders[session] = (principal, signer)  # a rotated key is the newest signer
+            return
+        senders[session] = (principal, signer)
+        if len(senders) > self.limits.max_sessions:
+            senders.popitem(last=False)

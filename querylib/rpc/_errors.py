@@ -56,6 +56,7 @@ __all__ = [
     "ServerBusyError",
     "UnexpectedReplyError",
     "UnknownMessageTypeError",
+    "UnknownPrincipalError",
     "UnsupportedRequestError",
     "error_body",
     "error_from_body",
@@ -108,6 +109,17 @@ class BadSignatureError(RpcProtocolError):
     """No signature frame of the right length, or a signature that does not verify."""
 
     reason = "bad_signature"
+
+
+class UnknownPrincipalError(BadSignatureError):
+    """The message names a principal the server has no key for (yet: a server whose keyring
+    fetches keys may learn it and decode the message again)."""
+
+    reason = "unknown_principal"
+
+    def __init__(self, message: str, *, principal: str) -> None:
+        super().__init__(message)
+        self.principal = principal
 
 
 class ReplayedMessageError(RpcProtocolError):

@@ -65,6 +65,8 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     sent_at   sender's wall clock (seconds since the epoch) bounding how long a replay works
     to        the recipient's session on server->client messages (b"" client->server), so a
               server's message to one client cannot be replayed to another
+    principal who the client is (DESIGN §12): whose key signs the message, both ways; ""
+              on server->client messages
     """
 
     kind: int
@@ -75,6 +77,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     seq: int
     sent_at: float
     to: bytes = b""
+    principal: str = ""
 
 
 class ErrorBody(msgspec.Struct, array_like=True, frozen=True):

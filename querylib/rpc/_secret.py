@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ._errors import SecretFileError
 
-__all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "load_secret"]
+__all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "load_secret",
+           "read_private_file"]
 
 MIN_SECRET_BYTES = 16  # below 128 bits a MAC key is guessable offline
 
@@ -29,9 +30,9 @@ def default_secret_path() -> Path:
     return Path(home) / "secret"
 
 
-def load_secret(path: str | os.PathLike[str]) -> bytes:
-    """The key in the secret file at `path`; SecretFileError when missing, too open or short."""
-    path = Path(path)
+def read_private_file(path: Path, max_bytes: int = 65536) -> bytes:
+    """The content of a key or credential file, checked as ssh checks private keys (regular,
+    ours, mode 0600 or stricter, not a symlink); SecretFileError otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError as exc:
@@ -42,10 +43,15 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
     try:
         st = os.fstat(fd)
         _check_mode(path, st)
-        data = os.read(fd, 65536)
+        return os.read(fd, max_bytes)
     finally:
         os.close(fd)
-    key = data.strip()
+
+
+def load_secret(path: str | os.PathLike[str]) -> bytes:
+    """The key in the secret file at `path`; SecretFileError when missing, too open or short."""
+    path = Path(path)
+    key = read_private_file(path).strip()
     if len(key) < MIN_SECRET_BYTES:
         raise SecretFileError(f"secret file {path} holds {len(key)} bytes; at least "
                               f"{MIN_SECRET_BYTES} are needed (delete it to have one created)")

@@ -17,6 +17,12 @@ Handlers are cancelled at their request's deadline, by one timer for all of them
 that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
 its traceback and answered with InternalServerError.
+
+Principals (DESIGN §12): the keyring says whose key checks a message; the handler learns the
+authenticated principal as `ctx.principal`. A keyring that fetches keys elsewhere (an
+executor's broker asks the coordinator) gets the message of a principal it does not know yet
+parked, bounded in count and bytes, while it asks; it is decoded again once the key comes and
+dropped (counted as "unknown_principal") if there is none.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import zmq
 from catalog.errors import TqError
 
 from ._codec import SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
+from ._credentials import COORDINATOR, Keyring, MasterKeyring
 from ._errors import (
     AddressError,
     InternalServerError,
@@ -40,6 +47,7 @@ from ._errors import (
     PeerUnreachableError,
     RpcProtocolError,
     ServerBusyError,
+    UnknownPrincipalError,
     UnsupportedRequestError,
 )
 from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
@@ -55,19 +63,21 @@ class Context:
 
     peer        the client's ROUTER identity: the address for `server.notify(peer, ...)`
     session     the client's session id (16 bytes, stable for the client's lifetime)
+    principal   who the client authenticated as (`admin`, `user:alice`, `query:7`, ...)
     payload     the request's payload frames, as zero-copy memoryviews
     deadline    the request's deadline on the event loop's clock (inf for notifies)
     server      the server, e.g. to notify this peer later
     """
 
-    __slots__ = ("deadline", "expired", "payload", "peer", "reply_payload", "request_id",
-                 "server", "session")
+    __slots__ = ("deadline", "expired", "payload", "peer", "principal", "reply_payload",
+                 "request_id", "server", "session")
 
     def __init__(self, server: RpcServer, peer: bytes, header: Header, payload: list[Buffer],
                  deadline: float) -> None:
         self.server = server
         self.peer = peer
         self.session = header.session
+        self.principal = header.principal
         self.request_id = header.id
         self.payload = payload
         self.deadline = deadline
@@ -97,14 +107,26 @@ def _cancel_expired(_local_id: int, entry: tuple[asyncio.Task[None], Context]) -
 class RpcServer:
     """Serves registered request and notify types on a bound ROUTER socket."""
 
-    def __init__(self, secret: bytes, *, limits: Limits | None = None,
+    def __init__(self, secret: bytes | Keyring, *, limits: Limits | None = None,
                  context: zmq.Context[Any] | None = None,
-                 refuse_bad_signatures: bool = False) -> None:
+                 refuse_bad_signatures: bool = False, audience: str = COORDINATOR,
+                 max_parked: int = 256, max_parked_bytes: int = 64 * 1024 * 1024) -> None:
+        """`secret` is the keyring of the principals we serve, or the cluster secret (then
+        every principal's key is derived from it, for `audience`)."""
         self.limits = limits or Limits()
         # Answer a message signed with another secret with the refusal frame (the coordinator
         # does, so a misconfigured executor stops instead of waiting forever); else silence.
         self.refuse_bad_signatures = refuse_bad_signatures
-        self._codec = Codec(secret, role="server", limits=self.limits)
+        keyring = secret if isinstance(secret, Keyring) else MasterKeyring(secret,
+                                                                           audience=audience)
+        self.keyring = keyring
+        self._codec = Codec(role="server", limits=self.limits, keyring=keyring)
+        # Messages of principals the keyring is fetching the key of: principal -> messages.
+        self._parked: dict[str, list[list[Any]]] = {}
+        self._parked_count = 0
+        self._parked_bytes = 0
+        self._max_parked = max_parked
+        self._max_parked_bytes = max_parked_bytes
         self._context = context
         self._handlers: dict[type[Message], Handler] = {Ping: _echo}
         self._sock: zmq.Socket[Any] | None = None
@@ -228,6 +250,12 @@ class RpcServer:
         peer = parts[0]
         try:
             incoming = self._codec.decode(parts[1:], time.time())
+        except UnknownPrincipalError as exc:
+            if self.keyring.resolves and not self._closed:
+                self._park(exc.principal, parts)
+                return
+            self._refused(peer, exc)
+            return
         except RpcProtocolError as exc:
             self._drops[exc.reason] += 1
             header = exc.header
@@ -266,6 +294,49 @@ class RpcServer:
             task = loop.create_task(self._serve_notify(handler, incoming, ctx))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _refused(self, peer: bytes, exc: RpcProtocolError) -> None:
+        self._drops[exc.reason] += 1
+        if self.refuse_bad_signatures:
+            self._send(peer, [SIGNATURE_REFUSED])
+
+    def _park(self, principal: str, parts: list[Any]) -> None:
+        """Hold a message until the keyring learns `principal`'s key (bounded: past the
+        bounds it is dropped, as a message of a principal with no key)."""
+        size = sum(len(p) for p in parts)
+        if (self._parked_count >= self._max_parked
+                or self._parked_bytes + size > self._max_parked_bytes):
+            self._drops["parked_overflow"] += 1
+            return
+        waiting = self._parked.get(principal)
+        self._parked_count += 1
+        self._parked_bytes += size
+        if waiting is not None:
+            waiting.append(parts)
+            return
+        self._parked[principal] = [parts]
+        task = asyncio.get_running_loop().create_task(self._resolve(principal),
+                                                      name=f"resolve {principal[:80]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, principal: str) -> None:
+        try:
+            known = await self.keyring.resolve(principal)
+        except TqError as exc:
+            log.warning("rpc server %s: cannot learn the key of %s: %s", self.endpoint,
+                        principal[:80], exc)
+            known = False
+        finally:
+            waiting = self._parked.pop(principal, [])
+            self._parked_count -= len(waiting)
+            self._parked_bytes -= sum(len(p) for parts in waiting for p in parts)
+        for parts in waiting:
+            if known:
+                self._on_message(parts)
+            else:
+                self._refused(parts[0], UnknownPrincipalError(
+                    f"no principal {principal[:80]!r}", principal=principal))
 
     def _remember_peer(self, peer: bytes, session: bytes) -> None:
         self._peers.pop(peer, None)

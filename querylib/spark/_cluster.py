@@ -23,7 +23,7 @@ from catalog import Topic, TopicName
 from catalog.errors import UnknownTopicError
 from querylib.broker import Incarnation, Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
-from querylib.rpc import RpcError, SecretRejectedError, load_secret
+from querylib.rpc import RpcError, SecretRejectedError, load_credential
 from querylib.spark._errors import BrokerUnreachableError
 from querylib.spark._options import Location
 
@@ -130,7 +130,7 @@ def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
                 stop: int) -> Iterator[bytes]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
     reaches `stop`, as the hosting broker delivers them."""
-    secret = load_secret(place.secret_file)
+    secret = load_credential(place.secret_file)
     try:
         subscriber = Subscriber(place.broker, topic, [partition], secret=secret, start=start,
                                 credit=READ_CREDIT, follow=True, timeout=place.timeout,
@@ -156,8 +156,9 @@ def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer
     """A producer into one partition, which it creates on the broker if needed (the
     coordinator placed it there)."""
     try:
-        return Producer(place.broker, topic, partition, secret=load_secret(place.secret_file),
-                        create=True, timeout=place.timeout, incarnation=_incarnation(place))
+        return Producer(place.broker, topic, partition,
+                        secret=load_credential(place.secret_file), create=True,
+                        timeout=place.timeout, incarnation=_incarnation(place))
     except RpcError as exc:
         raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from catalog import (
+    AddUser,
     Broker,
     Catalog,
     CreateTopic,
@@ -18,13 +19,24 @@ from catalog import (
     SubmitQuery,
     Topic,
     TopicKind,
+    User,
 )
 
 RESOURCES = Resources(cores=4, memory=8 << 30, disk=100 << 30, slots=8)
 
 
-def open_session(catalog: Catalog, kind: SessionKind = SessionKind.CLIENT) -> Session:
-    session = catalog.apply(OpenSession(kind=kind, peer="test", at_ms=1)).created
+def add_user(catalog: Catalog, principal: str, role: str = "user") -> User:
+    """A named principal, made by the admin."""
+    user = catalog.apply(AddUser(principal=principal, role=role, requester="admin",
+                                 at_ms=1)).created
+    assert isinstance(user, User)
+    return user
+
+
+def open_session(catalog: Catalog, kind: SessionKind = SessionKind.CLIENT, *,
+                 principal: str = "admin") -> Session:
+    session = catalog.apply(OpenSession(kind=kind, peer="test", at_ms=1,
+                                        principal=principal)).created
     assert isinstance(session, Session)
     return session
 
@@ -49,7 +61,8 @@ def host(catalog: Catalog, name: str = "host-a") -> tuple[Session, Broker, Execu
     return session, broker, executor
 
 
-def submit(catalog: Catalog, executors: tuple[int, ...], name: str = "job") -> Query:
+def submit(catalog: Catalog, executors: tuple[int, ...], name: str = "job", *,
+           owner: str = "admin") -> Query:
     query = catalog.apply(
         SubmitQuery(
             name=name,
@@ -59,6 +72,7 @@ def submit(catalog: Catalog, executors: tuple[int, ...], name: str = "job") -> Q
             workers=2,
             executors=executors,
             at_ms=3,
+            owner=owner,
         )
     ).created
     assert isinstance(query, Query)

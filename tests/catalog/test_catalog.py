@@ -56,7 +56,7 @@ from catalog import (
     UserError,
     catalog_topic,
 )
-from tests.catalog._helpers import create_topic, host, open_session, submit
+from tests.catalog._helpers import add_user, create_topic, host, open_session, submit
 
 
 def test_empty_catalog() -> None:
@@ -250,17 +250,22 @@ def test_subscribe_checks_record_type_and_kind() -> None:
 def test_a_query_that_ends_leaves_its_topics_behind() -> None:
     catalog = Catalog()
     _, broker, executor = host(catalog)
-    query = submit(catalog, (executor.executor_id,))
+    add_user(catalog, "user:alice")
+    add_user(catalog, "user:bob")
+    query = submit(catalog, (executor.executor_id,), owner="user:alice")
     me = QueryRef(query.query_id)
     out = create_topic(catalog, "out", me, broker.broker_id)
     feed = create_topic(catalog, "feed", INGEST, broker.broker_id)
     catalog.apply(Publish(topic_id=out.topic_id, publisher=me))
     catalog.apply(Subscribe(topic_id=feed.topic_id, subscriber=me))
-    reader = SessionRef(open_session(catalog).session_id)
+    reader = SessionRef(open_session(catalog, principal="user:bob").session_id)
     catalog.apply(Subscribe(topic_id=out.topic_id, subscriber=reader))
-    # While the owner lives, nobody else deletes its topic (unless forced).
-    with pytest.raises(NotOwnerError, match="only its owner may delete it"):
-        catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader))
+    # Nobody but who manages the owner deletes its topic; an admin only with force.
+    with pytest.raises(NotOwnerError, match="user:bob may not delete it"):
+        catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader,
+                                  principal="user:bob"))
+    with pytest.raises(NotOwnerError, match="an admin deletes it with --force"):
+        catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader, principal="admin"))
 
     catalog.apply(ProcessExited(query_id=query.query_id, process=0, exit_code=0, at_ms=50))
     assert catalog.query(query.query_id).state is QueryState.FINISHED
@@ -272,8 +277,12 @@ def test_a_query_that_ends_leaves_its_topics_behind() -> None:
     ]
     with pytest.raises(QueryEndedError, match=r"query 1 has ended \(finished\)"):
         catalog.apply(Publish(topic_id=out.topic_id, publisher=me))
-    # An orphaned topic may be deleted by anyone; its subscriptions go with it.
-    change = catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader))
+    # An orphan is still not bob's to delete; its submitter deletes it, subscriptions too.
+    with pytest.raises(NotOwnerError):
+        catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader,
+                                  principal="user:bob"))
+    change = catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=reader,
+                                       principal="user:alice"))
     assert Update("subscriptions", Subscription(topic_id=out.topic_id, subscriber=reader), -1) in (
         change.updates
     )
@@ -286,10 +295,16 @@ def test_a_query_that_ends_leaves_its_topics_behind() -> None:
 def test_force_delete_of_a_live_owners_topic() -> None:
     catalog = Catalog()
     _, broker, executor = host(catalog)
+    add_user(catalog, "user:alice")
     me = QueryRef(submit(catalog, (executor.executor_id,)).query_id)
     out = create_topic(catalog, "out", me, broker.broker_id)
     catalog.apply(Publish(topic_id=out.topic_id, publisher=me))
-    catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=INGEST, force=True))
+    # Force is an admin's: a user's --force does not reach another's topic.
+    with pytest.raises(NotOwnerError):
+        catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=INGEST, force=True,
+                                  principal="user:alice"))
+    catalog.apply(DeleteTopic(topic_id=out.topic_id, requester=INGEST, force=True,
+                              principal="admin"))
     assert catalog.publications_of(me) == []
 
 

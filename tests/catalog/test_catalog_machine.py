@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 from catalog import (
     INGEST,
     SYSTEM,
+    AddUser,
     AlreadyPublishedError,
     Broker,
     Catalog,
@@ -36,10 +37,13 @@ from catalog import (
     DeleteTopic,
     Executor,
     FailQuery,
+    InvalidCommandError,
     KillQuery,
+    NotAuthorizedError,
     NotOwnerError,
     NotPublishedError,
     OpenSession,
+    PrincipalRef,
     ProcessExited,
     Publication,
     Publish,
@@ -50,6 +54,8 @@ from catalog import (
     RegisterExecutor,
     RemoveBroker,
     RemoveExecutor,
+    RemoveUser,
+    RotateUser,
     SessionExpired,
     SessionKind,
     SessionRef,
@@ -68,6 +74,9 @@ from catalog import (
     encode_updates,
 )
 from tests.catalog._helpers import RESOURCES
+
+# Who acts: the admin, two users, an admin user, an executor; "user:nobody" is never added.
+PRINCIPALS = ["admin", "user:alice", "user:bob", "user:root", "executor:h", "user:nobody"]
 
 NEVER = 10_000  # an id no run gets near: exercises the "unknown id" paths
 TOPIC_NAMES = [
@@ -172,18 +181,78 @@ class CatalogMachine(RuleBasedStateMachine):
         return SYSTEM
 
     def owner(self, data: st.DataObject):
-        if data.draw(st.booleans(), label="ingest?"):
+        choice = data.draw(st.integers(0, 3), label="owner kind")
+        if choice == 0:
             return INGEST
+        if choice == 1:
+            return PrincipalRef(self.principal(data))
         return self.party(data)
+
+    def principal(self, data: st.DataObject) -> str:
+        """Someone to act as: mostly a named one, sometimes a query of the run."""
+        if data.draw(st.integers(0, 3), label="query principal?") == 0:
+            return f"query:{self.pick(data, 'Query')}"
+        return data.draw(st.sampled_from(PRINCIPALS), label="principal")
+
+    # -- the authorization rules, restated independently of catalog._access -----------------
+
+    def user_role(self, principal: str) -> str | None:
+        if principal == "admin":
+            return "admin"
+        found = [u.role for u in self.catalog.users if u.principal == principal]
+        return found[0] if found else None
+
+    def query_record(self, query_id: int) -> Query | None:
+        return next((q for q in self.catalog.queries if q.query_id == query_id), None)
+
+    def chain(self, query: Query) -> list[str]:
+        """The query and the principals that submitted it, up the chain."""
+        found, owner = [f"query:{query.query_id}"], query.owner
+        while True:
+            found.append(owner)
+            parent = (self.query_record(int(owner[6:])) if owner.startswith("query:")
+                      else None)
+            if parent is None or len(found) > 70:
+                return found
+            owner = parent.owner
+
+    def may_kill(self, principal: str, query: Query) -> bool:
+        return self.user_role(principal) == "admin" or principal in self.chain(query)
+
+    def may_delete(self, principal: str, topic: Topic, force: bool) -> bool:
+        admin = self.user_role(principal) == "admin"
+        owner = topic.owner
+        if owner == INGEST:
+            return force and (admin or (topic.creator != "" and principal == topic.creator))
+        if admin and (force or not self.alive(owner)):
+            return True
+        if isinstance(owner, PrincipalRef):
+            return principal == owner.principal
+        if isinstance(owner, QueryRef):
+            query = self.query_record(owner.query_id)
+            return query is not None and principal in self.chain(query)
+        if isinstance(owner, SessionRef):
+            session = [s for s in self.catalog.sessions if s.session_id == owner.session_id]
+            return not session or session[0].principal == principal
+        return False
+
+    def acts_as_owner(self, party, topic: Topic) -> bool:
+        if topic.owner == INGEST or party == topic.owner:
+            return True
+        if isinstance(topic.owner, PrincipalRef) and isinstance(party, SessionRef):
+            session = [s for s in self.catalog.sessions if s.session_id == party.session_id]
+            return bool(session) and session[0].principal == topic.owner.principal
+        return False
 
     def maybe_session(self, data: st.DataObject) -> int | None:
         return None if data.draw(st.booleans(), label="no session") else self.pick(data, "Session")
 
     # -- rules --------------------------------------------------------------------------------
 
-    @rule(kind=st.sampled_from(SessionKind))
-    def open_session(self, kind: SessionKind) -> None:
-        self.run(OpenSession(kind=kind, peer="p", at_ms=self.now()))
+    @rule(data=st.data(), kind=st.sampled_from(SessionKind))
+    def open_session(self, data: st.DataObject, kind: SessionKind) -> None:
+        principal = data.draw(st.sampled_from(PRINCIPALS[:5]), label="principal")
+        self.run(OpenSession(kind=kind, peer="p", at_ms=self.now(), principal=principal))
 
     @rule(data=st.data(), expired=st.booleans())
     def end_session(self, data: st.DataObject, expired: bool) -> None:
@@ -199,6 +268,13 @@ class CatalogMachine(RuleBasedStateMachine):
                 host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id
             )
         )
+        self.check_host_agent(session_id)
+
+    def check_host_agent(self, session_id: int | None) -> None:
+        """Only executor credentials (and admins) register brokers and executors."""
+        session = [s for s in self.catalog.sessions if s.session_id == session_id]
+        if session and self.user_role(session[0].principal) not in ("executor", "admin"):
+            assert isinstance(self.last_error, NotAuthorizedError)
 
     @rule(data=st.data())
     def remove_broker(self, data: st.DataObject) -> None:
@@ -211,10 +287,11 @@ class CatalogMachine(RuleBasedStateMachine):
                 host="h",
                 broker_id=self.pick(data, "Broker"),
                 resources=RESOURCES,
-                session_id=self.maybe_session(data),
+                session_id=(session_id := self.maybe_session(data)),
                 at_ms=self.now(),
             )
         )
+        self.check_host_agent(session_id)
 
     @rule(data=st.data())
     def remove_executor(self, data: st.DataObject) -> None:
@@ -231,6 +308,7 @@ class CatalogMachine(RuleBasedStateMachine):
                 workers=1,
                 executors=executors,
                 at_ms=self.now(),
+                owner=self.principal(data),
             )
         )
 
@@ -243,15 +321,26 @@ class CatalogMachine(RuleBasedStateMachine):
         query_id = self.pick(data, "Query")
         known = [q.processes for q in self.catalog.queries if q.query_id == query_id]
         process = data.draw(st.integers(0, known[0] if known else 2), label="process")
-        self.run(
-            ProcessExited(query_id=query_id, process=process, exit_code=code, at_ms=self.now())
-        )
+        session_id = self.maybe_session(data)
+        query = self.query_record(query_id)
+        self.run(ProcessExited(query_id=query_id, process=process, exit_code=code,
+                               at_ms=self.now(), session_id=session_id))
+        if query is not None and 0 <= process < query.processes and session_id is not None:
+            placed = [e.session_id for e in self.catalog.executors
+                      if e.executor_id == query.executors[process]]
+            if placed != [session_id]:
+                # Only the executor the process runs on reports its exit.
+                assert isinstance(self.last_error, NotAuthorizedError)
 
     @rule(data=st.data(), kill=st.booleans())
     def end_query(self, data: st.DataObject, kill: bool) -> None:
         query_id = self.pick(data, "Query")
         if kill:
-            self.run(KillQuery(query_id=query_id, at_ms=self.now()))
+            requester = self.principal(data)
+            query = self.query_record(query_id)
+            self.run(KillQuery(query_id=query_id, at_ms=self.now(), requester=requester))
+            if query is not None and not self.may_kill(requester, query):
+                assert isinstance(self.last_error, NotOwnerError)
         else:
             self.run(FailQuery(query_id=query_id, reason="gave up", at_ms=self.now()))
 
@@ -275,6 +364,7 @@ class CatalogMachine(RuleBasedStateMachine):
                 owner=self.owner(data),
                 locations=locations,
                 at_ms=self.now(),
+                creator=self.principal(data),
             )
         )
 
@@ -288,13 +378,23 @@ class CatalogMachine(RuleBasedStateMachine):
         requester = self.party_for(data, topic_id, "subscriptions")
         if data.draw(st.integers(0, 5), label="ingest requester?") == 0:
             requester = INGEST
-        self.run(DeleteTopic(topic_id=topic_id, requester=requester, force=force))
+        principal = self.principal(data)
+        if topic is not None and data.draw(st.booleans(), label="a relevant principal?"):
+            candidates = [topic.creator or "admin"]
+            if isinstance(topic.owner, PrincipalRef):
+                candidates.append(topic.owner.principal)
+            if isinstance(topic.owner, QueryRef) and (
+                    query := self.query_record(topic.owner.query_id)) is not None:
+                candidates += self.chain(query)
+            principal = data.draw(st.sampled_from(candidates), label="principal")
+        self.run(DeleteTopic(topic_id=topic_id, requester=requester, force=force,
+                             principal=principal))
         # The ownership rule, stated independently of the implementation.
         if topic is None:
             assert isinstance(self.last_error, UnknownTopicError)
         elif topic.internal and requester != SYSTEM:
             assert isinstance(self.last_error, NotOwnerError)
-        elif requester != topic.owner and not force and self.alive(topic.owner):
+        elif not topic.internal and not self.may_delete(principal, topic, force):
             assert isinstance(self.last_error, NotOwnerError)
         else:
             assert self.last_error is None
@@ -326,11 +426,13 @@ class CatalogMachine(RuleBasedStateMachine):
         self.run(Publish(topic_id=topic_id, publisher=publisher))
         if topic is None:
             assert isinstance(self.last_error, UnknownTopicError)
+        elif isinstance(publisher, PrincipalRef):  # an owner, never a party
+            assert isinstance(self.last_error, InvalidCommandError)
         elif not self.alive(publisher):
             assert isinstance(
                 self.last_error, UnknownSessionError | UnknownQueryError | QueryEndedError
             )
-        elif publisher != topic.owner and topic.owner != INGEST:
+        elif not self.acts_as_owner(publisher, topic):
             assert isinstance(self.last_error, NotOwnerError)
         elif was_publishing:
             assert isinstance(self.last_error, AlreadyPublishedError)
@@ -395,8 +497,32 @@ class CatalogMachine(RuleBasedStateMachine):
     # Chains of valid commands, so that random runs reach deep states (running queries with
     # topics, publications and subscriptions on several hosts) often, not by luck.
 
+    @rule(data=st.data(), action=st.sampled_from(["add", "remove", "rotate"]))
+    def manage_user(self, data: st.DataObject, action: str) -> None:
+        requester = self.principal(data)
+        name = data.draw(st.sampled_from(PRINCIPALS + ["user:carol", "executor:g", "bad name"]),
+                         label="user")
+        before = {u.principal: u for u in self.catalog.users}
+        role_before = self.user_role(requester)
+        if action == "add":
+            role = data.draw(st.sampled_from(["user", "admin", "executor", "king"]))
+            self.run(AddUser(principal=name, role=role, requester=requester, at_ms=self.now()))
+        elif action == "remove":
+            self.run(RemoveUser(principal=name, requester=requester))
+        else:
+            self.run(RotateUser(principal=name, requester=requester))
+        if role_before != "admin":
+            assert isinstance(self.last_error, NotAuthorizedError)
+        elif action == "rotate" and self.last_error is None:
+            after = next(u for u in self.catalog.users if u.principal == name)
+            assert after.generation == before[name].generation + 1
+
     @initialize(data=st.data(), hosts=st.integers(0, 2), queries=st.integers(0, 3))
     def populate(self, data: st.DataObject, hosts: int, queries: int) -> None:
+        for principal, role in (("user:alice", "user"), ("user:bob", "user"),
+                                ("user:root", "admin"), ("executor:h", "executor")):
+            self.run(AddUser(principal=principal, role=role, requester="admin",
+                             at_ms=self.now()))
         for _ in range(hosts):
             self.join_host()
         if hosts:
@@ -422,7 +548,9 @@ class CatalogMachine(RuleBasedStateMachine):
 
     @rule()
     def join_host(self) -> None:
-        session = self.run(OpenSession(kind=SessionKind.EXECUTOR, peer="agent", at_ms=self.now()))
+        agent = "executor:h" if self.user_role("executor:h") else "admin"
+        session = self.run(OpenSession(kind=SessionKind.EXECUTOR, peer="agent", at_ms=self.now(),
+                                       principal=agent))
         assert session is not None
         session_id = session.created.session_id
         broker = self.run(RegisterBroker(host="h", address="tcp://h:2", session_id=session_id))
@@ -451,6 +579,7 @@ class CatalogMachine(RuleBasedStateMachine):
                 workers=2,
                 executors=executors,
                 at_ms=self.now(),
+                owner=data.draw(st.sampled_from(PRINCIPALS[:4]), label="owner"),
             )
         )
         assert change is not None
@@ -476,7 +605,8 @@ class CatalogMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.catalog.topics) > 0)
     @rule(data=st.data())
     def client_reads_and_feeds(self, data: st.DataObject) -> None:
-        change = self.run(OpenSession(kind=SessionKind.CLIENT, peer="cli", at_ms=self.now()))
+        change = self.run(OpenSession(kind=SessionKind.CLIENT, peer="cli", at_ms=self.now(),
+                                      principal=data.draw(st.sampled_from(PRINCIPALS[:4]))))
         assert change is not None
         me = SessionRef(change.created.session_id)
         topic = data.draw(st.sampled_from(self.live("Topic")))
@@ -493,6 +623,8 @@ class CatalogMachine(RuleBasedStateMachine):
             return query is not None and query.state.value in ("submitted", "running")
         if isinstance(party, SessionRef):
             return any(s.session_id == party.session_id for s in self.catalog.sessions)
+        if isinstance(party, PrincipalRef) and party.principal != "admin":
+            return any(u.principal == party.principal for u in self.catalog.users)
         return True
 
     @invariant()
@@ -504,7 +636,7 @@ class CatalogMachine(RuleBasedStateMachine):
             assert isinstance(publication, Publication)
             topic = topics[publication.topic_id]  # names an existing topic
             assert self.alive(publication.publisher)  # and a live query or open session
-            assert publication.publisher in (topic.owner,) or topic.owner == INGEST
+            assert self.acts_as_owner(publication.publisher, topic)
         for subscription in catalog.subscriptions:
             assert isinstance(subscription, Subscription)
             assert subscription.topic_id in topics

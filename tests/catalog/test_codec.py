@@ -12,6 +12,7 @@ from catalog import (
     CatalogDecodeError,
     CorruptCatalogError,
     DeleteTopic,
+    PrincipalRef,
     Publication,
     Publish,
     QueryRef,
@@ -26,7 +27,7 @@ from catalog import (
     encode_update,
     encode_updates,
 )
-from tests.catalog._helpers import create_topic, host, open_session, submit
+from tests.catalog._helpers import add_user, create_topic, host, open_session, submit
 
 # [collection, record, diff]; the record is a map whose `type` tag names the record type.
 GOLDEN = [
@@ -65,6 +66,8 @@ def full_catalog() -> Catalog:
     catalog.apply(Subscribe(topic_id=topic.topic_id, subscriber=SessionRef(client.session_id)))
     gone = create_topic(catalog, "gone", SessionRef(client.session_id), broker.broker_id)
     catalog.apply(DeleteTopic(topic_id=gone.topic_id, requester=SessionRef(client.session_id)))
+    add_user(catalog, "user:alice")
+    create_topic(catalog, "alices", PrincipalRef("user:alice"), broker.broker_id)
     assert all(len(catalog.collection(name)) for name in COLLECTIONS)
     return catalog
 

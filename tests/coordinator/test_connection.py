@@ -21,7 +21,7 @@ from querylib.cluster import (
     remove_cluster_file,
     write_cluster_file,
 )
-from querylib.rpc import SecretFileError, load_or_create_secret
+from querylib.rpc import Credential, SecretFileError, load_or_create_secret
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_the_cluster_file_is_written_privately_and_read_back(home: Path) -> None
     assert read_cluster_file() == _info(home)
     found = discover()
     assert found.address == "tcp://127.0.0.1:7400" and found.source == str(path)
-    assert found.secret == (home / "secret").read_bytes().strip()
+    assert found.secret == Credential("admin", (home / "secret").read_bytes().strip())
 
 
 def test_the_argument_beats_the_environment_beats_the_file(

@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 from querylib.broker import Data, EndOfStream, Producer, Subscriber
 from querylib.broker import _messages as m
 from querylib.broker._stream import encode_records
-from querylib.rpc import Codec, Kind, Ping, RpcProtocolError, Signer, error_from_body
+from querylib.rpc import (
+    BROKER,
+    Codec,
+    Credential,
+    Kind,
+    Ping,
+    RpcProtocolError,
+    Signer,
+    audience_key,
+    error_from_body,
+)
 from querylib.rpc._errors import InternalServerError
 from tests.conftest import Processes, free_port
 from tests.integration._broker_helpers import secret_file, start_broker
@@ -47,8 +57,9 @@ class Hostile:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
-        self.codec = Codec(secret, role="client")
-        self.signer = Signer(secret)
+        # A broker checks what a principal sends it with the principal's broker key.
+        self.codec = Codec(Credential.of(secret).for_audience(BROKER), role="client")
+        self.signer = Signer(audience_key(secret, BROKER))
         self.ids = iter(range(1, 10**9))
         self.answers: list[object] = []
         self.misaddressed = 0

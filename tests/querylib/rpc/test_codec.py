@@ -11,14 +11,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from querylib.rpc import (
+    BROKER,
+    COORDINATOR,
     BadSignatureError,
     Codec,
+    Credential,
     DeadlineExceededError,
     ErrorBody,
     Header,
     Kind,
     Limits,
     MalformedMessageError,
+    MasterKeyring,
     MessageTooLargeError,
     Ping,
     Pong,
@@ -26,8 +30,12 @@ from querylib.rpc import (
     ReplayGuard,
     Signer,
     UnknownMessageTypeError,
+    UnknownPrincipalError,
+    audience_key,
+    principal_key,
 )
-from querylib.rpc._codec import MAC_KEY_CONTEXT, SIGNATURE_BYTES
+from querylib.rpc._codec import SIGNATURE_BYTES
+from querylib.rpc._signer import MAC_KEY_CONTEXT
 
 from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
 
@@ -37,6 +45,12 @@ NOW = 1_700_000_000.0
 def pair(limits: Limits | None = None) -> tuple[Codec, Codec]:
     return (Codec(SECRET, role="client", limits=limits),
             Codec(SECRET, role="server", limits=limits))
+
+
+def heard(server: Codec, client: Codec) -> None:
+    """The server hears from the client first (a server only sends to a session it knows the
+    principal of, as a ROUTER only reaches peers that spoke)."""
+    server.decode(client.notify(Credit(1), now=NOW), NOW)
 
 
 def resign(frames: list, secret: bytes = SECRET) -> list:
@@ -63,6 +77,7 @@ def test_request_reply_round_trip_with_payload() -> None:
 
 def test_error_and_notify_round_trip() -> None:
     client, server = pair()
+    heard(server, client)
     frames = server.error(9, DeadlineExceededError("late"), to=client.session, now=NOW)
     incoming = client.decode(frames, NOW)
     assert incoming.header.kind == Kind.ERROR
@@ -79,7 +94,7 @@ def test_wire_layout_is_the_documented_one() -> None:
     frames = client.request(1, Ping(b"hi"), ttl=1.0, now=NOW, payload=[b"p"])
     signature, header, body, payload = frames
     assert msgspec.msgpack.decode(header) == [0, 1, "rpc.ping", 1.0, client.session, 1, NOW,
-                                              b""]
+                                              b"", "admin"]
     assert msgspec.msgpack.decode(body) == {"type": "rpc.ping", "data": b"hi"}
     assert payload == b"p"
     # Keyed BLAKE3 over the frame count and lengths, then the frames, with a key derived from
@@ -112,8 +127,11 @@ def test_any_altered_byte_breaks_the_signature(data: st.DataObject) -> None:
     position = data.draw(st.integers(0, len(frame) - 1))
     frame[position] ^= data.draw(st.integers(1, 255))
     frames[index] = bytes(frame)
-    with pytest.raises(BadSignatureError):
+    # Refused as unsigned or as an undecodable header (parsed first, to find the key), and
+    # never answered: nothing of it is trusted.
+    with pytest.raises((BadSignatureError, MalformedMessageError)) as info:
         server.decode(frames, NOW)
+    assert info.value.header is None
 
 
 def test_bytes_moved_between_frames_break_the_signature() -> None:
@@ -196,7 +214,7 @@ def test_unknown_tag_and_bad_body_carry_the_header_so_they_get_an_answer() -> No
 
 def test_each_side_accepts_only_its_kinds() -> None:
     client, server = pair()
-    reply = server.reply(1, Pong(), to=client.session, now=NOW)
+    reply = client.reply(1, Pong(), to=bytes(16), now=NOW)
     with pytest.raises(UnknownMessageTypeError) as info:
         server.decode(reply, NOW)  # a server is sent requests, not replies
     assert info.value.reason == "unexpected_kind"
@@ -236,6 +254,7 @@ def test_stale_or_future_message_is_refused() -> None:
 def test_reply_to_another_session_is_refused() -> None:
     client, server = pair()
     other = Codec(SECRET, role="client")
+    heard(server, other)
     frames = server.reply(1, Pong(), to=other.session, now=NOW)
     with pytest.raises(ReplayedMessageError) as info:
         client.decode(frames, NOW)
@@ -298,3 +317,74 @@ def test_guard_bounds_its_sessions() -> None:
     for n in range(10):
         guard.check(n.to_bytes(16, "big"), 1, NOW, NOW)
     assert len(guard._sessions) == 3
+
+
+# -- principals (DESIGN §12) ------------------------------------------------------------------
+
+
+def _alice() -> Credential:
+    return Credential("user:alice", principal_key(SECRET, "user:alice"))
+
+
+def test_a_principal_signs_with_its_own_key_and_is_told_to_the_server() -> None:
+    server = Codec(role="server", keyring=MasterKeyring(SECRET))
+    alice = Codec(_alice(), role="client")
+    incoming = server.decode(alice.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    assert incoming.header.principal == "user:alice"
+    assert server.sender(alice.session) == "user:alice"
+    # The reply is signed with alice's key: only alice reads it, not the admin.
+    reply = server.reply(1, Pong(), to=alice.session, now=NOW)
+    assert alice.decode(reply, NOW).body == Pong()
+    with pytest.raises(BadSignatureError):
+        Codec(SECRET, role="client", session=alice.session).decode(reply, NOW)
+
+
+def test_claiming_another_principal_does_not_verify() -> None:
+    server = Codec(role="server", keyring=MasterKeyring(SECRET))
+    # alice's key, but the header says admin (or bob): the server checks admin's key.
+    for claimed in ("admin", "user:bob"):
+        liar = Codec(Credential(claimed, principal_key(SECRET, "user:alice")), role="client")
+        with pytest.raises(BadSignatureError) as info:
+            server.decode(liar.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+        assert info.value.header is None
+
+
+def test_unknown_principals_and_sessions_changing_principal_are_refused() -> None:
+    exists = {"admin": 0, "user:alice": 0}
+    server = Codec(role="server", keyring=MasterKeyring(SECRET, valid=exists.get))
+    bob = Codec(Credential("user:bob", principal_key(SECRET, "user:bob")), role="client")
+    with pytest.raises(UnknownPrincipalError) as info:
+        server.decode(bob.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    assert info.value.principal == "user:bob" and info.value.reason == "unknown_principal"
+    alice = Codec(_alice(), role="client")
+    server.decode(alice.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    # The admin reusing alice's session id (as a replayer would) is refused.
+    admin = Codec(SECRET, role="client", session=alice.session)
+    with pytest.raises(BadSignatureError, match="changed its principal"):
+        server.decode(admin.request(9, Ping(), ttl=1.0, now=NOW), NOW)
+
+
+def test_a_rotated_generation_stops_the_old_key() -> None:
+    generation = {"user:alice": 1}
+    server = Codec(role="server", keyring=MasterKeyring(SECRET, valid=generation.get))
+    old = Codec(_alice(), role="client")
+    with pytest.raises(BadSignatureError):
+        server.decode(old.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    new = Codec(Credential("user:alice", principal_key(SECRET, "user:alice", 1)),
+                role="client")
+    assert server.decode(new.request(1, Ping(), ttl=1.0, now=NOW), NOW).header.principal == \
+        "user:alice"
+
+
+def test_broker_audience_keys_do_not_open_the_coordinator() -> None:
+    """What a broker learns of a principal (its broker-audience key) signs nothing the
+    coordinator accepts."""
+    coordinator = Codec(role="server", keyring=MasterKeyring(SECRET))
+    broker = Codec(role="server", keyring=MasterKeyring(SECRET, audience=BROKER))
+    learned = _alice().for_audience(BROKER)
+    client = Codec(learned, role="client")
+    assert broker.decode(client.request(1, Ping(), ttl=1.0, now=NOW), NOW)
+    with pytest.raises(BadSignatureError):
+        coordinator.decode(client.request(2, Ping(), ttl=1.0, now=NOW), NOW)
+    assert audience_key(SECRET, COORDINATOR) == SECRET
+    assert audience_key(SECRET, BROKER) != SECRET

@@ -1,0 +1,167 @@
+"""Who may do what to which record: the authorization rules of the catalog (DESIGN §12).
+
+The coordinator fills every command that needs it with the authenticated principal behind the
+request (`requester`, `principal`), and the rules in `_rules` call these predicates, so every
+decision is pure and is tested against the catalog alone.
+
+    admin           anything, `force` included; manages users
+    user:NAME       with role admin in `users`: as admin; with role user: its own queries (and
+                    the queries they submitted), topics it owns or created, ingest topics
+    executor:NAME   registers executors and brokers; reports the exits of processes placed on
+                    its own executor (checked by session, not by name)
+    query:ID        acts as its query: that query's topics, the queries it submitted, itself
+
+Must not: mutate the catalog, read clocks, do I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from catalog._principals import (
+    ADMIN,
+    PrincipalKind,
+    Role,
+    principal_kind,
+    query_of_principal,
+)
+from catalog._records import (
+    INGEST,
+    Owner,
+    Party,
+    PrincipalRef,
+    Query,
+    QueryRef,
+    SessionRef,
+    Topic,
+)
+from catalog.errors import InvalidCommandError
+
+if TYPE_CHECKING:
+    from catalog._catalog import Catalog
+
+__all__ = [
+    "placed_on_session",
+    "is_admin",
+    "is_executor",
+    "known_principal",
+    "manages_query",
+    "may_delete_topic",
+    "owner_principal",
+    "party_principal",
+    "publishes_as_owner",
+]
+
+_MAX_CHAIN = 64  # queries submitting queries: far deeper than anything real
+
+
+def known_principal(catalog: Catalog, principal: str) -> bool:
+    """Whether `principal` may hold a credential now: admin always; a named one while it is in
+    `users`; a query's while the query exists and has not ended."""
+    try:
+        kind = principal_kind(principal)
+    except InvalidCommandError:
+        return False
+    if kind is PrincipalKind.ADMIN:
+        return True
+    if kind in (PrincipalKind.USER, PrincipalKind.EXECUTOR):
+        return catalog.user(principal) is not None
+    if kind is PrincipalKind.QUERY:
+        query = catalog.find_query(query_of_principal(principal) or 0)
+        return query is not None and not query.ended
+    return False
+
+
+def _role(catalog: Catalog, principal: str) -> Role | None:
+    if principal == ADMIN:
+        return Role.ADMIN
+    user = catalog.user(principal)
+    return None if user is None else Role(user.role)
+
+
+def is_admin(catalog: Catalog, principal: str) -> bool:
+    return _role(catalog, principal) is Role.ADMIN
+
+
+def is_executor(catalog: Catalog, principal: str) -> bool:
+    """May act as a host agent: an executor principal, or an admin (tq up's own executor)."""
+    return _role(catalog, principal) in (Role.EXECUTOR, Role.ADMIN)
+
+
+def placed_on_session(catalog: Catalog, query: Query, process: int, session_id: int) -> bool:
+    """Whether `session_id` is the session of the executor process `process` was placed on:
+    only it reports what became of the process."""
+    if not 0 <= process < query.processes:
+        return False
+    executor = catalog.find_executor(query.executors[process])
+    return executor is not None and executor.session_id == session_id
+
+
+def _owners_of(catalog: Catalog, query: Query) -> list[str]:
+    """The principals a query acts for: its own, its submitter's, and up the chain of queries
+    that submitted queries."""
+    found = [f"query:{query.query_id}"]
+    owner = query.owner
+    for _ in range(_MAX_CHAIN):
+        found.append(owner)
+        parent_id = query_of_principal(owner)
+        parent = None if parent_id is None else catalog.find_query(parent_id)
+        if parent is None:
+            break
+        owner = parent.owner
+    return found
+
+
+def manages_query(catalog: Catalog, principal: str, query: Query) -> bool:
+    """May kill it: an admin, the query itself, or a principal on its chain of submitters."""
+    return is_admin(catalog, principal) or principal in _owners_of(catalog, query)
+
+
+def party_principal(catalog: Catalog, party: Party) -> str | None:
+    """The principal a publishing or subscribing party acts as (None if unknown)."""
+    if isinstance(party, QueryRef):
+        return f"query:{party.query_id}"
+    if isinstance(party, SessionRef):
+        session = catalog.find_session(party.session_id)
+        return None if session is None else session.principal
+    return None
+
+
+def owner_principal(owner: Owner) -> str | None:
+    """The principal that owns a topic, if one principal does (not ingest or the system)."""
+    if isinstance(owner, PrincipalRef):
+        return owner.principal
+    if isinstance(owner, QueryRef):
+        return f"query:{owner.query_id}"
+    return None
+
+
+def publishes_as_owner(catalog: Catalog, party: Party, topic: Topic) -> bool:
+    """Whether `party` may publish to `topic`: its owner (a session of the owning principal
+    counts), or anyone for an ingest topic."""
+    if topic.owner == INGEST or party == topic.owner:
+        return True
+    if isinstance(topic.owner, PrincipalRef):
+        return party_principal(catalog, party) == topic.owner.principal
+    return False
+
+
+def may_delete_topic(catalog: Catalog, principal: str, topic: Topic, *, force: bool) -> bool:
+    """An ingest topic: with `force`, an admin or its creator. Others: an admin (with `force`
+    while the owner is alive), the owning principal, whoever manages the owning query, and
+    anyone for an orphan of an older catalog's closed session."""
+    owner = topic.owner
+    admin = is_admin(catalog, principal)
+    if owner == INGEST:  # fed by anyone: live for good, so deleting one is always forced
+        return force and (admin or (bool(topic.creator) and principal == topic.creator))
+    if admin and (force or not catalog.is_live(owner)):
+        return True
+    if isinstance(owner, PrincipalRef):
+        return principal == owner.principal
+    if isinstance(owner, QueryRef):
+        query = catalog.find_query(owner.query_id)
+        return query is not None and principal in _owners_of(catalog, query)
+    if isinstance(owner, SessionRef):
+        session = catalog.find_session(owner.session_id)
+        return session is None or session.principal == principal
+    return False

@@ -1,0 +1,324 @@
+"""Credentials and keyrings: which key signs a principal's messages, to whom (DESIGN §12).
+
+Every principal's key is derived from the cluster secret (the admin's key is the secret
+itself), so only the holder of the secret mints keys, and the coordinator, which holds it,
+needs to store no key at all:
+
+    principal_key(secret, "user:alice", generation)     the principal's own key
+    audience_key(key, BROKER)                            what it signs broker messages with
+
+Two audiences. A principal signs what it sends the coordinator with its key, and what it sends
+any broker with a one-way derivation of it. Brokers learn audience keys from the coordinator
+(`ResolvePrincipal`, for an executor's broker) or derive them (a broker holding the secret), so
+a broker host can act as a principal towards brokers but never towards the coordinator: it
+cannot kill, delete or manage users with what it learns.
+
+A credential file is either the cluster secret (its holder is `admin`) or JSON written by
+`write_credential`: {"principal": "user:alice", "key": "<64 hex digits>"}; both have mode 0600
+and are refused when others may read them (`_secret`).
+
+Keyrings answer a server's question "which signer checks messages of principal P?": `MasterKeyring`
+derives (a server holding the secret; `valid` says which principals exist now), `RemoteKeyring`
+asks an async `fetch` (an executor's broker asks the coordinator) and caches the answer for a
+while. `seal` / `unseal` carry a key inside a message to its one reader.
+
+Must not: touch sockets or the catalog; everything here is keys and files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from catalog import ADMIN, InvalidCommandError, check_principal
+
+from ._errors import SecretFileError
+from ._secret import MIN_SECRET_BYTES, read_private_file
+from ._signer import Signer
+
+__all__ = [
+    "BROKER",
+    "COORDINATOR",
+    "Credential",
+    "Keyring",
+    "MasterKeyring",
+    "RemoteKeyring",
+    "audience_key",
+    "kafka_password",
+    "load_credential",
+    "principal_key",
+    "seal",
+    "unseal",
+    "write_credential",
+]
+
+COORDINATOR = "coordinator"
+BROKER = "broker"
+AUDIENCES = (COORDINATOR, BROKER)
+
+# BLAKE3 derive_key contexts: one per purpose, never reused.
+_PRINCIPAL_CONTEXT = "tq 2026-11 principal key"
+_BROKER_CONTEXT = "tq 2026-11 broker audience key"
+_SEAL_CONTEXT = "tq 2026-11 sealed key"
+_KAFKA_PASSWORD_CONTEXT = "tq 2026-11 kafka sasl password"
+_NONCE = 16
+_MAX_CREDENTIAL_FILE = 4096
+
+
+def principal_key(secret: bytes, principal: str, generation: int = 0) -> bytes:
+    """The key of `principal` in the cluster of `secret` (the admin's is the secret)."""
+    if principal == ADMIN:
+        return secret
+    material = b"\0".join((secret, check_principal(principal).encode(),
+                           str(generation).encode()))
+    return blake3.blake3(material, derive_key_context=_PRINCIPAL_CONTEXT).digest()
+
+
+def audience_key(key: bytes, audience: str) -> bytes:
+    """What a principal with `key` signs messages to `audience` with."""
+    if audience == COORDINATOR:
+        return key
+    if audience == BROKER:
+        return blake3.blake3(key, derive_key_context=_BROKER_CONTEXT).digest()
+    raise ValueError(f"unknown audience {audience!r}")
+
+
+def kafka_password(credential: Credential | bytes, *, broker_key: bool = False) -> str:
+    """The Kafka SASL password of a principal (PLAIN or SCRAM): 32 hex digits derived from
+    its broker key, so any broker that may check its messages can check its password, and the
+    password opens nothing else. `broker_key`: `credential` is that broker key already."""
+    key = credential.key if isinstance(credential, Credential) else credential
+    if not broker_key:
+        key = audience_key(key, BROKER)
+    return blake3.blake3(key, derive_key_context=_KAFKA_PASSWORD_CONTEXT).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Credential:
+    """Who we are and the key that proves it."""
+
+    principal: str
+    key: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.key) < MIN_SECRET_BYTES:
+            raise SecretFileError(f"a key is at least {MIN_SECRET_BYTES} bytes")
+
+    @classmethod
+    def of(cls, secret: bytes | Credential) -> Credential:
+        """A credential as given, or the admin's for a bare cluster secret."""
+        return secret if isinstance(secret, Credential) else cls(ADMIN, bytes(secret))
+
+    def for_audience(self, audience: str) -> Credential:
+        return Credential(self.principal, audience_key(self.key, audience))
+
+    def __repr__(self) -> str:  # never print a key
+        return f"Credential({self.principal!r})"
+
+
+def load_credential(path: str | os.PathLike[str]) -> Credential:
+    """The credential in the file at `path`: a cluster secret (admin) or a principal's JSON."""
+    data = read_private_file(Path(path), _MAX_CREDENTIAL_FILE).strip()
+    if not data.startswith(b"{"):
+        if len(data) < MIN_SECRET_BYTES:
+            raise SecretFileError(f"secret file {path} holds {len(data)} bytes; at least "
+                                  f"{MIN_SECRET_BYTES} are needed")
+        return Credential(ADMIN, data)
+    try:
+        found = json.loads(data)
+        principal, key = check_principal(found["principal"]), bytes.fromhex(found["key"])
+    except (ValueError, KeyError, TypeError, InvalidCommandError) as exc:
+        raise SecretFileError(f"credential file {path} is not a tq credential ({exc})") \
+            from None
+    return Credential(principal, key)
+
+
+def write_credential(path: str | os.PathLike[str], credential: Credential, *,
+                     coordinator: str = "") -> None:
+    """Write `credential` to a new private file (mode 0600, by rename); refuses to replace one
+    that exists, so a credential is never lost by a typo."""
+    path = Path(path)
+    body = {"principal": credential.principal, "key": credential.key.hex()}
+    if coordinator:
+        body["coordinator"] = coordinator
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        raise SecretFileError(f"{path} exists already; choose another file") from None
+    except OSError as exc:
+        raise SecretFileError(f"cannot write credential file {path}: {exc.strerror}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _seal_stream(key: bytes, nonce: bytes, length: int) -> bytes:
+    sealing = blake3.blake3(key, derive_key_context=_SEAL_CONTEXT).digest()
+    return blake3.blake3(nonce, key=sealing).digest(length)
+
+
+def seal(key: bytes, plaintext: bytes) -> bytes:
+    """`plaintext` readable only by a holder of `key`. Confidentiality only: it travels in an
+    RPC message whose MAC (under that same principal's key) protects its integrity."""
+    nonce = os.urandom(_NONCE)
+    stream = _seal_stream(key, nonce, len(plaintext))
+    return nonce + bytes(a ^ b for a, b in zip(plaintext, stream, strict=True))
+
+
+def unseal(key: bytes, sealed: bytes) -> bytes:
+    if len(sealed) < _NONCE:
+        raise SecretFileError("a sealed key is too short")
+    nonce, body = sealed[:_NONCE], sealed[_NONCE:]
+    stream = _seal_stream(key, nonce, len(body))
+    return bytes(a ^ b for a, b in zip(body, stream, strict=True))
+
+
+class Keyring:
+    """Which signer verifies a principal's messages on one server. `signer` answers from what
+    is known now; `resolve` learns a principal not known yet (False: it does not exist)."""
+
+    audience: str = COORDINATOR
+
+    def signer(self, principal: str) -> Signer | None:
+        raise NotImplementedError
+
+    @property
+    def resolves(self) -> bool:
+        """Whether `resolve` can learn principals `signer` does not know yet."""
+        return False
+
+    async def resolve(self, principal: str) -> bool:
+        return self.signer(principal) is not None
+
+
+class MasterKeyring(Keyring):
+    """Derives keys from the cluster secret. `valid(principal)` is the principal's current
+    generation, or None when it does not exist now (default: every well-formed principal, at
+    generation 0: a standalone server with no catalog)."""
+
+    def __init__(self, secret: bytes, *, audience: str = COORDINATOR,
+                 valid: Callable[[str], int | None] | None = None,
+                 cache_size: int = 4096) -> None:
+        if audience not in AUDIENCES:
+            raise ValueError(f"unknown audience {audience!r}")
+        self.audience = audience
+        self._secret = secret
+        self._valid = valid or _any_principal
+        self._cache: OrderedDict[tuple[str, int], Signer] = OrderedDict()
+        self._cache_size = cache_size
+
+    def key(self, principal: str, generation: int | None = None) -> bytes | None:
+        """`principal`'s key for this keyring's audience, if it exists now."""
+        if generation is None:
+            generation = self._valid(principal)
+            if generation is None:
+                return None
+        return audience_key(principal_key(self._secret, principal, generation), self.audience)
+
+    def signer(self, principal: str) -> Signer | None:
+        generation = self._valid(principal)
+        if generation is None:
+            return None
+        cached = self._cache.get((principal, generation))
+        if cached is None:
+            key = self.key(principal, generation)
+            assert key is not None
+            cached = self._cache[(principal, generation)] = Signer(key)
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return cached
+
+
+def _any_principal(principal: str) -> int | None:
+    try:
+        check_principal(principal)
+    except InvalidCommandError:
+        return None
+    return 0
+
+
+class RemoteKeyring(Keyring):
+    """Keys fetched from elsewhere (an executor's broker asks the coordinator), each kept for
+    `ttl` seconds; an unknown principal is not asked for again for `negative_ttl` seconds, so a
+    stream of made-up names costs one fetch each per interval at most. `fetch(principal)`
+    returns the audience key, or None when the principal does not exist."""
+
+    def __init__(self, fetch: Callable[[str], Awaitable[bytes | None]], *,
+                 audience: str = BROKER, ttl: float = 60.0, negative_ttl: float = 5.0,
+                 max_entries: int = 65536, clock: Callable[[], float] = time.monotonic) -> None:
+        self.audience = audience
+        self._fetch = fetch
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._max = max_entries
+        self._clock = clock
+        self._known: OrderedDict[str, tuple[Signer | None, float]] = OrderedDict()
+        self._pinned: dict[str, Signer] = {}
+        self._pending: dict[str, asyncio.Future[bool]] = {}
+
+    @property
+    def resolves(self) -> bool:
+        return True
+
+    def pin(self, principal: str, key: bytes) -> None:
+        """Know `principal`'s key for good (the server's own principal: it needs nobody to
+        tell it its own key)."""
+        self._pinned[principal] = Signer(key)
+
+    def signer(self, principal: str) -> Signer | None:
+        pinned = self._pinned.get(principal)
+        if pinned is not None:
+            return pinned
+        found = self._known.get(principal)
+        if found is None or found[1] <= self._clock():
+            return None
+        return found[0]
+
+    def refused(self, principal: str) -> bool:
+        """Known not to exist (for the negative interval): do not ask again yet."""
+        found = self._known.get(principal)
+        return found is not None and found[0] is None and found[1] > self._clock()
+
+    async def resolve(self, principal: str) -> bool:
+        if self.signer(principal) is not None:
+            return True
+        if self.refused(principal):
+            return False
+        pending = self._pending.get(principal)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._pending[principal] = pending
+            try:
+                key = await self._fetch(principal)
+            except BaseException as exc:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                del self._pending[principal]
+            self._remember(principal, None if key is None else Signer(key))
+            pending.set_result(key is not None)
+            return key is not None
+        return await asyncio.shield(pending)
+
+    def _remember(self, principal: str, signer: Signer | None) -> None:
+        ttl = self._ttl if signer is not None else self._negative_ttl
+        self._known.pop(principal, None)
+        self._known[principal] = (signer, self._clock() + ttl)
+        while len(self._known) > self._max:
+            self._known.popitem(last=False)

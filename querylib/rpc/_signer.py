@@ -1,0 +1,68 @@
+"""The frame MAC: keyed BLAKE3 over an RPC message's frames (DESIGN §2).
+
+Pure: one key in, signatures out. `_codec` decides which signer checks which message
+(`_credentials` derives the keys).
+"""
+
+from __future__ import annotations
+
+import hmac
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import blake3
+
+from ._errors import SecretFileError
+
+__all__ = ["MAC_KEY_CONTEXT", "Signer"]
+
+Buffer = Any  # bytes, bytearray, memoryview: anything with the buffer protocol, C-contiguous
+
+
+def _nbytes(frame: Buffer) -> int:
+    return frame.nbytes if type(frame) is memoryview else len(frame)
+
+
+# BLAKE3 derive_key context for the frame MAC's key (never reuse it for another purpose).
+MAC_KEY_CONTEXT = "tq 2026-11 rpc frame MAC"
+
+
+class Signer:
+    """A keyed BLAKE3 MAC over frames (BLAKE3's keyed_hash mode, a PRF), keyed once.
+
+    The 32-byte MAC key is derived from the given key (the cluster secret, or a principal's
+    key, `_credentials`) with BLAKE3's derive_key mode and a fixed context, so keys of any
+    length >= 16 bytes work. BLAKE3 rather than HMAC-SHA256:
+    every data byte is MACed four times on its way from a publisher to a subscriber (signed,
+    verified by the broker, signed again, verified), and keyed BLAKE3 runs ~4x faster here
+    (1 MiB: 222 us against 878 us for HMAC-SHA256, with SHA-NI). A unit test checks it
+    against the blake3 package's own keyed hash.
+    """
+
+    __slots__ = ("_key", "_packers")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise SecretFileError("a key (the cluster secret, or a principal's) must be at "
+                                  "least 16 bytes")
+        self._key = blake3.blake3(key, derive_key_context=MAC_KEY_CONTEXT).digest()
+        self._packers: dict[int, struct.Struct] = {}
+
+    def sign(self, frames: Sequence[Buffer]) -> bytes:
+        """The signature of `frames` (everything after the signature frame)."""
+        return self._sign(frames, [_nbytes(f) for f in frames])
+
+    def _sign(self, frames: Sequence[Buffer], lengths: list[int]) -> bytes:
+        count = len(lengths)
+        packer = self._packers.get(count)
+        if packer is None:
+            packer = self._packers[count] = struct.Struct(f"<{count + 1}Q")
+        mac = blake3.blake3(packer.pack(count, *lengths), key=self._key)
+        for frame in frames:
+            mac.update(frame)
+        return mac.digest()
+
+    def verify(self, signature: Buffer, frames: Sequence[Buffer]) -> bool:
+        """Whether `signature` signs `frames`, compared in constant time."""
+        return hmac.compare_digest(signature, self.sign(frames))

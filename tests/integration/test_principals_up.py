@@ -1,0 +1,225 @@
+"""Identities on a real `tq up` (DESIGN §12): users made by the admin act only on what they
+own, query processes act only as their query, only an executor reports its processes' exits
+and registers itself, a session belongs to the principal that opened it, and removed or
+rotated credentials stop working. Each of these was possible for anyone holding the cluster
+secret, which every query process had."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import querylib
+from catalog import NotAuthorizedError, NotOwnerError, QueryState, Resources
+from querylib.cluster import Cluster
+from querylib.cluster import _messages as m
+from querylib.rpc import SecretRejectedError
+from tests.conftest import wait_for
+from tests.integration._up import Up
+
+pytestmark = pytest.mark.timeout(180)
+
+SLEEPER = textwrap.dedent('''
+    import time
+    import querylib
+
+    def main(ctx):
+        while True:
+            time.sleep(0.5)
+
+    querylib.execute(main)
+''')
+
+# A query that tries to kill another query with whatever credential it finds in its
+# environment, and reports what it held.
+ATTACKER = textwrap.dedent('''
+    import json, os, sys
+    import querylib
+    from querylib.cluster import Cluster
+
+    def main(ctx):
+        held = os.environ.get("TQ_CREDENTIALS") or ""
+        principal = ""
+        if held:
+            from querylib.rpc import load_credential
+            principal = load_credential(held).principal
+        print("ENV " + json.dumps({
+            "principal": principal,
+            "secret_file_in_env": "TQ_SECRET_FILE" in os.environ}), flush=True)
+        with Cluster.connect() as cluster:
+            try:
+                cluster.kill_query(int(sys.argv[1]), "attacked")
+            except Exception as exc:
+                print(f"REFUSED {type(exc).__name__}: {exc}", flush=True)
+                return
+        print("KILLED", flush=True)
+
+    querylib.execute(main)
+''')
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    with Up(tmp_path_factory.mktemp("tq-up")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def users(up: Up, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """alice and bob, made by the admin with `tq user add`."""
+    folder = tmp_path_factory.mktemp("credentials")
+    made = {}
+    for name in ("alice", "bob"):
+        path = folder / f"{name}.credential"
+        done = up.tq("user", "add", name, "-o", str(path))
+        assert done.returncode == 0, done.stderr
+        assert "Kafka SASL" in done.stdout and oct(path.stat().st_mode & 0o777) == "0o600"
+        made[name] = path
+    listed = up.tq("user", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {json.loads(line)["principal"] for line in listed.stdout.splitlines()} >= {
+        "user:alice", "user:bob"}
+    return made
+
+
+def _program(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _submit_as(up: Up, credential: Path, program: Path, *args: str) -> int:
+    done = up.tq("submit", str(program), "--credentials", str(credential), *args)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[0])
+
+
+def _running(up: Up, query_id: int) -> bool:
+    return up.query(query_id).state is QueryState.RUNNING
+
+
+def test_a_query_process_cannot_kill_another_query(up: Up, tmp_path: Path) -> None:
+    victim = up.submit(_program(tmp_path, "sleeper.py", SLEEPER))
+    wait_for(lambda: _running(up, victim), timeout=60, what="the victim to run")
+    attacker = up.submit(_program(tmp_path, "attacker.py", ATTACKER), "--", str(victim))
+    ended = up.ended(attacker)
+    logs = up.tq("logs", str(attacker)).stdout
+    assert "REFUSED NotOwnerError" in logs, logs
+    assert ended.exit_codes == (0,)
+    env = json.loads(next(line for line in logs.splitlines() if "ENV " in line)
+                     .split("ENV ", 1)[1])
+    # The process held its query's credential, and never the cluster secret.
+    assert env == {"principal": f"query:{attacker}", "secret_file_in_env": False}
+    assert _running(up, victim)
+    assert up.tq("kill", str(victim)).returncode == 0  # the admin may
+
+
+def test_users_kill_only_what_they_manage(up: Up, users: dict[str, Path],
+                                          tmp_path: Path) -> None:
+    query = _submit_as(up, users["alice"], _program(tmp_path, "sleeper.py", SLEEPER))
+    wait_for(lambda: _running(up, query), timeout=60, what="alice's query to run")
+    assert up.query(query).owner == "user:alice"
+    refused = up.tq("kill", str(query), "--credentials", str(users["bob"]))
+    assert refused.returncode == 2
+    assert "user:bob may not kill it" in refused.stderr
+    assert _running(up, query)
+    done = up.tq("kill", str(query), "--credentials", str(users["alice"]))
+    assert done.returncode == 0, done.stderr
+    assert up.ended(query).state is QueryState.KILLED
+
+
+def test_exit_reports_and_registrations_need_the_executor(up: Up, users: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    query = _submit_as(up, users["alice"], _program(tmp_path, "sleeper.py", SLEEPER))
+    wait_for(lambda: _running(up, query), timeout=60, what="alice's query to run")
+    with Cluster.connect(up.info["coordinator"], secret_file=str(users["bob"])) as bob:
+        # Reported finished with exit code 0 while it runs: its topics would become deletable.
+        with pytest.raises(NotAuthorizedError, match="only that executor reports its exit"):
+            bob.report_exit(query, 0, 0)
+        with pytest.raises(NotAuthorizedError, match="executor credential"):
+            bob.register_broker("evil", "tcp://127.0.0.1:1")
+        with pytest.raises(NotAuthorizedError):
+            bob.register_executor("evil", 1, Resources(cores=1, memory=1, disk=1, slots=99))
+    with pytest.raises(NotAuthorizedError, match="executor credential"):
+        Cluster.connect(up.info["coordinator"], secret_file=str(users["bob"]),
+                        kind="executor").close()
+    assert _running(up, query)
+    up.tq("kill", str(query))
+
+
+def test_a_session_is_its_principals(up: Up, users: dict[str, Path], tmp_path: Path) -> None:
+    query = _submit_as(up, users["alice"], _program(tmp_path, "sleeper.py", SLEEPER))
+    wait_for(lambda: _running(up, query), timeout=60, what="alice's query to run")
+    coordinator = up.info["coordinator"]
+    with Cluster.connect(coordinator, secret_file=str(users["alice"])) as alice, \
+            Cluster.connect(coordinator, secret_file=str(users["bob"])) as bob:
+        # bob names alice's session: he gets nothing of it.
+        with pytest.raises(NotAuthorizedError, match="belongs to another principal"):
+            bob.request(m.KillQuery(session_id=alice.session_id, query_id=query))
+        with pytest.raises(NotAuthorizedError, match="belongs to another principal"):
+            bob.request(m.OpenSession(kind="client", peer="me", lease_ms=5000,
+                                      resume=alice.session_id))
+    assert _running(up, query)
+    up.tq("kill", str(query))
+
+
+def test_topics_are_deleted_by_their_owner_and_forced_by_admins(
+        up: Up, users: dict[str, Path]) -> None:
+    alice, bob = (str(users[name]) for name in ("alice", "bob"))
+    # A topic alice's script publishes is hers: bob cannot even force it away.
+    with querylib.connect(up.info["coordinator"], secret_file=alice) as ctx, \
+            ctx.publish("alices-own", serde="json") as pub:
+        pub.send(1, {"n": 1})
+        refused = up.tq("topic", "delete", "alices-own", "--force", "--credentials", bob)
+        assert refused.returncode == 2 and "user:bob may not delete it" in refused.stderr
+        unforced = up.tq("topic", "delete", "alices-own")
+        assert unforced.returncode == 2 and "an admin deletes it with --force" in \
+            unforced.stderr
+    assert up.tq("topic", "delete", "alices-own", "--force").returncode == 0
+    # An ingest topic alice created: fed by anyone, deleted (forced) by her or an admin.
+    created = up.tq("topic", "create", "alices-ingest", "--partitions", "1",
+                    "--credentials", alice)
+    assert created.returncode == 0, created.stderr
+    refused = up.tq("topic", "delete", "alices-ingest", "--force", "--credentials", bob)
+    assert refused.returncode == 2 and "by its creator or an admin" in refused.stderr
+    done = up.tq("topic", "delete", "alices-ingest", "--force", "--credentials", alice)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_restarted_script_publishes_to_the_topic_it_owned(up: Up,
+                                                            users: dict[str, Path]) -> None:
+    """Topics a client creates are its principal's, so a new session of the same principal
+    (the script run again) still publishes them; another user's session does not."""
+    coordinator = up.info["coordinator"]
+    for _ in range(2):  # the admin's script, run twice
+        with up.connect() as ctx, ctx.publish("admins-feed", serde="json") as pub:
+            pub.send(1, {"n": 1})
+    for _ in range(2):
+        with querylib.connect(coordinator, secret_file=str(users["alice"])) as ctx, \
+                ctx.publish("alice-feed", serde="json") as pub:
+            pub.send(1, {"n": 1})
+    with querylib.connect(coordinator, secret_file=str(users["bob"])) as ctx, \
+            pytest.raises(NotOwnerError, match="owned by user:alice"):
+        ctx.publish("alice-feed", serde="json")
+
+
+def test_rotated_and_removed_credentials_stop_working(up: Up, tmp_path: Path) -> None:
+    path = tmp_path / "carol.credential"
+    assert up.tq("user", "add", "carol", "-o", str(path)).returncode == 0
+    coordinator = up.info["coordinator"]
+    Cluster.connect(coordinator, secret_file=str(path)).close()
+    rotated = tmp_path / "carol-2.credential"
+    assert up.tq("user", "rotate", "carol", "-o", str(rotated)).returncode == 0
+    with pytest.raises(SecretRejectedError):
+        Cluster.connect(coordinator, secret_file=str(path), connect_timeout=5).close()
+    Cluster.connect(coordinator, secret_file=str(rotated)).close()
+    # Only admins manage users.
+    refused = up.tq("user", "add", "mallory", "--credentials", str(rotated))
+    assert refused.returncode == 2 and "admin role" in refused.stderr
+    assert up.tq("user", "remove", "carol").returncode == 0
+    with pytest.raises(SecretRejectedError):
+        Cluster.connect(coordinator, secret_file=str(rotated), connect_timeout=5).close()
