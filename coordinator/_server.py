@@ -45,6 +45,7 @@ from querylib.rpc import (
 )
 
 from ._artifacts import ArtifactStore
+from ._directory import SystemTopicsOnly
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -157,11 +158,14 @@ class Coordinator:
             checkpoint=None if checkpoint is None else Checkpointed(checkpoint.version,
                                                                     dict(checkpoint.offsets)),
             since_checkpoint=recovered.since_checkpoint)
+        state = self.state
         self.broker = BrokerServer(self.broker_dir, self._secret,
-                                   log_config=LogConfig(flush="always"))
+                                   log_config=LogConfig(flush="always"),
+                                   directory=SystemTopicsOnly(lambda: state.catalog,
+                                                              lambda: state.catalog_broker_id))
         self.broker_endpoint = await self.broker.start(self.broker_listen)
-        self.writer = CatalogWriter(self.broker_endpoint, self._secret,
-                                    on_committed=self._on_committed, on_failed=self._on_failed,
+        self.writer = CatalogWriter(self.broker.port, on_committed=self._on_committed,
+                                    on_failed=self._on_failed,
                                     on_checkpointed=self._on_checkpointed)
         await self.writer.start(recovered.catalog.version)
         if recovered.compensation:

@@ -59,6 +59,14 @@ class Runtime:
     def secret(self) -> bytes:
         return self.cluster.secret
 
+    @property
+    def principal(self) -> str:
+        """Who this process writes as: its query, else its client session (the owner of the
+        topics it creates), as `querylib.broker.client_principal` states it."""
+        from querylib.broker import client_principal
+
+        return client_principal(self.env.query_id, self.cluster.session_id)
+
     # -- topics --------------------------------------------------------------------------------
 
     def join_topic(self, name: str, partitions: int, record_type: str,
@@ -195,9 +203,11 @@ class SharedPartitions:
 
             try:
                 topic = self.info.topic
+                # Publishing is the owner opening its stream: it reopens one that ended.
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(address_of(self.info, p), topic.short_name, p,
-                                                 secret=self.runtime.secret, group=self.group)
+                                                 secret=self.runtime.secret, group=self.group,
+                                                 principal=self.runtime.principal, reopen=True)
             except BaseException as exc:
                 self._error = exc
                 raise

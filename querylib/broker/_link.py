@@ -1,15 +1,23 @@
-"""A client's session with one broker: the RPC client, a lease kept alive by heartbeats, and
-reopening the session when the broker forgot it (lease expired, broker restarted).
+"""A client's session with one broker: a lease kept alive by heartbeats, and reopening the
+session when the broker forgot it (lease expired, broker restarted). One interface, two
+transports: `BrokerLink` speaks RPC to a broker in another process, `PortLink` (`_port.py`)
+is a session with a broker in this process. Producers and subscribers build on either;
+they register `on_reopen` callbacks to re-establish what the broker lost (producer roles,
+subscriptions from their last offsets).
 
-Producers and subscribers build on this; they register `on_reopen` callbacks to re-establish
-what the broker lost (producer roles, subscriptions from their last offsets). Runs on one
-asyncio loop; owns its heartbeat task and its RpcClient. It decides nothing about data.
+Every session writes as a principal (`_access.py`). Which one a client states is decided
+here, in `client_principal`, and nowhere else: until credentials authenticate clients, an
+RPC client states it, and the broker admits writers by it.
+
+Runs on one asyncio loop; owns its heartbeat task (and BrokerLink its RpcClient). It
+decides nothing about data.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -30,7 +38,7 @@ from querylib.rpc import (
 from ._errors import UnknownSessionError
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
-__all__ = ["BrokerLink"]
+__all__ = ["BrokerLink", "SessionLink", "client_principal"]
 
 logger = logging.getLogger("querylib.broker")
 
@@ -40,18 +48,30 @@ R = TypeVar("R", bound=Reply)
 CLIENT_LIMITS = Limits(hwm=100_000)
 
 
-class BrokerLink:
-    """One broker session over one RpcClient."""
+def client_principal(query_id: int | None = None, session_id: int | None = None) -> str:
+    """The principal a client states to brokers: the query it is a process of, else the
+    coordinator session it holds (`querylib.connect()`), else the query named by
+    TQ_QUERY_ID (a query's own children, e.g. Spark's Python workers), else "admin" (the
+    holder of the cluster secret). The one place a client claims an identity: credentials
+    will replace the claim here."""
+    if query_id is not None:
+        return f"query:{query_id}"
+    if session_id is not None:
+        return f"session:{session_id}"
+    text = os.environ.get("TQ_QUERY_ID", "")
+    return f"query:{int(text)}" if text.isdigit() else "admin"
 
-    def __init__(self, address: str, secret: bytes, *, lease: float = 10.0,
-                 timeout: float = 30.0, limits: Limits | None = None) -> None:
-        keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
-        self.address = address
-        self.session = uuid.uuid4().hex
+
+class SessionLink:
+    """One broker session: open, heartbeats, reopen, close, over the transport a subclass
+    gives (`request`, `notify`, `_connect`, `_disconnect`)."""
+
+    def __init__(self, *, principal: str, lease: float, timeout: float,
+                 session: str | None = None) -> None:
+        self.session = session or uuid.uuid4().hex
+        self.principal = principal
         self.lease = lease
         self.timeout = timeout
-        self.client = RpcClient(address, secret, limits=limits or CLIENT_LIMITS,
-                                timeout=timeout)
         self.opened: SessionOpened | None = None
         self.generation = 0  # how many times the session was (re)opened
         self.on_reopen: list[Callable[[], Awaitable[None]]] = []
@@ -59,26 +79,33 @@ class BrokerLink:
         self._heartbeats: asyncio.Task[None] | None = None
         self._closed = False
 
+    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                      timeout: float | None = None) -> R:
+        raise NotImplementedError
+
+    async def notify(self, message: Notify) -> None:
+        raise NotImplementedError
+
+    async def _connect(self) -> None:
+        pass
+
+    async def _disconnect(self) -> None:
+        pass
+
     async def start(self, *, connect_timeout: float | None = None) -> SessionOpened:
         """Connect and open the session, retrying while the broker is not there yet."""
-        await self.client.connect()
+        await self._connect()
         opened = await self._open(connect_timeout or self.timeout)
         self._heartbeats = asyncio.get_running_loop().create_task(
-            self._heartbeat_forever(), name=f"broker heartbeats {self.address}")
+            self._heartbeat_forever(), name=f"broker heartbeats {self.session}")
         return opened
 
     async def _open(self, timeout: float) -> SessionOpened:
-        self.opened = await self.client.request(
-            OpenSessionRequest(session=self.session, lease=self.lease), timeout=timeout)
+        self.opened = await self.request(
+            OpenSessionRequest(session=self.session, lease=self.lease,
+                               principal=self.principal), timeout=timeout)
         self.generation += 1
         return self.opened
-
-    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
-                      timeout: float | None = None) -> R:
-        return await self.client.request(request, payload=payload, timeout=timeout)
-
-    async def notify(self, message: Notify) -> None:
-        await self.client.notify(message)
 
     async def reopen(self, seen_generation: int) -> None:
         """Open the session again (unless someone did since `seen_generation`), then let every
@@ -93,7 +120,7 @@ class BrokerLink:
                 except ClientClosedError:
                     return
                 except RpcError as exc:  # the broker is not back yet: zmq reconnects for us
-                    logger.info("broker %s: reopening session: %s", self.address, exc)
+                    logger.info("broker session %s: reopening: %s", self.session, exc)
             for callback in list(self.on_reopen):
                 await callback()
 
@@ -103,17 +130,17 @@ class BrokerLink:
             await asyncio.sleep(interval)
             generation = self.generation
             try:
-                await self.client.request(HeartbeatRequest(session=self.session),
-                                          timeout=max(interval, 1.0))
+                await self.request(HeartbeatRequest(session=self.session),
+                                   timeout=max(interval, 1.0))
             except UnknownSessionError:
                 await self.reopen(generation)
             except (DeadlineExceededError, RpcError) as exc:
-                logger.debug("broker %s: heartbeat: %s", self.address, exc)
+                logger.debug("broker session %s: heartbeat: %s", self.session, exc)
             except TqError as exc:
-                logger.warning("broker %s: heartbeat refused: %s", self.address, exc)
+                logger.warning("broker session %s: heartbeat refused: %s", self.session, exc)
 
     async def close(self, *, clean: bool = True) -> None:
-        """Stop heartbeats, close the session (when `clean`) and the client. Idempotent."""
+        """Stop heartbeats, close the session (when `clean`) and the transport. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -122,8 +149,36 @@ class BrokerLink:
             await asyncio.gather(self._heartbeats, return_exceptions=True)
         if clean and self.opened is not None:
             try:
-                await self.client.request(CloseSessionRequest(session=self.session),
-                                          timeout=min(self.timeout, 5.0))
+                await self.request(CloseSessionRequest(session=self.session),
+                                   timeout=min(self.timeout, 5.0))
             except TqError as exc:
-                logger.debug("broker %s: close session: %s", self.address, exc)
+                logger.debug("broker session %s: close: %s", self.session, exc)
+        await self._disconnect()
+
+
+class BrokerLink(SessionLink):
+    """One broker session over one RpcClient. `principal`: what the client states it writes
+    as (default `client_principal()`)."""
+
+    def __init__(self, address: str, secret: bytes, *, lease: float = 10.0,
+                 timeout: float = 30.0, limits: Limits | None = None,
+                 principal: str | None = None) -> None:
+        keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
+        super().__init__(principal=principal or client_principal(), lease=lease,
+                         timeout=timeout)
+        self.address = address
+        self.client = RpcClient(address, secret, limits=limits or CLIENT_LIMITS,
+                                timeout=timeout)
+
+    async def _connect(self) -> None:
+        await self.client.connect()
+
+    async def _disconnect(self) -> None:
         await self.client.close()
+
+    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                      timeout: float | None = None) -> R:
+        return await self.client.request(request, payload=payload, timeout=timeout)
+
+    async def notify(self, message: Notify) -> None:
+        await self.client.notify(message)

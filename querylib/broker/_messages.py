@@ -114,6 +114,9 @@ class Subscribed(Reply, tag="broker.subscribed"):
 class OpenSessionRequest(Request[SessionOpened], tag="broker.session.open"):
     session: str            # chosen by the client (a uuid); reopening a live id renews it
     lease: float = 10.0
+    # Who the session writes as (`_access.py`): stated by the client until credentials
+    # authenticate it; "system" only in the broker's own process.
+    principal: str = "admin"
 
 
 class HeartbeatRequest(Request[Done], tag="broker.session.renew"):
@@ -154,6 +157,8 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     writer: str = ""
     writers: int = 0
     rejoin: bool = False     # the broker forgot our session; we were counted before
+    create_topic: bool = False  # the broker's directory may register an unknown topic (ingest)
+    reopen: bool = False     # go on writing a partition whose stream ended
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):
