@@ -45,7 +45,7 @@ from querylib.rpc import (
 )
 
 from ._artifacts import ArtifactStore
-from ._directory import SystemTopicsOnly
+from ._directory import CatalogDirectory
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -137,6 +137,7 @@ class Coordinator:
         self.recovery_seconds = 0.0
         self.counters = {"notify_failed": 0, "bugs": 0}
         self._kafka_view: CatalogView | None = None
+        self._directory: CatalogDirectory | None = None
         self._closed = False
         for request_type in HANDLERS:
             self._rpc.register(request_type, self._serve)
@@ -159,10 +160,11 @@ class Coordinator:
                                                                     dict(checkpoint.offsets)),
             since_checkpoint=recovered.since_checkpoint)
         state = self.state
+        self._directory = CatalogDirectory(lambda: state.catalog,
+                                           lambda: state.catalog_broker_id)
         self.broker = BrokerServer(self.broker_dir, self._secret,
                                    log_config=LogConfig(flush="always"),
-                                   directory=SystemTopicsOnly(lambda: state.catalog,
-                                                              lambda: state.catalog_broker_id))
+                                   directory=self._directory)
         self.broker_endpoint = await self.broker.start(self.broker_listen)
         self.writer = CatalogWriter(self.broker.port, on_committed=self._on_committed,
                                     on_failed=self._on_failed,
@@ -321,6 +323,8 @@ class Coordinator:
     def _perform(self, instruction: Instruction) -> None:
         if isinstance(instruction, Persist | WriteCheckpoint):
             self.writer.submit(instruction)  # type: ignore[union-attr]
+            if isinstance(instruction, Persist) and self._directory is not None:
+                self._directory.changed(instruction.updates)
         elif isinstance(instruction, Respond):
             self._respond(instruction)
         elif isinstance(instruction, KillProcesses):

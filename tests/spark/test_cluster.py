@@ -43,10 +43,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         running = Running(home)
         with Cluster(running.address, running.secret) as session:
             info = session.create_topic("events", 2)
-            session.create_topic("written", 2)
+            # Spark writes from outside any query: into an ingest topic.
+            session.create_topic("written", 2, ingest=True)
+            owner = f"session:{session.session_id}"  # the owner of `events` writes it
         broker = info.brokers[info.topic.locations[0]]
         for p in range(2):
-            with Producer(broker, "events", p, secret=running.secret) as producer:
+            with Producer(broker, "events", p, secret=running.secret,
+                          principal=owner) as producer:
                 for t in range(3):
                     producer.send_batch(encode_batch([
                         (1000 + i, b"k%d" % i, b"e%d-%d-%d" % (p, t, i),
