@@ -7,6 +7,8 @@ requests wait meanwhile."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog.errors import UnknownTopicError
 from querylib.broker._errors import (
@@ -223,3 +225,58 @@ def test_the_principals_of_the_contract_are_accepted(principal: str) -> None:
     sim = Sim()
     sim.feed(OpenSession("o", "s", 10.0, principal))
     assert not isinstance(sim.replies["o"], Exception)
+
+
+PRINCIPALS = {"s1": "query:1", "s2": "query:2", "s3": "admin"}
+steps = st.lists(st.one_of(
+    st.tuples(st.just("rule"), st.sampled_from(["*", "query:1", "query:2"])),
+    st.tuples(st.just("open"), st.sampled_from(sorted(PRINCIPALS)), st.booleans()),
+    st.tuples(st.just("end"), st.sampled_from(sorted(PRINCIPALS))),
+    st.tuples(st.just("produce"), st.sampled_from(sorted(PRINCIPALS)))), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_every_answer_is_what_the_rules_say(ops: list) -> None:
+    """Against a model: an open is admitted iff the rule in force admits the principal and
+    the stream is open (or reopened); a produce is accepted iff the session produces; the
+    stream ends when its last producer ends and only a reopening goes on after that."""
+    sim = Sim()
+    sim.open_partition(P, writers="*")
+    for name, principal in PRINCIPALS.items():
+        session(sim, name, principal)
+    rule, ended, producing = "*", False, set()
+    for i, (kind, *args) in enumerate(ops):
+        token = f"{i}-{kind}"
+        if kind == "rule":
+            rule = args[0]
+            sim.feed(TopicAccess("t", rule))
+            continue
+        name = args[0]
+        if kind == "open":
+            sim.feed(OpenProducer(token, name, P, reopen=args[1]))
+            admitted = rule == "*" or rule == PRINCIPALS[name]
+            if not admitted:
+                assert isinstance(sim.replies[token], TopicAuthorizationError)
+            elif ended and not args[1]:
+                assert isinstance(sim.replies[token], StreamEndedError)
+            else:
+                assert isinstance(sim.replies[token], ProducerOpened)
+                producing.add(name)
+                ended = False
+        elif kind == "end":
+            sim.feed(EndStream(token, name, P))
+            if name in producing:
+                producing.discard(name)
+                ended = ended or not producing
+            else:
+                assert isinstance(sim.replies[token], NotProducerError)
+        else:
+            sim.feed(Produce(token, name, P, fake_batch()))
+            if name not in producing:
+                assert isinstance(sim.replies[token], NotProducerError)
+        sim.controls(P)  # every append lands and is durable
+        if kind == "produce" and name in producing:
+            assert isinstance(sim.replies[token], Produced)
+        assert sim.state.partition_info(P).ended == ended
+        assert set(sim.state.partitions[P].frontier.producers) == producing
