@@ -192,6 +192,9 @@ class BrokerServer:
         self.directory: TopicDirectory = directory or OpenDirectory()
         self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
         self._closing = False
+        # Sessions opened through the port: RPC clients may not name them (they write as
+        # tq's own writers, and some have well-known ids).
+        self._local: set[str] = set()
         self.port = BrokerPort(self)
         self._register()
 
@@ -412,6 +415,7 @@ class BrokerServer:
             self._savers[instr.partition].submit(instr)
         elif isinstance(instr, SessionExpired):
             self._peers.pop(instr.session, None)
+            self._local.discard(instr.session)
         else:  # pragma: no cover - the state emits nothing else
             raise TypeError(f"unknown instruction {instr!r}")
 
@@ -514,6 +518,9 @@ class BrokerServer:
         handler = self._handlers.get(type(request))
         if handler is None:
             raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
+        if remote and getattr(request, "session", None) in self._local:
+            raise PrincipalError("that session belongs to the broker's own process; open "
+                                 "one of your own")
         return await handler(request, payload, peer, remote)
 
     async def _call(self, peer: bytes | None, session: str,
@@ -530,8 +537,11 @@ class BrokerServer:
             if remote and req.principal == SYSTEM:
                 raise PrincipalError("the system principal is tq's own writers in the broker's "
                                      "process; an RPC client cannot claim it")
-            return await self._call(peer, req.session, lambda t: OpenSession(
+            opened = await self._call(peer, req.session, lambda t: OpenSession(
                 t, req.session, req.lease, req.principal))
+            if not remote:
+                self._local.add(req.session)
+            return opened
 
         async def heartbeat(req: HeartbeatRequest, payload: list[Any], peer: bytes | None,
                             remote: bool) -> Done:
