@@ -10,6 +10,7 @@ recovery from them.
     _drops.py      DropTracker: deleted topics' partitions, when to tell which broker to drop
     _journal.py    changes as record batches; recovery from the catalog partitions
     _writer.py     group commit to the catalog topics (counters last), frontiers
+    _directory.py  what the embedded broker's core asks about a topic (the catalog)
     _server.py     Coordinator: the asyncio shell (RPC, broker, writer, clock)
     _run.py        run_coordinator: the foreground process (`tq coordinator`)
 """

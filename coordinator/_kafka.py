@@ -12,7 +12,8 @@ a Kafka listener, this one included (librdkafka drops a group coordinator that M
 not list), and the topics the executor brokers lead, as their own listeners do; it
 coordinates groups itself.
 
-Must not: create or admit data topics (they belong on executor brokers), or change the catalog.
+Must not: create data topics (they belong on executor brokers), or change the catalog. Who may
+write what here is the broker's core's decision (`_directory.py` is what it asks).
 """
 
 from __future__ import annotations
@@ -73,9 +74,6 @@ class CatalogView:
         raise PolicyViolationError(
             f"topic {name.short!r}: the group coordinator's listener creates no topics; "
             "create it through an executor broker's listener or `tq topic create`")
-
-    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
-        return False  # data topics live on executor brokers: NOT_LEADER sends clients there
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         found = self._catalog().find_topic(topic.short)

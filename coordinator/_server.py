@@ -57,6 +57,7 @@ from querylib.rpc import (
 )
 
 from ._artifacts import ArtifactStore
+from ._directory import CatalogDirectory
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -161,6 +162,7 @@ class Coordinator:
         self.recovery_seconds = 0.0
         self.counters = {"notify_failed": 0, "bugs": 0}
         self._kafka_view: CatalogView | None = None
+        self._directory: CatalogDirectory | None = None
         self._closed = False
         for request_type in HANDLERS:
             self._rpc.register(request_type, self._serve)
@@ -183,11 +185,15 @@ class Coordinator:
             checkpoint=None if checkpoint is None else Checkpointed(checkpoint.version,
                                                                     dict(checkpoint.offsets)),
             since_checkpoint=recovered.since_checkpoint)
+        state = self.state
+        self._directory = CatalogDirectory(lambda: state.catalog,
+                                           lambda: state.catalog_broker_id)
         self.broker = BrokerServer(self.broker_dir, self._broker_keys,
-                                   log_config=LogConfig(flush="always"))
+                                   log_config=LogConfig(flush="always"),
+                                   directory=self._directory)
         self.broker_endpoint = await self.broker.start(self.broker_listen)
-        self.writer = CatalogWriter(self.broker_endpoint, self._secret,
-                                    on_committed=self._on_committed, on_failed=self._on_failed,
+        self.writer = CatalogWriter(self.broker.port, on_committed=self._on_committed,
+                                    on_failed=self._on_failed,
                                     on_checkpointed=self._on_checkpointed)
         await self.writer.start(recovered.catalog.version)
         if recovered.compensation:
@@ -351,6 +357,8 @@ class Coordinator:
     def _perform(self, instruction: Instruction) -> None:
         if isinstance(instruction, Persist | WriteCheckpoint):
             self.writer.submit(instruction)  # type: ignore[union-attr]
+            if isinstance(instruction, Persist) and self._directory is not None:
+                self._directory.changed(instruction.updates)
         elif isinstance(instruction, Respond):
             self._respond(instruction)
         elif isinstance(instruction, KillProcesses):

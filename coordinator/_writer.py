@@ -28,6 +28,10 @@ crash, not only a process crash; group commit keeps the fsync cost per group, no
 Any failure to append is fatal to the coordinator (`on_failed`): its memory would run ahead of
 the log, which is the source of truth. Restarting recovers from the log.
 
+It writes through the in-process door of the coordinator's own broker (`BrokerPort`), as tq
+itself ("system": the catalog topics are internal), the same way any producer writes: the
+broker's core admits it, grants its windows and acknowledges once durable.
+
 Owns its producers (one broker session each) and its two tasks; decides nothing about the
 catalog.
 """
@@ -40,7 +44,7 @@ import time
 from collections.abc import Callable
 
 from catalog import COLLECTIONS, StorageError, catalog_topic
-from querylib.broker import AsyncProducer
+from querylib.broker import AsyncProducer, BrokerPort
 
 from ._events import Persist, WriteCheckpoint
 from ._journal import (
@@ -59,14 +63,13 @@ logger = logging.getLogger("coordinator")
 
 
 class CatalogWriter:
-    """Writes changes to the `__catalog.*` partitions of one broker."""
+    """Writes changes to the `__catalog.*` partitions of the broker in this process."""
 
-    def __init__(self, address: str, secret: bytes, *, on_committed: Callable[[int], None],
+    def __init__(self, port: BrokerPort, *, on_committed: Callable[[int], None],
                  on_failed: Callable[[BaseException], None],
                  on_checkpointed: Callable[[int, dict[str, int]], None] | None = None,
                  lease: float = 10.0, sweep_interval: float = 1.0) -> None:
-        self.address = address
-        self._secret = secret
+        self.port = port
         self._lease = lease
         self._cores: dict[str, AsyncProducer] = {}
         self._on_committed = on_committed
@@ -89,11 +92,11 @@ class CatalogWriter:
         """Open the producers; frontiers of every collection catch up to `committed` + 1."""
         self.committed = committed
         for collection in COLLECTIONS:
-            producer = AsyncProducer(self.address, catalog_topic(collection), 0,
-                                     secret=self._secret, lease=self._lease, create=True)
+            producer = AsyncProducer(self.port, catalog_topic(collection), 0,
+                                     principal="system", lease=self._lease, create=True)
             await producer.start()
             self._cores[collection] = producer
-        self._index = AsyncProducer(self.address, CHECKPOINT_TOPIC, 0, secret=self._secret,
+        self._index = AsyncProducer(self.port, CHECKPOINT_TOPIC, 0, principal="system",
                                     lease=self._lease, create=True)
         await self._index.start()
         self._touched.update(COLLECTIONS)

@@ -5,13 +5,13 @@ the coordinator.
     ...
     await agent.close()
 
-On start it runs this host's broker, opens the broker's optional endpoints (connector
-endpoint, Kafka listener; the catalog decides through `CatalogTopics` which topics they may
-create here), opens an executor session (while no coordinator answers it says so and keeps
-trying, as a rejoin does; a coordinator refusing our secret ends the start with
-SecretRejectedError), registers the broker (with its Kafka address) and the executor (host,
-broker address, host resources); its heartbeats carry the host's load (placement breaks
-ties by it). Then it serves the coordinator's notifies:
+On start it runs this host's broker (the catalog, through `CatalogTopics`, is its directory:
+who may write which topic, which partitions live here), opens the broker's optional endpoints
+(connector endpoint, Kafka listener), opens an executor session (while no coordinator answers
+it says so and keeps trying, as a rejoin does; a coordinator refusing our secret ends the
+start with SecretRejectedError), registers the broker (with its Kafka address) and the
+executor (host, broker address, host resources); its heartbeats carry the host's load
+(placement breaks ties by it). Then it serves the coordinator's notifies:
 
 - `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
   from the coordinator), start it under the supervisor. A failure is reported back as
@@ -163,10 +163,13 @@ class ExecutorAgent:
     async def start(self) -> ExecutorAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.broker = BrokerServer(self.data_dir / "broker", self.keys)
+            # The catalog says who may write which topic here (`CatalogTopics`); the
+            # coordinator, whose keys its clients sign with (`keys`).
+            self.broker = BrokerServer(self.data_dir / "broker", self.keys,
+                                       directory=self.topics)
             self.broker_address = await self.broker.start(self.broker_listen)
             self.exit_feed = QueryExitFeed(self.broker)
-            self.forwarder = await LogForwarder(self.broker_address, self.secret).start()
+            self.forwarder = await LogForwarder(self.broker.port).start()
             self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
                                          on_exit=self._exited, grace=self.grace)
             await self.supervisor.start()  # the fork server imports in the background
@@ -179,7 +182,7 @@ class ExecutorAgent:
             # cluster secret for an admin's executor, as in tq up).
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret.key, connector=self.connector_config,
-                kafka=self.kafka_config, topics=self.topics, kafka_cluster=self.topics,
+                kafka=self.kafka_config, kafka_cluster=self.topics,
                 required=self.endpoints_required).start()
             await self._join_retrying(first=True)
         except BaseException:

@@ -1,33 +1,34 @@
-"""The catalog's say over what this host's broker endpoints create (DESIGN §8, §11).
+"""The catalog as this host's broker sees it (DESIGN §5 "Admission", §8): the broker's
+directory, and the Kafka listener's view of the cluster.
 
-A connector stream or a Kafka producer may name a topic partition the broker does not host yet.
-Under an executor the catalog decides: the partition may be created here only if the catalog
-places it on this broker, and a topic that does not exist yet is registered first, owned by
-`ingest`, with every partition on this broker (the endpoint that creates it is the one that
-will write it). A standalone `tq broker` has no catalog and skips all this.
+`CatalogTopics` is the broker's `TopicDirectory`: the broker's core asks it about a topic it
+has no writers rule for (`resolve`), and it tells the core when a topic's rule changes or the
+topic goes (`watch`), following the catalog's `topics` collection. A topic's rule is its
+owner's principal (a query's, a session's), "*" for an ingest topic; the partitions the
+catalog places on this broker are the ones it may open. A topic the catalog does not know yet
+is registered as an ingest topic, with every partition on this broker, when the writer may
+create it (a connector stream, a Kafka producer with auto-creation): the endpoint that creates
+it is the one that will write it. The core, not this module, admits or refuses each writer.
 
-`CatalogTopics` answers the connector endpoint's `TopicAdmission` and is the Kafka listener's
-`KafkaCluster`: for Metadata it follows the catalog's `brokers` and `topics` collections. Every
-broker registered with a Kafka address is listed, the coordinator's own too: it is the group
-coordinator FindCoordinator names, and librdkafka drops a broker Metadata does not list. A
-partition's leader is the broker the catalog locates it on, never the coordinator's for a data
-topic (those live on executor brokers). A named topic the followed view does not have yet is
-looked up at the coordinator. It is built before the broker is registered (the endpoints open
-first, so the registration can carry their addresses) and answers once `attach` gave it the
-session and the broker id.
+It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the catalog's
+`brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
+too: it is the group coordinator FindCoordinator names, and librdkafka drops a broker
+Metadata does not list. A partition's leader is the broker the catalog locates it on, never
+the coordinator's for a data topic (those live on executor brokers). A named topic the
+followed view does not have yet is looked up at the coordinator. It is built before the
+broker is registered (the endpoints open first, so the registration can carry their
+addresses) and answers once `attach` gave it the session and the broker id.
 
-Must not: write to the broker, or let a connector or Kafka producer feed a topic some query
-owns.
+Must not: write to the broker, or decide who may write what (the broker's core does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from catalog import (
-    INGEST,
     Broker,
     Record,
     Topic,
@@ -37,11 +38,11 @@ from catalog import (
     UnknownTopicError,
     UserError,
 )
-from querylib.broker import UnknownPartitionError
+from querylib.broker import TopicAccess, catalog_access
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.kafka import BrokerInfo, CoordinatorNotAvailableError, PartitionInfo, TopicInfo
 
-__all__ = ["CatalogTopics", "NotHereError", "NotIngestError"]
+__all__ = ["CatalogTopics"]
 
 logger = logging.getLogger("executor")
 
@@ -49,21 +50,9 @@ _ATTACH_TIMEOUT = 30.0
 _RETRY_FOLLOW = 1.0  # seconds before following a collection again after an error
 
 
-class NotHereError(UserError):
-    """The catalog places the partition on another broker (Kafka clients refresh metadata)."""
-
-    kafka_error_code = 6  # NOT_LEADER_OR_FOLLOWER
-    retriable = True
-
-
-class NotIngestError(UserError):
-    """The topic is written by its owner, not fed from outside."""
-
-    kafka_error_code = 44  # POLICY_VIOLATION
-
-
 class CatalogTopics:
-    """Topic admission for this host's broker endpoints, through the executor's session."""
+    """The catalog for this host's broker (its directory) and its Kafka listener, through the
+    executor's session."""
 
     def __init__(self) -> None:
         self.cluster: AsyncCluster | None = None
@@ -71,14 +60,23 @@ class CatalogTopics:
         self._attached = asyncio.Event()
         self._views: dict[str, dict[Record, int]] = {"brokers": {}, "topics": {}}
         self._following: asyncio.Task[None] | None = None
+        self._learn: Callable[[TopicAccess], None] | None = None
+        self._forget: Callable[[str], None] | None = None
+        self._told: set[str] = set()  # topics whose rule the broker was told from the view
 
     def attach(self, cluster: AsyncCluster, broker_id: int, *, follow: bool = False) -> None:
-        """Answer from now on, for broker `broker_id`; `follow` the catalog for Metadata."""
+        """Answer from now on, for broker `broker_id`, following the catalog's topics (the
+        broker's rules); with `follow`, its brokers too (Metadata of the Kafka listener)."""
         self.cluster, self.broker_id = cluster, broker_id
         self._attached.set()
-        if follow:
-            self._following = asyncio.get_running_loop().create_task(
-                self._follow_all(), name="catalog view for the Kafka listener")
+        collections = ["topics", "brokers"] if follow else ["topics"]
+        self._following = asyncio.get_running_loop().create_task(
+            self._follow_all(collections), name="catalog view of the executor's broker")
+
+    def watch(self, learn: Callable[[TopicAccess], None],
+              forget: Callable[[str], None]) -> None:
+        """The broker's callbacks for rules that change (`TopicDirectory`)."""
+        self._learn, self._forget = learn, forget
 
     async def close(self) -> None:
         if self._following is not None:
@@ -86,8 +84,8 @@ class CatalogTopics:
             await asyncio.gather(self._following, return_exceptions=True)
             self._following = None
 
-    async def _follow_all(self) -> None:
-        await asyncio.gather(*(self._follow(name) for name in self._views))
+    async def _follow_all(self, collections: list[str]) -> None:
+        await asyncio.gather(*(self._follow(name) for name in collections))
 
     async def _follow(self, collection: str) -> None:
         assert self.cluster is not None
@@ -99,16 +97,39 @@ class CatalogTopics:
                         if isinstance(event, Snapshot):
                             view.clear()
                             view.update(event.records)
-                            continue
-                        for record, diff in event.updates:
-                            count = view.get(record, 0) + diff
-                            if count > 0:
-                                view[record] = count
-                            else:
-                                view.pop(record, None)
+                            touched = None
+                        else:
+                            touched = set()
+                            for record, diff in event.updates:
+                                count = view.get(record, 0) + diff
+                                if count > 0:
+                                    view[record] = count
+                                else:
+                                    view.pop(record, None)
+                                if isinstance(record, Topic):
+                                    touched.add(record.short_name)
+                        if collection == "topics":
+                            self._tell(touched)
             except TqError as exc:  # the coordinator is away or restarting: follow again
                 logger.warning("catalog view of %s: %s; following again", collection, exc)
                 await asyncio.sleep(_RETRY_FOLLOW)
+
+    def _tell(self, touched: set[str] | None) -> None:
+        """Tell the broker the rules of the topics an update touched (None: a snapshot, all
+        of them), from the view as it stands after the whole update: a topic deleted and made
+        again in one update gets the new topic's rule, not none."""
+        if self._learn is None or self._forget is None or self.broker_id is None:
+            return
+        topics = {t.short_name: t for t in self._views["topics"] if isinstance(t, Topic)}
+        names = set(topics) | self._told if touched is None else touched
+        for name in sorted(names):
+            topic = topics.get(name)
+            if topic is None:
+                self._told.discard(name)
+                self._forget(name)
+            else:
+                self._told.add(name)
+                self._learn(catalog_access(topic, self.broker_id))
 
     async def _session(self) -> tuple[AsyncCluster, int]:
         try:
@@ -181,34 +202,24 @@ class CatalogTopics:
         return (found is not None and 0 <= partition < found.partitions
                 and found.locations[partition] == broker_id)
 
-    # -- admission (connector streams, Kafka producers) -----------------------------------------
+    # -- the broker's directory (querylib.broker.TopicDirectory) --------------------------------
 
-    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
+    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
+        """The access of `topic` as the catalog has it: looked up at the coordinator; with
+        `create`, registered first if unknown, as an ingest topic with every partition (up to
+        the one asked for) on this broker."""
         cluster, broker_id = await self._session()
         try:
-            info = await cluster.lookup_topic(topic.short)
+            info = await cluster.lookup_topic(topic)
         except UnknownTopicError:
             if not create:
                 raise
             try:
-                info = await cluster.create_topic(topic.short, partition + 1, ingest=True,
+                info = await cluster.create_topic(topic, partition + 1, ingest=True,
                                                   locations=(broker_id,) * (partition + 1))
             except TopicExistsError:  # another stream created it meanwhile
-                info = await cluster.lookup_topic(topic.short)
-        found = info.topic
-        if found.owner != INGEST:
-            raise NotIngestError(f"topic {topic.short!r} is written by its owner, not fed from "
-                               "outside; connectors and Kafka producers write ingest topics "
-                               "(create one with `tq topic create`)")
-        if not 0 <= partition < found.partitions:
-            raise UnknownPartitionError(f"topic {topic.short!r} has {found.partitions} "
-                                        f"partition(s); there is no partition {partition}")
-        located = found.locations[partition]
-        if located != broker_id:
-            where = info.brokers.get(located, f"broker {located}")
-            raise NotHereError(f"partition {partition} of {topic.short!r} lives on {where}, "
-                               "not on this broker: send it there")
-        return True
+                info = await cluster.lookup_topic(topic)
+        return catalog_access(info.topic, broker_id)
 
 
 def _broker_info(broker: Broker) -> BrokerInfo | None:

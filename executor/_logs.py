@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from catalog.errors import TqError
-from querylib.broker import AsyncProducer
+from querylib.broker import AsyncProducer, BrokerPort
 from querylib.records import Record
 
 from ._supervisor import LogLine
@@ -57,9 +57,10 @@ def line_of_record(record: Record) -> LogLine | None:
 
 
 class LogForwarder:
-    """A Supervisor sink publishing lines into one partition of the logs topic.
+    """A Supervisor sink publishing lines into one partition of the logs topic, through the
+    in-process door of this host's broker, as tq itself ("system": `__logs` is internal).
 
-        forwarder = await LogForwarder(broker_address, secret).start()
+        forwarder = await LogForwarder(broker.port).start()
         supervisor = Supervisor(work_root=..., sink=forwarder)
         ...
         await forwarder.close()   # after the supervisor closed: sends what is pending
@@ -68,10 +69,10 @@ class LogForwarder:
     writers may share the partition.
     """
 
-    def __init__(self, address: str, secret: bytes, *, topic: str = LOGS_TOPIC,
-                 partition: int = 0, linger: float = 0.01, timeout: float = 30.0) -> None:
-        self.producer = AsyncProducer(address, topic, partition, secret=secret, linger=linger,
-                                      timeout=timeout)
+    def __init__(self, port: BrokerPort, *, topic: str = LOGS_TOPIC, partition: int = 0,
+                 linger: float = 0.01, timeout: float = 30.0) -> None:
+        self.producer = AsyncProducer(port, topic, partition, principal="system",
+                                      linger=linger, timeout=timeout)
         self.topic = topic
         self.forwarded = 0   # lines handed to the producer (not necessarily acknowledged)
         self.failures = 0    # failed sends or batches (their lines are lost)

@@ -52,9 +52,11 @@ class Publisher:
         env = runtime.env
         if isinstance(partitioning, _PerWorker):
             self.partition = per_worker_partition(env.process, worker, env.processes)
+            # Publishing is the owner opening its stream: it reopens one that ended.
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
                                  secret=runtime.secret, batch_records=_BATCH_RECORDS,
-                                 incarnation=incarnation_of(info))
+                                 incarnation=incarnation_of(info),
+                                 reopen=True)
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

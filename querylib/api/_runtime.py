@@ -59,6 +59,12 @@ class Runtime:
     def secret(self) -> bytes:
         return self.cluster.secret
 
+    @property
+    def principal(self) -> str:
+        """Who this process acts as: the principal of its credential (its query's, in a query
+        process; DESIGN §12)."""
+        return self.cluster.principal
+
     # -- topics --------------------------------------------------------------------------------
 
     def join_topic(self, name: str, partitions: int, record_type: str,
@@ -202,10 +208,12 @@ class SharedPartitions:
 
             try:
                 topic = self.info.topic
+                # Publishing is the owner opening its stream: it reopens one that ended.
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(address_of(self.info, p), topic.short_name, p,
                                                  secret=self.runtime.secret, group=self.group,
-                                                 incarnation=incarnation_of(self.info))
+                                                 incarnation=incarnation_of(self.info),
+                                                 reopen=True)
             except BaseException as exc:
                 self._error = exc
                 raise

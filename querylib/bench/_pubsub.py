@@ -41,7 +41,7 @@ _TS = struct.Struct(">q")
 
 
 def _batch(created_ns: int | None = None, n: int = BATCH_RECORDS) -> bytes:
-    from querylib.broker._stream import encode_records
+    from querylib.broker import encode_records
 
     value = bytes(RECORD_BYTES)
     now_ms = int(time.time() * 1000)
@@ -405,8 +405,7 @@ def _many_subscribers_process(address: str, secret: bytes, first: int, count: in
 
 async def _many_subscribers(address: str, secret: bytes, first: int, count: int, end: int,
                             total: int, seconds: float, queue: Any) -> None:
-    from querylib.broker._link import BrokerLink
-    from querylib.broker._subscriber import SubscriberCore
+    from querylib.broker import BrokerLink, SubscriberCore
 
     received = [0]
     links: list[BrokerLink] = []

@@ -3,6 +3,8 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
 
     _state.py       BrokerState: the pure core, handle(stimulus) -> [instructions]
     _events.py      its stimuli and instructions;  _model.py its bookkeeping records
+    _state_admission.py  the core's admission rules: writers rules, partitions, ended streams
+    _access.py      principals and topics' writers rules (who may write what)
     _frontier.py    PartitionFrontier: minimum over live producers, writer groups
     _state_groups.py  the core's writer-group rules: process exits, saving pending groups
     _state_subscriptions.py  the core's subscription rules: credit, catch-up, tail
@@ -10,8 +12,10 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _credit.py      CreditWindow / CreditGrant
     _messages.py    the RPC messages
     _server.py      BrokerServer: the asyncio shell (RPC, append lanes, reads, clock)
+    _port.py        BrokerPort: the in-process door (PortLink sessions, reads), directories
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
-    _link.py        a client's session;  _producer.py / _subscriber.py async clients
+    _link.py        a client's session (BrokerLink over RPC), the principal it states
+    _producer.py / _subscriber.py async clients (over either link)
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
     _drop.py        drop_hosted / drop_partitions: a deleted topic's partitions leave
                     their broker
@@ -27,73 +31,123 @@ from querylib._lazy import lazy_exports as _lazy_exports
 # (Producer, Subscriber) and must not pay for the server, its state machine and the log
 # storage, about a third of its import time. Every name below is still a public export.
 _EXPORTS = {
+    "AdvanceRequest": "_messages",
     "AsyncProducer": "_producer",
     "AsyncSubscriber": "_subscriber",
+    "BatchTooLargeError": "_errors",
+    "BrokerClosedError": "_errors",
     "BrokerEndpoints": "_endpoints",
     "BrokerLimits": "_model",
+    "BrokerLink": "_link",
+    "BrokerPort": "_port",
     "BrokerProtocolError": "_errors",
     "BrokerServer": "_server",
     "BrokerState": "_state",
     "Chunk": "_subscriber",
+    "CloseSessionRequest": "_messages",
     "CreditExceededError": "_errors",
     "CreditGrant": "_credit",
     "CreditWindow": "_credit",
     "Data": "_stream",
     "EndOfStream": "_stream",
+    "EndStreamRequest": "_messages",
     "EndpointUnavailableError": "_endpoints",
     "Event": "_stream",
     "Incarnation": "_messages",
     "InvalidTopicError": "_errors",
     "NotProducerError": "_errors",
+    "OpenDirectory": "_port",
+    "OpenProducerRequest": "_messages",
     "PartitionBusyError": "_errors",
-    "StaleIncarnationError": "_errors",
     "PartitionFrontier": "_frontier",
+    "PartitionInfo": "_messages",
+    "PartitionNotHereError": "_errors",
+    "PortLink": "_port",
+    "PrincipalError": "_errors",
+    "ProduceRequest": "_messages",
+    "Produced": "_messages",
     "Producer": "_blocking",
+    "ProducerOpened": "_messages",
     "Progress": "_stream",
+    "SessionLink": "_link",
+    "StaleIncarnationError": "_errors",
+    "StreamEndedError": "_errors",
     "Subscriber": "_blocking",
+    "SubscriberCore": "_subscriber",
+    "TopicAccess": "_events",
+    "TopicAuthorizationError": "_errors",
+    "TopicDirectory": "_port",
     "UnknownPartitionError": "_errors",
     "UnknownSessionError": "_errors",
     "Values": "_stream",
     "WriterGroup": "_producer",
+    "catalog_access": "_access",
     "drop_hosted": "_drop",
     "drop_partitions": "_drop",
+    "encode_records": "_stream",
     "list_partitions": "_run",
     "run_broker": "_run",
+    "writers_of": "_access",
 }
 
 __all__ = [
+    "AdvanceRequest",
     "AsyncProducer",
     "AsyncSubscriber",
+    "BatchTooLargeError",
+    "BrokerClosedError",
     "BrokerEndpoints",
     "BrokerLimits",
+    "BrokerLink",
+    "BrokerPort",
     "BrokerProtocolError",
     "BrokerServer",
     "BrokerState",
     "Chunk",
+    "CloseSessionRequest",
     "CreditExceededError",
     "CreditGrant",
     "CreditWindow",
     "Data",
     "EndOfStream",
+    "EndStreamRequest",
     "EndpointUnavailableError",
     "Event",
     "Incarnation",
     "InvalidTopicError",
     "NotProducerError",
+    "OpenDirectory",
+    "OpenProducerRequest",
     "PartitionBusyError",
     "PartitionFrontier",
+    "PartitionInfo",
+    "PartitionNotHereError",
+    "PortLink",
+    "PrincipalError",
+    "ProduceRequest",
+    "Produced",
     "Producer",
+    "ProducerOpened",
     "Progress",
+    "SessionLink",
     "StaleIncarnationError",
+    "StreamEndedError",
     "Subscriber",
+    "SubscriberCore",
+    "TopicAccess",
+    "TopicAuthorizationError",
+    "TopicDirectory",
     "UnknownPartitionError",
     "UnknownSessionError",
     "Values",
     "WriterGroup",
+    "catalog_access",
     "drop_hosted",
     "drop_partitions",
+    "encode_records",
     "list_partitions",
     "run_broker",
+    "writers_of",
 ]
 
 

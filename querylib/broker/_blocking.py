@@ -13,7 +13,7 @@ import asyncio
 import queue
 import threading
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from catalog.errors import TqError, UserError
@@ -96,14 +96,15 @@ class Producer:
         # leaving the block ends the stream and waits for every acknowledgement
 
     `send` batches records (`batch_records`, `batch_bytes`, or after `linger` seconds); a
-    failure of an earlier batch is raised by a later call.
+    failure of an earlier batch is raised by a later call. It writes as the principal of
+    `secret` (DESIGN §12); `reopen`: go on writing a partition whose stream ended.
     """
 
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
                  create: bool = True, group: WriterGroup | None = None,
-                 incarnation: Incarnation | None = None) -> None:
+                 incarnation: Incarnation | None = None, reopen: bool = False) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -122,20 +123,20 @@ class Producer:
         self._linger_armed = False
         self._closed = False
         try:
-            self.link, self.core = self._thread.call(self._open(address, secret, topic,
-                                                                partition, lease, timeout,
-                                                                create, group, incarnation))
+            self.link, self.core = self._thread.call(self._open(
+                lambda: BrokerLink(address, secret, lease=lease, timeout=timeout),
+                topic, partition, create, group, reopen, incarnation))
         except BaseException:
             self._thread.stop()
             raise
 
     @staticmethod
-    async def _open(address: str, secret: bytes, topic: str, partition: int, lease: float,
-                    timeout: float, create: bool, group: WriterGroup | None,
+    async def _open(make_link: Callable[[], BrokerLink], topic: str, partition: int,
+                    create: bool, group: WriterGroup | None, reopen: bool,
                     incarnation: Incarnation | None) -> tuple[BrokerLink, ProducerCore]:
-        link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        link = make_link()  # on the loop thread, where it runs
         await link.start()
-        core = ProducerCore(link, topic, partition, create=create, group=group,
+        core = ProducerCore(link, topic, partition, create=create, group=group, reopen=reopen,
                             incarnation=incarnation)
         try:
             await core.open()

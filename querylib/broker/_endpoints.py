@@ -13,8 +13,11 @@ loads them. With `required=False` (what `tq up` uses for its default ports) a li
 is taken is skipped and said so in `skipped`, and the broker serves on without it; otherwise the
 bind failure is a `ListenError`.
 
-Must not: decide which topics may be created where (the `topics` / `kafka_cluster` hooks given
-by the executor, which has the catalog, decide), or touch the broker's internals.
+Both reach the broker only through its public door, `server.port` (`BrokerPort`): its core
+admits their writers as it admits RPC clients.
+
+Must not: decide which topics may be written or created where (the broker's core does, with
+its directory), or touch the broker's internals.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from catalog.errors import UserError
 
 if TYPE_CHECKING:
-    from querylib.connector import ConnectorEndpoint, EndpointConfig, TopicAdmission
+    from querylib.connector import ConnectorEndpoint, EndpointConfig
 
     from ._server import BrokerServer
 
@@ -57,13 +60,11 @@ class BrokerEndpoints:
 
     def __init__(self, server: BrokerServer, secret: bytes, *,
                  connector: EndpointConfig | None = None, kafka: Any = None,
-                 topics: TopicAdmission | None = None, kafka_cluster: Any = None,
-                 required: bool = True) -> None:
+                 kafka_cluster: Any = None, required: bool = True) -> None:
         self.server = server
         self.secret = secret
         self.connector_config = connector
         self.kafka_config = kafka
-        self.topics = topics
         self.kafka_cluster = kafka_cluster
         self.required = required
         self.connector: ConnectorEndpoint | None = None
@@ -86,7 +87,7 @@ class BrokerEndpoints:
     async def _start_connector(self, config: EndpointConfig) -> None:
         from querylib.connector import ConnectorEndpoint
 
-        endpoint = ConnectorEndpoint(self.server, config, secret=self.secret, topics=self.topics)
+        endpoint = ConnectorEndpoint(self.server.port, config, secret=self.secret)
         try:
             host, port = await endpoint.start()
         except OSError as exc:
@@ -100,7 +101,8 @@ class BrokerEndpoints:
     async def _start_kafka(self, config: Any) -> None:
         from querylib.kafka import BrokerKafka, ListenError
 
-        kafka = BrokerKafka(self.server, config, secret=self.secret, cluster=self.kafka_cluster)
+        kafka = BrokerKafka(self.server.port, config, secret=self.secret,
+                            cluster=self.kafka_cluster)
         try:
             await kafka.start()
         except ListenError as exc:

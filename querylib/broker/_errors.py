@@ -3,14 +3,20 @@
     TqError
     ├── UserError
     │   ├── UnknownPartitionError    no such partition here (create it, or check the name)
+    │   ├── PartitionNotHereError    the directory places the partition on another broker
     │   ├── PartitionBusyError       a partition to drop still has appends or reads in flight
     │   ├── InvalidTopicError        a topic name the broker cannot host
-    │   └── StaleIncarnationError    the partition here belongs to a newer topic of that name
+    │   ├── StaleIncarnationError    the partition here belongs to a newer topic of that name
+    │   ├── TopicAuthorizationError  the topic's writers rule does not admit the principal
+    │   └── StreamEndedError         the partition's stream ended; its owner may reopen it
     ├── ProtocolError
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
     │       ├── UnknownSessionError  no live session with that id (lease expired): reopen
     │       ├── CreditExceededError  a producer sent beyond its window / a grant beyond the limit
-    │       └── NotProducerError     produce/advance/end without OpenProducer on that partition
+    │       ├── NotProducerError     produce/advance/end without OpenProducer on that partition
+    │       ├── BatchTooLargeError   a batch above the broker's maximum size
+    │       ├── BrokerClosedError    the broker is shutting down (in-process callers)
+    │       └── PrincipalError       a principal that is malformed, or not for this transport
     └── StorageError (OffsetOutOfRangeError lives in querylib.errors)
 
 The classes carry traits; clients branch on them (`retriable`), never on message strings.
@@ -21,12 +27,18 @@ from __future__ import annotations
 from catalog.errors import ProtocolError, UserError
 
 __all__ = [
+    "BatchTooLargeError",
+    "BrokerClosedError",
     "BrokerProtocolError",
     "CreditExceededError",
     "InvalidTopicError",
     "NotProducerError",
     "PartitionBusyError",
+    "PartitionNotHereError",
+    "PrincipalError",
     "StaleIncarnationError",
+    "StreamEndedError",
+    "TopicAuthorizationError",
     "UnknownPartitionError",
     "UnknownSessionError",
 ]
@@ -37,6 +49,30 @@ class UnknownPartitionError(UserError):
 
     kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
     retriable = True
+
+
+class PartitionNotHereError(UserError):
+    """The broker's directory places the partition on another broker: write it there (Kafka
+    clients refresh their metadata and do)."""
+
+    kafka_error_code = 6  # NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class TopicAuthorizationError(UserError):
+    """The topic's writers rule does not admit the session's principal: a query's topic is
+    written by that query, a `__` topic by tq itself; ingest topics admit anyone."""
+
+    kafka_error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class StreamEndedError(UserError):
+    """The partition's stream ended (end-of-stream is in its log): nothing more may be written
+    unless a writer the topic admits reopens it explicitly (`reopen`). POLICY_VIOLATION is
+    Kafka's nearest code: the request is well formed, the topic's state forbids it, and no
+    retry can help (Kafka has no code for a closed partition)."""
+
+    kafka_error_code = 44  # POLICY_VIOLATION
 
 
 class PartitionBusyError(UserError):
@@ -79,3 +115,21 @@ class CreditExceededError(BrokerProtocolError):
 
 class NotProducerError(BrokerProtocolError):
     """Produce, advance or end on a partition the session has not opened as a producer."""
+
+
+class BatchTooLargeError(BrokerProtocolError):
+    """A record batch larger than the broker's maximum (`BrokerLimits.max_batch_bytes`)."""
+
+    kafka_error_code = 10  # MESSAGE_TOO_LARGE
+
+
+class BrokerClosedError(BrokerProtocolError):
+    """The broker was closed: it takes no more requests (its in-process port says so; RPC
+    clients find nobody answering)."""
+
+    retriable = True
+
+
+class PrincipalError(BrokerProtocolError):
+    """A session's principal that is not well formed, that changes for a live session, or that
+    this transport may not claim ("system" is for tq's writers in the broker's own process)."""

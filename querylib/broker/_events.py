@@ -35,11 +35,13 @@ class Tick(msgspec.Struct, frozen=True):
 
 
 class OpenSession(msgspec.Struct, frozen=True):
-    """Open (or, with a known id, renew) a session. `lease` is the requested lease in seconds."""
+    """Open (or, with a known id, renew) a session. `lease` is the requested lease in seconds;
+    `principal` is who the session writes as (`_access.py`), fixed for its life."""
 
     token: Any
     session: str
     lease: float
+    principal: str = "admin"
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
@@ -57,7 +59,10 @@ class CloseSession(msgspec.Struct, frozen=True):
 class OpenProducer(msgspec.Struct, frozen=True):
     """The session starts producing into `partition` (joins its frontier), as `writer` of
     writer group `group` expecting `writers` distinct writers when `group` is not empty
-    (`_frontier.py`); `rejoin` after the broker forgot the session."""
+    (`_frontier.py`); `rejoin` after the broker forgot the session. Admitted by the topic's
+    writers rule (`_state_admission.py`): `create` lets the broker open a partition it may
+    host but does not yet, `create_topic` lets its directory register an unknown topic as an
+    ingest topic, `reopen` goes on writing a partition whose stream ended."""
 
     token: Any
     session: str
@@ -66,6 +71,12 @@ class OpenProducer(msgspec.Struct, frozen=True):
     writer: str = ""
     writers: int = 0
     rejoin: bool = False
+    create: bool = True
+    create_topic: bool = False
+    reopen: bool = False
+    # The catalog's topic incarnation the writer named (an opaque `Incarnation`, or None):
+    # only carried to the OpenPartition it may cause (DESIGN §11 "Topic incarnations").
+    incarnation: Any = None
 
 
 class Produce(msgspec.Struct, frozen=True):
@@ -144,7 +155,40 @@ class QueryExits(msgspec.Struct, frozen=True):
     failed: bool = False
 
 
+class TopicAccess(msgspec.Struct, frozen=True):
+    """What the broker's directory says of a topic (one-way, or inside TopicResolved): who may
+    write it (`writers`: "*" anyone, "system" tq itself, else one principal, its owner), how
+    many partitions it has (None: no bound) and which of them this broker may host (None:
+    any). The core keeps the latest one per topic; it replaces what was known."""
+
+    topic: str
+    writers: str
+    partitions: int | None = None
+    here: tuple[int, ...] | None = None
+
+
+class TopicForgotten(msgspec.Struct, frozen=True):
+    """The directory no longer knows `topic` (deleted): ask again before admitting a writer."""
+
+    topic: str
+
+
 # --------------------------------------------------------------------------- stimuli: I/O results
+
+
+class TopicResolved(msgspec.Struct, frozen=True):
+    """The answer to ResolveTopic `ask`: the topic's access, or the error refusing it."""
+
+    ask: int
+    access: TopicAccess | None = None
+    error: Exception | None = None
+
+
+class PartitionOpenFailed(msgspec.Struct, frozen=True):
+    """The shell could not open a partition the state asked for (OpenPartition)."""
+
+    partition: PartitionId
+    error: Exception
 
 
 class PartitionOpened(msgspec.Struct, frozen=True):
@@ -216,8 +260,8 @@ class ReadFailed(msgspec.Struct, frozen=True):
 Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
-    | QueryExits | PartitionOpened | GroupsSaved | GroupsSaveFailed
-    | AppendCompleted
+    | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
+    | PartitionOpenFailed | GroupsSaved | GroupsSaveFailed | AppendCompleted
     | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
 )
 
@@ -294,6 +338,27 @@ class SessionExpired(msgspec.Struct, frozen=True):
     session: str
 
 
+class ResolveTopic(msgspec.Struct, frozen=True):
+    """Ask the broker's directory about `topic` (a writer wants `partition` of it; with
+    `create`, the directory may register it as an ingest topic). Answer with TopicResolved for
+    `ask`; the requests waiting on it are handled again then."""
+
+    ask: int
+    topic: str
+    partition: int
+    create: bool
+
+
+class OpenPartition(msgspec.Struct, frozen=True):
+    """Open (creating) the log of `partition`: the directory places it on this broker. Answer
+    with PartitionOpened or PartitionOpenFailed. `incarnation`: the topic incarnation the
+    writer that caused it named (None: none)."""
+
+    partition: PartitionId
+    incarnation: Any = None
+
+
 Instruction = (
     Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SaveGroups | SessionExpired
+    | ResolveTopic | OpenPartition
 )

@@ -12,6 +12,10 @@ Rules:
   crashed producer no longer holds readers back.
 - When the last live producer ends cleanly, the partition reaches end-of-stream. A producer that
   is merely dropped never ends the stream: a restarted producer may join and go on.
+- Nobody joins a partition whose stream ended (StreamEndedError), unless it reopens it
+  explicitly (`reopen`): then the stream goes on from the published frontier and the broker
+  appends a REOPEN control batch (`StreamReopened`), so readers and recovery see the end was
+  superseded.
 - Writer groups (collective publications: every process of a query writes the partition). A
   producer may join as writer `w` of group `g` expecting `n` distinct writers. Until `n`
   distinct writer names of `g` have joined, the group is pending: the published frontier stays
@@ -40,6 +44,8 @@ from dataclasses import dataclass, field
 
 from catalog.errors import ProtocolError
 
+from ._errors import StreamEndedError
+
 MAX_GROUP_NAME = 256
 MAX_WRITER_NAME = 64
 MAX_WRITERS = 4096
@@ -55,7 +61,12 @@ class StreamEnded:
     pass
 
 
-FrontierEvent = FrontierAdvanced | StreamEnded
+@dataclass(frozen=True, slots=True)
+class StreamReopened:
+    pass
+
+
+FrontierEvent = FrontierAdvanced | StreamEnded | StreamReopened
 
 # Writer groups of a query's collective publications are named `q<query>/<topic>#<n>` and
 # their writers are process indexes (querylib/api/_runtime.py, DESIGN §11).
@@ -145,15 +156,19 @@ class PartitionFrontier:
         return self._revision
 
     def join(self, producer: str, group: str = "", writer: str = "", writers: int = 0, *,
-             rejoin: bool = False) -> list[FrontierEvent]:
+             rejoin: bool = False, reopen: bool = False) -> list[FrontierEvent]:
         """A producer starts writing; it begins at the published frontier. With a `group`, it
-        is `writer` of a group of `writers` (see the module rules). Returns what forgetting an
-        old pending group to make room released."""
+        is `writer` of a group of `writers` (see the module rules). Returns StreamReopened if
+        it reopened an ended stream, and what forgetting an old pending group to make room
+        released. StreamEndedError if the stream ended and `reopen` is off."""
         if producer in self._producers:
             return []
-        events: list[FrontierEvent] = []
+        if self._ended and not reopen:
+            raise StreamEndedError("the stream of this partition ended; nothing more may be "
+                                   "written unless its owner reopens it")
+        events: list[FrontierEvent] = [StreamReopened()] if self._ended else []
         if group:
-            events = self._join_group(producer, group, writer, writers, rejoin)
+            events += self._join_group(producer, group, writer, writers, rejoin)
         self._producers[producer] = self._published
         self._ended = False
         return events

@@ -216,7 +216,8 @@ def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
 
 def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
     """(frontier, ended) as the log last recorded them: the value of the last FRONTIER control
-    record (0 if none), and whether the log ends with an END_OF_STREAM record (no data after).
+    record (0 if none), and whether the log ends with an END_OF_STREAM record (no data, and no
+    REOPEN, after it).
 
     Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
     forwards, so a log whose last frontier is recent costs a small read however large it is.
@@ -266,7 +267,7 @@ def _batches(log: PartitionLog, lo: int,
                     kind, value = control_of(record)
                     if kind == ControlType.FRONTIER:
                         yield kind, decode_int64(value)
-                    elif kind == ControlType.END_OF_STREAM:
+                    elif kind in (ControlType.END_OF_STREAM, ControlType.REOPEN):
                         yield kind, None
             else:
                 yield None, None

@@ -127,6 +127,9 @@ class Subscribed(Reply, tag="broker.subscribed"):
 class OpenSessionRequest(Request[SessionOpened], tag="broker.session.open"):
     session: str            # chosen by the client (a uuid); reopening a live id renews it
     lease: float = 10.0
+    # Who the session writes as (`_access.py`): stated by the client until credentials
+    # authenticate it; "system" only in the broker's own process.
+    principal: str = "admin"
 
 
 class HeartbeatRequest(Request[Done], tag="broker.session.renew"):
@@ -173,6 +176,8 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     rejoin: bool = False     # the broker forgot our session; we were counted before
     topic_id: int = 0        # the catalog's topic, as on EnsurePartition
     topic_created_ms: int = 0
+    create_topic: bool = False  # the broker's directory may register an unknown topic (ingest)
+    reopen: bool = False     # go on writing a partition whose stream ended
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):

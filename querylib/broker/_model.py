@@ -30,6 +30,7 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     max_partitions_per_producer: int = 1024
     max_writer_groups: int = 64                 # writer groups remembered per partition
     max_query_exits: int = 4096                 # queries whose process exits are remembered
+    max_parked: int = 10_000                    # producer opens waiting for the directory
 
 
 class Pending(msgspec.Struct):
@@ -86,5 +87,6 @@ class Session(msgspec.Struct):
     lease: float
     expires_at: float
     window: CreditWindow
+    principal: str = "admin"    # who it writes as (`_access.py`); fixed for its life
     producing: set[PartitionId] = msgspec.field(default_factory=set)
     subs: dict[int, int] = msgspec.field(default_factory=dict)  # sub_id -> serial

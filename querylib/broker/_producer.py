@@ -6,6 +6,10 @@ never with its window exhausted (the broker grants a window of unacknowledged by
 acknowledgement gives the batch's bytes back), and remembers the first failure to raise it
 from the next call, as Kafka's producer does. A failed batch is not retried: only
 acknowledged batches are known to be stored.
+
+Both run over either link: a `BrokerLink` (RPC, a broker in another process) or a
+`PortLink` (`BrokerPort.link`, the broker in this process), so tq's own writers and remote
+clients produce through the same code and the same admission.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import asyncio
 import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 
 from ._credit import CreditWindow
-from ._link import BrokerLink
+from ._link import BrokerLink, SessionLink
 from ._messages import (
     AdvanceRequest,
     EndStreamRequest,
@@ -30,7 +34,10 @@ from ._messages import (
 )
 from ._stream import Headers, encode_records
 
-__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup"]
+if TYPE_CHECKING:  # the port (and the broker's vocabulary) is only for in-process writers
+    from ._port import BrokerPort
+
+__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "open_link"]
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
 
@@ -53,15 +60,16 @@ class WriterGroup:
 class ProducerCore:
     """Ordered, windowed sends of encoded batches into one partition (on the link's loop)."""
 
-    def __init__(self, link: BrokerLink, topic: str, partition: int, *, create: bool = True,
+    def __init__(self, link: SessionLink, topic: str, partition: int, *, create: bool = True,
                  max_in_flight: int = 64, group: WriterGroup | None = None,
-                 incarnation: Incarnation | None = None) -> None:
+                 reopen: bool = False, incarnation: Incarnation | None = None) -> None:
         self.link = link
         self.topic = topic
         self.partition = partition
         self.create = create
         self.incarnation = incarnation  # the catalog's topic, when known
         self.group = group
+        self.reopen = reopen  # go on writing a partition whose stream ended
         self.max_in_flight = max_in_flight
         self.window = CreditWindow(0)
         self.frontier = 0           # this producer's own frontier
@@ -101,13 +109,18 @@ class ProducerCore:
         if group is None:
             return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                        partition=self.partition, create=self.create,
-                                       topic_id=topic.topic_id,
+                                       reopen=self.reopen, topic_id=topic.topic_id,
                                        topic_created_ms=topic.created_ms)
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
                                    group=group.name, writer=group.writer,
-                                   writers=group.writers, rejoin=rejoin,
+                                   writers=group.writers, rejoin=rejoin, reopen=self.reopen,
                                    topic_id=topic.topic_id, topic_created_ms=topic.created_ms)
+
+    def fail_later(self, error: TqError) -> None:
+        """Keep `error` for the next call to raise (a send nobody waited for failed)."""
+        if self._error is None:
+            self._error = error
 
     def check(self) -> None:
         """Raise the first failure of an earlier send, once."""
@@ -183,6 +196,19 @@ class ProducerCore:
             self._room.set()
 
 
+def open_link(broker: str | BrokerPort, *, secret: bytes | None, principal: str | None,
+              lease: float, timeout: float) -> SessionLink:
+    """A (not yet started) session with `broker`: over RPC for an address, else in-process."""
+    if not isinstance(broker, str):
+        if principal is None:
+            raise UserError("an in-process producer names the principal it writes as")
+        return broker.link(principal, lease=lease, timeout=timeout)
+    if secret is None:
+        raise UserError("a producer of a broker over RPC needs a credential (`secret`)")
+    # Over RPC we write as the principal our credential authenticates, whatever we state.
+    return BrokerLink(broker, secret, lease=lease, timeout=timeout)
+
+
 class AsyncProducer:
     """Records into one partition, batched, with logical times, frontier and end-of-stream.
 
@@ -190,16 +216,22 @@ class AsyncProducer:
             await producer.send(b"value", key=b"k", time=3)
             await producer.advance(4)
         # leaving the block ends the stream (end-of-stream) and closes the session
+
+    `broker` is an RPC address (with `secret`), or the `BrokerPort` of a broker in this
+    process (with the `principal` to write as: tq's own writers are "system"). `reopen`
+    goes on writing a partition whose stream ended (its writers rule must admit us).
     """
 
-    def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
+    def __init__(self, broker: str | BrokerPort, topic: str, partition: int = 0, *,
+                 secret: bytes | None = None, principal: str | None = None,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
                  create: bool = True, group: WriterGroup | None = None,
-                 incarnation: Incarnation | None = None) -> None:
-        self.link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+                 reopen: bool = False, incarnation: Incarnation | None = None) -> None:
+        self.link = open_link(broker, secret=secret, principal=principal, lease=lease,
+                              timeout=timeout)
         self.core = ProducerCore(self.link, topic, partition, create=create, group=group,
-                                 incarnation=incarnation)
+                                 reopen=reopen, incarnation=incarnation)
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -240,7 +272,10 @@ class AsyncProducer:
     async def _linger(self) -> None:
         await asyncio.sleep(self.linger)
         self._linger_task = None
-        await self._send_pending()
+        try:
+            await self._send_pending()
+        except TqError as exc:  # nobody awaits this task: the next call raises it
+            self.core.fail_later(exc)
 
     async def _send_pending(self) -> None:
         if self._linger_task is not None and self._linger_task is not asyncio.current_task():

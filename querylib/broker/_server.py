@@ -3,9 +3,14 @@
 
 Every client request becomes a stimulus carrying a future as its token; the state answers with
 instructions that this module performs: resolve the future (the RPC reply), hand an append to
-the partition's lane, read from the log on a thread, push a delivery to a client. Results come
-back as stimuli. The shell decides nothing the state decides (credit, acks, frontiers,
-delivery); it owns every task, thread pool and log it opens, and closes them.
+the partition's lane, read from the log on a thread, push a delivery to a client, ask the
+broker's directory about a topic, open a partition. Results come back as stimuli. The shell
+decides nothing the state decides (admission, credit, acks, frontiers, delivery); it owns
+every task, thread pool and log it opens, and closes them.
+
+Requests come through one door (`_serve`), from RPC clients and from `port` (`BrokerPort`,
+the public way in for code in the same process: the Kafka listener, the connector endpoint,
+tq's own writers). `start(None)` serves the port alone, with no RPC socket (`tq kafka`).
 
     server = BrokerServer("/data", secret, log_config=LogConfig(flush="always"))
     endpoint = await server.start("tcp://127.0.0.1:7500")
@@ -25,6 +30,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
+
 from catalog.errors import StorageError, TqError, UserError
 from querylib._memory import keep_freed_memory
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
@@ -40,7 +47,13 @@ from querylib.rpc import (
     error_body,
 )
 
-from ._errors import BrokerProtocolError, UnknownPartitionError
+from ._access import SYSTEM
+from ._errors import (
+    BrokerClosedError,
+    BrokerProtocolError,
+    PrincipalError,
+    UnknownPartitionError,
+)
 from ._events import (
     AdvanceFrontier,
     Append,
@@ -55,22 +68,28 @@ from ._events import (
     GrantCredit,
     Heartbeat,
     Instruction,
+    OpenPartition,
     OpenProducer,
     OpenSession,
     PartitionId,
     PartitionOpened,
+    PartitionOpenFailed,
     Produce,
     QueryExits,
     Read,
     ReadCompleted,
     ReadFailed,
     Reply,
+    ResolveTopic,
     SaveGroups,
     SessionExpired,
     Stimulus,
     Subscribe,
     SubscriptionClosed,
     Tick,
+    TopicAccess,
+    TopicForgotten,
+    TopicResolved,
     Unsubscribe,
 )
 from ._frontier import SavedGroup, query_of_group
@@ -114,6 +133,7 @@ from ._messages import (
     UnsubscribeRequest,
 )
 from ._model import BrokerLimits
+from ._port import BrokerPort, OpenDirectory, TopicDirectory
 from ._state import BrokerState
 
 __all__ = ["BrokerServer"]
@@ -149,13 +169,14 @@ def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
 
 
 class BrokerServer:
-    """A broker hosting the partitions under `data_dir`, serving them over RPC."""
+    """A broker hosting the partitions under `data_dir`, serving them over RPC and `port`.
+    `directory` says who may write which topic (default `OpenDirectory`: anyone, anything)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
                  limits: BrokerLimits | None = None, log_config: LogConfig | None = None,
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
-                 read_threads: int = 4) -> None:
+                 read_threads: int = 4, directory: TopicDirectory | None = None) -> None:
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
@@ -184,12 +205,21 @@ class BrokerServer:
         self.endpoint: str | None = None
         self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0}
         self._visible_listeners: list[Callable[[PartitionId], None]] = []
+        self.directory: TopicDirectory = directory or OpenDirectory()
+        self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
+        self._closing = False
+        # Sessions opened through the port: RPC clients may not name them (they write as
+        # tq's own writers, and some have well-known ids).
+        self._local: set[str] = set()
+        self.port = BrokerPort(self)
         self._register()
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self, listen: str = "tcp://127.0.0.1:0") -> str:
-        """Open (and recover) every partition under the data directory, then listen."""
+    async def start(self, listen: str | None = "tcp://127.0.0.1:0") -> str:
+        """Open (and recover) every partition under the data directory, then listen (no RPC
+        socket with `listen` None: the in-process `port` only). Returns the RPC endpoint, or
+        "" without one."""
         self._loop = asyncio.get_running_loop()
         # The state's clock starts now, not at the ticker's first run: a session opened in
         # between would otherwise get its lease counted from time 0 and expire at once.
@@ -199,18 +229,23 @@ class BrokerServer:
         pids = await self._loop.run_in_executor(self._append_pool, find_partitions,
                                                 self.data_dir)
         await asyncio.gather(*(self._open(pid) for pid in pids))
-        self.endpoint = await self._rpc.start(listen)
+        self.directory.watch(self._topic_learned, self._topic_forgotten)
+        self.endpoint = await self._rpc.start(listen) if listen is not None else ""
         self._ticker = self._loop.create_task(self._tick_forever(), name="broker ticks")
-        logger.info("broker on %s: %d partitions under %s", self.endpoint, len(pids),
-                    self.data_dir)
+        logger.info("broker on %s: %d partitions under %s", self.endpoint or "(no RPC)",
+                    len(pids), self.data_dir)
         return self.endpoint
 
     async def close(self) -> None:
         """Stop serving, finish queued appends, close every log. Idempotent."""
+        self._closing = True
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
             self._ticker = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._rpc.close()
         for lane in list(self._lanes.values()):
             await lane.close()
@@ -260,15 +295,7 @@ class BrokerServer:
                                    log.durable_end_offset, opened.frontier, opened.ended,
                                    groups))
 
-    # -- hooks for endpoints in the same process (connector, Kafka listener) ----------------------
-
-    def submit(self, make: Callable[[asyncio.Future[Any]], Stimulus]) -> asyncio.Future[Any]:
-        """Feed the stimulus `make(future)` to the state, on the broker's loop; the future
-        resolves with the state's reply (or its error). How in-process endpoints produce,
-        advance frontiers and open sessions exactly as RPC clients do."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._feed(make(future))
-        return future
+    # -- what BrokerPort and the executor use ---------------------------------------------------
 
     async def ensure_partition(self, topic: str, partition: int, *, create: bool,
                                topic_id: int = 0, topic_created_ms: int = 0) -> PartitionId:
@@ -334,6 +361,16 @@ class BrokerServer:
                 await self._open(pid, incarnation)
         self._opening.pop(pid, None)
         return pid
+
+    async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
+        """Check an open partition against the incarnation a writer names, under its opening
+        lock (it may be set aside: then it is no longer hosted)."""
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock
+            if pid in self.state.partitions:
+                await self._check_incarnation(pid, incarnation)
+        self._opening.pop(pid, None)
 
     async def _check_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """An open partition asked for as `incarnation` (under its opening lock): take it as
@@ -414,7 +451,12 @@ class BrokerServer:
             self._feeding = False
 
     def _perform(self, instr: Instruction) -> None:
-        if isinstance(instr, Reply):
+        if isinstance(instr, ResolveTopic):
+            self._spawn(self._resolve(instr), f"resolve topic {instr.topic}")
+        elif isinstance(instr, OpenPartition):
+            self._spawn(self._open_for(instr.partition, instr.incarnation),
+                        f"open {instr.partition}")
+        elif isinstance(instr, Reply):
             if not instr.token.done():
                 instr.token.set_result(instr.value)
         elif isinstance(instr, Deliver):
@@ -437,8 +479,50 @@ class BrokerServer:
             self._savers[instr.partition].submit(instr)
         elif isinstance(instr, SessionExpired):
             self._peers.pop(instr.session, None)
+            self._local.discard(instr.session)
         else:  # pragma: no cover - the state emits nothing else
             raise TypeError(f"unknown instruction {instr!r}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, ask: ResolveTopic) -> None:
+        """Ask the directory; its answer (or refusal) goes back to the state."""
+        try:
+            access = await self.directory.resolve(ask.topic, ask.partition, create=ask.create)
+        except TqError as exc:
+            self._feed(TopicResolved(ask.ask, error=exc))
+        except Exception as exc:  # a bug in the directory: refuse the writers, say so
+            self.counters["bugs"] += 1
+            logger.exception("broker: the directory failed on topic %r", ask.topic)
+            self._feed(TopicResolved(ask.ask, error=InternalServerError(
+                f"broker bug resolving {ask.topic!r}: {type(exc).__name__}: {exc}")))
+        else:
+            self._feed(TopicResolved(ask.ask, access=access))
+
+    async def _open_for(self, pid: PartitionId, incarnation: Incarnation | None) -> None:
+        """Open a partition the state admitted a writer to (as the topic incarnation the
+        writer named, if it named one); it learns by PartitionOpened."""
+        try:
+            await self._ensure(pid[0], pid[1], True, incarnation)
+        except TqError as exc:
+            self._feed(PartitionOpenFailed(pid, exc))
+        except OSError as exc:
+            self._feed(PartitionOpenFailed(pid, StorageError(f"cannot open {pid}: {exc}")))
+        except Exception as exc:  # a bug: refuse the writers waiting for it, say so
+            self.counters["bugs"] += 1
+            logger.exception("broker: opening %s failed", pid)
+            self._feed(PartitionOpenFailed(pid, InternalServerError(
+                f"broker bug opening {pid}: {type(exc).__name__}: {exc}")))
+
+    def _topic_learned(self, access: TopicAccess) -> None:
+        self._feed(access)
+
+    def _topic_forgotten(self, topic: str) -> None:
+        self._feed(TopicForgotten(topic))
 
     def _deliver(self, d: Deliver) -> None:
         key = (d.session, d.sub_id)
@@ -487,91 +571,145 @@ class BrokerServer:
 
         future.add_done_callback(done)
 
-    # -- request handlers -------------------------------------------------------------------
+    # -- requests: one door, for RPC clients and the in-process port ------------------------
 
-    async def _call(self, ctx: Context, session: str, make: Callable[[Any], Stimulus]) -> Any:
+    async def _serve(self, request: Any, payload: list[Any], *, peer: bytes | None,
+                     remote: bool, principal: str | None = None) -> Any:
+        """Answer one broker request, from an RPC client (`remote`, its ROUTER identity
+        `peer`, authenticated as `principal`) or from `BrokerPort` in this process: the same
+        stimuli either way, so the core decides the same. Deliveries go to RPC clients only.
+        An RPC client's session writes as the principal it authenticated as (DESIGN §12),
+        and a session is used only by its own principal."""
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
+        if remote:
+            session_id = getattr(request, "session", None)
+            if session_id in self._local:
+                raise PrincipalError("that session belongs to the broker's own process; open "
+                                     "one of your own")
+            session = self.state.sessions.get(session_id) if session_id else None
+            if session is not None and session.principal != principal:
+                raise PrincipalError(f"session {session_id!r} belongs to another principal")
+            if isinstance(request, OpenSessionRequest):
+                request = msgspec.structs.replace(request, principal=principal or "")
+        return await handler(request, payload, peer, remote)
+
+    async def _call(self, peer: bytes | None, session: str,
+                    make: Callable[[Any], Stimulus]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._feed(make(future))
-        if session in self.state.sessions:
-            self._peers[session] = ctx.peer  # the client may have reconnected from a new socket
+        if peer is not None and session in self.state.sessions:
+            self._peers[session] = peer  # the client may have reconnected from a new socket
         return await future
 
     def _register(self) -> None:
-        rpc = self._rpc
+        async def open_session(req: OpenSessionRequest, payload: list[Any], peer: bytes | None,
+                               remote: bool) -> SessionOpened:
+            if remote and req.principal == SYSTEM:
+                raise PrincipalError("the system principal is tq's own writers in the broker's "
+                                     "process; an RPC client cannot claim it")
+            opened = await self._call(peer, req.session, lambda t: OpenSession(
+                t, req.session, req.lease, req.principal))
+            if not remote:
+                self._local.add(req.session)
+            return opened
 
-        @rpc.route(OpenSessionRequest)
-        async def open_session(req: OpenSessionRequest, ctx: Context) -> SessionOpened:
-            return await self._call(ctx, req.session,
-                                    lambda t: OpenSession(t, req.session, req.lease))
+        async def heartbeat(req: HeartbeatRequest, payload: list[Any], peer: bytes | None,
+                            remote: bool) -> Done:
+            return await self._call(peer, req.session, lambda t: Heartbeat(t, req.session))
 
-        @rpc.route(HeartbeatRequest)
-        async def heartbeat(req: HeartbeatRequest, ctx: Context) -> Done:
-            return await self._call(ctx, req.session, lambda t: Heartbeat(t, req.session))
+        async def close_session(req: CloseSessionRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> Done:
+            return await self._call(peer, req.session, lambda t: CloseSession(t, req.session))
 
-        @rpc.route(CloseSessionRequest)
-        async def close_session(req: CloseSessionRequest, ctx: Context) -> Done:
-            return await self._call(ctx, req.session, lambda t: CloseSession(t, req.session))
-
-        @rpc.route(ListPartitions)
-        async def list_partitions(req: ListPartitions, ctx: Context) -> PartitionList:
+        async def list_partitions(req: ListPartitions, payload: list[Any], peer: bytes | None,
+                                  remote: bool) -> PartitionList:
             pids = sorted(p for p in self.state.partitions if not req.topic or p[0] == req.topic)
             return PartitionList([self.state.partition_info(p) for p in pids])
 
-        @rpc.route(EnsurePartition)
-        async def ensure(req: EnsurePartition, ctx: Context) -> PartitionInfo:
+        async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
+                         remote: bool) -> PartitionInfo:
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return self.state.partition_info(pid)
 
-        @rpc.route(DropPartitionRequest)
-        async def drop(req: DropPartitionRequest, ctx: Context) -> Done:
+        async def drop(req: DropPartitionRequest, payload: list[Any], peer: bytes | None,
+                       remote: bool) -> Done:
             await self.drop_partition(req.topic, req.partition)
             return Done()
 
-        @rpc.route(OpenProducerRequest)
-        async def open_producer(req: OpenProducerRequest, ctx: Context) -> ProducerOpened:
-            pid = await self._ensure(req.topic, req.partition, req.create,
-                                     incarnation_of(req.topic_id, req.topic_created_ms))
-            return await self._call(ctx, req.session,
-                                    lambda t: OpenProducer(t, req.session, pid, req.group,
-                                                           req.writer, req.writers,
-                                                           req.rejoin))
+        async def open_producer(req: OpenProducerRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> ProducerOpened:
+            pid = validate_partition(req.topic, req.partition)
+            incarnation = incarnation_of(req.topic_id, req.topic_created_ms)
+            if incarnation is not None and pid in self.state.partitions:
+                # The partition open here may be an older topic of the name (DESIGN §11
+                # "Topic incarnations"): set aside, the core opens it anew as this one.
+                await self._settle_incarnation(pid, incarnation)
+            return await self._call(peer, req.session, lambda t: OpenProducer(
+                t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
+                create=req.create, create_topic=req.create_topic, reopen=req.reopen,
+                incarnation=incarnation))
 
-        @rpc.route(ProduceRequest)
-        async def produce(req: ProduceRequest, ctx: Context) -> Produced:
-            if len(ctx.payload) != 1:
+        async def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
+                          remote: bool) -> Produced:
+            if len(payload) != 1:
                 raise BrokerProtocolError(f"a produce carries exactly one payload frame (one "
-                                          f"record batch), not {len(ctx.payload)}")
+                                          f"record batch), not {len(payload)}")
             pid = (req.topic, req.partition)
-            batch = ctx.payload[0]
-            return await self._call(ctx, req.session,
+            batch = payload[0]
+            return await self._call(peer, req.session,
                                     lambda t: Produce(t, req.session, pid, batch))
 
-        @rpc.route(AdvanceRequest)
-        async def advance(req: AdvanceRequest, ctx: Context) -> Done:
+        async def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
+                          remote: bool) -> Done:
             pid = (req.topic, req.partition)
-            return await self._call(ctx, req.session,
+            return await self._call(peer, req.session,
                                     lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
 
-        @rpc.route(EndStreamRequest)
-        async def end_stream(req: EndStreamRequest, ctx: Context) -> Done:
+        async def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
+                             remote: bool) -> Done:
             pid = (req.topic, req.partition)
-            return await self._call(ctx, req.session, lambda t: EndStream(t, req.session, pid))
+            return await self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
 
-        @rpc.route(SubscribeRequest)
-        async def subscribe(req: SubscribeRequest, ctx: Context) -> Subscribed:
+        async def subscribe(req: SubscribeRequest, payload: list[Any], peer: bytes | None,
+                            remote: bool) -> Subscribed:
+            if peer is None:
+                raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
-            return await self._call(ctx, req.session, lambda t: Subscribe(
+            return await self._call(peer, req.session, lambda t: Subscribe(
                 t, req.session, req.sub_id, pid, req.start, req.credit))
 
-        @rpc.route(UnsubscribeRequest)
-        async def unsubscribe(req: UnsubscribeRequest, ctx: Context) -> Done:
-            return await self._call(ctx, req.session,
+        async def unsubscribe(req: UnsubscribeRequest, payload: list[Any], peer: bytes | None,
+                              remote: bool) -> Done:
+            return await self._call(peer, req.session,
                                     lambda t: Unsubscribe(t, req.session, req.sub_id))
 
-        @rpc.route(CreditNotify)
+        self._handlers: dict[type, Callable[..., Any]] = {
+            OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
+            CloseSessionRequest: close_session, ListPartitions: list_partitions,
+            EnsurePartition: ensure, DropPartitionRequest: drop,
+            OpenProducerRequest: open_producer, ProduceRequest: produce,
+            AdvanceRequest: advance, EndStreamRequest: end_stream,
+            SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,
+        }
+
+        async def over_rpc(req: Any, ctx: Context) -> Any:
+            return await self._serve(req, ctx.payload, peer=ctx.peer, remote=True,
+                                     principal=ctx.principal)
+
+        for request_type in self._handlers:
+            self._rpc.register(request_type, over_rpc)
+
+        @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:
-            if msg.session in self.state.sessions:
+            session = self.state.sessions.get(msg.session)
+            if session is not None:
+                if session.principal != ctx.principal:
+                    return  # not yours: nobody else may steer its deliveries
                 self._peers[msg.session] = ctx.peer
             self._feed(GrantCredit(msg.session, msg.sub_id, msg.nbytes))

@@ -4,9 +4,10 @@ What it decides: which sessions are alive (leases against `Tick` time), how many
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
 log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
 over a partition's live producers, held while a writer group waits for writers, via
-`PartitionFrontier`). Two seams live in mixins it inherits: the subscription rules (credit,
-catch-up from disk, tail) in `_state_subscriptions.py`, the writer-group rules (process exits,
-saving pending groups) in `_state_groups.py`.
+`PartitionFrontier`). Three seams live in mixins it inherits: who may open a producer where
+(topic rules, principals, partitions to open, ended streams) in `_state_admission.py`, the
+subscription rules (credit, catch-up from disk, tail) in `_state_subscriptions.py`, the
+writer-group rules (process exits, saving pending groups) in `_state_groups.py`.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
 Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
@@ -31,12 +32,16 @@ from querylib.errors import InvalidLengthError, StorageError
 from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
 from querylib.records._types import CONTROL_BIT
 
+from ._access import check_principal
 from ._credit import CreditWindow
 from ._errors import (
+    BatchTooLargeError,
     BrokerProtocolError,
     CreditExceededError,
     NotProducerError,
     PartitionBusyError,
+    PrincipalError,
+    StreamEndedError,
     UnknownPartitionError,
     UnknownSessionError,
 )
@@ -60,6 +65,7 @@ from ._events import (
     OpenSession,
     PartitionId,
     PartitionOpened,
+    PartitionOpenFailed,
     Produce,
     QueryExits,
     ReadCompleted,
@@ -69,11 +75,21 @@ from ._events import (
     Stimulus,
     Subscribe,
     Tick,
+    TopicAccess,
+    TopicForgotten,
+    TopicResolved,
     Unsubscribe,
 )
-from ._frontier import FrontierAdvanced, FrontierEvent, PartitionFrontier, StreamEnded
+from ._frontier import (
+    FrontierAdvanced,
+    FrontierEvent,
+    PartitionFrontier,
+    StreamEnded,
+    StreamReopened,
+)
 from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._state_admission import AdmissionRules
 from ._state_groups import WriterGroupRules
 from ._state_subscriptions import SubscriptionRules
 
@@ -90,22 +106,31 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
-class BrokerState(SubscriptionRules, WriterGroupRules):
-    """Sessions, producers, subscriptions and partitions of one broker; no I/O. The
-    subscription rules are in `_state_subscriptions`, the writer-group rules (exits of query
-    processes, saving pending groups) in `_state_groups`."""
+def _encode_reopen(timestamp: int) -> bytes:
+    from querylib.records import reopen_batch
+
+    return reopen_batch(timestamp=timestamp)
+
+
+class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O. Admission is
+    in `_state_admission`, the subscription rules are in `_state_subscriptions`, the
+    writer-group rules (exits of query processes, saving pending groups) in `_state_groups`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
                  encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
                  encode_end: Callable[[int], bytes] = _encode_end,
+                 encode_reopen: Callable[[int], bytes] = _encode_reopen,
                  stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
         """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
         log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
         hand out those bytes instead of reading them back."""
+        AdmissionRules.__init__(self)
         self.limits = limits or BrokerLimits()
         self._stamp = stamp
         self._encode_frontier = encode_frontier
         self._encode_end = encode_end
+        self._encode_reopen = encode_reopen
         self.now = 0.0
         self.wall_ms = 0
         self.partitions: dict[PartitionId, PartitionState] = {}
@@ -130,7 +155,11 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
             DropSubscription: self._drop_subscription,
             DropPartition: self._drop_partition,
             QueryExits: self._query_exits,
+            TopicAccess: self._topic_access,
+            TopicForgotten: self._topic_forgotten,
+            TopicResolved: self._topic_resolved,
             PartitionOpened: self._partition_opened,
+            PartitionOpenFailed: self._partition_open_failed,
             GroupsSaved: self._groups_saved,
             GroupsSaveFailed: self._groups_save_failed,
             AppendCompleted: self._append_completed,
@@ -197,14 +226,18 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
         if not ev.session or len(ev.session) > 128:
             raise BrokerProtocolError("a session id is 1 to 128 characters")
         lease = min(max(float(ev.lease), lim.min_lease), lim.max_lease)
+        principal = check_principal(ev.principal)
         session = self.sessions.get(ev.session)
         if session is None:
             if len(self.sessions) >= lim.max_sessions:
                 raise BrokerProtocolError(f"the broker holds its maximum of {lim.max_sessions} "
                                           "sessions")
             session = Session(ev.session, lease, self.now + lease,
-                               CreditWindow(lim.producer_window))
+                               CreditWindow(lim.producer_window), principal=principal)
             self.sessions[ev.session] = session
+        elif session.principal != principal:
+            raise PrincipalError(f"session {ev.session!r} writes as {session.principal}; a live "
+                                 "session keeps its principal")
         session.lease = lease
         session.expires_at = self.now + lease
         return [Reply(ev.token, SessionOpened(session=session.id, lease=lease,
@@ -263,7 +296,7 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
                                        max_groups=self.limits.max_writer_groups,
                                        groups=ev.groups),
             visible_frontier=ev.frontier, visible_ended=ev.ended)
-        return []
+        return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
         """Forget the partition (its topic was deleted). Refused while an append or a disk
@@ -295,17 +328,27 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
         if pid not in session.producing:
             raise NotProducerError(f"session {session_id!r} has not opened a producer on "
                                    f"partition {pid[1]} of {pid[0]!r}")
+        if part.frontier.ended:  # never with a producer joined; checked all the same
+            raise StreamEndedError(f"the stream of partition {pid[1]} of {pid[0]!r} ended")
         return session, part
 
     def _open_producer(self, ev: OpenProducer) -> list[Instruction]:
         session = self._live(ev.session)
-        part = self._partition(ev.partition)
         if (ev.partition not in session.producing
                 and len(session.producing) >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
+        part, waiting = self._admit(session, ev)
+        if part is None:
+            return waiting
         before = part.frontier.revision
-        released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
-                                      rejoin=ev.rejoin)
+        try:
+            released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
+                                          rejoin=ev.rejoin, reopen=ev.reopen)
+        except StreamEndedError:
+            raise StreamEndedError(
+                f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
+                "nothing more may be written unless a writer of the topic reopens it "
+                "explicitly") from None
         session.producing.add(ev.partition)
         reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
                                window=self.limits.producer_window)
@@ -320,7 +363,7 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
         session, part = self._producer(ev.session, ev.partition)
         batch = ev.batch
         if len(batch) > self.limits.max_batch_bytes:
-            raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
+            raise BatchTooLargeError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
                                      f"of {self.limits.max_batch_bytes}")
         header = read_header(batch)
         if header.size != len(batch):
@@ -360,6 +403,8 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
         for event in events:
             if isinstance(event, FrontierAdvanced):
                 batch = self._encode_frontier(event.frontier, self.wall_ms)
+            elif isinstance(event, StreamReopened):
+                batch = self._encode_reopen(self.wall_ms)
             else:
                 batch = self._encode_end(self.wall_ms)
             cost = self.limits.control_cost if session is not None else 0
@@ -434,6 +479,8 @@ class BrokerState(SubscriptionRules, WriterGroupRules):
                 part.visible_frontier, part.visible_ended = entry.control.frontier, False
             elif isinstance(entry.control, StreamEnded):
                 part.visible_ended = True
+            elif isinstance(entry.control, StreamReopened):
+                part.visible_ended = False
             elif entry.control is None:
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
         # Durable data is visible up to the first append not yet durable. (At open, the log

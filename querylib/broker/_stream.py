@@ -72,7 +72,8 @@ class Progress(msgspec.Struct, frozen=True):
 
 
 class EndOfStream(msgspec.Struct, frozen=True):
-    """Every subscribed partition ended: no more data will arrive (unless a producer returns)."""
+    """Every subscribed partition ended: no more data will arrive (unless a writer reopens a
+    partition's stream; see `FrontierMerge` for what readers do then)."""
 
 
 Event = Data | Progress | EndOfStream
@@ -108,11 +109,13 @@ def time_of(record: Record) -> int | None:
 
 
 class PartitionMark(msgspec.Struct, frozen=True):
-    """A partition-level control record: a new frontier, or end-of-stream (frontier None)."""
+    """A partition-level control record: a new frontier, end-of-stream (frontier None), or a
+    reopening of an ended stream (frontier None, `reopen`)."""
 
     partition: int
     frontier: int | None
     next_offset: int = 0  # the offset after the control batch
+    reopen: bool = False
 
 
 def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
@@ -128,6 +131,8 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
                     yield PartitionMark(partition, decode_int64(value), header.next_offset)
                 elif kind == ControlType.END_OF_STREAM:
                     yield PartitionMark(partition, None, header.next_offset)
+                elif kind == ControlType.REOPEN:
+                    yield PartitionMark(partition, None, header.next_offset, reopen=True)
         else:
             run: list[Record] = []
             run_time: int | None = None
@@ -161,12 +166,21 @@ def _batches(data: bytes | memoryview, skip_below: int
 @dataclass
 class FrontierMerge:
     """The frontier over several partitions: the minimum of the live ones. A partition that
-    ended counts as done; data after its end (a producer came back) makes it live again."""
+    ended counts as done; a reopening (or data) after its end makes it live again.
+
+    An end-of-stream that a reopening superseded: a reader replaying history goes on past it,
+    a live reader that met it as the partition's current end stops there. The reader tells
+    them apart by `history`: per partition, the log's end when it subscribed. An end whose
+    batch stops short of that end has batches after it in the log, which only a reopening
+    can have put there, so it is skipped; the end at (or after) it was the current end when
+    it was read, and ends the partition. So every reader that replays the same history sees
+    the same records and one EndOfStream, at the end that held when it subscribed."""
 
     frontiers: dict[int, int]
     ended: dict[int, bool] = field(default_factory=dict)
     published: int | None = None
     ended_published: bool = False
+    history: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for p in self.frontiers:
@@ -175,7 +189,12 @@ class FrontierMerge:
             self.published = min(self.frontiers.values())  # where the subscription starts
 
     def mark(self, mark: PartitionMark) -> list[Event]:
-        if mark.frontier is None:
+        if mark.reopen:
+            self.ended[mark.partition] = False
+            self.ended_published = False
+        elif mark.frontier is None:
+            if mark.next_offset < self.history.get(mark.partition, 0):
+                return []  # superseded: the log goes on after it
             self.ended[mark.partition] = True
         else:
             self.frontiers[mark.partition] = max(self.frontiers[mark.partition], mark.frontier)

@@ -291,7 +291,8 @@ class ChunkDecoder:
 
     def start(self) -> None:
         self.positions = {p: s.skip_below for p, s in self.core.subs.items()}
-        self.merge = FrontierMerge(dict(self.core.initial_frontiers))
+        self.merge = FrontierMerge(dict(self.core.initial_frontiers),
+                                   history={p: s.end_at_start for p, s in self.core.subs.items()})
 
     def done(self) -> bool:
         """Without follow: every partition consumed up to its end when we subscribed."""

@@ -1,4 +1,5 @@
-"""`tq kafka`: serve a data directory over the Kafka protocol, standalone (development, tests).
+"""`tq kafka`: serve a data directory over the Kafka protocol, standalone (development, tests):
+a tq broker with only its Kafka listener.
 
 A thin adapter over `querylib.kafka.run_kafka`.
 """
@@ -15,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "kafka", help="serve a data directory to Kafka clients (development, tests)",
         description="Serve the partitions of a data directory over the Kafka protocol, so "
         "kcat, confluent-kafka, kafka-python and aiokafka can list, consume, commit and "
-        "produce. One process; stop with Ctrl-C.")
+        "produce: a tq broker with only its Kafka listener (no RPC port). One process; stop "
+        "with Ctrl-C.")
     kafka.add_argument("--data", required=True, help="data directory holding the partitions")
     kafka.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default 127.0.0.1)")

@@ -99,8 +99,10 @@ class TopicWriter:
         producer = self.producers.get(partition)
         if producer is None:
             self.route.by_broker([partition])  # a clear error for a partition out of range
+            # Feeding an ingest topic again goes on after the end of its last feed: an
+            # explicit reopen (the topic admits any writer).
             producer = Producer(self.route.addresses[partition], self.route.name, partition,
-                                secret=self.secret, timeout=self.timeout,
+                                secret=self.secret, timeout=self.timeout, reopen=True,
                                 incarnation=self.route.incarnation)
             self.producers[partition] = producer
         return producer

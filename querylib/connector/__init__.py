@@ -36,7 +36,6 @@ from ._endpoint import (
     DEFAULT_CONNECTOR_PORT,
     ConnectorEndpoint,
     EndpointConfig,
-    TopicAdmission,
     derive_cookie,
 )
 from ._errors import (
@@ -154,7 +153,6 @@ __all__ = [
     "StreamRejected",
     "StreamState",
     "TooManyStreamsError",
-    "TopicAdmission",
     "UnexpectedFrameError",
     "UnknownStreamError",
     "UnknownTagError",

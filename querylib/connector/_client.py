@@ -211,7 +211,7 @@ class Connector:
         self._driven = 0.0  # when _drive last ran
         self._batch = _RUN  # messages between looks at the socket: half the credit window
         self._ok_points: dict[int, int | None] = {}
-        self._progress = False  # an ACK arrived on the current connection
+        self._progress = False  # an ACK acknowledged messages on the current connection
         self._errors = 0  # sessions in a row that ended with ERROR before any ACK
         self._accepted = False  # the current connection got its OK
         self._restart_to: tuple[str, int] | None = None
@@ -403,11 +403,10 @@ class Connector:
         for event in events:
             kind = type(event)
             if kind is Acked:
-                self._progress = True
                 for sid, processed in event.acks:  # type: ignore[attr-defined]
                     stream = self.streams.get(sid)
-                    if stream is not None:
-                        self._acked(stream, processed)
+                    if stream is not None and self._acked(stream, processed):
+                        self._progress = True
             elif kind is Nacked:
                 self.counters["nacks"] += 1
                 stream = self.streams.get(event.stream_id)  # type: ignore[attr-defined]
@@ -432,16 +431,19 @@ class Connector:
                 if kind is ProtocolFailed:
                     self._send_now(event.reply)  # type: ignore[attr-defined]
                 # Refused at HELLO (cookie, version), or ended again and again before any
-                # ACK (a refused draft stream): trying again cannot help.
+                # message was acknowledged (a refused draft stream, a stream whose topic
+                # refuses its writes): trying again cannot help.
                 self._errors = 0 if self._progress else self._errors + 1
                 if not self._accepted or self._errors >= _MAX_ERRORS:
                     raise ConnectorError(f"the connector endpoint ended the session: {reason}")
                 raise ConnectionResetError(reason)
 
-    def _acked(self, stream: _Stream, processed: int) -> None:
+    def _acked(self, stream: _Stream, processed: int) -> int:
+        """Messages of `stream` acknowledged up to `processed`; returns how many were new."""
         n = stream.acked(processed)
         self._buffered -= n
         self.counters["acked"] += n
+        return n
 
     def _rewind(self, stream: _Stream, processed: int | None) -> None:
         """NACK or NOTIFY_ACK: resend what follows `processed`, forget what it covers."""

@@ -3,7 +3,7 @@ into appends to the broker's partitions (issue 8 §2; DESIGN §8).
 
     server = BrokerServer(data_dir, secret)
     await server.start("tcp://127.0.0.1:7500")
-    endpoint = ConnectorEndpoint(server, EndpointConfig(port=7600), secret=secret)
+    endpoint = ConnectorEndpoint(server.port, EndpointConfig(port=7600), secret=secret)
     host, port = await endpoint.start()
     ...
     await endpoint.close()          # before server.close()
@@ -11,19 +11,21 @@ into appends to the broker's partitions (issue 8 §2; DESIGN §8).
 
 What it owns: the listener, one `PeerConnection` per accepted socket, the registry that makes a
 (program, instance) pair live on one connection at a time (a new HELLO of the same pair fences
-the old connection and waits for its appends to settle before answering), the `OffsetStore`
-with its checkpoint timer, and the heartbeats that keep its broker sessions alive.
+the old connection and waits for its appends to settle before answering), and the
+`OffsetStore` with its checkpoint timer.
 
 Configuration (`EndpointConfig`): bound to 127.0.0.1 by default; `max_frame_size` bounds every
 frame; `initial_credits` is the window per connection. The cookie is the configured one, else
 derived from the cluster secret (`derive_cookie`: HMAC-SHA256 of a fixed label, hex, so a
-client that can read the secret file computes the same), else empty (development). Topics are
-created at the first NOTIFY that names them when `auto_create` is on; names starting with `__`
-are refused. Under an executor, a `TopicAdmission` (the catalog) decides first whether a
-partition the broker does not host yet may be created here, registering new ingest topics.
+client that can read the secret file computes the same), else empty (development). A stream
+writes through a broker session of its own, as "anonymous" (connectors are not authenticated
+yet), so the broker's core admits it as any writer: the topic's writers rule (ingest topics
+only; `__` topics are tq's own), its placement (under an executor the catalog; a new topic is
+registered as ingest when `auto_create` is on), and its stream not ended. A refusal refuses
+the stream, with the broker's message.
 
-It must not decide what the broker decides (durability, frontiers, credit windows of broker
-sessions): it asks the broker through `BrokerPort` and waits for the answers.
+It must not decide what the broker decides (admission, durability, frontiers, credit windows
+of broker sessions): it asks the broker through its `BrokerPort` and waits for the answers.
 """
 
 from __future__ import annotations
@@ -33,13 +35,10 @@ import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
-from typing import Protocol
 
-from catalog import TopicName
-from catalog.errors import InvalidTopicNameError, TqError, UserError
-from querylib.broker import BrokerServer
+from catalog.errors import TqError, UserError
+from querylib.broker import BrokerPort
 
-from ._broker_port import BrokerPort
 from ._dialect import Dialect
 from ._offsets import OffsetStore, StreamKey, StreamProgress, last_appended
 from ._peer import PeerConnection
@@ -47,8 +46,7 @@ from ._records import broker_topic, parse_stream_name, source_id
 from ._sink import StreamSink
 from ._wire import DEFAULT_MAX_FRAME_SIZE
 
-__all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "TopicAdmission",
-           "derive_cookie"]
+__all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "derive_cookie"]
 
 logger = logging.getLogger("querylib.connector")
 
@@ -81,31 +79,20 @@ class EndpointConfig:
     max_batch_bytes: int = 1024 * 1024
 
 
-class TopicAdmission(Protocol):
-    """Who says whether a partition the broker does not host yet may be created on it (the
-    catalog, under an executor). Without one, `EndpointConfig.auto_create` alone decides."""
-
-    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
-        """True if this broker may create `partition` of `topic`: the catalog places it here
-        (registering the topic, owned by `ingest`, when it is new and `create` allows). A
-        TqError refuses the stream with its message."""
-        ...
-
-
 class ConnectorEndpoint:
-    """Serves the connector protocol for the partitions of one in-process `BrokerServer`."""
+    """Serves the connector protocol for the partitions of one in-process broker, through its
+    `BrokerPort`."""
 
-    def __init__(self, server: BrokerServer, config: EndpointConfig | None = None, *,
-                 secret: bytes | None = None, topics: TopicAdmission | None = None) -> None:
+    def __init__(self, port: BrokerPort, config: EndpointConfig | None = None, *,
+                 secret: bytes | None = None) -> None:
         self.config = config = config or EndpointConfig()
-        self.topics = topics
-        self.port = BrokerPort(server)
+        self.port = port
         if config.cookie is not None:
             cookie = config.cookie
         else:
             cookie = derive_cookie(secret) if secret else b""
         self.cookie = cookie.encode() if isinstance(cookie, str) else bytes(cookie)
-        limit = self.port.max_batch_bytes - _BATCH_OVERHEAD
+        limit = self.port.limits.max_batch_bytes - _BATCH_OVERHEAD
         if config.max_frame_size > limit:
             raise UserError(f"max_frame_size {config.max_frame_size} exceeds what one broker "
                             f"batch can hold ({limit} bytes)")
@@ -149,6 +136,7 @@ class ConnectorEndpoint:
             await asyncio.gather(self._ticker, return_exceptions=True)
             self._ticker = None
             await self.store.checkpoint()
+        await self.store.close()
 
     async def __aenter__(self) -> ConnectorEndpoint:
         await self.start()
@@ -180,18 +168,11 @@ class ConnectorEndpoint:
             self._tasks.discard(task)  # type: ignore[arg-type]
 
     async def _tick(self) -> None:
-        interval = min(self.config.checkpoint_interval, self.config.lease / 3)
-        loop = asyncio.get_running_loop()
-        next_checkpoint = loop.time() + self.config.checkpoint_interval
+        # The broker sessions keep their own leases (their links heartbeat); this checkpoints.
         while True:
-            await asyncio.sleep(interval)
-            sinks = [s for p in list(self._peers) for s in p.sinks.values()]
-            await asyncio.gather(*(s.heartbeat() for s in sinks), return_exceptions=True)
+            await asyncio.sleep(self.config.checkpoint_interval)
             try:
-                await self.store.heartbeat()
-                if loop.time() >= next_checkpoint:
-                    next_checkpoint = loop.time() + self.config.checkpoint_interval
-                    await self.store.checkpoint()
+                await self.store.checkpoint()
             except TqError as exc:  # the broker refused or the disk failed: next tick retries
                 logger.warning("connector checkpoint failed: %s", exc)
 
@@ -226,15 +207,11 @@ class ConnectorEndpoint:
         self.store.put(key, progress)
 
     async def resolve(self, sink: StreamSink, name: str) -> StreamProgress:
-        """The progress record of the partition a NOTIFY names (see StreamSink)."""
+        """The progress record of the partition a NOTIFY names (see StreamSink), which the
+        broker admitted the stream to (so it hosts it)."""
         topic, partition = parse_stream_name(name)
-        if topic.internal:
-            raise InvalidTopicNameError(f"stream {name!r}: topics starting with '__' are "
-                                        "internal and cannot be ingested into")
-        create = self.config.auto_create
-        if self.topics is not None and not self.port.hosts((broker_topic(topic), partition)):
-            create = await self.topics.admit(topic, partition, create=create)
-        pid = await self.port.ensure(broker_topic(topic), partition, create)
+        pid = (broker_topic(topic), partition)
+        self.port.info(pid)  # UnknownPartitionError if the broker did not open it for us
         progress = self.store.get(sink.key)
         if progress is not None and (progress.topic, progress.partition) == pid:
             if not progress.verified:

@@ -30,11 +30,11 @@ from collections.abc import Iterator
 import msgspec
 
 from catalog.errors import TqError
+from querylib.broker import BrokerPort, OpenProducerRequest, PortLink, ProduceRequest
 from querylib.errors import CorruptDataError
 from querylib.log import PartitionLog
 from querylib.records import decode_batch, encode_batch, read_header
 
-from ._broker_port import BrokerPort
 from ._records import header_of, last_message_id
 
 __all__ = ["OFFSETS_TOPIC", "OffsetStore", "StreamKey", "StreamProgress", "last_appended"]
@@ -124,11 +124,13 @@ def last_appended(log: PartitionLog, producer_id: int, start: int) -> tuple[int,
 
 
 class OffsetStore:
-    """The progress of every stream this broker has seen, checkpointed to `__connector_offsets`."""
+    """The progress of every stream this broker has seen, checkpointed to `__connector_offsets`
+    through a broker session of its own, as tq itself ("system": the topic is internal)."""
 
     def __init__(self, port: BrokerPort, *, lease: float = 30.0) -> None:
         self._port = port
-        self._lease = lease
+        self._link: PortLink = port.link("system", lease=lease, session=_SESSION)
+        self._producing = False
         self._progress: dict[StreamKey, StreamProgress] = {}
         self._dirty: set[StreamKey] = set()
         self._lock = asyncio.Lock()
@@ -137,16 +139,29 @@ class OffsetStore:
 
     async def load(self) -> int:
         """Open (creating) the checkpoint partition and replay it; returns streams known."""
-        self._pid = await self._port.ensure(OFFSETS_TOPIC, 0, True)
+        self._pid = await self._port.ensure(OFFSETS_TOPIC, 0, create=True)
         log = self._port.log(self._pid)
         loop = asyncio.get_running_loop()
         stored = await loop.run_in_executor(None, _replay, log)
         for key, value in stored.items():
             self._progress[key] = StreamProgress(value.name, value.topic, value.partition,
                                                  value.processed, value.offset)
-        await self._port.open_session(_SESSION, self._lease)
-        await self._port.open_producer(_SESSION, self._pid)
+        self._link.on_reopen.append(self._forgotten)
+        await self._link.start()
+        await self._open_producer()
         return len(stored)
+
+    async def _forgotten(self) -> None:
+        self._producing = False  # the broker forgot the session (a stalled loop)
+
+    async def _open_producer(self) -> None:
+        await self._link.request(OpenProducerRequest(session=self._link.session,
+                                                     topic=self._pid[0],
+                                                     partition=self._pid[1]))
+        self._producing = True
+
+    async def close(self) -> None:
+        await self._link.close()
 
     def get(self, key: StreamKey) -> StreamProgress | None:
         return self._progress.get(key)
@@ -162,9 +177,6 @@ class OffsetStore:
     def touch(self, key: StreamKey) -> None:
         if key in self._progress:
             self._dirty.add(key)
-
-    async def heartbeat(self) -> None:
-        await self._port.heartbeat(_SESSION)
 
     async def checkpoint(self) -> None:
         """Append every changed stream's progress (one batch) and wait until it is durable."""
@@ -186,13 +198,19 @@ class OffsetStore:
 
     async def _append(self, entries: list) -> None:
         batch = encode_batch(entries)
+        request = ProduceRequest(session=self._link.session, topic=self._pid[0],
+                                 partition=self._pid[1])
         try:
-            await self._port.produce(_SESSION, self._pid, batch)
+            if not self._producing:
+                await self._open_producer()
+            await self._link.request(request, payload=[batch])
         except TqError:
-            # The session may have lapsed (a stalled loop outlived its lease): open it again.
-            await self._port.open_session(_SESSION, self._lease)
-            await self._port.open_producer(_SESSION, self._pid)
-            await self._port.produce(_SESSION, self._pid, batch)
+            # The session may have lapsed (a stalled loop outlived its lease): its link opens
+            # it again; open the producer again and retry once.
+            self._producing = False
+            await self._link.reopen(self._link.generation)
+            await self._open_producer()
+            await self._link.request(request, payload=[batch])
 
 
 def _replay(log: PartitionLog) -> dict[StreamKey, _Stored]:

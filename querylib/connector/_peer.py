@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError
+from querylib.broker import StreamEndedError, TopicAuthorizationError
 
 from ._bulk import BulkWorkerConnection, MessageRun
 from ._dialect import Dialect
@@ -191,7 +192,8 @@ class PeerConnection:
                               self.endpoint.resolve, self.endpoint.save, self.account,
                               lease=self.config.lease,
                               max_batch_records=self.config.max_batch_records,
-                              max_batch_bytes=self.config.max_batch_bytes)
+                              max_batch_bytes=self.config.max_batch_bytes,
+                              create=self.config.auto_create)
             self.sinks[sid] = sink
             sink.start()
         sink.accepting = True
@@ -275,6 +277,14 @@ class PeerConnection:
             self._owed += credits
             self._say(self.conn.error, error.reason)
             self._end(f"protocol error: {error}")
+            return
+        if isinstance(error, StreamEndedError | TopicAuthorizationError):
+            # The broker refuses the stream's writes for good: resending cannot help, so the
+            # connector hears why instead of a rewind it would repeat forever.
+            self.endpoint.counters["streams_refused"] += 1
+            self._owed += credits
+            self._say(self.conn.error, f"stream {sink.stream_id}: {error}")
+            self._end(f"stream {sink.stream_id} refused: {error}")
             return
         self.endpoint.counters["append_failures"] += 1
         logger.warning("connector %s stream %d: %s; rewinding to %s", self.peer,

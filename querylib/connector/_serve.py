@@ -30,7 +30,7 @@ async def serve_connector_broker(data_dir: str, listen: str, secret: bytes,
     endpoint: ConnectorEndpoint | None = None
     try:
         address = await server.start(listen)
-        endpoint = ConnectorEndpoint(server, config, secret=secret)
+        endpoint = ConnectorEndpoint(server.port, config, secret=secret)
         bound = await endpoint.start()
         if on_ready is not None:
             on_ready(address, bound)

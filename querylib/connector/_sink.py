@@ -3,8 +3,10 @@
 What a stream's frames ask for becomes a queue of operations, performed strictly one at a time
 so that nothing is appended out of order and nothing is acknowledged before it is durable:
 
-    OpenOp      NOTIFY: find the topic partition (creating it if allowed), open the stream's
-                broker session and producer, learn where the stream really stands
+    OpenOp      NOTIFY: open the stream's broker session and a producer on the partition the
+                stream name maps to (the broker's core admits it, or refuses it: a topic the
+                stream may not write; an ended stream is refused only once something would
+                be written), learn where the stream really stands
     DataOp      MESSAGEs: one record batch (consecutive messages coalesce while they wait)
     AdvanceOp   a BOUNDARY with id M: the producer's frontier becomes M + 1
     EndOp       EOS: the producer ends its stream
@@ -14,8 +16,9 @@ Every operation carries the credits of the frames it stands for; they go back to
 operation in flight per stream, a failure can never leave a gap behind a later success.
 
 The sink decides nothing about the protocol: it tells its connection (`SinkOwner`) what happened
-and the connection answers the connector. No socket I/O here; broker calls go through
-`BrokerPort`.
+and the connection answers the connector. No socket I/O here; broker calls go through a session
+of the broker's public door (`BrokerPort.link`), as "anonymous": connectors are not
+authenticated yet.
 """
 
 from __future__ import annotations
@@ -29,12 +32,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from catalog.errors import TqError
+from querylib.broker import (
+    AdvanceRequest,
+    BrokerPort,
+    EndStreamRequest,
+    OpenProducerRequest,
+    PortLink,
+    ProduceRequest,
+    StreamEndedError,
+    UnknownSessionError,
+)
 
-from ._broker_port import BrokerPort
 from ._errors import ConnectorProtocolError
 from ._events import MessageFlags
 from ._offsets import StreamKey, StreamProgress
-from ._records import encode_messages
+from ._records import broker_topic, encode_messages, parse_stream_name
 
 __all__ = ["AdvanceOp", "DataOp", "EndOp", "Message", "OpenOp", "SinkOwner", "StreamSink"]
 
@@ -92,18 +104,22 @@ class SinkOwner(Protocol):
 
 
 class StreamSink:
-    """The broker-side state of one stream of one connection, and its operation queue."""
+    """The broker-side state of one stream of one connection, and its operation queue.
+    `create`: a partition (and, under a catalog, an ingest topic) may be created for it."""
 
     def __init__(self, owner: SinkOwner, port: BrokerPort, key: StreamKey, source_id: int,
                  resolve: Resolve, save: Callable[[StreamKey, StreamProgress], None],
                  account: Callable[[int], None], *, lease: float, max_batch_records: int,
-                 max_batch_bytes: int) -> None:
+                 max_batch_bytes: int, create: bool = True) -> None:
         self.owner = owner
         self.port = port
         self.key = key
         self.stream_id = key[2]
         self.source_id = source_id
         self.session = f"tq.connector.{source_id:016x}"
+        self.create = create
+        self.link: PortLink | None = None
+        self.target: tuple[str, int] | None = None  # the partition its stream name maps to
         self._resolve = resolve
         self._save = save
         self._account = account  # reports bytes of messages taken (+) and let go (-)
@@ -115,7 +131,6 @@ class StreamSink:
         self.frontier = 0  # this producer's own frontier
         self.epoch = 0  # tq.time of the next records
         self.accepting = True  # False between a NACK and the NOTIFY that answers it
-        self.session_open = False
         self.ops: deque[Op] = deque()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -190,19 +205,17 @@ class StreamSink:
         self._wake.set()
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
-        if self.session_open:
-            self.session_open = self.producing = False
-            try:
-                await self.port.close_session(self.session)
-            except TqError:
-                pass  # already gone (lease lapsed): nothing holds the frontier back anyway
+        await self._close_link()
 
-    async def heartbeat(self) -> None:
-        if self.session_open:
-            try:
-                await self.port.heartbeat(self.session)
-            except TqError:
-                self.session_open = self.producing = False  # reopened by the next op
+    async def _close_link(self) -> None:
+        link, self.link = self.link, None
+        self.producing = False
+        if link is not None:
+            # A session already gone (lease lapsed) holds no frontier back anyway.
+            await link.close()
+
+    async def _forgotten(self) -> None:
+        self.producing = False  # the broker forgot the session: open the producer again
 
     # -- performing ----------------------------------------------------------------------------
 
@@ -219,7 +232,9 @@ class StreamSink:
             except ConnectorProtocolError as exc:
                 self.owner.failed(self, op.credits, exc)
             except TqError as exc:
-                self.producing = self.session_open = False
+                self.producing = False
+                if isinstance(exc, UnknownSessionError):
+                    await self._close_link()  # a new session for the next operation
                 self.owner.failed(self, op.credits, exc)
             except Exception as exc:
                 # A bug of ours: the connection reports it and ends; the stream stops here.
@@ -238,34 +253,59 @@ class StreamSink:
         elif isinstance(op, EndOp):
             if self.producing:
                 await self._ensure_producer()
-                await self.port.end_stream(self.session, self._pid())
+                link, (topic, partition) = self._link(), self._pid()
+                await link.request(EndStreamRequest(session=link.session, topic=topic,
+                                                    partition=partition))
                 self.producing = False
             self.owner.completed(self, op.credits, self.processed)
         else:
             await self._open(op)
 
     def _pid(self) -> tuple[str, int]:
-        assert self.progress is not None
-        return self.progress.topic, self.progress.partition
+        assert self.target is not None
+        return self.target
+
+    def _link(self) -> PortLink:
+        assert self.link is not None
+        return self.link
 
     async def _ensure_producer(self) -> None:
-        if not self.session_open:
-            await self.port.open_session(self.session, self._lease)
-            self.session_open = True
+        """A live session with a producer on the stream's partition: opened (created, if the
+        stream may create it) as the broker's core admits it."""
+        if self.link is None:
+            link = self.link = self.port.link("anonymous", lease=self._lease,
+                                              session=self.session)
+            link.on_reopen.append(self._forgotten)
             self.producing = False
+            try:
+                await link.start()
+            except BaseException:
+                self.link = None
+                raise
         if not self.producing:
-            opened = await self.port.open_producer(self.session, self._pid())
+            link, (topic, partition) = self._link(), self._pid()
+            opened = await link.request(OpenProducerRequest(
+                session=link.session, topic=topic, partition=partition, create=self.create,
+                create_topic=self.create))
             self.producing = True
             self.frontier = opened.frontier
             self.epoch = max(self.epoch, opened.frontier)
 
     async def _open(self, op: OpenOp) -> None:
         try:
-            progress = await self._resolve(self, op.name)
-            if progress is not self.progress:
-                self.progress = progress
+            topic, partition = parse_stream_name(op.name)
+            target = (broker_topic(topic), partition)
+            if target != self.target:
+                self.target = target
                 self.producing = False  # a new partition (or the first NOTIFY)
-            await self._ensure_producer()
+            try:
+                await self._ensure_producer()
+            except StreamEndedError:
+                # Refused only if something is to be written: a connector that resumes a
+                # stream it ended itself has nothing left to send (every later operation
+                # asks the broker again, and fails with this if it must append).
+                pass
+            self.progress = await self._resolve(self, op.name)
         except TqError as exc:
             self.owner.refused(self, op, str(exc))
             return
@@ -282,7 +322,9 @@ class StreamSink:
             await self._ensure_producer()
             batch = encode_messages(messages, time=self.epoch, now_ms=int(time.time() * 1000),
                                     producer_id=self.source_id)
-            reply = await self.port.produce(self.session, self._pid(), batch)
+            link, (topic, partition) = self._link(), self._pid()
+            reply = await link.request(ProduceRequest(session=link.session, topic=topic,
+                                                      partition=partition), payload=[batch])
             assert self.progress is not None
             for m in reversed(messages):
                 if not m[4] & _EPHEMERAL:
@@ -308,7 +350,9 @@ class StreamSink:
             await self._ensure_producer()
             target = mid + 1
             if target > self.frontier:
-                await self.port.advance(self.session, self._pid(), target)
+                link, (topic, partition) = self._link(), self._pid()
+                await link.request(AdvanceRequest(session=link.session, topic=topic,
+                                                  partition=partition, frontier=target))
                 self.frontier = target
             self.epoch = max(self.epoch, target)
             assert self.progress is not None

@@ -10,12 +10,13 @@ kafka-python and aiokafka list topics, consume, commit offsets in groups and pro
     _producers.py       idempotent-producer sequence checks (pure)
     _offsets_format.py  `__consumer_offsets` key/value formats (Kafka's)
     _backend.py         KafkaBackend: what the endpoint needs from the broker behind it
-    _local.py           LocalBackend: one process, a data dir of partition logs
-    _group_store.py     GroupStore: what `__consumer_offsets` says (both backends)
-    _broker_backend.py  BrokerBackend: a live tq broker's partitions; KafkaCluster, KafkaConfig
+    _group_store.py     GroupStore: what `__consumer_offsets` says
+    _broker_backend.py  BrokerBackend: a live tq broker's partitions, through its BrokerPort;
+                        KafkaCluster, KafkaConfig, StandaloneCluster
     _broker_kafka.py    BrokerKafka: a broker's listener (`--kafka-port`), opened by the broker
     _server.py          KafkaListener: the asyncio server
-    _run.py             serve_local / run_kafka: a data dir served standalone (`tq kafka`)
+    _run.py             serve_local / run_kafka: a data dir served by a broker with only its
+                        Kafka listener (`tq kafka`)
 
     async with serve_local(data_dir, "127.0.0.1", 9092) as listener:
         ...   # Kafka clients connect to 127.0.0.1:9092
@@ -38,6 +39,7 @@ from querylib.kafka._backend import (
     TopicInfo,
 )
 from querylib.kafka._broker_backend import (
+    OFFSETS_TOPIC,
     BrokerBackend,
     KafkaCluster,
     KafkaConfig,
@@ -66,7 +68,6 @@ from querylib.kafka._errors import (
 from querylib.kafka._framing import FrameReader, RequestHeader, parse_request_header
 from querylib.kafka._group import GroupConfig, GroupMachine, GroupStatus
 from querylib.kafka._group_store import GroupStore
-from querylib.kafka._local import OFFSETS_TOPIC, LocalBackend
 from querylib.kafka._offsets_format import decode_offsets_record, encode_group, encode_offset
 from querylib.kafka._producers import ProducerStateTable
 from querylib.kafka._run import run_kafka, serve_local
@@ -104,7 +105,6 @@ __all__ = [
     "ListenError",
     "ListenerLimits",
     "ListenerStats",
-    "LocalBackend",
     "MalformedRequestError",
     "NotLeaderError",
     "OutOfOrderSequenceError",

@@ -2,8 +2,8 @@
 cross that line.
 
 The listener and its handlers speak Kafka; the backend hosts partitions, stores group state and
-knows the cluster. `LocalBackend` (one process, a data directory of partition logs, `tq kafka`)
-and `BrokerBackend` (a live tq broker, its cluster view from the catalog) implement it.
+knows the cluster. `BrokerBackend` (a tq broker in the same process, its cluster view from the
+catalog, or the broker alone for `tq broker` and `tq kafka`) implements it.
 
 Topic names here are the Kafka-visible names (`numbers`, `tenant/ns/name`). Offsets and sizes
 are Kafka's. Errors are `TqError`s whose `kafka_error_code` the handlers put in responses

@@ -1,17 +1,20 @@
-"""BrokerBackend: the Kafka endpoint's backend over a live tq `BrokerServer` in the same process,
-so every broker can serve its own partitions to Kafka clients (DESIGN §8).
+"""BrokerBackend: the Kafka endpoint's backend over a live tq broker in the same process, through
+its public door (`querylib.broker.BrokerPort`), so every broker serves its own partitions to
+Kafka clients (DESIGN §8). `tq kafka` is such a broker with no RPC socket (`_run.py`).
 
 It shares the broker's partition logs and never writes one itself: producer batches and
-offset commits go through the broker's state machine as a broker producer session would
-(`BrokerServer.submit` with `OpenProducer` / `Produce`, answered once durable under the
-broker's flush policy), so the append lane stays each log's one writer and tq subscribers see
-Kafka-produced records like any others. Reads use `partition_log` (reads are thread-safe)
-up to what the broker lets subscribers see (`partition_info().log_end`, its high watermark);
-`on_visible` wakes fetches waiting for data.
+offset commits are requests of broker sessions (`BrokerPort.link`), Kafka clients' as
+"anonymous" (no authentication yet), `__consumer_offsets` as "system", answered once durable
+under the broker's flush policy. So the broker's core admits every Kafka write as it admits
+any other (the topic's writers rule, its placement, an ended stream, the batch size: their
+errors carry the Kafka codes 29, 6, 44, 10), the append lane stays each log's one writer and
+tq subscribers see Kafka-produced records like any others. Reads use the port's log (reads are
+thread-safe) up to what the broker lets subscribers see (`info().log_end`, its high
+watermark); `on_visible` wakes fetches waiting for data.
 
 What it does not know, it asks its `KafkaCluster`: which brokers have Kafka listeners, which
-topics exist with how many partitions where, whether a partition may be created here. Under
-an executor that is the catalog (executor/_endpoints.py); a standalone broker uses
+topics exist with how many partitions where, which partitions it leads for reads. Under an
+executor that is the catalog (executor/_endpoints.py); a standalone broker uses
 `StandaloneCluster`: the broker alone, its hosted partitions are the topics.
 
 Group state and committed offsets live in `__consumer_offsets` partition 0 of the broker that
@@ -22,8 +25,10 @@ answers group requests with NOT_COORDINATOR. Producer ids are
 `node id << 32 | n`, with n reserved in blocks in `<broker data>/.tq-kafka.json`, so brokers
 never hand out the same id.
 
-Must not: decode or re-encode producer batches, append to a log directly, or hold state the
-logs cannot rebuild except idempotent-producer sequences (lost on restart, as in LocalBackend).
+Must not: decide who may write what (the broker's core does), decode or re-encode producer
+batches, append to a log directly, or hold state the logs cannot rebuild except
+idempotent-producer sequences (lost on restart, as Kafka loses them with its producer
+snapshots: a producer then continues as if new).
 """
 
 from __future__ import annotations
@@ -46,10 +51,14 @@ from catalog.errors import (
     StorageError,
     TopicExistsError,
     TqError,
-    UnknownTopicError,
 )
-from querylib.broker import BrokerServer
-from querylib.broker._events import Heartbeat, OpenProducer, OpenSession, PartitionId, Produce
+from querylib.broker import (
+    BrokerPort,
+    NotProducerError,
+    OpenProducerRequest,
+    ProduceRequest,
+    SessionLink,
+)
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
 from querylib.kafka._backend import (
@@ -62,7 +71,7 @@ from querylib.kafka._backend import (
     PartitionRead,
     TopicInfo,
 )
-from querylib.kafka._errors import InvalidTopicError, NotLeaderError, UnknownPartitionError
+from querylib.kafka._errors import NotLeaderError, UnknownPartitionError
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import encode_group, encode_offset
@@ -70,11 +79,13 @@ from querylib.kafka._producers import ProducerStateTable
 from querylib.log import record_at_timestamp
 from querylib.records import encode_batch, read_header, verify_batch
 
-__all__ = ["BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
+__all__ = ["OFFSETS_TOPIC", "BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
 
 logger = logging.getLogger("querylib.kafka")
 
-OFFSETS: PartitionId = ("__consumer_offsets", 0)
+PartitionId = tuple[str, int]
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
@@ -120,10 +131,6 @@ class KafkaCluster(Protocol):
         """Create an ingest topic with every partition on this broker; TopicExistsError."""
         ...
 
-    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
-        """Whether a producer may append to `partition` here, creating it (TqError: no)."""
-        ...
-
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         """Whether the cluster places `partition` of `topic` on this broker."""
         ...
@@ -137,8 +144,8 @@ class KafkaCluster(Protocol):
 class StandaloneCluster:
     """A broker alone: the topics are the partitions it hosts; it leads them all."""
 
-    def __init__(self, server: BrokerServer, config: KafkaConfig) -> None:
-        self.server = server
+    def __init__(self, port: BrokerPort, config: KafkaConfig) -> None:
+        self.port = port
         self.config = config
         self.me = BrokerInfo(0, config.advertised, config.port)
 
@@ -150,8 +157,8 @@ class StandaloneCluster:
 
     def _counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for topic, partition in self.server.state.partitions:
-            counts[topic] = max(counts.get(topic, 0), partition + 1)
+        for info in self.port.partitions():
+            counts[info.topic] = max(counts.get(info.topic, 0), info.partition + 1)
         return counts
 
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
@@ -170,13 +177,8 @@ class StandaloneCluster:
         if name.short in self._counts():
             raise TopicExistsError(f"topic {name.short!r} exists already")
         for index in range(partitions):
-            await self.server.ensure_partition(name.short, index, create=True)
+            await self.port.ensure(name.short, index, create=True)
         return TopicInfo(name.short, tuple(PartitionInfo(i, 0) for i in range(partitions)))
-
-    async def admit(self, topic: TopicName, partition: int, *, create: bool) -> bool:
-        if topic.short not in self._counts():
-            raise UnknownTopicError(f"topic {topic.short!r} does not exist")
-        return create
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         return False  # hosted partitions are found before this is asked
@@ -191,42 +193,87 @@ class _Partition:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # check, append, record: atomic
 
 
-class BrokerBackend:
-    """The partitions of one in-process broker, served to Kafka clients. `await open()` first."""
+class _Writer:
+    """One broker session the backend writes through, as one principal: the producers it has
+    open, and its window of unacknowledged bytes (the broker never sees it overdrawn)."""
 
-    def __init__(self, server: BrokerServer, config: KafkaConfig, *, secret: bytes,
+    def __init__(self, link: SessionLink) -> None:
+        self.link = link
+        self.producing: set[PartitionId] = set()
+        self.inflight = 0
+        self.window = asyncio.Condition()
+        link.on_reopen.append(self._forgotten)
+
+    async def _forgotten(self) -> None:
+        self.producing.clear()  # the broker forgot the session: open producers again
+
+    async def produce(self, pid: PartitionId, batch: bytes, *, create: bool) -> int:
+        """Append through the broker; the base offset once durable."""
+        link = self.link
+        for attempt in (1, 2):
+            if pid not in self.producing:
+                await link.request(OpenProducerRequest(
+                    session=link.session, topic=pid[0], partition=pid[1], create=create,
+                    create_topic=create))
+                self.producing.add(pid)
+            assert link.opened is not None
+            async with self.window:
+                await self.window.wait_for(lambda: self.inflight < link.opened.producer_window)
+                self.inflight += len(batch)
+            try:
+                produced = await link.request(ProduceRequest(
+                    session=link.session, topic=pid[0], partition=pid[1]), payload=[batch])
+                return produced.base_offset
+            except NotProducerError:
+                # The broker dropped our producer (the topic was deleted and made again):
+                # open it again, once, which asks the topic's rule anew.
+                self.producing.discard(pid)
+                if attempt == 2:
+                    raise
+            finally:
+                async with self.window:
+                    self.inflight -= len(batch)
+                    self.window.notify_all()
+        raise AssertionError("unreachable")
+
+
+class BrokerBackend:
+    """The partitions of one in-process broker, served to Kafka clients. `await open()` first.
+    Without a `secret` the cluster id is made once and kept in `<data>/.tq-kafka.json`."""
+
+    def __init__(self, port: BrokerPort, config: KafkaConfig, *, secret: bytes | None = None,
                  cluster: KafkaCluster | None = None) -> None:
-        self.server = server
+        self.port = port
         self.config = config
-        self.cluster: KafkaCluster = cluster or StandaloneCluster(server, config)
-        self._cluster_id = hmac.new(secret, _CLUSTER_ID_LABEL, hashlib.sha256).hexdigest()[:22]
+        self.cluster: KafkaCluster = cluster or StandaloneCluster(port, config)
+        self._cluster_id = "" if secret is None else \
+            hmac.new(secret, _CLUSTER_ID_LABEL, hashlib.sha256).hexdigest()[:22]
         self._me = BrokerInfo(0, config.advertised, config.port)
         self._node: int | None = None
-        self._session = f"kafka-{uuid.uuid4().hex[:12]}"
-        self._producing: set[PartitionId] = set()
+        # Kafka clients write as "anonymous" (no authentication on this listener yet); the
+        # group store is tq's own.
+        self._clients = _Writer(port.link("anonymous", lease=config.lease))
+        self._system = _Writer(port.link("system", lease=config.lease))
         self._partitions: dict[PartitionId, _Partition] = {}
         self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
         self._store = GroupStore()
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
-        self._inflight = 0  # bytes sent to the broker, not yet acknowledged
-        self._window = asyncio.Condition()
         self._unwatch: Any = None
-        self._heartbeats: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> BrokerBackend:
-        """Open the broker session, `__consumer_offsets`, and replay it."""
-        await self.server.submit(lambda t: OpenSession(t, self._session, self.config.lease))
-        self._heartbeats = asyncio.get_running_loop().create_task(
-            self._heartbeat_forever(), name="kafka backend session")
-        self._unwatch = self.server.on_visible(self._wake)
-        pid = await self.server.ensure_partition(*OFFSETS, create=True)
-        log = self.server.partition_log(pid)
-        end = self.server.state.partition_info(pid).log_end
-        await asyncio.get_running_loop().run_in_executor(None, self._store.replay, log, end)
-        await asyncio.get_running_loop().run_in_executor(None, self._read_meta)
+        """Open the broker sessions, `__consumer_offsets`, and replay it."""
+        await self._clients.link.start()
+        await self._system.link.start()
+        self._unwatch = self.port.on_visible(self._wake)
+        pid = await self.port.ensure(*OFFSETS, create=True)
+        log = self.port.log(pid)
+        end = self.port.info(pid).log_end
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._store.replay, log, end)
+        await loop.run_in_executor(None, self._read_meta)
         return self
 
     def advertise(self, port: int) -> None:
@@ -237,25 +284,12 @@ class BrokerBackend:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            await asyncio.gather(self._heartbeats, return_exceptions=True)
-            self._heartbeats = None
+        await self._clients.link.close()
+        await self._system.link.close()
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
-
-    async def _heartbeat_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.lease / 3)
-            try:
-                await self.server.submit(lambda t: Heartbeat(t, self._session))
-            except TqError as exc:  # the session expired (a stalled loop): open it again
-                logger.warning("kafka backend session: %s; reopening", exc)
-                self._producing.clear()
-                await self.server.submit(lambda t: OpenSession(t, self._session,
-                                                               self.config.lease))
 
     # ---- cluster ------------------------------------------------------------------------------
 
@@ -310,22 +344,19 @@ class BrokerBackend:
 
     # ---- data ---------------------------------------------------------------------------------
 
-    async def _hosted(self, topic: str, partition: int, *, write: bool) -> PartitionId:
-        """The broker's id of a partition this broker serves, opened if the cluster places
-        it here; NotLeaderError / UnknownPartitionError / UnknownTopicError otherwise."""
+    async def _hosted(self, topic: str, partition: int) -> PartitionId:
+        """The broker's id of a partition this broker serves to readers, opened if the
+        cluster places it here; NotLeaderError / UnknownPartitionError otherwise."""
         name = TopicName.parse(topic)
         pid = (name.short, partition)
-        if pid in self.server.state.partitions:
+        if self.port.hosts(pid):
             return pid
-        if write:
-            here = await self.cluster.admit(name, partition, create=self.auto_create_topics)
-        else:
-            here = await self.cluster.placed_here(name, partition)
-        if not here:
-            if await self.cluster.kafka_topics([name.short]):
+        if not await self.cluster.placed_here(name, partition):
+            known = await self.cluster.kafka_topics([name.short])
+            if known and 0 <= partition < len(known[0].partitions):
                 raise NotLeaderError(f"this broker does not host {name.short}-{partition}")
             raise UnknownPartitionError(f"topic {topic!r} has no partition {partition} here")
-        return await self.server.ensure_partition(name.short, partition, create=True)
+        return await self.port.ensure(name.short, partition, create=True)
 
     def _partition(self, pid: PartitionId) -> _Partition:
         part = self._partitions.get(pid)
@@ -335,9 +366,7 @@ class BrokerBackend:
 
     async def append(self, topic: str, partition: int, batches: Sequence[bytes], *,
                      acks: int) -> AppendResult:
-        if TopicName.parse(topic).internal:
-            raise InvalidTopicError(f"topic {topic!r} is internal: clients may not write to it")
-        pid = await self._hosted(topic, partition, write=True)
+        pid = (TopicName.parse(topic).short, partition)
         part = self._partition(pid)
         first: int | None = None
         async with part.lock:
@@ -348,37 +377,27 @@ class BrokerBackend:
                     verify_batch(batch)  # acknowledge a retry only if it is intact
                     base = original
                 else:
-                    base = await self._produce(pid, batch)
+                    base = await self._clients.produce(pid, batch,
+                                                       create=await self._creates(pid))
                     part.producers.record(header, base)
                 first = base if first is None else first
-        info = self.server.state.partition_info(pid)
+        info = self.port.info(pid)
         return AppendResult(first if first is not None else info.log_end, info.log_start)
 
-    async def _produce(self, pid: PartitionId, batch: bytes) -> int:
-        """Append through the broker; returns the base offset once durable. Waits while the
-        session's window is spent, so the broker never sees it overdrawn."""
-        if pid not in self._producing:
-            await self.server.submit(lambda t: OpenProducer(t, self._session, pid))
-            self._producing.add(pid)
-        window = self.server.state.limits.producer_window
-        async with self._window:
-            await self._window.wait_for(lambda: self._inflight < window)
-            self._inflight += len(batch)
-        try:
-            produced = await self.server.submit(lambda t: Produce(t, self._session, pid, batch))
-        finally:
-            async with self._window:
-                self._inflight -= len(batch)
-                self._window.notify_all()
-        return produced.base_offset
+    async def _creates(self, pid: PartitionId) -> bool:
+        """Whether a producer of `pid` asks for its topic to be created: Kafka's
+        auto-creation makes topics that do not exist, never partitions of one that does."""
+        if pid in self._clients.producing or not self.auto_create_topics:
+            return False
+        return not await self.cluster.kafka_topics([pid[0]])
 
     def _offsets(self, pid: PartitionId) -> PartitionOffsets:
-        info = self.server.state.partition_info(pid)
+        info = self.port.info(pid)
         return PartitionOffsets(info.log_start, info.log_end, info.log_end)
 
     async def read(self, topic: str, partition: int, offset: int,
                    max_bytes: int) -> PartitionRead:
-        pid = await self._hosted(topic, partition, write=False)
+        pid = await self._hosted(topic, partition)
         offsets = self._offsets(pid)
         if not offsets.log_start_offset <= offset <= offsets.high_watermark:
             raise OffsetOutOfRangeError(
@@ -386,7 +405,7 @@ class BrokerBackend:
                 f"{offsets.log_start_offset}..{offsets.high_watermark}")
         read = PartitionRead(offsets)
         if offset < offsets.high_watermark:
-            log = self.server.partition_log(pid)
+            log = self.port.log(pid)
             while True:
                 try:
                     chunk = log.read_slice(offset, max_bytes, end_offset=offsets.high_watermark)
@@ -404,12 +423,12 @@ class BrokerBackend:
         return read
 
     async def offsets(self, topic: str, partition: int) -> PartitionOffsets:
-        return self._offsets(await self._hosted(topic, partition, write=False))
+        return self._offsets(await self._hosted(topic, partition))
 
     async def offset_for_timestamp(self, topic: str, partition: int,
                                    timestamp_ms: int) -> tuple[int, int] | None:
-        pid = await self._hosted(topic, partition, write=False)
-        return record_at_timestamp(self.server.partition_log(pid), timestamp_ms,
+        pid = await self._hosted(topic, partition)
+        return record_at_timestamp(self.port.log(pid), timestamp_ms,
                                    self._offsets(pid).high_watermark)
 
     async def wait_for_data(self, positions: Sequence[tuple[str, int, int]],
@@ -462,7 +481,7 @@ class BrokerBackend:
         return self._node << 32 | counter
 
     def _meta_path(self) -> str:
-        return os.path.join(self.server.data_dir, META_FILE)
+        return os.path.join(self.port.data_dir, META_FILE)
 
     def _read_meta(self) -> None:
         path = self._meta_path()
@@ -470,19 +489,25 @@ class BrokerBackend:
             with open(path) as f:
                 meta = json.load(f)
             self._next_producer_id = self._reserved_producer_ids = int(meta["next_producer_id"])
+            if not self._cluster_id:
+                self._cluster_id = str(meta["cluster_id"])
         except FileNotFoundError:
+            if not self._cluster_id:
+                self._cluster_id = uuid.uuid4().hex[:22]
+                self._write_meta(0)
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"{path}: unreadable ({exc}); it holds the next producer "
                                "id") from exc
 
     def _write_meta(self, reserved: int) -> None:
-        """Durably record the first producer id not yet reserved (ids are never reused)."""
+        """Durably record the first producer id not yet reserved (ids are never reused), and
+        the cluster id where no secret derives it."""
         path = self._meta_path()
         tmp = path + ".tmp"
         try:
             with open(tmp, "w") as f:
-                json.dump({"next_producer_id": reserved}, f)
+                json.dump({"next_producer_id": reserved, "cluster_id": self._cluster_id}, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -494,8 +519,9 @@ class BrokerBackend:
     async def store_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
         if not offsets:
             return
-        await self._produce(OFFSETS, encode_batch(
-            [(c.commit_timestamp, *encode_offset(group_id, c), ()) for c in offsets]))
+        await self._system.produce(OFFSETS, encode_batch(
+            [(c.commit_timestamp, *encode_offset(group_id, c), ()) for c in offsets]),
+            create=True)
         self._store.committed(group_id, list(offsets))
 
     async def committed_offsets(self, group_id: str
@@ -503,8 +529,8 @@ class BrokerBackend:
         return dict(self._store.offsets.get(group_id, {}))
 
     async def store_group(self, record: GroupRecord) -> None:
-        await self._produce(OFFSETS, encode_batch(
-            [(record.current_state_timestamp, *encode_group(record), ())]))
+        await self._system.produce(OFFSETS, encode_batch(
+            [(record.current_state_timestamp, *encode_group(record), ())]), create=True)
         self._store.groups[record.group_id] = record
 
     async def stored_groups(self) -> Sequence[GroupRecord]:

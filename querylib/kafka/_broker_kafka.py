@@ -1,7 +1,9 @@
 """BrokerKafka: a broker's Kafka listener, `BrokerBackend` behind a `KafkaListener`, opened on a
-running BrokerServer by `querylib.broker.BrokerEndpoints` (`--kafka-port`).
+running BrokerServer's port by `querylib.broker.BrokerEndpoints` (`--kafka-port`) and by
+`tq kafka` (`_run.py`).
 
-    kafka = BrokerKafka(server, KafkaConfig(port=9092), secret=secret, cluster=catalog_view)
+    kafka = BrokerKafka(server.port, KafkaConfig(port=9092), secret=secret,
+                        cluster=catalog_view)
     await kafka.start()          # ListenError if the port cannot be bound
     kafka.address                # "127.0.0.1:9092", what clients bootstrap from
     await kafka.close()          # before server.close()
@@ -12,7 +14,7 @@ Must not: outlive its broker, or bind before the backend has replayed `__consume
 
 from __future__ import annotations
 
-from querylib.broker import BrokerServer
+from querylib.broker import BrokerPort
 from querylib.kafka._broker_backend import BrokerBackend, KafkaCluster, KafkaConfig
 from querylib.kafka._server import KafkaListener
 
@@ -22,10 +24,10 @@ __all__ = ["BrokerKafka"]
 class BrokerKafka:
     """The Kafka listener of one in-process broker."""
 
-    def __init__(self, server: BrokerServer, config: KafkaConfig | None = None, *,
-                 secret: bytes, cluster: KafkaCluster | None = None) -> None:
+    def __init__(self, port: BrokerPort, config: KafkaConfig | None = None, *,
+                 secret: bytes | None = None, cluster: KafkaCluster | None = None) -> None:
         self.config = config = config or KafkaConfig()
-        self.backend = BrokerBackend(server, config, secret=secret, cluster=cluster)
+        self.backend = BrokerBackend(port, config, secret=secret, cluster=cluster)
         self.listener: KafkaListener | None = None
 
     @property

@@ -1,8 +1,8 @@
 """What `__consumer_offsets` says: committed offsets and group states, rebuilt by replaying the
 topic's records (Kafka's key/value formats) and kept current as commits are appended.
 
-Both backends (`LocalBackend`, `BrokerBackend`) hold one. Pure bookkeeping over decoded
-records; reading the log is the caller's (`replay` takes the log, reads it, and only reads).
+`BrokerBackend` holds one. Pure bookkeeping over decoded records; reading the log is the
+caller's (`replay` takes the log, reads it, and only reads).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.errors import TopicExistsError, TqError, UnknownTopicError
+from querylib.broker import BatchTooLargeError
 from querylib.errors import InvalidRecordError
 from querylib.kafka._apis import (
     SUPPORTED_VERSIONS,
@@ -31,7 +32,7 @@ from querylib.kafka._errors import (
     error_code_of,
 )
 from querylib.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
-from querylib.records import read_header
+from querylib.records import MAX_BATCH_SIZE, read_header
 
 __all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error"]
 
@@ -328,6 +329,9 @@ def _single_batch(records: bytes | None) -> bytes:
     transactional and control batches are refused."""
     if not records:
         raise InvalidRecordError("produce request without records")
+    if len(records) > MAX_BATCH_SIZE:
+        raise BatchTooLargeError(f"a batch of {len(records)} bytes is larger than any broker "
+                                 f"accepts ({MAX_BATCH_SIZE})")
     header = read_header(records)
     if header.size != len(records):
         raise InvalidRecordError("produce request must hold exactly one record batch")

@@ -1,8 +1,12 @@
-"""Serving a data directory over the Kafka protocol in one process: `LocalBackend` behind a
-`KafkaListener` (what `tq kafka` runs, and what the interop tests start).
+"""`tq kafka`: a data directory served to Kafka clients by a broker with only its Kafka listener
+(a `BrokerServer` that opens no RPC socket, and `BrokerKafka` on its in-process port). So
+there is one Kafka backend, the one every tq broker runs: the same admission (a standalone
+broker admits anyone to its topics, and only tq itself to `__` topics), durability, frontiers
+and group store as `tq up`.
 
-The backend is told the listener's bound address, so Metadata and FindCoordinator send
-clients back to this listener even when the port was chosen by the OS (port 0).
+The listener is told its bound address, so Metadata and FindCoordinator send clients back to
+it even when the port was chosen by the OS (port 0). The cluster id is made once and kept in
+`<data>/.tq-kafka.json` (there is no cluster secret to derive it from).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 
+from querylib.broker import BrokerLimits, BrokerServer
 from querylib.kafka._apis import ListenerLimits
-from querylib.kafka._backend import BrokerInfo
+from querylib.kafka._broker_backend import KafkaConfig
+from querylib.kafka._broker_kafka import BrokerKafka
 from querylib.kafka._group import GroupConfig
-from querylib.kafka._local import LocalBackend
 from querylib.kafka._server import KafkaListener
 from querylib.log import LogConfig
 
@@ -35,23 +40,27 @@ async def serve_local(
     group_config: GroupConfig | None = None,
     auto_create_topics: bool = True,
     default_partitions: int = 1,
+    broker_limits: BrokerLimits | None = None,
 ) -> AsyncIterator[KafkaListener]:
-    """Open the data directory, listen, and yield the listener; close both on exit."""
-    backend = await LocalBackend.open(data_dir, log_config=log_config,
-                                      auto_create_topics=auto_create_topics,
-                                      default_partitions=default_partitions)
+    """Open the data directory as a broker, listen, and yield the listener (its `backend` is
+    a `BrokerBackend`); close both on exit."""
+    # No RPC socket: the secret only keys a server that never binds.
+    server = BrokerServer(data_dir, os.urandom(32), log_config=log_config, limits=broker_limits)
+    config = KafkaConfig(host=host, port=port, advertised_host=advertised_host,
+                         auto_create_topics=auto_create_topics,
+                         default_partitions=default_partitions, limits=limits,
+                         group_config=group_config)
     try:
-        listener = KafkaListener(backend, host, port, limits=limits, group_config=group_config)
-        await listener.start()
-        advertised = advertised_host or (host if host not in ("0.0.0.0", "::", "") else
-                                         "127.0.0.1")
-        backend.advertise(BrokerInfo(0, advertised, listener.port))
+        await server.start(None)
+        kafka = BrokerKafka(server.port, config)
+        await kafka.start()
         try:
-            yield listener
+            assert kafka.listener is not None
+            yield kafka.listener
         finally:
-            await listener.stop()
+            await kafka.close()
     finally:
-        await backend.close()
+        await server.close()
 
 
 def run_kafka(

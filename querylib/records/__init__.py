@@ -15,7 +15,7 @@ never cause an unbounded allocation.
     _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output
     _legacy.py       legacy message sets v0/v1 (read-only)
     _segment.py      iterate the batches of a log segment or fetch response
-    _control.py      tq's control records (FRONTIER, END_OF_STREAM) and header names
+    _control.py      tq's control records (FRONTIER, END_OF_STREAM, REOPEN) and header names
 """
 
 from querylib.records._compression import MAX_DECOMPRESSED_SIZE
@@ -29,6 +29,7 @@ from querylib.records._control import (
     end_of_stream_batch,
     frontier_batch,
     frontier_of,
+    reopen_batch,
 )
 from querylib.records._decode import decode_batch, verify_batch
 from querylib.records._encode import encode_batch
@@ -75,6 +76,7 @@ __all__ = [
     "frontier_of",
     "iter_batches",
     "read_header",
+    "reopen_batch",
     "stamp_base_offset",
     "value_runs",
     "verify_batch",

@@ -3,10 +3,12 @@
 Control batches (attributes bit 5) hold records whose key is Kafka's control key:
     version  int16  0
     type     int16  0 ABORT, 1 COMMIT (Kafka transactions); 2-4 Kafka's KRaft markers;
-                    100 FRONTIER, 101 END_OF_STREAM (tq's; Kafka clients skip control batches)
+                    100 FRONTIER, 101 END_OF_STREAM, 102 REOPEN (tq's; Kafka clients skip
+                    control batches)
 tq's control batches have producerId -1 and are not transactional, so Kafka consumers in
 read_committed mode never take them for transaction markers. A FRONTIER record's value is the new
-frontier as int64 big-endian; an END_OF_STREAM record has a null value.
+frontier as int64 big-endian; END_OF_STREAM and REOPEN records have a null value. A REOPEN
+follows an END_OF_STREAM when a writer reopened the stream explicitly: that end is superseded.
 
 tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
 (the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
@@ -37,6 +39,7 @@ class ControlType(IntEnum):
     SNAPSHOT_FOOTER = 4
     FRONTIER = 100
     END_OF_STREAM = 101
+    REOPEN = 102
 
 
 def encode_int64(n: int) -> bytes:
@@ -67,6 +70,12 @@ def frontier_batch(frontier: int, *, timestamp: int) -> bytes:
 def end_of_stream_batch(*, timestamp: int) -> bytes:
     """A control batch of one END_OF_STREAM record: no more data will follow."""
     return encode_batch([(timestamp, control_key(ControlType.END_OF_STREAM), None, ())],
+                        is_control=True)
+
+
+def reopen_batch(*, timestamp: int) -> bytes:
+    """A control batch of one REOPEN record: the stream that ended goes on."""
+    return encode_batch([(timestamp, control_key(ControlType.REOPEN), None, ())],
                         is_control=True)
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import blake3
 
-from catalog import ADMIN, InvalidCommandError, check_principal
+from catalog import ADMIN, InvalidCommandError, PrincipalKind, check_principal, principal_kind
 
 from ._errors import SecretFileError
 from ._secret import MIN_SECRET_BYTES, read_private_file
@@ -245,11 +245,12 @@ class MasterKeyring(Keyring):
 
 
 def _any_principal(principal: str) -> int | None:
+    """Every principal that may hold a key (never `system` or `anonymous`), at generation 0."""
     try:
-        check_principal(principal)
+        kind = principal_kind(principal)
     except InvalidCommandError:
         return None
-    return 0
+    return None if kind in (PrincipalKind.SYSTEM, PrincipalKind.ANONYMOUS) else 0
 
 
 class RemoteKeyring(Keyring):

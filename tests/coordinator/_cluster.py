@@ -23,6 +23,23 @@ def tq_env(home: Path) -> dict[str, str]:
     return env
 
 
+def query_env(home: Path, query_id: int, process: int, processes: int,
+              workers: int) -> dict[str, str]:
+    """What an executor gives process `process` of a query: its TQ_* variables and a credential
+    of its own (principal query:ID, derived from the cluster secret as the coordinator mints
+    it; DESIGN §12), for tests that start a query's processes themselves."""
+    from querylib.rpc import Credential, load_secret, principal_key, write_credential
+
+    path = home / f"query-{query_id}-{process}.credential"
+    if not path.exists():
+        principal = f"query:{query_id}"
+        write_credential(path, Credential(principal, principal_key(
+            load_secret(home / "secret"), principal)))
+    return tq_env(home) | {"TQ_QUERY_ID": str(query_id), "TQ_PROCESS_INDEX": str(process),
+                           "TQ_PROCESS_COUNT": str(processes), "TQ_WORKERS": str(workers),
+                           "TQ_CREDENTIALS": str(path)}
+
+
 def tq(home: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run a `tq` command to completion (with the coordinator commands registered)."""
     return subprocess.run([sys.executable, "-m", "tests.coordinator._tq", *args],

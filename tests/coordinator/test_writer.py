@@ -54,8 +54,8 @@ def test_a_group_advances_each_touched_topic_once_and_nothing_else(tmp_path: Pat
 
     async def main() -> None:
         broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
-        endpoint = await broker.start()
-        writer = CatalogWriter(endpoint, SECRET, on_committed=lambda version: None,
+        await broker.start(None)
+        writer = CatalogWriter(broker.port, on_committed=lambda version: None,
                                on_failed=lambda exc: None, sweep_interval=NEVER)
         try:
             await writer.start(0)
@@ -87,8 +87,8 @@ def test_untouched_topics_catch_up_within_the_sweep_interval(tmp_path: Path) -> 
 
     async def main() -> None:
         broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
-        endpoint = await broker.start()
-        writer = CatalogWriter(endpoint, SECRET, on_committed=lambda version: None,
+        await broker.start(None)
+        writer = CatalogWriter(broker.port, on_committed=lambda version: None,
                                on_failed=lambda exc: None, sweep_interval=0.05)
         try:
             await writer.start(0)

@@ -21,7 +21,7 @@ from catalog import Broker, RecordTypeMismatchError, Resources, SessionKind, Unk
 from catalog.errors import UserError
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, query_env, tq, tq_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,9 +86,7 @@ def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
     times = 5
 
     def start(process: int) -> subprocess.Popen[str]:
-        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
-                              "TQ_PROCESS_INDEX": str(process), "TQ_PROCESS_COUNT": "2",
-                              "TQ_WORKERS": "2"}
+        env = query_env(home, query.query_id, process, 2, 2)
         args = ["-m", "querylib.examples.numbers_query", "--topic", topic,
                 "--times", str(times)]
         return processes.python(*args, *(["--merge"] if merge else []), env=env, cwd=ROOT,
@@ -125,9 +123,7 @@ def test_merge_frontier_waits_for_a_delayed_process(processes: Processes, home: 
     times = 4
 
     def start(process: int) -> subprocess.Popen[str]:
-        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
-                              "TQ_PROCESS_INDEX": str(process), "TQ_PROCESS_COUNT": "2",
-                              "TQ_WORKERS": "2"}
+        env = query_env(home, query.query_id, process, 2, 2)
         return processes.python("-m", "querylib.examples.numbers_query", "--topic", "held",
                                 "--times", str(times), "--merge", env=env, cwd=ROOT,
                                 stderr=subprocess.PIPE, text=True)
@@ -180,9 +176,7 @@ def test_a_publication_lives_while_any_process_holds_it(home: Path,
                 assert release[index].wait(timeout=60)
             closed[index].set()
 
-        env = tq_env(home) | {"TQ_QUERY_ID": str(query.query_id),
-                              "TQ_PROCESS_INDEX": str(index), "TQ_PROCESS_COUNT": "2",
-                              "TQ_WORKERS": "1"}
+        env = query_env(home, query.query_id, index, 2, 1)
         try:
             querylib.execute(main, env=env)
         except BaseException as exc:  # reported by the test below

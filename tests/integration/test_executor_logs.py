@@ -1,5 +1,6 @@
-"""Query output reaches the `__logs` topic: a real `tq broker` process, real query processes
-under a Supervisor whose sink is a LogForwarder, read back with querylib.broker.Subscriber."""
+"""Query output reaches the `__logs` topic: a real broker in this process (the forwarder
+writes through its in-process door, as tq itself), real query processes under a Supervisor
+whose sink is a LogForwarder, read back over RPC with querylib.broker.AsyncSubscriber."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from executor import (
     line_of_record,
     pack_path,
 )
-from querylib.broker import Data, Subscriber
-from tests.conftest import free_port
+from querylib.broker import AsyncSubscriber, BrokerServer, Data
 from tests.executor._support import write_program
-from tests.integration._broker_helpers import secret_file, start_broker
+from tests.integration._broker_helpers import secret_file
 
 CHATTY = """
     import os, sys
@@ -31,34 +31,34 @@ CHATTY = """
 """
 
 
-def test_lines_of_two_processes_reach_the_logs_partition_in_order(processes, tmp_path):
-    path, secret = secret_file(tmp_path)
-    port = free_port()
-    start_broker(processes, tmp_path / "broker", port, path, secret)
-    address = f"tcp://127.0.0.1:{port}"
+def test_lines_of_two_processes_reach_the_logs_partition_in_order(tmp_path):
+    _, secret = secret_file(tmp_path)
     src = write_program(tmp_path / "src" / "chatty.py", CHATTY)
     artifact = ArtifactCache(tmp_path / "artifacts").install(pack_path(src, max_bytes=1 << 20))
 
     async def go():
-        forwarder = await LogForwarder(address, secret).start()
+        broker = BrokerServer(tmp_path / "broker", secret)
+        address = await broker.start()
+        forwarder = await LogForwarder(broker.port).start()
         sup = Supervisor(work_root=tmp_path / "work", sink=forwarder, max_line=1000)
         try:
             runs = [await sup.spawn(SpawnSpec(query_id=21, process=p, processes=2),
                                     artifact.program) for p in (0, 1)]
             codes = [(await run.wait()).exit_code for run in runs]
             await forwarder.flush()
+            async with AsyncSubscriber(address, LOGS_TOPIC, 0, secret=secret,
+                                       start="earliest", follow=False) as sub:
+                records = [r async for event in sub if isinstance(event, Data)
+                           for r in event.records]
         finally:
             await sup.close()
             await forwarder.close()
-        return codes, forwarder
+            await broker.close()
+        return codes, forwarder, records
 
-    codes, forwarder = asyncio.run(go())
+    codes, forwarder, records = asyncio.run(go())
     assert codes == [0, 0]
     assert forwarder.failures == 0
-
-    with Subscriber(address, LOGS_TOPIC, 0, secret=secret, start="earliest",
-                    follow=False) as sub:
-        records = [r for event in sub if isinstance(event, Data) for r in event.records]
     assert forwarder.forwarded == len(records) == 2 * (500 + 10 + 3 + 1)
     assert [r.offset for r in records] == list(range(len(records)))
     for p in (0, 1):
@@ -81,17 +81,15 @@ def test_lines_of_two_processes_reach_the_logs_partition_in_order(processes, tmp
 def test_a_dead_broker_costs_log_lines_not_the_query(processes, tmp_path):
     """The broker dies before the query writes: the query runs to its end, its exit is
     reported, and the forwarder counts the failure instead of raising into the agent."""
-    path, secret = secret_file(tmp_path)
-    port = free_port()
-    broker = start_broker(processes, tmp_path / "broker", port, path, secret)
-    address = f"tcp://127.0.0.1:{port}"
+    _, secret = secret_file(tmp_path)
     src = write_program(tmp_path / "src" / "chatty.py", CHATTY)
     artifact = ArtifactCache(tmp_path / "artifacts").install(pack_path(src, max_bytes=1 << 20))
 
     async def go():
-        forwarder = await LogForwarder(address, secret, timeout=1.0, linger=0.001).start()
-        broker.kill()
-        broker.wait(timeout=30)
+        broker = BrokerServer(tmp_path / "broker", secret)
+        await broker.start()
+        forwarder = await LogForwarder(broker.port, timeout=1.0, linger=0.001).start()
+        await broker.close()
         sup = Supervisor(work_root=tmp_path / "work", sink=forwarder)
         try:
             await sup.spawn(SpawnSpec(query_id=22, process=0), artifact.program)

@@ -104,3 +104,21 @@ def test_aiokafka_produce_and_consume(kafka_server: KafkaServer) -> None:
     assert asyncio.run(main()) == expected(entries)
     kafka_server.stop()
     assert as_tuples(read_topic(kafka_server.data_dir, "aio")) == expected(entries)
+
+
+def test_a_batch_over_the_brokers_maximum_is_message_too_large(
+        kafka_server: KafkaServer) -> None:
+    """`tq kafka` is a tq broker: its core refuses a batch over its maximum (8 MiB) with
+    MESSAGE_TOO_LARGE, and the topic goes on taking batches that fit."""
+    from kafka.errors import MessageSizeTooLargeError
+
+    kafka_server.start()
+    # The client's own limit is set above the broker's, so that the broker answers.
+    producer = kafka.KafkaProducer(bootstrap_servers=kafka_server.bootstrap, retries=0,
+                                   enable_idempotence=False, max_request_size=32 << 20)
+    try:
+        with pytest.raises(MessageSizeTooLargeError):
+            producer.send("big", b"x" * (9 << 20), partition=0).get(timeout=60)
+        assert producer.send("big", b"small", partition=0).get(timeout=30).offset == 0
+    finally:
+        producer.close(timeout=10)

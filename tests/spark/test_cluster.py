@@ -43,9 +43,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         running = Running(home)
         with Cluster(running.address, running.secret) as session:
             info = session.create_topic("events", 2)
-            session.create_topic("written", 2)
+            # Spark writes from outside any query: into an ingest topic.
+            session.create_topic("written", 2, ingest=True)
         broker = info.brokers[info.topic.locations[0]]
         for p in range(2):
+            # `events` is the admin's (its creator's principal), who writes it.
             with Producer(broker, "events", p, secret=running.secret) as producer:
                 for t in range(3):
                     producer.send_batch(encode_batch([

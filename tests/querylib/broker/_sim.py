@@ -17,14 +17,17 @@ from querylib.broker._events import (
     DurableAdvanced,
     Fail,
     GroupsSaved,
+    OpenPartition,
     PartitionId,
     PartitionOpened,
     Read,
     ReadCompleted,
     Reply,
+    ResolveTopic,
     SaveGroups,
     SessionExpired,
     SubscriptionClosed,
+    TopicAccess,
 )
 from querylib.broker._state import BrokerLimits, BrokerState
 from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_header
@@ -48,14 +51,19 @@ def fake_end(timestamp: int) -> bytes:
     return fake_batch(1, b"E", control=True)
 
 
+def fake_reopen(timestamp: int) -> bytes:
+    return fake_batch(1, b"R", control=True)
+
+
 def control_of(stored: bytes) -> tuple[str, int | None] | None:
-    """('F', frontier) / ('E', None) for the fake control batches, None for data."""
+    """('F', frontier) / ('E', None) / ('R', None) for the fake control batches, None for
+    data."""
     if not stored[22] & CONTROL:
         return None
     kind = stored[HEADER_SIZE:HEADER_SIZE + 1]
     if kind == b"F":
         return "F", int.from_bytes(stored[HEADER_SIZE + 1:HEADER_SIZE + 9], "big", signed=True)
-    return "E", None
+    return kind.decode(), None
 
 
 @dataclass
@@ -70,7 +78,8 @@ class SubTrack:
 class Sim:
     def __init__(self, limits: BrokerLimits | None = None, *, auto_durable: bool = True,
                  auto_save: bool = True) -> None:
-        self.state = BrokerState(limits, encode_frontier=fake_frontier, encode_end=fake_end)
+        self.state = BrokerState(limits, encode_frontier=fake_frontier, encode_end=fake_end,
+                                 encode_reopen=fake_reopen)
         self.auto_durable = auto_durable
         self.auto_save = auto_save  # answer SaveGroups at once (else they wait in `saves`)
         self.saves: list[SaveGroups] = []
@@ -82,16 +91,27 @@ class Sim:
         self.replies: dict[object, object] = {}
         self.subs: dict[tuple[str, int], SubTrack] = {}
         self.expired: list[str] = []
+        self.asks: list[ResolveTopic] = []     # questions for the directory, unanswered
+        self.opens: list[OpenPartition] = []   # partitions to open, not opened yet
         self.max_batch = 0
         self.now = 0.0
 
     # ----------------------------------------------------------------- driving
 
-    def open_partition(self, pid: PartitionId, **kwargs) -> None:
+    def open_partition(self, pid: PartitionId, *, writers: str | None = "*", **kwargs) -> list:
+        """Open `pid`, its topic open to `writers` (anyone, unless a test says otherwise;
+        None: the state has no rule for it yet)."""
         self.logs[pid] = []
         self.durable[pid] = 0
         self.appends[pid] = deque()
-        self.feed(PartitionOpened(pid, 0, 0, 0, **kwargs))
+        out = self.feed(PartitionOpened(pid, 0, 0, 0, **kwargs))
+        if writers is not None:
+            out += self.feed(TopicAccess(pid[0], writers))
+        return out
+
+    def complete_open(self) -> list:
+        """The shell opened the first partition the state asked for: a new, empty log."""
+        return self.open_partition(self.opens.pop(0).partition, writers=None)
 
     def complete_save(self) -> list:
         save = self.saves.pop(0)
@@ -173,6 +193,12 @@ class Sim:
             self.saves.append(instr)
             if self.auto_save:
                 self.complete_save()
+        elif isinstance(instr, ResolveTopic):
+            self.asks.append(instr)
+        elif isinstance(instr, OpenPartition):
+            assert instr.partition not in self.state.partitions, "opening an open partition"
+            assert all(o.partition != instr.partition for o in self.opens), "opened twice"
+            self.opens.append(instr)
         else:  # pragma: no cover
             raise AssertionError(f"unexpected instruction {instr}")
 

@@ -5,7 +5,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import ProtocolError
-from querylib.broker._frontier import FrontierAdvanced, PartitionFrontier, StreamEnded
+from querylib.broker import StreamEndedError
+from querylib.broker._frontier import (
+    FrontierAdvanced,
+    PartitionFrontier,
+    StreamEnded,
+    StreamReopened,
+)
 
 
 def test_minimum_over_producers():
@@ -49,6 +55,24 @@ def test_late_joiner_starts_at_published_frontier():
         f.advance("b", 7)
 
 
+def test_nobody_joins_an_ended_stream_unless_it_reopens_it():
+    f = PartitionFrontier()
+    f.join("a")
+    f.advance("a", 3)
+    assert f.end("a") == [StreamEnded()]
+    assert f.ended
+    with pytest.raises(StreamEndedError):
+        f.join("b")
+    with pytest.raises(StreamEndedError):
+        PartitionFrontier(5, ended=True).join("after a restart")
+    assert f.ended and f.producers == {}
+    assert f.join("b", reopen=True) == [StreamReopened()]
+    assert not f.ended and f.producers == {"b": 3}  # it goes on from the published frontier
+    assert f.join("c", reopen=True) == []  # open streams need no reopening
+    with pytest.raises(ProtocolError):
+        f.advance("b", 2)
+
+
 def test_unknown_producer_is_a_protocol_error():
     with pytest.raises(ProtocolError):
         PartitionFrontier().advance("ghost", 1)
@@ -63,7 +87,7 @@ def test_published_frontier_is_monotone_and_never_above_live_minimum(ops):
     for name, op, t in ops:
         try:
             if op == "join":
-                f.join(name)
+                f.join(name, reopen=True)
             elif op == "adv":
                 f.advance(name, max(t, f.producers.get(name, 0)))
             elif op == "end":

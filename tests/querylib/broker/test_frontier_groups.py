@@ -140,7 +140,7 @@ def test_the_frontier_never_passes_what_a_late_writer_may_still_send(steps, star
             if op == "join":
                 if session not in f.producers:  # a second join of a session changes nothing
                     joined.add(writer)
-                f.join(session, G, writer, len(WRITERS))
+                f.join(session, G, writer, len(WRITERS), reopen=True)
             elif op == "adv":
                 f.advance(session, max(t, f.producers.get(session, 0)))
             elif op == "end":

@@ -1,6 +1,6 @@
 """Topic names a broker hosts: the short form of every catalog name (`tenant/ns/name` too), one
-spelling per topic, stored in `%2F`-escaped directories; and the public hooks in-process
-endpoints use (`submit`, `ensure_partition`, `partition_log`) on a real BrokerServer."""
+spelling per topic, stored in `%2F`-escaped directories; and the in-process port endpoints use
+(`BrokerPort`: sessions, partition info, the log for reads) on a real BrokerServer."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ import os
 
 import pytest
 
-from querylib.broker import BrokerServer, InvalidTopicError, UnknownPartitionError
-from querylib.broker._events import OpenProducer, OpenSession, Produce
+from querylib.broker import (
+    BrokerServer,
+    InvalidTopicError,
+    OpenProducerRequest,
+    ProduceRequest,
+    UnknownPartitionError,
+)
 from querylib.broker._host import find_partitions, open_partition, validate_partition
 from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
@@ -45,22 +50,28 @@ def test_tenant_topics_live_in_escaped_directories(tmp_path):
     assert find_partitions(str(tmp_path)) == [("t/ns/my-events", 3)]
 
 
-def test_public_hooks_append_and_read_a_tenant_topic(tmp_path):
+def test_the_port_appends_and_reads_a_tenant_topic(tmp_path):
     async def scenario() -> tuple[bytes, list[int]]:
         server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
-        await server.start("tcp://127.0.0.1:0")
+        await server.start(None)  # the in-process port alone
+        port = server.port
         try:
             with pytest.raises(UnknownPartitionError):
-                await server.ensure_partition("t/ns/feed", 0, create=False)
-            pid = await server.ensure_partition("t/ns/feed", 0, create=True)
-            await server.submit(lambda t: OpenSession(t, "s1", 10.0))
-            await server.submit(lambda t: OpenProducer(t, "s1", pid))
+                await port.ensure("t/ns/feed", 0, create=False)
+            link = port.link("anonymous")
+            await link.start()
+            pid = ("t/ns/feed", 0)
+            await link.request(OpenProducerRequest(session=link.session, topic=pid[0],
+                                                   partition=pid[1]))
+            assert port.hosts(pid)  # opening the producer opened the partition
             batch = encode_records([(b"k", b"v", (), 0, 1)])
-            await server.submit(lambda t: Produce(t, "s1", pid, batch))
-            log = server.partition_log(pid)
-            data = log.read(0, 1 << 20, end_offset=log.durable_end_offset)
+            await link.request(ProduceRequest(session=link.session, topic=pid[0],
+                                              partition=pid[1]), payload=[batch])
+            assert port.info(pid).log_end == 1
+            data = port.log(pid).read(0, 1 << 20, end_offset=port.info(pid).log_end)
             with pytest.raises(UnknownPartitionError):
-                server.partition_log(("t/ns/other", 0))
+                port.log(("t/ns/other", 0))
+            await link.close()
             return data, [b.base_offset for b in iter_batches(data)]
         finally:
             await server.close()

@@ -11,10 +11,8 @@ import os
 
 import pytest
 
-from querylib.broker import BrokerServer, Incarnation, StaleIncarnationError
-from querylib.broker._events import OpenProducer, OpenSession, Produce
+from querylib.broker import AsyncProducer, BrokerServer, Incarnation, StaleIncarnationError
 from querylib.broker._host import open_partition
-from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
 from querylib.records import iter_batches
 
@@ -29,10 +27,12 @@ def _values(server: BrokerServer, pid) -> list[bytes]:
 
 
 async def _write(server: BrokerServer, pid, session: str, value: bytes) -> None:
-    await server.submit(lambda t: OpenSession(t, session, 10.0))
-    await server.submit(lambda t: OpenProducer(t, session, pid))
-    batch = encode_records([(None, value, (), 0, 1)])
-    await server.submit(lambda t: Produce(t, session, pid, batch))
+    """One record, written through the broker's public in-process port (and flushed)."""
+    producer = AsyncProducer(server.port, pid[0], pid[1], principal="anonymous")
+    await producer.start()
+    await producer.send(value, time=0)
+    await producer.flush()
+    await producer.close(end=False)
 
 
 def test_a_newer_topic_of_a_name_sets_the_old_partition_aside(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from catalog.errors import ProtocolError
 from querylib.broker._errors import (
+    BatchTooLargeError,
     CreditExceededError,
     NotProducerError,
     UnknownPartitionError,
@@ -114,7 +115,8 @@ def test_produce_checks_role_partition_and_batch():
     sim.feed(Produce("junk", "p", P, b"\x00" * 10))
     assert isinstance(sim.replies["junk"], RecordError)
     sim.feed(Produce("big", "p", P, fake_batch(1, b"x" * (9 << 20))))
-    assert isinstance(sim.replies["big"], InvalidLengthError)
+    assert isinstance(sim.replies["big"], BatchTooLargeError)
+    assert sim.replies["big"].kafka_error_code == 10  # MESSAGE_TOO_LARGE
     assert not sim.appends[P]
 
 

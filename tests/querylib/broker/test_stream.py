@@ -15,7 +15,7 @@ from querylib.broker._stream import (
     events_of,
     value_events_of,
 )
-from querylib.records import end_of_stream_batch, frontier_batch
+from querylib.records import end_of_stream_batch, frontier_batch, reopen_batch
 from querylib.records._header import stamp_base_offset
 
 
@@ -67,6 +67,26 @@ def test_merged_frontier_is_the_minimum_and_ends_when_all_end():
     assert merge.mark(PartitionMark(1, None)) == [EndOfStream()]
     merge.data(1)  # a producer came back to partition 1
     assert merge.mark(PartitionMark(1, 9)) == [Progress(9)]
+
+
+def test_a_reopening_after_an_end_is_a_mark_of_its_own():
+    data = stored(end_of_stream_batch(timestamp=0), reopen_batch(timestamp=0),
+                  encode_records(entries([2])))
+    items = list(events_of(data, 3))
+    assert items[:2] == [PartitionMark(3, None, 1), PartitionMark(3, None, 2, reopen=True)]
+
+
+def test_an_end_superseded_in_the_history_is_read_past_and_the_current_one_ends():
+    # Subscribed when the log ended at offset 5: the end at 1 was followed by a reopening.
+    merge = FrontierMerge({0: 0}, history={0: 5})
+    assert merge.mark(PartitionMark(0, None, 1)) == []  # superseded: read past it
+    assert merge.mark(PartitionMark(0, None, 2, reopen=True)) == []
+    assert merge.mark(PartitionMark(0, 4, 4)) == [Progress(4)]
+    assert merge.mark(PartitionMark(0, None, 5)) == [EndOfStream()]  # the end it found
+    # A live reader past that end: a later reopening makes the partition live again.
+    assert merge.mark(PartitionMark(0, None, 6, reopen=True)) == []
+    assert merge.mark(PartitionMark(0, 7, 7)) == [Progress(7)]
+    assert merge.mark(PartitionMark(0, None, 8)) == [EndOfStream()]
 
 
 @settings(max_examples=100, deadline=None)

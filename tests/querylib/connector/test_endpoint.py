@@ -67,7 +67,7 @@ class Harness:
         async def start() -> None:
             self.server = BrokerServer(self.data_dir, SECRET, log_config=self.log_config)
             await self.server.start("tcp://127.0.0.1:0")
-            self.endpoint = ConnectorEndpoint(self.server, self.config)
+            self.endpoint = ConnectorEndpoint(self.server.port, self.config)
             await self.endpoint.start()
 
         self.call(start())

@@ -18,14 +18,15 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from querylib.kafka import GroupConfig, KafkaListener, ListenerLimits, LocalBackend, serve_local
+from querylib.kafka import BrokerBackend, GroupConfig, KafkaListener, ListenerLimits, serve_local
 from querylib.kafka._apis import _build, _payload_class, response_header_flexible
 
 T = TypeVar("T")
 
 
 class ListenerThread:
-    """`serve_local` running on a private event loop in a daemon thread."""
+    """`serve_local` (a broker with only its Kafka listener, as `tq kafka` runs) on a private
+    event loop in a daemon thread."""
 
     def __init__(self, data_dir: str, **options: Any) -> None:
         self.data_dir = data_dir
@@ -38,10 +39,10 @@ class ListenerThread:
         self._thread = threading.Thread(target=self._run, daemon=True, name="kafka-listener")
 
     @property
-    def backend(self) -> LocalBackend:
+    def backend(self) -> BrokerBackend:
         assert self.listener is not None
         backend = self.listener.backend
-        assert isinstance(backend, LocalBackend)
+        assert isinstance(backend, BrokerBackend)
         return backend
 
     @property

@@ -1,41 +1,64 @@
-"""BrokerBackend over a real BrokerServer in this process (standalone: the broker alone is the
-cluster): producer batches go through the broker (its lane writes the log), idempotent retries
-are answered with the original offset, reads stop at what subscribers may see, a waiting fetch
-wakes on an append, tenant topics work, and committed offsets and groups survive a restart of
-the broker."""
+"""BrokerBackend, the one Kafka backend (what `tq up`, `tq broker --kafka-port` and `tq kafka`
+run), over a real BrokerServer in this process with no RPC socket (standalone: the broker alone
+is the cluster): partitions already on disk are served, topics are created and refused as
+Kafka's rules say, producer batches go through the broker's door (its core admits them, its
+lane writes the log) and read back as the stored bytes, idempotent retries are answered with
+the original offset, reads stop at what subscribers may see, a waiting fetch wakes on an
+append, and producer ids, the cluster id, committed offsets and groups survive a restart."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
-from catalog.errors import ReservedTopicNameError, TopicExistsError
-from querylib.broker import BrokerServer
+from catalog.errors import (
+    InvalidPartitionsError,
+    InvalidTopicNameError,
+    ReservedTopicNameError,
+    TopicExistsError,
+    TqError,
+)
+from querylib.broker import (
+    BatchTooLargeError,
+    BrokerLimits,
+    BrokerServer,
+    EndStreamRequest,
+    OpenProducerRequest,
+    StreamEndedError,
+    TopicAuthorizationError,
+)
+from querylib.errors import CorruptRecordError, OffsetOutOfRangeError
 from querylib.kafka import (
+    OFFSETS_TOPIC,
     BrokerBackend,
     CommittedOffset,
+    GroupMemberRecord,
     GroupRecord,
-    InvalidTopicError,
     KafkaConfig,
     OutOfOrderSequenceError,
     UnknownPartitionError,
 )
-from querylib.log import LogConfig
-from querylib.records import encode_batch, iter_batches
+from querylib.log import LogConfig, PartitionLog
+from querylib.records import decode_batch, encode_batch, iter_batches
 
 T = TypeVar("T")
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
-def run(data_dir: Path, body: Callable[[BrokerBackend], Awaitable[T]]) -> T:
+def run(data_dir: Path, body: Callable[[BrokerBackend], Awaitable[T]], *,
+        secret: bytes | None = SECRET, log_config: LogConfig | None = None,
+        limits: BrokerLimits | None = None, **config: Any) -> T:
     async def main() -> T:
-        server = BrokerServer(data_dir, SECRET, log_config=LogConfig())
-        await server.start("tcp://127.0.0.1:0")
-        backend = await BrokerBackend(server, KafkaConfig(port=0), secret=SECRET).open()
+        server = BrokerServer(data_dir, SECRET, log_config=log_config or LogConfig(),
+                              limits=limits)
+        await server.start(None)
+        backend = await BrokerBackend(server.port, KafkaConfig(port=0, **config),
+                                      secret=secret).open()
         try:
             return await body(backend)
         finally:
@@ -45,17 +68,27 @@ def run(data_dir: Path, body: Callable[[BrokerBackend], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-def batch(*values: bytes, **kwargs) -> bytes:
-    return encode_batch([(1_700_000_000_000 + i, b"k", v, ()) for i, v in enumerate(values)],
-                        **kwargs)
+def batch(*values: bytes, ts: int = 1_700_000_000_000, **kwargs) -> bytes:
+    return encode_batch([(ts + i, b"k", v, ()) for i, v in enumerate(values)], **kwargs)
 
 
-def values(read) -> list[bytes]:
-    data = b"".join(c if isinstance(c, bytes) else c.read() for c in read.chunks)
-    return [r.value for b in iter_batches(data) for r in b.records]
+def test_partitions_on_disk_are_served_and_the_offsets_topic_is_made(tmp_path: Path) -> None:
+    with PartitionLog.open(tmp_path / "numbers-0") as log:
+        log.append(batch(b"a", b"b"))
+    with PartitionLog.open(tmp_path / "numbers-1") as log:
+        log.append(batch(b"c"))
+
+    async def body(backend: BrokerBackend):
+        return await backend.topics(), await backend.offsets("numbers", 0)
+
+    topics, offsets = run(tmp_path, body)
+    assert [(t.name, len(t.partitions), t.internal) for t in topics] == [
+        (OFFSETS_TOPIC, 1, True), ("numbers", 2, False)]
+    assert (offsets.log_start_offset, offsets.high_watermark) == (0, 2)
+    assert (tmp_path / f"{OFFSETS_TOPIC}-0").is_dir()
 
 
-def test_appends_go_through_the_broker_and_read_back(tmp_path: Path) -> None:
+def test_create_topic_and_its_refusals(tmp_path: Path) -> None:
     async def body(backend: BrokerBackend) -> None:
         created = await backend.create_topic("acme/lab/raw", 2)
         assert [p.index for p in created.partitions] == [0, 1]
@@ -63,22 +96,90 @@ def test_appends_go_through_the_broker_and_read_back(tmp_path: Path) -> None:
             await backend.create_topic("acme/lab/raw", 1)
         with pytest.raises(ReservedTopicNameError):
             await backend.create_topic("__mine", 1)
-        first = await backend.append("acme/lab/raw", 1, [batch(b"a", b"b")], acks=-1)
-        second = await backend.append("acme/lab/raw", 1, [batch(b"c")], acks=1)
+        with pytest.raises(InvalidTopicNameError):
+            await backend.create_topic("bad name")
+        with pytest.raises(InvalidPartitionsError):
+            await backend.create_topic("zero", 0)
+        names = [t.name for t in await backend.topics()]
+        assert "acme/lab/raw" in names and OFFSETS_TOPIC in names
+
+    run(tmp_path, body)
+    assert sorted(os.listdir(tmp_path)) == [
+        f"{OFFSETS_TOPIC}-0", "acme%2Flab%2Fraw-0", "acme%2Flab%2Fraw-1"]
+
+
+def test_appends_go_through_the_broker_and_read_back_as_stored(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        await backend.create_topic("t", 2)
+        first = await backend.append("t", 1, [batch(b"a", b"b")], acks=-1)
+        second = await backend.append("t", 1, [batch(b"c")], acks=1)
         assert (first.base_offset, second.base_offset) == (0, 2)
-        offsets = await backend.offsets("acme/lab/raw", 1)
+        offsets = await backend.offsets("t", 1)
         assert offsets.high_watermark == offsets.last_stable_offset == 3
-        read = await backend.read("acme/lab/raw", 1, 0, 1 << 20)
+        read = await backend.read("t", 1, 1, 1 << 20)
         try:
-            assert values(read) == [b"a", b"b", b"c"]
+            data = b"".join(c if isinstance(c, bytes) else c.read() for c in read.chunks)
         finally:
             read.close()
-        names = [t.name for t in await backend.topics()]
-        assert "acme/lab/raw" in names and "__consumer_offsets" in names
+        assert data == backend.port.log(("t", 1)).read(0, 1 << 20)
+        assert [r.value for b in iter_batches(data) for r in b.records] == [b"a", b"b", b"c"]
+        empty = await backend.read("t", 1, 3, 1 << 20)
+        assert empty.chunks == [] and empty.size == 0
+        with pytest.raises(OffsetOutOfRangeError):
+            await backend.read("t", 1, 4, 100)
         with pytest.raises(UnknownPartitionError):
             await backend.read("nothing", 0, 0, 100)
-        with pytest.raises(InvalidTopicError):
-            await backend.append("__consumer_offsets", 0, [batch(b"x")], acks=1)
+        corrupt = bytearray(batch(b"x"))
+        corrupt[-1] ^= 1
+        with pytest.raises(CorruptRecordError):
+            await backend.append("t", 0, [bytes(corrupt)], acks=1)
+
+    run(tmp_path, body)
+
+
+def test_the_broker_core_admits_kafka_writes(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        # tq's own topics are tq's: 29, TOPIC_AUTHORIZATION_FAILED
+        with pytest.raises(TopicAuthorizationError) as refused:
+            await backend.append(OFFSETS_TOPIC, 0, [batch(b"x")], acks=1)
+        assert refused.value.kafka_error_code == 29
+        # a batch over the broker's maximum: 10, MESSAGE_TOO_LARGE
+        await backend.create_topic("t", 1)
+        with pytest.raises(BatchTooLargeError) as large:
+            await backend.append("t", 0, [batch(b"x" * 70_000)], acks=1)
+        assert large.value.kafka_error_code == 10
+        # Kafka's auto-creation makes topics, not partitions of a topic that exists
+        with pytest.raises(TqError) as unknown:
+            await backend.append("t", 3, [batch(b"x")], acks=1)
+        assert unknown.value.kafka_error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        assert (await backend.append("new", 0, [batch(b"x")], acks=1)).base_offset == 0
+
+    run(tmp_path, body, limits=BrokerLimits(max_batch_bytes=64 * 1024))
+
+
+def test_without_auto_creation_a_producer_makes_nothing(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        with pytest.raises(TqError) as unknown:
+            await backend.append("new", 0, [batch(b"x")], acks=1)
+        assert unknown.value.kafka_error_code == 3
+        assert not backend.port.hosts(("new", 0))
+
+    run(tmp_path, body, auto_create_topics=False)
+
+
+def test_a_kafka_write_after_the_end_of_a_stream_is_refused(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        server_port = backend.port
+        await backend.create_topic("t", 1)
+        link = server_port.link("admin")
+        await link.start()
+        await link.request(OpenProducerRequest(session=link.session, topic="t", partition=0))
+        await link.request(EndStreamRequest(session=link.session, topic="t", partition=0))
+        assert server_port.info(("t", 0)).ended
+        with pytest.raises(StreamEndedError) as ended:
+            await backend.append("t", 0, [batch(b"late")], acks=1)
+        assert ended.value.kafka_error_code == 44  # POLICY_VIOLATION
+        await link.close()
 
     run(tmp_path, body)
 
@@ -89,12 +190,26 @@ def test_idempotent_retries_and_gaps(tmp_path: Path) -> None:
         pid = await backend.allocate_producer_id()
         assert pid >> 32 == 0  # the standalone broker is node 0
         b0 = batch(b"a", b"b", producer_id=pid, producer_epoch=0, base_sequence=0)
+        b1 = batch(b"c", producer_id=pid, producer_epoch=0, base_sequence=2)
         assert (await backend.append("t", 0, [b0], acks=-1)).base_offset == 0
+        assert (await backend.append("t", 0, [b1], acks=-1)).base_offset == 2
         assert (await backend.append("t", 0, [b0], acks=-1)).base_offset == 0  # a retry
         with pytest.raises(OutOfOrderSequenceError):
-            await backend.append("t", 0, [batch(b"c", producer_id=pid, producer_epoch=0,
-                                                base_sequence=7)], acks=-1)
-        assert (await backend.offsets("t", 0)).high_watermark == 2
+            await backend.append("t", 0, [batch(b"d", producer_id=pid, producer_epoch=0,
+                                                base_sequence=9)], acks=-1)
+        assert (await backend.offsets("t", 0)).high_watermark == 3
+
+    run(tmp_path, body)
+
+
+def test_offset_for_timestamp(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        await backend.create_topic("t", 1)
+        await backend.append("t", 0, [batch(b"a", b"b", ts=1000)], acks=1)
+        await backend.append("t", 0, [batch(b"c", ts=5000)], acks=1)
+        assert await backend.offset_for_timestamp("t", 0, 1001) == (1, 1001)
+        assert await backend.offset_for_timestamp("t", 0, 1002) == (2, 5000)
+        assert await backend.offset_for_timestamp("t", 0, 5001) is None
 
     run(tmp_path, body)
 
@@ -104,27 +219,52 @@ def test_a_waiting_fetch_wakes_on_an_append(tmp_path: Path) -> None:
         await backend.create_topic("t", 1)
         waiting = asyncio.ensure_future(backend.wait_for_data([("t", 0, 0)], 60.0))
         await asyncio.sleep(0)  # let the wait register before the append
+        assert not waiting.done()
         await backend.append("t", 0, [batch(b"a")], acks=1)
         await asyncio.wait_for(waiting, 30.0)
+        # data already there: no wait at all
+        await asyncio.wait_for(backend.wait_for_data([("t", 0, 0)], 60), 10)
         return waiting.done()
 
     assert run(tmp_path, body)
 
 
-def test_commits_and_groups_survive_a_restart(tmp_path: Path) -> None:
-    committed = CommittedOffset("t", 0, 42, metadata="m", commit_timestamp=5)
-    group = GroupRecord("g", "consumer", 3, "range", "m1", 7)
+def test_interval_flush_makes_data_visible_without_another_append(tmp_path: Path) -> None:
+    async def body(backend: BrokerBackend) -> None:
+        await backend.create_topic("t", 1)
+        await backend.append("t", 0, [batch(b"a")], acks=1)
+        await asyncio.wait_for(backend.wait_for_data([("t", 0, 0)], 60), 10)
+        assert (await backend.offsets("t", 0)).high_watermark == 1
 
-    async def store(backend: BrokerBackend) -> list[int]:
-        await backend.store_offsets("g", [committed])
+    run(tmp_path, body, log_config=LogConfig(flush="interval", flush_interval_ms=50))
+
+
+def test_ids_and_the_group_store_survive_a_restart(tmp_path: Path) -> None:
+    member = GroupMemberRecord("m", None, "c", "/h", 300, 100, b"sub", b"asg")
+    group = GroupRecord("g", "consumer", 3, "range", "m", 42, (member,))
+
+    async def store(backend: BrokerBackend):
+        ids = [await backend.allocate_producer_id() for _ in range(3)]
+        await backend.store_offsets("g", [CommittedOffset("t", 0, 10, -1, "m", 1)])
+        await backend.store_offsets("g", [CommittedOffset("t", 0, 12, -1, "", 2),
+                                          CommittedOffset("t", 1, 5, -1, "", 2)])
         await backend.store_group(group)
-        return [await backend.allocate_producer_id() for _ in range(3)]
+        return ids, backend.cluster_id
 
-    async def load(backend: BrokerBackend) -> tuple:
-        return (dict(await backend.committed_offsets("g")), list(await backend.stored_groups()),
-                await backend.allocate_producer_id())
+    async def load(backend: BrokerBackend):
+        return (await backend.allocate_producer_id(), backend.cluster_id,
+                await backend.committed_offsets("g"), await backend.stored_groups())
 
-    ids = run(tmp_path, store)
-    offsets, groups, next_id = run(tmp_path, load)
-    assert offsets == {("t", 0): committed} and groups == [group]
+    # Without a cluster secret (`tq kafka`) the cluster id is made once and kept.
+    ids, cluster = run(tmp_path, store, secret=None)
+    next_id, cluster_again, committed, groups = run(tmp_path, load, secret=None)
     assert next_id > max(ids)  # producer ids are never handed out twice
+    assert cluster_again == cluster and len(cluster) == 22
+    assert {k: v.offset for k, v in committed.items()} == {("t", 0): 12, ("t", 1): 5}
+    assert groups == [group]
+    # and the records are Kafka's formats in a real partition log
+    with PartitionLog.open(tmp_path / f"{OFFSETS_TOPIC}-0") as log:
+        data = log.read(0, 1 << 20)
+    keys = [r.key[:2] for b in iter_batches(data) if not b.is_control for r in b.records]
+    assert keys == [b"\x00\x01", b"\x00\x01", b"\x00\x01", b"\x00\x02"]
+    assert decode_batch(data).records[0].value[:2] == b"\x00\x03"

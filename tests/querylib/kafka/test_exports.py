@@ -1,5 +1,5 @@
 """The public surface of querylib.kafka: everything in __all__ exists and is public, errors sit
-under TqError, and the backend contract is what LocalBackend implements."""
+under TqError, and the backend contract is what BrokerBackend (the one backend) implements."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def test_errors_sit_under_the_tq_hierarchy() -> None:
             assert issubclass(obj, TqError), name
 
 
-def test_local_backend_implements_the_backend_protocol() -> None:
+def test_the_broker_backend_implements_the_backend_protocol() -> None:
     members = {name for name in dir(kafka.KafkaBackend) if not name.startswith("_")}
-    assert members <= set(dir(kafka.LocalBackend))
+    assert members <= set(dir(kafka.BrokerBackend))
+    assert not hasattr(kafka, "LocalBackend")  # one Kafka backend: a broker's
 
 
 def test_advertised_versions_match_the_issue() -> None:

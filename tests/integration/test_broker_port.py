@@ -1,0 +1,73 @@
+"""The broker's two doors on a real BrokerServer in this process: RPC clients (real sockets)
+and the in-process `BrokerPort`. Both are admitted by the same core; only the port may write
+as tq itself ("system"), and an RPC client may not borrow a session the port opened."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from querylib.broker import (
+    AsyncProducer,
+    AsyncSubscriber,
+    BrokerLink,
+    BrokerServer,
+    Data,
+    OpenProducerRequest,
+    PrincipalError,
+    ProduceRequest,
+    TopicAuthorizationError,
+)
+from querylib.records import encode_batch
+from querylib.rpc import Credential, DeadlineExceededError, principal_key
+
+SECRET = os.urandom(32)
+
+
+def test_only_the_port_writes_as_tq_and_rpc_cannot_borrow_its_sessions(tmp_path: Path) -> None:
+    async def main() -> list[bytes | None]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        try:
+            # tq's own writer, in-process, with a well-known session id
+            own = server.port.link("system", session="tq.well-known")
+            await own.start()
+            await own.request(OpenProducerRequest(session=own.session, topic="__logs",
+                                                  partition=0))
+            await own.request(ProduceRequest(session=own.session, topic="__logs",
+                                             partition=0),
+                              payload=[encode_batch([(1, None, b"by tq", ())])])
+            # An RPC client cannot be "system" (no key is ever valid for it: its messages are
+            # dropped unanswered), borrow the port's session, or write `__logs`.
+            system = Credential("system", principal_key(SECRET, "system"))
+            claim = BrokerLink(address, system, timeout=2)
+            with pytest.raises(DeadlineExceededError):
+                await claim.start()
+            await claim.close(clean=False)
+            rpc = BrokerLink(address, SECRET, timeout=5)
+            await rpc.start()
+            with pytest.raises(PrincipalError):
+                await rpc.request(ProduceRequest(session="tq.well-known", topic="__logs",
+                                                 partition=0),
+                                  payload=[encode_batch([(2, None, b"forged", ())])])
+            with pytest.raises(TopicAuthorizationError):
+                await rpc.request(OpenProducerRequest(session=rpc.session, topic="__logs",
+                                                      partition=0))
+            await rpc.close()
+            # AsyncProducer runs over either door: the port, as tq...
+            async with AsyncProducer(server.port, "__logs", principal="system") as producer:
+                await producer.send(b"by tq again")
+                await producer.flush()
+            # ...and RPC, as anyone, into a topic open to anyone (a standalone broker's).
+            async with AsyncProducer(address, "open", secret=SECRET) as producer:
+                await producer.send(b"by a client")
+            async with AsyncSubscriber(address, "__logs", 0, secret=SECRET,
+                                       follow=False) as sub:
+                return [r.value async for e in sub if isinstance(e, Data) for r in e.records]
+        finally:
+            await server.close()
+
+    assert asyncio.run(main()) == [b"by tq", b"by tq again"]
