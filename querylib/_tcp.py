@@ -405,9 +405,9 @@ class TcpListener:
             address = peer[0] if peer else "unknown"
             reason = self._refusal(address)
             if reason is not None:
-                conn.close()
-                self.counters["refused"] += 1
+                self.counters["refused"] += 1  # counted before the client can see it
                 self.refusals.add(reason)
+                conn.close()
                 continue
             self._per_address[address] += 1
             self.counters["accepted"] += 1
