@@ -33,6 +33,7 @@ import errno
 import logging
 import resource
 import socket
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
@@ -80,31 +81,36 @@ class ConnectionBudget:
         self.capacity = capacity
         self.in_use = 0
         self._held: dict[object, int] = {}  # listener -> slots it holds
+        self._lock = threading.Lock()  # listeners may run on loops of several threads
 
     def register(self, owner: object) -> None:
-        self._held.setdefault(owner, 0)
+        with self._lock:
+            self._held.setdefault(owner, 0)
 
     def unregister(self, owner: object) -> None:
-        self.in_use -= self._held.pop(owner, 0)
+        with self._lock:
+            self.in_use -= self._held.pop(owner, 0)
 
     def share(self) -> int:
         return min(_SHARE, self.capacity // (4 * max(1, len(self._held))))
 
     def try_take(self, owner: object) -> bool:
         """A slot for `owner`, or False when none is left for it."""
-        share = self.share()
-        kept = sum(max(0, share - held) for other, held in self._held.items()
-                   if other is not owner)
-        if self.in_use + kept >= self.capacity:
-            return False
-        self.in_use += 1
-        self._held[owner] = self._held.get(owner, 0) + 1
-        return True
+        with self._lock:
+            share = self.share()
+            kept = sum(max(0, share - held) for other, held in self._held.items()
+                       if other is not owner)
+            if self.in_use + kept >= self.capacity:
+                return False
+            self.in_use += 1
+            self._held[owner] = self._held.get(owner, 0) + 1
+            return True
 
     def give_back(self, owner: object) -> None:
-        if self._held.get(owner, 0) > 0:
-            self._held[owner] -= 1
-            self.in_use -= 1
+        with self._lock:
+            if self._held.get(owner, 0) > 0:
+                self._held[owner] -= 1
+                self.in_use -= 1
 
 
 _budget: ConnectionBudget | None = None

@@ -1,8 +1,8 @@
 """Connection floods against `tq up`'s Kafka listener (loopback only, bounded in count and
 time): 25,000 connections, more than its open-files limit allows, held open. `tq up` keeps
-answering `tq status`, its executor keeps its coordinator session, it holds no more
-connections than its descriptor budget, its log says what it refused in a few lines (no
-traceback per connection), and Kafka clients are served again once the flood is gone. And
+answering `tq status` and runs a query, its executor keeps its coordinator session, it holds
+no more connections than its descriptor budget, its log says what it refused in a few lines
+(no traceback per connection), and Kafka clients are served again once the flood is gone. And
 1,000 idle Kafka connections closed by a short idle timeout (`--kafka-idle-ms`)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 import resource
 import socket
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,17 @@ from tests.coordinator._cluster import ROOT
 from tests.integration._up import Up
 
 FLOOD = 25_000
+PUBLISHER = textwrap.dedent("""
+    import sys
+    import querylib
+
+    def main(ctx):
+        with ctx.publish(sys.argv[1]) as out:
+            for t in range(10):
+                out.send(t, [b"x" * 100] * 100)
+
+    querylib.execute(main)
+""")
 SOURCES = [f"127.0.0.{i}" for i in range(2, 10)]  # each its own ephemeral port range
 
 
@@ -75,6 +87,13 @@ def test_a_connection_flood_costs_the_executor_nothing(tmp_path: Path,
         # What it accepted stays within its budget: the reserve is left for its own sockets.
         fds = _open_fds(up.proc.pid)
         assert fds < budget + fd_reserve(limit) // 2, (fds, limit)
+        during.append(_status(up))
+        # A query started now needs new ZeroMQ connections into tq up (its session, its
+        # broker): the descriptors kept in reserve serve them.
+        program = tmp_path / "publish.py"
+        program.write_text(PUBLISHER)
+        query = up.ended(up.submit(program, "during-flood"))
+        assert query.state.value == "finished", query
         during.append(_status(up))
         for child in children:
             child.stdin.close()
