@@ -221,8 +221,8 @@ class Connection:
     The owner turns the socket into a transport once, with `streams()` or `open(factory)`.
     """
 
-    __slots__ = ("address", "busy", "last_active", "on_idle", "peer", "transport", "_listener",
-                 "_sock")
+    __slots__ = ("address", "busy", "ended", "last_active", "on_idle", "peer", "transport",
+                 "_listener", "_sock")
 
     def __init__(self, listener: TcpListener, sock: socket.socket, peer: tuple) -> None:
         self._listener = listener
@@ -231,6 +231,7 @@ class Connection:
         self.peer = peer
         self.address: str = peer[0] if peer else "unknown"
         self.last_active = time.monotonic()
+        self.ended = False  # its handler has returned
         self.busy: Callable[[], bool] = _never
         # What closing an idle connection does; by default the socket is closed at once.
         self.on_idle: Callable[[], object] = self.abort
@@ -238,6 +239,8 @@ class Connection:
     def touch(self) -> None:
         """The connection did something (bytes arrived, a response went out)."""
         self.last_active = time.monotonic()
+        if self.ended:
+            return
         idle = self._listener._idle
         idle[self] = None  # back in, if the sweeper took it out meanwhile
         idle.move_to_end(self)
@@ -305,7 +308,7 @@ class TcpListener:
                 raise ValueError(f"{what} must be at least 1, not {value}")
         if idle_timeout is not None and not idle_timeout > 0:
             raise ValueError(f"idle_timeout must be positive, not {idle_timeout}")
-        self.name = name
+        self.refusals = RefusalLog(name, log)
         self.host, self.port = host, port
         self.max_connections = max_connections
         self.max_per_address = max_per_address
@@ -313,7 +316,6 @@ class TcpListener:
         self.stream_limit = stream_limit
         self.budget = budget if budget is not None else connection_budget()
         self.log = log
-        self.refusals = RefusalLog(name, log)
         self.counters: Counter[str] = Counter()  # accepted, refused, idle_closed, accept_failed
         self._handler = handler
         self._sockets: list[socket.socket] = []
@@ -324,6 +326,15 @@ class TcpListener:
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
+
+    @property
+    def name(self) -> str:
+        """How log lines name this listener, e.g. "Kafka listener 127.0.0.1:9092"."""
+        return self.refusals.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.refusals.name = value
 
     @property
     def open_connections(self) -> int:
@@ -381,10 +392,6 @@ class TcpListener:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.budget.unregister(self)
-
-    async def wait_closed(self) -> None:
-        """Wait until every connection's handler has ended (after `stop_accepting`)."""
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _close_sockets(self) -> None:
         for sock in self._sockets:
@@ -456,6 +463,7 @@ class TcpListener:
         try:
             await self._handler(conn)
         finally:
+            conn.ended = True
             self._idle.pop(conn, None)
             conn._close()
             self._per_address[address] -= 1

@@ -142,7 +142,7 @@ class ConnectorEndpoint:
                           max_per_address=config.max_connections_per_address,
                           idle_timeout=config.idle_timeout, log=logger)
         host, port = await tcp.start()
-        tcp.name = tcp.refusals.name = f"connector endpoint {host}:{port}"
+        tcp.name = f"connector endpoint {host}:{port}"
         self._tcp = tcp
         self.address = (host, port)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="connector")

@@ -170,6 +170,8 @@ class _Inbound(asyncio.Protocol):
         return self.handling or bool(self.queue)
 
     def write(self, data: bytes) -> None:
+        if self._lost:
+            raise ConnectionResetError("the Kafka client closed the connection")
         assert self.transport is not None
         self.transport.write(data)
 
@@ -263,7 +265,6 @@ class KafkaListener:
             raise ListenError(f"cannot listen for Kafka clients on {self._host}:{self._port}: "
                               f"{exc.strerror or exc}", exc.errno) from exc
         tcp.name = f"Kafka listener {self._host}:{self._port}"
-        tcp.refusals.name = tcp.name
         self._tcp = self.stats._tcp = tcp
         logger.info("Kafka listener on %s:%d", self._host, self._port)
 
@@ -300,7 +301,7 @@ class KafkaListener:
         except KafkaProtocolError as exc:
             self.stats.protocol_errors += 1
             logger.info("closing Kafka connection from %s: %s", client_host, exc)
-        except (ConnectionError, OSError):
+        except ConnectionError:
             pass
         except asyncio.CancelledError:
             pass
