@@ -1,8 +1,15 @@
 """The coordinator's store of uploaded program packs (DESIGN §6): `<data>/artifacts/<sha256>`,
 content-addressed, written once by rename so a reader never sees half a pack.
 
-Uploads are hostile input: the digest must be 64 hex digits, the bytes must hash to it, and a
-pack is bounded in size. Must not: unpack or run anything (the executor does that).
+Packs arrive in chunks (`UploadArtifact`, at most ARTIFACT_CHUNK_BYTES each, so no message to
+the coordinator is big: DESIGN §2 "Limits"), appended in order to
+`.incoming-<sha256>-<upload>` (one upload per session); the last chunk's arrival checks the
+whole file against the digest and renames it into place. Incoming files left by uploads
+nobody finished are removed when they are an hour old.
+
+Uploads are hostile input: the digest must be 64 hex digits, the bytes must hash to it, a
+pack is bounded in size, chunks must come in order. Must not: unpack or run anything (the
+executor does that).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,7 +26,9 @@ from catalog import InvalidCommandError, NotFoundError, StorageError
 __all__ = ["MAX_ARTIFACT_BYTES", "ArtifactStore"]
 
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024  # the executor's cache takes no bigger pack either
+STALE_UPLOAD_SECONDS = 3600.0
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_INCOMING = ".incoming-"
 
 
 def _checked(digest: str) -> str:
@@ -36,30 +46,61 @@ class ArtifactStore:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
 
-    def store(self, digest: str, frames: Iterable[bytes | memoryview]) -> int:
-        """Keep the pack made of `frames` under `digest`; returns its size."""
+    def receive(self, digest: str, upload: str, offset: int, size: int,
+                frames: Iterable[bytes | memoryview]) -> int:
+        """Take the chunk at `offset` of the pack `digest` of `size` bytes, sent by `upload`
+        (a session); returns the bytes held. The chunk that completes the pack stores it."""
         _checked(digest)
-        blob = b"".join(bytes(f) for f in frames)
-        if len(blob) > self.max_bytes:
-            raise InvalidCommandError(f"the program pack is {len(blob)} bytes; at most "
+        if not 0 <= size <= self.max_bytes:
+            raise InvalidCommandError(f"the program pack is {size} bytes; at most "
                                       f"{self.max_bytes}")
-        actual = hashlib.sha256(blob).hexdigest()
+        data = b"".join(bytes(f) for f in frames)
+        if offset < 0 or offset + len(data) > size:
+            raise InvalidCommandError(f"a chunk of {len(data)} bytes at offset {offset} does "
+                                      f"not fit a pack of {size} bytes")
+        incoming = self.directory / f"{_INCOMING}{digest}-{upload}"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if offset == 0:
+                self._remove_stale()
+            elif not incoming.exists() or incoming.stat().st_size != offset:
+                raise InvalidCommandError(f"upload chunk at offset {offset} does not follow "
+                                          "what was received; upload the pack again")
+            with open(incoming, "wb" if offset == 0 else "ab") as f:
+                f.write(data)
+                held = f.tell()
+                if held < size:
+                    return held
+                f.flush()
+                os.fsync(f.fileno())
+            return self._complete(digest, incoming, size)
+        except OSError as exc:
+            raise StorageError(f"cannot store the program pack: {exc}") from exc
+
+    def _complete(self, digest: str, incoming: Path, size: int) -> int:
+        sha = hashlib.sha256()
+        with open(incoming, "rb") as f:
+            while block := f.read(1 << 20):
+                sha.update(block)
+        actual = sha.hexdigest()
         if actual != digest:
+            incoming.unlink()
             raise InvalidCommandError(f"the upload hashes to {actual}, not {digest}")
         target = self.directory / digest
         if target.exists():
-            return len(blob)
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            incoming = self.directory / f".incoming-{digest}-{os.getpid()}"
-            with open(incoming, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
+            incoming.unlink()
+        else:
             os.replace(incoming, target)
-        except OSError as exc:
-            raise StorageError(f"cannot store the program pack: {exc}") from exc
-        return len(blob)
+        return size
+
+    def _remove_stale(self) -> None:
+        cutoff = time.time() - STALE_UPLOAD_SECONDS
+        for path in self.directory.glob(f"{_INCOMING}*"):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+            except FileNotFoundError:
+                pass
 
     def load(self, digest: str) -> bytes:
         """The pack `digest`; NotFoundError if nobody uploaded it."""

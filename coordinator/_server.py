@@ -49,6 +49,7 @@ from querylib.rpc import (
     BROKER,
     Context,
     InternalServerError,
+    Limits,
     MasterKeyring,
     PeerBusyError,
     PeerUnreachableError,
@@ -85,6 +86,11 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator"]
 
 logger = logging.getLogger("coordinator")
+
+# What the coordinator's ROUTER accepts (DESIGN §2 "Limits"): its requests are small but for
+# program uploads, which come a chunk at a time. ZMQ_MAXMSGSIZE refuses a bigger frame from its
+# announced size, before buffering it; zmq queues at most 32 messages per client connection.
+RPC_LIMITS = Limits(max_receive_bytes=m.ARTIFACT_CHUNK_BYTES + 3 * 1024 * 1024, recv_hwm=32)
 
 
 # How long an executor's broker may keep a principal key it asked for: a removed user or a
@@ -149,7 +155,7 @@ class Coordinator:
         # retries).
         self.keys = MasterKeyring(secret, valid=self._generation)
         self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
-        self._rpc = RpcServer(self.keys, refuse_bad_signatures=True)
+        self._rpc = RpcServer(self.keys, refuse_bad_signatures=True, limits=RPC_LIMITS)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._inbox: deque[Stimulus] = deque()
         self._feeding = False
@@ -479,9 +485,10 @@ class Coordinator:
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)
         loop = asyncio.get_running_loop()
-        size = await loop.run_in_executor(None, self.artifacts.store, request.sha256,
-                                          ctx.payload)
-        return m.ArtifactStored(sha256=request.sha256, size=size)
+        held = await loop.run_in_executor(
+            None, self.artifacts.receive, request.sha256, str(request.session_id),
+            request.offset, request.size, ctx.payload)
+        return m.ArtifactStored(sha256=request.sha256, size=held)
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
+from querylib.errors import InvalidLengthError
 
 from ._credit import CreditWindow
 from ._link import BrokerLink, SessionLink
@@ -135,6 +136,11 @@ class ProducerCore:
         self.check()
         if self._ended:
             raise UserError("this producer has ended its stream; open a new one")
+        opened = self.link.opened
+        if opened is not None and len(batch) > opened.max_batch_bytes:
+            # Said here: the broker's socket refuses a message this big without an answer.
+            raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's "
+                                     f"maximum of {opened.max_batch_bytes}")
         return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
                                                 partition=self.partition), len(batch), [batch])
 

@@ -136,11 +136,24 @@ from ._model import BrokerLimits
 from ._port import BrokerPort, OpenDirectory, TopicDirectory
 from ._state import BrokerState
 
-__all__ = ["BrokerServer"]
+__all__ = ["BrokerServer", "server_limits"]
 
 logger = logging.getLogger("querylib.broker")
 
 _LENGTH = struct.Struct(">qi")  # baseOffset, batchLength
+RECV_HWM = 32  # messages zmq queues per client connection before it stops reading it
+_FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's batch
+
+
+def server_limits(limits: BrokerLimits) -> Limits:
+    """What the broker's ROUTER accepts (DESIGN §2 "Limits"). A Produce carries one batch of
+    at most `max_batch_bytes`, every other request is small: ZMQ_MAXMSGSIZE refuses a bigger
+    frame from its announced size, before buffering it, so unsigned garbage costs at most
+    RECV_HWM x that per connection. Deliveries are bounded by credit, not by message count (a
+    subscriber with 1 MiB of credit and 100-byte batches has ~10k in flight): the send HWM
+    stays high."""
+    return Limits(hwm=100_000, recv_hwm=RECV_HWM,
+                  max_receive_bytes=limits.max_batch_bytes + _FRAMES_ROOM)
 
 
 def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tuple[bytes, int]:
@@ -185,9 +198,7 @@ class BrokerServer:
         # Tail deliveries hand out the bytes exactly as the log stores them (it stamps more
         # than the base offset), without reading them back.
         self.state = BrokerState(limits, stamp=stored_batch)
-        # Deliveries are bounded by credit, not by message count: a subscriber with 1 MiB of
-        # credit and 100-byte batches has ~10k messages in flight, beyond zmq's default HWM.
-        self._rpc = RpcServer(secret, limits=rpc_limits or Limits(hwm=100_000),
+        self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
                               audience=BROKER)
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")

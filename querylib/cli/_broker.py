@@ -60,6 +60,34 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
     parser.add_argument("--advertised-host", metavar="HOST",
                         help="host name Kafka clients are told to connect to (default: "
                         "--kafka-host, or 127.0.0.1 for a wildcard)")
+    add_kafka_limit_options(parser)
+
+
+def add_kafka_limit_options(parser: argparse.ArgumentParser) -> None:
+    """Bounds on what Kafka clients may hold (querylib.kafka.ListenerLimits)."""
+    parser.add_argument("--kafka-idle-ms", type=int, default=600_000, metavar="MS",
+                        help="close a Kafka connection idle this long (Kafka's "
+                        "connections.max.idle.ms; default 600000, 10 minutes)")
+    parser.add_argument("--kafka-max-connections", type=int, metavar="N",
+                        help="Kafka connections held at once (default: what the open-files "
+                        "limit allows, minus a reserve)")
+    parser.add_argument("--kafka-max-connections-per-ip", type=int, metavar="N",
+                        help="Kafka connections from one client address (default: no "
+                        "separate limit)")
+
+
+def kafka_limits(args: argparse.Namespace, **more: int) -> object:
+    """The ListenerLimits the Kafka limit options ask for (UserError for a bad value)."""
+    from catalog.errors import UserError
+    from querylib.kafka import ListenerLimits
+
+    try:
+        return ListenerLimits(idle_timeout_ms=args.kafka_idle_ms,
+                              max_connections=args.kafka_max_connections,
+                              max_connections_per_address=args.kafka_max_connections_per_ip,
+                              **more)
+    except ValueError as exc:
+        raise UserError(str(exc).replace("ListenerLimits.", "Kafka listener: ")) from exc
 
 
 def kafka_config(args: argparse.Namespace) -> object | None:
@@ -69,7 +97,8 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     from querylib.kafka import KafkaConfig
 
     return KafkaConfig(host=args.kafka_host, port=args.kafka_port,
-                       advertised_host=args.advertised_host)
+                       advertised_host=args.advertised_host,
+                       limits=kafka_limits(args))  # type: ignore[arg-type]
 
 
 def connector_config(args: argparse.Namespace) -> object | None:
@@ -97,10 +126,12 @@ def client_secret(args: argparse.Namespace) -> bytes:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from querylib._tcp import raise_fd_limit
     from querylib.broker import run_broker
     from querylib.log import LogConfig
     from querylib.rpc import default_secret_path, load_or_create_secret
 
+    raise_fd_limit()
     secret = load_or_create_secret(args.secret_file or default_secret_path())
     config = LogConfig(segment_bytes=args.segment_bytes, retention_bytes=args.retention_bytes,
                        flush=args.flush, flush_interval_ms=args.flush_interval_ms)

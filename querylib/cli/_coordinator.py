@@ -47,11 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     # Imported here: `querylib` must not depend on the server package, only this command does.
     from coordinator import CoordinatorConfig, run_coordinator
+    from querylib._tcp import raise_fd_limit
     from querylib.cluster import cluster_file, tq_home
     from querylib.rpc import default_secret_path, load_or_create_secret
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise_fd_limit()
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home() / "coordinator")

@@ -52,10 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from querylib._tcp import raise_fd_limit
     from querylib.cluster import discover, tq_home
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise_fd_limit()
     found = discover(args.coordinator, secret_file=args.secret_file)
     data = args.data or str(tq_home() / "executor")
     return asyncio.run(_serve(args, found.address, found.secret, found.secret_file, data))

@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from querylib.cli._broker import add_kafka_limit_options, kafka_limits
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     kafka = sub.add_parser(
@@ -32,16 +34,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="when appends are fsynced before acks=all is answered")
     kafka.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                        help="largest request accepted (default 100 MiB)")
+    add_kafka_limit_options(kafka)
     kafka.add_argument("-v", "--verbose", action="store_true", help="log connections")
     kafka.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from querylib.kafka import ListenerLimits, run_kafka
+    from querylib._tcp import raise_fd_limit
+    from querylib.kafka import run_kafka
     from querylib.log import LogConfig
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise_fd_limit()
 
     def ready(listener: object) -> None:
         port = getattr(listener, "port", args.port)
@@ -51,5 +56,5 @@ def _run(args: argparse.Namespace) -> int:
     return run_kafka(
         args.data, args.host, args.port, on_ready=ready,
         advertised_host=args.advertised_host, log_config=LogConfig(flush=args.flush),
-        limits=ListenerLimits(max_frame_bytes=args.max_frame_bytes),
+        limits=kafka_limits(args, max_frame_bytes=args.max_frame_bytes),
         auto_create_topics=not args.no_auto_create, default_partitions=args.partitions)

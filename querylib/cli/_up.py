@@ -59,11 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from coordinator import run_coordinator
     from executor import ExecutorAgent
+    from querylib._tcp import raise_fd_limit
     from querylib.cluster import cluster_file, tq_home
     from querylib.rpc import default_secret_path, load_or_create_secret
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    raise_fd_limit()  # before anything opens a descriptor-hungry listener
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home())
@@ -102,4 +104,4 @@ def _group_coordinator(args: argparse.Namespace) -> object | None:
 
     port = args.coordinator_kafka_port
     return group_coordinator_config(kafka_config(argparse.Namespace(
-        kafka_port=port, kafka_host=args.kafka_host, advertised_host=args.advertised_host)))
+        **{**vars(args), "kafka_port": port})))

@@ -28,7 +28,7 @@ Client -> coordinator requests (reply in brackets):
     coord.query.exited      ReportExit         [QueryInfo]       an executor reports an exit code
     coord.query.kill        KillQuery          [QueryInfo]
     coord.query.spawn_failed ReportSpawnFailed [QueryInfo]       an executor could not start one
-    coord.artifact.upload   UploadArtifact     [ArtifactStored]  a program pack (payload frame)
+    coord.artifact.upload   UploadArtifact     [ArtifactStored]  a chunk of a program pack
     coord.artifact.fetch    FetchArtifact      [ArtifactStored]  ... and its bytes back (payload)
     coord.user.add          AddUser            [UserCredential]  admins: a new named principal
     coord.user.rotate       RotateUser         [UserCredential]  admins: a new key for one
@@ -58,6 +58,7 @@ from catalog import (
 from querylib.rpc import Notify, Reply, Request
 
 __all__ = [
+    "ARTIFACT_CHUNK_BYTES",
     "AddUser",
     "ArtifactStored",
     "BrokerInfo",
@@ -437,12 +438,22 @@ class ResolvePrincipal(Request[PrincipalKey], tag="coord.principal.key"):
 # --------------------------------------------------------------------------- artifacts
 
 
+# The most bytes of a pack one UploadArtifact carries: the coordinator accepts no bigger
+# message (DESIGN §2 "Limits"), so an unsigned one cannot make it buffer more.
+ARTIFACT_CHUNK_BYTES = 1024 * 1024
+
+
 class UploadArtifact(Request[ArtifactStored], tag="coord.artifact.upload"):
-    """Store a program pack, content-addressed: its bytes are the request's one payload frame
-    and must hash to `sha256`."""
+    """One chunk of a program pack, content-addressed: bytes [offset, offset + chunk) of a
+    pack of `size` bytes that must hash to `sha256`, as the request's one payload frame of at
+    most ARTIFACT_CHUNK_BYTES. Chunks come in order, each after the reply to the one before;
+    offset 0 starts (or restarts) the session's upload of that pack. The reply says how many
+    bytes are held; once they are `size`, the pack is checked and stored."""
 
     session_id: int
     sha256: str
+    offset: int = 0
+    size: int = 0
 
 
 class FetchArtifact(Request[ArtifactStored], tag="coord.artifact.fetch"):

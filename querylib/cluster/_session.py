@@ -296,12 +296,19 @@ class AsyncCluster:
         return unseal(self.secret.key, reply.sealed_key) if reply.sealed_key else None
 
     async def upload_artifact(self, digest: str, pack: bytes) -> str:
-        """Store a program pack on the coordinator; returns its source, `sha256:<hex>`."""
+        """Store a program pack on the coordinator, in chunks of ARTIFACT_CHUNK_BYTES; returns
+        its source, `sha256:<hex>`."""
         if self._lost is not None:
             raise self._lost
-        await self.client.request(m.UploadArtifact(session_id=self._session(), sha256=digest),
-                                  payload=[pack])
-        return f"sha256:{digest}"
+        view, size, offset = memoryview(pack), len(pack), 0
+        while True:
+            chunk = view[offset:offset + m.ARTIFACT_CHUNK_BYTES]
+            await self.client.request(m.UploadArtifact(
+                session_id=self._session(), sha256=digest, offset=offset, size=size),
+                payload=[chunk])
+            offset += len(chunk)
+            if offset >= size:
+                return f"sha256:{digest}"
 
     async def fetch_artifact(self, digest: str) -> bytes:
         """The pack `digest` (hex) that someone uploaded (NotFoundError if none)."""

@@ -15,14 +15,18 @@ the old connection and waits for its appends to settle before answering), and th
 `OffsetStore` with its checkpoint timer.
 
 Configuration (`EndpointConfig`): bound to 127.0.0.1 by default; `max_frame_size` bounds every
-frame; `initial_credits` is the window per connection. The cookie is the configured one, else
-derived from the cluster secret (`derive_cookie`: HMAC-SHA256 of a fixed label, hex, so a
-client that can read the secret file computes the same), else empty (development). A stream
-writes through a broker session of its own, as "anonymous" (connectors are not authenticated
-yet), so the broker's core admits it as any writer: the topic's writers rule (ingest topics
-only; `__` topics are tq's own), its placement (under an executor the catalog; a new topic is
-registered as ingest when `auto_create` is on), and its stream not ended. A refusal refuses
-the stream, with the broker's message.
+frame; `initial_credits` is the window per connection. Connections are accepted by
+`querylib._tcp.TcpListener`: at most `max_connections` (and the process's descriptor budget),
+`max_connections_per_address` from one client address, refusals logged once per interval; a
+connection that has sent nothing for `idle_timeout` seconds and has nothing unacknowledged is
+closed (the client library reconnects when it has something to send). The cookie is the
+configured one, else derived from the cluster secret (`derive_cookie`: HMAC-SHA256 of a fixed
+label, hex, so a client that can read the secret file computes the same), else empty
+(development). A stream writes through a broker session of its own, as "anonymous"
+(connectors are not authenticated yet), so the broker's core admits it as any writer: the
+topic's writers rule (ingest topics only; `__` topics are tq's own), its placement (under an
+executor the catalog; a new topic is registered as ingest when `auto_create` is on), and its
+stream not ended. A refusal refuses the stream, with the broker's message.
 
 It must not decide what the broker decides (admission, durability, frontiers, credit windows
 of broker sessions): it asks the broker through its `BrokerPort` and waits for the answers.
@@ -37,6 +41,7 @@ import logging
 from dataclasses import dataclass
 
 from catalog.errors import TqError, UserError
+from querylib._tcp import Connection, TcpListener
 from querylib.broker import BrokerPort
 
 from ._dialect import Dialect
@@ -71,6 +76,8 @@ class EndpointConfig:
     max_held_bytes: int = 32 * 1024 * 1024  # received, not yet appended: reading pauses above
     max_streams: int = 1024  # per connection
     max_connections: int = 1024
+    max_connections_per_address: int | None = None  # None: only max_connections
+    idle_timeout: float = 600.0  # seconds without a frame (and nothing unacknowledged)
     auto_create: bool = True  # create a topic partition at the first NOTIFY naming it
     checkpoint_interval: float = 1.0  # seconds between writes to __connector_offsets
     lease: float = 30.0  # of each stream's broker session; heartbeats every lease / 3
@@ -100,14 +107,13 @@ class ConnectorEndpoint:
             raise UserError("initial_credits must be at least 1")
         self.store = OffsetStore(self.port, lease=config.lease)
         self.counters: dict[str, int] = {
-            "connections": 0, "refused_connections": 0, "protocol_errors": 0, "bugs": 0,
-            "nacks": 0, "append_failures": 0, "streams_refused": 0, "fenced": 0}
+            "connections": 0, "protocol_errors": 0, "bugs": 0, "nacks": 0,
+            "append_failures": 0, "streams_refused": 0, "fenced": 0}
         self._peers: set[PeerConnection] = set()
         self._live: dict[tuple[str, str], PeerConnection] = {}
         self._admitting: dict[tuple[str, str], asyncio.Lock] = {}
-        self._server: asyncio.Server | None = None
+        self._tcp: TcpListener | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.address: tuple[str, int] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -115,9 +121,15 @@ class ConnectorEndpoint:
     async def start(self) -> tuple[str, int]:
         """Replay the checkpoints, then listen. Returns the bound (host, port)."""
         known = await self.store.load()
-        self._server = await asyncio.start_server(self._accept, self.config.host,
-                                                  self.config.port)
-        host, port = self._server.sockets[0].getsockname()[:2]
+        config = self.config
+        name = f"connector endpoint {config.host}:{config.port}"
+        tcp = TcpListener(name, self._accept, config.host, config.port,
+                          max_connections=config.max_connections,
+                          max_per_address=config.max_connections_per_address,
+                          idle_timeout=config.idle_timeout, log=logger)
+        host, port = await tcp.start()
+        tcp.name = f"connector endpoint {host}:{port}"
+        self._tcp = tcp
         self.address = (host, port)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="connector")
         logger.info("connector endpoint on %s:%d (%d streams known)", host, port, known)
@@ -125,12 +137,13 @@ class ConnectorEndpoint:
 
     async def close(self) -> None:
         """Stop listening, end every connection (their appends settle), checkpoint. Idempotent."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        tcp = self._tcp  # kept: its counters stay readable
+        if tcp is not None:
+            tcp.stop_accepting()
         await asyncio.gather(*(p.stop("the broker is shutting down") for p in list(self._peers)),
                              return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tcp is not None:
+            await tcp.close()
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
@@ -146,26 +159,23 @@ class ConnectorEndpoint:
         await self.close()
 
     def statistics(self) -> dict[str, int]:
+        tcp = self._tcp.counters if self._tcp is not None else {}
         return {**self.counters, "live_connections": len(self._peers),
+                "refused_connections": tcp.get("refused", 0),
+                "idle_closed": tcp.get("idle_closed", 0),
                 "checkpoints": self.store.checkpoints}
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._peers) >= self.config.max_connections or self._server is None:
-            # Before HELLO the dialect is unknown, so there is no ERROR frame to send.
-            self.counters["refused_connections"] += 1
-            writer.close()
-            return
+    async def _accept(self, conn: Connection) -> None:
+        reader, writer = await conn.streams()
         self.counters["connections"] += 1
-        peer = PeerConnection(self, reader, writer)
+        peer = PeerConnection(self, reader, writer, activity=conn.touch)
+        conn.busy = peer.busy
+        conn.on_idle = lambda: peer.end(f"idle for {self.config.idle_timeout:g}s")
         self._peers.add(peer)
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
         try:
             await peer.run()
         finally:
             self._peers.discard(peer)
-            self._tasks.discard(task)  # type: ignore[arg-type]
 
     async def _tick(self) -> None:
         # The broker sessions keep their own leases (their links heartbeat); this checkpoints.

@@ -67,7 +67,8 @@ class PeerConnection:
     """Serves one accepted TCP connection until either side ends it."""
 
     def __init__(self, endpoint: ConnectorEndpoint, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+                 writer: asyncio.StreamWriter, *,
+                 activity: Callable[[], object] = lambda: None) -> None:
         config = endpoint.config
         self.endpoint = endpoint
         self.config = config
@@ -76,6 +77,7 @@ class PeerConnection:
                                          max_streams=config.max_streams)
         self.reader = reader
         self.writer = writer
+        self._activity = activity  # told of every read, for the endpoint's idle timeout
         self.peer = str(writer.get_extra_info("peername"))
         self.instance: tuple[str, str] | None = None
         self.sinks: dict[int, StreamSink] = {}
@@ -128,6 +130,7 @@ class PeerConnection:
                 except TimeoutError:
                     self.reason = "no HELLO in time"
                     return
+            self._activity()
             if not data:
                 self.reason = self.reason or "closed by the connector"
                 self._drain = True  # what it sent before closing is still to be done
@@ -342,6 +345,14 @@ class PeerConnection:
         self._outstanding -= credits
 
     # -- ending --------------------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """Whether frames it sent are not acknowledged yet (then it is not idle)."""
+        return self._outstanding > 0 or self.held_bytes > 0
+
+    def end(self, reason: str) -> None:
+        """Close the connection without a word (it was idle: nothing is unacknowledged)."""
+        self._end(reason)
 
     def _end(self, reason: str) -> None:
         """End from a callback (not the loop): stop reading and let `run` finish up."""

@@ -98,11 +98,40 @@ LEGACY_PRODUCE_VERSIONS = range(0, 3)
 
 @dataclass(frozen=True, slots=True)
 class ListenerLimits:
-    """Bounds on what one connection may send."""
+    """Bounds on what the listener holds for its clients (DESIGN §8 "Bounded listeners").
 
-    max_frame_bytes: int = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
-    max_request_bytes: int = 1024 * 1024  # every api but Produce carries no records
-    max_produce_partitions: int = 10_000  # partition entries in one Produce request
+    max_frame_bytes             the largest request (Kafka's socket.request.max.bytes)
+    max_request_bytes           every api but Produce carries no records
+    max_produce_partitions      partition entries in one Produce request
+    max_connections             connections this listener holds at once (Kafka's
+                                max.connections); None: only the process's budget, which
+                                keeps every listener below the open-files limit with a reserve
+    max_connections_per_address from one client address (max.connections.per.ip)
+    idle_timeout_ms             a connection without a request for this long is closed
+                                (connections.max.idle.ms, 10 minutes)
+    max_inflight_request_bytes  request bytes read ahead of the one being handled; above it
+                                the connection is not read (muted) until requests are answered,
+                                so one connection holds at most its current request plus this
+                                plus one read (256 KiB)
+    """
+
+    max_frame_bytes: int = 100 * 1024 * 1024
+    max_request_bytes: int = 1024 * 1024
+    max_produce_partitions: int = 10_000
+    max_connections: int | None = None
+    max_connections_per_address: int | None = None
+    idle_timeout_ms: int = 600_000
+    max_inflight_request_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_bytes", "max_request_bytes", "max_produce_partitions",
+                     "idle_timeout_ms", "max_inflight_request_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ListenerLimits.{name} must be at least 1")
+        for name in ("max_connections", "max_connections_per_address"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"ListenerLimits.{name} must be at least 1 (or None)")
 
 
 def is_supported(api_key: int, version: int) -> bool:

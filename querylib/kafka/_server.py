@@ -6,8 +6,16 @@ pipeline requests and match responses by order and correlation id), Fetch record
 with `loop.sendfile` (which falls back to read-and-write where the transport cannot sendfile).
 
 Per connection, one request at a time, as Kafka's broker does: a Fetch waiting for data holds
-back the responses behind it. A `KafkaProtocolError` (bad frame, unknown api or version, body
-that does not decode) closes that connection only; nothing a client sends stops the listener.
+back the responses behind it. Frames are cut as bytes arrive; while more than
+`ListenerLimits.max_inflight_request_bytes` of requests wait behind the one being handled, the
+connection is not read (Kafka mutes a channel the same way), so TCP holds the client back. A
+`KafkaProtocolError` (bad frame, unknown api or version, body that does not decode) closes that
+connection only, after the requests before it are answered; nothing a client sends stops the
+listener.
+
+Connections are accepted by `querylib._tcp.TcpListener`: caps in total and per client address,
+the process's descriptor budget, the idle timeout (a connection with a request queued or being
+handled is not idle), refusals logged once per interval.
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from catalog.errors import TqError
+from querylib._tcp import Connection, TcpListener
 from querylib.kafka._apis import (
     ApiKey,
     ListenerLimits,
@@ -39,20 +49,155 @@ __all__ = ["KafkaListener", "ListenerStats"]
 
 logger = logging.getLogger("querylib.kafka")
 
-_READ_SIZE = 256 * 1024
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
 
 class ListenerStats:
     """Counters for tests and metrics."""
 
-    __slots__ = ("connections", "open_connections", "requests", "protocol_errors")
+    __slots__ = ("_tcp", "connections", "max_inflight_bytes", "muted", "open_connections",
+                 "protocol_errors", "requests")
 
     def __init__(self) -> None:
+        self._tcp: TcpListener | None = None
         self.connections = 0
         self.open_connections = 0
         self.requests = 0
         self.protocol_errors = 0
+        self.muted = 0  # times a connection stopped being read: too many requests waiting
+        self.max_inflight_bytes = 0  # most request bytes read ahead on one connection
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections closed at once: over a connection limit."""
+        return self._tcp.counters["refused"] if self._tcp is not None else 0
+
+    @property
+    def idle_closed(self) -> int:
+        """Connections closed after the idle timeout."""
+        return self._tcp.counters["idle_closed"] if self._tcp is not None else 0
+
+
+class _Inbound(asyncio.Protocol):
+    """One connection's transport side: cuts frames as bytes arrive and queues them, stops
+    reading while too many wait, and lets the writer wait for the socket (`drain`)."""
+
+    def __init__(self, frames: FrameReader, cap: int, conn: Connection,
+                 stats: ListenerStats) -> None:
+        self.frames = frames
+        self.cap = cap
+        self.conn = conn
+        self.stats = stats
+        self.queue: deque[bytes] = deque()
+        self.queued = 0  # bytes of the frames in `queue`
+        self.handling = False
+        self.error: KafkaProtocolError | None = None
+        self.eof = False
+        self.transport: asyncio.Transport | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._writing_paused = False
+        self._reading = True
+        self._lost = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.touch()
+        frames = self.frames
+        try:
+            frames.receive_data(data)
+            while (frame := frames.next_frame()) is not None:
+                self.queue.append(frame)
+                self.queued += len(frame)
+        except KafkaProtocolError as exc:
+            # Answer what came before it, then close: read nothing more.
+            self.error = exc
+            self._pause()
+        inflight = self.queued + frames.buffered
+        if inflight > self.stats.max_inflight_bytes:
+            self.stats.max_inflight_bytes = inflight
+        if inflight > self.cap and (self.queue or self.handling):
+            self.stats.muted += 1
+            self._pause()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return True  # half-closed: the responses to what it sent may still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = self._lost = True
+        self._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # -- for the connection's task ---------------------------------------------------------------
+
+    async def next_frame(self) -> bytes | None:
+        """The next whole request, or None at the end of the connection (EOF, or a protocol
+        error, which is raised once the requests before it are taken). The previous request
+        is taken as answered."""
+        self.handling = False
+        while not self.queue:
+            if self.error is not None:
+                raise self.error
+            if self.eof:
+                return None
+            self._resume()  # nothing waits: read the next request, however big
+            self._ready = asyncio.get_running_loop().create_future()
+            await self._ready
+        frame = self.queue.popleft()
+        self.queued -= len(frame)
+        if self.queued + self.frames.buffered <= self.cap:
+            self._resume()
+        self.handling = True
+        return frame
+
+    def busy(self) -> bool:
+        return self.handling or bool(self.queue)
+
+    def write(self, data: bytes) -> None:
+        if self._lost:
+            raise ConnectionResetError("the Kafka client closed the connection")
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("the Kafka client closed the connection")
+        if self._writing_paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+            if self._lost:
+                raise ConnectionResetError("the Kafka client closed the connection")
+
+    def _pause(self) -> None:
+        if self._reading and self.transport is not None:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if not self._reading and self.error is None and not self._lost:
+            self._reading = True
+            assert self.transport is not None
+            self.transport.resume_reading()
+
+    def _wake(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
 
 
 class KafkaListener:
@@ -73,8 +218,7 @@ class KafkaListener:
         self._host, self._port = host, port
         self._data = DataHandlers(backend)
         self.groups = GroupService(backend, group_config)
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._tcp: TcpListener | None = None
         g = self.groups
         self._handlers: dict[int, Handler] = {
             ApiKey.PRODUCE: self._data.produce,
@@ -109,26 +253,27 @@ class KafkaListener:
         """Bind and start accepting connections. ListenError when the address cannot be bound
         (`errno.EADDRINUSE`: another process has the port)."""
         await self.groups.start()
+        limits = self.limits
+        tcp = TcpListener(f"Kafka listener {self._host}:{self._port}", self._accept, self._host,
+                          self._port, max_connections=limits.max_connections,
+                          max_per_address=limits.max_connections_per_address,
+                          idle_timeout=limits.idle_timeout_ms / 1000, log=logger)
         try:
-            self._server = await asyncio.start_server(self._accept, self._host, self._port)
+            _host, self._port = await tcp.start()
         except OSError as exc:
             await self.groups.stop()
             raise ListenError(f"cannot listen for Kafka clients on {self._host}:{self._port}: "
                               f"{exc.strerror or exc}", exc.errno) from exc
-        self._port = self._server.sockets[0].getsockname()[1]
+        tcp.name = f"Kafka listener {self._host}:{self._port}"
+        self._tcp = self.stats._tcp = tcp
         logger.info("Kafka listener on %s:%d", self._host, self._port)
 
     async def stop(self) -> None:
         """Stop accepting, close every connection, stop the group timers. The backend stays
         open (its owner closes it)."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        tcp, self._tcp = self._tcp, None
+        if tcp is not None:
+            await tcp.close()
         await self.groups.stop()
 
     async def __aenter__(self) -> KafkaListener:
@@ -140,20 +285,23 @@ class KafkaListener:
 
     # ---- connections --------------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+    async def _accept(self, conn: Connection) -> None:
         self.stats.connections += 1
         self.stats.open_connections += 1
-        peer = writer.get_extra_info("peername")
-        client_host = f"/{peer[0]}" if peer else "/unknown"
+        client_host = f"/{conn.address}"
+        limits = self.limits
+        frames = FrameReader(lambda api_key: limits.max_frame_bytes
+                             if api_key == ApiKey.PRODUCE else limits.max_request_bytes)
         try:
-            await self._serve(reader, writer, client_host)
+            inbound = await conn.open(lambda: _Inbound(frames, limits.max_inflight_request_bytes,
+                                                       conn, self.stats))
+            conn.busy = inbound.busy
+            while (frame := await inbound.next_frame()) is not None:
+                await self._handle_frame(frame, inbound, client_host)
         except KafkaProtocolError as exc:
             self.stats.protocol_errors += 1
             logger.info("closing Kafka connection from %s: %s", client_host, exc)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass
         except asyncio.CancelledError:
             pass
@@ -163,33 +311,15 @@ class KafkaListener:
             logger.exception("bug: closing Kafka connection from %s", client_host)
         finally:
             self.stats.open_connections -= 1
-            self._connections.discard(task)
-            writer.close()
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client_host: str
-    ) -> None:
-        limits = self.limits
-        frames = FrameReader(lambda api_key: limits.max_frame_bytes
-                             if api_key == ApiKey.PRODUCE else limits.max_request_bytes)
-        while True:
-            data = await reader.read(_READ_SIZE)
-            if not data:
-                return
-            frames.receive_data(data)
-            while (frame := frames.next_frame()) is not None:
-                await self._handle_frame(frame, writer, client_host)
-
-    async def _handle_frame(
-        self, frame: bytes, writer: asyncio.StreamWriter, client_host: str
-    ) -> None:
+    async def _handle_frame(self, frame: bytes, out: _Inbound, client_host: str) -> None:
         header, offset = parse_request_header(frame, is_flexible)
         self.stats.requests += 1
         api_key, version = header.api_key, header.api_version
         if api_key == ApiKey.API_VERSIONS and not is_supported(api_key, version):
             body = encode_response(api_versions_error())
-            writer.write(response_prefix(header.correlation_id, len(body), False) + body)
-            await writer.drain()
+            out.write(response_prefix(header.correlation_id, len(body), False) + body)
+            await out.drain()
             return
         request = decode_request(api_key, version, frame, offset,
                                  max_produce_partitions=self.limits.max_produce_partitions)
@@ -201,26 +331,27 @@ class KafkaListener:
         flexible = response_header_flexible(api_key, version)
         if isinstance(response, RawResponse):
             try:
-                await self._send_raw(writer, header.correlation_id, flexible, response)
+                await self._send_raw(out, header.correlation_id, flexible, response)
             finally:
                 response.close()
             return
         body = encode_response(response)
-        writer.write(response_prefix(header.correlation_id, len(body), flexible) + body)
-        await writer.drain()
+        out.write(response_prefix(header.correlation_id, len(body), flexible) + body)
+        await out.drain()
 
-    async def _send_raw(self, writer: asyncio.StreamWriter, correlation_id: int,
-                        flexible: bool, response: RawResponse) -> None:
+    async def _send_raw(self, out: _Inbound, correlation_id: int, flexible: bool,
+                        response: RawResponse) -> None:
         loop = asyncio.get_running_loop()
-        writer.write(response_prefix(correlation_id, response.size, flexible))
+        out.write(response_prefix(correlation_id, response.size, flexible))
         for chunk in response.chunks:
             if isinstance(chunk, bytes):
-                writer.write(chunk)
+                out.write(chunk)
                 continue
-            await writer.drain()
+            await out.drain()
             # The slice owns its descriptor; the wrapper must not close it. loop.sendfile
             # seeks the wrapper when done, harmless: segments are written with O_APPEND and
             # read with pread.
             with os.fdopen(chunk.fd, "rb", buffering=0, closefd=False) as file:
-                await loop.sendfile(writer.transport, file, chunk.position, chunk.length)
-        await writer.drain()
+                await loop.sendfile(out.transport, file, chunk.position,  # type: ignore[arg-type]
+                                    chunk.length)
+        await out.drain()

@@ -91,14 +91,21 @@ Buffer = Any  # bytes, bytearray, memoryview: anything with the buffer protocol,
 class Limits:
     """Bounds on what an endpoint accepts and keeps. Defaults suit the broker and coordinator.
 
-    max_message_bytes   sum of all frames; also set as ZMQ_MAXMSGSIZE (zmq applies it per
-                        frame and drops the connection of a peer exceeding it)
+    max_message_bytes   sum of all frames sent, and received unless max_receive_bytes
+    max_receive_bytes   sum of all frames received; also set as ZMQ_MAXMSGSIZE, which zmq
+                        applies to each frame as its size arrives, before buffering it, and
+                        drops the connection of a peer exceeding it. Servers set it from what
+                        they legitimately receive (a broker: its largest batch; the
+                        coordinator: one upload chunk), so oversized unsigned input is never
+                        buffered whole
     max_frames          signature + header + body + payload frames
     max_header_bytes    the header frame
     max_body_bytes      the MessagePack body; big data belongs in payload frames
     max_in_flight       client: requests awaiting replies (more callers wait for a slot)
     max_handlers        server: handler tasks running at once (more get ServerBusyError)
-    hwm                 ZMQ send/receive high-water marks, in messages
+    hwm                 ZMQ send high-water mark, in messages (and receive, unless recv_hwm)
+    recv_hwm            ZMQ receive high-water mark, in messages, per peer: with
+                        max_message_bytes it bounds what zmq queues for one connection
     replay_window       per-session window of sequence numbers remembered
     max_clock_skew      seconds a message's sent_at may differ from the receiver's clock
     max_sessions        sender sessions remembered by the replay guard and the peer table
@@ -106,16 +113,24 @@ class Limits:
     """
 
     max_message_bytes: int = 96 * _MiB  # a 64 MiB record batch plus room
+    max_receive_bytes: int | None = None
     max_frames: int = 64
     max_header_bytes: int = 512
     max_body_bytes: int = 16 * _MiB
     max_in_flight: int = 1024
     max_handlers: int = 4096
     hwm: int = 1000
+    recv_hwm: int | None = None
     replay_window: int = 4096
     max_clock_skew: float = 300.0
     max_sessions: int = 65536
     notify_queue: int = 1024
+
+    @property
+    def receive_bytes(self) -> int:
+        """The most bytes one received message may have (all frames)."""
+        return self.max_message_bytes if self.max_receive_bytes is None \
+            else self.max_receive_bytes
 
 
 class ReplayGuard:
@@ -315,8 +330,8 @@ class Codec:
         rest = frames[1:]
         lengths = [_nbytes(f) for f in rest]
         total = sum(lengths)
-        if total > limits.max_message_bytes:
-            raise MessageTooLargeError(f"{total} bytes; at most {limits.max_message_bytes}")
+        if total > limits.receive_bytes:
+            raise MessageTooLargeError(f"{total} bytes; at most {limits.receive_bytes}")
         signature = frames[0]
         if _nbytes(signature) != SIGNATURE_BYTES:
             raise BadSignatureError("no signature frame", reason="unsigned")

@@ -11,9 +11,11 @@ EAGAIN when the fd fires, and after sends re-reads ZMQ_EVENTS (`kick`) once per 
 iteration, scheduling a drain when something is readable. Nothing else touches the socket.
 
 Receiving enforces the frame-count and size limits while reading, so an oversized message is
-consumed and dropped part by part instead of accumulated. The first `small_frames` parts
-(identity, signature, header, body) are copied into bytes; payload parts stay zmq-owned
-buffers (zero-copy memoryviews).
+consumed and dropped part by part instead of accumulated (zmq has buffered each part by then:
+ZMQ_MAXMSGSIZE, set from `Limits.max_message_bytes`, is what bounds a part before it is
+buffered). The first `small_frames` parts (identity, signature, header, body) are copied into
+bytes when they are small (a part of unsigned garbage is not copied just to be dropped);
+payload parts stay zmq-owned buffers (zero-copy memoryviews).
 
 This module moves frames and keeps time. It must not decode, sign or interpret messages.
 """
@@ -47,6 +49,9 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 
+# Leading parts up to this size are copied into bytes; bigger ones stay zero-copy buffers.
+_COPY_LIMIT = 64 * 1024
+
 # Messages handled per loop callback before yielding, so handler tasks, timers and other
 # sockets run while a burst is drained.
 RECV_BURST = 64
@@ -57,9 +62,9 @@ def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = Non
     """A socket with the options every RPC socket gets: no linger, bounded frames and queues."""
     sock = (context or zmq.Context.instance()).socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.receive_bytes)
     sock.setsockopt(zmq.SNDHWM, limits.hwm)
-    sock.setsockopt(zmq.RCVHWM, limits.hwm)
+    sock.setsockopt(zmq.RCVHWM, limits.hwm if limits.recv_hwm is None else limits.recv_hwm)
     return sock
 
 
@@ -146,7 +151,7 @@ class FramePump:
         self._small = small_frames
         # Parts we accept: the codec's limit plus the ROUTER identity frame when there is one.
         self._max_parts = limits.max_frames + (small_frames - 3)
-        self._max_bytes = limits.max_message_bytes
+        self._max_bytes = limits.receive_bytes
         self._on_message = on_message
         self._on_drop = on_drop
         self._scheduled = False
@@ -241,7 +246,7 @@ class FramePump:
         # Frames, not copied bytes, only to read `more` cheaply: ZMQ_RCVMORE through
         # getsockopt costs several times more in pyzmq.
         frame = _recv(sock, _DONTWAIT, False, False)
-        parts: list[Any] = [frame.bytes]
+        parts: list[Any] = [frame.bytes if len(frame) <= _COPY_LIMIT else frame.buffer]
         total = len(parts[0])
         small = self._small
         too_big: str | None = None
@@ -249,7 +254,8 @@ class FramePump:
             frame = _recv(sock, _DONTWAIT, False, False)
             if too_big is not None:
                 continue  # keep consuming the message's parts, keep none of them
-            part = frame.bytes if len(parts) < small else frame.buffer
+            part = frame.bytes if len(parts) < small and len(frame) <= _COPY_LIMIT \
+                else frame.buffer
             total += len(part)
             if len(parts) >= self._max_parts:
                 too_big = "too_many_frames"

@@ -153,6 +153,33 @@ def test_uploads_are_checked_against_their_digest(up: Up) -> None:
         assert cluster.upload_artifact(digest, pack) == f"sha256:{digest}"
 
 
+def test_packs_upload_in_chunks_of_a_bounded_size(up: Up) -> None:
+    """The coordinator takes no message bigger than one chunk and a little room (DESIGN §2
+    "Limits"), so a pack of several chunks goes up a chunk at a time and comes back whole."""
+    from querylib.cluster._messages import ARTIFACT_CHUNK_BYTES, UploadArtifact
+
+    pack = os.urandom(5 * ARTIFACT_CHUNK_BYTES + 12345)
+    digest = hashlib.sha256(pack).hexdigest()
+    with Cluster.connect(up.info["coordinator"], secret_file=up.info["secret_file"]) as cluster:
+        assert cluster.upload_artifact(digest, pack) == f"sha256:{digest}"
+        assert cluster._call(cluster._async.fetch_artifact(digest)) == pack
+
+        client, session = cluster._async.client, cluster.session_id
+
+        def chunk(offset: int, size: int, data: bytes) -> object:
+            request = UploadArtifact(session_id=session, sha256="1" * 64, offset=offset,
+                                     size=size)
+            return cluster._call(client.request(request, payload=[data]))
+
+        with pytest.raises(InvalidCommandError, match="at most"):
+            chunk(0, 64 * 1024 * 1024 + 1, b"x")  # refused at the first chunk, by its size
+        assert chunk(0, 30, b"a" * 10).size == 10
+        with pytest.raises(InvalidCommandError, match="does not follow"):
+            chunk(20, 30, b"b" * 10)  # a chunk went missing
+        with pytest.raises(InvalidCommandError, match="does not fit"):
+            chunk(0, 5, b"c" * 10)
+
+
 def test_topic_create(up: Up) -> None:
     done = up.tq("topic", "create", "feed", "--partitions", "3")
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,111 @@
+"""Bounded resources at the connector endpoint, over real sockets: its connection limits in
+total and per client address, refusals logged once per interval, and the idle timeout (a
+connection with nothing unacknowledged and nothing sent for that long is closed; the client
+library reconnects and goes on)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from tests.conftest import wait_for
+
+from .test_endpoint import Harness, Raw
+
+
+def connect(harness: Harness, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", harness.config.port))
+    return sock
+
+
+def closed_by_endpoint(sock: socket.socket, timeout: float = 10.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("querylib") and "refused" in r.getMessage()
+            and "connection" in r.getMessage()]
+
+
+def test_per_address_limit_and_refusals_logged_once(tmp_path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    harness = Harness(str(tmp_path / "data"), max_connections_per_address=2)
+    kept: list[socket.socket] = []
+    try:
+        kept = [connect(harness, "127.0.0.2") for _ in range(2)]
+        wait_for(lambda: harness.stats()["live_connections"] == 2, what="two connections")
+        refused = [connect(harness, "127.0.0.2") for _ in range(20)]
+        kept += refused
+        assert all(closed_by_endpoint(s) for s in refused)
+        assert not any(closed_by_endpoint(s, timeout=0.2) for s in kept[:2])
+        other = Raw(harness, instance="other")  # from 127.0.0.1: its own count
+        other.handshake()
+        other.close()
+        assert harness.stats()["refused_connections"] == 20
+        lines = refusal_lines(caplog)
+        assert 1 <= len(lines) <= 2, lines  # the first at once, the rest summed up later
+        assert "limit of 2 connections from 127.0.0.2" in lines[0]
+    finally:
+        for s in kept:
+            s.close()
+        harness.close()
+
+
+def test_total_limit_refusals_are_counted_and_logged_once(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    harness = Harness(str(tmp_path / "data"), max_connections=3)
+    socks: list[socket.socket] = []
+    try:
+        socks = [connect(harness) for _ in range(3)]
+        wait_for(lambda: harness.stats()["live_connections"] == 3, what="three connections")
+        socks += [connect(harness) for _ in range(10)]
+        assert all(closed_by_endpoint(s) for s in socks[3:])
+        assert harness.stats()["refused_connections"] == 10
+        assert 1 <= len(refusal_lines(caplog)) <= 2
+    finally:
+        for s in socks:
+            s.close()
+        harness.close()
+
+
+@pytest.mark.parametrize("dialect", ["draft", "released"])
+def test_idle_connections_are_closed_and_the_client_goes_on(tmp_path, dialect: str) -> None:
+    harness = Harness(str(tmp_path / "data"), idle_timeout=0.5, handshake_timeout=30.0)
+    try:
+        with harness.connector(dialect) as conn:
+            sid = conn.open_stream("events")
+            conn.send(sid, b"one", message_id=1)
+            conn.flush()
+            wait_for(lambda: harness.stats()["idle_closed"] >= 1
+                     and harness.stats()["live_connections"] == 0, what="the idle close")
+            conn.send(sid, b"two", message_id=2)  # the client reconnects and resends
+            conn.flush()
+        assert harness.ids("events") == [1, 2]
+        assert harness.stats()["connections"] >= 2
+    finally:
+        harness.close()
+
+
+def test_a_silent_socket_is_closed_by_the_idle_timeout_too(tmp_path) -> None:
+    harness = Harness(str(tmp_path / "data"), idle_timeout=0.3, handshake_timeout=60.0)
+    try:
+        socks = [connect(harness) for _ in range(50)]
+        assert all(closed_by_endpoint(s) for s in socks)
+        assert harness.stats()["idle_closed"] == 50
+        for s in socks:
+            s.close()
+    finally:
+        harness.close()
