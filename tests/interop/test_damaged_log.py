@@ -159,9 +159,9 @@ def test_a_mid_segment_flip_after_a_clean_stop_keeps_every_other_batch(tmp_path,
     assert consumed.stdout.splitlines() == [v for values in sent[:damaged_batch]
                                             for v in values]
 
-    # the partition keeps taking appends
+    # the partition keeps taking appends (its stream ended: the writer reopens it)
     end = list_partitions(address, secret, "t", timeout=10)[0].log_end
-    with Producer(address, "t", 0, secret=secret) as producer:
+    with Producer(address, "t", 0, secret=secret, reopen=True) as producer:
         producer.send(b"after the damage", time=BATCHES)
     with Subscriber(address, "t", 0, secret=secret, start=end) as sub:
         assert _values(list(sub)) == ["after the damage"]
