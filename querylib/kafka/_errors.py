@@ -12,7 +12,11 @@
         ├── NotLeaderError, UnknownPartitionError, InvalidTopicError, InvalidRequiredAcksError
         ├── OutOfOrderSequenceError, DuplicateSequenceError, InvalidProducerEpochError
         ├── TransactionsNotSupportedError
-        └── PolicyViolationError       a limit of this endpoint (e.g. the number of topics)
+        ├── PolicyViolationError       a limit of this endpoint (e.g. the number of topics)
+        ├── SaslError                  SASL (DESIGN §12): the connection is closed after the
+        │   ├── UnsupportedSaslMechanismError, IllegalSaslStateError  answer
+        │   └── SaslAuthenticationFailedError
+        └── GroupAuthorizationFailedError  a group another principal uses
 
 A `KafkaProtocolError` ends one connection and nothing else. Every other `TqError` raised while
 handling a request becomes its `kafka_error_code` in the response (per partition where the
@@ -30,6 +34,8 @@ __all__ = [
     "DuplicateSequenceError",
     "ErrorCode",
     "FrameTooLargeError",
+    "GroupAuthorizationFailedError",
+    "IllegalSaslStateError",
     "InvalidProducerEpochError",
     "InvalidRequiredAcksError",
     "InvalidTopicError",
@@ -40,8 +46,11 @@ __all__ = [
     "NotLeaderError",
     "OutOfOrderSequenceError",
     "PolicyViolationError",
+    "SaslAuthenticationFailedError",
+    "SaslError",
     "TransactionsNotSupportedError",
     "UnknownPartitionError",
+    "UnsupportedSaslMechanismError",
     "UnsupportedRequestError",
     "error_code_of",
 ]
@@ -143,6 +152,30 @@ class CoordinatorNotAvailableError(KafkaRequestError):
 
     retriable = True
     kafka_error_code = ErrorCode.coordinator_not_available.value
+
+
+class SaslError(KafkaRequestError):
+    """Authentication did not succeed; Kafka answers, then closes the connection."""
+
+
+class UnsupportedSaslMechanismError(SaslError):
+    kafka_error_code = ErrorCode.unsupported_sasl_mechanism.value
+
+
+class IllegalSaslStateError(SaslError):
+    """A SASL request out of turn: authenticate before handshake, twice, or data first."""
+
+    kafka_error_code = ErrorCode.illegal_sasl_state.value
+
+
+class SaslAuthenticationFailedError(SaslError):
+    kafka_error_code = ErrorCode.sasl_authentication_failed.value
+
+
+class GroupAuthorizationFailedError(KafkaRequestError):
+    """The group is used by another principal (the first one to commit or join owns it)."""
+
+    kafka_error_code = ErrorCode.group_authorization_failed.value
 
 
 def error_code_of(exc: TqError) -> ErrorCode:
