@@ -33,6 +33,7 @@ import errno
 import logging
 import resource
 import socket
+import ssl
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("querylib")
+TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to finish its TLS handshake
 
 ACCEPT_BURST = 128  # accepts per readiness callback, before other callbacks get their turn
 BACKLOG = 1024  # the kernel's queue of connections not yet accepted (capped by somaxconn)
@@ -251,7 +253,10 @@ class Connection:
         sock, self._sock = self._sock, None
         loop = asyncio.get_running_loop()
         try:
-            transport, protocol = await loop.connect_accepted_socket(protocol_factory, sock)
+            tls = self._listener.ssl_context
+            transport, protocol = await loop.connect_accepted_socket(
+                protocol_factory, sock, ssl=tls,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls is not None else None)
         except BaseException:
             sock.close()
             raise
@@ -301,7 +306,10 @@ class TcpListener:
                  max_connections: int | None = None, max_per_address: int | None = None,
                  idle_timeout: float | None = None, stream_limit: int = 64 * 1024,
                  budget: ConnectionBudget | None = None,
-                 log: logging.Logger = logger) -> None:
+                 log: logging.Logger = logger,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context`: a server TLS context every connection is wrapped in (the handshake
+        is bounded by `TLS_HANDSHAKE_TIMEOUT`)."""
         for what, value in (("max_connections", max_connections),
                             ("max_per_address", max_per_address)):
             if value is not None and value < 1:
@@ -314,6 +322,7 @@ class TcpListener:
         self.max_per_address = max_per_address
         self.idle_timeout = idle_timeout
         self.stream_limit = stream_limit
+        self.ssl_context = ssl_context
         self.budget = budget if budget is not None else connection_budget()
         self.log = log
         self.counters: Counter[str] = Counter()  # accepted, refused, idle_closed, accept_failed

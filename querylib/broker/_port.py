@@ -146,6 +146,11 @@ class BrokerPort:
         admits. InvalidTopicError for a name the broker cannot store."""
         return await self._server.ensure_partition(topic, partition, create=create)
 
+    async def principal_key(self, principal: str) -> bytes | None:
+        """`principal`'s broker key, if it exists now (an endpoint in this process checks its
+        clients' passwords with it, DESIGN §12); None for an unknown principal."""
+        return await self._server.keyring.key_of(principal)
+
     def on_visible(self, listener: Callable[[PartitionId], None]) -> Callable[[], None]:
         """Call `listener(pid)` (on the loop; quick) whenever what subscribers may read of a
         partition may have grown. Returns the function that stops it."""

@@ -200,6 +200,7 @@ class BrokerServer:
         self.state = BrokerState(limits, stamp=stored_batch)
         self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
                               audience=BROKER)
+        self.keyring = self._rpc.keyring  # whose keys its clients sign with (DESIGN §12)
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
         self._lanes: dict[PartitionId, AppendLane] = {}

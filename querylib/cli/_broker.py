@@ -47,6 +47,12 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
     parser.add_argument("--connector-credits", type=int, default=1024, metavar="K",
                         help="frames a connector connection may have unacknowledged "
                         "(default 1024)")
+    parser.add_argument("--connector-tls-cert", metavar="FILE",
+                        help="speak TLS on the connector endpoint with this certificate chain "
+                        "(PEM; with --connector-tls-key)")
+    parser.add_argument("--connector-tls-key", metavar="FILE",
+                        help="the private key of --connector-tls-cert (PEM)")
+    _add_insecure(parser)
 
 
 def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
@@ -60,7 +66,68 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
     parser.add_argument("--advertised-host", metavar="HOST",
                         help="host name Kafka clients are told to connect to (default: "
                         "--kafka-host, or 127.0.0.1 for a wildcard)")
+    parser.add_argument("--kafka-sasl", nargs="?", const=",".join(SASL_MECHANISMS),
+                        metavar="MECHANISMS",
+                        help="Kafka clients must authenticate with SASL as tq users (`tq user "
+                        "add`): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default all three; "
+                        "comma-separated to choose)")
+    parser.add_argument("--kafka-tls-cert", metavar="FILE",
+                        help="speak TLS on the Kafka listener with this certificate chain "
+                        "(PEM; with --kafka-tls-key): SSL, or SASL_SSL with --kafka-sasl")
+    parser.add_argument("--kafka-tls-key", metavar="FILE",
+                        help="the private key of --kafka-tls-cert (PEM)")
+    _add_insecure(parser)
     add_kafka_limit_options(parser)
+
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _add_insecure(parser: argparse.ArgumentParser) -> None:
+    if any("--insecure" in action.option_strings for action in parser._actions):
+        return
+    parser.add_argument("--insecure", action="store_true",
+                        help="let a listener bound to an address other than loopback take "
+                        "clients it cannot authenticate (Kafka without --kafka-sasl) or "
+                        "whose secrets travel in clear (the connector without TLS)")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+def server_tls(cert: str | None, key: str | None, flag: str) -> object | None:
+    """A TLS server context from a certificate chain and key (None: no TLS)."""
+    if cert is None and key is None:
+        return None
+    from catalog.errors import UserError
+
+    if cert is None or key is None:
+        raise UserError(f"{flag}-cert and {flag}-key go together")
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UserError(f"{flag}-cert/{flag}-key: cannot load them: {exc}") from None
+    return context
+
+
+def _exposed(host: str, insecure: bool, flag: str, needs: str) -> None:
+    """Refuse an unprotected listener on an address others reach, unless --insecure."""
+    if not _loopback(host) and not insecure:
+        from catalog.errors import UserError
+
+        raise UserError(f"{flag} {host} is reachable from other hosts: {needs}, or accept the "
+                        "risk with --insecure")
 
 
 def add_kafka_limit_options(parser: argparse.ArgumentParser) -> None:
@@ -94,11 +161,22 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     """The KafkaConfig the Kafka options ask for; None when there is to be no listener."""
     if args.kafka_port is None or args.kafka_port < 0:
         return None
+    from catalog.errors import UserError
     from querylib.kafka import KafkaConfig
 
+    sasl = tuple(m.strip().upper() for m in (args.kafka_sasl or "").split(",") if m.strip())
+    unknown = sorted(set(sasl) - set(SASL_MECHANISMS))
+    if unknown:
+        raise UserError(f"--kafka-sasl {','.join(unknown)}: tq offers "
+                        f"{', '.join(SASL_MECHANISMS)}")
+    if not sasl:
+        _exposed(args.kafka_host, args.insecure, "--kafka-host",
+                 "require authentication with --kafka-sasl (and TLS with --kafka-tls-cert)")
     return KafkaConfig(host=args.kafka_host, port=args.kafka_port,
                        advertised_host=args.advertised_host,
-                       limits=kafka_limits(args))  # type: ignore[arg-type]
+                       limits=kafka_limits(args),  # type: ignore[arg-type]
+                       sasl=sasl, ssl_context=server_tls(args.kafka_tls_cert,
+                                                         args.kafka_tls_key, "--kafka-tls"))
 
 
 def connector_config(args: argparse.Namespace) -> object | None:
@@ -107,8 +185,13 @@ def connector_config(args: argparse.Namespace) -> object | None:
         return None
     from querylib.connector import EndpointConfig
 
+    tls = server_tls(args.connector_tls_cert, args.connector_tls_key, "--connector-tls")
+    if tls is None:
+        _exposed(args.connector_host, args.insecure, "--connector-host",
+                 "its cookie would travel in clear: speak TLS with --connector-tls-cert")
     return EndpointConfig(host=args.connector_host, port=args.connector_port,
-                          cookie=args.connector_cookie, initial_credits=args.connector_credits)
+                          cookie=args.connector_cookie, initial_credits=args.connector_credits,
+                          ssl_context=tls)
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:

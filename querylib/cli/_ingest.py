@@ -32,11 +32,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instance", help="connector instance name: the same program and instance "
                    "resume where they stopped (default: the file's path; a new one for stdin)")
     p.add_argument("--cookie", help="connector cookie (default: derived from the secret file)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="speak TLS to the endpoint, trusting the certificates in FILE (PEM)")
     p.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret)")
     p.add_argument("--no-end", action="store_true", help="do not end the stream at end of input")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds without an answer before reconnecting (default 30)")
     p.set_defaults(func=_ingest)
+
+
+def client_tls(ca_file: str | None) -> object | None:
+    """A TLS client context trusting `ca_file` (None: no TLS); UserError if unreadable."""
+    if ca_file is None:
+        return None
+    import ssl
+
+    from catalog.errors import UserError
+
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise UserError(f"--tls-ca {ca_file}: {exc}") from None
 
 
 def _cluster() -> object | None:
@@ -96,7 +112,7 @@ def _ingest(args: argparse.Namespace) -> int:
         result = ingest(args.file, args.topic, address=address, dialect=args.dialect,
                         fmt=args.format, program=args.program, instance=args.instance,
                         cookie=_cookie(args, cluster), timeout=args.timeout, end=not args.no_end,
-                        progress=progress)
+                        progress=progress, ssl_context=client_tls(args.tls_ca))
     finally:
         progress.done()
     where = "" if result.processed is None else f", stream at message {result.processed}"

@@ -25,6 +25,7 @@ import hashlib
 import os
 import select
 import socket
+import ssl
 import time
 from bisect import bisect_right
 from collections import deque
@@ -191,7 +192,8 @@ class Connector:
                  instance: str | None = None, cookie: bytes | str = b"",
                  dialect: Dialect | str = Dialect.DRAFT, timeout: float = 30.0,
                  reconnect_timeout: float = 60.0, max_buffered: int = 16384,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.address = parse_address(address)
         self.program = program
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
@@ -201,6 +203,7 @@ class Connector:
         self.reconnect_timeout = reconnect_timeout
         self.max_buffered = max_buffered
         self.max_frame_size = max_frame_size
+        self.ssl_context = ssl_context  # TLS to the endpoint (it checks the endpoint's name)
         self.streams: dict[int, _Stream] = {}
         self.counters = {"sent": 0, "acked": 0, "resent": 0, "reconnects": 0, "nacks": 0,
                          "restarts": 0}
@@ -471,6 +474,12 @@ class Connector:
         self._restart_to = None
         sock = socket.create_connection(address, timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=address[0])
+            except BaseException:
+                sock.close()
+                raise
         self._sock = sock
         conn = self._conn = BulkSourceConnection(
             self.dialect, program=self.program, instance=self.instance, cookie=self.cookie,
@@ -538,7 +547,8 @@ class Connector:
     def _poll(self) -> None:
         """Handle whatever the endpoint already sent, without waiting."""
         try:
-            while self._sock is not None and select.select([self._sock], [], [], 0)[0]:
+            while self._sock is not None and (_tls_pending(self._sock) or
+                                              select.select([self._sock], [], [], 0)[0]):
                 self._handle(self._read(0.0) or ())
         except (OSError, ConnectionError):
             self._reconnect()
@@ -567,3 +577,8 @@ class Connector:
                 self._handle(events)
             except (OSError, ConnectionError):
                 self._reconnect()
+
+
+def _tls_pending(sock: socket.socket) -> bool:
+    """Bytes TLS has decrypted already: select() cannot see them."""
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0

@@ -39,6 +39,7 @@ import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from catalog.errors import TqError, UserError
 from querylib._tcp import Connection, TcpListener
@@ -84,6 +85,7 @@ class EndpointConfig:
     handshake_timeout: float = 10.0  # a connection must send HELLO within this
     max_batch_records: int = 4096  # per record batch appended
     max_batch_bytes: int = 1024 * 1024
+    ssl_context: Any = None  # an ssl.SSLContext: connections speak TLS (DESIGN §12)
 
 
 class ConnectorEndpoint:
@@ -126,7 +128,8 @@ class ConnectorEndpoint:
         tcp = TcpListener(name, self._accept, config.host, config.port,
                           max_connections=config.max_connections,
                           max_per_address=config.max_connections_per_address,
-                          idle_timeout=config.idle_timeout, log=logger)
+                          idle_timeout=config.idle_timeout, log=logger,
+                          ssl_context=config.ssl_context)
         host, port = await tcp.start()
         tcp.name = f"connector endpoint {host}:{port}"
         self._tcp = tcp

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -84,7 +85,8 @@ def ingest(source: str | os.PathLike[str] | IO[bytes], stream: str, *,
            fmt: str = "lines", program: str = "tq-ingest", instance: str | None = None,
            cookie: bytes | str = b"", timeout: float = 30.0, reconnect_timeout: float = 60.0,
            end: bool = True, progress: Callable[[int, int], None] | None = None,
-           progress_every: int = 10_000) -> IngestResult:
+           progress_every: int = 10_000, ssl_context: ssl.SSLContext | None = None
+           ) -> IngestResult:
     """Send every line of `source` ("-" for stdin, a path, or a binary stream) to `stream`
     (a topic, `topic:N` for partition N). `progress(done, skipped)` is called every
     `progress_every` lines. Returns once everything sent is acknowledged."""
@@ -102,7 +104,8 @@ def ingest(source: str | os.PathLike[str] | IO[bytes], stream: str, *,
     started = time.monotonic()
     for attempt in range(_REWINDS + 1):
         conn = Connector(address, program=program, instance=instance, cookie=cookie,
-                         dialect=dialect, timeout=timeout, reconnect_timeout=reconnect_timeout)
+                         dialect=dialect, timeout=timeout, reconnect_timeout=reconnect_timeout,
+                         ssl_context=ssl_context)
         try:
             with conn:
                 try:

@@ -160,11 +160,21 @@ class KafkaBackend(Protocol):
     # ---- data ---------------------------------------------------------------------------------
 
     async def append(
-        self, topic: str, partition: int, batches: Sequence[bytes], *, acks: int
+        self, topic: str, partition: int, batches: Sequence[bytes], *, acks: int,
+        principal: str = "anonymous",
     ) -> AppendResult:
-        """Append producer batches (RecordBatch v2) to a partition this broker leads, with
-        idempotent-producer sequence checks, returning once `acks` is met: 0 and 1 when
-        appended, -1 when durable under the flush policy."""
+        """Append producer batches (RecordBatch v2) to a partition this broker leads, as
+        `principal` (the broker admits the writer), with idempotent-producer sequence checks,
+        returning once `acks` is met: 0 and 1 when appended, -1 when durable under the flush
+        policy."""
+        ...
+
+    async def password(self, principal: str) -> str | None:
+        """The Kafka SASL password of `principal`, None when no such principal exists now."""
+        ...
+
+    async def authorize_group(self, group_id: str, principal: str, *, claim: bool) -> bool:
+        """Whether `principal` may use the group; `claim`: make a group nobody has its."""
         ...
 
     async def read(

@@ -3,8 +3,9 @@ its public door (`querylib.broker.BrokerPort`), so every broker serves its own p
 Kafka clients (DESIGN §8). `tq kafka` is such a broker with no RPC socket (`_run.py`).
 
 It shares the broker's partition logs and never writes one itself: producer batches and
-offset commits are requests of broker sessions (`BrokerPort.link`), Kafka clients' as
-"anonymous" (no authentication yet), `__consumer_offsets` as "system", answered once durable
+offset commits are requests of broker sessions (`BrokerPort.link`), Kafka clients' as the
+principal SASL authenticated them as, else "anonymous" (one session per principal, DESIGN
+§12), `__consumer_offsets` as "system", answered once durable
 under the broker's flush policy. So the broker's core admits every Kafka write as it admits
 any other (the topic's writers rule, its placement, an ended stream, the batch size: their
 errors carry the Kafka codes 29, 6, 44, 10), the append lane stays each log's one writer and
@@ -40,11 +41,12 @@ import json
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from catalog import TopicName
+from catalog import ANONYMOUS, TopicName
 from catalog.errors import (
     InvalidPartitionsError,
     ReservedTopicNameError,
@@ -74,10 +76,16 @@ from querylib.kafka._backend import (
 from querylib.kafka._errors import NotLeaderError, UnknownPartitionError
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
-from querylib.kafka._offsets_format import encode_group, encode_offset
+from querylib.kafka._offsets_format import (
+    GroupOwner,
+    encode_group,
+    encode_group_owner,
+    encode_offset,
+)
 from querylib.kafka._producers import ProducerStateTable
 from querylib.log import record_at_timestamp
 from querylib.records import encode_batch, read_header, verify_batch
+from querylib.rpc import kafka_password
 
 __all__ = ["OFFSETS_TOPIC", "BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
 
@@ -85,6 +93,7 @@ logger = logging.getLogger("querylib.kafka")
 
 PartitionId = tuple[str, int]
 OFFSETS_TOPIC = "__consumer_offsets"
+MAX_WRITERS = 256  # principals with a broker session open for their Kafka produces
 OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
@@ -104,6 +113,19 @@ class KafkaConfig:
     limits: ListenerLimits | None = None
     group_config: GroupConfig | None = None
     lease: float = 30.0  # of the backend's broker producer session; heartbeats every lease/3
+    # Authentication and encryption (DESIGN §12): SASL mechanisms clients must use (empty:
+    # every client is "anonymous"), and a server TLS context.
+    sasl: tuple[str, ...] = ()
+    ssl_context: Any = None  # an ssl.SSLContext
+
+    @property
+    def security_protocol(self) -> str:
+        """Kafka's name for what this listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or
+        SASL_SSL."""
+        tls = self.ssl_context is not None
+        if self.sasl:
+            return "SASL_SSL" if tls else "SASL_PLAINTEXT"
+        return "SSL" if tls else "PLAINTEXT"
 
     @property
     def advertised(self) -> str:
@@ -250,9 +272,11 @@ class BrokerBackend:
             hmac.new(secret, _CLUSTER_ID_LABEL, hashlib.sha256).hexdigest()[:22]
         self._me = BrokerInfo(0, config.advertised, config.port)
         self._node: int | None = None
-        # Kafka clients write as "anonymous" (no authentication on this listener yet); the
-        # group store is tq's own.
-        self._clients = _Writer(port.link("anonymous", lease=config.lease))
+        # Kafka clients write as the principal SASL authenticated (DESIGN §12), else as
+        # "anonymous": one broker session per principal, opened at its first produce and
+        # closed when it is the least recently used of MAX_WRITERS. The group store is tq's own.
+        self._writers: OrderedDict[str, _Writer] = OrderedDict()
+        self._writers_lock = asyncio.Lock()
         self._system = _Writer(port.link("system", lease=config.lease))
         self._partitions: dict[PartitionId, _Partition] = {}
         self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
@@ -265,7 +289,6 @@ class BrokerBackend:
 
     async def open(self) -> BrokerBackend:
         """Open the broker sessions, `__consumer_offsets`, and replay it."""
-        await self._clients.link.start()
         await self._system.link.start()
         self._unwatch = self.port.on_visible(self._wake)
         pid = await self.port.ensure(*OFFSETS, create=True)
@@ -284,7 +307,9 @@ class BrokerBackend:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        await self._clients.link.close()
+        for writer in list(self._writers.values()):
+            await writer.link.close()
+        self._writers.clear()
         await self._system.link.close()
         for waiters in self._waiters.values():
             for future in waiters:
@@ -364,9 +389,30 @@ class BrokerBackend:
             part = self._partitions[pid] = _Partition()
         return part
 
+    async def _writer(self, principal: str) -> _Writer:
+        """The broker session that writes as `principal`, opened on first use."""
+        async with self._writers_lock:
+            writer = self._writers.get(principal)
+            if writer is not None:
+                self._writers.move_to_end(principal)
+                return writer
+            writer = _Writer(self.port.link(principal, lease=self.config.lease))
+            await writer.link.start()
+            self._writers[principal] = writer
+            while len(self._writers) > MAX_WRITERS:
+                _, old = self._writers.popitem(last=False)
+                await old.link.close()
+            return writer
+
+    async def password(self, principal: str) -> str | None:
+        """The Kafka SASL password of `principal` (None: no such principal now)."""
+        key = await self.port.principal_key(principal)
+        return None if key is None else kafka_password(key, broker_key=True)
+
     async def append(self, topic: str, partition: int, batches: Sequence[bytes], *,
-                     acks: int) -> AppendResult:
+                     acks: int, principal: str = ANONYMOUS) -> AppendResult:
         pid = (TopicName.parse(topic).short, partition)
+        writer = await self._writer(principal)
         part = self._partition(pid)
         first: int | None = None
         async with part.lock:
@@ -377,17 +423,17 @@ class BrokerBackend:
                     verify_batch(batch)  # acknowledge a retry only if it is intact
                     base = original
                 else:
-                    base = await self._clients.produce(pid, batch,
-                                                       create=await self._creates(pid))
+                    base = await writer.produce(pid, batch,
+                                                create=await self._creates(pid, writer))
                     part.producers.record(header, base)
                 first = base if first is None else first
         info = self.port.info(pid)
         return AppendResult(first if first is not None else info.log_end, info.log_start)
 
-    async def _creates(self, pid: PartitionId) -> bool:
+    async def _creates(self, pid: PartitionId, writer: _Writer) -> bool:
         """Whether a producer of `pid` asks for its topic to be created: Kafka's
         auto-creation makes topics that do not exist, never partitions of one that does."""
-        if pid in self._clients.producing or not self.auto_create_topics:
+        if pid in writer.producing or not self.auto_create_topics:
             return False
         return not await self.cluster.kafka_topics([pid[0]])
 
@@ -535,3 +581,19 @@ class BrokerBackend:
 
     async def stored_groups(self) -> Sequence[GroupRecord]:
         return list(self._store.groups.values())
+
+    async def authorize_group(self, group_id: str, principal: str, *, claim: bool) -> bool:
+        """Whether `principal` may use group `group_id` (DESIGN §12): a group belongs to the
+        first authenticated principal that joins or commits it (`claim`), recorded in
+        `__consumer_offsets`; an admin may use any. Unauthenticated clients ("anonymous", on
+        a listener without SASL) share groups as before: nothing is recorded for them."""
+        if principal in (ANONYMOUS, "admin"):
+            return True
+        async with self._meta_lock:
+            owner = self._store.owners.get(group_id)
+            if owner is None and claim:
+                await self._system.produce(OFFSETS, encode_batch(
+                    [(0, *encode_group_owner(GroupOwner(group_id, principal)), ())]),
+                    create=True)
+                self._store.owners[group_id] = owner = principal
+        return owner is None or owner == principal

@@ -40,7 +40,8 @@ class BrokerKafka:
         await self.backend.open()
         listener = KafkaListener(self.backend, self.config.host, self.config.port,
                                  limits=self.config.limits,
-                                 group_config=self.config.group_config)
+                                 group_config=self.config.group_config,
+                                 sasl=self.config.sasl, ssl_context=self.config.ssl_context)
         await listener.start()
         self.listener = listener
         self.backend.advertise(listener.port)

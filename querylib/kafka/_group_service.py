@@ -127,11 +127,17 @@ class GroupService:
 
     # ---- apis ---------------------------------------------------------------------------------
 
-    async def _elsewhere(self, group_id: str) -> ErrorCode | None:
+    async def _elsewhere(self, ctx: RequestContext, group_id: str, *,
+                         claim: bool = False) -> ErrorCode | None:
         """NOT_COORDINATOR when another broker coordinates groups (the client asks
-        FindCoordinator again), COORDINATOR_NOT_AVAILABLE while none is known."""
+        FindCoordinator again), COORDINATOR_NOT_AVAILABLE while none is known,
+        GROUP_AUTHORIZATION_FAILED when the group is another principal's (`claim`: a join or
+        commit makes a group nobody has yet the client's; DESIGN §12)."""
         try:
             here = await self.backend.coordinates(group_id)
+            if here and group_id and not await self.backend.authorize_group(
+                    group_id, ctx.principal, claim=claim):
+                return ErrorCode.group_authorization_failed
         except TqError as exc:
             return error_code_of(exc)
         return None if here else ErrorCode.not_coordinator
@@ -153,7 +159,7 @@ class GroupService:
     async def join_group(self, ctx: RequestContext, request: Any) -> Any:
         session = millis(request.session_timeout)
         rebalance = getattr(request, "rebalance_timeout", None)
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id, claim=True)
         if not request.group_id:
             reply = JoinReply(0, ErrorCode.invalid_group_id, member_id=request.member_id)
         elif refused is not None:
@@ -179,7 +185,7 @@ class GroupService:
                         for m, i, meta in reply.members]})
 
     async def sync_group(self, ctx: RequestContext, request: Any) -> Any:
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id)
         if not request.group_id:
             reply = SyncReply(0, ErrorCode.invalid_group_id)
         elif refused is not None:
@@ -193,7 +199,7 @@ class GroupService:
             "throttle_time": 0, "error_code": reply.error, "assignment": reply.assignment})
 
     async def heartbeat(self, ctx: RequestContext, request: Any) -> Any:
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
         elif refused is not None:
@@ -211,7 +217,7 @@ class GroupService:
         else:
             leaving = [(m.member_id, m.group_instance_id) for m in request.members]
         members = []
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id)
         for member_id, instance_id in leaving:
             if not request.group_id:
                 error = ErrorCode.invalid_group_id
@@ -230,7 +236,7 @@ class GroupService:
                               {"throttle_time": 0, "error_code": top, "members": members})
 
     async def offset_commit(self, ctx: RequestContext, request: Any) -> Any:
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id, claim=True)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
         elif refused is not None:
@@ -288,7 +294,7 @@ class GroupService:
     async def offset_fetch(self, ctx: RequestContext, request: Any) -> Any:
         error = ErrorCode.none
         committed = {}
-        refused = await self._elsewhere(request.group_id)
+        refused = await self._elsewhere(ctx, request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
         elif refused is not None:
@@ -323,6 +329,11 @@ class GroupService:
         groups = []
         for group_id in request.groups:
             group = self.machine.group(group_id)
+            if not await self.backend.authorize_group(group_id, ctx.principal, claim=False):
+                groups.append({"error_code": ErrorCode.group_authorization_failed,
+                               "group_id": group_id, "group_state": "", "protocol_type": "",
+                               "protocol_data": "", "members": ()})
+                continue
             if group is None:
                 groups.append({"error_code": ErrorCode.none, "group_id": group_id,
                                "group_state": "Dead", "protocol_type": "", "protocol_data": "",
@@ -342,8 +353,11 @@ class GroupService:
                               {"throttle_time": 0, "groups": groups})
 
     async def list_groups(self, ctx: RequestContext, request: Any) -> Any:
+        # Only the groups the client may use, as Kafka lists those it may describe.
         groups = [{"group_id": g.group_id, "protocol_type": g.protocol_type or ""}
-                  for g in self.machine.groups()]
+                  for g in self.machine.groups()
+                  if await self.backend.authorize_group(g.group_id, ctx.principal,
+                                                        claim=False)]
         return build_response(ApiKey.LIST_GROUPS, ctx.api_version,
                               {"throttle_time": 0, "error_code": ErrorCode.none,
                                "groups": groups})

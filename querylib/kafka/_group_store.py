@@ -12,7 +12,12 @@ import logging
 from catalog.errors import StorageError
 from querylib.errors import CorruptDataError
 from querylib.kafka._backend import CommittedOffset, GroupRecord
-from querylib.kafka._offsets_format import GroupTombstone, OffsetTombstone, decode_offsets_record
+from querylib.kafka._offsets_format import (
+    GroupOwner,
+    GroupTombstone,
+    OffsetTombstone,
+    decode_offsets_record,
+)
 from querylib.log import PartitionLog, data_records
 
 __all__ = ["GroupStore"]
@@ -31,6 +36,7 @@ class GroupStore:
     def __init__(self) -> None:
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
         self.groups: dict[str, GroupRecord] = {}
+        self.owners: dict[str, str] = {}  # group -> the principal it belongs to
 
     def replay(self, log: PartitionLog, end: int | None = None) -> None:
         """Apply every record of `log` below `end` (default: its end). Blocking reads."""
@@ -51,6 +57,8 @@ class GroupStore:
             self.groups.pop(decoded.group_id, None)
         elif isinstance(decoded, GroupRecord):
             self.groups[decoded.group_id] = decoded
+        elif isinstance(decoded, GroupOwner):
+            self.owners.setdefault(decoded.group_id, decoded.principal)
         else:
             group_id, committed = decoded
             self.committed(group_id, [committed])

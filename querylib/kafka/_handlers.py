@@ -48,6 +48,7 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     client_host: str
+    principal: str = "anonymous"  # who SASL authenticated, else anonymous (DESIGN §12)
 
 
 @dataclass(slots=True)
@@ -148,7 +149,8 @@ class DataHandlers:
                 if refusal is not None:
                     partitions.append(_produce_error(data.index, refusal))
                 else:
-                    partitions.append(await self._produce_partition(topic.name, data, acks))
+                    partitions.append(await self._produce_partition(topic.name, data, acks,
+                                                                    ctx.principal))
             responses.append({"name": topic.name, "partition_responses": partitions})
         if acks == 0:
             return None  # acks=0: the client reads no response
@@ -158,11 +160,13 @@ class DataHandlers:
         return build_response(ApiKey.PRODUCE, ctx.api_version,
                               {"responses": responses, "throttle_time": 0})
 
-    async def _produce_partition(self, topic: str, data: Any, acks: int) -> dict[str, Any]:
+    async def _produce_partition(self, topic: str, data: Any, acks: int,
+                                 principal: str) -> dict[str, Any]:
         records = data.records
         try:
             batch = _single_batch(records)
-            result = await self.backend.append(topic, data.index, [batch], acks=acks)
+            result = await self.backend.append(topic, data.index, [batch], acks=acks,
+                                               principal=principal)
         except TqError as exc:
             return _produce_error(data.index, error_code_of(exc))
         return {"index": data.index, "error_code": ErrorCode.none,

@@ -13,8 +13,12 @@ Each record's key and value start with an int16 version; a null value (tombstone
                                      rebalance_timeout:int32 session_timeout:int32
                                      subscription:bytes assignment:bytes]
 
+    GroupOwnerKey v29761    group:string             tq's own (0x7441, "tA"), not Kafka's:
+    GroupOwnerValue v0      principal:string         who may use the group (DESIGN §12)
+
 OffsetCommitKey v0 (same fields as v1) and OffsetCommitValue v1 (with an expire timestamp) are
-read too. The schemas are declarations that kio's
+read too. Kafka's tools do not read the group-owner records (a key version they do not know);
+tq writes them only where groups are authorized. The schemas are declarations that kio's
 serializer reads, as it reads its own generated ones. Pure: bytes in, values out.
 """
 
@@ -33,12 +37,16 @@ from catalog.errors import StorageError
 from querylib.kafka._backend import CommittedOffset, GroupMemberRecord, GroupRecord
 
 __all__ = [
+    "GroupOwner",
     "GroupTombstone",
     "OffsetTombstone",
     "decode_offsets_record",
     "encode_group",
+    "encode_group_owner",
     "encode_offset",
 ]
+
+GROUP_OWNER_KEY_VERSION = 0x7441
 
 _VERSION = struct.Struct(">h")
 _INT32 = {"kafka_type": "int32"}
@@ -115,6 +123,22 @@ class GroupMetadataValueV3:
     members: tuple[MemberMetadataV3, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupOwnerValue:
+    __type__: ClassVar = EntityType.data
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = False
+    principal: str = field(metadata=_STRING)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOwner:
+    """The principal a group belongs to: the first to join or commit it."""
+
+    group_id: str
+    principal: str
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetTombstone:
     group_id: str
@@ -159,6 +183,12 @@ def encode_group(record: GroupRecord) -> tuple[bytes, bytes]:
     return _write(GroupMetadataKey(group=record.group_id), 2), _write(value, 3)
 
 
+def encode_group_owner(owner: GroupOwner) -> tuple[bytes, bytes]:
+    """(key, value) of the record saying who a group belongs to."""
+    return (_write(GroupMetadataKey(group=owner.group_id), GROUP_OWNER_KEY_VERSION),
+            _write(GroupOwnerValue(principal=owner.principal), 0))
+
+
 def _read(cls: type, data: bytes, pos: int) -> object:
     entity, size = entity_reader(cls)(data, pos)
     if pos + size != len(data):
@@ -168,7 +198,7 @@ def _read(cls: type, data: bytes, pos: int) -> object:
 
 def decode_offsets_record(
     key: bytes | None, value: bytes | None
-) -> tuple[str, CommittedOffset] | GroupRecord | OffsetTombstone | GroupTombstone:
+) -> tuple[str, CommittedOffset] | GroupRecord | GroupOwner | OffsetTombstone | GroupTombstone:
     """One record of `__consumer_offsets`: (group id, committed offset), a group, or a
     tombstone. StorageError for bytes that are none of Kafka's formats (other record kinds,
     such as transaction markers, included)."""
@@ -188,6 +218,11 @@ def decode_offsets_record(
             if value is None:
                 return GroupTombstone(g.group)
             return _decode_group_value(g.group, value)
+        if version == GROUP_OWNER_KEY_VERSION and value is not None and len(value) >= 2:
+            g = _read(GroupMetadataKey, key, 2)
+            o = _read(GroupOwnerValue, value, 2)
+            assert isinstance(g, GroupMetadataKey) and isinstance(o, GroupOwnerValue)
+            return GroupOwner(g.group, o.principal)
     except (SerialError, ValueError, OverflowError, KeyError, IndexError) as exc:
         raise StorageError(f"offsets record does not decode: {exc}") from exc
     raise StorageError(f"offsets record key version {version} is not one tq reads")

@@ -104,11 +104,17 @@ class SaslExchange:
         self._cache = cache or _CACHE
         self._scram: scramp.ScramServer | None = None
         self._user: str | None = None
+        self._client_nonce = ""
         self._rounds = 0
 
     @property
     def done(self) -> bool:
         return self.principal is not None
+
+    @property
+    def username_needed(self) -> bool:
+        """Whether the next token is the first (the caller looks its user's password up)."""
+        return self._rounds == 0
 
     def username(self, token: bytes) -> str:
         """Who the first token says is connecting (for the caller to look the password up)."""
@@ -120,12 +126,11 @@ class SaslExchange:
         except UnicodeDecodeError:
             raise SaslAuthenticationFailedError("the SCRAM client-first message is not "
                                                 "UTF-8") from None
-        # gs2-header "n,," then "n=USER,r=NONCE[,...]"; a channel-binding flag other than n is
-        # refused by scramp later.
-        for part in text.split(",", 2)[2].split(",") if text.count(",") >= 2 else ():
-            if part.startswith("n="):
-                return part[2:].replace("=2C", ",").replace("=3D", "=")
-        raise SaslAuthenticationFailedError("the SCRAM client-first message names no user")
+        # gs2-header "n,," then "n=USER,r=NONCE[,...]": the first "n=" attribute is the user.
+        user = _attribute(text, "n")
+        if not user:
+            raise SaslAuthenticationFailedError("the SCRAM client-first message names no user")
+        return user.replace("=2C", ",").replace("=3D", "=")
 
     def respond(self, token: bytes, password: str | None = None) -> bytes:
         """The server's token for `token`. The first call takes the password of the user
@@ -162,10 +167,13 @@ class SaslExchange:
                     lambda _name: (secret.salt, secret.stored_key, secret.server_key,
                                    secret.iterations))
                 self._scram.set_client_first(token.decode("utf-8"))
+                self._client_nonce = _attribute(token.decode("utf-8"), "r")
                 return self._scram.get_server_first().encode()
             if self._rounds != 2:
                 raise IllegalSaslStateError("the SCRAM exchange is over")
-            self._scram.set_client_final(token.decode("utf-8"))
+            client_final = token.decode("utf-8")
+            self._accept_doubled_nonce(client_final)
+            self._scram.set_client_final(client_final)
             final = self._scram.get_server_final().encode()
         except scramp.ScramException:
             raise SaslAuthenticationFailedError(_FAILED) from None
@@ -175,8 +183,32 @@ class SaslExchange:
         self.principal = principal_of_username(self._user)
         return final
 
+    def _accept_doubled_nonce(self, client_final: str) -> None:
+        """librdkafka before 2.6.1 (Debian 12's kcat has 2.0.2) puts its own nonce in front
+        of the server's once more (confluentinc/librdkafka#4895): r = cnonce + cnonce +
+        snonce. Kafka up to 3.8 let it pass (its check was `endsWith`), Kafka 4 refuses it.
+        tq lets exactly that form pass: the server's fresh nonce is still all there, so a
+        replayed exchange still fails; the proof is checked over the message as sent."""
+        assert self._scram is not None
+        expected = str(self._scram.nonce)
+        for part in client_final.split(","):
+            if part.startswith("r="):
+                sent = part[2:]
+                cnonce = self._client_nonce
+                if cnonce and sent == cnonce + expected:
+                    self._scram.nonce = type(self._scram.nonce)(sent)
+                return
+
 
 _FAILED = "authentication failed: wrong username or password (or not a user of this cluster)"
+
+
+def _attribute(message: str, name: str) -> str:
+    """The value of attribute `name` of a SCRAM message ("" if absent)."""
+    for part in message.split(","):
+        if part.startswith(name + "="):
+            return part[len(name) + 1:]
+    return ""
 
 
 def _check_size(token: bytes) -> None:

@@ -15,7 +15,15 @@ listener.
 
 Connections are accepted by `querylib._tcp.TcpListener`: caps in total and per client address,
 the process's descriptor budget, the idle timeout (a connection with a request queued or being
-handled is not idle), refusals logged once per interval.
+handled is not idle), refusals logged once per interval; with `ssl`, TLS (Python's ssl).
+
+Authentication (DESIGN §12). With `sasl` mechanisms enabled a connection must authenticate
+first, as on Kafka's SASL_PLAINTEXT/SASL_SSL listeners: before SaslHandshake v1 and
+SaslAuthenticate succeed it may send ApiVersions and nothing else (anything else closes it); a
+failed authentication is answered with its error and the connection closed. The exchange is
+`_sasl.SaslExchange`; the password comes from the backend (the principal's broker key).
+Requests then act as the authenticated principal (`RequestContext.principal`); without SASL
+every client is "anonymous".
 """
 
 from __future__ import annotations
@@ -23,15 +31,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from catalog import ANONYMOUS
 from catalog.errors import TqError
 from querylib._tcp import Connection, TcpListener
 from querylib.kafka._apis import (
     ApiKey,
     ListenerLimits,
+    build_response,
     decode_request,
     encode_response,
     is_flexible,
@@ -39,11 +50,20 @@ from querylib.kafka._apis import (
     response_header_flexible,
 )
 from querylib.kafka._backend import KafkaBackend
-from querylib.kafka._errors import KafkaProtocolError, ListenError
+from querylib.kafka._errors import (
+    ErrorCode,
+    IllegalSaslStateError,
+    KafkaProtocolError,
+    ListenError,
+    SaslError,
+    UnsupportedSaslMechanismError,
+    error_code_of,
+)
 from querylib.kafka._framing import FrameReader, parse_request_header, response_prefix
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_service import GroupService
 from querylib.kafka._handlers import DataHandlers, RawResponse, RequestContext, api_versions_error
+from querylib.kafka._sasl import MECHANISMS, SaslExchange, principal_of_username
 
 __all__ = ["KafkaListener", "ListenerStats"]
 
@@ -55,8 +75,8 @@ Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 class ListenerStats:
     """Counters for tests and metrics."""
 
-    __slots__ = ("_tcp", "connections", "max_inflight_bytes", "muted", "open_connections",
-                 "protocol_errors", "requests")
+    __slots__ = ("_tcp", "auth_failures", "connections", "max_inflight_bytes", "muted",
+                 "open_connections", "protocol_errors", "requests", "unauthenticated")
 
     def __init__(self) -> None:
         self._tcp: TcpListener | None = None
@@ -66,6 +86,8 @@ class ListenerStats:
         self.protocol_errors = 0
         self.muted = 0  # times a connection stopped being read: too many requests waiting
         self.max_inflight_bytes = 0  # most request bytes read ahead on one connection
+        self.auth_failures = 0  # SASL exchanges that failed (wrong password, unknown user)
+        self.unauthenticated = 0  # connections closed for a request before authenticating
 
     @property
     def refused_connections(self) -> int:
@@ -200,8 +222,28 @@ class _Inbound(asyncio.Protocol):
             self._ready.set_result(None)
 
 
+class _Auth:
+    """One connection's authentication: who it is once SASL succeeded (at once "anonymous"
+    on a listener without SASL), and the exchange under way."""
+
+    __slots__ = ("exchange", "principal")
+
+    def __init__(self, required: bool) -> None:
+        self.principal: str | None = None if required else ANONYMOUS
+        self.exchange: SaslExchange | None = None
+
+
+_BEFORE_AUTH = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
+class _Close(Exception):  # noqa: N818 - control flow: answered, now close the connection
+    pass
+
+
 class KafkaListener:
-    """Serves the Kafka protocol for `backend` on host:port (port 0: any free port)."""
+    """Serves the Kafka protocol for `backend` on host:port (port 0: any free port); `sasl`:
+    the SASL mechanisms clients must authenticate with (none: every client is anonymous);
+    `ssl`: a server TLS context."""
 
     def __init__(
         self,
@@ -211,8 +253,17 @@ class KafkaListener:
         *,
         limits: ListenerLimits | None = None,
         group_config: GroupConfig | None = None,
+        sasl: tuple[str, ...] = (),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        unknown = [m for m in sasl if m not in MECHANISMS]
+        if unknown:
+            raise UnsupportedSaslMechanismError(
+                f"SASL mechanism(s) {', '.join(unknown)} not supported; tq offers "
+                f"{', '.join(MECHANISMS)}")
         self.backend = backend
+        self.sasl = tuple(sasl)
+        self.ssl_context = ssl_context
         self.limits = limits or ListenerLimits()
         self.stats = ListenerStats()
         self._host, self._port = host, port
@@ -257,7 +308,8 @@ class KafkaListener:
         tcp = TcpListener(f"Kafka listener {self._host}:{self._port}", self._accept, self._host,
                           self._port, max_connections=limits.max_connections,
                           max_per_address=limits.max_connections_per_address,
-                          idle_timeout=limits.idle_timeout_ms / 1000, log=logger)
+                          idle_timeout=limits.idle_timeout_ms / 1000, log=logger,
+                          ssl_context=self.ssl_context)
         try:
             _host, self._port = await tcp.start()
         except OSError as exc:
@@ -292,12 +344,15 @@ class KafkaListener:
         limits = self.limits
         frames = FrameReader(lambda api_key: limits.max_frame_bytes
                              if api_key == ApiKey.PRODUCE else limits.max_request_bytes)
+        auth = _Auth(required=bool(self.sasl))
         try:
             inbound = await conn.open(lambda: _Inbound(frames, limits.max_inflight_request_bytes,
                                                        conn, self.stats))
             conn.busy = inbound.busy
             while (frame := await inbound.next_frame()) is not None:
-                await self._handle_frame(frame, inbound, client_host)
+                await self._handle_frame(frame, inbound, client_host, auth)
+        except _Close:
+            pass
         except KafkaProtocolError as exc:
             self.stats.protocol_errors += 1
             logger.info("closing Kafka connection from %s: %s", client_host, exc)
@@ -312,10 +367,15 @@ class KafkaListener:
         finally:
             self.stats.open_connections -= 1
 
-    async def _handle_frame(self, frame: bytes, out: _Inbound, client_host: str) -> None:
+    async def _handle_frame(self, frame: bytes, out: _Inbound, client_host: str,
+                            auth: _Auth) -> None:
         header, offset = parse_request_header(frame, is_flexible)
         self.stats.requests += 1
         api_key, version = header.api_key, header.api_version
+        if auth.principal is None and api_key not in _BEFORE_AUTH:
+            self.stats.unauthenticated += 1
+            raise KafkaProtocolError(f"api key {api_key} before SASL authentication: this "
+                                     "listener needs SASL (PLAIN or SCRAM)")
         if api_key == ApiKey.API_VERSIONS and not is_supported(api_key, version):
             body = encode_response(api_versions_error())
             out.write(response_prefix(header.correlation_id, len(body), False) + body)
@@ -324,8 +384,19 @@ class KafkaListener:
         request = decode_request(api_key, version, frame, offset,
                                  max_produce_partitions=self.limits.max_produce_partitions)
         ctx = RequestContext(api_key, version, header.correlation_id, header.client_id,
-                             client_host)
-        response = await self._handlers[api_key](ctx, request)
+                             client_host, auth.principal or ANONYMOUS)
+        close = False
+        if api_key == ApiKey.SASL_HANDSHAKE:
+            response, close = self._handshake(ctx, request, auth)
+        elif api_key == ApiKey.SASL_AUTHENTICATE:
+            response, close = await self._authenticate(ctx, request, auth)
+        else:
+            response = await self._handlers[api_key](ctx, request)
+        if close:  # answer, then end the connection (as Kafka does after a SASL failure)
+            body = encode_response(response)
+            out.write(response_prefix(header.correlation_id, len(body), False) + body)
+            await out.drain()
+            raise _Close()
         if response is None:
             return
         flexible = response_header_flexible(api_key, version)
@@ -339,6 +410,53 @@ class KafkaListener:
         out.write(response_prefix(header.correlation_id, len(body), flexible) + body)
         await out.drain()
 
+    # ---- SASL (DESIGN §12) ------------------------------------------------------------------
+
+    def _handshake(self, ctx: RequestContext, request: Any, auth: _Auth) -> tuple[Any, bool]:
+        """SaslHandshake v1: pick the mechanism for the SaslAuthenticate requests to come."""
+        error = None
+        if not self.sasl:
+            error = UnsupportedSaslMechanismError("this listener takes no SASL")
+        elif auth.principal is not None or auth.exchange is not None:
+            error = IllegalSaslStateError("SASL handshake twice on one connection")
+        elif ctx.api_version < 1:
+            error = UnsupportedSaslMechanismError("SaslHandshake v0 (raw SASL tokens) is not "
+                                                  "supported: use v1 and SaslAuthenticate")
+        elif request.mechanism not in self.sasl:
+            error = UnsupportedSaslMechanismError(f"mechanism {request.mechanism[:40]!r}")
+        else:
+            auth.exchange = SaslExchange(request.mechanism)
+        return build_response(ApiKey.SASL_HANDSHAKE, ctx.api_version, {
+            "error_code": ErrorCode.none if error is None else error_code_of(error),
+            "mechanisms": list(self.sasl)}), error is not None
+
+    async def _authenticate(self, ctx: RequestContext, request: Any,
+                            auth: _Auth) -> tuple[Any, bool]:
+        """SaslAuthenticate: one token of the exchange; the connection is authenticated once
+        the exchange is done, and closed when it fails."""
+        exchange = auth.exchange
+        token = bytes(request.auth_bytes)
+        try:
+            if exchange is None or exchange.done:
+                raise IllegalSaslStateError("SaslAuthenticate without a SASL handshake")
+            if exchange.username_needed:
+                user = exchange.username(token)
+                password = await self.backend.password(principal_of_username(user))
+                reply = exchange.respond(token, password)
+            else:
+                reply = exchange.respond(token)
+        except SaslError as exc:
+            self.stats.auth_failures += 1
+            logger.info("Kafka SASL %s from %s failed: %s",
+                        exchange.mechanism if exchange else "-", ctx.client_host, exc)
+            return build_response(ApiKey.SASL_AUTHENTICATE, ctx.api_version, {
+                "error_code": error_code_of(exc), "error_message": str(exc),
+                "auth_bytes": b""}), True
+        if exchange.done:
+            auth.principal = exchange.principal
+        return build_response(ApiKey.SASL_AUTHENTICATE, ctx.api_version, {
+            "error_code": ErrorCode.none, "error_message": None, "auth_bytes": reply}), False
+
     async def _send_raw(self, out: _Inbound, correlation_id: int, flexible: bool,
                         response: RawResponse) -> None:
         loop = asyncio.get_running_loop()
@@ -348,6 +466,12 @@ class KafkaListener:
                 out.write(chunk)
                 continue
             await out.drain()
+            if self.ssl_context is not None:
+                # TLS encrypts in this process: no sendfile. (asyncio's fallback for SSL
+                # transports swaps the transport's protocol for its own while it copies, and
+                # the connection's reads stall behind it.)
+                await _copy_slice(out, chunk.fd, chunk.position, chunk.length)
+                continue
             # The slice owns its descriptor; the wrapper must not close it. loop.sendfile
             # seeks the wrapper when done, harmless: segments are written with O_APPEND and
             # read with pread.
@@ -355,3 +479,19 @@ class KafkaListener:
                 await loop.sendfile(out.transport, file, chunk.position,  # type: ignore[arg-type]
                                     chunk.length)
         await out.drain()
+
+
+_COPY_BYTES = 256 * 1024
+
+
+async def _copy_slice(out: _Inbound, fd: int, position: int, length: int) -> None:
+    """Write `length` bytes of the file at `position` to the connection, a piece at a time,
+    waiting for the socket between pieces (reads on a thread: the page cache may miss)."""
+    end = position + length
+    while position < end:
+        data = await asyncio.to_thread(os.pread, fd, min(_COPY_BYTES, end - position), position)
+        if not data:
+            raise ConnectionResetError("the log slice ended early")  # truncated under us
+        out.write(data)
+        await out.drain()
+        position += len(data)

@@ -205,6 +205,11 @@ class Keyring:
     async def resolve(self, principal: str) -> bool:
         return self.signer(principal) is not None
 
+    async def key_of(self, principal: str) -> bytes | None:
+        """`principal`'s key for this keyring's audience, if it exists now (a broker checks a
+        Kafka user's password with it: `kafka_password(key, broker_key=True)`)."""
+        return None
+
 
 class MasterKeyring(Keyring):
     """Derives keys from the cluster secret. `valid(principal)` is the principal's current
@@ -229,6 +234,9 @@ class MasterKeyring(Keyring):
             if generation is None:
                 return None
         return audience_key(principal_key(self._secret, principal, generation), self.audience)
+
+    async def key_of(self, principal: str) -> bytes | None:
+        return self.key(principal)
 
     def signer(self, principal: str) -> Signer | None:
         generation = self._valid(principal)
@@ -268,8 +276,9 @@ class RemoteKeyring(Keyring):
         self._negative_ttl = negative_ttl
         self._max = max_entries
         self._clock = clock
-        self._known: OrderedDict[str, tuple[Signer | None, float]] = OrderedDict()
-        self._pinned: dict[str, Signer] = {}
+        # principal -> (signer, key, expiry); signer and key None: it does not exist
+        self._known: OrderedDict[str, tuple[Signer | None, bytes | None, float]] = OrderedDict()
+        self._pinned: dict[str, tuple[Signer, bytes]] = {}
         self._pending: dict[str, asyncio.Future[bool]] = {}
 
     @property
@@ -279,21 +288,29 @@ class RemoteKeyring(Keyring):
     def pin(self, principal: str, key: bytes) -> None:
         """Know `principal`'s key for good (the server's own principal: it needs nobody to
         tell it its own key)."""
-        self._pinned[principal] = Signer(key)
+        self._pinned[principal] = (Signer(key), key)
 
-    def signer(self, principal: str) -> Signer | None:
+    def _fresh(self, principal: str) -> tuple[Signer | None, bytes | None, float] | None:
         pinned = self._pinned.get(principal)
         if pinned is not None:
-            return pinned
+            return (*pinned, float("inf"))
         found = self._known.get(principal)
-        if found is None or found[1] <= self._clock():
+        return None if found is None or found[2] <= self._clock() else found
+
+    def signer(self, principal: str) -> Signer | None:
+        found = self._fresh(principal)
+        return None if found is None else found[0]
+
+    async def key_of(self, principal: str) -> bytes | None:
+        if not await self.resolve(principal):
             return None
-        return found[0]
+        found = self._fresh(principal)
+        return None if found is None else found[1]
 
     def refused(self, principal: str) -> bool:
         """Known not to exist (for the negative interval): do not ask again yet."""
-        found = self._known.get(principal)
-        return found is not None and found[0] is None and found[1] > self._clock()
+        found = self._fresh(principal)
+        return found is not None and found[0] is None
 
     async def resolve(self, principal: str) -> bool:
         if self.signer(principal) is not None:
@@ -312,14 +329,15 @@ class RemoteKeyring(Keyring):
                 raise
             finally:
                 del self._pending[principal]
-            self._remember(principal, None if key is None else Signer(key))
+            self._remember(principal, key)
             pending.set_result(key is not None)
             return key is not None
         return await asyncio.shield(pending)
 
-    def _remember(self, principal: str, signer: Signer | None) -> None:
-        ttl = self._ttl if signer is not None else self._negative_ttl
+    def _remember(self, principal: str, key: bytes | None) -> None:
+        ttl = self._ttl if key is not None else self._negative_ttl
         self._known.pop(principal, None)
-        self._known[principal] = (signer, self._clock() + ttl)
+        self._known[principal] = (None if key is None else Signer(key), key,
+                                  self._clock() + ttl)
         while len(self._known) > self._max:
             self._known.popitem(last=False)

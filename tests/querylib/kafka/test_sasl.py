@@ -87,3 +87,42 @@ def test_the_salted_password_is_computed_once_per_key() -> None:
     assert cache.get("SCRAM-SHA-256", "user:alice", PASSWORD) is first
     assert cache.get("SCRAM-SHA-256", "user:alice", "rotated") is not first
     assert first.iterations == 4096
+
+
+def _scram_client_final(mechanism: str, password: str, client_first_bare: str,
+                        server_first: str, nonce: str) -> bytes:
+    """RFC 5802 client-final computed by hand, with whatever nonce the client puts in."""
+    import base64
+    import hashlib
+    import hmac
+
+    name = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+    attrs = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(name, password.encode(), base64.b64decode(attrs["s"]),
+                                 int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    stored = hashlib.new(name, client_key).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(stored, auth, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def test_librdkafkas_doubled_client_nonce_is_accepted_and_nothing_else() -> None:
+    """librdkafka < 2.6.1 (Debian's kcat) sends r = cnonce + cnonce + snonce; any other
+    nonce, the RFC's own form aside, is refused."""
+    for sent, accepted in [("doubled", True), ("rfc", True), ("other", False)]:
+        exchange = SaslExchange("SCRAM-SHA-256", cache=ScramCache())
+        bare = "n=alice,r=CLIENTNONCE"
+        server_first = exchange.respond(f"n,,{bare}".encode(), PASSWORD).decode()
+        combined = dict(p.split("=", 1) for p in server_first.split(","))["r"]
+        nonce = {"doubled": "CLIENTNONCE" + combined, "rfc": combined,
+                 "other": "CLIENTNONCE" + combined + "x"}[sent]
+        final = _scram_client_final("SCRAM-SHA-256", PASSWORD, bare, server_first, nonce)
+        if accepted:
+            exchange.respond(final)
+            assert exchange.principal == "user:alice", sent
+        else:
+            with pytest.raises(SaslAuthenticationFailedError):
+                exchange.respond(final)
