@@ -428,7 +428,9 @@ class KafkaListener:
             auth.exchange = SaslExchange(request.mechanism)
         return build_response(ApiKey.SASL_HANDSHAKE, ctx.api_version, {
             "error_code": ErrorCode.none if error is None else error_code_of(error),
-            "mechanisms": list(self.sasl)}), error is not None
+            # A SASL listener closes the connection after a failed handshake, as Kafka does;
+            # one without SASL only says so (the client was misconfigured, nothing more).
+            "mechanisms": list(self.sasl)}), error is not None and bool(self.sasl)
 
     async def _authenticate(self, ctx: RequestContext, request: Any,
                             auth: _Auth) -> tuple[Any, bool]:
@@ -451,7 +453,7 @@ class KafkaListener:
                         exchange.mechanism if exchange else "-", ctx.client_host, exc)
             return build_response(ApiKey.SASL_AUTHENTICATE, ctx.api_version, {
                 "error_code": error_code_of(exc), "error_message": str(exc),
-                "auth_bytes": b""}), True
+                "auth_bytes": b""}), bool(self.sasl)
         if exchange.done:
             auth.principal = exchange.principal
         return build_response(ApiKey.SASL_AUTHENTICATE, ctx.api_version, {

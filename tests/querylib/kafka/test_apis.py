@@ -89,6 +89,8 @@ def _minimal(api_key: int) -> dict:
         ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
         ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
         ApiKey.DESCRIBE_CONFIGS: {"resources": []},
+        ApiKey.SASL_HANDSHAKE: {"mechanism": "PLAIN"},
+        ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b""},
     }[api_key]
 
 
