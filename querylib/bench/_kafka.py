@@ -14,6 +14,15 @@ each). Rows:
   framing included); value_mb_s counts record values only.
 
 Goal: >= 200 MB/s for the tuned consumer. Needs confluent-kafka (the `test` extra).
+
+- kafka_sasl_cost: SASL's cost (DESIGN §12): two standalone brokers (`tq broker`, same
+  secret, the same workload each), one listener plaintext and one requiring SASL
+  (SCRAM-SHA-512; the user's password derived as `tq user add` derives it). Per round, on
+  each: confluent-kafka produces TQ_BENCH_SASL_RECORDS (default 1,000,000) 100-byte records
+  (acks=all; timed from the first produce, so connecting and authenticating count) and
+  consumes them back on a fresh connection (timed from the first records received: the
+  steady rate), the two listeners alternated. min/median/max of records/s; goal: SASL >=
+  0.95x plaintext (medians).
 """
 
 from __future__ import annotations
@@ -125,6 +134,107 @@ def _consume(port: int, records: int, extra: dict[str, Any]) -> tuple[int, int, 
         consumer.close()
 
 
+def _start_broker(data_dir: str, secret_file: str, port: int, *extra: str
+                  ) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "querylib.cli", "broker", "--data", data_dir,
+                             "--listen", "tcp://127.0.0.1:0", "--secret-file", secret_file,
+                             "--kafka-port", str(port), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + _READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited: {proc.stderr.read().decode()[-400:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("broker did not start")
+
+
+def _produce_consume(config: dict[str, Any], topic: str, records: int) -> tuple[float, float]:
+    """(produce records/s, consume records/s) of `records` 100-byte records."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({**config, "acks": "all", "linger.ms": 5,
+                         "batch.num.messages": 10_000, "queue.buffering.max.messages": 200_000})
+    value = b"v" * 100
+    start = time.perf_counter()
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, partition=0)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    assert producer.flush(120) == 0, "records left unsent"
+    produced = records / (time.perf_counter() - start)
+    consumer = Consumer({**config, "group.id": "bench", "enable.auto.commit": False, **TUNED})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        count, start = 0, 0.0
+        while count < records:
+            messages = consumer.consume(min(10_000, records - count), 10.0)
+            if not messages:
+                break
+            start = start or time.perf_counter()  # from the first records: steady state
+            count += sum(1 for m in messages if m.error() is None)
+        consumed = count / max(time.perf_counter() - start, 1e-9)
+    finally:
+        consumer.close()
+    return produced, consumed
+
+
+def sasl_cost(rounds: int = 3) -> dict[str, Any]:
+    """Produce and consume through a plaintext and a SASL listener, alternated."""
+    from querylib.bench._baseline import spread
+    from querylib.rpc import Credential, kafka_password, load_or_create_secret, principal_key
+
+    records = int(os.environ.get("TQ_BENCH_SASL_RECORDS", "1000000"))
+    root = tempfile.mkdtemp(prefix="tq-bench-sasl-")
+    procs = []
+    try:
+        secret_file = os.path.join(root, "secret")
+        secret = load_or_create_secret(secret_file)
+        password = kafka_password(Credential("user:bench", principal_key(secret, "user:bench")))
+        ports = {"plaintext": _free_port(), "sasl": _free_port()}
+        procs.append(_start_broker(os.path.join(root, "plain"), secret_file, ports["plaintext"]))
+        procs.append(_start_broker(os.path.join(root, "sasl"), secret_file, ports["sasl"],
+                                   "--kafka-sasl", "SCRAM-SHA-512"))
+        configs = {
+            "plaintext": {"bootstrap.servers": f"127.0.0.1:{ports['plaintext']}"},
+            "sasl": {"bootstrap.servers": f"127.0.0.1:{ports['sasl']}",
+                     "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
+                     "sasl.username": "bench", "sasl.password": password}}
+        rates: dict[str, dict[str, list[float]]] = {
+            k: {"produce": [], "consume": []} for k in configs}
+        for round_ in range(rounds):
+            for name, config in configs.items():
+                produced, consumed = _produce_consume(config, f"r{round_}", records)
+                rates[name]["produce"].append(produced)
+                rates[name]["consume"].append(consumed)
+        figures: dict[str, Any] = {"rounds": rounds, "records": records,
+                                   "load_avg_1m": round(os.getloadavg()[0], 2)}
+        ratio = {}
+        for way in ("produce", "consume"):
+            plain, sasl = spread(rates["plaintext"][way]), spread(rates["sasl"][way])
+            figures[f"{way}_records_per_s"] = sasl
+            figures[f"{way}_plaintext_records_per_s"] = plain
+            ratio[way] = round(sasl["median"] / max(plain["median"], 1), 3)
+        return {"case": "kafka_sasl_cost", "figures": figures,
+                "baseline": "the same broker code with a plaintext listener, same run",
+                "ratio": ratio, "goal": ">= 0.95x plaintext (medians)"}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run() -> Iterator[dict[str, Any]]:
     megabytes = int(os.environ.get("TQ_BENCH_KAFKA_MB", "1024"))
     data_dir = tempfile.mkdtemp(prefix="tq-bench-kafka-")
@@ -158,3 +268,4 @@ def run() -> Iterator[dict[str, Any]]:
                 proc.wait()
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+    yield sasl_cost()

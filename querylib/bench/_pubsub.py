@@ -17,6 +17,10 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
   figures) and with the blocking ones. Goal: p50 <= 1 ms, p99 <= 5 ms.
 - pubsub_rss: the broker's peak RSS while 100 subscribers read a large partition (default
   1 GiB; TQ_BENCH_PUBSUB_GB), each from a different offset, for a fixed time. Goal: <= 200 MB.
+- pubsub_authorization_cost: the pre-built-batch and the send_values paths of this tq against
+  the same paths of main before issue 13 (principals, per-principal keys, admission in the
+  broker core, bounded listeners, idempotent producers), alternated round by round in this
+  run (`_baseline.py`), min/median/max of each. Goal: this tq >= 0.95x the baseline.
 
 Processes are spawned (never forked: a zmq context must not cross a fork) and all on this
 machine: they share its cores with each other and with whatever else runs. Numbers are what
@@ -475,10 +479,52 @@ def broker_rss(gigabytes: float | None = None, subscribers: int = 100,
     }
 
 
+_ONE_RUN = """
+import json
+from querylib.bench._pubsub import _Cluster, _through
+cluster = _Cluster()
+try:
+    print(json.dumps(_through(cluster, "bench", {batches}, "{produce}", "{consume}")))
+finally:
+    cluster.close()
+"""
+
+
+def authorization_cost(rounds: int = 3, batches: int = 3000) -> dict[str, Any]:
+    """This tq against main before issue 13, each path run in a fresh broker per round, the
+    two trees alternated so the machine's load falls on both alike."""
+    from querylib.bench._baseline import PRE_ISSUE_13, ROOT, baseline_tree, run_in, spread
+
+    before = baseline_tree(PRE_ISSUE_13)
+    if before is None:
+        return {"name": "pubsub_authorization_cost",
+                "figures": {"skipped": f"no git history to unpack {PRE_ISSUE_13} from"},
+                "baseline": {}, "ratio": None, "goal": ">= 0.95x"}
+    paths = {"prebuilt": ("prebuilt", "headers"), "values": ("values", "values")}
+    rates: dict[str, dict[str, list[float]]] = {p: {"now": [], "before": []} for p in paths}
+    for _ in range(rounds):
+        for path, (produce, consume) in paths.items():
+            code = _ONE_RUN.format(batches=batches, produce=produce, consume=consume)
+            for label, tree in (("now", ROOT), ("before", before)):
+                (result,) = run_in(tree, code)
+                rates[path][label].append(_rate(result)[0])
+    figures: dict[str, Any] = {"rounds": rounds, "records": batches * BATCH_RECORDS}
+    ratios = {}
+    for path, measured in rates.items():
+        now, then = spread(measured["now"]), spread(measured["before"])
+        figures[f"{path}_records_per_s"] = now
+        figures[f"{path}_baseline_records_per_s"] = then
+        ratios[path] = round(now["median"] / max(then["median"], 1), 3)
+    return {"name": "pubsub_authorization_cost", "figures": figures,
+            "baseline": {"ref": PRE_ISSUE_13, "what": "main before issue 13, same machine, "
+                         "same run, alternated"},
+            "ratio": ratios, "goal": ">= 0.95x the baseline on each path (medians)"}
+
+
 def run() -> Iterator[dict[str, Any]]:
     """The rows `python -m querylib.bench pubsub` prints. Each notes the machine's 1-minute
     load average when it finished: on a shared 2-core machine, other work moves these numbers
     (latency most of all), and the row should say so."""
-    for row in (*throughput(), latency(), broker_rss()):
+    for row in (*throughput(), latency(), broker_rss(), authorization_cost()):
         row["figures"]["load_avg_1m"] = round(os.getloadavg()[0], 2)
         yield row
