@@ -53,7 +53,8 @@ class Publisher:
         if isinstance(partitioning, _PerWorker):
             self.partition = per_worker_partition(env.process, worker, env.processes)
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
-                                 secret=runtime.secret, batch_records=_BATCH_RECORDS)
+                                 secret=runtime.secret, batch_records=_BATCH_RECORDS,
+                                 locate=runtime.locator(self.name, self.partition))
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

@@ -277,18 +277,22 @@ class Subscription:
 
     def _follow(self, source: _Source) -> Subscriber:
         """The subscriber that follows `source` from its start (values only for a stream)."""
-        return Subscriber(source.address, source.info.topic.short_name, source.partitions,
+        name = source.info.topic.short_name
+        return Subscriber(source.address, name, source.partitions,
                           secret=self.runtime.secret, start=source.start, create=True,
                           values=source.info.topic.kind != TopicKind.COLLECTION,
-                          credit=_CREDIT)
+                          credit=_CREDIT,
+                          locate=self.runtime.locator(name, source.partitions[0]))
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
         keep later ones as diffs. Returns that frontier; the follower resumes after it."""
         stored: list[RawData] = []
-        with Subscriber(source.address, source.info.topic.short_name, source.partitions,
+        name = source.info.topic.short_name
+        with Subscriber(source.address, name, source.partitions,
                         secret=self.runtime.secret, start="earliest", follow=False,
-                        create=True) as sub:
+                        create=True, locate=self.runtime.locator(name, source.partitions[0])
+                        ) as sub:
             stored.extend(e for e in sub if isinstance(e, RawData))
             # The frontier after replaying the stored control batches: all data below it
             # was stored before it, so the snapshot below it is complete.

@@ -9,21 +9,27 @@
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
     │       ├── UnknownSessionError  no live session with that id (lease expired): reopen
     │       ├── CreditExceededError  a producer sent beyond its window / a grant beyond the limit
-    │       └── NotProducerError     produce/advance/end without OpenProducer on that partition
-    └── StorageError (OffsetOutOfRangeError lives in querylib.errors)
+    │       ├── NotProducerError     produce/advance/end without OpenProducer on that partition
+    │       ├── DuplicateSequenceError   a batch appended before, its offsets forgotten
+    │       └── OutOfOrderSequenceError  an idempotent producer's batch after a gap
+    ├── StorageError (OffsetOutOfRangeError lives in querylib.errors)
+    └── BrokerUnavailableError       a client gave up reaching its broker (after a bounded time)
 
 The classes carry traits; clients branch on them (`retriable`), never on message strings.
 """
 
 from __future__ import annotations
 
-from catalog.errors import ProtocolError, UserError
+from catalog.errors import ProtocolError, TqError, UserError
 
 __all__ = [
     "BrokerProtocolError",
+    "BrokerUnavailableError",
     "CreditExceededError",
+    "DuplicateSequenceError",
     "InvalidTopicError",
     "NotProducerError",
+    "OutOfOrderSequenceError",
     "PartitionBusyError",
     "UnknownPartitionError",
     "UnknownSessionError",
@@ -69,3 +75,24 @@ class CreditExceededError(BrokerProtocolError):
 
 class NotProducerError(BrokerProtocolError):
     """Produce, advance or end on a partition the session has not opened as a producer."""
+
+
+class DuplicateSequenceError(BrokerProtocolError):
+    """An idempotent producer sent a batch the partition appended before, too long ago for the
+    broker to remember its offsets. Stored once: a producer counts it as acknowledged."""
+
+    kafka_error_code = 46  # DUPLICATE_SEQUENCE_NUMBER
+
+
+class OutOfOrderSequenceError(BrokerProtocolError):
+    """An idempotent producer's batch does not follow its last appended one: batches arrived
+    out of order (or records the broker acknowledged were lost with an unsynced disk)."""
+
+    kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class BrokerUnavailableError(TqError):
+    """A producer or subscriber kept trying to reach its broker (the address it had, and any
+    address the catalog gave it since) for its whole reconnect timeout, and gave up."""
+
+    retriable = True

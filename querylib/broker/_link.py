@@ -1,9 +1,19 @@
 """A client's session with one broker: the RPC client, a lease kept alive by heartbeats, and
-reopening the session when the broker forgot it (lease expired, broker restarted).
+reopening the session when the broker forgot it (lease expired, broker restarted) or stopped
+answering (it went away, maybe to come back at another address).
 
 Producers and subscribers build on this; they register `on_reopen` callbacks to re-establish
-what the broker lost (producer roles, subscriptions from their last offsets). Runs on one
-asyncio loop; owns its heartbeat task and its RpcClient. It decides nothing about data.
+what the broker lost (producer roles and unacknowledged batches, subscriptions from their last
+offsets) and `on_failure` callbacks to hear when the link gave up. Runs on one asyncio loop;
+owns its heartbeat task and its RpcClient (a new one when the broker moved). It decides
+nothing about data.
+
+Reconnecting (DESIGN §5 "Restarts"): while the broker does not answer, the link tries to open
+its session again every `ATTEMPT_TIMEOUT` seconds or so, with a backoff between attempts, and
+after each failed attempt asks `locate` (if given: the catalog's current address of the broker,
+looked up by the owner) whether the broker now listens elsewhere, moving there if so. After
+`reconnect_timeout` seconds without an answer it gives up for good: every call then raises
+BrokerUnavailableError, and `on_failure` callbacks are told once.
 """
 
 from __future__ import annotations
@@ -17,20 +27,21 @@ from typing import Any, TypeVar
 from catalog.errors import TqError
 from querylib._memory import keep_freed_memory
 from querylib.rpc import (
-    ClientClosedError,
     DeadlineExceededError,
+    InternalServerError,
     Limits,
     Notify,
+    RemoteError,
     Reply,
     Request,
     RpcClient,
     RpcError,
 )
 
-from ._errors import UnknownSessionError
+from ._errors import BrokerUnavailableError, NotProducerError, UnknownSessionError
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
-__all__ = ["BrokerLink"]
+__all__ = ["ATTEMPT_TIMEOUT", "RECONNECT_TIMEOUT", "BrokerLink", "Locate", "lost_connection"]
 
 logger = logging.getLogger("querylib.broker")
 
@@ -39,25 +50,62 @@ R = TypeVar("R", bound=Reply)
 # Deliveries are bounded by credit, not by count (see BrokerServer): raise zmq's HWM to match.
 CLIENT_LIMITS = Limits(hwm=100_000)
 
+RECONNECT_TIMEOUT = 60.0  # seconds a link keeps trying to reach its broker before it gives up
+ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for an answer
+_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
+
+Locate = Callable[[], Awaitable[str | None]]
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a failed call means the broker is away or forgot us (reopen and send again),
+    rather than that it refused the call (which sending again cannot change)."""
+    if isinstance(exc, UnknownSessionError | NotProducerError):
+        return True
+    return isinstance(exc, RpcError) and not isinstance(exc, InternalServerError | RemoteError)
+
 
 class BrokerLink:
-    """One broker session over one RpcClient."""
+    """One broker session over one RpcClient (replaced when the broker moves)."""
 
     def __init__(self, address: str, secret: bytes, *, lease: float = 10.0,
-                 timeout: float = 30.0, limits: Limits | None = None) -> None:
+                 timeout: float = 30.0, limits: Limits | None = None,
+                 locate: Locate | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
         self.address = address
         self.session = uuid.uuid4().hex
         self.lease = lease
         self.timeout = timeout
-        self.client = RpcClient(address, secret, limits=limits or CLIENT_LIMITS,
-                                timeout=timeout)
+        self.reconnect_timeout = reconnect_timeout
+        self._secret = secret
+        self._limits = limits or CLIENT_LIMITS
+        self._locate = locate
+        self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
+        self.client = self._new_client(address)
         self.opened: SessionOpened | None = None
         self.generation = 0  # how many times the session was (re)opened
         self.on_reopen: list[Callable[[], Awaitable[None]]] = []
+        self.on_failure: list[Callable[[TqError], None]] = []
+        self.failure: BrokerUnavailableError | None = None
+        # Set while the session is open and every owner re-established its state: new calls
+        # wait for it, so nothing overtakes what is being sent again.
+        self.ready = asyncio.Event()
+        self.renewed_at = 0.0  # loop time of the last answer to an open or a heartbeat
+        self.moves = 0  # how many times the broker was found at another address
         self._reopen_lock = asyncio.Lock()
         self._heartbeats: asyncio.Task[None] | None = None
         self._closed = False
+
+    def _new_client(self, address: str) -> RpcClient:
+        client = RpcClient(address, self._secret, limits=self._limits, timeout=self.timeout)
+        for message_type, callback in self._notify_callbacks.items():
+            client.on_notify(message_type, callback)
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def start(self, *, connect_timeout: float | None = None) -> SessionOpened:
         """Connect and open the session, retrying while the broker is not there yet."""
@@ -70,57 +118,126 @@ class BrokerLink:
     async def _open(self, timeout: float) -> SessionOpened:
         self.opened = await self.client.request(
             OpenSessionRequest(session=self.session, lease=self.lease), timeout=timeout)
+        self.renewed_at = asyncio.get_running_loop().time()
         self.generation += 1
+        self.ready.set()
         return self.opened
+
+    def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
+        """`callback(notification)` for each notify of that type, from whichever client the
+        link uses now or later."""
+        self._notify_callbacks[message_type] = callback
+        self.client.on_notify(message_type, callback)
 
     async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
                       timeout: float | None = None) -> R:
+        if self.failure is not None:
+            raise self.failure
         return await self.client.request(request, payload=payload, timeout=timeout)
 
     async def notify(self, message: Notify) -> None:
+        if self.failure is not None:
+            raise self.failure
         await self.client.notify(message)
 
     async def reopen(self, seen_generation: int) -> None:
-        """Open the session again (unless someone did since `seen_generation`), then let every
-        owner re-establish its state. Retries until the broker answers."""
+        """Open the session again (unless someone did since `seen_generation`), moving to the
+        broker's new address if `locate` names one, then let every owner re-establish its
+        state. Retries with backoff; raises BrokerUnavailableError once `reconnect_timeout`
+        passed without the broker answering."""
         async with self._reopen_lock:
+            if self.failure is not None:
+                raise self.failure
             if self.generation != seen_generation or self._closed:
                 return
-            while not self._closed:
-                try:
-                    await self._open(self.timeout)
-                    break
-                except ClientClosedError:
-                    return
-                except RpcError as exc:  # the broker is not back yet: zmq reconnects for us
-                    logger.info("broker %s: reopening session: %s", self.address, exc)
-            for callback in list(self.on_reopen):
-                await callback()
+            self.ready.clear()
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + self.reconnect_timeout
+            delay = _BACKOFF_MIN
+            try:
+                while not self._closed:
+                    try:
+                        await self._open(min(self.timeout, ATTEMPT_TIMEOUT))
+                        for callback in list(self.on_reopen):
+                            await callback()
+                        return
+                    except TqError as exc:
+                        if not lost_connection(exc) or self._closed:
+                            raise
+                        logger.info("broker %s: reopening session: %s", self.address, exc)
+                    if loop.time() >= give_up:
+                        self._fail()
+                        raise self.failure  # type: ignore[misc]
+                    await self._relocate()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _BACKOFF_MAX)
+            finally:
+                self.ready.set()  # done, or failed: nobody waits for a session that will not come
+
+    async def _relocate(self) -> None:
+        """Ask where the broker is now; move the client there if it is elsewhere."""
+        if self._locate is None:
+            return
+        try:
+            address = await self._locate()
+        except TqError as exc:  # the catalog is away too, or the broker is not registered yet
+            logger.debug("broker %s: looking up its address: %s", self.address, exc)
+            return
+        if not address or address == self.address or self._closed:
+            return
+        logger.info("broker moved from %s to %s", self.address, address)
+        old, self.client = self.client, self._new_client(address)
+        self.address = address
+        self.moves += 1
+        await self.client.connect()
+        await old.close()  # calls still in flight on it fail with ClientClosedError
+
+    def _fail(self) -> None:
+        self.failure = BrokerUnavailableError(
+            f"the broker at {self.address} did not answer for {self.reconnect_timeout:g}s "
+            f"(its address looked up again when possible); giving up")
+        logger.warning("%s", self.failure)
+        for callback in list(self.on_failure):
+            callback(self.failure)
 
     async def _heartbeat_forever(self) -> None:
         interval = max(self.lease / 3, 0.05)
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             generation = self.generation
             try:
                 await self.client.request(HeartbeatRequest(session=self.session),
                                           timeout=max(interval, 1.0))
+                self.renewed_at = loop.time()
+                continue
             except UnknownSessionError:
-                await self.reopen(generation)
+                pass
             except (DeadlineExceededError, RpcError) as exc:
                 logger.debug("broker %s: heartbeat: %s", self.address, exc)
+                if loop.time() - self.renewed_at <= self.lease:
+                    continue  # a slow broker may still hold our session
             except TqError as exc:
                 logger.warning("broker %s: heartbeat refused: %s", self.address, exc)
+                continue
+            # The broker forgot us, or has not answered for a lease (it dropped us by now).
+            try:
+                await self.reopen(generation)
+            except TqError as exc:
+                if self.failure is not None:
+                    return  # gave up; the owners were told
+                logger.warning("broker %s: reopening the session failed: %s", self.address, exc)
 
     async def close(self, *, clean: bool = True) -> None:
         """Stop heartbeats, close the session (when `clean`) and the client. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self.ready.set()
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
-        if clean and self.opened is not None:
+        if clean and self.opened is not None and self.failure is None:
             try:
                 await self.client.request(CloseSessionRequest(session=self.session),
                                           timeout=min(self.timeout, 5.0))

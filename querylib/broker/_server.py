@@ -30,6 +30,7 @@ from querylib._memory import keep_freed_memory
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
 from querylib.records import read_header
 from querylib.rpc import (
+    AddressError,
     Context,
     InternalServerError,
     Limits,
@@ -130,10 +131,10 @@ def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tu
     return data, read_header(data, last).next_offset
 
 
-def _open_partition(data_dir: str, pid: PartitionId,
-                    config: LogConfig) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
+def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
+                    scan_bytes: int) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
     """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
-    opened = open_partition(data_dir, pid, config)
+    opened = open_partition(data_dir, pid, config, producer_scan_bytes=scan_bytes)
     return opened, load_groups(partition_path(data_dir, pid))
 
 
@@ -174,8 +175,10 @@ class BrokerServer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self, listen: str = "tcp://127.0.0.1:0") -> str:
-        """Open (and recover) every partition under the data directory, then listen."""
+    async def start(self, listen: str = "tcp://127.0.0.1:0", *, prefer: str | None = None) -> str:
+        """Open (and recover) every partition under the data directory, then listen: on
+        `prefer` if given and free (the address of a previous run, so clients find us where
+        they left us), else on `listen`."""
         self._loop = asyncio.get_running_loop()
         # The state's clock starts now, not at the ticker's first run: a session opened in
         # between would otherwise get its lease counted from time 0 and expire at once.
@@ -185,7 +188,13 @@ class BrokerServer:
         pids = await self._loop.run_in_executor(self._append_pool, find_partitions,
                                                 self.data_dir)
         await asyncio.gather(*(self._open(pid) for pid in pids))
-        self.endpoint = await self._rpc.start(listen)
+        if prefer:
+            try:
+                self.endpoint = await self._rpc.start(prefer)
+            except AddressError as exc:
+                logger.warning("broker: %s; listening on %s instead", exc, listen)
+        if self.endpoint is None:
+            self.endpoint = await self._rpc.start(listen)
         self._ticker = self._loop.create_task(self._tick_forever(), name="broker ticks")
         logger.info("broker on %s: %d partitions under %s", self.endpoint, len(pids),
                     self.data_dir)
@@ -233,8 +242,9 @@ class BrokerServer:
 
     async def _open(self, pid: PartitionId) -> None:
         loop = asyncio.get_running_loop()
-        opened, groups = await loop.run_in_executor(self._append_pool, _open_partition,
-                                                    self.data_dir, pid, self.log_config)
+        opened, groups = await loop.run_in_executor(
+            self._append_pool, _open_partition, self.data_dir, pid, self.log_config,
+            self.state.limits.producer_scan_bytes)
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
         self._lanes[pid] = AppendLane(pid, log, self._append_pool, self._feed, inline=inline)
@@ -242,7 +252,7 @@ class BrokerServer:
                                        self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
-                                   groups))
+                                   groups, opened.producers))
 
     # -- hooks for endpoints in the same process (connector, Kafka listener) ----------------------
 

@@ -40,6 +40,7 @@ from querylib.records._header import (
     BatchHeader,
     read_header,
     stamp_base_offset,
+    stamp_producer,
 )
 from querylib.records._legacy import decode_legacy
 from querylib.records._runs import Irregular, ValueRun, value_runs
@@ -76,6 +77,7 @@ __all__ = [
     "iter_batches",
     "read_header",
     "stamp_base_offset",
+    "stamp_producer",
     "value_runs",
     "verify_batch",
 ]
