@@ -11,7 +11,9 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _messages.py    the RPC messages
     _server.py      BrokerServer: the asyncio shell (RPC, append lanes, reads, clock)
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
-    _link.py        a client's session;  _producer.py / _subscriber.py async clients
+    _link.py        a client's session, reopened (and moved) across broker restarts
+    _producer.py / _subscriber.py  async clients;  _producer_state.py the core's table of
+                    idempotent producers (a batch sent again is stored once)
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
     _drop.py        drop_hosted / drop_partitions: a deleted topic's partitions leave
                     their broker
@@ -34,6 +36,9 @@ _EXPORTS = {
     "BrokerProtocolError": "_errors",
     "BrokerServer": "_server",
     "BrokerState": "_state",
+    "BrokerUnavailableError": "_errors",
+    "DuplicateSequenceError": "_errors",
+    "OutOfOrderSequenceError": "_errors",
     "Chunk": "_subscriber",
     "CreditExceededError": "_errors",
     "CreditGrant": "_credit",
@@ -67,6 +72,9 @@ __all__ = [
     "BrokerProtocolError",
     "BrokerServer",
     "BrokerState",
+    "BrokerUnavailableError",
+    "DuplicateSequenceError",
+    "OutOfOrderSequenceError",
     "Chunk",
     "CreditExceededError",
     "CreditGrant",

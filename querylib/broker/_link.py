@@ -156,8 +156,9 @@ class BrokerLink:
             delay = _BACKOFF_MIN
             try:
                 while not self._closed:
+                    left = give_up - loop.time()
                     try:
-                        await self._open(min(self.timeout, ATTEMPT_TIMEOUT))
+                        await self._open(max(min(self.timeout, ATTEMPT_TIMEOUT, left), 0.1))
                         for callback in list(self.on_reopen):
                             await callback()
                         return
@@ -165,32 +166,33 @@ class BrokerLink:
                         if not lost_connection(exc) or self._closed:
                             raise
                         logger.info("broker %s: reopening session: %s", self.address, exc)
-                    if loop.time() >= give_up:
+                    moved = await self._relocate()
+                    if loop.time() >= give_up and not moved:  # a new address gets one try
                         self._fail()
                         raise self.failure  # type: ignore[misc]
-                    await self._relocate()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _BACKOFF_MAX)
             finally:
                 self.ready.set()  # done, or failed: nobody waits for a session that will not come
 
-    async def _relocate(self) -> None:
+    async def _relocate(self) -> bool:
         """Ask where the broker is now; move the client there if it is elsewhere."""
         if self._locate is None:
-            return
+            return False
         try:
             address = await self._locate()
         except TqError as exc:  # the catalog is away too, or the broker is not registered yet
             logger.debug("broker %s: looking up its address: %s", self.address, exc)
-            return
+            return False
         if not address or address == self.address or self._closed:
-            return
+            return False
         logger.info("broker moved from %s to %s", self.address, address)
         old, self.client = self.client, self._new_client(address)
         self.address = address
         self.moves += 1
         await self.client.connect()
         await old.close()  # calls still in flight on it fail with ClientClosedError
+        return True
 
     def _fail(self) -> None:
         self.failure = BrokerUnavailableError(
