@@ -111,6 +111,7 @@ class BrokerLink:
         """Connect and open the session, retrying while the broker is not there yet."""
         await self.client.connect()
         opened = await self._open(connect_timeout or self.timeout)
+        self.ready.set()
         self._heartbeats = asyncio.get_running_loop().create_task(
             self._heartbeat_forever(), name=f"broker heartbeats {self.address}")
         return opened
@@ -120,7 +121,6 @@ class BrokerLink:
             OpenSessionRequest(session=self.session, lease=self.lease), timeout=timeout)
         self.renewed_at = asyncio.get_running_loop().time()
         self.generation += 1
-        self.ready.set()
         return self.opened
 
     def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:

@@ -36,6 +36,7 @@ from ._errors import DuplicateSequenceError
 from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
 from ._messages import (
     AdvanceRequest,
+    Done,
     EndStreamRequest,
     OpenProducerRequest,
     Produced,
@@ -161,17 +162,22 @@ class ProducerCore:
             return
         try:
             reply = await self.link.request(self._open_request(rejoin=True))
-            if self._acked_frontier > reply.frontier and not self._ended:
+            frontier = reply.frontier  # ours as the broker has it
+            if self._acked_frontier > frontier and not self._ended:
                 # Everything below it was acknowledged before it: safe to state first.
                 await self.link.request(AdvanceRequest(
                     session=self.link.session, topic=self.topic, partition=self.partition,
                     frontier=self._acked_frontier))
+                frontier = self._acked_frontier
         except TqError as exc:
             if lost_connection(exc):
                 raise  # the link tries again
             self._fail_all(exc)
             return
         for out in list(self._outstanding):
+            if isinstance(out.request, AdvanceRequest) and out.request.frontier <= frontier:
+                self._resolve(out, Done())  # the broker has it already (only its reply was lost)
+                continue
             self.resent += 1
             self._transmit(out)
             await asyncio.sleep(0)  # on the wire before the next
