@@ -295,9 +295,9 @@ class BrokerServer:
         self._feed(QueryExits(query_id, tuple(exit_codes), failed))
 
     def group_queries(self) -> set[int]:
-        """The queries some writer group on this broker is waiting for."""
+        """The queries some writer group on this broker is waiting for (to join, or to end)."""
         return {q for part in self.state.partitions.values()
-                for g in part.frontier.pending_groups()
+                for g in part.frontier.open_groups()
                 if (q := query_of_group(g)) is not None}
 
     async def _ensure(self, topic: str, partition: int, create: bool) -> PartitionId:

@@ -1,6 +1,7 @@
-"""An idempotent producer across a broker crash (DESIGN §5 "Idempotent producers"): a batch the
+"""Producers across a broker crash (DESIGN §5 "Idempotent producers", "Restarts"): a batch the
 broker appended but never acknowledged (it was SIGKILLed first) is sent again once the broker
-is back, and stored once; the broker learnt the producer from its log's tail."""
+is back, and stored once (the broker learnt the producer from its log's tail); the writers of
+a writer group rejoin, and their stream ends once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import signal
 from typing import Any
 
-from querylib.broker import Data, EndOfStream, Subscriber, list_partitions
+from querylib.broker import Data, EndOfStream, Producer, Subscriber, WriterGroup, list_partitions
 from querylib.broker._link import BrokerLink
 from querylib.broker._messages import Produced, ProduceRequest
 from querylib.broker._producer import ProducerCore
@@ -88,3 +89,47 @@ def test_a_batch_appended_but_not_acknowledged_before_a_crash_is_stored_once(
                 values += [r.value.decode() for r in event.records]
             assert not isinstance(event, EndOfStream) or values
     assert values == [f"{b}:{i}" for b in range(3) for i in range(RECORDS)]
+
+
+def test_a_writer_group_across_a_broker_crash_ends_its_stream_once(processes,
+                                                                   tmp_path) -> None:
+    """Two writers of one collective publication (a writer group of 2, as two processes of a
+    query write a Merge topic) keep writing across a SIGKILL of their broker: they rejoin,
+    nothing is lost or doubled, and the stream ends once, when the second writer ends."""
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    data = tmp_path / "data"
+    broker = start_broker(processes, data, port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    writers = [Producer(address, "m", 0, secret=secret, lease=1.0,
+                        group=WriterGroup("q1/m#1", str(w), 2)) for w in range(2)]
+    try:
+        for t in range(3):
+            for w, producer in enumerate(writers):
+                producer.send_values([f"{w}:{t}:{i}".encode() for i in range(RECORDS)], time=t)
+                producer.advance(t + 1)
+        for producer in writers:
+            producer.flush()
+        os.killpg(broker.pid, signal.SIGKILL)
+        broker.wait(timeout=10)
+        for t in range(3, 6):  # sent while the broker is down, or as it comes back
+            for w, producer in enumerate(writers):
+                producer.send_values([f"{w}:{t}:{i}".encode() for i in range(RECORDS)], time=t)
+        broker = start_broker(processes, data, port, path, secret)
+        writers[0].close()  # its end does not end the stream: writer 1 is still live
+        assert list_partitions(address, secret, topic="m")[0].ended is False
+        writers[1].advance(6)
+        writers[1].close()
+    finally:
+        for producer in writers:
+            producer.close()
+    values, ends = [], 0
+    with Subscriber(address, "m", 0, secret=secret, follow=False) as sub:
+        while (event := sub.next_event(timeout=30)) is not None:
+            if isinstance(event, Data):
+                values += [r.value.decode() for r in event.records]
+            elif isinstance(event, EndOfStream):
+                ends += 1
+    assert sorted(values) == sorted(f"{w}:{t}:{i}" for w in range(2) for t in range(6)
+                                    for i in range(RECORDS))
+    assert ends == 1 and list_partitions(address, secret, topic="m")[0].ended
