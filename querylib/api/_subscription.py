@@ -17,6 +17,10 @@ second and on close, as the next offset to read; an event counts as consumed onc
 `next_event` call (or `close`) comes, so delivery is at-least-once: records handed out after
 the last commit before a rebalance or crash are read again by the partition's next owner.
 
+A broker that restarts (at its address, or at another one the catalog then names) is
+followed without a gap or a duplicate; one unreachable for 60 s makes `next_event` raise
+BrokerUnavailableError (DESIGN §5 "Restarts").
+
 Must not: decode on the reader threads (CPU stays with the consumer), or buffer unboundedly
 (the queue is bounded, and broker credit bounds each reader).
 """

@@ -3,8 +3,9 @@ subscriber process (plain `querylib.connect()` scripts): both carry on by themse
 subscriber reads every record exactly once, in order, then end of stream once (DESIGN §5,
 §11 "Restarts do not strand clients").
 
-The publisher sends the integers 0, 1, 2, ... (ten per logical time, each step acknowledged
-before the next) until the test asks it to stop, then closes (end of stream) and says how many
+The publisher sends the integers 0, 1, 2, ... (ten per logical time, waiting for the
+acknowledgements every 50 times, so many requests are in flight when tq up goes down) until
+the test asks it to stop, then closes (end of stream) and says how many
 it sent. The subscriber writes what it reads as lines, then `eos` at end of stream; the
 partition's log must hold exactly one end-of-stream marker, at its end."""
 
@@ -39,9 +40,9 @@ PUBLISHER = textwrap.dedent('''
         while not stop.exists() and step < 20_000:
             out.send(step, range(step * 10, step * 10 + 10))
             out.advance_to(step + 1)
-            out.flush()  # acknowledged: the next step comes after it
             step += 1
-            if step % 50 == 0:
+            if step % 50 == 0:  # batches and advances of 50 steps in flight at a time
+                out.flush()
                 sent.write_text(str(step * 10))
         out.close()
     sent.write_text(f"{step * 10} closed")
