@@ -201,6 +201,9 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     frontier: int = 0
     ended: bool = False
     groups: tuple[SavedGroup, ...] = ()  # pending writer groups saved beside the log
+    # Idempotent batches of the log's tail, oldest first: (producer id, epoch, first sequence,
+    # last sequence, base offset, next offset); see _producer_state.
+    producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

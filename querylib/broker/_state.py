@@ -21,6 +21,9 @@ Rules it enforces (tests in tests/querylib/broker/test_state.py):
   hands the new batches to `_tail`).
 - Batches stay referenced only while an append is in flight or not yet durable (bounded by the
   producers' windows); nothing is buffered per subscriber.
+- An idempotent producer's batch that was appended before (it sent it again after losing its
+  connection) is answered with its first offsets, never appended twice (`_producer_state`);
+  an end of stream sent again where the log already ends with one appends nothing.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ from ._frontier import (
 )
 from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._producer_state import BatchMark, ProducerStateTable, last_sequence
 from ._state_admission import AdmissionRules
 from ._state_groups import WriterGroupRules
 from ._state_subscriptions import SubscriptionRules
@@ -295,7 +299,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
                                        max_groups=self.limits.max_writer_groups,
                                        groups=ev.groups),
-            visible_frontier=ev.frontier, visible_ended=ev.ended)
+            visible_frontier=ev.frontier, visible_ended=ev.ended,
+            producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
+        self.partitions[ev.partition].producers.learn_all(ev.producers)
         return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
@@ -371,8 +377,35 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                                      f"got {len(batch)} bytes")
         if batch[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
             raise BrokerProtocolError("control batches are written by the broker, not producers")
+        seq = None
+        if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
+            seq = (header.producer_id, header.producer_epoch, header.base_sequence,
+                   last_sequence(header.base_sequence, header.last_offset_delta))
+            if (mark := part.producers.check(*seq)) is not None:
+                return self._duplicate(part, mark, ev.token)
         self._charge(session, len(batch))
-        return [self._append(part, batch, ev.token, session.id, len(batch), "produced")]
+        append = self._append(part, batch, ev.token, session.id, len(batch), "produced")
+        if seq is not None:
+            part.producers.appended(*seq, append.ticket)
+            part.inflight[-1].seq = (seq[0], seq[2])
+        return [append]
+
+    def _duplicate(self, part: PartitionState, mark: BatchMark, token: Any) -> list[Instruction]:
+        """Answer a batch sent again with the offsets it got the first time, once durable:
+        at once if it is, else with its own append (or, for one found in the log at open,
+        the last append in flight: durability comes in order)."""
+        done = Produced(base_offset=mark.base_offset, next_offset=mark.next_offset)
+        if 0 <= mark.next_offset <= part.visible_end:
+            return [Reply(token, done)]
+        pending = [*part.inflight, *part.unflushed]
+        own = [e for e in pending if mark.ticket >= 0 and e.ticket == mark.ticket]
+        if own:
+            own[0].waiters.append((token, None))
+        elif pending:
+            pending[-1].waiters.append((token, done))
+        else:  # in the log since before this broker opened it, nothing pending
+            return [Reply(token, done)]
+        return []
 
     def _advance(self, ev: AdvanceFrontier) -> list[Instruction]:
         session, part = self._producer(ev.session, ev.partition)
@@ -384,9 +417,18 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         session, part = self._producer(ev.session, ev.partition)
         self._check_can_send(session)
         events = part.frontier.end(session.id)
+        if events == [StreamEnded()] and self._log_ends_ended(part):
+            events = []  # sent again after a reconnect: the log ends with this end already
         session.producing.discard(part.id)
         return [*self._control_request(session, part, events, ev.token),
                 *self._save_groups(part)]
+
+    @staticmethod
+    def _log_ends_ended(part: PartitionState) -> bool:
+        """Whether the last batch appended (or being appended) is an end of stream."""
+        last = part.inflight[-1] if part.inflight else \
+            part.unflushed[-1] if part.unflushed else None
+        return part.visible_ended if last is None else isinstance(last.control, StreamEnded)
 
     def _control_request(self, session: Session, part: PartitionState,
                          events: list[FrontierEvent], token: Any) -> list[Instruction]:
@@ -446,19 +488,24 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     def _append_completed(self, ev: AppendCompleted) -> list[Instruction]:
         part, entry = self._take_inflight(ev.partition, ev.ticket)
         entry.base, entry.next = ev.base_offset, ev.next_offset
+        if entry.seq is not None:
+            part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self._retention(part, ev.log_start)
         return out + self._make_durable(part, ev.durable_end)
 
     def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
-        _part, entry = self._take_inflight(ev.partition, ev.ticket)
+        part, entry = self._take_inflight(ev.partition, ev.ticket)
         self._refund(entry)
-        if entry.token is None:
-            return []
+        if entry.seq is not None:
+            part.producers.failed(*entry.seq)
         error = ev.error if isinstance(ev.error, TqError) else StorageError(
             f"append failed: {ev.error}")
-        return [Fail(entry.token, error)]
+        tokens = [t for t, _ in entry.waiters]
+        if entry.token is not None:
+            tokens.insert(0, entry.token)
+        return [Fail(token, error) for token in tokens]
 
     def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
         return self._make_durable(self.partitions[ev.partition], ev.durable_end)
@@ -475,6 +522,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 value = (Produced(base_offset=entry.base, next_offset=entry.next)
                          if entry.reply == "produced" else entry.reply)
                 out.append(Reply(entry.token, value))
+            for token, done in entry.waiters:  # duplicates sent meanwhile
+                out.append(Reply(token, done or Produced(base_offset=entry.base,
+                                                         next_offset=entry.next)))
             if isinstance(entry.control, FrontierAdvanced):
                 part.visible_frontier, part.visible_ended = entry.control.frontier, False
             elif isinstance(entry.control, StreamEnded):
