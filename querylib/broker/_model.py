@@ -99,4 +99,7 @@ class Session(msgspec.Struct):
     window: CreditWindow
     principal: str = "admin"    # who it writes as (`_access.py`); fixed for its life
     producing: set[PartitionId] = msgspec.field(default_factory=set)
+    # Partitions it rejoined after their stream ended with all it sent stored: it may only
+    # send that again (answered as the first time), nothing new (`BrokerState._open_producer`).
+    resending: set[PartitionId] = msgspec.field(default_factory=set)
     subs: dict[int, int] = msgspec.field(default_factory=dict)  # sub_id -> serial

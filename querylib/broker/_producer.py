@@ -18,7 +18,10 @@ and once its link has reopened the session it rejoins the partition and sends th
 in order: the broker answers a batch it appended before with the offsets it got then, so
 nothing is lost and nothing stored twice. A request the broker refused is not sent again; the
 refusal is raised. A restarted process is a new producer (a new id); a reconnected one is the
-same.
+same. A producer that had sent its end of stream and finds the stream ended when it rejoins
+(its end was appended, its answer lost) says so (`ending`, its producer id and last sequence):
+the broker then answers what it sends again without reopening the stream (DESIGN §5
+"Idempotent producers").
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class ProducerCore:
         self.acked_batches = 0
         self.resent = 0             # requests sent again after a reconnect
         self._acked_frontier = 0    # the frontier of the last acknowledged advance
-        self._next_sequence = 0
+        self._claimed = 0           # records numbered so far (sequences are this mod 2^31)
         self._claims = threading.Lock()
         self._control_cost = 64
         self._order = asyncio.Lock()  # FIFO: batches go out in the order send_batch was called
@@ -145,9 +148,24 @@ class ProducerCore:
         """(producer id, epoch, base sequence) to stamp on the next batch of `records`
         records. Batches must be sent in the order of their claims."""
         with self._claims:
-            base = self._next_sequence
-            self._next_sequence = (base + records) % SEQUENCE_MODULUS
+            base = self._claimed % SEQUENCE_MODULUS
+            self._claimed += records
         return self.producer_id, 0, base
+
+    def _unclaim(self, batch: bytes | memoryview) -> None:
+        """Give back the sequence numbers an encoder of ours stamped into a batch that will
+        not be sent, unless a later batch has numbers already (then the broker refuses the
+        next one with OutOfOrderSequenceError, as it should: a gap)."""
+        if self.producer_id < 0:
+            return
+        header = read_header(batch)
+        if header.producer_id != self.producer_id:
+            return
+        records = header.last_offset_delta + 1
+        with self._claims:
+            if self._claimed >= records and \
+                    (self._claimed - records) % SEQUENCE_MODULUS == header.base_sequence:
+                self._claimed -= records
 
     def stamping(self, records: int) -> dict[str, int]:
         """The encoder arguments (`producer_id`, `producer_epoch`, `base_sequence`) for the
@@ -201,16 +219,25 @@ class ProducerCore:
     def _open_request(self, *, rejoin: bool) -> OpenProducerRequest:
         group = self.group
         topic = self.incarnation or Incarnation(0, 0)
-        if group is None:
-            return OpenProducerRequest(session=self.link.session, topic=self.topic,
-                                       partition=self.partition, create=self.create,
-                                       reopen=self.reopen, topic_id=topic.topic_id,
-                                       topic_created_ms=topic.created_ms)
+        resend: dict[str, Any] = {}
+        if rejoin:
+            # What the broker needs to tell whether everything we send again is stored
+            # already: then an ended stream answers it and is not reopened.
+            with self._claims:
+                last = (self._claimed - 1) % SEQUENCE_MODULUS if self._claimed else -1
+            resend = {"rejoin": True, "producer_id": self.producer_id, "last_sequence": last,
+                      "ending": self._ending()}
+        if group is not None:
+            resend |= {"group": group.name, "writer": group.writer, "writers": group.writers}
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
-                                   group=group.name, writer=group.writer,
-                                   writers=group.writers, rejoin=rejoin, reopen=self.reopen,
-                                   topic_id=topic.topic_id, topic_created_ms=topic.created_ms)
+                                   reopen=self.reopen, topic_id=topic.topic_id,
+                                   topic_created_ms=topic.created_ms, **resend)
+
+    def _ending(self) -> bool:
+        """Whether our end of stream was sent (nothing of ours may follow it)."""
+        return self._ended or any(isinstance(out.request, EndStreamRequest)
+                                  for out in self._outstanding)
 
     def fail_later(self, error: TqError) -> None:
         """Keep `error` for the next call to raise (a send nobody waited for failed)."""
@@ -234,6 +261,7 @@ class ProducerCore:
         opened = self.link.opened
         if opened is not None and len(batch) > opened.max_batch_bytes:
             # Said here: the broker's socket refuses a message this big without an answer.
+            self._unclaim(batch)
             raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's "
                                      f"maximum of {opened.max_batch_bytes}")
         batch = self.stamp(batch)

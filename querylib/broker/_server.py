@@ -672,7 +672,8 @@ class BrokerServer:
             return await self._call(peer, req.session, lambda t: OpenProducer(
                 t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
                 create=req.create, create_topic=req.create_topic, reopen=req.reopen,
-                incarnation=incarnation))
+                incarnation=incarnation, producer_id=req.producer_id,
+                last_sequence=req.last_sequence, ending=req.ending))
 
         async def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
                           remote: bool) -> Produced:

@@ -22,8 +22,9 @@ Rules it enforces (tests in tests/querylib/broker/test_state.py):
 - Batches stay referenced only while an append is in flight or not yet durable (bounded by the
   producers' windows); nothing is buffered per subscriber.
 - An idempotent producer's batch that was appended before (it sent it again after losing its
-  connection) is answered with its first offsets, never appended twice (`_producer_state`);
-  an end of stream sent again where the log already ends with one appends nothing.
+  connection) is answered with its first offsets, never appended twice (`_producer_state`),
+  also after the stream ended; a producer whose end of stream was stored rejoins to send
+  again only (`Session.resending`), so its end is not appended twice.
 """
 from __future__ import annotations
 
@@ -322,6 +323,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             out += self._close_sub(sub, gone)
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
+            session.resending.discard(ev.partition)
         del self.partitions[ev.partition]
         out.append(Reply(ev.token, Done()))
         return out
@@ -341,11 +343,21 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     def _open_producer(self, ev: OpenProducer) -> list[Instruction]:
         session = self._live(ev.session)
         if (ev.partition not in session.producing
-                and len(session.producing) >= self.limits.max_partitions_per_producer):
+                and len(session.producing) + len(session.resending)
+                >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
         part, waiting = self._admit(session, ev)
         if part is None:
             return waiting
+        if part.frontier.ended and self._stored_before_end(part, ev):
+            # Its end of stream was stored, its answer lost (a reconnect): it may send again
+            # what it has no answer for, and is answered as the first time. Not a writer of
+            # the stream (not joined, nothing reopened), so its end is not appended twice.
+            session.resending.add(ev.partition)
+            return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
+                                                   frontier=part.frontier.frontier,
+                                                   window=self.limits.producer_window))]
+        session.resending.discard(ev.partition)
         before = part.frontier.revision
         try:
             released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
@@ -365,8 +377,28 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             return [Reply(ev.token, reply), *out]
         return [*self._save_groups(part, ev.token, reply), *out]
 
+    @staticmethod
+    def _stored_before_end(part: PartitionState, ev: OpenProducer) -> bool:
+        """Whether `ev` rejoins an idempotent producer that sent its end of stream and whose
+        every record the partition holds (or is appending): all it may send again is a
+        duplicate, or its end."""
+        if not (ev.rejoin and ev.ending and ev.producer_id >= 0):
+            return False
+        return ev.last_sequence < 0 or \
+            part.producers.last_sequence(ev.producer_id) == ev.last_sequence
+
+    def _resends(self, session_id: str, pid: PartitionId) -> PartitionState | None:
+        """The partition, if the session rejoined it only to send again what it stored."""
+        session = self._live(session_id)
+        return self.partitions[pid] if pid in session.resending else None
+
     def _produce(self, ev: Produce) -> list[Instruction]:
-        session, part = self._producer(ev.session, ev.partition)
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        resending = ev.partition in session.resending
+        if not resending and ev.partition not in session.producing:
+            raise NotProducerError(f"session {ev.session!r} has not opened a producer on "
+                                   f"partition {ev.partition[1]} of {ev.partition[0]!r}")
         batch = ev.batch
         if len(batch) > self.limits.max_batch_bytes:
             raise BatchTooLargeError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
@@ -381,8 +413,15 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
             seq = (header.producer_id, header.producer_epoch, header.base_sequence,
                    last_sequence(header.base_sequence, header.last_offset_delta))
+            # Before the stream's state is looked at: a batch sent again is answered as the
+            # first time, even once the stream ended after it.
             if (mark := part.producers.check(*seq)) is not None:
                 return self._duplicate(part, mark, ev.token)
+        if resending or part.frontier.ended:
+            raise StreamEndedError(
+                f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
+                "nothing more may be written unless a writer of the topic reopens it "
+                "explicitly")
         self._charge(session, len(batch))
         append = self._append(part, batch, ev.token, session.id, len(batch), "produced")
         if seq is not None:
@@ -401,34 +440,37 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         own = [e for e in pending if mark.ticket >= 0 and e.ticket == mark.ticket]
         if own:
             own[0].waiters.append((token, None))
-        elif pending:
-            pending[-1].waiters.append((token, done))
-        else:  # in the log since before this broker opened it, nothing pending
-            return [Reply(token, done)]
+            return []
+        return self._when_durable(part, token, done)
+
+    @staticmethod
+    def _when_durable(part: PartitionState, token: Any, value: Any) -> list[Instruction]:
+        """Answer `value` once every append of the partition issued so far is durable (now,
+        if none is pending): durability comes in order."""
+        pending = part.inflight or part.unflushed  # the newest appends are in flight
+        if not pending:
+            return [Reply(token, value)]
+        pending[-1].waiters.append((token, value))
         return []
 
     def _advance(self, ev: AdvanceFrontier) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            return self._when_durable(part, ev.token, Done())  # the stream ended after it
         session, part = self._producer(ev.session, ev.partition)
         self._check_can_send(session)
         events = part.frontier.advance(session.id, ev.frontier)
         return self._control_request(session, part, events, ev.token)
 
     def _end_stream(self, ev: EndStream) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            self.sessions[ev.session].resending.discard(ev.partition)
+            return self._when_durable(part, ev.token, Done())  # its end is the one stored
         session, part = self._producer(ev.session, ev.partition)
         self._check_can_send(session)
         events = part.frontier.end(session.id)
-        if events == [StreamEnded()] and self._log_ends_ended(part):
-            events = []  # sent again after a reconnect: the log ends with this end already
         session.producing.discard(part.id)
         return [*self._control_request(session, part, events, ev.token),
                 *self._save_groups(part)]
-
-    @staticmethod
-    def _log_ends_ended(part: PartitionState) -> bool:
-        """Whether the last batch appended (or being appended) is an end of stream."""
-        last = part.inflight[-1] if part.inflight else \
-            part.unflushed[-1] if part.unflushed else None
-        return part.visible_ended if last is None else isinstance(last.control, StreamEnded)
 
     def _control_request(self, session: Session, part: PartitionState,
                          events: list[FrontierEvent], token: Any) -> list[Instruction]:

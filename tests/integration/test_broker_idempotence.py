@@ -10,9 +10,11 @@ import os
 import signal
 from typing import Any
 
+import pytest
+
 from querylib.broker import Data, EndOfStream, Producer, Subscriber, WriterGroup, list_partitions
 from querylib.broker._link import BrokerLink
-from querylib.broker._messages import Produced, ProduceRequest
+from querylib.broker._messages import EndStreamRequest, Produced, ProduceRequest
 from querylib.broker._producer import ProducerCore
 from querylib.broker._stream import encode_records
 from tests.conftest import free_port, wait_for_async
@@ -133,3 +135,70 @@ def test_a_writer_group_across_a_broker_crash_ends_its_stream_once(processes,
     assert sorted(values) == sorted(f"{w}:{t}:{i}" for w in range(2) for t in range(6)
                                     for i in range(RECORDS))
     assert ends == 1 and list_partitions(address, secret, topic="m")[0].ended
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_producer_whose_end_was_stored_but_not_answered_rejoins_and_is_answered(
+        processes, tmp_path, reopen: bool) -> None:
+    """The broker stores a producer's last batch and its end of stream, then dies before
+    either answer leaves. The producer comes back to an ended stream: it is answered as the
+    first time (the batch with its offsets, the end with Done), not refused, and the stream
+    is not reopened (even by a producer allowed to, as querylib's publishers are): the log
+    holds each record once and one end of stream."""
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    data = tmp_path / "data"
+    broker = start_broker(processes, data, port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+
+    def ended() -> bool:
+        (info,) = list_partitions(address, secret, topic="t", timeout=2.0)
+        return info.ended
+
+    async def scenario() -> Produced:
+        nonlocal broker
+        link = BrokerLink(address, secret, lease=1.0, timeout=5.0)
+        await link.start()
+        core = ProducerCore(link, "t", 0, reopen=reopen)
+        await core.open()
+        first = await core.send_batch(encode_records(_entries(0), **core.stamping(RECORDS)))
+        assert await first == Produced(base_offset=0, next_offset=RECORDS)
+
+        real = link.request
+        unanswered: list[Any] = []
+
+        async def losing_replies(request: Any, **options: Any) -> Any:
+            reply = await real(request, **options)
+            if isinstance(request, ProduceRequest | EndStreamRequest) and \
+                    link.generation == 1:
+                unanswered.append(request)
+                await asyncio.Event().wait()  # lost; the resend after the restart answers
+            return reply
+
+        link.request = losing_replies  # type: ignore[method-assign]
+        second = await core.send_batch(encode_records(_entries(1), **core.stamping(RECORDS)))
+        ending = asyncio.get_running_loop().create_task(core.end())
+        await wait_for_async(lambda: len(unanswered) == 2, timeout=30,
+                             what="the broker to store batch 1 and the end of stream")
+        assert await asyncio.to_thread(ended)
+        os.killpg(broker.pid, signal.SIGKILL)
+        broker.wait(timeout=10)
+        broker = await asyncio.to_thread(start_broker, processes, data, port, path, secret)
+
+        await asyncio.wait_for(ending, timeout=60)  # raises what the broker refused
+        resent = await second
+        await link.close()
+        return resent
+
+    resent = asyncio.run(scenario())
+    assert resent == Produced(base_offset=RECORDS, next_offset=2 * RECORDS)
+    values, ends = [], 0
+    with Subscriber(address, "t", 0, secret=secret, follow=False) as sub:
+        while (event := sub.next_event(timeout=30)) is not None:
+            if isinstance(event, Data):
+                values += [r.value.decode() for r in event.records]
+            elif isinstance(event, EndOfStream):
+                ends += 1
+    assert values == [f"{b}:{i}" for b in range(2) for i in range(RECORDS)]
+    (info,) = list_partitions(address, secret, topic="t")
+    assert ends == 1 and info.ended and info.log_end == 2 * RECORDS + 1

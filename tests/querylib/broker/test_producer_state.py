@@ -7,7 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from querylib.broker._errors import DuplicateSequenceError, OutOfOrderSequenceError
+from querylib.broker._errors import (
+    DuplicateSequenceError,
+    OutOfOrderSequenceError,
+    StreamEndedError,
+)
 from querylib.broker._events import (
     AppendFailed,
     EndStream,
@@ -186,27 +190,87 @@ def test_batches_without_a_producer_are_never_deduplicated() -> None:
     assert len(sim.appends[P]) == 2
 
 
-def test_an_end_of_stream_sent_again_appends_no_second_one() -> None:
-    sim = started()
+def ended_after(sim: Sim, *batches: bytes) -> None:
+    """The producer "p" sends `batches` and its end of stream; all of it is stored and
+    answered (the answers then go missing: the producer rejoins, as after a reconnect)."""
+    for n, batch in enumerate(batches):
+        sim.feed(Produce(f"b{n}", "p", P, batch))
     sim.feed(EndStream("end", "p", P))
     sim.controls(P)
     sim.flush(P)
     assert sim.replies["end"] == Done()
-    # The reply went missing: the producer rejoins and ends again.
-    sim.feed(OpenProducer("op-again", "p", P, rejoin=True))
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_an_end_of_stream_sent_again_appends_no_second_one(reopen: bool) -> None:
+    sim = started()
+    ended_after(sim)
+    # Its answer went missing: the producer (which sent no data) rejoins and ends again. Even
+    # one that may reopen the stream does not: its end is the one in the log.
+    sim.feed(OpenProducer("op-again", "p", P, rejoin=True, reopen=reopen, producer_id=PID,
+                          ending=True))
     sim.feed(EndStream("end-again", "p", P))
     assert sim.replies["end-again"] == Done()
     assert sim.controls(P) == [("E", None)]
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_batches_resent_after_their_stream_ended_get_their_first_offsets(reopen: bool) -> None:
+    """The broker stored a producer's batches and its end of stream; the producer heard none
+    of it and rejoins: it is answered as the first time, and the stream stays ended once."""
+    sim = started()
+    ended_after(sim, idem_batch(0, 2), idem_batch(2, 3))
+    sim.feed(OpenProducer("op-again", "p", P, rejoin=True, reopen=reopen, producer_id=PID,
+                          last_sequence=4, ending=True))
+    assert not isinstance(sim.replies["op-again"], Exception), sim.replies["op-again"]
+    sim.feed(Produce("b0-again", "p", P, idem_batch(0, 2)))
+    sim.feed(Produce("b1-again", "p", P, idem_batch(2, 3)))
+    sim.feed(EndStream("end-again", "p", P))
+    assert sim.replies["b0-again"] == Produced(base_offset=0, next_offset=2)
+    assert sim.replies["b1-again"] == Produced(base_offset=2, next_offset=5)
+    assert sim.replies["end-again"] == Done()
+    assert sim.controls(P) == [None, None, ("E", None)]
+
+
+def test_a_rejoined_producer_of_an_ended_stream_writes_nothing_new() -> None:
+    sim = started()
+    ended_after(sim, idem_batch(0, 2))
+    sim.feed(OpenProducer("op-again", "p", P, rejoin=True, producer_id=PID, last_sequence=1,
+                          ending=True))
+    sim.feed(Produce("new", "p", P, idem_batch(2, 1)))
+    assert isinstance(sim.replies["new"], StreamEndedError)
+    assert sim.controls(P) == [None, ("E", None)]
+
+
+def test_a_rejoin_with_batches_the_partition_lacks_follows_the_end_of_stream_rule() -> None:
+    """Records of the producer that are not stored (the stream was ended by others after its
+    session was dropped): its rejoin is refused, or reopens the stream, as any open is."""
+    sim = started()
+    ended_after(sim, idem_batch(0, 2))
+    sim.feed(OpenSession("o-q", "q", 10.0))
+    sim.feed(OpenProducer("refused", "q", P, rejoin=True, producer_id=PID, last_sequence=5,
+                          ending=True))
+    assert isinstance(sim.replies["refused"], StreamEndedError)
+    sim.feed(OpenProducer("not-ending", "q", P, rejoin=True, producer_id=PID,
+                          last_sequence=1))
+    assert isinstance(sim.replies["not-ending"], StreamEndedError)
+    sim.feed(OpenProducer("reopened", "q", P, rejoin=True, reopen=True, producer_id=PID,
+                          last_sequence=5, ending=True))
+    sim.feed(Produce("b-resent", "q", P, idem_batch(0, 2)))
+    sim.feed(Produce("b-lost", "q", P, idem_batch(2, 4)))
+    sim.feed(EndStream("end-q", "q", P))
+    assert sim.replies["b-resent"] == Produced(base_offset=0, next_offset=2)
+    assert sim.controls(P) == [None, ("E", None), ("R", None), None, ("E", None)]
 
 
 def test_an_end_after_new_data_is_appended() -> None:
     sim = started()
     sim.feed(EndStream("end", "p", P))
     sim.controls(P)
-    sim.feed(OpenProducer("op-again", "p", P))
+    sim.feed(OpenProducer("op-again", "p", P, reopen=True))
     sim.feed(Produce("a", "p", P, idem_batch(0)))
     sim.feed(EndStream("end-2", "p", P))
-    assert sim.controls(P) == [("E", None), None, ("E", None)]
+    assert sim.controls(P) == [("E", None), ("R", None), None, ("E", None)]
 
 
 # ----------------------------------------------------------------------------- after a restart
