@@ -151,12 +151,16 @@ def test_publisher_and_subscriber_survive_a_restart_of_tq_up(
         err = up.stop()
         squatter.close()
     assert "Traceback" not in err, err
-    assert _controls(home / "executor" / "broker" / "restarts-0")[-1:] == ["end"]
-    assert _controls(home / "executor" / "broker" / "restarts-0").count("end") == 1
+    controls = _controls(home / "executor" / "broker" / "restarts-0")
+    assert controls[-1:] == ["end"] and controls.count("end") == 1
+    assert "reopen" not in controls  # the publisher rejoined its stream, never reopened it
+
+
+_KINDS = {ControlType.END_OF_STREAM: "end", ControlType.REOPEN: "reopen"}
 
 
 def _controls(partition: Path) -> list[str]:
-    """The control batches of a partition's log, in order: "end" or "frontier"."""
+    """The control batches of a partition's log, in order: "end", "reopen" or "frontier"."""
     kinds = []
     for segment in sorted(partition.glob("*.log")):
         data = segment.read_bytes()
@@ -167,6 +171,6 @@ def _controls(partition: Path) -> list[str]:
             if batch.is_control:
                 for record in batch.records:
                     kind, _ = control_of(record)
-                    kinds.append("end" if kind == ControlType.END_OF_STREAM else "frontier")
+                    kinds.append(_KINDS.get(kind, "frontier"))
             pos += header.size
     return kinds
