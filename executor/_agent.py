@@ -7,11 +7,13 @@ the coordinator.
 
 On start it runs this host's broker (the catalog, through `CatalogTopics`, is its directory:
 who may write which topic, which partitions live here), opens the broker's optional endpoints
-(connector endpoint, Kafka listener), opens an executor session (while no coordinator answers
-it says so and keeps trying, as a rejoin does; a coordinator refusing our secret ends the
-start with SecretRejectedError), registers the broker (with its Kafka address) and the
-executor (host, broker address, host resources); its heartbeats carry the host's load
-(placement breaks ties by it). Then it serves the coordinator's notifies:
+(connector endpoint, Kafka listener), each on the address it had in the last run on this data
+where "any free port" was asked and that address is free (`_broker_id.py`), opens an executor
+session (while no coordinator answers it says so and keeps trying, as a rejoin does; a
+coordinator refusing our secret ends the start with SecretRejectedError), registers the
+broker (with its Kafka address) and the executor (host, broker address, host resources); its
+heartbeats carry the host's load (placement breaks ties by it). Then it serves the
+coordinator's notifies:
 
 - `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
   from the coordinator), start it under the supervisor. A failure is reported back as
@@ -60,7 +62,13 @@ from querylib.rpc import (
 )
 
 from ._artifacts import ArtifactCache, ArtifactFetcher
-from ._broker_id import register_remembered
+from ._broker_id import (
+    Endpoints,
+    preferred_listen,
+    register_remembered,
+    remember_endpoints,
+    remembered_endpoints,
+)
 from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
 from ._credentials import ProcessCredentials
 from ._endpoints import CatalogTopics
@@ -163,11 +171,13 @@ class ExecutorAgent:
     async def start(self) -> ExecutorAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
             # The catalog says who may write which topic here (`CatalogTopics`); the
             # coordinator, whose keys its clients sign with (`keys`).
             self.broker = BrokerServer(self.data_dir / "broker", self.keys,
                                        directory=self.topics)
-            self.broker_address = await self.broker.start(self.broker_listen)
+            self.broker_address = await self.broker.start(
+                self.broker_listen, prefer=preferred_listen(self.broker_listen, previous.broker))
             self.exit_feed = QueryExitFeed(self.broker)
             self.forwarder = await LogForwarder(self.broker.port).start()
             self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
@@ -183,7 +193,10 @@ class ExecutorAgent:
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret.key, connector=self.connector_config,
                 kafka=self.kafka_config, kafka_cluster=self.topics,
-                required=self.endpoints_required).start()
+                required=self.endpoints_required,
+                previous={"connector": previous.connector, "kafka": previous.kafka}).start()
+            await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
+                self.broker_address, self.connector_address or "", self.kafka_address or ""))
             await self._join_retrying(first=True)
         except BaseException:
             await self.close()

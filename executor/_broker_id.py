@@ -1,11 +1,15 @@
-"""The executor broker's id, kept across restarts in `<data>/broker.id` (as Kafka keeps
-`broker.id` in its log dir's meta.properties).
+"""The executor broker's id and addresses, kept across restarts in `<data>/broker.id` (as Kafka
+keeps `broker.id` in its log dir's meta.properties) and `<data>/broker.endpoints`.
 
 Topic partitions are located by broker id in the catalog. A restarted executor (after `tq up`
 stops and starts again on the same data) must register its broker under the id it had, or
 every partition on its disk would name a broker that never comes back (DESIGN §11 "Executor
-broker ids").
+broker ids"). It also binds the addresses it had, where it chose "any free port" and they are
+still free, so that running clients find it where they left it (DESIGN §11 "Restarts do not
+strand clients"); where one is taken it takes another and clients look it up again.
 
+    previous = remembered_endpoints(data_dir)      # what the last run bound, or empty
+    remember_endpoints(data_dir, Endpoints(broker=..., connector=..., kafka=...))
     broker = await register_remembered(cluster, data_dir, host, address, kafka_address=...)
 
 Must not: register anything but the broker, or decide placement.
@@ -14,19 +18,66 @@ Must not: register anything but the broker, or decide placement.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from catalog import Broker, BrokerExistsError, UnknownBrokerError
 from querylib.cluster import AsyncCluster
 
-__all__ = ["BROKER_ID_FILE", "register_remembered"]
+__all__ = ["BROKER_ENDPOINTS_FILE", "BROKER_ID_FILE", "Endpoints", "preferred_listen",
+           "register_remembered", "remember_endpoints", "remembered_endpoints"]
 
 logger = logging.getLogger("executor")
 
 BROKER_ID_FILE = "broker.id"
+BROKER_ENDPOINTS_FILE = "broker.endpoints"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the broker listened: its RPC endpoint (tcp://HOST:PORT) and its connector and
+    Kafka listeners (HOST:PORT); "" for none."""
+
+    broker: str = ""
+    connector: str = ""
+    kafka: str = ""
+
+
+def remembered_endpoints(data_dir: Path) -> Endpoints:
+    """The endpoints the last run wrote, or none (no file, or one we cannot read)."""
+    try:
+        raw = json.loads((data_dir / BROKER_ENDPOINTS_FILE).read_text())
+    except FileNotFoundError:
+        return Endpoints()
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring %s: %s", data_dir / BROKER_ENDPOINTS_FILE, exc)
+        return Endpoints()
+    if not isinstance(raw, dict):
+        return Endpoints()
+    return Endpoints(**{k: v for k, v in raw.items()
+                        if k in ("broker", "connector", "kafka") and isinstance(v, str)})
+
+
+def remember_endpoints(data_dir: Path, endpoints: Endpoints) -> None:
+    """Write by rename, as the id."""
+    path = data_dir / BROKER_ENDPOINTS_FILE
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(asdict(endpoints)) + "\n")
+    os.replace(scratch, path)
+
+
+def preferred_listen(listen: str, previous: str) -> str | None:
+    """The previous endpoint to bind first when `listen` asks for any free port on the same
+    host (tcp://HOST:0), else None."""
+    host, _, port = listen.rpartition(":")
+    if port != "0" or not previous:
+        return None
+    old_host, _, old_port = previous.rpartition(":")
+    return previous if old_host == host and old_port.isdigit() and old_port != "0" else None
 _RETRY = 0.2  # seconds between attempts while the old registration is still up
 
 

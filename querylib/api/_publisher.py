@@ -4,6 +4,10 @@ A PerWorker publisher owns the producer of its worker's partition. Merge and Has
 write through the process's SharedPartitions. Collection publishers send `(value, diff)` pairs
 and the diff travels as the `tq.diff` header.
 
+Producers are idempotent and carry on across a restart of their broker, following it to a
+new address through the catalog (`Runtime.locator`); records are neither lost nor stored
+twice (DESIGN §5 "Idempotent producers", "Restarts").
+
 Must not: talk to the coordinator except through the Runtime.
 """
 
@@ -56,7 +60,8 @@ class Publisher:
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
                                  secret=runtime.secret, batch_records=_BATCH_RECORDS,
                                  incarnation=incarnation_of(info),
-                                 reopen=True)
+                                 reopen=True,
+                                 locate=runtime.locator(self.name, self.partition))
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

@@ -16,6 +16,7 @@ Must not: encode records (publishers do) or hold its lock across a blocking wait
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from catalog import TopicKind
@@ -156,6 +157,15 @@ class Runtime:
         return WriterGroup(f"q{env.query_id}/{info.topic.short_name}#{generation}",
                            str(env.process), env.processes)
 
+    def locator(self, name: str, partition: int) -> Callable[[], str]:
+        """Where partition `partition` of topic `name` is now, asked of the catalog: what a
+        producer or subscriber calls when its broker stops answering (a restarted broker
+        whose address was taken comes back at another, registered under its id)."""
+        def locate() -> str:
+            return address_of(self.cluster.lookup_topic(name), partition)
+
+        return locate
+
     def close(self) -> None:
         self.cluster.close()
 
@@ -210,10 +220,11 @@ class SharedPartitions:
                 topic = self.info.topic
                 # Publishing is the owner opening its stream: it reopens one that ended.
                 for p in range(topic.partitions):
-                    self.producers[p] = Producer(address_of(self.info, p), topic.short_name, p,
-                                                 secret=self.runtime.secret, group=self.group,
-                                                 incarnation=incarnation_of(self.info),
-                                                 reopen=True)
+                    self.producers[p] = Producer(
+                        address_of(self.info, p), topic.short_name, p,
+                        secret=self.runtime.secret, group=self.group,
+                        incarnation=incarnation_of(self.info), reopen=True,
+                        locate=self.runtime.locator(topic.short_name, p))
             except BaseException as exc:
                 self._error = exc
                 raise

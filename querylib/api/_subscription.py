@@ -17,6 +17,10 @@ second and on close, as the next offset to read; an event counts as consumed onc
 `next_event` call (or `close`) comes, so delivery is at-least-once: records handed out after
 the last commit before a rebalance or crash are read again by the partition's next owner.
 
+A broker that restarts (at its address, or at another one the catalog then names) is
+followed without a gap or a duplicate; one unreachable for 60 s makes `next_event` raise
+BrokerUnavailableError (DESIGN §5 "Restarts").
+
 Must not: decode on the reader threads (CPU stays with the consumer), or buffer unboundedly
 (the queue is bounded, and broker credit bounds each reader).
 """
@@ -277,18 +281,22 @@ class Subscription:
 
     def _follow(self, source: _Source) -> Subscriber:
         """The subscriber that follows `source` from its start (values only for a stream)."""
-        return Subscriber(source.address, source.info.topic.short_name, source.partitions,
+        name = source.info.topic.short_name
+        return Subscriber(source.address, name, source.partitions,
                           secret=self.runtime.secret, start=source.start, create=True,
                           values=source.info.topic.kind != TopicKind.COLLECTION,
-                          credit=_CREDIT, incarnation=incarnation_of(source.info))
+                          credit=_CREDIT, incarnation=incarnation_of(source.info),
+                          locate=self.runtime.locator(name, source.partitions[0]))
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
         keep later ones as diffs. Returns that frontier; the follower resumes after it."""
         stored: list[RawData] = []
-        with Subscriber(source.address, source.info.topic.short_name, source.partitions,
+        name = source.info.topic.short_name
+        with Subscriber(source.address, name, source.partitions,
                         secret=self.runtime.secret, start="earliest", follow=False,
-                        create=True, incarnation=incarnation_of(source.info)) as sub:
+                        create=True, incarnation=incarnation_of(source.info),
+                        locate=self.runtime.locator(name, source.partitions[0])) as sub:
             stored.extend(e for e in sub if isinstance(e, RawData))
             # The frontier after replaying the stored control batches: all data below it
             # was stored before it, so the snapshot below it is complete.

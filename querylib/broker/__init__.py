@@ -14,8 +14,11 @@ credit windows, subscriptions pushed from disk then live, frontiers as control b
     _server.py      BrokerServer: the asyncio shell (RPC, append lanes, reads, clock)
     _port.py        BrokerPort: the in-process door (PortLink sessions, reads), directories
     _host.py        partitions on disk, recovery of frontiers;  _lane.py ordered appends
-    _link.py        a client's session (BrokerLink over RPC), the principal it states
-    _producer.py / _subscriber.py async clients (over either link)
+    _link.py        a client's session (BrokerLink over RPC), the principal it states;
+                    reopened (and moved) across broker restarts
+    _producer.py / _subscriber.py async clients (over either link);  _producer_state.py
+                    the core's table of idempotent producers (a batch sent again is stored
+                    once)
     _blocking.py    blocking Producer / Subscriber;  _stream.py what a subscriber sees
     _drop.py        drop_hosted / drop_partitions: a deleted topic's partitions leave
                     their broker
@@ -43,6 +46,9 @@ _EXPORTS = {
     "BrokerProtocolError": "_errors",
     "BrokerServer": "_server",
     "BrokerState": "_state",
+    "BrokerUnavailableError": "_errors",
+    "DuplicateSequenceError": "_errors",
+    "OutOfOrderSequenceError": "_errors",
     "Chunk": "_subscriber",
     "CloseSessionRequest": "_messages",
     "CreditExceededError": "_errors",
@@ -103,6 +109,9 @@ __all__ = [
     "BrokerProtocolError",
     "BrokerServer",
     "BrokerState",
+    "BrokerUnavailableError",
+    "DuplicateSequenceError",
+    "OutOfOrderSequenceError",
     "Chunk",
     "CloseSessionRequest",
     "CreditExceededError",

@@ -5,6 +5,11 @@ CPU work stays on the caller's thread: a producer encodes its batches where `sen
 and crosses to the loop once per batch; a subscriber decodes where it iterates, and the loop
 thread only moves delivered bytes into a queue. So the loop thread stays responsive (heartbeats,
 acknowledgements) however busy the application is.
+
+Both carry on across a restart of their broker (DESIGN §5 "Restarts"): given `locate`, a plain
+function returning the broker's current address (the catalog's), they also follow it to a new
+address. They give up, raising BrokerUnavailableError, after `reconnect_timeout` seconds
+without reaching it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from catalog.errors import TqError, UserError
 from querylib.records import TIME_HEADER, RunBatch, encode_int64
 
 from ._events import StartAt
-from ._link import BrokerLink
+from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate
 from ._messages import Incarnation
 from ._producer import Entry, ProducerCore, WriterGroup, now_ms
 from ._stream import EndOfStream, Event, Headers, encode_records
@@ -29,6 +34,17 @@ from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 __all__ = ["Producer", "Subscriber"]
 
 T = TypeVar("T")
+
+
+def _async_locate(locate: Callable[[], str | None] | None) -> Locate | None:
+    """A blocking `locate` (it asks the coordinator) run off the loop thread."""
+    if locate is None:
+        return None
+
+    async def run() -> str | None:
+        return await asyncio.to_thread(locate)
+
+    return run
 
 
 def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
@@ -98,13 +114,17 @@ class Producer:
     `send` batches records (`batch_records`, `batch_bytes`, or after `linger` seconds); a
     failure of an earlier batch is raised by a later call. It writes as the principal of
     `secret` (DESIGN §12); `reopen`: go on writing a partition whose stream ended.
+    Idempotent unless told otherwise: a batch sent again after a reconnect is stored once
+    (see ProducerCore).
     """
 
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
                  create: bool = True, group: WriterGroup | None = None,
-                 incarnation: Incarnation | None = None, reopen: bool = False) -> None:
+                 incarnation: Incarnation | None = None, reopen: bool = False,
+                 idempotent: bool = True, locate: Callable[[], str | None] | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -122,10 +142,12 @@ class Producer:
         self._failure: BaseException | None = None
         self._linger_armed = False
         self._closed = False
+        link_options = {"lease": lease, "timeout": timeout, "locate": _async_locate(locate),
+                        "reconnect_timeout": reconnect_timeout}
         try:
             self.link, self.core = self._thread.call(self._open(
-                lambda: BrokerLink(address, secret, lease=lease, timeout=timeout),
-                topic, partition, create, group, reopen, incarnation))
+                lambda: BrokerLink(address, secret, **link_options),
+                topic, partition, create, group, reopen, incarnation, idempotent))
         except BaseException:
             self._thread.stop()
             raise
@@ -133,11 +155,12 @@ class Producer:
     @staticmethod
     async def _open(make_link: Callable[[], BrokerLink], topic: str, partition: int,
                     create: bool, group: WriterGroup | None, reopen: bool,
-                    incarnation: Incarnation | None) -> tuple[BrokerLink, ProducerCore]:
+                    incarnation: Incarnation | None,
+                    idempotent: bool) -> tuple[BrokerLink, ProducerCore]:
         link = make_link()  # on the loop thread, where it runs
         await link.start()
         core = ProducerCore(link, topic, partition, create=create, group=group, reopen=reopen,
-                            incarnation=incarnation)
+                            incarnation=incarnation, idempotent=idempotent)
         try:
             await core.open()
         except BaseException:
@@ -238,10 +261,10 @@ class Producer:
         from `send_values` (never both: each kind flushes the other before it adds)."""
         if self._pending:
             entries, self._pending, self._pending_bytes = self._pending, [], 0
-            self._outbox.append(encode_records(entries))
+            self._outbox.append(encode_records(entries, **self.core.stamping(len(entries))))
         if self._runs.count:
             runs, self._runs = self._runs, RunBatch()
-            self._outbox.append(runs.build())
+            self._outbox.append(runs.build(**self.core.stamping(runs.count)))
         self._thread.soon(self._start_sender)
 
     def _raise_failure(self) -> None:
@@ -297,7 +320,8 @@ class Producer:
             self._raise_failure()
             if self._pending or self._runs.count:
                 self._enqueue_locked()
-            self._outbox.append(batch)
+            # Stamped here, in outbox order: sequences follow the order batches are sent.
+            self._outbox.append(self.core.stamp(batch))
             self._thread.soon(self._start_sender)
 
     def advance(self, frontier: int) -> None:
@@ -343,14 +367,18 @@ class Subscriber:
     Data: record values only, cut out of tq-shaped batches without decoding each record.
 
     Resumes by itself when the broker loses the subscription (restart, expiry): from the
-    offset after the last batch received, so no gap and no duplicate.
+    offset after the last batch received, so no gap and no duplicate. While the broker is
+    away it keeps trying (following `locate` to a new address); after `reconnect_timeout`
+    seconds it gives up and `next_event` raises BrokerUnavailableError.
     """
 
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
                  secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False, values: bool = False,
-                 incarnation: Incarnation | None = None) -> None:
+                 incarnation: Incarnation | None = None,
+                 locate: Callable[[], str | None] | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
@@ -360,9 +388,11 @@ class Subscriber:
         self._closed = False
         self._finished = False
         self._pending: list[tuple[Event | None, int, int]] = []
+        link_options = {"lease": lease, "timeout": timeout, "locate": _async_locate(locate),
+                        "reconnect_timeout": reconnect_timeout}
         try:
             self.link, self.core = self._thread.call(self._open(
-                address, secret, topic, partitions, start, credit, lease, timeout, create,
+                address, secret, topic, partitions, start, credit, link_options, create,
                 incarnation))
         except BaseException:
             self._thread.stop()
@@ -372,9 +402,9 @@ class Subscriber:
 
     async def _open(self, address: str, secret: bytes, topic: str,
                     partitions: list[int] | None, start: StartAt | dict[int, StartAt],
-                    credit: int, lease: float, timeout: float, create: bool,
+                    credit: int, link_options: dict[str, Any], create: bool,
                     incarnation: Incarnation | None) -> tuple[BrokerLink, SubscriberCore]:
-        link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        link = BrokerLink(address, secret, **link_options)
         await link.start()
         core = SubscriberCore(link, topic, partitions, start, credit=credit,
                               sink=self._queue.put, create=create, incarnation=incarnation)

@@ -11,7 +11,8 @@ listener, opened on a running `BrokerServer` and closed before it.
 Their packages are imported only when one is asked for, so a broker that opens neither never
 loads them. With `required=False` (what `tq up` uses for its default ports) a listener whose port
 is taken is skipped and said so in `skipped`, and the broker serves on without it; otherwise the
-bind failure is a `ListenError`.
+bind failure is a `ListenError`. A listener asked for "any free port" (0) first tries the port
+named in `previous` (what the last run bound, so clients find it where they left it), then any.
 
 Both reach the broker only through its public door, `server.port` (`BrokerPort`): its core
 admits their writers as it admits RPC clients.
@@ -22,8 +23,10 @@ its directory), or touch the broker's internals.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,13 +63,16 @@ class BrokerEndpoints:
 
     def __init__(self, server: BrokerServer, secret: bytes, *,
                  connector: EndpointConfig | None = None, kafka: Any = None,
-                 kafka_cluster: Any = None, required: bool = True) -> None:
+                 kafka_cluster: Any = None, required: bool = True,
+                 previous: Mapping[str, str] | None = None) -> None:
+        """`previous`: {"connector": HOST:PORT, "kafka": HOST:PORT} of the last run."""
         self.server = server
         self.secret = secret
         self.connector_config = connector
         self.kafka_config = kafka
         self.kafka_cluster = kafka_cluster
         self.required = required
+        self.previous = dict(previous or {})
         self.connector: ConnectorEndpoint | None = None
         self.kafka: Any = None  # a querylib.kafka.BrokerKafka once started
         self.connector_address: str | None = None
@@ -84,34 +90,50 @@ class BrokerEndpoints:
             raise
         return self
 
+    def _candidates(self, config: Any, name: str) -> list[Any]:
+        """The configs to try in turn: with any free port (0), the previous run's port first."""
+        port = self.previous.get(name, "").rpartition(":")[2]
+        if config.port != 0 or not port.isdigit() or not 0 < int(port) < 65536:
+            return [config]
+        return [dataclasses.replace(config, port=int(port)), config]
+
     async def _start_connector(self, config: EndpointConfig) -> None:
         from querylib.connector import ConnectorEndpoint
 
-        endpoint = ConnectorEndpoint(self.server.port, config, secret=self.secret)
-        try:
-            host, port = await endpoint.start()
-        except OSError as exc:
-            await endpoint.close()
-            self._unavailable(_Skipped("connector endpoint", config.port, "--connector-port",
-                                       exc.strerror or str(exc)))
+        for candidate in self._candidates(config, "connector"):
+            endpoint = ConnectorEndpoint(self.server.port, candidate, secret=self.secret)
+            try:
+                host, port = await endpoint.start()
+            except OSError as exc:
+                await endpoint.close()
+                if candidate is not config:
+                    continue  # the previous port is taken: any free one
+                self._unavailable(_Skipped("connector endpoint", config.port,
+                                           "--connector-port", exc.strerror or str(exc)))
+                return
+            self.connector = endpoint
+            self.connector_address = f"{host}:{port}"
             return
-        self.connector = endpoint
-        self.connector_address = f"{host}:{port}"
 
     async def _start_kafka(self, config: Any) -> None:
         from querylib.kafka import BrokerKafka, ListenError
 
-        kafka = BrokerKafka(self.server.port, config, secret=self.secret,
-                            cluster=self.kafka_cluster)
-        try:
-            await kafka.start()
-        except ListenError as exc:
-            await kafka.close()
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            self._unavailable(_Skipped("Kafka listener", config.port, "--kafka-port", reason))
+        for candidate in self._candidates(config, "kafka"):
+            kafka = BrokerKafka(self.server.port, candidate, secret=self.secret,
+                                cluster=self.kafka_cluster)
+            try:
+                await kafka.start()
+            except ListenError as exc:
+                await kafka.close()
+                if candidate is not config:
+                    continue
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                self._unavailable(_Skipped("Kafka listener", config.port, "--kafka-port",
+                                           reason))
+                return
+            self.kafka = kafka
+            self.kafka_address = kafka.address
             return
-        self.kafka = kafka
-        self.kafka_address = kafka.address
 
     def _unavailable(self, skipped: _Skipped) -> None:
         if self.required:

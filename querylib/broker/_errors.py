@@ -16,23 +16,29 @@
     │       ├── NotProducerError     produce/advance/end without OpenProducer on that partition
     │       ├── BatchTooLargeError   a batch above the broker's maximum size
     │       ├── BrokerClosedError    the broker is shutting down (in-process callers)
-    │       └── PrincipalError       a principal that is malformed, or not for this transport
-    └── StorageError (OffsetOutOfRangeError lives in querylib.errors)
+    │       ├── PrincipalError       a principal that is malformed, or not for this transport
+    │       ├── DuplicateSequenceError   a batch appended before, its offsets forgotten
+    │       └── OutOfOrderSequenceError  an idempotent producer's batch after a gap
+    ├── StorageError (OffsetOutOfRangeError lives in querylib.errors)
+    └── BrokerUnavailableError       a client gave up reaching its broker (after a bounded time)
 
 The classes carry traits; clients branch on them (`retriable`), never on message strings.
 """
 
 from __future__ import annotations
 
-from catalog.errors import ProtocolError, UserError
+from catalog.errors import ProtocolError, TqError, UserError
 
 __all__ = [
     "BatchTooLargeError",
     "BrokerClosedError",
     "BrokerProtocolError",
+    "BrokerUnavailableError",
     "CreditExceededError",
+    "DuplicateSequenceError",
     "InvalidTopicError",
     "NotProducerError",
+    "OutOfOrderSequenceError",
     "PartitionBusyError",
     "PartitionNotHereError",
     "PrincipalError",
@@ -133,3 +139,24 @@ class BrokerClosedError(BrokerProtocolError):
 class PrincipalError(BrokerProtocolError):
     """A session's principal that is not well formed, that changes for a live session, or that
     this transport may not claim ("system" is for tq's writers in the broker's own process)."""
+
+
+class DuplicateSequenceError(BrokerProtocolError):
+    """An idempotent producer sent a batch the partition appended before, too long ago for the
+    broker to remember its offsets. Stored once: a producer counts it as acknowledged."""
+
+    kafka_error_code = 46  # DUPLICATE_SEQUENCE_NUMBER
+
+
+class OutOfOrderSequenceError(BrokerProtocolError):
+    """An idempotent producer's batch does not follow its last appended one: batches arrived
+    out of order (or records the broker acknowledged were lost with an unsynced disk)."""
+
+    kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class BrokerUnavailableError(TqError):
+    """A producer or subscriber kept trying to reach its broker (the address it had, and any
+    address the catalog gave it since) for its whole reconnect timeout, and gave up."""
+
+    retriable = True

@@ -62,7 +62,10 @@ class OpenProducer(msgspec.Struct, frozen=True):
     (`_frontier.py`); `rejoin` after the broker forgot the session. Admitted by the topic's
     writers rule (`_state_admission.py`): `create` lets the broker open a partition it may
     host but does not yet, `create_topic` lets its directory register an unknown topic as an
-    ingest topic, `reopen` goes on writing a partition whose stream ended."""
+    ingest topic, `reopen` goes on writing a partition whose stream ended. A rejoining
+    idempotent producer states its `producer_id`, the sequence of the last record it sent
+    (`last_sequence`, -1 for none) and whether its end of stream was sent (`ending`): if the
+    stream ended after all of that was stored, it may only send it again (`_state.py`)."""
 
     token: Any
     session: str
@@ -77,6 +80,9 @@ class OpenProducer(msgspec.Struct, frozen=True):
     # The catalog's topic incarnation the writer named (an opaque `Incarnation`, or None):
     # only carried to the OpenPartition it may cause (DESIGN §11 "Topic incarnations").
     incarnation: Any = None
+    producer_id: int = -1
+    last_sequence: int = -1
+    ending: bool = False
 
 
 class Produce(msgspec.Struct, frozen=True):
@@ -201,6 +207,9 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     frontier: int = 0
     ended: bool = False
     groups: tuple[SavedGroup, ...] = ()  # pending writer groups saved beside the log
+    # Idempotent batches of the log's tail, oldest first: (producer id, epoch, first sequence,
+    # last sequence, base offset, next offset); see _producer_state.
+    producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

@@ -32,8 +32,13 @@ Rules:
 - Writers whose processes exited (`settle`, from the catalog's exit codes) never join: with a
   failed or killed query the group is released as above; otherwise they count as joined and
   ended, so a group whose joined writers all ended cleanly completes and the stream ends.
-- Pending groups survive a broker restart: `pending()` is what the shell saves (`revision`
-  says when it changed), and a frontier built with `groups=` waits for them again.
+- Groups survive a broker restart while some writer may still write: `pending()` is what the
+  shell saves (`revision` says when it changed), and a frontier built with `groups=` waits
+  for them again. Saved are the groups not yet done (incomplete, or complete with a writer
+  that has not ended), each with the writers that joined and ended cleanly: a writer that was
+  live when the broker went down must rejoin (its producer does, after a reconnect) or exit
+  (`settle`) before the frontier moves or the stream ends, so a writer that ends first after
+  a restart does not end the stream under a peer that has not rejoined yet.
 """
 
 from __future__ import annotations
@@ -102,10 +107,17 @@ class _Group:
     joined: set[str] = field(default_factory=set)       # writer names seen (while pending)
     live: set[str] = field(default_factory=set)         # producers of the group now joined
     vanished: bool = False                              # one of them was dropped
+    ended: set[str] = field(default_factory=set)        # writers that ended (or exited)
+    writer_of: dict[str, str] = field(default_factory=dict)  # live producer -> writer
 
     @property
     def complete(self) -> bool:
         return len(self.joined) >= self.writers
+
+    @property
+    def done(self) -> bool:
+        """Complete, and every writer ended: nothing a restart must wait for."""
+        return self.complete and len(self.ended) >= self.writers
 
 
 class PartitionFrontier:
@@ -117,10 +129,11 @@ class PartitionFrontier:
         self._ended = ended
         self._producers: dict[str, int] = {}
         self._groups: dict[str, _Group] = {    # insertion order: oldest first
-            g.name: _Group(g.writers, set(g.joined)) for g in groups}
+            g.name: _Group(g.writers, set(g.joined), ended=set(g.joined)) for g in groups}
         self._group_of: dict[str, str] = {}     # producer -> its group
         self._max_groups = max_groups
         self._revision = 0                      # bumped whenever pending() changes
+        self._saved_view = self.pending()
 
     @property
     def frontier(self) -> int:
@@ -145,15 +158,27 @@ class PartitionFrontier:
         return {name: (len(g.joined), g.writers) for name, g in self._groups.items()
                 if not g.complete}
 
+    def open_groups(self) -> list[str]:
+        """Groups not done: incomplete, or with a writer that has not ended."""
+        return [name for name, g in self._groups.items() if not g.done]
+
     def pending(self) -> tuple[SavedGroup, ...]:
-        """The incomplete groups, oldest first, as a restarted broker must know them."""
-        return tuple(SavedGroup(name, g.writers, tuple(sorted(g.joined)))
-                     for name, g in self._groups.items() if not g.complete)
+        """The groups not done, oldest first, as a restarted broker must know them: with the
+        writers that ended (the others must join again)."""
+        return tuple(SavedGroup(name, g.writers, tuple(sorted(g.ended)))
+                     for name, g in self._groups.items() if not g.done)
 
     @property
     def revision(self) -> int:
         """Changes whenever `pending()` does: the shell saves the groups when it moved."""
         return self._revision
+
+    def _touch(self) -> None:
+        """A group changed: bump the revision if what a restart must know did."""
+        view = self.pending()
+        if view != self._saved_view:
+            self._saved_view = view
+            self._revision += 1
 
     def join(self, producer: str, group: str = "", writer: str = "", writers: int = 0, *,
              rejoin: bool = False, reopen: bool = False) -> list[FrontierEvent]:
@@ -169,6 +194,7 @@ class PartitionFrontier:
         events: list[FrontierEvent] = [StreamReopened()] if self._ended else []
         if group:
             events += self._join_group(producer, group, writer, writers, rejoin)
+            self._touch()
         self._producers[producer] = self._published
         self._ended = False
         return events
@@ -188,6 +214,7 @@ class PartitionFrontier:
         self._require(producer)
         del self._producers[producer]
         self._leave(producer, vanished=False)
+        self._touch()
         if self._producers or self.held:
             return self._recompute()
         self._ended = True
@@ -199,6 +226,7 @@ class PartitionFrontier:
         if self._producers.pop(producer, None) is None:
             return []
         self._leave(producer, vanished=True)
+        self._touch()
         return self._recompute()
 
     def settle(self, group: str, ended: Collection[str], *, failed: bool) -> list[FrontierEvent]:
@@ -207,19 +235,21 @@ class PartitionFrontier:
         otherwise they count as joined and ended: a group that completes so lets the frontier
         move, and ends the stream when no producer is left."""
         state = self._groups.get(group)
-        if state is None or state.complete:
+        if state is None or state.done:
             return []
         if failed:
             del self._groups[group]
             for producer in state.live:
                 del self._group_of[producer]  # plain producers from now on
-            self._revision += 1
+            self._touch()
             return self._recompute()
+        state.ended |= set(ended)
         missing = set(ended) - state.joined
         if not missing:
+            self._touch()
             return []
         state.joined |= missing
-        self._revision += 1
+        self._touch()
         if self._producers or self.held or self._ended:
             return self._recompute()
         self._ended = True
@@ -242,14 +272,14 @@ class PartitionFrontier:
                 return []  # counted before this broker forgot the group: a plain producer
             events = self._make_room(group)
             state = self._groups[group] = _Group(writers)
-            self._revision += 1
         elif state.writers != writers:
             raise WriterGroupError(f"writer group {group!r} expects {state.writers} writers, "
                                    f"not {writers}")
         if not state.complete and writer not in state.joined:
             state.joined.add(writer)
-            self._revision += 1
+        state.ended.discard(writer)  # back (a rejoin, or a restarted process): may write
         state.live.add(producer)
+        state.writer_of[producer] = writer
         self._group_of[producer] = group
         return events
 
@@ -259,7 +289,7 @@ class PartitionFrontier:
         for name, state in self._groups.items():
             if not state.live:
                 del self._groups[name]
-                self._revision += not state.complete
+                self._touch()
                 return self._recompute()
         raise WriterGroupError(f"the partition already tracks {self._max_groups} writer groups "
                                f"with live producers; cannot start {group!r}")
@@ -270,10 +300,12 @@ class PartitionFrontier:
             return
         state = self._groups[name]
         state.live.discard(producer)
+        writer = state.writer_of.pop(producer, None)
+        if not vanished and writer is not None and writer not in state.writer_of.values():
+            state.ended.add(writer)
         state.vanished = state.vanished or vanished
         if not state.live and state.vanished and not state.complete:
             del self._groups[name]
-            self._revision += 1
 
     # ------------------------------------------------------------------ the minimum
 

@@ -5,7 +5,8 @@ frontier a partition's log says it had, and which topic incarnation a directory 
 Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
 state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what
 the broker needs on top: which directories are partitions, which topic names are acceptable,
-and the frontier / end-of-stream recovered from the last control batches.
+the frontier / end-of-stream recovered from the last control batches, and the idempotent
+producers' last batches found in the log's tail.
 """
 
 from __future__ import annotations
@@ -22,18 +23,26 @@ from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
 from querylib.errors import CorruptDataError
 from querylib.log import LogConfig, PartitionLog
-from querylib.records import ControlType, control_of, decode_batch, decode_int64, read_header
+from querylib.records import (
+    BatchHeader,
+    ControlType,
+    control_of,
+    decode_batch,
+    decode_int64,
+    read_header,
+)
 from querylib.records._header import ATTRIBUTES_OFFSET
 from querylib.records._types import CONTROL_BIT
 
 from ._errors import InvalidTopicError, StaleIncarnationError
 from ._events import PartitionId
 from ._messages import Incarnation
+from ._producer_state import last_sequence
 
 __all__ = ["OpenedPartition", "find_partitions", "open_partition",
            "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
-           "remove_partition_dir", "set_aside", "stale_incarnation", "validate_partition",
-           "write_incarnation"]
+           "recover_producers", "remove_partition_dir", "set_aside", "stale_incarnation",
+           "validate_partition", "write_incarnation"]
 
 _DELETED = ".deleted-"  # prefix of a partition directory on its way out
 _ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
@@ -171,17 +180,23 @@ def find_partitions(data_dir: str) -> list[PartitionId]:
     return found
 
 
+ProducerMark = tuple[int, int, int, int, int, int]
+
+
 @dataclass(frozen=True)
 class OpenedPartition:
     log: PartitionLog
     frontier: int
     ended: bool
     incarnation: Incarnation | None = None
+    producers: tuple[ProducerMark, ...] = ()
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
-                   incarnation: Incarnation | None = None) -> OpenedPartition:
-    """Open (creating if missing) the log of `pid` and recover its frontier. Blocking.
+                   incarnation: Incarnation | None = None, *,
+                   producer_scan_bytes: int = 0) -> OpenedPartition:
+    """Open (creating if missing) the log of `pid`, recover its frontier and the idempotent
+    batches of its last `producer_scan_bytes`. Blocking.
 
     With `incarnation` (the topic the catalog names), a directory of an older incarnation is
     set aside first and a new one created; one of a newer incarnation is refused
@@ -199,10 +214,11 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
             write_incarnation(path, pid, incarnation)
             held = incarnation
         frontier, ended = recover_frontier(log)
+        producers = recover_producers(log, producer_scan_bytes)
     except BaseException:
         log.close()
         raise
-    return OpenedPartition(log, frontier, ended, held)
+    return OpenedPartition(log, frontier, ended, held, producers)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
@@ -212,6 +228,31 @@ def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
         f"created at {held.created_ms} ms, newer than the topic id {asked.topic_id} asked for "
         f"(created at {asked.created_ms} ms): look the topic up again; if the catalog is the "
         f"older one (restored from a backup), move {path} aside")
+
+
+def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark, ...]:
+    """The idempotent producers' batches in the last `scan_bytes` (at least) of the log, oldest
+    first: (producer id, epoch, first sequence, last sequence, base offset, next offset).
+
+    Reads backwards in windows of growing size, as `recover_frontier` does, each window
+    forwards, and looks at batch headers only. A producer that may send batches again after a
+    crash had them unacknowledged, within its window, so they are in the tail."""
+    start, hi = log.log_start_offset, log.log_end_offset
+    window, seen = 4096, 0
+    windows: list[list[ProducerMark]] = []
+    while hi > start and seen < scan_bytes:
+        lo = max(start, hi - window)
+        found: list[ProducerMark] = []
+        for header, control in _headers(log, lo, hi):
+            seen += header.size
+            if header.producer_id >= 0 and header.base_sequence >= 0 and not control:
+                found.append((header.producer_id, header.producer_epoch, header.base_sequence,
+                              last_sequence(header.base_sequence, header.last_offset_delta),
+                              header.base_offset, header.next_offset))
+        windows.append(found)
+        hi = lo
+        window *= 4
+    return tuple(mark for found in reversed(windows) for mark in found)
 
 
 def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
@@ -240,6 +281,28 @@ def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
         hi = lo
         window *= 4
     return 0, bool(ended)
+
+
+def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader, bool]]:
+    """(header, is it a control batch) of each batch in [lo, hi), damaged ranges skipped (what
+    they held is unknown)."""
+    offset = lo
+    while offset < hi:
+        try:
+            data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        except CorruptDataError as exc:
+            offset = max(exc.end_offset, offset + 1)
+            continue
+        if not data:
+            return
+        pos = 0
+        while pos < len(data):
+            header = read_header(data, pos)
+            if header.base_offset >= hi:
+                return
+            yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
+            pos += header.size
+            offset = header.next_offset
 
 
 def _batches(log: PartitionLog, lo: int,

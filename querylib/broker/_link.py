@@ -1,15 +1,25 @@
 """A client's session with one broker: a lease kept alive by heartbeats, and reopening the
-session when the broker forgot it (lease expired, broker restarted). One interface, two
-transports: `BrokerLink` speaks RPC to a broker in another process, `PortLink` (`_port.py`)
-is a session with a broker in this process. Producers and subscribers build on either;
-they register `on_reopen` callbacks to re-establish what the broker lost (producer roles,
-subscriptions from their last offsets).
+session when the broker forgot it (lease expired, broker restarted) or stopped answering (it
+went away, maybe to come back at another address). One interface, two transports:
+`BrokerLink` speaks RPC to a broker in another process, `PortLink` (`_port.py`) is a session
+with a broker in this process. Producers and subscribers build on either; they register
+`on_reopen` callbacks to re-establish what the broker lost (producer roles and unacknowledged
+batches, subscriptions from their last offsets) and `on_failure` callbacks to hear when the
+link gave up.
 
 Every session writes as a principal (`_access.py`): a `BrokerLink`'s is the one its
-credential authenticates (DESIGN §12), a `PortLink`'s the one the in-process caller states.
+credential authenticates (DESIGN §12), the same credential across reconnects and moves; a
+`PortLink`'s the one the in-process caller states.
 
-Runs on one asyncio loop; owns its heartbeat task (and BrokerLink its RpcClient). It
-decides nothing about data.
+Reconnecting (DESIGN §5 "Restarts"): while the broker does not answer, the link tries to open
+its session again every `ATTEMPT_TIMEOUT` seconds or so, with a backoff between attempts, and
+after each failed attempt a `BrokerLink` asks `locate` (if given: the catalog's current
+address of the broker, looked up by the owner) whether the broker now listens elsewhere,
+moving there if so. After `reconnect_timeout` seconds without an answer it gives up for good:
+every call then raises BrokerUnavailableError, and `on_failure` callbacks are told once.
+
+Runs on one asyncio loop; owns its heartbeat task (and BrokerLink its RpcClient, a new one
+when the broker moved). It decides nothing about data.
 """
 
 from __future__ import annotations
@@ -24,21 +34,23 @@ from catalog.errors import TqError
 from querylib._memory import keep_freed_memory
 from querylib.rpc import (
     BROKER,
-    ClientClosedError,
     Credential,
     DeadlineExceededError,
+    InternalServerError,
     Limits,
     Notify,
+    RemoteError,
     Reply,
     Request,
     RpcClient,
     RpcError,
 )
 
-from ._errors import UnknownSessionError
+from ._errors import BrokerUnavailableError, NotProducerError, UnknownSessionError
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
-__all__ = ["BrokerLink", "SessionLink"]
+__all__ = ["ATTEMPT_TIMEOUT", "RECONNECT_TIMEOUT", "BrokerLink", "Locate", "SessionLink",
+           "lost_connection"]
 
 logger = logging.getLogger("querylib.broker")
 
@@ -47,29 +59,72 @@ R = TypeVar("R", bound=Reply)
 # Deliveries are bounded by credit, not by count (see BrokerServer): raise zmq's HWM to match.
 CLIENT_LIMITS = Limits(hwm=100_000)
 
+RECONNECT_TIMEOUT = 60.0  # seconds a link keeps trying to reach its broker before it gives up
+ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for an answer
+_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
+
+Locate = Callable[[], Awaitable[str | None]]
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a failed call means the broker is away or forgot us (reopen and send again),
+    rather than that it refused the call (which sending again cannot change)."""
+    if isinstance(exc, UnknownSessionError | NotProducerError):
+        return True
+    return isinstance(exc, RpcError) and not isinstance(exc, InternalServerError | RemoteError)
+
 
 class SessionLink:
-    """One broker session: open, heartbeats, reopen, close, over the transport a subclass
-    gives (`request`, `notify`, `_connect`, `_disconnect`)."""
+    """One broker session: open, heartbeats, reopen (retrying, for at most
+    `reconnect_timeout`), close, over the transport a subclass gives (`_request`, `_notify`,
+    `_connect`, `_disconnect`, and `_relocate` where the broker may move)."""
 
     def __init__(self, *, principal: str, lease: float, timeout: float,
-                 session: str | None = None) -> None:
+                 session: str | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         self.session = session or uuid.uuid4().hex
         self.principal = principal
         self.lease = lease
         self.timeout = timeout
+        self.reconnect_timeout = reconnect_timeout
         self.opened: SessionOpened | None = None
         self.generation = 0  # how many times the session was (re)opened
         self.on_reopen: list[Callable[[], Awaitable[None]]] = []
+        self.on_failure: list[Callable[[TqError], None]] = []
+        self.failure: BrokerUnavailableError | None = None
+        # Set while the session is open and every owner re-established its state: new calls
+        # wait for it, so nothing overtakes what is being sent again.
+        self.ready = asyncio.Event()
+        self.renewed_at = 0.0  # loop time of the last answer to an open or a heartbeat
         self._reopen_lock = asyncio.Lock()
         self._heartbeats: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def where(self) -> str:
+        """The broker, as log lines and errors name it."""
+        return f"broker session {self.session}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
                       timeout: float | None = None) -> R:
-        raise NotImplementedError
+        if self.failure is not None:
+            raise self.failure
+        return await self._request(request, payload=payload, timeout=timeout)
 
     async def notify(self, message: Notify) -> None:
+        if self.failure is not None:
+            raise self.failure
+        await self._notify(message)
+
+    async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                       timeout: float | None = None) -> R:
+        raise NotImplementedError
+
+    async def _notify(self, message: Notify) -> None:
         raise NotImplementedError
 
     async def _connect(self) -> None:
@@ -78,82 +133,153 @@ class SessionLink:
     async def _disconnect(self) -> None:
         pass
 
+    async def _relocate(self) -> bool:
+        """Whether the broker was found at another address (and we moved there)."""
+        return False
+
     async def start(self, *, connect_timeout: float | None = None) -> SessionOpened:
         """Connect and open the session, retrying while the broker is not there yet."""
         await self._connect()
         opened = await self._open(connect_timeout or self.timeout)
+        self.ready.set()
         self._heartbeats = asyncio.get_running_loop().create_task(
             self._heartbeat_forever(), name=f"broker heartbeats {self.session}")
         return opened
 
     async def _open(self, timeout: float) -> SessionOpened:
-        self.opened = await self.request(
+        self.opened = await self._request(
             OpenSessionRequest(session=self.session, lease=self.lease,
                                principal=self.principal), timeout=timeout)
+        self.renewed_at = asyncio.get_running_loop().time()
         self.generation += 1
         return self.opened
 
     async def reopen(self, seen_generation: int) -> None:
-        """Open the session again (unless someone did since `seen_generation`), then let every
-        owner re-establish its state. Retries until the broker answers."""
+        """Open the session again (unless someone did since `seen_generation`), moving to the
+        broker's new address if it moved, then let every owner re-establish its state.
+        Retries with backoff; raises BrokerUnavailableError once `reconnect_timeout` passed
+        without the broker answering."""
         async with self._reopen_lock:
+            if self.failure is not None:
+                raise self.failure
             if self.generation != seen_generation or self._closed:
                 return
-            while not self._closed:
-                try:
-                    await self._open(self.timeout)
-                    break
-                except ClientClosedError:
-                    return
-                except RpcError as exc:  # the broker is not back yet: zmq reconnects for us
-                    logger.info("broker session %s: reopening: %s", self.session, exc)
-            for callback in list(self.on_reopen):
-                await callback()
+            self.ready.clear()
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + self.reconnect_timeout
+            delay = _BACKOFF_MIN
+            try:
+                while not self._closed:
+                    left = give_up - loop.time()
+                    try:
+                        await self._open(max(min(self.timeout, ATTEMPT_TIMEOUT, left), 0.1))
+                        for callback in list(self.on_reopen):
+                            await callback()
+                        return
+                    except TqError as exc:
+                        if not lost_connection(exc) or self._closed:
+                            raise
+                        logger.info("%s: reopening the session: %s", self.where, exc)
+                    moved = await self._relocate()
+                    if loop.time() >= give_up and not moved:  # a new address gets one try
+                        self._fail()
+                        raise self.failure  # type: ignore[misc]
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _BACKOFF_MAX)
+            finally:
+                self.ready.set()  # done, or failed: nobody waits for a session that will not come
+
+    def _fail(self) -> None:
+        self.failure = BrokerUnavailableError(
+            f"the {self.where} did not answer for {self.reconnect_timeout:g}s "
+            f"(its address looked up again when possible); giving up")
+        logger.warning("%s", self.failure)
+        for callback in list(self.on_failure):
+            callback(self.failure)
 
     async def _heartbeat_forever(self) -> None:
         interval = max(self.lease / 3, 0.05)
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
+            if self.failure is not None:
+                return  # gave up; the owners were told
             generation = self.generation
             try:
                 await self.request(HeartbeatRequest(session=self.session),
                                    timeout=max(interval, 1.0))
+                self.renewed_at = loop.time()
+                continue
             except UnknownSessionError:
-                await self.reopen(generation)
+                pass
             except (DeadlineExceededError, RpcError) as exc:
-                logger.debug("broker session %s: heartbeat: %s", self.session, exc)
+                logger.debug("%s: heartbeat: %s", self.where, exc)
+                if loop.time() - self.renewed_at <= self.lease:
+                    continue  # a slow broker may still hold our session
             except TqError as exc:
-                logger.warning("broker session %s: heartbeat refused: %s", self.session, exc)
+                logger.warning("%s: heartbeat refused: %s", self.where, exc)
+                continue
+            # The broker forgot us, or has not answered for a lease (it dropped us by now).
+            try:
+                await self.reopen(generation)
+            except TqError as exc:
+                if self.failure is not None:
+                    return  # gave up; the owners were told
+                logger.warning("%s: reopening the session failed: %s", self.where, exc)
 
     async def close(self, *, clean: bool = True) -> None:
         """Stop heartbeats, close the session (when `clean`) and the transport. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self.ready.set()
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
-        if clean and self.opened is not None:
+        if clean and self.opened is not None and self.failure is None:
             try:
-                await self.request(CloseSessionRequest(session=self.session),
-                                   timeout=min(self.timeout, 5.0))
+                await self._request(CloseSessionRequest(session=self.session),
+                                    timeout=min(self.timeout, 5.0))
             except TqError as exc:
-                logger.debug("broker session %s: close: %s", self.session, exc)
+                logger.debug("%s: close: %s", self.where, exc)
         await self._disconnect()
 
 
 class BrokerLink(SessionLink):
-    """One broker session over one RpcClient, writing as the principal of `secret` (our
-    credential; a bare cluster secret is the admin's)."""
+    """One broker session over one RpcClient (replaced when the broker moves), writing as the
+    principal of `secret` (our credential; a bare cluster secret is the admin's)."""
 
     def __init__(self, address: str, secret: bytes | Credential, *, lease: float = 10.0,
-                 timeout: float = 30.0, limits: Limits | None = None) -> None:
+                 timeout: float = 30.0, limits: Limits | None = None,
+                 locate: Locate | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
         super().__init__(principal=Credential.of(secret).principal, lease=lease,
-                         timeout=timeout)
+                         timeout=timeout, reconnect_timeout=reconnect_timeout)
         self.address = address
-        self.client = RpcClient(address, secret, audience=BROKER,
-                                limits=limits or CLIENT_LIMITS, timeout=timeout)
+        self.moves = 0  # how many times the broker was found at another address
+        self._secret = secret  # every client of this link signs with it, wherever it moves
+        self._limits = limits or CLIENT_LIMITS
+        self._locate = locate
+        self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
+        self.client = self._new_client(address)
+
+    @property
+    def where(self) -> str:
+        return f"broker at {self.address}"
+
+    def _new_client(self, address: str) -> RpcClient:
+        client = RpcClient(address, self._secret, audience=BROKER, limits=self._limits,
+                           timeout=self.timeout)
+        for message_type, callback in self._notify_callbacks.items():
+            client.on_notify(message_type, callback)
+        return client
+
+    def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
+        """`callback(notification)` for each notify of that type, from whichever client the
+        link uses now or later."""
+        self._notify_callbacks[message_type] = callback
+        self.client.on_notify(message_type, callback)
 
     async def _connect(self) -> None:
         await self.client.connect()
@@ -161,9 +287,28 @@ class BrokerLink(SessionLink):
     async def _disconnect(self) -> None:
         await self.client.close()
 
-    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
-                      timeout: float | None = None) -> R:
+    async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                       timeout: float | None = None) -> R:
         return await self.client.request(request, payload=payload, timeout=timeout)
 
-    async def notify(self, message: Notify) -> None:
+    async def _notify(self, message: Notify) -> None:
         await self.client.notify(message)
+
+    async def _relocate(self) -> bool:
+        """Ask where the broker is now; move the client there if it is elsewhere."""
+        if self._locate is None:
+            return False
+        try:
+            address = await self._locate()
+        except TqError as exc:  # the catalog is away too, or the broker is not registered yet
+            logger.debug("%s: looking up its address: %s", self.where, exc)
+            return False
+        if not address or address == self.address or self._closed:
+            return False
+        logger.info("broker moved from %s to %s", self.address, address)
+        old, self.client = self.client, self._new_client(address)
+        self.address = address
+        self.moves += 1
+        await self.client.connect()
+        await old.close()  # calls still in flight on it fail with ClientClosedError
+        return True

@@ -178,6 +178,11 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     topic_created_ms: int = 0
     create_topic: bool = False  # the broker's directory may register an unknown topic (ingest)
     reopen: bool = False     # go on writing a partition whose stream ended
+    # With `rejoin`, an idempotent producer says what it may send again: its id, the
+    # sequence of the last record it sent (-1: none), whether it sent its end of stream.
+    producer_id: int = -1
+    last_sequence: int = -1
+    ending: bool = False
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):

@@ -13,6 +13,7 @@ import msgspec
 from ._credit import CreditWindow
 from ._events import PartitionId
 from ._frontier import FrontierEvent, PartitionFrontier
+from ._producer_state import ProducerStateTable
 
 
 class BrokerLimits(msgspec.Struct, frozen=True):
@@ -31,6 +32,10 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     max_writer_groups: int = 64                 # writer groups remembered per partition
     max_query_exits: int = 4096                 # queries whose process exits are remembered
     max_parked: int = 10_000                    # producer opens waiting for the directory
+    max_producer_ids: int = 1024                # idempotent producers remembered per partition
+    # Bytes of a log's tail read at open to learn its idempotent producers: what producers
+    # may send again after a crash is what they had unacknowledged, a window each.
+    producer_scan_bytes: int = 32 * 1024 * 1024
 
 
 class Pending(msgspec.Struct):
@@ -46,6 +51,10 @@ class Pending(msgspec.Struct):
     base: int = -1
     next: int = -1
     stored: bytes | None = None  # the batch with its base offset stamped, made on first use
+    seq: tuple[int, int] | None = None  # (producer id, first sequence) of an idempotent batch
+    # Duplicates of this batch (or of one before it) sent again while it was not yet durable:
+    # (token, reply), answered with it; reply None means this batch's own offsets.
+    waiters: list[tuple[Any, Any]] = msgspec.field(default_factory=list)
 
     def stored_bytes(self, stamp: Callable[[Any, int], bytes]) -> bytes:
         if self.stored is None:
@@ -70,6 +79,7 @@ class PartitionState(msgspec.Struct):
     # Producer-open replies that changed the groups wait for their save: (revision, token,
     # reply). A restarted broker must know every group a writer was told it joined.
     save_waits: deque[tuple[int, Any, Any]] = msgspec.field(default_factory=deque)
+    producers: ProducerStateTable = msgspec.field(default_factory=ProducerStateTable)
 
 
 class Subscription(msgspec.Struct):
@@ -89,4 +99,7 @@ class Session(msgspec.Struct):
     window: CreditWindow
     principal: str = "admin"    # who it writes as (`_access.py`); fixed for its life
     producing: set[PartitionId] = msgspec.field(default_factory=set)
+    # Partitions it rejoined after their stream ended with all it sent stored: it may only
+    # send that again (answered as the first time), nothing new (`BrokerState._open_producer`).
+    resending: set[PartitionId] = msgspec.field(default_factory=set)
     subs: dict[int, int] = msgspec.field(default_factory=dict)  # sub_id -> serial

@@ -84,8 +84,12 @@ class PortLink(SessionLink):
         super().__init__(principal=principal, lease=lease, timeout=timeout, session=session)
         self._server = server
 
-    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
-                      timeout: float | None = None) -> R:
+    @property
+    def where(self) -> str:
+        return f"in-process broker (session {self.session})"
+
+    async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                       timeout: float | None = None) -> R:
         call = self._server._serve(request, list(payload), peer=None, remote=False)
         if timeout is None:
             return await call
@@ -95,7 +99,7 @@ class PortLink(SessionLink):
             raise DeadlineExceededError(f"the broker did not answer "
                                         f"{type(request).__name__} within {timeout:g}s") from None
 
-    async def notify(self, message: Notify) -> None:
+    async def _notify(self, message: Notify) -> None:
         raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
 
 

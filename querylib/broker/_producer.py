@@ -4,47 +4,77 @@ and end-of-stream (DESIGN §5), as an asyncio `AsyncProducer`.
 `ProducerCore` is the part the blocking `Producer` shares: it sends encoded batches in order,
 never with its window exhausted (the broker grants a window of unacknowledged bytes; an
 acknowledgement gives the batch's bytes back), and remembers the first failure to raise it
-from the next call, as Kafka's producer does. A failed batch is not retried: only
-acknowledged batches are known to be stored.
+from the next call, as Kafka's producer does.
 
 Both run over either link: a `BrokerLink` (RPC, a broker in another process) or a
 `PortLink` (`BrokerPort.link`, the broker in this process), so tq's own writers and remote
 clients produce through the same code and the same admission.
+
+It is an idempotent producer, as Kafka's (DESIGN §5 "Idempotent producers"): it has a random
+producer id and numbers the records it sends into its partition, stamped in each batch's header
+(producerId, producerEpoch 0, baseSequence). When the connection is lost (the broker restarted,
+maybe at another address, or stopped answering) it keeps every request not yet acknowledged,
+and once its link has reopened the session it rejoins the partition and sends them all again,
+in order: the broker answers a batch it appended before with the offsets it got then, so
+nothing is lost and nothing stored twice. A request the broker refused is not sent again; the
+refusal is raised. A restarted process is a new producer (a new id); a reconnected one is the
+same. A producer that had sent its end of stream and finds the stream ended when it rejoins
+(its end was appended, its answer lost) says so (`ending`, its producer id and last sequence):
+the broker then answers what it sends again without reopening the stream (DESIGN §5
+"Idempotent producers").
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+import threading
 import time as _time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
+from querylib.records import read_header, stamp_producer
+from querylib.rpc import Credential
 
 from ._credit import CreditWindow
-from ._link import BrokerLink, SessionLink
+from ._errors import DuplicateSequenceError
+from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate, SessionLink, lost_connection
 from ._messages import (
     AdvanceRequest,
+    Done,
     EndStreamRequest,
     Incarnation,
     OpenProducerRequest,
     Produced,
     ProduceRequest,
 )
+from ._producer_state import SEQUENCE_MODULUS
 from ._stream import Headers, encode_records
 
 if TYPE_CHECKING:  # the port (and the broker's vocabulary) is only for in-process writers
     from ._port import BrokerPort
 
-__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "open_link"]
+__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "new_producer_id", "open_link"]
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
+
+# Stored once, offsets forgotten by the broker (DuplicateSequenceError): acknowledged.
+_STORED_BEFORE = Produced(base_offset=-1, next_offset=-1)
 
 
 def now_ms() -> int:
     return int(_time.time() * 1000)
+
+
+def new_producer_id() -> int:
+    """A producer id for one producer session: random in [2^62, 2^63), so it collides with
+    no id the Kafka listener hands out (broker id << 32 | n) and, for practical purposes,
+    with no other tq producer of the partition."""
+    return (1 << 62) | secrets.randbits(62)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +88,26 @@ class WriterGroup:
     writers: int
 
 
+@dataclass(eq=False)
+class _Out:
+    """A request sent and not yet answered for good: sent again after a reconnect."""
+
+    request: Any
+    cost: int
+    payload: Sequence[Any]
+    done: asyncio.Future[Any]
+    attempt: int = 0            # bumped each time it goes out
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
 class ProducerCore:
-    """Ordered, windowed sends of encoded batches into one partition (on the link's loop)."""
+    """Ordered, windowed, idempotent sends of encoded batches into one partition (on the
+    link's loop). `claim` may be called from any thread."""
 
     def __init__(self, link: SessionLink, topic: str, partition: int, *, create: bool = True,
                  max_in_flight: int = 64, group: WriterGroup | None = None,
-                 reopen: bool = False, incarnation: Incarnation | None = None) -> None:
+                 reopen: bool = False, incarnation: Incarnation | None = None,
+                 idempotent: bool = True) -> None:
         self.link = link
         self.topic = topic
         self.partition = partition
@@ -72,14 +116,19 @@ class ProducerCore:
         self.group = group
         self.reopen = reopen  # go on writing a partition whose stream ended
         self.max_in_flight = max_in_flight
+        self.producer_id = new_producer_id() if idempotent else -1
         self.window = CreditWindow(0)
         self.frontier = 0           # this producer's own frontier
         self.last_acked: Produced | None = None
         self.acked_batches = 0
+        self.resent = 0             # requests sent again after a reconnect
+        self._acked_frontier = 0    # the frontier of the last acknowledged advance
+        self._claimed = 0           # records numbered so far (sequences are this mod 2^31)
+        self._claims = threading.Lock()
         self._control_cost = 64
         self._order = asyncio.Lock()  # FIFO: batches go out in the order send_batch was called
         self._room = asyncio.Event()
-        self._in_flight: set[asyncio.Task[Any]] = set()
+        self._outstanding: deque[_Out] = deque()  # in the order sent
         self._error: TqError | None = None
         self._ended = False
 
@@ -90,33 +139,105 @@ class ProducerCore:
         reply = await self.link.request(self._open_request(rejoin=False))
         self.window = CreditWindow(reply.window)
         self.frontier = max(self.frontier, reply.frontier)
+        self._acked_frontier = self.frontier
         self._room.set()
         self.link.on_reopen.append(self._rejoin)
+        self.link.on_failure.append(self._give_up)
+
+    def claim(self, records: int) -> tuple[int, int, int]:
+        """(producer id, epoch, base sequence) to stamp on the next batch of `records`
+        records. Batches must be sent in the order of their claims."""
+        with self._claims:
+            base = self._claimed % SEQUENCE_MODULUS
+            self._claimed += records
+        return self.producer_id, 0, base
+
+    def _unclaim(self, batch: bytes | memoryview) -> None:
+        """Give back the sequence numbers an encoder of ours stamped into a batch that will
+        not be sent, unless a later batch has numbers already (then the broker refuses the
+        next one with OutOfOrderSequenceError, as it should: a gap)."""
+        if self.producer_id < 0:
+            return
+        header = read_header(batch)
+        if header.producer_id != self.producer_id:
+            return
+        records = header.last_offset_delta + 1
+        with self._claims:
+            if self._claimed >= records and \
+                    (self._claimed - records) % SEQUENCE_MODULUS == header.base_sequence:
+                self._claimed -= records
+
+    def stamping(self, records: int) -> dict[str, int]:
+        """The encoder arguments (`producer_id`, `producer_epoch`, `base_sequence`) for the
+        next batch of `records` records; none for a producer that is not idempotent."""
+        if self.producer_id < 0:
+            return {}
+        producer_id, epoch, base = self.claim(records)
+        return {"producer_id": producer_id, "producer_epoch": epoch, "base_sequence": base}
+
+    def stamp(self, batch: bytes | memoryview) -> bytes | memoryview:
+        """The batch with this producer's id and its next sequence, if it carries no producer
+        yet (an encoder of ours stamps for free; this costs a CRC pass)."""
+        if self.producer_id < 0:
+            return batch
+        header = read_header(batch)
+        if header.producer_id >= 0:
+            return batch
+        return stamp_producer(batch, *self.claim(header.last_offset_delta + 1))
 
     async def _rejoin(self) -> None:
-        """The broker forgot our session (restart, expiry): join the partition again and
-        restate our frontier. Batches in flight at that moment fail and are reported."""
-        if self._ended:
+        """The link reopened the session (the broker restarted or forgot us, or stopped
+        answering for a while): join the partition again, restate the frontier it
+        acknowledged, then send every unanswered request again, in order."""
+        if self._ended and not self._outstanding:
             return
-        reply = await self.link.request(self._open_request(rejoin=True))
-        if self.frontier > reply.frontier:
-            await self.link.request(AdvanceRequest(session=self.link.session, topic=self.topic,
-                                                   partition=self.partition,
-                                                   frontier=self.frontier))
+        try:
+            reply = await self.link.request(self._open_request(rejoin=True))
+            frontier = reply.frontier  # ours as the broker has it
+            if self._acked_frontier > frontier and not self._ended:
+                # Everything below it was acknowledged before it: safe to state first.
+                await self.link.request(AdvanceRequest(
+                    session=self.link.session, topic=self.topic, partition=self.partition,
+                    frontier=self._acked_frontier))
+                frontier = self._acked_frontier
+        except TqError as exc:
+            if lost_connection(exc):
+                raise  # the link tries again
+            self._fail_all(exc)
+            return
+        for out in list(self._outstanding):
+            if isinstance(out.request, AdvanceRequest) and out.request.frontier <= frontier:
+                self._resolve(out, Done())  # the broker has it already (only its reply was lost)
+                continue
+            self.resent += 1
+            self._transmit(out)
+            await asyncio.sleep(0)  # on the wire before the next
+
+    def _give_up(self, error: TqError) -> None:
+        self._fail_all(error)
 
     def _open_request(self, *, rejoin: bool) -> OpenProducerRequest:
         group = self.group
         topic = self.incarnation or Incarnation(0, 0)
-        if group is None:
-            return OpenProducerRequest(session=self.link.session, topic=self.topic,
-                                       partition=self.partition, create=self.create,
-                                       reopen=self.reopen, topic_id=topic.topic_id,
-                                       topic_created_ms=topic.created_ms)
+        resend: dict[str, Any] = {}
+        if rejoin:
+            # What the broker needs to tell whether everything we send again is stored
+            # already: then an ended stream answers it and is not reopened.
+            with self._claims:
+                last = (self._claimed - 1) % SEQUENCE_MODULUS if self._claimed else -1
+            resend = {"rejoin": True, "producer_id": self.producer_id, "last_sequence": last,
+                      "ending": self._ending()}
+        if group is not None:
+            resend |= {"group": group.name, "writer": group.writer, "writers": group.writers}
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
-                                   group=group.name, writer=group.writer,
-                                   writers=group.writers, rejoin=rejoin, reopen=self.reopen,
-                                   topic_id=topic.topic_id, topic_created_ms=topic.created_ms)
+                                   reopen=self.reopen, topic_id=topic.topic_id,
+                                   topic_created_ms=topic.created_ms, **resend)
+
+    def _ending(self) -> bool:
+        """Whether our end of stream was sent (nothing of ours may follow it)."""
+        return self._ended or any(isinstance(out.request, EndStreamRequest)
+                                  for out in self._outstanding)
 
     def fail_later(self, error: TqError) -> None:
         """Keep `error` for the next call to raise (a send nobody waited for failed)."""
@@ -129,18 +250,21 @@ class ProducerCore:
             error, self._error = self._error, None
             raise error
 
-    async def send_batch(self, batch: bytes | memoryview) -> asyncio.Task[Produced | None]:
-        """Queue one encoded batch; waits while the window is exhausted. Returns the task of
-        its request: it resolves to the acknowledgement, or to None if the batch failed (the
-        failure is raised by a later call)."""
+    async def send_batch(self, batch: bytes | memoryview) -> asyncio.Future[Produced | None]:
+        """Queue one encoded batch (stamped with this producer's id and next sequence unless
+        it carries a producer already); waits while the window is exhausted. Returns a future
+        of its acknowledgement, or None if the batch failed (the failure is raised by a
+        later call)."""
         self.check()
         if self._ended:
             raise UserError("this producer has ended its stream; open a new one")
         opened = self.link.opened
         if opened is not None and len(batch) > opened.max_batch_bytes:
             # Said here: the broker's socket refuses a message this big without an answer.
+            self._unclaim(batch)
             raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's "
                                      f"maximum of {opened.max_batch_bytes}")
+        batch = self.stamp(batch)
         return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
                                                 partition=self.partition), len(batch), [batch])
 
@@ -167,44 +291,87 @@ class ProducerCore:
         await self.flush()
 
     async def flush(self) -> None:
-        """Wait for every request in flight; raise the first failure."""
-        while self._in_flight:
-            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+        """Wait for every request in flight (sent again as often as reconnects need); raise
+        the first failure."""
+        while self._outstanding:
+            await asyncio.gather(*(out.done for out in list(self._outstanding)),
+                                 return_exceptions=True)
         self.check()
 
-    async def _issue(self, request: Any, cost: int, payload: Sequence[Any]) -> asyncio.Task[Any]:
+    async def _issue(self, request: Any, cost: int, payload: Sequence[Any]) -> asyncio.Future[Any]:
         async with self._order:
-            while not self.window.can_send() or len(self._in_flight) >= self.max_in_flight:
+            while (not self.window.can_send() or len(self._outstanding) >= self.max_in_flight
+                   or not self.link.ready.is_set()):
+                if not self.link.ready.is_set():
+                    await self.link.ready.wait()  # a reconnect is sending older ones again
+                    continue
                 self._room.clear()
                 await self._room.wait()
             self.window.consume(cost)
-            task = asyncio.get_running_loop().create_task(self._send(request, cost, payload))
-            self._in_flight.add(task)
-            # Let the task put its request on the wire before the next one is issued: the
-            # broker appends in arrival order.
+            out = _Out(request, cost, payload, asyncio.get_running_loop().create_future())
+            self._outstanding.append(out)
+            self._transmit(out)
+            # Let its request reach the wire before the next one is issued: the broker
+            # appends in arrival order.
             await asyncio.sleep(0)
-            return task
+            return out.done
 
-    async def _send(self, request: Any, cost: int, payload: Sequence[Any]) -> Any:
+    def _transmit(self, out: _Out) -> None:
+        out.attempt += 1
+        task = asyncio.get_running_loop().create_task(
+            self._attempt(out, out.attempt, self.link.generation))
+        out.tasks.add(task)
+        task.add_done_callback(out.tasks.discard)
+
+    async def _attempt(self, out: _Out, attempt: int, generation: int) -> None:
         try:
-            reply = await self.link.request(request, payload=payload)
-            if isinstance(reply, Produced):
-                self.last_acked = reply
-                self.acked_batches += 1
-            return reply
+            reply = await self.link.request(out.request, payload=out.payload)
+        except DuplicateSequenceError:
+            reply = _STORED_BEFORE
         except TqError as exc:
+            if out.done.done() or attempt != out.attempt:
+                return  # sent again since: that attempt answers
+            if not lost_connection(exc) or self.link.closed:
+                self._resolve(out, error=exc)
+                return
+            try:
+                await self.link.reopen(generation)  # then _rejoin sends it again
+            except TqError as reopen_error:
+                if self.link.failure is None:  # our own rejoin was refused, or a bug
+                    self._resolve(out, error=reopen_error)
+            return
+        self._resolve(out, reply)
+
+    def _resolve(self, out: _Out, reply: Any = None, *, error: TqError | None = None) -> None:
+        if out.done.done():
+            return
+        self._outstanding.remove(out)
+        self.window.grant(out.cost)
+        self._room.set()
+        if error is not None:
             if self._error is None:
-                self._error = exc
-            return None
-        finally:
-            self.window.grant(cost)
-            self._in_flight.discard(asyncio.current_task())  # type: ignore[arg-type]
-            self._room.set()
+                self._error = error
+            out.done.set_result(None)
+            return
+        if isinstance(reply, Produced):
+            if reply.base_offset >= 0:
+                self.last_acked = reply
+            self.acked_batches += 1
+        elif isinstance(out.request, AdvanceRequest):
+            self._acked_frontier = max(self._acked_frontier, out.request.frontier)
+        out.done.set_result(reply)
+
+    def _fail_all(self, error: TqError) -> None:
+        for out in list(self._outstanding):
+            self._resolve(out, error=error)
 
 
-def open_link(broker: str | BrokerPort, *, secret: bytes | None, principal: str | None,
-              lease: float, timeout: float) -> SessionLink:
-    """A (not yet started) session with `broker`: over RPC for an address, else in-process."""
+def open_link(broker: str | BrokerPort, *, secret: bytes | Credential | None,
+              principal: str | None, lease: float, timeout: float,
+              locate: Locate | None = None,
+              reconnect_timeout: float = RECONNECT_TIMEOUT) -> SessionLink:
+    """A (not yet started) session with `broker`: over RPC for an address, else in-process.
+    `locate` and `reconnect_timeout`: see BrokerLink."""
     if not isinstance(broker, str):
         if principal is None:
             raise UserError("an in-process producer names the principal it writes as")
@@ -212,7 +379,8 @@ def open_link(broker: str | BrokerPort, *, secret: bytes | None, principal: str 
     if secret is None:
         raise UserError("a producer of a broker over RPC needs a credential (`secret`)")
     # Over RPC we write as the principal our credential authenticates, whatever we state.
-    return BrokerLink(broker, secret, lease=lease, timeout=timeout)
+    return BrokerLink(broker, secret, lease=lease, timeout=timeout, locate=locate,
+                      reconnect_timeout=reconnect_timeout)
 
 
 class AsyncProducer:
@@ -226,18 +394,24 @@ class AsyncProducer:
     `broker` is an RPC address (with `secret`), or the `BrokerPort` of a broker in this
     process (with the `principal` to write as: tq's own writers are "system"). `reopen`
     goes on writing a partition whose stream ended (its writers rule must admit us).
+    `locate` (a coroutine function) returns the broker's current address, for when it stops
+    answering at this one (see BrokerLink).
     """
 
     def __init__(self, broker: str | BrokerPort, topic: str, partition: int = 0, *,
-                 secret: bytes | None = None, principal: str | None = None,
+                 secret: bytes | Credential | None = None, principal: str | None = None,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
                  create: bool = True, group: WriterGroup | None = None,
-                 reopen: bool = False, incarnation: Incarnation | None = None) -> None:
+                 reopen: bool = False, incarnation: Incarnation | None = None,
+                 idempotent: bool = True, locate: Locate | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         self.link = open_link(broker, secret=secret, principal=principal, lease=lease,
-                              timeout=timeout)
+                              timeout=timeout, locate=locate,
+                              reconnect_timeout=reconnect_timeout)
         self.core = ProducerCore(self.link, topic, partition, create=create, group=group,
-                                 reopen=reopen, incarnation=incarnation)
+                                 reopen=reopen, incarnation=incarnation,
+                                 idempotent=idempotent)
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -290,11 +464,12 @@ class AsyncProducer:
         if not self._pending:
             return
         entries, self._pending, self._pending_bytes = self._pending, [], 0
-        await self.core.send_batch(encode_records(entries))
+        await self.core.send_batch(encode_records(entries,
+                                                  **self.core.stamping(len(entries))))
 
-    async def send_batch(self, batch: bytes) -> asyncio.Task[Produced | None]:
+    async def send_batch(self, batch: bytes) -> asyncio.Future[Produced | None]:
         """Send an already encoded batch (after the records pending before it); returns the
-        task of its request (see ProducerCore.send_batch)."""
+        future of its acknowledgement (see ProducerCore.send_batch)."""
         await self._send_pending()
         return await self.core.send_batch(batch)
 

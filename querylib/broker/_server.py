@@ -38,6 +38,7 @@ from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
 from querylib.records import read_header
 from querylib.rpc import (
     BROKER,
+    AddressError,
     Context,
     InternalServerError,
     Limits,
@@ -169,10 +170,10 @@ def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tu
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
-                    incarnation: Incarnation | None
+                    incarnation: Incarnation | None, scan_bytes: int
                     ) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
     """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
-    opened = open_partition(data_dir, pid, config, incarnation)
+    opened = open_partition(data_dir, pid, config, incarnation, producer_scan_bytes=scan_bytes)
     return opened, load_groups(partition_path(data_dir, pid))
 
 
@@ -228,10 +229,12 @@ class BrokerServer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self, listen: str | None = "tcp://127.0.0.1:0") -> str:
-        """Open (and recover) every partition under the data directory, then listen (no RPC
-        socket with `listen` None: the in-process `port` only). Returns the RPC endpoint, or
-        "" without one."""
+    async def start(self, listen: str | None = "tcp://127.0.0.1:0", *,
+                    prefer: str | None = None) -> str:
+        """Open (and recover) every partition under the data directory, then listen: on
+        `prefer` if given and free (the address of a previous run, so clients find us where
+        they left us), else on `listen` (no RPC socket with `listen` None: the in-process
+        `port` only). Returns the RPC endpoint, or "" without one."""
         self._loop = asyncio.get_running_loop()
         # The state's clock starts now, not at the ticker's first run: a session opened in
         # between would otherwise get its lease counted from time 0 and expire at once.
@@ -242,7 +245,13 @@ class BrokerServer:
                                                 self.data_dir)
         await asyncio.gather(*(self._open(pid) for pid in pids))
         self.directory.watch(self._topic_learned, self._topic_forgotten)
-        self.endpoint = await self._rpc.start(listen) if listen is not None else ""
+        if prefer and listen is not None:
+            try:
+                self.endpoint = await self._rpc.start(prefer)
+            except AddressError as exc:
+                logger.warning("broker: %s; listening on %s instead", exc, listen)
+        if self.endpoint is None:
+            self.endpoint = await self._rpc.start(listen) if listen is not None else ""
         self._ticker = self._loop.create_task(self._tick_forever(), name="broker ticks")
         logger.info("broker on %s: %d partitions under %s", self.endpoint or "(no RPC)",
                     len(pids), self.data_dir)
@@ -294,9 +303,9 @@ class BrokerServer:
 
     async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
         loop = asyncio.get_running_loop()
-        opened, groups = await loop.run_in_executor(self._append_pool, _open_partition,
-                                                    self.data_dir, pid, self.log_config,
-                                                    incarnation)
+        opened, groups = await loop.run_in_executor(
+            self._append_pool, _open_partition, self.data_dir, pid, self.log_config,
+            incarnation, self.state.limits.producer_scan_bytes)
         self._incarnations[pid] = opened.incarnation
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
@@ -305,7 +314,7 @@ class BrokerServer:
                                        self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
-                                   groups))
+                                   groups, opened.producers))
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 
@@ -344,9 +353,9 @@ class BrokerServer:
         self._feed(QueryExits(query_id, tuple(exit_codes), failed))
 
     def group_queries(self) -> set[int]:
-        """The queries some writer group on this broker is waiting for."""
+        """The queries some writer group on this broker is waiting for (to join, or to end)."""
         return {q for part in self.state.partitions.values()
-                for g in part.frontier.pending_groups()
+                for g in part.frontier.open_groups()
                 if (q := query_of_group(g)) is not None}
 
     async def _ensure(self, topic: str, partition: int, create: bool,
@@ -664,7 +673,8 @@ class BrokerServer:
             return await self._call(peer, req.session, lambda t: OpenProducer(
                 t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
                 create=req.create, create_topic=req.create_topic, reopen=req.reopen,
-                incarnation=incarnation))
+                incarnation=incarnation, producer_id=req.producer_id,
+                last_sequence=req.last_sequence, ending=req.ending))
 
         async def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
                           remote: bool) -> Produced:

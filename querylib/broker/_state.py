@@ -21,6 +21,10 @@ Rules it enforces (tests in tests/querylib/broker/test_state.py):
   hands the new batches to `_tail`).
 - Batches stay referenced only while an append is in flight or not yet durable (bounded by the
   producers' windows); nothing is buffered per subscriber.
+- An idempotent producer's batch that was appended before (it sent it again after losing its
+  connection) is answered with its first offsets, never appended twice (`_producer_state`),
+  also after the stream ended; a producer whose end of stream was stored rejoins to send
+  again only (`Session.resending`), so its end is not appended twice.
 """
 from __future__ import annotations
 
@@ -89,6 +93,7 @@ from ._frontier import (
 )
 from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
 from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._producer_state import BatchMark, ProducerStateTable, last_sequence
 from ._state_admission import AdmissionRules
 from ._state_groups import WriterGroupRules
 from ._state_subscriptions import SubscriptionRules
@@ -295,7 +300,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
                                        max_groups=self.limits.max_writer_groups,
                                        groups=ev.groups),
-            visible_frontier=ev.frontier, visible_ended=ev.ended)
+            visible_frontier=ev.frontier, visible_ended=ev.ended,
+            producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
+        self.partitions[ev.partition].producers.learn_all(ev.producers)
         return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
@@ -316,6 +323,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             out += self._close_sub(sub, gone)
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
+            session.resending.discard(ev.partition)
         del self.partitions[ev.partition]
         out.append(Reply(ev.token, Done()))
         return out
@@ -335,11 +343,21 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     def _open_producer(self, ev: OpenProducer) -> list[Instruction]:
         session = self._live(ev.session)
         if (ev.partition not in session.producing
-                and len(session.producing) >= self.limits.max_partitions_per_producer):
+                and len(session.producing) + len(session.resending)
+                >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
         part, waiting = self._admit(session, ev)
         if part is None:
             return waiting
+        if part.frontier.ended and self._stored_before_end(part, ev):
+            # Its end of stream was stored, its answer lost (a reconnect): it may send again
+            # what it has no answer for, and is answered as the first time. Not a writer of
+            # the stream (not joined, nothing reopened), so its end is not appended twice.
+            session.resending.add(ev.partition)
+            return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
+                                                   frontier=part.frontier.frontier,
+                                                   window=self.limits.producer_window))]
+        session.resending.discard(ev.partition)
         before = part.frontier.revision
         try:
             released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
@@ -359,8 +377,28 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             return [Reply(ev.token, reply), *out]
         return [*self._save_groups(part, ev.token, reply), *out]
 
+    @staticmethod
+    def _stored_before_end(part: PartitionState, ev: OpenProducer) -> bool:
+        """Whether `ev` rejoins an idempotent producer that sent its end of stream and whose
+        every record the partition holds (or is appending): all it may send again is a
+        duplicate, or its end."""
+        if not (ev.rejoin and ev.ending and ev.producer_id >= 0):
+            return False
+        return ev.last_sequence < 0 or \
+            part.producers.last_sequence(ev.producer_id) == ev.last_sequence
+
+    def _resends(self, session_id: str, pid: PartitionId) -> PartitionState | None:
+        """The partition, if the session rejoined it only to send again what it stored."""
+        session = self._live(session_id)
+        return self.partitions[pid] if pid in session.resending else None
+
     def _produce(self, ev: Produce) -> list[Instruction]:
-        session, part = self._producer(ev.session, ev.partition)
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        resending = ev.partition in session.resending
+        if not resending and ev.partition not in session.producing:
+            raise NotProducerError(f"session {ev.session!r} has not opened a producer on "
+                                   f"partition {ev.partition[1]} of {ev.partition[0]!r}")
         batch = ev.batch
         if len(batch) > self.limits.max_batch_bytes:
             raise BatchTooLargeError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
@@ -371,16 +409,62 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                                      f"got {len(batch)} bytes")
         if batch[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
             raise BrokerProtocolError("control batches are written by the broker, not producers")
+        seq = None
+        if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
+            seq = (header.producer_id, header.producer_epoch, header.base_sequence,
+                   last_sequence(header.base_sequence, header.last_offset_delta))
+            # Before the stream's state is looked at: a batch sent again is answered as the
+            # first time, even once the stream ended after it.
+            if (mark := part.producers.check(*seq)) is not None:
+                return self._duplicate(part, mark, ev.token)
+        if resending or part.frontier.ended:
+            raise StreamEndedError(
+                f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
+                "nothing more may be written unless a writer of the topic reopens it "
+                "explicitly")
         self._charge(session, len(batch))
-        return [self._append(part, batch, ev.token, session.id, len(batch), "produced")]
+        append = self._append(part, batch, ev.token, session.id, len(batch), "produced")
+        if seq is not None:
+            part.producers.appended(*seq, append.ticket)
+            part.inflight[-1].seq = (seq[0], seq[2])
+        return [append]
+
+    def _duplicate(self, part: PartitionState, mark: BatchMark, token: Any) -> list[Instruction]:
+        """Answer a batch sent again with the offsets it got the first time, once durable:
+        at once if it is, else with its own append (or, for one found in the log at open,
+        the last append in flight: durability comes in order)."""
+        done = Produced(base_offset=mark.base_offset, next_offset=mark.next_offset)
+        if 0 <= mark.next_offset <= part.visible_end:
+            return [Reply(token, done)]
+        pending = [*part.inflight, *part.unflushed]
+        own = [e for e in pending if mark.ticket >= 0 and e.ticket == mark.ticket]
+        if own:
+            own[0].waiters.append((token, None))
+            return []
+        return self._when_durable(part, token, done)
+
+    @staticmethod
+    def _when_durable(part: PartitionState, token: Any, value: Any) -> list[Instruction]:
+        """Answer `value` once every append of the partition issued so far is durable (now,
+        if none is pending): durability comes in order."""
+        pending = part.inflight or part.unflushed  # the newest appends are in flight
+        if not pending:
+            return [Reply(token, value)]
+        pending[-1].waiters.append((token, value))
+        return []
 
     def _advance(self, ev: AdvanceFrontier) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            return self._when_durable(part, ev.token, Done())  # the stream ended after it
         session, part = self._producer(ev.session, ev.partition)
         self._check_can_send(session)
         events = part.frontier.advance(session.id, ev.frontier)
         return self._control_request(session, part, events, ev.token)
 
     def _end_stream(self, ev: EndStream) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            self.sessions[ev.session].resending.discard(ev.partition)
+            return self._when_durable(part, ev.token, Done())  # its end is the one stored
         session, part = self._producer(ev.session, ev.partition)
         self._check_can_send(session)
         events = part.frontier.end(session.id)
@@ -446,19 +530,24 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     def _append_completed(self, ev: AppendCompleted) -> list[Instruction]:
         part, entry = self._take_inflight(ev.partition, ev.ticket)
         entry.base, entry.next = ev.base_offset, ev.next_offset
+        if entry.seq is not None:
+            part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self._retention(part, ev.log_start)
         return out + self._make_durable(part, ev.durable_end)
 
     def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
-        _part, entry = self._take_inflight(ev.partition, ev.ticket)
+        part, entry = self._take_inflight(ev.partition, ev.ticket)
         self._refund(entry)
-        if entry.token is None:
-            return []
+        if entry.seq is not None:
+            part.producers.failed(*entry.seq)
         error = ev.error if isinstance(ev.error, TqError) else StorageError(
             f"append failed: {ev.error}")
-        return [Fail(entry.token, error)]
+        tokens = [t for t, _ in entry.waiters]
+        if entry.token is not None:
+            tokens.insert(0, entry.token)
+        return [Fail(token, error) for token in tokens]
 
     def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
         return self._make_durable(self.partitions[ev.partition], ev.durable_end)
@@ -475,6 +564,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 value = (Produced(base_offset=entry.base, next_offset=entry.next)
                          if entry.reply == "produced" else entry.reply)
                 out.append(Reply(entry.token, value))
+            for token, done in entry.waiters:  # duplicates sent meanwhile
+                out.append(Reply(token, done or Produced(base_offset=entry.base,
+                                                         next_offset=entry.next)))
             if isinstance(entry.control, FrontierAdvanced):
                 part.visible_frontier, part.visible_ended = entry.control.frontier, False
             elif isinstance(entry.control, StreamEnded):

@@ -14,7 +14,9 @@ An OpenProducer is admitted when
    standalone broker). The shell opens it (`OpenPartition`) while the request waits; else
    UnknownPartitionError, or PartitionNotHereError when it lives on another broker;
 4. the stream has not ended, or the request reopens it (`PartitionFrontier.join` decides:
-   StreamEndedError otherwise).
+   StreamEndedError otherwise), or it rejoins an idempotent producer whose end of stream and
+   every record the partition holds: that session may only send them again (`BrokerState`,
+   `Session.resending`).
 
 Rules change with the directory (a topic deleted and created again under another owner):
 `TopicAccess` replaces a rule, `TopicForgotten` drops it. At most `max_parked` requests wait

@@ -1,12 +1,13 @@
 """The writer-group rules of the broker's core (`BrokerState` inherits them; DESIGN §11
 "Collective publishing"): settling groups by the exits of their query's processes, and saving
-pending groups beside the partition log so a restart keeps them waiting.
+the groups not done beside the partition log so a restart keeps them waiting.
 
-- `QueryExits` (the catalog's exit codes of a query, fed by the shell): every pending group of
-  that query, on every partition, settles (`PartitionFrontier.settle`); the exits are
+- `QueryExits` (the catalog's exit codes of a query, fed by the shell): every group of that
+  query not done yet, on every partition, settles (`PartitionFrontier.settle`); the exits are
   remembered while some process of the query still runs, so a group opened later settles at
   once. Remembered for at most `max_query_exits` queries, oldest forgotten first.
-- Whenever a partition's pending groups change, the state asks the shell to save them
+- Whenever what a restart must know of a partition's groups changes, the state asks the shell
+  to save them
   (`SaveGroups`); the reply to the producer open that changed them waits until that revision
   is on disk, so no writer acts on a group a crash could forget.
 
@@ -58,7 +59,7 @@ class WriterGroupRules:
         # O(partitions x pending groups) per reported exit: exits are rare; fine below 10k
         # partitions.
         for part in self.partitions.values():
-            names = [g for g in part.frontier.pending_groups()
+            names = [g for g in part.frontier.open_groups()
                      if query_of_group(g) == ev.query_id]
             if names:
                 out += self._settle(part, names, ev)

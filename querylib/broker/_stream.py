@@ -79,16 +79,19 @@ class EndOfStream(msgspec.Struct, frozen=True):
 Event = Data | Progress | EndOfStream
 
 
-def encode_records(records: Iterable[tuple[bytes | None, bytes | None, Headers, int, int | None]]
-                   ) -> bytes:
+def encode_records(records: Iterable[tuple[bytes | None, bytes | None, Headers, int, int | None]],
+                   *, producer_id: int = -1, producer_epoch: int = -1,
+                   base_sequence: int = -1) -> bytes:
     """One batch from (key, value, headers, timestamp_ms, time) tuples; `time` (the logical
-    time) travels as the tq.time header, first."""
+    time) travels as the tq.time header, first. An idempotent producer passes its id, epoch
+    and the batch's first sequence number."""
     entries = []
     for key, value, headers, timestamp, time in records:
         if time is not None:
             headers = ((TIME_HEADER, encode_int64(time)), *headers)
         entries.append((timestamp, key, value, headers))
-    return encode_batch(entries)
+    return encode_batch(entries, producer_id=producer_id, producer_epoch=producer_epoch,
+                        base_sequence=base_sequence)
 
 
 def encode_runs(runs: Iterable[tuple[int, int | None, Headers, Sequence[bytes | None]]]

@@ -6,7 +6,10 @@ partition. It accepts a delivery only if it starts exactly where the last one en
 stream it hands on has no gap and no duplicate; whenever the broker loses a subscription (it
 ended one, the session expired, the broker restarted) the core subscribes again from the
 offset after the last batch it received. It grants credit as the application consumes bytes
-(half a window at a time), so at most a window (plus one batch) is ever buffered.
+(half a window at a time), so at most a window (plus one batch) is ever buffered. While the
+broker does not answer, its link keeps reopening the session (and following the broker to a
+new address); if the link gives up, the error is handed on like data, so the application
+sees it instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import msgspec
 
 from catalog.errors import TqError, UserError
 from querylib.errors import CorruptDataError, OffsetOutOfRangeError
-from querylib.rpc import ClientClosedError, Notification, RpcError, error_from_body
+from querylib.rpc import Notification, error_from_body
 
-from ._errors import UnknownPartitionError, UnknownSessionError
+from ._errors import UnknownPartitionError
 from ._events import StartAt
-from ._link import BrokerLink
+from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
 from ._messages import (
     CreditNotify,
     Delivery,
@@ -76,6 +79,7 @@ class _PartitionSub:
     delivered: int = 0            # bytes it delivered
     early: list[Notification] | None = None  # deliveries that beat the first subscribe reply
     early_end: Notification | None = None  # the end of the subscription, if that beat it too
+    confirmed: int = 0            # the last sub_id the broker answered
 
 
 class SubscriberCore:
@@ -115,9 +119,10 @@ class SubscriberCore:
             start = self._start.get(p, "earliest") if isinstance(self._start, dict) \
                 else self._start
             self.subs[p] = _PartitionSub(p, start)
-        self.link.client.on_notify(Delivery, self._on_delivery)
-        self.link.client.on_notify(SubscriptionEnded, self._on_ended)
+        self.link.on_notify(Delivery, self._on_delivery)
+        self.link.on_notify(SubscriptionEnded, self._on_ended)
         self.link.on_reopen.append(self._resubscribe_all)
+        self.link.on_failure.append(self._sink)
         for sub in self.subs.values():
             await self._subscribe(sub, first=True)
 
@@ -135,6 +140,7 @@ class SubscriberCore:
             topic_id=self.incarnation.topic_id, topic_created_ms=self.incarnation.created_ms))
         if sub.sub_id != sub_id:
             return  # superseded while we waited
+        sub.confirmed = sub_id
         if sub.received is None:
             sub.received = reply.offset
             sub.skip_below = reply.offset
@@ -215,33 +221,39 @@ class SubscriberCore:
 
     async def _resubscribe(self, sub: _PartitionSub) -> None:
         try:
-            while True:
+            while not self.link.closed and self.link.failure is None:
                 generation = self.link.generation
                 try:
                     await self._subscribe(sub)
                     return
-                except UnknownSessionError:
-                    await self.link.reopen(generation)  # resubscribes everything
-                    return
-                except ClientClosedError:
-                    return
-                except RpcError as exc:
-                    logger.info("%s-%d: resubscribe: %s", self.topic, sub.partition, exc)
                 except TqError as exc:
-                    self._sink(exc)
+                    if self.link.closed or self.link.failure is not None:
+                        return  # closing, or the link gave up (and said so)
+                    if not lost_connection(exc):
+                        self._sink(exc)
+                        return
+                    logger.info("%s-%d: resubscribe: %s", self.topic, sub.partition, exc)
+                try:
+                    await self.link.reopen(generation)  # resubscribes everything
+                except TqError as exc:
+                    if self.link.failure is None:
+                        self._sink(exc)
                     return
+                if sub.confirmed == sub.sub_id:
+                    return  # the reopen subscribed it again
         finally:
             self._resubscribing.discard(sub.partition)
 
     async def _resubscribe_all(self) -> None:
+        """The link reopened the session: every partition again from where it was. A lost
+        connection meanwhile is the link's to retry (it calls this again)."""
         for sub in self.subs.values():
             try:
                 await self._subscribe(sub)
             except TqError as exc:
-                if isinstance(exc, RpcError):
-                    self._resubscribe_soon(sub)
-                else:
-                    self._sink(exc)
+                if lost_connection(exc):
+                    raise
+                self._sink(exc)
 
     # -- credit ----------------------------------------------------------------------------
 
@@ -265,7 +277,7 @@ class SubscriberCore:
         try:
             await self.link.notify(CreditNotify(session=self.link.session, sub_id=sub_id,
                                                 nbytes=nbytes))
-        except RpcError as exc:
+        except TqError as exc:  # lost with the connection (or the link gave up): resubscribed
             logger.debug("credit grant failed: %s", exc)
 
     async def close(self) -> None:
@@ -342,12 +354,14 @@ class AsyncSubscriber:
                  secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False,
-                 incarnation: Incarnation | None = None) -> None:
+                 incarnation: Incarnation | None = None, locate: Locate | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
             raise UserError("credit must be a positive number of bytes")
-        self.link = BrokerLink(address, secret, lease=lease, timeout=timeout)
+        self.link = BrokerLink(address, secret, lease=lease, timeout=timeout, locate=locate,
+                               reconnect_timeout=reconnect_timeout)
         self._chunks: deque[Chunk | TqError] = deque()
         self._wakeup = asyncio.Event()
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,

@@ -41,6 +41,7 @@ from querylib.records._header import (
     BatchHeader,
     read_header,
     stamp_base_offset,
+    stamp_producer,
 )
 from querylib.records._legacy import decode_legacy
 from querylib.records._runs import Irregular, ValueRun, value_runs
@@ -78,6 +79,7 @@ __all__ = [
     "read_header",
     "reopen_batch",
     "stamp_base_offset",
+    "stamp_producer",
     "value_runs",
     "verify_batch",
 ]

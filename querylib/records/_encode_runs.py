@@ -114,11 +114,16 @@ class RunBatch:
         self.count += run.count
         self.size += run.size
 
-    def build(self) -> bytes:
-        """The batch (ValueError when it has no records or is too large)."""
+    def build(self, *, producer_id: int = -1, producer_epoch: int = -1,
+              base_sequence: int = -1) -> bytes:
+        """The batch (ValueError when it has no records or is too large). An idempotent
+        producer stamps its id, epoch and the batch's first sequence number here: header
+        fields, covered by the one CRC pass the batch gets anyway."""
         if not self.count:
             raise ValueError("a record batch needs at least one record")
-        return _batch(self.parts, self.count, self._base_ts, self._max_ts)
+        return _batch(self.parts, self.count, self._base_ts, self._max_ts,
+                      producer_id=producer_id, producer_epoch=producer_epoch,
+                      base_sequence=base_sequence)
 
 
 def _headers_tail(headers: Sequence[Header]) -> bytes:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+import crc32c
+
 from querylib.errors import InvalidLengthError, TruncatedRecordError, UnsupportedMagicError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -38,6 +40,9 @@ MAX_BATCH_SIZE = 64 * 1024 * 1024  # no batch we accept is larger than this (Kaf
 
 _PREFIX = struct.Struct(">qi4xb")  # baseOffset, batchLength, (partitionLeaderEpoch skipped) magic
 _OFFSET = struct.Struct(">q")
+PRODUCER_OFFSET = 43  # producerId, producerEpoch, baseSequence: 14 bytes from here
+_PRODUCER = struct.Struct(">qhi")
+_CRC = struct.Struct(">I")
 
 
 class BatchHeader(NamedTuple):
@@ -73,6 +78,17 @@ def stamp_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -
     """Return the batch with its baseOffset field replaced. The CRC stays valid (it starts at
     attributes), so the batch is never re-encoded."""
     return _OFFSET.pack(base_offset) + bytes(memoryview(batch)[8:])
+
+
+def stamp_producer(batch: bytes | bytearray | memoryview, producer_id: int, producer_epoch: int,
+                   base_sequence: int) -> bytes:
+    """Return the batch with its producerId, producerEpoch and baseSequence replaced and its CRC
+    computed again (those fields are inside the CRC): one pass over the batch, for batches an
+    idempotent producer did not encode itself (an encoder stamps them for free)."""
+    out = bytearray(batch)
+    _PRODUCER.pack_into(out, PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
+    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:

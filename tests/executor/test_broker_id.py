@@ -1,5 +1,6 @@
 """The executor broker keeps its id across restarts (`executor/_broker_id.py`), against a
-stand-in for the coordinator that enforces the catalog's RegisterBroker rules."""
+stand-in for the coordinator that enforces the catalog's RegisterBroker rules, and the
+addresses it listened on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from catalog import Broker, BrokerExistsError, UnknownBrokerError
-from executor._broker_id import BROKER_ID_FILE, register_remembered
+from executor._broker_id import (
+    BROKER_ENDPOINTS_FILE,
+    BROKER_ID_FILE,
+    Endpoints,
+    preferred_listen,
+    register_remembered,
+    remember_endpoints,
+    remembered_endpoints,
+)
 
 
 class Catalog:
@@ -75,3 +84,27 @@ def test_an_id_from_another_cluster_or_a_damaged_file_gets_a_new_one(
     catalog = Catalog(next_id=4)
     assert _register(catalog, tmp_path).broker_id == 4
     assert (tmp_path / BROKER_ID_FILE).read_text() == "4\n"
+
+
+# -- addresses ------------------------------------------------------------------------------------
+
+
+def test_endpoints_are_remembered_and_read_back(tmp_path: Path) -> None:
+    assert remembered_endpoints(tmp_path) == Endpoints()
+    endpoints = Endpoints("tcp://127.0.0.1:40001", "127.0.0.1:40002", "")
+    remember_endpoints(tmp_path, endpoints)
+    assert remembered_endpoints(tmp_path) == endpoints
+    (tmp_path / BROKER_ENDPOINTS_FILE).write_text("{not json")
+    assert remembered_endpoints(tmp_path) == Endpoints()  # ignored (with a warning)
+
+
+@pytest.mark.parametrize(("listen", "previous", "preferred"), [
+    ("tcp://127.0.0.1:0", "tcp://127.0.0.1:40001", "tcp://127.0.0.1:40001"),
+    ("tcp://127.0.0.1:0", "", None),                          # first run
+    ("tcp://127.0.0.1:7500", "tcp://127.0.0.1:40001", None),  # a port was asked for
+    ("tcp://0.0.0.0:0", "tcp://127.0.0.1:40001", None),       # another host now
+    ("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", None),
+])
+def test_the_previous_address_is_preferred_only_for_any_free_port(
+        listen: str, previous: str, preferred: str | None) -> None:
+    assert preferred_listen(listen, previous) == preferred

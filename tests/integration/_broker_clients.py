@@ -4,7 +4,8 @@ MODE ...`. Every line they print is one JSON object, flushed, so tests can follo
 produce   sends batches of records "TAG:BATCH:I" (logical time BATCH // time-step), prints
           {"acked": BATCH, "base": OFFSET} per acknowledged batch, advances its frontier after
           every batch when --advance is set, waits for --go-file before --then-advance, ends
-          its stream unless --no-end. Exits 3 if a batch failed (e.g. the broker died).
+          its stream unless --no-end. Exits 3 if a batch failed (e.g. the broker stayed away
+          for --reconnect-timeout).
 consume   prints {"data": [values], "offsets": [first, last], "time": T, "partition": P} per
           Data event, {"progress": F}, {"eos": true}; checks offsets are contiguous itself.
 """
@@ -31,7 +32,8 @@ def emit(obj: dict) -> None:
 
 
 async def produce(args: argparse.Namespace) -> int:
-    link = BrokerLink(args.broker, load_secret(args.secret_file), timeout=args.timeout)
+    link = BrokerLink(args.broker, load_secret(args.secret_file), timeout=args.timeout,
+                      reconnect_timeout=args.reconnect_timeout)
     await link.start()
     core = ProducerCore(link, args.topic, args.partition)
     await core.open()
@@ -122,6 +124,8 @@ def main() -> int:
     parser.add_argument("--partition", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--lease", type=float, default=10.0)
+    parser.add_argument("--reconnect-timeout", type=float, default=60.0,
+                        help="seconds the producer keeps trying to reach a broker that left")
     parser.add_argument("--tag", default="p")
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--records", type=int, default=10)

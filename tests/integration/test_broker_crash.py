@@ -22,8 +22,10 @@ def test_sigkill_during_produce_loses_nothing_acknowledged(processes, tmp_path):
     address = f"tcp://127.0.0.1:{port}"
     survivor = client(processes, "consume", address, path, "--follow", "--lease", "1")
     survivor.wait("ready")
+    # It gives up after 1 s without its broker (a reconnect would find none: no restart yet).
     producer = client(processes, "produce", address, path, "--batches", "100000",
-                      "--records", "20", "--pipeline", "--timeout", "1.5")
+                      "--records", "20", "--pipeline", "--timeout", "1.5",
+                      "--reconnect-timeout", "1")
     producer.wait("acked", count=300)
     os.killpg(broker.pid, signal.SIGKILL)
     broker.wait(timeout=10)

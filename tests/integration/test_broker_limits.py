@@ -46,3 +46,28 @@ def test_the_largest_batch_goes_through_and_a_bigger_one_is_refused_by_the_produ
             await server.close()
 
     asyncio.run(scenario())
+
+
+def test_a_record_too_large_for_a_batch_leaves_no_gap_in_the_producers_sequence(
+        tmp_path: Path) -> None:
+    """The producer's encoder stamps the next sequence numbers into a batch before the size
+    check refuses it: they are given back, so the next batch follows the last one sent (no
+    OutOfOrderSequenceError from the broker)."""
+    async def scenario() -> None:
+        server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
+        endpoint = await server.start("tcp://127.0.0.1:0")
+        try:
+            limit = server.state.limits.max_batch_bytes
+            async with AsyncProducer(endpoint, "big", secret=SECRET) as producer:
+                await producer.send(b"small")
+                await producer.flush()
+                with pytest.raises(InvalidLengthError, match="exceeds the broker's maximum"):
+                    await producer.send(b"v" * limit)  # a full batch goes out at once
+                await producer.send(b"small again")
+                await producer.flush()
+                assert producer.core.last_acked is not None
+                assert producer.core.last_acked.next_offset == 2
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())

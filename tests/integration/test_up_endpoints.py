@@ -110,3 +110,24 @@ def test_tq_broker_opens_a_connector_endpoint(tmp_path: Path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_any_free_port_is_the_previous_one_after_a_restart_when_free(tmp_path: Path):
+    """Endpoints asked for "any free port" come back where they were (clients that knew them
+    need not look them up); one whose port is taken meanwhile gets another."""
+    options = ("--connector-port", "0", "--kafka-port", "0")
+    first = UpWithEndpoints(tmp_path, *options)
+    before = first.info
+    first.stop()
+    assert before["connector"] and before["kafka"]
+    with socket.socket() as blocker:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        blocker.bind(("127.0.0.1", int(before["connector"].rpartition(":")[2])))
+        blocker.listen()
+        second = UpWithEndpoints(tmp_path, *options, "--listen", before["coordinator"])
+        try:
+            assert second.info["kafka"] == before["kafka"]
+            assert second.info["connector"] not in ("", before["connector"])
+        finally:
+            err = second.stop()
+    assert "Traceback" not in err, err

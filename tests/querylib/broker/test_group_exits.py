@@ -89,9 +89,44 @@ def test_pending_groups_are_restored_and_wait_again() -> None:
     again = PartitionFrontier(f.frontier, groups=saved)
     assert again.held
     again.join("s1", G, "1", 2)  # the second writer: the group completes only now
-    assert not again.held and again.pending() == ()
+    # Still saved while writer 1 writes: after another restart it must rejoin first.
+    assert not again.held and again.pending() == (SavedGroup(G, 2, ("0",)),)
     assert again.advance("s1", 3) == [FrontierAdvanced(3)]
     assert again.end("s1") == [StreamEnded()]
+    assert again.pending() == ()
+
+
+def test_a_complete_group_waits_after_a_restart_for_its_writers_that_were_live() -> None:
+    """Both writers joined; writer 0 ended, writer 1 was writing when the broker went down.
+    The restarted broker keeps the frontier and the end of stream until writer 1 rejoins
+    and ends, however late (before, the group was forgotten once complete: a writer ending
+    first after the restart ended the stream under the other)."""
+    f = PartitionFrontier()
+    f.join("s0", G, "0", 2)
+    f.join("s1", G, "1", 2)
+    f.advance("s1", 4)
+    f.end("s0")
+    saved = f.pending()
+    assert saved == (SavedGroup(G, 2, ("0",)),)
+    again = PartitionFrontier(f.frontier, groups=saved)
+    assert again.held
+    again.join("plain")  # another producer of the partition ends before writer 1 is back
+    assert again.end("plain") == [] and not again.ended
+    again.join("s1b", G, "1", 2, rejoin=True)
+    assert again.advance("s1b", 6) == [FrontierAdvanced(6)]
+    assert again.end("s1b") == [StreamEnded()]
+    assert again.pending() == ()
+
+
+def test_a_complete_group_restored_settles_by_its_writers_exits() -> None:
+    f = PartitionFrontier(groups=[SavedGroup(G, 2, ("0",))])
+    assert f.open_groups() == [G]
+    assert f.settle(G, {"0", "1"}, failed=False) == [StreamEnded()]  # writer 1 exited
+    assert f.pending() == () and f.open_groups() == []
+    g = PartitionFrontier(groups=[SavedGroup(G, 2, ())])
+    g.join("s1", G, "1", 2, rejoin=True)
+    assert g.settle(G, set(), failed=True) == []  # failed: released, writer 1 is plain
+    assert g.pending() == () and g.end("s1") == [StreamEnded()]
 
 
 # -- the broker state --------------------------------------------------------------------------
@@ -162,17 +197,22 @@ def test_the_reply_to_a_join_waits_until_the_group_is_saved() -> None:
     sim.open_partition(P)
     assert writer(sim, "a", "0") is None
     (save,) = sim.saves
-    assert save == SaveGroups(P, save.revision, (SavedGroup(G, 2, ("0",)),))
+    # Writer 0 is live, not ended: after a restart it must join again like writer 1.
+    assert save == SaveGroups(P, save.revision, (SavedGroup(G, 2, ()),))
     sim.complete_save()
     assert isinstance(sim.replies["op-a"], ProducerOpened)
     # A plain producer changes no group: answered at once.
     sim.feed(OpenSession("os-p", "plain", 10.0))
     sim.feed(OpenProducer("op-p", "plain", P))
     assert isinstance(sim.replies["op-p"], ProducerOpened) and sim.saves == []
-    assert writer(sim, "b", "1") is None  # completes the group: saved as no group left
-    assert sim.saves[0].groups == ()
+    # Completing the group changes nothing a restart must know (both must rejoin): at once.
+    assert isinstance(writer(sim, "b", "1"), ProducerOpened) and sim.saves == []
+    sim.feed(EndStream("end-a", "a", P))  # writer 0 ended: saved, nobody waits for that
+    assert sim.saves.pop().groups == (SavedGroup(G, 2, ("0",)),)
+    sim.feed(OpenSession("os-c", "c", 10.0))
+    sim.feed(OpenProducer("op-c", "c", P, "q7/other#1", "0", 2))  # a new group: must be saved
     sim.feed(GroupsSaveFailed(P, sim.saves.pop().revision, StorageError("disk full")))
-    assert isinstance(sim.replies["op-b"], StorageError)
+    assert isinstance(sim.replies["op-c"], StorageError)
 
 
 def test_a_partition_saving_its_groups_is_busy_for_a_drop() -> None:
