@@ -47,11 +47,7 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
     parser.add_argument("--connector-credits", type=int, default=1024, metavar="K",
                         help="frames a connector connection may have unacknowledged "
                         "(default 1024)")
-    parser.add_argument("--connector-tls-cert", metavar="FILE",
-                        help="speak TLS on the connector endpoint with this certificate chain "
-                        "(PEM; with --connector-tls-key)")
-    parser.add_argument("--connector-tls-key", metavar="FILE",
-                        help="the private key of --connector-tls-cert (PEM)")
+    _add_tls_options(parser, "--connector-tls", "the connector endpoint")
     _add_insecure(parser)
 
 
@@ -71,16 +67,21 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
                         help="Kafka clients must authenticate with SASL as tq users (`tq user "
                         "add`): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default all three; "
                         "comma-separated to choose)")
-    parser.add_argument("--kafka-tls-cert", metavar="FILE",
-                        help="speak TLS on the Kafka listener with this certificate chain "
-                        "(PEM; with --kafka-tls-key): SSL, or SASL_SSL with --kafka-sasl")
-    parser.add_argument("--kafka-tls-key", metavar="FILE",
-                        help="the private key of --kafka-tls-cert (PEM)")
+    _add_tls_options(parser, "--kafka-tls",
+                     "the Kafka listener (SSL, or SASL_SSL with --kafka-sasl)")
     _add_insecure(parser)
     add_kafka_limit_options(parser)
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _add_tls_options(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    parser.add_argument(f"{flag}-cert", metavar="FILE",
+                        help=f"speak TLS on {what} with this certificate chain (PEM; with "
+                        f"{flag}-key)")
+    parser.add_argument(f"{flag}-key", metavar="FILE", help=f"the private key of {flag}-cert "
+                        "(PEM)")
 
 
 def _add_insecure(parser: argparse.ArgumentParser) -> None:
