@@ -48,10 +48,11 @@ from querylib.rpc import (
     error_body,
 )
 
-from ._access import SYSTEM
+from ._access import ADMIN, SYSTEM
 from ._errors import (
     BrokerClosedError,
     BrokerProtocolError,
+    PartitionNotHereError,
     PrincipalError,
     UnknownPartitionError,
 )
@@ -383,6 +384,22 @@ class BrokerServer:
         self._opening.pop(pid, None)
         return pid
 
+    async def _may_create(self, topic: str, partition: int) -> None:
+        """A reader may have a partition created empty only where the directory places it (a
+        topic the catalog places here that nobody wrote yet); PartitionNotHereError,
+        UnknownPartitionError or the directory's refusal otherwise."""
+        if (topic, partition) in self.state.partitions:
+            return
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, partition, create=False)
+        if rule.partitions is not None and not 0 <= partition < rule.partitions:
+            raise UnknownPartitionError(f"topic {topic!r} has {rule.partitions} partition(s); "
+                                        f"there is no partition {partition}")
+        if rule.here is not None and partition not in rule.here:
+            raise PartitionNotHereError(f"partition {partition} of {topic!r} lives on another "
+                                        "broker: read it there")
+
     async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """Check an open partition against the incarnation a writer names, under its opening
         lock (it may be set aside: then it is no longer hosted)."""
@@ -616,6 +633,11 @@ class BrokerServer:
                 raise PrincipalError(f"session {session_id!r} belongs to another principal")
             if isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
+                # Under a coordinator, drops come from the catalog through the executor (in
+                # process); over RPC only the holder of the cluster secret drops data.
+                raise PrincipalError(f"{principal} may not drop partitions: only the admin may "
+                                     "(under a coordinator, `tq topic delete` drops them)")
         return await handler(request, payload, peer, remote)
 
     async def _call(self, peer: bytes | None, session: str,
@@ -653,6 +675,8 @@ class BrokerServer:
 
         async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
                          remote: bool) -> PartitionInfo:
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return self.state.partition_info(pid)
@@ -701,6 +725,8 @@ class BrokerServer:
                             remote: bool) -> Subscribed:
             if peer is None:
                 raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return await self._call(peer, req.session, lambda t: Subscribe(
