@@ -135,7 +135,7 @@ from ._messages import (
     UnsubscribeRequest,
 )
 from ._model import BrokerLimits
-from ._port import BrokerPort, OpenDirectory, TopicDirectory
+from ._port import LOCAL_SESSIONS, BrokerPort, OpenDirectory, TopicDirectory
 from ._state import BrokerState
 
 __all__ = ["BrokerServer", "server_limits"]
@@ -625,7 +625,8 @@ class BrokerServer:
             raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
         if remote:
             session_id = getattr(request, "session", None)
-            if session_id in self._local:
+            if session_id in self._local or (
+                    session_id and session_id.startswith(LOCAL_SESSIONS)):
                 raise PrincipalError("that session belongs to the broker's own process; open "
                                      "one of your own")
             session = self.state.sessions.get(session_id) if session_id else None
