@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -198,15 +199,21 @@ def connector_config(args: argparse.Namespace) -> object | None:
 def add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", required=True, metavar="ADDR",
                         help="the broker's endpoint, e.g. tcp://127.0.0.1:7500")
-    parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret)")
+    parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
+                        help="who you are: a credential file from `tq user add`, or the cluster "
+                        "secret (default $TQ_CREDENTIALS, else $TQ_HOME/secret)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds to wait for the broker (default 30)")
 
 
-def client_secret(args: argparse.Namespace) -> bytes:
-    from querylib.rpc import default_secret_path, load_secret
+def client_secret(args: argparse.Namespace) -> Any:
+    """The credential a client of one broker signs with (querylib.rpc.Credential)."""
+    import os
 
-    return load_secret(args.secret_file or default_secret_path())
+    from querylib.rpc import default_secret_path, load_credential
+
+    return load_credential(args.secret_file or os.environ.get("TQ_CREDENTIALS")
+                           or default_secret_path())
 
 
 def _run(args: argparse.Namespace) -> int:
