@@ -1,9 +1,15 @@
 """Running the coordinator in the foreground (`tq coordinator`): the process's event loop, its
 signals, and the connection file. Nothing else lives here.
 
-SIGINT/SIGTERM close cleanly (queued changes commit, the broker closes its logs); the
-connection file is removed if it is still ours. A coordinator that cannot write its catalog
-topics exits non-zero: its memory would be ahead of the log, and a restart recovers from the log.
+Before anything else it claims `$TQ_HOME` (`claim_cluster_file`): a second cluster under the
+same TQ_HOME is refused, naming the first, and never touches its cluster.json. SIGINT/SIGTERM
+close cleanly (queued changes commit, the broker closes its logs); the connection file is
+removed if it is still ours. A coordinator that cannot write its catalog topics exits non-zero:
+its memory would be ahead of the log, and a restart recovers from the log.
+
+After a restart that recovered sessions of the previous run it says what it waits for (their
+recovery lease: executors and clients coming back, and their queries staying as they were
+until then), and, once the lease has passed, who came back and which queries failed.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from catalog import StorageError
-from querylib.cluster import ClusterInfo, remove_cluster_file, write_cluster_file
+from catalog import Query, Session, SessionKind, StorageError
+from querylib.cluster import (
+    ClusterInfo,
+    claim_cluster_file,
+    remove_cluster_file,
+    write_cluster_file,
+)
 
 from ._server import Coordinator
 from ._state import CoordinatorConfig
@@ -34,14 +45,21 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
                     on_ready: Callable[[Coordinator], None] | None = None,
                     attach: Attach | None = None,
                     amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
-                    kafka: Any = None) -> int:
+                    kafka: Any = None, fallback: bool = False,
+                    name: str = "tq coordinator") -> int:
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
     `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
     `attach(coordinator)` returns the coroutine function that stops what it started, run
     before the coordinator closes. `kafka` (a querylib.kafka.KafkaConfig) opens the Kafka
-    listener of its broker: the cluster's group coordinator."""
-    return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
-                              home, on_ready, attach, amend, kafka))
+    listener of its broker: the cluster's group coordinator. `fallback`: a taken port of
+    `listen` (or the broker's) is replaced by a free one (`Coordinator.moved`). `name` starts
+    the lines it prints. ClusterRunningError when a cluster runs under this TQ_HOME."""
+    claim = claim_cluster_file(home)
+    try:
+        return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
+                                  home, on_ready, attach, amend, kafka, fallback, name))
+    finally:
+        claim.release()
 
 
 Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
@@ -52,17 +70,20 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  on_ready: Callable[[Coordinator], None] | None,
                  attach: Attach | None,
                  amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
-                 kafka: Any = None) -> int:
+                 kafka: Any = None, fallback: bool = False,
+                 name: str = "tq coordinator") -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     coordinator = Coordinator(data_dir, secret, listen=listen, broker_listen=broker_listen,
-                              config=config, kafka=kafka)
+                              config=config, kafka=kafka, fallback=fallback)
     wrote = False
     detach: Callable[[], Awaitable[None]] | None = None
+    recovery: asyncio.Task[None] | None = None
     try:
         endpoint = await coordinator.start()
+        recovery = _report_recovery(coordinator, name)
         if attach is not None:
             detach = await attach(coordinator)
         info = ClusterInfo(
@@ -83,9 +104,62 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                   file=sys.stderr, flush=True)
             return StorageError.exit_code
     finally:
+        if recovery is not None:
+            recovery.cancel()
         if wrote:
             remove_cluster_file(os.getpid(), home)
         if detach is not None:
             await detach()
         await coordinator.close()
     return 0
+
+
+def _report_recovery(coordinator: Coordinator, name: str) -> asyncio.Task[None] | None:
+    """Say what a restart waits for: the previous run's sessions, which have the recovery lease
+    to come back (an executor's broker, and the queries it ran, wait with them). Then a task
+    that says, once the lease has passed, who came back and which queries failed."""
+    state = coordinator.state
+    assert state is not None
+    sessions = [s for s in state.catalog.sessions if isinstance(s, Session)]
+    if not sessions:
+        return None
+    lease = state.config.recovery_lease_ms / 1000
+    kinds = _count(s.kind.value for s in sessions)
+    live = [q for q in state.catalog.queries if isinstance(q, Query) and not q.state.ended]
+    queries = f"; queries {_ids(live)} stay as they were until then" if live else ""
+    print(f"{name}: restarted with {len(sessions)} sessions of the previous run ({kinds}): "
+          f"waiting up to {lease:g}s (the recovery lease) for them to come back, an executor "
+          f"to take its broker back{queries}", file=sys.stderr, flush=True)
+    waited = {s.session_id for s in sessions}
+    watched = {q.query_id for q in live}
+    return asyncio.get_running_loop().create_task(
+        _recovery_outcome(coordinator, name, lease, waited, watched), name="recovery report")
+
+
+async def _recovery_outcome(coordinator: Coordinator, name: str, lease: float,
+                            waited: set[int], watched: set[int]) -> None:
+    # A timer, not a race: the lease is a fixed length from the restart; a tick after it
+    # the coordinator has expired whoever did not renew.
+    await asyncio.sleep(lease + 1.0)
+    state = coordinator.state
+    assert state is not None
+    sessions = {s.session_id: s for s in state.catalog.sessions if isinstance(s, Session)}
+    back = [sessions[i] for i in sorted(waited) if i in sessions]
+    gone = len(waited) - len(back)
+    failed = [q for q in state.catalog.queries
+              if isinstance(q, Query) and q.query_id in watched and q.state.ended]
+    ended = f"; queries {_ids(failed)} ended with them" if failed and gone else ""
+    executors = sum(1 for s in back if s.kind is SessionKind.EXECUTOR)
+    print(f"{name}: recovery lease over: {len(back)} sessions of the previous run came back "
+          f"({executors} executors), {gone} expired{ended}", file=sys.stderr, flush=True)
+
+
+def _count(kinds: Any) -> str:
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+
+
+def _ids(queries: list[Query]) -> str:
+    return ", ".join(str(q.query_id) for q in sorted(queries, key=lambda q: q.query_id))

@@ -42,11 +42,14 @@ from catalog import (
     is_executor,
     known_principal,
 )
+from querylib._pidlock import PidLock
 from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import _messages as m
+from querylib.cluster import hold_data_dir
 from querylib.log import LogConfig
 from querylib.rpc import (
     BROKER,
+    AddressError,
     Context,
     InternalServerError,
     Limits,
@@ -136,11 +139,17 @@ class Coordinator:
     def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
                  listen: str = "tcp://127.0.0.1:7400", broker_listen: str | None = None,
                  host: str | None = None, config: CoordinatorConfig | None = None,
-                 tick_interval: float = 0.05, kafka: Any = None) -> None:
+                 tick_interval: float = 0.05, kafka: Any = None,
+                 fallback: bool = False) -> None:
         self.data_dir = os.fspath(data_dir)
         self.broker_dir = os.path.join(self.data_dir, "broker")
         self.listen = listen
         self.broker_listen = broker_listen or _next_port(listen)
+        self._broker_port_derived = broker_listen is None
+        # With `fallback` (tq up on its default ports) a taken port of `listen` or of the
+        # broker's is replaced by any free one; `moved` says which: {what: asked endpoint}.
+        self.fallback = fallback
+        self.moved: dict[str, str] = {}
         self.host = host or socket.gethostname()
         self.config = config or CoordinatorConfig()
         self.tick_interval = tick_interval
@@ -170,6 +179,7 @@ class Coordinator:
         self._kafka_view: CatalogView | None = None
         self._directory: CatalogDirectory | None = None
         self._closed = False
+        self._data_lock: PidLock | None = None
         for request_type in HANDLERS:
             self._rpc.register(request_type, self._serve)
         self.artifacts = ArtifactStore(os.path.join(self.data_dir, "artifacts"))
@@ -183,6 +193,9 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         os.makedirs(self.broker_dir, exist_ok=True)
+        # Held until close: a second coordinator on this data would fight over the catalog
+        # topics; it is told which process has them.
+        self._data_lock = hold_data_dir(self.data_dir)
         self.recovered = recovered = await loop.run_in_executor(None, read_catalog,
                                                                 self.broker_dir)
         checkpoint = recovered.checkpoint
@@ -197,7 +210,7 @@ class Coordinator:
         self.broker = BrokerServer(self.broker_dir, self._broker_keys,
                                    log_config=LogConfig(flush="always"),
                                    directory=self._directory)
-        self.broker_endpoint = await self.broker.start(self.broker_listen)
+        self.broker_endpoint = await self._start_broker()
         self.writer = CatalogWriter(self.broker.port, on_committed=self._on_committed,
                                     on_failed=self._on_failed,
                                     on_checkpointed=self._on_checkpointed)
@@ -215,13 +228,41 @@ class Coordinator:
             self._kafka_view.registered()
         if self.failure is not None:
             raise StorageError(f"cannot write the catalog topics: {self.failure}")
-        self.endpoint = await self._rpc.start(self.listen)
+        self.endpoint = await self._start_rpc()
         self._ticker = loop.create_task(self._tick_forever(), name="coordinator ticks")
         self.recovery_seconds = time.perf_counter() - started
         logger.info("coordinator on %s (catalog broker %s, version %d, %d sessions) in %.2fs",
                     self.endpoint, self.broker_endpoint, self.state.catalog.version,
                     len(self.state.catalog.sessions), self.recovery_seconds)
         return self.endpoint
+
+    async def _start_broker(self) -> str:
+        assert self.broker is not None
+        if self.fallback:
+            endpoint = await self.broker.start(_any_port(self.broker_listen),
+                                               prefer=self.broker_listen)
+            if _port_of(endpoint) != _port_of(self.broker_listen):
+                self.moved["catalog broker"] = self.broker_listen
+            return endpoint
+        try:
+            return await self.broker.start(self.broker_listen)
+        except AddressError as exc:
+            if not self._broker_port_derived:
+                raise
+            # The user named one port; say which other one we wanted, and why.
+            raise AddressError(
+                f"cannot listen on {self.broker_listen} for the catalog broker (the "
+                f"coordinator's port + 1): {_reason(exc)}; choose another coordinator port, "
+                f"or port 0 for any free ones") from exc
+
+    async def _start_rpc(self) -> str:
+        try:
+            return await self._rpc.start(self.listen)
+        except AddressError:
+            if not self.fallback:
+                raise
+        self.moved["coordinator"] = self.listen
+        return await self._rpc.start(_any_port(self.listen))
 
     async def close(self) -> None:
         """Stop serving, commit what is queued, close the broker. Idempotent."""
@@ -238,6 +279,8 @@ class Coordinator:
             await self.writer.close()
         if self.broker is not None:
             await self.broker.close()
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     @property
     def kafka_address(self) -> str | None:
@@ -523,6 +566,22 @@ def _next_port(listen: str) -> str:
     if not sep or not port.isdigit():
         return "tcp://127.0.0.1:0"
     return f"{head}:{int(port) + 1 if int(port) else 0}"
+
+
+def _port_of(endpoint: str) -> str:
+    return endpoint.rpartition(":")[2]
+
+
+def _any_port(endpoint: str) -> str:
+    """The same host, any free port."""
+    head, sep, _ = endpoint.rpartition(":")
+    return f"{head}:0" if sep else "tcp://127.0.0.1:0"
+
+
+def _reason(exc: AddressError) -> str:
+    """The OS's reason of a failed bind, without zmq's decoration."""
+    cause = exc.__cause__
+    return getattr(cause, "strerror", None) or str(cause or exc)
 
 
 def _advertised(endpoint: str) -> str:

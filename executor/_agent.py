@@ -41,10 +41,12 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from catalog import NotFoundError, SessionKind, TopicName, TqError
+from querylib._pidlock import PidLock
 from querylib.broker import BrokerEndpoints, BrokerServer, drop_hosted
 from querylib.cluster import (
     AsyncCluster,
@@ -52,6 +54,7 @@ from querylib.cluster import (
     KillProcesses,
     NoCoordinatorError,
     SpawnProcesses,
+    hold_data_dir,
 )
 from querylib.rpc import (
     BROKER,
@@ -102,8 +105,9 @@ class ExecutorAgent:
     """A host agent: its broker, its session with the coordinator, its query processes.
 
     `connector` (a querylib.connector.EndpointConfig) and `kafka` (a querylib.kafka.KafkaConfig)
-    open the broker's endpoints; with `endpoints_required=False` one whose port is taken is
-    skipped (listed in `endpoints.skipped`) instead of failing the start.
+    open the broker's endpoints; one named in `endpoint_fallback` ("connector", "kafka") whose
+    port is taken opens on another (`endpoints.moved`); with `endpoints_required=False` one
+    whose port is taken is skipped (listed in `endpoints.skipped`) instead of failing the start.
     """
 
     def __init__(self, coordinator: str, secret: bytes | Credential, secret_file: str,
@@ -111,7 +115,8 @@ class ExecutorAgent:
                  host: str | None = None, broker_listen: str = "tcp://127.0.0.1:0",
                  lease: float = 10.0, grace: float = 5.0,
                  connector: EndpointConfig | None = None, kafka: Any = None,
-                 endpoints_required: bool = True, keep_work_dirs: int = 50,
+                 endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
+                 keep_work_dirs: int = 50,
                  artifact_ttl: float = 7 * 86400.0) -> None:
         self.coordinator = coordinator
         self.secret = Credential.of(secret)  # our own credential: executor:NAME, or admin
@@ -131,6 +136,7 @@ class ExecutorAgent:
         self.connector_config = connector
         self.kafka_config = kafka
         self.endpoints_required = endpoints_required
+        self.endpoint_fallback = tuple(endpoint_fallback)
         # Disk cleanup after each exit: the newest work dirs stay for post-mortems, artifacts
         # unused for artifact_ttl seconds go (DESIGN §11 "Executor disk cleanup").
         self.keep_work_dirs = keep_work_dirs
@@ -163,6 +169,7 @@ class ExecutorAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
+        self._data_lock: PidLock | None = None
         self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0,
                          "work_dirs_removed": 0, "artifacts_removed": 0}
 
@@ -171,6 +178,9 @@ class ExecutorAgent:
     async def start(self) -> ExecutorAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            # Held until close: two agents on one data dir would share a broker's logs and
+            # broker id; the second is told which process has it.
+            self._data_lock = hold_data_dir(self.data_dir)
             previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
             # The catalog says who may write which topic here (`CatalogTopics`); the
             # coordinator, whose keys its clients sign with (`keys`).
@@ -193,7 +203,7 @@ class ExecutorAgent:
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret.key, connector=self.connector_config,
                 kafka=self.kafka_config, kafka_cluster=self.topics,
-                required=self.endpoints_required,
+                required=self.endpoints_required, fallback=self.endpoint_fallback,
                 previous={"connector": previous.connector, "kafka": previous.kafka}).start()
             await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
                 self.broker_address, self.connector_address or "", self.kafka_address or ""))
@@ -289,6 +299,8 @@ class ExecutorAgent:
             await self.forwarder.close()
         if self.broker is not None:
             await self.broker.close()
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     async def __aenter__(self) -> ExecutorAgent:
         return await self.start()

@@ -9,10 +9,12 @@ listener, opened on a running `BrokerServer` and closed before it.
     await endpoints.close()            # then server.close()
 
 Their packages are imported only when one is asked for, so a broker that opens neither never
-loads them. With `required=False` (what `tq up` uses for its default ports) a listener whose port
-is taken is skipped and said so in `skipped`, and the broker serves on without it; otherwise the
-bind failure is a `ListenError`. A listener asked for "any free port" (0) first tries the port
-named in `previous` (what the last run bound, so clients find it where they left it), then any.
+loads them. A listener named in `fallback` (what `tq up` does for its default ports, 7600 and
+9092) whose port is taken listens on another instead (the previous run's, else any free one),
+and `moved` says so. With `required=False` a listener whose port is taken is skipped and said so
+in `skipped`, and the broker serves on without it; otherwise the bind failure is a
+`ListenError`. A listener asked for "any free port" (0) first tries the port named in
+`previous` (what the last run bound, so clients find it where they left it), then any.
 
 Both reach the broker only through its public door, `server.port` (`BrokerPort`): its core
 admits their writers as it admits RPC clients.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +66,10 @@ class BrokerEndpoints:
     def __init__(self, server: BrokerServer, secret: bytes, *,
                  connector: EndpointConfig | None = None, kafka: Any = None,
                  kafka_cluster: Any = None, required: bool = True,
-                 previous: Mapping[str, str] | None = None) -> None:
-        """`previous`: {"connector": HOST:PORT, "kafka": HOST:PORT} of the last run."""
+                 previous: Mapping[str, str] | None = None,
+                 fallback: Collection[str] = ()) -> None:
+        """`previous`: {"connector": HOST:PORT, "kafka": HOST:PORT} of the last run;
+        `fallback`: the names ("connector", "kafka") whose taken port is replaced."""
         self.server = server
         self.secret = secret
         self.connector_config = connector
@@ -78,6 +82,8 @@ class BrokerEndpoints:
         self.connector_address: str | None = None
         self.kafka_address: str | None = None
         self.skipped: list[str] = []
+        self.fallback = frozenset(fallback)
+        self.moved: dict[str, int] = {}  # name -> the port asked for, which was taken
 
     async def start(self) -> BrokerEndpoints:
         try:
@@ -91,41 +97,56 @@ class BrokerEndpoints:
         return self
 
     def _candidates(self, config: Any, name: str) -> list[Any]:
-        """The configs to try in turn: with any free port (0), the previous run's port first."""
+        """The configs to try in turn: with any free port (0), the previous run's port first;
+        with a fallback, the port asked for, then the previous run's, then any free one."""
         port = self.previous.get(name, "").rpartition(":")[2]
-        if config.port != 0 or not port.isdigit() or not 0 < int(port) < 65536:
+        previous = int(port) if port.isdigit() and 0 < int(port) < 65536 else None
+        if config.port != 0 and name in self.fallback:
+            ports = [config.port, previous, 0]
+        elif config.port == 0:
+            ports = [previous, 0]
+        else:
             return [config]
-        return [dataclasses.replace(config, port=int(port)), config]
+        tried = list(dict.fromkeys(p for p in ports if p is not None))
+        return [config if p == config.port else dataclasses.replace(config, port=p)
+                for p in tried]
+
+    def _bound(self, name: str, config: Any, candidate: Any) -> None:
+        if candidate is not config and config.port != 0:
+            self.moved[name] = config.port
 
     async def _start_connector(self, config: EndpointConfig) -> None:
         from querylib.connector import ConnectorEndpoint
 
-        for candidate in self._candidates(config, "connector"):
+        candidates = self._candidates(config, "connector")
+        for candidate in candidates:
             endpoint = ConnectorEndpoint(self.server.port, candidate, secret=self.secret)
             try:
                 host, port = await endpoint.start()
             except OSError as exc:
                 await endpoint.close()
-                if candidate is not config:
-                    continue  # the previous port is taken: any free one
+                if candidate is not candidates[-1]:
+                    continue  # taken: the next candidate
                 self._unavailable(_Skipped("connector endpoint", config.port,
                                            "--connector-port", exc.strerror or str(exc)))
                 return
             self.connector = endpoint
             self.connector_address = f"{host}:{port}"
+            self._bound("connector", config, candidate)
             return
 
     async def _start_kafka(self, config: Any) -> None:
         from querylib.kafka import BrokerKafka, ListenError
 
-        for candidate in self._candidates(config, "kafka"):
+        candidates = self._candidates(config, "kafka")
+        for candidate in candidates:
             kafka = BrokerKafka(self.server.port, candidate, secret=self.secret,
                                 cluster=self.kafka_cluster)
             try:
                 await kafka.start()
             except ListenError as exc:
                 await kafka.close()
-                if candidate is not config:
+                if candidate is not candidates[-1]:
                     continue
                 reason = os.strerror(exc.errno) if exc.errno else str(exc)
                 self._unavailable(_Skipped("Kafka listener", config.port, "--kafka-port",
@@ -133,6 +154,7 @@ class BrokerEndpoints:
                 return
             self.kafka = kafka
             self.kafka_address = kafka.address
+            self._bound("kafka", config, candidate)
             return
 
     def _unavailable(self, skipped: _Skipped) -> None:

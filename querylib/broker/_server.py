@@ -250,7 +250,8 @@ class BrokerServer:
             try:
                 self.endpoint = await self._rpc.start(prefer)
             except AddressError as exc:
-                logger.warning("broker: %s; listening on %s instead", exc, listen)
+                # Info, not a warning: the caller reports where it listens (tq up does).
+                logger.info("broker: %s; listening on %s instead", exc, listen)
         if self.endpoint is None:
             self.endpoint = await self._rpc.start(listen) if listen is not None else ""
         self._ticker = self._loop.create_task(self._tick_forever(), name="broker ticks")

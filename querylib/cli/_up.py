@@ -5,8 +5,11 @@ A thin adapter over `coordinator.run_coordinator` and `executor.ExecutorAgent`, 
 when the command runs. It writes `$TQ_HOME/cluster.json` once the executor is registered, so a
 client that finds the file can submit at once; the file also names the executor broker's
 connector endpoint (default port 7600) and Kafka listener (default 9092) when it could open
-them. A port that is taken is said on
-stderr, naming the port and the flag, and tq up goes on without that endpoint.
+them. A default port that is taken (7400 and 7401 for the coordinator and its broker, 7600,
+9092) is replaced by a free one, said on the endpoint's line; a port the user named that is
+taken is refused (the coordinator's) or skipped, naming the port and the flag (the connector's
+and Kafka's). A second `tq up` under the same TQ_HOME is refused, naming the running one
+(run_coordinator). It prints each endpoint once, in one block, when the cluster is ready.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from querylib.cli._broker import (
 # ingest` connects to), spelled out so `tq --help` does not import the connector package.
 _CONNECTOR_PORT = 7600
 _KAFKA_PORT = 9092
+_LISTEN = "tcp://127.0.0.1:7400"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "process: everything tq needs on one machine. Writes $TQ_HOME/cluster.json so that "
         "other tq commands find it.")
     parser.add_argument("--data", help="data directory (default $TQ_HOME)")
-    parser.add_argument("--listen", default="tcp://127.0.0.1:7400",
-                        help="coordinator endpoint (default tcp://127.0.0.1:7400)")
+    parser.add_argument("--listen", help=f"coordinator endpoint; its catalog broker takes the "
+                        f"next port (default {_LISTEN}, or free ports when those are taken)")
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
     parser.add_argument("--slots", type=int, help="the executor's process slots "
@@ -53,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "coordinator of every consumer group (FindCoordinator names it); "
                         "0: any free port (default), -1: none")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
-    parser.set_defaults(func=_run)
+    # None: the default port, replaced by a free one when taken (a named port is not).
+    parser.set_defaults(func=_run, connector_port=None, kafka_port=None)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -66,28 +71,30 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     raise_fd_limit()  # before anything opens a descriptor-hungry listener
+    fallback = []  # the endpoints on their default ports, which move when those are taken
+    for name, option, default in (("connector", "connector_port", _CONNECTOR_PORT),
+                                  ("kafka", "kafka_port", _KAFKA_PORT)):
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+            fallback.append(name)
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home())
     started: list[Any] = []
 
     async def attach(coordinator: Any) -> Any:
-        # A port may be taken (another tq up, a Kafka on 9092): go on without that endpoint,
-        # saying so; the rest of tq up is still useful.
+        # A named port may be taken (another tq up, a Kafka on 9092): go on without that
+        # endpoint, saying so; the rest of tq up is still useful. A default one moves.
         agent = await ExecutorAgent(coordinator.endpoint, secret, secret_file,
                                     os.path.join(data, "executor"), slots=args.slots,
                                     grace=args.grace, connector=connector_config(args),
-                                    kafka=kafka_config(args), endpoints_required=False).start()
+                                    kafka=kafka_config(args), endpoints_required=False,
+                                    endpoint_fallback=fallback).start()
         started.append(agent)
         for message in agent.endpoints.skipped:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
-        extra = "".join(f", {name} {where}" for name, where in (
-            ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
-        groups = coordinator.kafka_address
-        print(f"tq up: coordinator {coordinator.endpoint}"
-              f"{f' (group coordinator {groups})' if groups else ''}, executor {agent.executor_id} "
-              f"({agent.slots.total} slots, broker {agent.broker_address}{extra}), data {data}; "
-              f"clients find it through {cluster_file()}", file=sys.stderr, flush=True)
+        for line in ready_lines(coordinator, agent, data, str(cluster_file())):
+            print(line, file=sys.stderr, flush=True)
         return agent.close
 
     def amend(info: Any) -> Any:
@@ -95,8 +102,37 @@ def _run(args: argparse.Namespace) -> int:
         return dataclasses.replace(info, connector=agent.connector_address or "",
                                    kafka=agent.kafka_address or "")
 
-    return run_coordinator(os.path.join(data, "coordinator"), args.listen, secret, secret_file,
-                           attach=attach, amend=amend, kafka=_group_coordinator(args))
+    return run_coordinator(os.path.join(data, "coordinator"), args.listen or _LISTEN, secret,
+                           secret_file, attach=attach, amend=amend,
+                           kafka=_group_coordinator(args), fallback=args.listen is None,
+                           name="tq up")
+
+
+def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str) -> list[str]:
+    """What tq up prints once ready: each endpoint once, with the port it replaced if a
+    default one was taken."""
+    def taken(asked: str | int | None) -> list[str]:
+        return [] if asked is None else [f"port {str(asked).rpartition(':')[2]} is taken"]
+
+    endpoints = agent.endpoints
+    rows = [("coordinator", coordinator.endpoint, taken(coordinator.moved.get("coordinator"))),
+            ("catalog broker", coordinator.broker_endpoint,
+             taken(coordinator.moved.get("catalog broker"))),
+            (f"executor {agent.executor_id}", f"{agent.slots.total} process slots, broker "
+             f"{agent.broker_address}", [])]
+    if coordinator.kafka_address:
+        rows.append(("group coordinator", coordinator.kafka_address, []))
+    if agent.kafka_address:
+        rows.append(("kafka", agent.kafka_address,
+                     ["bootstrap.servers", *taken(endpoints.moved.get("kafka"))]))
+    if agent.connector_address:
+        rows.append(("connector", agent.connector_address,
+                     taken(endpoints.moved.get("connector"))))
+    width = max(len(name) for name, _, _ in rows)
+    return [f"tq up: ready (pid {os.getpid()}, data {data}); Ctrl-C stops it",
+            *(f"  {name.ljust(width)}  {where}" + (f"  ({'; '.join(notes)})" if notes else "")
+              for name, where, notes in rows),
+            f"  clients find it through {found_through}"]
 
 
 def _group_coordinator(args: argparse.Namespace) -> object | None:

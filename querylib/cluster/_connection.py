@@ -4,6 +4,12 @@ Jupyter's runtime files work. The file holds the coordinator's address and the p
 secret file (never the secret), plus the pid and host of the process that wrote it, so a file
 left behind by a killed coordinator is recognised instead of waited on.
 
+Only the process holding `$TQ_HOME/cluster.lock` (`claim_cluster_file`, what `tq up` and
+`tq coordinator` take before anything else) writes cluster.json, and removes it when it stops:
+a second cluster under the same TQ_HOME is refused, naming the first, instead of taking its
+file over. A file left by a killed process is replaced (its lock ended with it). Likewise
+`hold_data_dir` locks a server's data directory while it runs, naming the holder to another.
+
 Small blocking file work; no sockets. The first request tells whether anyone answers.
 """
 
@@ -15,15 +21,24 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from querylib._pidlock import PidLock
 from querylib.rpc import Credential, default_secret_path, load_credential
 
-from ._errors import START_HINT, ClusterFileError, NoCoordinatorError
+from ._errors import (
+    START_HINT,
+    ClusterFileError,
+    ClusterRunningError,
+    DataDirInUseError,
+    NoCoordinatorError,
+)
 
 __all__ = [
     "ClusterInfo",
     "Connection",
+    "claim_cluster_file",
     "cluster_file",
     "discover",
+    "hold_data_dir",
     "read_cluster_file",
     "remove_cluster_file",
     "tq_home",
@@ -31,6 +46,7 @@ __all__ = [
 ]
 
 CLUSTER_FILE = "cluster.json"
+CLUSTER_LOCK = "cluster.lock"
 _MAX_FILE_BYTES = 64 * 1024
 
 
@@ -120,6 +136,39 @@ def _field(raw: dict[str, object], name: str, kind: type) -> str:
     if not isinstance(value, kind) or not value:
         raise ValueError(f"missing {name!r}")
     return value  # type: ignore[return-value]
+
+
+def claim_cluster_file(home: str | os.PathLike[str] | None = None) -> PidLock:
+    """Hold `$TQ_HOME/cluster.lock` for as long as this process serves the cluster that
+    cluster.json names (release it after removing the file). ClusterRunningError, naming the
+    running cluster and how to run another, when another process holds it."""
+    where = Path(home if home is not None else tq_home())
+    lock = PidLock(where / CLUSTER_LOCK)
+    if lock.acquire():
+        return lock
+    running = None
+    try:
+        running = read_cluster_file(where)
+    except ClusterFileError:
+        pass
+    pid = lock.holder_pid()
+    if running is not None and running.pid == pid:
+        what = f"pid {pid}, coordinator {running.coordinator}"
+    else:
+        what = f"{lock.holder()}, starting"
+    raise ClusterRunningError(
+        f"a tq cluster already runs under TQ_HOME={where} ({what}); use it, stop it, or run "
+        f"another under another TQ_HOME: TQ_HOME=/tmp/tq2 tq up")
+
+
+def hold_data_dir(path: str | os.PathLike[str]) -> PidLock:
+    """Lock a server's data directory (`<path>/tq.lock`, our pid in it) for as long as the
+    server runs; DataDirInUseError naming the holder when another process has it."""
+    lock = PidLock(Path(path) / PidLock.FILE)
+    if lock.acquire():
+        return lock
+    raise DataDirInUseError(f"data directory {path} is in use by {lock.holder()}; stop that "
+                            "process, or choose another --data")
 
 
 def remove_cluster_file(pid: int, home: str | os.PathLike[str] | None = None) -> None:

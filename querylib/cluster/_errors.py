@@ -4,7 +4,9 @@
     ├── UserError
     │   ├── NoCoordinatorError   none configured, none running, or none answering: says how to
     │   │                        start one
-    │   └── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
+    │   ├── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
+    │   ├── ClusterRunningError  a cluster already runs under this $TQ_HOME (names it)
+    │   └── DataDirInUseError    a running process holds this data directory (names it)
     ├── SessionLostError         the coordinator no longer holds our session (lease expired)
     ├── QueryTimeoutError        a query did not end within the time we were willing to wait
     └── QueryEndedError (catalog)
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 from catalog.errors import QueryEndedError, TqError, UserError
 
-__all__ = ["ClusterFileError", "NoCoordinatorError", "QueryFailedError", "QueryTimeoutError",
-           "SessionLostError"]
+__all__ = ["ClusterFileError", "ClusterRunningError", "DataDirInUseError", "NoCoordinatorError",
+           "QueryFailedError", "QueryTimeoutError", "SessionLostError"]
 
 START_HINT = "start one with `tq coordinator` (or `tq up`)"
 
@@ -27,6 +29,15 @@ class NoCoordinatorError(UserError):
 
 class ClusterFileError(UserError):
     """The connection file is unreadable or malformed; the message names it."""
+
+
+class ClusterRunningError(UserError):
+    """Another process holds this $TQ_HOME's cluster.json: a second cluster there would take
+    it over. The message names the running one and says how to run another."""
+
+
+class DataDirInUseError(UserError):
+    """Another running process holds this data directory; the message names it."""
 
 
 class SessionLostError(TqError):
