@@ -127,9 +127,9 @@ def _report_recovery(coordinator: Coordinator, name: str) -> asyncio.Task[None] 
     kinds = _count(s.kind.value for s in sessions)
     live = [q for q in state.catalog.queries if isinstance(q, Query) and not q.state.ended]
     queries = f"; queries {_ids(live)} stay as they were until then" if live else ""
-    print(f"{name}: restarted with {len(sessions)} sessions of the previous run ({kinds}): "
-          f"waiting up to {lease:g}s (the recovery lease) for them to come back, an executor "
-          f"to take its broker back{queries}", file=sys.stderr, flush=True)
+    print(f"{name}: restarted with {_n(len(sessions), 'session')} of the previous run "
+          f"({kinds}): waiting up to {lease:g}s (the recovery lease) for them to come back, "
+          f"an executor to take its broker back{queries}", file=sys.stderr, flush=True)
     waited = {s.session_id for s in sessions}
     watched = {q.query_id for q in live}
     return asyncio.get_running_loop().create_task(
@@ -150,15 +150,20 @@ async def _recovery_outcome(coordinator: Coordinator, name: str, lease: float,
               if isinstance(q, Query) and q.query_id in watched and q.state.ended]
     ended = f"; queries {_ids(failed)} ended with them" if failed and gone else ""
     executors = sum(1 for s in back if s.kind is SessionKind.EXECUTOR)
-    print(f"{name}: recovery lease over: {len(back)} sessions of the previous run came back "
-          f"({executors} executors), {gone} expired{ended}", file=sys.stderr, flush=True)
+    print(f"{name}: recovery lease over: {_n(len(back), 'session')} of the previous run came "
+          f"back ({_n(executors, 'executor')}), {gone} expired{ended}", file=sys.stderr,
+          flush=True)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _count(kinds: Any) -> str:
     counts: dict[str, int] = {}
     for kind in kinds:
         counts[kind] = counts.get(kind, 0) + 1
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    return ", ".join(_n(n, kind) for kind, n in sorted(counts.items()))
 
 
 def _ids(queries: list[Query]) -> str:
