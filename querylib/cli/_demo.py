@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="counting window, seconds of event time (default 1)")
     demo.add_argument("--timeout", type=float, default=900.0,
                       help="give up after this many seconds (default 900)")
-    demo.add_argument("--listen", help="coordinator endpoint (default tcp://127.0.0.1:7400 "
-                      "when free, else free ports)")
+    demo.add_argument("--listen", help="coordinator endpoint (default: tq up's, "
+                      "tcp://127.0.0.1:7400, or free ports when those are taken)")
     demo.set_defaults(func=_run)
 
 

@@ -4,8 +4,8 @@ from start to end and checked.
     run_demo(DemoOptions(data=Path("tq-data"), events=6000), observer) -> DemoSummary
 
 1. Clears the data dir (only one an earlier demo made: it holds `.tq-demo`) and starts
-   `tq up` as a child process with TQ_HOME = the data dir, on 127.0.0.1:7400 when that and
-   the next port are free, else on free ports; waits for its cluster.json.
+   `tq up` as a child process with TQ_HOME = the data dir, on its default ports (it takes
+   free ones for those that are taken); waits for its cluster.json.
 2. Submits `clicks.py` (2 processes): synthetic click events into topic `clicks`.
 3. Submits `page_counts.py` (1 process, a PySpark application): clicks per page per window
    into topic `page_counts`, ending once `clicks` has ended and Spark has drained it.
@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,7 +41,6 @@ __all__ = ["DemoOptions", "DemoSummary", "LiveState", "Observer", "prepare_data_
 
 EXAMPLES = Path(__file__).resolve().parent
 MARKER = ".tq-demo"
-DEFAULT_LISTEN_PORT = 7400  # tq up's default; its catalog broker takes the next port
 _SLOTS = 4  # 2 generator processes + the Spark query, and one to spare
 _POLL = 0.5  # seconds between looks at the catalog and the topics
 _MAX_PROGRAM_BYTES = 64 * 1024 * 1024
@@ -135,33 +133,11 @@ def _refuse_running(data: Path) -> None:
         raise UserError(f"a tq cluster (pid {pid}) runs on {data}; stop it first")
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def choose_listen() -> str:
-    """tq up's default endpoint when it and the next port are free, else a free pair."""
-    if _port_free(DEFAULT_LISTEN_PORT) and _port_free(DEFAULT_LISTEN_PORT + 1):
-        return f"tcp://127.0.0.1:{DEFAULT_LISTEN_PORT}"
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535 and _port_free(port + 1):
-            return f"tcp://127.0.0.1:{port}"
-    raise UserError("no two free consecutive ports on 127.0.0.1 for the cluster")
-
-
 class UpProcess:
     """`tq up` as a child process (its own session, so a Ctrl-C reaches only the demo, which
     stops it in order), its output in `<data>/up.log`."""
 
-    def __init__(self, data: Path, listen: str) -> None:
+    def __init__(self, data: Path, listen: str | None) -> None:
         self.data = data
         self.log_path = data / "up.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQ_")}
@@ -169,7 +145,7 @@ class UpProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "querylib.cli", "up", "--data", str(data),
-                 "--listen", listen, "--slots", str(_SLOTS)],
+                 *(["--listen", listen] if listen else []), "--slots", str(_SLOTS)],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True)
 
@@ -301,9 +277,9 @@ def run_demo(options: DemoOptions, observer: Observer) -> DemoSummary:
         del os.environ[name]
     os.environ["TQ_HOME"] = str(data)
     began = time.monotonic()
-    listen = options.listen or choose_listen()
-    observer.step(f"starting the cluster: tq up --data {data} --listen {listen}")
-    up = UpProcess(data, listen)
+    listen = f" --listen {options.listen}" if options.listen else ""
+    observer.step(f"starting the cluster: tq up --data {data}{listen}")
+    up = UpProcess(data, options.listen)
     try:
         info = up.wait_ready(60.0)
         observer.step(f"cluster up in {time.monotonic() - began:.1f}s: coordinator "
