@@ -2,8 +2,9 @@
 
 A thin adapter over `coordinator.run_coordinator`. It writes `$TQ_HOME/cluster.json` (the
 coordinator's address and the secret file's path) so that clients on this machine need no
-flags, and removes it on a clean exit. The `coordinator` package is imported only when the
-command runs: the rest of `querylib` never depends on the server.
+flags, and removes it on a clean exit; it refuses to start, naming the running one, when a
+cluster already runs under this TQ_HOME (run_coordinator). The `coordinator` package is
+imported only when the command runs: the rest of `querylib` never depends on the server.
 """
 
 from __future__ import annotations
