@@ -2,11 +2,13 @@
 it, so that a process refused the lock can name the one holding it: `tq up` and `tq coordinator`
 hold `$TQ_HOME/cluster.lock` (whose cluster.json it is) and their data directories.
 
-    lock = PidLock(Path(data) / PidLock.FILE)
+    lock = PidLock(path)                 # $TQ_HOME/cluster.lock, say
     if not lock.acquire():
-        raise SomeUserError(f"{data} is in use by {lock.holder()}")
+        raise SomeUserError(f"... held by {lock.holder()}")
     ...
     lock.release()
+
+    lock = hold_data_dir(data)           # <data>/tq.lock, or DataDirInUseError naming the holder
 
 An flock belongs to the open file: it ends with the process however the process ends (SIGKILL
 too), so a lock left by a killed process is simply taken; and the descriptor is close-on-exec,
@@ -23,7 +25,9 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["PidLock"]
+from querylib.errors import DataDirInUseError
+
+__all__ = ["PidLock", "hold_data_dir"]
 
 _MAX_BYTES = 4096
 
@@ -92,6 +96,16 @@ class PidLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def hold_data_dir(path: str | os.PathLike[str]) -> PidLock:
+    """Lock a server's data directory (`<path>/tq.lock`, our pid in it) for as long as the
+    server runs; DataDirInUseError naming the holder when another process has it."""
+    lock = PidLock(Path(path) / PidLock.FILE)
+    if lock.acquire():
+        return lock
+    raise DataDirInUseError(f"data directory {path} is in use by {lock.holder()}; stop that "
+                            "process, or choose another --data")
 
 
 def _command() -> str:

@@ -2,6 +2,7 @@
 
     TqError (catalog.errors)
     ├── UserError
+    │   └── DataDirInUseError           another running process holds this data directory
     ├── ProtocolError
     │   └── RecordError                 a record batch or message set we cannot accept
     │       ├── CorruptRecordError      CRC mismatch                    (Kafka CORRUPT_MESSAGE)
@@ -29,6 +30,7 @@ __all__ = [
     "CompressionError",
     "CorruptDataError",
     "CorruptRecordError",
+    "DataDirInUseError",
     "InvalidLengthError",
     "InvalidRecordError",
     "LogClosedError",
@@ -43,6 +45,11 @@ __all__ = [
     "UnsupportedMagicError",
     "UserError",
 ]
+
+
+class DataDirInUseError(UserError):
+    """Another running process holds this data directory; the message names it (pid and
+    command line) and says what to do."""
 
 
 class RecordError(ProtocolError):

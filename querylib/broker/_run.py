@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from querylib._pidlock import hold_data_dir
 from querylib.log import LogConfig
 from querylib.rpc import BROKER, BlockingClient
 
@@ -35,9 +36,11 @@ def run_broker(data_dir: str, listen: str, secret: bytes, *,
     their clean-shutdown marker). `on_ready(endpoint)` runs once listening. `connector` (a
     querylib.connector.EndpointConfig) opens the connector endpoint, `kafka` (a
     querylib.kafka.KafkaConfig) the Kafka listener; `on_endpoints` is told where they bound.
-    A standalone broker has no catalog: topics are created as the endpoints' configs allow."""
-    return asyncio.run(_serve(data_dir, listen, secret, log_config, limits, on_ready,
-                              connector, kafka, on_endpoints))
+    A standalone broker has no catalog: topics are created as the endpoints' configs allow.
+    DataDirInUseError, naming the holder, when another process runs on `data_dir`."""
+    with hold_data_dir(data_dir):
+        return asyncio.run(_serve(data_dir, listen, secret, log_config, limits, on_ready,
+                                  connector, kafka, on_endpoints))
 
 
 async def _serve(data_dir: str, listen: str, secret: bytes, log_config: LogConfig | None,

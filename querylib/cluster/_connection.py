@@ -21,14 +21,13 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from querylib._pidlock import PidLock
+from querylib._pidlock import PidLock, hold_data_dir
 from querylib.rpc import Credential, default_secret_path, load_credential
 
 from ._errors import (
     START_HINT,
     ClusterFileError,
     ClusterRunningError,
-    DataDirInUseError,
     NoCoordinatorError,
 )
 
@@ -159,16 +158,6 @@ def claim_cluster_file(home: str | os.PathLike[str] | None = None) -> PidLock:
     raise ClusterRunningError(
         f"a tq cluster already runs under TQ_HOME={where} ({what}); use it, stop it, or run "
         f"another under another TQ_HOME: TQ_HOME=/tmp/tq2 tq up")
-
-
-def hold_data_dir(path: str | os.PathLike[str]) -> PidLock:
-    """Lock a server's data directory (`<path>/tq.lock`, our pid in it) for as long as the
-    server runs; DataDirInUseError naming the holder when another process has it."""
-    lock = PidLock(Path(path) / PidLock.FILE)
-    if lock.acquire():
-        return lock
-    raise DataDirInUseError(f"data directory {path} is in use by {lock.holder()}; stop that "
-                            "process, or choose another --data")
 
 
 def remove_cluster_file(pid: int, home: str | os.PathLike[str] | None = None) -> None:

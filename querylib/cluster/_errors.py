@@ -6,7 +6,7 @@
     │   │                        start one
     │   ├── ClusterFileError     $TQ_HOME/cluster.json exists but cannot be used
     │   ├── ClusterRunningError  a cluster already runs under this $TQ_HOME (names it)
-    │   └── DataDirInUseError    a running process holds this data directory (names it)
+    │   └── DataDirInUseError    (querylib.errors) a running process holds this data directory
     ├── SessionLostError         the coordinator no longer holds our session (lease expired)
     ├── QueryTimeoutError        a query did not end within the time we were willing to wait
     └── QueryEndedError (catalog)
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from catalog.errors import QueryEndedError, TqError, UserError
+from querylib.errors import DataDirInUseError
 
 __all__ = ["ClusterFileError", "ClusterRunningError", "DataDirInUseError", "NoCoordinatorError",
            "QueryFailedError", "QueryTimeoutError", "SessionLostError"]
@@ -34,10 +35,6 @@ class ClusterFileError(UserError):
 class ClusterRunningError(UserError):
     """Another process holds this $TQ_HOME's cluster.json: a second cluster there would take
     it over. The message names the running one and says how to run another."""
-
-
-class DataDirInUseError(UserError):
-    """Another running process holds this data directory; the message names it."""
 
 
 class SessionLostError(TqError):

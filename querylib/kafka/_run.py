@@ -17,6 +17,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 
+from querylib._pidlock import hold_data_dir
 from querylib.broker import BrokerLimits, BrokerServer
 from querylib.kafka._apis import ListenerLimits
 from querylib.kafka._broker_backend import KafkaConfig
@@ -71,7 +72,8 @@ def run_kafka(
     on_ready: Callable[[KafkaListener], None] | None = None,
     **options: object,
 ) -> int:
-    """Serve until SIGINT or SIGTERM (blocking). Returns the exit code."""
+    """Serve until SIGINT or SIGTERM (blocking). Returns the exit code. DataDirInUseError,
+    naming the holder, when another process runs on `data_dir`."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -83,5 +85,6 @@ def run_kafka(
                 on_ready(listener)
             await stop.wait()
 
-    asyncio.run(main())
+    with hold_data_dir(data_dir):
+        asyncio.run(main())
     return 0
