@@ -179,3 +179,25 @@ def test_a_killed_ups_cluster_file_is_replaced_and_the_restart_says_what_it_wait
     assert "restarted with 1 session of the previous run (1 executor)" in said, said
     assert "waiting up to 10s (the recovery lease)" in said, said
     assert "0 sessions of the previous run came back (0 executors), 1 expired" in said, said
+
+
+def test_a_second_tq_broker_on_a_data_dir_names_the_first(tmp_path: Path):
+    env = tq_env(tmp_path)
+    data = tmp_path / "broker-data"
+    port = free_port()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "querylib.cli", "broker", "--data", str(data), "--listen",
+         f"tcp://127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert "listening on" in first.stderr.readline()  # type: ignore[union-attr]
+        second = _tq(env, "broker", "--data", str(data), "--listen",
+                     f"tcp://127.0.0.1:{free_port()}", timeout=30)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert f"data directory {data} is in use by process {first.pid} (tq broker " \
+            in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=30)
+        first.stderr.close()  # type: ignore[union-attr]
