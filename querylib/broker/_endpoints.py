@@ -160,7 +160,9 @@ class BrokerEndpoints:
     def _unavailable(self, skipped: _Skipped) -> None:
         if self.required:
             raise EndpointUnavailableError(str(skipped))
-        logger.warning("%s", skipped)
+        # Info, not a warning: whoever asked for required=False reports `skipped` (tq up
+        # prints it), and a warning would say it a second time.
+        logger.info("%s", skipped)
         self.skipped.append(str(skipped))
 
     async def close(self) -> None:
