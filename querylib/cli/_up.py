@@ -118,8 +118,8 @@ def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str) -> 
     rows = [("coordinator", coordinator.endpoint, taken(coordinator.moved.get("coordinator"))),
             ("catalog broker", coordinator.broker_endpoint,
              taken(coordinator.moved.get("catalog broker"))),
-            (f"executor {agent.executor_id}", f"{agent.slots.total} process slots, broker "
-             f"{agent.broker_address}", [])]
+            (f"executor {agent.executor_id}", f"{agent.slots.total} process "
+             f"slot{'' if agent.slots.total == 1 else 's'}, broker {agent.broker_address}", [])]
     if coordinator.kafka_address:
         rows.append(("group coordinator", coordinator.kafka_address, []))
     if agent.kafka_address:
