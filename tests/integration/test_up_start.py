@@ -85,10 +85,13 @@ def test_taken_default_ports_move_to_free_ones_and_each_endpoint_is_printed_once
         up = _UpDefaults(tmp_path)
         try:
             info = up.info
-            assert _port(info["coordinator"]) not in DEFAULT_PORTS
-            assert _port(info["catalog_broker"]) not in DEFAULT_PORTS
-            assert info["kafka"] and _port(info["kafka"]) not in DEFAULT_PORTS
-            assert info["connector"] and _port(info["connector"]) not in DEFAULT_PORTS
+            # A default port someone else held may be free again by now: only those we hold
+            # are certainly taken.
+            for field, default in (("coordinator", 7400), ("catalog_broker", 7401),
+                                   ("connector", 7600), ("kafka", 9092)):
+                assert info[field], info
+                if default in held:
+                    assert _port(info[field]) != default, info
             listed = up.tq("topics")
             assert listed.returncode == 0, listed.stderr
         finally:
