@@ -91,7 +91,7 @@ def is_executor(catalog: Catalog, principal: str) -> bool:
 def placed_on_session(catalog: Catalog, query: Query, process: int, session_id: int) -> bool:
     """Whether `session_id` is the session of the executor process `process` was placed on:
     only it reports what became of the process."""
-    if not 0 <= process < query.processes:
+    if not 0 <= process < query.processes or not query.placed:
         return False
     executor = catalog.find_executor(query.executors[process])
     return executor is not None and executor.session_id == session_id

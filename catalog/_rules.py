@@ -34,6 +34,7 @@ from catalog._commands import (
     KillQuery,
     OpenSession,
     PartitionsDropped,
+    PlaceQuery,
     ProcessExited,
     Publish,
     RegisterBroker,
@@ -194,6 +195,7 @@ def _transition(
     *,
     reason: str = "",
     exit_codes: tuple[int | None, ...] | None = None,
+    executors: tuple[int, ...] | None = None,
 ) -> None:
     """Move a query along the table; when it ends, its publications and subscriptions leave."""
     try:
@@ -208,6 +210,7 @@ def _transition(
     new = msgspec.structs.replace(
         query,
         state=state,
+        executors=query.executors if executors is None else executors,
         exit_codes=query.exit_codes if exit_codes is None else exit_codes,
         started_at_ms=at_ms if event is QueryEvent.START else query.started_at_ms,
         ended_at_ms=at_ms if ends_now else query.ended_at_ms,
@@ -225,7 +228,7 @@ def _lose_executors(catalog: Catalog, txn: Txn, executors: list[Executor], at_ms
     lost = {e.executor_id for e in executors}
     for query in list(catalog.queries):
         assert isinstance(query, Query)
-        if query.ended:
+        if query.ended or not query.placed:
             continue
         gone = sorted(
             {e for e, code in zip(query.executors, query.exit_codes, strict=True) if code is None}
@@ -245,12 +248,10 @@ def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
             f"a query needs at least one process and one worker per process, got "
             f"processes={cmd.processes} workers={cmd.workers}"
         )
-    if len(cmd.executors) != cmd.processes:
-        raise InvalidCommandError(
-            f"placement names {len(cmd.executors)} executors for {cmd.processes} processes"
-        )
-    for executor_id in cmd.executors:
-        catalog.executor(executor_id)
+    pending = not cmd.executors
+    _check_placement(catalog, cmd.processes, cmd.executors, pending)
+    if cmd.start_timeout_ms < 0:
+        raise InvalidCommandError(f"a start timeout is not negative, got {cmd.start_timeout_ms}")
     query = Query(
         query_id=txn.allocate("next_query_id"),
         name=cmd.name,
@@ -259,13 +260,31 @@ def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
         processes=cmd.processes,
         workers=cmd.workers,
         executors=tuple(cmd.executors),
-        state=QueryState.SUBMITTED,
-        exit_codes=(None,) * cmd.processes,
+        state=QueryState.PENDING if pending else QueryState.SUBMITTED,
+        exit_codes=() if pending else (None,) * cmd.processes,
         submitted_at_ms=cmd.at_ms,
         owner=check_principal(cmd.owner),
+        start_timeout_ms=cmd.start_timeout_ms,
     )
     txn.insert("queries", query)
     txn.created = query
+
+
+def _check_placement(catalog: Catalog, processes: int, executors: tuple[int, ...],
+                     pending_ok: bool) -> None:
+    if len(executors) != processes and not (pending_ok and not executors):
+        raise InvalidCommandError(
+            f"placement names {len(executors)} executors for {processes} processes"
+        )
+    for executor_id in executors:
+        catalog.executor(executor_id)
+
+
+def _place_query(catalog: Catalog, txn: Txn, cmd: PlaceQuery) -> None:
+    query = catalog.query(cmd.query_id)
+    _check_placement(catalog, query.processes, cmd.executors, pending_ok=False)
+    _transition(catalog, txn, query, QueryEvent.PLACE, cmd.at_ms,
+                executors=tuple(cmd.executors), exit_codes=(None,) * query.processes)
 
 
 def _start_query(catalog: Catalog, txn: Txn, cmd: StartQuery) -> None:
@@ -278,6 +297,10 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
         raise InvalidCommandError(
             f"query {query.query_id} has processes 0..{query.processes - 1}, not {cmd.process}"
         )
+    if not query.placed:
+        raise QueryStateError(
+            f"query {query.query_id} is {query.state.value}: no process of it was started",
+            query.state.value, QueryEvent.PROCESS_EXITED.value)
     if cmd.session_id is not None:
         _require_placed_on(catalog, query, cmd.process, cmd.session_id)
     if query.exit_codes[cmd.process] is not None:
@@ -671,6 +694,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     RegisterExecutor: _register_executor,
     RemoveExecutor: _remove_executor,
     SubmitQuery: _submit_query,
+    PlaceQuery: _place_query,
     StartQuery: _start_query,
     ProcessExited: _process_exited,
     KillQuery: _kill_query,

@@ -43,6 +43,7 @@ from catalog import (
     NotOwnerError,
     NotPublishedError,
     OpenSession,
+    PlaceQuery,
     PrincipalRef,
     ProcessExited,
     Publication,
@@ -297,9 +298,10 @@ class CatalogMachine(RuleBasedStateMachine):
     def remove_executor(self, data: st.DataObject) -> None:
         self.run(RemoveExecutor(executor_id=self.pick(data, "Executor"), at_ms=self.now()))
 
-    @rule(data=st.data(), processes=st.integers(0, 3))
-    def submit_query(self, data: st.DataObject, processes: int) -> None:
-        executors = tuple(self.pick(data, "Executor") for _ in range(max(processes, 1)))
+    @rule(data=st.data(), processes=st.integers(0, 3), pending=st.booleans())
+    def submit_query(self, data: st.DataObject, processes: int, pending: bool) -> None:
+        executors = () if pending else tuple(
+            self.pick(data, "Executor") for _ in range(max(processes, 1)))
         self.run(
             SubmitQuery(
                 name="q",
@@ -311,6 +313,13 @@ class CatalogMachine(RuleBasedStateMachine):
                 owner=self.principal(data),
             )
         )
+
+    @rule(data=st.data(), processes=st.integers(0, 4))
+    def place_query(self, data: st.DataObject, processes: int) -> None:
+        """Place a pending query (or try a placed one: refused); the count may be wrong."""
+        executors = tuple(self.pick(data, "Executor") for _ in range(processes))
+        self.run(PlaceQuery(query_id=self.pick(data, "Query"), executors=executors,
+                            at_ms=self.now()))
 
     @rule(data=st.data())
     def start_query(self, data: st.DataObject) -> None:
@@ -325,7 +334,8 @@ class CatalogMachine(RuleBasedStateMachine):
         query = self.query_record(query_id)
         self.run(ProcessExited(query_id=query_id, process=process, exit_code=code,
                                at_ms=self.now(), session_id=session_id))
-        if query is not None and 0 <= process < query.processes and session_id is not None:
+        if (query is not None and 0 <= process < query.processes and session_id is not None
+                and query.placed):
             placed = [e.session_id for e in self.catalog.executors
                       if e.executor_id == query.executors[process]]
             if placed != [session_id]:
