@@ -61,6 +61,7 @@ __all__ = [
     "ARTIFACT_CHUNK_BYTES",
     "AddUser",
     "ArtifactStored",
+    "AwaitStart",
     "BrokerInfo",
     "CatalogInfo",
     "CheckpointRef",
@@ -334,7 +335,8 @@ class RemoveExecutor(Request[Done], tag="coord.executor.remove"):
 
 class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
     """A query placed on `executors` (one per process), or by the coordinator when None. The
-    coordinator tells those executors to spawn the processes."""
+    coordinator tells those executors to spawn the processes; a query it places that does not
+    fit the free process slots is pending until it does (in submission order)."""
 
     session_id: int
     name: str
@@ -346,6 +348,18 @@ class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
     # True: answer once every process registered (the query runs), or with QueryFailedError
     # once it failed (a spawn failed, the start timed out, it was killed).
     wait: bool = False
+    # From submission until every process registered (waiting for slots included); past it
+    # the query fails. None: the coordinator's default.
+    start_timeout_ms: int | None = None
+
+
+class AwaitStart(Request[QueryInfo], tag="coord.query.await_start"):
+    """Answer once query `query_id` runs (every process registered), or with QueryFailedError
+    once it failed or was killed first: what a query process waits on before running `main`
+    (the start barrier), and `tq submit` after a pending reply."""
+
+    session_id: int
+    query_id: int
 
 
 class ReportExit(Request[QueryInfo], tag="coord.query.exited"):

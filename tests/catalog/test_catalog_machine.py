@@ -630,7 +630,7 @@ class CatalogMachine(RuleBasedStateMachine):
     def alive(self, party) -> bool:
         if isinstance(party, QueryRef):
             query = next((q for q in self.catalog.queries if q.query_id == party.query_id), None)
-            return query is not None and query.state.value in ("submitted", "running")
+            return query is not None and not query.ended
         if isinstance(party, SessionRef):
             return any(s.session_id == party.session_id for s in self.catalog.sessions)
         if isinstance(party, PrincipalRef) and party.principal != "admin":
