@@ -76,7 +76,7 @@ from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
-from ._slots import Slots
+from ._slots import Slots, default_slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
 
@@ -123,7 +123,7 @@ class ExecutorAgent:
         self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
         self.keys.pin(self.secret.principal, self.secret.for_audience(BROKER).key)
         self._attached = asyncio.Event()
-        self.slots = Slots(slots or max(os.cpu_count() or 1, 1))
+        self.slots = Slots(slots or default_slots(os.cpu_count()))
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
         self.lease = lease

@@ -9,9 +9,11 @@
         querylib.execute(main)
 
 `execute` reads TQ_* (see _env), opens one coordinator session for the process (a query
-session bound to TQ_QUERY_ID and TQ_PROCESS_INDEX, or a client session when run directly) and
-runs `main(ctx)` once per worker, on threads when TQ_WORKERS > 1. `connect()` gives a plain
-script or notebook one Context on a client session.
+session bound to TQ_QUERY_ID and TQ_PROCESS_INDEX, or a client session when run directly),
+waits until every process of the query has registered (the start barrier: no worker runs
+while a sibling process is still starting; the coordinator fails the query at its start
+timeout) and runs `main(ctx)` once per worker, on threads when TQ_WORKERS > 1. `connect()`
+gives a plain script or notebook one Context on a client session.
 
 Must not: parse command lines or touch stdout; the caller owns both.
 """
@@ -135,6 +137,13 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
     their results in worker order. The first worker failure is raised after all finished."""
     query_env = QueryEnv.read(env)
     runtime = _open(query_env, None)
+    if query_env.query_id is not None:
+        try:
+            # The start barrier (DESIGN §6): QueryFailedError if the query failed first.
+            runtime.cluster.await_start(query_env.query_id)
+        except BaseException:
+            runtime.close()
+            raise
     results: list[Any] = [None] * query_env.workers
     errors: list[BaseException | None] = [None] * query_env.workers
 

@@ -136,14 +136,17 @@ class SubmittedQuery:
 def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
            name: str | None = None, args: tuple[Any, ...] = (),
            kwargs: Mapping[str, Any] | None = None, wait: bool = False,
-           executors: tuple[int, ...] | None = None, start_timeout: float = 120.0,
+           executors: tuple[int, ...] | None = None, start_timeout: float | None = None,
            by_value: Iterable[ModuleType] = (), coordinator: str | None = None,
            secret_file: str | None = None, cluster: Cluster | None = None) -> SubmittedQuery:
     """Run `fn(ctx, *args, **kwargs)` as a query of `processes` x `workers` workers.
 
     Returns once every process has registered (the query runs), or raises QueryFailedError
-    with the reason it could not start; with `wait=True` it returns once the query ended
-    (`handle.query` is then its final record). `executors` pins process i to an executor.
+    with the reason it could not start: a query that does not fit the executors' free process
+    slots waits for them (pending, in submission order), and the coordinator fails it unless
+    it runs `start_timeout` seconds after submission (None: the coordinator's default, 60);
+    with `wait=True` it returns once the query ended (`handle.query` is then its final
+    record). `executors` pins process i to an executor.
     Functions of `__main__` (a script, a notebook) travel by value; name other modules whose
     functions should too in `by_value` (else executors import them by name). The arguments
     travel in the same pickle. Pickle runs code when loaded: submit only what you would run.
@@ -161,7 +164,8 @@ def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
         source = cluster.upload_artifact(sha256_hex(pack), pack)
         query = cluster.submit_query(
             name or getattr(fn, "__name__", "function"), source, processes=processes,
-            workers=workers, executors=executors, wait=True, timeout=start_timeout)
+            workers=workers, executors=executors, start_timeout=start_timeout)
+        query = cluster.await_start(query.query_id)
         handle = SubmittedQuery(cluster, query, owns_cluster=owns)
         if wait:
             handle.wait()

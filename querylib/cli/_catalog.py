@@ -215,9 +215,11 @@ def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> in
     topics = {t.topic_id: t for t, _ in snaps["topics"].records}
     party = QueryRef(query_id)
     codes = ",".join("-" if c is None else str(c) for c in query.exit_codes)
+    where = (f"on executors {describe(query.executors)}; exit codes {codes}" if query.executors
+             else "waiting for free process slots" if query.state.value == "pending"
+             else "never placed")
     lines = [f"query {query.query_id} {query.name} [{query.state.value}] {query.processes} x "
-             f"{query.workers} on executors {describe(query.executors)}; exit codes {codes}"
-             + (f": {query.reason}" if query.reason else "")]
+             f"{query.workers} {where}" + (f": {query.reason}" if query.reason else "")]
     lines += [f"  publishes {_topic_label(topics.get(p.topic_id))}"
               for p, _ in snaps["publications"].records if p.publisher == party]
     lines += [f"  subscribes {_topic_label(topics.get(s.topic_id))}"
@@ -228,7 +230,8 @@ def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> in
 
 def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]:
     """The tree `tq status` prints: executors -> queries -> publications/subscriptions, then
-    queries elsewhere, then client sessions with what they publish and subscribe."""
+    the pending queries (waiting for slots), queries elsewhere, then client sessions with what
+    they publish and subscribe."""
     from catalog import QueryRef, SessionRef
 
     def records(name: str) -> list[Any]:
@@ -268,6 +271,13 @@ def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]
             lines += party_lines(QueryRef(q.query_id), "      ")
     if not executors:
         lines.append("  (none: start one with `tq executor` or run `tq up`)")
+    pending = [q for q in queries if q.state.value == "pending"]
+    if pending:
+        # The queue: placed in this order once their processes fit the free slots.
+        lines.append(f"pending queries ({len(pending)}), oldest first")
+        lines += [f"  query {q.query_id} {q.name} [pending] waits for {q.processes} free "
+                  f"process slot{'s' if q.processes > 1 else ''}" for q in pending]
+        shown.update(q.query_id for q in pending)
     others = [q for q in queries if q.query_id not in shown]
     if others:
         lines.append(f"other queries ({len(others)})")

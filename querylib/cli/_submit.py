@@ -1,8 +1,9 @@
 """`tq submit`: pack a program, upload it to the coordinator, and run it as a query (DESIGN §6).
 
 A thin adapter over `querylib.artifacts` and the cluster client. The command returns once every
-process of the query registered (the query runs), or fails with the reason a process could not
-start. With `--wait` it then waits for the query to end and exits with its outcome.
+process of the query registered (the query runs; one that waits for free process slots says it
+is pending first), or fails with the reason it could not start. With `--wait` it then waits for
+the query to end and exits with its outcome.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
                         "process)")
     parser.add_argument("--wait", action="store_true",
                         help="wait for the query to end; exit non-zero unless it finished")
-    parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long to wait for the processes to start (default 120)")
+    parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                        help="fail the query unless every process has started this long "
+                        "after submission, waiting for free slots included (default: the "
+                        "coordinator's, 60)")
     add_cluster_options(parser)
 
 
@@ -74,7 +77,12 @@ def _submit(args: argparse.Namespace) -> int:
             args.name or path.stem, source, processes=args.processes, workers=args.workers,
             args=tuple(program_args),
             executors=None if args.executors is None else tuple(args.executors),
-            wait=True, timeout=args.start_timeout)
+            start_timeout=args.start_timeout)
+        if query.state.value == "pending":
+            print(f"query {query.query_id} ({query.name}) pending: waits for "
+                  f"{query.processes} free process slots (`tq status` shows the queue)",
+                  file=sys.stderr, flush=True)
+        query = cluster.await_start(query.query_id)
         print(f"query {query.query_id} ({query.name}) {query.state.value}: "
               f"{query.processes} x {query.workers} on executors "
               f"{', '.join(map(str, query.executors))}", file=sys.stderr, flush=True)

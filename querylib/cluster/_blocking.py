@@ -153,6 +153,9 @@ class Cluster:
     def submit_query(self, name: str, program: str, **options: Any) -> Query:
         return self._call(self._async.submit_query(name, program, **options))
 
+    def await_start(self, query_id: int, *, timeout: float | None = None) -> Query:
+        return self._call(self._async.await_start(query_id, timeout=timeout))
+
     def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
         return self._call(self._async.report_exit(query_id, process, exit_code))
 
