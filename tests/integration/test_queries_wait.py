@@ -183,3 +183,22 @@ def test_start_timeout_is_the_coordinators_limit(up2: Up, tmp_path: Path) -> Non
     (query,) = up2.queries()
     assert query.state == QueryState.FAILED  # at once, in the catalog too
     assert "not every process registered within 3s" in query.reason
+
+
+def _never_runs(ctx: object) -> None:
+    raise AssertionError("a query that cannot fit must not run")
+
+
+def test_submit_start_timeout_is_the_coordinators_limit_too(up2: Up) -> None:
+    """`querylib.submit(start_timeout=)`: 3 processes never fit 2 slots; the coordinator fails
+    the query at the timeout and the handle's exception says why."""
+    import querylib
+    from querylib.cluster import QueryFailedError
+
+    with pytest.raises(QueryFailedError, match=r"waited 2s for 3 free process slots \(2 of "
+                       r"the executors' 2 are free\)"):
+        querylib.submit(_never_runs, processes=3, start_timeout=2,
+                        coordinator=up2.info["coordinator"],
+                        secret_file=up2.info["secret_file"])
+    (query,) = up2.queries()
+    assert query.state == QueryState.FAILED and query.executors == ()
