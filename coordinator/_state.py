@@ -344,8 +344,13 @@ class CoordinatorState:
             query = self.catalog.query(query_id)
             seconds = self.config.start_timeout(query) / 1000
             if query.state == QueryState.SUBMITTED:
+                registered = self.registered.get(query_id, set())
+                missing = [str(p) for p in range(query.processes)
+                           if p not in registered and query.exit_codes[p] is None]
                 self.apply(FailQuery(query_id=query_id, at_ms=wall_ms, reason=(
-                    f"not every process registered within {seconds:g}s")), now, wall_ms)
+                    f"not every process registered within {seconds:g}s (process"
+                    f"{'es' if len(missing) > 1 else ''} {', '.join(missing)} did not)")),
+                    now, wall_ms)
             elif query.state == QueryState.PENDING:
                 self.apply(FailQuery(query_id=query_id, at_ms=wall_ms,
                                      reason=self._no_slots_reason(query, seconds)),
