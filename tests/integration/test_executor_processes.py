@@ -122,7 +122,8 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
 
     async def go():
         out = Recorder()
-        sup = supervisor(tmp_path, out, base_env={**os.environ, "TQ_COORDINATOR": "stale"})
+        sup = supervisor(tmp_path, out, base_env={**os.environ, "TQ_COORDINATOR": "stale",
+                                                  "TQ_HOME": "/the/executor/home"})
         first = await sup.spawn(spec, prog)
         report = await first.wait()
         second = await sup.spawn(spec, prog)  # the same process again: a new work directory
@@ -138,6 +139,7 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
         "TQ_QUERY_ID": "12", "TQ_PROCESS_INDEX": "1", "TQ_PROCESS_COUNT": "2",
         "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://127.0.0.1:7400",
         "TQ_PEERS": "tcp://a:1,tcp://b:2", "TQ_CREDENTIALS": "/tmp/credential.json",
+        "TQ_HOME": "/the/executor/home",  # the one TQ_* variable of the executor's kept
         "TQ_BROKER": "tcp://127.0.0.1:7500", "TQ_EXECUTOR_ID": "5",
         "TQ_WORK_DIR": str(first.launched.work_dir), "PYTHONUNBUFFERED": "1"}
     assert seen["argv"] == ["--flag", "value with spaces"]
