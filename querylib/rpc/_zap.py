@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
 from collections import deque
@@ -34,6 +35,8 @@ from typing import Any
 import zmq
 
 __all__ = ["ZAP_ENDPOINT", "Verdict", "admit_through", "stop_admitting"]
+
+log = logging.getLogger("querylib.rpc")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _VERSION = b"1.0"
@@ -116,7 +119,10 @@ class _ZapHandler:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._request(frames)
+                try:
+                    self._request(frames)
+                except Exception:  # a bug here; every server's handshakes depend on us
+                    log.exception("ZAP handler: bug while handling a request")
 
     def _request(self, frames: list[bytes]) -> None:
         # [routing id][empty][version][request id][domain][address][identity][mechanism]
