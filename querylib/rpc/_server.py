@@ -264,8 +264,7 @@ class RpcServer:
     def _handshake(self, username: bytes, token: bytes, verdict: Verdict) -> None:
         """A peer connects (called on our loop by the ZAP handler): admit it or not."""
         if self._closed:
-            verdict(False)
-            return
+            return  # no verdict: a refusal would tell the peer its key is wrong
         if len(self._admitting) >= self._max_parked:
             self._drops["handshake_deferred"] += 1  # too many wait for keys: it comes again
             return

@@ -13,10 +13,11 @@ registers under its own domain. The handler runs on a thread of its own because 
 of one context may run on different event loops, any of which may be busy or gone: it moves
 each request to the server owning the domain, on that server's loop (keyrings are only used
 from their server's loop), and the server's verdict back through a queue and a wake-up pipe.
-A server may also never answer (it cannot tell yet): ZeroMQ then drops the connection at the
-server's handshake interval, and the peer, which counts that as a lost connection, connects
-again by itself. The thread starts with the first server of its context and stops with the
-last, since its socket left open would keep `Context.term` waiting forever.
+A server may also never answer (it cannot tell yet, or it is closing): ZeroMQ then drops the
+connection at the server's handshake interval, or with the socket, and the peer, which counts
+that as a lost connection, connects again by itself. The thread starts with the first server
+of its context and stops with the last, since its socket left open would keep `Context.term`
+waiting forever.
 
 Must not: look at keys or credentials (the servers decide), or block on a server.
 """
@@ -131,18 +132,19 @@ class _ZapHandler:
             return
         routing, _, version, request_id, domain, _address, _identity, mechanism = frames[:8]
         credentials = frames[8:]
-        door = self.doors.get(domain)
-        if version != _VERSION or door is None or mechanism != b"PLAIN" \
-                or len(credentials) != 2:
+        if version != _VERSION or mechanism != b"PLAIN" or len(credentials) != 2:
             self._answer(routing, request_id, b"", False)
             return
+        door = self.doors.get(domain)
+        if door is None:
+            return  # its server is closing: no verdict (a refusal would say "wrong key")
         loop, check = door
         username, password = credentials
         verdict = functools.partial(self._answer, routing, request_id, username)
         try:
             loop.call_soon_threadsafe(check, username, password, verdict)
         except RuntimeError:  # that server's loop is closed: it serves nobody any more
-            self._answer(routing, request_id, b"", False)
+            pass
 
 
 _lock = threading.Lock()
