@@ -22,6 +22,7 @@ Must not: know keys or credentials (querylib.rpc derives and checks those), read
 from __future__ import annotations
 
 import enum
+import functools
 import re
 
 from catalog.errors import InvalidCommandError
@@ -72,6 +73,7 @@ class Role(enum.StrEnum):
                                       f"{', '.join(r.value for r in cls)}") from None
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every message a server receives
 def principal_kind(principal: str) -> PrincipalKind:
     """The kind of a well-formed principal; InvalidCommandError for anything else."""
     if principal == ADMIN:

@@ -86,22 +86,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_listener(data_dir: str, port: int) -> subprocess.Popen[bytes]:
-    code = ("import sys; from querylib.kafka import run_kafka; "
-            "sys.exit(run_kafka(sys.argv[1], '127.0.0.1', int(sys.argv[2])))")
-    proc = subprocess.Popen([sys.executable, "-c", code, data_dir, str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _accepting(proc: subprocess.Popen[bytes], port: int) -> subprocess.Popen[bytes]:
+    """`proc` once something accepts connections on `port` (RuntimeError if it exits)."""
     deadline = time.monotonic() + _READY_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"listener exited: {proc.stderr.read().decode()[-400:]}")
+            assert proc.stderr is not None
+            raise RuntimeError(f"{proc.args[1:4]} exited: {proc.stderr.read().decode()[-400:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("listener did not start")
+    raise RuntimeError(f"{proc.args[1:4]} did not start listening")
+
+
+def _start_listener(data_dir: str, port: int) -> subprocess.Popen[bytes]:
+    code = ("import sys; from querylib.kafka import run_kafka; "
+            "sys.exit(run_kafka(sys.argv[1], '127.0.0.1', int(sys.argv[2])))")
+    return _accepting(subprocess.Popen([sys.executable, "-c", code, data_dir, str(port)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -136,21 +141,10 @@ def _consume(port: int, records: int, extra: dict[str, Any]) -> tuple[int, int, 
 
 def _start_broker(data_dir: str, secret_file: str, port: int, *extra: str
                   ) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "querylib.cli", "broker", "--data", data_dir,
-                             "--listen", "tcp://127.0.0.1:0", "--secret-file", secret_file,
-                             "--kafka-port", str(port), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + _READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"broker exited: {proc.stderr.read().decode()[-400:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("broker did not start")
+    return _accepting(subprocess.Popen(
+        [sys.executable, "-m", "querylib.cli", "broker", "--data", data_dir, "--listen",
+         "tcp://127.0.0.1:0", "--secret-file", secret_file, "--kafka-port", str(port), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
 
 
 def _produce_consume(config: dict[str, Any], topic: str, records: int) -> tuple[float, float]:

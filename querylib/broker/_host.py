@@ -283,14 +283,16 @@ def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
     return 0, bool(ended)
 
 
-def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader, bool]]:
-    """(header, is it a control batch) of each batch in [lo, hi), damaged ranges skipped (what
-    they held is unknown)."""
+def _walk(log: PartitionLog, lo: int,
+          hi: int) -> Iterator[tuple[bytes, int, BatchHeader] | None]:
+    """Each batch in [lo, hi) as (the chunk read, its position there, its header), in order;
+    None for a damaged range, which is skipped."""
     offset = lo
     while offset < hi:
         try:
             data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
         except CorruptDataError as exc:
+            yield None
             offset = max(exc.end_offset, offset + 1)
             continue
         if not data:
@@ -300,39 +302,35 @@ def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader,
             header = read_header(data, pos)
             if header.base_offset >= hi:
                 return
-            yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
+            yield data, pos, header
             pos += header.size
             offset = header.next_offset
+
+
+def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader, bool]]:
+    """(header, is it a control batch) of each batch in [lo, hi), damaged ranges skipped (what
+    they held is unknown)."""
+    for found in _walk(log, lo, hi):
+        if found is not None:
+            data, pos, header = found
+            yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
 
 
 def _batches(log: PartitionLog, lo: int,
              hi: int) -> Iterator[tuple[ControlType | None, int | None]]:
     """(control type or None for data, frontier value or None) of each batch in [lo, hi); a
     damaged range counts as data (what it held is unknown: it ends no stream)."""
-    offset = lo
-    while offset < hi:
-        try:
-            data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
-        except CorruptDataError as exc:
+    for found in _walk(log, lo, hi):
+        if found is None:
             yield None, None
-            offset = max(exc.end_offset, offset + 1)
             continue
-        if not data:
-            return
-        pos = 0
-        while pos < len(data):
-            header = read_header(data, pos)
-            if header.base_offset >= hi:
-                return
-            if data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-                batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
-                for record in batch.records:
-                    kind, value = control_of(record)
-                    if kind == ControlType.FRONTIER:
-                        yield kind, decode_int64(value)
-                    elif kind in (ControlType.END_OF_STREAM, ControlType.REOPEN):
-                        yield kind, None
-            else:
-                yield None, None
-            pos += header.size
-            offset = header.next_offset
+        data, pos, header = found
+        if not data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
+            yield None, None
+            continue
+        for record in decode_batch(data[pos:pos + header.size], verify_crc=False).records:
+            kind, value = control_of(record)
+            if kind == ControlType.FRONTIER:
+                yield kind, decode_int64(value)
+            elif kind in (ControlType.END_OF_STREAM, ControlType.REOPEN):
+                yield kind, None

@@ -24,6 +24,7 @@ Must not: decide anything (the core does), or append to a log (the append lane d
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -75,13 +76,19 @@ class OpenDirectory:
         pass  # nothing ever changes
 
 
+LOCAL_SESSIONS = "tq.local."  # the prefix of in-process sessions' ids, which RPC may not use
+
+
 class PortLink(SessionLink):
     """A broker session in the broker's own process: `BrokerLink`'s interface, no socket.
-    Its principal may be "system" (tq's own writers), which no RPC client may claim."""
+    Its principal may be "system" (tq's own writers), which no RPC client may claim. Its id
+    starts with LOCAL_SESSIONS, which RPC clients may not use, so a client cannot take the id
+    first (the connector names its streams' sessions predictably, to reopen them)."""
 
     def __init__(self, server: BrokerServer, *, principal: str, lease: float = 10.0,
                  timeout: float = 30.0, session: str | None = None) -> None:
-        super().__init__(principal=principal, lease=lease, timeout=timeout, session=session)
+        super().__init__(principal=principal, lease=lease, timeout=timeout,
+                         session=LOCAL_SESSIONS + (session or uuid.uuid4().hex))
         self._server = server
 
     @property

@@ -48,10 +48,11 @@ from querylib.rpc import (
     error_body,
 )
 
-from ._access import SYSTEM
+from ._access import ADMIN, SYSTEM
 from ._errors import (
     BrokerClosedError,
     BrokerProtocolError,
+    PartitionNotHereError,
     PrincipalError,
     UnknownPartitionError,
 )
@@ -134,7 +135,7 @@ from ._messages import (
     UnsubscribeRequest,
 )
 from ._model import BrokerLimits
-from ._port import BrokerPort, OpenDirectory, TopicDirectory
+from ._port import LOCAL_SESSIONS, BrokerPort, OpenDirectory, TopicDirectory
 from ._state import BrokerState
 
 __all__ = ["BrokerServer", "server_limits"]
@@ -383,6 +384,22 @@ class BrokerServer:
         self._opening.pop(pid, None)
         return pid
 
+    async def _may_create(self, topic: str, partition: int) -> None:
+        """A reader may have a partition created empty only where the directory places it (a
+        topic the catalog places here that nobody wrote yet); PartitionNotHereError,
+        UnknownPartitionError or the directory's refusal otherwise."""
+        if (topic, partition) in self.state.partitions:
+            return
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, partition, create=False)
+        if rule.partitions is not None and not 0 <= partition < rule.partitions:
+            raise UnknownPartitionError(f"topic {topic!r} has {rule.partitions} partition(s); "
+                                        f"there is no partition {partition}")
+        if rule.here is not None and partition not in rule.here:
+            raise PartitionNotHereError(f"partition {partition} of {topic!r} lives on another "
+                                        "broker: read it there")
+
     async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """Check an open partition against the incarnation a writer names, under its opening
         lock (it may be set aside: then it is no longer hosted)."""
@@ -608,7 +625,8 @@ class BrokerServer:
             raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
         if remote:
             session_id = getattr(request, "session", None)
-            if session_id in self._local:
+            if session_id in self._local or (
+                    session_id and session_id.startswith(LOCAL_SESSIONS)):
                 raise PrincipalError("that session belongs to the broker's own process; open "
                                      "one of your own")
             session = self.state.sessions.get(session_id) if session_id else None
@@ -616,6 +634,11 @@ class BrokerServer:
                 raise PrincipalError(f"session {session_id!r} belongs to another principal")
             if isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
+                # Under a coordinator, drops come from the catalog through the executor (in
+                # process); over RPC only the holder of the cluster secret drops data.
+                raise PrincipalError(f"{principal} may not drop partitions: only the admin may "
+                                     "(under a coordinator, `tq topic delete` drops them)")
         return await handler(request, payload, peer, remote)
 
     async def _call(self, peer: bytes | None, session: str,
@@ -653,6 +676,8 @@ class BrokerServer:
 
         async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
                          remote: bool) -> PartitionInfo:
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return self.state.partition_info(pid)
@@ -701,6 +726,8 @@ class BrokerServer:
                             remote: bool) -> Subscribed:
             if peer is None:
                 raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return await self._call(peer, req.session, lambda t: Subscribe(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,11 +48,7 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
     parser.add_argument("--connector-credits", type=int, default=1024, metavar="K",
                         help="frames a connector connection may have unacknowledged "
                         "(default 1024)")
-    parser.add_argument("--connector-tls-cert", metavar="FILE",
-                        help="speak TLS on the connector endpoint with this certificate chain "
-                        "(PEM; with --connector-tls-key)")
-    parser.add_argument("--connector-tls-key", metavar="FILE",
-                        help="the private key of --connector-tls-cert (PEM)")
+    _add_tls_options(parser, "--connector-tls", "the connector endpoint")
     _add_insecure(parser)
 
 
@@ -71,16 +68,21 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
                         help="Kafka clients must authenticate with SASL as tq users (`tq user "
                         "add`): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default all three; "
                         "comma-separated to choose)")
-    parser.add_argument("--kafka-tls-cert", metavar="FILE",
-                        help="speak TLS on the Kafka listener with this certificate chain "
-                        "(PEM; with --kafka-tls-key): SSL, or SASL_SSL with --kafka-sasl")
-    parser.add_argument("--kafka-tls-key", metavar="FILE",
-                        help="the private key of --kafka-tls-cert (PEM)")
+    _add_tls_options(parser, "--kafka-tls",
+                     "the Kafka listener (SSL, or SASL_SSL with --kafka-sasl)")
     _add_insecure(parser)
     add_kafka_limit_options(parser)
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _add_tls_options(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    parser.add_argument(f"{flag}-cert", metavar="FILE",
+                        help=f"speak TLS on {what} with this certificate chain (PEM; with "
+                        f"{flag}-key)")
+    parser.add_argument(f"{flag}-key", metavar="FILE", help=f"the private key of {flag}-cert "
+                        "(PEM)")
 
 
 def _add_insecure(parser: argparse.ArgumentParser) -> None:
@@ -197,15 +199,21 @@ def connector_config(args: argparse.Namespace) -> object | None:
 def add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", required=True, metavar="ADDR",
                         help="the broker's endpoint, e.g. tcp://127.0.0.1:7500")
-    parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret)")
+    parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
+                        help="who you are: a credential file from `tq user add`, or the cluster "
+                        "secret (default $TQ_CREDENTIALS, else $TQ_HOME/secret)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds to wait for the broker (default 30)")
 
 
-def client_secret(args: argparse.Namespace) -> bytes:
-    from querylib.rpc import default_secret_path, load_secret
+def client_secret(args: argparse.Namespace) -> Any:
+    """The credential a client of one broker signs with (querylib.rpc.Credential)."""
+    import os
 
-    return load_secret(args.secret_file or default_secret_path())
+    from querylib.rpc import default_secret_path, load_credential
+
+    return load_credential(args.secret_file or os.environ.get("TQ_CREDENTIALS")
+                           or default_secret_path())
 
 
 def _run(args: argparse.Namespace) -> int:

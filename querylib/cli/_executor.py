@@ -33,8 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and kills query processes as the coordinator asks.")
     parser.add_argument("--coordinator", metavar="ADDR", help="the coordinator's endpoint "
                         "(default: $TQ_COORDINATOR, else $TQ_HOME/cluster.json)")
-    parser.add_argument("--secret-file", help="cluster secret (default: the one cluster.json "
-                        "names, else $TQ_HOME/secret)")
+    parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
+                        help="who the executor is: an executor credential (`tq user add NAME "
+                        "--role executor` on the coordinator's host), or the cluster secret "
+                        "(default: $TQ_CREDENTIALS, else the secret file cluster.json names, "
+                        "else $TQ_HOME/secret)")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
     parser.add_argument("--slots", type=int, help="process slots (default: CPU count)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")

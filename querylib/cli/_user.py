@@ -89,14 +89,31 @@ def _add(args: argparse.Namespace) -> int:
         return _write(cluster, cluster.add_user(principal, role), args.output)
 
 
+def _existing(cluster: Any, name: str, timeout: float) -> str:
+    """The principal NAME names: as given when it has a kind, else the one user:NAME or
+    executor:NAME that exists (UserError when both or neither do)."""
+    if ":" in name or name == "admin":
+        return name
+    records = cluster.snapshot("users", timeout=timeout)["users"].records
+    found = [u.principal for u, _ in records
+             if u.principal in (f"user:{name}", f"executor:{name}")]
+    if len(found) != 1:
+        from catalog.errors import UserError
+
+        raise UserError(f"no user or executor named {name!r}" if not found else
+                        f"both user:{name} and executor:{name} exist: say which")
+    return found[0]
+
+
 def _rotate(args: argparse.Namespace) -> int:
     with connect(args, session=True) as cluster:
-        return _write(cluster, cluster.rotate_user(principal_of(args.name)), args.output)
+        principal = _existing(cluster, args.name, args.timeout)
+        return _write(cluster, cluster.rotate_user(principal), args.output)
 
 
 def _remove(args: argparse.Namespace) -> int:
-    principal = principal_of(args.name)
     with connect(args, session=True) as cluster:
+        principal = _existing(cluster, args.name, args.timeout)
         cluster.remove_user(principal)
     print(f"{principal} removed: its credential no longer works")
     return 0

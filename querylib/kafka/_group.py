@@ -403,7 +403,12 @@ class GroupMachine:
         group.rebalance_deadline = now + timeout
         delay = self.config.initial_rebalance_delay_ms
         group.join_ready_at = now + delay if was_empty and delay > 0 else -1
-        self._try_complete_join(group, now, out)
+        if now >= group.rebalance_deadline:
+            # Nobody left to wait for (the last member expired; only ids handed out with
+            # MEMBER_ID_REQUIRED remain): complete now, as tick would at the deadline.
+            self._complete_join(group, now, out)
+        else:
+            self._try_complete_join(group, now, out)
 
     def _try_complete_join(self, group: Group, now: int, out: Out) -> None:
         if now < group.join_ready_at and group.members:

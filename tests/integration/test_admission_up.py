@@ -7,6 +7,7 @@ One `tq up` with both endpoints serves the module; a query it ran owns `owned`."
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from catalog import QueryRef
 from catalog.errors import TqError
-from querylib.broker import Data, EndOfStream, Producer, Subscriber
+from querylib.broker import Data, EndOfStream, PrincipalError, Producer, Subscriber
 from querylib.kafka import ApiKey, ErrorCode
 from querylib.records import encode_batch
 from querylib.rpc import (
@@ -267,3 +268,36 @@ def test_a_kafka_batch_over_the_brokers_maximum_is_message_too_large(
         assert producer.send("too-large", b"small", partition=0).get(timeout=30).offset == 0
     finally:
         producer.close(timeout=10)
+
+
+def test_rpc_clients_drop_nothing_and_create_only_what_the_catalog_places(
+        up: UpWithEndpoints, tmp_path: Path) -> None:
+    """A user may not drop a topic's partitions over broker RPC (only `tq topic delete`, or the
+    admin on a standalone broker), nor have a broker create partitions the catalog does not
+    place there by reading them."""
+    address, topic = _address(up, "owned")
+    eve = tmp_path / "eve.credential"
+    assert up.tq("user", "add", "eve", "-o", str(eve)).returncode == 0
+    credential = load_credential(eve)
+    before = _values(up, "owned")
+
+    async def attempt() -> None:
+        from querylib.broker import BrokerLink
+        from querylib.broker._messages import DropPartitionRequest, EnsurePartition
+
+        link = BrokerLink(address, credential, timeout=10)
+        await link.start()
+        try:
+            with pytest.raises(PrincipalError, match="may not drop partitions"):
+                await link.request(DropPartitionRequest(topic="owned", partition=0))
+            for partition in (1, 7):  # `owned` has one partition
+                with pytest.raises(TqError, match="no partition"):
+                    await link.request(EnsurePartition(topic="owned", partition=partition,
+                                                       create=True))
+        finally:
+            await link.close()
+
+    asyncio.run(attempt())
+    assert _values(up, "owned") == before
+    broker_dir = up.home / "executor" / "broker"
+    assert not (broker_dir / "owned-1").exists() and not (broker_dir / "owned-7").exists()

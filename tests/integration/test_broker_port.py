@@ -21,6 +21,7 @@ from querylib.broker import (
     ProduceRequest,
     TopicAuthorizationError,
 )
+from querylib.broker._messages import OpenSessionRequest
 from querylib.records import encode_batch
 from querylib.rpc import Credential, SecretRejectedError, principal_key
 
@@ -50,12 +51,17 @@ def test_only_the_port_writes_as_tq_and_rpc_cannot_borrow_its_sessions(tmp_path:
             rpc = BrokerLink(address, SECRET, timeout=5)
             await rpc.start()
             with pytest.raises(PrincipalError):
-                await rpc.request(ProduceRequest(session="tq.well-known", topic="__logs",
+                await rpc.request(ProduceRequest(session=own.session, topic="__logs",
                                                  partition=0),
                                   payload=[encode_batch([(2, None, b"forged", ())])])
             with pytest.raises(TopicAuthorizationError):
                 await rpc.request(OpenProducerRequest(session=rpc.session, topic="__logs",
                                                       partition=0))
+            # ...or take first the id of a session the port will open (the connector's are
+            # predictable): the port's ids are its own.
+            with pytest.raises(PrincipalError):
+                await rpc.request(OpenSessionRequest(session="tq.local.tq.connector.1",
+                                                     lease=5.0))
             await rpc.close()
             # AsyncProducer runs over either door: the port, as tq...
             async with AsyncProducer(server.port, "__logs", principal="system") as producer:
