@@ -308,7 +308,7 @@ class Subscription:
                     key = r.value or b""
                     snapshot[key] = snapshot.get(key, 0) + _diff_of(r)
             else:
-                source.pending.append(self._decode(event, True))
+                source.pending.append(self._decode(event))
         source.frontier = f0
         return f0
 
