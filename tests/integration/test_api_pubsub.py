@@ -250,6 +250,20 @@ def test_collection_records_stored_after_the_frontier_follow_the_snapshot(
                 assert sub.next_event(timeout=30) == querylib.Data(1, [("pear", -1)], 0)
 
 
+def test_an_ended_collection_ends_its_subscriptions(coordinator: CoordinatorProcess) -> None:
+    """A collection whose publisher has closed gives its snapshot and then EndOfStream, as an
+    ended stream does, so `for event in sub` ends (it used to wait forever after the
+    snapshot)."""
+    with querylib.connect() as ctx:
+        with ctx.publish("prices", kind="collection") as out:
+            out.send(0, [("tea", 3), ("milk", 1)])
+            out.advance_to(1)
+        with ctx.subscribe("prices") as sub:
+            assert sub.next_event(timeout=30) == querylib.Snapshot(1, [("tea", 3), ("milk", 1)])
+            assert sub.next_event(timeout=30) == querylib.EndOfStream()
+            assert sub.next_event(timeout=0.1) is None
+
+
 def _take(sub: querylib.Subscription, seen: list[Any], until: type) -> bool:
     event = sub.next_event(timeout=0.2)
     if event is not None:
