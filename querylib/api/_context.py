@@ -80,7 +80,9 @@ class Context:
                   kind: TopicKind | str | None = None, group: str | None = None
                   ) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
-        topic that does not exist yet (UnknownTopicError after that).
+        topic that does not exist yet (UnknownTopicError after that). `start` is "earliest",
+        "latest", an offset (every partition) or {partition: offset}; a collection is always
+        read from the start, as a Snapshot and then diffs.
 
         With `group`, this subscriber is a member of that Kafka consumer group: it reads the
         partitions the group assigns it, from the group's committed offsets (else `start`;

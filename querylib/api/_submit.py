@@ -115,7 +115,8 @@ class SubmittedQuery:
         return self.query
 
     def kill(self, reason: str = "killed by querylib.submit") -> Query:
-        """Kill every process of the query (TERM, then KILL after the executor's grace)."""
+        """Kill every process of the query (TERM, then KILL after the executor's grace);
+        returns the query's record as the coordinator updated it (state killed)."""
         return self.cluster.kill_query(self.query_id, reason)
 
     def close(self) -> None:
