@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -58,11 +59,20 @@ def _read(folder: Path) -> tuple[bytes, dict[str, Any]]:
 
 def _unpickle(blob: bytes, meta: dict[str, Any]
               ) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+    name = meta.get("name", "the function")
     try:
         fn, args, kwargs = pickle.loads(blob)  # noqa: S301 - see the module docstring
+    except ImportError as exc:
+        # The function (or something it uses) was pickled by reference to a module the
+        # executor cannot import: it has to travel by value.
+        module = exc.name or "its module"
+        raise _fail(f"cannot load {name}: module {module!r} is not importable on the executor "
+                    f"({type(exc).__name__}: {exc}); submit with by_value=[{module}] to send "
+                    "the module with the function, or by_value=True for all your own "
+                    "modules") from exc
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's to read
-        raise _fail(f"cannot unpickle {meta.get('name', 'the function')}: "
-                    f"{type(exc).__name__}: {exc}") from exc
+        raise _fail(f"cannot unpickle {name}: {type(exc).__name__}: {exc}; if it comes "
+                    "from a module of yours, submit with by_value=True") from exc
     return fn, tuple(args), dict(kwargs), str(meta.get("name", "function"))
 
 
@@ -73,7 +83,17 @@ def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
 
 
 def _fail(message: str) -> SystemExit:
-    print(f"querylib.submit: {message}", file=sys.stderr, flush=True)
+    """Say why on stderr and in the failure file (the query's reason, DESIGN §6)."""
+    line = f"querylib.submit: {message}"
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get("TQ_FAILURE_FILE")
+    if path:
+        try:  # the protocol of executor/_zygote.py's record_failure: the first line wins
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as out:
+                out.write(line)
+        except OSError:
+            pass
     return SystemExit(_LOAD_FAILED)
 
 
