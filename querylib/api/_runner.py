@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ MAIN_SOURCE = ("# Built by querylib.submit: runs the pickled function under quer
                "import sys\n"
                "from querylib.api._runner import main\n\n"
                "sys.exit(main())\n")
+
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code pickled by value
 
 # Exit code of a program that cannot even load its function (2: the usual "bad invocation").
 _LOAD_FAILED = 2
@@ -73,7 +76,21 @@ def _unpickle(blob: bytes, meta: dict[str, Any]
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's to read
         raise _fail(f"cannot unpickle {name}: {type(exc).__name__}: {exc}; if it comes "
                     "from a module of yours, submit with by_value=True") from exc
+    filename = meta.get("file")
+    code = getattr(fn, "__code__", None)
+    if isinstance(filename, str) and isinstance(code, types.CodeType):
+        fn.__code__ = _refile(code, filename)
     return fn, tuple(args), dict(kwargs), str(meta.get("name", "function"))
+
+
+def _refile(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` (and the functions defined in it) with the file name cloudpickle dropped (it
+    pickles code as "<dynamic-code>"), so tracebacks and the failure line name the file."""
+    if code.co_filename != _DYNAMIC_CODE:
+        return code
+    consts = tuple(_refile(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:

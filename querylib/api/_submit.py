@@ -110,6 +110,9 @@ def build_program(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     blob = _pickle(fn, args, kwargs or {}, by_value)
     meta = {"name": _name(fn), "python": list(sys.version_info[:2]),
             "sha256": hashlib.sha256(blob).hexdigest()}
+    code = getattr(fn, "__code__", None)
+    if code is not None:  # cloudpickle drops it: the runner puts it back, for tracebacks
+        meta["file"] = code.co_filename
     with tempfile.TemporaryDirectory(prefix="tq-submit-") as folder:
         root = Path(folder)
         (root / "__main__.py").write_text(MAIN_SOURCE)
