@@ -1,4 +1,5 @@
-"""Starting one query process (DESIGN §6): `python ENTRY ARGS...` in a fresh work directory,
+"""Starting one query process (DESIGN §6): ENTRY run as `python ENTRY ARGS...` would (through
+the zygote's runner, `_zygote.py --run`, so failures are reported), in a fresh work directory,
 in its own session and process group, stdin closed, stdout and stderr piped, with the TQ_*
 environment the query library reads: forked by the fork server (`_forkserver.py`) when it
 serves this process, else exec'ed behind the death-signal launcher (`_launcher.py`).

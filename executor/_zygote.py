@@ -24,6 +24,12 @@ environment, apart from TQ_*, is the one the zygote started with.
 
 Single-threaded by design (fork is safe only so); it refuses to serve if an import started a
 thread.
+
+It is also the runner of every query process: `python _zygote.py --run ENTRY ARGS...` (the
+launcher's path) runs ENTRY exactly as a forked child does, so an uncaught exception is
+handled the same way on both paths: its traceback is printed without tq's frames, and one
+line saying why (type, message, the program's own file:line) goes to $TQ_FAILURE_FILE for the
+executor to report with the exit code (DESIGN §6 "Why a query failed").
 """
 
 import ctypes
