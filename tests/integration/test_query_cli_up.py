@@ -115,7 +115,7 @@ def test_a_failed_query_says_why_where_the_user_looks(up: Up) -> None:
 def test_a_syntax_error_reads_as_one(up: Up) -> None:
     typo = _program(up, "typo.py", "import querylib\n\ndef main(ctx:\n    pass\n")
     done = up.tq("submit", str(typo), "--wait")
-    assert done.returncode != 0
+    assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr  # one line
     assert "process 0 exited with code 1: SyntaxError: " in done.stderr, done.stderr
     assert "(at typo.py:3)" in done.stderr, done.stderr
