@@ -126,11 +126,11 @@ class _Reader:
 
         with Subscriber(self.address, "__logs", [0], secret=self.secret, start=self.position,
                         follow=stop is not None, timeout=self.timeout) as sub:
-            while not interrupted.is_set():
+            while not interrupted.is_set() and not (stop is not None and stop.is_set()):
                 event = sub.next_event(_POLL)
                 if isinstance(event, Data):
                     emit(self._lines(event))
-                elif event is None and (sub.decoder.done() if stop is None else stop.is_set()):
+                elif event is None and stop is None and sub.decoder.done():
                     break
             self.position = sub.positions.get(0, self.position)  # type: ignore[assignment]
         if stop is not None and not interrupted.is_set():  # ended: every line is in by now
