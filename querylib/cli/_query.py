@@ -71,10 +71,11 @@ def _kill(args: argparse.Namespace) -> int:
 
     with connect(args, session=True) as cluster:
         query = resolve_query(cluster, args.query, timeout=max(args.timeout, 30.0))
+        started = query.state.value != "pending"  # a pending query has no processes yet
         query = cluster.kill_query(query.query_id, args.reason)
-        if any(code is None for code in query.exit_codes):
+        if started and any(code is None for code in query.exit_codes):
             query = wait_for_exits(cluster, query.query_id, settle=args.wait_timeout)
-    running = [str(p) for p, code in enumerate(query.exit_codes) if code is None]
+    running = [str(p) for p, code in enumerate(query.exit_codes) if code is None and started]
     if running:
         print(f"tq: query {query.query_id} ({query.name}) {query.state.value}, but process"
               f"{'es' if len(running) > 1 else ''} {', '.join(running)} did not report an exit "
