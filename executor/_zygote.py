@@ -190,7 +190,9 @@ def _run(entry: str) -> None:
         with open(entry, "rb") as source:
             code = compile(source.read(), entry, "exec")
         exec(code, module.__dict__)
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            record_failure(" ".join(str(exc.code).split())[:_MAX_FAILURE])  # sys.exit("why")
         raise
     except BaseException as exc:
         _report(exc, entry)

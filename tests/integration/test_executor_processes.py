@@ -178,7 +178,9 @@ def parse(text):
                       "(at helper.py:5 in parse)"),
     ("def broken(:\n    pass\n", "SyntaxError: invalid syntax (at job.py:1)"),
     ("import sys\nsys.exit(3)\n", ""),
-], ids=["exception", "syntax-error", "exit-code"])
+    ("import sys\nsys.exit('no input given:\\n  pass a file')\n",
+     "no input given: pass a file"),
+], ids=["exception", "syntax-error", "exit-code", "exit-message"])
 def test_a_failure_says_why_in_one_line_and_tracebacks_leave_tq_out(tmp_path, source, reason):
     src = write_program(tmp_path / "src" / "job.py", source)
     (src.parent / "helper.py").write_text(HELPER)
@@ -195,7 +197,7 @@ def test_a_failure_says_why_in_one_line_and_tracebacks_leave_tq_out(tmp_path, so
         return out, report
 
     out, report = run(go())
-    assert report.exit_code == (3 if not reason else 1)
+    assert report.exit_code == (3 if not reason else 1)  # (sys.exit("...") exits 1)
     assert report.failure == reason
     errors = out.texts("stderr")
     assert not any("/executor/" in line or "/querylib/" in line for line in errors), errors
@@ -204,8 +206,10 @@ def test_a_failure_says_why_in_one_line_and_tracebacks_leave_tq_out(tmp_path, so
         assert errors[1].startswith('  File "') and errors[1].endswith('job.py", line 8, '
                                                                       'in <module>')
         assert errors[-1].startswith("json.decoder.JSONDecodeError: Expecting value")
-    elif reason:
+    elif reason.startswith("SyntaxError"):
         assert errors[-1] == "SyntaxError: invalid syntax"
+    elif reason:
+        assert errors == ["no input given:", "  pass a file"]  # as Python prints it
 
 
 def test_output_arrives_line_by_line_in_order_with_long_lines_cut(tmp_path):
