@@ -134,17 +134,18 @@ def connect(coordinator: str | None = None, **options: Any) -> Context:
 
 def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None) -> list[Any]:
     """Run `main(ctx)` once per worker of this process (threads when TQ_WORKERS > 1); returns
-    their results in worker order. The first worker failure is raised after all finished."""
+    their results in worker order. The first worker failure (in time: the cause, where later
+    ones may be its consequences) is raised after all finished."""
     query_env = QueryEnv.read(env)
     runtime = _open(query_env, None)
     results: list[Any] = [None] * query_env.workers
-    errors: list[BaseException | None] = [None] * query_env.workers
+    errors: list[BaseException] = []  # in the order they happened (list.append is atomic)
 
     def run(worker: int) -> None:
         try:
             results[worker] = main(Context(runtime, worker))
         except BaseException as exc:  # handed to the caller below
-            errors[worker] = exc
+            errors.append(exc)
 
     try:
         if query_env.workers == 1:
@@ -158,7 +159,6 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
                 t.join()
     finally:
         runtime.close()
-    for error in errors:
-        if error is not None:
-            raise error
+    if errors:
+        raise errors[0]
     return results

@@ -153,8 +153,9 @@ class Cluster:
     def submit_query(self, name: str, program: str, **options: Any) -> Query:
         return self._call(self._async.submit_query(name, program, **options))
 
-    def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
-        return self._call(self._async.report_exit(query_id, process, exit_code))
+    def report_exit(self, query_id: int, process: int, exit_code: int, *,
+                    reason: str = "") -> Query:
+        return self._call(self._async.report_exit(query_id, process, exit_code, reason=reason))
 
     def kill_query(self, query_id: int, reason: str = "killed") -> Query:
         return self._call(self._async.kill_query(query_id, reason))
