@@ -161,6 +161,7 @@ class ProcessExited(_Command, tag="process_exited"):
     exit_code: int
     at_ms: int
     session_id: int | None = None
+    reason: str = ""  # why it failed, in the process's words ("" if it did not say)
 
 
 class KillQuery(_Command, tag="kill_query"):

@@ -12,6 +12,7 @@ Must not: mutate the catalog (only `Catalog._commit` does), read clocks, do I/O.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -311,7 +312,7 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
     event = classify_exit(query.exit_codes, cmd.process, cmd.exit_code)
     codes = list(query.exit_codes)
     codes[cmd.process] = cmd.exit_code
-    reason = f"process {cmd.process} exited with code {cmd.exit_code}"
+    reason = exit_reason(cmd.process, cmd.exit_code, cmd.reason)
     _transition(
         catalog,
         txn,
@@ -323,6 +324,21 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
     )
     if not next_query_state(query.state, event).ended:
         _release_process(catalog, txn, query.query_id, cmd.process)
+
+
+def exit_reason(process: int, exit_code: int, said: str = "") -> str:
+    """A failed query's reason for a non-zero exit: the code (or the signal), then what the
+    process said about it, e.g. `process 0 exited with code 1: ZeroDivisionError: division
+    by zero (at job.py:4 in main)`."""
+    if exit_code < 0:
+        try:
+            name = f" ({signal.Signals(-exit_code).name})"
+        except ValueError:
+            name = ""
+        text = f"process {process} was killed by signal {-exit_code}{name}"
+    else:
+        text = f"process {process} exited with code {exit_code}"
+    return f"{text}: {said}" if said else text
 
 
 def _require_placed_on(catalog: Catalog, query: Query, process: int, session_id: int) -> None:

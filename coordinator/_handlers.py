@@ -417,7 +417,8 @@ def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.Que
     state.renew(req.session_id, call.now)
     state.apply(ProcessExited(query_id=req.query_id, process=req.process,
                               exit_code=req.exit_code, at_ms=call.wall_ms,
-                              session_id=req.session_id), call.now, call.wall_ms)
+                              session_id=req.session_id, reason=req.reason[:MAX_TEXT]),
+                call.now, call.wall_ms)
     state.start_if_registered(req.query_id, call.now, call.wall_ms)
     return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
 

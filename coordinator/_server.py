@@ -155,7 +155,7 @@ class Coordinator:
         # retries).
         self.keys = MasterKeyring(secret, valid=self._generation)
         self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
-        self._rpc = RpcServer(self.keys, refuse_bad_signatures=True, limits=RPC_LIMITS)
+        self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._inbox: deque[Stimulus] = deque()
         self._feeding = False

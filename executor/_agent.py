@@ -520,11 +520,24 @@ class ExecutorAgent:
         if self.cluster is None or self.cluster.lost or self.lost.is_set():
             return
         try:
-            await self.cluster.report_exit(report.query_id, report.process, report.exit_code)
+            if self.forwarder is not None:
+                await self._flush_logs()  # its last lines are readable before it is ended
+            await self.cluster.report_exit(report.query_id, report.process, report.exit_code,
+                                           reason=report.failure)
         except TqError as exc:  # the query ended already (killed), or the coordinator is away
             self.counters["report_failed"] += 1
             logger.info("executor %s: exit of %d/%d not recorded: %s", self.executor_id,
                         report.query_id, report.process, exc)
+
+    async def _flush_logs(self) -> None:
+        """Wait until the lines forwarded so far are acknowledged, so a reader that sees a
+        query end (`tq logs --follow`, `tq submit --wait`) finds all its lines. A failed batch
+        is counted by the forwarder; the exit is reported regardless."""
+        assert self.forwarder is not None
+        try:
+            await self.forwarder.flush()
+        except TqError as exc:
+            logger.warning("executor %s: flushing query output: %s", self.executor_id, exc)
 
     async def _clean_disk(self) -> None:
         """Prune work dirs and artifacts on a thread; one run at a time (an exit during a

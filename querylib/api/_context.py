@@ -82,7 +82,9 @@ class Context:
                   kind: TopicKind | str | None = None, group: str | None = None
                   ) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
-        topic that does not exist yet (UnknownTopicError after that).
+        topic that does not exist yet (UnknownTopicError after that). `start` is "earliest",
+        "latest", an offset (every partition) or {partition: offset}; a collection is always
+        read from the start, as a Snapshot and then diffs.
 
         With `group`, this subscriber is a member of that Kafka consumer group: it reads the
         partitions the group assigns it, from the group's committed offsets (else `start`;
@@ -134,7 +136,8 @@ def connect(coordinator: str | None = None, **options: Any) -> Context:
 
 def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None) -> list[Any]:
     """Run `main(ctx)` once per worker of this process (threads when TQ_WORKERS > 1); returns
-    their results in worker order. The first worker failure is raised after all finished."""
+    their results in worker order. The first worker failure (in time: the cause, where later
+    ones may be its consequences) is raised after all finished."""
     query_env = QueryEnv.read(env)
     runtime = _open(query_env, None)
     if query_env.query_id is not None:
@@ -145,13 +148,13 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
             runtime.close()
             raise
     results: list[Any] = [None] * query_env.workers
-    errors: list[BaseException | None] = [None] * query_env.workers
+    errors: list[BaseException] = []  # in the order they happened (list.append is atomic)
 
     def run(worker: int) -> None:
         try:
             results[worker] = main(Context(runtime, worker))
         except BaseException as exc:  # handed to the caller below
-            errors[worker] = exc
+            errors.append(exc)
 
     try:
         if query_env.workers == 1:
@@ -165,7 +168,6 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
                 t.join()
     finally:
         runtime.close()
-    for error in errors:
-        if error is not None:
-            raise error
+    if errors:
+        raise errors[0]
     return results

@@ -33,6 +33,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None, low: int) -> in
 
 @dataclass(frozen=True)
 class QueryEnv:
+    """This process's place in its query: id (None when run directly), process index and
+    count, workers per process, and where and as whom to connect."""
+
     query_id: int | None
     process: int
     processes: int

@@ -56,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     status = sub.add_parser("status", help="executors -> queries -> publications/"
                             "subscriptions, as a tree (or one query)")
-    status.add_argument("query", type=int, nargs="?",
-                        help="show only this query (an error if there is none)")
+    status.add_argument("query", nargs="?",
+                        help="show only this query, by id or name (a name: its newest "
+                        "query; an error if there is none)")
     status.add_argument("--json", action="store_true", help="the collections as one JSON object")
     add_cluster_options(status)
     status.set_defaults(func=_status)
@@ -201,14 +202,20 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> int:
+def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool) -> int:
     from catalog import QueryRef, UnknownQueryError
 
-    found = [q for q, _ in snaps["queries"].records if q.query_id == query_id]
+    if ref.isdigit():
+        found = [q for q, _ in snaps["queries"].records if q.query_id == int(ref)]
+        missing = f"no query {ref}"
+    else:  # a name: its newest query
+        found = sorted((q for q, _ in snaps["queries"].records if q.name == ref),
+                       key=lambda q: q.query_id)[-1:]
+        missing = f"no query named {ref!r}"
     if not found:
-        raise UnknownQueryError(f"no query {query_id} (see `tq status` for the queries "
-                                "there are)")
+        raise UnknownQueryError(f"{missing} (see `tq status` for the queries there are)")
     (query,) = found
+    query_id = query.query_id
     if json_out:
         sys.stdout.write(json.dumps(to_json(query)) + "\n")
         return 0

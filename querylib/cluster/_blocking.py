@@ -156,8 +156,9 @@ class Cluster:
     def await_start(self, query_id: int, *, timeout: float | None = None) -> Query:
         return self._call(self._async.await_start(query_id, timeout=timeout))
 
-    def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
-        return self._call(self._async.report_exit(query_id, process, exit_code))
+    def report_exit(self, query_id: int, process: int, exit_code: int, *,
+                    reason: str = "") -> Query:
+        return self._call(self._async.report_exit(query_id, process, exit_code, reason=reason))
 
     def kill_query(self, query_id: int, reason: str = "killed") -> Query:
         return self._call(self._async.kill_query(query_id, reason))

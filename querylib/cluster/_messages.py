@@ -367,6 +367,7 @@ class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
     query_id: int
     process: int
     exit_code: int
+    reason: str = ""  # why it failed, as the process wrote it (its TQ_FAILURE_FILE)
 
 
 class KillQuery(Request[QueryInfo], tag="coord.query.kill"):

@@ -283,9 +283,12 @@ class AsyncCluster:
                 continue
             return reply.query
 
-    async def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
+    async def report_exit(self, query_id: int, process: int, exit_code: int, *,
+                          reason: str = "") -> Query:
+        """An executor reports a process's exit; `reason`: why it failed, in its own words."""
         reply = await self.request(m.ReportExit(session_id=self._session(), query_id=query_id,
-                                                process=process, exit_code=exit_code))
+                                                process=process, exit_code=exit_code,
+                                                reason=reason))
         return reply.query
 
     async def kill_query(self, query_id: int, reason: str = "killed") -> Query:

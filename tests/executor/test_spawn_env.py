@@ -31,7 +31,7 @@ def test_environment_carries_the_tq_variables_and_drops_stale_ones():
         "TQ_WORKERS": "2", "TQ_COORDINATOR": "tcp://c:7400",
         "TQ_PEERS": "tcp://a:1,tcp://b:2", "TQ_CREDENTIALS": "/s/credential.json",
         "TQ_BROKER": "tcp://127.0.0.1:7500", "TQ_EXECUTOR_ID": "9", "TQ_WORK_DIR": "/w/4-1-0",
-        "PYTHONUNBUFFERED": "1"}
+        "TQ_FAILURE_FILE": "/w/4-1-0/.tq-failure", "PYTHONUNBUFFERED": "1"}
 
 
 def test_entry_is_named_or_main_or_the_only_file(tmp_path):

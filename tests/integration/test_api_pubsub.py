@@ -249,6 +249,36 @@ def test_collection_late_subscriber_sees_snapshot_then_diffs(coordinator: Coordi
                 assert seen[-1] == querylib.Progress(3)
 
 
+def test_collection_records_stored_after_the_frontier_follow_the_snapshot(
+        coordinator: CoordinatorProcess) -> None:
+    """Records stored at or after the frontier when a subscriber arrives are not in its
+    snapshot: they come next, as diffs (this path raised a TypeError)."""
+    with querylib.connect() as writer_ctx, querylib.connect() as reader_ctx:
+        with writer_ctx.publish("stock", kind="collection", serde="json") as out:
+            out.send(0, [("apple", 1), ("pear", 2)])
+            out.advance_to(1)
+            out.send(1, [("pear", -1)])
+            out.flush()
+            with reader_ctx.subscribe("stock", serde="json") as sub:
+                first = sub.next_event(timeout=30)
+                assert first == querylib.Snapshot(1, [("apple", 1), ("pear", 2)])
+                assert sub.next_event(timeout=30) == querylib.Data(1, [("pear", -1)], 0)
+
+
+def test_an_ended_collection_ends_its_subscriptions(coordinator: CoordinatorProcess) -> None:
+    """A collection whose publisher has closed gives its snapshot and then EndOfStream, as an
+    ended stream does, so `for event in sub` ends (it used to wait forever after the
+    snapshot)."""
+    with querylib.connect() as ctx:
+        with ctx.publish("prices", kind="collection") as out:
+            out.send(0, [("tea", 3), ("milk", 1)])
+            out.advance_to(1)
+        with ctx.subscribe("prices") as sub:
+            assert sub.next_event(timeout=30) == querylib.Snapshot(1, [("tea", 3), ("milk", 1)])
+            assert sub.next_event(timeout=30) == querylib.EndOfStream()
+            assert sub.next_event(timeout=0.1) is None
+
+
 def _take(sub: querylib.Subscription, seen: list[Any], until: type) -> bool:
     event = sub.next_event(timeout=0.2)
     if event is not None:
