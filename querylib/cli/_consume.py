@@ -69,8 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     consume.add_argument("--group", metavar="G",
                          help="read as a member of Kafka consumer group G: the partitions the "
                          "group assigns, from its committed offsets, committing as it goes; "
-                         "reads until end of stream (or --count); offset, key, timestamp and "
-                         "headers are not shown")
+                         "reads until end of stream (or --count, rounded up to the end of the "
+                         "records of one time it falls in: the group commits those whole); "
+                         "offset, key, timestamp and headers are not shown")
     consume.set_defaults(func=_consume)
 
 
@@ -274,10 +275,12 @@ def _consume_group(args: argparse.Namespace, kind: str, where: Any) -> int:
                     value = record[0] if isinstance(record, tuple) else record
                     out.write(printer.line(event.partition, event.time, None, None, None,
                                            value, None))
-                    if left is not None:
-                        left -= 1
-                        if left == 0:
-                            return 0
+                # A member commits whole events: --count ends after the event it falls in,
+                # so no record is committed unprinted.
+                if left is not None:
+                    left -= len(event.records)
+                    if left <= 0:
+                        return 0
                 out.flush()
         finally:
             out.flush()

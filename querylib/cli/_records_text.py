@@ -84,9 +84,10 @@ class ValueText:
             return False, None
 
     def text(self, data: bytes | None) -> str:
-        """One printable line (no newline)."""
+        """One printable line (no newline); a null (absent) key or value is empty, as in
+        kcat."""
         if data is None:
-            return "null" if self.serde in ("json", "msgpack") else ""
+            return ""
         if self.serde == "pickle":
             return f"<pickle: {len(data)} bytes>"
         if self.serde == "bytes":

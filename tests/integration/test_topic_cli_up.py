@@ -39,3 +39,94 @@ def test_consume_of_a_default_msgpack_topic_prints_one_json_line_per_record(up: 
     assert len(lines) == 2000
     assert [json.loads(line) for line in lines] == list(range(2000))
     assert all(c.isprintable() for c in read.stdout.replace("\n", ""))
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_keys_are_shown_and_json_output_holds_decoded_values(up: Up) -> None:
+    from querylib.api import Hash
+
+    points = [{"id": i % 3, "x": i} for i in range(12)]
+    _publish(up, "points", points, partition=Hash(2, key=lambda p: p["id"]),
+             record_type="Point")
+    read = up.tq("consume", "points")
+    assert read.returncode == 0, read.stderr
+    pairs = [line.split("\t") for line in read.stdout.splitlines()]
+    assert sorted((json.loads(k), json.loads(v)["x"]) for k, v in pairs) == \
+        sorted((p["id"], p["x"]) for p in points)
+
+    records = [e for e in _json_lines(up.tq("consume", "points", "--json").stdout)
+               if "value" in e]
+    assert sorted(r["value"]["x"] for r in records) == list(range(12))
+    assert all(r["key"] == r["value"]["id"] for r in records)
+
+
+def test_bytes_are_escaped_and_pickle_is_never_unpickled(up: Up) -> None:
+    _publish(up, "raw", [b"plain text", b"two\nlines", b"\x00\x1b[31m\xff"], serde="bytes")
+    read = up.tq("consume", "raw")
+    assert read.returncode == 0, read.stderr
+    assert read.stdout == "plain text\ntwo\\nlines\n\\x00\\x1b[31m\\xff\n"
+
+    marker = up.home / "unpickled"
+    _publish(up, "pickled", [_Boom(str(marker))], serde="pickle")
+    read = up.tq("consume", "pickled")
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.startswith("<pickle: ") and read.stdout.endswith(" bytes>\n")
+    assert not marker.exists()
+
+
+class _Boom:
+    """Unpickling one creates the file it names: proof that a reader unpickled it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.path, "w"))
+
+
+def test_format_like_kcat(up: Up) -> None:
+    _publish(up, "fmt", ["a", "b"], serde="json")
+    read = up.tq("consume", "fmt", "--format", "%t %p:%o @%L [%S] %s|%k%%\\n")
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.splitlines() == ['fmt 0:0 @0 [3] "a"|%', 'fmt 0:1 @0 [3] "b"|%']
+    bad = up.tq("consume", "fmt", "--format", "%q")
+    assert bad.returncode != 0 and "unknown field %q" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_from_the_last_n_records_and_from_a_logical_time(up: Up) -> None:
+    with up.connect() as ctx, ctx.publish("late", serde="json") as out:
+        for t in range(10):  # one record per time: frontier records take offsets between
+            out.send(t, [t])
+            out.advance_to(t + 1)
+    last = up.tq("consume", "late", "--from", "-3")
+    assert last.returncode == 0, last.stderr
+    assert last.stdout == "7\n8\n9\n"
+    assert up.tq("consume", "late", "--from", "-30").stdout.splitlines() == \
+        [str(t) for t in range(10)]
+    since = up.tq("consume", "late", "--from", "@6", "--format", "%L=%s\\n")
+    assert since.stdout == "6=6\n7=7\n8=8\n9=9\n"
+    bad = up.tq("consume", "late", "--from=-x")
+    assert bad.returncode != 0 and "-N (the last N records" in bad.stderr
+
+
+def test_consume_as_a_consumer_group_resumes_at_its_commit(up: Up) -> None:
+    with up.connect() as ctx, ctx.publish("grouped", serde="json") as out:
+        for t in range(6):
+            out.send(t, [t])
+        out.send(6, [6, 7])
+    first = up.tq("consume", "grouped", "--group", "readers", "--count", "4")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ["0", "1", "2", "3"]
+    rest = up.tq("consume", "grouped", "--group", "readers", "--count", "3")
+    assert rest.returncode == 0, rest.stderr
+    # The group committed what the first member printed; --count finishes the records of
+    # one time (6 and 7) rather than commit one it did not print.
+    assert rest.stdout.splitlines() == ["4", "5", "6", "7"]
+    again = up.tq("consume", "grouped", "--group", "readers", "--from", "earliest",
+                  "--json")
+    assert again.returncode == 0, again.stderr
+    assert _json_lines(again.stdout) == [{"end_of_stream": True}]
