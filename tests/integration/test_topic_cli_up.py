@@ -130,3 +130,29 @@ def test_consume_as_a_consumer_group_resumes_at_its_commit(up: Up) -> None:
                   "--json")
     assert again.returncode == 0, again.stderr
     assert _json_lines(again.stdout) == [{"end_of_stream": True}]
+
+
+def test_produce_checks_lines_against_a_json_topic(up: Up) -> None:
+    assert up.tq("topic", "create", "events", "--record-type", "json").returncode == 0
+    bad = up.tq("produce", "events", stdin='{"a": 1}\n{"a": 2}\nnot json\n{"a": 4}\n')
+    assert bad.returncode != 0
+    (line,) = bad.stderr.splitlines()
+    assert "line 3: not JSON" in line and "'not json'" in line
+    good = up.tq("produce", "events", "--header", "source=cli", "--header", "n=1",
+                 stdin='{"a": 5}\n')
+    assert good.returncode == 0, good.stderr
+    read = up.tq("consume", "events", "--follow", "--format", "%s %h\\n")
+    assert read.stdout.splitlines() == ['{"a":1} ', '{"a":2} ', '{"a":5} source=cli,n=1']
+
+
+def test_produce_encodes_json_lines_into_a_msgpack_topic(up: Up) -> None:
+    assert up.tq("topic", "create", "packed", "--record-type", "msgpack").returncode == 0
+    done = up.tq("produce", "packed", "--key-separator", "|",
+                  stdin='{"seed": 0}\n{"x": 1}\nuser7|[1, 2, "three"]\n')
+    assert done.returncode == 0, done.stderr
+    with up.connect() as ctx, ctx.subscribe("packed", timeout=30) as sub:
+        from querylib.api import Data
+        values = [r for e in sub if isinstance(e, Data) for r in e.records]
+    assert values == [{"seed": 0}, {"x": 1}, [1, 2, "three"]]
+    keyed = up.tq("consume", "packed", "--format", "%k|%s\\n").stdout.splitlines()
+    assert keyed[-1] == '"user7"|[1,2,"three"]'
