@@ -237,16 +237,27 @@ def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
 def partition_infos(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
                     timeout: float = 30.0) -> dict[int, Any]:
     """What the hosting brokers say of each chosen partition (querylib.broker.PartitionInfo:
-    start and end offsets, frontier, ended, bytes). A partition nobody wrote yet is missing;
-    so is one whose broker does not answer, unless that is every broker (then its error)."""
-    from querylib.broker import list_partitions
+    start and end offsets, frontier, ended, bytes); one nobody wrote yet is empty. A
+    partition whose broker does not answer is missing, unless that is the only broker (then
+    its error is raised)."""
+    from querylib.broker import PartitionInfo, list_partitions
 
     found: dict[int, Any] = {}
-    for address, chosen in route.by_broker(partitions).items():
+    failed: TqError | None = None
+    groups = route.by_broker(partitions)
+    for address, chosen in groups.items():
         wanted = set(chosen)
-        for info in list_partitions(address, secret, route.name, timeout=timeout):
-            if info.partition in wanted:
-                found[info.partition] = info
+        try:
+            listed = list_partitions(address, secret, route.name, timeout=timeout)
+        except TqError as exc:  # that broker's partitions stay unknown
+            failed = exc
+            continue
+        found.update((i.partition, i) for i in listed if i.partition in wanted)
+        for p in wanted - found.keys():  # nobody wrote it yet: a read creates it empty
+            found[p] = PartitionInfo(topic=route.name, partition=p, log_start=0, log_end=0,
+                                     frontier=0, ended=False)
+    if failed is not None and len(groups) == 1:
+        raise failed
     return found
 
 

@@ -156,3 +156,38 @@ def test_produce_encodes_json_lines_into_a_msgpack_topic(up: Up) -> None:
     assert values == [{"seed": 0}, {"x": 1}, [1, 2, "three"]]
     keyed = up.tq("consume", "packed", "--format", "%k|%s\\n").stdout.splitlines()
     assert keyed[-1] == '"user7"|[1,2,"three"]'
+
+
+def test_topic_describe_sizes_in_topics_and_create_if_not_exists(up: Up) -> None:
+    created = up.tq("topic", "create", "described", "--partitions", "2",
+                    "--record-type", "json/Reading")
+    assert created.returncode == 0, created.stderr
+    again = up.tq("topic", "create", "described", "--partitions", "2")
+    assert again.returncode != 0 and "--if-not-exists" in again.stderr
+    again = up.tq("topic", "create", "described", "--if-not-exists")
+    assert again.returncode == 0, again.stderr
+    assert "exists already" in again.stderr
+    lines = "".join(f'{{"n": {i}}}\n' for i in range(10))
+    assert up.tq("produce", "described", "--partition", "1", stdin=lines).returncode == 0
+
+    shown = up.tq("topic", "describe", "described")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert "kind stream" in text and "serde json" in text and "record type Reading" in text
+    assert "owner ingest" in text
+    body = json.loads(up.tq("topic", "describe", "described", "--json").stdout)
+    (p0, p1) = body["partitions"]
+    assert (p0["start"], p0["end"], p0["bytes"]) == (0, 0, 0)
+    assert p1["start"] == 0 and p1["end"] >= 10 and p1["bytes"] > 0
+    assert p1["ended"] is True and isinstance(p1["broker"], int)
+    assert p1["address"].startswith("tcp://127.0.0.1:")
+    assert body["serde"] == "json" and body["record_type"] == "Reading"
+
+    listed = {t["short_name"]: t for t in _json_lines(up.tq("topics", "--json").stdout)}
+    assert listed["described"]["bytes"] == p1["bytes"]
+    table = up.tq("topics").stdout.splitlines()
+    assert "BYTES" in table[0]
+
+    missing = up.tq("topic", "describe", "nowhere")
+    assert missing.returncode != 0 and "nowhere" in missing.stderr
+    assert "Traceback" not in missing.stderr
