@@ -40,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print a topic's records, one line each, decoded with the topic's serde: "
         "json and msgpack values as JSON text, bytes as UTF-8 text with control characters "
         "escaped, pickle never unpickled. A keyed record prints KEY<TAB>VALUE.",
-        epilog="examples: tq consume nums --from -5 | "
-        "tq consume clicks --format '%%p:%%o %%L %%k=%%s\\n' | "
-        "tq consume nums --group readers --follow", formatter_class=_Raw)
+        epilog="examples:\n  tq consume nums --from -5\n"
+        "  tq consume clicks --format '%p:%o t=%L %k=%s\\n'\n"
+        "  tq consume nums --group readers", formatter_class=_Raw)
     consume.add_argument("topic")
     add_topic_client_options(consume)
     consume.add_argument("--partition", type=int, action="append", dest="partitions",
