@@ -108,22 +108,22 @@ def human_bytes(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def topic_sizes(cluster: Any, brokers: dict[int, str], timeout: float) -> dict[tuple[int, str],
-                                                                                int]:
-    """Bytes on disk per (broker id, topic short name), from each broker's partition list.
+def topic_sizes(cluster: Any, brokers: dict[int, str],
+                timeout: float) -> dict[int, dict[str, int]]:
+    """Bytes on disk per broker id and topic short name, from each broker's partition list.
     A broker that does not answer is left out (its topics' sizes are unknown)."""
     from catalog.errors import TqError
     from querylib.broker import list_partitions
 
-    sizes: dict[tuple[int, str], int] = {}
+    sizes: dict[int, dict[str, int]] = {}
     for broker_id, address in brokers.items():
         try:
             listed = list_partitions(address, cluster.secret, timeout=timeout)
         except TqError:
             continue
+        here = sizes[broker_id] = {}
         for info in listed:
-            key = (broker_id, info.topic)
-            sizes[key] = sizes.get(key, 0) + info.size
+            here[info.topic] = here.get(info.topic, 0) + info.size
     return sizes
 
 
@@ -188,9 +188,9 @@ def _topics(args: argparse.Namespace) -> int:
 
     def size(t: Any) -> int | None:
         where = set(t.locations)
-        if any((b not in brokers) for b in where):
-            return None  # a broker hosting it is down: unknown
-        return sum(sizes.get((b, t.short_name), 0) for b in where)
+        if any(b not in sizes for b in where):
+            return None  # a broker hosting it is down or did not answer: unknown
+        return sum(sizes[b].get(t.short_name, 0) for b in where)
 
     publishers: dict[int, int] = {}
     subscribers: dict[int, int] = {}
