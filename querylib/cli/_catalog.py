@@ -97,6 +97,37 @@ def describe(value: Any) -> str:
     return str(value)
 
 
+def human_bytes(size: int | None) -> str:
+    """A byte count as people read it: 0 B, 12.3 KiB, 4.0 MiB ("?" when unknown)."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def topic_sizes(cluster: Any, brokers: dict[int, str],
+                timeout: float) -> dict[int, dict[str, int]]:
+    """Bytes on disk per broker id and topic short name, from each broker's partition list.
+    A broker that does not answer is left out (its topics' sizes are unknown)."""
+    from catalog.errors import TqError
+    from querylib.broker import list_partitions
+
+    sizes: dict[int, dict[str, int]] = {}
+    for broker_id, address in brokers.items():
+        try:
+            listed = list_partitions(address, cluster.secret, timeout=timeout)
+        except TqError:
+            continue
+        here = sizes[broker_id] = {}
+        for info in listed:
+            here[info.topic] = here.get(info.topic, 0) + info.size
+    return sizes
+
+
 def table(records: Iterable[Any]) -> list[str]:
     """Records of one type as aligned rows, a header first."""
     rows = list(records)
@@ -151,8 +182,17 @@ def _catalog(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     with connect(args) as cluster:
-        snaps = cluster.snapshot("topics", "publications", "subscriptions",
+        snaps = cluster.snapshot("topics", "publications", "subscriptions", "brokers",
                                  timeout=max(args.timeout, 30.0))
+        brokers = {b.broker_id: b.address for b, _ in snaps["brokers"].records}
+        sizes = topic_sizes(cluster, brokers, min(args.timeout, 10.0))
+
+    def size(t: Any) -> int | None:
+        where = set(t.locations)
+        if any(b not in sizes for b in where):
+            return None  # a broker hosting it is down or did not answer: unknown
+        return sum(sizes[b].get(t.short_name, 0) for b in where)
+
     publishers: dict[int, int] = {}
     subscribers: dict[int, int] = {}
     for p, _ in snaps["publications"].records:
@@ -165,13 +205,15 @@ def _topics(args: argparse.Namespace) -> int:
     if args.json:
         for t in topics:
             out.write(json.dumps({**to_json(t), "short_name": t.short_name,
+                                  "bytes": size(t),
                                   "publishers": publishers.get(t.topic_id, 0),
                                   "subscribers": subscribers.get(t.topic_id, 0)}) + "\n")
         return 0
-    cells = [["NAME", "PARTITIONS", "KIND", "RECORD TYPE", "OWNER", "PUBLISHERS",
+    cells = [["NAME", "PARTITIONS", "BYTES", "KIND", "RECORD TYPE", "OWNER", "PUBLISHERS",
               "SUBSCRIBERS", "BROKERS"]]
     for t in topics:
-        cells.append([t.short_name, str(t.partitions), t.kind.value, t.record_type,
+        cells.append([t.short_name, str(t.partitions), human_bytes(size(t)), t.kind.value,
+                      t.record_type,
                       describe(t.owner), str(publishers.get(t.topic_id, 0)),
                       str(subscribers.get(t.topic_id, 0)),
                       ",".join(str(b) for b in sorted(set(t.locations)))])
