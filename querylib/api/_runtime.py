@@ -205,6 +205,7 @@ class SharedPartitions:
         self._frontiers = dict.fromkeys(range(workers), 0)
         self._open = set(range(workers))
         self._frontier = 0
+        self.joined = 0  # the frontier its partitions had when this process opened them
         self.producers: dict[int, Producer] = {}
 
     def ready(self) -> None:
@@ -225,6 +226,10 @@ class SharedPartitions:
                         secret=self.runtime.secret, group=self.group,
                         incarnation=incarnation_of(self.info), reopen=True,
                         locate=self.runtime.locator(topic.short_name, p))
+                # The time the topic's stream reached (an earlier run's, when it was published
+                # before): this process's workers go on from there.
+                self.joined = max(p.frontier for p in self.producers.values())
+                self._frontier = self.joined
             except BaseException as exc:
                 self._error = exc
                 raise
