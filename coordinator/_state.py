@@ -342,7 +342,8 @@ class CoordinatorState:
         # Held until the query is durable: processes of a query a crash forgot could not
         # register, and would run unaccounted for until they gave up.
         self._when_durable(SpawnProcesses(query.query_id, query.program, tuple(processes),
-                                          query.processes, query.workers, tuple(query.args)))
+                                          query.processes, query.workers, tuple(query.args),
+                                          name=query.name))
 
     def _left_submitted(self, query: Query) -> None:
         self.start_deadlines.pop(query.query_id, None)

@@ -26,7 +26,7 @@ from catalog import SessionKind, TopicKind
 from catalog.errors import UserError
 from querylib.cluster import Cluster
 
-from ._env import QueryEnv
+from ._env import QueryEnv, set_process_title
 from ._partitioning import Partitioning, PerWorker, partition_count
 from ._runtime import Runtime
 
@@ -134,6 +134,8 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
     """Run `main(ctx)` once per worker of this process (threads when TQ_WORKERS > 1); returns
     their results in worker order. The first worker failure is raised after all finished."""
     query_env = QueryEnv.read(env)
+    if env is None:  # this process's own variables: it is the query's process
+        set_process_title()
     runtime = _open(query_env, None)
     results: list[Any] = [None] * query_env.workers
     errors: list[BaseException | None] = [None] * query_env.workers

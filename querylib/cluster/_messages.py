@@ -392,6 +392,7 @@ class SpawnProcesses(Notify, tag="coord.spawn.processes"):
     # The processes' credential (principal `query:<query_id>`), sealed with the executor's
     # own key (querylib.rpc.seal): only that executor reads it (DESIGN §12).
     credential: bytes = b""
+    name: str = ""  # the query's name, for its processes' titles (TQ_QUERY_NAME)
 
 
 # --------------------------------------------------------------------------- principals
