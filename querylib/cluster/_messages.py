@@ -12,6 +12,7 @@ Client -> coordinator requests (reply in brackets):
     coord.session.renew     Heartbeat          [Renewed]         renew the lease
     coord.session.close     CloseSession       [Done]
     coord.info              GetCatalogInfo     [CatalogInfo]     version, catalog broker, topics
+    coord.loads             GetLoads           [Loads]           each executor's last load
     coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
@@ -72,10 +73,12 @@ __all__ = [
     "ExecutorInfo",
     "FetchArtifact",
     "GetCatalogInfo",
+    "GetLoads",
     "HostLoad",
     "Heartbeat",
     "KillProcesses",
     "KillQuery",
+    "Loads",
     "LookupTopic",
     "OpenSession",
     "PrincipalKey",
@@ -222,6 +225,18 @@ class CloseSession(Request[Done], tag="coord.session.close"):
 
 
 class GetCatalogInfo(Request[CatalogInfo], tag="coord.info"):
+    pass
+
+
+class Loads(Reply, tag="coord.loads.reply"):
+    """The load each executor reported with its last heartbeat (by executor id; one that has
+    not sent one yet is missing). Kept in the coordinator's memory, not in the catalog: it
+    changes with every heartbeat."""
+
+    loads: dict[int, HostLoad]
+
+
+class GetLoads(Request[Loads], tag="coord.loads"):
     pass
 
 
