@@ -4,6 +4,8 @@ publisher whose topic's owner still runs fails saying what to do. DESIGN §3 "Ow
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import querylib
-from catalog import QueryRef, QueryState
+from catalog import PrincipalRef, QueryRef, QueryState
 from tests.conftest import wait_for
 from tests.integration._up import Up
 
@@ -111,3 +113,30 @@ def test_the_numbers_example_run_twice_appends(up: Up, merge: bool) -> None:
     assert sorted(n for t in range(5) for n in times[t]) == list(range(400))
     assert sorted(n for t in range(5, 10) for n in times[t]) == list(range(400))
     assert all(n % 5 == t % 5 for t, values in times.items() for n in values)
+
+
+def test_a_script_run_directly_after_a_query_appends(up: Up) -> None:
+    """`python job.py` (a client session of the same principal) takes over the topic the
+    submitted query left, and a second direct run appends again."""
+    topic = "numbers-direct"
+    program = Path(querylib.__file__).parent / "examples" / "numbers_query.py"
+    args = ["--", "--topic", topic, "--times", "2"]
+    assert up.ended(up.submit(program, *args)).state is QueryState.FINISHED
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(program), *args[1:]], env=up.env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    with up.cluster() as cluster:
+        assert cluster.lookup_topic(topic).topic.owner == PrincipalRef("admin")
+    assert _values(up, topic) == sorted(list(range(100)) * 3)
+
+
+def test_a_rerun_of_another_shape_says_to_delete_the_topic(up: Up, tmp_path: Path) -> None:
+    program = tmp_path / "shape.py"
+    program.write_text(PUBLISHER.replace('"nums"', '"shaped"'))
+    assert up.ended(up.submit(program, "--", "1")).state is QueryState.FINISHED
+    wider = up.submit(program, "--processes", "2", "--", "2")
+    assert up.ended(wider).state is QueryState.FAILED
+    logs = up.tq("logs", str(wider)).stdout
+    assert ("topic 'shaped' has 1 partition; this publication needs 2: publish to another "
+            "topic, or delete it first (tq topic delete shaped)") in logs, logs
