@@ -598,6 +598,9 @@ def _why_not_publish(catalog: Catalog, publisher: Party, topic: Topic) -> str:
                     f"(tq kill {owner.query_id}) or publish to another topic")
         return f"topic {name!r} is owned by {who}, {still}: stop that publisher first or " \
                "publish to another topic"
+    if isinstance(owner, PrincipalRef):
+        return (f"topic {name!r} is owned by {who}; only {root} publishes to it: publish to "
+                f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
     return (f"topic {name!r} belongs to {who}; only {root} may publish to it again: publish to "
             f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
 

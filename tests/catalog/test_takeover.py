@@ -154,3 +154,16 @@ def test_ingest_topics_change_no_owner() -> None:
     query = QueryRef(submit(catalog, (executor.executor_id,)).query_id)
     catalog.apply(Publish(topic_id=feed.topic_id, publisher=query))
     assert catalog.topic(feed.topic_id).owner == INGEST
+
+
+def test_another_principals_topic_says_who_owns_it() -> None:
+    catalog = Catalog()
+    _, broker, _ = host(catalog)
+    add_user(catalog, "user:alice")
+    add_user(catalog, "user:bob")
+    feed = create_topic(catalog, "feed", PrincipalRef("user:alice"), broker.broker_id)
+    bob = SessionRef(open_session(catalog, principal="user:bob").session_id)
+    with pytest.raises(NotOwnerError, match=r"topic 'feed' is owned by user:alice; only "
+                       r"user:alice publishes to it: publish to another topic, or have "
+                       r"user:alice or an admin delete it \(tq topic delete feed\)"):
+        catalog.apply(Publish(topic_id=feed.topic_id, publisher=bob))
