@@ -510,7 +510,7 @@ def _why_not_delete(catalog: Catalog, cmd: DeleteTopic, topic: Topic) -> str:
                 "by its creator or an admin")
     if is_admin(catalog, cmd.principal):
         return (f"topic {topic.short_name!r} is owned by {owner}, which is alive; an admin "
-                "deletes it with --force")
+                f"deletes it with --force (tq topic delete --force {topic.short_name})")
     return f"topic {topic.short_name!r} is owned by {owner}; {cmd.principal} may not delete it"
 
 

@@ -38,7 +38,12 @@ _BATCH_RECORDS = 8000
 
 
 class Publisher:
-    """Records of one worker into a topic. Use as a context manager, or call close()."""
+    """Records of one worker into a topic. Use as a context manager, or call close().
+
+    `resumed_at` is the logical time the topic had reached when this publisher joined it (0
+    for a new topic): a program run again appends after what its earlier run published, so it
+    sends at `resumed_at + t` (times below it are refused: readers were promised nothing
+    earlier comes)."""
 
     def __init__(self, runtime: Runtime, worker: int, info: TopicInfo,
                  partitioning: Partitioning, serde: Serde) -> None:
