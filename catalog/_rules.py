@@ -23,8 +23,14 @@ from catalog._access import (
     is_executor,
     manages_query,
     may_delete_topic,
+    may_take_over,
+    owner_active,
+    owner_principal,
+    party_principal,
     placed_on_session,
     publishes_as_owner,
+    root_principal,
+    successor_owner,
 )
 from catalog._commands import (
     AddUser,
@@ -543,7 +549,7 @@ def _why_not_delete(catalog: Catalog, cmd: DeleteTopic, topic: Topic) -> str:
                 "by its creator or an admin")
     if is_admin(catalog, cmd.principal):
         return (f"topic {topic.short_name!r} is owned by {owner}, which is alive; an admin "
-                "deletes it with --force")
+                f"deletes it with --force (tq topic delete --force {topic.short_name})")
     return f"topic {topic.short_name!r} is owned by {owner}; {cmd.principal} may not delete it"
 
 
@@ -560,10 +566,14 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
     _require_party(cmd.publisher)
     _require_live(catalog, cmd.publisher)
     if not publishes_as_owner(catalog, cmd.publisher, topic):
-        raise NotOwnerError(
-            f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
-            f"publishes to it (anyone may publish to an ingest topic)"
-        )
+        if not may_take_over(catalog, cmd.publisher, topic):
+            raise NotOwnerError(_why_not_publish(catalog, cmd.publisher, topic))
+        # Re-running: the publisher becomes the owner in this same change, which is all the
+        # brokers need to learn to admit its writers (DESIGN §3 "Ownership").
+        successor = successor_owner(catalog, cmd.publisher)
+        assert successor is not None
+        topic = msgspec.structs.replace(topic, owner=successor)
+        txn.replace("topics", catalog.topic(cmd.topic_id), topic)
     process = _process_of(catalog, cmd.publisher, cmd.process)
     current = _publication(catalog, topic.topic_id, cmd.publisher)
     if current is not None and (process is None or not current.processes
@@ -596,6 +606,42 @@ def _unpublish(catalog: Catalog, txn: Txn, cmd: Unpublish) -> None:
     if process is not None and left:
         txn.insert("publications", Publication(topic_id=topic.topic_id,
                                                publisher=cmd.publisher, processes=left))
+
+
+def _why_not_publish(catalog: Catalog, publisher: Party, topic: Topic) -> str:
+    """Why `publisher` may not publish `topic`, and what to do instead."""
+    name = topic.short_name
+    owner = topic.owner
+    theirs = owner_principal(owner)
+    mine = party_principal(catalog, publisher)
+    if theirs is None or mine is None or topic.internal:
+        return (f"topic {name!r} is owned by {describe_owner(owner)}; only its owner "
+                "publishes to it (anyone may publish to an ingest topic)")
+    root = root_principal(catalog, theirs)
+    same = root == root_principal(catalog, mine)
+    who = describe_owner(owner)
+    if isinstance(owner, QueryRef) and not same:
+        who += f" of {root}"
+    if owner_active(catalog, topic):
+        if isinstance(owner, QueryRef):
+            query = catalog.query(owner.query_id)
+            still = ("which is still running" if query.state is QueryState.RUNNING
+                     else f"which has not ended ({query.state.value})")
+        else:
+            still = "which is still publishing it"
+        if not same:
+            return (f"topic {name!r} is owned by {who}, {still}: publish to another topic, "
+                    f"or have an admin delete it (tq topic delete --force {name})")
+        if isinstance(owner, QueryRef):
+            return (f"topic {name!r} is owned by {who}, {still}: stop it first "
+                    f"(tq kill {owner.query_id}) or publish to another topic")
+        return f"topic {name!r} is owned by {who}, {still}: stop that publisher first or " \
+               "publish to another topic"
+    if isinstance(owner, PrincipalRef):
+        return (f"topic {name!r} is owned by {who}; only {root} publishes to it: publish to "
+                f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
+    return (f"topic {name!r} belongs to {who}; only {root} may publish to it again: publish to "
+            f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
 
 
 def _publication(catalog: Catalog, topic_id: int, publisher: Party) -> Publication | None:

@@ -207,6 +207,12 @@ def catalog_info(state: CoordinatorState, req: m.GetCatalogInfo, call: Call) -> 
                                          offsets=dict(checkpoint.offsets)))
 
 
+def loads(state: CoordinatorState, req: m.GetLoads, call: Call) -> m.Loads:
+    """What `tq status` shows of each executor and its processes (DESIGN §6)."""
+    return m.Loads(loads={e.executor_id: state.loads[e.session_id]
+                          for e in state.catalog.executors if e.session_id in state.loads})
+
+
 # -- topics -------------------------------------------------------------------------------------
 
 
@@ -464,6 +470,7 @@ HANDLERS: dict[type, Handler] = {
     m.Heartbeat: heartbeat,
     m.CloseSession: close_session,
     m.GetCatalogInfo: catalog_info,
+    m.GetLoads: loads,
     m.LookupTopic: lookup_topic,
     m.CreateTopic: create_topic,
     m.DeleteTopic: delete_topic,

@@ -425,7 +425,7 @@ class Coordinator:
                     query_id=instruction.query_id, program=instruction.program,
                     processes=processes, process_count=instruction.process_count,
                     workers=instruction.workers, args=list(instruction.args),
-                    executor_id=executor_id,
+                    executor_id=executor_id, name=instruction.name,
                     credential=self._query_credential(instruction.query_id, session_id)))
             except (PeerBusyError, PeerUnreachableError) as exc:
                 # The query's start timeout fails it and tells the submitter.

@@ -415,7 +415,8 @@ class CoordinatorState:
         # Held until the query is durable: processes of a query a crash forgot could not
         # register, and would run unaccounted for until they gave up.
         self._when_durable(SpawnProcesses(query.query_id, query.program, tuple(processes),
-                                          query.processes, query.workers, tuple(query.args)))
+                                          query.processes, query.workers, tuple(query.args),
+                                          name=query.name))
 
     def _started_or_ended(self, query: Query) -> None:
         """The query left pending or submitted: it runs, or it ended before it could."""

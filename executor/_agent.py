@@ -451,7 +451,7 @@ class ExecutorAgent:
                              processes=note.process_count, workers=note.workers,
                              args=tuple(note.args), coordinator=self.coordinator,
                              credentials=str(credentials), broker=self.broker_address,
-                             executor_id=self.executor_id)
+                             executor_id=self.executor_id, name=note.name)
             await self.supervisor.spawn(spec, artifact.program)
             self.counters["spawned"] += 1
             if generation != self._generation:  # lost the session while it started

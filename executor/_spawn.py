@@ -16,6 +16,7 @@ kills the query's main process; its limits are in `_launcher.py`.
 Environment of a query process (every value a string):
 
     TQ_QUERY_ID        the query's id
+    TQ_QUERY_NAME      the query's name (with the id and process index, the process's title)
     TQ_PROCESS_INDEX   this process, 0-based
     TQ_PROCESS_COUNT   how many processes the query has
     TQ_WORKERS         worker threads per process
@@ -77,6 +78,7 @@ class SpawnSpec:
     broker: str = ""
     executor_id: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables (TQ_* are ours)
+    name: str = ""                    # the query's name (its processes' titles)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -92,6 +94,7 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
     env.update(spec.env)
     env.update({
         "TQ_QUERY_ID": str(spec.query_id),
+        "TQ_QUERY_NAME": spec.name,
         "TQ_PROCESS_INDEX": str(spec.process),
         "TQ_PROCESS_COUNT": str(spec.processes),
         "TQ_WORKERS": str(spec.workers),

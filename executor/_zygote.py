@@ -48,7 +48,7 @@ _MAX_REQUEST = 1 << 20
 PRELOAD = ("querylib.api._runner", "querylib.api._context", "querylib.api._runtime",
            "querylib.cluster", "querylib.api._publisher", "querylib.api._subscription",
            "querylib.api.serdes", "querylib.broker._blocking", "querylib.records",
-           "cloudpickle")
+           "cloudpickle", "setproctitle")
 
 
 def main(argv: list[str]) -> None:
@@ -144,6 +144,11 @@ def _become(request: dict, fds: list[int], zygote: int, inherited: list[int]) ->
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
+        # `tq query 12 clicks 1/2` in ps, not the zygote's command line. Before the environment
+        # changes: setproctitle finds the space it may use from the process's first one.
+        from querylib.api._env import set_process_title
+
+        set_process_title(request["env"])
         os.environ.clear()
         os.environ.update(request["env"])
         _fresh_std_streams()

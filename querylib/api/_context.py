@@ -28,7 +28,7 @@ from catalog import SessionKind, TopicKind
 from catalog.errors import UserError
 from querylib.cluster import Cluster
 
-from ._env import QueryEnv
+from ._env import QueryEnv, set_process_title
 from ._partitioning import Partitioning, PerWorker, partition_count
 from ._runtime import Runtime
 
@@ -139,6 +139,8 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
     their results in worker order. The first worker failure (in time: the cause, where later
     ones may be its consequences) is raised after all finished."""
     query_env = QueryEnv.read(env)
+    if env is None:  # this process's own variables: it is the query's process
+        set_process_title()
     runtime = _open(query_env, None)
     if query_env.query_id is not None:
         try:

@@ -232,19 +232,23 @@ def _status(args: argparse.Namespace) -> int:
                                  "publications", "subscriptions",
                                  timeout=max(args.timeout, 30.0))
         address, broker = cluster.address, cluster.catalog_broker
+        loads = cluster.loads()
     if args.query is not None:
-        return _query_status(snaps, args.query, json_out=args.json)
+        return _query_status(snaps, args.query, json_out=args.json, loads=loads)
     if args.json:
-        body = {name: [to_json(r) for r, _ in snap.records] for name, snap in snaps.items()}
-        body["version"] = min(s.version for s in snaps.values())  # type: ignore[assignment]
+        body: dict[str, Any] = {name: [to_json(r) for r, _ in snap.records]
+                                for name, snap in snaps.items()}
+        body["version"] = min(s.version for s in snaps.values())
+        body["loads"] = {str(e): to_json(load) for e, load in sorted(loads.items())}
         sys.stdout.write(json.dumps(body) + "\n")
         return 0
-    for line in render_status(snaps, address, broker):
+    for line in render_status(snaps, address, broker, loads):
         sys.stdout.write(line + "\n")
     return 0
 
 
-def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool) -> int:
+def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool,
+                  loads: dict[int, Any] | None = None) -> int:
     from catalog import QueryRef, UnknownQueryError
 
     if ref.isdigit():
@@ -269,6 +273,8 @@ def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool) -> int:
              else "never placed")
     lines = [f"query {query.query_id} {query.name} [{query.state.value}] {query.processes} x "
              f"{query.workers} {where}" + (f": {query.reason}" if query.reason else "")]
+    if not query.ended:
+        lines += process_lines(query, loads or {}, "  ")
     lines += [f"  publishes {_topic_label(topics.get(p.topic_id))}"
               for p, _ in snaps["publications"].records if p.publisher == party]
     lines += [f"  subscribes {_topic_label(topics.get(s.topic_id))}"
@@ -277,10 +283,33 @@ def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool) -> int:
     return 0
 
 
-def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]:
-    """The tree `tq status` prints: executors -> queries -> publications/subscriptions, then
-    the pending queries (waiting for slots), queries elsewhere, then client sessions with what
-    they publish and subscribe."""
+def load_text(load: Any) -> str:
+    """An executor's load, as `tq status` shows it."""
+    return (f"load: cpu {load.cpu_percent:.0f}%, memory {load.memory_used // 2**20} MiB used, "
+            f"{load.memory_available // 2**20} MiB available, disk {load.disk_free // 2**30} GiB "
+            "free")
+
+
+def process_lines(query: Any, loads: dict[int, Any], indent: str) -> list[str]:
+    """One line per process of a live query that an executor reported: its pid, CPU (100% is
+    one core, summed over what the process started) and resident memory."""
+    found = {}
+    for executor_id, load in loads.items():
+        for p in load.per_process:
+            if p.query_id == query.query_id and query.executors[p.process] == executor_id:
+                found[p.process] = p
+    return [f"{indent}process {i}: pid {p.pid}, cpu {p.cpu_percent:.1f}%, rss "
+            f"{p.rss // 2**20} MiB" + (f" ({p.processes} processes)" if p.processes > 1 else "")
+            for i, p in sorted(found.items())]
+
+
+def render_status(snaps: dict[str, Any], address: str, broker: str,
+                  loads: dict[int, Any] | None = None) -> list[str]:
+    """The tree `tq status` prints: executors (with their load) -> queries (with each
+    process's pid, CPU and memory) -> publications/subscriptions, then the pending queries
+    (waiting for slots), queries elsewhere, then client sessions with what they publish and
+    subscribe. `loads`: each executor's last heartbeat load, by executor id (`Cluster.loads`)."""
+    loads = loads or {}
     from catalog import QueryRef, SessionRef
 
     def records(name: str) -> list[Any]:
@@ -308,8 +337,10 @@ def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]
     for e in executors:
         b = brokers.get(e.broker_id)
         where = b.address if b is not None else "down"
+        load = loads.get(e.executor_id)
         lines.append(f"  executor {e.executor_id} on {e.host} (broker {e.broker_id} at {where}; "
-                     f"{e.resources.slots} slots)")
+                     f"{e.resources.slots} slots)"
+                     + ("" if load is None else f"; {load_text(load)}"))
         for q in queries:
             here = [str(i) for i, ex in enumerate(q.executors) if ex == e.executor_id]
             if q.ended or not here:
@@ -317,6 +348,8 @@ def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]
             shown.add(q.query_id)
             lines.append(f"    query {q.query_id} {q.name} [{q.state.value}] "
                          f"process{'es' if len(here) > 1 else ''} {','.join(here)}")
+            lines += [line for line in process_lines(q, loads, "      ")
+                      if int(line.split()[1].rstrip(":")) in map(int, here)]
             lines += party_lines(QueryRef(q.query_id), "      ")
     if not executors:
         lines.append("  (none: start one with `tq executor` or run `tq up`)")

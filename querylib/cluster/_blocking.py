@@ -115,6 +115,10 @@ class Cluster:
     def info(self) -> m.CatalogInfo:
         return self._call(self._async.info())
 
+    def loads(self) -> dict[int, m.HostLoad]:
+        """Each executor's load as its last heartbeat reported it, by executor id."""
+        return self._call(self._async.loads())
+
     def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         return self._call(self._async.lookup_topic(name, wait=wait))
 

@@ -12,6 +12,7 @@ Client -> coordinator requests (reply in brackets):
     coord.session.renew     Heartbeat          [Renewed]         renew the lease
     coord.session.close     CloseSession       [Done]
     coord.info              GetCatalogInfo     [CatalogInfo]     version, catalog broker, topics
+    coord.loads             GetLoads           [Loads]           each executor's last load
     coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
@@ -73,10 +74,12 @@ __all__ = [
     "ExecutorInfo",
     "FetchArtifact",
     "GetCatalogInfo",
+    "GetLoads",
     "HostLoad",
     "Heartbeat",
     "KillProcesses",
     "KillQuery",
+    "Loads",
     "LookupTopic",
     "OpenSession",
     "PrincipalKey",
@@ -223,6 +226,18 @@ class CloseSession(Request[Done], tag="coord.session.close"):
 
 
 class GetCatalogInfo(Request[CatalogInfo], tag="coord.info"):
+    pass
+
+
+class Loads(Reply, tag="coord.loads.reply"):
+    """The load each executor reported with its last heartbeat (by executor id; one that has
+    not sent one yet is missing). Kept in the coordinator's memory, not in the catalog: it
+    changes with every heartbeat."""
+
+    loads: dict[int, HostLoad]
+
+
+class GetLoads(Request[Loads], tag="coord.loads"):
     pass
 
 
@@ -407,6 +422,7 @@ class SpawnProcesses(Notify, tag="coord.spawn.processes"):
     # The processes' credential (principal `query:<query_id>`), sealed with the executor's
     # own key (querylib.rpc.seal): only that executor reads it (DESIGN §12).
     credential: bytes = b""
+    name: str = ""  # the query's name, for its processes' titles (TQ_QUERY_NAME)
 
 
 # --------------------------------------------------------------------------- principals

@@ -190,6 +190,10 @@ class AsyncCluster:
     async def info(self) -> m.CatalogInfo:
         return await self.request(m.GetCatalogInfo())
 
+    async def loads(self) -> dict[int, m.HostLoad]:
+        """Each executor's load as its last heartbeat reported it, by executor id."""
+        return (await self.request(m.GetLoads())).loads
+
     async def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         """The topic called `name`; with `wait` seconds, wait for it to be created."""
         return await self.request(m.LookupTopic(name=name, wait_ms=int(wait * 1000)),

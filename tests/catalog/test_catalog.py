@@ -233,7 +233,7 @@ def test_only_the_owner_publishes_except_to_ingest_topics() -> None:
     other = QueryRef(submit(catalog, (executor.executor_id,)).query_id)
     out = create_topic(catalog, "out", owner, broker.broker_id)
     feed = create_topic(catalog, "feed", INGEST, broker.broker_id)
-    with pytest.raises(NotOwnerError, match="'out' is owned by query 1; only its owner"):
+    with pytest.raises(NotOwnerError, match="'out' is owned by query 1, which has not ended"):
         catalog.apply(Publish(topic_id=out.topic_id, publisher=other))
     catalog.apply(Publish(topic_id=out.topic_id, publisher=owner))
     with pytest.raises(AlreadyPublishedError):

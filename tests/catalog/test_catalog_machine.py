@@ -245,6 +245,37 @@ class CatalogMachine(RuleBasedStateMachine):
             return bool(session) and session[0].principal == topic.owner.principal
         return False
 
+    def principal_of(self, party) -> str | None:
+        if isinstance(party, QueryRef):
+            return f"query:{party.query_id}"
+        if isinstance(party, PrincipalRef):
+            return party.principal
+        if isinstance(party, SessionRef):
+            found = [s.principal for s in self.catalog.sessions
+                     if s.session_id == party.session_id]
+            return found[0] if found else None
+        return None
+
+    def root(self, principal: str) -> str:
+        query = (self.query_record(int(principal[6:])) if principal.startswith("query:")
+                 else None)
+        return principal if query is None else self.chain(query)[-1]
+
+    def takes_over(self, party, topic: Topic) -> bool:
+        """Re-running: an ended query's topic, or a principal's that none of its sessions
+        publishes, goes to a publisher acting for the same principal at the root."""
+        owner = topic.owner
+        if isinstance(owner, QueryRef):
+            active = self.alive(owner)
+        elif isinstance(owner, PrincipalRef):
+            active = self.alive(owner) and any(
+                p.topic_id == topic.topic_id for p in self.catalog.publications)
+        else:
+            return False
+        mine, theirs = self.principal_of(party), self.principal_of(owner)
+        return (not active and not topic.internal and mine is not None and theirs is not None
+                and self.root(mine) == self.root(theirs))
+
     def maybe_session(self, data: st.DataObject) -> int | None:
         return None if data.draw(st.booleans(), label="no session") else self.pick(data, "Session")
 
@@ -443,7 +474,13 @@ class CatalogMachine(RuleBasedStateMachine):
                 self.last_error, UnknownSessionError | UnknownQueryError | QueryEndedError
             )
         elif not self.acts_as_owner(publisher, topic):
-            assert isinstance(self.last_error, NotOwnerError)
+            if self.takes_over(publisher, topic):
+                assert self.last_error is None
+                owner = self.topic_or_none(topic_id).owner
+                assert owner == (publisher if isinstance(publisher, QueryRef)
+                                 else PrincipalRef(self.principal_of(publisher)))
+            else:
+                assert isinstance(self.last_error, NotOwnerError)
         elif was_publishing:
             assert isinstance(self.last_error, AlreadyPublishedError)
         else:

@@ -117,7 +117,7 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
     spec = SpawnSpec(query_id=12, process=1, processes=2, workers=3,
                      coordinator="tcp://127.0.0.1:7400", peers=("tcp://a:1", "tcp://b:2"),
                      credentials="/tmp/credential.json", broker="tcp://127.0.0.1:7500",
-                     executor_id=5,
+                     executor_id=5, name="clicks",
                      args=("--flag", "value with spaces"))
 
     async def go():
@@ -136,8 +136,8 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
     seen, again = out.json_lines()
     assert report.exit_code == 0 and not report.killed
     assert seen["env"] == {
-        "TQ_QUERY_ID": "12", "TQ_PROCESS_INDEX": "1", "TQ_PROCESS_COUNT": "2",
-        "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://127.0.0.1:7400",
+        "TQ_QUERY_ID": "12", "TQ_QUERY_NAME": "clicks", "TQ_PROCESS_INDEX": "1",
+        "TQ_PROCESS_COUNT": "2", "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://127.0.0.1:7400",
         "TQ_PEERS": "tcp://a:1,tcp://b:2", "TQ_CREDENTIALS": "/tmp/credential.json",
         "TQ_HOME": "/the/executor/home",  # the one TQ_* variable of the executor's kept
         "TQ_BROKER": "tcp://127.0.0.1:7500", "TQ_EXECUTOR_ID": "5",
