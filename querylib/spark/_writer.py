@@ -47,7 +47,7 @@ from pyspark.sql.types import (
 )
 
 from catalog import TopicName
-from catalog.errors import StorageError
+from catalog.errors import StorageError, UnknownTopicError
 from querylib.broker import Producer
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import MAX_BATCH_SIZE, TIME_HEADER, encode_batch
@@ -328,15 +328,30 @@ def _chunks(entries: list[tuple]) -> Iterator[list[tuple]]:
 
 
 def _target(options: WriteOptions) -> list[PartitionPlace] | None:
-    """On the driver: check the topic exists; for a cluster, where its partitions are."""
+    """On the driver: make sure the topic exists, creating a missing one of
+    `options.partitions` partitions (as Kafka creates a topic on first produce); for a
+    cluster, where its partitions are."""
     if options.location.data_dir:
-        LocalDir(options.location.data_dir).partitions(options.topic)
+        _ensure_local_topic(options.location.data_dir, options.topic, options.partitions)
         return None
     topics = ClusterTopics(options.location)
     try:
-        return [topics.place(options.topic, p) for p in range(topics.partitions(options.topic))]
+        count = topics.ensure_topic(options.topic, options.partitions)
+        return [topics.place(options.topic, p) for p in range(count)]
     finally:
         topics.close()
+
+
+def _ensure_local_topic(data_dir: str, topic: str, partitions: int) -> None:
+    """Create the partition logs of `topic` in `data_dir` unless it has some."""
+    local = LocalDir(data_dir)
+    with _writer_lock(local.data_dir):
+        try:
+            local.partitions(topic)
+        except UnknownTopicError:
+            for part in range(partitions):
+                path = os.path.join(local.data_dir, TopicName.parse(topic).partition_dir(part))
+                PartitionLog.open(path, LogConfig()).close()
 
 
 def _write_all(options: WriteOptions, places: list[PartitionPlace] | None,
