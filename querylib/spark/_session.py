@@ -5,17 +5,21 @@ Python worker that imports every top-level module named `pyspark_*` on that work
 registers each one's `DefaultSource` under its `name()` (pyspark/sql/worker/
 lookup_data_sources.py; `pkgutil.iter_modules`, not entry points). tq ships `pyspark_tq.py`.
 A regular install puts it in site-packages, where the lookup sees it. An editable install
-(`pip install -e .`) does not: setuptools serves the module through an import hook that
-`iter_modules` does not list. `session()` therefore puts the module's directory on the
-PYTHONPATH that Spark's workers inherit, and registers the source explicitly as well;
+(`pip install -e .`) would serve it through setuptools' import hook, which `iter_modules` does
+not list (then `tq` is found only where the job's own directory is the project root);
+pyproject.toml's `package-dir` makes it a .pth entry naming the project root instead, so the
+lookup sees the module in every process of the environment: the driver of a job on a Spark
+cluster, from any directory, needs no `register` call. `session()` also puts the module's
+directory on the PYTHONPATH that Spark's workers inherit, and registers the source explicitly;
 `register(spark)` does the latter for any session.
 
 Save modes: Spark's Kafka sink appends under `df.write`'s default mode (errorifexists), but
 Spark refuses that mode for every Python data source before the source is asked
 (UNSUPPORTED_DATA_SOURCE_SAVE_MODE). `register` (and so `session`) therefore wraps PySpark's
-`DataFrameWriter.save` once per process: a save into format "tq" under errorifexists is made an
-append, as Kafka's sink does; other formats and explicit modes pass unchanged. A driver that
-never imports querylib.spark (Spark found `tq` by itself) needs `.mode("append")`.
+`DataFrameWriter.save` once per process: a save into format "tq" under errorifexists (the
+default, or asked for) appends, as Kafka's sink does; other formats and modes pass unchanged.
+A driver that never imports querylib.spark (Spark found `tq` by itself) needs
+`.mode("append")`: Spark's refusal says so.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ partitions are, and each task publishes its batches through a `Producer` to the 
 each partition (closing without ending the stream). With option path (a data dir) each task
 appends to the partition logs directly (`querylib.log.PartitionLog`) instead; that requires
 that nothing else writes the data dir: no broker may host it (its log lock refuses us).
-Tasks of one host take turns through a lock file in the data dir.
+Tasks of one host take turns through a lock file in the data dir. A topic that does not
+exist is created by the driver first, as Kafka creates one on first produce: an ingest topic
+in the cluster, partition logs in a data dir; option partitions (default 1) sizes it.
 
 Delivery: at-least-once. A task appends as it goes (each input Arrow batch, at the latest);
 when it fails after appending and Spark runs it again, or a streaming query restarts a
