@@ -47,9 +47,13 @@ __all__ = [
     "known_principal",
     "manages_query",
     "may_delete_topic",
+    "may_take_over",
+    "owner_active",
     "owner_principal",
     "party_principal",
     "publishes_as_owner",
+    "root_principal",
+    "successor_owner",
 ]
 
 _MAX_CHAIN = 64  # queries submitting queries: far deeper than anything real
@@ -91,7 +95,7 @@ def is_executor(catalog: Catalog, principal: str) -> bool:
 def placed_on_session(catalog: Catalog, query: Query, process: int, session_id: int) -> bool:
     """Whether `session_id` is the session of the executor process `process` was placed on:
     only it reports what became of the process."""
-    if not 0 <= process < query.processes:
+    if not 0 <= process < query.processes or not query.placed:
         return False
     executor = catalog.find_executor(query.executors[process])
     return executor is not None and executor.session_id == session_id
@@ -144,6 +148,55 @@ def publishes_as_owner(catalog: Catalog, party: Party, topic: Topic) -> bool:
     if isinstance(topic.owner, PrincipalRef):
         return party_principal(catalog, party) == topic.owner.principal
     return False
+
+
+def root_principal(catalog: Catalog, principal: str) -> str:
+    """Who `principal` acts for in the end: a query's principal leads, up its chain of
+    submitters, to the user (or admin, or executor) that submitted the first of them."""
+    for _ in range(_MAX_CHAIN):
+        query_id = query_of_principal(principal)
+        query = None if query_id is None else catalog.find_query(query_id)
+        if query is None:
+            return principal
+        principal = query.owner
+    return principal
+
+
+def owner_active(catalog: Catalog, topic: Topic) -> bool:
+    """Whether the topic's owner may still write it: a query until it ends, a session while it
+    is open, a principal while one of its sessions publishes the topic; ingest and the system
+    always."""
+    if isinstance(topic.owner, PrincipalRef):
+        return catalog.is_live(topic.owner) and bool(catalog.publications_on(topic.topic_id))
+    return catalog.is_live(topic.owner)
+
+
+def successor_owner(catalog: Catalog, party: Party) -> Owner | None:
+    """The owner a topic gets when `party` takes it over, as if `party` had created it: a
+    query itself, a client session its principal (a script run again still owns it)."""
+    if isinstance(party, QueryRef):
+        return party
+    principal = party_principal(catalog, party)
+    return None if principal is None else PrincipalRef(principal)
+
+
+def may_take_over(catalog: Catalog, party: Party, topic: Topic) -> bool:
+    """Whether `party` may become the owner of `topic` by publishing it (re-running a query or
+    script, DESIGN §3 "Ownership"): its owner is a query or principal that is no longer
+    active, and both act for the same principal at the root of their chains of submitters.
+    Ingest and system topics never change owner, nor those of an older catalog's closed
+    session (whose principal is gone with it); an admin is no successor of another principal's
+    topics (it deletes an ended owner's topic instead)."""
+    owner = topic.owner
+    if not isinstance(owner, QueryRef | PrincipalRef) or topic.internal:
+        return False
+    if owner_active(catalog, topic):
+        return False
+    mine = party_principal(catalog, party)
+    theirs = owner_principal(owner)
+    if mine is None or theirs is None:
+        return False
+    return root_principal(catalog, mine) == root_principal(catalog, theirs)
 
 
 def may_delete_topic(catalog: Catalog, principal: str, topic: Topic, *, force: bool) -> bool:

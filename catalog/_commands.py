@@ -40,6 +40,7 @@ __all__ = [
     "RemoveUser",
     "RotateUser",
     "SessionExpired",
+    "PlaceQuery",
     "StartQuery",
     "SubmitQuery",
     "Subscribe",
@@ -121,7 +122,8 @@ class RemoveExecutor(_Command, tag="remove_executor"):
 
 
 class SubmitQuery(_Command, tag="submit_query"):
-    """Creates a Query in state submitted, placed on `executors` (one executor id per process)."""
+    """Creates a Query in state submitted, placed on `executors` (one executor id per process),
+    or pending when `executors` is empty: it waits for free slots (PlaceQuery places it)."""
 
     name: str
     program: str
@@ -131,6 +133,15 @@ class SubmitQuery(_Command, tag="submit_query"):
     at_ms: int
     args: tuple[str, ...] = ()
     owner: str = "admin"  # the submitting principal: it (and its submitters) manage the query
+    start_timeout_ms: int = 0  # recorded for the coordinator (0: its default)
+
+
+class PlaceQuery(_Command, tag="place_query"):
+    """A pending query got its executors (one per process): pending -> submitted."""
+
+    query_id: int
+    executors: tuple[int, ...]
+    at_ms: int
 
 
 class StartQuery(_Command, tag="start_query"):
@@ -150,6 +161,7 @@ class ProcessExited(_Command, tag="process_exited"):
     exit_code: int
     at_ms: int
     session_id: int | None = None
+    reason: str = ""  # why it failed, in the process's words ("" if it did not say)
 
 
 class KillQuery(_Command, tag="kill_query"):
@@ -275,6 +287,7 @@ Command: TypeAlias = (
     | RegisterExecutor
     | RemoveExecutor
     | SubmitQuery
+    | PlaceQuery
     | StartQuery
     | ProcessExited
     | KillQuery

@@ -132,13 +132,23 @@ def _check_executors(catalog: Catalog) -> None:
 
 def _check_query(catalog: Catalog, query: Query, registered: set[int]) -> None:
     n = query.processes
-    if n < 1 or query.workers < 1 or len(query.executors) != n or len(query.exit_codes) != n:
+    if n < 1 or query.workers < 1:
         raise _fail(f"{query!r} has inconsistent process counts")
+    if query.placed:
+        if len(query.exit_codes) != n or query.state is QueryState.PENDING:
+            raise _fail(f"{query!r} has inconsistent process counts")
+    elif query.executors or query.exit_codes or query.state not in (
+            QueryState.PENDING, QueryState.FAILED, QueryState.KILLED):
+        # Unplaced: pending, or failed or killed while pending; no process ever ran.
+        raise _fail(f"{query!r} is unplaced but not pending")
+    if query.start_timeout_ms < 0:
+        raise _fail(f"{query!r} has a negative start timeout")
     if any(not 1 <= e < catalog.counters.next_executor_id for e in query.executors):
         raise _fail(f"{query!r} names an executor id never assigned")
     if query.ended != (query.ended_at_ms is not None):
         raise _fail(f"{query!r}: ended_at_ms is set exactly when the query has ended")
-    if (query.state is QueryState.SUBMITTED) != (query.started_at_ms is None) and not query.ended:
+    if (query.state in (QueryState.PENDING, QueryState.SUBMITTED)) != (
+            query.started_at_ms is None) and not query.ended:
         raise _fail(f"{query!r}: started_at_ms is set exactly when the query started")
     exited = [code for code in query.exit_codes if code is not None]
     if query.state is QueryState.FINISHED and (len(exited) != n or any(exited)):

@@ -1,10 +1,16 @@
 """The query life cycle as a table keyed by (state, event).
 
+    pending --place--> submitted                              (free slots took its processes)
+    pending --kill--> killed
+    pending --fail--> failed                                  (its start timeout passed)
     submitted --start--> running
     submitted | running --last_process_exited--> finished   (every process exited 0)
     submitted | running --process_failed | fail--> failed   (a non-zero exit, a lost executor,
                                                               a spawn that failed)
     submitted | running --kill--> killed
+
+A pending query has no process yet (none placed, none started): it waits, in submission order,
+for enough free process slots, so no exit can be reported for it.
 
 Exits keep arriving after a query failed or was killed (the coordinator terminates the remaining
 processes), so failed and killed absorb exit events: the record collects every exit code. A pair
@@ -29,6 +35,7 @@ __all__ = ["QUERY_TRANSITIONS", "QueryEvent", "classify_exit", "next_query_state
 
 
 class QueryEvent(enum.StrEnum):
+    PLACE = "place"  # a pending query's processes got executors with free slots
     START = "start"  # every process registered its worker group
     PROCESS_EXITED = "process_exited"  # exit code 0, other processes still running
     LAST_PROCESS_EXITED = "last_process_exited"  # exit code 0, and no process is left running
@@ -41,6 +48,9 @@ _S = QueryState
 _E = QueryEvent
 
 QUERY_TRANSITIONS: dict[tuple[QueryState, QueryEvent], QueryState] = {
+    (_S.PENDING, _E.PLACE): _S.SUBMITTED,
+    (_S.PENDING, _E.KILL): _S.KILLED,
+    (_S.PENDING, _E.FAIL): _S.FAILED,
     (_S.SUBMITTED, _E.START): _S.RUNNING,
     (_S.SUBMITTED, _E.PROCESS_EXITED): _S.SUBMITTED,
     (_S.SUBMITTED, _E.LAST_PROCESS_EXITED): _S.FINISHED,

@@ -70,8 +70,10 @@ __all__ = [
 
 
 class QueryState(enum.StrEnum):
-    """submitted -> running -> finished | failed | killed (the table is in `_query_state`)."""
+    """pending -> submitted -> running -> finished | failed | killed (the table is in
+    `_query_state`)."""
 
+    PENDING = "pending"  # waits for free process slots; no process placed or started yet
     SUBMITTED = "submitted"
     RUNNING = "running"
     FINISHED = "finished"
@@ -193,18 +195,27 @@ class Query(_Record, tag="query"):
     args: tuple[str, ...]
     processes: int
     workers: int  # per process
-    executors: tuple[int, ...]  # executor id of process i
+    executors: tuple[int, ...]  # executor id of process i; () while pending (not placed)
     state: QueryState
-    exit_codes: tuple[int | None, ...]  # of process i; None while it runs (or was lost)
+    exit_codes: tuple[int | None, ...]  # of process i; None while it runs (or was lost); ()
+    # while pending
     submitted_at_ms: int
     started_at_ms: int | None = None
     ended_at_ms: int | None = None
     reason: str = ""  # why it failed or was killed, for people
     owner: str = "admin"  # the principal that submitted it (older catalogs: admin)
+    # How long it may take from submission until every process registered (waiting for slots
+    # included); past it the coordinator fails the query. 0: the coordinator's default.
+    start_timeout_ms: int = 0
 
     @property
     def ended(self) -> bool:
         return self.state.ended
+
+    @property
+    def placed(self) -> bool:
+        """Whether its processes have executors (every query but a pending one)."""
+        return len(self.executors) == self.processes
 
 
 class Topic(_Record, tag="topic"):

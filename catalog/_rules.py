@@ -12,6 +12,7 @@ Must not: mutate the catalog (only `Catalog._commit` does), read clocks, do I/O.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,14 @@ from catalog._access import (
     is_executor,
     manages_query,
     may_delete_topic,
+    may_take_over,
+    owner_active,
+    owner_principal,
+    party_principal,
     placed_on_session,
     publishes_as_owner,
+    root_principal,
+    successor_owner,
 )
 from catalog._commands import (
     AddUser,
@@ -34,6 +41,7 @@ from catalog._commands import (
     KillQuery,
     OpenSession,
     PartitionsDropped,
+    PlaceQuery,
     ProcessExited,
     Publish,
     RegisterBroker,
@@ -194,6 +202,7 @@ def _transition(
     *,
     reason: str = "",
     exit_codes: tuple[int | None, ...] | None = None,
+    executors: tuple[int, ...] | None = None,
 ) -> None:
     """Move a query along the table; when it ends, its publications and subscriptions leave."""
     try:
@@ -208,6 +217,7 @@ def _transition(
     new = msgspec.structs.replace(
         query,
         state=state,
+        executors=query.executors if executors is None else executors,
         exit_codes=query.exit_codes if exit_codes is None else exit_codes,
         started_at_ms=at_ms if event is QueryEvent.START else query.started_at_ms,
         ended_at_ms=at_ms if ends_now else query.ended_at_ms,
@@ -225,7 +235,7 @@ def _lose_executors(catalog: Catalog, txn: Txn, executors: list[Executor], at_ms
     lost = {e.executor_id for e in executors}
     for query in list(catalog.queries):
         assert isinstance(query, Query)
-        if query.ended:
+        if query.ended or not query.placed:
             continue
         gone = sorted(
             {e for e, code in zip(query.executors, query.exit_codes, strict=True) if code is None}
@@ -245,12 +255,10 @@ def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
             f"a query needs at least one process and one worker per process, got "
             f"processes={cmd.processes} workers={cmd.workers}"
         )
-    if len(cmd.executors) != cmd.processes:
-        raise InvalidCommandError(
-            f"placement names {len(cmd.executors)} executors for {cmd.processes} processes"
-        )
-    for executor_id in cmd.executors:
-        catalog.executor(executor_id)
+    pending = not cmd.executors
+    _check_placement(catalog, cmd.processes, cmd.executors, pending)
+    if cmd.start_timeout_ms < 0:
+        raise InvalidCommandError(f"a start timeout is not negative, got {cmd.start_timeout_ms}")
     query = Query(
         query_id=txn.allocate("next_query_id"),
         name=cmd.name,
@@ -259,13 +267,31 @@ def _submit_query(catalog: Catalog, txn: Txn, cmd: SubmitQuery) -> None:
         processes=cmd.processes,
         workers=cmd.workers,
         executors=tuple(cmd.executors),
-        state=QueryState.SUBMITTED,
-        exit_codes=(None,) * cmd.processes,
+        state=QueryState.PENDING if pending else QueryState.SUBMITTED,
+        exit_codes=() if pending else (None,) * cmd.processes,
         submitted_at_ms=cmd.at_ms,
         owner=check_principal(cmd.owner),
+        start_timeout_ms=cmd.start_timeout_ms,
     )
     txn.insert("queries", query)
     txn.created = query
+
+
+def _check_placement(catalog: Catalog, processes: int, executors: tuple[int, ...],
+                     pending_ok: bool) -> None:
+    if len(executors) != processes and not (pending_ok and not executors):
+        raise InvalidCommandError(
+            f"placement names {len(executors)} executors for {processes} processes"
+        )
+    for executor_id in executors:
+        catalog.executor(executor_id)
+
+
+def _place_query(catalog: Catalog, txn: Txn, cmd: PlaceQuery) -> None:
+    query = catalog.query(cmd.query_id)
+    _check_placement(catalog, query.processes, cmd.executors, pending_ok=False)
+    _transition(catalog, txn, query, QueryEvent.PLACE, cmd.at_ms,
+                executors=tuple(cmd.executors), exit_codes=(None,) * query.processes)
 
 
 def _start_query(catalog: Catalog, txn: Txn, cmd: StartQuery) -> None:
@@ -278,6 +304,10 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
         raise InvalidCommandError(
             f"query {query.query_id} has processes 0..{query.processes - 1}, not {cmd.process}"
         )
+    if not query.placed:
+        raise QueryStateError(
+            f"query {query.query_id} is {query.state.value}: no process of it was started",
+            query.state.value, QueryEvent.PROCESS_EXITED.value)
     if cmd.session_id is not None:
         _require_placed_on(catalog, query, cmd.process, cmd.session_id)
     if query.exit_codes[cmd.process] is not None:
@@ -288,7 +318,7 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
     event = classify_exit(query.exit_codes, cmd.process, cmd.exit_code)
     codes = list(query.exit_codes)
     codes[cmd.process] = cmd.exit_code
-    reason = f"process {cmd.process} exited with code {cmd.exit_code}"
+    reason = exit_reason(cmd.process, cmd.exit_code, cmd.reason)
     _transition(
         catalog,
         txn,
@@ -300,6 +330,21 @@ def _process_exited(catalog: Catalog, txn: Txn, cmd: ProcessExited) -> None:
     )
     if not next_query_state(query.state, event).ended:
         _release_process(catalog, txn, query.query_id, cmd.process)
+
+
+def exit_reason(process: int, exit_code: int, said: str = "") -> str:
+    """A failed query's reason for a non-zero exit: the code (or the signal), then what the
+    process said about it, e.g. `process 0 exited with code 1: ZeroDivisionError: division
+    by zero (at job.py:4 in main)`."""
+    if exit_code < 0:
+        try:
+            name = f" ({signal.Signals(-exit_code).name})"
+        except ValueError:
+            name = ""
+        text = f"process {process} was killed by signal {-exit_code}{name}"
+    else:
+        text = f"process {process} exited with code {exit_code}"
+    return f"{text}: {said}" if said else text
 
 
 def _require_placed_on(catalog: Catalog, query: Query, process: int, session_id: int) -> None:
@@ -504,7 +549,7 @@ def _why_not_delete(catalog: Catalog, cmd: DeleteTopic, topic: Topic) -> str:
                 "by its creator or an admin")
     if is_admin(catalog, cmd.principal):
         return (f"topic {topic.short_name!r} is owned by {owner}, which is alive; an admin "
-                "deletes it with --force")
+                f"deletes it with --force (tq topic delete --force {topic.short_name})")
     return f"topic {topic.short_name!r} is owned by {owner}; {cmd.principal} may not delete it"
 
 
@@ -521,10 +566,14 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
     _require_party(cmd.publisher)
     _require_live(catalog, cmd.publisher)
     if not publishes_as_owner(catalog, cmd.publisher, topic):
-        raise NotOwnerError(
-            f"topic {topic.short_name!r} is owned by {describe_owner(topic.owner)}; only its owner "
-            f"publishes to it (anyone may publish to an ingest topic)"
-        )
+        if not may_take_over(catalog, cmd.publisher, topic):
+            raise NotOwnerError(_why_not_publish(catalog, cmd.publisher, topic))
+        # Re-running: the publisher becomes the owner in this same change, which is all the
+        # brokers need to learn to admit its writers (DESIGN §3 "Ownership").
+        successor = successor_owner(catalog, cmd.publisher)
+        assert successor is not None
+        topic = msgspec.structs.replace(topic, owner=successor)
+        txn.replace("topics", catalog.topic(cmd.topic_id), topic)
     process = _process_of(catalog, cmd.publisher, cmd.process)
     current = _publication(catalog, topic.topic_id, cmd.publisher)
     if current is not None and (process is None or not current.processes
@@ -557,6 +606,42 @@ def _unpublish(catalog: Catalog, txn: Txn, cmd: Unpublish) -> None:
     if process is not None and left:
         txn.insert("publications", Publication(topic_id=topic.topic_id,
                                                publisher=cmd.publisher, processes=left))
+
+
+def _why_not_publish(catalog: Catalog, publisher: Party, topic: Topic) -> str:
+    """Why `publisher` may not publish `topic`, and what to do instead."""
+    name = topic.short_name
+    owner = topic.owner
+    theirs = owner_principal(owner)
+    mine = party_principal(catalog, publisher)
+    if theirs is None or mine is None or topic.internal:
+        return (f"topic {name!r} is owned by {describe_owner(owner)}; only its owner "
+                "publishes to it (anyone may publish to an ingest topic)")
+    root = root_principal(catalog, theirs)
+    same = root == root_principal(catalog, mine)
+    who = describe_owner(owner)
+    if isinstance(owner, QueryRef) and not same:
+        who += f" of {root}"
+    if owner_active(catalog, topic):
+        if isinstance(owner, QueryRef):
+            query = catalog.query(owner.query_id)
+            still = ("which is still running" if query.state is QueryState.RUNNING
+                     else f"which has not ended ({query.state.value})")
+        else:
+            still = "which is still publishing it"
+        if not same:
+            return (f"topic {name!r} is owned by {who}, {still}: publish to another topic, "
+                    f"or have an admin delete it (tq topic delete --force {name})")
+        if isinstance(owner, QueryRef):
+            return (f"topic {name!r} is owned by {who}, {still}: stop it first "
+                    f"(tq kill {owner.query_id}) or publish to another topic")
+        return f"topic {name!r} is owned by {who}, {still}: stop that publisher first or " \
+               "publish to another topic"
+    if isinstance(owner, PrincipalRef):
+        return (f"topic {name!r} is owned by {who}; only {root} publishes to it: publish to "
+                f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
+    return (f"topic {name!r} belongs to {who}; only {root} may publish to it again: publish to "
+            f"another topic, or have {root} or an admin delete it (tq topic delete {name})")
 
 
 def _publication(catalog: Catalog, topic_id: int, publisher: Party) -> Publication | None:
@@ -671,6 +756,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     RegisterExecutor: _register_executor,
     RemoveExecutor: _remove_executor,
     SubmitQuery: _submit_query,
+    PlaceQuery: _place_query,
     StartQuery: _start_query,
     ProcessExited: _process_exited,
     KillQuery: _kill_query,

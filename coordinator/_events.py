@@ -130,6 +130,7 @@ class SpawnProcesses:
     process_count: int
     workers: int
     args: tuple[str, ...]
+    name: str = ""  # the query's name: its processes are titled with it (`tq query 12 clicks 1/2`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,8 +35,10 @@ from catalog import (
     PrincipalKind,
     PrincipalRef,
     ProcessExited,
+    Query,
     QueryEndedError,
     QueryRef,
+    QueryState,
     RemoveUser,
     RotateUser,
     SessionKind,
@@ -167,6 +169,9 @@ def _check_binding(state: CoordinatorState, req: m.OpenSession,
                                  f"{query.query_id}")
     if query.ended:
         raise QueryEndedError(f"query {query.query_id} has ended ({query.state.value})")
+    if not query.placed:
+        raise ConflictError(f"query {query.query_id} is pending: none of its processes was "
+                            "started yet")
     if not 0 <= req.process < query.processes:
         raise InvalidCommandError(f"query {query.query_id} has processes 0.."
                                   f"{query.processes - 1}, not {req.process}")
@@ -200,6 +205,12 @@ def catalog_info(state: CoordinatorState, req: m.GetCatalogInfo, call: Call) -> 
                          collections=topics, checkpoint=None if checkpoint is None else
                          m.CheckpointRef(version=checkpoint.version,
                                          offsets=dict(checkpoint.offsets)))
+
+
+def loads(state: CoordinatorState, req: m.GetLoads, call: Call) -> m.Loads:
+    """What `tq status` shows of each executor and its processes (DESIGN §6)."""
+    return m.Loads(loads={e.executor_id: state.loads[e.session_id]
+                          for e in state.catalog.executors if e.session_id in state.loads})
 
 
 # -- topics -------------------------------------------------------------------------------------
@@ -354,21 +365,43 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
     _bounded("".join(req.args), MAX_ARGS_CHARS, "the arguments")
     if not 1 <= req.processes <= 10_000:
         raise InvalidCommandError(f"a query has 1 to 10000 processes, not {req.processes}")
+    start_timeout_ms = req.start_timeout_ms
+    if start_timeout_ms is not None and not 1 <= start_timeout_ms <= (
+            state.config.max_start_timeout_ms):
+        raise InvalidCommandError(f"a start timeout is 1 to {state.config.max_start_timeout_ms}"
+                                  f" ms, not {start_timeout_ms}")
     executors = req.executors
     if executors is None:
-        executors = place_processes(state.catalog, req.processes, state.loads)
+        # Behind pending queries it waits its turn; else it is placed now if it fits.
+        placed = None if state.pending else place_processes(
+            state.catalog, req.processes, state.loads, only_free=True)
+        executors = placed or ()  # (): pending, placed once slots free (CoordinatorState)
     change = state.apply(SubmitQueryCommand(
         name=req.name, program=req.program, processes=req.processes, workers=req.workers,
         executors=tuple(executors), args=tuple(req.args), at_ms=call.wall_ms,
-        owner=call.principal), call.now, call.wall_ms)
+        owner=call.principal, start_timeout_ms=start_timeout_ms or 0), call.now, call.wall_ms)
     query = change.created
-    state.spawn(query, call.now, call.wall_ms)  # type: ignore[arg-type]
-    query = state.catalog.query(query.query_id)  # type: ignore[union-attr]
+    assert isinstance(query, Query)
+    state.queue_or_place(query, call.now, call.wall_ms)
+    query = state.catalog.query(query.query_id)
     if req.wait:
         if query.ended:
             raise QueryFailedError(f"query {query.query_id} ({query.name}) "
                                    f"{query.state.value}: {query.reason}")
         raise WaitForStart(query.query_id)
+    return m.QueryInfo(query=query, version=state.catalog.version)
+
+
+def await_start(state: CoordinatorState, req: m.AwaitStart, call: Call) -> m.QueryInfo:
+    state.renew(req.session_id, call.now)
+    query = state.catalog.query(req.query_id)
+    if not manages_query(state.catalog, call.principal, query):
+        raise NotAuthorizedError(f"{call.principal} may not wait on query {query.query_id}")
+    if query.state in (QueryState.PENDING, QueryState.SUBMITTED):
+        raise WaitForStart(query.query_id)
+    if query.state in (QueryState.FAILED, QueryState.KILLED):
+        raise QueryFailedError(f"query {query.query_id} ({query.name}) {query.state.value}: "
+                               f"{query.reason or 'no reason given'}")
     return m.QueryInfo(query=query, version=state.catalog.version)
 
 
@@ -390,7 +423,8 @@ def report_exit(state: CoordinatorState, req: m.ReportExit, call: Call) -> m.Que
     state.renew(req.session_id, call.now)
     state.apply(ProcessExited(query_id=req.query_id, process=req.process,
                               exit_code=req.exit_code, at_ms=call.wall_ms,
-                              session_id=req.session_id), call.now, call.wall_ms)
+                              session_id=req.session_id, reason=req.reason[:MAX_TEXT]),
+                call.now, call.wall_ms)
     state.start_if_registered(req.query_id, call.now, call.wall_ms)
     return m.QueryInfo(query=state.catalog.query(req.query_id), version=state.catalog.version)
 
@@ -436,6 +470,7 @@ HANDLERS: dict[type, Handler] = {
     m.Heartbeat: heartbeat,
     m.CloseSession: close_session,
     m.GetCatalogInfo: catalog_info,
+    m.GetLoads: loads,
     m.LookupTopic: lookup_topic,
     m.CreateTopic: create_topic,
     m.DeleteTopic: delete_topic,
@@ -449,6 +484,7 @@ HANDLERS: dict[type, Handler] = {
     m.RegisterExecutor: register_executor,
     m.RemoveExecutor: remove_executor,
     m.SubmitQuery: submit_query,
+    m.AwaitStart: await_start,
     m.ReportExit: report_exit,
     m.KillQuery: kill_query,
     m.ReportSpawnFailed: report_spawn_failed,

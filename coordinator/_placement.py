@@ -1,5 +1,8 @@
 """Where things go: brokers for a new topic's partitions, executors for a new query's processes.
 
+A process slot is one query process: an executor offers `--slots` of them (DESIGN §6), and a
+query whose processes do not fit the free ones waits, pending (coordinator/_state.py).
+
 Pure functions of the catalog and a rotating start index (so successive topics spread out).
 Deliberately simple; the catalog checks whatever is chosen (brokers up, executors registered).
 
@@ -22,7 +25,7 @@ from catalog import (
 )
 from querylib.cluster._messages import HostLoad
 
-__all__ = ["place_partitions", "place_processes"]
+__all__ = ["free_slots", "place_partitions", "place_processes", "total_slots", "used_slots"]
 
 
 def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int,
@@ -58,23 +61,20 @@ def _broker_of(catalog: Catalog, executor_id: int) -> int | None:
 
 
 def place_processes(catalog: Catalog, processes: int,
-                    loads: Mapping[int, HostLoad] | None = None) -> tuple[int, ...]:
+                    loads: Mapping[int, HostLoad] | None = None, *,
+                    only_free: bool = False) -> tuple[int, ...] | None:
     """An executor id for each process: the one with the most free slots each time, ties to
     the least busy CPU (`loads`: executor session -> its last heartbeat's load), then to the
-    lowest id. Slots count processes of live queries still running there."""
+    lowest id. With `only_free`, None unless every process gets a free slot (the query then
+    waits, pending). A slot holds one process of a live query that has not exited."""
     executors = sorted((e for e in catalog.executors if isinstance(e, Executor)),
                        key=lambda e: e.executor_id)
     if not executors:
         raise InvalidCommandError("no executor is registered; start one with `tq executor` "
                                   "(or run `tq up`)")
-    used = {e.executor_id: 0 for e in executors}
-    for query in catalog.queries:
-        assert isinstance(query, Query)
-        if query.ended:
-            continue
-        for executor_id, code in zip(query.executors, query.exit_codes, strict=True):
-            if code is None and executor_id in used:
-                used[executor_id] += 1
+    used = used_slots(catalog)
+    if only_free and free_slots(catalog, used) < processes:
+        return None
     loads = loads or {}
     cpu = {e.executor_id: (loads[e.session_id].cpu_percent if e.session_id in loads else 0.0)
            for e in executors}
@@ -85,3 +85,27 @@ def place_processes(catalog: Catalog, processes: int,
         used[best.executor_id] += 1
         placement.append(best.executor_id)
     return tuple(placement)
+
+
+def used_slots(catalog: Catalog) -> dict[int, int]:
+    """Executor id -> slots its live queries' running processes hold, for every executor."""
+    used = {e.executor_id: 0 for e in catalog.executors if isinstance(e, Executor)}
+    for query in catalog.queries:
+        assert isinstance(query, Query)
+        if query.ended or not query.placed:
+            continue
+        for executor_id, code in zip(query.executors, query.exit_codes, strict=True):
+            if code is None and executor_id in used:
+                used[executor_id] += 1
+    return used
+
+
+def free_slots(catalog: Catalog, used: Mapping[int, int] | None = None) -> int:
+    """Free slots over every executor."""
+    used = used_slots(catalog) if used is None else used
+    return sum(max(0, e.resources.slots - used.get(e.executor_id, 0))
+               for e in catalog.executors if isinstance(e, Executor))
+
+
+def total_slots(catalog: Catalog) -> int:
+    return sum(e.resources.slots for e in catalog.executors if isinstance(e, Executor))

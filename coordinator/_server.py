@@ -164,7 +164,7 @@ class Coordinator:
         # retries).
         self.keys = MasterKeyring(secret, valid=self._generation)
         self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
-        self._rpc = RpcServer(self.keys, refuse_bad_signatures=True, limits=RPC_LIMITS)
+        self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._inbox: deque[Stimulus] = deque()
         self._feeding = False
@@ -468,7 +468,7 @@ class Coordinator:
                     query_id=instruction.query_id, program=instruction.program,
                     processes=processes, process_count=instruction.process_count,
                     workers=instruction.workers, args=list(instruction.args),
-                    executor_id=executor_id,
+                    executor_id=executor_id, name=instruction.name,
                     credential=self._query_credential(instruction.query_id, session_id)))
             except (PeerBusyError, PeerUnreachableError) as exc:
                 # The query's start timeout fails it and tells the submitter.

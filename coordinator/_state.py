@@ -4,9 +4,11 @@ What it decides: which request becomes which catalog commands (the handlers in `
 which sessions are alive (leases against the time each stimulus carries), which requests wait
 for a topic and when they give up, what follows from a change (a query that lost a process
 fails; the executors of a failed or killed query are told to kill what is left of it; a query
-whose processes all registered starts), and when a request may be answered: only once the
-change it saw is durable. Every reply is held until `Committed` reaches the catalog version it
-was computed at, so no client ever sees state that a crash could take back.
+whose processes all registered starts; pending queries are placed, oldest first, once their
+processes fit the free slots), when a query that has not started by its start timeout fails,
+and when a request may be answered: only once the change it saw is durable. Every reply is
+held until `Committed` reaches the catalog version it was computed at, so no client ever sees
+state that a crash could take back.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Persist,
 Respond, KillProcesses and SessionEnded, feeds back Committed, and owns every task.
@@ -30,6 +32,7 @@ from catalog import (
     FailQuery,
     InvalidCommandError,
     NotAuthorizedError,
+    PlaceQuery,
     Query,
     QueryState,
     RegisterBroker,
@@ -66,6 +69,7 @@ from ._events import (
     WriteCheckpoint,
 )
 from ._leases import Leases, binding_of
+from ._placement import free_slots, place_processes, total_slots, used_slots
 from ._waiters import Waiter, Waiters
 
 __all__ = ["Call", "CoordinatorConfig", "CoordinatorState", "WaitForStart", "WaitForTopic"]
@@ -86,9 +90,15 @@ class CoordinatorConfig:
     # catalog's size if that is more: a late follower then reads at most about one catalog
     # size of history, and checkpoints cost O(1) per update, amortized.
     checkpoint_updates: int = 4096
-    # A submitted query whose processes have not all registered by then fails (a spawn that
-    # hangs, an executor that never answers); its submitter learns why.
+    # A query whose processes have not all registered this long after its submission fails
+    # (it waited for slots too long, a spawn hangs, an executor never answers); its
+    # submitter learns why. The default, for a query that names none; at most the maximum.
     start_timeout_ms: int = 60_000
+    max_start_timeout_ms: int = 86_400_000
+
+    def start_timeout(self, query: Query) -> int:
+        """How long `query` may take to start, in ms."""
+        return query.start_timeout_ms or self.start_timeout_ms
 
     def clamp_lease(self, lease_ms: int) -> int:
         return max(self.min_lease_ms, min(self.max_lease_ms, lease_ms))
@@ -106,7 +116,8 @@ class Call:
 
 
 class WaitForStart(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by a handler: answer once the query leaves `submitted` (it ran, or failed)."""
+    """Raised by a handler: answer once the query leaves `pending` and `submitted` (it runs,
+    or it ended first)."""
 
     def __init__(self, query_id: int) -> None:
         super().__init__(query_id)
@@ -152,8 +163,12 @@ class CoordinatorState:
         self.registered: dict[int, set[int]] = {}
         self.waiters = Waiters()
         self.placement_cursor = 0
-        self.start_deadlines: dict[int, float] = {}  # submitted query -> when it fails
-        self.start_waiters: dict[int, list[Any]] = {}  # submitted query -> tokens to answer
+        # Queries waiting for free slots, oldest first: placed in this order (none jumps the
+        # queue, so a large query is not starved by small ones; its start timeout bounds it).
+        self.pending: list[int] = []
+        self._scheduling = False
+        self.start_deadlines: dict[int, float] = {}  # pending/submitted query -> when it fails
+        self.start_waiters: dict[int, list[Any]] = {}  # such a query -> tokens to answer
         self.loads: dict[int, HostLoad] = {}  # executor session -> its latest heartbeat load
         self.drops = DropTracker()  # deleted topics' partitions: who to tell, who waits
         self.checkpoint = checkpoint  # the latest durable checkpoint
@@ -169,6 +184,14 @@ class CoordinatorState:
             binding = binding_of(session)  # type: ignore[arg-type]
             if binding is not None:
                 self.bind(session.session_id, binding)  # type: ignore[union-attr]
+        # Queries not started yet get their whole start timeout again: the time they waited
+        # before the restart is not known to this clock.
+        for query in sorted(self.catalog.queries, key=lambda q: q.query_id):  # type: ignore[union-attr]
+            assert isinstance(query, Query)
+            if query.state in (QueryState.PENDING, QueryState.SUBMITTED):
+                self.start_deadlines[query.query_id] = now + self.config.start_timeout(query) / 1000
+            if query.state == QueryState.PENDING:
+                self.pending.append(query.query_id)
 
     # -- the one entry point -------------------------------------------------------------------
 
@@ -318,14 +341,63 @@ class CoordinatorState:
         late = [q for q, deadline in self.start_deadlines.items() if deadline <= now]
         for query_id in late:
             del self.start_deadlines[query_id]
-            if self.catalog.query(query_id).state == QueryState.SUBMITTED:
-                seconds = self.config.start_timeout_ms / 1000
+            query = self.catalog.query(query_id)
+            seconds = self.config.start_timeout(query) / 1000
+            if query.state == QueryState.SUBMITTED:
+                registered = self.registered.get(query_id, set())
+                missing = [str(p) for p in range(query.processes)
+                           if p not in registered and query.exit_codes[p] is None]
                 self.apply(FailQuery(query_id=query_id, at_ms=wall_ms, reason=(
-                    f"not every process registered within {seconds:g}s")), now, wall_ms)
+                    f"not every process registered within {seconds:g}s (process"
+                    f"{'es' if len(missing) > 1 else ''} {', '.join(missing)} did not)")),
+                    now, wall_ms)
+            elif query.state == QueryState.PENDING:
+                self.apply(FailQuery(query_id=query_id, at_ms=wall_ms,
+                                     reason=self._no_slots_reason(query, seconds)),
+                           now, wall_ms)
+
+    def _no_slots_reason(self, query: Query, seconds: float) -> str:
+        used = used_slots(self.catalog)
+        total = total_slots(self.catalog)
+        ahead = self.pending.index(query.query_id) if query.query_id in self.pending else 0
+        why = (f"{free_slots(self.catalog, used)} of the executors' {total} are free"
+               + (f" and {ahead} earlier {'query waits' if ahead == 1 else 'queries wait'}"
+                  if ahead else ""))
+        return (f"waited {seconds:g}s for {query.processes} free process slots ({why}); "
+                "end a running query (tq kill), give executors more slots (--slots), "
+                "or allow longer (--start-timeout)")
+
+    def queue_or_place(self, query: Query, now: float, wall_ms: int) -> None:
+        """After a query was submitted: spawn its processes if it is placed, else it waits in
+        the pending queue. Either way it fails at its start timeout unless running by then."""
+        self.start_deadlines[query.query_id] = now + self.config.start_timeout(query) / 1000
+        if query.placed:
+            self.spawn(query, now, wall_ms)
+
+    def schedule(self, now: float, wall_ms: int) -> None:
+        """Place pending queries, oldest first, while the oldest fits the free slots."""
+        if self._scheduling:
+            return  # placing one query applies a change, which calls back here
+        self._scheduling = True
+        try:
+            while self.pending:
+                query = self.catalog.query(self.pending[0])
+                try:
+                    executors = place_processes(self.catalog, query.processes, self.loads,
+                                                only_free=True)
+                except InvalidCommandError:
+                    return  # no executor at all: wait for one (or the start timeout)
+                if executors is None:
+                    return
+                self.apply(PlaceQuery(query_id=query.query_id, executors=executors,
+                                      at_ms=wall_ms), now, wall_ms)
+                self.spawn(self.catalog.query(query.query_id), now, wall_ms)
+        finally:
+            self._scheduling = False
 
     def spawn(self, query: Query, now: float, wall_ms: int) -> None:
-        """Tell the executors to start the processes of a new query; it fails if they have
-        not all registered by the start timeout."""
+        """Tell the executors to start the processes of a placed query; it fails if they have
+        not all registered by its start deadline."""
         processes = []
         for process, executor_id in enumerate(query.executors):
             try:
@@ -333,7 +405,8 @@ class CoordinatorState:
             except TqError:
                 session_id = None
             processes.append((process, executor_id, session_id))
-        self.start_deadlines[query.query_id] = now + self.config.start_timeout_ms / 1000
+        self.start_deadlines.setdefault(query.query_id,
+                                        now + self.config.start_timeout(query) / 1000)
         gone = [executor_id for _, executor_id, session in processes if session is None]
         if gone:
             self.apply(FailQuery(query_id=query.query_id, at_ms=wall_ms, reason=(
@@ -342,18 +415,24 @@ class CoordinatorState:
         # Held until the query is durable: processes of a query a crash forgot could not
         # register, and would run unaccounted for until they gave up.
         self._when_durable(SpawnProcesses(query.query_id, query.program, tuple(processes),
-                                          query.processes, query.workers, tuple(query.args)))
+                                          query.processes, query.workers, tuple(query.args),
+                                          name=query.name))
 
-    def _left_submitted(self, query: Query) -> None:
+    def _started_or_ended(self, query: Query) -> None:
+        """The query left pending or submitted: it runs, or it ended before it could."""
         self.start_deadlines.pop(query.query_id, None)
         self.registered.pop(query.query_id, None)
         for token in self.start_waiters.pop(query.query_id, []):
-            if query.state in (QueryState.FAILED, QueryState.KILLED):
-                self.respond(token, error=QueryFailedError(
-                    f"query {query.query_id} ({query.name}) {query.state.value}: "
-                    f"{query.reason or 'no reason given'}"))
-            else:
-                self.respond(token, QueryInfo(query=query, version=self.catalog.version))
+            self.answer_start(token, query)
+
+    def answer_start(self, token: Any, query: Query) -> None:
+        """Answer whoever waits for `query` to start: it runs (or even finished), or why not."""
+        if query.state in (QueryState.FAILED, QueryState.KILLED):
+            self.respond(token, error=QueryFailedError(
+                f"query {query.query_id} ({query.name}) {query.state.value}: "
+                f"{query.reason or 'no reason given'}"))
+        else:
+            self.respond(token, QueryInfo(query=query, version=self.catalog.version))
 
     def _expire(self, session_id: int, now: float, wall_ms: int) -> None:
         binding = self.bindings.get(session_id)
@@ -409,15 +488,21 @@ class CoordinatorState:
                     new_queries.append(record)
         for session_id in ended_sessions:
             self._session_ended(session_id, isinstance(command, SessionExpired))
+        waiting = (QueryState.PENDING, QueryState.SUBMITTED)
         for query in new_queries:
             old = old_queries.get(query.query_id)
-            if (old is not None and old.state == QueryState.SUBMITTED
-                    and query.state != QueryState.SUBMITTED):
-                self._left_submitted(query)
+            if old is None and query.state == QueryState.PENDING:
+                self.pending.append(query.query_id)
+            elif old is not None and old.state == QueryState.PENDING != query.state:
+                self.pending.remove(query.query_id)
+            if old is not None and old.state in waiting and query.state not in waiting:
+                self._started_or_ended(query)
             if query.state in (QueryState.FAILED, QueryState.KILLED) and (
                     old is None or not old.ended):
                 self._kill_remaining(query)
         self.drops.after(self, change, now)
+        if self.pending and (new_queries or any(c == "executors" for c, _, _ in change.updates)):
+            self.schedule(now, wall_ms)  # slots may have come free, or executors joined
         for name in created_topics:
             for waiter in self.waiters.take(name):
                 call = Call(waiter.token, now, wall_ms, waiter.peer, waiter.principal)
@@ -496,6 +581,7 @@ class CoordinatorState:
                 self.apply(CreateTopic(name=name, partitions=1, record_type=record_type,
                                        kind=kind, owner=SYSTEM, locations=(broker_id,),
                                        at_ms=b.wall_ms), now, b.wall_ms)
+        self.schedule(now, b.wall_ms)  # queries left pending by the previous run
 
     def catalog_topics(self) -> dict[str, Topic]:
         """Collection name -> its `__catalog.*` topic, for those that exist."""

@@ -79,7 +79,7 @@ from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
-from ._slots import Slots
+from ._slots import Slots, default_slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
 
@@ -128,7 +128,7 @@ class ExecutorAgent:
         self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
         self.keys.pin(self.secret.principal, self.secret.for_audience(BROKER).key)
         self._attached = asyncio.Event()
-        self.slots = Slots(slots or max(os.cpu_count() or 1, 1))
+        self.slots = Slots(slots or default_slots(os.cpu_count()))
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
         self.lease = lease
@@ -463,7 +463,7 @@ class ExecutorAgent:
                              processes=note.process_count, workers=note.workers,
                              args=tuple(note.args), coordinator=self.coordinator,
                              credentials=str(credentials), broker=self.broker_address,
-                             executor_id=self.executor_id)
+                             executor_id=self.executor_id, name=note.name)
             await self.supervisor.spawn(spec, artifact.program)
             self.counters["spawned"] += 1
             if generation != self._generation:  # lost the session while it started
@@ -532,11 +532,24 @@ class ExecutorAgent:
         if self.cluster is None or self.cluster.lost or self.lost.is_set():
             return
         try:
-            await self.cluster.report_exit(report.query_id, report.process, report.exit_code)
+            if self.forwarder is not None:
+                await self._flush_logs()  # its last lines are readable before it is ended
+            await self.cluster.report_exit(report.query_id, report.process, report.exit_code,
+                                           reason=report.failure)
         except TqError as exc:  # the query ended already (killed), or the coordinator is away
             self.counters["report_failed"] += 1
             logger.info("executor %s: exit of %d/%d not recorded: %s", self.executor_id,
                         report.query_id, report.process, exc)
+
+    async def _flush_logs(self) -> None:
+        """Wait until the lines forwarded so far are acknowledged, so a reader that sees a
+        query end (`tq logs --follow`, `tq submit --wait`) finds all its lines. A failed batch
+        is counted by the forwarder; the exit is reported regardless."""
+        assert self.forwarder is not None
+        try:
+            await self.forwarder.flush()
+        except TqError as exc:
+            logger.warning("executor %s: flushing query output: %s", self.executor_id, exc)
 
     async def _clean_disk(self) -> None:
         """Prune work dirs and artifacts on a thread; one run at a time (an exit during a

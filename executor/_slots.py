@@ -2,6 +2,12 @@
 no I/O: the agent reserves a slot before it fetches and spawns, and releases it when the
 process's exit is reported (or the spawn failed).
 
+A slot is one query process, whatever its worker threads do. Streaming processes mostly wait
+on I/O (brokers, the coordinator, the network), so a host runs several per core: the default
+is `default_slots()`, four per core and at least eight, so that a 2-core machine runs the
+README's examples and the demo side by side. The coordinator places a query only where its
+processes fit the free slots; one that does not fit waits, pending (DESIGN §6).
+
 A slot is held by a key, the (query id, process index) it runs. Reserving a key twice is a
 duplicate spawn request, refused with ProcessExistsError so the retry of a request cannot
 take a second slot; releasing a key that holds nothing is a no-op (exit paths may overlap).
@@ -13,7 +19,15 @@ from collections.abc import Hashable
 
 from ._errors import NoFreeSlotsError, ProcessExistsError
 
-__all__ = ["Slots"]
+__all__ = ["Slots", "default_slots"]
+
+SLOTS_PER_CORE = 4
+MIN_SLOTS = 8
+
+
+def default_slots(cores: int | None = None) -> int:
+    """Process slots of an executor not told how many: four per core, at least eight."""
+    return max(MIN_SLOTS, SLOTS_PER_CORE * max(cores or 1, 1))
 
 
 class Slots:

@@ -1,4 +1,5 @@
-"""Starting one query process (DESIGN §6): `python ENTRY ARGS...` in a fresh work directory,
+"""Starting one query process (DESIGN §6): ENTRY run as `python ENTRY ARGS...` would (through
+the zygote's runner, `_zygote.py --run`, so failures are reported), in a fresh work directory,
 in its own session and process group, stdin closed, stdout and stderr piped, with the TQ_*
 environment the query library reads: forked by the fork server (`_forkserver.py`) when it
 serves this process, else exec'ed behind the death-signal launcher (`_launcher.py`).
@@ -15,6 +16,7 @@ kills the query's main process; its limits are in `_launcher.py`.
 Environment of a query process (every value a string):
 
     TQ_QUERY_ID        the query's id
+    TQ_QUERY_NAME      the query's name (with the id and process index, the process's title)
     TQ_PROCESS_INDEX   this process, 0-based
     TQ_PROCESS_COUNT   how many processes the query has
     TQ_WORKERS         worker threads per process
@@ -25,6 +27,8 @@ Environment of a query process (every value a string):
     TQ_BROKER          this host's broker
     TQ_EXECUTOR_ID     the executor it runs on (empty if not known yet)
     TQ_WORK_DIR        its work directory (also its cwd)
+    TQ_FAILURE_FILE    where the process writes one line saying why it failed (the zygote's
+                       runner does for an uncaught exception; `read_failure` reads it back)
     PYTHONUNBUFFERED   1, so lines reach the log as they are printed
 
 There is no TQ_SESSION: a query process opens its own session with its own lease, because its
@@ -47,9 +51,12 @@ from typing import Protocol
 from ._errors import ExecFailedError
 
 __all__ = ["Forks", "Launched", "SpawnSpec", "exec_result", "launch", "launch_command",
-           "make_work_dir", "pipe_reader", "query_environment", "resolve_entry"]
+           "make_work_dir", "pipe_reader", "query_environment", "read_failure", "resolve_entry"]
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
+RUNNER = Path(__file__).with_name("_zygote.py")  # `--run ENTRY`: runs ENTRY as the fork would
+FAILURE_FILE = ".tq-failure"
+_MAX_FAILURE_BYTES = 2000
 _MAX_ATTEMPTS = 10_000
 _STREAM_LIMIT = 64 * 1024  # bytes buffered per pipe before reading pauses (backpressure)
 _KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
@@ -71,6 +78,7 @@ class SpawnSpec:
     broker: str = ""
     executor_id: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables (TQ_* are ours)
+    name: str = ""                    # the query's name (its processes' titles)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -86,6 +94,7 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
     env.update(spec.env)
     env.update({
         "TQ_QUERY_ID": str(spec.query_id),
+        "TQ_QUERY_NAME": spec.name,
         "TQ_PROCESS_INDEX": str(spec.process),
         "TQ_PROCESS_COUNT": str(spec.processes),
         "TQ_WORKERS": str(spec.workers),
@@ -95,9 +104,20 @@ def query_environment(spec: SpawnSpec, *, base: Mapping[str, str],
         "TQ_BROKER": spec.broker,
         "TQ_EXECUTOR_ID": "" if spec.executor_id is None else str(spec.executor_id),
         "TQ_WORK_DIR": os.fspath(work_dir),
+        "TQ_FAILURE_FILE": os.path.join(os.fspath(work_dir), FAILURE_FILE),
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+def read_failure(work_dir: str | os.PathLike[str]) -> str:
+    """The one line a process wrote to its TQ_FAILURE_FILE ("" if none), bounded."""
+    try:
+        with open(Path(work_dir) / FAILURE_FILE, "rb") as failure:
+            data = failure.read(_MAX_FAILURE_BYTES)
+    except OSError:
+        return ""
+    return " ".join(data.decode("utf-8", errors="replace").split())
 
 
 def resolve_entry(program: str | os.PathLike[str], entry: str | None = None) -> Path:
@@ -219,8 +239,8 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
         if forked is not None:
             return forked
     read_fd, write_fd = os.pipe()
-    argv = launch_command(python or sys.executable, entry, spec.args, errfd=write_fd,
-                          parent_pid=os.getpid())
+    argv = launch_command(python or sys.executable, RUNNER, ["--run", str(entry), *spec.args],
+                          errfd=write_fd, parent_pid=os.getpid())
     try:
         loop = asyncio.get_running_loop()
         try:

@@ -37,7 +37,7 @@ from ._errors import ExecFailedError, ExecutorError, ProcessExistsError, Unknown
 from ._forkserver import ForkServer, zygote_environment
 from ._groups import signal_group, terminate_group
 from ._lines import DEFAULT_MAX_LINE, LineSplitter
-from ._spawn import Launched, SpawnSpec, launch
+from ._spawn import Launched, SpawnSpec, launch, read_failure
 
 __all__ = ["ExitReport", "LogLine", "LogSink", "Running", "Supervisor"]
 
@@ -66,6 +66,7 @@ class ExitReport:
     killed: bool              # the supervisor was asked to stop it (kill, shutdown)
     pid: int
     work_dir: Path
+    failure: str = ""         # why it failed, in its own words (its TQ_FAILURE_FILE), or ""
 
 
 LogSink = Callable[[LogLine], Awaitable[None]]
@@ -256,8 +257,9 @@ class Supervisor:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+        failure = "" if code == 0 or run.killed else read_failure(run.launched.work_dir)
         report = ExitReport(spec.query_id, spec.process, code, run.killed, run.pid,
-                            run.launched.work_dir)
+                            run.launched.work_dir, failure)
         del self._running[spec.key]
         run.exited.set_result(report)
         try:

@@ -24,6 +24,12 @@ environment, apart from TQ_*, is the one the zygote started with.
 
 Single-threaded by design (fork is safe only so); it refuses to serve if an import started a
 thread.
+
+It is also the runner of every query process: `python _zygote.py --run ENTRY ARGS...` (the
+launcher's path) runs ENTRY exactly as a forked child does, so an uncaught exception is
+handled the same way on both paths: its traceback is printed without tq's frames, and one
+line saying why (type, message, the program's own file:line) goes to $TQ_FAILURE_FILE for the
+executor to report with the exit code (DESIGN §6 "Why a query failed").
 """
 
 import ctypes
@@ -33,6 +39,8 @@ import select
 import signal
 import socket
 import sys
+import sysconfig
+import traceback
 
 _PR_SET_PDEATHSIG = 1
 _MAX_REQUEST = 1 << 20
@@ -40,7 +48,7 @@ _MAX_REQUEST = 1 << 20
 PRELOAD = ("querylib.api._runner", "querylib.api._context", "querylib.api._runtime",
            "querylib.cluster", "querylib.api._publisher", "querylib.api._subscription",
            "querylib.api.serdes", "querylib.broker._blocking", "querylib.records",
-           "cloudpickle")
+           "cloudpickle", "setproctitle")
 
 
 def main(argv: list[str]) -> None:
@@ -136,6 +144,11 @@ def _become(request: dict, fds: list[int], zygote: int, inherited: list[int]) ->
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
+        # `tq query 12 clicks 1/2` in ps, not the zygote's command line. Before the environment
+        # changes: setproctitle finds the space it may use from the process's first one.
+        from querylib.api._env import set_process_title
+
+        set_process_title(request["env"])
         os.environ.clear()
         os.environ.update(request["env"])
         _fresh_std_streams()
@@ -169,7 +182,8 @@ def _fresh_std_streams() -> None:
 
 
 def _run(entry: str) -> None:
-    """Run `entry` as `__main__`, as `python entry` does, then exit as it would."""
+    """Run `entry` as `__main__`, as `python entry` does, then exit as it would; an uncaught
+    exception prints its traceback without tq's frames and is reported (`_report`)."""
     import types
 
     module = types.ModuleType("__main__")
@@ -181,14 +195,12 @@ def _run(entry: str) -> None:
         with open(entry, "rb") as source:
             code = compile(source.read(), entry, "exec")
         exec(code, module.__dict__)
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            record_failure(" ".join(str(exc.code).split())[:_MAX_FAILURE])  # sys.exit("why")
         raise
     except BaseException as exc:
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != entry:
-            tb = tb.tb_next
-        exc.with_traceback(tb or exc.__traceback__)  # the program's frames, not ours
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+        _report(exc, entry)
         if isinstance(exc, KeyboardInterrupt):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
@@ -196,5 +208,97 @@ def _run(entry: str) -> None:
     sys.exit(0)
 
 
+def run_program(argv: list[str]) -> None:
+    """`python _zygote.py --run ENTRY ARGS...` (the launcher's path, when no fork serves):
+    what a forked child does after `_become`, so both paths fail the same way."""
+    entry = os.path.abspath(argv[0])
+    sys.argv = [entry, *argv[1:]]
+    sys.path[0] = os.path.dirname(entry)
+    _run(entry)
+
+
+# -- failures (DESIGN §6 "Why a query failed") ------------------------------------------------
+# An uncaught exception of the program is printed as Python prints it, minus tq's own frames,
+# and summed up in one line written to $TQ_FAILURE_FILE (set by the executor; the first writer
+# wins), which the executor reads when the process exits and sends with its exit code.
+
+_TQ_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+                 + os.sep for name in ("querylib", "executor", "catalog", "coordinator"))
+_MAX_FAILURE = 1000  # characters of the one-line summary
+
+
+def _is_tq(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_TQ_DIRS)
+
+
+def _is_library(filename: str) -> bool:
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    path = os.path.abspath(filename)
+    return filename.startswith("<frozen ") or any(
+        path.startswith(os.path.join(root, "")) for root in roots)
+
+
+def _without_tq(tb: traceback.TracebackException) -> None:
+    """Drop tq's frames from `tb` and the exceptions it chains to, in place."""
+    seen: set[int] = set()
+    todo = [tb]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        kept = [f for f in current.stack if not _is_tq(f.filename)]
+        current.stack = traceback.StackSummary.from_list(kept)
+        todo += [t for t in (current.__cause__, current.__context__) if t is not None]
+
+
+def describe_failure(exc: BaseException, entry: str) -> str:
+    """One line: the exception's type and message, and the program's own innermost frame
+    (file:line, relative to the program's directory), tq's and libraries' frames left out."""
+    kind = type(exc).__name__
+    if isinstance(exc, SyntaxError):
+        message = exc.msg or ""
+        where = (exc.filename or "?", exc.lineno or 0, "")
+    else:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_tq(f.filename)]
+        own = [f for f in frames if not _is_library(f.filename)] or frames
+        where = (own[-1].filename, own[-1].lineno or 0, own[-1].name) if own else None
+    text = f"{kind}: {message}" if message else kind
+    if where is not None:
+        filename, line, function = where
+        home = os.path.join(os.path.dirname(entry), "")
+        if os.path.abspath(filename).startswith(home):
+            filename = os.path.abspath(filename)[len(home):]
+        text += f" (at {filename}:{line}" + (f" in {function})" if function and
+                                               function != "<module>" else ")")
+    return text[:_MAX_FAILURE]
+
+
+def record_failure(line: str) -> None:
+    """Write `line` to $TQ_FAILURE_FILE unless a failure was recorded already."""
+    path = os.environ.get("TQ_FAILURE_FILE")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return  # the first failure is the one that counts
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as out:
+        out.write(line)
+
+
+def _report(exc: BaseException, entry: str) -> None:
+    record_failure(describe_failure(exc, entry))
+    tb = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    _without_tq(tb)
+    sys.stderr.write("".join(tb.format()))
+    sys.stderr.flush()
+
+
 if __name__ == "__main__":
-    main(sys.argv)
+    if sys.argv[1:2] == ["--run"]:
+        run_program(sys.argv[2:])
+    else:
+        main(sys.argv)

@@ -20,6 +20,13 @@ from hypothesis import settings
 settings.register_profile("tq", deadline=None, max_examples=100)
 settings.load_profile("tq")
 
+# Tests never depend on the caller's environment: a user who exported TQ_HOME (as the demo's
+# closing hint suggests) or TQ_COORDINATOR, TQ_CREDENTIALS... must not point the tests' clients
+# and children at their own cluster. Only the tests' own knobs stay (TQ_FAULT_SEED).
+_TEST_KNOBS = frozenset({"TQ_FAULT_SEED"})
+for _name in [name for name in os.environ if name.startswith("TQ_") and name not in _TEST_KNOBS]:
+    del os.environ[_name]
+
 T = TypeVar("T")
 
 

@@ -5,7 +5,7 @@
     connect()             a Context for plain scripts and notebooks
     Context.publish(name, partition=PerWorker | Merge | Hash(k), kind=..., serde=...)
                           -> Publisher: send(time, records), advance_to(time), close()
-    Context.subscribe(name or names, partitions=, start=, timeout=, serde=)
+    Context.subscribe(name or names, partitions=, start=, timeout=, serde=, group=)
                           -> Subscription yielding Snapshot (collections), Data, Progress,
                           EndOfStream
     submit(fn, processes=, workers=, args=, wait=)

@@ -9,9 +9,11 @@
         querylib.execute(main)
 
 `execute` reads TQ_* (see _env), opens one coordinator session for the process (a query
-session bound to TQ_QUERY_ID and TQ_PROCESS_INDEX, or a client session when run directly) and
-runs `main(ctx)` once per worker, on threads when TQ_WORKERS > 1. `connect()` gives a plain
-script or notebook one Context on a client session.
+session bound to TQ_QUERY_ID and TQ_PROCESS_INDEX, or a client session when run directly),
+waits until every process of the query has registered (the start barrier: no worker runs
+while a sibling process is still starting; the coordinator fails the query at its start
+timeout) and runs `main(ctx)` once per worker, on threads when TQ_WORKERS > 1. `connect()`
+gives a plain script or notebook one Context on a client session.
 
 Must not: parse command lines or touch stdout; the caller owns both.
 """
@@ -26,7 +28,7 @@ from catalog import SessionKind, TopicKind
 from catalog.errors import UserError
 from querylib.cluster import Cluster
 
-from ._env import QueryEnv
+from ._env import QueryEnv, set_process_title
 from ._partitioning import Partitioning, PerWorker, partition_count
 from ._runtime import Runtime
 
@@ -80,7 +82,9 @@ class Context:
                   kind: TopicKind | str | None = None, group: str | None = None
                   ) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
-        topic that does not exist yet (UnknownTopicError after that).
+        topic that does not exist yet (UnknownTopicError after that). `start` is "earliest",
+        "latest", an offset (every partition) or {partition: offset}; a collection is always
+        read from the start, as a Snapshot and then diffs.
 
         With `group`, this subscriber is a member of that Kafka consumer group: it reads the
         partitions the group assigns it, from the group's committed offsets (else `start`;
@@ -132,17 +136,27 @@ def connect(coordinator: str | None = None, **options: Any) -> Context:
 
 def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None) -> list[Any]:
     """Run `main(ctx)` once per worker of this process (threads when TQ_WORKERS > 1); returns
-    their results in worker order. The first worker failure is raised after all finished."""
+    their results in worker order. The first worker failure (in time: the cause, where later
+    ones may be its consequences) is raised after all finished."""
     query_env = QueryEnv.read(env)
+    if env is None:  # this process's own variables: it is the query's process
+        set_process_title()
     runtime = _open(query_env, None)
+    if query_env.query_id is not None:
+        try:
+            # The start barrier (DESIGN §6): QueryFailedError if the query failed first.
+            runtime.cluster.await_start(query_env.query_id)
+        except BaseException:
+            runtime.close()
+            raise
     results: list[Any] = [None] * query_env.workers
-    errors: list[BaseException | None] = [None] * query_env.workers
+    errors: list[BaseException] = []  # in the order they happened (list.append is atomic)
 
     def run(worker: int) -> None:
         try:
             results[worker] = main(Context(runtime, worker))
         except BaseException as exc:  # handed to the caller below
-            errors[worker] = exc
+            errors.append(exc)
 
     try:
         if query_env.workers == 1:
@@ -156,7 +170,6 @@ def execute(main: Callable[[Context], Any], *, env: dict[str, str] | None = None
                 t.join()
     finally:
         runtime.close()
-    for error in errors:
-        if error is not None:
-            raise error
+    if errors:
+        raise errors[0]
     return results

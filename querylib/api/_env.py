@@ -1,10 +1,11 @@
 """The `TQ_*` variables an executor sets for a query process, read once.
 
-    TQ_QUERY_ID, TQ_PROCESS_INDEX, TQ_PROCESS_COUNT, TQ_WORKERS, TQ_COORDINATOR,
+    TQ_QUERY_ID, TQ_QUERY_NAME, TQ_PROCESS_INDEX, TQ_PROCESS_COUNT, TQ_WORKERS, TQ_COORDINATOR,
     TQ_CREDENTIALS (the process's credential file, principal query:ID), TQ_BROKER
 
 Without TQ_QUERY_ID the process runs on its own (`python job.py`): one process, a client
-session, TQ_WORKERS workers (default 1). Must not: connect anywhere.
+session, TQ_WORKERS workers (default 1). A query process is titled from them for ps and top
+(`process_title`). Must not: connect anywhere.
 """
 
 from __future__ import annotations
@@ -15,7 +16,32 @@ from dataclasses import dataclass
 
 from catalog.errors import UserError
 
-__all__ = ["QueryEnv"]
+__all__ = ["QueryEnv", "process_title", "set_process_title"]
+
+_MAX_TITLE_NAME = 40  # query names are labels of up to 256 characters: ps shows the start
+
+
+def process_title(env: Mapping[str, str]) -> str | None:
+    """What a query process is called in ps and top: `tq query 12 clicks 1/2` (its query's id
+    and name, its process index, 0-based as everywhere in tq, and the process count); None
+    outside a query (no TQ_QUERY_ID)."""
+    query_id = env.get("TQ_QUERY_ID", "")
+    if not query_id:
+        return None
+    name = " ".join(env.get("TQ_QUERY_NAME", "").split())[:_MAX_TITLE_NAME]
+    where = f"{env.get('TQ_PROCESS_INDEX', '0')}/{env.get('TQ_PROCESS_COUNT', '1')}"
+    return " ".join(part for part in ("tq query", query_id, name, where) if part)
+
+
+def set_process_title(env: Mapping[str, str] | None = None) -> None:
+    """Title this process as `process_title` says, if it is a query's (setproctitle rewrites
+    what ps and /proc/PID/cmdline show; the executor's fork server calls this in each child,
+    `execute()` in every query process)."""
+    title = process_title(os.environ if env is None else env)
+    if title is not None:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, low: int) -> int | None:
@@ -33,6 +59,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None, low: int) -> in
 
 @dataclass(frozen=True)
 class QueryEnv:
+    """This process's place in its query: id (None when run directly), process index and
+    count, workers per process, and where and as whom to connect."""
+
     query_id: int | None
     process: int
     processes: int

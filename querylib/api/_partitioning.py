@@ -54,6 +54,7 @@ class Hash:
             raise UserError(f"Hash(k) needs k >= 1 partitions, not {self.partitions!r}")
 
     def partition_of(self, key_bytes: bytes) -> int:
+        """The partition of a record whose key encodes to `key_bytes`."""
         return zlib.crc32(key_bytes) % self.partitions
 
 
@@ -61,6 +62,7 @@ Partitioning = _PerWorker | _Merge | Hash
 
 
 def partition_count(partitioning: Partitioning, processes: int, workers: int) -> int:
+    """How many partitions a publication of a query of `processes` x `workers` has."""
     if isinstance(partitioning, _PerWorker):
         return processes * workers
     if isinstance(partitioning, _Merge):

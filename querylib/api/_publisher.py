@@ -38,7 +38,12 @@ _BATCH_RECORDS = 8000
 
 
 class Publisher:
-    """Records of one worker into a topic. Use as a context manager, or call close()."""
+    """Records of one worker into a topic. Use as a context manager, or call close().
+
+    `resumed_at` is the logical time the topic had reached when this publisher joined it (0
+    for a new topic): a program run again appends after what its earlier run published, so it
+    sends at `resumed_at + t` (times below it are refused: readers were promised nothing
+    earlier comes)."""
 
     def __init__(self, runtime: Runtime, worker: int, info: TopicInfo,
                  partitioning: Partitioning, serde: Serde) -> None:
@@ -66,14 +71,18 @@ class Publisher:
             self.partition = 0
             self._shared = runtime.shared(info)
             self._shared.ready()
+        # A topic published before (by an earlier run, or by this query before it closed it)
+        # goes on from the time its stream reached: its readers were promised that nothing
+        # earlier comes (DESIGN §3 "Ownership": re-running appends).
+        self.resumed_at = self._own.frontier if self._own is not None else self._shared.joined
+        self.frontier = self.resumed_at
 
     def send(self, time: int, records: Iterable[Any]) -> None:
         """Records at logical `time` (>= the frontier); for a collection, `(value, diff)`."""
         if self._closed:
             raise UserError(f"the publisher of {self.name!r} is closed")
         if time < self.frontier:
-            raise UserError(f"time {time} is below the frontier {self.frontier} of this "
-                            f"publisher of {self.name!r}")
+            raise UserError(self._too_early(time))
         encode = self.serde.encode
         if self._own is not None and not self.collection:
             # The common case, kept lean: one append-time stamp per call, and the records go
@@ -119,12 +128,23 @@ class Publisher:
         if self._closed:
             raise UserError(f"the publisher of {self.name!r} is closed")
         if time < self.frontier:
+            if self.resumed_at and self.frontier == self.resumed_at:
+                raise UserError(self._too_early(time))
             raise UserError(f"the frontier only advances: {time} < {self.frontier}")
         self.frontier = time
         if self._own is not None:
             self._own.advance(time)
         else:
             self._shared.advance(self.worker, time)  # type: ignore[union-attr]
+
+    def _too_early(self, time: int) -> str:
+        if self.resumed_at and self.frontier == self.resumed_at:
+            return (f"time {time} is below time {self.resumed_at}, which topic {self.name!r} "
+                    "reached when it was published before: appending to it goes on from "
+                    "there (send at `publisher.resumed_at + t`), or publish to another topic, "
+                    f"or delete it first (tq topic delete {self.name})")
+        return f"time {time} is below the frontier {self.frontier} of this publisher of " \
+               f"{self.name!r}"
 
     def flush(self) -> None:
         """Wait until everything sent is acknowledged (PerWorker only; shared producers

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ MAIN_SOURCE = ("# Built by querylib.submit: runs the pickled function under quer
                "import sys\n"
                "from querylib.api._runner import main\n\n"
                "sys.exit(main())\n")
+
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code pickled by value
 
 # Exit code of a program that cannot even load its function (2: the usual "bad invocation").
 _LOAD_FAILED = 2
@@ -58,12 +62,35 @@ def _read(folder: Path) -> tuple[bytes, dict[str, Any]]:
 
 def _unpickle(blob: bytes, meta: dict[str, Any]
               ) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+    name = meta.get("name", "the function")
     try:
         fn, args, kwargs = pickle.loads(blob)  # noqa: S301 - see the module docstring
+    except ImportError as exc:
+        # The function (or something it uses) was pickled by reference to a module the
+        # executor cannot import: it has to travel by value.
+        module = exc.name or "its module"
+        raise _fail(f"cannot load {name}: module {module!r} is not importable on the executor "
+                    f"({type(exc).__name__}: {exc}); submit with by_value=[{module}] to send "
+                    "the module with the function, or by_value=True for all your own "
+                    "modules") from exc
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's to read
-        raise _fail(f"cannot unpickle {meta.get('name', 'the function')}: "
-                    f"{type(exc).__name__}: {exc}") from exc
+        raise _fail(f"cannot unpickle {name}: {type(exc).__name__}: {exc}; if it comes "
+                    "from a module of yours, submit with by_value=True") from exc
+    filename = meta.get("file")
+    code = getattr(fn, "__code__", None)
+    if isinstance(filename, str) and isinstance(code, types.CodeType):
+        fn.__code__ = _refile(code, filename)
     return fn, tuple(args), dict(kwargs), str(meta.get("name", "function"))
+
+
+def _refile(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` (and the functions defined in it) with the file name cloudpickle dropped (it
+    pickles code as "<dynamic-code>"), so tracebacks and the failure line name the file."""
+    if code.co_filename != _DYNAMIC_CODE:
+        return code
+    consts = tuple(_refile(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
@@ -73,7 +100,17 @@ def _load(folder: Path) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
 
 
 def _fail(message: str) -> SystemExit:
-    print(f"querylib.submit: {message}", file=sys.stderr, flush=True)
+    """Say why on stderr and in the failure file (the query's reason, DESIGN §6)."""
+    line = f"querylib.submit: {message}"
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get("TQ_FAILURE_FILE")
+    if path:
+        try:  # the protocol of executor/_zygote.py's record_failure: the first line wins
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as out:
+                out.write(line)
+        except OSError:
+            pass
     return SystemExit(_LOAD_FAILED)
 
 

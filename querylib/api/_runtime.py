@@ -80,13 +80,17 @@ class Runtime:
             except TopicExistsError:  # another worker or process was first
                 info = self.cluster.lookup_topic(name)
         topic = info.topic
+        # A program changed since it last published the topic: say how to start it anew.
+        anew = (f": publish to another topic, or delete it first (tq topic delete "
+                f"{topic.short_name})")
         if topic.record_type != record_type or topic.kind != kind:
             raise RecordTypeMismatchError(
                 f"topic {topic.short_name!r} is a {topic.kind.value} of {topic.record_type!r} "
-                f"records; this publisher writes a {kind.value} of {record_type!r}")
+                f"records; this publisher writes a {kind.value} of {record_type!r}{anew}")
         if topic.partitions != partitions:
-            raise UserError(f"topic {topic.short_name!r} has {topic.partitions} partitions; "
-                            f"this publication needs {partitions}")
+            raise UserError(f"topic {topic.short_name!r} has {topic.partitions} "
+                            f"partition{'' if topic.partitions == 1 else 's'}; this "
+                            f"publication needs {partitions}{anew}")
         return info
 
     def add_publication(self, name: str) -> None:
@@ -205,6 +209,7 @@ class SharedPartitions:
         self._frontiers = dict.fromkeys(range(workers), 0)
         self._open = set(range(workers))
         self._frontier = 0
+        self.joined = 0  # the frontier its partitions had when this process opened them
         self.producers: dict[int, Producer] = {}
 
     def ready(self) -> None:
@@ -225,6 +230,10 @@ class SharedPartitions:
                         secret=self.runtime.secret, group=self.group,
                         incarnation=incarnation_of(self.info), reopen=True,
                         locate=self.runtime.locator(topic.short_name, p))
+                # The time the topic's stream reached (an earlier run's, when it was published
+                # before): this process's workers go on from there.
+                self.joined = max(p.frontier for p in self.producers.values())
+                self._frontier = self.joined
             except BaseException as exc:
                 self._error = exc
                 raise

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import sysconfig
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -40,7 +42,7 @@ from querylib.cluster import Cluster, find_query, wait_for_query_end
 
 from ._runner import FUNCTION_FILE, MAIN_SOURCE, META_FILE
 
-__all__ = ["MAX_PROGRAM_BYTES", "SubmittedQuery", "build_program", "submit"]
+__all__ = ["MAX_PROGRAM_BYTES", "SubmittedQuery", "build_program", "own_modules", "submit"]
 
 # The executor's artifact cache takes no bigger pack.
 MAX_PROGRAM_BYTES = 64 * 1024 * 1024
@@ -49,9 +51,33 @@ MAX_PROGRAM_BYTES = 64 * 1024 * 1024
 _BY_VALUE_LOCK = threading.Lock()
 
 
+def own_modules() -> list[ModuleType]:
+    """The imported top-level modules that are the user's own (`by_value=True`): not the
+    standard library's, not installed (site-packages), not tq's, not `__main__`."""
+    paths = sysconfig.get_paths()
+    foreign = [os.path.join(paths[k], "") for k in ("stdlib", "platstdlib", "purelib",
+                                                     "platlib") if k in paths]
+    tq_root = Path(__file__).resolve().parents[2]
+    foreign += [os.path.join(tq_root, name, "") for name in ("querylib", "executor",
+                                                             "catalog", "coordinator")]
+    own = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if "." in name or name == "__main__" or not isinstance(path, str):
+            continue
+        if not os.path.abspath(path).startswith(tuple(foreign)):
+            own.append(module)
+    return own
+
+
 def _pickle(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
-            by_value: Iterable[ModuleType]) -> bytes:
-    modules = [m for m in by_value]
+            by_value: Iterable[ModuleType] | bool) -> bytes:
+    if by_value is True:
+        modules = own_modules()
+    elif by_value is False:
+        modules = []
+    else:
+        modules = list(by_value)
     with _BY_VALUE_LOCK:
         added = []
         try:
@@ -76,7 +102,7 @@ def _name(fn: Callable[..., Any]) -> str:
 
 def build_program(fn: Callable[..., Any], args: tuple[Any, ...] = (),
                   kwargs: Mapping[str, Any] | None = None, *,
-                  by_value: Iterable[ModuleType] = ()) -> bytes:
+                  by_value: Iterable[ModuleType] | bool = ()) -> bytes:
     """The program pack that runs `fn(ctx, *args, **kwargs)` on every worker: `__main__.py`,
     `submitted.json` and `function.pkl` (see `_runner`). UserError if it cannot be pickled."""
     if not callable(fn):
@@ -84,6 +110,9 @@ def build_program(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     blob = _pickle(fn, args, kwargs or {}, by_value)
     meta = {"name": _name(fn), "python": list(sys.version_info[:2]),
             "sha256": hashlib.sha256(blob).hexdigest()}
+    code = getattr(fn, "__code__", None)
+    if code is not None:  # cloudpickle drops it: the runner puts it back, for tracebacks
+        meta["file"] = code.co_filename
     with tempfile.TemporaryDirectory(prefix="tq-submit-") as folder:
         root = Path(folder)
         (root / "__main__.py").write_text(MAIN_SOURCE)
@@ -115,7 +144,8 @@ class SubmittedQuery:
         return self.query
 
     def kill(self, reason: str = "killed by querylib.submit") -> Query:
-        """Kill every process of the query (TERM, then KILL after the executor's grace)."""
+        """Kill every process of the query (TERM, then KILL after the executor's grace);
+        returns the query's record as the coordinator updated it (state killed)."""
         return self.cluster.kill_query(self.query_id, reason)
 
     def close(self) -> None:
@@ -136,16 +166,21 @@ class SubmittedQuery:
 def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
            name: str | None = None, args: tuple[Any, ...] = (),
            kwargs: Mapping[str, Any] | None = None, wait: bool = False,
-           executors: tuple[int, ...] | None = None, start_timeout: float = 120.0,
-           by_value: Iterable[ModuleType] = (), coordinator: str | None = None,
+           executors: tuple[int, ...] | None = None, start_timeout: float | None = None,
+           by_value: Iterable[ModuleType] | bool = (), coordinator: str | None = None,
            secret_file: str | None = None, cluster: Cluster | None = None) -> SubmittedQuery:
     """Run `fn(ctx, *args, **kwargs)` as a query of `processes` x `workers` workers.
 
     Returns once every process has registered (the query runs), or raises QueryFailedError
-    with the reason it could not start; with `wait=True` it returns once the query ended
-    (`handle.query` is then its final record). `executors` pins process i to an executor.
+    with the reason it could not start: a query that does not fit the executors' free process
+    slots waits for them (pending, in submission order), and the coordinator fails it unless
+    it runs `start_timeout` seconds after submission (None: the coordinator's default, 60);
+    with `wait=True` it returns once the query ended (`handle.query` is then its final
+    record; a failed one's `reason` says why). `executors` pins process i to an executor.
     Functions of `__main__` (a script, a notebook) travel by value; name other modules whose
-    functions should too in `by_value` (else executors import them by name). The arguments
+    functions should too in `by_value`, or pass `by_value=True` for all your own modules
+    (imported, neither installed nor the standard library's); the executors import every
+    other module by name. The arguments
     travel in the same pickle. Pickle runs code when loaded: submit only what you would run.
     Uses `cluster` if given (left open), else connects (discovery as in DESIGN §9)."""
     if processes < 1 or workers < 1:
@@ -161,7 +196,8 @@ def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
         source = cluster.upload_artifact(sha256_hex(pack), pack)
         query = cluster.submit_query(
             name or getattr(fn, "__name__", "function"), source, processes=processes,
-            workers=workers, executors=executors, wait=True, timeout=start_timeout)
+            workers=workers, executors=executors, start_timeout=start_timeout)
+        query = cluster.await_start(query.query_id)
         handle = SubmittedQuery(cluster, query, owns_cluster=owns)
         if wait:
             handle.wait()

@@ -8,7 +8,9 @@ Progress(f) is the minimum over every live source, EndOfStream comes once all en
 A collection topic is first read to the end of what is stored (a non-following read), its
 records below the frontier F0 seen then are consolidated into one Snapshot, records at or
 after F0 follow as diffs, and a following read goes on from where the first stopped, so
-nothing is missed or counted twice.
+nothing is missed or counted twice. A collection whose stream had ended when it was read
+(its publishers closed) ends the subscription after the Snapshot and those diffs, as an ended
+stream does: the following read starts after that end and would never see it.
 
 With `group="g"` the subscriber is a member of Kafka consumer group g (`_group_client`): the
 group's coordinator assigns it partitions, which it reads from the group's committed offsets
@@ -267,6 +269,9 @@ class Subscription:
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
         self._published = min(s.frontier for s in self._sources)
+        if all(s.ended for s in self._sources):  # only collections that ended
+            self._head.append(EndOfStream())
+            self._ended = True
         if len(self._sources) == 1:
             # One broker: read it on the caller's thread. A reader thread and queue only pay
             # off when several brokers must be waited on at once (measured: the extra thread
@@ -297,7 +302,13 @@ class Subscription:
                         secret=self.runtime.secret, start="earliest", follow=False,
                         create=True, incarnation=incarnation_of(source.info),
                         locate=self.runtime.locator(name, source.partitions[0])) as sub:
-            stored.extend(e for e in sub if isinstance(e, RawData))
+            for event in sub:
+                if isinstance(event, RawData):
+                    stored.append(event)
+                elif isinstance(event, RawEnd):
+                    # Every partition's stream ended as stored: the follower, which starts
+                    # after the end, would never see it.
+                    source.ended = True
             # The frontier after replaying the stored control batches: all data below it
             # was stored before it, so the snapshot below it is complete.
             f0 = sub.frontier or 0
@@ -308,7 +319,7 @@ class Subscription:
                     key = r.value or b""
                     snapshot[key] = snapshot.get(key, 0) + _diff_of(r)
             else:
-                source.pending.append(self._decode(event, True))
+                source.pending.append(self._decode(event))
         source.frontier = f0
         return f0
 

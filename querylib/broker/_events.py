@@ -83,6 +83,9 @@ class OpenProducer(msgspec.Struct, frozen=True):
     producer_id: int = -1
     last_sequence: int = -1
     ending: bool = False
+    # Set by the core when a rule refused it and the directory was asked again (the rule may
+    # have been stale): the answer decides, no further asking.
+    rechecked: bool = False
 
 
 class Produce(msgspec.Struct, frozen=True):

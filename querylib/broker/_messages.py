@@ -96,6 +96,7 @@ class PartitionInfo(Reply, tag="broker.partition.info"):
     log_end: int            # next offset visible to subscribers (durable)
     frontier: int           # last published frontier
     ended: bool             # the last control record is end-of-stream
+    size: int = 0           # bytes of its log on disk (set by broker.partitions; 0 elsewhere)
 
 
 class PartitionList(Reply, tag="broker.partition.list"):

@@ -338,6 +338,14 @@ class BrokerServer:
         self._visible_listeners.append(listener)
         return lambda: self._visible_listeners.remove(listener)
 
+    def _sized_info(self, pid: PartitionId) -> PartitionInfo:
+        """The core's PartitionInfo with the bytes its log holds on disk."""
+        info = self.state.partition_info(pid)
+        lane = self._lanes.get(pid)
+        if lane is None:
+            return info
+        return msgspec.structs.replace(info, size=lane.log.size_in_bytes)
+
     def partition_log(self, pid: PartitionId) -> PartitionLog:
         """The log of a hosted partition, for reads (thread-safe against the append lane).
         Never append to it: the lane is its one writer. UnknownPartitionError if not hosted."""
@@ -673,7 +681,7 @@ class BrokerServer:
         async def list_partitions(req: ListPartitions, payload: list[Any], peer: bytes | None,
                                   remote: bool) -> PartitionList:
             pids = sorted(p for p in self.state.partitions if not req.topic or p[0] == req.topic)
-            return PartitionList([self.state.partition_info(p) for p in pids])
+            return PartitionList([self._sized_info(p) for p in pids])
 
         async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
                          remote: bool) -> PartitionInfo:

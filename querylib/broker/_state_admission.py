@@ -8,7 +8,10 @@ An OpenProducer is admitted when
    `TopicAccess` the shell fed (learned from its directory: the catalog under an executor,
    "anyone" on a standalone broker). A topic with no rule yet is asked about (`ResolveTopic`)
    and the request waits, parked, until the answer (`TopicResolved`) handles it again;
-2. the rule admits the session's principal (else TopicAuthorizationError, Kafka's 29);
+2. the rule admits the session's principal (else TopicAuthorizationError, Kafka's 29); a
+   rule that refuses is asked about once more before the refusal (the catalog may have
+   changed the topic's owner since: a re-run taking over a topic), so a refused writer costs
+   one directory question;
 3. the broker hosts the partition, or may open it: the rule places it here (a directory that
    knows placements), or places nothing and the request may create it (`create`, on a
    standalone broker). The shell opens it (`OpenPartition`) while the request waits; else
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from catalog.errors import TqError
 
@@ -95,6 +100,11 @@ class AdmissionRules:
         if rule is None:
             return None, self._park_for_topic(ev)
         if not admits(rule.writers, session.principal):
+            if rule.writers != SYSTEM and not ev.rechecked:
+                # The rule may be stale: the catalog may have given the topic to this writer
+                # (a re-run taking over an ended owner's topic, DESIGN §3 "Ownership") before
+                # the directory's update reached us. Asked once; the answer decides.
+                return None, self._park_for_topic(msgspec.structs.replace(ev, rechecked=True))
             owner = "tq itself" if rule.writers == SYSTEM else rule.writers
             kind = "is internal: " if rule.writers == SYSTEM else ""
             raise TopicAuthorizationError(

@@ -56,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     status = sub.add_parser("status", help="executors -> queries -> publications/"
                             "subscriptions, as a tree (or one query)")
-    status.add_argument("query", type=int, nargs="?",
-                        help="show only this query (an error if there is none)")
+    status.add_argument("query", nargs="?",
+                        help="show only this query, by id or name (a name: its newest "
+                        "query; an error if there is none)")
     status.add_argument("--json", action="store_true", help="the collections as one JSON object")
     add_cluster_options(status)
     status.set_defaults(func=_status)
@@ -94,6 +95,37 @@ def describe(value: Any) -> str:
     if isinstance(value, str) and value.startswith("persistent://public/default/"):
         return value.removeprefix("persistent://public/default/")
     return str(value)
+
+
+def human_bytes(size: int | None) -> str:
+    """A byte count as people read it: 0 B, 12.3 KiB, 4.0 MiB ("?" when unknown)."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def topic_sizes(cluster: Any, brokers: dict[int, str],
+                timeout: float) -> dict[int, dict[str, int]]:
+    """Bytes on disk per broker id and topic short name, from each broker's partition list.
+    A broker that does not answer is left out (its topics' sizes are unknown)."""
+    from catalog.errors import TqError
+    from querylib.broker import list_partitions
+
+    sizes: dict[int, dict[str, int]] = {}
+    for broker_id, address in brokers.items():
+        try:
+            listed = list_partitions(address, cluster.secret, timeout=timeout)
+        except TqError:
+            continue
+        here = sizes[broker_id] = {}
+        for info in listed:
+            here[info.topic] = here.get(info.topic, 0) + info.size
+    return sizes
 
 
 def table(records: Iterable[Any]) -> list[str]:
@@ -150,8 +182,17 @@ def _catalog(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     with connect(args) as cluster:
-        snaps = cluster.snapshot("topics", "publications", "subscriptions",
+        snaps = cluster.snapshot("topics", "publications", "subscriptions", "brokers",
                                  timeout=max(args.timeout, 30.0))
+        brokers = {b.broker_id: b.address for b, _ in snaps["brokers"].records}
+        sizes = topic_sizes(cluster, brokers, min(args.timeout, 10.0))
+
+    def size(t: Any) -> int | None:
+        where = set(t.locations)
+        if any(b not in sizes for b in where):
+            return None  # a broker hosting it is down or did not answer: unknown
+        return sum(sizes[b].get(t.short_name, 0) for b in where)
+
     publishers: dict[int, int] = {}
     subscribers: dict[int, int] = {}
     for p, _ in snaps["publications"].records:
@@ -164,13 +205,15 @@ def _topics(args: argparse.Namespace) -> int:
     if args.json:
         for t in topics:
             out.write(json.dumps({**to_json(t), "short_name": t.short_name,
+                                  "bytes": size(t),
                                   "publishers": publishers.get(t.topic_id, 0),
                                   "subscribers": subscribers.get(t.topic_id, 0)}) + "\n")
         return 0
-    cells = [["NAME", "PARTITIONS", "KIND", "RECORD TYPE", "OWNER", "PUBLISHERS",
+    cells = [["NAME", "PARTITIONS", "BYTES", "KIND", "RECORD TYPE", "OWNER", "PUBLISHERS",
               "SUBSCRIBERS", "BROKERS"]]
     for t in topics:
-        cells.append([t.short_name, str(t.partitions), t.kind.value, t.record_type,
+        cells.append([t.short_name, str(t.partitions), human_bytes(size(t)), t.kind.value,
+                      t.record_type,
                       describe(t.owner), str(publishers.get(t.topic_id, 0)),
                       str(subscribers.get(t.topic_id, 0)),
                       ",".join(str(b) for b in sorted(set(t.locations)))])
@@ -189,35 +232,49 @@ def _status(args: argparse.Namespace) -> int:
                                  "publications", "subscriptions",
                                  timeout=max(args.timeout, 30.0))
         address, broker = cluster.address, cluster.catalog_broker
+        loads = cluster.loads()
     if args.query is not None:
-        return _query_status(snaps, args.query, json_out=args.json)
+        return _query_status(snaps, args.query, json_out=args.json, loads=loads)
     if args.json:
-        body = {name: [to_json(r) for r, _ in snap.records] for name, snap in snaps.items()}
-        body["version"] = min(s.version for s in snaps.values())  # type: ignore[assignment]
+        body: dict[str, Any] = {name: [to_json(r) for r, _ in snap.records]
+                                for name, snap in snaps.items()}
+        body["version"] = min(s.version for s in snaps.values())
+        body["loads"] = {str(e): to_json(load) for e, load in sorted(loads.items())}
         sys.stdout.write(json.dumps(body) + "\n")
         return 0
-    for line in render_status(snaps, address, broker):
+    for line in render_status(snaps, address, broker, loads):
         sys.stdout.write(line + "\n")
     return 0
 
 
-def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> int:
+def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool,
+                  loads: dict[int, Any] | None = None) -> int:
     from catalog import QueryRef, UnknownQueryError
 
-    found = [q for q, _ in snaps["queries"].records if q.query_id == query_id]
+    if ref.isdigit():
+        found = [q for q, _ in snaps["queries"].records if q.query_id == int(ref)]
+        missing = f"no query {ref}"
+    else:  # a name: its newest query
+        found = sorted((q for q, _ in snaps["queries"].records if q.name == ref),
+                       key=lambda q: q.query_id)[-1:]
+        missing = f"no query named {ref!r}"
     if not found:
-        raise UnknownQueryError(f"no query {query_id} (see `tq status` for the queries "
-                                "there are)")
+        raise UnknownQueryError(f"{missing} (see `tq status` for the queries there are)")
     (query,) = found
+    query_id = query.query_id
     if json_out:
         sys.stdout.write(json.dumps(to_json(query)) + "\n")
         return 0
     topics = {t.topic_id: t for t, _ in snaps["topics"].records}
     party = QueryRef(query_id)
     codes = ",".join("-" if c is None else str(c) for c in query.exit_codes)
+    where = (f"on executors {describe(query.executors)}; exit codes {codes}" if query.executors
+             else "waiting for free process slots" if query.state.value == "pending"
+             else "never placed")
     lines = [f"query {query.query_id} {query.name} [{query.state.value}] {query.processes} x "
-             f"{query.workers} on executors {describe(query.executors)}; exit codes {codes}"
-             + (f": {query.reason}" if query.reason else "")]
+             f"{query.workers} {where}" + (f": {query.reason}" if query.reason else "")]
+    if not query.ended:
+        lines += process_lines(query, loads or {}, "  ")
     lines += [f"  publishes {_topic_label(topics.get(p.topic_id))}"
               for p, _ in snaps["publications"].records if p.publisher == party]
     lines += [f"  subscribes {_topic_label(topics.get(s.topic_id))}"
@@ -226,9 +283,33 @@ def _query_status(snaps: dict[str, Any], query_id: int, *, json_out: bool) -> in
     return 0
 
 
-def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]:
-    """The tree `tq status` prints: executors -> queries -> publications/subscriptions, then
-    queries elsewhere, then client sessions with what they publish and subscribe."""
+def load_text(load: Any) -> str:
+    """An executor's load, as `tq status` shows it."""
+    return (f"load: cpu {load.cpu_percent:.0f}%, memory {load.memory_used // 2**20} MiB used, "
+            f"{load.memory_available // 2**20} MiB available, disk {load.disk_free // 2**30} GiB "
+            "free")
+
+
+def process_lines(query: Any, loads: dict[int, Any], indent: str) -> list[str]:
+    """One line per process of a live query that an executor reported: its pid, CPU (100% is
+    one core, summed over what the process started) and resident memory."""
+    found = {}
+    for executor_id, load in loads.items():
+        for p in load.per_process:
+            if p.query_id == query.query_id and query.executors[p.process] == executor_id:
+                found[p.process] = p
+    return [f"{indent}process {i}: pid {p.pid}, cpu {p.cpu_percent:.1f}%, rss "
+            f"{p.rss // 2**20} MiB" + (f" ({p.processes} processes)" if p.processes > 1 else "")
+            for i, p in sorted(found.items())]
+
+
+def render_status(snaps: dict[str, Any], address: str, broker: str,
+                  loads: dict[int, Any] | None = None) -> list[str]:
+    """The tree `tq status` prints: executors (with their load) -> queries (with each
+    process's pid, CPU and memory) -> publications/subscriptions, then the pending queries
+    (waiting for slots), queries elsewhere, then client sessions with what they publish and
+    subscribe. `loads`: each executor's last heartbeat load, by executor id (`Cluster.loads`)."""
+    loads = loads or {}
     from catalog import QueryRef, SessionRef
 
     def records(name: str) -> list[Any]:
@@ -256,8 +337,10 @@ def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]
     for e in executors:
         b = brokers.get(e.broker_id)
         where = b.address if b is not None else "down"
+        load = loads.get(e.executor_id)
         lines.append(f"  executor {e.executor_id} on {e.host} (broker {e.broker_id} at {where}; "
-                     f"{e.resources.slots} slots)")
+                     f"{e.resources.slots} slots)"
+                     + ("" if load is None else f"; {load_text(load)}"))
         for q in queries:
             here = [str(i) for i, ex in enumerate(q.executors) if ex == e.executor_id]
             if q.ended or not here:
@@ -265,9 +348,18 @@ def render_status(snaps: dict[str, Any], address: str, broker: str) -> list[str]
             shown.add(q.query_id)
             lines.append(f"    query {q.query_id} {q.name} [{q.state.value}] "
                          f"process{'es' if len(here) > 1 else ''} {','.join(here)}")
+            lines += [line for line in process_lines(q, loads, "      ")
+                      if int(line.split()[1].rstrip(":")) in map(int, here)]
             lines += party_lines(QueryRef(q.query_id), "      ")
     if not executors:
         lines.append("  (none: start one with `tq executor` or run `tq up`)")
+    pending = [q for q in queries if q.state.value == "pending"]
+    if pending:
+        # The queue: placed in this order once their processes fit the free slots.
+        lines.append(f"pending queries ({len(pending)}), oldest first")
+        lines += [f"  query {q.query_id} {q.name} [pending] waits for {q.processes} free "
+                  f"process slot{'s' if q.processes > 1 else ''}" for q in pending]
+        shown.update(q.query_id for q in pending)
     others = [q for q in queries if q.query_id not in shown]
     if others:
         lines.append(f"other queries ({len(others)})")

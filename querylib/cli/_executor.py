@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: $TQ_CREDENTIALS, else the secret file cluster.json names, "
                         "else $TQ_HOME/secret)")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
-    parser.add_argument("--slots", type=int, help="process slots (default: CPU count)")
+    parser.add_argument("--slots", type=int, help="process slots: query processes run at "
+                        "once (default: 4 per core, at least 8)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")
     parser.add_argument("--broker-listen", default="tcp://127.0.0.1:0", metavar="ADDR",
                         help="endpoint of this host's broker (default: a free local port)")

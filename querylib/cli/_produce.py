@@ -7,6 +7,10 @@ the lines go there, to --partition N, else by key hash (--key-separator), else r
 i (the tq.time header) unless --time T gives all of them T. At end of input every partition
 written ends its stream, unless --keep-open (then the frontier moves past the last time).
 `--broker ADDR` writes one partition of a standalone broker directly.
+Lines are checked against the topic's serde (`_records_text.LineEncoder`): a json topic takes
+one JSON value per line and refuses the first that is not, naming its line number; a msgpack
+topic takes JSON lines and encodes them; bytes take anything; pickle topics are refused.
+`--header K=V` (repeatable) sets headers on every record.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ from typing import BinaryIO
 
 from catalog.errors import UserError
 from querylib.cli._consume import add_topic_client_options, open_route, standalone
+from querylib.cli._records_text import SERDES, LineEncoder, serde_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    produce = sub.add_parser("produce", help="send lines (stdin or a file) as records to a topic")
+    produce = sub.add_parser(
+        "produce", help="send lines (stdin or a file) as records to a topic",
+        description="Send each line as one record. Lines are checked against the topic's "
+        "serde: a json topic takes one JSON value per line, a msgpack topic takes JSON lines "
+        "and encodes them, a bytes topic takes anything.",
+        epilog="example: printf '{\"x\": 1}\\n' | tq produce events --header source=cli")
     produce.add_argument("topic")
     produce.add_argument("file", nargs="?", default="-",
                          help="file of lines to send (default -, stdin)")
@@ -37,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="create the topic (owned by ingest) if it does not exist")
     produce.add_argument("--partitions", type=int, default=1, metavar="N",
                          help="partitions of a topic made by --create (default 1)")
+    produce.add_argument("-H", "--header", action="append", default=[], metavar="K=V",
+                         dest="headers", help="a header on every record (repeatable)")
+    produce.add_argument("--serde", choices=SERDES,
+                         help="check and encode lines for this serde instead of the topic's "
+                         "(a standalone --broker has no catalog: bytes unless given)")
     produce.add_argument("--keep-open", "--no-end", dest="keep_open", action="store_true",
                          help="do not end the stream at end of input")
     produce.set_defaults(func=_produce)
@@ -56,12 +71,25 @@ def _lines(path: str) -> Iterator[bytes]:
         yield from (line.rstrip(b"\r\n") for line in source)
 
 
+def _header(text: str) -> tuple[str, bytes]:
+    from querylib.records import DIFF_HEADER, TIME_HEADER
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise UserError(f"--header {text!r}: give NAME=VALUE")
+    if name in (TIME_HEADER, DIFF_HEADER):
+        raise UserError(f"--header {name}: tq sets that header itself (--time sets the "
+                        "logical time)")
+    return name, value.encode()
+
+
 def _produce(args: argparse.Namespace) -> int:
     from querylib.cli._broker import client_secret
     from querylib.cluster import TopicRoute, TopicWriter
 
     if args.partitions < 1:
         raise UserError(f"--partitions {args.partitions}: a topic has at least one partition")
+    headers = tuple(_header(h) for h in args.headers)
     if standalone(args):
         partition = args.partition or 0
         if partition < 0:
@@ -75,6 +103,8 @@ def _produce(args: argparse.Namespace) -> int:
         route, secret = open_route(args, create_partitions=args.partitions if args.create
                                    else None)
     sep = args.key_separator.encode() if args.key_separator else None
+    encoder = LineEncoder(args.serde or serde_of(route.record_type), route.name,
+                          "stdin" if args.file == "-" else args.file)
     count = 0
     time = args.time
     with TopicWriter(route, secret, timeout=args.timeout) as writer:
@@ -82,8 +112,9 @@ def _produce(args: argparse.Namespace) -> int:
             key = None
             if sep is not None and sep in value:
                 key, value = value.split(sep, 1)
-            writer.send(value, key=key, partition=args.partition,
-                        time=count if args.time is None else args.time)
+                key = encoder.key(key)
+            writer.send(encoder.value(value, count + 1), key=key, partition=args.partition,
+                        time=count if args.time is None else args.time, headers=headers)
             count += 1
         if args.keep_open:
             last = count - 1 if time is None else time

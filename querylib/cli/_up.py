@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
     parser.add_argument("--slots", type=int, help="the executor's process slots "
-                        "(default: CPU count)")
+                        "(a slot runs one query process; default: 4 per core, at least 8)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     add_connector_options(parser, default_port=_CONNECTOR_PORT)

@@ -7,6 +7,7 @@
     follow(collection)        a catalog collection as a snapshot, then diffs (CollectionView is
                               the pure part), read from the catalog topics on the broker
     find_query / wait_for_query_end   a query's record, now or once it ended
+    resolve_query                     a query by id or name (a name: its newest query)
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
 Names are loaded on first use (PEP 562): a query process registering its worker group needs
@@ -57,6 +58,9 @@ _EXPORTS = {
     "discover": "_connection",
     "find_query": "_queries",
     "hold_data_dir": "_connection",
+    "last_records_start": "_topic_io",
+    "partition_infos": "_topic_io",
+    "resolve_query": "_queries",
     "read_cluster_file": "_connection",
     "read_collections": "_follow",
     "read_topic": "_topic_io",
@@ -103,6 +107,9 @@ __all__ = [
     "discover",
     "find_query",
     "hold_data_dir",
+    "last_records_start",
+    "partition_infos",
+    "resolve_query",
     "read_cluster_file",
     "read_collections",
     "read_topic",

@@ -115,6 +115,10 @@ class Cluster:
     def info(self) -> m.CatalogInfo:
         return self._call(self._async.info())
 
+    def loads(self) -> dict[int, m.HostLoad]:
+        """Each executor's load as its last heartbeat reported it, by executor id."""
+        return self._call(self._async.loads())
+
     def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         return self._call(self._async.lookup_topic(name, wait=wait))
 
@@ -153,8 +157,12 @@ class Cluster:
     def submit_query(self, name: str, program: str, **options: Any) -> Query:
         return self._call(self._async.submit_query(name, program, **options))
 
-    def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
-        return self._call(self._async.report_exit(query_id, process, exit_code))
+    def await_start(self, query_id: int, *, timeout: float | None = None) -> Query:
+        return self._call(self._async.await_start(query_id, timeout=timeout))
+
+    def report_exit(self, query_id: int, process: int, exit_code: int, *,
+                    reason: str = "") -> Query:
+        return self._call(self._async.report_exit(query_id, process, exit_code, reason=reason))
 
     def kill_query(self, query_id: int, reason: str = "killed") -> Query:
         return self._call(self._async.kill_query(query_id, reason))

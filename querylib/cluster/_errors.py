@@ -51,3 +51,5 @@ class QueryTimeoutError(TqError):
 class QueryFailedError(QueryEndedError):
     """A submitted query failed or was killed before it ran (a spawn failed, a process did not
     register in time); the message says why."""
+
+    exit_code = 1  # `tq submit`: the query failed (as with --wait when it fails later)

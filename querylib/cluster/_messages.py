@@ -12,6 +12,7 @@ Client -> coordinator requests (reply in brackets):
     coord.session.renew     Heartbeat          [Renewed]         renew the lease
     coord.session.close     CloseSession       [Done]
     coord.info              GetCatalogInfo     [CatalogInfo]     version, catalog broker, topics
+    coord.loads             GetLoads           [Loads]           each executor's last load
     coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
@@ -61,6 +62,7 @@ __all__ = [
     "ARTIFACT_CHUNK_BYTES",
     "AddUser",
     "ArtifactStored",
+    "AwaitStart",
     "BrokerInfo",
     "CatalogInfo",
     "CheckpointRef",
@@ -72,10 +74,12 @@ __all__ = [
     "ExecutorInfo",
     "FetchArtifact",
     "GetCatalogInfo",
+    "GetLoads",
     "HostLoad",
     "Heartbeat",
     "KillProcesses",
     "KillQuery",
+    "Loads",
     "LookupTopic",
     "OpenSession",
     "PrincipalKey",
@@ -225,6 +229,18 @@ class GetCatalogInfo(Request[CatalogInfo], tag="coord.info"):
     pass
 
 
+class Loads(Reply, tag="coord.loads.reply"):
+    """The load each executor reported with its last heartbeat (by executor id; one that has
+    not sent one yet is missing). Kept in the coordinator's memory, not in the catalog: it
+    changes with every heartbeat."""
+
+    loads: dict[int, HostLoad]
+
+
+class GetLoads(Request[Loads], tag="coord.loads"):
+    pass
+
+
 # --------------------------------------------------------------------------- topics
 
 
@@ -334,7 +350,8 @@ class RemoveExecutor(Request[Done], tag="coord.executor.remove"):
 
 class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
     """A query placed on `executors` (one per process), or by the coordinator when None. The
-    coordinator tells those executors to spawn the processes."""
+    coordinator tells those executors to spawn the processes; a query it places that does not
+    fit the free process slots is pending until it does (in submission order)."""
 
     session_id: int
     name: str
@@ -346,6 +363,18 @@ class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
     # True: answer once every process registered (the query runs), or with QueryFailedError
     # once it failed (a spawn failed, the start timed out, it was killed).
     wait: bool = False
+    # From submission until every process registered (waiting for slots included); past it
+    # the query fails. None: the coordinator's default.
+    start_timeout_ms: int | None = None
+
+
+class AwaitStart(Request[QueryInfo], tag="coord.query.await_start"):
+    """Answer once query `query_id` runs (every process registered), or with QueryFailedError
+    once it failed or was killed first: what a query process waits on before running `main`
+    (the start barrier), and `tq submit` after a pending reply."""
+
+    session_id: int
+    query_id: int
 
 
 class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
@@ -353,6 +382,7 @@ class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
     query_id: int
     process: int
     exit_code: int
+    reason: str = ""  # why it failed, as the process wrote it (its TQ_FAILURE_FILE)
 
 
 class KillQuery(Request[QueryInfo], tag="coord.query.kill"):
@@ -392,6 +422,7 @@ class SpawnProcesses(Notify, tag="coord.spawn.processes"):
     # The processes' credential (principal `query:<query_id>`), sealed with the executor's
     # own key (querylib.rpc.seal): only that executor reads it (DESIGN §12).
     credential: bytes = b""
+    name: str = ""  # the query's name, for its processes' titles (TQ_QUERY_NAME)
 
 
 # --------------------------------------------------------------------------- principals

@@ -15,7 +15,7 @@ from catalog import Query, UnknownQueryError
 from ._errors import QueryTimeoutError
 from ._follow import Diff, Snapshot
 
-__all__ = ["find_query", "wait_for_query_end"]
+__all__ = ["find_query", "resolve_query", "wait_for_query_end"]
 
 
 def find_query(cluster: Any, query_id: int, *, timeout: float = 30.0) -> Query:
@@ -25,6 +25,20 @@ def find_query(cluster: Any, query_id: int, *, timeout: float = 30.0) -> Query:
         if isinstance(record, Query) and record.query_id == query_id:
             return record
     raise UnknownQueryError(f"no query {query_id} (see `tq status` for the queries there are)")
+
+
+def resolve_query(cluster: Any, ref: str | int, *, timeout: float = 30.0) -> Query:
+    """The query `ref` names: an id (digits), else a name, which means the newest query of
+    that name (names repeat: each run of a program is a new query). UnknownQueryError if
+    there is none."""
+    if isinstance(ref, int) or ref.isdigit():
+        return find_query(cluster, int(ref), timeout=timeout)
+    snapshot = cluster.snapshot("queries", timeout=timeout)["queries"]
+    named = [r for r, _ in snapshot.records if isinstance(r, Query) and r.name == ref]
+    if not named:
+        raise UnknownQueryError(f"no query named {ref!r} (see `tq status` for the queries "
+                                "there are)")
+    return max(named, key=lambda q: q.query_id)
 
 
 def wait_for_query_end(cluster: Any, query_id: int, *, timeout: float | None = None) -> Query:

@@ -54,13 +54,17 @@ from querylib.rpc import (
 
 from . import _messages as m
 from ._connection import discover
-from ._errors import START_HINT, NoCoordinatorError, SessionLostError
+from ._errors import START_HINT, NoCoordinatorError, QueryTimeoutError, SessionLostError
 
 __all__ = ["AsyncCluster", "default_peer"]
 
 logger = logging.getLogger("querylib.cluster")
 
 R = TypeVar("R", bound=Reply)
+
+# A waiting submit allows the coordinator its start timeout plus this, in seconds: the
+# coordinator answers at the deadline, and the answer needs a moment to arrive.
+START_MARGIN = 10.0
 
 
 def default_peer() -> str:
@@ -186,6 +190,10 @@ class AsyncCluster:
     async def info(self) -> m.CatalogInfo:
         return await self.request(m.GetCatalogInfo())
 
+    async def loads(self) -> dict[int, m.HostLoad]:
+        """Each executor's load as its last heartbeat reported it, by executor id."""
+        return (await self.request(m.GetLoads())).loads
+
     async def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         """The topic called `name`; with `wait` seconds, wait for it to be created."""
         return await self.request(m.LookupTopic(name=name, wait_ms=int(wait * 1000)),
@@ -243,18 +251,48 @@ class AsyncCluster:
     async def submit_query(self, name: str, program: str, *, processes: int = 1,
                            workers: int = 1, args: tuple[str, ...] = (),
                            executors: tuple[int, ...] | None = None, wait: bool = False,
-                           timeout: float | None = None) -> Query:
+                           timeout: float | None = None,
+                           start_timeout: float | None = None) -> Query:
         """Submit a query; with `wait`, return once it runs (QueryFailedError if it failed
-        to start: the message says why)."""
+        to start: the message says why). `start_timeout`: the coordinator fails the query
+        unless every process registered that many seconds after submission (waiting for free
+        slots included; None: the coordinator's default); a waiting call then allows that
+        long plus a margin unless `timeout` says otherwise."""
+        start_timeout_ms = None if start_timeout is None else max(1, round(start_timeout * 1000))
+        if timeout is None and wait and start_timeout is not None:
+            timeout = start_timeout + START_MARGIN
         reply = await self.request(m.SubmitQuery(
             session_id=self._session(), name=name, program=program, processes=processes,
-            workers=workers, args=tuple(args), executors=executors, wait=wait),
-            timeout=timeout)
+            workers=workers, args=tuple(args), executors=executors, wait=wait,
+            start_timeout_ms=start_timeout_ms), timeout=timeout)
         return reply.query
 
-    async def report_exit(self, query_id: int, process: int, exit_code: int) -> Query:
+    async def await_start(self, query_id: int, *, timeout: float | None = None) -> Query:
+        """Return once the query runs (every process registered), or raise QueryFailedError
+        once it failed or was killed first. The coordinator answers by the query's start
+        timeout; `timeout` (None: forever) bounds this wait, asking again after each
+        `self.timeout` (a restarted coordinator forgets who waited)."""
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while True:
+            step = self.timeout
+            if deadline is not None:
+                step = min(step, deadline - asyncio.get_running_loop().time())
+                if step <= 0:
+                    raise QueryTimeoutError(f"query {query_id} has not started within "
+                                            f"{timeout:g}s")
+            try:
+                reply = await self.request(m.AwaitStart(session_id=self._session(),
+                                                        query_id=query_id), timeout=step)
+            except DeadlineExceededError:
+                continue
+            return reply.query
+
+    async def report_exit(self, query_id: int, process: int, exit_code: int, *,
+                          reason: str = "") -> Query:
+        """An executor reports a process's exit; `reason`: why it failed, in its own words."""
         reply = await self.request(m.ReportExit(session_id=self._session(), query_id=query_id,
-                                                process=process, exit_code=exit_code))
+                                                process=process, exit_code=exit_code,
+                                                reason=reason))
         return reply.query
 
     async def kill_query(self, query_id: int, reason: str = "killed") -> Query:

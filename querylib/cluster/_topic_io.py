@@ -27,7 +27,8 @@ from typing import Any
 from catalog import INGEST, UnknownTopicError
 from catalog.errors import TqError, UserError
 
-__all__ = ["TopicRoute", "TopicWriter", "read_topic", "route_topic"]
+__all__ = ["TopicRoute", "TopicWriter", "last_records_start", "partition_infos", "read_topic",
+           "route_topic"]
 
 _MERGE_QUEUE = 1024  # events in flight from the broker threads to the reader
 
@@ -43,6 +44,7 @@ class TopicRoute:
     # Which topic of the name the catalog means (querylib.broker.Incarnation); None for a
     # standalone broker, which has no catalog.
     incarnation: Any = None
+    record_type: str = "bytes"  # the catalog's type tag: `serde` or `serde/record_type`
 
     def by_broker(self, partitions: list[int] | None = None) -> dict[str, list[int]]:
         """The partitions to read (all by default), grouped by the broker hosting them."""
@@ -73,7 +75,8 @@ def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None
     return TopicRoute(name=topic.short_name, partitions=topic.partitions,
                       addresses=tuple(info.brokers[b] for b in topic.locations),
                       ingest=topic.owner == INGEST,
-                      incarnation=Incarnation(topic.created_at_ms, topic.topic_id))
+                      incarnation=Incarnation(topic.created_at_ms, topic.topic_id),
+                      record_type=topic.record_type)
 
 
 class TopicWriter:
@@ -108,7 +111,8 @@ class TopicWriter:
         return producer
 
     def send(self, value: bytes, *, key: bytes | None = None, time: int | None = None,
-             partition: int | None = None) -> int:
+             partition: int | None = None,
+             headers: tuple[tuple[str, bytes], ...] = ()) -> int:
         """Queue one record; returns the partition it goes to."""
         if partition is None:
             if key is not None:
@@ -116,7 +120,7 @@ class TopicWriter:
             else:
                 partition = self._next % self.route.partitions
                 self._next += 1
-        self._producer(partition).send(value, key=key, time=time)
+        self._producer(partition).send(value, key=key, time=time, headers=headers)
         self.counts[partition] = self.counts.get(partition, 0) + 1
         return partition
 
@@ -144,7 +148,7 @@ class TopicWriter:
 
 
 def read_topic(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
-               start: str | int = "earliest", follow: bool = False,
+               start: str | int | dict[int, int] = "earliest", follow: bool = False,
                timeout: float = 30.0) -> Iterator[Any]:
     """Events (`Data`, `Progress`, `EndOfStream` of querylib.broker) of the chosen partitions.
     Without `follow` it stops at the end of what was stored when it started; with it, at the
@@ -167,7 +171,7 @@ _DONE = object()  # a broker thread's last item
 
 
 def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
-            start: str | int, follow: bool, timeout: float) -> Iterator[Any]:
+            start: str | int | dict[int, int], follow: bool, timeout: float) -> Iterator[Any]:
     from querylib.broker import EndOfStream, Progress, Subscriber
 
     events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
@@ -228,3 +232,61 @@ def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
         stop.set()
         for thread in threads:
             thread.join(timeout=0)  # daemons: a broker thread blocked on its socket may linger
+
+
+def partition_infos(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
+                    timeout: float = 30.0) -> dict[int, Any]:
+    """What the hosting brokers say of each chosen partition (querylib.broker.PartitionInfo:
+    start and end offsets, frontier, ended, bytes); one nobody wrote yet is empty. A
+    partition whose broker does not answer is missing, unless that is the only broker (then
+    its error is raised)."""
+    from querylib.broker import PartitionInfo, list_partitions
+
+    found: dict[int, Any] = {}
+    failed: TqError | None = None
+    groups = route.by_broker(partitions)
+    for address, chosen in groups.items():
+        wanted = set(chosen)
+        try:
+            listed = list_partitions(address, secret, route.name, timeout=timeout)
+        except TqError as exc:  # that broker's partitions stay unknown
+            failed = exc
+            continue
+        found.update((i.partition, i) for i in listed if i.partition in wanted)
+        for p in wanted - found.keys():  # nobody wrote it yet: a read creates it empty
+            found[p] = PartitionInfo(topic=route.name, partition=p, log_start=0, log_end=0,
+                                     frontier=0, ended=False)
+    if failed is not None and len(groups) == 1:
+        raise failed
+    return found
+
+
+def last_records_start(route: TopicRoute, secret: bytes, count: int, *,
+                       partitions: list[int] | None = None,
+                       timeout: float = 30.0) -> dict[int, int]:
+    """The offset of each chosen partition from which it holds its last `count` records.
+
+    Control batches (frontier, end of stream) take offsets too, so `end - count` may hold
+    fewer records: a partition is read from `end - window` to its end, the window growing
+    fourfold until it holds `count` records or reaches the log start."""
+    from collections import deque
+
+    from querylib.broker import Data
+
+    starts: dict[int, int] = {}
+    for p, info in sorted(partition_infos(route, secret, partitions=partitions,
+                                          timeout=timeout).items()):
+        window = count
+        while True:
+            start = max(info.log_start, info.log_end - window)
+            offsets: deque[int] = deque(maxlen=count)
+            for event in read_topic(route, secret, partitions=[p], start=start,
+                                    timeout=timeout):
+                if isinstance(event, Data):
+                    offsets.extend(r.offset for r in event.records
+                                   if r.offset < info.log_end)
+            if len(offsets) == count or start <= info.log_start:
+                starts[p] = offsets[0] if offsets else info.log_end
+                break
+            window *= 4
+    return starts

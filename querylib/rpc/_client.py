@@ -10,6 +10,12 @@ slot); replies are matched to their request by id, in whatever order they arrive
 tracking and deadlines are the sans-I/O `RequestTracker` behind one loop timer; this module
 only moves frames, resolves futures and counts what it drops (replies nobody waits for, bad
 messages).
+
+It connects with the PLAIN credential of its principal for the server's audience (DESIGN §2
+"Handshake") and watches how each connection's handshake ends: a server that refuses the
+credential fails every call in flight, and every call until a handshake succeeds, with
+SecretRejectedError at once. zmq gives up a connection whose handshake failed, so the client
+connects again itself, backing off, in case the server learns the credential later.
 Use it from one event loop; `BlockingClient` wraps it for threads and plain scripts.
 """
 
@@ -23,8 +29,8 @@ from typing import Any, TypeVar
 
 import zmq
 
-from ._codec import MAX_TTL, SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
-from ._credentials import COORDINATOR, Credential
+from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
+from ._credentials import COORDINATOR, Credential, handshake_token
 from ._errors import (
     AddressError,
     ClientClosedError,
@@ -36,13 +42,25 @@ from ._errors import (
     error_from_body,
 )
 from ._messages import Kind, Notify, Reply, Request
-from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
+from ._shell import (
+    HANDSHAKE_FAILED_AUTH,
+    HANDSHAKE_SUCCEEDED,
+    DeadlineTimer,
+    DropCounters,
+    FramePump,
+    HandshakeWatch,
+    log,
+    new_socket,
+)
 
 __all__ = ["Notification", "RpcClient"]
 
 R = TypeVar("R", bound=Reply)
 
 NotifyCallback = Callable[["Notification"], object]
+
+# Seconds before connecting again after a failed handshake, doubling while it keeps failing.
+_RECONNECT_MIN, _RECONNECT_MAX = 0.1, 5.0
 
 
 class Notification:
@@ -69,19 +87,25 @@ class RpcClient:
         self.address = address
         self.limits = limits = limits or Limits()
         self.timeout = _check_timeout(timeout)
-        self.principal = Credential.of(secret).principal
-        self._codec = Codec(Credential.of(secret).for_audience(audience), role="client",
-                            limits=limits)
+        own = Credential.of(secret).for_audience(audience)
+        self.principal = own.principal
+        self._codec = Codec(own, role="client", limits=limits)
+        self._token = handshake_token(own.key)
         self._context = context
         self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
         self._slots = asyncio.Semaphore(limits.max_in_flight)
         self._callbacks: dict[type[Notify], NotifyCallback] = {}
         self._queue: asyncio.Queue[Notification] = asyncio.Queue(limits.notify_queue)
         self._drops = DropCounters()
-        self._authentic = False  # has the server sent one message signed with our secret?
+        # Why the server refuses our credential, from its last refusal until a handshake
+        # succeeds: calls fail with SecretRejectedError at once meanwhile.
+        self._refusal: str | None = None
+        self._reconnect_delay = _RECONNECT_MIN
+        self._reconnect: asyncio.TimerHandle | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: FramePump | None = None
+        self._watch: HandshakeWatch | None = None
         self._closed = False
 
     @property
@@ -125,13 +149,18 @@ class RpcClient:
         if self._sock is not None or self._closed:
             raise RuntimeError("an RpcClient connects once")
         sock = new_socket(zmq.DEALER, self.limits, self._context)
+        sock.setsockopt(zmq.PLAIN_USERNAME, self.principal.encode())
+        sock.setsockopt(zmq.PLAIN_PASSWORD, self._token)
+        self._loop = asyncio.get_running_loop()
+        watch = HandshakeWatch(sock, self._loop, self._on_handshake)
         try:
             sock.connect(self.address)
         except zmq.ZMQError as exc:
+            watch.close()
             sock.close(linger=0)
             raise AddressError(f"cannot connect to {self.address}: {exc}") from exc
         self._sock = sock
-        self._loop = asyncio.get_running_loop()
+        self._watch = watch
         self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
         self._pump = FramePump(sock, self._loop, small_frames=3, limits=self.limits,
                                on_message=self._on_message, on_drop=self._on_drop)
@@ -145,8 +174,12 @@ class RpcClient:
         for _, future in self._pending.close() if self._pending is not None else ():
             if not future.done():
                 future.set_exception(ClientClosedError(f"client of {self.address} closed"))
+        if self._reconnect is not None:
+            self._reconnect.cancel()
         if self._pump is not None:
             self._pump.close()
+        if self._watch is not None:
+            self._watch.close()
         if self._sock is not None:
             self._sock.close(linger=0)
 
@@ -172,6 +205,8 @@ class RpcClient:
             raise TypeError(f"{request_type.__name__} is not a Request")
         timeout = self.timeout if timeout is None else _check_timeout(timeout)
         pump, loop = self._require_open()
+        if self._refusal is not None:
+            raise SecretRejectedError(self._refusal)
         deadline = loop.time() + timeout
         if self._slots.locked():
             try:
@@ -210,6 +245,8 @@ class RpcClient:
     async def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
         """Send a one-way message (a credit grant, a heartbeat). Waits only if queues are full."""
         pump, loop = self._require_open()
+        if self._refusal is not None:
+            raise SecretRejectedError(self._refusal)
         frames = self._codec.notify(message, now=time.time(), payload=payload)
         await self._send(pump, frames, loop.time() + self.timeout)
 
@@ -255,15 +292,11 @@ class RpcClient:
             log.exception("rpc client %s: bug while handling a message", self.address)
 
     def _dispatch(self, parts: list[Any]) -> None:
-        if len(parts) == 1 and parts[0] == SIGNATURE_REFUSED:
-            self._refused()
-            return
         try:
             incoming = self._codec.decode(parts, time.time())
         except RpcProtocolError as exc:
             self._drops[exc.reason] += 1
             return
-        self._authentic = True  # the server holds our secret: refusals are forgeries now
         if incoming.header.kind == Kind.NOTIFY:
             self._deliver(Notification(incoming.body, incoming.payload))  # type: ignore[arg-type]
             return
@@ -273,21 +306,43 @@ class RpcClient:
         elif not future.done():
             future.set_result(incoming)
 
-    def _refused(self) -> None:
-        """The server does not share our secret: fail every call in flight now (the refusal
-        names no request; all of them were signed alike). The refusal is unsigned (the server
-        cannot sign with a secret it does not have), so it is believed only until the server
-        has sent one authentic message: after that it can only be a forgery, counted and
-        ignored."""
-        self._drops["refused"] += 1
-        if self._authentic:
+    def _on_handshake(self, event: int, value: int) -> None:
+        """How a connection's handshake ended (HandshakeWatch)."""
+        if event == HANDSHAKE_SUCCEEDED:
+            self._refusal = None
+            self._reconnect_delay = _RECONNECT_MIN
             return
+        # zmq gave the connection up for good (it reconnects only after network errors).
+        if event == HANDSHAKE_FAILED_AUTH and value == 400:
+            self._drops["refused"] += 1
+            self._refusal = (
+                f"the server at {self.address} refused our signature key for "
+                f"{self.principal}: it holds another cluster secret, or does not know "
+                f"{self.principal} (removed, rotated or never added); use the secret file "
+                f"or credential it issued")
+            refused, why = True, self._refusal
+        else:
+            self._drops["handshake_failed"] += 1
+            refused, why = False, (f"handshake with {self.address} failed (zmq event "
+                                   f"{event}, {value}): is it a tq server of this version?")
+            log.warning("rpc client %s: %s", self.address, why)
         assert self._pending is not None
         for future in self._pending.entries():  # each caller forgets its own
             if not future.done():
-                future.set_exception(SecretRejectedError(
-                    f"the server at {self.address} refused our signature: it holds another "
-                    f"cluster secret; use the secret file it uses"))
+                future.set_exception(SecretRejectedError(why) if refused else RpcError(why))
+        if self._reconnect is None and self._loop is not None:
+            self._reconnect = self._loop.call_later(self._reconnect_delay, self._connect_again)
+            self._reconnect_delay = min(self._reconnect_delay * 2, _RECONNECT_MAX)
+
+    def _connect_again(self) -> None:
+        self._reconnect = None
+        if self._closed or self._sock is None:
+            return
+        try:
+            self._sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass  # zmq forgot the endpoint already
+        self._sock.connect(self.address)
 
     def _deliver(self, note: Notification) -> None:
         callback = self._callbacks.get(type(note.message))

@@ -30,13 +30,10 @@ bounded header before the signature, and trusting nothing else in it until the s
 verifies), binds the sender session to that principal for good, and hands the principal to
 the handler (DESIGN §12). An unknown principal raises UnknownPrincipalError before any MAC, so
 a server whose keyring resolves keys elsewhere may fetch the key and decode again.
-Refusal. A server that opts in answers a message whose signature frame has the right length
-but does not verify (or names a principal it does not know) with the single unsigned frame
-`SIGNATURE_REFUSED`, so a client holding
-another secret fails at once with SecretRejectedError instead of waiting out its deadline as if
-nobody were there (an executor must not retry a wrong secret forever). It tells the peer
-nothing about the secret; a forged refusal needs a position on the connection, where dropping
-messages works as well.
+Peers were authenticated once already, when they connected (the ZMQ PLAIN handshake, see
+`_server`), so what reaches a codec comes from a peer holding a key the server knows; the MAC
+still decides every message. A message may name another principal than the handshake did:
+that is not checked, since signing as P takes P's key, which passes P's handshake as well.
 What stays open, knowingly: within the skew window, a message replayed to a *different* server
 of the same cluster, or to a server that restarted, is accepted once. Closing that needs a
 handshake per connection; the broker and coordinator requests are idempotent enough by
@@ -73,14 +70,13 @@ from ._errors import (
 from ._messages import ErrorBody, Header, Kind, Message, Notify, Reply, Request, message_type
 from ._signer import Signer, _nbytes
 
-__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "SIGNATURE_REFUSED", "Codec",
-           "Incoming", "Limits", "ReplayGuard", "Signer"]
+__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec", "Incoming", "Limits",
+           "ReplayGuard", "Signer"]
 
 _MAX_PRINCIPAL = 80  # catalog's bound on a principal's length
 
 SIGNATURE_BYTES = 32
 SESSION_BYTES = 16
-SIGNATURE_REFUSED = b"tq-rpc:signature-refused"  # the whole (unsigned) refusal message
 MAX_TTL = 7 * 24 * 3600.0  # a week: longer "deadlines" are bugs, and NaN/inf are hostile
 _MiB = 1024 * 1024
 

@@ -6,12 +6,17 @@ needs to store no key at all:
 
     principal_key(secret, "user:alice", generation)     the principal's own key
     audience_key(key, BROKER)                            what it signs broker messages with
+    handshake_token(audience key)                        what it shows when it connects
 
 Two audiences. A principal signs what it sends the coordinator with its key, and what it sends
 any broker with a one-way derivation of it. Brokers learn audience keys from the coordinator
 (`ResolvePrincipal`, for an executor's broker) or derive them (a broker holding the secret), so
 a broker host can act as a principal towards brokers but never towards the coordinator: it
 cannot kill, delete or manage users with what it learns.
+
+A peer proves who it is twice: when it connects, with a token derived one-way from the key it
+signs with for that server (ZMQ PLAIN, which travels in clear, so never the key itself: a
+token seen on the wire lets its holder connect, not sign), and in every message, with the MAC.
 
 A credential file is either the cluster secret (its holder is `admin`) or JSON written by
 `write_credential`: {"principal": "user:alice", "key": "<64 hex digits>"}; both have mode 0600
@@ -53,6 +58,7 @@ __all__ = [
     "MasterKeyring",
     "RemoteKeyring",
     "audience_key",
+    "handshake_token",
     "kafka_password",
     "load_credential",
     "principal_key",
@@ -70,6 +76,7 @@ _PRINCIPAL_CONTEXT = "tq 2026-11 principal key"
 _BROKER_CONTEXT = "tq 2026-11 broker audience key"
 _SEAL_CONTEXT = "tq 2026-11 sealed key"
 _KAFKA_PASSWORD_CONTEXT = "tq 2026-11 kafka sasl password"
+_HANDSHAKE_CONTEXT = "tq 2026-11 zmq handshake token"
 _NONCE = 16
 _MAX_CREDENTIAL_FILE = 4096
 
@@ -90,6 +97,12 @@ def audience_key(key: bytes, audience: str) -> bytes:
     if audience == BROKER:
         return blake3.blake3(key, derive_key_context=_BROKER_CONTEXT).digest()
     raise ValueError(f"unknown audience {audience!r}")
+
+
+def handshake_token(key: bytes) -> bytes:
+    """What a peer signing with `key` (its key for the server's audience) shows as its ZMQ
+    PLAIN password when it connects: 64 hex digits, one-way from the key."""
+    return blake3.blake3(key, derive_key_context=_HANDSHAKE_CONTEXT).hexdigest().encode()
 
 
 def kafka_password(credential: Credential | bytes, *, broker_key: bool = False) -> str:
@@ -210,6 +223,12 @@ class Keyring:
         Kafka user's password with it: `kafka_password(key, broker_key=True)`)."""
         return None
 
+    def refetch(self, principal: str) -> bool:
+        """A credential did not match the key known for `principal`: forget that key if it
+        may be stale (the principal's credential was rotated since), so `key_of` asks again.
+        True when it was forgotten."""
+        return False
+
 
 class MasterKeyring(Keyring):
     """Derives keys from the cluster secret. `valid(principal)` is the principal's current
@@ -306,6 +325,17 @@ class RemoteKeyring(Keyring):
             return None
         found = self._fresh(principal)
         return None if found is None else found[1]
+
+    def refetch(self, principal: str) -> bool:
+        """Forget a cached (not pinned) key fetched at least `negative_ttl` seconds ago, so a
+        rotated credential works at once and a wrong one costs one fetch per interval."""
+        found = self._known.get(principal)
+        if found is None or found[0] is None or principal in self._pinned:
+            return False
+        if self._clock() < found[2] - self._ttl + self._negative_ttl:
+            return False  # fetched moments ago: that is the key
+        del self._known[principal]
+        return True
 
     def refused(self, principal: str) -> bool:
         """Known not to exist (for the negative interval): do not ask again yet."""

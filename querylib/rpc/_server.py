@@ -10,9 +10,7 @@
 What a message means, whether it is signed, fresh and well formed, is decided by the codec;
 this module only moves frames, runs handlers under their deadlines and counts what it drops.
 A peer's garbage never stops the receive loop: it is counted by reason, and answered with an
-error only when it was authentic enough to deserve an answer (signed, with a request header);
-with `refuse_bad_signatures` (the coordinator's) a message signed with another secret gets the
-unsigned refusal frame (see `_codec`).
+error only when it was authentic enough to deserve an answer (signed, with a request header).
 Handlers are cancelled at their request's deadline, by one timer for all of them (wrap work
 that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
@@ -23,11 +21,21 @@ authenticated principal as `ctx.principal`. A keyring that fetches keys elsewher
 executor's broker asks the coordinator) gets the message of a principal it does not know yet
 parked, bounded in count and bytes, while it asks; it is decoded again once the key comes and
 dropped (counted as "unknown_principal") if there is none.
+
+Handshake (DESIGN §2 "Handshake"): before a peer may send a frame, it must show a PLAIN
+credential, its principal and `handshake_token` of its key for our audience, which ZeroMQ
+hands the ZAP handler of our context (`_zap`), which hands it to `_admit` on our loop. The
+keyring says: admitted (200), refused (400: the principal does not exist, or the token is
+not its; "handshake_refused"), or nothing (a keyring that fetches keys cannot tell a
+principal that does not exist from a coordinator it cannot reach: "handshake_deferred";
+ZeroMQ drops the connection after HANDSHAKE_INTERVAL and the peer connects again). A key
+being fetched holds the handshake until it comes, so a peer's first connection gets in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
 import math
 import time
@@ -36,10 +44,11 @@ from typing import Any
 
 import zmq
 
+from catalog import InvalidCommandError, check_principal
 from catalog.errors import TqError
 
-from ._codec import SIGNATURE_REFUSED, Buffer, Codec, Incoming, Limits
-from ._credentials import COORDINATOR, Keyring, MasterKeyring
+from ._codec import Buffer, Codec, Incoming, Limits
+from ._credentials import COORDINATOR, Keyring, MasterKeyring, handshake_token
 from ._errors import (
     AddressError,
     InternalServerError,
@@ -52,8 +61,14 @@ from ._errors import (
 )
 from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
 from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
+from ._zap import Verdict, admit_through, stop_admitting
 
-__all__ = ["Context", "Handler", "RpcServer"]
+__all__ = ["HANDSHAKE_INTERVAL", "Context", "Handler", "RpcServer"]
+
+# Seconds a connection may take to pass its handshake (ZMQ_HANDSHAKE_IVL): what a peer we
+# cannot tell about yet waits before it connects again.
+HANDSHAKE_INTERVAL = 10.0
+_ZAP_IN_USE = "something else serves ZAP (inproc://zeromq.zap.01) in this zmq context"
 
 Handler = Callable[[Any, "Context"], Awaitable[Any]]
 
@@ -108,15 +123,12 @@ class RpcServer:
     """Serves registered request and notify types on a bound ROUTER socket."""
 
     def __init__(self, secret: bytes | Keyring, *, limits: Limits | None = None,
-                 context: zmq.Context[Any] | None = None,
-                 refuse_bad_signatures: bool = False, audience: str = COORDINATOR,
+                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR,
                  max_parked: int = 256, max_parked_bytes: int = 64 * 1024 * 1024) -> None:
         """`secret` is the keyring of the principals we serve, or the cluster secret (then
-        every principal's key is derived from it, for `audience`)."""
+        every principal's key is derived from it, for `audience`). `max_parked` also bounds
+        the handshakes waiting for a key."""
         self.limits = limits or Limits()
-        # Answer a message signed with another secret with the refusal frame (the coordinator
-        # does, so a misconfigured executor stops instead of waiting forever); else silence.
-        self.refuse_bad_signatures = refuse_bad_signatures
         keyring = secret if isinstance(secret, Keyring) else MasterKeyring(secret,
                                                                            audience=audience)
         self.keyring = keyring
@@ -127,7 +139,9 @@ class RpcServer:
         self._parked_bytes = 0
         self._max_parked = max_parked
         self._max_parked_bytes = max_parked_bytes
-        self._context = context
+        self._context = context or zmq.Context.instance()
+        self._domain = b"tq-rpc-" + self._codec.session.hex().encode()  # our ZAP domain
+        self._admitting: set[asyncio.Task[None]] = set()  # handshakes waiting for a key
         self._handlers: dict[type[Message], Handler] = {Ping: _echo}
         self._sock: zmq.Socket[Any] | None = None
         self._pump: FramePump | None = None
@@ -175,14 +189,24 @@ class RpcServer:
         sock = new_socket(zmq.ROUTER, self.limits, self._context)
         # Unroutable replies (the client went away) fail loudly to us instead of vanishing.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # Peers pass the handshake, or send nothing (module docstring).
+        sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        sock.setsockopt(zmq.ZAP_DOMAIN, self._domain)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_INTERVAL * 1000))
+        loop = asyncio.get_running_loop()
+        try:
+            admit_through(self._context, self._domain, loop, self._handshake)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise AddressError(f"cannot authenticate peers: {_ZAP_IN_USE} ({exc})") from exc
         try:
             sock.bind(bind)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
+            stop_admitting(self._context, self._domain)
             raise AddressError(f"cannot listen on {bind}: {exc}") from exc
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        loop = asyncio.get_running_loop()
         self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
         self._pump = FramePump(sock, loop, small_frames=4,
                                limits=self.limits, on_message=self._on_message,
@@ -198,12 +222,13 @@ class RpcServer:
             self._pump.close()
         if self._deadlines is not None:
             self._deadlines.close()
-        tasks = list(self._tasks)
+        tasks = [*self._tasks, *self._admitting]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._sock is not None:
             self._sock.close(linger=0)
+            stop_admitting(self._context, self._domain)
 
     async def __aenter__(self) -> RpcServer:
         if self._sock is None:
@@ -234,6 +259,51 @@ class RpcServer:
         except zmq.ZMQError as exc:
             raise PeerUnreachableError(f"client {peer.hex()} is gone: {exc}") from exc
 
+    # -- the handshake ---------------------------------------------------------------------
+
+    def _handshake(self, username: bytes, token: bytes, verdict: Verdict) -> None:
+        """A peer connects (called on our loop by the ZAP handler): admit it or not."""
+        if self._closed:
+            return  # no verdict: a refusal would tell the peer its key is wrong
+        if len(self._admitting) >= self._max_parked:
+            self._drops["handshake_deferred"] += 1  # too many wait for keys: it comes again
+            return
+        task = asyncio.get_running_loop().create_task(self._admit(username, token, verdict))
+        self._admitting.add(task)
+        task.add_done_callback(self._admitting.discard)
+
+    async def _admit(self, username: bytes, token: bytes, verdict: Verdict) -> None:
+        try:
+            principal = check_principal(username.decode())
+        except (UnicodeDecodeError, InvalidCommandError):
+            principal = None
+        try:
+            admitted = None if principal is None else await self._check(principal, token)
+        except TqError as exc:  # the keyring could not ask (the coordinator is away)
+            log.info("rpc server %s: cannot learn the key of %s: %s", self.endpoint,
+                     principal, exc)
+            admitted = None if self.keyring.resolves else False
+        except Exception:  # a bug in a keyring; the server must outlive it
+            self._drops["internal_error"] += 1
+            log.exception("rpc server %s: bug while checking a handshake", self.endpoint)
+            return
+        if admitted is None and principal is not None:
+            self._drops["handshake_deferred"] += 1
+            return
+        if not admitted:
+            self._drops["handshake_refused"] += 1
+        verdict(bool(admitted))
+
+    async def _check(self, principal: str, token: bytes) -> bool | None:
+        """Whether `token` is `principal`'s (None: the keyring cannot tell now)."""
+        keyring = self.keyring
+        key = await keyring.key_of(principal)
+        if key is not None and not _token_of(key, token) and keyring.refetch(principal):
+            key = await keyring.key_of(principal)  # the key we had may be a rotated one
+        if key is None:
+            return None if keyring.resolves else False
+        return _token_of(key, token)
+
     # -- the loop --------------------------------------------------------------------------
 
     def _on_drop(self, reason: str) -> None:
@@ -254,15 +324,13 @@ class RpcServer:
             if self.keyring.resolves and not self._closed:
                 self._park(exc.principal, parts)
                 return
-            self._refused(peer, exc)
+            self._drops[exc.reason] += 1
             return
         except RpcProtocolError as exc:
             self._drops[exc.reason] += 1
             header = exc.header
             if header is not None and header.kind == Kind.REQUEST:
                 self._send_error(peer, header, exc)
-            elif exc.reason == "bad_signature" and self.refuse_bad_signatures:
-                self._send(peer, [SIGNATURE_REFUSED])
             return
         header = incoming.header
         if self._peers.get(peer) != header.session:
@@ -294,11 +362,6 @@ class RpcServer:
             task = loop.create_task(self._serve_notify(handler, incoming, ctx))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _refused(self, peer: bytes, exc: RpcProtocolError) -> None:
-        self._drops[exc.reason] += 1
-        if self.refuse_bad_signatures:
-            self._send(peer, [SIGNATURE_REFUSED])
 
     def _park(self, principal: str, parts: list[Any]) -> None:
         """Hold a message until the keyring learns `principal`'s key (bounded: past the
@@ -335,8 +398,7 @@ class RpcServer:
             if known:
                 self._on_message(parts)
             else:
-                self._refused(parts[0], UnknownPrincipalError(
-                    f"no principal {principal[:80]!r}", principal=principal))
+                self._drops["unknown_principal"] += 1
 
     def _remember_peer(self, peer: bytes, session: bytes) -> None:
         self._peers.pop(peer, None)
@@ -414,3 +476,8 @@ class RpcServer:
             else:
                 self._drops["send_error"] += 1
                 log.warning("rpc server %s: send failed: %s", self.endpoint, exc)
+
+
+def _token_of(key: bytes, token: bytes) -> bool:
+    """Whether `token` is the handshake token of `key` (in constant time)."""
+    return hmac.compare_digest(handshake_token(key), token)

@@ -1,5 +1,5 @@
 """The I/O both asyncio shells share: whole zmq messages in and out of an event loop, one
-timer for many deadlines, drop counters.
+timer for many deadlines, drop counters, and how a socket's handshakes ended.
 
 Why not zmq.asyncio: it wraps every send and receive in a Future and goes through pyzmq's
 Python-level flag and option enums; on this project's 2-core machines it measured at about
@@ -17,20 +17,27 @@ buffered). The first `small_frames` parts (identity, signature, header, body) ar
 bytes when they are small (a part of unsigned garbage is not copied just to be dropped);
 payload parts stay zmq-owned buffers (zero-copy memoryviews).
 
+`HandshakeWatch` reads a socket's monitor (zmq's socket events) the same way, for the outcome
+of each connection's handshake (DESIGN §2 "Handshake"): a client learns there that the server
+refused its credential, which zmq reports nowhere else.
+
 This module moves frames and keeps time. It must not decode, sign or interpret messages.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
+import os
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import zmq
 from zmq.backend import Socket as _RawSocket
+from zmq.utils.monitor import parse_monitor_message
 
 from ._codec import Limits
 from ._tracker import RequestTracker
@@ -267,3 +274,50 @@ class FramePump:
             self._on_drop(too_big)
             return None
         return parts
+
+
+HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+HANDSHAKE_FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+HANDSHAKE_FAILED_PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_monitor_ids = itertools.count()
+
+
+class HandshakeWatch:
+    """Calls `on_event(event, value)` on the loop for each handshake outcome of `sock`'s
+    connections: HANDSHAKE_SUCCEEDED, HANDSHAKE_FAILED_AUTH (value: the ZAP status the
+    server sent, 400 for a refusal) or HANDSHAKE_FAILED_PROTOCOL. Create it before the
+    socket connects, close it before the socket closes. Use from the loop's thread only."""
+
+    def __init__(self, sock: zmq.Socket[Any], loop: asyncio.AbstractEventLoop,
+                 on_event: Callable[[int, int], None]) -> None:
+        self._sock = sock
+        self._loop = loop
+        self._on_event = on_event
+        # An address of our own: zmq releases a closed monitor's inproc address later, and
+        # pyzmq's default (named after the socket's fd) may be taken again meanwhile.
+        address = f"inproc://tq-handshakes.{os.getpid()}.{next(_monitor_ids)}"
+        self._monitor = sock.get_monitor_socket(
+            HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED_AUTH | HANDSHAKE_FAILED_PROTOCOL, address)
+        self._fd = self._monitor.getsockopt(zmq.FD)
+        self._closed = False
+        loop.add_reader(self._fd, self._drain)
+        loop.call_soon(self._drain)
+
+    def close(self) -> None:
+        """Stop watching. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        self._sock.disable_monitor()
+        self._monitor.close(0)
+
+    def _drain(self) -> None:
+        # ZMQ_FD is edge-triggered (see FramePump): read until EAGAIN.
+        while not self._closed:
+            try:
+                frames = self._monitor.recv_multipart(_DONTWAIT)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)
+            self._on_event(int(event["event"]), int(event["value"]))

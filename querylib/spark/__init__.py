@@ -5,6 +5,8 @@
     q = (spark.readStream.format("tq").option("subscribe", "orders").load("/var/lib/tq")
          .writeStream.format("tq").option("topic", "copy").option("path", "/var/lib/tq")
          .option("checkpointLocation", "/tmp/cp").trigger(availableNow=True).start())
+    df.write.format("tq").option("topic", "new").option("partitions", "4").save()
+                                                # appends; creates a missing topic
     querylib.spark.register(spark)              # for a session made elsewhere
     querylib.spark.catalog_table(spark, "queries")   # a catalog collection as a table
 

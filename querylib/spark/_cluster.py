@@ -9,6 +9,8 @@ subscribes to its partition from its start offset and takes the delivered chunks
 batches until its stop offset, granting credit as it decodes; a writing task publishes encoded
 batches through a `Producer` and closes without ending the stream.
 
+A writer's missing topic is created as an ingest topic (`ensure_topic`), in a short session.
+
 Errors: an unknown topic is catalog's UnknownTopicError; a coordinator or broker that does not
 answer (not running, or a wrong secret: unsigned messages are dropped unanswered) is
 NoCoordinatorError / BrokerUnreachableError, saying both.
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from catalog import Topic, TopicName
-from catalog.errors import UnknownTopicError
+from catalog.errors import TopicExistsError, UnknownTopicError
 from querylib.broker import Incarnation, Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
 from querylib.rpc import RpcError, SecretRejectedError, load_credential
@@ -67,6 +69,7 @@ class ClusterTopics:
             raise NoCoordinatorError(f"{exc} (option coordinator, or the cluster file's "
                                      "address)") from exc
         self.coordinator = found.address
+        self._source = found.source
         self._infos: dict[str, TopicInfo] = {}
         self._offsets: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
 
@@ -95,6 +98,23 @@ class ClusterTopics:
 
     def partitions(self, topic: str) -> int:
         return self._info(topic).topic.partitions
+
+    def ensure_topic(self, topic: str, partitions: int) -> int:
+        """The partition count of `topic`, which is created first when missing: an ingest
+        topic of `partitions` partitions, in a session of our own (creating needs one)."""
+        try:
+            return self.partitions(topic)
+        except UnknownTopicError:
+            pass
+        try:
+            with Cluster(self.coordinator, self.secret, source=self._source,
+                         timeout=self.timeout, connect_timeout=self.timeout) as session:
+                info = session.create_topic(topic, partitions, ingest=True)
+        except TopicExistsError:  # another writer created it meanwhile
+            self._infos.pop(topic, None)
+            return self.partitions(topic)
+        self._infos[topic] = info
+        return info.topic.partitions
 
     def place(self, topic: str, partition: int) -> PartitionPlace:
         info = self._info(topic)

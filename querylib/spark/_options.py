@@ -23,6 +23,9 @@ case-insensitive):
     timeout               SECONDS                  how long the coordinator and brokers may
                                                    take to answer (default 30)
     topic                 NAME                     (writes) the topic to publish into
+    partitions            N                        (writes) the partitions of the topic when
+                                                   the sink creates it (default 1); an existing
+                                                   topic keeps its own
 
 Partitions missing from a JSON offset map start at earliest and end at latest. This module is
 pure: no I/O, no Spark; errors are BadOptionError (or InvalidTopicNameError for names).
@@ -35,7 +38,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from catalog import TopicName
+from catalog import MAX_PARTITIONS, TopicName
 from querylib.spark._errors import BadOptionError
 
 __all__ = [
@@ -63,7 +66,7 @@ _READ_OPTIONS = frozenset((
 ))
 # Spark hands a sink the query's own options too (checkpointLocation, queryName, ...).
 _SPARK_WRITE_OPTIONS = frozenset(("checkpointlocation", "queryname", "mode"))
-_WRITE_OPTIONS = frozenset(("topic", *_LOCATION_OPTIONS, *_SPARK_WRITE_OPTIONS))
+_WRITE_OPTIONS = frozenset(("topic", "partitions", *_LOCATION_OPTIONS, *_SPARK_WRITE_OPTIONS))
 _OFFSETS_HELP = 'use earliest, latest or JSON like {"topic":{"0":23,"1":-2}}'
 
 
@@ -126,6 +129,7 @@ class ReadOptions:
 class WriteOptions:
     topic: str
     location: Location
+    partitions: int = 1  # of the topic, when the sink creates it
 
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -171,7 +175,12 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     topic = options.get("topic")
     if not topic:
         raise BadOptionError('option topic is required: .option("topic", "NAME")')
-    return WriteOptions(topic=TopicName.parse(topic).short, location=_location(options))
+    partitions = _positive(options, "partitions") or 1
+    if partitions > MAX_PARTITIONS:
+        raise BadOptionError(f"option partitions: {partitions} is more than a topic may have "
+                             f"({MAX_PARTITIONS})")
+    return WriteOptions(topic=TopicName.parse(topic).short, location=_location(options),
+                        partitions=partitions)
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:

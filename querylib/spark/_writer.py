@@ -13,7 +13,9 @@ partitions are, and each task publishes its batches through a `Producer` to the 
 each partition (closing without ending the stream). With option path (a data dir) each task
 appends to the partition logs directly (`querylib.log.PartitionLog`) instead; that requires
 that nothing else writes the data dir: no broker may host it (its log lock refuses us).
-Tasks of one host take turns through a lock file in the data dir.
+Tasks of one host take turns through a lock file in the data dir. A topic that does not
+exist is created by the driver first, as Kafka creates one on first produce: an ingest topic
+in the cluster, partition logs in a data dir; option partitions (default 1) sizes it.
 
 Delivery: at-least-once. A task appends as it goes (each input Arrow batch, at the latest);
 when it fails after appending and Spark runs it again, or a streaming query restarts a
@@ -47,7 +49,7 @@ from pyspark.sql.types import (
 )
 
 from catalog import TopicName
-from catalog.errors import StorageError
+from catalog.errors import StorageError, UnknownTopicError
 from querylib.broker import Producer
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import MAX_BATCH_SIZE, TIME_HEADER, encode_batch
@@ -328,15 +330,30 @@ def _chunks(entries: list[tuple]) -> Iterator[list[tuple]]:
 
 
 def _target(options: WriteOptions) -> list[PartitionPlace] | None:
-    """On the driver: check the topic exists; for a cluster, where its partitions are."""
+    """On the driver: make sure the topic exists, creating a missing one of
+    `options.partitions` partitions (as Kafka creates a topic on first produce); for a
+    cluster, where its partitions are."""
     if options.location.data_dir:
-        LocalDir(options.location.data_dir).partitions(options.topic)
+        _ensure_local_topic(options.location.data_dir, options.topic, options.partitions)
         return None
     topics = ClusterTopics(options.location)
     try:
-        return [topics.place(options.topic, p) for p in range(topics.partitions(options.topic))]
+        count = topics.ensure_topic(options.topic, options.partitions)
+        return [topics.place(options.topic, p) for p in range(count)]
     finally:
         topics.close()
+
+
+def _ensure_local_topic(data_dir: str, topic: str, partitions: int) -> None:
+    """Create the partition logs of `topic` in `data_dir` unless it has some."""
+    local = LocalDir(data_dir)
+    with _writer_lock(local.data_dir):
+        try:
+            local.partitions(topic)
+        except UnknownTopicError:
+            for part in range(partitions):
+                path = os.path.join(local.data_dir, TopicName.parse(topic).partition_dir(part))
+                PartitionLog.open(path, LogConfig()).close()
 
 
 def _write_all(options: WriteOptions, places: list[PartitionPlace] | None,

@@ -62,13 +62,14 @@ def host(catalog: Catalog, name: str = "host-a") -> tuple[Session, Broker, Execu
 
 
 def submit(catalog: Catalog, executors: tuple[int, ...], name: str = "job", *,
-           owner: str = "admin") -> Query:
+           owner: str = "admin", processes: int = 3) -> Query:
+    """A query placed on `executors`, or a pending one of `processes` when that is empty."""
     query = catalog.apply(
         SubmitQuery(
             name=name,
             program="sha256:abc",
             args=("--n", "3"),
-            processes=len(executors),
+            processes=len(executors) or processes,
             workers=2,
             executors=executors,
             at_ms=3,

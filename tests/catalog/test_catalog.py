@@ -132,6 +132,23 @@ def test_a_failing_process_fails_the_query_and_later_exits_are_recorded() -> Non
     assert failed.state is QueryState.FAILED and failed.ended_at_ms == 30
 
 
+def test_the_first_failure_and_its_words_are_the_reason() -> None:
+    catalog = Catalog()
+    _, _, executor = host(catalog)
+    query = submit(catalog, (executor.executor_id,) * 2)
+    catalog.apply(StartQuery(query_id=query.query_id, at_ms=20))
+    said = "ZeroDivisionError: division by zero (at job.py:4 in ratio)"
+    catalog.apply(ProcessExited(query_id=query.query_id, process=1, exit_code=1, at_ms=30,
+                                reason=said))
+    catalog.apply(ProcessExited(query_id=query.query_id, process=0, exit_code=-9, at_ms=31,
+                                reason="KeyboardInterrupt"))
+    failed = catalog.query(query.query_id)
+    assert failed.reason == f"process 1 exited with code 1: {said}"
+    other = submit(catalog, (executor.executor_id,))
+    catalog.apply(ProcessExited(query_id=other.query_id, process=0, exit_code=-9, at_ms=40))
+    assert catalog.query(other.query_id).reason == "process 0 was killed by signal 9 (SIGKILL)"
+
+
 def test_submit_checks_placement() -> None:
     catalog = Catalog()
     _, _, executor = host(catalog)
@@ -216,7 +233,7 @@ def test_only_the_owner_publishes_except_to_ingest_topics() -> None:
     other = QueryRef(submit(catalog, (executor.executor_id,)).query_id)
     out = create_topic(catalog, "out", owner, broker.broker_id)
     feed = create_topic(catalog, "feed", INGEST, broker.broker_id)
-    with pytest.raises(NotOwnerError, match="'out' is owned by query 1; only its owner"):
+    with pytest.raises(NotOwnerError, match="'out' is owned by query 1, which has not ended"):
         catalog.apply(Publish(topic_id=out.topic_id, publisher=other))
     catalog.apply(Publish(topic_id=out.topic_id, publisher=owner))
     with pytest.raises(AlreadyPublishedError):

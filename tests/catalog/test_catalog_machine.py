@@ -43,6 +43,7 @@ from catalog import (
     NotOwnerError,
     NotPublishedError,
     OpenSession,
+    PlaceQuery,
     PrincipalRef,
     ProcessExited,
     Publication,
@@ -244,6 +245,37 @@ class CatalogMachine(RuleBasedStateMachine):
             return bool(session) and session[0].principal == topic.owner.principal
         return False
 
+    def principal_of(self, party) -> str | None:
+        if isinstance(party, QueryRef):
+            return f"query:{party.query_id}"
+        if isinstance(party, PrincipalRef):
+            return party.principal
+        if isinstance(party, SessionRef):
+            found = [s.principal for s in self.catalog.sessions
+                     if s.session_id == party.session_id]
+            return found[0] if found else None
+        return None
+
+    def root(self, principal: str) -> str:
+        query = (self.query_record(int(principal[6:])) if principal.startswith("query:")
+                 else None)
+        return principal if query is None else self.chain(query)[-1]
+
+    def takes_over(self, party, topic: Topic) -> bool:
+        """Re-running: an ended query's topic, or a principal's that none of its sessions
+        publishes, goes to a publisher acting for the same principal at the root."""
+        owner = topic.owner
+        if isinstance(owner, QueryRef):
+            active = self.alive(owner)
+        elif isinstance(owner, PrincipalRef):
+            active = self.alive(owner) and any(
+                p.topic_id == topic.topic_id for p in self.catalog.publications)
+        else:
+            return False
+        mine, theirs = self.principal_of(party), self.principal_of(owner)
+        return (not active and not topic.internal and mine is not None and theirs is not None
+                and self.root(mine) == self.root(theirs))
+
     def maybe_session(self, data: st.DataObject) -> int | None:
         return None if data.draw(st.booleans(), label="no session") else self.pick(data, "Session")
 
@@ -297,9 +329,10 @@ class CatalogMachine(RuleBasedStateMachine):
     def remove_executor(self, data: st.DataObject) -> None:
         self.run(RemoveExecutor(executor_id=self.pick(data, "Executor"), at_ms=self.now()))
 
-    @rule(data=st.data(), processes=st.integers(0, 3))
-    def submit_query(self, data: st.DataObject, processes: int) -> None:
-        executors = tuple(self.pick(data, "Executor") for _ in range(max(processes, 1)))
+    @rule(data=st.data(), processes=st.integers(0, 3), pending=st.booleans())
+    def submit_query(self, data: st.DataObject, processes: int, pending: bool) -> None:
+        executors = () if pending else tuple(
+            self.pick(data, "Executor") for _ in range(max(processes, 1)))
         self.run(
             SubmitQuery(
                 name="q",
@@ -311,6 +344,13 @@ class CatalogMachine(RuleBasedStateMachine):
                 owner=self.principal(data),
             )
         )
+
+    @rule(data=st.data(), processes=st.integers(0, 4))
+    def place_query(self, data: st.DataObject, processes: int) -> None:
+        """Place a pending query (or try a placed one: refused); the count may be wrong."""
+        executors = tuple(self.pick(data, "Executor") for _ in range(processes))
+        self.run(PlaceQuery(query_id=self.pick(data, "Query"), executors=executors,
+                            at_ms=self.now()))
 
     @rule(data=st.data())
     def start_query(self, data: st.DataObject) -> None:
@@ -325,7 +365,8 @@ class CatalogMachine(RuleBasedStateMachine):
         query = self.query_record(query_id)
         self.run(ProcessExited(query_id=query_id, process=process, exit_code=code,
                                at_ms=self.now(), session_id=session_id))
-        if query is not None and 0 <= process < query.processes and session_id is not None:
+        if (query is not None and 0 <= process < query.processes and session_id is not None
+                and query.placed):
             placed = [e.session_id for e in self.catalog.executors
                       if e.executor_id == query.executors[process]]
             if placed != [session_id]:
@@ -433,7 +474,13 @@ class CatalogMachine(RuleBasedStateMachine):
                 self.last_error, UnknownSessionError | UnknownQueryError | QueryEndedError
             )
         elif not self.acts_as_owner(publisher, topic):
-            assert isinstance(self.last_error, NotOwnerError)
+            if self.takes_over(publisher, topic):
+                assert self.last_error is None
+                owner = self.topic_or_none(topic_id).owner
+                assert owner == (publisher if isinstance(publisher, QueryRef)
+                                 else PrincipalRef(self.principal_of(publisher)))
+            else:
+                assert isinstance(self.last_error, NotOwnerError)
         elif was_publishing:
             assert isinstance(self.last_error, AlreadyPublishedError)
         else:
@@ -620,7 +667,7 @@ class CatalogMachine(RuleBasedStateMachine):
     def alive(self, party) -> bool:
         if isinstance(party, QueryRef):
             query = next((q for q in self.catalog.queries if q.query_id == party.query_id), None)
-            return query is not None and query.state.value in ("submitted", "running")
+            return query is not None and not query.ended
         if isinstance(party, SessionRef):
             return any(s.session_id == party.session_id for s in self.catalog.sessions)
         if isinstance(party, PrincipalRef) and party.principal != "admin":

@@ -15,6 +15,7 @@ from catalog import (
     ConflictError,
     FailQuery,
     KillQuery,
+    PlaceQuery,
     ProcessExited,
     Publish,
     QueryEvent,
@@ -50,6 +51,12 @@ def test_table_shape() -> None:
         if state in ENDED:
             assert after is state
         assert state is not QueryState.FINISHED
+    # A pending query has no process: it is placed, killed or fails (its start timeout), and
+    # nothing else; only `place` leaves pending alive.
+    assert {(e, a) for (s, e), a in QUERY_TRANSITIONS.items() if s is QueryState.PENDING} == {
+        (QueryEvent.PLACE, QueryState.SUBMITTED), (QueryEvent.KILL, QueryState.KILLED),
+        (QueryEvent.FAIL, QueryState.FAILED)}
+    assert [s for (s, e) in QUERY_TRANSITIONS if e is QueryEvent.PLACE] == [QueryState.PENDING]
     # Every live state can end each way, and only `start` leads to running.
     for state in (QueryState.SUBMITTED, QueryState.RUNNING):
         assert QUERY_TRANSITIONS[(state, QueryEvent.LAST_PROCESS_EXITED)] is QueryState.FINISHED
@@ -67,7 +74,7 @@ def test_table_shape() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(QueryEvent), max_size=12))
 def test_event_sequences_never_leave_an_ended_state(events: list[QueryEvent]) -> None:
-    state = QueryState.SUBMITTED
+    state = QueryState.PENDING
     for event in events:
         try:
             after = next_query_state(state, event)
@@ -75,6 +82,8 @@ def test_event_sequences_never_leave_an_ended_state(events: list[QueryEvent]) ->
             continue
         if state.ended:
             assert after is state
+        # Nothing goes back to waiting for slots.
+        assert after is not QueryState.PENDING
         state = after
 
 
@@ -101,11 +110,16 @@ def test_classify_exit(codes: list[int | None], data: st.DataObject) -> None:
 
 def _query_in(state: QueryState, event: QueryEvent) -> tuple[Catalog, int]:
     """A catalog holding a 3-process query in `state`, set up so that the command for `event`
-    is classified as `event` (for LAST_PROCESS_EXITED, processes 1 and 2 exited 0 already)."""
+    is classified as `event` (for LAST_PROCESS_EXITED, processes 1 and 2 exited 0 already).
+    A pending query is submitted unplaced, and every other one placed through pending."""
     catalog = Catalog()
     _, broker, executor = host(catalog)
-    query = submit(catalog, (executor.executor_id,) * 3)
+    query = submit(catalog, ())
     qid = query.query_id
+    assert query.state is QueryState.PENDING and not query.placed
+    if state is QueryState.PENDING:
+        return catalog, qid
+    catalog.apply(PlaceQuery(query_id=qid, executors=(executor.executor_id,) * 3, at_ms=4))
     # Give the query something to lose when it ends.
     topic = create_topic(catalog, "out", QueryRef(qid), broker.broker_id)
     catalog.apply(Publish(topic_id=topic.topic_id, publisher=QueryRef(qid)))
@@ -128,6 +142,7 @@ def _query_in(state: QueryState, event: QueryEvent) -> tuple[Catalog, int]:
 
 def _command(event: QueryEvent, query_id: int):
     return {
+        QueryEvent.PLACE: PlaceQuery(query_id=query_id, executors=(1, 1, 1), at_ms=9),
         QueryEvent.START: StartQuery(query_id=query_id, at_ms=9),
         QueryEvent.PROCESS_EXITED: ProcessExited(
             query_id=query_id, process=0, exit_code=0, at_ms=9
@@ -180,3 +195,33 @@ def test_refused_transition_names_the_query() -> None:
     with pytest.raises(QueryStateError, match=rf"query {qid} is killed: .*'kill'"):
         catalog.apply(KillQuery(query_id=qid, at_ms=10))
     assert isinstance(QueryStateError("x"), CatalogError)
+
+
+def test_a_pending_query_has_no_process_until_placed() -> None:
+    catalog = Catalog()
+    _, _, executor = host(catalog)
+    query = submit(catalog, (), processes=2)
+    assert (query.state, query.executors, query.exit_codes, query.placed) == (
+        QueryState.PENDING, (), (), False)
+    with pytest.raises(CatalogError, match="2 processes"):
+        catalog.apply(PlaceQuery(query_id=query.query_id, executors=(executor.executor_id,),
+                                 at_ms=4))
+    with pytest.raises(QueryStateError, match="no process of it was started"):
+        catalog.apply(ProcessExited(query_id=query.query_id, process=0, exit_code=0, at_ms=4))
+    catalog.apply(PlaceQuery(query_id=query.query_id, executors=(executor.executor_id,) * 2,
+                             at_ms=5))
+    placed = catalog.query(query.query_id)
+    assert (placed.state, placed.executors, placed.exit_codes) == (
+        QueryState.SUBMITTED, (executor.executor_id,) * 2, (None, None))
+    catalog.check_invariants()
+
+
+def test_a_query_killed_while_pending_stays_unplaced() -> None:
+    catalog = Catalog()
+    host(catalog)
+    query = submit(catalog, (), processes=2)
+    catalog.apply(KillQuery(query_id=query.query_id, at_ms=6, reason="by test"))
+    killed = catalog.query(query.query_id)
+    assert (killed.state, killed.executors, killed.reason) == (QueryState.KILLED, (), "by test")
+    catalog.check_invariants()
+    assert Catalog.replay(catalog.snapshot()) == catalog

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import msgspec
+
 from catalog import Resources, SessionKind
 from coordinator import (
     Bootstrap,
@@ -95,12 +97,14 @@ class Driver:
         reply = self.call(m.OpenSession(kind=kind, peer="test", lease_ms=lease_ms, **binding))
         return reply.session_id
 
-    def host(self, name: str = "host-a", lease_ms: int = 1000) -> tuple[int, int, int]:
-        """An executor agent: (session id, broker id, executor id)."""
+    def host(self, name: str = "host-a", lease_ms: int = 1000,
+             slots: int = RESOURCES.slots) -> tuple[int, int, int]:
+        """An executor agent of `slots` process slots: (session id, broker id, executor id)."""
         session = self.session(SessionKind.EXECUTOR, lease_ms)
         broker = self.call(m.RegisterBroker(session_id=session, host=name,
                                             address=f"tcp://{name}:7411")).broker
         executor = self.call(m.RegisterExecutor(session_id=session, host=name,
                                                 broker_id=broker.broker_id,
-                                                resources=RESOURCES)).executor
+                                                resources=msgspec.structs.replace(
+                                                    RESOURCES, slots=slots))).executor
         return session, broker.broker_id, executor.executor_id

@@ -314,7 +314,7 @@ def test_a_query_whose_processes_do_not_all_register_fails_at_the_start_timeout(
     d.commit()
     query = d.state.catalog.query(query_id)
     assert query.state == QueryState.FAILED
-    assert "not every process registered within 2s" in query.reason
+    assert "not every process registered within 2s (process 1 did not)" in query.reason
     (kill,) = d.kills  # whatever started is killed
     assert {p for p, _, _ in kill.processes} == {0, 1}
 

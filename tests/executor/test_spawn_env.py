@@ -21,17 +21,18 @@ def test_environment_carries_the_tq_variables_and_drops_stale_ones():
     spec = SpawnSpec(query_id=4, process=1, processes=3, workers=2,
                      coordinator="tcp://c:7400", peers=("tcp://a:1", "tcp://b:2"),
                      credentials="/s/credential.json", broker="tcp://127.0.0.1:7500", executor_id=9,
-                     env={"USER_VAR": "u", "TQ_QUERY_ID": "forged"})
+                     env={"USER_VAR": "u", "TQ_QUERY_ID": "forged"}, name="clicks")
     base = {"PATH": "/bin", "TQ_COORDINATOR": "tcp://stale:1", "TQ_HOME": "/h",
             "TQ_SOMETHING": "x"}
     env = query_environment(spec, base=base, work_dir="/w/4-1-0")
     assert env == {
         "PATH": "/bin", "TQ_HOME": "/h", "USER_VAR": "u",
-        "TQ_QUERY_ID": "4", "TQ_PROCESS_INDEX": "1", "TQ_PROCESS_COUNT": "3",
+        "TQ_QUERY_ID": "4", "TQ_QUERY_NAME": "clicks", "TQ_PROCESS_INDEX": "1",
+        "TQ_PROCESS_COUNT": "3",
         "TQ_WORKERS": "2", "TQ_COORDINATOR": "tcp://c:7400",
         "TQ_PEERS": "tcp://a:1,tcp://b:2", "TQ_CREDENTIALS": "/s/credential.json",
         "TQ_BROKER": "tcp://127.0.0.1:7500", "TQ_EXECUTOR_ID": "9", "TQ_WORK_DIR": "/w/4-1-0",
-        "PYTHONUNBUFFERED": "1"}
+        "TQ_FAILURE_FILE": "/w/4-1-0/.tq-failure", "PYTHONUNBUFFERED": "1"}
 
 
 def test_entry_is_named_or_main_or_the_only_file(tmp_path):

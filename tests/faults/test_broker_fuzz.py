@@ -2,6 +2,10 @@
 oversized frames, and well-signed requests with random fields and payloads. Throughout, a
 well-behaved producer and subscriber keep working, and at the end they have every record;
 no request is ever answered with InternalServerError (a handler bug).
+
+The hostile peers passed the handshake (they hold the admin's token for brokers), so what
+they send reaches the codec; a peer with another secret is refused when it connects and
+sends nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zmq.utils.monitor import recv_monitor_message
 
 from querylib.broker import Data, EndOfStream, Producer, Subscriber
 from querylib.broker import _messages as m
@@ -32,6 +37,7 @@ from querylib.rpc import (
 from querylib.rpc._errors import InternalServerError
 from tests.conftest import Processes, free_port
 from tests.integration._broker_helpers import secret_file, start_broker
+from tests.querylib.rpc._support import authenticate
 
 RECORDS = 3000
 
@@ -50,12 +56,15 @@ def broker(tmp_path_factory):
 
 
 class Hostile:
-    """A raw DEALER speaking to the broker; remembers every answer it got."""
+    """A raw DEALER speaking to the broker (through the handshake, with `secret`'s
+    credential); remembers every answer it got."""
 
     def __init__(self, address: str, secret: bytes) -> None:
         self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock = authenticate(self.ctx.socket(zmq.DEALER), secret, BROKER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.handshakes = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         self.sock.connect(address)
         # A broker checks what a principal sends it with the principal's broker key.
         self.codec = Codec(Credential.of(secret).for_audience(BROKER), role="client")
@@ -89,7 +98,14 @@ class Hostile:
                 # addressed to that session, so our codec refuses it, as it should.
                 self.misaddressed += 1
 
+    def handshake(self) -> dict:
+        """How the connection's handshake ended (zmq's monitor event)."""
+        assert self.handshakes.poll(30_000), "no handshake outcome"
+        return recv_monitor_message(self.handshakes)
+
     def close(self) -> None:
+        self.sock.disable_monitor()
+        self.handshakes.close(0)
         self.sock.close(linger=0)
 
 
@@ -230,8 +246,10 @@ def test_wrong_secret_and_oversized_frames_are_dropped(broker, good, hostile):
     stranger = Hostile(address, os.urandom(32))
     try:
         stranger.send(stranger.request(Ping(b"hello")))
+        event = stranger.handshake()  # refused when it connects: not a frame goes through
+        assert (event["event"], event["value"]) == (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)
         stranger.drain(wait=0.5)
-        assert stranger.answers == []  # unsigned by our secret: not even an error back
+        assert stranger.answers == []
     finally:
         stranger.close()
     # Too many frames, and a batch over the broker's maximum (authentic, so answered).

@@ -24,6 +24,7 @@ from querylib.rpc import (
 )
 from tests.conftest import Processes
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.querylib.rpc._support import authenticate
 
 LOADER = """
 import asyncio, sys
@@ -120,8 +121,9 @@ def test_hostile_requests_get_typed_errors(processes: Processes, home: Path) -> 
             client.request(m.LookupTopic(name="never", wait_ms=10**12), timeout=0.5)
         assert time.monotonic() - started < 5
 
-        # Garbage frames from an unsigned peer are dropped; the server keeps serving.
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        # Garbage frames from an unsigned peer (that passed the handshake) are dropped; the
+        # server keeps serving.
+        sock = authenticate(zmq.Context.instance().socket(zmq.DEALER), secret)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(coordinator.address)
         for frames in ([b""], [b"\x00" * 32, b"junk"], [b"x" * 100_000] * 3, [b"\xff"] * 50):

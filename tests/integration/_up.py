@@ -22,12 +22,14 @@ SLOTS = 3
 class Up:
     """A `tq up` child process and the tq commands run against it."""
 
-    def __init__(self, home: Path, *extra: str, slots: int = SLOTS) -> None:
+    def __init__(self, home: Path, *extra: str, slots: int | None = SLOTS) -> None:
+        """`slots=None`: tq up's default slot count."""
         self.home = home
         self.env = tq_env(home)
+        slot_args = [] if slots is None else ["--slots", str(slots)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "querylib.cli", "up", "--listen",
-             f"tcp://127.0.0.1:{free_port()}", "--slots", str(slots), "--grace", "2", *extra],
+             f"tcp://127.0.0.1:{free_port()}", *slot_args, "--grace", "2", *extra],
             env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, start_new_session=True)
         wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,

@@ -52,6 +52,17 @@ def agent(coordinator: CoordinatorProcess) -> Iterator[tuple[Cluster, int]]:
         yield cluster, executor.executor_id
 
 
+def _stand_in(home: Path, query_id: int, process: int, processes: int,
+              workers: int) -> Cluster:
+    """A session registered as process `process` of the query, for a test that starts that
+    process late: `execute` runs `main` only once every process registered (the start
+    barrier, DESIGN §6), so a late process is one that registered and is slow to publish.
+    Close it before the real process starts (which then registers in its place)."""
+    env = query_env(home, query_id, process, processes, workers)
+    return Cluster.connect(secret_file=env["TQ_CREDENTIALS"], kind=SessionKind.QUERY,
+                           query_id=query_id, process=process)
+
+
 def _records(cluster: Cluster, collection: str) -> list[Any]:
     return [r for r, _ in cluster.snapshot(collection)[collection].records]
 
@@ -92,9 +103,11 @@ def test_numbers_two_processes_two_workers(processes: Processes, home: Path,
         return processes.python(*args, *(["--merge"] if merge else []), env=env, cwd=ROOT,
                                 stderr=subprocess.PIPE, text=True)
 
+    stand_in = _stand_in(home, query.query_id, 1, 2, 2) if late else None
     jobs = [start(0)]
-    if late:
+    if stand_in is not None:
         cluster.lookup_topic(topic, wait=60)
+        stand_in.close()
     jobs.append(start(1))
     with querylib.connect() as ctx, ctx.subscribe(topic, timeout=60) as sub:
         sums, frontiers, partitions = _drain(sub)
@@ -128,6 +141,7 @@ def test_merge_frontier_waits_for_a_delayed_process(processes: Processes, home: 
                                 "--times", str(times), "--merge", env=env, cwd=ROOT,
                                 stderr=subprocess.PIPE, text=True)
 
+    stand_in = _stand_in(home, query.query_id, 1, 2, 2)
     first = start(0)
     assert first.wait(timeout=60) == 0, first.stderr.read()  # type: ignore[union-attr]
     info = cluster.lookup_topic("held")
@@ -139,6 +153,7 @@ def test_merge_frontier_waits_for_a_delayed_process(processes: Processes, home: 
         wait_for(lambda: _count(sub, seen) == 200, timeout=30,
                  what="process 0's 200 records")
         assert not [e for e in seen if isinstance(e, querylib.Progress) and e.frontier > 0]
+        stand_in.close()
         second = start(1)
         sums, frontiers, _ = _drain(sub)
     assert second.wait(timeout=60) == 0, second.stderr.read()  # type: ignore[union-attr]
@@ -232,6 +247,36 @@ def test_collection_late_subscriber_sees_snapshot_then_diffs(coordinator: Coordi
                 data = [e for e in seen if isinstance(e, querylib.Data)]
                 assert [(d.time, d.records) for d in data] == [(2, [("pear", -1)])]
                 assert seen[-1] == querylib.Progress(3)
+
+
+def test_collection_records_stored_after_the_frontier_follow_the_snapshot(
+        coordinator: CoordinatorProcess) -> None:
+    """Records stored at or after the frontier when a subscriber arrives are not in its
+    snapshot: they come next, as diffs (this path raised a TypeError)."""
+    with querylib.connect() as writer_ctx, querylib.connect() as reader_ctx:
+        with writer_ctx.publish("stock", kind="collection", serde="json") as out:
+            out.send(0, [("apple", 1), ("pear", 2)])
+            out.advance_to(1)
+            out.send(1, [("pear", -1)])
+            out.flush()
+            with reader_ctx.subscribe("stock", serde="json") as sub:
+                first = sub.next_event(timeout=30)
+                assert first == querylib.Snapshot(1, [("apple", 1), ("pear", 2)])
+                assert sub.next_event(timeout=30) == querylib.Data(1, [("pear", -1)], 0)
+
+
+def test_an_ended_collection_ends_its_subscriptions(coordinator: CoordinatorProcess) -> None:
+    """A collection whose publisher has closed gives its snapshot and then EndOfStream, as an
+    ended stream does, so `for event in sub` ends (it used to wait forever after the
+    snapshot)."""
+    with querylib.connect() as ctx:
+        with ctx.publish("prices", kind="collection") as out:
+            out.send(0, [("tea", 3), ("milk", 1)])
+            out.advance_to(1)
+        with ctx.subscribe("prices") as sub:
+            assert sub.next_event(timeout=30) == querylib.Snapshot(1, [("tea", 3), ("milk", 1)])
+            assert sub.next_event(timeout=30) == querylib.EndOfStream()
+            assert sub.next_event(timeout=0.1) is None
 
 
 def _take(sub: querylib.Subscription, seen: list[Any], until: type) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import querylib
-from querylib.cluster import QueryTimeoutError
+from querylib.cluster import QueryFailedError, QueryTimeoutError
 from tests.integration._up import Up
 
 pytestmark = pytest.mark.timeout(180)
@@ -82,8 +82,33 @@ def test_a_failing_function_fails_its_query(up: Up, home: Path) -> None:
     with querylib.submit(_fails, by_value=[sys.modules[__name__]]) as query:
         ended = query.wait(timeout=60)
     assert ended.state.value == "failed" and ended.exit_codes == (1,)
+    # The reason names the exception and the function's own line, not tq's frames.
+    line = _fails.__code__.co_firstlineno + 1
+    assert ended.reason == ("process 0 exited with code 1: RuntimeError: worker 0 gives up "
+                            f"(at {__file__}:{line} in _fails)"), ended.reason
     logs = up.tq("logs", str(query.query_id))
-    assert "RuntimeError: worker 0 gives up" in logs.stdout
+    assert "[0 stderr] RuntimeError: worker 0 gives up" in logs.stdout.splitlines()
+
+
+def test_a_function_executors_cannot_import_names_its_module(up: Up, home: Path,
+                                                              tmp_path: Path) -> None:
+    # A module only the submitter can import (as a file next to a notebook would be).
+    (tmp_path / "my_jobs_14.py").write_text("def job(ctx):\n    print('ran', ctx.index)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_jobs_14  # type: ignore[import-not-found]
+
+        with pytest.raises(QueryFailedError) as failed:
+            querylib.submit(my_jobs_14.job)
+        message = str(failed.value)
+        assert "module 'my_jobs_14' is not importable on the executor" in message, message
+        assert "by_value=[my_jobs_14]" in message and "by_value=True" in message, message
+        assert "\n" not in message
+        with querylib.submit(my_jobs_14.job, by_value=True, wait=True) as query:
+            assert query.query.state.value == "finished", query.query.reason
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_jobs_14", None)
 
 
 def test_the_handle_kills_a_running_function(up: Up, home: Path) -> None:

@@ -23,7 +23,7 @@ from querylib.broker import (
 )
 from querylib.broker._messages import OpenSessionRequest
 from querylib.records import encode_batch
-from querylib.rpc import Credential, DeadlineExceededError, principal_key
+from querylib.rpc import Credential, SecretRejectedError, principal_key
 
 SECRET = os.urandom(32)
 
@@ -41,11 +41,11 @@ def test_only_the_port_writes_as_tq_and_rpc_cannot_borrow_its_sessions(tmp_path:
             await own.request(ProduceRequest(session=own.session, topic="__logs",
                                              partition=0),
                               payload=[encode_batch([(1, None, b"by tq", ())])])
-            # An RPC client cannot be "system" (no key is ever valid for it: its messages are
-            # dropped unanswered), borrow the port's session, or write `__logs`.
+            # An RPC client cannot be "system" (no key is ever valid for it: it is refused
+            # when it connects), borrow the port's session, or write `__logs`.
             system = Credential("system", principal_key(SECRET, "system"))
-            claim = BrokerLink(address, system, timeout=2)
-            with pytest.raises(DeadlineExceededError):
+            claim = BrokerLink(address, system, timeout=20)
+            with pytest.raises(SecretRejectedError):
                 await claim.start()
             await claim.close(clean=False)
             rpc = BrokerLink(address, SECRET, timeout=5)

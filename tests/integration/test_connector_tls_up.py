@@ -48,8 +48,8 @@ def test_binding_beyond_loopback_without_tls_needs_insecure(tmp_path: Path) -> N
 
     done = subprocess.run(
         [sys.executable, "-m", "querylib.cli", "up", "--data", str(tmp_path / "data"),
-         "--connector-host", "0.0.0.0", "--connector-port", str(free_port()),
-         "--kafka-port", "-1"],
+         "--listen", f"tcp://127.0.0.1:{free_port()}", "--connector-host", "0.0.0.0",
+         "--connector-port", str(free_port()), "--kafka-port", "-1"],
         capture_output=True, text=True, timeout=60, env=tq_env(tmp_path / "home"), cwd=ROOT)
     assert done.returncode == 2, done.stderr
     assert "--insecure" in done.stderr and "--connector-tls-cert" in done.stderr

@@ -113,3 +113,21 @@ def test_when_the_zygote_dies_its_processes_die_and_another_zygote_serves(tmp_pa
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def test_a_forked_process_is_titled_with_its_query(tmp_path):
+    """Issue 14, problem 8: `ps` names each query process by query, name and process."""
+    prog = program(tmp_path, "print(open('/proc/self/cmdline').read().strip(chr(0)))\n")
+
+    async def go():
+        out = Recorder()
+        sup = _supervisor(tmp_path, out)
+        await sup.start(wait=True)
+        forked = await sup.spawn(SpawnSpec(query_id=12, process=1, processes=2,
+                                           name="clicks"), prog)
+        await forked.wait()
+        await sup.close()
+        return out
+
+    out = run(go())
+    assert out.texts("stdout") == ["tq query 12 clicks 1/2"]

@@ -117,12 +117,13 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
     spec = SpawnSpec(query_id=12, process=1, processes=2, workers=3,
                      coordinator="tcp://127.0.0.1:7400", peers=("tcp://a:1", "tcp://b:2"),
                      credentials="/tmp/credential.json", broker="tcp://127.0.0.1:7500",
-                     executor_id=5,
+                     executor_id=5, name="clicks",
                      args=("--flag", "value with spaces"))
 
     async def go():
         out = Recorder()
-        sup = supervisor(tmp_path, out, base_env={**os.environ, "TQ_COORDINATOR": "stale"})
+        sup = supervisor(tmp_path, out, base_env={**os.environ, "TQ_COORDINATOR": "stale",
+                                                  "TQ_HOME": "/the/executor/home"})
         first = await sup.spawn(spec, prog)
         report = await first.wait()
         second = await sup.spawn(spec, prog)  # the same process again: a new work directory
@@ -135,11 +136,14 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
     seen, again = out.json_lines()
     assert report.exit_code == 0 and not report.killed
     assert seen["env"] == {
-        "TQ_QUERY_ID": "12", "TQ_PROCESS_INDEX": "1", "TQ_PROCESS_COUNT": "2",
-        "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://127.0.0.1:7400",
+        "TQ_QUERY_ID": "12", "TQ_QUERY_NAME": "clicks", "TQ_PROCESS_INDEX": "1",
+        "TQ_PROCESS_COUNT": "2", "TQ_WORKERS": "3", "TQ_COORDINATOR": "tcp://127.0.0.1:7400",
         "TQ_PEERS": "tcp://a:1,tcp://b:2", "TQ_CREDENTIALS": "/tmp/credential.json",
+        "TQ_HOME": "/the/executor/home",  # the one TQ_* variable of the executor's kept
         "TQ_BROKER": "tcp://127.0.0.1:7500", "TQ_EXECUTOR_ID": "5",
-        "TQ_WORK_DIR": str(first.launched.work_dir), "PYTHONUNBUFFERED": "1"}
+        "TQ_WORK_DIR": str(first.launched.work_dir),
+        "TQ_FAILURE_FILE": str(first.launched.work_dir / ".tq-failure"),
+        "PYTHONUNBUFFERED": "1"}
     assert seen["argv"] == ["--flag", "value with spaces"]
     assert Path(seen["cwd"]) == first.launched.work_dir == tmp_path / "data/work/12-1-0"
     assert seen["listing"] == [] and again["listing"] == []
@@ -151,6 +155,63 @@ def test_the_child_sees_its_environment_a_fresh_work_dir_and_no_stdin(tmp_path, 
     assert seen["pid"] == seen["pgid"] == seen["sid"] == first.pid == report.pid
     assert (seen["ppid"] == forks) == (start_mode == "forked")
     assert os.path.realpath(seen["executable"]) == os.path.realpath(sys.executable)
+
+
+FAILING_PROGRAM = """
+    import json
+    import helper
+
+    def main():
+        helper.parse("not json")
+
+    main()
+"""
+
+HELPER = """
+import json
+
+def parse(text):
+    return json.loads(text)
+"""
+
+
+@pytest.mark.parametrize("source, reason", [
+    (FAILING_PROGRAM, "JSONDecodeError: Expecting value: line 1 column 1 (char 0) "
+                      "(at helper.py:5 in parse)"),
+    ("def broken(:\n    pass\n", "SyntaxError: invalid syntax (at job.py:1)"),
+    ("import sys\nsys.exit(3)\n", ""),
+    ("import sys\nsys.exit('no input given:\\n  pass a file')\n",
+     "no input given: pass a file"),
+], ids=["exception", "syntax-error", "exit-code", "exit-message"])
+def test_a_failure_says_why_in_one_line_and_tracebacks_leave_tq_out(tmp_path, source, reason):
+    src = write_program(tmp_path / "src" / "job.py", source)
+    (src.parent / "helper.py").write_text(HELPER)
+    cache = ArtifactCache(tmp_path / "data" / "artifacts")
+    prog = cache.install(pack_path(src.parent, max_bytes=1 << 20)).program
+    spec = SpawnSpec(query_id=1, process=0, entry="job.py")
+
+    async def go():
+        out = Recorder()
+        sup = supervisor(tmp_path, out)
+        await sup.spawn(spec, prog)
+        report = await sup.wait(spec.key)
+        await sup.close()
+        return out, report
+
+    out, report = run(go())
+    assert report.exit_code == (3 if not reason else 1)  # (sys.exit("...") exits 1)
+    assert report.failure == reason
+    errors = out.texts("stderr")
+    assert not any("/executor/" in line or "/querylib/" in line for line in errors), errors
+    if reason.startswith("JSON"):
+        assert errors[0] == "Traceback (most recent call last):"
+        assert errors[1].startswith('  File "') and errors[1].endswith('job.py", line 8, '
+                                                                      'in <module>')
+        assert errors[-1].startswith("json.decoder.JSONDecodeError: Expecting value")
+    elif reason.startswith("SyntaxError"):
+        assert errors[-1] == "SyntaxError: invalid syntax"
+    elif reason:
+        assert errors == ["no input given:", "  pass a file"]  # as Python prints it
 
 
 def test_output_arrives_line_by_line_in_order_with_long_lines_cut(tmp_path):

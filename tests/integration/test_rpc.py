@@ -26,6 +26,7 @@ from querylib.rpc import (
     RemoteError,
     RpcClient,
     RpcServer,
+    SecretRejectedError,
     ServerBusyError,
     UnsupportedRequestError,
 )
@@ -41,6 +42,7 @@ from tests.querylib.rpc._support import (
     ShelfLockedError,
     Subscribe,
     Unserved,
+    authenticate,
 )
 
 TEST_TIMEOUT = 30.0
@@ -263,13 +265,13 @@ def test_client_in_flight_limit_queues_callers() -> None:
     run(test)
 
 
-def test_wrong_secret_gets_no_answer_and_is_counted() -> None:
+def test_wrong_secret_is_refused_at_the_handshake_and_counted() -> None:
     async def test() -> None:
         async with served() as (server, _client, _handlers):
             async with RpcClient(server.endpoint, b"not the cluster secret at all!!") as bad:
-                with pytest.raises(DeadlineExceededError):
-                    await bad.request(Ping(), timeout=0.3)
-            assert server.counters == {"bad_signature": 1}
+                with pytest.raises(SecretRejectedError):
+                    await bad.request(Ping(), timeout=20)
+            assert set(server.counters) == {"handshake_refused"}
     run(test)
 
 
@@ -364,7 +366,7 @@ def test_push_to_a_client_that_stops_reading_fails_fast() -> None:
     async def test() -> None:
         async with served(Limits(hwm=4)) as (server, client, handlers):
             codec = Codec(SECRET, role="client")
-            sleeper = zmq.Context.instance().socket(zmq.DEALER)
+            sleeper = authenticate(zmq.Context.instance().socket(zmq.DEALER), SECRET)
             sleeper.setsockopt(zmq.LINGER, 0)
             sleeper.setsockopt(zmq.RCVHWM, 4)
             sleeper.setsockopt(zmq.RCVBUF, 65536)

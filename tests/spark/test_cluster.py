@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from catalog import INGEST
 from querylib.broker import Producer
 from querylib.cluster import Cluster
 from querylib.records import TIME_HEADER, encode_batch
@@ -131,3 +132,22 @@ def test_cluster_errors(spark, cluster: Running, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="NoCoordinatorError: no coordinator answers"):
         read(spark, cluster, subscribe="events", timeout="2",
              coordinator=f"tcp://127.0.0.1:{free_port()}").collect()
+
+
+def test_default_save_creates_a_missing_topic_in_the_cluster(spark, cluster: Running) -> None:
+    """save() under Spark's default mode appends; a missing topic is created as an ingest
+    topic of option partitions (default 1), as Kafka creates a topic on first produce."""
+    df = spark.createDataFrame([(b"m%d" % i, f"k{i}") for i in range(40)], "value binary, "
+                               "key string")
+    for _ in range(2):
+        df.write.format("tq").options(**cluster.options()).option("topic", "made") \
+            .option("partitions", "2").save()
+    df.write.format("tq").options(**cluster.options()).option("topic", "single").save()
+    with Cluster(cluster.address, cluster.secret, session=False) as client:
+        made = client.lookup_topic("made").topic
+        single = client.lookup_topic("single").topic
+    assert (made.partitions, made.owner, single.partitions) == (2, INGEST, 1)
+    back = read(spark, cluster, subscribe="made").collect()
+    assert sorted(r.value for r in back) == sorted([b"m%d" % i for i in range(40)] * 2)
+    assert {r.partition for r in back} == {0, 1}
+    assert read(spark, cluster, subscribe="single").count() == 40

@@ -97,3 +97,13 @@ def test_write_options() -> None:
         parse_write_options({"path": "/d"})
     with pytest.raises(BadOptionError, match="unknown option 'subscribe'"):
         parse_write_options({"topic": "t", "subscribe": "a"})
+
+
+def test_write_partitions_option() -> None:
+    assert parse_write_options({"topic": "t"}).partitions == 1
+    assert parse_write_options({"topic": "t", "Partitions": "4"}).partitions == 4
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(BadOptionError, match="option partitions: .* is not a positive"):
+            parse_write_options({"topic": "t", "partitions": bad})
+    with pytest.raises(BadOptionError, match="option partitions: 100000 is more than"):
+        parse_write_options({"topic": "t", "partitions": "100000"})

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
 from querylib.records import TIME_HEADER, encode_batch
+from querylib.spark._local import LocalDir
 from querylib.spark._writer import kafka_partition, murmur2
 from tests.spark._flaky import FlakySource
 from tests.spark._topics import append, create_topic, log_rows
@@ -119,3 +120,25 @@ def test_a_retried_task_writes_at_least_once(spark, tmp_path: Path) -> None:
     written = [r[1] for r in log_rows(tmp_path, "retry")]
     assert set(written) == {b"%06d" % i + b"." * 1000 for i in range(count)}  # nothing lost
     assert len(written) > count  # and what the failed attempt appended is there too
+
+
+def test_default_save_mode_appends_and_creates_a_missing_topic(spark, tmp_path: Path) -> None:
+    """As Spark's Kafka sink: save() under the default mode (errorifexists) appends, and a
+    topic that does not exist yet is created (option partitions, default 1)."""
+    df = spark.createDataFrame([(b"v%d" % i,) for i in range(10)], "value binary")
+    df.write.format("tq").option("topic", "fresh").save(str(tmp_path))
+    df.write.format("tq").option("topic", "fresh").save(str(tmp_path))
+    rows = log_rows(tmp_path, "fresh")
+    assert sorted(r[1] for r in rows) == sorted([b"v%d" % i for i in range(10)] * 2)
+    assert LocalDir(str(tmp_path)).partitions("fresh") == 1
+    df.write.format("tq").option("topic", "wide").option("partitions", "3").save(str(tmp_path))
+    assert LocalDir(str(tmp_path)).partitions("wide") == 3
+    assert len(log_rows(tmp_path, "wide")) == 10
+    # An existing topic keeps its partitions; the option only shapes a topic being created.
+    df.write.format("tq").option("topic", "wide").option("partitions", "5").save(str(tmp_path))
+    assert LocalDir(str(tmp_path)).partitions("wide") == 3
+    with pytest.raises(Exception, match="tq topics are append-only"):
+        df.write.format("tq").option("topic", "wide").mode("overwrite").save(str(tmp_path))
+    with pytest.raises(Exception, match="option partitions: .0. is not a positive integer"):
+        df.write.format("tq").option("topic", "bad").option("partitions", "0").save(
+            str(tmp_path))

@@ -82,3 +82,15 @@ def test_public_surface() -> None:
         assert module.__doc__ and "Must not" in module.__doc__, info.name
     with pytest.raises(AttributeError):
         querylib.nothing_here  # noqa: B018
+
+
+def test_a_query_process_title_names_query_name_and_process() -> None:
+    from querylib.api._env import process_title
+
+    env = {"TQ_QUERY_ID": "12", "TQ_QUERY_NAME": "clicks", "TQ_PROCESS_INDEX": "1",
+           "TQ_PROCESS_COUNT": "2"}
+    assert process_title(env) == "tq query 12 clicks 1/2"
+    assert process_title({**env, "TQ_QUERY_NAME": ""}) == "tq query 12 1/2"
+    assert process_title({**env, "TQ_QUERY_NAME": "a  b\nc" + "x" * 100}) == \
+        "tq query 12 a b c" + "x" * 35 + " 1/2"
+    assert process_title({}) is None  # run on its own: no title of ours

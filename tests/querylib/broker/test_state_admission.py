@@ -68,6 +68,11 @@ def test_the_rule_admits_its_owner_only() -> None:
         session(sim, name, principal)
         sim.feed(OpenProducer(f"{name}-open", name, P))
     assert isinstance(sim.replies["owner-open"], ProducerOpened)
+    # A refusal is checked against the directory once more (the rule may be stale): one
+    # question for all of them, and the same answer refuses them.
+    assert sim.asks == [ResolveTopic(1, "t", 0, False)]
+    assert not any(f"{name}-open" in sim.replies for name in ["other", "admin", "anon", "bob"])
+    sim.feed(TopicResolved(1, access=TopicAccess("t", "query:7")))
     for name in ["other", "admin", "anon", "bob"]:
         error = sim.replies[f"{name}-open"]
         assert isinstance(error, TopicAuthorizationError), name
@@ -75,6 +80,25 @@ def test_the_rule_admits_its_owner_only() -> None:
     # refused producers hold nothing: their produce is not a producer's
     sim.feed(Produce("p", "admin", P, fake_batch()))
     assert isinstance(sim.replies["p"], NotProducerError)
+
+
+def test_a_stale_rule_does_not_refuse_the_topics_new_owner() -> None:
+    """Re-running: the catalog gave the topic to query 8 (its owner query 7 ended); a broker
+    that has not followed that change yet asks before refusing query 8's writer."""
+    sim = Sim()
+    sim.open_partition(P, writers="query:7")
+    session(sim, "new", "query:8")
+    sim.feed(OpenProducer("new-open", "new", P))
+    assert "new-open" not in sim.replies
+    assert sim.asks == [ResolveTopic(1, "t", 0, False)]
+    sim.feed(TopicResolved(1, access=TopicAccess("t", "query:8")))
+    assert isinstance(sim.replies["new-open"], ProducerOpened)
+    assert sim.state.rule_of("t") == TopicAccess("t", "query:8")
+    # The old owner is refused by the new rule, after asking once.
+    session(sim, "old", "query:7")
+    sim.feed(OpenProducer("old-open", "old", P))
+    sim.feed(TopicResolved(2, access=TopicAccess("t", "query:8")))
+    assert isinstance(sim.replies["old-open"], TopicAuthorizationError)
 
 
 def test_an_ingest_topic_admits_anyone() -> None:
@@ -156,6 +180,7 @@ def test_the_directory_changes_rules_and_forgets_topics() -> None:
     sim.open_partition(P, writers="query:1")
     session(sim, "q2", "query:2")
     sim.feed(OpenProducer("before", "q2", P))
+    sim.feed(TopicResolved(sim.asks[-1].ask, access=TopicAccess("t", "query:1")))
     assert isinstance(sim.replies["before"], TopicAuthorizationError)
     sim.feed(TopicAccess("t", "query:2"))  # deleted and made again, by query 2
     sim.feed(OpenProducer("after", "q2", P))
@@ -163,7 +188,7 @@ def test_the_directory_changes_rules_and_forgets_topics() -> None:
     sim.feed(TopicForgotten("t"))
     session(sim, "q3", "query:3")
     sim.feed(OpenProducer("forgotten", "q3", P))
-    assert [a.topic for a in sim.asks] == ["t"] and "forgotten" not in sim.replies
+    assert [a.topic for a in sim.asks] == ["t", "t"] and "forgotten" not in sim.replies
 
 
 def test_writing_after_the_end_of_a_stream_needs_an_explicit_reopen() -> None:
@@ -254,9 +279,13 @@ def test_every_answer_is_what_the_rules_say(ops: list) -> None:
             continue
         name = args[0]
         if kind == "open":
+            asked = len(sim.asks)
             sim.feed(OpenProducer(token, name, P, reopen=args[1]))
             admitted = rule == "*" or rule == PRINCIPALS[name]
             if not admitted:
+                # A refusal asks the directory once more, which says the same.
+                assert len(sim.asks) == asked + 1 and token not in sim.replies
+                sim.feed(TopicResolved(sim.asks[-1].ask, access=TopicAccess("t", rule)))
                 assert isinstance(sim.replies[token], TopicAuthorizationError)
             elif ended and not args[1]:
                 assert isinstance(sim.replies[token], StreamEndedError)

@@ -12,12 +12,35 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
+import zmq
+
 from catalog.errors import TqError, UserError
-from querylib.rpc import Context, Limits, Notify, Reply, Request, RpcServer
+from querylib.rpc import (
+    COORDINATOR,
+    Context,
+    Credential,
+    Limits,
+    Notify,
+    Reply,
+    Request,
+    RpcServer,
+    handshake_token,
+)
 
 T = TypeVar("T")
 
 SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def authenticate(sock: zmq.Socket[Any], secret: bytes | Credential,
+                 audience: str = COORDINATOR) -> zmq.Socket[Any]:
+    """Give a bare zmq socket (not connected yet) the handshake credential of `secret`'s
+    principal, as RpcClient does: without it, a server closes the connection at the
+    handshake and never sees a frame (DESIGN §2 "Handshake")."""
+    own = Credential.of(secret).for_audience(audience)
+    sock.setsockopt(zmq.PLAIN_USERNAME, own.principal.encode())
+    sock.setsockopt(zmq.PLAIN_PASSWORD, handshake_token(own.key))
+    return sock
 
 
 class ShelfError(TqError):

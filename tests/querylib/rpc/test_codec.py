@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import blake3
@@ -26,12 +27,15 @@ from querylib.rpc import (
     MessageTooLargeError,
     Ping,
     Pong,
+    RemoteKeyring,
     ReplayedMessageError,
     ReplayGuard,
     Signer,
     UnknownMessageTypeError,
     UnknownPrincipalError,
     audience_key,
+    handshake_token,
+    kafka_password,
     principal_key,
 )
 from querylib.rpc._codec import SIGNATURE_BYTES
@@ -388,3 +392,41 @@ def test_broker_audience_keys_do_not_open_the_coordinator() -> None:
         coordinator.decode(client.request(2, Ping(), ttl=1.0, now=NOW), NOW)
     assert audience_key(SECRET, COORDINATOR) == SECRET
     assert audience_key(SECRET, BROKER) != SECRET
+
+
+def test_the_handshake_token_is_one_way_and_per_audience() -> None:
+    """PLAIN travels in clear: the token shown when connecting is neither the key nor anything
+    else derived from it (the Kafka password), and differs per audience."""
+    key = _alice().key
+    token = handshake_token(audience_key(key, COORDINATOR))
+    assert len(token) == 64 and bytes.fromhex(token.decode())
+    assert token == handshake_token(audience_key(key, COORDINATOR))
+    assert token != handshake_token(audience_key(key, BROKER))
+    assert key.hex().encode() not in (token, handshake_token(audience_key(key, BROKER)))
+    assert kafka_password(key).encode() not in token
+
+
+def test_a_remote_keyring_refetches_a_key_at_most_once_per_interval() -> None:
+    now = [0.0]
+    fetched: list[str] = []
+
+    async def fetch(principal: str) -> bytes | None:
+        fetched.append(principal)
+        return b"k" * 32 if principal != "user:nobody" else None
+
+    async def test() -> None:
+        keyring = RemoteKeyring(fetch, ttl=60.0, negative_ttl=5.0, clock=lambda: now[0])
+        keyring.pin("admin", b"a" * 32)
+        assert await keyring.key_of("user:alice") == b"k" * 32
+        assert not keyring.refetch("user:alice")  # fetched moments ago: that is the key
+        now[0] = 5.0
+        assert keyring.refetch("user:alice")
+        assert await keyring.key_of("user:alice") == b"k" * 32
+        assert fetched == ["user:alice", "user:alice"]
+        assert await keyring.key_of("user:nobody") is None
+        now[0] = 20.0
+        assert not keyring.refetch("user:nobody")  # nothing cached to be stale
+        assert not keyring.refetch("admin")  # pinned: ours for good
+        assert not MasterKeyring(SECRET).refetch("user:alice")
+
+    asyncio.run(test())
