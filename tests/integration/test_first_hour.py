@@ -6,6 +6,7 @@ word, then each of the issue's numbered problems.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ from tests.integration.test_queries_wait import (
     SUBSCRIBER,
 )
 from tests.integration.test_query_cli_up import BROKEN, ECHO, SLEEPER
+from tests.integration.test_up_start import _holding, _UpDefaults
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -209,8 +211,11 @@ def test_05_running_the_same_publisher_again_appends(up: Up) -> None:
 def test_06_07_submit_wait_shows_the_output_and_logs_take_a_name(up: Up) -> None:
     done = up.tq("submit", str(_program(up, "echo.py", ECHO)), "--name", "echo", "--wait")
     assert done.returncode == 0, done.stderr
-    assert ["[0] line 0", "[0] line 1", "[0] line 2", "[0 stderr] a warning", "[0] bye"] == [
-        line for line in done.stdout.splitlines() if line.startswith("[0")]
+    lines = done.stdout.splitlines()
+    # In order within each of the program's streams (stdout and stderr travel apart).
+    assert [line for line in lines if line.startswith("[0] ")] == [
+        "[0] line 0", "[0] line 1", "[0] line 2", "[0] bye"]
+    assert "[0 stderr] a warning" in lines
     follow = up.tq("logs", "echo", "--follow", timeout=60)  # ends: the query has ended
     assert follow.returncode == 0 and "[0] bye" in follow.stdout.splitlines()
 
@@ -266,3 +271,22 @@ def test_11_a_spark_save_under_the_default_mode_creates_the_topic_and_appends(up
     # Spark's tasks write in any order; both saves are there.
     assert sorted(up.tq("consume", "fresh").stdout.splitlines()) == sorted(
         [f"n{i}" for i in range(5)] * 2)
+
+
+def test_02_tq_up_beside_taken_ports_and_beside_a_running_cluster(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with _holding((7400, 7401)) as held:  # the default coordinator ports, taken
+        first = _UpDefaults(home)
+        try:
+            again = first.tq("up", "--slots", "1", timeout=60)  # the same TQ_HOME
+            assert again.returncode == 2, again.stderr
+            (line,) = again.stderr.splitlines()
+            assert f"a tq cluster already runs under TQ_HOME={home}" in line, line
+            assert f"pid {first.proc.pid}" in line and "another TQ_HOME" in line, line
+            assert json.loads((home / "cluster.json").read_text())["pid"] == first.proc.pid
+            assert first.tq("topics").returncode == 0  # the first one still answers
+        finally:
+            err = first.stop()
+    assert "cannot listen" not in err, err
+    for port in held:
+        assert f"port {port} is taken" in err, err
