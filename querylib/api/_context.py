@@ -78,7 +78,7 @@ class Context:
 
     def subscribe(self, names: str | list[str], *, partitions: list[int] | None = None,
                   start: Start = "earliest", timeout: float = 30.0,
-                  serde: str | Serde = "msgpack", record_type: str | None = None,
+                  serde: str | Serde | None = None, record_type: str | None = None,
                   kind: TopicKind | str | None = None, group: str | None = None
                   ) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
@@ -89,7 +89,13 @@ class Context:
         With `group`, this subscriber is a member of that Kafka consumer group: it reads the
         partitions the group assigns it, from the group's committed offsets (else `start`;
         start="committed" falls back to "earliest"), commits what it consumed every second
-        and on close, and leaves the group on close. Delivery is at-least-once."""
+        and on close, and leaves the group on close. Delivery is at-least-once.
+
+        Values are decoded with the serde the topic records (the first part of its record type
+        tag), so a subscriber need not repeat the publisher's `serde`; pickle is never chosen
+        that way (unpickling runs the writers' code: pass serde="pickle" if you trust them),
+        and topics of different serdes need one subscription each. An explicit `serde` must
+        match the topic's (RecordTypeMismatchError otherwise)."""
         from ._subscription import Subscription
         from .serdes import resolve
 
@@ -104,7 +110,9 @@ class Context:
         if group is not None and not group:
             raise UserError("a consumer group needs a non-empty name")
         return Subscription(self.runtime, list(names), partitions=partitions, start=start,
-                            timeout=timeout, serde=resolve(serde), record_type=record_type,
+                            timeout=timeout,
+                            serde=None if serde is None else resolve(serde),
+                            record_type=record_type,
                             kind=None if kind is None else TopicKind(kind), group=group)
 
     def close(self) -> None:

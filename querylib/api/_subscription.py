@@ -2,7 +2,8 @@
 
 Each broker holding subscribed partitions gets one `querylib.broker.Subscriber`. With one
 broker it is read on the caller's thread; with several, each is read by a thread of its own
-into one bounded queue. This module decodes values with the serde and merges frontiers:
+into one bounded queue. This module decodes values with the serde (the topics' own when the
+caller named none: never pickle, and one serde for all of them) and merges frontiers:
 Progress(f) is the minimum over every live source, EndOfStream comes once all ended.
 
 A collection topic is first read to the end of what is stored (a non-following read), its
@@ -47,7 +48,7 @@ from querylib.records import DIFF_HEADER, Record, decode_int64
 
 from ._events import Data, EndOfStream, Progress, Snapshot
 from ._runtime import Runtime, address_of, incarnation_of
-from .serdes import Serde, decode_value, decode_values, type_tag
+from .serdes import PICKLE, Serde, decode_value, decode_values, resolve, type_tag
 
 if TYPE_CHECKING:  # the group client pulls in the Kafka codecs: loaded only for a group
     from ._group_client import GroupMember
@@ -88,10 +89,13 @@ class Subscription:
     """An iterator of Data / Progress / EndOfStream (and a Snapshot first for collections)."""
 
     def __init__(self, runtime: Runtime, names: list[str], *, partitions: list[int] | None,
-                 start: Start, timeout: float, serde: Serde, record_type: str | None,
+                 start: Start, timeout: float, serde: Serde | None, record_type: str | None,
                  kind: TopicKind | None, group: str | None = None) -> None:
         self.runtime = runtime
-        self.serde = serde
+        # None: the topics' own serde, chosen (and checked) as each topic is looked up.
+        self.serde: Serde = serde  # type: ignore[assignment]
+        self._implicit = serde is None
+        self._serde_topic = ""  # the topic whose serde an implicit choice took
         self.group = group
         self.member: GroupMember | None = None
         self._start = start
@@ -112,9 +116,12 @@ class Subscription:
             for name in names:
                 info = runtime.cluster.lookup_topic(name, wait=max(deadline - _time.monotonic(),
                                                                   0.001))
+                if self._implicit:
+                    self._choose_serde(info)
                 self._check(info, record_type, kind)
                 runtime.add_subscription(info.topic.name,
-                                         type_tag(serde, record_type) if record_type else None,
+                                         type_tag(self.serde, record_type) if record_type
+                                         else None,
                                          kind)
                 self._names.append(info.topic.name)
                 if group is None:
@@ -223,6 +230,29 @@ class Subscription:
             self._handed.clear()
 
     # ---- topics -------------------------------------------------------------------------------
+
+    def _choose_serde(self, info: TopicInfo) -> None:
+        """subscribe() without serde=: decode with the serde the topic records (its type tag's
+        first part), never pickle, and the same one for every topic of the subscription."""
+        topic = info.topic
+        carried = topic.record_type.split("/", 1)[0]
+        if carried == PICKLE.name:
+            raise UserError(f"topic {topic.short_name!r} is pickled, and unpickling runs code "
+                            "chosen by whoever wrote it: pass serde='pickle' if you trust the "
+                            "topic's writers")
+        if self.serde is not None:
+            if carried != self.serde.name:
+                raise UserError(f"topic {self._serde_topic!r} is {self.serde.name} but topic "
+                                f"{topic.short_name!r} is {carried}: one subscription decodes "
+                                "with one serde, so subscribe to them separately")
+            return
+        try:
+            self.serde = resolve(carried)
+            self._serde_topic = topic.short_name
+        except UserError:
+            raise UserError(f"topic {topic.short_name!r} carries {carried!r} records, a serde "
+                            "querylib does not know: pass serde= the querylib.serdes.Serde "
+                            "its writers used") from None
 
     def _check(self, info: TopicInfo, record_type: str | None, kind: TopicKind | None) -> None:
         topic = info.topic

@@ -3,7 +3,8 @@
 `bytes` (raw), `json` and `msgpack` are always available; `pickle` only when a user names it,
 because unpickling runs code chosen by whoever wrote the topic. The serde's name is the first
 part of a topic's record type tag (`msgpack` or `msgpack/Point`), so a subscriber with another
-serde is refused before it decodes anything.
+serde is refused before it decodes anything, and one that names none decodes with the topic's
+(`resolve` of the tag's name; the subscription refuses pickle there).
 
 Must not: guess a serde from the bytes, or fall back to pickle.
 """

@@ -338,6 +338,53 @@ def test_a_type_mismatch_is_a_clear_error(coordinator: CoordinatorProcess) -> No
                 assert event == querylib.Data(0, [{"x": 1}], 0)
 
 
+def test_subscribe_without_a_serde_decodes_with_the_topics_own(coordinator: CoordinatorProcess
+                                                               ) -> None:
+    """A newcomer who published with serde="json" need not repeat it: the subscriber decodes
+    with the serde the topic records (a json collection and a json stream in one
+    subscription too), and record_type and kind are still checked."""
+    with querylib.connect() as ctx:
+        with ctx.publish("clicks", serde="json", record_type="Click") as out, \
+                ctx.publish("pages", serde="json", kind="collection") as pages:
+            out.send(0, [{"page": "/"}])
+            pages.send(0, [("home", 1)])
+            pages.advance_to(1)
+            pages.flush()
+            with ctx.subscribe("clicks") as sub:
+                assert sub.next_event(timeout=30) == querylib.Data(0, [{"page": "/"}], 0)
+            with pytest.raises(RecordTypeMismatchError, match="Click"):
+                ctx.subscribe("clicks", record_type="Page")
+            with ctx.subscribe("clicks", record_type="Click") as sub:
+                assert sub.next_event(timeout=30) == querylib.Data(0, [{"page": "/"}], 0)
+            with ctx.subscribe(["pages", "clicks"]) as sub:
+                first = sub.next_event(timeout=30)
+                assert isinstance(first, querylib.Snapshot)
+                assert first.records == [("home", 1)]
+
+
+def test_subscribe_without_a_serde_never_unpickles_and_never_mixes_serdes(
+        coordinator: CoordinatorProcess) -> None:
+    """Pickle runs code chosen by the topic's writers, so it is never chosen implicitly;
+    topics of different serdes in one subscription are refused, naming each one's."""
+    with querylib.connect() as ctx:
+        with ctx.publish("objs", serde="pickle") as objs, \
+                ctx.publish("nums", serde="msgpack") as nums:
+            objs.send(0, [{1, 2}])
+            nums.send(0, [7])
+            with pytest.raises(UserError, match="serde='pickle' if you trust") as refused:
+                ctx.subscribe("objs")
+            assert "\n" not in str(refused.value)
+            with pytest.raises(UserError, match="'nums' is msgpack.*'clicks' is json|"
+                                                "different serdes") as mixed:
+                with ctx.publish("clicks", serde="json"):
+                    ctx.subscribe(["nums", "clicks"])
+            assert "'nums'" in str(mixed.value) and "'clicks'" in str(mixed.value)
+            with ctx.subscribe("nums") as sub:
+                assert sub.next_event(timeout=30) == querylib.Data(0, [7], 0)
+            with ctx.subscribe("objs", serde="pickle") as sub:
+                assert sub.next_event(timeout=30) == querylib.Data(0, [{1, 2}], 0)
+
+
 def test_publications_and_subscriptions_live_in_the_catalog(coordinator: CoordinatorProcess
                                                             ) -> None:
     with querylib.connect() as ctx, Cluster.connect(session=False) as watcher:
