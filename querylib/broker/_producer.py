@@ -175,7 +175,7 @@ class ProducerCore:
         producer_id, epoch, base = self.claim(records)
         return {"producer_id": producer_id, "producer_epoch": epoch, "base_sequence": base}
 
-    def stamp(self, batch: bytes | memoryview) -> bytes | memoryview:
+    def stamp(self, batch: bytes | memoryview) -> bytes | bytearray | memoryview:
         """The batch with this producer's id and its next sequence, if it carries no producer
         yet (an encoder of ours stamps for free; this costs a CRC pass)."""
         if self.producer_id < 0:

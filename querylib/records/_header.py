@@ -81,14 +81,16 @@ def stamp_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -
 
 
 def stamp_producer(batch: bytes | bytearray | memoryview, producer_id: int, producer_epoch: int,
-                   base_sequence: int) -> bytes:
+                   base_sequence: int) -> bytearray:
     """Return the batch with its producerId, producerEpoch and baseSequence replaced and its CRC
-    computed again (those fields are inside the CRC): one pass over the batch, for batches an
-    idempotent producer did not encode itself (an encoder stamps them for free)."""
+    computed again (those fields are inside the CRC): one copy and one CRC pass over the batch,
+    for batches an idempotent producer did not encode itself (an encoder stamps them for
+    free). The copy is returned as is (a bytearray: a second copy into bytes cost a third of
+    the stamping of a 110 KB batch)."""
     out = bytearray(batch)
     _PRODUCER.pack_into(out, PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
     _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return bytes(out)
+    return out
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
