@@ -46,7 +46,12 @@ from querylib.rpc import (
     RpcError,
 )
 
-from ._errors import BrokerUnavailableError, NotProducerError, UnknownSessionError
+from ._errors import (
+    BrokerClosedError,
+    BrokerUnavailableError,
+    NotProducerError,
+    UnknownSessionError,
+)
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
 __all__ = ["ATTEMPT_TIMEOUT", "RECONNECT_TIMEOUT", "BrokerLink", "Locate", "SessionLink",
@@ -64,6 +69,13 @@ ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
 
 Locate = Callable[[], Awaitable[str | None]]
+
+
+class BrokerClosingError(RpcError):
+    """A remote broker answered that it is closing (its process stops): to its clients, a
+    lost connection (`lost_connection`), not a refusal."""
+
+    retriable = True
 
 
 def lost_connection(exc: BaseException) -> bool:
@@ -289,7 +301,12 @@ class BrokerLink(SessionLink):
 
     async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
                        timeout: float | None = None) -> R:
-        return await self.client.request(request, payload=payload, timeout=timeout)
+        try:
+            return await self.client.request(request, payload=payload, timeout=timeout)
+        except BrokerClosedError as exc:
+            # A remote broker that is shutting down answers what it has in hand so; it is
+            # away, as after a lost connection, and comes back (a restart), perhaps elsewhere.
+            raise BrokerClosingError(str(exc)) from exc
 
     async def _notify(self, message: Notify) -> None:
         await self.client.notify(message)

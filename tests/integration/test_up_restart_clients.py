@@ -134,8 +134,12 @@ def test_publisher_and_subscriber_survive_a_restart_of_tq_up(
         assert (_broker_address(home) == broker) != fault.endswith("port-taken")
         # Both carry on: records the publisher sent after the restart reach the subscriber.
         resumed = _sent(sent) + 2000
-        wait_for(lambda: len(_lines(seen)) >= resumed, timeout=120,
-                 what=f"the subscriber reading past record {resumed} after the restart")
+        try:
+            wait_for(lambda: len(_lines(seen)) >= resumed, timeout=120,
+                     what=f"the subscriber reading past record {resumed} after the restart")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; read {len(_lines(seen))}, sent {_sent(sent)}\n"
+                                 + _what_clients_said(pub, sub)) from None
         stop.write_text("")
         assert pub.wait(timeout=60) == 0, pub.stderr.read()  # type: ignore[union-attr]
         assert sub.wait(timeout=60) == 0, sub.stderr.read()  # type: ignore[union-attr]
@@ -154,6 +158,22 @@ def test_publisher_and_subscriber_survive_a_restart_of_tq_up(
     controls = _controls(home / "executor" / "broker" / "restarts-0")
     assert controls[-1:] == ["end"] and controls.count("end") == 1
     assert "reopen" not in controls  # the publisher rejoined its stream, never reopened it
+
+
+def _what_clients_said(*clients: subprocess.Popen[str]) -> str:
+    """The stderr of clients that did not get on (stopped first, so reading it ends)."""
+    said = []
+    for client in clients:
+        if client.poll() is None:
+            client.send_signal(signal.SIGTERM)
+            try:
+                client.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait()
+        said.append(f"pid {client.pid} exit {client.returncode}: "
+                    f"{client.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+    return "\n".join(said)
 
 
 _KINDS = {ControlType.END_OF_STREAM: "end", ControlType.REOPEN: "reopen"}
