@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ._errors import PartitionNotHereError, UnknownPartitionError
 from ._frontier import SavedGroup
 
 PartitionId = tuple[str, int]
@@ -174,6 +175,16 @@ class TopicAccess(msgspec.Struct, frozen=True):
     writers: str
     partitions: int | None = None
     here: tuple[int, ...] | None = None
+
+    def check_placed(self, index: int, use: str) -> None:
+        """UnknownPartitionError when the topic has no partition `index`, PartitionNotHereError
+        when another broker hosts it (`use`: what the caller should do there, "read"/"write")."""
+        if self.partitions is not None and not 0 <= index < self.partitions:
+            raise UnknownPartitionError(f"topic {self.topic!r} has {self.partitions} "
+                                        f"partition(s); there is no partition {index}")
+        if self.here is not None and index not in self.here:
+            raise PartitionNotHereError(f"partition {index} of {self.topic!r} lives on another "
+                                        f"broker: {use} it there")
 
 
 class TopicForgotten(msgspec.Struct, frozen=True):

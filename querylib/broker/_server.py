@@ -52,7 +52,6 @@ from ._access import ADMIN, SYSTEM
 from ._errors import (
     BrokerClosedError,
     BrokerProtocolError,
-    PartitionNotHereError,
     PrincipalError,
     UnknownPartitionError,
 )
@@ -402,12 +401,7 @@ class BrokerServer:
         rule = self.state.rule_of(topic)
         if rule is None:
             rule = await self.directory.resolve(topic, partition, create=False)
-        if rule.partitions is not None and not 0 <= partition < rule.partitions:
-            raise UnknownPartitionError(f"topic {topic!r} has {rule.partitions} partition(s); "
-                                        f"there is no partition {partition}")
-        if rule.here is not None and partition not in rule.here:
-            raise PartitionNotHereError(f"partition {partition} of {topic!r} lives on another "
-                                        "broker: read it there")
+        rule.check_placed(partition, "read")
 
     async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """Check an open partition against the incarnation a writer names, under its opening

@@ -38,7 +38,6 @@ from catalog.errors import TqError
 from ._access import SYSTEM, admits, internal
 from ._errors import (
     BrokerProtocolError,
-    PartitionNotHereError,
     TopicAuthorizationError,
     UnknownPartitionError,
 )
@@ -113,12 +112,7 @@ class AdmissionRules:
         part = self.partitions.get(ev.partition)
         if part is not None:
             return part, []
-        if rule.partitions is not None and not 0 <= index < rule.partitions:
-            raise UnknownPartitionError(f"topic {topic!r} has {rule.partitions} partition(s); "
-                                        f"there is no partition {index}")
-        if rule.here is not None and index not in rule.here:
-            raise PartitionNotHereError(f"partition {index} of {topic!r} lives on another "
-                                        "broker: write it there")
+        rule.check_placed(index, "write")
         if rule.here is None and not ev.create:
             raise UnknownPartitionError(f"this broker has no partition {index} of topic "
                                         f"{topic!r}")
