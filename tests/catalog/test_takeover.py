@@ -38,7 +38,11 @@ def test_a_query_run_again_takes_over_its_ended_predecessors_topic() -> None:
     add_user(catalog, "user:alice")
     first = QueryRef(submit(catalog, (executor.executor_id,), owner="user:alice").query_id)
     nums = create_topic(catalog, "nums", first, broker.broker_id)
-    catalog.apply(Publish(topic_id=nums.topic_id, publisher=first, process=0))
+    published = catalog.apply(Publish(topic_id=nums.topic_id, publisher=first, process=0))
+    # The first publication of a topic writes epoch 0, and marks the topic published.
+    assert published.created.epoch == 0
+    nums = catalog.topic(nums.topic_id)
+    assert nums.published
     reader = SessionRef(open_session(catalog, principal="user:alice").session_id)
     catalog.apply(Subscribe(topic_id=nums.topic_id, subscriber=reader))
     _ended(catalog, first.query_id)
@@ -47,6 +51,9 @@ def test_a_query_run_again_takes_over_its_ended_predecessors_topic() -> None:
     change = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=0))
     taken = catalog.topic(nums.topic_id)
     assert taken.owner == again
+    # A later run starts an epoch numbered by its change, above every earlier one; the
+    # query's other processes join its publication, and its epoch.
+    assert change.created.epoch == change.version > published.version
     # One change: the topic under its new owner and the publication, nothing else of it.
     assert Update("topics", nums, -1) in change.updates
     assert Update("topics", taken, 1) in change.updates
