@@ -231,6 +231,7 @@ class Topic(_Record, tag="topic"):
     creator: str = ""  # the principal that created it ("" in older catalogs): may delete an
     # ingest topic it created
     published: bool = False  # some publisher has published it: a later run starts an epoch
+    epoch: int = 0  # the epoch of its owner's latest run (DESIGN §5 "Epochs")
 
     @property
     def topic_name(self) -> TopicName:

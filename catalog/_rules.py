@@ -586,13 +586,18 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
         txn.retract("publications", current)
         held = tuple(sorted((*current.processes, *held)))
         epoch = current.epoch
-    elif topic.published:
+    elif not topic.published:
+        epoch = 0  # the topic's first run
+        topic = msgspec.structs.replace(topic, published=True)
+    elif isinstance(cmd.publisher, QueryRef) and stored.owner == cmd.publisher:
+        # A process of the query whose run this is, after its publication had lapsed (its
+        # other processes closed first): the run's epoch, not a new one.
+        epoch = stored.epoch
+    else:
         # A later run: its writers start a new epoch (DESIGN §5 "Epochs"), numbered by this
         # change's catalog version, above every earlier run's.
         epoch = catalog.version + 1
-    else:
-        epoch = 0
-        topic = msgspec.structs.replace(topic, published=True)
+        topic = msgspec.structs.replace(topic, epoch=epoch)
     if topic != stored:
         txn.replace("topics", stored, topic)
     publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher, processes=held,

@@ -226,6 +226,7 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     # last sequence, base offset, next offset); see _producer_state.
     producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
     epoch: int = 0  # of `frontier`
+    epoch_since: int = 0  # the offset from which `epoch` is known to hold
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

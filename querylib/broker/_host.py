@@ -193,6 +193,7 @@ class OpenedPartition:
     incarnation: Incarnation | None = None
     producers: tuple[ProducerMark, ...] = ()
     epoch: int = 0  # of `frontier`
+    epoch_since: int = 0  # the offset from which `epoch` is known to hold
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -216,12 +217,12 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
         if incarnation is not None and held is None:
             write_incarnation(path, pid, incarnation)
             held = incarnation
-        frontier, ended, epoch = recover_frontier(log)
+        frontier, ended, epoch, since = recover_frontier(log)
         producers = recover_producers(log, producer_scan_bytes)
     except BaseException:
         log.close()
         raise
-    return OpenedPartition(log, frontier, ended, held, producers, epoch)
+    return OpenedPartition(log, frontier, ended, held, producers, epoch, since)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
@@ -262,13 +263,15 @@ class RecoveredFrontier(NamedTuple):
     frontier: int
     ended: bool
     epoch: int
+    epoch_since: int = 0  # the epoch is known to hold from this offset on
 
 
 def recover_frontier(log: PartitionLog) -> RecoveredFrontier:
-    """(frontier, ended, epoch) as the log last recorded them: the frontier and epoch of the
-    last FRONTIER control record, or 0 and its epoch after a REOPEN record that started an
-    epoch (0, 0 if neither), and whether the log ends with an END_OF_STREAM record (no data,
-    and no REOPEN, after it).
+    """(frontier, ended, epoch, epoch_since) as the log last recorded them: the frontier and
+    epoch of the last FRONTIER control record, or 0 and its epoch after a REOPEN record that
+    started an epoch (0, 0 if neither), whether the log ends with an END_OF_STREAM record (no
+    data, and no REOPEN, after it), and the offset of the record that told the epoch (from
+    there on it holds; epoch 0, the first, holds from the start).
 
     Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
     forwards, so a log whose last frontier is recent costs a small read however large it is.
@@ -278,18 +281,20 @@ def recover_frontier(log: PartitionLog) -> RecoveredFrontier:
     ended: bool | None = None  # decided by the last batch of the log
     while hi > start:
         lo = max(start, hi - window)
-        found: tuple[int, int] | None = None
+        found: tuple[int, int, int] | None = None
         last: ControlType | None | str = "none"
-        for kind, value in _batches(log, lo, hi):
+        for kind, value, offset in _batches(log, lo, hi):
             last = kind
             if kind == ControlType.FRONTIER:
-                found = value
+                assert value is not None
+                found = (*value, offset)
             elif kind == ControlType.REOPEN and value is not None:
-                found = (0, value[1])  # a new epoch starts at frontier 0
+                found = (0, value[1], offset)  # a new epoch starts at frontier 0
         if ended is None and last != "none":
             ended = last == ControlType.END_OF_STREAM
         if found is not None:
-            return RecoveredFrontier(found[0], bool(ended), found[1])
+            frontier, epoch, offset = found
+            return RecoveredFrontier(frontier, bool(ended), epoch, offset if epoch else 0)
         hi = lo
         window *= 4
     return RecoveredFrontier(0, bool(ended), 0)
@@ -328,25 +333,25 @@ def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader,
             yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
 
 
-def _batches(log: PartitionLog, lo: int,
-             hi: int) -> Iterator[tuple[ControlType | None, tuple[int, int] | None]]:
-    """(control type or None for data, value) of each batch in [lo, hi): a FRONTIER's
-    (frontier, epoch), a REOPEN's (0, epoch) when it starts an epoch, else None. A damaged
-    range counts as data (what it held is unknown: it ends no stream)."""
+def _batches(log: PartitionLog, lo: int, hi: int
+             ) -> Iterator[tuple[ControlType | None, tuple[int, int] | None, int]]:
+    """(control type or None for data, value, base offset) of each batch in [lo, hi): a
+    FRONTIER's (frontier, epoch), a REOPEN's (0, epoch) when it starts an epoch, else None. A
+    damaged range counts as data (what it held is unknown: it ends no stream)."""
     for found in _walk(log, lo, hi):
         if found is None:
-            yield None, None
+            yield None, None, -1
             continue
         data, pos, header = found
         if not data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            yield None, None
+            yield None, None, header.base_offset
             continue
         for record in decode_batch(data[pos:pos + header.size], verify_crc=False).records:
             kind, value = control_of(record)
             if kind == ControlType.FRONTIER:
-                yield kind, decode_frontier(value)
+                yield kind, decode_frontier(value), header.base_offset
             elif kind == ControlType.REOPEN:
                 epoch = decode_reopen(value)
-                yield kind, (0, epoch) if epoch else None
+                yield kind, (0, epoch) if epoch else None, header.base_offset
             elif kind == ControlType.END_OF_STREAM:
-                yield kind, None
+                yield kind, None, header.base_offset

@@ -301,6 +301,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                                        max_groups=self.limits.max_writer_groups,
                                        groups=ev.groups, epoch=ev.epoch),
             visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
+            epoch_since=ev.epoch_since,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
         self.partitions[ev.partition].producers.learn_all(ev.producers)
         return self._partition_ready(ev.partition)
@@ -578,6 +579,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 part.visible_ended = False
                 if entry.control.epoch:  # a new epoch: its frontier starts at 0
                     part.visible_frontier, part.visible_epoch = 0, entry.control.epoch
+                    part.epoch_since = entry.base
             elif entry.control is None:
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
         # Durable data is visible up to the first append not yet durable. (At open, the log

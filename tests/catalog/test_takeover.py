@@ -58,7 +58,7 @@ def test_a_query_run_again_takes_over_its_ended_predecessors_topic() -> None:
     assert Update("topics", nums, -1) in change.updates
     assert Update("topics", taken, 1) in change.updates
     assert taken == nums.__class__(**{**{f: getattr(nums, f) for f in nums.__struct_fields__},
-                                     "owner": again})
+                                     "owner": again, "epoch": change.version})
     assert [p.publisher for p in catalog.publications_on(nums.topic_id)] == [again]
     # Its readers stay subscribed.
     assert catalog.subscriptions_on(nums.topic_id) == [
@@ -174,3 +174,27 @@ def test_another_principals_topic_says_who_owns_it() -> None:
                        r"user:alice publishes to it: publish to another topic, or have "
                        r"user:alice or an admin delete it \(tq topic delete feed\)"):
         catalog.apply(Publish(topic_id=feed.topic_id, publisher=bob))
+
+
+def test_a_runs_processes_share_its_epoch_even_after_its_publication_lapsed() -> None:
+    """Each later run gets one epoch for all its processes: a process publishing after the
+    others had closed (the publication lapsed) joins the run's epoch, not a new one."""
+    catalog = Catalog()
+    _, broker, executor = host(catalog)
+    both = (executor.executor_id, executor.executor_id)
+    first = QueryRef(submit(catalog, both).query_id)
+    nums = create_topic(catalog, "nums", first, broker.broker_id)
+    for process in (0, 1):
+        assert catalog.apply(Publish(topic_id=nums.topic_id, publisher=first,
+                                     process=process)).created.epoch == 0
+    for process in (0, 1):
+        catalog.apply(ProcessExited(query_id=first.query_id, process=process, exit_code=0,
+                                    at_ms=50))
+    again = QueryRef(submit(catalog, both).query_id)
+    run = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=0))
+    assert run.created.epoch == run.version
+    catalog.apply(Unpublish(topic_id=nums.topic_id, publisher=again, process=0))
+    late = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=1))
+    assert late.created.epoch == run.created.epoch
+    assert catalog.topic(nums.topic_id).epoch == run.created.epoch
+    catalog.check_invariants()

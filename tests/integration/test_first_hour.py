@@ -221,6 +221,12 @@ def test_05_running_the_same_publisher_again_appends(up: Up) -> None:
     assert isinstance(events[-1], querylib.EndOfStream)
     described = up.tq("topic", "describe", "squares").stdout
     assert f"ended (epoch {later})" in described, described
+    # A reader starting inside the second run (offset 14: the first run's 10 squares, its
+    # frontier and end, the REOPEN at 12, the square at time 0) knows its epoch from the first
+    # record it reads.
+    with up.connect() as ctx, ctx.subscribe("squares", start=14, timeout=30) as sub:
+        inside = [(e.epoch, e.time) for e in sub if isinstance(e, querylib.Data)]
+    assert inside == [(later, n) for n in range(10)][1:], inside
 
 
 def test_06_07_submit_wait_shows_the_output_and_logs_take_a_name(up: Up) -> None:

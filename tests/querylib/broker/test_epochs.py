@@ -126,15 +126,15 @@ def test_recovery_finds_the_epoch(tmp_path):
     with PartitionLog.open(tmp_path / "t-0", LogConfig()) as log:
         log.append(frontier_batch(10, timestamp=0))
         log.append(end_of_stream_batch(timestamp=0))
-        assert recover_frontier(log) == (10, True, 0)
+        assert recover_frontier(log) == (10, True, 0, 0)
         log.append(reopen_batch(timestamp=0, epoch=7))
-        assert recover_frontier(log) == (0, False, 7)  # the new epoch, before any frontier
+        assert recover_frontier(log) == (0, False, 7, 2)  # the new epoch, from its REOPEN
         log.append(stored(encode_records(entries([0]))))
         log.append(frontier_batch(1, timestamp=0, epoch=7))
         log.append(end_of_stream_batch(timestamp=0))
-        assert recover_frontier(log) == (1, True, 7)
+        assert recover_frontier(log) == (1, True, 7, 4)  # known from its FRONTIER
         log.append(reopen_batch(timestamp=0))  # reopened in its epoch: goes on from 1
-        assert recover_frontier(log) == (1, False, 7)
+        assert recover_frontier(log) == (1, False, 7, 4)
 
 
 # -- the readers' merge ------------------------------------------------------------------------
