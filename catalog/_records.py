@@ -230,6 +230,8 @@ class Topic(_Record, tag="topic"):
     created_at_ms: int
     creator: str = ""  # the principal that created it ("" in older catalogs): may delete an
     # ingest topic it created
+    published: bool = False  # some publisher has published it: a later run starts an epoch
+    epoch: int = 0  # the epoch of its owner's latest run (DESIGN §5 "Epochs")
 
     @property
     def topic_name(self) -> TopicName:
@@ -245,11 +247,16 @@ class Publication(_Record, tag="publication", omit_defaults=True):
     those holding it (sorted); it leaves when the last lets go or the query ends. Empty for
     other publishers, and in records written before processes were counted (last, with a
     default: older catalogs load; such a record leaves at the first process's unpublish).
-    Encoded without `processes` when empty, so those records keep their bytes."""
+    Encoded without `processes` (and `epoch`) when empty, so those records keep their
+    bytes."""
 
     topic_id: int
     publisher: Party
     processes: tuple[int, ...] = ()
+    # The epoch its writers start when they reopen the topic's partitions (DESIGN §5
+    # "Epochs"): 0 for the topic's first publication, else the catalog version that created
+    # it, so a later run's epoch is higher than every earlier one's.
+    epoch: int = 0
 
 
 class Subscription(_Record, tag="subscription"):

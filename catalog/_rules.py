@@ -562,7 +562,7 @@ def _partitions_dropped(catalog: Catalog, txn: Txn, cmd: PartitionsDropped) -> N
 
 
 def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
-    topic = catalog.topic(cmd.topic_id)
+    stored = topic = catalog.topic(cmd.topic_id)
     _require_party(cmd.publisher)
     _require_live(catalog, cmd.publisher)
     if not publishes_as_owner(catalog, cmd.publisher, topic):
@@ -573,7 +573,6 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
         successor = successor_owner(catalog, cmd.publisher)
         assert successor is not None
         topic = msgspec.structs.replace(topic, owner=successor)
-        txn.replace("topics", catalog.topic(cmd.topic_id), topic)
     process = _process_of(catalog, cmd.publisher, cmd.process)
     current = _publication(catalog, topic.topic_id, cmd.publisher)
     if current is not None and (process is None or not current.processes
@@ -586,7 +585,23 @@ def _publish(catalog: Catalog, txn: Txn, cmd: Publish) -> None:
     if current is not None:
         txn.retract("publications", current)
         held = tuple(sorted((*current.processes, *held)))
-    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher, processes=held)
+        epoch = current.epoch
+    elif not topic.published:
+        epoch = 0  # the topic's first run
+        topic = msgspec.structs.replace(topic, published=True)
+    elif isinstance(cmd.publisher, QueryRef) and stored.owner == cmd.publisher:
+        # A process of the query whose run this is, after its publication had lapsed (its
+        # other processes closed first): the run's epoch, not a new one.
+        epoch = stored.epoch
+    else:
+        # A later run: its writers start a new epoch (DESIGN §5 "Epochs"), numbered by this
+        # change's catalog version, above every earlier run's.
+        epoch = catalog.version + 1
+        topic = msgspec.structs.replace(topic, epoch=epoch)
+    if topic != stored:
+        txn.replace("topics", stored, topic)
+    publication = Publication(topic_id=topic.topic_id, publisher=cmd.publisher, processes=held,
+                              epoch=epoch)
     txn.insert("publications", publication)
     txn.created = publication
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from catalog import (
     INGEST,
     AddUser,
@@ -35,6 +37,7 @@ from catalog import (
     PrincipalKind,
     PrincipalRef,
     ProcessExited,
+    Publication,
     Query,
     QueryEndedError,
     QueryRef,
@@ -273,10 +276,13 @@ def _process(state: CoordinatorState, session_id: int) -> int | None:
 def publish(state: CoordinatorState, req: m.Publish, call: Call) -> m.TopicInfo:
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, 0, req.session_id)
-    state.apply(PublishCommand(topic_id=topic.topic_id, publisher=party,
-                               process=_process(state, req.session_id)), call.now,
-                call.wall_ms)
-    return _topic_info(state, topic)
+    change = state.apply(PublishCommand(topic_id=topic.topic_id, publisher=party,
+                                        process=_process(state, req.session_id)), call.now,
+                         call.wall_ms)
+    info = _topic_info(state, state.catalog.topic(topic.topic_id))
+    publication = change.created
+    assert isinstance(publication, Publication)
+    return msgspec.structs.replace(info, epoch=publication.epoch)
 
 
 def unpublish(state: CoordinatorState, req: m.Unpublish, call: Call) -> m.Done:

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from catalog import SessionKind, TopicKind
 from catalog.errors import UserError
 from querylib.cluster import Cluster
@@ -69,7 +71,8 @@ class Context:
         kind = TopicKind(kind)
         partitions = partition_count(partition, env.processes, env.workers)
         info = self.runtime.join_topic(name, partitions, type_tag(codec, record_type), kind)
-        self.runtime.add_publication(info.topic.name)
+        epoch = self.runtime.add_publication(info.topic.name)
+        info = msgspec.structs.replace(info, epoch=epoch)
         try:
             return Publisher(self.runtime, self.worker, info, partition, codec)
         except BaseException:

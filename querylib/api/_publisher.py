@@ -40,10 +40,11 @@ _BATCH_RECORDS = 8000
 class Publisher:
     """Records of one worker into a topic. Use as a context manager, or call close().
 
-    `resumed_at` is the logical time the topic had reached when this publisher joined it (0
-    for a new topic): a program run again appends after what its earlier run published, so it
-    sends at `resumed_at + t` (times below it are refused: readers were promised nothing
-    earlier comes)."""
+    A program run again appends to what its earlier run published, in a new `epoch` (DESIGN
+    §5 "Epochs"): its times start again at 0, and readers order times by (epoch, time).
+    `resumed_at` is the time this publisher starts at: 0, unless it joined a stream another
+    writer of the topic still writes (then the frontier that stream reached; times below it
+    are refused: its readers were promised nothing earlier comes)."""
 
     def __init__(self, runtime: Runtime, worker: int, info: TopicInfo,
                  partitioning: Partitioning, serde: Serde) -> None:
@@ -65,16 +66,17 @@ class Publisher:
             self._own = Producer(address_of(info, self.partition), self.name, self.partition,
                                  secret=runtime.secret, batch_records=_BATCH_RECORDS,
                                  incarnation=incarnation_of(info),
-                                 reopen=True,
+                                 reopen=True, epoch=info.epoch,
                                  locate=runtime.locator(self.name, self.partition))
         else:
             self.partition = 0
             self._shared = runtime.shared(info)
             self._shared.ready()
-        # A topic published before (by an earlier run, or by this query before it closed it)
-        # goes on from the time its stream reached: its readers were promised that nothing
-        # earlier comes (DESIGN §3 "Ownership": re-running appends).
+        # A topic published before by an earlier run: this run appends in a new epoch,
+        # from time 0. One that another writer still writes goes on from the time its stream
+        # reached: its readers were promised that nothing earlier comes (DESIGN §5 "Epochs").
         self.resumed_at = self._own.frontier if self._own is not None else self._shared.joined
+        self.epoch = self._own.epoch if self._own is not None else self._shared.epoch
         self.frontier = self.resumed_at
 
     def send(self, time: int, records: Iterable[Any]) -> None:
@@ -140,9 +142,8 @@ class Publisher:
     def _too_early(self, time: int) -> str:
         if self.resumed_at and self.frontier == self.resumed_at:
             return (f"time {time} is below time {self.resumed_at}, which topic {self.name!r} "
-                    "reached when it was published before: appending to it goes on from "
-                    "there (send at `publisher.resumed_at + t`), or publish to another topic, "
-                    f"or delete it first (tq topic delete {self.name})")
+                    "had reached when this publisher joined the writers it still has: send "
+                    "at `publisher.resumed_at + t`, or publish to another topic")
         return f"time {time} is below the frontier {self.frontier} of this publisher of " \
                f"{self.name!r}"
 

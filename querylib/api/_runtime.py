@@ -52,6 +52,7 @@ class Runtime:
         self.env = env
         self._lock = threading.Lock()
         self._publications: dict[str, int] = {}
+        self._epochs: dict[str, int] = {}  # of this process's publications
         self._subscriptions: dict[str, int] = {}
         self._shared: dict[str, SharedPartitions] = {}
         self._opened: dict[str, int] = {}  # topic -> SharedPartitions made for it so far
@@ -93,15 +94,18 @@ class Runtime:
                             f"publication needs {partitions}{anew}")
         return info
 
-    def add_publication(self, name: str) -> None:
+    def add_publication(self, name: str) -> int:
+        """Publish `name` (once per process); returns the epoch its writers start (DESIGN §5
+        "Epochs")."""
         with self._lock:
             count = self._publications.get(name, 0)
             if count == 0:
                 try:
-                    self.cluster.publish(name)
+                    self._epochs[name] = self.cluster.publish(name).epoch
                 except AlreadyPublishedError:
-                    pass  # a catalog from before per-process holders: the query holds it
+                    self._epochs[name] = 0  # a catalog from before per-process holders
             self._publications[name] = count + 1
+            return self._epochs.get(name, 0)
 
     def remove_publication(self, name: str) -> None:
         with self._lock:
@@ -210,6 +214,7 @@ class SharedPartitions:
         self._open = set(range(workers))
         self._frontier = 0
         self.joined = 0  # the frontier its partitions had when this process opened them
+        self.epoch = 0  # and their epoch
         self.producers: dict[int, Producer] = {}
 
     def ready(self) -> None:
@@ -229,10 +234,12 @@ class SharedPartitions:
                         address_of(self.info, p), topic.short_name, p,
                         secret=self.runtime.secret, group=self.group,
                         incarnation=incarnation_of(self.info), reopen=True,
+                        epoch=self.info.epoch,
                         locate=self.runtime.locator(topic.short_name, p))
                 # The time the topic's stream reached (an earlier run's, when it was published
                 # before): this process's workers go on from there.
                 self.joined = max(p.frontier for p in self.producers.values())
+                self.epoch = max(p.epoch for p in self.producers.values())
                 self._frontier = self.joined
             except BaseException as exc:
                 self._error = exc

@@ -71,7 +71,9 @@ class _Source:
     partitions: list[int]
     subscriber: Subscriber | None = None
     frontier: int = 0
+    epoch: int = 0  # of `frontier`: times order by (epoch, time) (DESIGN §5 "Epochs")
     ended: bool = False
+    ended_epoch: int = 0  # the earliest epoch one of its partitions ended in
     thread: threading.Thread | None = None
     start: Any = "earliest"
     pending: list[Data] = field(default_factory=list)
@@ -108,6 +110,7 @@ class Subscription:
         self._sources: list[_Source] = []
         self._names: list[str] = []
         self._published: int | None = None
+        self._published_epoch = 0
         self._ended = False
         self._head: list[Any] = []
         self._direct: _Source | None = None  # the one source read on the caller's thread
@@ -195,6 +198,7 @@ class Subscription:
                 source = _Source(info, address, mine, start=start)
                 source.subscriber = self._follow(source)
                 source.frontier = source.subscriber.frontier or 0
+                source.epoch = source.subscriber.epoch
                 source.thread = threading.Thread(target=self._pump, args=(source,),
                                                  name=f"tq-subscription {address}", daemon=True)
                 added.append(source)
@@ -284,21 +288,24 @@ class Subscription:
     def _open(self) -> None:
         snapshot: dict[bytes, int] = {}
         collections = [s for s in self._sources if s.info.topic.kind == TopicKind.COLLECTION]
-        low: int | None = None
+        low: tuple[int, int] | None = None
         for source in collections:
             f0 = self._read_stored(source, snapshot)
             low = f0 if low is None else min(low, f0)
         if collections:
             assert low is not None
-            self._head.append(Snapshot(low, [(decode_value(self.serde, b), c)
-                                             for b, c in snapshot.items() if c != 0]))
+            self._head.append(Snapshot(low[1], [(decode_value(self.serde, b), c)
+                                                for b, c in snapshot.items() if c != 0],
+                                       low[0]))
             for source in collections:
                 self._head.extend(source.pending)
         for source in self._sources:
             source.subscriber = self._follow(source)
             if source not in collections:
                 source.frontier = source.subscriber.frontier or 0
-        self._published = min(s.frontier for s in self._sources)
+                source.epoch = source.subscriber.epoch
+        self._published_epoch, self._published = min((s.epoch, s.frontier)
+                                                      for s in self._sources)
         if all(s.ended for s in self._sources):  # only collections that ended
             self._head.append(EndOfStream())
             self._ended = True
@@ -323,9 +330,10 @@ class Subscription:
                           credit=_CREDIT, incarnation=incarnation_of(source.info),
                           locate=self.runtime.locator(name, source.partitions[0]))
 
-    def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> int:
+    def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> tuple[int, int]:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
-        keep later ones as diffs. Returns that frontier; the follower resumes after it."""
+        keep later ones as diffs. Returns that (epoch, frontier); the follower resumes after
+        it."""
         stored: list[RawData] = []
         name = source.info.topic.short_name
         with Subscriber(source.address, name, source.partitions,
@@ -341,16 +349,16 @@ class Subscription:
                     source.ended = True
             # The frontier after replaying the stored control batches: all data below it
             # was stored before it, so the snapshot below it is complete.
-            f0 = sub.frontier or 0
+            f0 = (sub.epoch, sub.frontier or 0)
             source.start = sub.positions
         for event in stored:
-            if event.time is not None and event.time < f0:
+            if event.time is not None and (event.epoch, event.time) < f0:
                 for r in event.records:
                     key = r.value or b""
                     snapshot[key] = snapshot.get(key, 0) + _diff_of(r)
             else:
                 source.pending.append(self._decode(event))
-        source.frontier = f0
+        source.epoch, source.frontier = f0
         return f0
 
     def _pump(self, source: _Source) -> None:
@@ -377,14 +385,19 @@ class Subscription:
         serde = self.serde
         if isinstance(event, Values):  # a stream topic: values only
             return Data(event.time, decode_values(serde, event.values, nulls=event.nulls),
-                        event.partition)
+                        event.partition, event.epoch)
         records = [(decode_value(serde, r.value or b""), _diff_of(r)) for r in event.records]
-        return Data(event.time, records, event.partition)
+        return Data(event.time, records, event.partition, event.epoch)
 
     @property
     def frontier(self) -> int | None:
         """The merged frontier as of the last event handed out."""
         return self._published
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of `frontier` (DESIGN §5 "Epochs")."""
+        return self._published_epoch
 
     def next_event(self, timeout: float | None = None) -> Any:
         """The next event, or None after `timeout` seconds (or after EndOfStream)."""
@@ -433,11 +446,16 @@ class Subscription:
             source.ended = False
             return self._decode(event)
         if isinstance(event, RawProgress):
-            source.frontier = max(source.frontier, event.frontier)
+            source.epoch, source.frontier = max((source.epoch, source.frontier),
+                                                (event.epoch, event.frontier))
         elif isinstance(event, RawEnd):
             source.ended = True
+            source.ended_epoch = event.epoch
         with self._lock:
-            live = [s.frontier for s in self._sources if not s.ended]
+            live = [(s.epoch, s.frontier) for s in self._sources if not s.ended]
+            # A source that ended in an earlier epoch may yet start this one (FrontierMerge).
+            held = any(s.ended and s.ended_epoch < min(live)[0] for s in self._sources) \
+                if live else False
             holding = bool(self._sources)
         if not live:
             if not holding:
@@ -447,9 +465,11 @@ class Subscription:
             self._ended = self.member is None
             return EndOfStream()
         low = min(live)
-        if self._published is None or low > self._published:
-            self._published = low
-            return Progress(low)
+        if held:
+            return None
+        if self._published is None or low > (self._published_epoch, self._published):
+            self._published_epoch, self._published = low
+            return Progress(low[1], low[0])
         return None
 
     def __iter__(self) -> Iterator[Any]:

@@ -113,7 +113,8 @@ class Producer:
 
     `send` batches records (`batch_records`, `batch_bytes`, or after `linger` seconds); a
     failure of an earlier batch is raised by a later call. It writes as the principal of
-    `secret` (DESIGN §12); `reopen`: go on writing a partition whose stream ended.
+    `secret` (DESIGN §12); `reopen`: go on writing a partition whose stream ended, in a new
+    `epoch` when that is above the partition's (DESIGN §5 "Epochs").
     Idempotent unless told otherwise: a batch sent again after a reconnect is stored once
     (see ProducerCore).
     """
@@ -124,7 +125,7 @@ class Producer:
                  create: bool = True, group: WriterGroup | None = None,
                  incarnation: Incarnation | None = None, reopen: bool = False,
                  idempotent: bool = True, locate: Callable[[], str | None] | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -147,7 +148,7 @@ class Producer:
         try:
             self.link, self.core = self._thread.call(self._open(
                 lambda: BrokerLink(address, secret, **link_options),
-                topic, partition, create, group, reopen, incarnation, idempotent))
+                topic, partition, create, group, reopen, incarnation, idempotent, epoch))
         except BaseException:
             self._thread.stop()
             raise
@@ -155,12 +156,12 @@ class Producer:
     @staticmethod
     async def _open(make_link: Callable[[], BrokerLink], topic: str, partition: int,
                     create: bool, group: WriterGroup | None, reopen: bool,
-                    incarnation: Incarnation | None,
-                    idempotent: bool) -> tuple[BrokerLink, ProducerCore]:
+                    incarnation: Incarnation | None, idempotent: bool,
+                    epoch: int) -> tuple[BrokerLink, ProducerCore]:
         link = make_link()  # on the loop thread, where it runs
         await link.start()
         core = ProducerCore(link, topic, partition, create=create, group=group, reopen=reopen,
-                            incarnation=incarnation, idempotent=idempotent)
+                            incarnation=incarnation, idempotent=idempotent, epoch=epoch)
         try:
             await core.open()
         except BaseException:
@@ -177,6 +178,11 @@ class Producer:
     @property
     def frontier(self) -> int:
         return self.core.frontier
+
+    @property
+    def epoch(self) -> int:
+        """The partition's epoch when we joined it (DESIGN §5 "Epochs")."""
+        return self.core.joined_epoch
 
     @property
     def last_acked(self) -> Any:
@@ -430,6 +436,11 @@ class Subscriber:
     def frontier(self) -> int | None:
         """The frontier (minimum over the partitions) as of the last event handed out."""
         return self.decoder.merge.published if self.decoder.merge else None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of `frontier` (DESIGN §5 "Epochs")."""
+        return self.decoder.merge.published_epoch if self.decoder.merge else 0
 
     def next_chunk(self, timeout: float | None = None) -> Chunk | None:
         """The next delivered chunk of raw batches (for tools that want bytes, not events);

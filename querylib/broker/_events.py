@@ -78,6 +78,7 @@ class OpenProducer(msgspec.Struct, frozen=True):
     create: bool = True
     create_topic: bool = False
     reopen: bool = False
+    epoch: int = 0  # with `reopen`: the run it writes for, a new epoch if above the partition's
     # The catalog's topic incarnation the writer named (an opaque `Incarnation`, or None):
     # only carried to the OpenPartition it may cause (DESIGN §11 "Topic incarnations").
     incarnation: Any = None
@@ -224,6 +225,8 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     # Idempotent batches of the log's tail, oldest first: (producer id, epoch, first sequence,
     # last sequence, base offset, next offset); see _producer_state.
     producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
+    epoch: int = 0  # of `frontier`
+    epoch_since: int = 0  # the offset from which `epoch` is known to hold
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

@@ -16,6 +16,14 @@ Rules:
   explicitly (`reopen`): then the stream goes on from the published frontier and the broker
   appends a REOPEN control batch (`StreamReopened`), so readers and recovery see the end was
   superseded.
+- Epochs (DESIGN §5 "Epochs"). A reopening writer may name an `epoch` (a later run of the
+  topic's publisher: the catalog numbers runs, increasing). When it is above the partition's
+  epoch and nobody writes the partition (no live producer, no writer group waiting), a new
+  epoch starts: the frontier goes back to 0, remembered groups are forgotten, and the REOPEN
+  batch carries the epoch, as every FRONTIER batch of the epoch does after it. Readers order
+  times by (epoch, time), so the frontier they were promised still holds. A writer naming no
+  higher epoch (a rejoin, a second writer of the same run, a writer of a live stream) joins
+  the current epoch at its frontier.
 - Writer groups (collective publications: every process of a query writes the partition). A
   producer may join as writer `w` of group `g` expecting `n` distinct writers. Until `n`
   distinct writer names of `g` have joined, the group is pending: the published frontier stays
@@ -59,6 +67,7 @@ MAX_WRITERS = 4096
 @dataclass(frozen=True, slots=True)
 class FrontierAdvanced:
     frontier: int
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +77,7 @@ class StreamEnded:
 
 @dataclass(frozen=True, slots=True)
 class StreamReopened:
-    pass
+    epoch: int = 0  # the epoch it starts, or 0: the stream goes on in its epoch
 
 
 FrontierEvent = FrontierAdvanced | StreamEnded | StreamReopened
@@ -124,9 +133,10 @@ class PartitionFrontier:
     """Tracks the live producers of one partition and the frontier they jointly allow."""
 
     def __init__(self, frontier: int = 0, *, ended: bool = False, max_groups: int = 64,
-                 groups: Iterable[SavedGroup] = ()) -> None:
+                 groups: Iterable[SavedGroup] = (), epoch: int = 0) -> None:
         self._published = frontier
         self._ended = ended
+        self._epoch = epoch
         self._producers: dict[str, int] = {}
         self._groups: dict[str, _Group] = {    # insertion order: oldest first
             g.name: _Group(g.writers, set(g.joined), ended=set(g.joined)) for g in groups}
@@ -143,6 +153,11 @@ class PartitionFrontier:
     @property
     def ended(self) -> bool:
         return self._ended
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the frontier belongs to (0 until a later run starts one)."""
+        return self._epoch
 
     @property
     def producers(self) -> dict[str, int]:
@@ -181,17 +196,27 @@ class PartitionFrontier:
             self._revision += 1
 
     def join(self, producer: str, group: str = "", writer: str = "", writers: int = 0, *,
-             rejoin: bool = False, reopen: bool = False) -> list[FrontierEvent]:
+             rejoin: bool = False, reopen: bool = False, epoch: int = 0
+             ) -> list[FrontierEvent]:
         """A producer starts writing; it begins at the published frontier. With a `group`, it
         is `writer` of a group of `writers` (see the module rules). Returns StreamReopened if
-        it reopened an ended stream, and what forgetting an old pending group to make room
-        released. StreamEndedError if the stream ended and `reopen` is off."""
+        it reopened an ended stream or started epoch `epoch`, and what forgetting an old
+        pending group to make room released. StreamEndedError if the stream ended and
+        `reopen` is off."""
         if producer in self._producers:
             return []
         if self._ended and not reopen:
             raise StreamEndedError("the stream of this partition ended; nothing more may be "
                                    "written unless its owner reopens it")
-        events: list[FrontierEvent] = [StreamReopened()] if self._ended else []
+        events: list[FrontierEvent] = []
+        if reopen and epoch > self._epoch and not self._producers and not self.held:
+            events.append(StreamReopened(epoch))
+            self._epoch, self._published = epoch, 0
+            self._groups.clear()
+            self._group_of.clear()
+            self._touch()
+        elif self._ended:
+            events.append(StreamReopened())
         if group:
             events += self._join_group(producer, group, writer, writers, rejoin)
             self._touch()
@@ -321,5 +346,5 @@ class PartitionFrontier:
         low = min(self._producers.values())
         if low > self._published:
             self._published = low
-            return [FrontierAdvanced(low)]
+            return [FrontierAdvanced(low, self._epoch)]
         return []

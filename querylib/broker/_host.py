@@ -18,6 +18,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
@@ -28,7 +29,8 @@ from querylib.records import (
     ControlType,
     control_of,
     decode_batch,
-    decode_int64,
+    decode_frontier,
+    decode_reopen,
     read_header,
 )
 from querylib.records._header import ATTRIBUTES_OFFSET
@@ -190,6 +192,8 @@ class OpenedPartition:
     ended: bool
     incarnation: Incarnation | None = None
     producers: tuple[ProducerMark, ...] = ()
+    epoch: int = 0  # of `frontier`
+    epoch_since: int = 0  # the offset from which `epoch` is known to hold
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -213,12 +217,12 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
         if incarnation is not None and held is None:
             write_incarnation(path, pid, incarnation)
             held = incarnation
-        frontier, ended = recover_frontier(log)
+        frontier, ended, epoch, since = recover_frontier(log)
         producers = recover_producers(log, producer_scan_bytes)
     except BaseException:
         log.close()
         raise
-    return OpenedPartition(log, frontier, ended, held, producers)
+    return OpenedPartition(log, frontier, ended, held, producers, epoch, since)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
@@ -255,10 +259,19 @@ def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark,
     return tuple(mark for found in reversed(windows) for mark in found)
 
 
-def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
-    """(frontier, ended) as the log last recorded them: the value of the last FRONTIER control
-    record (0 if none), and whether the log ends with an END_OF_STREAM record (no data, and no
-    REOPEN, after it).
+class RecoveredFrontier(NamedTuple):
+    frontier: int
+    ended: bool
+    epoch: int
+    epoch_since: int = 0  # the epoch is known to hold from this offset on
+
+
+def recover_frontier(log: PartitionLog) -> RecoveredFrontier:
+    """(frontier, ended, epoch, epoch_since) as the log last recorded them: the frontier and
+    epoch of the last FRONTIER control record, or 0 and its epoch after a REOPEN record that
+    started an epoch (0, 0 if neither), whether the log ends with an END_OF_STREAM record (no
+    data, and no REOPEN, after it), and the offset of the record that told the epoch (from
+    there on it holds; epoch 0, the first, holds from the start).
 
     Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
     forwards, so a log whose last frontier is recent costs a small read however large it is.
@@ -268,19 +281,23 @@ def recover_frontier(log: PartitionLog) -> tuple[int, bool]:
     ended: bool | None = None  # decided by the last batch of the log
     while hi > start:
         lo = max(start, hi - window)
-        frontier = None
+        found: tuple[int, int, int] | None = None
         last: ControlType | None | str = "none"
-        for kind, value in _batches(log, lo, hi):
+        for kind, value, offset in _batches(log, lo, hi):
             last = kind
             if kind == ControlType.FRONTIER:
-                frontier = value
+                assert value is not None
+                found = (*value, offset)
+            elif kind == ControlType.REOPEN and value is not None:
+                found = (0, value[1], offset)  # a new epoch starts at frontier 0
         if ended is None and last != "none":
             ended = last == ControlType.END_OF_STREAM
-        if frontier is not None:
-            return frontier, bool(ended)
+        if found is not None:
+            frontier, epoch, offset = found
+            return RecoveredFrontier(frontier, bool(ended), epoch, offset if epoch else 0)
         hi = lo
         window *= 4
-    return 0, bool(ended)
+    return RecoveredFrontier(0, bool(ended), 0)
 
 
 def _walk(log: PartitionLog, lo: int,
@@ -316,21 +333,25 @@ def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader,
             yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
 
 
-def _batches(log: PartitionLog, lo: int,
-             hi: int) -> Iterator[tuple[ControlType | None, int | None]]:
-    """(control type or None for data, frontier value or None) of each batch in [lo, hi); a
+def _batches(log: PartitionLog, lo: int, hi: int
+             ) -> Iterator[tuple[ControlType | None, tuple[int, int] | None, int]]:
+    """(control type or None for data, value, base offset) of each batch in [lo, hi): a
+    FRONTIER's (frontier, epoch), a REOPEN's (0, epoch) when it starts an epoch, else None. A
     damaged range counts as data (what it held is unknown: it ends no stream)."""
     for found in _walk(log, lo, hi):
         if found is None:
-            yield None, None
+            yield None, None, -1
             continue
         data, pos, header = found
         if not data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            yield None, None
+            yield None, None, header.base_offset
             continue
         for record in decode_batch(data[pos:pos + header.size], verify_crc=False).records:
             kind, value = control_of(record)
             if kind == ControlType.FRONTIER:
-                yield kind, decode_int64(value)
-            elif kind in (ControlType.END_OF_STREAM, ControlType.REOPEN):
-                yield kind, None
+                yield kind, decode_frontier(value), header.base_offset
+            elif kind == ControlType.REOPEN:
+                epoch = decode_reopen(value)
+                yield kind, (0, epoch) if epoch else None, header.base_offset
+            elif kind == ControlType.END_OF_STREAM:
+                yield kind, None, header.base_offset

@@ -97,6 +97,7 @@ class PartitionInfo(Reply, tag="broker.partition.info"):
     frontier: int           # last published frontier
     ended: bool             # the last control record is end-of-stream
     size: int = 0           # bytes of its log on disk (set by broker.partitions; 0 elsewhere)
+    epoch: int = 0          # the epoch of `frontier` (DESIGN §5 "Epochs")
 
 
 class PartitionList(Reply, tag="broker.partition.list"):
@@ -107,6 +108,7 @@ class ProducerOpened(Reply, tag="broker.producer.opened"):
     log_end: int
     frontier: int           # the producer starts here; it may not advance below it
     window: int
+    epoch: int = 0          # the epoch of `frontier` (DESIGN §5 "Epochs")
 
 
 class Produced(Reply, tag="broker.produced"):
@@ -120,6 +122,7 @@ class Subscribed(Reply, tag="broker.subscribed"):
     log_end: int
     frontier: int | None    # the frontier in force at `offset` when the broker knows it
     ended: bool             # end-of-stream is in force at `offset`
+    epoch: int = 0          # the epoch of `frontier`
 
 
 # --------------------------------------------------------------------------- requests
@@ -179,6 +182,7 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     topic_created_ms: int = 0
     create_topic: bool = False  # the broker's directory may register an unknown topic (ingest)
     reopen: bool = False     # go on writing a partition whose stream ended
+    epoch: int = 0           # with reopen: the run this writes for; a higher one starts an epoch
     # With `rejoin`, an idempotent producer says what it may send again: its id, the
     # sequence of the last record it sent (-1: none), whether it sent its end of stream.
     producer_id: int = -1

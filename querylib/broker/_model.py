@@ -70,6 +70,8 @@ class PartitionState(msgspec.Struct):
     frontier: PartitionFrontier
     visible_frontier: int       # the frontier in force at visible_end
     visible_ended: bool
+    visible_epoch: int = 0      # the epoch of visible_frontier
+    epoch_since: int = 0        # the offset from which visible_epoch is known to hold
     inflight: deque[Pending] = msgspec.field(default_factory=deque)   # Append sent, not completed
     unflushed: deque[Pending] = msgspec.field(default_factory=deque)  # completed, not yet durable
     subs: dict[int, Subscription] = msgspec.field(default_factory=dict)

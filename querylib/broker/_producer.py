@@ -107,7 +107,7 @@ class ProducerCore:
     def __init__(self, link: SessionLink, topic: str, partition: int, *, create: bool = True,
                  max_in_flight: int = 64, group: WriterGroup | None = None,
                  reopen: bool = False, incarnation: Incarnation | None = None,
-                 idempotent: bool = True) -> None:
+                 idempotent: bool = True, epoch: int = 0) -> None:
         self.link = link
         self.topic = topic
         self.partition = partition
@@ -115,10 +115,12 @@ class ProducerCore:
         self.incarnation = incarnation  # the catalog's topic, when known
         self.group = group
         self.reopen = reopen  # go on writing a partition whose stream ended
+        self.epoch = epoch  # with reopen: the run we write for (DESIGN §5 "Epochs")
         self.max_in_flight = max_in_flight
         self.producer_id = new_producer_id() if idempotent else -1
         self.window = CreditWindow(0)
         self.frontier = 0           # this producer's own frontier
+        self.joined_epoch = 0       # the partition's epoch when we joined it
         self.last_acked: Produced | None = None
         self.acked_batches = 0
         self.resent = 0             # requests sent again after a reconnect
@@ -139,6 +141,7 @@ class ProducerCore:
         reply = await self.link.request(self._open_request(rejoin=False))
         self.window = CreditWindow(reply.window)
         self.frontier = max(self.frontier, reply.frontier)
+        self.joined_epoch = reply.epoch
         self._acked_frontier = self.frontier
         self._room.set()
         self.link.on_reopen.append(self._rejoin)
@@ -231,7 +234,8 @@ class ProducerCore:
             resend |= {"group": group.name, "writer": group.writer, "writers": group.writers}
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
-                                   reopen=self.reopen, topic_id=topic.topic_id,
+                                   reopen=self.reopen, epoch=self.epoch,
+                                   topic_id=topic.topic_id,
                                    topic_created_ms=topic.created_ms, **resend)
 
     def _ending(self) -> bool:
@@ -405,13 +409,13 @@ class AsyncProducer:
                  create: bool = True, group: WriterGroup | None = None,
                  reopen: bool = False, incarnation: Incarnation | None = None,
                  idempotent: bool = True, locate: Locate | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
         self.link = open_link(broker, secret=secret, principal=principal, lease=lease,
                               timeout=timeout, locate=locate,
                               reconnect_timeout=reconnect_timeout)
         self.core = ProducerCore(self.link, topic, partition, create=create, group=group,
                                  reopen=reopen, incarnation=incarnation,
-                                 idempotent=idempotent)
+                                 idempotent=idempotent, epoch=epoch)
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger

@@ -315,7 +315,8 @@ class BrokerServer:
                                        self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
-                                   groups, opened.producers))
+                                   groups, opened.producers, opened.epoch,
+                                   opened.epoch_since))
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 
@@ -701,6 +702,7 @@ class BrokerServer:
             return await self._call(peer, req.session, lambda t: OpenProducer(
                 t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
                 create=req.create, create_topic=req.create_topic, reopen=req.reopen,
+                epoch=req.epoch,
                 incarnation=incarnation, producer_id=req.producer_id,
                 last_sequence=req.last_sequence, ending=req.ending))
 

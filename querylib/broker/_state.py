@@ -99,10 +99,10 @@ from ._state_groups import WriterGroupRules
 from ._state_subscriptions import SubscriptionRules
 
 
-def _encode_frontier(frontier: int, timestamp: int) -> bytes:
+def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
     from querylib.records import frontier_batch
 
-    return frontier_batch(frontier, timestamp=timestamp)
+    return frontier_batch(frontier, timestamp=timestamp, epoch=epoch)
 
 
 def _encode_end(timestamp: int) -> bytes:
@@ -111,10 +111,10 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
-def _encode_reopen(timestamp: int) -> bytes:
+def _encode_reopen(timestamp: int, epoch: int = 0) -> bytes:
     from querylib.records import reopen_batch
 
-    return reopen_batch(timestamp=timestamp)
+    return reopen_batch(timestamp=timestamp, epoch=epoch)
 
 
 class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
@@ -123,9 +123,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     writer-group rules (exits of query processes, saving pending groups) in `_state_groups`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
-                 encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
+                 encode_frontier: Callable[[int, int, int], bytes] = _encode_frontier,
                  encode_end: Callable[[int], bytes] = _encode_end,
-                 encode_reopen: Callable[[int], bytes] = _encode_reopen,
+                 encode_reopen: Callable[[int, int], bytes] = _encode_reopen,
                  stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
         """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
         log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
@@ -200,7 +200,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         part = self._partition(pid)
         return PartitionInfo(topic=pid[0], partition=pid[1], log_start=part.log_start,
                              log_end=part.visible_end, frontier=part.visible_frontier,
-                             ended=part.visible_ended)
+                             ended=part.visible_ended, epoch=part.visible_epoch)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -299,8 +299,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
                                        max_groups=self.limits.max_writer_groups,
-                                       groups=ev.groups),
-            visible_frontier=ev.frontier, visible_ended=ev.ended,
+                                       groups=ev.groups, epoch=ev.epoch),
+            visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
+            epoch_since=ev.epoch_since,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
         self.partitions[ev.partition].producers.learn_all(ev.producers)
         return self._partition_ready(ev.partition)
@@ -356,12 +357,14 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             session.resending.add(ev.partition)
             return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
                                                    frontier=part.frontier.frontier,
-                                                   window=self.limits.producer_window))]
+                                                   window=self.limits.producer_window,
+                                                   epoch=part.frontier.epoch))]
         session.resending.discard(ev.partition)
         before = part.frontier.revision
         try:
             released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
-                                          rejoin=ev.rejoin, reopen=ev.reopen)
+                                          rejoin=ev.rejoin, reopen=ev.reopen,
+                                          epoch=ev.epoch)
         except StreamEndedError:
             raise StreamEndedError(
                 f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
@@ -369,7 +372,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 "explicitly") from None
         session.producing.add(ev.partition)
         reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
-                               window=self.limits.producer_window)
+                               window=self.limits.producer_window, epoch=part.frontier.epoch)
         out = self._controls(part, released, None, None, None)
         if ev.group:
             out += self._settle_known(part, ev.group)
@@ -486,9 +489,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         out: list[Instruction] = []
         for event in events:
             if isinstance(event, FrontierAdvanced):
-                batch = self._encode_frontier(event.frontier, self.wall_ms)
+                batch = self._encode_frontier(event.frontier, self.wall_ms, event.epoch)
             elif isinstance(event, StreamReopened):
-                batch = self._encode_reopen(self.wall_ms)
+                batch = self._encode_reopen(self.wall_ms, event.epoch)
             else:
                 batch = self._encode_end(self.wall_ms)
             cost = self.limits.control_cost if session is not None else 0
@@ -569,10 +572,14 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                                                          next_offset=entry.next)))
             if isinstance(entry.control, FrontierAdvanced):
                 part.visible_frontier, part.visible_ended = entry.control.frontier, False
+                part.visible_epoch = entry.control.epoch
             elif isinstance(entry.control, StreamEnded):
                 part.visible_ended = True
             elif isinstance(entry.control, StreamReopened):
                 part.visible_ended = False
+                if entry.control.epoch:  # a new epoch: its frontier starts at 0
+                    part.visible_frontier, part.visible_epoch = 0, entry.control.epoch
+                    part.epoch_since = entry.base
             elif entry.control is None:
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
         # Durable data is visible up to the first append not yet durable. (At open, the log

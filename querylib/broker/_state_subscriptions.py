@@ -95,9 +95,12 @@ class SubscriptionRules:
         part.subs[serial] = sub
         session.subs[ev.sub_id] = serial
         at_end = offset == part.visible_end
+        # The epoch in force at `offset`, when known: the current one from where it is known
+        # to hold (DESIGN §5 "Epochs"); before that the reader learns it from the log.
+        epoch = part.visible_epoch if offset >= part.epoch_since else 0
         reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.visible_end,
                            frontier=part.visible_frontier if at_end else None,
-                           ended=part.visible_ended and at_end)
+                           ended=part.visible_ended and at_end, epoch=epoch)
         return [Reply(ev.token, reply), *self._pump(sub)]
 
     def _grant(self, ev: GrantCredit) -> list[Instruction]:

@@ -4,8 +4,10 @@ Events: `Data(time, records)` for a run of records with the same logical time (t
 header; None when a record has none; `Values(time, values)` instead for a subscriber that asked
 for values only, decoded a run at a time by `querylib.records.value_runs`),
 `Progress(frontier)` when the frontier over the subscribed partitions (their minimum) advances,
-and `EndOfStream` once every subscribed partition has ended. Pure: bytes in, events out; the
-subscriber shells do the I/O.
+and `EndOfStream` once every subscribed partition has ended. Each carries the `epoch` it belongs
+to (DESIGN §5 "Epochs": a later run of a topic's publisher starts its times again at 0 in a
+higher epoch); times are ordered by (epoch, time), and the frontier only moves forward so.
+Pure: bytes in, events out; the subscriber shells do the I/O.
 
 Producers build their batches here too (`encode_records`, and `encode_runs` for runs of
 values sharing a time), so the header conventions live in one place.
@@ -26,7 +28,9 @@ from querylib.records import (
     Record,
     control_of,
     decode_batch,
+    decode_frontier,
     decode_int64,
+    decode_reopen,
     encode_batch,
     encode_int64,
     encode_value_runs,
@@ -52,6 +56,7 @@ class Data(msgspec.Struct, frozen=True):
     time: int | None
     records: list[Record]
     partition: int = 0
+    epoch: int = 0
 
 
 class Values(msgspec.Struct, frozen=True):
@@ -63,17 +68,23 @@ class Values(msgspec.Struct, frozen=True):
     partition: int
     next_offset: int
     nulls: bool = True  # whether a value is None (False: decoders need not look for one)
+    epoch: int = 0
 
 
 class Progress(msgspec.Struct, frozen=True):
-    """No more data with a logical time below `frontier` will arrive."""
+    """No more data with a logical time below `frontier` (in `epoch`, or an earlier epoch)
+    will arrive."""
 
     frontier: int
+    epoch: int = 0
 
 
-class EndOfStream(msgspec.Struct, frozen=True):
+class EndOfStream(msgspec.Struct, frozen=True, repr_omit_defaults=True):
     """Every subscribed partition ended: no more data will arrive (unless a writer reopens a
-    partition's stream; see `FrontierMerge` for what readers do then)."""
+    partition's stream; see `FrontierMerge` for what readers do then). `epoch`: the earliest
+    epoch a partition ended in."""
+
+    epoch: int = 0
 
 
 Event = Data | Progress | EndOfStream
@@ -112,13 +123,15 @@ def time_of(record: Record) -> int | None:
 
 
 class PartitionMark(msgspec.Struct, frozen=True):
-    """A partition-level control record: a new frontier, end-of-stream (frontier None), or a
-    reopening of an ended stream (frontier None, `reopen`)."""
+    """A partition-level control record: a new frontier (in `epoch`), end-of-stream (frontier
+    None), or a reopening of an ended stream (frontier None, `reopen`; with an `epoch` above
+    0, that epoch starts at frontier 0)."""
 
     partition: int
     frontier: int | None
     next_offset: int = 0  # the offset after the control batch
     reopen: bool = False
+    epoch: int = 0
 
 
 def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
@@ -131,11 +144,13 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
             for record in batch.records:
                 kind, value = control_of(record)
                 if kind == ControlType.FRONTIER:
-                    yield PartitionMark(partition, decode_int64(value), header.next_offset)
+                    frontier, epoch = decode_frontier(value)
+                    yield PartitionMark(partition, frontier, header.next_offset, epoch=epoch)
                 elif kind == ControlType.END_OF_STREAM:
                     yield PartitionMark(partition, None, header.next_offset)
                 elif kind == ControlType.REOPEN:
-                    yield PartitionMark(partition, None, header.next_offset, reopen=True)
+                    yield PartitionMark(partition, None, header.next_offset, reopen=True,
+                                        epoch=decode_reopen(value))
         else:
             run: list[Record] = []
             run_time: int | None = None
@@ -168,8 +183,9 @@ def _batches(data: bytes | memoryview, skip_below: int
 
 @dataclass
 class FrontierMerge:
-    """The frontier over several partitions: the minimum of the live ones. A partition that
-    ended counts as done; a reopening (or data) after its end makes it live again.
+    """The frontier over several partitions: the minimum of the live ones, times ordered by
+    (epoch, time). A partition that ended counts as done; a reopening (or data) after its end
+    makes it live again, a reopening that starts an epoch puts it at frontier 0 of that epoch.
 
     An end-of-stream that a reopening superseded: a reader replaying history goes on past it,
     a live reader that met it as the partition's current end stops there. The reader tells
@@ -184,24 +200,35 @@ class FrontierMerge:
     published: int | None = None
     ended_published: bool = False
     history: dict[int, int] = field(default_factory=dict)
+    epochs: dict[int, int] = field(default_factory=dict)  # each partition's epoch
+    published_epoch: int = 0
 
     def __post_init__(self) -> None:
         for p in self.frontiers:
             self.ended.setdefault(p, False)
+            self.epochs.setdefault(p, 0)
         if self.published is None and self.frontiers:
-            self.published = min(self.frontiers.values())  # where the subscription starts
+            # where the subscription starts
+            self.published_epoch, self.published = min(
+                (self.epochs[p], f) for p, f in self.frontiers.items())
 
     def mark(self, mark: PartitionMark) -> list[Event]:
+        p = mark.partition
         if mark.reopen:
-            self.ended[mark.partition] = False
+            self.ended[p] = False
             self.ended_published = False
+            if mark.epoch > self.epochs[p]:
+                self.epochs[p], self.frontiers[p] = mark.epoch, 0
         elif mark.frontier is None:
-            if mark.next_offset < self.history.get(mark.partition, 0):
+            if mark.next_offset < self.history.get(p, 0):
                 return []  # superseded: the log goes on after it
-            self.ended[mark.partition] = True
+            self.ended[p] = True
         else:
-            self.frontiers[mark.partition] = max(self.frontiers[mark.partition], mark.frontier)
-            self.ended[mark.partition] = False
+            if mark.epoch > self.epochs[p]:  # a reader that started inside the epoch
+                self.epochs[p], self.frontiers[p] = mark.epoch, mark.frontier
+            elif mark.epoch == self.epochs[p]:
+                self.frontiers[p] = max(self.frontiers[p], mark.frontier)
+            self.ended[p] = False
         return self._events()
 
     def data(self, partition: int) -> None:
@@ -210,17 +237,21 @@ class FrontierMerge:
             self.ended_published = False
 
     def _events(self) -> list[Event]:
-        live = [f for p, f in self.frontiers.items() if not self.ended[p]]
+        live = [(self.epochs[p], f) for p, f in self.frontiers.items() if not self.ended[p]]
         if not live:
             if self.ended_published:
                 return []
             self.ended_published = True
-            return [EndOfStream()]
+            return [EndOfStream(min(self.epochs.values(), default=0))]
         self.ended_published = False
         low = min(live)
-        if self.published is None or low > self.published:
-            self.published = low
-            return [Progress(low)]
+        if any(self.ended[p] and e < low[0] for p, e in self.epochs.items()):
+            # A partition that ended in an earlier epoch may yet start this one (every run of
+            # a publisher writes every partition): no promise about this epoch until it has.
+            return []
+        if self.published is None or low > (self.published_epoch, self.published):
+            self.published_epoch, self.published = low
+            return [Progress(low[1], low[0])]
         return []
 
 

@@ -101,6 +101,7 @@ class SubscriberCore:
         self.subs: dict[int, _PartitionSub] = {}
         self._by_id: dict[int, _PartitionSub] = {}
         self.initial_frontiers: dict[int, int] = {}
+        self.initial_epochs: dict[int, int] = {}
         self._resubscribing: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -146,6 +147,7 @@ class SubscriberCore:
             sub.skip_below = reply.offset
             sub.end_at_start = reply.log_end
             self.initial_frontiers[sub.partition] = reply.frontier or 0
+            self.initial_epochs[sub.partition] = reply.epoch
             early, sub.early = sub.early or [], None
             for note in early:
                 self._on_delivery(note)
@@ -304,7 +306,8 @@ class ChunkDecoder:
     def start(self) -> None:
         self.positions = {p: s.skip_below for p, s in self.core.subs.items()}
         self.merge = FrontierMerge(dict(self.core.initial_frontiers),
-                                   history={p: s.end_at_start for p, s in self.core.subs.items()})
+                                   history={p: s.end_at_start for p, s in self.core.subs.items()},
+                                   epochs=dict(self.core.initial_epochs))
 
     def done(self) -> bool:
         """Without follow: every partition consumed up to its end when we subscribed."""
@@ -324,11 +327,13 @@ class ChunkDecoder:
             if isinstance(item, PartitionMark):
                 for event in self.merge.mark(item):
                     yield event, p, item.next_offset
-            elif isinstance(item, Values):
-                self.merge.data(p)
+                continue
+            self.merge.data(p)
+            if epoch := self.merge.epochs[p]:  # a later run's records (DESIGN §5 "Epochs")
+                item = msgspec.structs.replace(item, epoch=epoch)
+            if isinstance(item, Values):
                 yield item, p, item.next_offset
             else:
-                self.merge.data(item.partition)
                 yield item, p, item.records[-1].offset + 1
         yield None, p, chunk.next_offset
 
@@ -395,6 +400,11 @@ class AsyncSubscriber:
     def frontier(self) -> int | None:
         """The frontier (minimum over the partitions) as of the last event handed out."""
         return self.decoder.merge.published if self.decoder.merge else None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of `frontier` (DESIGN §5 "Epochs")."""
+        return self.decoder.merge.published_epoch if self.decoder.merge else 0
 
     async def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event; None at the end of a non-follow read or after `timeout` seconds."""

@@ -146,7 +146,7 @@ def _describe_topic(args: argparse.Namespace) -> int:
         parts.append({"partition": p, "broker": broker, "address": addresses[p] or None,
                       "start": info and info.log_start, "end": info and info.log_end,
                       "bytes": info and info.size, "frontier": info and info.frontier,
-                      "ended": info and info.ended})
+                      "ended": info and info.ended, "epoch": info and info.epoch})
     if args.json:
         sys.stdout.write(json.dumps({
             "name": topic.short_name, "topic_id": topic.topic_id, "kind": topic.kind.value,
@@ -163,6 +163,8 @@ def _describe_topic(args: argparse.Namespace) -> int:
     for p in parts:
         unknown = p["end"] is None
         frontier = "ended" if p["ended"] else str(p["frontier"])
+        if p["epoch"]:  # a later run's (DESIGN §5 "Epochs")
+            frontier += f" (epoch {p['epoch']})"
         cells.append([str(p["partition"]), "-" if unknown else str(p["start"]),
                       "-" if unknown else str(p["end"]),
                       "-" if unknown else str(p["bytes"]), "-" if unknown else frontier,

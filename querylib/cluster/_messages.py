@@ -150,6 +150,7 @@ class TopicInfo(Reply, tag="coord.topic.info"):
     topic: Topic
     brokers: dict[int, str]       # broker id -> address, for every partition location
     version: int
+    epoch: int = 0                # on Publish: the epoch the publication's writers start
 
 
 class BrokerInfo(Reply, tag="coord.broker.info"):

@@ -5,7 +5,7 @@ times, as topic `numbers` (PerWorker: one partition per worker; `--merge`: one p
 
 Run directly it is a one-process query; under an executor (or with TQ_* set) every process
 and worker takes part. Worker i sends number n at time n mod `times`, then advances to `times`
-(run again, it appends after what the topic holds: its times start where the topic's are).
+(run again, it appends to what the topic holds, in a new epoch: its times start at 0 again).
 (Named numbers_query, not numbers: run as a program, its folder is sys.path[0], where a
 numbers.py would shadow the stdlib `numbers` module.)
 """
@@ -22,10 +22,9 @@ def numbers(ctx: querylib.Context, *, topic: str, merge: bool, times: int) -> in
     partition = querylib.Merge if merge else querylib.PerWorker
     mine = range(ctx.index * 100, (ctx.index + 1) * 100)
     with ctx.publish(topic, partition=partition) as out:
-        start = out.resumed_at  # run again, it appends: times go on from where the topic is
-        for t in range(times):
-            out.send(start + t, [n for n in mine if n % times == t])
-            out.advance_to(start + t + 1)
+        for t in range(times):  # run again, it appends in a new epoch (DESIGN §5 "Epochs")
+            out.send(t, [n for n in mine if n % times == t])
+            out.advance_to(t + 1)
     return len(mine)
 
 

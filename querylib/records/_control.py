@@ -7,8 +7,11 @@ Control batches (attributes bit 5) hold records whose key is Kafka's control key
                     control batches)
 tq's control batches have producerId -1 and are not transactional, so Kafka consumers in
 read_committed mode never take them for transaction markers. A FRONTIER record's value is the new
-frontier as int64 big-endian; END_OF_STREAM and REOPEN records have a null value. A REOPEN
-follows an END_OF_STREAM when a writer reopened the stream explicitly: that end is superseded.
+frontier as int64 big-endian, followed by the stream's epoch as int64 when that is not 0;
+END_OF_STREAM records have a null value. A REOPEN record says the stream goes on after an
+END_OF_STREAM (that end is superseded): with a null value it goes on from its frontier, with
+an int64 value E a new epoch E starts there, its frontier back at 0 (a run of the stream's
+publisher after an earlier one, DESIGN §5 "Epochs").
 
 tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
 (the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
@@ -29,6 +32,7 @@ DIFF_HEADER = "tq.diff"
 CONTROL_KEY_VERSION = 0
 _CONTROL_KEY = struct.Struct(">hh")  # version, type
 _INT64 = struct.Struct(">q")
+_INT64_PAIR = struct.Struct(">qq")  # a FRONTIER value with its epoch
 
 
 class ControlType(IntEnum):
@@ -61,10 +65,12 @@ def control_key(kind: ControlType) -> bytes:
     return _CONTROL_KEY.pack(CONTROL_KEY_VERSION, kind)
 
 
-def frontier_batch(frontier: int, *, timestamp: int) -> bytes:
-    """A control batch of one FRONTIER record: the partition's frontier is now `frontier`."""
-    return encode_batch([(timestamp, control_key(ControlType.FRONTIER), encode_int64(frontier),
-                          ())], is_control=True)
+def frontier_batch(frontier: int, *, timestamp: int, epoch: int = 0) -> bytes:
+    """A control batch of one FRONTIER record: the partition's frontier is now `frontier`,
+    in epoch `epoch`."""
+    value = encode_int64(frontier) + (encode_int64(epoch) if epoch else b"")
+    return encode_batch([(timestamp, control_key(ControlType.FRONTIER), value, ())],
+                        is_control=True)
 
 
 def end_of_stream_batch(*, timestamp: int) -> bytes:
@@ -73,9 +79,11 @@ def end_of_stream_batch(*, timestamp: int) -> bytes:
                         is_control=True)
 
 
-def reopen_batch(*, timestamp: int) -> bytes:
-    """A control batch of one REOPEN record: the stream that ended goes on."""
-    return encode_batch([(timestamp, control_key(ControlType.REOPEN), None, ())],
+def reopen_batch(*, timestamp: int, epoch: int = 0) -> bytes:
+    """A control batch of one REOPEN record: the stream that ended goes on from its frontier,
+    or with `epoch`, a new epoch starts (frontier 0)."""
+    value = encode_int64(epoch) if epoch else None
+    return encode_batch([(timestamp, control_key(ControlType.REOPEN), value, ())],
                         is_control=True)
 
 
@@ -105,4 +113,24 @@ def frontier_of(record: Record) -> int:
     kind, value = control_of(record)
     if kind != ControlType.FRONTIER:
         raise InvalidRecordError(f"record at offset {record.offset} is {kind.name}, not FRONTIER")
-    return decode_int64(value)
+    return decode_frontier(value)[0]
+
+
+def decode_frontier(value: bytes | None) -> tuple[int, int]:
+    """(frontier, epoch) of a FRONTIER record's value: 8 bytes (epoch 0) or 16."""
+    if value is not None and len(value) == 16:
+        frontier, epoch = _INT64_PAIR.unpack(value)
+        if epoch < 0:
+            raise InvalidRecordError(f"FRONTIER record with epoch {epoch}")
+        return frontier, epoch
+    return decode_int64(value), 0
+
+
+def decode_reopen(value: bytes | None) -> int:
+    """The epoch a REOPEN record's value starts: 0 (null: the stream goes on) or E > 0."""
+    if value is None:
+        return 0
+    epoch = decode_int64(value)
+    if epoch <= 0:
+        raise InvalidRecordError(f"REOPEN record with epoch {epoch}")
+    return epoch

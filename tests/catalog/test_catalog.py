@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from catalog import (
@@ -287,8 +288,9 @@ def test_a_query_that_ends_leaves_its_topics_behind() -> None:
     catalog.apply(ProcessExited(query_id=query.query_id, process=0, exit_code=0, at_ms=50))
     assert catalog.query(query.query_id).state is QueryState.FINISHED
     assert catalog.publications_of(me) == [] and catalog.subscriptions_of(me) == []
-    # The topic stays readable, and its other readers stay subscribed.
-    assert catalog.topic(out.topic_id) == out
+    # The topic stays readable (marked published: a later run starts an epoch), and its other
+    # readers stay subscribed.
+    assert catalog.topic(out.topic_id) == msgspec.structs.replace(out, published=True)
     assert catalog.subscriptions_on(out.topic_id) == [
         Subscription(topic_id=out.topic_id, subscriber=reader)
     ]

@@ -38,7 +38,11 @@ def test_a_query_run_again_takes_over_its_ended_predecessors_topic() -> None:
     add_user(catalog, "user:alice")
     first = QueryRef(submit(catalog, (executor.executor_id,), owner="user:alice").query_id)
     nums = create_topic(catalog, "nums", first, broker.broker_id)
-    catalog.apply(Publish(topic_id=nums.topic_id, publisher=first, process=0))
+    published = catalog.apply(Publish(topic_id=nums.topic_id, publisher=first, process=0))
+    # The first publication of a topic writes epoch 0, and marks the topic published.
+    assert published.created.epoch == 0
+    nums = catalog.topic(nums.topic_id)
+    assert nums.published
     reader = SessionRef(open_session(catalog, principal="user:alice").session_id)
     catalog.apply(Subscribe(topic_id=nums.topic_id, subscriber=reader))
     _ended(catalog, first.query_id)
@@ -47,11 +51,14 @@ def test_a_query_run_again_takes_over_its_ended_predecessors_topic() -> None:
     change = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=0))
     taken = catalog.topic(nums.topic_id)
     assert taken.owner == again
+    # A later run starts an epoch numbered by its change, above every earlier one; the
+    # query's other processes join its publication, and its epoch.
+    assert change.created.epoch == change.version > published.version
     # One change: the topic under its new owner and the publication, nothing else of it.
     assert Update("topics", nums, -1) in change.updates
     assert Update("topics", taken, 1) in change.updates
     assert taken == nums.__class__(**{**{f: getattr(nums, f) for f in nums.__struct_fields__},
-                                     "owner": again})
+                                     "owner": again, "epoch": change.version})
     assert [p.publisher for p in catalog.publications_on(nums.topic_id)] == [again]
     # Its readers stay subscribed.
     assert catalog.subscriptions_on(nums.topic_id) == [
@@ -167,3 +174,27 @@ def test_another_principals_topic_says_who_owns_it() -> None:
                        r"user:alice publishes to it: publish to another topic, or have "
                        r"user:alice or an admin delete it \(tq topic delete feed\)"):
         catalog.apply(Publish(topic_id=feed.topic_id, publisher=bob))
+
+
+def test_a_runs_processes_share_its_epoch_even_after_its_publication_lapsed() -> None:
+    """Each later run gets one epoch for all its processes: a process publishing after the
+    others had closed (the publication lapsed) joins the run's epoch, not a new one."""
+    catalog = Catalog()
+    _, broker, executor = host(catalog)
+    both = (executor.executor_id, executor.executor_id)
+    first = QueryRef(submit(catalog, both).query_id)
+    nums = create_topic(catalog, "nums", first, broker.broker_id)
+    for process in (0, 1):
+        assert catalog.apply(Publish(topic_id=nums.topic_id, publisher=first,
+                                     process=process)).created.epoch == 0
+    for process in (0, 1):
+        catalog.apply(ProcessExited(query_id=first.query_id, process=process, exit_code=0,
+                                    at_ms=50))
+    again = QueryRef(submit(catalog, both).query_id)
+    run = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=0))
+    assert run.created.epoch == run.version
+    catalog.apply(Unpublish(topic_id=nums.topic_id, publisher=again, process=0))
+    late = catalog.apply(Publish(topic_id=nums.topic_id, publisher=again, process=1))
+    assert late.created.epoch == run.created.epoch
+    assert catalog.topic(nums.topic_id).epoch == run.created.epoch
+    catalog.check_invariants()

@@ -20,7 +20,6 @@ import pytest
 
 from catalog import QueryState
 from tests.conftest import wait_for
-from tests.coordinator._cluster import ROOT
 from tests.integration._up import Up
 from tests.integration.test_queries_wait import (
     NEVER_REGISTERS,
@@ -199,13 +198,35 @@ def test_04_the_default_slots_take_a_subscriber_and_a_two_process_publisher(up: 
 
 
 def test_05_running_the_same_publisher_again_appends(up: Up) -> None:
-    example = ROOT / "querylib" / "examples" / "numbers_query.py"
+    """The README's squares.py submitted twice, as a newcomer does: the second run takes the
+    topic over and appends its squares at times 0..9 again, in a new epoch that readers see
+    after the first run's (DESIGN §5 "Epochs")."""
+    (text,) = [body for kind, name, body in quickstart_steps((REPO / "README.md").read_text())
+               if kind == "file" and name == "squares.py"]
+    squares = _program(up, "squares.py", text)
     for _ in range(2):
-        _finished(up, up.submit(example, "--", "--topic", "again", "--times", "5"))
-    lines = up.tq("consume", "again", "--format", "%L %s\n").stdout.splitlines()
-    assert len(lines) == 200
-    times = [int(line.split()[0]) for line in lines]
-    assert max(times[:100]) < 5 <= min(times[100:])  # the second run went on after the first
+        done = up.tq("submit", str(squares), "--wait")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "finished; exit codes 0" in done.stdout + done.stderr, done.stdout + done.stderr
+    lines = up.tq("consume", "squares", "--format", "%L %s\n").stdout.splitlines()
+    assert lines == [f'{n} {{"n":{n},"square":{n * n}}}' for n in range(10)] * 2
+    # A subscriber sees both runs, the second in a later epoch, and one end.
+    import querylib
+
+    with up.connect() as ctx, ctx.subscribe("squares", timeout=30) as sub:
+        events = list(sub)
+    epochs = [(e.epoch, e.time) for e in events if isinstance(e, querylib.Data)]
+    later = epochs[-1][0]
+    assert later > 0 and epochs == [(0, n) for n in range(10)] + [(later, n) for n in range(10)]
+    assert isinstance(events[-1], querylib.EndOfStream)
+    described = up.tq("topic", "describe", "squares").stdout
+    assert f"ended (epoch {later})" in described, described
+    # A reader starting inside the second run (offset 14: the first run's 10 squares, its
+    # frontier and end, the REOPEN at 12, the square at time 0) knows its epoch from the first
+    # record it reads.
+    with up.connect() as ctx, ctx.subscribe("squares", start=14, timeout=30) as sub:
+        inside = [(e.epoch, e.time) for e in sub if isinstance(e, querylib.Data)]
+    assert inside == [(later, n) for n in range(10)][1:], inside
 
 
 def test_06_07_submit_wait_shows_the_output_and_logs_take_a_name(up: Up) -> None:

@@ -1,6 +1,8 @@
 """Re-running on a real `tq up` (issue 14, problem 5): the same publisher submitted twice
-appends to its topic, the second query taking it over from the first (which ended); a
-publisher whose topic's owner still runs fails saying what to do. DESIGN §3 "Ownership"."""
+appends to its topic, the second query taking it over from the first (which ended), in a new
+epoch: its times start at 0 again and readers see the frontier only move forward by (epoch,
+time); a publisher whose topic's owner still runs fails saying what to do. DESIGN §3
+"Ownership", §5 "Epochs"."""
 
 from __future__ import annotations
 
@@ -29,9 +31,8 @@ PUBLISHER = textwrap.dedent('''
         base = int(sys.argv[1])
         gate = Path(sys.argv[2]) if len(sys.argv) > 2 else None
         with ctx.publish("nums") as out:
-            start = out.resumed_at  # a re-run appends: it goes on from the topic's time
-            out.send(start, [base + 10 * ctx.process + i for i in range(3)])
-            out.advance_to(start + 1)
+            out.send(0, [base + 10 * ctx.process + i for i in range(3)])  # as a first run does
+            out.advance_to(1)
             while gate is not None and not gate.exists():
                 time.sleep(0.05)
 
@@ -45,14 +46,37 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         yield running
 
 
-def _values(up: Up, topic: str) -> list[int]:
-    """Every value of `topic` from its start to its current end of stream."""
-    values: list[int] = []
+def _events(up: Up, topic: str) -> list[object]:
+    """Every event of `topic` from its start to its current end of stream, checking the
+    frontier promise on the way: Progress only moves forward by (epoch, time), and no Data
+    comes below the last Progress."""
+    events: list[object] = []
+    promised = (0, 0)
     with up.connect() as ctx, ctx.subscribe(topic, timeout=30) as sub:
         for event in sub:
-            if isinstance(event, querylib.Data):
-                values += event.records
-    return sorted(values)
+            events.append(event)
+            if isinstance(event, querylib.Progress):
+                assert (event.epoch, event.frontier) > promised, events
+                promised = (event.epoch, event.frontier)
+            elif isinstance(event, querylib.Data):
+                assert (event.epoch, event.time) >= promised, events
+    assert isinstance(events[-1], querylib.EndOfStream), events
+    return events
+
+
+def _values(up: Up, topic: str) -> list[int]:
+    """Every value of `topic` from its start to its current end of stream."""
+    return sorted(v for e in _events(up, topic) if isinstance(e, querylib.Data)
+                  for v in e.records)
+
+
+def _by_epoch(up: Up, topic: str) -> dict[int, dict[int, list[int]]]:
+    """epoch -> time -> values, of every record of `topic`."""
+    found: dict[int, dict[int, list[int]]] = {}
+    for event in _events(up, topic):
+        if isinstance(event, querylib.Data):
+            found.setdefault(event.epoch, {}).setdefault(event.time, []).extend(event.records)
+    return found
 
 
 def test_the_same_publisher_submitted_twice_appends(up: Up, tmp_path: Path) -> None:
@@ -68,6 +92,10 @@ def test_the_same_publisher_submitted_twice_appends(up: Up, tmp_path: Path) -> N
         assert cluster.lookup_topic("nums").topic.owner == QueryRef(again)
     assert _values(up, "nums") == [100, 101, 102, 110, 111, 112,
                                    200, 201, 202, 210, 211, 212]
+    # Both runs sent at time 0: the second in an epoch of its own, after the first's.
+    first_epoch, second_epoch = sorted(_by_epoch(up, "nums"))
+    assert first_epoch == 0 < second_epoch
+    assert _by_epoch(up, "nums")[second_epoch] == {0: [200, 201, 202, 210, 211, 212]}
 
 
 def test_a_running_owners_topic_is_refused_with_what_to_do(up: Up, tmp_path: Path) -> None:
@@ -103,16 +131,13 @@ def test_the_numbers_example_run_twice_appends(up: Up, merge: bool) -> None:
     runs.append(up.submit(program, *args))
     second = up.ended(runs[1])
     assert second.state is QueryState.FINISHED, up.tq("logs", str(runs[1])).stdout
-    times: dict[int, list[int]] = {}
-    with up.connect() as ctx, ctx.subscribe(topic, timeout=30) as sub:
-        for event in sub:
-            if isinstance(event, querylib.Data):
-                times.setdefault(event.time, []).extend(event.records)
-    # Both runs' numbers, the second's at the times after the first's.
-    assert sorted(times) == list(range(10))
-    assert sorted(n for t in range(5) for n in times[t]) == list(range(400))
-    assert sorted(n for t in range(5, 10) for n in times[t]) == list(range(400))
-    assert all(n % 5 == t % 5 for t, values in times.items() for n in values)
+    # Both runs' numbers at times 0..4, the second's in a later epoch.
+    epochs = _by_epoch(up, topic)
+    assert len(epochs) == 2 and min(epochs) == 0
+    for times in epochs.values():
+        assert sorted(times) == list(range(5))
+        assert sorted(n for values in times.values() for n in values) == list(range(400))
+        assert all(n % 5 == t for t, values in times.items() for n in values)
 
 
 def test_a_script_run_directly_after_a_query_appends(up: Up) -> None:

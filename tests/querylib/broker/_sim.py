@@ -43,7 +43,7 @@ def fake_batch(n_records: int = 1, payload: bytes = b"", *, control: bool = Fals
                        n_records) + payload
 
 
-def fake_frontier(frontier: int, timestamp: int) -> bytes:
+def fake_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
     return fake_batch(1, b"F" + frontier.to_bytes(8, "big", signed=True), control=True)
 
 
@@ -51,7 +51,7 @@ def fake_end(timestamp: int) -> bytes:
     return fake_batch(1, b"E", control=True)
 
 
-def fake_reopen(timestamp: int) -> bytes:
+def fake_reopen(timestamp: int, epoch: int = 0) -> bytes:
     return fake_batch(1, b"R", control=True)
 
 

@@ -47,17 +47,17 @@ def test_find_partitions_ignores_stray_entries(tmp_path):
 
 def test_recovered_frontier_is_the_last_frontier_record(tmp_path):
     with PartitionLog.open(tmp_path / "t-0", LogConfig()) as log:
-        assert recover_frontier(log) == (0, False)
+        assert recover_frontier(log) == (0, False, 0, 0)
         log.append(data())
         log.append(frontier_batch(4, timestamp=0))
         log.append(data())
         log.append(frontier_batch(9, timestamp=0))
         log.append(data(3))
-        assert recover_frontier(log) == (9, False)
+        assert recover_frontier(log) == (9, False, 0, 0)
         log.append(end_of_stream_batch(timestamp=0))
-        assert recover_frontier(log) == (9, True)
+        assert recover_frontier(log) == (9, True, 0, 0)
         log.append(data())  # a producer came back after the end
-        assert recover_frontier(log) == (9, False)
+        assert recover_frontier(log) == (9, False, 0, 0)
 
 
 def test_recovery_scans_back_past_a_long_run_of_data(tmp_path):
@@ -65,7 +65,7 @@ def test_recovery_scans_back_past_a_long_run_of_data(tmp_path):
         log.append(frontier_batch(7, timestamp=0))
         batch = data(100)
         log.append_batches([batch] * 200)  # 20,000 offsets: several windows, several segments
-        assert recover_frontier(log) == (7, False)
+        assert recover_frontier(log) == (7, False, 0, 0)
 
 
 def test_open_partition_creates_then_reopens_with_the_frontier(tmp_path):
