@@ -38,7 +38,7 @@ import cloudpickle
 from catalog import Query
 from catalog.errors import UserError
 from querylib.artifacts import pack_path, sha256_hex
-from querylib.cluster import Cluster, find_query, wait_for_query_end
+from querylib.cluster import Cluster, find_query, wait_for_exits, wait_for_query_end
 
 from ._runner import FUNCTION_FILE, MAIN_SOURCE, META_FILE
 
@@ -143,10 +143,17 @@ class SubmittedQuery:
         self.query = wait_for_query_end(self.cluster, self.query_id, timeout=timeout)
         return self.query
 
-    def kill(self, reason: str = "killed by querylib.submit") -> Query:
-        """Kill every process of the query (TERM, then KILL after the executor's grace);
-        returns the query's record as the coordinator updated it (state killed)."""
-        return self.cluster.kill_query(self.query_id, reason)
+    def kill(self, reason: str = "killed by querylib.submit", *,
+             wait: float = 60.0) -> Query:
+        """Kill every process of the query (TERM, then KILL after the executor's grace) and
+        return once they are gone, as `tq kill` does: the query's record (state killed) with
+        every process's exit code, or, after `wait` seconds, with None for a process that
+        did not report its exit (its executor lost). `wait=0` returns at once."""
+        started = self.info().state.value != "pending"  # a pending query has no processes
+        self.query = self.cluster.kill_query(self.query_id, reason)
+        if wait > 0 and started and any(code is None for code in self.query.exit_codes):
+            self.query = wait_for_exits(self.cluster, self.query_id, settle=wait)
+        return self.query
 
     def close(self) -> None:
         """Close the session this handle holds (the query goes on). Idempotent."""

@@ -26,15 +26,15 @@ import json
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from catalog import Query, UnknownQueryError
+from catalog import Query
+from querylib.cluster import wait_for_exits
 
-__all__ = ["OutputOptions", "format_line", "print_output", "wait_for_exits"]
+__all__ = ["OutputOptions", "format_line", "print_output"]
 
 _POLL = 0.2      # seconds a follower waits for lines before it checks whether to stop
 _SETTLE = 10.0   # seconds after a query's end for its other processes to report their exits
@@ -173,7 +173,8 @@ def print_output(cluster: Any, query: Query, options: OutputOptions, *,
         for thread in threads:
             thread.start()
         try:
-            ended = wait_for_exits(cluster, query.query_id, interrupted)
+            ended = wait_for_exits(cluster, query.query_id, interrupted=interrupted,
+                                   settle=_SETTLE)
         finally:
             stop.set()
             for thread in threads:
@@ -195,39 +196,3 @@ def _print_existing(readers: list[_Reader], printer: _Printer, options: OutputOp
         last += kept
     last.sort(key=lambda x: x.timestamp_ms)  # (stable: a broker's lines stay in log order)
     printer([x.text for x in last[len(last) - max(options.tail, 0):]])
-
-
-def wait_for_exits(cluster: Any, query_id: int, interrupted: threading.Event | None = None,
-                   settle: float = _SETTLE) -> Query:
-    """The query's record once it ended and every process reported its exit, or `settle`
-    seconds after it ended (for processes that never will: a lost executor). Returns the
-    latest record seen early if `interrupted` is set."""
-    from querylib.cluster import Diff, Snapshot
-
-    latest: Query | None = None
-    settled_by: float | None = None
-    with cluster.follow("queries") as follower:
-        while True:
-            if interrupted is not None and interrupted.is_set() and latest is not None:
-                return latest
-            left = _POLL if settled_by is None else min(_POLL, settled_by - time.monotonic())
-            if left <= 0:
-                assert latest is not None
-                return latest
-            event = follower.next_event(left)
-            if isinstance(event, Snapshot):
-                records = [r for r, _ in event.records]
-            elif isinstance(event, Diff):
-                records = [r for r, d in event.updates if d > 0]
-            else:
-                continue
-            for record in records:
-                if isinstance(record, Query) and record.query_id == query_id:
-                    latest = record
-            if isinstance(event, Snapshot) and latest is None:
-                raise UnknownQueryError(f"no query {query_id}")
-            if latest is not None and latest.ended:
-                if all(code is not None for code in latest.exit_codes):
-                    return latest
-                if settled_by is None:
-                    settled_by = time.monotonic() + settle

@@ -86,8 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _kill(args: argparse.Namespace) -> int:
-    from querylib.cli._output import wait_for_exits
-    from querylib.cluster import resolve_query
+    from querylib.cluster import resolve_query, wait_for_exits
 
     with connect(args, session=True) as cluster:
         query = resolve_query(cluster, args.query, timeout=max(args.timeout, 30.0))

@@ -7,6 +7,7 @@
     follow(collection)        a catalog collection as a snapshot, then diffs (CollectionView is
                               the pure part), read from the catalog topics on the broker
     find_query / wait_for_query_end   a query's record, now or once it ended
+    wait_for_exits                    ... once every process of it reported its exit
     resolve_query                     a query by id or name (a name: its newest query)
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
@@ -67,6 +68,7 @@ _EXPORTS = {
     "remove_cluster_file": "_connection",
     "route_topic": "_topic_io",
     "tq_home": "_connection",
+    "wait_for_exits": "_queries",
     "wait_for_query_end": "_queries",
     "write_cluster_file": "_connection",
 }
@@ -116,6 +118,7 @@ __all__ = [
     "remove_cluster_file",
     "route_topic",
     "tq_home",
+    "wait_for_exits",
     "wait_for_query_end",
     "write_cluster_file",
 ]

@@ -7,6 +7,7 @@ open no session and change nothing. Must not: ask the coordinator to act on a qu
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -15,7 +16,9 @@ from catalog import Query, UnknownQueryError
 from ._errors import QueryTimeoutError
 from ._follow import Diff, Snapshot
 
-__all__ = ["find_query", "resolve_query", "wait_for_query_end"]
+__all__ = ["find_query", "resolve_query", "wait_for_exits", "wait_for_query_end"]
+
+_POLL = 0.2  # seconds between looks at whether to stop waiting for exits
 
 
 def find_query(cluster: Any, query_id: int, *, timeout: float = 30.0) -> Query:
@@ -67,3 +70,37 @@ def wait_for_query_end(cluster: Any, query_id: int, *, timeout: float | None = N
             if isinstance(event, Snapshot) and not known:
                 # Ids are never reused and the snapshot is at least as new as our question.
                 raise UnknownQueryError(f"no query {query_id}")
+
+
+def wait_for_exits(cluster: Any, query_id: int, *, settle: float,
+                   interrupted: threading.Event | None = None) -> Query:
+    """The query's record once it ended and every process reported its exit, or `settle`
+    seconds after it ended (for processes that never will: a lost executor). Returns the
+    latest record seen early if `interrupted` is set. UnknownQueryError if there is none."""
+    latest: Query | None = None
+    settled_by: float | None = None
+    with cluster.follow("queries") as follower:
+        while True:
+            if interrupted is not None and interrupted.is_set() and latest is not None:
+                return latest
+            left = _POLL if settled_by is None else min(_POLL, settled_by - time.monotonic())
+            if left <= 0:
+                assert latest is not None
+                return latest
+            event = follower.next_event(left)
+            if isinstance(event, Snapshot):
+                records = [r for r, _ in event.records]
+            elif isinstance(event, Diff):
+                records = [r for r, d in event.updates if d > 0]
+            else:
+                continue
+            for record in records:
+                if isinstance(record, Query) and record.query_id == query_id:
+                    latest = record
+            if isinstance(event, Snapshot) and latest is None:
+                raise UnknownQueryError(f"no query {query_id}")
+            if latest is not None and latest.ended:
+                if all(code is not None for code in latest.exit_codes):
+                    return latest
+                if settled_by is None:
+                    settled_by = time.monotonic() + settle

@@ -119,7 +119,10 @@ def test_the_handle_kills_a_running_function(up: Up, home: Path) -> None:
         assert query.info().state.value == "running"
         with pytest.raises(QueryTimeoutError):
             query.wait(timeout=0.5)
-        query.kill()
+        killed = query.kill()
+        # kill() returns once the processes are gone, as `tq kill` does: every exit code in.
+        assert killed.state.value == "killed"
+        assert len(killed.exit_codes) == 2 and None not in killed.exit_codes, killed
         ended = query.wait(timeout=60)
     assert ended.state.value == "killed"
     assert up.query(query.query_id).state.value == "killed"
