@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
-from querylib.records import read_header, stamp_producer
+from querylib.records import Batch, SplitBatch, batch_head, read_header, stamp_producer_split
 from querylib.rpc import Credential
 
 from ._credit import CreditWindow
@@ -152,13 +152,13 @@ class ProducerCore:
             self._claimed += records
         return self.producer_id, 0, base
 
-    def _unclaim(self, batch: bytes | memoryview) -> None:
+    def _unclaim(self, batch: Batch) -> None:
         """Give back the sequence numbers an encoder of ours stamped into a batch that will
         not be sent, unless a later batch has numbers already (then the broker refuses the
         next one with OutOfOrderSequenceError, as it should: a gap)."""
         if self.producer_id < 0:
             return
-        header = read_header(batch)
+        header = read_header(batch_head(batch))
         if header.producer_id != self.producer_id:
             return
         records = header.last_offset_delta + 1
@@ -175,15 +175,17 @@ class ProducerCore:
         producer_id, epoch, base = self.claim(records)
         return {"producer_id": producer_id, "producer_epoch": epoch, "base_sequence": base}
 
-    def stamp(self, batch: bytes | memoryview) -> bytes | bytearray | memoryview:
+    def stamp(self, batch: Batch) -> Batch:
         """The batch with this producer's id and its next sequence, if it carries no producer
-        yet (an encoder of ours stamps for free; this costs a CRC pass)."""
+        yet (an encoder of ours stamps for free): then a SplitBatch, a new header and a view
+        of the records, sent as two frames (a CRC pass, and the records are never copied)."""
         if self.producer_id < 0:
             return batch
-        header = read_header(batch)
+        header = read_header(batch_head(batch))
         if header.producer_id >= 0:
             return batch
-        return stamp_producer(batch, *self.claim(header.last_offset_delta + 1))
+        assert type(batch) is not SplitBatch  # only this makes them, stamped
+        return stamp_producer_split(batch, *self.claim(header.last_offset_delta + 1))
 
     async def _rejoin(self) -> None:
         """The link reopened the session (the broker restarted or forgot us, or stopped
@@ -250,7 +252,7 @@ class ProducerCore:
             error, self._error = self._error, None
             raise error
 
-    async def send_batch(self, batch: bytes | memoryview) -> asyncio.Future[Produced | None]:
+    async def send_batch(self, batch: Batch) -> asyncio.Future[Produced | None]:
         """Queue one encoded batch (stamped with this producer's id and next sequence unless
         it carries a producer already); waits while the window is exhausted. Returns a future
         of its acknowledgement, or None if the batch failed (the failure is raised by a
@@ -264,9 +266,10 @@ class ProducerCore:
             self._unclaim(batch)
             raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's "
                                      f"maximum of {opened.max_batch_bytes}")
-        batch = self.stamp(batch)
+        stamped = self.stamp(batch)
+        frames = [stamped.head, stamped.body] if type(stamped) is SplitBatch else [stamped]
         return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
-                                                partition=self.partition), len(batch), [batch])
+                                                partition=self.partition), len(stamped), frames)
 
     async def advance(self, frontier: int) -> None:
         """Promise no more records with time < `frontier`; the broker publishes the minimum
