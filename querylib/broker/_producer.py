@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import struct
 import threading
 import time as _time
 from collections import deque
@@ -37,7 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
-from querylib.records import Batch, SplitBatch, batch_head, read_header, stamp_producer_split
+from querylib.records import (
+    HEADER_SIZE,
+    Batch,
+    SplitBatch,
+    batch_head,
+    read_header,
+    stamp_producer_split,
+)
+from querylib.records._header import PRODUCER_OFFSET
 from querylib.rpc import Credential
 
 from ._credit import CreditWindow
@@ -62,6 +71,7 @@ __all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "new_producer_id", "o
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
 Claim = tuple[int, int, int]  # producer id, producer epoch, base sequence
+_PRODUCER_ID = struct.Struct(">q")
 
 # Stored once, offsets forgotten by the broker (DuplicateSequenceError): acknowledged.
 _STORED_BEFORE = Produced(base_offset=-1, next_offset=-1)
@@ -185,7 +195,10 @@ class ProducerCore:
         and stamps them later, off that lock (`stamp(batch, claim)`)."""
         if self.producer_id < 0:
             return None
-        header = read_header(batch_head(batch))
+        head = batch_head(batch)
+        if len(head) >= HEADER_SIZE and _PRODUCER_ID.unpack_from(head, PRODUCER_OFFSET)[0] >= 0:
+            return None  # stamped (the usual case, once per batch: only that field is read)
+        header = read_header(head)
         if header.producer_id >= 0:
             return None
         return self.claim(header.last_offset_delta + 1)
