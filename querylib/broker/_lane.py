@@ -27,7 +27,7 @@ from typing import Any
 from catalog.errors import StorageError, TqError
 from querylib.errors import RecordError
 from querylib.log import PartitionLog
-from querylib.records import read_header
+from querylib.records import batch_head, read_header
 
 from ._events import AppendCompleted, AppendFailed, DurableAdvanced, PartitionId, Stimulus
 
@@ -144,7 +144,7 @@ class AppendLane:
             if isinstance(base, TqError):
                 out.append(AppendFailed(self.pid, ticket, base))
             else:
-                nxt = base + read_header(batch).last_offset_delta + 1
+                nxt = base + read_header(batch_head(batch)).last_offset_delta + 1
                 out.append(AppendCompleted(self.pid, ticket, base, nxt, start, durable))
         return out
 

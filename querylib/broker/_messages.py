@@ -191,7 +191,9 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
 
 
 class ProduceRequest(Request[Produced], tag="broker.produce"):
-    """Followed by exactly one payload frame: one RecordBatch v2 (data, not control)."""
+    """Followed by one RecordBatch v2 (data, not control): in one payload frame, or in two,
+    its 61-byte header and then its records (how a producer sends a batch it stamped without
+    copying it: `SplitBatch`)."""
 
     session: str
     topic: str

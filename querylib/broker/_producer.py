@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import struct
 import threading
 import time as _time
 from collections import deque
@@ -37,7 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
-from querylib.records import read_header, stamp_producer
+from querylib.records import (
+    HEADER_SIZE,
+    Batch,
+    SplitBatch,
+    batch_head,
+    read_header,
+    stamp_producer_split,
+)
+from querylib.records._header import PRODUCER_OFFSET
 from querylib.rpc import Credential
 
 from ._credit import CreditWindow
@@ -61,6 +70,8 @@ if TYPE_CHECKING:  # the port (and the broker's vocabulary) is only for in-proce
 __all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "new_producer_id", "open_link"]
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
+Claim = tuple[int, int, int]  # producer id, producer epoch, base sequence
+_PRODUCER_ID = struct.Struct(">q")
 
 # Stored once, offsets forgotten by the broker (DuplicateSequenceError): acknowledged.
 _STORED_BEFORE = Produced(base_offset=-1, next_offset=-1)
@@ -155,19 +166,21 @@ class ProducerCore:
             self._claimed += records
         return self.producer_id, 0, base
 
-    def _unclaim(self, batch: bytes | memoryview) -> None:
-        """Give back the sequence numbers an encoder of ours stamped into a batch that will
-        not be sent, unless a later batch has numbers already (then the broker refuses the
-        next one with OutOfOrderSequenceError, as it should: a gap)."""
+    def _unclaim(self, batch: Batch, claim: Claim | None = None) -> None:
+        """Give back the sequence numbers claimed for a batch that will not be sent (`claim`,
+        or those an encoder of ours stamped into it), unless a later batch has numbers
+        already (then the broker refuses the next one with OutOfOrderSequenceError, as it
+        should: a gap)."""
         if self.producer_id < 0:
             return
-        header = read_header(batch)
-        if header.producer_id != self.producer_id:
+        header = read_header(batch_head(batch))
+        producer_id, _, base = claim or (header.producer_id, 0, header.base_sequence)
+        if producer_id != self.producer_id:
             return
         records = header.last_offset_delta + 1
         with self._claims:
             if self._claimed >= records and \
-                    (self._claimed - records) % SEQUENCE_MODULUS == header.base_sequence:
+                    (self._claimed - records) % SEQUENCE_MODULUS == base:
                 self._claimed -= records
 
     def stamping(self, records: int) -> dict[str, int]:
@@ -178,15 +191,31 @@ class ProducerCore:
         producer_id, epoch, base = self.claim(records)
         return {"producer_id": producer_id, "producer_epoch": epoch, "base_sequence": base}
 
-    def stamp(self, batch: bytes | memoryview) -> bytes | bytearray | memoryview:
-        """The batch with this producer's id and its next sequence, if it carries no producer
-        yet (an encoder of ours stamps for free; this costs a CRC pass)."""
+    def claim_for(self, batch: Batch) -> Claim | None:
+        """Claim the numbers `stamp` gives `batch` (None when it needs none: it carries a
+        producer already, as an encoder of ours stamps it for free, or we are not
+        idempotent), so a caller that orders its batches under a lock numbers them there
+        and stamps them later, off that lock (`stamp(batch, claim)`)."""
         if self.producer_id < 0:
-            return batch
-        header = read_header(batch)
+            return None
+        head = batch_head(batch)
+        if len(head) >= HEADER_SIZE and _PRODUCER_ID.unpack_from(head, PRODUCER_OFFSET)[0] >= 0:
+            return None  # stamped (the usual case, once per batch: only that field is read)
+        header = read_header(head)
         if header.producer_id >= 0:
-            return batch
-        return stamp_producer(batch, *self.claim(header.last_offset_delta + 1))
+            return None
+        return self.claim(header.last_offset_delta + 1)
+
+    def stamp(self, batch: Batch, claim: Claim | None = None) -> Batch:
+        """The batch with this producer's id and its next sequence (or `claim`, from
+        `claim_for`), if it carries no producer yet: then a SplitBatch, a new header and a
+        view of the records, sent as two frames (a CRC pass; the records are never
+        copied)."""
+        if claim is None:
+            claim = self.claim_for(batch)
+            if claim is None:
+                return batch
+        return stamp_producer_split(batch, *claim)  # type: ignore[arg-type]
 
     async def _rejoin(self) -> None:
         """The link reopened the session (the broker restarted or forgot us, or stopped
@@ -254,23 +283,25 @@ class ProducerCore:
             error, self._error = self._error, None
             raise error
 
-    async def send_batch(self, batch: bytes | memoryview) -> asyncio.Future[Produced | None]:
-        """Queue one encoded batch (stamped with this producer's id and next sequence unless
-        it carries a producer already); waits while the window is exhausted. Returns a future
-        of its acknowledgement, or None if the batch failed (the failure is raised by a
-        later call)."""
+    async def send_batch(self, batch: Batch,
+                         claim: Claim | None = None) -> asyncio.Future[Produced | None]:
+        """Queue one encoded batch (stamped with this producer's id and next sequence, or
+        `claim`, unless it carries a producer already); waits while the window is exhausted.
+        Returns a future of its acknowledgement, or None if the batch failed (the failure is
+        raised by a later call)."""
         self.check()
         if self._ended:
             raise UserError("this producer has ended its stream; open a new one")
         opened = self.link.opened
         if opened is not None and len(batch) > opened.max_batch_bytes:
             # Said here: the broker's socket refuses a message this big without an answer.
-            self._unclaim(batch)
+            self._unclaim(batch, claim)
             raise InvalidLengthError(f"batch of {len(batch)} bytes exceeds the broker's "
                                      f"maximum of {opened.max_batch_bytes}")
-        batch = self.stamp(batch)
+        stamped = self.stamp(batch, claim)
+        frames = [stamped.head, stamped.body] if type(stamped) is SplitBatch else [stamped]
         return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
-                                                partition=self.partition), len(batch), [batch])
+                                                partition=self.partition), len(stamped), frames)
 
     async def advance(self, frontier: int) -> None:
         """Promise no more records with time < `frontier`; the broker publishes the minimum

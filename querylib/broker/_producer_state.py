@@ -120,8 +120,8 @@ class ProducerStateTable:
         for i in range(len(state.batches) - 1, -1, -1):
             mark = state.batches[i]
             if mark.first_seq == first_seq and mark.base_offset < 0:
-                state.batches[i] = mark._replace(base_offset=base_offset,
-                                                 next_offset=next_offset, ticket=-1)
+                state.batches[i] = BatchMark(mark.first_seq, mark.last_seq, base_offset,
+                                             next_offset, -1)
                 return
 
     def failed(self, producer_id: int, first_seq: int) -> None:

@@ -34,8 +34,8 @@ import msgspec
 
 from catalog.errors import StorageError, TqError, UserError
 from querylib._memory import keep_freed_memory
-from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
-from querylib.records import read_header
+from querylib.log import FlushPolicy, LogConfig, PartitionLog, appended_batch
+from querylib.records import SplitBatch, read_header
 from querylib.rpc import (
     BROKER,
     AddressError,
@@ -198,7 +198,7 @@ class BrokerServer:
         self.tick_interval = tick_interval
         # Tail deliveries hand out the bytes exactly as the log stores them (it stamps more
         # than the base offset), without reading them back.
-        self.state = BrokerState(limits, stamp=stored_batch)
+        self.state = BrokerState(limits, stamp=appended_batch)
         self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
                               audience=BROKER)
         self.keyring = self._rpc.keyring  # whose keys its clients sign with (DESIGN §12)
@@ -708,11 +708,14 @@ class BrokerServer:
 
         async def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
                           remote: bool) -> Produced:
-            if len(payload) != 1:
-                raise BrokerProtocolError(f"a produce carries exactly one payload frame (one "
-                                          f"record batch), not {len(payload)}")
+            if len(payload) == 1:
+                batch = payload[0]
+            elif len(payload) == 2:  # its header apart from its records (a stamped batch)
+                batch = SplitBatch(payload[0], payload[1])
+            else:
+                raise BrokerProtocolError(f"a produce carries one record batch, in one payload "
+                                          f"frame or two (header, records), not {len(payload)}")
             pid = (req.topic, req.partition)
-            batch = payload[0]
             return await self._call(peer, req.session,
                                     lambda t: Produce(t, req.session, pid, batch))
 

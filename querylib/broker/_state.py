@@ -33,7 +33,12 @@ from typing import Any
 
 from catalog.errors import TqError
 from querylib.errors import InvalidLengthError, StorageError
-from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
+from querylib.records._header import (
+    ATTRIBUTES_OFFSET,
+    batch_head,
+    read_header,
+    stamp_base_offset,
+)
 from querylib.records._types import CONTROL_BIT
 
 from ._access import check_principal
@@ -406,11 +411,12 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if len(batch) > self.limits.max_batch_bytes:
             raise BatchTooLargeError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
                                      f"of {self.limits.max_batch_bytes}")
-        header = read_header(batch)
+        head = batch_head(batch)
+        header = read_header(head)
         if header.size != len(batch):
             raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
                                      f"got {len(batch)} bytes")
-        if batch[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
+        if head[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
             raise BrokerProtocolError("control batches are written by the broker, not producers")
         seq = None
         if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's

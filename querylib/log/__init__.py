@@ -29,6 +29,7 @@ open), and for a damaged segment `<base>.damage` and `<base>.log.corrupt-<positi
     parse_partition_dir("orders-3") == ("orders", 3); partition_dir_name("orders", 3)
     dump_segment(path, records=False) -> Iterator[dict]   # what `tq log dump` prints
     stored_batch(batch, base_offset) -> bytes  # the bytes the log stores and serves for it
+    appended_batch(batch, base_offset) -> bytes  # the same for a batch appended (not checked again)
     data_records(log, start, end) -> Iterator[Record]  # replay: data records, controls skipped
     record_at_timestamp(log, ts, end) -> (offset, timestamp) | None  # ListOffsets by time
 
@@ -63,7 +64,7 @@ LogLockedError (open elsewhere), CorruptDataError / QuarantinedDataError (damage
 and StorageError (I/O failure) from querylib.errors.
 """
 
-from querylib.log._batch import stored_batch
+from querylib.log._batch import appended_batch, stored_batch
 from querylib.log._check import Finding, check_partition, find_partition_dirs, repair_partition
 from querylib.log._config import (
     FlushPolicy,
@@ -98,5 +99,6 @@ __all__ = [
     "repair_partition",
     "segment_damage",
     "segment_name",
+    "appended_batch",
     "stored_batch",
 ]

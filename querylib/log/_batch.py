@@ -14,12 +14,22 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from querylib.errors import InvalidLengthError, RecordError, TruncatedRecordError
+import crc32c
+
+from querylib.errors import (
+    CorruptRecordError,
+    InvalidLengthError,
+    RecordError,
+    TruncatedRecordError,
+)
 from querylib.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAX_BATCH_SIZE,
+    Batch,
     BatchHeader,
+    SplitBatch,
+    batch_head,
     read_header,
     verify_batch,
 )
@@ -35,6 +45,8 @@ _PREFIX = struct.Struct(">qii")
 # baseOffset .. maxTimestamp: the header fields a read needs (HEADER's first nine).
 _PEEK = struct.Struct(">qiibIhiqq")
 _MIN_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+_CRC_START = 21  # the CRC-32C covers attributes..end
+_LENGTH = struct.Struct(">i")
 PREFIX_SIZE = _PREFIX.size
 _POSITION_PREFIX = re.compile(r"^batch (header )?at \d+: ")
 
@@ -45,14 +57,17 @@ def describe(exc: RecordError) -> str:
     return _POSITION_PREFIX.sub("", str(exc))
 
 
-def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
+def check_batch(buf: Batch) -> BatchHeader:
     """Validate producer bytes that must be exactly one batch; raise a RecordError if not.
 
     Beyond `verify_batch`: nothing may follow the batch, and it must hold 1..n records with
     offset deltas 0..n-1, as every producer writes them, since the log assigns offsets from
-    lastOffsetDelta.
+    lastOffsetDelta. A SplitBatch is checked as the batch its two parts make.
     """
-    header = verify_batch(buf, 0)  # the codec's check: bounds, magic 2, CRC-32C
+    if type(buf) is SplitBatch:
+        header = _verify_split(buf)
+    else:  # the codec's check: bounds, magic 2, CRC-32C
+        header = verify_batch(buf, 0)  # type: ignore[arg-type]
     if header.size != len(buf):
         raise InvalidLengthError(
             f"batch is {header.size} bytes but {len(buf)} were given: append one batch at a time"
@@ -65,16 +80,48 @@ def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
     return header
 
 
+def _verify_split(batch: SplitBatch) -> BatchHeader:
+    """verify_batch for a batch in two parts: a head of exactly the 61-byte header, then the
+    records (one CRC-32C pass over both, nothing copied)."""
+    head = memoryview(batch.head).cast("B")
+    if len(head) != HEADER_SIZE:
+        raise InvalidLengthError(f"a split batch's head is its {HEADER_SIZE}-byte header, not "
+                                 f"{len(head)} bytes")
+    header = read_header(head)
+    if header.size > len(batch):
+        raise TruncatedRecordError(
+            f"batch at 0: {len(batch)} bytes left, batchLength says {header.size}")
+    actual = crc32c.crc32c(batch.body, crc32c.crc32c(head[_CRC_START:]))
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"batch at 0: CRC-32C {actual:#010x}, header says {header.crc:#010x}")
+    return header
+
+
 def stamp_prefix(base_offset: int, header: BatchHeader) -> bytes:
     """The first 16 bytes of the batch as stored: our base offset and leader epoch."""
     return _PREFIX.pack(base_offset, header.batch_length, LEADER_EPOCH)
 
 
-def stored_batch(batch: bytes | bytearray | memoryview, base_offset: int) -> bytes:
+def stored_batch(batch: Batch, base_offset: int) -> bytes:
     """The bytes PartitionLog stores (and serves) for `batch` appended at `base_offset`: the
     producer's bytes with base offset and leader epoch stamped. Validates like check_batch."""
-    view = memoryview(batch).cast("B")
+    if type(batch) is SplitBatch:
+        prefix = stamp_prefix(base_offset, check_batch(batch))
+        return b"".join((prefix, memoryview(batch.head)[PREFIX_SIZE:], batch.body))
+    view = memoryview(batch).cast("B")  # type: ignore[arg-type]
     return stamp_prefix(base_offset, check_batch(view)) + bytes(view[PREFIX_SIZE:])
+
+
+def appended_batch(batch: Batch, base_offset: int) -> bytes:
+    """`stored_batch` of a batch this log appended at `base_offset`, so checked then (and
+    unchanged since: producer bytes are never written to): the same bytes, without checking
+    them a second time (a CRC pass per batch a broker hands subscribers from memory)."""
+    head = batch_head(batch)
+    prefix = _PREFIX.pack(base_offset, _LENGTH.unpack_from(head, 8)[0], LEADER_EPOCH)
+    if type(batch) is SplitBatch:
+        return b"".join((prefix, memoryview(head)[PREFIX_SIZE:], batch.body))
+    return prefix + bytes(memoryview(batch).cast("B")[PREFIX_SIZE:])  # type: ignore[arg-type]
 
 
 def pread_exact(fd: int, length: int, pos: int) -> bytes:

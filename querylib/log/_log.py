@@ -53,11 +53,11 @@ from querylib.log._config import INT32_MAX, LOCK_FILE, FlushPolicy, LogConfig
 from querylib.log._damage import Damage
 from querylib.log._recovery import fsync_dir, load_segments, write_checkpoint, write_clean_marker
 from querylib.log._segment import LogSegment, PendingBatch
-from querylib.records import BatchHeader, decode_batch
+from querylib.records import BatchHeader, SplitBatch, decode_batch
 
 logger = logging.getLogger("querylib.log")
 
-Buffer = bytes | bytearray | memoryview
+Buffer = bytes | bytearray | memoryview | SplitBatch  # a SplitBatch: header and records apart
 
 
 class SegmentInfo(NamedTuple):
@@ -252,7 +252,7 @@ class PartitionLog:
         """Append several batches with one write (per segment) and at most one fsync; return
         their base offsets. All are validated before any is written: one bad batch raises its
         RecordError and none is appended."""
-        views = [memoryview(b).cast("B") for b in batches]
+        views = [b if type(b) is SplitBatch else memoryview(b).cast("B") for b in batches]
         headers = [check_batch(v) for v in views]
         if not views:
             return []
@@ -264,7 +264,7 @@ class PartitionLog:
                 raise self._fail("append", exc) from exc
 
     def _append_checked(
-        self, views: list[memoryview], headers: list[BatchHeader]
+        self, views: list[memoryview | SplitBatch], headers: list[BatchHeader]
     ) -> list[int]:
         segment = self._view[1][-1]
         limit = self.config.segment_bytes
@@ -281,8 +281,12 @@ class PartitionLog:
                     run = []
                 segment = self._roll()
                 run_size = 0
-            run.append(PendingBatch(offset, header, stamp_prefix(offset, header),
-                                    view[PREFIX_SIZE:]))
+            if type(view) is SplitBatch:
+                run.append(PendingBatch(offset, header, stamp_prefix(offset, header),
+                                        memoryview(view.head)[PREFIX_SIZE:], view.body))
+            else:
+                run.append(PendingBatch(offset, header, stamp_prefix(offset, header),
+                                        view[PREFIX_SIZE:]))
             offsets.append(offset)
             run_size += header.size
             offset = next_offset

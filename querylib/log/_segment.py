@@ -48,7 +48,8 @@ class PendingBatch:
     base_offset: int
     header: BatchHeader
     prefix: bytes
-    body: memoryview  # the producer's bytes from offset 16 on
+    body: memoryview  # the producer's bytes from offset 16 on (to the end of its header, if split)
+    tail: memoryview | bytes | None = None  # a split batch's records (SplitBatch.body)
 
 
 def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
@@ -159,6 +160,8 @@ class LogSegment:
         for batch in batches:
             buffers.append(batch.prefix)
             buffers.append(batch.body)
+            if batch.tail is not None:
+                buffers.append(batch.tail)
         try:
             _write_all(self.fd, buffers)
         except OSError:

@@ -40,10 +40,14 @@ from querylib.records._header import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAX_BATCH_SIZE,
+    Batch,
     BatchHeader,
+    SplitBatch,
+    batch_head,
     read_header,
     stamp_base_offset,
     stamp_producer,
+    stamp_producer_split,
 )
 from querylib.records._legacy import decode_legacy
 from querylib.records._runs import Irregular, ValueRun, value_runs
@@ -58,6 +62,7 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_DECOMPRESSED_SIZE",
     "TIME_HEADER",
+    "Batch",
     "BatchHeader",
     "Compression",
     "ControlType",
@@ -65,8 +70,10 @@ __all__ = [
     "RecordBatch",
     "Run",
     "RunBatch",
+    "SplitBatch",
     "TimestampType",
     "ValueRun",
+    "batch_head",
     "control_of",
     "decode_batch",
     "decode_frontier",
@@ -84,6 +91,7 @@ __all__ = [
     "reopen_batch",
     "stamp_base_offset",
     "stamp_producer",
+    "stamp_producer_split",
     "value_runs",
     "verify_batch",
 ]

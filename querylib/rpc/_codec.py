@@ -396,9 +396,11 @@ class Codec:
 
     def _remember(self, session: bytes, principal: str, signer: Signer) -> None:
         senders = self._senders
-        if session in senders:
+        known = senders.get(session)
+        if known is not None:
             senders.move_to_end(session)
-            senders[session] = (principal, signer)  # a rotated key is the newest signer
+            if known[1] is not signer:
+                senders[session] = (principal, signer)  # a rotated key is the newest signer
             return
         senders[session] = (principal, signer)
         if len(senders) > self.limits.max_sessions:

@@ -17,6 +17,7 @@ from querylib.broker._link import BrokerLink
 from querylib.broker._messages import EndStreamRequest, Produced, ProduceRequest
 from querylib.broker._producer import ProducerCore
 from querylib.broker._stream import encode_records
+from querylib.records import iter_batches
 from tests.conftest import free_port, wait_for_async
 
 from ._broker_helpers import secret_file, start_broker
@@ -202,3 +203,58 @@ def test_a_producer_whose_end_was_stored_but_not_answered_rejoins_and_is_answere
     assert values == [f"{b}:{i}" for b in range(2) for i in range(RECORDS)]
     (info,) = list_partitions(address, secret, topic="t")
     assert ends == 1 and info.ended and info.log_end == 2 * RECORDS + 1
+
+
+def test_pre_built_batches_are_stamped_without_copying_their_records(processes,
+                                                                   tmp_path) -> None:
+    """A batch the producer did not encode gets its producer id and sequence in a new header
+    sent apart from its records, which go out as the caller's bytes (issue 13: copying each
+    batch to stamp it cost the pre-built path its throughput); the broker stores the whole
+    batch, stamped, and answers a resend of it with the offsets it got the first time."""
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    broker = start_broker(processes, tmp_path / "data", port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    batches = [encode_records(_entries(b)) for b in range(3)]
+
+    async def scenario() -> tuple[list[Produced], Produced, int]:
+        link = BrokerLink(address, secret, lease=1.0, timeout=5.0)
+        await link.start()
+        core = ProducerCore(link, "t", 0)
+        await core.open()
+        sent: list[Any] = []
+        real = link.request
+
+        async def keeping(request: Any, **options: Any) -> Any:
+            if isinstance(request, ProduceRequest):
+                sent.append(list(options["payload"]))
+            return await real(request, **options)
+
+        link.request = keeping  # type: ignore[method-assign]
+        acks = [await (await core.send_batch(b)) for b in batches]
+        # Every batch went out as a new header and a view of the caller's bytes.
+        assert [len(frames) for frames in sent] == [2, 2, 2]
+        assert all(frames[1].obj is b for frames, b in zip(sent, batches, strict=True))
+        # The second batch again, as a producer sends it after a reconnect: stored once.
+        again = await real(ProduceRequest(session=link.session, topic="t", partition=0),
+                           payload=sent[1])
+        await core.end()
+        await link.close()
+        return acks, again, core.producer_id
+
+    acks, again, producer_id = asyncio.run(scenario())
+    assert acks == [Produced(base_offset=b * RECORDS, next_offset=(b + 1) * RECORDS)
+                    for b in range(3)]
+    assert again == acks[1]
+    stored: list[Any] = []
+    with Subscriber(address, "t", 0, secret=secret) as sub:
+        while len(stored) < 3:
+            chunk = sub.next_chunk(30)
+            assert chunk is not None, "the stored batches within 30 s"
+            stored += [b for b in iter_batches(chunk.data) if not b.is_control]
+            sub.consumed(chunk)
+    assert [(b.producer_id, b.base_sequence) for b in stored] == \
+        [(producer_id, b * RECORDS) for b in range(3)]
+    assert [r.value.decode() for b in stored for r in b.records] == \
+        [f"{b}:{i}" for b in range(3) for i in range(RECORDS)]
+    broker.terminate()

@@ -19,7 +19,8 @@ from querylib.log import (
 def test_public_names():
     assert sorted(querylib.log.__all__) == [
         "Damage", "FileSlice", "Finding", "FlushPolicy", "LogConfig", "PartitionLog",
-        "SegmentInfo", "check_partition", "corrupt_data_error", "data_records", "dump_segment",
+        "SegmentInfo", "appended_batch", "check_partition", "corrupt_data_error",
+        "data_records", "dump_segment",
         "find_partition_dirs", "parse_partition_dir", "parse_segment_name",
         "partition_dir_name", "record_at_timestamp", "repair_partition", "segment_damage",
         "segment_name", "stored_batch",

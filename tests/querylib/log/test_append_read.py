@@ -208,3 +208,27 @@ def test_a_second_open_of_the_same_log_is_refused(tmp_path):
         with pytest.raises(StorageError, match="open in another"):
             PartitionLog.open(tmp_path / "t-0")
     PartitionLog.open(tmp_path / "t-0").close()
+
+
+def test_a_batch_split_in_header_and_records_is_stored_as_the_whole_batch(log):
+    """A broker receives a batch a producer stamped as two frames (header, records) and
+    appends it without joining them: the log stores and serves the same bytes as for the
+    whole batch, and checks it the same way."""
+    from querylib.log import appended_batch, stored_batch
+    from querylib.records import SplitBatch, stamp_producer, stamp_producer_split
+
+    batch = make_batch(3)
+    split = stamp_producer_split(batch, 1 << 62, 0, 5)
+    whole = bytes(stamp_producer(batch, 1 << 62, 0, 5))
+    log.append(make_batch(2))
+    assert log.append_batches([split, make_batch(1)]) == [2, 5]
+    assert log.read(2, 1) == stored_batch(whole, 2) == stored_batch(split, 2)
+    assert appended_batch(split, 2) == appended_batch(whole, 2) == stored_batch(whole, 2)
+    decoded = decode_batch(log.read(2, 1))
+    assert decoded.producer_id == 1 << 62 and decoded.base_sequence == 5
+    damaged = SplitBatch(split.head, _corrupt(bytes(split.body), 10))
+    with pytest.raises(CorruptRecordError):
+        log.append(damaged)
+    with pytest.raises(InvalidLengthError):
+        log.append(SplitBatch(bytes(split)[:70], bytes(split)[70:]))
+    assert log.log_end_offset == 6
