@@ -6,12 +6,14 @@ connection."""
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits
+from catalog import TopicName
+from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits, kafka_topic_id
 from querylib.records import encode_batch, iter_batches
 
 from ._support import ListenerThread, WireClient, make_request, running_listener
@@ -51,8 +53,14 @@ def produce(version: int, topic: str, partition: int, records: bytes | None, ack
         **extra)
 
 
+def topic_id(name: str) -> uuid.UUID:
+    """The Kafka topic id a broker alone gives `name` (DESIGN §8 "Topic ids")."""
+    return kafka_topic_id(TopicName.parse(name).full)
+
+
 def fetch(version: int, partitions: list[tuple[str, int, int]], *, max_wait: int = 0,
           min_bytes: int = 0, max_bytes: int = 1 << 20, partition_max: int = 1 << 20) -> object:
+    """A Fetch request; from v13 its topics are named by their ids."""
     topics: dict[str, list] = {}
     for topic, partition, offset in partitions:
         topics.setdefault(topic, []).append({
@@ -60,7 +68,8 @@ def fetch(version: int, partitions: list[tuple[str, int, int]], *, max_wait: int
             "current_leader_epoch": -1, "log_start_offset": -1})
     return make_request(A.FETCH, version, replica_id=-1, max_wait=max_wait, min_bytes=min_bytes,
                         max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
-                        topics=[{"topic": t, "partitions": p} for t, p in topics.items()],
+                        topics=[{"topic": t, "topic_id": topic_id(t), "partitions": p}
+                                for t, p in topics.items()],
                         forgotten_topics_data=[], rack_id="")
 
 
@@ -79,7 +88,8 @@ def test_api_versions(client: WireClient, version: int) -> None:
 @pytest.mark.parametrize("version", versions(A.METADATA))
 def test_metadata(served: ListenerThread, client: WireClient, version: int) -> None:
     response = client.call(make_request(
-        A.METADATA, version, topics=[{"name": "t"}, {"name": "missing"}, {"name": "bad name"}],
+        A.METADATA, version, topics=[{"name": n, "topic_id": None}
+                                     for n in ("t", "missing", "bad name")],
         allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False))
     assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
@@ -94,6 +104,20 @@ def test_metadata(served: ListenerThread, client: WireClient, version: int) -> N
     else:
         assert missing.error_code is ErrorCode.unknown_topic_or_partition
     assert bad.error_code is ErrorCode.invalid_topic_exception
+    if version >= 10:  # topic ids: the same for every spelling of the name, and found by id
+        assert t.topic_id == topic_id("t") == topic_id("public/default/t") != uuid.UUID(int=0)
+        assert t.topic_id.version == 5
+        by_id = client.call(make_request(
+            A.METADATA, version, topics=[{"name": None, "topic_id": t.topic_id},
+                                         {"name": None, "topic_id": topic_id("missing")}],
+            allow_auto_topic_creation=True, include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False))
+        found, unknown = by_id.topics
+        assert (found.error_code, found.name, len(found.partitions)) == (ErrorCode.none, "t", 2)
+        assert unknown.error_code is ErrorCode.unknown_topic_id
+        assert unknown.name == (None if version >= 12 else "")
+    if version >= 13:
+        assert response.error_code is ErrorCode.none
 
 
 def test_metadata_of_all_topics_marks_internal_ones(client: WireClient) -> None:
@@ -136,7 +160,12 @@ def test_list_offsets(client: WireClient, version: int) -> None:
 
 @pytest.mark.parametrize("version", versions(A.FIND_COORDINATOR))
 def test_find_coordinator(served: ListenerThread, client: WireClient, version: int) -> None:
-    response = client.call(make_request(A.FIND_COORDINATOR, version, key="g", key_type=0))
+    response = client.call(make_request(A.FIND_COORDINATOR, version, key="g", key_type=0,
+                                        coordinator_keys=["g", "h"]))
+    if version >= 4:  # a batch of keys, answered each
+        assert [(c.key, c.error_code, c.node_id, c.port) for c in response.coordinators] == [
+            ("g", ErrorCode.none, 0, served.port), ("h", ErrorCode.none, 0, served.port)]
+        return
     assert (response.error_code, response.node_id, response.port) == (
         ErrorCode.none, 0, served.port)
 
@@ -153,9 +182,20 @@ def test_offset_commit_and_fetch(client: WireClient, version: int) -> None:
     assert [[p.error_code for p in t.partitions] for t in response.topics] == [
         [ErrorCode.none], [ErrorCode.unknown_topic_or_partition]]
     for fetch_version in versions(A.OFFSET_FETCH):
-        fetched = client.call(make_request(A.OFFSET_FETCH, fetch_version, group_id=group,
-                                           topics=[{"name": "t", "partition_indexes": [0, 1]}]))
-        committed = fetched.topics[0].partitions
+        wanted = [{"name": "t", "partition_indexes": [0, 1]}]
+        fetched = client.call(make_request(
+            A.OFFSET_FETCH, fetch_version, group_id=group, topics=wanted, require_stable=True,
+            groups=[{"group_id": group, "topics": wanted, "member_epoch": -1},
+                    {"group_id": "", "topics": None, "member_epoch": -1},
+                    {"group_id": "never", "topics": None, "member_epoch": -1}]))
+        if fetch_version >= 8:  # several groups, answered each
+            mine, empty_id, never = fetched.groups
+            assert (mine.group_id, mine.error_code) == (group, ErrorCode.none)
+            assert empty_id.error_code is ErrorCode.invalid_group_id
+            assert (never.error_code, never.topics) == (ErrorCode.none, ())
+            committed = mine.topics[0].partitions
+        else:
+            committed = fetched.topics[0].partitions
         assert [(p.committed_offset, p.metadata) for p in committed] == [(2, "meta"), (-1, "")]
 
 
