@@ -5,6 +5,7 @@ connection."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import uuid
 from collections.abc import Iterator
@@ -141,21 +142,47 @@ def test_produce_then_fetch(client: WireClient, version: int) -> None:
         assert values == [b"x", b"y"]
         if fetch_version >= 7:
             assert fetched.session_id == 0
+        if fetch_version >= 13:
+            assert fetched.responses[0].topic_id == topic_id("t")
+
+
+@pytest.mark.parametrize("version", range(13, SUPPORTED_VERSIONS[A.FETCH][1] + 1))
+def test_fetch_by_an_unknown_topic_id_is_unknown_topic_id(client: WireClient,
+                                                          version: int) -> None:
+    request = fetch(version, [("t", 0, 0)])
+    stranger = uuid.uuid4()
+    request = dataclasses.replace(request, topics=(
+        dataclasses.replace(request.topics[0], topic_id=stranger),))
+    fetched = client.call(request)
+    (topic,) = fetched.responses
+    assert topic.topic_id == stranger
+    assert [p.error_code for p in topic.partitions] == [ErrorCode.unknown_topic_id]
 
 
 @pytest.mark.parametrize("version", versions(A.LIST_OFFSETS))
-def test_list_offsets(client: WireClient, version: int) -> None:
+def test_list_offsets(served: ListenerThread, client: WireClient, version: int) -> None:
+    # Partition 1: the largest timestamp is not the last record's.
+    served.call(served.backend.append("t", 1, [encode_batch(
+        [(1_700_000_000_005, None, b"a", ()), (1_700_000_000_009, None, b"b", ()),
+         (1_700_000_000_009, None, b"c", ()), (1_700_000_000_003, None, b"d", ())])], acks=1))
     response = client.call(make_request(A.LIST_OFFSETS, version, replica_id=-1,
                                         isolation_level=0, topics=[{"name": "t", "partitions": [
                                             {"partition_index": 0, "timestamp": -1},
                                             {"partition_index": 0, "timestamp": -2},
                                             {"partition_index": 0,
                                              "timestamp": 1_700_000_000_001},
-                                            {"partition_index": 5, "timestamp": -1}]}]))
-    latest, earliest, by_time, unknown = response.topics[0].partitions
+                                            {"partition_index": 5, "timestamp": -1},
+                                            {"partition_index": 1, "timestamp": -3},
+                                            {"partition_index": 1, "timestamp": -4}]}]))
+    latest, earliest, by_time, unknown, largest, local = response.topics[0].partitions
     assert (latest.offset, earliest.offset, by_time.offset) == (2, 0, 1)
     assert by_time.timestamp == 1_700_000_000_001
     assert unknown.error_code is ErrorCode.unknown_topic_or_partition
+    # v7 MAX_TIMESTAMP: the first record with the largest timestamp; v8 EARLIEST_LOCAL: the
+    # log start (tq keeps every segment locally). The broker answers them at any version, as
+    # Kafka's does; clients send them only from v7 and v8.
+    assert (largest.offset, largest.timestamp) == (1, 1_700_000_000_009)
+    assert (local.offset, local.error_code) == (0, ErrorCode.none)
 
 
 @pytest.mark.parametrize("version", versions(A.FIND_COORDINATOR))
@@ -212,11 +239,21 @@ def test_group_lifecycle(client: WireClient, version: int) -> None:
     assert (response.error_code, response.generation_id) == (ErrorCode.none, 1)
     member = response.member_id
     assert response.leader == member and [m.member_id for m in response.members] == [member]
+    if version >= 7:
+        assert response.protocol_type == "consumer"
+    if version >= 9:
+        assert response.skip_assignment is False
     sync_version = min(version, SUPPORTED_VERSIONS[A.SYNC_GROUP][1])
-    synced = client.call(make_request(A.SYNC_GROUP, sync_version, group_id=group,
-                                      generation_id=1, member_id=member,
-                                      assignments=[{"member_id": member, "assignment": b"a"}]))
+    sync = dict(group_id=group, generation_id=1, member_id=member, protocol_type="consumer",
+                assignments=[{"member_id": member, "assignment": b"a"}])
+    if sync_version >= 5:  # the protocol a member names must be the group's
+        wrong = client.call(make_request(A.SYNC_GROUP, sync_version, protocol_name="roundrobin",
+                                         **sync))
+        assert wrong.error_code is ErrorCode.inconsistent_group_protocol
+    synced = client.call(make_request(A.SYNC_GROUP, sync_version, protocol_name="range", **sync))
     assert (synced.error_code, synced.assignment) == (ErrorCode.none, b"a")
+    if sync_version >= 5:
+        assert (synced.protocol_type, synced.protocol_name) == ("consumer", "range")
     for hb_version in versions(A.HEARTBEAT):
         beat = client.call(make_request(A.HEARTBEAT, hb_version, group_id=group,
                                         generation_id=1, member_id=member))
@@ -228,9 +265,20 @@ def test_group_lifecycle(client: WireClient, version: int) -> None:
         ours, nobody = described.groups
         assert (ours.group_state, [m.member_id for m in ours.members]) == ("Stable", [member])
         assert nobody.group_state == "Dead"
+        assert nobody.error_code is (ErrorCode.group_id_not_found if describe_version >= 6
+                                     else ErrorCode.none)
     for list_version in versions(A.LIST_GROUPS):
         listed = client.call(make_request(A.LIST_GROUPS, list_version))
         assert group in {g.group_id for g in listed.groups}
+        if list_version >= 4:  # filtered by state (and from v5 by type), case-insensitively
+            assert {(g.group_id, g.group_state) for g in listed.groups} >= {(group, "Stable")}
+            for states, types, found in [(["stable"], [], True), (["Empty"], [], False),
+                                         ([], ["Classic"], True), ([], ["consumer"], False)]:
+                if types and list_version < 5:
+                    continue
+                listed = client.call(make_request(A.LIST_GROUPS, list_version,
+                                                  states_filter=states, types_filter=types))
+                assert (group in {g.group_id for g in listed.groups}) is found, (states, types)
     leave_version = min(version, SUPPORTED_VERSIONS[A.LEAVE_GROUP][1])
     left = client.call(make_request(A.LEAVE_GROUP, leave_version, group_id=group,
                                     member_id=member, members=[{"member_id": member}]))
@@ -249,6 +297,13 @@ def test_create_topics(client: WireClient, version: int) -> None:
                                             {"name": "x", **topic, "replication_factor": 3}]))
     assert [t.error_code for t in response.topics] == [
         ErrorCode.none, ErrorCode.topic_already_exists, ErrorCode.invalid_replication_factor]
+    created, exists, refused = response.topics
+    if version >= 5:  # the topic as created; -1 for those not created
+        assert (created.num_partitions, created.replication_factor) == (2, 1)
+        assert (exists.num_partitions, refused.replication_factor) == (-1, -1)
+    if version >= 7:
+        assert created.topic_id == topic_id(f"new-{version}") != uuid.UUID(int=0)
+        assert exists.topic_id is None  # the zero id, as kio decodes it
 
 
 @pytest.mark.parametrize("version", versions(A.INIT_PRODUCER_ID))
