@@ -119,6 +119,8 @@ def test_metadata(served: ListenerThread, client: WireClient, version: int) -> N
         assert unknown.name == (None if version >= 12 else "")
     if version >= 13:
         assert response.error_code is ErrorCode.none
+    assert served.listener is not None
+    assert served.listener.stats.versions[A.METADATA, version] >= 1  # counted by version
 
 
 def test_metadata_of_all_topics_marks_internal_ones(client: WireClient) -> None:
