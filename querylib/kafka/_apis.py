@@ -207,11 +207,22 @@ def decode_request(
     except _KIO_DECODE_ERRORS as exc:
         raise MalformedRequestError(
             f"{ApiKey(api_key).name} v{version} body does not decode: {exc}") from exc
-    if offset + size != len(frame):
+    if offset + size != len(frame) and not _librdkafka_all_topics(api_key, version, request,
+                                                                  len(frame) - offset - size):
         raise MalformedRequestError(
             f"{ApiKey(api_key).name} v{version}: {len(frame) - offset - size} bytes after "
             "the body")
     return request
+
+
+def _librdkafka_all_topics(api_key: int, version: int, request: Any, extra: int) -> bool:
+    """librdkafka (2.x) asks Metadata v9+ for all topics with the 4-byte placeholder it keeps
+    for the topics count left in place: a null compact array (0) then 3 zero bytes, which
+    read as the fields after it, and the real fields (3 bytes) are left over. Kafka ignores
+    bytes after a body; here only these are (the fields read are false, as librdkafka sends
+    them for a full listing)."""
+    return (api_key == ApiKey.METADATA and version >= 9 and request.topics is None
+            and extra == 3)
 
 
 def millis(value: datetime.timedelta) -> int:

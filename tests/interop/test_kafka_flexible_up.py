@@ -112,6 +112,8 @@ def test_confluent_kafka_on_flexible_versions(up: UpWithEndpoints) -> None:
         assert by_time[0].offset == 1  # T0+1 at 0, T0+3 at 1, T0+5 at 2 in partition 1
         metadata = consumer.list_topics(topic, timeout=30)
         assert sorted(metadata.topics[topic].partitions) == [0, 1]
+        everything = consumer.list_topics(timeout=30)  # Metadata v13 for all topics
+        assert sorted(everything.topics[topic].partitions) == [0, 1]
         consumer.close()
 
         admin = AdminClient(common)
@@ -160,6 +162,7 @@ def test_kafka_python_on_flexible_versions(up: UpWithEndpoints) -> None:
         found = consumer.offsets_for_times({partitions[1]: T0 + 2})[partitions[1]]
         assert (found.offset, found.timestamp) == (1, T0 + 3)
         assert consumer.partitions_for_topic(topic) == {0, 1}
+        assert topic in consumer.topics()  # every topic
         consumer.close()
     finally:
         logger.removeHandler(seen)

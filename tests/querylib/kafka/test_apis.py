@@ -64,6 +64,16 @@ def test_trailing_and_missing_bytes_are_malformed(api_key: int, version: int) ->
             decode_request(api_key, version, body[:-1], 0)
 
 
+@pytest.mark.parametrize("version", range(9, SUPPORTED_VERSIONS[ApiKey.METADATA][1] + 1))
+def test_librdkafkas_metadata_for_all_topics_with_its_placeholder_decodes(version: int) -> None:
+    # As librdkafka 2.16 sends it (captured): the topics count's 4-byte placeholder left in.
+    body = bytes.fromhex("00000000" "000000" if version >= 11 else "00000000" "00000000")
+    request = decode_request(ApiKey.METADATA, version, body, 0)
+    assert request.topics is None
+    with pytest.raises(MalformedRequestError):  # nothing else is left over
+        decode_request(ApiKey.METADATA, version, body + b"\x00", 0)
+
+
 def _minimal(api_key: int) -> dict:
     """Enough fields for a request of any version of this api."""
     return {
