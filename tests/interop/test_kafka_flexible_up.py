@@ -254,3 +254,47 @@ def test_kcat_produces_consumes_in_a_group_and_lists(up: UpWithEndpoints) -> Non
     for api in ("Produce", "Fetch", "Metadata", "OffsetCommit", "OffsetFetch", "JoinGroup",
                 "ListOffsets"):
         assert seen.used.get(api), (api, dict(seen.used))
+
+
+def test_a_topic_created_again_gets_a_new_topic_id(up: UpWithEndpoints) -> None:
+    """Topic ids are per incarnation (DESIGN §8 "Topic ids"): every listener gives the same
+    one, a topic deleted and created again under its name gets a new one, and a Fetch by the
+    old id finds nothing."""
+    from catalog import Broker
+    from tests.querylib.kafka._support import WireClient, make_request
+
+    with up.cluster() as cluster:
+        (coordinator,) = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
+                          if isinstance(b, Broker) and b.session_id is None]
+
+    def topic_id(address: str) -> object:
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        with WireClient(int(port)) as client:
+            response = client.call(make_request(
+                3, 12, topics=[{"name": "flex-again", "topic_id": None}],
+                allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+        (topic,) = response.topics
+        assert topic.error_code == 0, topic
+        return topic.topic_id
+
+    _create(up, "flex-again")
+    first = topic_id(up.info["kafka"])
+    assert first is not None and topic_id(coordinator.kafka_address) == first
+    deleted = up.tq("topic", "delete", "flex-again", "--force")
+    assert deleted.returncode == 0, deleted.stderr
+    _create(up, "flex-again")
+    second = topic_id(up.info["kafka"])
+    assert second not in (None, first)
+    host, port = up.info["kafka"].rsplit(":", 1)
+    with WireClient(int(port)) as client:
+        fetched = client.call(make_request(
+            1, 13, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+            session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+            topics=[{"topic_id": old_or_new, "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                 "current_leader_epoch": -1, "log_start_offset": -1,
+                 "last_fetched_epoch": -1}]} for old_or_new in (first, second)]))
+    old, new = fetched.responses
+    assert [p.error_code for p in old.partitions] == [100]  # UNKNOWN_TOPIC_ID
+    assert [p.error_code for p in new.partitions] == [0]
