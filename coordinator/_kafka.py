@@ -22,7 +22,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from catalog import Broker, Catalog, Topic, TopicName
-from querylib.kafka import BrokerInfo, PartitionInfo, PolicyViolationError, TopicInfo
+from querylib.kafka import (
+    BrokerInfo,
+    PartitionInfo,
+    PolicyViolationError,
+    TopicInfo,
+    kafka_topic_id,
+)
 
 __all__ = ["CatalogView", "previous_port"]
 
@@ -99,4 +105,5 @@ def previous_port(catalog: Catalog, advertised: str) -> int | None:
 def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
     return TopicInfo(name or topic.short_name,
                      tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal)
+                     internal=topic.internal,
+                     topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))

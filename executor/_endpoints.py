@@ -40,7 +40,13 @@ from catalog import (
 )
 from querylib.broker import TopicAccess, catalog_access
 from querylib.cluster import AsyncCluster, Snapshot
-from querylib.kafka import BrokerInfo, CoordinatorNotAvailableError, PartitionInfo, TopicInfo
+from querylib.kafka import (
+    BrokerInfo,
+    CoordinatorNotAvailableError,
+    PartitionInfo,
+    TopicInfo,
+    kafka_topic_id,
+)
 
 __all__ = ["CatalogTopics"]
 
@@ -234,4 +240,5 @@ def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
     """A catalog topic as Kafka's Metadata shows it: each partition led by its broker."""
     return TopicInfo(name or topic.short_name,
                      tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal)
+                     internal=topic.internal,
+                     topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))

@@ -37,6 +37,7 @@ from querylib.kafka._backend import (
     PartitionOffsets,
     PartitionRead,
     TopicInfo,
+    kafka_topic_id,
 )
 from querylib.kafka._broker_backend import (
     OFFSETS_TOPIC,
@@ -122,6 +123,7 @@ __all__ = [
     "decode_offsets_record",
     "encode_group",
     "encode_offset",
+    "kafka_topic_id",
     "parse_request_header",
     "run_kafka",
     "serve_local",

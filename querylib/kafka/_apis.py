@@ -36,6 +36,7 @@ from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
 from querylib.kafka._errors import MalformedRequestError, UnsupportedRequestError
+from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 
 __all__ = [
     "ApiKey",
@@ -74,31 +75,35 @@ class ApiKey(enum.IntEnum):
     SASL_AUTHENTICATE = 36
 
 
-# What ApiVersions advertises. Non-flexible versions only (tagged fields buy us nothing),
-# except ApiVersions v3, which librdkafka and the Java client send first.
+# What ApiVersions advertises: up to the versions current clients send (librdkafka 2.x,
+# kafka-python, aiokafka; Kafka 4's own ranges), flexible ones included (DESIGN §8 "Flexible
+# versions"); each version's semantics are served, not only its encoding. Not served: versions
+# that name topics by id in place of names (Produce v13, OffsetCommit/OffsetFetch v10), and
+# those whose new semantics tq lacks (ListOffsets v9+ tiered offsets, FindCoordinator v5+
+# share groups).
 SUPPORTED_VERSIONS: Mapping[ApiKey, tuple[int, int]] = types.MappingProxyType({
-    ApiKey.PRODUCE: (0, 7),  # v0-2 answered with UNSUPPORTED_VERSION, see the module docstring
-    ApiKey.FETCH: (4, 11),
-    ApiKey.LIST_OFFSETS: (1, 5),
-    ApiKey.METADATA: (0, 8),
-    ApiKey.OFFSET_COMMIT: (2, 7),
-    ApiKey.OFFSET_FETCH: (1, 5),
-    ApiKey.FIND_COORDINATOR: (0, 2),
-    ApiKey.JOIN_GROUP: (0, 5),
-    ApiKey.HEARTBEAT: (0, 3),
-    ApiKey.LEAVE_GROUP: (0, 3),
-    ApiKey.SYNC_GROUP: (0, 3),
-    ApiKey.DESCRIBE_GROUPS: (0, 4),
-    ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.PRODUCE: (0, 12),  # v0-2 answered with UNSUPPORTED_VERSION, see the module docstring
+    ApiKey.FETCH: (4, 17),
+    ApiKey.LIST_OFFSETS: (1, 8),
+    ApiKey.METADATA: (0, 13),
+    ApiKey.OFFSET_COMMIT: (2, 9),
+    ApiKey.OFFSET_FETCH: (1, 9),
+    ApiKey.FIND_COORDINATOR: (0, 4),
+    ApiKey.JOIN_GROUP: (0, 9),
+    ApiKey.HEARTBEAT: (0, 4),
+    ApiKey.LEAVE_GROUP: (0, 5),
+    ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 6),
+    ApiKey.LIST_GROUPS: (0, 5),
     # Advertised from v0 because librdkafka 2.0 (Debian's kcat) looks for v0 to call SASL
     # supported; clients then send v1 and SaslAuthenticate. A v0 handshake's raw tokens (no
     # Kafka framing; gone from Kafka 4, KIP-896) are refused: its answer says so.
     ApiKey.SASL_HANDSHAKE: (0, 1),
-    ApiKey.API_VERSIONS: (0, 3),
-    ApiKey.CREATE_TOPICS: (2, 4),
-    ApiKey.INIT_PRODUCER_ID: (0, 1),
-    ApiKey.DESCRIBE_CONFIGS: (1, 3),
-    ApiKey.SASL_AUTHENTICATE: (0, 1),
+    ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.CREATE_TOPICS: (2, 7),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
 })
 LEGACY_PRODUCE_VERSIONS = range(0, 3)
 
@@ -173,7 +178,7 @@ def response_header_flexible(api_key: int, version: int) -> bool:
 
 # What kio's native reader raises for bytes it cannot read: SerialError for most, ValueError for
 # a negative array length, KeyError for a tagged field it does not know (Kafka would skip it;
-# no client sends one in the only flexible request served, ApiVersions v3).
+# the clients tested send only the tags of Kafka's schemas, which kio knows).
 _KIO_DECODE_ERRORS = (SerialError, ValueError, OverflowError, KeyError, IndexError)
 
 
@@ -195,17 +200,29 @@ def decode_request(
         # v0-2 are v3 without the leading transactional_id: read them as v3 with a null one.
         frame, offset, version = b"\xff\xff" + frame[offset:], 0, 3
     if api_key == ApiKey.PRODUCE:
-        check_produce_shape(frame, offset, max_produce_partitions)
+        check_produce_shape(frame, offset, max_produce_partitions,
+                            flexible=version >= FLEXIBLE_PRODUCE)
     try:
         request, size = _reader(api_key, version)(frame, offset)
     except _KIO_DECODE_ERRORS as exc:
         raise MalformedRequestError(
             f"{ApiKey(api_key).name} v{version} body does not decode: {exc}") from exc
-    if offset + size != len(frame):
+    if offset + size != len(frame) and not _librdkafka_all_topics(api_key, version, request,
+                                                                  len(frame) - offset - size):
         raise MalformedRequestError(
             f"{ApiKey(api_key).name} v{version}: {len(frame) - offset - size} bytes after "
             "the body")
     return request
+
+
+def _librdkafka_all_topics(api_key: int, version: int, request: Any, extra: int) -> bool:
+    """librdkafka (2.x) asks Metadata v9+ for all topics with the 4-byte placeholder it keeps
+    for the topics count left in place: a null compact array (0) then 3 zero bytes, which
+    read as the fields after it, and the real fields (3 bytes) are left over. Kafka ignores
+    bytes after a body; here only these are (the fields read are false, as librdkafka sends
+    them for a full listing)."""
+    return (api_key == ApiKey.METADATA and version >= 9 and request.topics is None
+            and extra == 3)
 
 
 def millis(value: datetime.timedelta) -> int:
@@ -288,30 +305,59 @@ def required_fields(cls: type) -> list[str]:
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+FLEXIBLE_PRODUCE = 9
 
 
-def check_produce_shape(frame: bytes, offset: int, max_partitions: int = 10_000) -> None:
+def check_produce_shape(frame: bytes, offset: int, max_partitions: int = 10_000, *,
+                        flexible: bool = False) -> None:
     """Walk a Produce v3+ body (transactional_id, acks, timeout, [name, [index, records]])
     without building objects; raise MalformedRequestError when it holds more than
-    `max_partitions` partition entries or does not fit its frame. Record bytes stay unread."""
+    `max_partitions` partition entries or does not fit its frame. Record bytes stay unread.
+    `flexible` (v9+): compact strings, arrays and records, tagged fields after each entry."""
     end = len(frame)
-    pos = _skip_string(frame, offset, end)  # transactional_id
+    string, count = (_skip_compact, _compact_count) if flexible else (_skip_string, _count)
+    pos = string(frame, offset, end)  # transactional_id
     pos += 2 + 4  # acks, timeout
-    topics, pos = _count(frame, pos, end)
+    topics, pos = count(frame, pos, end)
     seen = 0
     for _ in range(topics):
-        pos = _skip_string(frame, pos, end)
-        partitions, pos = _count(frame, pos, end)
+        pos = string(frame, pos, end)
+        partitions, pos = count(frame, pos, end)
         seen += partitions
         if seen > max_partitions:
             raise MalformedRequestError(
                 f"Produce request with more than {max_partitions} partition entries")
         for _ in range(partitions):
             pos += 4  # index
-            size, pos = _count(frame, pos, end, nullable=True)
+            size, pos = count(frame, pos, end, nullable=True)
             pos += size
             if pos > end:
                 raise MalformedRequestError("Produce records run past the end of the request")
+            if flexible:
+                pos = skip_tagged_fields(frame, pos)
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+    if flexible:
+        skip_tagged_fields(frame, pos)
+
+
+def _compact_count(frame: bytes, pos: int, end: int, *,
+                   nullable: bool = False) -> tuple[int, int]:
+    """A compact array's count or compact bytes' size: uvarint n + 1, 0 for null."""
+    value, pos = read_uvarint(frame, pos)
+    if value == 0:
+        if nullable:
+            return 0, pos
+        raise MalformedRequestError("null array in a Produce request")
+    return value - 1, pos
+
+
+def _skip_compact(frame: bytes, pos: int, end: int) -> int:
+    size, pos = _compact_count(frame, pos, end, nullable=True)
+    pos += size
+    if pos > end:
+        raise MalformedRequestError("Produce string runs past the end of the request")
+    return pos
 
 
 def _skip_string(frame: bytes, pos: int, end: int) -> int:

@@ -14,10 +14,12 @@ Declarations only: no I/O here.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from catalog import TopicName
 from querylib.kafka._fetch import SizedChunk
 
 __all__ = [
@@ -31,7 +33,19 @@ __all__ = [
     "PartitionOffsets",
     "PartitionRead",
     "TopicInfo",
+    "kafka_topic_id",
 ]
+
+# Kafka topic ids are derived, not stored: uuid5 in this namespace of the topic's canonical
+# name, its catalog id and its creation time (DESIGN §8 "Topic ids").
+_TOPIC_ID_NAMESPACE = uuid.UUID("6a1c3f0e-2b8d-5e47-9c1a-7f4e2d9b8a31")
+
+
+def kafka_topic_id(full_name: str, catalog_id: int = 0, created_ms: int = 0) -> uuid.UUID:
+    """The Kafka topic id (Metadata v10+, Fetch v13+, CreateTopics v7) of one incarnation of
+    a topic: the same from every listener, a new one when the name is created again. A broker
+    without a catalog derives it from the name alone (catalog id and time 0)."""
+    return uuid.uuid5(_TOPIC_ID_NAMESPACE, f"{full_name}\x00{catalog_id}\x00{created_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,13 @@ class TopicInfo:
     name: str
     partitions: tuple[PartitionInfo, ...]
     internal: bool = False
+    topic_id: uuid.UUID | None = None  # its Kafka id (`kafka_topic_id`); None: from the name
+
+    @property
+    def kafka_id(self) -> uuid.UUID:
+        if self.topic_id is not None:
+            return self.topic_id
+        return kafka_topic_id(TopicName.parse(self.name).full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +212,13 @@ class KafkaBackend(Protocol):
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`."""
+        ...
+
+    async def offset_of_max_timestamp(
+        self, topic: str, partition: int
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with the largest timestamp below the high
+        watermark (ListOffsets MAX_TIMESTAMP), None when there is none."""
         ...
 
     async def wait_for_data(

@@ -477,6 +477,15 @@ class BrokerBackend:
         return record_at_timestamp(self.port.log(pid), timestamp_ms,
                                    self._offsets(pid).high_watermark)
 
+    async def offset_of_max_timestamp(self, topic: str,
+                                      partition: int) -> tuple[int, int] | None:
+        pid = await self._hosted(topic, partition)
+        log = self.port.log(pid)
+        largest = max((s.largest_timestamp for s in log.segments), default=-1)
+        if largest < 0:
+            return None
+        return record_at_timestamp(log, largest, self._offsets(pid).high_watermark)
+
     async def wait_for_data(self, positions: Sequence[tuple[str, int, int]],
                             timeout: float) -> None:
         watched = []

@@ -1,9 +1,9 @@
-"""Fetch responses (v4-11) as scatter lists: encoded fields interleaved with file slices, so
+"""Fetch responses (v4-17) as scatter lists: encoded fields interleaved with file slices, so
 stored record batches reach the socket unchanged, by sendfile where the socket allows.
 
 This is the one response not encoded by kio: kio would need every record byte in memory as a
-`records` bytes field. The layout below is Kafka's FetchResponse.json for the non-flexible
-versions; tests check it byte for byte against kio's encoding of the same response.
+`records` bytes field. The layout below is Kafka's FetchResponse.json; tests check it byte for
+byte against kio's encoding of the same response at every served version.
 
     throttle_time_ms        int32
     error_code              int16   v7+
@@ -20,6 +20,15 @@ versions; tests check it byte for byte against kio's encoding of the same respon
         preferred_read_replica  int32   v11+  (always -1)
         records             nullable bytes (int32 length): whole stored batches
 
+Flexible versions (v12+) encode the same fields compactly: arrays and strings with a uvarint
+length + 1 (0: null), the records field as compact bytes (uvarint size + 1), and an empty
+tagged-field section (uvarint 0) after each partition, each topic and the whole body. From v13
+a topic is named by its 16-byte topic id instead of its name. The tagged fields are always
+empty: diverging_epoch (v12; a tq partition has one leader epoch and its log is never cut
+below what was served, so there is never a divergence to report), current_leader and
+snapshot_id (no leader changes, no KRaft snapshots), node_endpoints (v16, sent with
+NOT_LEADER errors: clients refresh metadata instead).
+
 Pure: builds bytes and lists; never reads a file or touches a socket.
 """
 
@@ -30,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["FetchedPartition", "FetchedTopic", "SizedChunk", "encode_fetch_response"]
+__all__ = ["FetchedPartition", "FetchedTopic", "SizedChunk", "encode_fetch_response", "uvarint"]
 
 _TOP_V4 = struct.Struct(">i")  # throttle_time_ms
 _TOP_V7 = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
@@ -40,6 +49,9 @@ _PARTITION_V4 = struct.Struct(">ihqq")  # index, error_code, high_watermark, las
 _I64 = struct.Struct(">q")
 _NULL_ARRAY = _I32.pack(-1)
 _NO_REPLICA = _I32.pack(-1)
+FLEXIBLE_FROM = 12  # compact encodings and tagged fields
+TOPIC_IDS_FROM = 13  # topics named by id
+MAX_VERSION = 17
 
 
 class SizedChunk(Protocol):
@@ -70,6 +82,17 @@ class FetchedPartition:
 class FetchedTopic:
     topic: str
     partitions: list[FetchedPartition]
+    topic_id: bytes = bytes(16)  # the 16 bytes of its Kafka topic id (sent from v13)
+
+
+def uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint (compact lengths, tag counts)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def encode_fetch_response(
@@ -82,30 +105,40 @@ def encode_fetch_response(
 ) -> tuple[list[Chunk], int]:
     """(chunks, total size): bytes chunks hold the encoded fields, the others are record
     slices to send as they are. Adjacent encoded fields are merged into one bytes chunk."""
-    if not 4 <= version <= 11:
+    if not 4 <= version <= MAX_VERSION:
         raise ValueError(f"Fetch response v{version} is not served")
+    flexible = version >= FLEXIBLE_FROM
     chunks: list[Chunk] = []
     pending = bytearray()
     if version >= 7:
         pending += _TOP_V7.pack(throttle_time_ms, error_code, session_id)
     else:
         pending += _TOP_V4.pack(throttle_time_ms)
-    pending += _I32.pack(len(topics))
+    pending += uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
     size = 0
     for topic in topics:
-        name = topic.topic.encode()
-        pending += _I16.pack(len(name))
-        pending += name
-        pending += _I32.pack(len(topic.partitions))
-        for p in topic.partitions:
+        if version >= TOPIC_IDS_FROM:
+            pending += topic.topic_id
+        else:
+            name = topic.topic.encode()
+            pending += uvarint(len(name) + 1) if flexible else _I16.pack(len(name))
+            pending += name
+        partitions = topic.partitions
+        pending += uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions))
+        for p in partitions:
             pending += _PARTITION_V4.pack(p.partition_index, p.error_code, p.high_watermark,
                                           p.last_stable_offset)
             if version >= 5:
                 pending += _I64.pack(p.log_start_offset)
-            pending += _NULL_ARRAY
-            if version >= 11:
+            if flexible:
+                pending += b"\x00"  # aborted_transactions: null
                 pending += _NO_REPLICA
-            pending += _I32.pack(p.records_size)
+                pending += uvarint(p.records_size + 1)
+            else:
+                pending += _NULL_ARRAY
+                if version >= 11:
+                    pending += _NO_REPLICA
+                pending += _I32.pack(p.records_size)
             for chunk in p.records:
                 if isinstance(chunk, bytes):
                     pending += chunk
@@ -116,6 +149,12 @@ def encode_fetch_response(
                 chunks.append(bytes(pending))
                 chunks.append(chunk)
                 pending = bytearray()
+            if flexible:
+                pending += b"\x00"  # the partition's tagged fields
+        if flexible:
+            pending += b"\x00"  # the topic's tagged fields
+    if flexible:
+        pending += b"\x00"  # the response's tagged fields
     if pending:
         size += len(pending)
         chunks.append(bytes(pending))

@@ -131,7 +131,7 @@ def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
 def skip_tagged_fields(buf: bytes, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     if count > _MAX_TAGGED_FIELDS:
-        raise MalformedRequestError(f"{count} tagged fields in a request header")
+        raise MalformedRequestError(f"{count} tagged fields in one place of a request")
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)
         size, pos = read_uvarint(buf, pos)

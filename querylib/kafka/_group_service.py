@@ -143,18 +143,29 @@ class GroupService:
         return None if here else ErrorCode.not_coordinator
 
     async def find_coordinator(self, ctx: RequestContext, request: Any) -> Any:
-        data: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none,
+        key_type = getattr(request, "key_type", _COORDINATOR_GROUP)
+        if ctx.api_version >= 4:  # v4+: a batch of keys, one answer each
+            coordinators = [await self._coordinator(key_type, key)
+                            for key in request.coordinator_keys]
+            return build_response(ApiKey.FIND_COORDINATOR, ctx.api_version,
+                                  {"throttle_time": 0, "coordinators": coordinators})
+        data = await self._coordinator(key_type, request.key)
+        data["throttle_time"] = 0
+        return build_response(ApiKey.FIND_COORDINATOR, ctx.api_version, data)
+
+    async def _coordinator(self, key_type: int, key: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"key": key, "error_code": ErrorCode.none,
                                 "error_message": None, "node_id": -1, "host": "", "port": -1}
-        if getattr(request, "key_type", _COORDINATOR_GROUP) != _COORDINATOR_GROUP:
+        if key_type != _COORDINATOR_GROUP:
             data["error_code"] = ErrorCode.coordinator_not_available
             data["error_message"] = "tq has no transaction coordinator"
         else:
             try:
-                broker = await self.backend.coordinator(request.key)
+                broker = await self.backend.coordinator(key)
                 data.update(node_id=broker.node_id, host=broker.host, port=broker.port)
             except TqError as exc:
                 data["error_code"], data["error_message"] = error_code_of(exc), str(exc)
-        return build_response(ApiKey.FIND_COORDINATOR, ctx.api_version, data)
+        return data
 
     async def join_group(self, ctx: RequestContext, request: Any) -> Any:
         session = millis(request.session_timeout)
@@ -179,24 +190,32 @@ class GroupService:
         assert isinstance(reply, JoinReply)
         return build_response(ApiKey.JOIN_GROUP, ctx.api_version, {
             "throttle_time": 0, "error_code": reply.error, "generation_id": reply.generation,
-            "protocol_name": reply.protocol or "", "leader": reply.leader,
+            "protocol_type": reply.protocol_type, "protocol_name": reply.protocol or "",
+            "leader": reply.leader, "skip_assignment": False,
             "member_id": reply.member_id,
             "members": [{"member_id": m, "group_instance_id": i, "metadata": meta}
                         for m, i, meta in reply.members]})
 
     async def sync_group(self, ctx: RequestContext, request: Any) -> Any:
         refused = await self._elsewhere(ctx, request.group_id)
+        group = self.machine.group(request.group_id)
         if not request.group_id:
             reply = SyncReply(0, ErrorCode.invalid_group_id)
         elif refused is not None:
             reply = SyncReply(0, refused)
+        elif group is not None and not (
+                getattr(request, "protocol_type", None) in (None, group.protocol_type)
+                and getattr(request, "protocol_name", None) in (None, group.protocol)):
+            # v5+ name the protocol the member joined with: it must be the group's.
+            reply = SyncReply(0, ErrorCode.inconsistent_group_protocol)
         else:
             reply = await self._ask(request.group_id, Sync(
                 next(self._tokens), request.member_id, request.generation_id,
                 tuple((a.member_id, a.assignment) for a in request.assignments)))
         assert isinstance(reply, SyncReply)
         return build_response(ApiKey.SYNC_GROUP, ctx.api_version, {
-            "throttle_time": 0, "error_code": reply.error, "assignment": reply.assignment})
+            "throttle_time": 0, "error_code": reply.error, "assignment": reply.assignment,
+            "protocol_type": reply.protocol_type, "protocol_name": reply.protocol})
 
     async def heartbeat(self, ctx: RequestContext, request: Any) -> Any:
         refused = await self._elsewhere(ctx, request.group_id)
@@ -292,24 +311,39 @@ class GroupService:
             return found
 
     async def offset_fetch(self, ctx: RequestContext, request: Any) -> Any:
+        if ctx.api_version >= 8:  # v8+: several groups in one request, answered each
+            groups = []
+            for group in request.groups:
+                topics, error = await self._group_offsets(ctx, group.group_id, group.topics)
+                groups.append({"group_id": group.group_id, "topics": topics,
+                               "error_code": error})
+            return build_response(ApiKey.OFFSET_FETCH, ctx.api_version,
+                                  {"throttle_time": 0, "groups": groups})
+        topics, error = await self._group_offsets(ctx, request.group_id, request.topics)
+        return build_response(ApiKey.OFFSET_FETCH, ctx.api_version,
+                              {"throttle_time": 0, "topics": topics, "error_code": error})
+
+    async def _group_offsets(self, ctx: RequestContext, group_id: str,
+                             requested: Any) -> tuple[list[dict[str, Any]], ErrorCode]:
+        """One group's committed offsets (every one when `requested` is None) and its error."""
         error = ErrorCode.none
         committed = {}
-        refused = await self._elsewhere(ctx, request.group_id)
-        if not request.group_id:
+        refused = await self._elsewhere(ctx, group_id)
+        if not group_id:
             error = ErrorCode.invalid_group_id
         elif refused is not None:
             error = refused
         else:
             try:
-                committed = dict(await self.backend.committed_offsets(request.group_id))
+                committed = dict(await self.backend.committed_offsets(group_id))
             except TqError as exc:
                 error = error_code_of(exc)
-        if request.topics is None:  # v2+: every partition the group has committed
+        if requested is None:  # v2+: every partition the group has committed
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(committed):
                 wanted.setdefault(topic, []).append(partition)
         else:
-            wanted = {t.name: list(t.partition_indexes) for t in request.topics}
+            wanted = {t.name: list(t.partition_indexes) for t in requested}
         topics = []
         for name, indexes in wanted.items():
             partitions = []
@@ -322,8 +356,7 @@ class GroupService:
                     "metadata": "" if found is None else found.metadata,
                     "error_code": error if ctx.api_version < 2 else ErrorCode.none})
             topics.append({"name": name, "partitions": partitions})
-        return build_response(ApiKey.OFFSET_FETCH, ctx.api_version,
-                              {"throttle_time": 0, "topics": topics, "error_code": error})
+        return topics, error
 
     async def describe_groups(self, ctx: RequestContext, request: Any) -> Any:
         groups = []
@@ -335,9 +368,13 @@ class GroupService:
                                "protocol_data": "", "members": ()})
                 continue
             if group is None:
-                groups.append({"error_code": ErrorCode.none, "group_id": group_id,
-                               "group_state": "Dead", "protocol_type": "", "protocol_data": "",
-                               "members": ()})
+                # v6+ say the group does not exist; before, a Dead group stood for it.
+                missing = ctx.api_version >= 6
+                groups.append({
+                    "error_code": ErrorCode.group_id_not_found if missing else ErrorCode.none,
+                    "error_message": f"group {group_id!r} not found" if missing else None,
+                    "group_id": group_id, "group_state": "Dead", "protocol_type": "",
+                    "protocol_data": "", "members": ()})
                 continue
             stable = group.status is GroupStatus.STABLE
             members = [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
@@ -354,10 +391,16 @@ class GroupService:
 
     async def list_groups(self, ctx: RequestContext, request: Any) -> Any:
         # Only the groups the client may use, as Kafka lists those it may describe.
-        groups = [{"group_id": g.group_id, "protocol_type": g.protocol_type or ""}
+        # v4+ filter by state, v5+ by type (case-insensitive; every tq group is "classic").
+        states = {s.lower() for s in getattr(request, "states_filter", ())}
+        types = {t.lower() for t in getattr(request, "types_filter", ())}
+        groups = [{"group_id": g.group_id, "protocol_type": g.protocol_type or "",
+                   "group_state": str(g.status), "group_type": "classic"}
                   for g in self.machine.groups()
-                  if await self.backend.authorize_group(g.group_id, ctx.principal,
-                                                        claim=False)]
+                  if (not states or str(g.status).lower() in states)
+                  and (not types or "classic" in types)
+                  and await self.backend.authorize_group(g.group_id, ctx.principal,
+                                                         claim=False)]
         return build_response(ApiKey.LIST_GROUPS, ctx.api_version,
                               {"throttle_time": 0, "error_code": ErrorCode.none,
                                "groups": groups})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +32,22 @@ from querylib.kafka._errors import (
     TransactionsNotSupportedError,
     error_code_of,
 )
-from querylib.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
+from querylib.kafka._fetch import (
+    TOPIC_IDS_FROM,
+    FetchedPartition,
+    FetchedTopic,
+    encode_fetch_response,
+)
 from querylib.records import MAX_BATCH_SIZE, read_header
 
 __all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error"]
 
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
-LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
+# ListOffsets timestamps: latest, earliest, the record with the largest timestamp (v7+), the
+# earliest in local storage (v8+: tq keeps every segment locally, so the log start).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
+_NO_TOPIC_ID = uuid.UUID(int=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,23 @@ def api_versions_error() -> Any:
 class DataHandlers:
     def __init__(self, backend: KafkaBackend) -> None:
         self.backend = backend
+        self._names_by_id: dict[uuid.UUID, str] = {}  # Kafka topic ids seen, to their names
+
+    async def topic_named(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        """The topic with this Kafka id (Metadata v10+, Fetch v13+), None when there is none:
+        checked against the topic now under the name, so a recreated topic's old id finds
+        nothing. Unknown ids make one pass over every topic."""
+        name = self._names_by_id.get(topic_id)
+        if name is not None:
+            found = await self.backend.topics([name])
+            if found and found[0].kafka_id == topic_id:
+                return found[0]
+            del self._names_by_id[topic_id]
+        if topic_id == _NO_TOPIC_ID:
+            return None
+        every = await self.backend.topics(None)
+        self._names_by_id = {t.kafka_id: t.name for t in every}
+        return next((t for t in every if t.kafka_id == topic_id), None)
 
     # ---- ApiVersions, Metadata ----------------------------------------------------------------
 
@@ -99,12 +125,31 @@ class DataHandlers:
         else:
             allow_create = backend.auto_create_topics and (
                 version < 4 or getattr(request, "allow_auto_topic_creation", True))
-            topics = [await self._lookup_topic(t.name, allow_create) for t in requested]
+            topics = []
+            for t in requested:
+                if t.name is None:  # v10+: asked by topic id
+                    topics.append(await self._lookup_topic_id(t.topic_id, version))
+                else:
+                    topics.append(await self._lookup_topic(t.name, allow_create))
         brokers = [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
                    for b in backend.brokers()]
         return build_response(ApiKey.METADATA, version, {
             "throttle_time": 0, "brokers": brokers, "cluster_id": backend.cluster_id,
-            "controller_id": backend.controller_id, "topics": topics})
+            "controller_id": backend.controller_id, "topics": topics,
+            "error_code": ErrorCode.none})
+
+    async def _lookup_topic_id(self, topic_id: uuid.UUID | None, version: int) -> dict[str, Any]:
+        try:
+            found = await self.topic_named(topic_id or _NO_TOPIC_ID)
+        except TqError as exc:
+            found, code = None, error_code_of(exc)
+        else:
+            code = ErrorCode.unknown_topic_id
+        if found is None:
+            # The name is nullable from v12; before, an empty one stands for "unknown".
+            return {"error_code": code, "name": None if version >= 12 else "",
+                    "topic_id": topic_id, "is_internal": False, "partitions": ()}
+        return self._topic_metadata(found)
 
     async def _lookup_topic(self, name: str, allow_create: bool) -> dict[str, Any]:
         try:
@@ -128,8 +173,8 @@ class DataHandlers:
              "leader_epoch": -1, "replica_nodes": (p.leader,), "isr_nodes": (p.leader,),
              "offline_replicas": ()}
             for p in topic.partitions]
-        return {"error_code": ErrorCode.none, "name": topic.name, "is_internal": topic.internal,
-                "partitions": partitions}
+        return {"error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.kafka_id,
+                "is_internal": topic.internal, "partitions": partitions}
 
     # ---- Produce ------------------------------------------------------------------------------
 
@@ -170,7 +215,8 @@ class DataHandlers:
         except TqError as exc:
             return _produce_error(data.index, error_code_of(exc))
         return {"index": data.index, "error_code": ErrorCode.none,
-                "base_offset": result.base_offset, "log_start_offset": result.log_start_offset}
+                "base_offset": result.base_offset, "log_start_offset": result.log_start_offset,
+                "record_errors": (), "error_message": None}
 
     # ---- Fetch --------------------------------------------------------------------------------
 
@@ -178,10 +224,11 @@ class DataHandlers:
         loop = asyncio.get_running_loop()
         max_wait = max(millis(request.max_wait), 0) / 1000
         deadline = loop.time() + max_wait
+        wanted = await self._fetch_topics(ctx.api_version, request)
         while True:
             reads: list[PartitionRead] = []
             try:
-                topics, total, failed = await self._fetch_once(request, reads)
+                topics, total, failed = await self._fetch_once(request, wanted, reads)
                 remaining = deadline - loop.time()
                 if total >= request.min_bytes or failed or remaining <= 0:
                     chunks, size = encode_fetch_response(ctx.api_version, topics)
@@ -198,8 +245,23 @@ class DataHandlers:
                     for t in topics for p in t.partitions if p.high_watermark >= 0]
             await self.backend.wait_for_data(seen, remaining)
 
+    async def _fetch_topics(self, version: int, request: Any) -> list[tuple[str | None, bytes]]:
+        """(name, topic id bytes) of each requested topic; from v13 topics come by id, and an
+        id no topic has now gets None (its partitions answer UNKNOWN_TOPIC_ID)."""
+        if version < TOPIC_IDS_FROM:
+            return [(t.topic, _NO_TOPIC_ID.bytes) for t in request.topics]
+        wanted: list[tuple[str | None, bytes]] = []
+        for t in request.topics:
+            try:
+                found = await self.topic_named(t.topic_id or _NO_TOPIC_ID)
+            except TqError:
+                found = None
+            wanted.append((None if found is None else found.name,
+                           (t.topic_id or _NO_TOPIC_ID).bytes))
+        return wanted
+
     async def _fetch_once(
-        self, request: Any, reads: list[PartitionRead]
+        self, request: Any, wanted: list[tuple[str | None, bytes]], reads: list[PartitionRead]
     ) -> tuple[list[FetchedTopic], int, bool]:
         """One pass over the requested partitions: (topics, bytes, errors?); the reads whose
         slices the response will send are added to `reads` (the caller closes them)."""
@@ -207,18 +269,22 @@ class DataHandlers:
         topics: list[FetchedTopic] = []
         total = 0
         failed = False
-        for topic in request.topics:
-            fetched = FetchedTopic(topic.topic, [])
+        for topic, (name, topic_id) in zip(request.topics, wanted, strict=True):
+            fetched = FetchedTopic(name or "", [], topic_id)
             topics.append(fetched)
             for p in topic.partitions:
                 entry = FetchedPartition(p.partition)
                 fetched.partitions.append(entry)
+                if name is None:
+                    entry.error_code = ErrorCode.unknown_topic_id
+                    failed = True
+                    continue
                 try:
                     if total and total >= budget:
-                        offsets = await self.backend.offsets(topic.topic, p.partition)
+                        offsets = await self.backend.offsets(name, p.partition)
                     else:
                         limit = min(p.partition_max_bytes, budget - total)
-                        read = await self.backend.read(topic.topic, p.partition, p.fetch_offset,
+                        read = await self.backend.read(name, p.partition, p.fetch_offset,
                                                        max(limit, 0))
                         offsets = read.offsets
                         if total and read.size > budget - total:
@@ -231,7 +297,7 @@ class DataHandlers:
                     entry.error_code = error_code_of(exc)
                     failed = True
                     try:
-                        offsets = await self.backend.offsets(topic.topic, p.partition)
+                        offsets = await self.backend.offsets(name, p.partition)
                     except TqError:
                         continue
                 entry.high_watermark = offsets.high_watermark
@@ -250,10 +316,15 @@ class DataHandlers:
                                          "error_code": ErrorCode.none, "timestamp": -1,
                                          "offset": -1, "leader_epoch": -1}
                 try:
-                    if p.timestamp in (LATEST, EARLIEST):
+                    if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL):
                         offsets = await self.backend.offsets(topic.name, p.partition_index)
                         entry["offset"] = (offsets.high_watermark if p.timestamp == LATEST
                                            else offsets.log_start_offset)
+                    elif p.timestamp == MAX_TIMESTAMP:
+                        found = await self.backend.offset_of_max_timestamp(
+                            topic.name, p.partition_index)
+                        if found is not None:
+                            entry["offset"], entry["timestamp"] = found
                     else:
                         found = await self.backend.offset_for_timestamp(
                             topic.name, p.partition_index, p.timestamp)
@@ -284,6 +355,7 @@ class DataHandlers:
         results = []
         for topic in request.topics:
             code, message = ErrorCode.none, None
+            created: TopicInfo | None = None
             try:
                 if topic.replication_factor not in (-1, 1):
                     code = ErrorCode.invalid_replication_factor
@@ -295,10 +367,17 @@ class DataHandlers:
                         code = ErrorCode.topic_already_exists
                 else:
                     partitions = None if topic.num_partitions == -1 else topic.num_partitions
-                    await self.backend.create_topic(topic.name, partitions)
+                    created = await self.backend.create_topic(topic.name, partitions)
             except TqError as exc:
                 code, message = error_code_of(exc), str(exc)
-            results.append({"name": topic.name, "error_code": code, "error_message": message})
+            # v5+ describe the topic created (-1 and no configs when none was; the configs
+            # are left to DescribeConfigs: null, as Kafka sends them when it does not show
+            # them); v7+ its topic id.
+            results.append({
+                "name": topic.name, "error_code": code, "error_message": message,
+                "num_partitions": -1 if created is None else len(created.partitions),
+                "replication_factor": -1 if created is None else 1, "configs": None,
+                "topic_id": _NO_TOPIC_ID if created is None else created.kafka_id})
         return build_response(ApiKey.CREATE_TOPICS, ctx.api_version,
                               {"throttle_time": 0, "topics": results})
 
@@ -321,11 +400,13 @@ class DataHandlers:
 
 
 def _topic_error(name: str, code: ErrorCode) -> dict[str, Any]:
-    return {"error_code": code, "name": name, "is_internal": False, "partitions": ()}
+    return {"error_code": code, "name": name, "topic_id": _NO_TOPIC_ID, "is_internal": False,
+            "partitions": ()}
 
 
 def _produce_error(index: int, code: ErrorCode) -> dict[str, Any]:
-    return {"index": index, "error_code": code, "base_offset": -1, "log_start_offset": -1}
+    return {"index": index, "error_code": code, "base_offset": -1, "log_start_offset": -1,
+            "record_errors": (), "error_message": None}
 
 
 def _single_batch(records: bytes | None) -> bytes:

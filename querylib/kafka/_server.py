@@ -32,7 +32,7 @@ import asyncio
 import logging
 import os
 import ssl
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -76,7 +76,8 @@ class ListenerStats:
     """Counters for tests and metrics."""
 
     __slots__ = ("_tcp", "auth_failures", "connections", "max_inflight_bytes", "muted",
-                 "open_connections", "protocol_errors", "requests", "unauthenticated")
+                 "open_connections", "protocol_errors", "requests", "unauthenticated",
+                 "versions")
 
     def __init__(self) -> None:
         self._tcp: TcpListener | None = None
@@ -88,6 +89,7 @@ class ListenerStats:
         self.max_inflight_bytes = 0  # most request bytes read ahead on one connection
         self.auth_failures = 0  # SASL exchanges that failed (wrong password, unknown user)
         self.unauthenticated = 0  # connections closed for a request before authenticating
+        self.versions: Counter[tuple[int, int]] = Counter()  # requests by (api key, version)
 
     @property
     def refused_connections(self) -> int:
@@ -372,6 +374,7 @@ class KafkaListener:
         header, offset = parse_request_header(frame, is_flexible)
         self.stats.requests += 1
         api_key, version = header.api_key, header.api_version
+        self.stats.versions[api_key, version] += 1
         if auth.principal is None and api_key not in _BEFORE_AUTH:
             self.stats.unauthenticated += 1
             raise KafkaProtocolError(f"api key {api_key} before SASL authentication: this "
@@ -392,14 +395,14 @@ class KafkaListener:
             response, close = await self._authenticate(ctx, request, auth)
         else:
             response = await self._handlers[api_key](ctx, request)
+        flexible = response_header_flexible(api_key, version)
         if close:  # answer, then end the connection (as Kafka does after a SASL failure)
             body = encode_response(response)
-            out.write(response_prefix(header.correlation_id, len(body), False) + body)
+            out.write(response_prefix(header.correlation_id, len(body), flexible) + body)
             await out.drain()
             raise _Close()
         if response is None:
             return
-        flexible = response_header_flexible(api_key, version)
         if isinstance(response, RawResponse):
             try:
                 await self._send_raw(out, header.correlation_id, flexible, response)

@@ -64,6 +64,16 @@ def test_trailing_and_missing_bytes_are_malformed(api_key: int, version: int) ->
             decode_request(api_key, version, body[:-1], 0)
 
 
+@pytest.mark.parametrize("version", range(9, SUPPORTED_VERSIONS[ApiKey.METADATA][1] + 1))
+def test_librdkafkas_metadata_for_all_topics_with_its_placeholder_decodes(version: int) -> None:
+    # As librdkafka 2.16 sends it (captured): the topics count's 4-byte placeholder left in.
+    body = bytes.fromhex("00000000" "000000" if version >= 11 else "00000000" "00000000")
+    request = decode_request(ApiKey.METADATA, version, body, 0)
+    assert request.topics is None
+    with pytest.raises(MalformedRequestError):  # nothing else is left over
+        decode_request(ApiKey.METADATA, version, body + b"\x00", 0)
+
+
 def _minimal(api_key: int) -> dict:
     """Enough fields for a request of any version of this api."""
     return {
@@ -75,8 +85,8 @@ def _minimal(api_key: int) -> dict:
                           "include_topic_authorized_operations": False},
         ApiKey.OFFSET_COMMIT: {"group_id": "g", "member_id": "", "topics": [],
                                "retention_time": -1},
-        ApiKey.OFFSET_FETCH: {"group_id": "g", "topics": []},
-        ApiKey.FIND_COORDINATOR: {"key": "g"},
+        ApiKey.OFFSET_FETCH: {"group_id": "g", "topics": [], "groups": []},
+        ApiKey.FIND_COORDINATOR: {"key": "g", "coordinator_keys": []},
         ApiKey.JOIN_GROUP: {"group_id": "g", "session_timeout": 1000, "member_id": "",
                             "protocol_type": "consumer", "protocols": []},
         ApiKey.HEARTBEAT: {"group_id": "g", "generation_id": 1, "member_id": "m"},
@@ -95,16 +105,32 @@ def _minimal(api_key: int) -> dict:
 
 
 @pytest.mark.parametrize(("api_key", "version"), [
-    (ApiKey.FETCH, 3), (ApiKey.FETCH, 12), (ApiKey.METADATA, 9), (ApiKey.API_VERSIONS, 4),
-    (ApiKey.OFFSET_COMMIT, 8), (25, 0), (-1, 0), (1000, 0)])
+    (ApiKey.FETCH, 3), (ApiKey.FETCH, 18), (ApiKey.METADATA, 14), (ApiKey.API_VERSIONS, 5),
+    (ApiKey.OFFSET_COMMIT, 10), (ApiKey.OFFSET_FETCH, 10), (ApiKey.PRODUCE, 13),
+    (ApiKey.LIST_OFFSETS, 9), (25, 0), (-1, 0), (1000, 0)])
 def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int) -> None:
     with pytest.raises(UnsupportedRequestError):
         decode_request(api_key, version, b"", 0)
 
 
-def test_api_versions_v3_is_the_only_flexible_version() -> None:
-    assert [(k, v) for k, v in SERVED if is_flexible(k, v)] == [(ApiKey.API_VERSIONS, 3)]
-    assert is_flexible(ApiKey.API_VERSIONS, 4)  # a future version: header v2
+# The first flexible version of each api (Kafka's *.json "flexibleVersions").
+FIRST_FLEXIBLE = {
+    ApiKey.PRODUCE: 9, ApiKey.FETCH: 12, ApiKey.LIST_OFFSETS: 6, ApiKey.METADATA: 9,
+    ApiKey.OFFSET_COMMIT: 8, ApiKey.OFFSET_FETCH: 6, ApiKey.FIND_COORDINATOR: 3,
+    ApiKey.JOIN_GROUP: 6, ApiKey.HEARTBEAT: 4, ApiKey.LEAVE_GROUP: 4, ApiKey.SYNC_GROUP: 4,
+    ApiKey.DESCRIBE_GROUPS: 5, ApiKey.LIST_GROUPS: 3, ApiKey.API_VERSIONS: 3,
+    ApiKey.CREATE_TOPICS: 5, ApiKey.INIT_PRODUCER_ID: 2, ApiKey.DESCRIBE_CONFIGS: 4,
+    ApiKey.SASL_AUTHENTICATE: 2,
+}
+
+
+def test_flexible_versions_are_served_for_the_apis_clients_use_most() -> None:
+    for api_key, first in FIRST_FLEXIBLE.items():
+        assert SUPPORTED_VERSIONS[api_key][1] >= first, api_key.name
+        for version in range(SUPPORTED_VERSIONS[api_key][0], SUPPORTED_VERSIONS[api_key][1] + 1):
+            assert is_flexible(api_key, version) == (version >= first), (api_key.name, version)
+    assert not any(is_flexible(ApiKey.SASL_HANDSHAKE, v) for v in range(2))
+    assert is_flexible(ApiKey.API_VERSIONS, 9)  # a future version: header v2
 
 
 def _produce_v0(acks: int, partitions: list[tuple[int, bytes | None]]) -> bytes:
@@ -122,6 +148,24 @@ def test_produce_v0_to_v2_decode_as_v3_without_a_transactional_id() -> None:
     assert request.transactional_id is None and request.acks == 1
     assert [(p.index, p.records) for p in request.topic_data[0].partition_data] == [
         (0, b"xyz"), (1, None)]
+
+
+@pytest.mark.parametrize("version", [9, 10, 11, 12])
+def test_flexible_produce_shape_is_walked_with_compact_lengths(version: int) -> None:
+    records = Records(b"R" * 200)  # a two-byte compact length
+    request = make_request(ApiKey.PRODUCE, version, transactional_id=None, acks=1,
+                           timeout=1000, topic_data=[
+                               {"name": "t", "partition_data": [
+                                   {"index": i, "records": records} for i in range(3)]},
+                               {"name": "u", "partition_data": [{"index": 0, "records": None}]}])
+    body = encode(request)
+    assert decode_request(ApiKey.PRODUCE, version, body, 0) == request
+    check_produce_shape(body, 0, 4, flexible=True)
+    with pytest.raises(MalformedRequestError, match="more than 3 partition entries"):
+        check_produce_shape(body, 0, 3, flexible=True)
+    for cut in (1, 30, 250, len(body) - 1):
+        with pytest.raises(MalformedRequestError):
+            check_produce_shape(body[:cut], 0, 10, flexible=True)
 
 
 def test_produce_with_too_many_partition_entries_is_refused_before_decoding() -> None:

@@ -31,15 +31,17 @@ def test_the_broker_backend_implements_the_backend_protocol() -> None:
 def test_advertised_versions_match_the_issue() -> None:
     v = kafka.SUPPORTED_VERSIONS
     A = kafka.ApiKey
-    assert v[A.API_VERSIONS] == (0, 3)
-    assert v[A.METADATA] == (0, 8)
-    assert v[A.PRODUCE] == (0, 7)
-    assert v[A.FETCH] == (4, 11)
-    assert v[A.LIST_OFFSETS] == (1, 5)
-    assert v[A.FIND_COORDINATOR] == (0, 2)
-    assert v[A.OFFSET_COMMIT] == (2, 7)
-    assert v[A.OFFSET_FETCH] == (1, 5)
-    assert v[A.JOIN_GROUP] == (0, 5)
-    assert v[A.SYNC_GROUP] == (0, 3)
-    assert (v[A.HEARTBEAT], v[A.LEAVE_GROUP]) == ((0, 3), (0, 3))
-    assert v[A.INIT_PRODUCER_ID] == (0, 1)
+    # Issue 15: the flexible versions current clients send (Kafka 4's ranges, short of the
+    # versions that name topics by id only).
+    assert v[A.API_VERSIONS] == (0, 4)
+    assert v[A.METADATA] == (0, 13)
+    assert v[A.PRODUCE] == (0, 12)
+    assert v[A.FETCH] == (4, 17)
+    assert v[A.LIST_OFFSETS] == (1, 8)
+    assert v[A.FIND_COORDINATOR] == (0, 4)
+    assert v[A.OFFSET_COMMIT] == (2, 9)
+    assert v[A.OFFSET_FETCH] == (1, 9)
+    assert v[A.JOIN_GROUP] == (0, 9)
+    assert v[A.SYNC_GROUP] == (0, 5)
+    assert (v[A.HEARTBEAT], v[A.LEAVE_GROUP]) == ((0, 4), (0, 5))
+    assert v[A.INIT_PRODUCER_ID] == (0, 5)

@@ -3,6 +3,8 @@ response, at every served version."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from querylib.kafka._apis import ApiKey, build_response, encode_response
@@ -27,16 +29,20 @@ TOPICS = [
 ]
 
 
-@pytest.mark.parametrize("version", range(4, 12))
+IDS = {name: uuid.uuid5(uuid.NAMESPACE_URL, name) for name, _ in TOPICS}
+
+
+@pytest.mark.parametrize("version", range(4, 18))
 def test_fetch_response_matches_kio(version: int) -> None:
     ours = [FetchedTopic(name, [
         FetchedPartition(index, error, hw, hw, 2, [Slice(records[:70]), records[70:]]
                          if records else [])
-        for index, error, hw, records in partitions]) for name, partitions in TOPICS]
+        for index, error, hw, records in partitions], IDS[name].bytes)
+        for name, partitions in TOPICS]
     chunks, size = encode_fetch_response(version, ours, throttle_time_ms=5, error_code=0,
                                          session_id=0)
     data = {"throttle_time": 5, "error_code": 0, "session_id": 0, "responses": [
-        {"topic": name, "partitions": [
+        {"topic": name, "topic_id": IDS[name], "partitions": [
             {"partition_index": index, "error_code": error, "high_watermark": hw,
              "last_stable_offset": hw, "log_start_offset": 2, "aborted_transactions": None,
              "preferred_read_replica": -1, "records": records}
@@ -56,4 +62,20 @@ def test_empty_slices_are_left_out() -> None:
 
 def test_versions_outside_the_served_range_are_refused() -> None:
     with pytest.raises(ValueError):
-        encode_fetch_response(12, [])
+        encode_fetch_response(18, [])
+    with pytest.raises(ValueError):
+        encode_fetch_response(3, [])
+
+
+def test_flexible_records_over_127_bytes_take_a_two_byte_length() -> None:
+    records = b"R" * 300
+    ours = [FetchedTopic("t", [FetchedPartition(0, 0, 1, 1, 0, [Slice(records)])],
+                         IDS["numbers"].bytes)]
+    chunks, size = encode_fetch_response(12, ours)
+    expected = encode_response(build_response(ApiKey.FETCH, 12, {
+        "throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [
+            {"topic": "t", "partitions": [
+                {"partition_index": 0, "error_code": 0, "high_watermark": 1,
+                 "last_stable_offset": 1, "log_start_offset": 0, "aborted_transactions": None,
+                 "preferred_read_replica": -1, "records": records}]}]}))
+    assert _joined(chunks) == expected and size == len(expected)

@@ -5,13 +5,16 @@ connection."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits
+from catalog import TopicName
+from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits, kafka_topic_id
 from querylib.records import encode_batch, iter_batches
 
 from ._support import ListenerThread, WireClient, make_request, running_listener
@@ -51,8 +54,14 @@ def produce(version: int, topic: str, partition: int, records: bytes | None, ack
         **extra)
 
 
+def topic_id(name: str) -> uuid.UUID:
+    """The Kafka topic id a broker alone gives `name` (DESIGN §8 "Topic ids")."""
+    return kafka_topic_id(TopicName.parse(name).full)
+
+
 def fetch(version: int, partitions: list[tuple[str, int, int]], *, max_wait: int = 0,
           min_bytes: int = 0, max_bytes: int = 1 << 20, partition_max: int = 1 << 20) -> object:
+    """A Fetch request; from v13 its topics are named by their ids."""
     topics: dict[str, list] = {}
     for topic, partition, offset in partitions:
         topics.setdefault(topic, []).append({
@@ -60,7 +69,8 @@ def fetch(version: int, partitions: list[tuple[str, int, int]], *, max_wait: int
             "current_leader_epoch": -1, "log_start_offset": -1})
     return make_request(A.FETCH, version, replica_id=-1, max_wait=max_wait, min_bytes=min_bytes,
                         max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
-                        topics=[{"topic": t, "partitions": p} for t, p in topics.items()],
+                        topics=[{"topic": t, "topic_id": topic_id(t), "partitions": p}
+                                for t, p in topics.items()],
                         forgotten_topics_data=[], rack_id="")
 
 
@@ -79,7 +89,8 @@ def test_api_versions(client: WireClient, version: int) -> None:
 @pytest.mark.parametrize("version", versions(A.METADATA))
 def test_metadata(served: ListenerThread, client: WireClient, version: int) -> None:
     response = client.call(make_request(
-        A.METADATA, version, topics=[{"name": "t"}, {"name": "missing"}, {"name": "bad name"}],
+        A.METADATA, version, topics=[{"name": n, "topic_id": None}
+                                     for n in ("t", "missing", "bad name")],
         allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False))
     assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
@@ -94,6 +105,22 @@ def test_metadata(served: ListenerThread, client: WireClient, version: int) -> N
     else:
         assert missing.error_code is ErrorCode.unknown_topic_or_partition
     assert bad.error_code is ErrorCode.invalid_topic_exception
+    if version >= 10:  # topic ids: the same for every spelling of the name, and found by id
+        assert t.topic_id == topic_id("t") == topic_id("public/default/t") != uuid.UUID(int=0)
+        assert t.topic_id.version == 5
+        by_id = client.call(make_request(
+            A.METADATA, version, topics=[{"name": None, "topic_id": t.topic_id},
+                                         {"name": None, "topic_id": topic_id("missing")}],
+            allow_auto_topic_creation=True, include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False))
+        found, unknown = by_id.topics
+        assert (found.error_code, found.name, len(found.partitions)) == (ErrorCode.none, "t", 2)
+        assert unknown.error_code is ErrorCode.unknown_topic_id
+        assert unknown.name == (None if version >= 12 else "")
+    if version >= 13:
+        assert response.error_code is ErrorCode.none
+    assert served.listener is not None
+    assert served.listener.stats.versions[A.METADATA, version] >= 1  # counted by version
 
 
 def test_metadata_of_all_topics_marks_internal_ones(client: WireClient) -> None:
@@ -117,26 +144,57 @@ def test_produce_then_fetch(client: WireClient, version: int) -> None:
         assert values == [b"x", b"y"]
         if fetch_version >= 7:
             assert fetched.session_id == 0
+        if fetch_version >= 13:
+            assert fetched.responses[0].topic_id == topic_id("t")
+
+
+@pytest.mark.parametrize("version", range(13, SUPPORTED_VERSIONS[A.FETCH][1] + 1))
+def test_fetch_by_an_unknown_topic_id_is_unknown_topic_id(client: WireClient,
+                                                          version: int) -> None:
+    request = fetch(version, [("t", 0, 0)])
+    stranger = uuid.uuid4()
+    request = dataclasses.replace(request, topics=(
+        dataclasses.replace(request.topics[0], topic_id=stranger),))
+    fetched = client.call(request)
+    (topic,) = fetched.responses
+    assert topic.topic_id == stranger
+    assert [p.error_code for p in topic.partitions] == [ErrorCode.unknown_topic_id]
 
 
 @pytest.mark.parametrize("version", versions(A.LIST_OFFSETS))
-def test_list_offsets(client: WireClient, version: int) -> None:
+def test_list_offsets(served: ListenerThread, client: WireClient, version: int) -> None:
+    # Partition 1: the largest timestamp is not the last record's.
+    served.call(served.backend.append("t", 1, [encode_batch(
+        [(1_700_000_000_005, None, b"a", ()), (1_700_000_000_009, None, b"b", ()),
+         (1_700_000_000_009, None, b"c", ()), (1_700_000_000_003, None, b"d", ())])], acks=1))
     response = client.call(make_request(A.LIST_OFFSETS, version, replica_id=-1,
                                         isolation_level=0, topics=[{"name": "t", "partitions": [
                                             {"partition_index": 0, "timestamp": -1},
                                             {"partition_index": 0, "timestamp": -2},
                                             {"partition_index": 0,
                                              "timestamp": 1_700_000_000_001},
-                                            {"partition_index": 5, "timestamp": -1}]}]))
-    latest, earliest, by_time, unknown = response.topics[0].partitions
+                                            {"partition_index": 5, "timestamp": -1},
+                                            {"partition_index": 1, "timestamp": -3},
+                                            {"partition_index": 1, "timestamp": -4}]}]))
+    latest, earliest, by_time, unknown, largest, local = response.topics[0].partitions
     assert (latest.offset, earliest.offset, by_time.offset) == (2, 0, 1)
     assert by_time.timestamp == 1_700_000_000_001
     assert unknown.error_code is ErrorCode.unknown_topic_or_partition
+    # v7 MAX_TIMESTAMP: the first record with the largest timestamp; v8 EARLIEST_LOCAL: the
+    # log start (tq keeps every segment locally). The broker answers them at any version, as
+    # Kafka's does; clients send them only from v7 and v8.
+    assert (largest.offset, largest.timestamp) == (1, 1_700_000_000_009)
+    assert (local.offset, local.error_code) == (0, ErrorCode.none)
 
 
 @pytest.mark.parametrize("version", versions(A.FIND_COORDINATOR))
 def test_find_coordinator(served: ListenerThread, client: WireClient, version: int) -> None:
-    response = client.call(make_request(A.FIND_COORDINATOR, version, key="g", key_type=0))
+    response = client.call(make_request(A.FIND_COORDINATOR, version, key="g", key_type=0,
+                                        coordinator_keys=["g", "h"]))
+    if version >= 4:  # a batch of keys, answered each
+        assert [(c.key, c.error_code, c.node_id, c.port) for c in response.coordinators] == [
+            ("g", ErrorCode.none, 0, served.port), ("h", ErrorCode.none, 0, served.port)]
+        return
     assert (response.error_code, response.node_id, response.port) == (
         ErrorCode.none, 0, served.port)
 
@@ -153,9 +211,20 @@ def test_offset_commit_and_fetch(client: WireClient, version: int) -> None:
     assert [[p.error_code for p in t.partitions] for t in response.topics] == [
         [ErrorCode.none], [ErrorCode.unknown_topic_or_partition]]
     for fetch_version in versions(A.OFFSET_FETCH):
-        fetched = client.call(make_request(A.OFFSET_FETCH, fetch_version, group_id=group,
-                                           topics=[{"name": "t", "partition_indexes": [0, 1]}]))
-        committed = fetched.topics[0].partitions
+        wanted = [{"name": "t", "partition_indexes": [0, 1]}]
+        fetched = client.call(make_request(
+            A.OFFSET_FETCH, fetch_version, group_id=group, topics=wanted, require_stable=True,
+            groups=[{"group_id": group, "topics": wanted, "member_epoch": -1},
+                    {"group_id": "", "topics": None, "member_epoch": -1},
+                    {"group_id": "never", "topics": None, "member_epoch": -1}]))
+        if fetch_version >= 8:  # several groups, answered each
+            mine, empty_id, never = fetched.groups
+            assert (mine.group_id, mine.error_code) == (group, ErrorCode.none)
+            assert empty_id.error_code is ErrorCode.invalid_group_id
+            assert (never.error_code, never.topics) == (ErrorCode.none, ())
+            committed = mine.topics[0].partitions
+        else:
+            committed = fetched.topics[0].partitions
         assert [(p.committed_offset, p.metadata) for p in committed] == [(2, "meta"), (-1, "")]
 
 
@@ -172,11 +241,21 @@ def test_group_lifecycle(client: WireClient, version: int) -> None:
     assert (response.error_code, response.generation_id) == (ErrorCode.none, 1)
     member = response.member_id
     assert response.leader == member and [m.member_id for m in response.members] == [member]
+    if version >= 7:
+        assert response.protocol_type == "consumer"
+    if version >= 9:
+        assert response.skip_assignment is False
     sync_version = min(version, SUPPORTED_VERSIONS[A.SYNC_GROUP][1])
-    synced = client.call(make_request(A.SYNC_GROUP, sync_version, group_id=group,
-                                      generation_id=1, member_id=member,
-                                      assignments=[{"member_id": member, "assignment": b"a"}]))
+    sync = dict(group_id=group, generation_id=1, member_id=member, protocol_type="consumer",
+                assignments=[{"member_id": member, "assignment": b"a"}])
+    if sync_version >= 5:  # the protocol a member names must be the group's
+        wrong = client.call(make_request(A.SYNC_GROUP, sync_version, protocol_name="roundrobin",
+                                         **sync))
+        assert wrong.error_code is ErrorCode.inconsistent_group_protocol
+    synced = client.call(make_request(A.SYNC_GROUP, sync_version, protocol_name="range", **sync))
     assert (synced.error_code, synced.assignment) == (ErrorCode.none, b"a")
+    if sync_version >= 5:
+        assert (synced.protocol_type, synced.protocol_name) == ("consumer", "range")
     for hb_version in versions(A.HEARTBEAT):
         beat = client.call(make_request(A.HEARTBEAT, hb_version, group_id=group,
                                         generation_id=1, member_id=member))
@@ -188,9 +267,20 @@ def test_group_lifecycle(client: WireClient, version: int) -> None:
         ours, nobody = described.groups
         assert (ours.group_state, [m.member_id for m in ours.members]) == ("Stable", [member])
         assert nobody.group_state == "Dead"
+        assert nobody.error_code is (ErrorCode.group_id_not_found if describe_version >= 6
+                                     else ErrorCode.none)
     for list_version in versions(A.LIST_GROUPS):
         listed = client.call(make_request(A.LIST_GROUPS, list_version))
         assert group in {g.group_id for g in listed.groups}
+        if list_version >= 4:  # filtered by state (and from v5 by type), case-insensitively
+            assert {(g.group_id, g.group_state) for g in listed.groups} >= {(group, "Stable")}
+            for states, types, found in [(["stable"], [], True), (["Empty"], [], False),
+                                         ([], ["Classic"], True), ([], ["consumer"], False)]:
+                if types and list_version < 5:
+                    continue
+                listed = client.call(make_request(A.LIST_GROUPS, list_version,
+                                                  states_filter=states, types_filter=types))
+                assert (group in {g.group_id for g in listed.groups}) is found, (states, types)
     leave_version = min(version, SUPPORTED_VERSIONS[A.LEAVE_GROUP][1])
     left = client.call(make_request(A.LEAVE_GROUP, leave_version, group_id=group,
                                     member_id=member, members=[{"member_id": member}]))
@@ -209,6 +299,13 @@ def test_create_topics(client: WireClient, version: int) -> None:
                                             {"name": "x", **topic, "replication_factor": 3}]))
     assert [t.error_code for t in response.topics] == [
         ErrorCode.none, ErrorCode.topic_already_exists, ErrorCode.invalid_replication_factor]
+    created, exists, refused = response.topics
+    if version >= 5:  # the topic as created; -1 for those not created
+        assert (created.num_partitions, created.replication_factor) == (2, 1)
+        assert (exists.num_partitions, refused.replication_factor) == (-1, -1)
+    if version >= 7:
+        assert created.topic_id == topic_id(f"new-{version}") != uuid.UUID(int=0)
+        assert exists.topic_id is None  # the zero id, as kio decodes it
 
 
 @pytest.mark.parametrize("version", versions(A.INIT_PRODUCER_ID))
