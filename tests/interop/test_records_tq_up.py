@@ -155,3 +155,15 @@ def test_records_in_a_hash_publication(up: UpWithEndpoints) -> None:
     assert (by_value["ab"].key, by_value["ab"].headers, by_value["ab"].timestamp) == \
         ("mine", (("h", b"1"),), T0)
     assert by_value["abc"].key == 3  # no key of its own: the Hash key, as before
+
+
+def test_a_group_member_reads_whole_records(up: UpWithEndpoints) -> None:
+    with up.connect() as ctx:
+        with ctx.publish("records-group", serde="bytes") as out:
+            out.send(0, [Record(b"v%d" % i, key=b"k%d" % i, timestamp=T0 + i)
+                         for i in range(5)])
+            out.advance_to(1)
+        with ctx.subscribe("records-group", group="whole", records=True) as sub:
+            got = [r for e in sub if isinstance(e, Data) for r in e.records]
+    assert [(r.key, r.value, r.timestamp, r.offset) for r in got] == \
+        [(b"k%d" % i, b"v%d" % i, T0 + i, i) for i in range(5)]
