@@ -69,6 +69,10 @@ def _checked_headers(headers: Any) -> Headers:
     return tuple(checked)
 
 
+def _has_records(values: list[Any]) -> bool:
+    return any(isinstance(v, Record) for v in values)
+
+
 def _checked_time(event_time: Any) -> int:
     """An event time: milliseconds since the Unix epoch, as Kafka's timestamps."""
     if type(event_time) is not int or event_time < 0:
@@ -146,7 +150,7 @@ class Publisher:
             # only when encoding refuses them, which the built-in serdes do (see Record), so
             # a run of plain values pays nothing for them; other serdes are asked first.
             values = list(records)
-            if self._scan and Record in map(type, values):
+            if self._scan and _has_records(values):
                 self._send_records(time, values, extra, stamp)
                 return
             if self.serde is BYTES:
@@ -155,7 +159,7 @@ class Publisher:
                                           allow_none=False)
                     return
                 except TypeError:
-                    if Record in map(type, values):
+                    if _has_records(values):
                         self._send_records(time, values, extra, stamp)
                         return
                     values = list(map(encode, values))  # raises the serde's UserError
@@ -163,7 +167,7 @@ class Publisher:
                 try:
                     values = list(map(encode, values))
                 except TypeError:
-                    if Record not in map(type, values):
+                    if not _has_records(values):
                         raise
                     self._send_records(time, values, extra, stamp)
                     return
@@ -189,7 +193,7 @@ class Publisher:
                 value, key, tail, timestamp = self._parts(record, extra, stamp)
             data = encode(value)
             if self._own is not None:
-                self._own.send(data, headers=tail, timestamp=timestamp, time=time)
+                self._own.send(data, key=key, headers=tail, timestamp=timestamp, time=time)
                 continue
             partition = 0
             if isinstance(self.partitioning, Hash):
