@@ -177,6 +177,12 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
         return f"{self.tenant}/{self.namespace}/{self.local}"
 
     @property
+    def fixed_short(self) -> str:
+        """The short form relative to public/default, whatever the cluster's default: how a
+        reader of a data dir, which has no cluster to ask, names the topic."""
+        return _fixed_short(self.tenant, self.namespace, self.local)
+
+    @property
     def internal(self) -> bool:
         """System topics (`__catalog.*`, `__logs`, `__consumer_offsets`) start with `__`."""
         return self.local.startswith("__")
@@ -185,7 +191,7 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
     def dir_name(self) -> str:
         """The directory-safe form: the name relative to public/default (not to the cluster's
         default: the disk layout never depends on it) with `/` as `%2F`. Never contains `/`."""
-        return _fixed_short(self.tenant, self.namespace, self.local).replace("/", _DIR_SLASH)
+        return self.fixed_short.replace("/", _DIR_SLASH)
 
     def partition_dir(self, partition: int) -> str:
         """The name of one partition's directory, `<dir_name>-<partition>`, as Kafka lays it out."""
