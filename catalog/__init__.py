@@ -60,7 +60,14 @@ from catalog._commands import (
     Unpublish,
     Unsubscribe,
 )
-from catalog._names import DEFAULT_NAMESPACE, DEFAULT_TENANT, MAX_TOPIC_NAME_LENGTH, TopicName
+from catalog._names import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TENANT,
+    MAX_TOPIC_NAME_LENGTH,
+    TopicName,
+    default_namespace,
+    set_default_namespace,
+)
 from catalog._principals import (
     ADMIN,
     ANONYMOUS,
@@ -252,6 +259,7 @@ __all__ = [
     "decode_record",
     "decode_update",
     "decode_updates",
+    "default_namespace",
     "describe_owner",
     "encode_record",
     "encode_update",
@@ -261,6 +269,7 @@ __all__ = [
     "known_principal",
     "manages_query",
     "may_delete_topic",
+    "set_default_namespace",
     "next_query_state",
     "owner_principal",
     "party_principal",

@@ -6,15 +6,22 @@ Accepted spellings, all meaning the same three parts (tenant, namespace, local n
     tenant/namespace/name             -> persistent://tenant/namespace/name
     persistent://tenant/namespace/name
 
+The default tenant and namespace (seed 003's kafkaTenant and kafkaNamespace) are a setting of
+the cluster, public/default unless `tq up` or `tq coordinator` was given `--tenant` and
+`--namespace` when the cluster was first started: `set_default_namespace` makes a process
+resolve a bare name (and show a short one) the cluster's way; the coordinator calls it at start,
+every client once its session is open (DESIGN §4). System names (`__...`) always mean
+public/default.
+
 Each part is made of Kafka's legal topic characters (letters, digits, `.`, `_`, `-`), so a name in
 the default namespace is also a legal Kafka topic name and Kafka clients see it unchanged. Local
 names starting with `__` are internal (system topics such as `__catalog.topics`, `__logs`,
 `__consumer_offsets`).
 
-The on-disk form names partition directories `<dir_name>-<partition>`: the short form with each
-`/` written as `%2F`. `%` is not a legal name character, so the mapping is reversible and a
-directory name never contains `/`. Names in the default namespace keep Kafka's own layout
-(`numbers-0`).
+The on-disk form names partition directories `<dir_name>-<partition>`: the name relative to
+public/default (whatever the cluster's default) with each `/` written as `%2F`. `%` is not a
+legal name character, so the mapping is reversible and a directory name never contains `/`.
+Names in public/default keep Kafka's own layout (`numbers-0`).
 
 Pure string work: no I/O. Every input is bounded before any regex runs.
 """
@@ -32,6 +39,8 @@ __all__ = [
     "DEFAULT_TENANT",
     "MAX_TOPIC_NAME_LENGTH",
     "TopicName",
+    "default_namespace",
+    "set_default_namespace",
 ]
 
 DEFAULT_TENANT = "public"
@@ -46,15 +55,35 @@ _BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
 # Longest input worth parsing at all: the scheme plus a maximal name. Anything longer is rejected
 # before splitting, so hostile input costs O(limit).
 _MAX_INPUT = len(PERSISTENT_SCHEME) + 2 * MAX_TOPIC_NAME_LENGTH
-_VALID_FORMS = (
-    "a valid topic name is NAME, TENANT/NAMESPACE/NAME or persistent://TENANT/NAMESPACE/NAME, "
-    "each part made of letters, digits, '.', '_' and '-' (NAME alone means public/default/NAME)"
-)
+# The cluster's default (tenant, namespace): what a bare name means. One per process (a
+# process belongs to one cluster); set by the coordinator at start and by clients on connect.
+_default: tuple[str, str] = (DEFAULT_TENANT, DEFAULT_NAMESPACE)
+
+
+def default_namespace() -> tuple[str, str]:
+    """The (tenant, namespace) a bare topic name means in this process."""
+    return _default
+
+
+def set_default_namespace(tenant: str, namespace: str) -> None:
+    """Make bare topic names mean `tenant/namespace/NAME` in this process (and short names
+    drop that prefix). InvalidTopicNameError for a tenant or namespace that is not a name."""
+    global _default
+    text = f"{tenant}/{namespace}"
+    _check_part(text, tenant, "tenant")
+    _check_part(text, namespace, "namespace")
+    _default = (tenant, namespace)
+
+
+def _valid_forms() -> str:
+    return ("a valid topic name is NAME, TENANT/NAMESPACE/NAME or "
+            "persistent://TENANT/NAMESPACE/NAME, each part made of letters, digits, '.', '_' "
+            f"and '-' (NAME alone means {_default[0]}/{_default[1]}/NAME)")
 
 
 def _refuse(text: object, why: str) -> InvalidTopicNameError:
     shown = repr(text) if not isinstance(text, str) or len(text) <= 80 else repr(text[:80] + "...")
-    return InvalidTopicNameError(f"invalid topic name {shown}: {why}; {_VALID_FORMS}")
+    return InvalidTopicNameError(f"invalid topic name {shown}: {why}; {_valid_forms()}")
 
 
 def _check_part(text: str, part: str, what: str) -> None:
@@ -68,17 +97,25 @@ def _check_part(text: str, part: str, what: str) -> None:
         raise _refuse(text, f"the {what} contains {bad.group()!r}")
 
 
-def _short(tenant: str, namespace: str, local: str) -> str:
+def _fixed_short(tenant: str, namespace: str, local: str) -> str:
+    """The name relative to public/default, whatever the cluster's default: the disk form."""
     if tenant == DEFAULT_TENANT and namespace == DEFAULT_NAMESPACE:
         return local
     return f"{tenant}/{namespace}/{local}"
+
+
+def _bare_means(local: str) -> tuple[str, str]:
+    """The (tenant, namespace) a bare `local` name resolves to: the cluster's default, or
+    public/default for a system name."""
+    return (DEFAULT_TENANT, DEFAULT_NAMESPACE) if local.startswith("__") else _default
 
 
 def _check_parts(text: str, tenant: str, namespace: str, local: str) -> None:
     _check_part(text, tenant, "tenant")
     _check_part(text, namespace, "namespace")
     _check_part(text, local, "name")
-    if len(_short(tenant, namespace, local).replace("/", _DIR_SLASH)) > MAX_TOPIC_NAME_LENGTH:
+    if len(_fixed_short(tenant, namespace, local).replace("/", _DIR_SLASH)) > \
+            MAX_TOPIC_NAME_LENGTH:
         raise _refuse(text, f"longer than {MAX_TOPIC_NAME_LENGTH} characters")
 
 
@@ -94,8 +131,10 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
         _check_parts(text, self.tenant, self.namespace, self.local)
 
     @classmethod
-    def parse(cls, text: str) -> TopicName:
-        """Parse any accepted spelling; raise InvalidTopicNameError saying what a valid one is."""
+    def parse(cls, text: str, *, fixed: bool = False) -> TopicName:
+        """Parse any accepted spelling; raise InvalidTopicNameError saying what a valid one is.
+        A bare name means the cluster's default namespace (`fixed`: public/default, as in the
+        disk form)."""
         if not isinstance(text, str):
             raise _refuse(text, f"expected a string, got {type(text).__name__}")
         if not text:
@@ -115,7 +154,9 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
         else:
             parts = rest.split("/")
             if len(parts) == 1:
-                parts = [DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]]
+                tenant, namespace = (DEFAULT_TENANT, DEFAULT_NAMESPACE) if fixed else \
+                    _bare_means(parts[0])
+                parts = [tenant, namespace, parts[0]]
             elif len(parts) != 3:
                 raise _refuse(text, f"{len(parts) - 1} '/' found, expected none or two")
         # Check with the caller's spelling in the message, before __post_init__ checks again.
@@ -129,8 +170,17 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
 
     @property
     def short(self) -> str:
-        """The display form and the Kafka-visible name: `name` in public/default, else T/NS/N."""
-        return _short(self.tenant, self.namespace, self.local)
+        """The display form and the Kafka-visible name: `name` in the cluster's default
+        namespace (public/default for system names), else T/NS/N."""
+        if (self.tenant, self.namespace) == _bare_means(self.local):
+            return self.local
+        return f"{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def fixed_short(self) -> str:
+        """The short form relative to public/default, whatever the cluster's default: how a
+        reader of a data dir, which has no cluster to ask, names the topic."""
+        return _fixed_short(self.tenant, self.namespace, self.local)
 
     @property
     def internal(self) -> bool:
@@ -139,8 +189,9 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
 
     @property
     def dir_name(self) -> str:
-        """The directory-safe form: the short form with `/` as `%2F`. Never contains `/`."""
-        return self.short.replace("/", _DIR_SLASH)
+        """The directory-safe form: the name relative to public/default (not to the cluster's
+        default: the disk layout never depends on it) with `/` as `%2F`. Never contains `/`."""
+        return self.fixed_short.replace("/", _DIR_SLASH)
 
     def partition_dir(self, partition: int) -> str:
         """The name of one partition's directory, `<dir_name>-<partition>`, as Kafka lays it out."""
@@ -153,7 +204,7 @@ class TopicName(msgspec.Struct, frozen=True, order=True):
         """Invert `dir_name`. Only the canonical directory form is accepted (one spelling each)."""
         if "/" in dir_name:
             raise _refuse(dir_name, "a directory name never contains '/'")
-        name = cls.parse(dir_name.replace(_DIR_SLASH, "/"))
+        name = cls.parse(dir_name.replace(_DIR_SLASH, "/"), fixed=True)
         if name.dir_name != dir_name:
             raise _refuse(dir_name, f"not the canonical directory form (that is {name.dir_name!r})")
         return name

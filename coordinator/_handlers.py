@@ -50,6 +50,7 @@ from catalog import (
     TopicName,
     UnknownTopicError,
     User,
+    default_namespace,
     is_executor,
     manages_query,
     placed_on_session,
@@ -133,7 +134,7 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         state.renew(req.resume, call.now, lease_ms)
         return m.SessionOpened(session_id=req.resume, lease_ms=lease_ms,
                                version=state.catalog.version, resumed=True,
-                               catalog_broker=state.catalog_broker)
+                               catalog_broker=state.catalog_broker, namespace=_namespace())
     peer = req.peer[:200]  # for people to read: bounded, never parsed
     binding = None
     if req.kind == SessionKind.QUERY:
@@ -157,7 +158,12 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         state.start_if_registered(binding[0], call.now, call.wall_ms)
     return m.SessionOpened(session_id=session_id, lease_ms=lease_ms,
                            version=state.catalog.version, resumed=False,
-                           catalog_broker=state.catalog_broker)
+                           catalog_broker=state.catalog_broker, namespace=_namespace())
+
+
+def _namespace() -> str:
+    """The cluster's default tenant/namespace (coordinator/_namespace.py set it at start)."""
+    return "/".join(default_namespace())
 
 
 def _check_binding(state: CoordinatorState, req: m.OpenSession,
@@ -207,7 +213,8 @@ def catalog_info(state: CoordinatorState, req: m.GetCatalogInfo, call: Call) -> 
     return m.CatalogInfo(version=state.catalog.version, catalog_broker=state.catalog_broker,
                          collections=topics, checkpoint=None if checkpoint is None else
                          m.CheckpointRef(version=checkpoint.version,
-                                         offsets=dict(checkpoint.offsets)))
+                                         offsets=dict(checkpoint.offsets)),
+                         namespace=_namespace())
 
 
 def loads(state: CoordinatorState, req: m.GetLoads, call: Call) -> m.Loads:

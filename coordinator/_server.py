@@ -80,6 +80,7 @@ from ._events import (
 )
 from ._handlers import HANDLERS
 from ._journal import Recovered, read_catalog
+from ._namespace import settle_namespace
 from ._state import CoordinatorConfig, CoordinatorState
 from ._writer import CatalogWriter
 
@@ -196,6 +197,8 @@ class Coordinator:
         # Held until close: a second coordinator on this data would fight over the catalog
         # topics; it is told which process has them.
         self._data_lock = hold_data_dir(self.data_dir)
+        # What a bare topic name means, in this process too, before anything parses one.
+        self.namespace = settle_namespace(self.data_dir, self.config.namespace)
         self.recovered = recovered = await loop.run_in_executor(None, read_catalog,
                                                                 self.broker_dir)
         checkpoint = recovered.checkpoint

@@ -95,6 +95,9 @@ class CoordinatorConfig:
     # submitter learns why. The default, for a query that names none; at most the maximum.
     start_timeout_ms: int = 60_000
     max_start_timeout_ms: int = 86_400_000
+    # The cluster's default `tenant/namespace` asked for (tq up / tq coordinator --tenant
+    # --namespace): None takes the one the data dir keeps, else public/default (_namespace).
+    namespace: str | None = None
 
     def start_timeout(self, query: Query) -> int:
         """How long `query` may take to start, in ms."""

@@ -67,9 +67,11 @@ from querylib.rpc import (
 from ._artifacts import ArtifactCache, ArtifactFetcher
 from ._broker_id import (
     Endpoints,
+    follow_remembered_namespace,
     preferred_listen,
     register_remembered,
     remember_endpoints,
+    remember_namespace,
     remembered_endpoints,
 )
 from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
@@ -182,6 +184,7 @@ class ExecutorAgent:
             # broker id; the second is told which process has it.
             self._data_lock = hold_data_dir(self.data_dir)
             previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
+            await asyncio.to_thread(follow_remembered_namespace, self.data_dir)
             # The catalog says who may write which topic here (`CatalogTopics`); the
             # coordinator, whose keys its clients sign with (`keys`).
             self.broker = BrokerServer(self.data_dir / "broker", self.keys,
@@ -231,6 +234,7 @@ class ExecutorAgent:
         self.cluster = cluster
         try:
             await cluster.start()
+            await asyncio.to_thread(remember_namespace, self.data_dir)
             broker = await register_remembered(cluster, self.data_dir, self.host,
                                                self.broker_address,
                                                kafka_address=self.kafka_address or "")

@@ -6,7 +6,9 @@ stops and starts again on the same data) must register its broker under the id i
 every partition on its disk would name a broker that never comes back (DESIGN §11 "Executor
 broker ids"). It also binds the addresses it had, where it chose "any free port" and they are
 still free, so that running clients find it where they left it (DESIGN §11 "Restarts do not
-strand clients"); where one is taken it takes another and clients look it up again.
+strand clients"); where one is taken it takes another and clients look it up again. And it
+keeps the cluster's default tenant/namespace in `<data>/cluster.namespace`, so a restarted
+broker names the topics on its disk as the cluster does before its session tells it again.
 
     previous = remembered_endpoints(data_dir)      # what the last run bound, or empty
     remember_endpoints(data_dir, Endpoints(broker=..., connector=..., kafka=...))
@@ -25,16 +27,25 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from catalog import Broker, BrokerExistsError, UnknownBrokerError
+from catalog import (
+    Broker,
+    BrokerExistsError,
+    TqError,
+    UnknownBrokerError,
+    default_namespace,
+    set_default_namespace,
+)
 from querylib.cluster import AsyncCluster
 
-__all__ = ["BROKER_ENDPOINTS_FILE", "BROKER_ID_FILE", "Endpoints", "preferred_listen",
-           "register_remembered", "remember_endpoints", "remembered_endpoints"]
+__all__ = ["BROKER_ENDPOINTS_FILE", "BROKER_ID_FILE", "NAMESPACE_FILE", "Endpoints",
+           "follow_remembered_namespace", "preferred_listen", "register_remembered",
+           "remember_endpoints", "remember_namespace", "remembered_endpoints"]
 
 logger = logging.getLogger("executor")
 
 BROKER_ID_FILE = "broker.id"
 BROKER_ENDPOINTS_FILE = "broker.endpoints"
+NAMESPACE_FILE = "cluster.namespace"
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,26 @@ def remember_endpoints(data_dir: Path, endpoints: Endpoints) -> None:
     scratch = path.with_suffix(".tmp")
     scratch.write_text(json.dumps(asdict(endpoints)) + "\n")
     os.replace(scratch, path)
+
+
+def remember_namespace(data_dir: Path) -> None:
+    """Keep the default tenant/namespace this process follows (its session set it)."""
+    path = data_dir / NAMESPACE_FILE
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text("/".join(default_namespace()) + "\n")
+    os.replace(scratch, path)
+
+
+def follow_remembered_namespace(data_dir: Path) -> None:
+    """Follow the default the last run's session learned, if any (before the broker opens
+    its logs: it names what it finds on disk by short names)."""
+    try:
+        tenant, _, namespace = (data_dir / NAMESPACE_FILE).read_text().strip().partition("/")
+        set_default_namespace(tenant, namespace)
+    except FileNotFoundError:
+        return
+    except (OSError, TqError) as exc:
+        logger.warning("ignoring %s: %s", data_dir / NAMESPACE_FILE, exc)
 
 
 def preferred_listen(listen: str, previous: str) -> str | None:

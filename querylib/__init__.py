@@ -20,6 +20,7 @@ __all__ = [
     "PerWorker",
     "Progress",
     "Publisher",
+    "Record",
     "Snapshot",
     "SubmittedQuery",
     "Subscription",

@@ -4,8 +4,10 @@
                           or a one-process query when run directly)
     connect()             a Context for plain scripts and notebooks
     Context.publish(name, partition=PerWorker | Merge | Hash(k), kind=..., serde=...)
-                          -> Publisher: send(time, records), advance_to(time), close()
-    Context.subscribe(name or names, partitions=, start=, timeout=, serde=, group=)
+                          -> Publisher: send(time, records, headers=, event_time=),
+                          advance_to(time), close(); a record may be a Record (key, headers,
+                          timestamp)
+    Context.subscribe(name or names, partitions=, start=, timeout=, serde=, group=, records=)
                           -> Subscription yielding Snapshot (collections), Data, Progress,
                           EndOfStream
     submit(fn, processes=, workers=, args=, wait=)
@@ -40,6 +42,7 @@ _EXPORTS = {
     "Progress": "_events",
     "Publisher": "_publisher",
     "QueryEnv": "_env",
+    "Record": "_events",
     "Snapshot": "_events",
     "SubmittedQuery": "_submit",
     "Subscription": "_subscription",
@@ -59,6 +62,7 @@ __all__ = [
     "Progress",
     "Publisher",
     "QueryEnv",
+    "Record",
     "Snapshot",
     "SubmittedQuery",
     "Subscription",

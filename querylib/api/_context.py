@@ -82,8 +82,8 @@ class Context:
     def subscribe(self, names: str | list[str], *, partitions: list[int] | None = None,
                   start: Start = "earliest", timeout: float = 30.0,
                   serde: str | Serde | None = None, record_type: str | None = None,
-                  kind: TopicKind | str | None = None, group: str | None = None
-                  ) -> Subscription:
+                  kind: TopicKind | str | None = None, group: str | None = None,
+                  records: bool = False) -> Subscription:
         """Events of the topics, all partitions merged; waits up to `timeout` seconds for a
         topic that does not exist yet (UnknownTopicError after that). `start` is "earliest",
         "latest", an offset (every partition) or {partition: offset}; a collection is always
@@ -98,7 +98,11 @@ class Context:
         tag), so a subscriber need not repeat the publisher's `serde`; pickle is never chosen
         that way (unpickling runs the writers' code: pass serde="pickle" if you trust them),
         and topics of different serdes need one subscription each. An explicit `serde` must
-        match the topic's (RecordTypeMismatchError otherwise)."""
+        match the topic's (RecordTypeMismatchError otherwise).
+
+        With `records=True` each Data's records are whole `Record`s (key and value decoded by
+        the serde, headers, timestamp, topic, partition, offset) instead of values; not for
+        collections."""
         from ._subscription import Subscription
         from .serdes import resolve
 
@@ -116,7 +120,8 @@ class Context:
                             timeout=timeout,
                             serde=None if serde is None else resolve(serde),
                             record_type=record_type,
-                            kind=None if kind is None else TopicKind(kind), group=group)
+                            kind=None if kind is None else TopicKind(kind), group=group,
+                            records=records)
 
     def close(self) -> None:
         """Close the session of a Context made by `connect()`."""

@@ -253,9 +253,11 @@ class SharedPartitions:
             raise UserError(f"opening {self.info.topic.short_name!r} failed: {self._error}")
 
     def send(self, partition: int, value: bytes, key: bytes | None,
-             headers: tuple[tuple[str, bytes], ...], time: int) -> None:
+             headers: tuple[tuple[str, bytes | None], ...], time: int,
+             timestamp: int | None = None) -> None:
         with self._lock:
-            self.producers[partition].send(value, key=key, headers=headers, time=time)
+            self.producers[partition].send(value, key=key, headers=headers, time=time,
+                                           timestamp=timestamp)
 
     def advance(self, worker: int, frontier: int) -> None:
         with self._lock:

@@ -4,7 +4,10 @@ Each broker holding subscribed partitions gets one `querylib.broker.Subscriber`.
 broker it is read on the caller's thread; with several, each is read by a thread of its own
 into one bounded queue. This module decodes values with the serde (the topics' own when the
 caller named none: never pickle, and one serde for all of them) and merges frontiers:
-Progress(f) is the minimum over every live source, EndOfStream comes once all ended.
+Progress(f) is the minimum over every live source, EndOfStream comes once all ended. A stream
+subscriber reads values only (`Values` runs), unless it asked for whole records
+(`records=True`: the Subscriber's Data, each record a `querylib.Record` with key and value
+decoded by the serde).
 
 A collection topic is first read to the end of what is stored (a non-following read), its
 records below the frontier F0 seen then are consolidated into one Snapshot, records at or
@@ -44,9 +47,10 @@ from querylib.broker import EndOfStream as RawEnd
 from querylib.broker import Progress as RawProgress
 from querylib.broker import Subscriber, Values
 from querylib.cluster import TopicInfo
-from querylib.records import DIFF_HEADER, Record, decode_int64
+from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
+from querylib.records import Record as RawRecord
 
-from ._events import Data, EndOfStream, Progress, Snapshot
+from ._events import Data, EndOfStream, Progress, Record, Snapshot
 from ._runtime import Runtime, address_of, incarnation_of
 from .serdes import PICKLE, Serde, decode_value, decode_values, resolve, type_tag
 
@@ -80,11 +84,30 @@ class _Source:
     revoked: bool = False  # a group rebalance took its partitions: drop what it still queued
 
 
-def _diff_of(record: Record) -> int:
+_OWN_HEADERS = (TIME_HEADER, DIFF_HEADER)
+
+
+def _diff_of(record: RawRecord) -> int:
     for name, value in record.headers:
         if name == DIFF_HEADER:
             return decode_int64(value)
     return 1
+
+
+def _whole(serde: Serde, event: RawData, topic: str) -> list[Record]:
+    """The records of `event` as whole Records: key and value decoded by the serde (a null
+    stays None), headers without the ones tq reads itself (the logical time is Data.time)."""
+    partition = event.partition
+    out = []
+    for r in event.records:
+        headers = r.headers
+        if headers and any(n in _OWN_HEADERS for n, _ in headers):
+            headers = tuple(h for h in headers if h[0] not in _OWN_HEADERS)
+        out.append(Record(None if r.value is None else decode_value(serde, r.value),
+                          None if r.key is None else decode_value(serde, r.key, "key"),
+                          headers, r.timestamp, topic=topic, partition=partition,
+                          offset=r.offset))
+    return out
 
 
 class Subscription:
@@ -92,8 +115,10 @@ class Subscription:
 
     def __init__(self, runtime: Runtime, names: list[str], *, partitions: list[int] | None,
                  start: Start, timeout: float, serde: Serde | None, record_type: str | None,
-                 kind: TopicKind | None, group: str | None = None) -> None:
+                 kind: TopicKind | None, group: str | None = None,
+                 records: bool = False) -> None:
         self.runtime = runtime
+        self.records = records  # whole Records rather than values (streams only)
         # None: the topics' own serde, chosen (and checked) as each topic is looked up.
         self.serde: Serde = serde  # type: ignore[assignment]
         self._implicit = serde is None
@@ -122,6 +147,10 @@ class Subscription:
                 if self._implicit:
                     self._choose_serde(info)
                 self._check(info, record_type, kind)
+                if records and info.topic.kind == TopicKind.COLLECTION:
+                    raise UserError(f"topic {info.topic.short_name!r} is a collection: its "
+                                    "records are consolidated values with counts, without keys, "
+                                    "headers or timestamps; subscribe without records=True")
                 runtime.add_subscription(info.topic.name,
                                          type_tag(self.serde, record_type) if record_type
                                          else None,
@@ -326,7 +355,8 @@ class Subscription:
         name = source.info.topic.short_name
         return Subscriber(source.address, name, source.partitions,
                           secret=self.runtime.secret, start=source.start, create=True,
-                          values=source.info.topic.kind != TopicKind.COLLECTION,
+                          values=not self.records and
+                          source.info.topic.kind != TopicKind.COLLECTION,
                           credit=_CREDIT, incarnation=incarnation_of(source.info),
                           locate=self.runtime.locator(name, source.partitions[0]))
 
@@ -357,7 +387,7 @@ class Subscription:
                     key = r.value or b""
                     snapshot[key] = snapshot.get(key, 0) + _diff_of(r)
             else:
-                source.pending.append(self._decode(event))
+                source.pending.append(self._decode(event, source))
         source.epoch, source.frontier = f0
         return f0
 
@@ -381,10 +411,13 @@ class Subscription:
             except queue.Full:
                 continue
 
-    def _decode(self, event: RawData | Values) -> Data:
+    def _decode(self, event: RawData | Values, source: _Source) -> Data:
         serde = self.serde
         if isinstance(event, Values):  # a stream topic: values only
             return Data(event.time, decode_values(serde, event.values, nulls=event.nulls),
+                        event.partition, event.epoch)
+        if self.records:  # a stream topic, whole records
+            return Data(event.time, _whole(serde, event, source.info.topic.short_name),
                         event.partition, event.epoch)
         records = [(decode_value(serde, r.value or b""), _diff_of(r)) for r in event.records]
         return Data(event.time, records, event.partition, event.epoch)
@@ -444,7 +477,7 @@ class Subscription:
             raise event
         if isinstance(event, RawData | Values):
             source.ended = False
-            return self._decode(event)
+            return self._decode(event, source)
         if isinstance(event, RawProgress):
             source.epoch, source.frontier = max((source.epoch, source.frontier),
                                                 (event.epoch, event.frontier))

@@ -88,9 +88,10 @@ def decode_values(serde: Serde, values: Iterable[bytes | None], *, nulls: bool =
         raise ValueDecodeError(f"a record value is not valid {serde.name}: {exc}") from exc
 
 
-def decode_value(serde: Serde, data: bytes) -> Any:
-    """`serde.decode(data)`, with whatever the codec raises turned into ValueDecodeError."""
+def decode_value(serde: Serde, data: bytes, what: str = "value") -> Any:
+    """`serde.decode(data)`, with whatever the codec raises turned into ValueDecodeError
+    (saying it was a record's `what`: its value or its key)."""
     try:
         return serde.decode(data)
     except Exception as exc:  # codecs raise many types; the caller gets one
-        raise ValueDecodeError(f"a record value is not valid {serde.name}: {exc}") from exc
+        raise ValueDecodeError(f"a record {what} is not valid {serde.name}: {exc}") from exc

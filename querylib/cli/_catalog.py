@@ -79,7 +79,7 @@ def to_json(record: Any) -> Any:
 
 def describe(value: Any) -> str:
     """A field value for a table cell."""
-    from catalog import Resources, describe_owner
+    from catalog import Resources, TopicName, TqError, describe_owner
 
     if value is None:
         return "-"
@@ -92,8 +92,11 @@ def describe(value: Any) -> str:
         return ",".join(describe(v) for v in value) or "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, str) and value.startswith("persistent://public/default/"):
-        return value.removeprefix("persistent://public/default/")
+    if isinstance(value, str) and value.startswith("persistent://"):
+        try:
+            return TopicName.parse(value).short  # relative to the cluster's default namespace
+        except TqError:
+            return value
     return str(value)
 
 

@@ -41,8 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "catalog's size, if more), so late followers and recovery read little "
                         "history (default 4096)")
     add_kafka_options(parser, default_port=0)
+    add_namespace_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
+
+
+def add_namespace_options(parser: argparse.ArgumentParser) -> None:
+    """--tenant and --namespace: the cluster's default, what a bare topic name means."""
+    parser.add_argument("--tenant", help="the default tenant: a topic name without one means "
+                        "TENANT/NAMESPACE/NAME (default public; chosen when the cluster is "
+                        "first started, kept after)")
+    parser.add_argument("--namespace", help="the default namespace (default: default), as "
+                        "--tenant")
+
+
+def namespace_of(args: argparse.Namespace) -> str | None:
+    """The default `tenant/namespace` asked for, or None (the cluster's own)."""
+    if args.tenant is None and args.namespace is None:
+        return None
+    return f"{args.tenant or 'public'}/{args.namespace or 'default'}"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -59,7 +76,8 @@ def _run(args: argparse.Namespace) -> int:
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home() / "coordinator")
     config = CoordinatorConfig(recovery_lease_ms=int(args.recovery_lease * 1000),
-                               checkpoint_updates=max(1, args.checkpoint_updates))
+                               checkpoint_updates=max(1, args.checkpoint_updates),
+                               namespace=namespace_of(args))
 
     def ready(coordinator: object) -> None:
         state = coordinator.state  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ from querylib.cli._broker import (
     connector_config,
     kafka_config,
 )
+from querylib.cli._coordinator import add_namespace_options, namespace_of
 
 # The connector endpoint's usual port (querylib.connector.DEFAULT_CONNECTOR_PORT, which `tq
 # ingest` connects to), spelled out so `tq --help` does not import the connector package.
@@ -56,13 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="Kafka listener of the coordinator's broker, the group "
                         "coordinator of every consumer group (FindCoordinator names it); "
                         "0: any free port (default), -1: none")
+    add_namespace_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     # None: the default port, replaced by a free one when taken (a named port is not).
     parser.set_defaults(func=_run, connector_port=None, kafka_port=None)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from coordinator import run_coordinator
+    from coordinator import CoordinatorConfig, run_coordinator
     from executor import ExecutorAgent
     from querylib._tcp import raise_fd_limit
     from querylib.cluster import cluster_file, tq_home
@@ -104,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_coordinator(os.path.join(data, "coordinator"), args.listen or _LISTEN, secret,
                            secret_file, attach=attach, amend=amend,
+                           config=CoordinatorConfig(namespace=namespace_of(args)),
                            kafka=_group_coordinator(args), fallback=args.listen is None,
                            name="tq up")
 

@@ -124,6 +124,7 @@ class SessionOpened(Reply, tag="coord.session.opened"):
     version: int
     resumed: bool           # True: an existing session was handed back
     catalog_broker: str     # the broker serving the __catalog.* topics
+    namespace: str = "public/default"  # the cluster's default: what a bare topic name means
 
 
 class Renewed(Reply, tag="coord.session.renewed"):
@@ -144,6 +145,7 @@ class CatalogInfo(Reply, tag="coord.info.reply"):
     catalog_broker: str
     collections: dict[str, str]   # collection -> its topic on the catalog broker
     checkpoint: CheckpointRef | None = None
+    namespace: str = "public/default"  # the cluster's default: what a bare topic name means
 
 
 class TopicInfo(Reply, tag="coord.topic.info"):

@@ -15,7 +15,9 @@ recovers its sessions from the catalog. If the lease ran out meanwhile, the coor
 retracted everything the session owned: the next call raises SessionLostError.
 
 A cluster opened with `session=False` has no session (read-only tools: `tq status`, `tq
-catalog`), so it leaves no trace in the catalog. Owns its RpcClient and heartbeat task.
+catalog`), so it leaves no trace in the catalog. Either way the coordinator's first answer
+says the cluster's default tenant/namespace, which this process then follows (a bare topic
+name means it: `catalog.set_default_namespace`). Owns its RpcClient and heartbeat task.
 Must not: decide what the coordinator decides (who acts as whom, who owns what); it asks.
 """
 
@@ -39,6 +41,7 @@ from catalog import (
     TopicKind,
     TqError,
     UnknownSessionError,
+    set_default_namespace,
 )
 from querylib.rpc import (
     ClientClosedError,
@@ -65,6 +68,12 @@ R = TypeVar("R", bound=Reply)
 # A waiting submit allows the coordinator its start timeout plus this, in seconds: the
 # coordinator answers at the deadline, and the answer needs a moment to arrive.
 START_MARGIN = 10.0
+
+
+def _follow_namespace(namespace: str) -> None:
+    """Resolve bare topic names as the cluster does (its default tenant/namespace)."""
+    tenant, _, rest = namespace.partition("/")
+    set_default_namespace(tenant, rest)
 
 
 def default_peer() -> str:
@@ -127,6 +136,7 @@ class AsyncCluster:
                 self.lease = opened.lease_ms / 1000
                 self.catalog_broker = opened.catalog_broker
                 self.resumed = opened.resumed
+                _follow_namespace(opened.namespace)
                 self._seen(opened.version)
                 # When the lease was last renewed (loop time): a holder that has not renewed
                 # for a lease must assume the coordinator expired it.
@@ -136,6 +146,7 @@ class AsyncCluster:
             else:
                 info = await self._first(m.GetCatalogInfo())
                 self.catalog_broker = info.catalog_broker
+                _follow_namespace(info.namespace)
                 self._seen(info.version)
         except BaseException:
             await self.client.close()

@@ -6,7 +6,8 @@ module reads those files without opening a `PartitionLog`: that would take the l
 (held by the broker that owns it) and might recover (write) it. Reads are safe while the owner
 appends: the owner writes whole batches and then extends its index, a reader never uses a batch
 the file does not hold completely, and an index entry is only a hint, checked against the batch
-header it points at.
+header it points at. With no cluster to ask, a bare topic name means public/default here,
+whatever the default of the cluster whose data dir it is (name other namespaces in full).
 
 Offsets are those on disk now: `offset_range` gives (log start, end of the last whole batch).
 What a broker has not flushed may already be visible here; what it truncates at recovery may
@@ -147,22 +148,24 @@ class LocalDir:
             except InvalidTopicNameError:
                 continue  # a stray entry (a lock, a metadata file), not a partition
             if os.path.isdir(os.path.join(self.data_dir, name)):
-                counts[topic.short] = max(counts.get(topic.short, 0), partition + 1)
+                short = topic.fixed_short
+                counts[short] = max(counts.get(short, 0), partition + 1)
         return counts
 
     def partitions(self, topic: str) -> int:
         """How many partitions `topic` has here; UnknownTopicError when it has none."""
-        name = TopicName.parse(topic)
+        name = TopicName.parse(topic, fixed=True)
         count = 0
-        while os.path.isdir(self._partition_path(name.short, count)):
+        while os.path.isdir(self._partition_path(name.fixed_short, count)):
             count += 1
         if count == 0:
-            raise UnknownTopicError(f"topic {name.short!r} not found in data dir "
+            raise UnknownTopicError(f"topic {name.fixed_short!r} not found in data dir "
                                     f"{self.data_dir} (no {name.partition_dir(0)} directory)")
         return count
 
     def _partition_path(self, topic: str, partition: int) -> str:
-        return os.path.join(self.data_dir, TopicName.parse(topic).partition_dir(partition))
+        return os.path.join(self.data_dir,
+                            TopicName.parse(topic, fixed=True).partition_dir(partition))
 
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, offset after the last whole batch) of one partition."""

@@ -219,7 +219,8 @@ class _LocalTopicWriter(_TopicWriter):
         with _writer_lock(self.local.data_dir):
             for part, batches in sorted(pending.items()):
                 path = os.path.join(self.local.data_dir,
-                                    TopicName.parse(self.topic).partition_dir(part))
+                                    TopicName.parse(self.topic, fixed=True)
+                                    .partition_dir(part))
                 try:
                     log = PartitionLog.open(path, LogConfig())
                 except StorageError as exc:
@@ -352,7 +353,8 @@ def _ensure_local_topic(data_dir: str, topic: str, partitions: int) -> None:
             local.partitions(topic)
         except UnknownTopicError:
             for part in range(partitions):
-                path = os.path.join(local.data_dir, TopicName.parse(topic).partition_dir(part))
+                path = os.path.join(local.data_dir,
+                                    TopicName.parse(topic, fixed=True).partition_dir(part))
                 PartitionLog.open(path, LogConfig()).close()
 
 

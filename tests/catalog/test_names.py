@@ -191,3 +191,35 @@ def test_parse_never_crashes(text: str) -> None:
     except InvalidTopicNameError:
         return
     assert TopicName.parse(name.full) == name
+
+
+def test_the_clusters_default_namespace() -> None:
+    """A cluster started with another default (tq up --tenant acme --namespace lab): bare
+    names mean acme/lab, names there show bare, public/default ones in full; system names and
+    directory names do not move."""
+    from catalog import DEFAULT_NAMESPACE, DEFAULT_TENANT, default_namespace, set_default_namespace
+
+    before = TopicName.parse("numbers")
+    set_default_namespace("acme", "lab")
+    try:
+        assert default_namespace() == ("acme", "lab")
+        name = TopicName.parse("numbers")
+        assert name.full == "persistent://acme/lab/numbers"
+        assert name.short == "numbers"
+        assert before.short == "public/default/numbers"
+        assert TopicName.parse("public/default/numbers") == before
+        assert TopicName.parse("__consumer_offsets").full == \
+            "persistent://public/default/__consumer_offsets"
+        assert TopicName.parse("__consumer_offsets").short == "__consumer_offsets"
+        # The disk form is relative to public/default whatever the default.
+        assert before.dir_name == "numbers"
+        assert name.dir_name == "acme%2Flab%2Fnumbers"
+        assert TopicName.parse_partition_dir("numbers-0") == (before, 0)
+        assert TopicName.parse_partition_dir("acme%2Flab%2Fnumbers-3") == (name, 3)
+        with pytest.raises(InvalidTopicNameError, match="NAME alone means acme/lab/NAME"):
+            TopicName.parse("a/b")
+        with pytest.raises(InvalidTopicNameError):
+            set_default_namespace("acme", "l/b")
+    finally:
+        set_default_namespace(DEFAULT_TENANT, DEFAULT_NAMESPACE)
+    assert TopicName.parse("numbers") == before
