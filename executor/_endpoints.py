@@ -162,6 +162,15 @@ class CatalogTopics:
         raise CoordinatorNotAvailableError(
             "the coordinator's broker has no Kafka listener (yet): no group coordinator")
 
+    def controller(self) -> int | None:
+        """The coordinator's own broker, when it has a Kafka listener: the one controller
+        every listener names (DESIGN §8); else this one."""
+        for broker in self._views["brokers"]:
+            if isinstance(broker, Broker) and broker.session_id is None \
+                    and _broker_info(broker) is not None:
+                return broker.broker_id
+        return None
+
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}
         if names is None:

@@ -111,7 +111,8 @@ class DataHandlers:
             found = await self.backend.topics([name])
             if not found and allow_create:
                 try:
-                    found = [await self.backend.create_topic(name)]
+                    created = await self.backend.create_topic(name)
+                    found = [] if created is None else [created]
                 except TopicExistsError:
                     found = await self.backend.topics([name])
         except TqError as exc:
@@ -290,12 +291,12 @@ class DataHandlers:
                     message = "tq keeps one replica of each partition"
                 elif topic.assignments:
                     code, message = ErrorCode.invalid_request, "manual assignments unsupported"
-                elif request.validate_only:
-                    if await self.backend.topics([topic.name]):
-                        code = ErrorCode.topic_already_exists
                 else:
+                    # validate_only checks all that creating would (name, partitions,
+                    # existence) and creates nothing, as Kafka's.
                     partitions = None if topic.num_partitions == -1 else topic.num_partitions
-                    await self.backend.create_topic(topic.name, partitions)
+                    await self.backend.create_topic(topic.name, partitions,
+                                                    validate_only=request.validate_only)
             except TqError as exc:
                 code, message = error_code_of(exc), str(exc)
             results.append({"name": topic.name, "error_code": code, "error_message": message})
