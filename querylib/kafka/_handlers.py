@@ -22,6 +22,7 @@ from querylib.kafka._apis import (
     SUPPORTED_VERSIONS,
     ApiKey,
     build_response,
+    is_flexible,
     millis,
 )
 from querylib.kafka._backend import KafkaBackend, PartitionRead, TopicInfo
@@ -32,9 +33,11 @@ from querylib.kafka._errors import (
     error_code_of,
 )
 from querylib.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
+from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 from querylib.records import MAX_BATCH_SIZE, read_header
 
-__all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error"]
+__all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error",
+           "oversized_produce_response"]
 
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
@@ -345,6 +348,58 @@ def _single_batch(records: bytes | None) -> bytes:
     if header.attributes & _CONTROL:
         raise InvalidRecordError("clients may not produce control batches")
     return records
+
+
+def oversized_produce_response(version: int, prefix: bytes, offset: int) -> Any:
+    """The response to a Produce request over the frame limit, of which only `prefix` was kept
+    (the body from `offset`): MESSAGE_TOO_LARGE for every partition named before the prefix
+    ends (librdkafka sends one partition per request: all of them), as Kafka answers a batch
+    over its maximum. None for acks=0 (the client reads no response)."""
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    pos = offset
+    found: list[tuple[str, list[int]]] = []
+
+    def length(nullable_int16: bool) -> int:
+        nonlocal pos
+        if flexible:
+            size, pos = read_uvarint(prefix, pos)
+            return size - 1
+        fmt = _I16 if nullable_int16 else _I32
+        (size,) = fmt.unpack_from(prefix, pos)
+        pos += fmt.size
+        return size
+
+    try:
+        skip = max(length(True), 0)  # transactional_id (`length` moves pos: not +=)
+        pos += skip
+        (acks,) = _I16.unpack_from(prefix, pos)
+        if acks == 0:
+            return None
+        pos += _I16.size + _I32.size  # acks, timeout
+        for _ in range(length(False)):
+            name_size = length(True)
+            if not 0 <= name_size <= len(prefix) - pos:
+                break
+            name = prefix[pos:pos + name_size].decode()
+            pos += name_size
+            found.append((name, []))
+            for _ in range(length(False)):
+                (index,) = _I32.unpack_from(prefix, pos)
+                pos += _I32.size
+                found[-1][1].append(index)
+                skip = max(length(False), 0)  # the records
+                pos += skip
+                if flexible:
+                    pos = skip_tagged_fields(prefix, pos)
+            if flexible:
+                pos = skip_tagged_fields(prefix, pos)
+    except (struct.error, UnicodeDecodeError, TqError):
+        pass  # the prefix ended (or is garbage): answer for what it named
+    responses = [{"name": name, "partition_responses": [
+        _produce_error(index, ErrorCode.message_too_large) for index in indices]}
+        for name, indices in found]
+    return build_response(ApiKey.PRODUCE, version, {"responses": responses,
+                                                    "throttle_time": 0})
 
 
 _LEGACY_PARTITION_V0 = struct.Struct(">ihq")  # partition, error_code, base_offset
