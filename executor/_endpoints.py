@@ -14,7 +14,8 @@ It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the cata
 `brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
 too: it is the group coordinator FindCoordinator names, and librdkafka drops a broker
 Metadata does not list. A partition's leader is the broker the catalog locates it on, never
-the coordinator's for a data topic (those live on executor brokers). A named topic the
+the coordinator's for a data topic (those live on executor brokers); the controller is the
+coordinator's broker, as every listener says (`controller`). A named topic the
 followed view does not have yet is looked up at the coordinator. It is built before the
 broker is registered (the endpoints open first, so the registration can carry their
 addresses) and answers once `attach` gave it the session and the broker id.
