@@ -17,6 +17,7 @@ Must not: answer requests itself, read clocks, do I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -28,6 +29,7 @@ from catalog import (
     ConflictError,
     FailQuery,
     InvalidCommandError,
+    InvalidPartitionsError,
     NotAuthorizedError,
     NotFoundError,
     NotOwnerError,
@@ -47,6 +49,7 @@ from catalog import (
     SessionKind,
     SessionRef,
     Topic,
+    TopicKind,
     TopicName,
     UnknownTopicError,
     User,
@@ -73,7 +76,7 @@ from querylib.cluster._errors import QueryFailedError
 
 from ._drops import WaitForDrops
 from ._leases import bound_peer
-from ._placement import place_partitions, place_processes
+from ._placement import place_kafka_partitions, place_partitions, place_processes
 from ._state import Call, CoordinatorState, WaitForStart, WaitForTopic
 
 __all__ = ["HANDLERS"]
@@ -247,6 +250,30 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
         owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
         creator=call.principal), call.now, call.wall_ms)
+    return _topic_info(state, change.created)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateIngestTopic:
+    """In process only (never on the wire: RPC registers `HANDLERS`, not this): the
+    coordinator broker's Kafka listener creates an ingest topic a Kafka client asked for
+    (auto-creation, CreateTopics; DESIGN §8). The coordinator has no session of its own."""
+
+    name: str
+    partitions: int
+
+
+def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
+                        call: Call) -> m.TopicInfo:
+    if not 1 <= req.partitions <= 10_000:
+        raise InvalidPartitionsError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
+    locations = place_kafka_partitions(state.catalog, req.partitions, state.placement_cursor,
+                                       state.catalog_broker_id)
+    state.placement_cursor += req.partitions
+    change = state.apply(CreateTopicCommand(
+        name=req.name, partitions=req.partitions, record_type="bytes", kind=TopicKind.STREAM,
+        owner=INGEST, locations=locations,
+        at_ms=call.wall_ms, creator=call.principal), call.now, call.wall_ms)
     return _topic_info(state, change.created)  # type: ignore[arg-type]
 
 
@@ -504,4 +531,9 @@ HANDLERS: dict[type, Handler] = {
     m.AddUser: add_user,
     m.RotateUser: rotate_user,
     m.RemoveUser: remove_user,
+}
+
+# Requests of the coordinator's own components, in process; never registered with RPC.
+INTERNAL_HANDLERS: dict[type, Handler] = {
+    CreateIngestTopic: create_ingest_topic,
 }

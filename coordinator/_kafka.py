@@ -12,20 +12,25 @@ a Kafka listener, this one included (librdkafka drops a group coordinator that M
 not list), and the topics the executor brokers lead, as their own listeners do; it
 coordinates groups itself.
 
-Must not: create data topics (they belong on executor brokers), or change the catalog. Who may
-write what here is the broker's core's decision (`_directory.py` is what it asks).
+Topics Kafka clients create through this listener (auto-creation, CreateTopics) are made by
+the coordinator's core, in process (`Coordinator.create_ingest_topic`): ingest topics placed
+on the executors' brokers that have a Kafka listener, as `tq topic create` places them. Every
+listener of the cluster names this broker as the controller.
+
+Must not: host data topics (they belong on executor brokers), or change the catalog but
+through the core. Who may write what here is the broker's core's decision (`_directory.py` is
+what it asks).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from catalog import Broker, Catalog, Topic, TopicName
 from querylib.kafka import (
     BrokerInfo,
     PartitionInfo,
-    PolicyViolationError,
     TopicInfo,
     kafka_topic_id,
 )
@@ -36,10 +41,11 @@ __all__ = ["CatalogView", "previous_port"]
 class CatalogView:
     """The coordinator's catalog as its broker's Kafka listener sees it."""
 
-    def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None]
-                 ) -> None:
+    def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None],
+                 create: Callable[[str, int], Awaitable[Topic]]) -> None:
         self._catalog = catalog
         self._broker_id = broker_id
+        self._create = create
         self._registered = asyncio.Event()
 
     def registered(self) -> None:
@@ -77,9 +83,12 @@ class CatalogView:
         return found
 
     async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
-        raise PolicyViolationError(
-            f"topic {name.short!r}: the group coordinator's listener creates no topics; "
-            "create it through an executor broker's listener or `tq topic create`")
+        """Created by the coordinator's core (in process, as the catalog's owner), placed on
+        the brokers with a Kafka listener, never on this one (it holds no data topic)."""
+        return _topic_info(await self._create(name.short, partitions))
+
+    def controller(self) -> int | None:
+        return None  # this broker is the controller every listener names
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         found = self._catalog().find_topic(topic.short)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from catalog import (
+    INGEST,
     Broker,
     Catalog,
     Executor,
@@ -25,7 +26,8 @@ from catalog import (
 )
 from querylib.cluster._messages import HostLoad
 
-__all__ = ["free_slots", "place_partitions", "place_processes", "total_slots", "used_slots"]
+__all__ = ["free_slots", "place_kafka_partitions", "place_partitions", "place_processes",
+           "total_slots", "used_slots"]
 
 
 def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int,
@@ -51,6 +53,21 @@ def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int
             raise InvalidCommandError("no broker is registered to host the topic")
         candidates = [catalog_broker]
     return tuple(candidates[(start + i) % len(candidates)] for i in range(partitions))
+
+
+def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
+                           catalog_broker: int | None) -> tuple[int, ...]:
+    """A broker id for each partition of a topic a Kafka client creates through the
+    coordinator's listener: round-robin over the brokers other than the coordinator's that have
+    a Kafka listener (so every partition's leader is one Kafka clients can reach), else as
+    `place_partitions` places any topic."""
+    listening = sorted(b.broker_id for b in catalog.brokers
+                       if isinstance(b, Broker) and b.kafka_address
+                       and b.broker_id != catalog_broker)
+    if not listening:
+        return place_partitions(catalog, INGEST, partitions, start,  # type: ignore[arg-type]
+                                catalog_broker)
+    return tuple(listening[(start + i) % len(listening)] for i in range(partitions))
 
 
 def _broker_of(catalog: Catalog, executor_id: int) -> int | None:

@@ -36,8 +36,10 @@ import msgspec
 
 from catalog import (
     ADMIN,
+    SYSTEM_PRINCIPAL,
     NotAuthorizedError,
     StorageError,
+    Topic,
     UnknownSessionError,
     is_executor,
     known_principal,
@@ -297,7 +299,8 @@ class Coordinator:
 
         state = self.state
         assert state is not None and self.broker is not None
-        self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id)
+        self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id,
+                                       self.create_ingest_topic)
         rpc_port = self.listen.rpartition(":")[2]
         address = await self._reopen_kafka(rpc_port)
         if address:
@@ -377,6 +380,27 @@ class Coordinator:
             assert key is not None and asker is not None
             reply = _with_key(reply, seal(asker, key))
         return reply
+
+    async def create_ingest_topic(self, name: str, partitions: int) -> Topic:
+        """Create an ingest topic for a Kafka client of this coordinator's broker (DESIGN §8):
+        the core's in-process request, answered once the catalog change is durable. The
+        creator is "system": the coordinator's own listener asked."""
+        from ._handlers import CreateIngestTopic
+
+        if self.failure is not None:
+            raise StorageError("the coordinator cannot write its catalog and is stopping")
+        loop = asyncio.get_running_loop()
+        token = _Token(b"")
+        self._feed(Received(token, CreateIngestTopic(name, partitions), loop.time(),
+                            _wall_ms(), b"", SYSTEM_PRINCIPAL))
+        if not token.answered:
+            token.future = loop.create_future()
+            reply = await token.future
+        elif token.error is not None:
+            raise token.error
+        else:
+            reply = token.reply
+        return reply.topic
 
     # -- the state machine loop ----------------------------------------------------------------
 

@@ -143,9 +143,10 @@ _HANDLERS: dict[type, Any] = {}
 def _handlers() -> dict[type, Any]:
     """The request table of `_handlers` (which imports this module, hence the late import)."""
     if not _HANDLERS:
-        from ._handlers import HANDLERS
+        from ._handlers import HANDLERS, INTERNAL_HANDLERS
 
         _HANDLERS.update(HANDLERS)
+        _HANDLERS.update(INTERNAL_HANDLERS)
     return _HANDLERS
 
 

@@ -14,7 +14,8 @@ It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the cata
 `brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
 too: it is the group coordinator FindCoordinator names, and librdkafka drops a broker
 Metadata does not list. A partition's leader is the broker the catalog locates it on, never
-the coordinator's for a data topic (those live on executor brokers). A named topic the
+the coordinator's for a data topic (those live on executor brokers); the controller is the
+coordinator's broker, as every listener says (`controller`). A named topic the
 followed view does not have yet is looked up at the coordinator. It is built before the
 broker is registered (the endpoints open first, so the registration can carry their
 addresses) and answers once `attach` gave it the session and the broker id.
@@ -167,6 +168,15 @@ class CatalogTopics:
                     return found
         raise CoordinatorNotAvailableError(
             "the coordinator's broker has no Kafka listener (yet): no group coordinator")
+
+    def controller(self) -> int | None:
+        """The coordinator's own broker, when it has a Kafka listener: the one controller
+        every listener names (DESIGN §8); else this one."""
+        for broker in self._views["brokers"]:
+            if isinstance(broker, Broker) and broker.session_id is None \
+                    and _broker_info(broker) is not None:
+                return broker.broker_id
+        return None
 
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}

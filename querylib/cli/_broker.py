@@ -72,6 +72,15 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
                      "the Kafka listener (SSL, or SASL_SSL with --kafka-sasl)")
     _add_insecure(parser)
     add_kafka_limit_options(parser)
+    parser.add_argument("--kafka-auto-create-topics", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="create a topic a Kafka client asks Metadata for or produces to "
+                        "when it does not exist (Kafka's auto.create.topics.enable; default on; "
+                        "clients may still decline with allow.auto.create.topics=false)")
+    parser.add_argument("--kafka-group-initial-delay-ms", type=int, default=3000, metavar="MS",
+                        help="a new consumer group's first assignment waits this long for more "
+                        "members, again as each joins, up to the rebalance timeout (Kafka's "
+                        "group.initial.rebalance.delay.ms; default 3000)")
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -174,8 +183,16 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     if not sasl:
         _exposed(args.kafka_host, args.insecure, "--kafka-host",
                  "require authentication with --kafka-sasl (and TLS with --kafka-tls-cert)")
+    if args.kafka_group_initial_delay_ms < 0:
+        raise UserError(f"--kafka-group-initial-delay-ms {args.kafka_group_initial_delay_ms}: "
+                        "a delay is 0 or more milliseconds")
+    from querylib.kafka import GroupConfig
+
     return KafkaConfig(host=args.kafka_host, port=args.kafka_port,
                        advertised_host=args.advertised_host,
+                       auto_create_topics=args.kafka_auto_create_topics,
+                       group_config=GroupConfig(
+                           initial_rebalance_delay_ms=args.kafka_group_initial_delay_ms),
                        limits=kafka_limits(args),  # type: ignore[arg-type]
                        sasl=sasl, ssl_context=server_tls(args.kafka_tls_cert,
                                                          args.kafka_tls_key, "--kafka-tls"))

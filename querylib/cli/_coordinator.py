@@ -88,13 +88,5 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_coordinator(data, args.listen, secret, secret_file,
                            broker_listen=args.broker_listen, config=config, on_ready=ready,
-                           kafka=group_coordinator_config(kafka_config(args)))
+                           kafka=kafka_config(args))
 
-
-def group_coordinator_config(config: object | None) -> object | None:
-    """The coordinator's Kafka listener is the group coordinator: it creates no topics."""
-    if config is None:
-        return None
-    import dataclasses
-
-    return dataclasses.replace(config, auto_create_topics=False)  # type: ignore[type-var]

@@ -139,8 +139,6 @@ def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str) -> 
 
 
 def _group_coordinator(args: argparse.Namespace) -> object | None:
-    from querylib.cli._coordinator import group_coordinator_config
-
-    port = args.coordinator_kafka_port
-    return group_coordinator_config(kafka_config(argparse.Namespace(
-        **{**vars(args), "kafka_port": port})))
+    """The coordinator broker's Kafka listener: the same options, its own port."""
+    return kafka_config(argparse.Namespace(**{**vars(args),
+                                              "kafka_port": args.coordinator_kafka_port}))

@@ -173,8 +173,10 @@ class KafkaBackend(Protocol):
         Names that do not exist are left out; invalid names raise InvalidTopicNameError."""
         ...
 
-    async def create_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
-        """Create an ingest topic (the backend's default partition count when None).
+    async def create_topic(self, name: str, partitions: int | None = None, *,
+                           validate_only: bool = False) -> TopicInfo | None:
+        """Create an ingest topic (the backend's default partition count when None); with
+        `validate_only`, check everything creating it would and create nothing (None).
         TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError."""
         ...
 

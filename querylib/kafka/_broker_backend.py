@@ -150,7 +150,12 @@ class KafkaCluster(Protocol):
         ...
 
     async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
-        """Create an ingest topic with every partition on this broker; TopicExistsError."""
+        """Create an ingest topic, through the catalog's owner (the coordinator), placed on
+        brokers with a Kafka listener (an executor's: all on itself); TopicExistsError."""
+        ...
+
+    def controller(self) -> int | None:
+        """The broker every listener names as the controller (None: this one)."""
         ...
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
@@ -207,6 +212,9 @@ class StandaloneCluster:
 
     async def group_coordinator(self) -> BrokerInfo | None:
         return None  # a broker alone coordinates its own groups
+
+    def controller(self) -> int | None:
+        return None  # a broker alone is its own controller
 
 
 @dataclass
@@ -324,7 +332,9 @@ class BrokerBackend:
 
     @property
     def controller_id(self) -> int:
-        return self._me.node_id
+        """One id for the whole cluster: the coordinator's broker (DESIGN §8)."""
+        found = self.cluster.controller()
+        return self._me.node_id if found is None else found
 
     @property
     def auto_create_topics(self) -> bool:
@@ -355,7 +365,8 @@ class BrokerBackend:
         await self._known()
         return await self.cluster.kafka_topics(names)
 
-    async def create_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
+    async def create_topic(self, name: str, partitions: int | None = None, *,
+                           validate_only: bool = False) -> TopicInfo | None:
         topic = TopicName.parse(name)
         if topic.internal:
             raise ReservedTopicNameError(f"topic {name!r}: names starting with '__' are "
@@ -365,6 +376,10 @@ class BrokerBackend:
             raise InvalidPartitionsError(
                 f"topic {name!r}: {count} partitions, expected 1..{MAX_PARTITIONS}")
         await self._known()
+        if validate_only:
+            if await self.cluster.kafka_topics([topic.short]):
+                raise TopicExistsError(f"topic {topic.short!r} exists already")
+            return None
         return await self.cluster.create_kafka_topic(topic, count)
 
     # ---- data ---------------------------------------------------------------------------------

@@ -11,19 +11,24 @@ Header v2 / v1 goes with the flexible versions of each api (ApiVersions response
 header v0, whatever the request's version, so a client can read the error of an ApiVersions
 request the broker does not understand).
 
-No sockets, no asyncio, no clocks. Hostile sizes raise `FrameTooLargeError` /
-`MalformedRequestError` before anything is buffered beyond the limit.
+No sockets, no asyncio, no clocks. A size below a header raises `MalformedRequestError`, a
+frame over its api's limit `FrameTooLargeError`, before anything is buffered beyond the
+limit; but one of an api the listener answers when too large (Produce: MESSAGE_TOO_LARGE) is
+read past, never buffered: its first `OVERSIZED_PREFIX` bytes are kept and the rest dropped
+as it arrives, and it comes out as an `OversizedFrame` once the client has sent it all
+(DESIGN §8).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from querylib.kafka._errors import FrameTooLargeError, MalformedRequestError
 
-__all__ = ["FrameReader", "RequestHeader", "parse_request_header", "response_prefix"]
+__all__ = ["OVERSIZED_PREFIX", "FrameReader", "OversizedFrame", "RequestHeader",
+           "parse_request_header", "response_prefix"]
 
 _SIZE = struct.Struct(">i")
 _HEADER_FIXED = struct.Struct(">hhih")  # api key, api version, correlation id, client_id length
@@ -32,6 +37,9 @@ _RESPONSE_HEADER = struct.Struct(">ii")  # frame size, correlation id
 # A request header is at least 10 bytes (the fixed fields with a null client_id).
 MIN_REQUEST_SIZE = _HEADER_FIXED.size
 _MAX_TAGGED_FIELDS = 64  # the header defines no tags; a few unknown ones are tolerated
+# What is kept of a frame over its limit: the header and the start of the body (Produce: the
+# topics and partitions before the first records, which are what its error names).
+OVERSIZED_PREFIX = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,18 +50,32 @@ class RequestHeader:
     client_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class OversizedFrame:
+    """A frame larger than its api's limit, read past: its first bytes and announced size."""
+
+    prefix: bytes  # at most OVERSIZED_PREFIX bytes: the request header and the body's start
+    size: int
+
+
 class FrameReader:
     """Cuts a byte stream into frames.
 
     `max_frame_bytes(api_key)` bounds each frame by its api (Produce carries record batches,
     everything else is small), checked as soon as the size and api key have arrived, before
-    the frame's bytes are buffered.
+    the frame's bytes are buffered. A frame over it comes out as an `OversizedFrame` once all
+    its bytes have arrived (and been dropped) when its api is one of `read_past`.
     """
 
-    def __init__(self, max_frame_bytes: Callable[[int], int]) -> None:
+    def __init__(self, max_frame_bytes: Callable[[int], int],
+                 read_past: Collection[int] = ()) -> None:
         self._limit = max_frame_bytes
+        self._read_past_apis = frozenset(read_past)
         self._buffer = bytearray()
         self._need: int | None = None  # size of the frame being read, once checked
+        self._past: bytearray | None = None  # the kept prefix of an oversized frame
+        self._left = 0  # bytes of the oversized frame still to drop
+        self._past_size = 0
 
     @property
     def buffered(self) -> int:
@@ -63,10 +85,12 @@ class FrameReader:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._buffer += data
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | OversizedFrame | None:
         """The next whole frame (without its size prefix), or None until more bytes arrive.
         Raises FrameTooLargeError / MalformedRequestError for a size no request may have."""
         buffer = self._buffer
+        if self._past is not None:
+            return self._read_past()
         if self._need is None:
             if len(buffer) < _SIZE.size + _API_KEY.size:
                 return None
@@ -75,9 +99,13 @@ class FrameReader:
             if size < MIN_REQUEST_SIZE:
                 raise MalformedRequestError(f"frame of {size} bytes is shorter than a header")
             limit = self._limit(api_key)
-            if size > limit:
+            if size > limit and api_key not in self._read_past_apis:
                 raise FrameTooLargeError(
                     f"frame of {size} bytes for api key {api_key} exceeds the limit of {limit}")
+            if size > limit:
+                del buffer[:_SIZE.size]
+                self._past, self._left, self._past_size = bytearray(), size, size
+                return self._read_past()
             self._need = size
         end = _SIZE.size + self._need
         if len(buffer) < end:
@@ -86,6 +114,20 @@ class FrameReader:
         del buffer[:end]
         self._need = None
         return frame
+
+    def _read_past(self) -> OversizedFrame | None:
+        """Keep the prefix of the oversized frame, drop the rest as it arrives."""
+        buffer, past = self._buffer, self._past
+        assert past is not None
+        take = min(len(buffer), self._left)
+        keep = min(take, OVERSIZED_PREFIX - len(past))
+        past += buffer[:keep]
+        del buffer[:take]
+        self._left -= take
+        if self._left:
+            return None
+        self._past = None
+        return OversizedFrame(bytes(past), self._past_size)
 
 
 def parse_request_header(

@@ -63,9 +63,12 @@ class GroupConfig:
 
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1_800_000
-    # Kafka waits 3 s for more members before the first rebalance of an empty group; tq's
-    # default 0 answers at once, which costs an extra rebalance when members come together.
-    initial_rebalance_delay_ms: int = 0
+    # group.initial.rebalance.delay.ms: the first rebalance of an empty group waits this long
+    # for more members, again each time one joins meanwhile, up to the rebalance timeout (as
+    # Kafka's InitialDelayedJoin), so members started together share the partitions from the
+    # start instead of the first taking them all and giving some back (with what it read and
+    # did not commit read twice). 0: at once.
+    initial_rebalance_delay_ms: int = 3000
     max_members: int = 1000
     max_groups: int = 10_000
 
@@ -210,6 +213,8 @@ class Group:
     # PreparingRebalance from Empty: not before the initial delay; -1 once it has passed (so
     # next_deadline stops reporting it).
     join_ready_at: int = -1
+    delay_left: int = 0  # of the rebalance timeout, for further delays
+    joined_in_delay: bool = False  # a new member joined during the current delay
 
     def record(self) -> GroupRecord:
         members = tuple(
@@ -300,7 +305,7 @@ class GroupMachine:
                 self._remove(group, member, out)
             if group.status is GroupStatus.PREPARING_REBALANCE:
                 if 0 <= group.join_ready_at <= now:
-                    group.join_ready_at = -1
+                    self._delay_passed(group, now)
                 if now >= group.rebalance_deadline:
                     self._complete_join(group, now, out)
                 else:
@@ -363,6 +368,7 @@ class GroupMachine:
                             event.rebalance_timeout_ms, event.protocols,
                             now + event.session_timeout_ms)
             group.members[member_id] = member
+            group.joined_in_delay = True
         else:
             member.protocols = event.protocols
             member.session_timeout_ms = event.session_timeout_ms
@@ -402,13 +408,31 @@ class GroupMachine:
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
         group.rebalance_deadline = now + timeout
         delay = self.config.initial_rebalance_delay_ms
-        group.join_ready_at = now + delay if was_empty and delay > 0 else -1
+        if was_empty and delay > 0:
+            # Kafka's InitialDelayedJoin: the delay, then again while members keep coming,
+            # never past the rebalance timeout (rebalance_deadline completes the join anyway).
+            group.join_ready_at = now + delay
+            group.delay_left = max(timeout - delay, 0)
+            group.joined_in_delay = False
+        else:
+            group.join_ready_at = -1
         if now >= group.rebalance_deadline:
             # Nobody left to wait for (the last member expired; only ids handed out with
             # MEMBER_ID_REQUIRED remain): complete now, as tick would at the deadline.
             self._complete_join(group, now, out)
         else:
             self._try_complete_join(group, now, out)
+
+    def _delay_passed(self, group: Group, now: int) -> None:
+        """The initial delay ran out: wait once more if a member joined meanwhile and the
+        rebalance timeout leaves time, else the join may complete."""
+        if group.joined_in_delay and group.delay_left > 0:
+            delay = min(self.config.initial_rebalance_delay_ms, group.delay_left)
+            group.delay_left -= delay
+            group.joined_in_delay = False
+            group.join_ready_at = now + delay
+        else:
+            group.join_ready_at = -1
 
     def _try_complete_join(self, group: Group, now: int, out: Out) -> None:
         if now < group.join_ready_at and group.members:

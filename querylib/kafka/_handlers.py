@@ -23,6 +23,7 @@ from querylib.kafka._apis import (
     SUPPORTED_VERSIONS,
     ApiKey,
     build_response,
+    is_flexible,
     millis,
 )
 from querylib.kafka._backend import KafkaBackend, PartitionRead, TopicInfo
@@ -38,9 +39,11 @@ from querylib.kafka._fetch import (
     FetchedTopic,
     encode_fetch_response,
 )
+from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 from querylib.records import MAX_BATCH_SIZE, read_header
 
-__all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error"]
+__all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error",
+           "oversized_produce_response"]
 
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
@@ -156,7 +159,8 @@ class DataHandlers:
             found = await self.backend.topics([name])
             if not found and allow_create:
                 try:
-                    found = [await self.backend.create_topic(name)]
+                    created = await self.backend.create_topic(name)
+                    found = [] if created is None else [created]
                 except TopicExistsError:
                     found = await self.backend.topics([name])
         except TqError as exc:
@@ -362,12 +366,12 @@ class DataHandlers:
                     message = "tq keeps one replica of each partition"
                 elif topic.assignments:
                     code, message = ErrorCode.invalid_request, "manual assignments unsupported"
-                elif request.validate_only:
-                    if await self.backend.topics([topic.name]):
-                        code = ErrorCode.topic_already_exists
                 else:
+                    # validate_only checks all that creating would (name, partitions,
+                    # existence) and creates nothing, as Kafka's.
                     partitions = None if topic.num_partitions == -1 else topic.num_partitions
-                    created = await self.backend.create_topic(topic.name, partitions)
+                    created = await self.backend.create_topic(
+                        topic.name, partitions, validate_only=request.validate_only)
             except TqError as exc:
                 code, message = error_code_of(exc), str(exc)
             # v5+ describe the topic created (-1 and no configs when none was; the configs
@@ -425,6 +429,58 @@ def _single_batch(records: bytes | None) -> bytes:
     if header.attributes & _CONTROL:
         raise InvalidRecordError("clients may not produce control batches")
     return records
+
+
+def oversized_produce_response(version: int, prefix: bytes, offset: int) -> Any:
+    """The response to a Produce request over the frame limit, of which only `prefix` was kept
+    (the body from `offset`): MESSAGE_TOO_LARGE for every partition named before the prefix
+    ends (librdkafka sends one partition per request: all of them), as Kafka answers a batch
+    over its maximum. None for acks=0 (the client reads no response)."""
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    pos = offset
+    found: list[tuple[str, list[int]]] = []
+
+    def length(nullable_int16: bool) -> int:
+        nonlocal pos
+        if flexible:
+            size, pos = read_uvarint(prefix, pos)
+            return size - 1
+        fmt = _I16 if nullable_int16 else _I32
+        (size,) = fmt.unpack_from(prefix, pos)
+        pos += fmt.size
+        return size
+
+    try:
+        skip = max(length(True), 0)  # transactional_id (`length` moves pos: not +=)
+        pos += skip
+        (acks,) = _I16.unpack_from(prefix, pos)
+        if acks == 0:
+            return None
+        pos += _I16.size + _I32.size  # acks, timeout
+        for _ in range(length(False)):
+            name_size = length(True)
+            if not 0 <= name_size <= len(prefix) - pos:
+                break
+            name = prefix[pos:pos + name_size].decode()
+            pos += name_size
+            found.append((name, []))
+            for _ in range(length(False)):
+                (index,) = _I32.unpack_from(prefix, pos)
+                pos += _I32.size
+                found[-1][1].append(index)
+                skip = max(length(False), 0)  # the records
+                pos += skip
+                if flexible:
+                    pos = skip_tagged_fields(prefix, pos)
+            if flexible:
+                pos = skip_tagged_fields(prefix, pos)
+    except (struct.error, UnicodeDecodeError, TqError):
+        pass  # the prefix ended (or is garbage): answer for what it named
+    responses = [{"name": name, "partition_responses": [
+        _produce_error(index, ErrorCode.message_too_large) for index in indices]}
+        for name, indices in found]
+    return build_response(ApiKey.PRODUCE, version, {"responses": responses,
+                                                    "throttle_time": 0})
 
 
 _LEGACY_PARTITION_V0 = struct.Struct(">ihq")  # partition, error_code, base_offset

@@ -52,6 +52,7 @@ from querylib.kafka._apis import (
 from querylib.kafka._backend import KafkaBackend
 from querylib.kafka._errors import (
     ErrorCode,
+    FrameTooLargeError,
     IllegalSaslStateError,
     KafkaProtocolError,
     ListenError,
@@ -59,10 +60,21 @@ from querylib.kafka._errors import (
     UnsupportedSaslMechanismError,
     error_code_of,
 )
-from querylib.kafka._framing import FrameReader, parse_request_header, response_prefix
+from querylib.kafka._framing import (
+    FrameReader,
+    OversizedFrame,
+    parse_request_header,
+    response_prefix,
+)
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_service import GroupService
-from querylib.kafka._handlers import DataHandlers, RawResponse, RequestContext, api_versions_error
+from querylib.kafka._handlers import (
+    DataHandlers,
+    RawResponse,
+    RequestContext,
+    api_versions_error,
+    oversized_produce_response,
+)
 from querylib.kafka._sasl import MECHANISMS, SaslExchange, principal_of_username
 
 __all__ = ["KafkaListener", "ListenerStats"]
@@ -112,7 +124,7 @@ class _Inbound(asyncio.Protocol):
         self.cap = cap
         self.conn = conn
         self.stats = stats
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | OversizedFrame] = deque()
         self.queued = 0  # bytes of the frames in `queue`
         self.handling = False
         self.error: KafkaProtocolError | None = None
@@ -123,6 +135,7 @@ class _Inbound(asyncio.Protocol):
         self._writing_paused = False
         self._reading = True
         self._lost = False
+        self._lingering = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -131,10 +144,19 @@ class _Inbound(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.conn.touch()
+        if self._lingering:
+            return  # answered and closing: what the client still sends is dropped
         frames = self.frames
         try:
             frames.receive_data(data)
             while (frame := frames.next_frame()) is not None:
+                if isinstance(frame, OversizedFrame):
+                    # Answered (with the api's error, where it can be) after the requests
+                    # before it; then the connection closes: read nothing more.
+                    self.queue.append(frame)
+                    self.queued += len(frame.prefix)
+                    raise FrameTooLargeError(f"request of {frame.size} bytes exceeds the "
+                                             "listener's limit for its api")
                 self.queue.append(frame)
                 self.queued += len(frame)
         except KafkaProtocolError as exc:
@@ -170,7 +192,7 @@ class _Inbound(asyncio.Protocol):
 
     # -- for the connection's task ---------------------------------------------------------------
 
-    async def next_frame(self) -> bytes | None:
+    async def next_frame(self) -> bytes | OversizedFrame | None:
         """The next whole request, or None at the end of the connection (EOF, or a protocol
         error, which is raised once the requests before it are taken). The previous request
         is taken as answered."""
@@ -184,7 +206,7 @@ class _Inbound(asyncio.Protocol):
             self._ready = asyncio.get_running_loop().create_future()
             await self._ready
         frame = self.queue.popleft()
-        self.queued -= len(frame)
+        self.queued -= len(frame.prefix if isinstance(frame, OversizedFrame) else frame)
         if self.queued + self.frames.buffered <= self.cap:
             self._resume()
         self.handling = True
@@ -207,6 +229,27 @@ class _Inbound(asyncio.Protocol):
             await self._drained
             if self._lost:
                 raise ConnectionResetError("the Kafka client closed the connection")
+
+    async def linger(self, timeout: float) -> None:
+        """Before closing: drop what the client still sends for `timeout` seconds, or until it
+        closes. Closing at once could reset the connection under a response the client has not
+        read yet (bytes arriving at a closed socket), and a client that sees the end of the
+        connection in the same read as the response may drop the response (kafka-python)."""
+        transport = self.transport
+        if transport is None or self._lost:
+            return
+        self._lingering = True
+        self.eof = False
+        self._reading = False  # resume even though an error was seen
+        transport.resume_reading()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.eof and (remaining := deadline - loop.time()) > 0:
+            self._ready = loop.create_future()
+            try:
+                await asyncio.wait_for(self._ready, remaining)
+            except TimeoutError:
+                return
 
     def _pause(self) -> None:
         if self._reading and self.transport is not None:
@@ -236,6 +279,9 @@ class _Auth:
 
 
 _BEFORE_AUTH = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
+_LINGER = 1.0  # seconds a connection closing after an oversized request waits for the client
 
 
 class _Close(Exception):  # noqa: N818 - control flow: answered, now close the connection
@@ -345,7 +391,8 @@ class KafkaListener:
         client_host = f"/{conn.address}"
         limits = self.limits
         frames = FrameReader(lambda api_key: limits.max_frame_bytes
-                             if api_key == ApiKey.PRODUCE else limits.max_request_bytes)
+                             if api_key == ApiKey.PRODUCE else limits.max_request_bytes,
+                             read_past=(ApiKey.PRODUCE,))  # answered MESSAGE_TOO_LARGE
         auth = _Auth(required=bool(self.sasl))
         try:
             inbound = await conn.open(lambda: _Inbound(frames, limits.max_inflight_request_bytes,
@@ -358,6 +405,8 @@ class KafkaListener:
         except KafkaProtocolError as exc:
             self.stats.protocol_errors += 1
             logger.info("closing Kafka connection from %s: %s", client_host, exc)
+            if isinstance(exc, FrameTooLargeError):
+                await inbound.linger(_LINGER)  # the client reads its MESSAGE_TOO_LARGE
         except ConnectionError:
             pass
         except asyncio.CancelledError:
@@ -369,8 +418,11 @@ class KafkaListener:
         finally:
             self.stats.open_connections -= 1
 
-    async def _handle_frame(self, frame: bytes, out: _Inbound, client_host: str,
-                            auth: _Auth) -> None:
+    async def _handle_frame(self, frame: bytes | OversizedFrame, out: _Inbound,
+                            client_host: str, auth: _Auth) -> None:
+        if isinstance(frame, OversizedFrame):
+            await self._answer_oversized(frame, out, auth)
+            return
         header, offset = parse_request_header(frame, is_flexible)
         self.stats.requests += 1
         api_key, version = header.api_key, header.api_version
@@ -410,6 +462,26 @@ class KafkaListener:
                 response.close()
             return
         body = encode_response(response)
+        out.write(response_prefix(header.correlation_id, len(body), flexible) + body)
+        await out.drain()
+
+    async def _answer_oversized(self, frame: OversizedFrame, out: _Inbound,
+                                auth: _Auth) -> None:
+        """A request over its frame limit: a Produce (from an authenticated connection) is
+        answered MESSAGE_TOO_LARGE for the partitions its kept prefix names, as the client
+        expects for a batch too large, not a silent close; the connection closes after it."""
+        header, offset = parse_request_header(frame.prefix, is_flexible)
+        self.stats.requests += 1
+        api_key, version = header.api_key, header.api_version
+        if auth.principal is None or api_key != ApiKey.PRODUCE or \
+                not is_supported(api_key, version):
+            return
+        response = oversized_produce_response(version, frame.prefix, offset)
+        if response is None:
+            return
+        flexible = response_header_flexible(api_key, version)
+        body = response.chunks[0] if isinstance(response, RawResponse) else \
+            encode_response(response)
         out.write(response_prefix(header.correlation_id, len(body), flexible) + body)
         await out.drain()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from catalog import (
+    INGEST,
     SYSTEM,
     Catalog,
     ConflictError,
@@ -27,6 +28,7 @@ from coordinator import (
     CoordinatorConfig,
     CoordinatorState,
     Persist,
+    Received,
     Respond,
     SpawnProcesses,
     Tick,
@@ -483,3 +485,39 @@ def test_checkpoints_are_asked_for_after_enough_updates_one_at_a_time() -> None:
     for i in range(40, 80):
         d.call(m.CreateTopic(session_id=session, name=f"t{i}"))
     assert len(d.checkpoints) == 2 and d.checkpoints[1].version > first.version
+
+
+def test_the_kafka_listener_creates_ingest_topics_on_brokers_with_a_listener() -> None:
+    """`CreateIngestTopic` (in process, the coordinator broker's Kafka listener; DESIGN §8):
+    an ingest topic, creator "system", placed round-robin on the brokers other than the
+    coordinator's that have a Kafka listener; the catalog's errors as for any create."""
+    from coordinator._handlers import CreateIngestTopic
+
+    d = Driver()
+    listening = []
+    for name, kafka in (("host-a", "host-a:9092"), ("host-b", ""), ("host-c", "host-c:9092")):
+        session = d.session(SessionKind.EXECUTOR)
+        broker = d.call(m.RegisterBroker(session_id=session, host=name,
+                                         address=f"tcp://{name}:7411",
+                                         kafka_address=kafka)).broker
+        if kafka:
+            listening.append(broker.broker_id)
+
+    def create(name: str, partitions: int) -> m.TopicInfo:
+        token = next(d.tokens)
+        d.feed(Received(token, CreateIngestTopic(name, partitions), d.now, d.wall, b"",
+                        "system"))
+        d.commit()
+        return d.answer(token)
+
+    topic = create("from-kafka", 4).topic
+    assert topic.owner == INGEST and topic.creator == "system"
+    assert sorted(set(topic.locations)) == listening
+    assert [topic.locations.count(b) for b in listening] == [2, 2]
+    with pytest.raises(TopicExistsError):
+        create("from-kafka", 1)
+    with pytest.raises(InvalidCommandError):
+        create("none", 0)
+    # Not a request anyone can send over RPC: the server registers HANDLERS only.
+    from coordinator._handlers import HANDLERS
+    assert CreateIngestTopic not in HANDLERS

@@ -89,7 +89,10 @@ class ListenerThread:
 
 @contextmanager
 def running_listener(data_dir: str, **options: Any) -> Iterator[ListenerThread]:
-    options.setdefault("group_config", GroupConfig(min_session_timeout_ms=100))
+    # No initial delay: here it would only cost time (test_group.py and the tq up interop
+    # tests cover it).
+    options.setdefault("group_config", GroupConfig(min_session_timeout_ms=100,
+                                                   initial_rebalance_delay_ms=0))
     options.setdefault("limits", ListenerLimits())
     thread = ListenerThread(data_dir, **options).start()
     try:

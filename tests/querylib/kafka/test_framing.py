@@ -10,7 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from querylib.kafka import FrameReader, FrameTooLargeError, MalformedRequestError
-from querylib.kafka._framing import parse_request_header, response_prefix
+from querylib.kafka._framing import (
+    OVERSIZED_PREFIX,
+    OversizedFrame,
+    parse_request_header,
+    response_prefix,
+)
 
 
 def _frame(body: bytes) -> bytes:
@@ -53,6 +58,24 @@ def test_oversized_frame_is_refused_from_its_first_six_bytes() -> None:
     reader = FrameReader(_limit)
     reader.receive_data(struct.pack(">ih", 1000, 0))  # Produce: limit 1000
     assert reader.next_frame() is None
+
+
+def test_oversized_frame_of_an_answered_api_is_read_past() -> None:
+    """Over its api's limit from the size and api key on: never buffered, only its first
+    OVERSIZED_PREFIX bytes kept; it comes out once the client sent it all, and the frames
+    behind it are cut as before."""
+    body = _header(api_key=3) + bytes(range(256)) * 400  # Metadata: limit 100
+    big = _frame(body)
+    reader = FrameReader(_limit, read_past={3})
+    for start in range(0, len(big), 7000):
+        reader.receive_data(big[start:start + 7000])
+        frame = reader.next_frame()
+        assert reader.buffered == 0
+        if start + 7000 < len(big):
+            assert frame is None
+    assert frame == OversizedFrame(body[:OVERSIZED_PREFIX], len(body))
+    reader.receive_data(_frame(_header(api_key=3)))
+    assert reader.next_frame() == _header(api_key=3)
 
 
 @pytest.mark.parametrize("size", [-1, 0, 9, -(2**31)])

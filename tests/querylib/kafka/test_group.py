@@ -31,7 +31,8 @@ from querylib.kafka._group import (
 )
 
 G = "group"
-CONFIG = GroupConfig(min_session_timeout_ms=10, max_session_timeout_ms=100_000)
+CONFIG = GroupConfig(min_session_timeout_ms=10, max_session_timeout_ms=100_000,
+                     initial_rebalance_delay_ms=0)
 tokens = itertools.count(1)
 
 
@@ -344,3 +345,64 @@ def test_every_state_takes_every_event(status: GroupStatus, item) -> None:
         if isinstance(event, (Heartbeat, Leave, CommitCheck)):
             assert event.token in {i.token for i in out if not isinstance(i, StoreGroup)}
     check_invariants(machine, answered, out, 1)
+
+
+# ---- the initial rebalance delay (group.initial.rebalance.delay.ms) ---------------------------
+
+
+def test_the_initial_delay_is_kafkas_by_default() -> None:
+    assert GroupConfig().initial_rebalance_delay_ms == 3000
+
+
+def test_a_new_group_waits_the_initial_delay_and_again_while_members_join() -> None:
+    """Kafka's InitialDelayedJoin: 3 s, restarted (once per delay) when a member joined
+    during it; both members are in the first generation."""
+    machine = GroupMachine(GroupConfig(min_session_timeout_ms=10,
+                                       initial_rebalance_delay_ms=3000))
+    assert not replies(machine.handle(G, join(new_id="a", rebalance=60_000), 0), JoinReply)
+    assert machine.next_deadline() == 3000
+    assert not replies(machine.handle(G, join(new_id="b", rebalance=60_000), 2000), JoinReply)
+    assert not replies(machine.tick(3000), JoinReply)  # b came during the delay: once more
+    assert machine.next_deadline() == 6000
+    assert not replies(machine.tick(5999), JoinReply)
+    out = machine.tick(6000)
+    assert sorted(r.member_id for r in replies(out, JoinReply)) == ["a", "b"]
+    assert {r.generation for r in replies(out, JoinReply)} == {1}
+    assert machine.group(G).status is GroupStatus.COMPLETING_REBALANCE
+
+
+def test_the_initial_delay_ends_when_nobody_joined_during_it() -> None:
+    machine = GroupMachine(GroupConfig(min_session_timeout_ms=10,
+                                       initial_rebalance_delay_ms=3000))
+    machine.handle(G, join(new_id="a", rebalance=60_000), 0)
+    assert not replies(machine.tick(2999), JoinReply)
+    assert [r.member_id for r in replies(machine.tick(3000), JoinReply)] == ["a"]
+
+
+def test_the_initial_delay_never_passes_the_rebalance_timeout() -> None:
+    machine = GroupMachine(GroupConfig(min_session_timeout_ms=10,
+                                       initial_rebalance_delay_ms=3000))
+    machine.handle(G, join(new_id="a", rebalance=4000), 0)
+    for now in (1000, 2000, 3000, 3500):
+        if now < 3000:
+            machine.handle(G, join(new_id=f"m{now}", rebalance=4000), now)
+        else:
+            assert not replies(machine.tick(now), JoinReply)
+    machine.handle(G, join(new_id="late", rebalance=4000), 3500)
+    # 3000 + min(3000, 4000 - 3000): done at 4000 although "late" joined at 3500.
+    assert machine.next_deadline() == 4000
+    out = machine.tick(4000)
+    assert sorted(r.member_id for r in replies(out, JoinReply)) == ["a", "late", "m1000",
+                                                                      "m2000"]
+
+
+def test_a_group_that_was_stable_rebalances_without_the_initial_delay() -> None:
+    machine = GroupMachine(GroupConfig(min_session_timeout_ms=10,
+                                       initial_rebalance_delay_ms=3000))
+    machine.handle(G, join(new_id="a", rebalance=60_000), 0)
+    (reply,) = replies(machine.tick(3000), JoinReply)
+    machine.handle(G, Sync(next(tokens), "a", reply.generation, (("a", b"x"),)), 3000)
+    assert machine.group(G).status is GroupStatus.STABLE
+    machine.handle(G, join(new_id="b", rebalance=60_000), 4000)
+    out = machine.handle(G, join("a", new_id="x", rebalance=60_000), 4000)
+    assert sorted(r.member_id for r in replies(out, JoinReply)) == ["a", "b"]

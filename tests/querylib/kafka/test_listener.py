@@ -427,7 +427,7 @@ def test_long_poll_fetch_returns_when_another_client_produces(served: ListenerTh
     struct.pack(">ihhih", 10, 1234, 0, 1, -1),                 # unknown api key
     struct.pack(">ihhih", 14, 3, 8, 1, -1) + b"\x00\x00\x00\x07",  # body cut short
     struct.pack(">ih", 64 * 1024 + 1, 3),                      # too large for Metadata
-    struct.pack(">ih", 200 * 1024 * 1024, 0),                  # too large for anything
+    struct.pack(">ih", 200 * 1024 * 1024, 3),                  # too large for anything
 ])
 def test_bad_frames_close_only_their_connection(served: ListenerThread, client: WireClient,
                                                 garbage: bytes) -> None:
@@ -438,6 +438,31 @@ def test_bad_frames_close_only_their_connection(served: ListenerThread, client: 
                                         client_software_version="1"))
     assert response.error_code is ErrorCode.none
     assert served.listener.stats.protocol_errors >= 1
+
+
+@pytest.mark.parametrize("version", [3, 7])
+def test_a_produce_over_the_frame_limit_gets_message_too_large_then_closes(
+        tmp_path: Path, version: int) -> None:
+    """Read past (never buffered), answered MESSAGE_TOO_LARGE for the partitions it names (as
+    a batch over the broker's maximum is), and then the connection closes: not a silent
+    close, which librdkafka reported as a timeout long after."""
+    with running_listener(str(tmp_path), limits=ListenerLimits(max_frame_bytes=64 * 1024)
+                          ) as thread, WireClient(thread.port) as wire:
+        big = batch(b"x" * 100_000)
+        correlation = wire.send(make_request(A.PRODUCE, version, acks=-1, timeout=5000,
+                                             topic_data=[
+            {"name": "big", "partition_data": [{"index": 0, "records": big},
+                                               {"index": 3, "records": big}]},
+            {"name": "other", "partition_data": [{"index": 1, "records": big}]}]))
+        got, response = wire.receive(A.PRODUCE, version)
+        assert got == correlation
+        # What the kept prefix names: the first topic's partitions before its first records.
+        assert [(t.name, [(p.index, p.error_code) for p in t.partition_responses])
+                for t in response.responses] == [("big", [(0, ErrorCode.message_too_large)])]
+        assert wire.is_closed()
+        assert thread.listener.stats.protocol_errors == 1
+        assert thread.listener.stats.max_inflight_bytes < 64 * 1024 + 300 * 1024
+        assert not thread.call(thread.backend.topics(["big"]))
 
 
 def test_idempotent_retry_gets_its_offset_and_a_gap_is_out_of_order(client: WireClient) -> None:
