@@ -75,6 +75,11 @@ class CatalogView:
             f"topic {name.short!r}: the group coordinator's listener creates no topics; "
             "create it through an executor broker's listener or `tq topic create`")
 
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        raise PolicyViolationError(
+            f"topic {name.short!r}: the group coordinator's listener deletes no topics; "
+            "delete it through an executor broker's listener or `tq topic delete`")
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         found = self._catalog().find_topic(topic.short)
         broker_id = self._broker_id()

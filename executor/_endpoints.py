@@ -196,6 +196,13 @@ class CatalogTopics:
                                           locations=(broker_id,) * partitions)
         return _topic_info(info.topic)
 
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        """Through the executor's session, as a forced delete (the listener authorized the
+        Kafka principal as the topic's writer or the admin); the catalog still refuses `__`
+        topics, and an executor principal other than the admin deletes nothing (DESIGN §12)."""
+        cluster, _ = await self._session()
+        await cluster.delete_topic(name.short, force=True)
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         _, broker_id = await self._session()
         found = await self._lookup(topic.short)

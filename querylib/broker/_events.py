@@ -257,6 +257,14 @@ class AppendFailed(msgspec.Struct, frozen=True):
     error: Exception
 
 
+class LogStartAdvanced(msgspec.Struct, frozen=True):
+    """DeleteRecords moved the log start to `log_start`: subscribers below it are told, as
+    after retention."""
+
+    partition: PartitionId
+    log_start: int
+
+
 class DurableAdvanced(msgspec.Struct, frozen=True):
     """A flush made the log durable up to `durable_end` (exclusive)."""
 
@@ -285,7 +293,7 @@ Stimulus = (
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
     | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
     | PartitionOpenFailed | GroupsSaved | GroupsSaveFailed | AppendCompleted
-    | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
+    | AppendFailed | DurableAdvanced | LogStartAdvanced | ReadCompleted | ReadFailed
 )
 
 # --------------------------------------------------------------------------- instructions

@@ -29,7 +29,14 @@ from querylib.errors import RecordError
 from querylib.log import PartitionLog
 from querylib.records import read_header
 
-from ._events import AppendCompleted, AppendFailed, DurableAdvanced, PartitionId, Stimulus
+from ._events import (
+    AppendCompleted,
+    AppendFailed,
+    DurableAdvanced,
+    LogStartAdvanced,
+    PartitionId,
+    Stimulus,
+)
 
 __all__ = ["AppendLane"]
 
@@ -37,6 +44,13 @@ logger = logging.getLogger("querylib.broker")
 
 _FLUSH = object()  # queue marker: run flush_if_due in order with the appends
 _RETENTION_EVERY = 10.0  # seconds between retention checks of an active partition
+
+
+class _Trim:
+    """Queue item: move the log start to `offset` (DeleteRecords), in order with appends."""
+
+    def __init__(self, offset: int, done: asyncio.Future[int]) -> None:
+        self.offset, self.done = offset, done
 
 
 class AppendLane:
@@ -77,6 +91,16 @@ class AppendLane:
         self._queue.append((ticket, batch))
         self._kick()
 
+    async def delete_records(self, offset: int) -> int:
+        """Move the log start up to `offset` after the appends queued before (Kafka's
+        DeleteRecords); the new log start, reported to the core as `LogStartAdvanced`."""
+        if self._closed:
+            raise TqError("the broker is shutting down")
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Trim(offset, done))
+        self._kick()
+        return await done
+
     def _kick(self) -> None:
         if self._task is None and self._queue:
             self._task = asyncio.get_running_loop().create_task(
@@ -89,6 +113,8 @@ class AppendLane:
                 if self._queue[0] is _FLUSH:
                     self._queue.popleft()
                     outcome = await loop.run_in_executor(self._executor, self._flush)
+                elif isinstance(self._queue[0], _Trim):
+                    outcome = await self._trim(self._queue.popleft())
                 else:
                     group = self._take_group()
                     try:
@@ -113,12 +139,25 @@ class AppendLane:
     def _take_group(self) -> list[tuple[int, Any]]:
         group = [self._queue.popleft()]
         size = len(group[0][1])
-        while (self._queue and self._queue[0] is not _FLUSH and len(group) < self._max_batches
+        while (self._queue and self._queue[0] is not _FLUSH
+               and not isinstance(self._queue[0], _Trim) and len(group) < self._max_batches
                and size + len(self._queue[0][1]) <= self._max_bytes):
             item = self._queue.popleft()
             group.append(item)
             size += len(item[1])
         return group
+
+    async def _trim(self, trim: _Trim) -> list[Stimulus]:
+        try:
+            start = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.log.delete_records, trim.offset)
+        except TqError as exc:
+            if not trim.done.done():
+                trim.done.set_exception(exc)
+            return []
+        if not trim.done.done():
+            trim.done.set_result(start)
+        return [LogStartAdvanced(self.pid, start)]
 
     # -- on the executor thread ------------------------------------------------------------
 

@@ -345,6 +345,16 @@ class BrokerServer:
             return info
         return msgspec.structs.replace(info, size=lane.log.size_in_bytes)
 
+    async def delete_records(self, pid: PartitionId, offset: int) -> int:
+        """Move a hosted partition's log start up to `offset` (Kafka's DeleteRecords), in
+        order with its appends; the new log start. UnknownPartitionError if not hosted,
+        OffsetOutOfRangeError past its end."""
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return await lane.delete_records(offset)
+
     def partition_log(self, pid: PartitionId) -> PartitionLog:
         """The log of a hosted partition, for reads (thread-safe against the append lane).
         Never append to it: the lane is its one writer. UnknownPartitionError if not hosted."""

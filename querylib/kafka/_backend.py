@@ -24,6 +24,7 @@ __all__ = [
     "AppendResult",
     "BrokerInfo",
     "CommittedOffset",
+    "ConfigEntry",
     "GroupMemberRecord",
     "GroupRecord",
     "KafkaBackend",
@@ -92,6 +93,21 @@ class PartitionRead:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config of a topic or broker as DescribeConfigs reports it: Kafka's name, its
+    value, where it comes from (Kafka's ConfigSource: 4 STATIC_BROKER_CONFIG, 5
+    DEFAULT_CONFIG, ...), its type (ConfigType: 2 STRING, 3 INT, 5 LONG, 7 LIST) and the
+    broker setting it defaults to (a synonym), if any."""
+
+    name: str
+    value: str
+    source: int
+    config_type: int
+    read_only: bool = True
+    synonym: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CommittedOffset:
     """One committed offset of a group (OffsetCommit value v3 in `__consumer_offsets`)."""
 
@@ -157,7 +173,27 @@ class KafkaBackend(Protocol):
         TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError."""
         ...
 
+    async def delete_topic(self, name: str, principal: str) -> None:
+        """Delete a topic as `principal` (Kafka's DeleteTopics): UnknownTopicError,
+        TopicAuthorizationError unless `principal` writes it or is the admin."""
+        ...
+
+    async def topic_configs(self, name: str) -> list[ConfigEntry]:
+        """The configs in force for a topic (DescribeConfigs); UnknownTopicError."""
+        ...
+
+    def broker_configs(self) -> list[ConfigEntry]:
+        """This broker's defaults for them (DescribeConfigs of a BROKER resource)."""
+        ...
+
     # ---- data ---------------------------------------------------------------------------------
+
+    async def delete_records(self, topic: str, partition: int, offset: int,
+                             principal: str) -> int:
+        """Move the log start offset of a partition this broker leads up to `offset` (-1: the
+        high watermark) as `principal` (DeleteRecords): the new low watermark.
+        OffsetOutOfRangeError past the high watermark, TopicAuthorizationError."""
+        ...
 
     async def append(
         self, topic: str, partition: int, batches: Sequence[bytes], *, acks: int,
@@ -224,6 +260,15 @@ class KafkaBackend(Protocol):
 
     async def store_group(self, record: GroupRecord) -> None:
         """Persist a group's state after a rebalance."""
+        ...
+
+    async def delete_offsets(self, group_id: str,
+                             partitions: Sequence[tuple[str, int]]) -> None:
+        """Delete committed offsets of a group (tombstones); durable when this returns."""
+        ...
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete a group's stored state and every offset it committed (tombstones)."""
         ...
 
     async def stored_groups(self) -> Sequence[GroupRecord]:

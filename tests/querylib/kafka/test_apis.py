@@ -89,6 +89,12 @@ def _minimal(api_key: int) -> dict:
         ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
         ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
         ApiKey.DESCRIBE_CONFIGS: {"resources": []},
+        ApiKey.DELETE_TOPICS: {"topic_names": [], "timeout": 1000},
+        ApiKey.DELETE_RECORDS: {"topics": [], "timeout": 1000},
+        ApiKey.DELETE_GROUPS: {"groups_names": []},
+        ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": []},
+        ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False,
+                                  "endpoint_type": 1, "include_fenced_brokers": False},
         ApiKey.SASL_HANDSHAKE: {"mechanism": "PLAIN"},
         ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b""},
     }[api_key]
@@ -102,8 +108,11 @@ def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int)
         decode_request(api_key, version, b"", 0)
 
 
-def test_api_versions_v3_is_the_only_flexible_version() -> None:
-    assert [(k, v) for k, v in SERVED if is_flexible(k, v)] == [(ApiKey.API_VERSIONS, 3)]
+def test_only_api_versions_v3_and_describe_cluster_are_flexible() -> None:
+    # DescribeCluster has flexible versions only; both admin clients ask for it.
+    assert [(k, v) for k, v in SERVED if is_flexible(k, v)] == [
+        (ApiKey.API_VERSIONS, 3), (ApiKey.DESCRIBE_CLUSTER, 0), (ApiKey.DESCRIBE_CLUSTER, 1),
+        (ApiKey.DESCRIBE_CLUSTER, 2)]
     assert is_flexible(ApiKey.API_VERSIONS, 4)  # a future version: header v2
 
 
