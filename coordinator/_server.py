@@ -133,6 +133,13 @@ class _Token:
                 self.future.set_result(reply)
 
 
+class _LocalContext:
+    """What `_serve` reads of an RPC context, for a request made inside this process."""
+
+    peer = b""
+    principal = ADMIN
+
+
 class Coordinator:
     """The control-plane server: catalog, sessions, the catalog topics and their broker."""
 
@@ -294,7 +301,8 @@ class Coordinator:
 
         state = self.state
         assert state is not None and self.broker is not None
-        self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id)
+        self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id,
+                                       self._serve_as_admin)
         rpc_port = self.listen.rpartition(":")[2]
         address = await self._reopen_kafka(rpc_port)
         if address:
@@ -374,6 +382,10 @@ class Coordinator:
             assert key is not None and asker is not None
             reply = _with_key(reply, seal(asker, key))
         return reply
+
+    async def _serve_as_admin(self, request: Any) -> Any:
+        """A request of this process's own Kafka listener (`CatalogView`), as the admin."""
+        return await self._serve(request, _LocalContext())  # type: ignore[arg-type]
 
     # -- the state machine loop ----------------------------------------------------------------
 

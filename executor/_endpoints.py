@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from catalog import (
     Broker,
@@ -203,6 +203,13 @@ class CatalogTopics:
         cluster, _ = await self._session()
         await cluster.delete_topic(name.short, force=True)
 
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        """Through the executor's session: the catalog places new partitions and checks that
+        this principal may alter the topic (DESIGN §12)."""
+        cluster, _ = await self._session()
+        await cluster.alter_topic(name.short, partitions=partitions, configs=dict(configs))
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         _, broker_id = await self._session()
         found = await self._lookup(topic.short)
@@ -241,4 +248,4 @@ def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
     """A catalog topic as Kafka's Metadata shows it: each partition led by its broker."""
     return TopicInfo(name or topic.short_name,
                      tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal)
+                     internal=topic.internal, configs=topic.configs)

@@ -175,6 +175,9 @@ class TopicAccess(msgspec.Struct, frozen=True):
     writers: str
     partitions: int | None = None
     here: tuple[int, ...] | None = None
+    # Kafka topic configs set for the topic in the catalog (retention.ms, retention.bytes,
+    # segment.bytes), over the broker's own log config; the shell applies them to its logs.
+    configs: tuple[tuple[str, str], ...] = ()
 
     def check_placed(self, index: int, use: str) -> None:
         """UnknownPartitionError when the topic has no partition `index`, PartitionNotHereError

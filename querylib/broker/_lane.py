@@ -47,9 +47,10 @@ _RETENTION_EVERY = 10.0  # seconds between retention checks of an active partiti
 
 
 class _Trim:
-    """Queue item: move the log start to `offset` (DeleteRecords), in order with appends."""
+    """Queue item: move the log start to `offset` (DeleteRecords; None: apply retention now,
+    after a config change), in order with appends."""
 
-    def __init__(self, offset: int, done: asyncio.Future[int]) -> None:
+    def __init__(self, offset: int | None, done: asyncio.Future[int] | None) -> None:
         self.offset, self.done = offset, done
 
 
@@ -75,6 +76,7 @@ class AppendLane:
         self._task: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_retention = time.monotonic()
+        self._segments = log.segment_count  # at the last retention check
         self._closed = False
 
     def submit(self, ticket: int, batch: Any) -> None:
@@ -100,6 +102,12 @@ class AppendLane:
         self._queue.append(_Trim(offset, done))
         self._kick()
         return await done
+
+    def apply_retention(self) -> None:
+        """Apply retention now (its config changed), after the appends queued before."""
+        if not self._closed:
+            self._queue.append(_Trim(None, None))
+            self._kick()
 
     def _kick(self) -> None:
         if self._task is None and self._queue:
@@ -150,14 +158,22 @@ class AppendLane:
     async def _trim(self, trim: _Trim) -> list[Stimulus]:
         try:
             start = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.log.delete_records, trim.offset)
+                self._executor, self._trim_log, trim.offset)
         except TqError as exc:
-            if not trim.done.done():
+            if trim.done is None:
+                logger.error("%s-%s: retention failed: %s", *self.pid, exc)
+            elif not trim.done.done():
                 trim.done.set_exception(exc)
             return []
-        if not trim.done.done():
+        if trim.done is not None and not trim.done.done():
             trim.done.set_result(start)
         return [LogStartAdvanced(self.pid, start)]
+
+    def _trim_log(self, offset: int | None) -> int:
+        if offset is None:
+            self.log.apply_retention()
+            return self.log.log_start_offset
+        return self.log.delete_records(offset)
 
     # -- on the executor thread ------------------------------------------------------------
 
@@ -196,10 +212,14 @@ class AppendLane:
         return [DurableAdvanced(self.pid, self.log.durable_end_offset)]
 
     def _maybe_apply_retention(self) -> None:
+        """Every _RETENTION_EVERY seconds of appends, and whenever a segment rolled (a roll
+        is what lets size retention remove one; a partition idle after it would keep it)."""
         now = time.monotonic()
-        if now - self._last_retention >= _RETENTION_EVERY:
+        log = self.log
+        if now - self._last_retention >= _RETENTION_EVERY or log.segment_count != self._segments:
             self._last_retention = now
-            self.log.apply_retention()
+            log.apply_retention()
+            self._segments = log.segment_count
 
     # -- flush timer -------------------------------------------------------------------------
 

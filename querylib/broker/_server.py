@@ -21,6 +21,7 @@ tq's own writers). `start(None)` serves the port alone, with no RPC socket (`tq 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import struct
@@ -182,6 +183,11 @@ def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
     return Incarnation(created_ms, topic_id) if topic_id > 0 else None
 
 
+# Kafka topic configs a topic's directory entry may set, and the LogConfig field of each.
+_LOG_CONFIG_FIELDS = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes",
+                      "segment.bytes": "segment_bytes"}
+
+
 class BrokerServer:
     """A broker hosting the partitions under `data_dir`, serving them over RPC and `port`.
     `directory` says who may write which topic (default `OpenDirectory`: anyone, anything)."""
@@ -194,6 +200,7 @@ class BrokerServer:
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
+        self._topic_configs: dict[str, tuple[tuple[str, str], ...]] = {}
         self.max_partitions = max_partitions
         self.tick_interval = tick_interval
         # Tail deliveries hand out the bytes exactly as the log stores them (it stamps more
@@ -305,7 +312,7 @@ class BrokerServer:
     async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
         loop = asyncio.get_running_loop()
         opened, groups = await loop.run_in_executor(
-            self._append_pool, _open_partition, self.data_dir, pid, self.log_config,
+            self._append_pool, _open_partition, self.data_dir, pid, self.topic_log_config(pid[0]),
             incarnation, self.state.limits.producer_scan_bytes)
         self._incarnations[pid] = opened.incarnation
         log = opened.log
@@ -570,10 +577,31 @@ class BrokerServer:
                 f"broker bug opening {pid}: {type(exc).__name__}: {exc}")))
 
     def _topic_learned(self, access: TopicAccess) -> None:
+        if self._topic_configs.get(access.topic, ()) != access.configs:
+            if access.configs:
+                self._topic_configs[access.topic] = access.configs
+            else:
+                self._topic_configs.pop(access.topic, None)
+            config = self.topic_log_config(access.topic)
+            for pid, lane in self._lanes.items():
+                if pid[0] == access.topic:
+                    lane.log.config = config  # read by the lane's roll and retention
+                    lane.apply_retention()
         self._feed(access)
 
     def _topic_forgotten(self, topic: str) -> None:
+        self._topic_configs.pop(topic, None)
         self._feed(TopicForgotten(topic))
+
+    def topic_log_config(self, topic: str) -> LogConfig:
+        """The broker's log config with the topic's own settings from its directory (the
+        catalog's retention.ms, retention.bytes, segment.bytes) over it."""
+        configs = self._topic_configs.get(topic)
+        if not configs:
+            return self.log_config
+        fields = {_LOG_CONFIG_FIELDS[name]: int(value) for name, value in configs
+                  if name in _LOG_CONFIG_FIELDS}
+        return dataclasses.replace(self.log_config, **fields)
 
     def _deliver(self, d: Deliver) -> None:
         key = (d.session, d.sub_id)

@@ -1,6 +1,6 @@
 """Request handlers for Kafka's admin apis on topics and the cluster: DeleteTopics,
-DeleteRecords, DescribeConfigs, DescribeCluster. (DeleteGroups and OffsetDelete are group apis:
-`_group_service`.)
+CreatePartitions, DeleteRecords, DescribeConfigs, IncrementalAlterConfigs, DescribeCluster.
+(DeleteGroups and OffsetDelete are group apis: `_group_service`.)
 
 Each takes kio's decoded request and answers with a response built from a version-free dict,
 using only the `KafkaBackend`; who may do what is the backend's decision (a topic's writers
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.errors import TqError
+from catalog.errors import InvalidConfigError, TqError
 from querylib.kafka._apis import ApiKey, build_response
 from querylib.kafka._backend import ConfigEntry, KafkaBackend
 from querylib.kafka._errors import ErrorCode, error_code_of
@@ -22,6 +22,7 @@ from querylib.kafka._handlers import RequestContext
 __all__ = ["AdminHandlers"]
 
 _TOPIC, _BROKER = 2, 4  # DescribeConfigs resource types
+_SET, _DELETE = 0, 1  # IncrementalAlterConfigs operations (2 APPEND, 3 SUBTRACT)
 _BROKERS = 1  # DescribeCluster endpoint type (2: controllers, which no client reaches here)
 _NOT_ASKED = -2147483648  # authorized operations not computed (Kafka's INT32_MIN)
 
@@ -40,6 +41,53 @@ class AdminHandlers:
                 code = error_code_of(exc)
             results.append({"name": name, "error_code": code})
         return build_response(ApiKey.DELETE_TOPICS, ctx.api_version,
+                              {"throttle_time": 0, "responses": results})
+
+    async def create_partitions(self, ctx: RequestContext, request: Any) -> Any:
+        results = []
+        for topic in request.topics:
+            code, message = ErrorCode.none, None
+            try:
+                if topic.assignments:
+                    code, message = ErrorCode.invalid_request, "manual assignments unsupported"
+                else:
+                    await self.backend.create_partitions(
+                        topic.name, topic.count, ctx.principal,
+                        validate_only=request.validate_only)
+            except TqError as exc:
+                code, message = error_code_of(exc), str(exc)
+            results.append({"name": topic.name, "error_code": code, "error_message": message})
+        return build_response(ApiKey.CREATE_PARTITIONS, ctx.api_version,
+                              {"throttle_time": 0, "results": results})
+
+    async def incremental_alter_configs(self, ctx: RequestContext, request: Any) -> Any:
+        """SET and DELETE of the topic configs tq keeps per topic (TOPIC_CONFIGS, in the
+        catalog); a broker's configs are what it was started with."""
+        results = []
+        for resource in request.resources:
+            code, message = ErrorCode.none, None
+            try:
+                if resource.resource_type != _TOPIC:
+                    raise InvalidConfigError(
+                        "a broker's configs are its start flags; only topic configs change")
+                changes: dict[str, str | None] = {}
+                for config in resource.configs:
+                    if config.config_operation == _SET:
+                        changes[config.name] = config.value or ""
+                    elif config.config_operation == _DELETE:
+                        changes[config.name] = None
+                    else:
+                        raise InvalidConfigError(f"{config.name}: APPEND and SUBTRACT are for "
+                                                 "list configs; tq sets none per topic")
+                await self.backend.alter_topic_configs(
+                    resource.resource_name, changes, ctx.principal,
+                    validate_only=request.validate_only)
+            except TqError as exc:
+                code, message = error_code_of(exc), str(exc)
+            results.append({"error_code": code, "error_message": message,
+                            "resource_type": resource.resource_type,
+                            "resource_name": resource.resource_name})
+        return build_response(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version,
                               {"throttle_time": 0, "responses": results})
 
     async def delete_records(self, ctx: RequestContext, request: Any) -> Any:

@@ -74,7 +74,9 @@ class ApiKey(enum.IntEnum):
     INIT_PRODUCER_ID = 22
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
 
@@ -106,7 +108,9 @@ SUPPORTED_VERSIONS: Mapping[ApiKey, tuple[int, int]] = types.MappingProxyType({
     ApiKey.INIT_PRODUCER_ID: (0, 1),
     ApiKey.DESCRIBE_CONFIGS: (1, 3),
     ApiKey.SASL_AUTHENTICATE: (0, 1),
+    ApiKey.CREATE_PARTITIONS: (0, 1),
     ApiKey.DELETE_GROUPS: (0, 1),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 0),
     ApiKey.OFFSET_DELETE: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),  # flexible only; both admin clients use it
 })

@@ -56,6 +56,7 @@ class TopicInfo:
     name: str
     partitions: tuple[PartitionInfo, ...]
     internal: bool = False
+    configs: tuple[tuple[str, str], ...] = ()  # Kafka configs the topic sets (the catalog's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,18 @@ class KafkaBackend(Protocol):
     async def delete_topic(self, name: str, principal: str) -> None:
         """Delete a topic as `principal` (Kafka's DeleteTopics): UnknownTopicError,
         TopicAuthorizationError unless `principal` writes it or is the admin."""
+        ...
+
+    async def create_partitions(self, name: str, count: int, principal: str, *,
+                                validate_only: bool = False) -> None:
+        """Grow a topic to `count` partitions as `principal` (CreatePartitions):
+        InvalidPartitionsError unless it grows, TopicAuthorizationError."""
+        ...
+
+    async def alter_topic_configs(self, name: str, changes: Mapping[str, str | None],
+                                  principal: str, *, validate_only: bool = False) -> None:
+        """Set (None: remove) Kafka configs of a topic as `principal`
+        (IncrementalAlterConfigs): InvalidConfigError for one tq does not set per topic."""
         ...
 
     async def topic_configs(self, name: str) -> list[ConfigEntry]:

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from catalog import ANONYMOUS, TopicName
+from catalog import ANONYMOUS, TOPIC_CONFIGS, TopicName, check_topic_config
 from catalog.errors import (
     InvalidPartitionsError,
     ReservedTopicNameError,
@@ -76,7 +76,7 @@ from querylib.kafka._backend import (
     PartitionRead,
     TopicInfo,
 )
-from querylib.kafka._errors import NotLeaderError, UnknownPartitionError
+from querylib.kafka._errors import NotLeaderError, PolicyViolationError, UnknownPartitionError
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import (
@@ -165,6 +165,11 @@ class KafkaCluster(Protocol):
         """Delete a topic (its owner's or admin's request, checked by the backend)."""
         ...
 
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        """Grow a topic to `partitions` and set (None: remove) its configs."""
+        ...
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         """Whether the cluster places `partition` of `topic` on this broker."""
         ...
@@ -217,6 +222,15 @@ class StandaloneCluster:
     async def delete_kafka_topic(self, name: TopicName) -> None:
         for info in self.port.partitions(name.short):
             await self.port.drop(info.topic, info.partition)
+
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        if configs:
+            raise PolicyViolationError(
+                f"topic {name.short!r}: a broker alone has no catalog to keep topic configs "
+                "in; its log config (tq broker's flags) is every topic's")
+        for index in range(self._counts().get(name.short, 0), partitions or 0):
+            await self.port.ensure(name.short, index, create=True)
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         return False  # hosted partitions are found before this is asked
@@ -399,6 +413,35 @@ class BrokerBackend:
         for pid in [p for p in self._partitions if p[0] == topic.short]:
             del self._partitions[pid]  # its idempotent producers' sequences go with it
 
+    async def create_partitions(self, name: str, count: int, principal: str, *,
+                                validate_only: bool = False) -> None:
+        topic = TopicName.parse(name)
+        found = await self.topics([name])
+        if not found:
+            raise UnknownTopicError(f"topic {topic.short!r} not found")
+        await self._authorize_topic(topic, principal)
+        have = len(found[0].partitions)
+        if not have < count <= MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"topic {topic.short!r} has {have} partitions; it grows to "
+                f"{have + 1}..{MAX_PARTITIONS}, not {count}")
+        if not validate_only:
+            await self.cluster.alter_kafka_topic(topic, count, {})
+
+    async def alter_topic_configs(self, name: str, changes: Mapping[str, str | None],
+                                  principal: str, *, validate_only: bool = False) -> None:
+        topic = TopicName.parse(name)
+        if not await self.topics([name]):
+            raise UnknownTopicError(f"topic {topic.short!r} not found")
+        await self._authorize_topic(topic, principal)
+        checked = {key: None if value is None else check_topic_config(key, value)
+                   for key, value in changes.items()}
+        for key in checked:
+            if key not in TOPIC_CONFIGS:
+                check_topic_config(key, "0")  # InvalidConfigError naming those there are
+        if not validate_only:
+            await self.cluster.alter_kafka_topic(topic, None, checked)
+
     def broker_configs(self) -> list[ConfigEntry]:
         log = self.port.log_config
         static = 4  # STATIC_BROKER_CONFIG: what this broker was started with
@@ -412,11 +455,22 @@ class BrokerBackend:
         ]
 
     async def topic_configs(self, name: str) -> list[ConfigEntry]:
-        if not await self.topics([name]):
+        found = await self.topics([name])
+        if not found:
             raise UnknownTopicError(f"topic {TopicName.parse(name).short!r} not found")
-        # A topic has no settings of its own yet: each is the broker's (its synonym).
-        return [ConfigEntry(topic_name, b.value, b.source, b.config_type, synonym=b.name)
-                for topic_name, b in zip(_TOPIC_CONFIGS, self.broker_configs(), strict=True)]
+        # Each is the topic's own setting (DYNAMIC_TOPIC_CONFIG, in the catalog) or the
+        # broker's (its synonym); only TOPIC_CONFIGS may be set.
+        own = dict(found[0].configs)
+        entries = []
+        for topic_name, b in zip(_TOPIC_CONFIGS, self.broker_configs(), strict=True):
+            settable = topic_name in TOPIC_CONFIGS
+            if topic_name in own:
+                entries.append(ConfigEntry(topic_name, own[topic_name], 1, b.config_type,
+                                           read_only=False, synonym=b.name))
+            else:
+                entries.append(ConfigEntry(topic_name, b.value, b.source, b.config_type,
+                                           read_only=not settable, synonym=b.name))
+        return entries
 
     # ---- data ---------------------------------------------------------------------------------
 

@@ -294,6 +294,8 @@ class KafkaListener:
             ApiKey.DELETE_TOPICS: admin.delete_topics,
             ApiKey.DELETE_RECORDS: admin.delete_records,
             ApiKey.DESCRIBE_CLUSTER: admin.describe_cluster,
+            ApiKey.CREATE_PARTITIONS: admin.create_partitions,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
             ApiKey.DELETE_GROUPS: g.delete_groups,
             ApiKey.OFFSET_DELETE: g.offset_delete,
         }

@@ -230,6 +230,10 @@ class PartitionLog:
         return self._flushed_end
 
     @property
+    def segment_count(self) -> int:
+        return len(self._view[0])
+
+    @property
     def size_in_bytes(self) -> int:
         return sum(s.size for s in self._view[1])
 

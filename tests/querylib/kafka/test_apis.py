@@ -92,6 +92,8 @@ def _minimal(api_key: int) -> dict:
         ApiKey.DELETE_TOPICS: {"topic_names": [], "timeout": 1000},
         ApiKey.DELETE_RECORDS: {"topics": [], "timeout": 1000},
         ApiKey.DELETE_GROUPS: {"groups_names": []},
+        ApiKey.CREATE_PARTITIONS: {"topics": [], "timeout": 1000, "validate_only": False},
+        ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [], "validate_only": False},
         ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": []},
         ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False,
                                   "endpoint_type": 1, "include_fenced_brokers": False},
