@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from querylib.rpc import DeadlineExceededError, Notify, Reply, Request
 
-from ._access import ANYONE, admits
+from ._access import ANYONE
 from ._errors import BrokerProtocolError
 from ._events import PartitionId, TopicAccess
 from ._link import SessionLink
@@ -161,10 +161,7 @@ class BrokerPort:
         """Whether the topic's writers rule admits `principal` (asking the broker's directory
         when the core has no rule for it yet): Kafka's DELETE and ALTER on a topic are its
         writers' (DESIGN §12)."""
-        rule = self._server.state.rule_of(topic)
-        if rule is None:
-            rule = await self._server.directory.resolve(topic, 0, create=False)
-        return admits(rule.writers, principal)
+        return await self._server.may_write(topic, principal)
 
     async def drop(self, topic: str, partition: int) -> None:
         """Close and delete a hosted partition (a standalone broker's DeleteTopics)."""

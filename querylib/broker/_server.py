@@ -35,6 +35,7 @@ import msgspec
 
 from catalog.errors import StorageError, TqError, UserError
 from querylib._memory import keep_freed_memory
+from querylib.errors import OffsetOutOfRangeError
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, stored_batch
 from querylib.records import read_header
 from querylib.rpc import (
@@ -49,11 +50,12 @@ from querylib.rpc import (
     error_body,
 )
 
-from ._access import ADMIN, SYSTEM
+from ._access import ADMIN, SYSTEM, admits
 from ._errors import (
     BrokerClosedError,
     BrokerProtocolError,
     PrincipalError,
+    TopicAuthorizationError,
     UnknownPartitionError,
 )
 from ._events import (
@@ -113,6 +115,7 @@ from ._messages import (
     AdvanceRequest,
     CloseSessionRequest,
     CreditNotify,
+    DeleteRecordsRequest,
     Delivery,
     Done,
     DropPartitionRequest,
@@ -351,6 +354,14 @@ class BrokerServer:
         if lane is None:
             return info
         return msgspec.structs.replace(info, size=lane.log.size_in_bytes)
+
+    async def may_write(self, topic: str, principal: str) -> bool:
+        """Whether the topic's writers rule admits `principal` (asking the directory when the
+        core has no rule for it yet): Kafka's DELETE and ALTER on a topic are its writers'."""
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, 0, create=False)
+        return admits(rule.writers, principal)
 
     async def delete_records(self, pid: PartitionId, offset: int) -> int:
         """Move a hosted partition's log start up to `offset` (Kafka's DeleteRecords), in
@@ -675,6 +686,11 @@ class BrokerServer:
                 raise PrincipalError(f"session {session_id!r} belongs to another principal")
             if isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
+                    await self.may_write(request.topic, principal or "")):
+                raise TopicAuthorizationError(
+                    f"{principal} may not delete records of topic {request.topic!r}: only its "
+                    "writers and the admin may")
             elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
                 # Under a coordinator, drops come from the catalog through the executor (in
                 # process); over RPC only the holder of the cluster secret drops data.
@@ -727,6 +743,18 @@ class BrokerServer:
                        remote: bool) -> Done:
             await self.drop_partition(req.topic, req.partition)
             return Done()
+
+        async def delete_records(req: DeleteRecordsRequest, payload: list[Any],
+                                 peer: bytes | None, remote: bool) -> PartitionInfo:
+            pid = validate_partition(req.topic, req.partition)
+            visible = self.state.partition_info(pid).log_end  # UnknownPartitionError
+            offset = visible if req.offset == -1 else req.offset
+            if not 0 <= offset <= visible:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {req.topic}-{req.partition} before {offset}: "
+                    f"it ends at {visible}")
+            await self.delete_records(pid, offset)
+            return self._sized_info(pid)
 
         async def open_producer(req: OpenProducerRequest, payload: list[Any],
                                 peer: bytes | None, remote: bool) -> ProducerOpened:
@@ -783,6 +811,7 @@ class BrokerServer:
             OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
             CloseSessionRequest: close_session, ListPartitions: list_partitions,
             EnsurePartition: ensure, DropPartitionRequest: drop,
+            DeleteRecordsRequest: delete_records,
             OpenProducerRequest: open_producer, ProduceRequest: produce,
             AdvanceRequest: advance, EndStreamRequest: end_stream,
             SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,
