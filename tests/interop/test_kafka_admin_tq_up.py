@@ -217,3 +217,27 @@ def test_the_group_coordinators_listener_alters_and_deletes_topics_too(
         assert [r.error_code for r in deleted.responses] == [ErrorCode.none]
     with pytest.raises(UnknownTopicError):
         catalog_topic(up, "via-coordinator")
+
+
+def test_a_client_that_does_not_write_a_topic_may_not_change_it(up: UpWithEndpoints) -> None:
+    """Kafka's ALTER and DELETE on a topic are its writers' and the admin's (DESIGN §12): an
+    anonymous client (no SASL) may change ingest topics, not one a principal owns."""
+    with up.connect() as ctx, ctx.publish("owned", serde="bytes") as out:
+        out.send(1, [b"mine"])
+    admin = AdminClient({"bootstrap.servers": bootstrap(up)})
+    refused = confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    futures = [admin.delete_topics(["owned"], operation_timeout=30)["owned"],
+               admin.create_partitions([NewPartitions("owned", 2)],
+                                       operation_timeout=30)["owned"],
+               *admin.delete_records([TopicPartition("owned", 0, 1)],
+                                     operation_timeout=30).values()]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "owned", incremental_configs=[
+        ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    futures.append(admin.incremental_alter_configs([resource])[resource])
+    for future in futures:
+        with pytest.raises(confluent_kafka.KafkaException) as failed:
+            future.result(30)
+        assert failed.value.args[0].code() == refused
+    topic = catalog_topic(up, "owned")
+    assert (topic.partitions, topic.configs) == (1, ())
+    assert read_first(up, "owned", 0) == (0, b"mine")
