@@ -199,6 +199,17 @@ def may_take_over(catalog: Catalog, party: Party, topic: Topic) -> bool:
     return root_principal(catalog, mine) == root_principal(catalog, theirs)
 
 
+def may_alter_topic(catalog: Catalog, principal: str, topic: Topic) -> bool:
+    """Grow a topic or set its configs (Kafka's ALTER and ALTER_CONFIGS): an admin, the owning
+    principal, whoever manages the owning query; an ingest topic: an admin or its creator."""
+    if is_admin(catalog, principal):
+        return True
+    owner = topic.owner
+    if owner == INGEST:
+        return bool(topic.creator) and principal == topic.creator
+    return may_delete_topic(catalog, principal, topic, force=False)
+
+
 def may_delete_topic(catalog: Catalog, principal: str, topic: Topic, *, force: bool) -> bool:
     """An ingest topic: with `force`, an admin or its creator. Others: an admin (with `force`
     while the owner is alive), the owning principal, whoever manages the owning query, and

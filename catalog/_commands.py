@@ -21,6 +21,7 @@ import msgspec
 from catalog._records import Owner, Party, Record, Resources, SessionKind, TopicKind, Update
 
 __all__ = [
+    "AlterTopic",
     "Change",
     "CloseSession",
     "Command",
@@ -213,6 +214,19 @@ class DeleteTopic(_Command, tag="delete_topic"):
     principal: str = "admin"
 
 
+class AlterTopic(_Command, tag="alter_topic"):
+    """Grows a topic to `partitions` (None: as it is), the new ones on `locations` (one broker
+    id each, every one up), and sets or removes its configs (`configs`: (name, value or None
+    for the broker's), only TOPIC_CONFIGS). Kafka's CreatePartitions and
+    IncrementalAlterConfigs. `principal` must be allowed to (`_access.may_alter_topic`)."""
+
+    topic_id: int
+    partitions: int | None = None
+    locations: tuple[int, ...] = ()
+    configs: tuple[tuple[str, str | None], ...] = ()
+    principal: str = "admin"
+
+
 class AddUser(_Command, tag="add_user"):
     """An admin (`requester`) names a new principal (`user:NAME` or `executor:NAME`)."""
 
@@ -294,6 +308,7 @@ Command: TypeAlias = (
     | FailQuery
     | CreateTopic
     | DeleteTopic
+    | AlterTopic
     | PartitionsDropped
     | Publish
     | Unpublish

@@ -35,7 +35,7 @@ from typing import Literal, NamedTuple, TypeAlias
 import msgspec
 
 from catalog._names import TopicName
-from catalog.errors import UnknownCollectionError
+from catalog.errors import InvalidConfigError, UnknownCollectionError
 
 __all__ = [
     "COLLECTIONS",
@@ -61,8 +61,10 @@ __all__ = [
     "SessionRef",
     "Subscription",
     "SystemRef",
+    "TOPIC_CONFIGS",
     "Topic",
     "TopicKind",
+    "check_topic_config",
     "Update",
     "User",
     "catalog_topic",
@@ -232,6 +234,10 @@ class Topic(_Record, tag="topic"):
     # ingest topic it created
     published: bool = False  # some publisher has published it: a later run starts an epoch
     epoch: int = 0  # the epoch of its owner's latest run (DESIGN §5 "Epochs")
+    # Kafka topic configs set for it (`tq topic alter`, IncrementalAlterConfigs), sorted by
+    # name: retention.ms, retention.bytes, segment.bytes (TOPIC_CONFIGS); others are the
+    # broker's. Empty in older catalogs.
+    configs: tuple[tuple[str, str], ...] = ()
 
     @property
     def topic_name(self) -> TopicName:
@@ -240,6 +246,10 @@ class Topic(_Record, tag="topic"):
     @property
     def short_name(self) -> str:
         return self.topic_name.short
+
+    def config(self, name: str) -> str | None:
+        """The topic's own value of a Kafka config, None when it has none (the broker's)."""
+        return dict(self.configs).get(name)
 
 
 class Publication(_Record, tag="publication", omit_defaults=True):
@@ -338,6 +348,30 @@ class Update(NamedTuple):
     collection: CollectionName
     record: Record
     diff: int
+
+
+# The Kafka topic configs a topic may set (bounds: Kafka's); each overrides the broker's.
+TOPIC_CONFIGS: dict[str, tuple[int, int]] = {
+    "retention.ms": (-1, 2**63 - 1),
+    "retention.bytes": (-1, 2**63 - 1),
+    "segment.bytes": (14, 2**31 - 1),
+}
+
+
+def check_topic_config(name: str, value: str) -> str:
+    """`value` in canonical form if `name` is a topic config tq honours and `value` is within
+    its bounds; InvalidConfigError otherwise."""
+    bounds = TOPIC_CONFIGS.get(name)
+    if bounds is None:
+        raise InvalidConfigError(f"topic config {name!r} is not one tq sets per topic; "
+                                 f"these are: {', '.join(sorted(TOPIC_CONFIGS))}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidConfigError(f"{name} {value!r} is not a whole number") from None
+    if not bounds[0] <= number <= bounds[1]:
+        raise InvalidConfigError(f"{name} {number} is outside {bounds[0]}..{bounds[1]}")
+    return str(number)
 
 
 def catalog_topic(collection: str) -> str:

@@ -22,6 +22,7 @@ from catalog._access import (
     is_admin,
     is_executor,
     manages_query,
+    may_alter_topic,
     may_delete_topic,
     may_take_over,
     owner_active,
@@ -34,6 +35,7 @@ from catalog._access import (
 )
 from catalog._commands import (
     AddUser,
+    AlterTopic,
     CloseSession,
     CreateTopic,
     DeleteTopic,
@@ -63,6 +65,7 @@ from catalog._query_state import QueryEvent, classify_exit, next_query_state
 from catalog._records import (
     INGEST,
     SYSTEM,
+    TOPIC_CONFIGS,
     Broker,
     Counters,
     Executor,
@@ -82,6 +85,7 @@ from catalog._records import (
     Topic,
     Update,
     User,
+    check_topic_config,
 )
 from catalog.errors import (
     AlreadyPublishedError,
@@ -542,6 +546,47 @@ def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
                                         broker_id=broker_id, partitions=tuple(partitions)))
 
 
+def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    if topic.internal:
+        raise NotOwnerError(f"topic {topic.short_name!r} is a system topic; it cannot be "
+                            "altered")
+    if not may_alter_topic(catalog, cmd.principal, topic):
+        raise NotOwnerError(f"topic {topic.short_name!r} is owned by "
+                            f"{describe_owner(topic.owner)}; {cmd.principal} may not alter it")
+    locations = topic.locations
+    if cmd.partitions is not None and cmd.partitions != topic.partitions:
+        if cmd.partitions < topic.partitions:
+            raise InvalidPartitionsError(
+                f"topic {topic.short_name!r} has {topic.partitions} partitions; a topic's "
+                f"partitions only grow, not to {cmd.partitions}")
+        if cmd.partitions > MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"a topic has 1 to {MAX_PARTITIONS} partitions, not {cmd.partitions}")
+        if len(cmd.locations) != cmd.partitions - topic.partitions:
+            raise InvalidPartitionsError(
+                f"{len(cmd.locations)} locations given for "
+                f"{cmd.partitions - topic.partitions} new partitions")
+        for broker_id in sorted(set(cmd.locations)):
+            catalog.broker(broker_id)
+        locations = topic.locations + tuple(cmd.locations)
+    elif cmd.locations:
+        raise InvalidPartitionsError("locations given without new partitions")
+    configs = dict(topic.configs)
+    for name, value in cmd.configs:
+        if value is None:
+            if name not in TOPIC_CONFIGS:
+                check_topic_config(name, "0")  # says which names there are
+            configs.pop(name, None)
+        else:
+            configs[name] = check_topic_config(name, value)
+    altered = msgspec.structs.replace(topic, partitions=len(locations), locations=locations,
+                                      configs=tuple(sorted(configs.items())))
+    if altered != topic:
+        txn.replace("topics", topic, altered)
+    txn.created = altered
+
+
 def _why_not_delete(catalog: Catalog, cmd: DeleteTopic, topic: Topic) -> str:
     owner = describe_owner(topic.owner)
     if topic.owner == INGEST:
@@ -778,6 +823,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     FailQuery: _fail_query,
     CreateTopic: _create_topic,
     DeleteTopic: _delete_topic,
+    AlterTopic: _alter_topic,
     PartitionsDropped: _partitions_dropped,
     Publish: _publish,
     Unpublish: _unpublish,

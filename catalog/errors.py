@@ -80,9 +80,16 @@ class InvalidCommandError(CatalogError):
 
 
 class InvalidPartitionsError(InvalidCommandError):
-    """A topic asked for fewer than one partition, too many, or locations that do not match."""
+    """A topic asked for fewer than one partition, too many, or locations that do not match
+    (or to shrink: a topic's partitions only grow)."""
 
     kafka_error_code = 37  # INVALID_PARTITIONS
+
+
+class InvalidConfigError(InvalidCommandError):
+    """A topic config tq does not set per topic, or a value outside its bounds."""
+
+    kafka_error_code = 40  # INVALID_CONFIG
 
 
 class InvalidTopicNameError(CatalogError, UserError):

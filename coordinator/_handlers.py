@@ -25,6 +25,7 @@ import msgspec
 from catalog import (
     INGEST,
     AddUser,
+    AlterTopic,
     CloseSession,
     ConflictError,
     FailQuery,
@@ -287,6 +288,27 @@ def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.D
     raise WaitForDrops(topic.topic_id, m.Done(version=state.catalog.version))
 
 
+def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.TopicInfo:
+    party = _party(state, req.session_id, call)
+    topic = _find(state, req.name, 0, req.session_id)
+    locations: tuple[int, ...] = ()
+    if req.partitions is not None and req.partitions > topic.partitions:
+        added = req.partitions - topic.partitions
+        if req.locations is not None:
+            locations = tuple(req.locations)
+        elif req.partitions <= 10_000:
+            locations = place_partitions(state.catalog, party, added, state.placement_cursor,
+                                         state.catalog_broker_id)
+            state.placement_cursor += added
+    configs = tuple(sorted((_bounded(k, MAX_LABEL, "a config name"),
+                            None if v is None else _bounded(v, MAX_LABEL, "a config value"))
+                           for k, v in req.configs.items()))
+    change = state.apply(AlterTopic(topic_id=topic.topic_id, partitions=req.partitions,
+                                    locations=locations, configs=configs,
+                                    principal=call.principal), call.now, call.wall_ms)
+    return _topic_info(state, change.created)  # type: ignore[arg-type]
+
+
 def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDropped,
                               call: Call) -> m.Done:
     state.renew(req.session_id, call.now)
@@ -514,6 +536,7 @@ HANDLERS: dict[type, Handler] = {
     m.LookupTopic: lookup_topic,
     m.CreateTopic: create_topic,
     m.DeleteTopic: delete_topic,
+    m.AlterTopic: alter_topic,
     m.ReportPartitionsDropped: report_partitions_dropped,
     m.Publish: publish,
     m.Unpublish: unpublish,

@@ -10,13 +10,16 @@ Executor brokers name this listener in FindCoordinator (they find it in the cata
 coordinator's in-memory catalog (no session, no following): Metadata lists every broker with
 a Kafka listener, this one included (librdkafka drops a group coordinator that Metadata does
 not list), and the topics the executor brokers lead, as their own listeners do; it
-coordinates groups itself.
+coordinates groups itself. Kafka's admin apis that change topics (DeleteTopics,
+CreatePartitions, IncrementalAlterConfigs, which clients send to the controller or any broker)
+are requests of the coordinator's own, through `serve` on a short session of the admin, as an
+executor's listener makes them through its session: the listener has authorized its Kafka
+client first (the topic's writers or the admin, DESIGN §12).
 
 Topics Kafka clients create through this listener (auto-creation, CreateTopics) are made by
 the coordinator's core, in process (`Coordinator.create_ingest_topic`): ingest topics placed
 on the executors' brokers that have a Kafka listener, as `tq topic create` places them. Every
 listener of the cluster names this broker as the controller.
-
 Must not: host data topics (they belong on executor brokers), or change the catalog but
 through the core. Who may write what here is the broker's core's decision (`_directory.py` is
 what it asks).
@@ -25,12 +28,15 @@ what it asks).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
-from catalog import Broker, Catalog, Topic, TopicName
+from catalog import Broker, Catalog, SessionKind, Topic, TopicName
+from querylib.cluster import _messages as m
 from querylib.kafka import (
     BrokerInfo,
     PartitionInfo,
+    PolicyViolationError,
     TopicInfo,
     kafka_topic_id,
 )
@@ -42,10 +48,12 @@ class CatalogView:
     """The coordinator's catalog as its broker's Kafka listener sees it."""
 
     def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None],
-                 create: Callable[[str, int], Awaitable[Topic]]) -> None:
+                 create: Callable[[str, int], Awaitable[Topic]],
+                 serve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
         self._catalog = catalog
         self._broker_id = broker_id
         self._create = create
+        self._serve = serve  # a request of the coordinator's own, as the admin
         self._registered = asyncio.Event()
 
     def registered(self) -> None:
@@ -90,6 +98,26 @@ class CatalogView:
     def controller(self) -> int | None:
         return None  # this broker is the controller every listener names
 
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        await self._in_session(lambda session: m.DeleteTopic(
+            session_id=session, name=name.short, force=True))
+
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        await self._in_session(lambda session: m.AlterTopic(
+            session_id=session, name=name.short, partitions=partitions,
+            configs=dict(configs)))
+
+    async def _in_session(self, make: Callable[[int], Any]) -> Any:
+        if self._serve is None:
+            raise PolicyViolationError("this listener changes no topics")
+        opened = await self._serve(m.OpenSession(kind=SessionKind.CLIENT,
+                                                 peer="the group coordinator's Kafka listener"))
+        try:
+            return await self._serve(make(opened.session_id))
+        finally:
+            await self._serve(m.CloseSession(session_id=opened.session_id))
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         found = self._catalog().find_topic(topic.short)
         broker_id = self._broker_id()
@@ -114,5 +142,5 @@ def previous_port(catalog: Catalog, advertised: str) -> int | None:
 def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
     return TopicInfo(name or topic.short_name,
                      tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal,
+                     internal=topic.internal, configs=topic.configs,
                      topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))

@@ -136,6 +136,13 @@ class _Token:
                 self.future.set_result(reply)
 
 
+class _LocalContext:
+    """What `_serve` reads of an RPC context, for a request made inside this process."""
+
+    peer = b""
+    principal = ADMIN
+
+
 class Coordinator:
     """The control-plane server: catalog, sessions, the catalog topics and their broker."""
 
@@ -300,7 +307,7 @@ class Coordinator:
         state = self.state
         assert state is not None and self.broker is not None
         self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id,
-                                       self.create_ingest_topic)
+                                       self.create_ingest_topic, self._serve_as_admin)
         rpc_port = self.listen.rpartition(":")[2]
         address = await self._reopen_kafka(rpc_port)
         if address:
@@ -401,6 +408,10 @@ class Coordinator:
         else:
             reply = token.reply
         return reply.topic
+
+    async def _serve_as_admin(self, request: Any) -> Any:
+        """A request of this process's own Kafka listener (`CatalogView`), as the admin."""
+        return await self._serve(request, _LocalContext())  # type: ignore[arg-type]
 
     # -- the state machine loop ----------------------------------------------------------------
 

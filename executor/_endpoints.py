@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from catalog import (
     Broker,
@@ -212,6 +212,20 @@ class CatalogTopics:
                                           locations=(broker_id,) * partitions)
         return _topic_info(info.topic)
 
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        """Through the executor's session, as a forced delete (the listener authorized the
+        Kafka principal as the topic's writer or the admin); the catalog still refuses `__`
+        topics, and an executor principal other than the admin deletes nothing (DESIGN §12)."""
+        cluster, _ = await self._session()
+        await cluster.delete_topic(name.short, force=True)
+
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        """Through the executor's session: the catalog places new partitions and checks that
+        this principal may alter the topic (DESIGN §12)."""
+        cluster, _ = await self._session()
+        await cluster.alter_topic(name.short, partitions=partitions, configs=dict(configs))
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         _, broker_id = await self._session()
         found = await self._lookup(topic.short)
@@ -250,5 +264,5 @@ def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
     """A catalog topic as Kafka's Metadata shows it: each partition led by its broker."""
     return TopicInfo(name or topic.short_name,
                      tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal,
+                     internal=topic.internal, configs=topic.configs,
                      topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))

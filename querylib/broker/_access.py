@@ -81,4 +81,5 @@ def catalog_access(topic: Topic, broker_id: int) -> TopicAccess:
     """A catalog topic's access as broker `broker_id` sees it: its writers, its partition
     count, and the partitions the catalog places on that broker."""
     here = tuple(i for i, b in enumerate(topic.locations) if b == broker_id)
-    return TopicAccess(topic.short_name, writers_of(topic.owner), topic.partitions, here)
+    return TopicAccess(topic.short_name, writers_of(topic.owner), topic.partitions, here,
+                       topic.configs)

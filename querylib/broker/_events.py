@@ -176,6 +176,9 @@ class TopicAccess(msgspec.Struct, frozen=True):
     writers: str
     partitions: int | None = None
     here: tuple[int, ...] | None = None
+    # Kafka topic configs set for the topic in the catalog (retention.ms, retention.bytes,
+    # segment.bytes), over the broker's own log config; the shell applies them to its logs.
+    configs: tuple[tuple[str, str], ...] = ()
 
     def check_placed(self, index: int, use: str) -> None:
         """UnknownPartitionError when the topic has no partition `index`, PartitionNotHereError
@@ -260,6 +263,14 @@ class AppendFailed(msgspec.Struct, frozen=True):
     error: Exception
 
 
+class LogStartAdvanced(msgspec.Struct, frozen=True):
+    """DeleteRecords moved the log start to `log_start`: subscribers below it are told, as
+    after retention."""
+
+    partition: PartitionId
+    log_start: int
+
+
 class DurableAdvanced(msgspec.Struct, frozen=True):
     """A flush made the log durable up to `durable_end` (exclusive)."""
 
@@ -288,7 +299,7 @@ Stimulus = (
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
     | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
     | PartitionOpenFailed | GroupsSaved | GroupsSaveFailed | AppendCompleted
-    | AppendFailed | DurableAdvanced | ReadCompleted | ReadFailed
+    | AppendFailed | DurableAdvanced | LogStartAdvanced | ReadCompleted | ReadFailed
 )
 
 # --------------------------------------------------------------------------- instructions

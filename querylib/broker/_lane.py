@@ -29,7 +29,14 @@ from querylib.errors import RecordError
 from querylib.log import PartitionLog
 from querylib.records import batch_head, read_header
 
-from ._events import AppendCompleted, AppendFailed, DurableAdvanced, PartitionId, Stimulus
+from ._events import (
+    AppendCompleted,
+    AppendFailed,
+    DurableAdvanced,
+    LogStartAdvanced,
+    PartitionId,
+    Stimulus,
+)
 
 __all__ = ["AppendLane"]
 
@@ -37,6 +44,14 @@ logger = logging.getLogger("querylib.broker")
 
 _FLUSH = object()  # queue marker: run flush_if_due in order with the appends
 _RETENTION_EVERY = 10.0  # seconds between retention checks of an active partition
+
+
+class _Trim:
+    """Queue item: move the log start to `offset` (DeleteRecords; None: apply retention now,
+    after a config change), in order with appends."""
+
+    def __init__(self, offset: int | None, done: asyncio.Future[int] | None) -> None:
+        self.offset, self.done = offset, done
 
 
 class AppendLane:
@@ -61,6 +76,7 @@ class AppendLane:
         self._task: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_retention = time.monotonic()
+        self._segments = log.segment_count  # at the last retention check
         self._closed = False
 
     def submit(self, ticket: int, batch: Any) -> None:
@@ -77,6 +93,22 @@ class AppendLane:
         self._queue.append((ticket, batch))
         self._kick()
 
+    async def delete_records(self, offset: int) -> int:
+        """Move the log start up to `offset` after the appends queued before (Kafka's
+        DeleteRecords); the new log start, reported to the core as `LogStartAdvanced`."""
+        if self._closed:
+            raise TqError("the broker is shutting down")
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Trim(offset, done))
+        self._kick()
+        return await done
+
+    def apply_retention(self) -> None:
+        """Apply retention now (its config changed), after the appends queued before."""
+        if not self._closed:
+            self._queue.append(_Trim(None, None))
+            self._kick()
+
     def _kick(self) -> None:
         if self._task is None and self._queue:
             self._task = asyncio.get_running_loop().create_task(
@@ -89,6 +121,8 @@ class AppendLane:
                 if self._queue[0] is _FLUSH:
                     self._queue.popleft()
                     outcome = await loop.run_in_executor(self._executor, self._flush)
+                elif isinstance(self._queue[0], _Trim):
+                    outcome = await self._trim(self._queue.popleft())
                 else:
                     group = self._take_group()
                     try:
@@ -113,12 +147,33 @@ class AppendLane:
     def _take_group(self) -> list[tuple[int, Any]]:
         group = [self._queue.popleft()]
         size = len(group[0][1])
-        while (self._queue and self._queue[0] is not _FLUSH and len(group) < self._max_batches
+        while (self._queue and self._queue[0] is not _FLUSH
+               and not isinstance(self._queue[0], _Trim) and len(group) < self._max_batches
                and size + len(self._queue[0][1]) <= self._max_bytes):
             item = self._queue.popleft()
             group.append(item)
             size += len(item[1])
         return group
+
+    async def _trim(self, trim: _Trim) -> list[Stimulus]:
+        try:
+            start = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._trim_log, trim.offset)
+        except TqError as exc:
+            if trim.done is None:
+                logger.error("%s-%s: retention failed: %s", *self.pid, exc)
+            elif not trim.done.done():
+                trim.done.set_exception(exc)
+            return []
+        if trim.done is not None and not trim.done.done():
+            trim.done.set_result(start)
+        return [LogStartAdvanced(self.pid, start)]
+
+    def _trim_log(self, offset: int | None) -> int:
+        if offset is None:
+            self.log.apply_retention()
+            return self.log.log_start_offset
+        return self.log.delete_records(offset)
 
     # -- on the executor thread ------------------------------------------------------------
 
@@ -157,10 +212,14 @@ class AppendLane:
         return [DurableAdvanced(self.pid, self.log.durable_end_offset)]
 
     def _maybe_apply_retention(self) -> None:
+        """Every _RETENTION_EVERY seconds of appends, and whenever a segment rolled (a roll
+        is what lets size retention remove one; a partition idle after it would keep it)."""
         now = time.monotonic()
-        if now - self._last_retention >= _RETENTION_EVERY:
+        log = self.log
+        if now - self._last_retention >= _RETENTION_EVERY or log.segment_count != self._segments:
             self._last_retention = now
-            self.log.apply_retention()
+            log.apply_retention()
+            self._segments = log.segment_count
 
     # -- flush timer -------------------------------------------------------------------------
 

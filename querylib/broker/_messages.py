@@ -38,6 +38,7 @@ from querylib.rpc._messages import ErrorBody, Notify, Reply, Request
 
 __all__ = [
     "AdvanceRequest",
+    "DeleteRecordsRequest",
     "Incarnation",
     "CloseSessionRequest",
     "CreditNotify",
@@ -165,6 +166,16 @@ class DropPartitionRequest(Request[Done], tag="broker.partition.drop"):
 
     topic: str
     partition: int
+
+
+class DeleteRecordsRequest(Request[PartitionInfo], tag="broker.partition.delete_records"):
+    """Move the partition's log start up to `offset` (-1: its visible end), Kafka's
+    DeleteRecords: whole segments below it go. The topic's writers and the admin may (DESIGN
+    §12). OffsetOutOfRangeError past the visible end."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):

@@ -37,7 +37,7 @@ from ._link import SessionLink
 from ._messages import PartitionInfo
 
 if TYPE_CHECKING:
-    from querylib.log import PartitionLog
+    from querylib.log import LogConfig, PartitionLog
 
     from ._model import BrokerLimits
     from ._server import BrokerServer
@@ -150,6 +150,27 @@ class BrokerPort:
         """The log of a hosted partition, for reads (thread-safe against the append lane), up
         to `info(pid).log_end`. Never append to it. UnknownPartitionError if not hosted."""
         return self._server.partition_log(pid)
+
+    async def delete_records(self, pid: PartitionId, offset: int) -> int:
+        """Move a hosted partition's log start up to `offset` (Kafka's DeleteRecords; whole
+        segments below it are removed): the new log start. Who may is the caller's decision
+        (`may_write`). UnknownPartitionError, OffsetOutOfRangeError past the end."""
+        return await self._server.delete_records(pid, offset)
+
+    async def may_write(self, topic: str, principal: str) -> bool:
+        """Whether the topic's writers rule admits `principal` (asking the broker's directory
+        when the core has no rule for it yet): Kafka's DELETE and ALTER on a topic are its
+        writers' (DESIGN §12)."""
+        return await self._server.may_write(topic, principal)
+
+    async def drop(self, topic: str, partition: int) -> None:
+        """Close and delete a hosted partition (a standalone broker's DeleteTopics)."""
+        await self._server.drop_partition(topic, partition)
+
+    @property
+    def log_config(self) -> LogConfig:
+        """How the broker's partition logs roll and retain (Kafka's broker defaults)."""
+        return self._server.log_config
 
     async def ensure(self, topic: str, partition: int, *, create: bool) -> PartitionId:
         """The partition's id once the broker has it open, opening (`create`: creating) it,

@@ -17,7 +17,7 @@ from querylib.rpc import BROKER, BlockingClient
 
 from ._endpoints import BrokerEndpoints
 from ._link import CLIENT_LIMITS
-from ._messages import ListPartitions, PartitionInfo
+from ._messages import DeleteRecordsRequest, ListPartitions, PartitionInfo
 from ._model import BrokerLimits
 from ._server import BrokerServer
 
@@ -79,3 +79,13 @@ def list_partitions(address: str, secret: bytes, topic: str = "", *,
     with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
                         audience=BROKER) as client:
         return client.request(ListPartitions(topic=topic)).partitions
+
+
+def delete_records(address: str, secret: bytes, topic: str, partition: int, offset: int, *,
+                   timeout: float = 10.0) -> PartitionInfo:
+    """Move a partition's log start up to `offset` (-1: its end) on the broker hosting it
+    (Kafka's DeleteRecords; the topic's writers and the admin may): the partition after."""
+    with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
+                        audience=BROKER) as client:
+        return client.request(DeleteRecordsRequest(topic=topic, partition=partition,
+                                                    offset=offset))

@@ -21,6 +21,7 @@ tq's own writers). `start(None)` serves the port alone, with no RPC socket (`tq 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import struct
@@ -34,6 +35,7 @@ import msgspec
 
 from catalog.errors import StorageError, TqError, UserError
 from querylib._memory import keep_freed_memory
+from querylib.errors import OffsetOutOfRangeError
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, appended_batch
 from querylib.records import SplitBatch, read_header
 from querylib.rpc import (
@@ -48,11 +50,12 @@ from querylib.rpc import (
     error_body,
 )
 
-from ._access import ADMIN, SYSTEM
+from ._access import ADMIN, SYSTEM, admits
 from ._errors import (
     BrokerClosedError,
     BrokerProtocolError,
     PrincipalError,
+    TopicAuthorizationError,
     UnknownPartitionError,
 )
 from ._events import (
@@ -112,6 +115,7 @@ from ._messages import (
     AdvanceRequest,
     CloseSessionRequest,
     CreditNotify,
+    DeleteRecordsRequest,
     Delivery,
     Done,
     DropPartitionRequest,
@@ -182,6 +186,11 @@ def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
     return Incarnation(created_ms, topic_id) if topic_id > 0 else None
 
 
+# Kafka topic configs a topic's directory entry may set, and the LogConfig field of each.
+_LOG_CONFIG_FIELDS = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes",
+                      "segment.bytes": "segment_bytes"}
+
+
 class BrokerServer:
     """A broker hosting the partitions under `data_dir`, serving them over RPC and `port`.
     `directory` says who may write which topic (default `OpenDirectory`: anyone, anything)."""
@@ -194,6 +203,7 @@ class BrokerServer:
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
+        self._topic_configs: dict[str, tuple[tuple[str, str], ...]] = {}
         self.max_partitions = max_partitions
         self.tick_interval = tick_interval
         # Tail deliveries hand out the bytes exactly as the log stores them (it stamps more
@@ -305,7 +315,7 @@ class BrokerServer:
     async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
         loop = asyncio.get_running_loop()
         opened, groups = await loop.run_in_executor(
-            self._append_pool, _open_partition, self.data_dir, pid, self.log_config,
+            self._append_pool, _open_partition, self.data_dir, pid, self.topic_log_config(pid[0]),
             incarnation, self.state.limits.producer_scan_bytes)
         self._incarnations[pid] = opened.incarnation
         log = opened.log
@@ -345,6 +355,24 @@ class BrokerServer:
         if lane is None:
             return info
         return msgspec.structs.replace(info, size=lane.log.size_in_bytes)
+
+    async def may_write(self, topic: str, principal: str) -> bool:
+        """Whether the topic's writers rule admits `principal` (asking the directory when the
+        core has no rule for it yet): Kafka's DELETE and ALTER on a topic are its writers'."""
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, 0, create=False)
+        return admits(rule.writers, principal)
+
+    async def delete_records(self, pid: PartitionId, offset: int) -> int:
+        """Move a hosted partition's log start up to `offset` (Kafka's DeleteRecords), in
+        order with its appends; the new log start. UnknownPartitionError if not hosted,
+        OffsetOutOfRangeError past its end."""
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return await lane.delete_records(offset)
 
     def partition_log(self, pid: PartitionId) -> PartitionLog:
         """The log of a hosted partition, for reads (thread-safe against the append lane).
@@ -561,10 +589,31 @@ class BrokerServer:
                 f"broker bug opening {pid}: {type(exc).__name__}: {exc}")))
 
     def _topic_learned(self, access: TopicAccess) -> None:
+        if self._topic_configs.get(access.topic, ()) != access.configs:
+            if access.configs:
+                self._topic_configs[access.topic] = access.configs
+            else:
+                self._topic_configs.pop(access.topic, None)
+            config = self.topic_log_config(access.topic)
+            for pid, lane in self._lanes.items():
+                if pid[0] == access.topic:
+                    lane.log.config = config  # read by the lane's roll and retention
+                    lane.apply_retention()
         self._feed(access)
 
     def _topic_forgotten(self, topic: str) -> None:
+        self._topic_configs.pop(topic, None)
         self._feed(TopicForgotten(topic))
+
+    def topic_log_config(self, topic: str) -> LogConfig:
+        """The broker's log config with the topic's own settings from its directory (the
+        catalog's retention.ms, retention.bytes, segment.bytes) over it."""
+        configs = self._topic_configs.get(topic)
+        if not configs:
+            return self.log_config
+        fields = {_LOG_CONFIG_FIELDS[name]: int(value) for name, value in configs
+                  if name in _LOG_CONFIG_FIELDS}
+        return dataclasses.replace(self.log_config, **fields)
 
     def _deliver(self, d: Deliver) -> None:
         key = (d.session, d.sub_id)
@@ -638,6 +687,11 @@ class BrokerServer:
                 raise PrincipalError(f"session {session_id!r} belongs to another principal")
             if isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
+                    await self.may_write(request.topic, principal or "")):
+                raise TopicAuthorizationError(
+                    f"{principal} may not delete records of topic {request.topic!r}: only its "
+                    "writers and the admin may")
             elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
                 # Under a coordinator, drops come from the catalog through the executor (in
                 # process); over RPC only the holder of the cluster secret drops data.
@@ -690,6 +744,18 @@ class BrokerServer:
                        remote: bool) -> Done:
             await self.drop_partition(req.topic, req.partition)
             return Done()
+
+        async def delete_records(req: DeleteRecordsRequest, payload: list[Any],
+                                 peer: bytes | None, remote: bool) -> PartitionInfo:
+            pid = validate_partition(req.topic, req.partition)
+            visible = self.state.partition_info(pid).log_end  # UnknownPartitionError
+            offset = visible if req.offset == -1 else req.offset
+            if not 0 <= offset <= visible:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {req.topic}-{req.partition} before {offset}: "
+                    f"it ends at {visible}")
+            await self.delete_records(pid, offset)
+            return self._sized_info(pid)
 
         async def open_producer(req: OpenProducerRequest, payload: list[Any],
                                 peer: bytes | None, remote: bool) -> ProducerOpened:
@@ -750,6 +816,7 @@ class BrokerServer:
             OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
             CloseSessionRequest: close_session, ListPartitions: list_partitions,
             EnsurePartition: ensure, DropPartitionRequest: drop,
+            DeleteRecordsRequest: delete_records,
             OpenProducerRequest: open_producer, ProduceRequest: produce,
             AdvanceRequest: advance, EndStreamRequest: end_stream,
             SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,

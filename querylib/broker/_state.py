@@ -70,6 +70,7 @@ from ._events import (
     GroupsSaveFailed,
     Heartbeat,
     Instruction,
+    LogStartAdvanced,
     OpenProducer,
     OpenSession,
     PartitionId,
@@ -175,6 +176,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             AppendCompleted: self._append_completed,
             AppendFailed: self._append_failed,
             DurableAdvanced: self._durable_advanced,
+            LogStartAdvanced: self._log_start_advanced,
             ReadCompleted: self._read_completed,
             ReadFailed: self._read_failed,
         }
@@ -557,6 +559,10 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if entry.token is not None:
             tokens.insert(0, entry.token)
         return [Fail(token, error) for token in tokens]
+
+    def _log_start_advanced(self, ev: LogStartAdvanced) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        return [] if part is None else self._retention(part, ev.log_start)
 
     def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
         return self._make_durable(self.partitions[ev.partition], ev.durable_end)

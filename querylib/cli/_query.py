@@ -1,5 +1,5 @@
-"""`tq kill`, `tq logs` and `tq topic create|delete|describe`: acting on queries and topics
-(DESIGN §6, §9).
+"""`tq kill`, `tq logs` and `tq topic create|delete|describe|alter|add-partitions|
+delete-records`: acting on queries and topics (DESIGN §6, §9).
 
 Thin adapters over the cluster client. A query is named by its id or its name (the newest
 query of that name). `tq logs` prints a query's output (`_output`); `tq kill` returns once the
@@ -83,6 +83,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     describe.add_argument("--json", action="store_true", help="one JSON object")
     add_cluster_options(describe)
     describe.set_defaults(func=_describe_topic)
+    alter = topic_sub.add_parser(
+        "alter", help="set a topic's retention and segment size",
+        description="Set (or with --reset, remove) the Kafka topic configs tq keeps per topic, "
+        "in the catalog: every broker hosting the topic applies them, now and after restarts "
+        "(Kafka clients: IncrementalAlterConfigs). Unset ones are the broker's. -1: no limit.",
+        epilog="example: tq topic alter events --retention-ms 86400000 --retention-bytes -1")
+    alter.add_argument("name")
+    for flag, config in _CONFIG_FLAGS.items():
+        alter.add_argument(flag, type=int, metavar="N", dest=config.replace(".", "_"),
+                           help=f"Kafka's {config}")
+    alter.add_argument("--reset", action="append", default=[], metavar="CONFIG",
+                       choices=sorted(_CONFIG_FLAGS.values()),
+                       help="go back to the broker's value of CONFIG (e.g. retention.ms)")
+    add_cluster_options(alter)
+    alter.set_defaults(func=_alter_topic)
+    grow = topic_sub.add_parser(
+        "add-partitions", help="add partitions to a topic",
+        description="Add N partitions to a topic (they only grow), placed by the coordinator "
+        "(Kafka clients: CreatePartitions with the new total). Readers planned before see the "
+        "partitions they had; new subscriptions and Spark reads see all.",
+        epilog="example: tq topic add-partitions events 2")
+    grow.add_argument("name")
+    grow.add_argument("count", type=int, metavar="N", help="how many partitions to add")
+    add_cluster_options(grow)
+    grow.set_defaults(func=_add_partitions)
+    trim = topic_sub.add_parser(
+        "delete-records", help="delete a partition's records before an offset",
+        description="Move a partition's log start up to OFFSET (Kafka's DeleteRecords): "
+        "reads below it fail, whole segments below it are removed from disk. The topic's "
+        "writers and the admin may.",
+        epilog="example: tq topic delete-records events --partition 0 --before 1000")
+    trim.add_argument("name")
+    trim.add_argument("--partition", type=int, required=True, metavar="P")
+    trim.add_argument("--before", required=True, metavar="OFFSET",
+                      help="the first offset kept, or 'end' for every record so far")
+    add_cluster_options(trim)
+    trim.set_defaults(func=_delete_records)
+
+
+# `tq topic alter` flags and the Kafka topic config each sets (catalog.TOPIC_CONFIGS).
+_CONFIG_FLAGS = {"--retention-ms": "retention.ms", "--retention-bytes": "retention.bytes",
+                 "--segment-bytes": "segment.bytes"}
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -151,13 +193,16 @@ def _describe_topic(args: argparse.Namespace) -> int:
             "name": topic.short_name, "topic_id": topic.topic_id, "kind": topic.kind.value,
             "serde": serde, "record_type": record_type, "tag": topic.record_type,
             "owner": describe(topic.owner), "internal": topic.internal,
-            "created_ms": topic.created_at_ms, "partitions": parts}) + "\n")
+            "created_ms": topic.created_at_ms, "configs": dict(topic.configs),
+            "partitions": parts}) + "\n")
         return 0
     total = sum(p["bytes"] or 0 for p in parts)
     out = [f"topic {topic.short_name} (id {topic.topic_id}): kind {topic.kind.value}, serde "
            f"{serde}, record type {record_type or '-'}, owner {describe(topic.owner)}, "
            f"{topic.partitions} partition{'s' if topic.partitions > 1 else ''}, "
            f"{human_bytes(total)}"]
+    if topic.configs:
+        out[0] += ", " + ", ".join(f"{k}={v}" for k, v in topic.configs)
     cells = [["PARTITION", "START", "END", "BYTES", "FRONTIER", "BROKER"]]
     for p in parts:
         unknown = p["end"] is None
@@ -181,6 +226,65 @@ def _delete_topic(args: argparse.Namespace) -> int:
     with connect(args, session=True) as cluster:
         cluster.delete_topic(args.name, force=args.force)
     print(f"topic {args.name} deleted", file=sys.stderr)
+    return 0
+
+
+def _alter_topic(args: argparse.Namespace) -> int:
+    from catalog import InvalidCommandError
+
+    configs: dict[str, str | None] = {name: None for name in args.reset}
+    for config in _CONFIG_FLAGS.values():
+        value = getattr(args, config.replace(".", "_"))
+        if value is not None:
+            configs[config] = str(value)
+    if not configs:
+        raise InvalidCommandError("nothing to alter: give --retention-ms, --retention-bytes, "
+                                  "--segment-bytes or --reset")
+    with connect(args, session=True) as cluster:
+        topic = cluster.alter_topic(args.name, configs=configs).topic
+    own = ", ".join(f"{k}={v}" for k, v in topic.configs) or "the broker's for every config"
+    print(f"topic {topic.short_name}: {own}", file=sys.stderr)
+    return 0
+
+
+def _add_partitions(args: argparse.Namespace) -> int:
+    from catalog import InvalidPartitionsError
+
+    if args.count < 1:
+        raise InvalidPartitionsError(f"add at least one partition, not {args.count}")
+    with connect(args, session=True) as cluster:
+        had = cluster.lookup_topic(args.name).topic.partitions
+        topic = cluster.alter_topic(args.name, partitions=had + args.count).topic
+    print(f"topic {topic.short_name}: {topic.partitions} partitions (was {had})",
+          file=sys.stderr)
+    return 0
+
+
+def _delete_records(args: argparse.Namespace) -> int:
+    from catalog import InvalidCommandError, UnknownTopicError
+    from querylib.broker import delete_records
+
+    if args.before == "end":
+        offset = -1
+    elif args.before.isdigit():
+        offset = int(args.before)
+    else:
+        raise InvalidCommandError(f"--before {args.before!r}: an offset, or 'end'")
+    with connect(args) as cluster:
+        found = cluster.lookup_topic(args.name)
+        secret = cluster.secret
+    topic = found.topic
+    if not 0 <= args.partition < topic.partitions:
+        raise UnknownTopicError(f"topic {topic.short_name} has no partition {args.partition} "
+                                f"(it has {topic.partitions})")
+    address = found.brokers.get(topic.locations[args.partition])
+    if not address:
+        raise UnknownTopicError(f"partition {args.partition} of {topic.short_name}: its broker "
+                                f"{topic.locations[args.partition]} is down")
+    info = delete_records(address, secret, topic.short_name, args.partition, offset,
+                          timeout=args.timeout)
+    print(f"topic {topic.short_name} partition {args.partition}: starts at {info.log_start} "
+          f"(ends at {info.log_end})", file=sys.stderr)
     return 0
 
 

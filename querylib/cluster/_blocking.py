@@ -132,6 +132,12 @@ class Cluster:
     def delete_topic(self, name: str, *, force: bool = False) -> None:
         self._call(self._async.delete_topic(name, force=force))
 
+    def alter_topic(self, name: str, *, partitions: int | None = None,
+                    locations: tuple[int, ...] | None = None,
+                    configs: dict[str, str | None] | None = None) -> m.TopicInfo:
+        return self._call(self._async.alter_topic(name, partitions=partitions,
+                                                  locations=locations, configs=configs))
+
     def publish(self, name: str) -> m.TopicInfo:
         return self._call(self._async.publish(name))
 

@@ -16,6 +16,7 @@ Client -> coordinator requests (reply in brackets):
     coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
+    coord.topic.alter       AlterTopic         [TopicInfo]
     coord.topic.dropped     ReportPartitionsDropped [Done]       a broker dropped a deleted topic
     coord.publish           Publish            [TopicInfo]
     coord.unpublish         Unpublish          [Done]
@@ -69,6 +70,7 @@ __all__ = [
     "CloseSession",
     "CreateTopic",
     "DeleteTopic",
+    "AlterTopic",
     "DropPartitions",
     "Done",
     "ExecutorInfo",
@@ -271,6 +273,19 @@ class DeleteTopic(Request[Done], tag="coord.topic.delete"):
     session_id: int
     name: str
     force: bool = False
+
+
+class AlterTopic(Request[TopicInfo], tag="coord.topic.alter"):
+    """Grow a topic to `partitions` (None: as it is), the new ones on `locations` (default:
+    the coordinator's placement), and set its Kafka configs (`configs`: name -> value, None
+    for the broker's). Kafka's CreatePartitions and IncrementalAlterConfigs; `tq topic alter`,
+    `tq topic add-partitions`."""
+
+    session_id: int
+    name: str
+    partitions: int | None = None
+    locations: tuple[int, ...] | None = None
+    configs: dict[str, str | None] = {}
 
 
 class ReportPartitionsDropped(Request[Done], tag="coord.topic.dropped"):

@@ -223,6 +223,15 @@ class AsyncCluster:
         when it registers again), so a topic created again under the name starts empty."""
         await self.request(m.DeleteTopic(session_id=self._session(), name=name, force=force))
 
+    async def alter_topic(self, name: str, *, partitions: int | None = None,
+                          locations: tuple[int, ...] | None = None,
+                          configs: dict[str, str | None] | None = None) -> m.TopicInfo:
+        """Grow the topic to `partitions` and set (None: remove) its Kafka configs
+        (retention.ms, retention.bytes, segment.bytes); the topic as it is now."""
+        return await self.request(m.AlterTopic(
+            session_id=self._session(), name=name, partitions=partitions, locations=locations,
+            configs=dict(configs or {})))
+
     async def report_partitions_dropped(self, topic_id: int, broker_id: int) -> None:
         """An executor's: its broker dropped its partitions of deleted topic `topic_id`."""
         await self.request(m.ReportPartitionsDropped(session_id=self._session(),

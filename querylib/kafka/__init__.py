@@ -1,12 +1,16 @@
 """The Kafka protocol endpoint (DESIGN §8): enough of Kafka's api that kcat, confluent-kafka,
-kafka-python and aiokafka list topics, consume, commit offsets in groups and produce.
+kafka-python and aiokafka list topics, consume, commit offsets in groups, produce, and
+administer topics and groups.
 
     _framing.py         sans-I/O framing: size-prefixed frames, request/response headers
     _apis.py            the apis and version ranges served; kio codecs; request bounds
     _fetch.py           Fetch responses as byte chunks + file slices (sendfile)
     _handlers.py        cluster and data apis (ApiVersions, Metadata, Produce, Fetch, ...)
     _group.py           the group coordinator state machine (pure, time as input)
-    _group_service.py   its async shell and the group apis (JoinGroup ... OffsetFetch)
+    _group_service.py   its async shell and the group apis (JoinGroup ... OffsetFetch,
+                        DeleteGroups, OffsetDelete)
+    _admin.py           topic and cluster admin apis (DeleteTopics, CreatePartitions,
+                        DeleteRecords, DescribeConfigs, IncrementalAlterConfigs, DescribeCluster)
     _producers.py       idempotent-producer sequence checks (pure)
     _offsets_format.py  `__consumer_offsets` key/value formats (Kafka's)
     _backend.py         KafkaBackend: what the endpoint needs from the broker behind it

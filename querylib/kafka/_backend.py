@@ -26,6 +26,7 @@ __all__ = [
     "AppendResult",
     "BrokerInfo",
     "CommittedOffset",
+    "ConfigEntry",
     "GroupMemberRecord",
     "GroupRecord",
     "KafkaBackend",
@@ -69,6 +70,7 @@ class TopicInfo:
     name: str
     partitions: tuple[PartitionInfo, ...]
     internal: bool = False
+    configs: tuple[tuple[str, str], ...] = ()  # Kafka configs the topic sets (the catalog's)
     topic_id: uuid.UUID | None = None  # its Kafka id (`kafka_topic_id`); None: from the name
 
     @property
@@ -110,6 +112,21 @@ class PartitionRead:
             if close is not None:
                 close()
         self.chunks = []
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config of a topic or broker as DescribeConfigs reports it: Kafka's name, its
+    value, where it comes from (Kafka's ConfigSource: 4 STATIC_BROKER_CONFIG, 5
+    DEFAULT_CONFIG, ...), its type (ConfigType: 2 STRING, 3 INT, 5 LONG, 7 LIST) and the
+    broker setting it defaults to (a synonym), if any."""
+
+    name: str
+    value: str
+    source: int
+    config_type: int
+    read_only: bool = True
+    synonym: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +197,39 @@ class KafkaBackend(Protocol):
         TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError."""
         ...
 
+    async def delete_topic(self, name: str, principal: str) -> None:
+        """Delete a topic as `principal` (Kafka's DeleteTopics): UnknownTopicError,
+        TopicAuthorizationError unless `principal` writes it or is the admin."""
+        ...
+
+    async def create_partitions(self, name: str, count: int, principal: str, *,
+                                validate_only: bool = False) -> None:
+        """Grow a topic to `count` partitions as `principal` (CreatePartitions):
+        InvalidPartitionsError unless it grows, TopicAuthorizationError."""
+        ...
+
+    async def alter_topic_configs(self, name: str, changes: Mapping[str, str | None],
+                                  principal: str, *, validate_only: bool = False) -> None:
+        """Set (None: remove) Kafka configs of a topic as `principal`
+        (IncrementalAlterConfigs): InvalidConfigError for one tq does not set per topic."""
+        ...
+
+    async def topic_configs(self, name: str) -> list[ConfigEntry]:
+        """The configs in force for a topic (DescribeConfigs); UnknownTopicError."""
+        ...
+
+    def broker_configs(self) -> list[ConfigEntry]:
+        """This broker's defaults for them (DescribeConfigs of a BROKER resource)."""
+        ...
+
     # ---- data ---------------------------------------------------------------------------------
+
+    async def delete_records(self, topic: str, partition: int, offset: int,
+                             principal: str) -> int:
+        """Move the log start offset of a partition this broker leads up to `offset` (-1: the
+        high watermark) as `principal` (DeleteRecords): the new low watermark.
+        OffsetOutOfRangeError past the high watermark, TopicAuthorizationError."""
+        ...
 
     async def append(
         self, topic: str, partition: int, batches: Sequence[bytes], *, acks: int,
@@ -254,6 +303,15 @@ class KafkaBackend(Protocol):
 
     async def store_group(self, record: GroupRecord) -> None:
         """Persist a group's state after a rebalance."""
+        ...
+
+    async def delete_offsets(self, group_id: str,
+                             partitions: Sequence[tuple[str, int]]) -> None:
+        """Delete committed offsets of a group (tombstones); durable when this returns."""
+        ...
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete a group's stored state and every offset it committed (tombstones)."""
         ...
 
     async def stored_groups(self) -> Sequence[GroupRecord]:

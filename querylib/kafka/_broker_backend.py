@@ -46,13 +46,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from catalog import ANONYMOUS, TopicName
+from catalog import ANONYMOUS, TOPIC_CONFIGS, TopicName, check_topic_config
 from catalog.errors import (
     InvalidPartitionsError,
     ReservedTopicNameError,
     StorageError,
     TopicExistsError,
     TqError,
+    UnknownTopicError,
 )
 from querylib.broker import (
     BrokerPort,
@@ -60,6 +61,7 @@ from querylib.broker import (
     OpenProducerRequest,
     ProduceRequest,
     SessionLink,
+    TopicAuthorizationError,
 )
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
@@ -67,13 +69,14 @@ from querylib.kafka._backend import (
     AppendResult,
     BrokerInfo,
     CommittedOffset,
+    ConfigEntry,
     GroupRecord,
     PartitionInfo,
     PartitionOffsets,
     PartitionRead,
     TopicInfo,
 )
-from querylib.kafka._errors import NotLeaderError, UnknownPartitionError
+from querylib.kafka._errors import NotLeaderError, PolicyViolationError, UnknownPartitionError
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import (
@@ -81,6 +84,8 @@ from querylib.kafka._offsets_format import (
     encode_group,
     encode_group_owner,
     encode_offset,
+    group_tombstone_key,
+    offset_tombstone_key,
 )
 from querylib.kafka._producers import ProducerStateTable
 from querylib.log import record_at_timestamp
@@ -99,6 +104,9 @@ META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
 _CLUSTER_ID_LABEL = b"tq kafka cluster id v1"
+# Kafka's topic configs tq honours, in the order of `broker_configs`, whose entries they default to.
+_TOPIC_CONFIGS = ("retention.ms", "retention.bytes", "segment.bytes", "max.message.bytes",
+                  "cleanup.policy", "message.timestamp.type")
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,15 @@ class KafkaCluster(Protocol):
         """The broker every listener names as the controller (None: this one)."""
         ...
 
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        """Delete a topic (its owner's or admin's request, checked by the backend)."""
+        ...
+
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        """Grow a topic to `partitions` and set (None: remove) its configs."""
+        ...
+
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         """Whether the cluster places `partition` of `topic` on this broker."""
         ...
@@ -206,6 +223,19 @@ class StandaloneCluster:
         for index in range(partitions):
             await self.port.ensure(name.short, index, create=True)
         return TopicInfo(name.short, tuple(PartitionInfo(i, 0) for i in range(partitions)))
+
+    async def delete_kafka_topic(self, name: TopicName) -> None:
+        for info in self.port.partitions(name.short):
+            await self.port.drop(info.topic, info.partition)
+
+    async def alter_kafka_topic(self, name: TopicName, partitions: int | None,
+                                configs: Mapping[str, str | None]) -> None:
+        if configs:
+            raise PolicyViolationError(
+                f"topic {name.short!r}: a broker alone has no catalog to keep topic configs "
+                "in; its log config (tq broker's flags) is every topic's")
+        for index in range(self._counts().get(name.short, 0), partitions or 0):
+            await self.port.ensure(name.short, index, create=True)
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         return False  # hosted partitions are found before this is asked
@@ -382,7 +412,95 @@ class BrokerBackend:
             return None
         return await self.cluster.create_kafka_topic(topic, count)
 
+    async def _authorize_topic(self, topic: TopicName, principal: str) -> None:
+        """Kafka's DELETE and ALTER on a topic: its writers' (the owner, anyone for an ingest
+        topic) and the admin's; `__` topics are tq's own (DESIGN §12)."""
+        if topic.internal or not (principal == "admin"
+                                  or await self.port.may_write(topic.short, principal)):
+            raise TopicAuthorizationError(f"{principal} may not change topic {topic.short!r}")
+
+    async def delete_topic(self, name: str, principal: str) -> None:
+        topic = TopicName.parse(name)
+        if not await self.topics([name]):
+            raise UnknownTopicError(f"topic {topic.short!r} not found")
+        await self._authorize_topic(topic, principal)
+        await self.cluster.delete_kafka_topic(topic)
+        for pid in [p for p in self._partitions if p[0] == topic.short]:
+            del self._partitions[pid]  # its idempotent producers' sequences go with it
+
+    async def create_partitions(self, name: str, count: int, principal: str, *,
+                                validate_only: bool = False) -> None:
+        topic = TopicName.parse(name)
+        found = await self.topics([name])
+        if not found:
+            raise UnknownTopicError(f"topic {topic.short!r} not found")
+        await self._authorize_topic(topic, principal)
+        have = len(found[0].partitions)
+        if not have < count <= MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"topic {topic.short!r} has {have} partitions; it grows to "
+                f"{have + 1}..{MAX_PARTITIONS}, not {count}")
+        if not validate_only:
+            await self.cluster.alter_kafka_topic(topic, count, {})
+
+    async def alter_topic_configs(self, name: str, changes: Mapping[str, str | None],
+                                  principal: str, *, validate_only: bool = False) -> None:
+        topic = TopicName.parse(name)
+        if not await self.topics([name]):
+            raise UnknownTopicError(f"topic {topic.short!r} not found")
+        await self._authorize_topic(topic, principal)
+        checked = {key: None if value is None else check_topic_config(key, value)
+                   for key, value in changes.items()}
+        for key in checked:
+            if key not in TOPIC_CONFIGS:
+                check_topic_config(key, "0")  # InvalidConfigError naming those there are
+        if not validate_only:
+            await self.cluster.alter_kafka_topic(topic, None, checked)
+
+    def broker_configs(self) -> list[ConfigEntry]:
+        log = self.port.log_config
+        static = 4  # STATIC_BROKER_CONFIG: what this broker was started with
+        return [
+            ConfigEntry("log.retention.ms", str(log.retention_ms), static, 5),
+            ConfigEntry("log.retention.bytes", str(log.retention_bytes), static, 5),
+            ConfigEntry("log.segment.bytes", str(log.segment_bytes), static, 3),
+            ConfigEntry("message.max.bytes", str(self.port.limits.max_batch_bytes), static, 3),
+            ConfigEntry("log.cleanup.policy", "delete", static, 7),
+            ConfigEntry("log.message.timestamp.type", "CreateTime", static, 2),
+        ]
+
+    async def topic_configs(self, name: str) -> list[ConfigEntry]:
+        found = await self.topics([name])
+        if not found:
+            raise UnknownTopicError(f"topic {TopicName.parse(name).short!r} not found")
+        # Each is the topic's own setting (DYNAMIC_TOPIC_CONFIG, in the catalog) or the
+        # broker's (its synonym); only TOPIC_CONFIGS may be set.
+        own = dict(found[0].configs)
+        entries = []
+        for topic_name, b in zip(_TOPIC_CONFIGS, self.broker_configs(), strict=True):
+            settable = topic_name in TOPIC_CONFIGS
+            if topic_name in own:
+                entries.append(ConfigEntry(topic_name, own[topic_name], 1, b.config_type,
+                                           read_only=False, synonym=b.name))
+            else:
+                entries.append(ConfigEntry(topic_name, b.value, b.source, b.config_type,
+                                           read_only=not settable, synonym=b.name))
+        return entries
+
     # ---- data ---------------------------------------------------------------------------------
+
+    async def delete_records(self, topic: str, partition: int, offset: int,
+                             principal: str) -> int:
+        pid = await self._hosted(topic, partition)
+        await self._authorize_topic(TopicName.parse(topic), principal)
+        high_watermark = self._offsets(pid).high_watermark
+        if offset == -1:
+            offset = high_watermark
+        if not 0 <= offset <= high_watermark:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records of {topic}-{partition} before {offset}: the high "
+                f"watermark is {high_watermark}")
+        return await self.port.delete_records(pid, offset)
 
     async def _hosted(self, topic: str, partition: int) -> PartitionId:
         """The broker's id of a partition this broker serves to readers, opened if the
@@ -602,6 +720,25 @@ class BrokerBackend:
         await self._system.produce(OFFSETS, encode_batch(
             [(record.current_state_timestamp, *encode_group(record), ())]), create=True)
         self._store.groups[record.group_id] = record
+
+    async def delete_offsets(self, group_id: str,
+                             partitions: Sequence[tuple[str, int]]) -> None:
+        if not partitions:
+            return
+        await self._system.produce(OFFSETS, encode_batch(
+            [(0, offset_tombstone_key(group_id, t, p), None, ()) for t, p in partitions]),
+            create=True)
+        stored = self._store.offsets.get(group_id, {})
+        for key in partitions:
+            stored.pop(key, None)
+
+    async def delete_group(self, group_id: str) -> None:
+        committed = sorted(self._store.offsets.get(group_id, {}))
+        await self._system.produce(OFFSETS, encode_batch(
+            [(0, offset_tombstone_key(group_id, t, p), None, ()) for t, p in committed]
+            + [(0, group_tombstone_key(group_id), None, ())]), create=True)
+        self._store.offsets.pop(group_id, None)
+        self._store.groups.pop(group_id, None)
 
     async def stored_groups(self) -> Sequence[GroupRecord]:
         return list(self._store.groups.values())

@@ -19,6 +19,7 @@ Static membership (group.instance.id) is recorded but not given Kafka's special 
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -258,7 +259,27 @@ class GroupMachine:
                     deadlines.append(group.join_ready_at)
         return min(deadlines, default=None)
 
+    def subscribed(self, group_id: str) -> set[str] | None:
+        """The topics the members of a consumer group subscribe to now (None: the group has no
+        members, or is not a consumer group whose subscriptions tq can read)."""
+        group = self._groups.get(group_id)
+        if group is None or not group.members or group.protocol_type != "consumer":
+            return None
+        topics: set[str] = set()
+        for member in group.members.values():
+            for _, metadata in member.protocols:
+                topics.update(_subscription_topics(metadata))
+        return topics
+
     # ---- inputs -------------------------------------------------------------------------------
+
+    def delete(self, group_id: str) -> ErrorCode:
+        """Forget a group without members (DeleteGroups): NON_EMPTY_GROUP while it has some."""
+        group = self._groups.get(group_id)
+        if group is not None and (group.members or group.pending):
+            return ErrorCode.non_empty_group
+        self._groups.pop(group_id, None)
+        return ErrorCode.none
 
     def restore(self, record: GroupRecord, now: int) -> None:
         """Load a stored group (on start): Stable with its members if it had any, whose
@@ -614,3 +635,21 @@ TRANSITIONS: dict[tuple[GroupStatus, type], Handler] = {
     (_S.STABLE, Leave): GroupMachine._leave,
     (_S.STABLE, CommitCheck): GroupMachine._commit,
 }
+
+
+def _subscription_topics(metadata: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (version int16, [topic string], ...); none
+    for bytes that are not one."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        pos, topics = 6, []
+        for _ in range(max(count, 0)):
+            (length,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            if length < 0 or pos + length > len(metadata):
+                return []
+            topics.append(metadata[pos:pos + length].decode("utf-8", "replace"))
+            pos += length
+        return topics
+    except struct.error:
+        return []

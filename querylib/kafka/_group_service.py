@@ -1,5 +1,6 @@
 """The group coordinator's async shell and the group apis: FindCoordinator, JoinGroup,
-SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, DescribeGroups, ListGroups.
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, DescribeGroups, ListGroups,
+DeleteGroups, OffsetDelete (Kafka's DELETE on a group: whoever may use the group, DESIGN §12).
 
 `GroupService` feeds requests to the pure `GroupMachine` with the time, delivers the replies it
 returns (some later: a JoinGroup waits for the rebalance), persists group states through the
@@ -404,3 +405,60 @@ class GroupService:
         return build_response(ApiKey.LIST_GROUPS, ctx.api_version,
                               {"throttle_time": 0, "error_code": ErrorCode.none,
                                "groups": groups})
+
+    async def delete_groups(self, ctx: RequestContext, request: Any) -> Any:
+        """Delete groups without members: their state and committed offsets (tombstones in
+        `__consumer_offsets`). NON_EMPTY_GROUP while members are in one, GROUP_ID_NOT_FOUND
+        for a group nobody used."""
+        results = []
+        for group_id in request.groups_names:
+            code = await self._elsewhere(ctx, group_id)
+            if code is None:
+                try:
+                    known = (self.machine.group(group_id) is not None
+                             or bool(await self.backend.committed_offsets(group_id))
+                             or group_id in {g.group_id
+                                             for g in await self.backend.stored_groups()})
+                    if not known:
+                        code = ErrorCode.group_id_not_found
+                    else:
+                        code = self.machine.delete(group_id)
+                        if code is ErrorCode.none:
+                            await self.backend.delete_group(group_id)
+                except TqError as exc:
+                    code = error_code_of(exc)
+            results.append({"group_id": group_id, "error_code": code})
+        return build_response(ApiKey.DELETE_GROUPS, ctx.api_version,
+                              {"throttle_time": 0, "results": results})
+
+    async def offset_delete(self, ctx: RequestContext, request: Any) -> Any:
+        """Delete a group's committed offsets of some partitions; a partition of a topic the
+        group's members subscribe to now gets GROUP_SUBSCRIBED_TO_TOPIC, as in Kafka."""
+        error = await self._elsewhere(ctx, request.group_id) or ErrorCode.none
+        topics: list[dict[str, Any]] = []
+        if error is ErrorCode.none:
+            try:
+                committed = await self.backend.committed_offsets(request.group_id)
+                if not committed and self.machine.group(request.group_id) is None:
+                    error = ErrorCode.group_id_not_found
+            except TqError as exc:
+                error = error_code_of(exc)
+        if error is ErrorCode.none:
+            subscribed = self.machine.subscribed(request.group_id) or set()
+            deleting = []
+            for topic in request.topics:
+                partitions = []
+                for p in topic.partitions:
+                    code = ErrorCode.none
+                    if topic.name in subscribed:
+                        code = ErrorCode.group_subscribed_to_topic
+                    elif (topic.name, p.partition_index) in committed:
+                        deleting.append((topic.name, p.partition_index))
+                    partitions.append({"partition_index": p.partition_index, "error_code": code})
+                topics.append({"name": topic.name, "partitions": partitions})
+            try:
+                await self.backend.delete_offsets(request.group_id, deleting)
+            except TqError as exc:
+                error, topics = error_code_of(exc), []
+        return build_response(ApiKey.OFFSET_DELETE, ctx.api_version,
+                              {"throttle_time": 0, "error_code": error, "topics": topics})

@@ -1,5 +1,5 @@
 """Request handlers for the cluster and data apis: ApiVersions, Metadata, Produce, Fetch,
-ListOffsets, InitProducerId, CreateTopics, DescribeConfigs. (Group apis: `_group_service`.)
+ListOffsets, InitProducerId, CreateTopics. (Group apis: `_group_service`; admin apis: `_admin`.)
 
 Each handler takes kio's decoded request and returns a response (a kio entity built from a
 version-free dict, a `RawResponse` for Fetch, or None when the client wants none) using only the
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.errors import TopicExistsError, TqError, UnknownTopicError
+from catalog.errors import TopicExistsError, TqError
 from querylib.broker import BatchTooLargeError
 from querylib.errors import InvalidRecordError
 from querylib.kafka._apis import (
@@ -353,7 +353,7 @@ class DataHandlers:
             "throttle_time": 0, "error_code": code, "producer_id": pid,
             "producer_epoch": 0 if pid >= 0 else -1})
 
-    # ---- CreateTopics, DescribeConfigs ----------------------------------------------------------
+    # ---- CreateTopics ----------------------------------------------------------------------------
 
     async def create_topics(self, ctx: RequestContext, request: Any) -> Any:
         results = []
@@ -384,23 +384,6 @@ class DataHandlers:
                 "topic_id": _NO_TOPIC_ID if created is None else created.kafka_id})
         return build_response(ApiKey.CREATE_TOPICS, ctx.api_version,
                               {"throttle_time": 0, "topics": results})
-
-    async def describe_configs(self, ctx: RequestContext, request: Any) -> Any:
-        """Answered with no configs: clients that ask (admin tools) learn nothing wrong."""
-        results = []
-        for resource in request.resources:
-            code, message = ErrorCode.none, None
-            if resource.resource_type == 2:  # TOPIC
-                try:
-                    if not await self.backend.topics([resource.resource_name]):
-                        raise UnknownTopicError(f"topic {resource.resource_name!r} not found")
-                except TqError as exc:
-                    code, message = error_code_of(exc), str(exc)
-            results.append({"error_code": code, "error_message": message,
-                            "resource_type": resource.resource_type,
-                            "resource_name": resource.resource_name, "configs": ()})
-        return build_response(ApiKey.DESCRIBE_CONFIGS, ctx.api_version,
-                              {"throttle_time": 0, "results": results})
 
 
 def _topic_error(name: str, code: ErrorCode) -> dict[str, Any]:

@@ -183,6 +183,16 @@ def encode_group(record: GroupRecord) -> tuple[bytes, bytes]:
     return _write(GroupMetadataKey(group=record.group_id), 2), _write(value, 3)
 
 
+def offset_tombstone_key(group_id: str, topic: str, partition: int) -> bytes:
+    """The key whose null value deletes a committed offset (OffsetDelete, DeleteGroups)."""
+    return _write(OffsetCommitKey(group=group_id, topic=topic, partition=partition), 1)
+
+
+def group_tombstone_key(group_id: str) -> bytes:
+    """The key whose null value deletes a group's state (DeleteGroups)."""
+    return _write(GroupMetadataKey(group=group_id), 2)
+
+
 def encode_group_owner(owner: GroupOwner) -> tuple[bytes, bytes]:
     """(key, value) of the record saying who a group belongs to."""
     return (_write(GroupMetadataKey(group=owner.group_id), GROUP_OWNER_KEY_VERSION),

@@ -39,6 +39,7 @@ from typing import Any
 from catalog import ANONYMOUS
 from catalog.errors import TqError
 from querylib._tcp import Connection, TcpListener
+from querylib.kafka._admin import AdminHandlers
 from querylib.kafka._apis import (
     ApiKey,
     ListenerLimits,
@@ -319,6 +320,7 @@ class KafkaListener:
         self.groups = GroupService(backend, group_config)
         self._tcp: TcpListener | None = None
         g = self.groups
+        admin = AdminHandlers(backend)
         self._handlers: dict[int, Handler] = {
             ApiKey.PRODUCE: self._data.produce,
             ApiKey.FETCH: self._data.fetch,
@@ -336,7 +338,14 @@ class KafkaListener:
             ApiKey.API_VERSIONS: self._data.api_versions,
             ApiKey.CREATE_TOPICS: self._data.create_topics,
             ApiKey.INIT_PRODUCER_ID: self._data.init_producer_id,
-            ApiKey.DESCRIBE_CONFIGS: self._data.describe_configs,
+            ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
+            ApiKey.DELETE_TOPICS: admin.delete_topics,
+            ApiKey.DELETE_RECORDS: admin.delete_records,
+            ApiKey.DESCRIBE_CLUSTER: admin.describe_cluster,
+            ApiKey.CREATE_PARTITIONS: admin.create_partitions,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
+            ApiKey.DELETE_GROUPS: g.delete_groups,
+            ApiKey.OFFSET_DELETE: g.offset_delete,
         }
 
     @property

@@ -49,9 +49,15 @@ from querylib.log._batch import (
     pread_exact,
     stamp_prefix,
 )
-from querylib.log._config import INT32_MAX, LOCK_FILE, FlushPolicy, LogConfig
+from querylib.log._config import INT32_MAX, LOCK_FILE, LOG_START_FILE, FlushPolicy, LogConfig
 from querylib.log._damage import Damage
-from querylib.log._recovery import fsync_dir, load_segments, write_checkpoint, write_clean_marker
+from querylib.log._recovery import (
+    fsync_dir,
+    load_segments,
+    read_checkpoint,
+    write_checkpoint,
+    write_clean_marker,
+)
 from querylib.log._segment import LogSegment, PendingBatch
 from querylib.records import BatchHeader, SplitBatch, decode_batch
 
@@ -171,6 +177,8 @@ class PartitionLog:
         self._flushed_end = self._next_offset  # opening forced everything to disk
         self._last_flush = time.monotonic()
         self._recovery_point = segments[-1].base_offset
+        # Where DeleteRecords moved the log start (inside the first segment); 0: never.
+        self._start = min(read_checkpoint(path, LOG_START_FILE) or 0, self._next_offset)
         self._closed = False
         self._failure: str | None = None
 
@@ -199,8 +207,9 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        """The first offset still in the log."""
-        return self._view[0][0]
+        """The first offset still in the log: the first segment's base, or past it where
+        `delete_records` moved it."""
+        return max(self._view[0][0], self._start)
 
     @property
     def log_end_offset(self) -> int:
@@ -219,6 +228,10 @@ class PartitionLog:
         if self.config.flush is FlushPolicy.NEVER:
             return self._next_offset
         return self._flushed_end
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._view[0])
 
     @property
     def size_in_bytes(self) -> int:
@@ -403,9 +416,10 @@ class PartitionLog:
         bases, segments = self._view
         if self._closed:
             raise LogClosedError(f"{self.path}: log closed")
-        if not bases[0] <= offset <= log_end:
+        start = max(bases[0], self._start)
+        if not start <= offset <= log_end:
             raise OffsetOutOfRangeError(
-                f"offset {offset} outside the log's range {bases[0]}..{log_end}")
+                f"offset {offset} outside the log's range {start}..{log_end}")
         stop = log_end if end_offset is None else min(log_end, end_offset)
         if offset >= stop:
             return None
@@ -501,6 +515,33 @@ class PartitionLog:
                 except OSError as exc:
                     raise self._fail("retention", exc) from exc
             return count
+
+    def delete_records(self, offset: int) -> int:
+        """Move the log start offset up to `offset` (Kafka's DeleteRecords): reads below it
+        fail with OffsetOutOfRangeError from now on and after a reopen (the offset is kept in
+        `log-start-offset-checkpoint`); whole segments below it are removed, never the active
+        one. An offset at or below the start changes nothing. Returns the log start offset.
+        OffsetOutOfRangeError past the log end."""
+        with self._writer:
+            self._check_writable()
+            if offset > self._next_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records before {offset}: the log ends at "
+                    f"{self._next_offset}")
+            if offset <= self.log_start_offset:
+                return self.log_start_offset
+            try:
+                write_checkpoint(self.path, offset, file=LOG_START_FILE)
+                self._start = offset
+                segments = self._view[1]
+                count = 0
+                while count < len(segments) - 1 and segments[count + 1].base_offset <= offset:
+                    count += 1
+                if count:
+                    self._remove_oldest(count)
+            except OSError as exc:
+                raise self._fail("delete records", exc) from exc
+            return self.log_start_offset
 
     def _remove_oldest(self, count: int) -> None:
         bases, segments = self._view

@@ -59,10 +59,11 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def read_checkpoint(directory: str) -> int | None:
-    """The recovery point, or None when the file is missing or unreadable (then every segment
-    is validated)."""
-    path = os.path.join(directory, CHECKPOINT_FILE)
+def read_checkpoint(directory: str, file: str = CHECKPOINT_FILE) -> int | None:
+    """The recovery point (or the offset another checkpoint `file` holds, such as the log
+    start offset DeleteRecords advanced), or None when the file is missing or unreadable
+    (then every segment is validated)."""
+    path = os.path.join(directory, file)
     try:
         with open(path, "rb") as f:
             text = f.read(_CHECKPOINT_MAX_BYTES + 1)
@@ -77,20 +78,21 @@ def read_checkpoint(directory: str) -> int | None:
         if offset < 0:
             raise ValueError(f"negative offset {offset}")
     except (ValueError, IndexError) as exc:
-        logger.warning("%s: unreadable (%s); validating every segment", path, exc)
+        logger.warning("%s: unreadable (%s); ignoring it", path, exc)
         return None
     return offset
 
 
-def write_checkpoint(directory: str, offset: int, settled: Iterable[str] = ()) -> None:
-    """Replace the recovery point atomically (temporary file, fsync, rename, fsync the
-    directory), then settle the `settled` files below its mtime."""
+def write_checkpoint(directory: str, offset: int, settled: Iterable[str] = (),
+                     file: str = CHECKPOINT_FILE) -> None:
+    """Replace the recovery point (or checkpoint `file`) atomically (temporary file, fsync,
+    rename, fsync the directory), then settle the `settled` files below its mtime."""
     name = os.path.basename(os.path.normpath(directory))
     try:
         topic, partition = parse_partition_dir(name)
     except StorageError:  # a directory not named <topic>-<partition> (tests, tools)
         topic, partition = name.replace(" ", "_") or "-", 0
-    path = os.path.join(directory, CHECKPOINT_FILE)
+    path = os.path.join(directory, file)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(f"0\n1\n{topic} {partition} {offset}\n".encode())

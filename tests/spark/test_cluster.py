@@ -151,3 +151,26 @@ def test_default_save_creates_a_missing_topic_in_the_cluster(spark, cluster: Run
     assert sorted(r.value for r in back) == sorted([b"m%d" % i for i in range(40)] * 2)
     assert {r.partition for r in back} == {0, 1}
     assert read(spark, cluster, subscribe="single").count() == 40
+
+
+def test_a_grown_topic_is_read_whole_by_the_next_plan(spark, cluster: Running) -> None:
+    """CreatePartitions / `tq topic add-partitions`: Spark plans each read from the catalog,
+    so a read after the topic grew covers the new partitions."""
+    with Cluster(cluster.address, cluster.secret) as session:
+        info = session.create_topic("growing", 1)
+
+        def send(partition: int, value: bytes) -> None:
+            found = session.lookup_topic("growing")
+            address = found.brokers[found.topic.locations[partition]]
+            with Producer(address, "growing", partition, secret=cluster.secret) as producer:
+                producer.send_batch(encode_batch([(1000, None, value, ())]))
+                producer.close(end=False)
+
+        send(0, b"before")
+        assert [(r.partition, r.value) for r in read(spark, cluster, subscribe="growing")
+                .collect()] == [(0, b"before")]
+        grown = session.alter_topic("growing", partitions=3)
+        assert grown.topic.partitions == 3 and info.topic.topic_id == grown.topic.topic_id
+        send(2, b"after")
+    rows = read(spark, cluster, subscribe="growing").collect()
+    assert sorted((r.partition, r.value) for r in rows) == [(0, b"before"), (2, b"after")]

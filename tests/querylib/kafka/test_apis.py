@@ -99,6 +99,14 @@ def _minimal(api_key: int) -> dict:
         ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
         ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
         ApiKey.DESCRIBE_CONFIGS: {"resources": []},
+        ApiKey.DELETE_TOPICS: {"topic_names": [], "timeout": 1000},
+        ApiKey.DELETE_RECORDS: {"topics": [], "timeout": 1000},
+        ApiKey.DELETE_GROUPS: {"groups_names": []},
+        ApiKey.CREATE_PARTITIONS: {"topics": [], "timeout": 1000, "validate_only": False},
+        ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [], "validate_only": False},
+        ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": []},
+        ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False,
+                                  "endpoint_type": 1, "include_fenced_brokers": False},
         ApiKey.SASL_HANDSHAKE: {"mechanism": "PLAIN"},
         ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b""},
     }[api_key]
@@ -120,7 +128,7 @@ FIRST_FLEXIBLE = {
     ApiKey.JOIN_GROUP: 6, ApiKey.HEARTBEAT: 4, ApiKey.LEAVE_GROUP: 4, ApiKey.SYNC_GROUP: 4,
     ApiKey.DESCRIBE_GROUPS: 5, ApiKey.LIST_GROUPS: 3, ApiKey.API_VERSIONS: 3,
     ApiKey.CREATE_TOPICS: 5, ApiKey.INIT_PRODUCER_ID: 2, ApiKey.DESCRIBE_CONFIGS: 4,
-    ApiKey.SASL_AUTHENTICATE: 2,
+    ApiKey.SASL_AUTHENTICATE: 2, ApiKey.DESCRIBE_CLUSTER: 0,
 }
 
 

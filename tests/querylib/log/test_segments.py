@@ -154,3 +154,30 @@ def test_offset_for_timestamp_finds_the_first_record_at_or_after_it(tmp_path):
     with PartitionLog.open(tmp_path / "t-0", config) as log:  # from the time index files
         assert log.offset_for_timestamp(500) == 5
         assert log.offset_for_timestamp(901) is None
+
+
+def test_delete_records_moves_the_log_start_removes_whole_segments_and_survives_a_reopen(
+        tmp_path):
+    """Kafka's DeleteRecords: reads below the new start fail, the segments wholly below it go,
+    the one holding it stays, and a reopen keeps the start (log-start-offset-checkpoint)."""
+    config = LogConfig(segment_bytes=3 * BATCH)
+    with PartitionLog.open(tmp_path / "t-0", config) as log:
+        _fill(log, 10)  # segments at 0, 6, 12, 18; two records a batch
+        assert log.delete_records(14) == 14
+        assert log.log_start_offset == 14
+        assert [s.base_offset for s in log.segments] == [12, 18]
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read(12, 1 << 20)
+        assert [base_offset_of(b) for b in split_batches(log.read(14, 1 << 20))] == [14, 16]
+        assert log.delete_records(3) == 14  # below the start: nothing changes
+        with pytest.raises(OffsetOutOfRangeError):
+            log.delete_records(21)
+    assert not os.path.exists(tmp_path / "t-0" / "00000000000000000006.log")
+    with PartitionLog.open(tmp_path / "t-0", config) as log:
+        assert log.log_start_offset == 14
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read(13, 1 << 20)
+        assert log.delete_records(20) == 20  # up to the end: every record goes, the
+        assert [s.base_offset for s in log.segments] == [18]  # active segment stays
+        log.append(make_batch(1))
+        assert log.log_end_offset == 21
