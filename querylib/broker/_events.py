@@ -224,6 +224,10 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     # Idempotent batches of the log's tail, oldest first: (producer id, epoch, first sequence,
     # last sequence, base offset, next offset); see _producer_state.
     producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
+    # Kafka transactions of the log's tail: open ((producer id, first offset), ...) and
+    # aborted ((producer id, first offset, marker offset), ...); see _host._scan_tail.
+    open_transactions: tuple[tuple[int, int], ...] = ()
+    aborted_transactions: tuple[tuple[int, int, int], ...] = ()
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

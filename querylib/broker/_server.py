@@ -315,7 +315,7 @@ class BrokerServer:
                                        self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
-                                   groups, opened.producers))
+                                   groups, opened.producers, *opened.transactions))
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 

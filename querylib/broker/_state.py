@@ -33,10 +33,12 @@ from typing import Any
 
 from catalog.errors import TqError
 from querylib.errors import InvalidLengthError, StorageError
+from querylib.records._control import ControlType, control_of
+from querylib.records._decode import decode_batch
 from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
-from querylib.records._types import CONTROL_BIT
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
-from ._access import check_principal
+from ._access import SYSTEM, check_principal
 from ._credit import CreditWindow
 from ._errors import (
     BatchTooLargeError,
@@ -92,7 +94,7 @@ from ._frontier import (
     StreamReopened,
 )
 from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
-from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._model import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
 from ._producer_state import BatchMark, ProducerStateTable, last_sequence
 from ._state_admission import AdmissionRules
 from ._state_groups import WriterGroupRules
@@ -199,8 +201,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         frontier in force at its end."""
         part = self._partition(pid)
         return PartitionInfo(topic=pid[0], partition=pid[1], log_start=part.log_start,
-                             log_end=part.visible_end, frontier=part.visible_frontier,
-                             ended=part.visible_ended)
+                             log_end=part.stable_end, frontier=part.visible_frontier,
+                             ended=part.visible_ended, high_watermark=part.visible_end)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -302,7 +304,10 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                                        groups=ev.groups),
             visible_frontier=ev.frontier, visible_ended=ev.ended,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
-        self.partitions[ev.partition].producers.learn_all(ev.producers)
+        part = self.partitions[ev.partition]
+        part.producers.learn_all(ev.producers)
+        part.open_txns.update(ev.open_transactions)
+        part.aborted.extend(ev.aborted_transactions)
         return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
@@ -407,8 +412,14 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if header.size != len(batch):
             raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
                                      f"got {len(batch)} bytes")
-        if batch[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        attributes = batch[ATTRIBUTES_OFFSET + 1]
+        txn = None
+        if attributes & CONTROL_BIT:
+            txn = self._marker(session, header.producer_id, attributes, batch)
+        elif attributes & TRANSACTIONAL_BIT:
+            if header.producer_id < 0:
+                raise BrokerProtocolError("a transactional batch needs a producer id")
+            txn = (header.producer_id, TXN_DATA)
         seq = None
         if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
             seq = (header.producer_id, header.producer_epoch, header.base_sequence,
@@ -427,7 +438,22 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if seq is not None:
             part.producers.appended(*seq, append.ticket)
             part.inflight[-1].seq = (seq[0], seq[2])
+        part.inflight[-1].txn = txn
         return [append]
+
+    @staticmethod
+    def _marker(session: Session, producer_id: int, attributes: int,
+                batch: Any) -> tuple[int, int]:
+        """(producer id, ABORT or COMMIT) of a Kafka transaction marker: a transactional
+        control batch of one record, which only tq's transaction coordinator ("system")
+        writes. Any other control batch is the broker's own to write."""
+        if session.principal != SYSTEM or not attributes & TRANSACTIONAL_BIT or producer_id < 0:
+            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        records = decode_batch(batch).records
+        kind = control_of(records[0])[0] if len(records) == 1 else None
+        if kind not in (ControlType.ABORT, ControlType.COMMIT):
+            raise BrokerProtocolError("a transaction marker holds one ABORT or COMMIT record")
+        return producer_id, int(kind)
 
     def _duplicate(self, part: PartitionState, mark: BatchMark, token: Any) -> list[Instruction]:
         """Answer a batch sent again with the offsets it got the first time, once durable:
@@ -496,6 +522,16 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             token, session = None, None  # one answer per request
         return out
 
+    def _transaction_ended(self, part: PartitionState, producer_id: int, kind: int,
+                           marker: int) -> None:
+        """A transaction's marker is durable: it no longer holds back the stable end; an
+        aborted one is remembered so its records are never read as committed."""
+        first = part.open_txns.pop(producer_id, None)
+        if kind == ControlType.ABORT and first is not None:
+            part.aborted.append((producer_id, first, marker))
+            while len(part.aborted) > self.limits.max_aborted_transactions:
+                part.aborted.popleft()
+
     def _check_can_send(self, session: Session) -> None:
         if not session.window.can_send():
             raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
@@ -532,6 +568,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         entry.base, entry.next = ev.base_offset, ev.next_offset
         if entry.seq is not None:
             part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
+        if entry.txn is not None and entry.txn[1] == TXN_DATA:
+            part.open_txns.setdefault(entry.txn[0], ev.base_offset)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self._retention(part, ev.log_start)
@@ -575,6 +613,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 part.visible_ended = False
             elif entry.control is None:
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
+            if entry.txn is not None and entry.txn[1] != TXN_DATA:
+                self._transaction_ended(part, entry.txn[0], entry.txn[1], entry.base)
         # Durable data is visible up to the first append not yet durable. (At open, the log
         # may report a durable end below its end; a later flush then uncovers that data.)
         bound = part.unflushed[0].base if part.unflushed else part.log_end
