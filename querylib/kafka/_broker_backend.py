@@ -40,6 +40,7 @@ import hmac
 import json
 import logging
 import os
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -83,8 +84,14 @@ from querylib.kafka._offsets_format import (
     encode_offset,
 )
 from querylib.kafka._producers import ProducerStateTable
-from querylib.log import record_at_timestamp
-from querylib.records import encode_batch, read_header, verify_batch
+from querylib.kafka._txn import TRANSACTIONS_TOPIC, TransactionCoordinator, Txn
+from querylib.log import data_records, record_at_timestamp
+from querylib.records import (
+    encode_batch,
+    read_header,
+    transaction_marker_batch,
+    verify_batch,
+)
 from querylib.rpc import kafka_password
 
 __all__ = ["OFFSETS_TOPIC", "BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
@@ -95,6 +102,8 @@ PartitionId = tuple[str, int]
 OFFSETS_TOPIC = "__consumer_offsets"
 MAX_WRITERS = 256  # principals with a broker session open for their Kafka produces
 OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
+TRANSACTIONS: PartitionId = (TRANSACTIONS_TOPIC, 0)
+TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their timeout
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
@@ -284,6 +293,8 @@ class BrokerBackend:
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
         self._unwatch: Any = None
+        self._txns = TransactionCoordinator(self)
+        self._expiry: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -297,13 +308,31 @@ class BrokerBackend:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._store.replay, log, end)
         await loop.run_in_executor(None, self._read_meta)
+        txn_pid = await self.port.ensure(*TRANSACTIONS, create=True)
+        txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
+        records = await loop.run_in_executor(
+            None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
+        self._txns.replay(records)
+        await self._txns.recover()
+        self._expiry = asyncio.create_task(self._expire_transactions())
         return self
+
+    async def _expire_transactions(self) -> None:
+        while True:
+            await asyncio.sleep(TXN_CHECK_INTERVAL)
+            try:
+                await self._txns.expire()
+            except TqError as exc:  # the broker is stopping, or a write failed: next round
+                logger.warning("aborting timed-out transactions: %s", exc)
 
     def advertise(self, port: int) -> None:
         """Set the port clients are told (once the listener has bound)."""
         self._me = BrokerInfo(self._me.node_id, self.config.advertised, port)
 
     async def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
@@ -439,10 +468,11 @@ class BrokerBackend:
 
     def _offsets(self, pid: PartitionId) -> PartitionOffsets:
         info = self.port.info(pid)
-        return PartitionOffsets(info.log_start, info.log_end, info.log_end)
+        high = info.high_watermark if info.high_watermark >= 0 else info.log_end
+        return PartitionOffsets(info.log_start, high, info.log_end)
 
     async def read(self, topic: str, partition: int, offset: int,
-                   max_bytes: int) -> PartitionRead:
+                   max_bytes: int, *, committed: bool = False) -> PartitionRead:
         pid = await self._hosted(topic, partition)
         offsets = self._offsets(pid)
         if not offsets.log_start_offset <= offset <= offsets.high_watermark:
@@ -450,11 +480,14 @@ class BrokerBackend:
                 f"offset {offset} of {topic}-{partition} is outside "
                 f"{offsets.log_start_offset}..{offsets.high_watermark}")
         read = PartitionRead(offsets)
-        if offset < offsets.high_watermark:
+        end = offsets.last_stable_offset if committed else offsets.high_watermark
+        if committed:
+            read.aborted = self.port.aborted_transactions(pid, offset, end)
+        if offset < end:
             log = self.port.log(pid)
             while True:
                 try:
-                    chunk = log.read_slice(offset, max_bytes, end_offset=offsets.high_watermark)
+                    chunk = log.read_slice(offset, max_bytes, end_offset=end)
                     break
                 except QuarantinedDataError as exc:
                     # Offsets `tq log repair` quarantined are a gap Kafka clients step over,
@@ -559,6 +592,35 @@ class BrokerBackend:
             os.replace(tmp, path)
         except OSError as exc:
             raise StorageError(f"{path}: cannot write: {exc}") from exc
+
+    # ---- transactions (the coordinator's TxnLog) -----------------------------------------------
+
+    @property
+    def transactions(self) -> TransactionCoordinator:
+        return self._txns
+
+    async def write_txn(self, txn: Txn) -> None:
+        await self._system.produce(TRANSACTIONS, encode_batch(
+            [(self._now_ms(), *txn.encode(), ())]), create=True)
+
+    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
+                           commit: bool) -> None:
+        pid = (TopicName.parse(topic).short, partition)
+        part = self._partition(pid)
+        async with part.lock:
+            await self._system.produce(pid, transaction_marker_batch(
+                producer_id, epoch, commit, timestamp=self._now_ms()), create=False)
+            part.producers.fence(producer_id, epoch)
+
+    async def commit_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
+        await self.store_offsets(group_id, offsets)
+
+    def hosts_partition(self, topic: str, partition: int) -> bool:
+        return self.port.hosts((TopicName.parse(topic).short, partition))
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)
 
     # ---- groups -------------------------------------------------------------------------------
 

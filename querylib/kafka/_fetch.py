@@ -16,7 +16,8 @@ versions; tests check it byte for byte against kio's encoding of the same respon
         high_watermark      int64
         last_stable_offset  int64
         log_start_offset    int64   v5+
-        aborted_transactions  nullable [producer_id int64, first_offset int64]  (always null)
+        aborted_transactions  nullable [producer_id int64, first_offset int64]  (null unless
+                                read_committed)
         preferred_read_replica  int32   v11+  (always -1)
         records             nullable bytes (int32 length): whole stored batches
 
@@ -38,6 +39,7 @@ _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _PARTITION_V4 = struct.Struct(">ihqq")  # index, error_code, high_watermark, last_stable_offset
 _I64 = struct.Struct(">q")
+_ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _NULL_ARRAY = _I32.pack(-1)
 _NO_REPLICA = _I32.pack(-1)
 
@@ -60,6 +62,7 @@ class FetchedPartition:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: Sequence[Chunk] = field(default_factory=tuple)
+    aborted: Sequence[tuple[int, int]] | None = None  # (producer id, first offset)
 
     @property
     def records_size(self) -> int:
@@ -102,7 +105,12 @@ def encode_fetch_response(
                                           p.last_stable_offset)
             if version >= 5:
                 pending += _I64.pack(p.log_start_offset)
-            pending += _NULL_ARRAY
+            if p.aborted is None:
+                pending += _NULL_ARRAY
+            else:
+                pending += _I32.pack(len(p.aborted))
+                for producer_id, first_offset in p.aborted:
+                    pending += _ABORTED.pack(producer_id, first_offset)
             if version >= 11:
                 pending += _NO_REPLICA
             pending += _I32.pack(p.records_size)

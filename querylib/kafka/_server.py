@@ -64,6 +64,7 @@ from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_service import GroupService
 from querylib.kafka._handlers import DataHandlers, RawResponse, RequestContext, api_versions_error
 from querylib.kafka._sasl import MECHANISMS, SaslExchange, principal_of_username
+from querylib.kafka._txn_service import TxnHandlers
 
 __all__ = ["KafkaListener", "ListenerStats"]
 
@@ -271,6 +272,7 @@ class KafkaListener:
         self.groups = GroupService(backend, group_config)
         self._tcp: TcpListener | None = None
         g = self.groups
+        txn = TxnHandlers(backend)
         self._handlers: dict[int, Handler] = {
             ApiKey.PRODUCE: self._data.produce,
             ApiKey.FETCH: self._data.fetch,
@@ -289,6 +291,10 @@ class KafkaListener:
             ApiKey.CREATE_TOPICS: self._data.create_topics,
             ApiKey.INIT_PRODUCER_ID: self._data.init_producer_id,
             ApiKey.DESCRIBE_CONFIGS: self._data.describe_configs,
+            ApiKey.ADD_PARTITIONS_TO_TXN: txn.add_partitions_to_txn,
+            ApiKey.ADD_OFFSETS_TO_TXN: txn.add_offsets_to_txn,
+            ApiKey.END_TXN: txn.end_txn,
+            ApiKey.TXN_OFFSET_COMMIT: txn.txn_offset_commit,
         }
 
     @property

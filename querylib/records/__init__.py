@@ -30,6 +30,7 @@ from querylib.records._control import (
     frontier_batch,
     frontier_of,
     reopen_batch,
+    transaction_marker_batch,
 )
 from querylib.records._decode import decode_batch, verify_batch
 from querylib.records._encode import encode_batch
@@ -78,6 +79,7 @@ __all__ = [
     "iter_batches",
     "read_header",
     "reopen_batch",
+    "transaction_marker_batch",
     "stamp_base_offset",
     "stamp_producer",
     "value_runs",

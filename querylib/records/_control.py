@@ -6,9 +6,11 @@ Control batches (attributes bit 5) hold records whose key is Kafka's control key
                     100 FRONTIER, 101 END_OF_STREAM, 102 REOPEN (tq's; Kafka clients skip
                     control batches)
 tq's control batches have producerId -1 and are not transactional, so Kafka consumers in
-read_committed mode never take them for transaction markers. A FRONTIER record's value is the new
-frontier as int64 big-endian; END_OF_STREAM and REOPEN records have a null value. A REOPEN
-follows an END_OF_STREAM when a writer reopened the stream explicitly: that end is superseded.
+read_committed mode never take them for transaction markers. Transaction markers (ABORT,
+COMMIT) are Kafka's: transactional control batches of the transaction's producer. A FRONTIER
+record's value is the new frontier as int64 big-endian; END_OF_STREAM and REOPEN records have a
+null value. A REOPEN follows an END_OF_STREAM when a writer reopened the stream explicitly:
+that end is superseded.
 
 tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
 (the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
@@ -76,6 +78,20 @@ def end_of_stream_batch(*, timestamp: int) -> bytes:
 def reopen_batch(*, timestamp: int) -> bytes:
     """A control batch of one REOPEN record: the stream that ended goes on."""
     return encode_batch([(timestamp, control_key(ControlType.REOPEN), None, ())],
+                        is_control=True)
+
+
+_MARKER_VALUE = struct.Struct(">hi")  # EndTransactionMarker: version 0, coordinator epoch
+
+
+def transaction_marker_batch(producer_id: int, epoch: int, commit: bool, *,
+                             timestamp: int) -> bytes:
+    """A Kafka transaction marker: a transactional control batch of the producer holding one
+    COMMIT or ABORT record (Kafka's EndTransactionMarker value: version 0, coordinator
+    epoch 0)."""
+    kind = ControlType.COMMIT if commit else ControlType.ABORT
+    return encode_batch([(timestamp, control_key(kind), _MARKER_VALUE.pack(0, 0), ())],
+                        producer_id=producer_id, producer_epoch=epoch, is_transactional=True,
                         is_control=True)
 
 

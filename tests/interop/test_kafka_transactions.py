@@ -67,6 +67,7 @@ def test_commit_and_abort_markers_and_read_committed(kafka_server: KafkaServer) 
         if commit:
             p.commit_transaction(20)
         else:
+            assert p.flush(20) == 0  # in the log, then aborted (not purged by the client)
             p.abort_transaction(20)
     committed = [f"{n}-{i}".encode() for n in (0, 2) for i in range(5)]
     assert [v for _, v in read_all(kafka_server, "txn", "read_committed")] == committed
