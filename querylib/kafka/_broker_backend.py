@@ -62,6 +62,9 @@ from querylib.broker import (
     ProduceRequest,
     SessionLink,
 )
+from querylib.broker import (
+    UnknownPartitionError as BrokerUnknownPartitionError,
+)
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
 from querylib.kafka._backend import (
@@ -308,12 +311,16 @@ class BrokerBackend:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._store.replay, log, end)
         await loop.run_in_executor(None, self._read_meta)
-        txn_pid = await self.port.ensure(*TRANSACTIONS, create=True)
-        txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
-        records = await loop.run_in_executor(
-            None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
-        self._txns.replay(records)
-        await self._txns.recover()
+        try:  # made by the first transactional producer
+            txn_pid = await self.port.ensure(*TRANSACTIONS, create=False)
+        except BrokerUnknownPartitionError:
+            pass
+        else:
+            txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
+            records = await loop.run_in_executor(
+                None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
+            self._txns.replay(records)
+            await self._txns.recover()
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
 

@@ -89,6 +89,16 @@ def _minimal(api_key: int) -> dict:
         ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
         ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
         ApiKey.DESCRIBE_CONFIGS: {"resources": []},
+        ApiKey.ADD_PARTITIONS_TO_TXN: {"v3_and_below_transactional_id": "t",
+                                       "v3_and_below_producer_id": 1,
+                                       "v3_and_below_producer_epoch": 0,
+                                       "v3_and_below_topics": []},
+        ApiKey.ADD_OFFSETS_TO_TXN: {"transactional_id": "t", "producer_id": 1,
+                                    "producer_epoch": 0, "group_id": "g"},
+        ApiKey.END_TXN: {"transactional_id": "t", "producer_id": 1, "producer_epoch": 0,
+                         "committed": True},
+        ApiKey.TXN_OFFSET_COMMIT: {"transactional_id": "t", "group_id": "g",
+                                   "producer_id": 1, "producer_epoch": 0, "topics": []},
         ApiKey.SASL_HANDSHAKE: {"mechanism": "PLAIN"},
         ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b""},
     }[api_key]
@@ -96,7 +106,7 @@ def _minimal(api_key: int) -> dict:
 
 @pytest.mark.parametrize(("api_key", "version"), [
     (ApiKey.FETCH, 3), (ApiKey.FETCH, 12), (ApiKey.METADATA, 9), (ApiKey.API_VERSIONS, 4),
-    (ApiKey.OFFSET_COMMIT, 8), (25, 0), (-1, 0), (1000, 0)])
+    (ApiKey.OFFSET_COMMIT, 8), (ApiKey.END_TXN, 3), (27, 0), (-1, 0), (1000, 0)])
 def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int) -> None:
     with pytest.raises(UnsupportedRequestError):
         decode_request(api_key, version, b"", 0)
