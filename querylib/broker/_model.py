@@ -95,6 +95,9 @@ class PartitionState(msgspec.Struct):
     # offset, past which tq's readers and read_committed consumers never read.
     open_txns: dict[int, int] = msgspec.field(default_factory=dict)
     aborted: deque[tuple[int, int, int]] = msgspec.field(default_factory=deque)
+    # producer id -> epoch of its last marker here: older epochs' batches are fenced
+    # (at most max_producer_ids, the least recently marked forgotten first)
+    marked_epochs: dict[int, int] = msgspec.field(default_factory=dict)
 
     @property
     def stable_end(self) -> int:

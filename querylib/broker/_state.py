@@ -38,7 +38,7 @@ from querylib.records._decode import decode_batch
 from querylib.records._header import ATTRIBUTES_OFFSET, read_header, stamp_base_offset
 from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
-from ._access import SYSTEM, check_principal
+from ._access import ADMIN, SYSTEM, check_principal
 from ._credit import CreditWindow
 from ._errors import (
     BatchTooLargeError,
@@ -47,6 +47,7 @@ from ._errors import (
     NotProducerError,
     PartitionBusyError,
     PrincipalError,
+    ProducerFencedError,
     StreamEndedError,
     UnknownPartitionError,
     UnknownSessionError,
@@ -416,9 +417,18 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         txn = None
         if attributes & CONTROL_BIT:
             txn = self._marker(session, header.producer_id, attributes, batch)
+            marked = part.marked_epochs.pop(header.producer_id, -1)
+            part.marked_epochs[header.producer_id] = max(marked, header.producer_epoch)
+            while len(part.marked_epochs) > self.limits.max_producer_ids:
+                del part.marked_epochs[next(iter(part.marked_epochs))]
         elif attributes & TRANSACTIONAL_BIT:
             if header.producer_id < 0:
                 raise BrokerProtocolError("a transactional batch needs a producer id")
+            marked = part.marked_epochs.get(header.producer_id)
+            if marked is not None and header.producer_epoch < marked:
+                raise ProducerFencedError(
+                    f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
+                    f"its transactions here ended at epoch {marked}")
             txn = (header.producer_id, TXN_DATA)
         seq = None
         if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
@@ -445,9 +455,11 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
     def _marker(session: Session, producer_id: int, attributes: int,
                 batch: Any) -> tuple[int, int]:
         """(producer id, ABORT or COMMIT) of a Kafka transaction marker: a transactional
-        control batch of one record, which only tq's transaction coordinator ("system")
-        writes. Any other control batch is the broker's own to write."""
-        if session.principal != SYSTEM or not attributes & TRANSACTIONAL_BIT or producer_id < 0:
+        control batch of one record, which only tq's transaction coordinator writes
+        ("system" in the broker's process, "admin" from the coordinator's broker over RPC).
+        Any other control batch is the broker's own to write."""
+        if session.principal not in (SYSTEM, ADMIN) or not attributes & TRANSACTIONAL_BIT \
+                or producer_id < 0:
             raise BrokerProtocolError("control batches are written by the broker, not producers")
         records = decode_batch(batch).records
         kind = control_of(records[0])[0] if len(records) == 1 else None

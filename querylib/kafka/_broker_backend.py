@@ -56,6 +56,7 @@ from catalog.errors import (
     TqError,
 )
 from querylib.broker import (
+    BrokerLink,
     BrokerPort,
     NotProducerError,
     OpenProducerRequest,
@@ -77,7 +78,7 @@ from querylib.kafka._backend import (
     PartitionRead,
     TopicInfo,
 )
-from querylib.kafka._errors import NotLeaderError, UnknownPartitionError
+from querylib.kafka._errors import InvalidTxnStateError, NotLeaderError, UnknownPartitionError
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import (
@@ -174,6 +175,11 @@ class KafkaCluster(Protocol):
         CoordinatorNotAvailableError when there is none to name now."""
         ...
 
+    def broker_address(self, node_id: int) -> str | None:
+        """The RPC address of broker `node_id` (where the transaction coordinator writes its
+        markers into partitions it does not host), None when unknown."""
+        ...
+
 
 class StandaloneCluster:
     """A broker alone: the topics are the partitions it hosts; it leads them all."""
@@ -219,6 +225,9 @@ class StandaloneCluster:
 
     async def group_coordinator(self) -> BrokerInfo | None:
         return None  # a broker alone coordinates its own groups
+
+    def broker_address(self, node_id: int) -> str | None:
+        return None  # no other broker
 
 
 @dataclass
@@ -296,6 +305,8 @@ class BrokerBackend:
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
         self._unwatch: Any = None
+        self._secret = secret
+        self._remote: OrderedDict[str, _Writer] = OrderedDict()  # RPC address -> admin link
         self._txns = TransactionCoordinator(self)
         self._expiry: asyncio.Task[None] | None = None
 
@@ -343,9 +354,10 @@ class BrokerBackend:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        for writer in list(self._writers.values()):
+        for writer in [*self._writers.values(), *self._remote.values()]:
             await writer.link.close()
         self._writers.clear()
+        self._remote.clear()
         await self._system.link.close()
         for waiters in self._waiters.values():
             for future in waiters:
@@ -613,17 +625,58 @@ class BrokerBackend:
     async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
                            commit: bool) -> None:
         pid = (TopicName.parse(topic).short, partition)
+        marker = transaction_marker_batch(producer_id, epoch, commit, timestamp=self._now_ms())
+        if not self.port.hosts(pid) and not await self.cluster.placed_here(
+                TopicName.parse(topic), partition):
+            writer = await self._remote_writer(await self._leader_address(pid))
+            await writer.produce(pid, marker, create=False)
+            return
         part = self._partition(pid)
         async with part.lock:
-            await self._system.produce(pid, transaction_marker_batch(
-                producer_id, epoch, commit, timestamp=self._now_ms()), create=False)
+            await self._system.produce(pid, marker, create=False)
             part.producers.fence(producer_id, epoch)
+
+    async def marks_partition(self, topic: str, partition: int) -> bool:
+        pid = (TopicName.parse(topic).short, partition)
+        if self.port.hosts(pid):
+            return True
+        try:
+            await self._leader_address(pid)
+        except TqError:
+            return False
+        return True
+
+    async def _leader_address(self, pid: PartitionId) -> str:
+        """The RPC address of the broker leading `pid`, which this one may write markers to
+        (as the admin: it holds the cluster secret)."""
+        known = await self.cluster.kafka_topics([pid[0]])
+        if not known or not 0 <= pid[1] < len(known[0].partitions):
+            raise UnknownPartitionError(f"topic {pid[0]!r} has no partition {pid[1]}")
+        address = self.cluster.broker_address(known[0].partitions[pid[1]].leader)
+        if address is None or self._secret is None:
+            raise InvalidTxnStateError(
+                f"{pid[0]}-{pid[1]} is on a broker the transaction coordinator cannot write to")
+        return address
+
+    async def _remote_writer(self, address: str) -> _Writer:
+        """An admin session on the broker at `address`, opened on first use (at most
+        MAX_WRITERS, the least recently used closed)."""
+        async with self._writers_lock:
+            writer = self._remote.get(address)
+            if writer is not None:
+                self._remote.move_to_end(address)
+                return writer
+            assert self._secret is not None
+            writer = _Writer(BrokerLink(address, self._secret, lease=self.config.lease))
+            await writer.link.start()
+            self._remote[address] = writer
+            while len(self._remote) > MAX_WRITERS:
+                _, old = self._remote.popitem(last=False)
+                await old.link.close()
+            return writer
 
     async def commit_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
         await self.store_offsets(group_id, offsets)
-
-    def hosts_partition(self, topic: str, partition: int) -> bool:
-        return self.port.hosts((TopicName.parse(topic).short, partition))
 
     @staticmethod
     def _now_ms() -> int:

@@ -19,8 +19,8 @@ restarted with the same transactional.id fences the old and goes on.
 
 The coordinator is the group coordinator's broker (FindCoordinator key type 1 names the same
 broker as for groups), so TxnOffsetCommit meets the transaction it belongs to here. Markers are
-written through the broker's port into partitions it hosts; a partition on another broker is
-refused (AddPartitionsToTxn: INVALID_TXN_STATE; DESIGN §8 says what is not done yet).
+written through the broker's port into partitions it hosts, and over RPC (as the admin) into
+partitions of other brokers (`TxnLog.write_marker`).
 
 Must not: append to a log itself (the `TxnLog` it is given does, through the broker's door), or
 decide who may write a topic (the broker's core admits every write).
@@ -46,6 +46,7 @@ from querylib.kafka._errors import (
     PolicyViolationError,
     ProducerFencedError,
     TransactionalIdAuthorizationError,
+    UnknownPartitionError,
 )
 
 __all__ = ["TRANSACTIONS_TOPIC", "Txn", "TxnLog", "TransactionCoordinator"]
@@ -108,8 +109,9 @@ class TxnLog(Protocol):
 
     async def allocate_producer_id(self) -> int: ...
 
-    def hosts_partition(self, topic: str, partition: int) -> bool:
-        """Whether markers can be written into this partition here."""
+    async def marks_partition(self, topic: str, partition: int) -> bool:
+        """Whether this coordinator can write markers into the partition (hosted here, or
+        on a broker it can reach)."""
         ...
 
 
@@ -190,10 +192,10 @@ class TransactionCoordinator:
             if not added and txn.state == ONGOING:
                 return
             for topic, partition in added:
-                if not self.log.hosts_partition(topic, partition):
-                    raise InvalidTxnStateError(
-                        f"{topic}-{partition} is not on the transaction coordinator's broker; "
-                        "tq's transactions span the partitions of one broker")
+                if not await self.log.marks_partition(topic, partition):
+                    raise UnknownPartitionError(
+                        f"{topic}-{partition}: no such partition the transaction coordinator "
+                        "can reach")
             if len(txn.partitions) + len(added) > MAX_TXN_PARTITIONS:
                 raise PolicyViolationError(
                     f"a transaction spans at most {MAX_TXN_PARTITIONS} partitions")
