@@ -30,8 +30,7 @@ from typing import Any
 
 from catalog.errors import TqError
 from querylib.errors import OffsetOutOfRangeError, StorageError
-from querylib.records._header import ATTRIBUTES_OFFSET, read_header
-from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
+from querylib.records._control import without_aborted
 
 from ._credit import CreditWindow
 from ._errors import BrokerProtocolError, CreditExceededError
@@ -52,7 +51,7 @@ from ._events import (
 from ._messages import Done, Subscribed
 from ._model import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
 
-__all__ = ["SubscriptionRules", "aborted_between", "without_aborted"]
+__all__ = ["SubscriptionRules", "aborted_between", "without_aborted_in"]
 
 
 def aborted_between(part: PartitionState, start: int,
@@ -66,27 +65,10 @@ def aborted_between(part: PartitionState, start: int,
     return [a for a in (aborted[j] for j in range(i, len(aborted))) if a[1] < end]
 
 
-def without_aborted(part: PartitionState, data: bytes, start: int, end: int) -> bytes:
+def without_aborted_in(part: PartitionState, data: bytes, start: int, end: int) -> bytes:
     """`data` (whole batches holding [start, end)) without the batches of aborted
     transactions; `data` itself when it holds none."""
-    ranges = aborted_between(part, start, end)
-    if not ranges:
-        return data
-    kept: list[bytes] = []
-    pos = taken = 0
-    view = memoryview(data)
-    while pos < len(data):
-        header = read_header(data, pos)
-        following = pos + header.size
-        attributes = data[pos + ATTRIBUTES_OFFSET + 1]
-        if (attributes & TRANSACTIONAL_BIT and not attributes & CONTROL_BIT
-                and any(pid == header.producer_id and first <= header.base_offset < marker
-                        for pid, first, marker in ranges)):
-            kept.append(bytes(view[taken:pos]))
-            taken = following
-        pos = following
-    kept.append(bytes(view[taken:]))
-    return b"".join(kept)
+    return without_aborted(data, aborted_between(part, start, end))
 
 
 class SubscriptionRules:
@@ -260,8 +242,8 @@ class SubscriptionRules:
         if not ev.data or ev.next_offset <= ev.offset:
             return self._close_sub(sub, StorageError(
                 f"the log returned nothing at offset {ev.offset} below its visible end"))
-        data = without_aborted(self.partitions[sub.partition], ev.data, ev.offset,
-                               ev.next_offset)
+        data = without_aborted_in(self.partitions[sub.partition], ev.data, ev.offset,
+                                  ev.next_offset)
         out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
                                           ev.next_offset, data)]
         sub.credit.consume(len(data))

@@ -31,6 +31,7 @@ from querylib.records._control import (
     frontier_of,
     reopen_batch,
     transaction_marker_batch,
+    without_aborted,
 )
 from querylib.records._decode import decode_batch, verify_batch
 from querylib.records._encode import encode_batch
@@ -80,6 +81,7 @@ __all__ = [
     "read_header",
     "reopen_batch",
     "transaction_marker_batch",
+    "without_aborted",
     "stamp_base_offset",
     "stamp_producer",
     "value_runs",

@@ -23,7 +23,8 @@ from enum import IntEnum
 
 from querylib.errors import InvalidRecordError
 from querylib.records._encode import encode_batch
-from querylib.records._types import Record
+from querylib.records._header import read_header
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT, Record
 
 TIME_HEADER = "tq.time"
 DIFF_HEADER = "tq.diff"
@@ -93,6 +94,32 @@ def transaction_marker_batch(producer_id: int, epoch: int, commit: bool, *,
     return encode_batch([(timestamp, control_key(kind), _MARKER_VALUE.pack(0, 0), ())],
                         producer_id=producer_id, producer_epoch=epoch, is_transactional=True,
                         is_control=True)
+
+
+def without_aborted(data: bytes, aborted: list[tuple[int, int, int]]) -> bytes:
+    """`data` (whole batches) without the batches of the aborted Kafka transactions in
+    `aborted`, (producer id, first offset, marker offset) each: the transactional data
+    batches of that producer from its first offset up to its marker. `data` itself when none
+    is there."""
+    if not aborted:
+        return data
+    kept: list[bytes] = []
+    pos = taken = 0
+    view = memoryview(data)
+    while pos < len(data):
+        header = read_header(data, pos)
+        following = pos + header.size
+        attributes = header.attributes
+        if (attributes & TRANSACTIONAL_BIT and not attributes & CONTROL_BIT
+                and any(pid == header.producer_id and first <= header.base_offset < marker
+                        for pid, first, marker in aborted)):
+            kept.append(bytes(view[taken:pos]))
+            taken = following
+        pos = following
+    if taken == 0:
+        return data
+    kept.append(bytes(view[taken:]))
+    return b"".join(kept)
 
 
 def control_of(record: Record) -> tuple[ControlType, bytes | None]:
