@@ -39,6 +39,10 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     # Aborted Kafka transactions remembered per partition (the oldest forgotten first), for
     # read_committed fetches and to keep their records from tq's readers.
     max_aborted_transactions: int = 100_000
+    # A Kafka transaction open here this long (Kafka's largest transaction timeout, 15 min,
+    # and a minute for its coordinator) is aborted by the broker itself: a producer id that
+    # writes transactional batches no coordinator will end cannot hold the stable end back.
+    max_transaction_seconds: float = 960.0
 
 
 class Pending(msgspec.Struct):
@@ -98,6 +102,8 @@ class PartitionState(msgspec.Struct):
     # producer id -> epoch of its last marker here: older epochs' batches are fenced
     # (at most max_producer_ids, the least recently marked forgotten first)
     marked_epochs: dict[int, int] = msgspec.field(default_factory=dict)
+    # producer id -> (when the broker aborts its open transaction itself, its epoch)
+    txn_deadlines: dict[int, tuple[float, int]] = msgspec.field(default_factory=dict)
 
     @property
     def stable_end(self) -> int:

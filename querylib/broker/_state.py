@@ -114,6 +114,12 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
+def _encode_abort(producer_id: int, epoch: int, timestamp: int) -> bytes:
+    from querylib.records import transaction_marker_batch
+
+    return transaction_marker_batch(producer_id, epoch, False, timestamp=timestamp)
+
+
 def _encode_reopen(timestamp: int) -> bytes:
     from querylib.records import reopen_batch
 
@@ -129,6 +135,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                  encode_frontier: Callable[[int, int], bytes] = _encode_frontier,
                  encode_end: Callable[[int], bytes] = _encode_end,
                  encode_reopen: Callable[[int], bytes] = _encode_reopen,
+                 encode_abort: Callable[[int, int, int], bytes] = _encode_abort,
                  stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
         """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
         log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
@@ -139,6 +146,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         self._encode_frontier = encode_frontier
         self._encode_end = encode_end
         self._encode_reopen = encode_reopen
+        self._encode_abort = encode_abort
+        self._txn_partitions: set[PartitionId] = set()  # with a transaction open
         self.now = 0.0
         self.wall_ms = 0
         self.partitions: dict[PartitionId, PartitionState] = {}
@@ -227,6 +236,25 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         out: list[Instruction] = []
         for session in expired:
             out += self._end_session(session)
+        for pid in list(self._txn_partitions):
+            out += self._abort_stale_transactions(pid)
+        return out
+
+    def _abort_stale_transactions(self, pid: PartitionId) -> list[Instruction]:
+        """Abort the transactions open past `max_transaction_seconds` (no coordinator ended
+        them: the broker writes their ABORT marker itself)."""
+        part = self.partitions.get(pid)
+        if part is None or not part.txn_deadlines:
+            self._txn_partitions.discard(pid)
+            return []
+        out: list[Instruction] = []
+        for producer_id, (deadline, epoch) in list(part.txn_deadlines.items()):
+            if deadline <= self.now:
+                part.txn_deadlines[producer_id] = (float("inf"), epoch)  # being aborted
+                out.append(self._append(part, self._encode_abort(producer_id, epoch,
+                                                                 self.wall_ms),
+                                        None, None, 0, None))
+                part.inflight[-1].txn = (producer_id, int(ControlType.ABORT))
         return out
 
     def _open_session(self, ev: OpenSession) -> list[Instruction]:
@@ -309,6 +337,11 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         part.producers.learn_all(ev.producers)
         part.open_txns.update(ev.open_transactions)
         part.aborted.extend(ev.aborted_transactions)
+        for producer_id, _ in ev.open_transactions:
+            # Its epoch is not known here: 0 never fences a producer.
+            part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)
+        if part.txn_deadlines:
+            self._txn_partitions.add(ev.partition)
         return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
@@ -539,6 +572,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         """A transaction's marker is durable: it no longer holds back the stable end; an
         aborted one is remembered so its records are never read as committed."""
         first = part.open_txns.pop(producer_id, None)
+        part.txn_deadlines.pop(producer_id, None)
         if kind == ControlType.ABORT and first is not None:
             part.aborted.append((producer_id, first, marker))
             while len(part.aborted) > self.limits.max_aborted_transactions:
@@ -580,8 +614,13 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         entry.base, entry.next = ev.base_offset, ev.next_offset
         if entry.seq is not None:
             part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
-        if entry.txn is not None and entry.txn[1] == TXN_DATA:
-            part.open_txns.setdefault(entry.txn[0], ev.base_offset)
+        if entry.txn is not None and entry.txn[1] == TXN_DATA \
+                and entry.txn[0] not in part.open_txns:
+            part.open_txns[entry.txn[0]] = ev.base_offset
+            part.txn_deadlines[entry.txn[0]] = (
+                self.now + self.limits.max_transaction_seconds, read_header(entry.batch)
+                .producer_epoch)
+            self._txn_partitions.add(part.id)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self._retention(part, ev.log_start)

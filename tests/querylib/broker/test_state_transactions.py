@@ -14,6 +14,7 @@ from querylib.broker._events import (
     OpenSession,
     Produce,
     Subscribe,
+    Tick,
 )
 from querylib.records import decode_batch, encode_batch, transaction_marker_batch
 
@@ -46,8 +47,9 @@ def write(sim: Sim, session: str, batch: bytes) -> list:
 
 def delivered_values(sim: Sim) -> tuple[list[bytes], int]:
     """The record values a subscription from the start is sent, and where it ends."""
-    sim.track("kafka", 1, 1 << 20)
-    sim.feed(Subscribe("sub", "kafka", 1, P, "earliest", 1 << 20))
+    sim.feed(OpenSession("o-r", "reader", 10.0))
+    sim.track("reader", 1, 1 << 20)
+    sim.feed(Subscribe("sub", "reader", 1, P, "earliest", 1 << 20))
     values: list[bytes] = []
     end = 0
     while sim.reads:
@@ -96,3 +98,21 @@ def test_a_reopened_partition_knows_its_transactions(aborted: bool) -> None:
     part = sim.state.partitions[P]
     assert part.open_txns == {TXN: 5}
     assert list(part.aborted) == ([(8, 0, 2)] if aborted else [])
+
+
+def test_a_transaction_nobody_ends_is_aborted_by_the_broker() -> None:
+    sim = started()
+    write(sim, "kafka", txn_batch(b"orphan", 0))
+    other = encode_batch([(0, None, b"plain", ())])
+    write(sim, "kafka", other)
+    part = sim.state.partitions[P]
+    assert part.stable_end == 0
+    limit = sim.state.limits.max_transaction_seconds
+    sim.feed(Tick(sim.state.now + limit - 1))
+    assert sim.controls(P)[-1] is None  # not yet
+    sim.feed(Tick(sim.state.now + 2))
+    sim.controls(P)
+    assert part.stable_end == part.visible_end == 3  # its ABORT marker at 2
+    assert list(part.aborted) == [(TXN, 0, 2)]
+    values, end = delivered_values(sim)
+    assert values == [b"plain"] and end == 3
