@@ -331,17 +331,19 @@ class BrokerBackend:
             records = await loop.run_in_executor(
                 None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
             self._txns.replay(records)
-            await self._txns.recover()
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
 
     async def _expire_transactions(self) -> None:
+        """Finish the transactions being ended (at start: those a stopped broker was ending)
+        and abort the ones past their timeout, every TXN_CHECK_INTERVAL."""
         while True:
-            await asyncio.sleep(TXN_CHECK_INTERVAL)
             try:
+                await self._txns.recover()
                 await self._txns.expire()
-            except TqError as exc:  # the broker is stopping, or a write failed: next round
-                logger.warning("aborting timed-out transactions: %s", exc)
+            except TqError as exc:  # a broker holding a partition did not answer: next round
+                logger.warning("ending transactions: %s", exc)
+            await asyncio.sleep(TXN_CHECK_INTERVAL)
 
     def advertise(self, port: int) -> None:
         """Set the port clients are told (once the listener has bound)."""

@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from catalog.errors import TqError
+from catalog.errors import UnknownTopicError
+from querylib.broker import UnknownPartitionError as BrokerUnknownPartitionError
 from querylib.kafka._backend import CommittedOffset
 from querylib.kafka._errors import (
     ConcurrentTransactionsError,
@@ -60,6 +61,8 @@ MAX_TXN_GROUPS = 100             # groups whose offsets one transaction commits
 MAX_TXN_OFFSETS = 10_000         # pending offsets of one group in one transaction
 MAX_TIMEOUT_MS = 900_000         # Kafka's transaction.max.timeout.ms
 MAX_EPOCH = 32_767
+# A partition whose topic was deleted needs no marker.
+_GONE = (UnknownTopicError, UnknownPartitionError, BrokerUnknownPartitionError)
 
 EMPTY, ONGOING = "Empty", "Ongoing"
 PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
@@ -83,6 +86,10 @@ class Txn:
 
     def encode(self) -> tuple[bytes, bytes]:
         return self.transactional_id.encode(), json.dumps(asdict(self)).encode()
+
+    def copy(self) -> Txn:
+        """A copy to change: the coordinator's state changes only once recorded."""
+        return Txn.decode(self.encode()[1])
 
     @classmethod
     def decode(cls, value: bytes) -> Txn:
@@ -139,12 +146,15 @@ class TransactionCoordinator:
             self.txns[txn.transactional_id] = txn
 
     async def recover(self) -> None:
-        """Complete the transactions a stopped broker was ending (their markers may be
-        missing in some partitions; writing one twice is harmless)."""
-        for txn in list(self.txns.values()):
+        """Complete the transactions being ended whose markers are not all written (a broker
+        stopped, or one holding a partition did not answer; writing a marker twice is
+        harmless). Called on start and then every round, with `expire`."""
+        for transactional_id, txn in list(self.txns.items()):
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                async with self._lock(txn.transactional_id):
-                    await self._complete(txn)
+                async with self._lock(transactional_id):
+                    txn = self.txns[transactional_id]
+                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        await self._complete(txn)
 
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
@@ -172,9 +182,10 @@ class TransactionCoordinator:
             else:
                 self._authorize(txn, principal)
                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    await self._complete(txn)
+                    txn = await self._complete(txn)
                 elif txn.state == ONGOING:
-                    await self._abort(txn, bump=True)  # the new producer's epoch fences
+                    txn = await self._abort(txn, bump=True)  # the new producer's epoch fences
+                txn = txn.copy()
                 if txn.epoch >= MAX_EPOCH - 1:
                     txn.producer_id, txn.epoch = await self.log.allocate_producer_id(), 0
                 else:
@@ -187,7 +198,7 @@ class TransactionCoordinator:
     async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
                              partitions: Sequence[tuple[str, int]], principal: str) -> None:
         async with self._lock(transactional_id):
-            txn = self._current(transactional_id, producer_id, epoch, principal)
+            txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             added = [p for p in partitions if p not in txn.partitions]
             if not added and txn.state == ONGOING:
                 return
@@ -206,7 +217,7 @@ class TransactionCoordinator:
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int,
                           group_id: str, principal: str) -> None:
         async with self._lock(transactional_id):
-            txn = self._current(transactional_id, producer_id, epoch, principal)
+            txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             if group_id in txn.offsets and txn.state == ONGOING:
                 return
             if len(txn.offsets) >= MAX_TXN_GROUPS:
@@ -220,7 +231,7 @@ class TransactionCoordinator:
                                 group_id: str, offsets: Sequence[CommittedOffset],
                                 principal: str) -> None:
         async with self._lock(transactional_id):
-            txn = self._current(transactional_id, producer_id, epoch, principal)
+            txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             if txn.state != ONGOING or group_id not in txn.offsets:
                 raise InvalidTxnStateError(
                     f"group {group_id!r} was not added to the transaction (AddOffsetsToTxn)")
@@ -239,13 +250,18 @@ class TransactionCoordinator:
         async with self._lock(transactional_id):
             txn = self._known(transactional_id, producer_id, epoch, principal)
             done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+            prepare = PREPARE_COMMIT if commit else PREPARE_ABORT
             if txn.state == done or (txn.state == EMPTY and not commit):
                 return  # a retry of an EndTxn that completed, or nothing to abort
+            if txn.state == prepare:  # a retry of one whose markers are not all written
+                await self._complete(txn)
+                return
             if txn.state != ONGOING:
                 raise InvalidTxnStateError(
                     f"transaction {transactional_id!r} is {txn.state}, cannot "
                     f"{'commit' if commit else 'abort'}")
-            txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
+            txn = txn.copy()
+            txn.state = prepare
             await self._record(txn)
             await self._complete(txn)
 
@@ -253,9 +269,10 @@ class TransactionCoordinator:
         """Abort the transactions open longer than their timeout (their epoch bumped, so
         their producer is fenced)."""
         now = self._now()
-        for txn in list(self.txns.values()):
+        for transactional_id, txn in list(self.txns.items()):
             if txn.state == ONGOING and now - txn.started_ms > txn.timeout_ms:
-                async with self._lock(txn.transactional_id):
+                async with self._lock(transactional_id):
+                    txn = self.txns[transactional_id]
                     if txn.state == ONGOING and now - txn.started_ms > txn.timeout_ms:
                         logger.info("transaction of %r timed out after %d ms: aborting",
                                     txn.transactional_id, txn.timeout_ms)
@@ -266,9 +283,9 @@ class TransactionCoordinator:
     @staticmethod
     def _authorize(txn: Txn, principal: str) -> None:
         """A transactional id belongs to the principal that first initialized it (Kafka's
-        TransactionalId WRITE); "admin" may use any; anonymous clients share them."""
-        if principal not in (txn.principal, "admin", "anonymous") and txn.principal != \
-                "anonymous":
+        TransactionalId WRITE); "admin" may use any; the ids of anonymous clients (a listener
+        without SASL) are shared by them."""
+        if principal not in (txn.principal, "admin"):
             raise TransactionalIdAuthorizationError(
                 f"transactional id {txn.transactional_id!r} belongs to another principal")
 
@@ -299,33 +316,37 @@ class TransactionCoordinator:
             txn.state, txn.partitions, txn.offsets = ONGOING, [], {}
             txn.started_ms = self._now()
 
-    async def _abort(self, txn: Txn, *, bump: bool) -> None:
+    async def _abort(self, txn: Txn, *, bump: bool) -> Txn:
+        txn = txn.copy()
         if bump:
             if txn.epoch >= MAX_EPOCH - 1:
                 raise InvalidTxnStateError(f"producer {txn.producer_id} ran out of epochs")
             txn.epoch += 1
         txn.state = PREPARE_ABORT
         await self._record(txn)
-        await self._complete(txn)
+        return await self._complete(txn)
 
-    async def _complete(self, txn: Txn) -> None:
-        """Write the markers (and, on commit, the offsets), then record the end."""
+    async def _complete(self, txn: Txn) -> Txn:
+        """Write the markers (and, on commit, the offsets), then record the end. A marker
+        that cannot be written now raises, the transaction left prepared (`recover` and the
+        client's retry finish it); a partition that is gone needs none."""
         commit = txn.state == PREPARE_COMMIT
         for topic, partition in txn.partitions:
             try:
                 await self.log.write_marker(topic, partition, txn.producer_id, txn.epoch,
                                             commit)
-            except TqError as exc:
-                # The partition is gone (its topic deleted) or not here: nothing to mark.
+            except _GONE as exc:
                 logger.warning("transaction %r: no marker in %s-%d: %s",
                                txn.transactional_id, topic, partition, exc)
         if commit:
             for group_id, pending in txn.offsets.items():
                 await self.log.commit_offsets(group_id, [
                     CommittedOffset(t, p, o, e, m, self._now()) for t, p, o, e, m in pending])
-        txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
-        txn.partitions, txn.offsets = [], {}
-        await self._record(txn)
+        done = txn.copy()
+        done.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+        done.partitions, done.offsets = [], {}
+        await self._record(done)
+        return done
 
     async def _record(self, txn: Txn) -> None:
         await self.log.write_txn(txn)
