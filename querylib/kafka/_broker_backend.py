@@ -26,6 +26,13 @@ answers group requests with NOT_COORDINATOR. Producer ids are
 `node id << 32 | n`, with n reserved in blocks in `<broker data>/.tq-kafka.json`, so brokers
 never hand out the same id.
 
+Kafka transactions (`_txn`): the backend is its `TransactionCoordinator`'s `TxnLog`: the
+coordinator's records go to `__transaction_state` partition 0 as "system", markers into a
+partition this broker hosts as "system" and into another broker's over RPC as the admin
+(`secret`), the coordinator's pending offsets into `__consumer_offsets`. A task finishes
+prepared transactions and aborts timed-out ones every second. Reads for read_committed
+fetches stop at the last stable offset and carry the aborted transactions of their range.
+
 Must not: decide who may write what (the broker's core does), decode or re-encode producer
 batches, append to a log directly, or hold state the logs cannot rebuild except
 idempotent-producer sequences (lost on restart, as Kafka loses them with its producer
