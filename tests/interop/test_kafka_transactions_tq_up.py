@@ -2,8 +2,8 @@
 coordinator's broker (where groups live), the partitions are on the executor's broker, so
 markers cross brokers. A confluent-kafka consume-transform-produce loop with
 send_offsets_to_transaction, SIGKILLed mid-transaction and restarted: a read_committed
-consumer, a querylib subscriber and a Spark read through the cluster see every input
-record's output exactly once and no aborted record."""
+consumer, a querylib subscriber and `tq consume` see every input record's output exactly once
+and no aborted record (Spark: tests/spark/test_kafka_transactions.py)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,13 @@ def subscriber_values(up: UpWithEndpoints, topic: str) -> list[bytes]:
         return [r.value for e in sub if isinstance(e, Data) for r in e.records]
 
 
+def consumed_values(up: UpWithEndpoints, topic: str) -> list[bytes]:
+    """What `tq consume` prints of the topic (to its current end), a value a line."""
+    consumed = up.tq("consume", topic, "--serde", "bytes")
+    assert consumed.returncode == 0, consumed.stderr
+    return [line.encode() for line in consumed.stdout.split()]
+
+
 def test_consume_transform_produce_killed_and_restarted(up: UpWithEndpoints,
                                                         tmp_path) -> None:
     # Created first: a metadata request that reaches the group coordinator's listener does
@@ -96,6 +103,7 @@ def test_consume_transform_produce_killed_and_restarted(up: UpWithEndpoints,
         held = committed_values(up, "output", "read_committed")
         assert len(held) < len(committed_values(up, "output", "read_uncommitted"))
         assert subscriber_values(up, "output") == held
+        assert consumed_values(up, "output") == held
         out2 = tmp_path / "loop-2.out"
         with open(out2, "wb") as f:
             second = processes.python("-c", _LOOP, up.info["kafka"], "0", stdout=f,
@@ -108,5 +116,6 @@ def test_consume_transform_produce_killed_and_restarted(up: UpWithEndpoints,
     want = sorted(b"out-" + v for v in INPUTS)
     assert sorted(committed_values(up, "output", "read_committed")) == want
     assert sorted(subscriber_values(up, "output")) == want
+    assert sorted(consumed_values(up, "output")) == want
     everything = committed_values(up, "output", "read_uncommitted")
     assert len(everything) > len(INPUTS)  # the killed transaction's records, aborted
