@@ -10,8 +10,9 @@ under the broker's flush policy. So the broker's core admits every Kafka write a
 any other (the topic's writers rule, its placement, an ended stream, the batch size: their
 errors carry the Kafka codes 29, 6, 44, 10), the append lane stays each log's one writer and
 tq subscribers see Kafka-produced records like any others. Reads use the port's log (reads are
-thread-safe) up to what the broker lets subscribers see (`info().log_end`, its high
-watermark); `on_visible` wakes fetches waiting for data.
+thread-safe) up to the durable end (`info().high_watermark`), or for read_committed up to
+the last stable offset (`info().log_end`, what tq's subscribers see); `on_visible` wakes
+fetches waiting for data.
 
 What it does not know, it asks its `KafkaCluster`: which brokers have Kafka listeners, which
 topics exist with how many partitions where, which partitions it leads for reads. Under an
