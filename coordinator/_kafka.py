@@ -127,6 +127,14 @@ class CatalogView:
     async def group_coordinator(self) -> BrokerInfo | None:
         return None  # this broker coordinates every group
 
+    def broker_address(self, node_id: int) -> str | None:
+        """Where the transaction coordinator (this broker) writes markers into an executor
+        broker's partitions."""
+        for broker in self._catalog().brokers:
+            if isinstance(broker, Broker) and broker.broker_id == node_id:
+                return broker.address
+        return None
+
 
 def previous_port(catalog: Catalog, advertised: str) -> int | None:
     """The port the group coordinator's listener had in the previous run (its broker record,

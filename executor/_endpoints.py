@@ -178,6 +178,12 @@ class CatalogTopics:
                 return broker.broker_id
         return None
 
+    def broker_address(self, node_id: int) -> str | None:
+        for broker in self._views["brokers"]:
+            if isinstance(broker, Broker) and broker.broker_id == node_id:
+                return broker.address
+        return None
+
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}
         if names is None:

@@ -23,6 +23,12 @@ Goal: >= 200 MB/s for the tuned consumer. Needs confluent-kafka (the `test` extr
   consumes them back on a fresh connection (timed from the first records received: the
   steady rate), the two listeners alternated. min/median/max of records/s; goal: SASL >=
   0.95x plaintext (medians).
+
+- kafka_transactional_produce: a transactional producer against plain idempotent produce
+  (the same `tq kafka` listener, same run): per round, confluent-kafka produces
+  TQ_BENCH_TXN_RECORDS (default 500,000) 100-byte records, idempotent (acks=all) and
+  transactional (commits every 10,000 records), alternated. min/median/max of records/s;
+  goal: transactional >= 0.8x idempotent (medians).
 """
 
 from __future__ import annotations
@@ -229,6 +235,77 @@ def sasl_cost(rounds: int = 3) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+TXN_RECORDS_PER_COMMIT = 10_000
+
+
+def _produce_rate(config: dict[str, Any], topic: str, records: int, *,
+                  transactional: bool) -> float:
+    """Records/s of `records` 100-byte records, idempotent or in transactions."""
+    from confluent_kafka import Producer
+
+    settings = {**config, "linger.ms": 5, "batch.num.messages": 10_000,
+                "queue.buffering.max.messages": 200_000}
+    if transactional:
+        settings["transactional.id"] = f"bench-{topic}"
+    else:
+        settings["enable.idempotence"] = True
+    producer = Producer(settings)
+    value = b"v" * 100
+    start = time.perf_counter()
+    if transactional:
+        producer.init_transactions(30)
+    sent = 0
+    while sent < records:
+        if transactional:
+            producer.begin_transaction()
+        for _ in range(min(TXN_RECORDS_PER_COMMIT, records - sent)):
+            while True:
+                try:
+                    producer.produce(topic, value, partition=0)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        sent += min(TXN_RECORDS_PER_COMMIT, records - sent)
+        if transactional:
+            producer.commit_transaction(60)
+    assert producer.flush(120) == 0, "records left unsent"
+    return records / (time.perf_counter() - start)
+
+
+def transactional_cost(rounds: int = 3) -> dict[str, Any]:
+    """Transactional against idempotent produce through one `tq kafka` listener."""
+    from querylib.bench._baseline import spread
+
+    records = int(os.environ.get("TQ_BENCH_TXN_RECORDS", "500000"))
+    root = tempfile.mkdtemp(prefix="tq-bench-txn-")
+    port = _free_port()
+    proc = _start_listener(root, port)
+    try:
+        config = {"bootstrap.servers": f"127.0.0.1:{port}"}
+        rates: dict[str, list[float]] = {"idempotent": [], "transactional": []}
+        for round_ in range(rounds):
+            for name in rates:
+                rates[name].append(_produce_rate(config, f"{name}-{round_}", records,
+                                                 transactional=name == "transactional"))
+        plain, txn = spread(rates["idempotent"]), spread(rates["transactional"])
+        return {"case": "kafka_transactional_produce",
+                "figures": {"rounds": rounds, "records": records,
+                            "records_per_commit": TXN_RECORDS_PER_COMMIT,
+                            "transactional_records_per_s": txn,
+                            "idempotent_records_per_s": plain,
+                            "load_avg_1m": round(os.getloadavg()[0], 2)},
+                "baseline": "idempotent produce to the same listener, same run",
+                "ratio": round(txn["median"] / max(plain["median"], 1), 3),
+                "goal": ">= 0.8x idempotent (medians)"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run() -> Iterator[dict[str, Any]]:
     megabytes = int(os.environ.get("TQ_BENCH_KAFKA_MB", "1024"))
     data_dir = tempfile.mkdtemp(prefix="tq-bench-kafka-")
@@ -263,3 +340,4 @@ def run() -> Iterator[dict[str, Any]]:
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     yield sasl_cost()
+    yield transactional_cost()

@@ -18,7 +18,8 @@
     │       ├── BrokerClosedError    the broker is shutting down (in-process callers)
     │       ├── PrincipalError       a principal that is malformed, or not for this transport
     │       ├── DuplicateSequenceError   a batch appended before, its offsets forgotten
-    │       └── OutOfOrderSequenceError  an idempotent producer's batch after a gap
+    │       ├── OutOfOrderSequenceError  an idempotent producer's batch after a gap
+    │       └── ProducerFencedError  a Kafka transaction's batch of an epoch a marker superseded
     ├── StorageError (OffsetOutOfRangeError lives in querylib.errors)
     └── BrokerUnavailableError       a client gave up reaching its broker (after a bounded time)
 
@@ -42,6 +43,7 @@ __all__ = [
     "PartitionBusyError",
     "PartitionNotHereError",
     "PrincipalError",
+    "ProducerFencedError",
     "StaleIncarnationError",
     "StreamEndedError",
     "TopicAuthorizationError",
@@ -153,6 +155,14 @@ class OutOfOrderSequenceError(BrokerProtocolError):
     out of order (or records the broker acknowledged were lost with an unsynced disk)."""
 
     kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class ProducerFencedError(BrokerProtocolError):
+    """A transactional batch of a producer epoch older than the partition's last transaction
+    marker of that producer: a newer producer of its transactional id (or a timeout) fenced
+    it."""
+
+    kafka_error_code = 47  # INVALID_PRODUCER_EPOCH
 
 
 class BrokerUnavailableError(TqError):

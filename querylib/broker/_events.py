@@ -230,6 +230,10 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
     epoch: int = 0  # of `frontier`
     epoch_since: int = 0  # the offset from which `epoch` is known to hold
+    # Kafka transactions of the log's tail: open ((producer id, first offset), ...) and
+    # aborted ((producer id, first offset, marker offset), ...); see _host._scan_tail.
+    open_transactions: tuple[tuple[int, int], ...] = ()
+    aborted_transactions: tuple[tuple[int, int, int], ...] = ()
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

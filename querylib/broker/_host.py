@@ -34,7 +34,7 @@ from querylib.records import (
     read_header,
 )
 from querylib.records._header import ATTRIBUTES_OFFSET
-from querylib.records._types import CONTROL_BIT
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
 from ._errors import InvalidTopicError, StaleIncarnationError
 from ._events import PartitionId
@@ -183,6 +183,9 @@ def find_partitions(data_dir: str) -> list[PartitionId]:
 
 
 ProducerMark = tuple[int, int, int, int, int, int]
+# Kafka transactions of a log's tail: (open: (producer id, first offset), aborted: (producer
+# id, first offset, offset of the ABORT marker)), see `_scan_tail`.
+TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,7 @@ class OpenedPartition:
     producers: tuple[ProducerMark, ...] = ()
     epoch: int = 0  # of `frontier`
     epoch_since: int = 0  # the offset from which `epoch` is known to hold
+    transactions: TailTransactions = ((), ())
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -218,11 +222,12 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
             write_incarnation(path, pid, incarnation)
             held = incarnation
         frontier, ended, epoch, since = recover_frontier(log)
-        producers = recover_producers(log, producer_scan_bytes)
+        producers, transactions = _scan_tail(log, producer_scan_bytes)
     except BaseException:
         log.close()
         raise
-    return OpenedPartition(log, frontier, ended, held, producers, epoch, since)
+    return OpenedPartition(log, frontier, ended, held, producers, epoch=epoch,
+                           epoch_since=since, transactions=transactions)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
@@ -236,27 +241,64 @@ def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
 
 def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark, ...]:
     """The idempotent producers' batches in the last `scan_bytes` (at least) of the log, oldest
-    first: (producer id, epoch, first sequence, last sequence, base offset, next offset).
+    first: (producer id, epoch, first sequence, last sequence, base offset, next offset)."""
+    return _scan_tail(log, scan_bytes)[0]
+
+
+def _scan_tail(log: PartitionLog,
+               scan_bytes: int) -> tuple[tuple[ProducerMark, ...], TailTransactions]:
+    """The idempotent producers' batches (see `recover_producers`) and the Kafka transactions
+    of the last `scan_bytes` (at least) of the log: the ones still open (transactional data
+    with no COMMIT/ABORT marker of its producer after it) and the aborted ones (an ABORT
+    marker; its first offset is where the scanned tail starts when its data begins before).
 
     Reads backwards in windows of growing size, as `recover_frontier` does, each window
-    forwards, and looks at batch headers only. A producer that may send batches again after a
-    crash had them unacknowledged, within its window, so they are in the tail."""
+    forwards, and looks at batch headers only (and the key of a transaction marker). A
+    producer that may send batches again after a crash had them unacknowledged, within its
+    window, so they are in the tail; a transaction lasts at most its timeout (15 minutes),
+    so an open one is in the tail unless more than `scan_bytes` were written meanwhile."""
     start, hi = log.log_start_offset, log.log_end_offset
     window, seen = 4096, 0
-    windows: list[list[ProducerMark]] = []
+    windows: list[list[tuple[BatchHeader, int]]] = []
     while hi > start and seen < scan_bytes:
         lo = max(start, hi - window)
-        found: list[ProducerMark] = []
-        for header, control in _headers(log, lo, hi):
+        found: list[tuple[BatchHeader, int]] = []
+        for data, pos, header in _walk_whole(log, lo, hi):
             seen += header.size
-            if header.producer_id >= 0 and header.base_sequence >= 0 and not control:
-                found.append((header.producer_id, header.producer_epoch, header.base_sequence,
-                              last_sequence(header.base_sequence, header.last_offset_delta),
-                              header.base_offset, header.next_offset))
+            attributes = data[pos + ATTRIBUTES_OFFSET + 1]
+            if header.producer_id < 0:
+                continue
+            if attributes & CONTROL_BIT:
+                if attributes & TRANSACTIONAL_BIT:
+                    batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
+                    kind = control_of(batch.records[0])[0] if batch.records else None
+                    found.append((header, _ABORT if kind == ControlType.ABORT else _COMMIT))
+            else:
+                found.append((header, _DATA_TXN if attributes & TRANSACTIONAL_BIT else _DATA))
         windows.append(found)
         hi = lo
         window *= 4
-    return tuple(mark for found in reversed(windows) for mark in found)
+    producers: list[ProducerMark] = []
+    opened: dict[int, int] = {}
+    aborted: list[tuple[int, int, int]] = []
+    first = hi  # where the scanned tail starts
+    for found in reversed(windows):
+        for header, kind in found:
+            pid = header.producer_id
+            if kind in (_DATA, _DATA_TXN) and header.base_sequence >= 0:
+                producers.append((pid, header.producer_epoch, header.base_sequence,
+                                  last_sequence(header.base_sequence, header.last_offset_delta),
+                                  header.base_offset, header.next_offset))
+            if kind == _DATA_TXN:
+                opened.setdefault(pid, header.base_offset)
+            elif kind in (_ABORT, _COMMIT):
+                began = opened.pop(pid, first)
+                if kind == _ABORT:
+                    aborted.append((pid, began, header.base_offset))
+    return tuple(producers), (tuple(opened.items()), tuple(aborted))
+
+
+_DATA, _DATA_TXN, _ABORT, _COMMIT = range(4)
 
 
 class RecoveredFrontier(NamedTuple):
@@ -324,13 +366,12 @@ def _walk(log: PartitionLog, lo: int,
             offset = header.next_offset
 
 
-def _headers(log: PartitionLog, lo: int, hi: int) -> Iterator[tuple[BatchHeader, bool]]:
-    """(header, is it a control batch) of each batch in [lo, hi), damaged ranges skipped (what
-    they held is unknown)."""
+def _walk_whole(log: PartitionLog, lo: int,
+                hi: int) -> Iterator[tuple[bytes, int, BatchHeader]]:
+    """`_walk` without the damaged ranges (what they held is unknown)."""
     for found in _walk(log, lo, hi):
         if found is not None:
-            data, pos, header = found
-            yield header, bool(data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT)
+            yield found
 
 
 def _batches(log: PartitionLog, lo: int, hi: int

@@ -94,11 +94,13 @@ class PartitionInfo(Reply, tag="broker.partition.info"):
     topic: str
     partition: int
     log_start: int          # first offset still stored
-    log_end: int            # next offset visible to subscribers (durable)
+    log_end: int            # next offset visible to subscribers (durable; Kafka's last
+                            # stable offset: no undecided transaction below it)
     frontier: int           # last published frontier
     ended: bool             # the last control record is end-of-stream
     size: int = 0           # bytes of its log on disk (set by broker.partitions; 0 elsewhere)
     epoch: int = 0          # the epoch of `frontier` (DESIGN §5 "Epochs")
+    high_watermark: int = -1  # durable end, open transactions included (-1: = log_end)
 
 
 class PartitionList(Reply, tag="broker.partition.list"):

@@ -36,6 +36,13 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     # Bytes of a log's tail read at open to learn its idempotent producers: what producers
     # may send again after a crash is what they had unacknowledged, a window each.
     producer_scan_bytes: int = 32 * 1024 * 1024
+    # Aborted Kafka transactions remembered per partition (the oldest forgotten first), for
+    # read_committed fetches and to keep their records from tq's readers.
+    max_aborted_transactions: int = 100_000
+    # A Kafka transaction open here this long (Kafka's largest transaction timeout, 15 min,
+    # and a minute for its coordinator) is aborted by the broker itself: a producer id that
+    # writes transactional batches no coordinator will end cannot hold the stable end back.
+    max_transaction_seconds: float = 960.0
 
 
 class Pending(msgspec.Struct):
@@ -52,6 +59,9 @@ class Pending(msgspec.Struct):
     next: int = -1
     stored: bytes | None = None  # the batch with its base offset stamped, made on first use
     seq: tuple[int, int] | None = None  # (producer id, first sequence) of an idempotent batch
+    # A Kafka transaction's batch: (producer id, TXN_DATA) for its records, (producer id,
+    # ControlType.ABORT or COMMIT) for the marker that ends it here.
+    txn: tuple[int, int] | None = None
     # Duplicates of this batch (or of one before it) sent again while it was not yet durable:
     # (token, reply), answered with it; reply None means this batch's own offsets.
     waiters: list[tuple[Any, Any]] = msgspec.field(default_factory=list)
@@ -60,6 +70,9 @@ class Pending(msgspec.Struct):
         if self.stored is None:
             self.stored = stamp(self.batch, self.base)
         return self.stored
+
+
+TXN_DATA = -1  # Pending.txn kind of a transaction's records (markers: their ControlType)
 
 
 class PartitionState(msgspec.Struct):
@@ -82,6 +95,25 @@ class PartitionState(msgspec.Struct):
     # reply). A restarted broker must know every group a writer was told it joined.
     save_waits: deque[tuple[int, Any, Any]] = msgspec.field(default_factory=deque)
     producers: ProducerStateTable = msgspec.field(default_factory=ProducerStateTable)
+    # Kafka transactions (DESIGN §8 "Transactions"): producer id -> first offset of its
+    # transaction open here (its marker not yet durable); the aborted ones as (producer id,
+    # first offset, marker offset), in marker order. The first open one bounds the last stable
+    # offset, past which tq's readers and read_committed consumers never read.
+    open_txns: dict[int, int] = msgspec.field(default_factory=dict)
+    aborted: deque[tuple[int, int, int]] = msgspec.field(default_factory=deque)
+    # producer id -> epoch of its last marker here: older epochs' batches are fenced
+    # (at most max_producer_ids, the least recently marked forgotten first)
+    marked_epochs: dict[int, int] = msgspec.field(default_factory=dict)
+    # producer id -> (when the broker aborts its open transaction itself, its epoch)
+    txn_deadlines: dict[int, tuple[float, int]] = msgspec.field(default_factory=dict)
+
+    @property
+    def stable_end(self) -> int:
+        """Kafka's last stable offset: the visible end, or the first open transaction's first
+        offset when that is lower."""
+        if not self.open_txns:
+            return self.visible_end
+        return min(self.visible_end, min(self.open_txns.values()))
 
 
 class Subscription(msgspec.Struct):

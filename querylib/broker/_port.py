@@ -35,6 +35,7 @@ from ._errors import BrokerProtocolError
 from ._events import PartitionId, TopicAccess
 from ._link import SessionLink
 from ._messages import PartitionInfo
+from ._state_subscriptions import aborted_between
 
 if TYPE_CHECKING:
     from querylib.log import LogConfig, PartitionLog
@@ -145,6 +146,14 @@ class BrokerPort:
         """What subscribers may see of a hosted partition: its range up to the visible end
         (Kafka's high watermark) and the frontier there. UnknownPartitionError if not hosted."""
         return self._server.state.partition_info(pid)
+
+    def aborted_transactions(self, pid: PartitionId, start: int,
+                             end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted Kafka transactions with records in
+        [start, end) of a hosted partition (read_committed fetches). UnknownPartitionError if
+        not hosted."""
+        part = self._server.state._partition(pid)
+        return [(pid_, first) for pid_, first, _ in aborted_between(part, start, end)]
 
     def log(self, pid: PartitionId) -> PartitionLog:
         """The log of a hosted partition, for reads (thread-safe against the append lane), up

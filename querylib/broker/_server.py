@@ -326,7 +326,7 @@ class BrokerServer:
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
                                    groups, opened.producers, opened.epoch,
-                                   opened.epoch_since))
+                                   opened.epoch_since, *opened.transactions))
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 

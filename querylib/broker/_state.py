@@ -33,15 +33,18 @@ from typing import Any
 
 from catalog.errors import TqError
 from querylib.errors import InvalidLengthError, StorageError
+from querylib.records._control import ControlType, control_of
+from querylib.records._decode import decode_batch
 from querylib.records._header import (
     ATTRIBUTES_OFFSET,
+    SplitBatch,
     batch_head,
     read_header,
     stamp_base_offset,
 )
-from querylib.records._types import CONTROL_BIT
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
-from ._access import check_principal
+from ._access import ADMIN, SYSTEM, check_principal
 from ._credit import CreditWindow
 from ._errors import (
     BatchTooLargeError,
@@ -50,6 +53,7 @@ from ._errors import (
     NotProducerError,
     PartitionBusyError,
     PrincipalError,
+    ProducerFencedError,
     StreamEndedError,
     UnknownPartitionError,
     UnknownSessionError,
@@ -98,7 +102,7 @@ from ._frontier import (
     StreamReopened,
 )
 from ._messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
-from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._model import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
 from ._producer_state import BatchMark, ProducerStateTable, last_sequence
 from ._state_admission import AdmissionRules
 from ._state_groups import WriterGroupRules
@@ -117,6 +121,12 @@ def _encode_end(timestamp: int) -> bytes:
     return end_of_stream_batch(timestamp=timestamp)
 
 
+def _encode_abort(producer_id: int, epoch: int, timestamp: int) -> bytes:
+    from querylib.records import transaction_marker_batch
+
+    return transaction_marker_batch(producer_id, epoch, False, timestamp=timestamp)
+
+
 def _encode_reopen(timestamp: int, epoch: int = 0) -> bytes:
     from querylib.records import reopen_batch
 
@@ -132,6 +142,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                  encode_frontier: Callable[[int, int, int], bytes] = _encode_frontier,
                  encode_end: Callable[[int], bytes] = _encode_end,
                  encode_reopen: Callable[[int, int], bytes] = _encode_reopen,
+                 encode_abort: Callable[[int, int, int], bytes] = _encode_abort,
                  stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
         """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
         log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
@@ -142,6 +153,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         self._encode_frontier = encode_frontier
         self._encode_end = encode_end
         self._encode_reopen = encode_reopen
+        self._encode_abort = encode_abort
+        self._txn_partitions: set[PartitionId] = set()  # with a transaction open
         self.now = 0.0
         self.wall_ms = 0
         self.partitions: dict[PartitionId, PartitionState] = {}
@@ -206,8 +219,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         frontier in force at its end."""
         part = self._partition(pid)
         return PartitionInfo(topic=pid[0], partition=pid[1], log_start=part.log_start,
-                             log_end=part.visible_end, frontier=part.visible_frontier,
-                             ended=part.visible_ended, epoch=part.visible_epoch)
+                             log_end=part.stable_end, frontier=part.visible_frontier,
+                             ended=part.visible_ended, epoch=part.visible_epoch,
+                             high_watermark=part.visible_end)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -231,6 +245,25 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         out: list[Instruction] = []
         for session in expired:
             out += self._end_session(session)
+        for pid in list(self._txn_partitions):
+            out += self._abort_stale_transactions(pid)
+        return out
+
+    def _abort_stale_transactions(self, pid: PartitionId) -> list[Instruction]:
+        """Abort the transactions open past `max_transaction_seconds` (no coordinator ended
+        them: the broker writes their ABORT marker itself)."""
+        part = self.partitions.get(pid)
+        if part is None or not part.txn_deadlines:
+            self._txn_partitions.discard(pid)
+            return []
+        out: list[Instruction] = []
+        for producer_id, (deadline, epoch) in list(part.txn_deadlines.items()):
+            if deadline <= self.now:
+                part.txn_deadlines[producer_id] = (float("inf"), epoch)  # being aborted
+                out.append(self._append(part, self._encode_abort(producer_id, epoch,
+                                                                 self.wall_ms),
+                                        None, None, 0, None))
+                part.inflight[-1].txn = (producer_id, int(ControlType.ABORT))
         return out
 
     def _open_session(self, ev: OpenSession) -> list[Instruction]:
@@ -310,7 +343,15 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
             epoch_since=ev.epoch_since,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
-        self.partitions[ev.partition].producers.learn_all(ev.producers)
+        part = self.partitions[ev.partition]
+        part.producers.learn_all(ev.producers)
+        part.open_txns.update(ev.open_transactions)
+        part.aborted.extend(ev.aborted_transactions)
+        for producer_id, _ in ev.open_transactions:
+            # Its epoch is not known here: 0 never fences a producer.
+            part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)
+        if part.txn_deadlines:
+            self._txn_partitions.add(ev.partition)
         return self._partition_ready(ev.partition)
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
@@ -418,8 +459,23 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if header.size != len(batch):
             raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
                                      f"got {len(batch)} bytes")
-        if head[ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        attributes = head[ATTRIBUTES_OFFSET + 1]
+        txn = None
+        if attributes & CONTROL_BIT:
+            txn = self._marker(session, header.producer_id, attributes, batch)
+            marked = part.marked_epochs.pop(header.producer_id, -1)
+            part.marked_epochs[header.producer_id] = max(marked, header.producer_epoch)
+            while len(part.marked_epochs) > self.limits.max_producer_ids:
+                del part.marked_epochs[next(iter(part.marked_epochs))]
+        elif attributes & TRANSACTIONAL_BIT:
+            if header.producer_id < 0:
+                raise BrokerProtocolError("a transactional batch needs a producer id")
+            marked = part.marked_epochs.get(header.producer_id)
+            if marked is not None and header.producer_epoch < marked:
+                raise ProducerFencedError(
+                    f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
+                    f"its transactions here ended at epoch {marked}")
+            txn = (header.producer_id, TXN_DATA)
         seq = None
         if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
             seq = (header.producer_id, header.producer_epoch, header.base_sequence,
@@ -438,7 +494,26 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if seq is not None:
             part.producers.appended(*seq, append.ticket)
             part.inflight[-1].seq = (seq[0], seq[2])
+        part.inflight[-1].txn = txn
         return [append]
+
+    @staticmethod
+    def _marker(session: Session, producer_id: int, attributes: int,
+                batch: Any) -> tuple[int, int]:
+        """(producer id, ABORT or COMMIT) of a Kafka transaction marker: a transactional
+        control batch of one record, which only tq's transaction coordinator writes
+        ("system" in the broker's process, "admin" from the coordinator's broker over RPC).
+        Any other control batch is the broker's own to write."""
+        if session.principal not in (SYSTEM, ADMIN) or not attributes & TRANSACTIONAL_BIT \
+                or producer_id < 0:
+            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        if isinstance(batch, SplitBatch):
+            batch = bytes(batch)
+        records = decode_batch(batch).records
+        kind = control_of(records[0])[0] if len(records) == 1 else None
+        if kind not in (ControlType.ABORT, ControlType.COMMIT):
+            raise BrokerProtocolError("a transaction marker holds one ABORT or COMMIT record")
+        return producer_id, int(kind)
 
     def _duplicate(self, part: PartitionState, mark: BatchMark, token: Any) -> list[Instruction]:
         """Answer a batch sent again with the offsets it got the first time, once durable:
@@ -507,6 +582,17 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             token, session = None, None  # one answer per request
         return out
 
+    def _transaction_ended(self, part: PartitionState, producer_id: int, kind: int,
+                           marker: int) -> None:
+        """A transaction's marker is durable: it no longer holds back the stable end; an
+        aborted one is remembered so its records are never read as committed."""
+        first = part.open_txns.pop(producer_id, None)
+        part.txn_deadlines.pop(producer_id, None)
+        if kind == ControlType.ABORT and first is not None:
+            part.aborted.append((producer_id, first, marker))
+            while len(part.aborted) > self.limits.max_aborted_transactions:
+                part.aborted.popleft()
+
     def _check_can_send(self, session: Session) -> None:
         if not session.window.can_send():
             raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
@@ -543,6 +629,13 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         entry.base, entry.next = ev.base_offset, ev.next_offset
         if entry.seq is not None:
             part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
+        if entry.txn is not None and entry.txn[1] == TXN_DATA \
+                and entry.txn[0] not in part.open_txns:
+            part.open_txns[entry.txn[0]] = ev.base_offset
+            part.txn_deadlines[entry.txn[0]] = (
+                self.now + self.limits.max_transaction_seconds, read_header(entry.batch)
+                .producer_epoch)
+            self._txn_partitions.add(part.id)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self._retention(part, ev.log_start)
@@ -594,6 +687,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                     part.epoch_since = entry.base
             elif entry.control is None:
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
+            if entry.txn is not None and entry.txn[1] != TXN_DATA:
+                self._transaction_ended(part, entry.txn[0], entry.txn[1], entry.base)
         # Durable data is visible up to the first append not yet durable. (At open, the log
         # may report a durable end below its end; a later flush then uncovers that data.)
         bound = part.unflushed[0].base if part.unflushed else part.log_end

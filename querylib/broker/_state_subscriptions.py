@@ -7,6 +7,11 @@ Rules (tests in tests/querylib/broker/test_state.py and test_state_properties.py
   its credit plus one batch; deliveries to it are contiguous (each starts where the last ended).
 - Only durable batches are visible (`PartitionState.visible_end`, like Kafka's high watermark):
   a batch lost in a crash was never delivered, so a resuming subscriber's offset stays valid.
+- Only decided Kafka transactions are read: subscriptions stop at the last stable offset
+  (`PartitionState.stable_end`) and the batches of aborted transactions are left out of what
+  they are sent (a delivery keeps its offsets [offset, next_offset); its bytes may be fewer
+  batches, or none), so every tq reader (`ctx.subscribe`, `tq consume`, Spark) sees committed
+  records only, as a read_committed Kafka consumer does.
 - Nothing is buffered per subscriber: a subscription is either reading (one `Read` outstanding),
   tailing (in `PartitionState.tailing`) or out of credit; one falling behind the tail reads
   from disk later.
@@ -19,11 +24,13 @@ Must not: do I/O, or touch the producer side (appends, windows, frontiers): the 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any
 
 from catalog.errors import TqError
 from querylib.errors import OffsetOutOfRangeError, StorageError
+from querylib.records._control import without_aborted
 
 from ._credit import CreditWindow
 from ._errors import BrokerProtocolError, CreditExceededError
@@ -42,9 +49,26 @@ from ._events import (
     Unsubscribe,
 )
 from ._messages import Done, Subscribed
-from ._model import BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._model import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
 
-__all__ = ["SubscriptionRules"]
+__all__ = ["SubscriptionRules", "aborted_between", "without_aborted_in"]
+
+
+def aborted_between(part: PartitionState, start: int,
+                    end: int) -> list[tuple[int, int, int]]:
+    """The aborted transactions with records in [start, end): (producer id, first offset,
+    marker offset), in marker order."""
+    aborted = part.aborted
+    if not aborted or aborted[-1][2] < start:
+        return []
+    i = bisect.bisect_left(aborted, start, key=lambda a: a[2])
+    return [a for a in (aborted[j] for j in range(i, len(aborted))) if a[1] < end]
+
+
+def without_aborted_in(part: PartitionState, data: bytes, start: int, end: int) -> bytes:
+    """`data` (whole batches holding [start, end)) without the batches of aborted
+    transactions; `data` itself when it holds none."""
+    return without_aborted(data, aborted_between(part, start, end))
 
 
 class SubscriptionRules:
@@ -81,7 +105,7 @@ class SubscriptionRules:
         if ev.start == "earliest":
             offset = part.log_start
         elif ev.start == "latest":
-            offset = part.visible_end
+            offset = part.stable_end
         elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.visible_end:
             offset = ev.start
         else:
@@ -98,7 +122,7 @@ class SubscriptionRules:
         # The epoch in force at `offset`, when known: the current one from where it is known
         # to hold (DESIGN §5 "Epochs"); before that the reader learns it from the log.
         epoch = part.visible_epoch if offset >= part.epoch_since else 0
-        reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.visible_end,
+        reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.stable_end,
                            frontier=part.visible_frontier if at_end else None,
                            ended=part.visible_ended and at_end, epoch=epoch)
         return [Reply(ev.token, reply), *self._pump(sub)]
@@ -157,11 +181,12 @@ class SubscriptionRules:
         if sub.reading or not sub.credit.can_send():
             part.tailing.discard(sub.serial)
             return []
-        if sub.next_offset < part.visible_end:
+        stable = part.stable_end
+        if sub.next_offset < stable:
             part.tailing.discard(sub.serial)
             sub.reading = True
             max_bytes = min(sub.credit.available, self.limits.max_read_bytes)
-            return [Read(part.id, sub.serial, sub.next_offset, max_bytes, part.visible_end)]
+            return [Read(part.id, sub.serial, sub.next_offset, max_bytes, stable)]
         part.tailing.add(sub.serial)
         return []
 
@@ -170,14 +195,22 @@ class SubscriptionRules:
         from memory; one stored copy is shared by all of them. A subscription that runs out of
         credit part way reads the rest from disk later."""
         out: list[Instruction] = []
+        stable = part.stable_end
         for serial in list(part.tailing):
             sub = self._subs[serial]
             for entry in newly:
                 if entry.next <= sub.next_offset:
                     continue
-                if not sub.credit.can_send() or entry.base != sub.next_offset:
+                if (not sub.credit.can_send() or entry.base != sub.next_offset
+                        or entry.next > stable):
                     break
-                data = entry.stored_bytes(self._stamp)
+                if entry.txn is not None and entry.txn[1] == TXN_DATA and any(
+                        pid == entry.txn[0] and first <= entry.base < marker
+                        for pid, first, marker in aborted_between(part, entry.base,
+                                                                  entry.next)):
+                    data = b""  # an aborted transaction's: its offsets, none of its records
+                else:
+                    data = entry.stored_bytes(self._stamp)
                 out.append(Deliver(sub.session, sub.sub_id, part.id, entry.base, entry.next,
                                    data))
                 sub.credit.consume(len(data))
@@ -212,9 +245,11 @@ class SubscriptionRules:
         if not ev.data or ev.next_offset <= ev.offset:
             return self._close_sub(sub, StorageError(
                 f"the log returned nothing at offset {ev.offset} below its visible end"))
+        data = without_aborted_in(self.partitions[sub.partition], ev.data, ev.offset,
+                                  ev.next_offset)
         out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
-                                          ev.next_offset, ev.data)]
-        sub.credit.consume(len(ev.data))
+                                          ev.next_offset, data)]
+        sub.credit.consume(len(data))
         sub.next_offset = ev.next_offset
         return out + self._pump(sub)
 

@@ -17,10 +17,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from catalog import TopicName
 from querylib.kafka._fetch import SizedChunk
+
+if TYPE_CHECKING:
+    from querylib.kafka._txn import TransactionCoordinator
 
 __all__ = [
     "AppendResult",
@@ -91,7 +94,7 @@ class AppendResult:
 class PartitionOffsets:
     log_start_offset: int
     high_watermark: int  # what consumers may read: acknowledged by the flush policy
-    last_stable_offset: int  # = high_watermark: tq has no transactions
+    last_stable_offset: int  # no undecided transaction below it (read_committed reads to here)
 
 
 @dataclass(slots=True)
@@ -101,6 +104,8 @@ class PartitionRead:
 
     offsets: PartitionOffsets
     chunks: list[SizedChunk | bytes] = field(default_factory=list)
+    # read_committed: (producer id, first offset) of the aborted transactions in the range
+    aborted: list[tuple[int, int]] | None = None
 
     @property
     def size(self) -> int:
@@ -250,11 +255,13 @@ class KafkaBackend(Protocol):
         ...
 
     async def read(
-        self, topic: str, partition: int, offset: int, max_bytes: int
+        self, topic: str, partition: int, offset: int, max_bytes: int, *,
+        committed: bool = False,
     ) -> PartitionRead:
         """Stored batches from the one holding `offset`, up to `max_bytes` (at least one batch
-        when there is one), none past the high watermark. OffsetOutOfRangeError outside
-        log start .. high watermark."""
+        when there is one), none past the high watermark (`committed`: the last stable
+        offset, and the read's `aborted` transactions filled in). OffsetOutOfRangeError
+        outside log start .. high watermark."""
         ...
 
     async def offsets(self, topic: str, partition: int) -> PartitionOffsets: ...
@@ -281,6 +288,11 @@ class KafkaBackend(Protocol):
 
     async def allocate_producer_id(self) -> int:
         """A producer id never handed out before on this cluster (InitProducerId)."""
+        ...
+
+    @property
+    def transactions(self) -> TransactionCoordinator:
+        """The transaction coordinator of this listener's transactional ids (`_txn`)."""
         ...
 
     # ---- groups -------------------------------------------------------------------------------

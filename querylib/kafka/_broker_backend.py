@@ -10,8 +10,9 @@ under the broker's flush policy. So the broker's core admits every Kafka write a
 any other (the topic's writers rule, its placement, an ended stream, the batch size: their
 errors carry the Kafka codes 29, 6, 44, 10), the append lane stays each log's one writer and
 tq subscribers see Kafka-produced records like any others. Reads use the port's log (reads are
-thread-safe) up to what the broker lets subscribers see (`info().log_end`, its high
-watermark); `on_visible` wakes fetches waiting for data.
+thread-safe) up to the durable end (`info().high_watermark`), or for read_committed up to
+the last stable offset (`info().log_end`, what tq's subscribers see); `on_visible` wakes
+fetches waiting for data.
 
 What it does not know, it asks its `KafkaCluster`: which brokers have Kafka listeners, which
 topics exist with how many partitions where, which partitions it leads for reads. Under an
@@ -25,6 +26,13 @@ does not coordinate names the one that does in FindCoordinator, and its group se
 answers group requests with NOT_COORDINATOR. Producer ids are
 `node id << 32 | n`, with n reserved in blocks in `<broker data>/.tq-kafka.json`, so brokers
 never hand out the same id.
+
+Kafka transactions (`_txn`): the backend is its `TransactionCoordinator`'s `TxnLog`: the
+coordinator's records go to `__transaction_state` partition 0 as "system", markers into a
+partition this broker hosts as "system" and into another broker's over RPC as the admin
+(`secret`), the coordinator's pending offsets into `__consumer_offsets`. A task finishes
+prepared transactions and aborts timed-out ones every second. Reads for read_committed
+fetches stop at the last stable offset and carry the aborted transactions of their range.
 
 Must not: decide who may write what (the broker's core does), decode or re-encode producer
 batches, append to a log directly, or hold state the logs cannot rebuild except
@@ -40,6 +48,7 @@ import hmac
 import json
 import logging
 import os
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -56,12 +65,16 @@ from catalog.errors import (
     UnknownTopicError,
 )
 from querylib.broker import (
+    BrokerLink,
     BrokerPort,
     NotProducerError,
     OpenProducerRequest,
     ProduceRequest,
     SessionLink,
     TopicAuthorizationError,
+)
+from querylib.broker import (
+    UnknownPartitionError as BrokerUnknownPartitionError,
 )
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
@@ -76,7 +89,12 @@ from querylib.kafka._backend import (
     PartitionRead,
     TopicInfo,
 )
-from querylib.kafka._errors import NotLeaderError, PolicyViolationError, UnknownPartitionError
+from querylib.kafka._errors import (
+    InvalidTxnStateError,
+    NotLeaderError,
+    PolicyViolationError,
+    UnknownPartitionError,
+)
 from querylib.kafka._group import GroupConfig
 from querylib.kafka._group_store import GroupStore
 from querylib.kafka._offsets_format import (
@@ -88,8 +106,14 @@ from querylib.kafka._offsets_format import (
     offset_tombstone_key,
 )
 from querylib.kafka._producers import ProducerStateTable
-from querylib.log import record_at_timestamp
-from querylib.records import encode_batch, read_header, verify_batch
+from querylib.kafka._txn import TRANSACTIONS_TOPIC, TransactionCoordinator, Txn
+from querylib.log import data_records, record_at_timestamp
+from querylib.records import (
+    encode_batch,
+    read_header,
+    transaction_marker_batch,
+    verify_batch,
+)
 from querylib.rpc import kafka_password
 
 __all__ = ["OFFSETS_TOPIC", "BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
@@ -100,6 +124,8 @@ PartitionId = tuple[str, int]
 OFFSETS_TOPIC = "__consumer_offsets"
 MAX_WRITERS = 256  # principals with a broker session open for their Kafka produces
 OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
+TRANSACTIONS: PartitionId = (TRANSACTIONS_TOPIC, 0)
+TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their timeout
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
@@ -184,6 +210,11 @@ class KafkaCluster(Protocol):
         CoordinatorNotAvailableError when there is none to name now."""
         ...
 
+    def broker_address(self, node_id: int) -> str | None:
+        """The RPC address of broker `node_id` (where the transaction coordinator writes its
+        markers into partitions it does not host), None when unknown."""
+        ...
+
 
 class StandaloneCluster:
     """A broker alone: the topics are the partitions it hosts; it leads them all."""
@@ -245,6 +276,9 @@ class StandaloneCluster:
 
     def controller(self) -> int | None:
         return None  # a broker alone is its own controller
+
+    def broker_address(self, node_id: int) -> str | None:
+        return None  # no other broker
 
 
 @dataclass
@@ -322,6 +356,10 @@ class BrokerBackend:
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
         self._unwatch: Any = None
+        self._secret = secret
+        self._remote: OrderedDict[str, _Writer] = OrderedDict()  # RPC address -> admin link
+        self._txns = TransactionCoordinator(self)
+        self._expiry: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -335,19 +373,44 @@ class BrokerBackend:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._store.replay, log, end)
         await loop.run_in_executor(None, self._read_meta)
+        try:  # made by the first transactional producer
+            txn_pid = await self.port.ensure(*TRANSACTIONS, create=False)
+        except BrokerUnknownPartitionError:
+            pass
+        else:
+            txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
+            records = await loop.run_in_executor(
+                None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
+            self._txns.replay(records)
+        self._expiry = asyncio.create_task(self._expire_transactions())
         return self
+
+    async def _expire_transactions(self) -> None:
+        """Finish the transactions being ended (at start: those a stopped broker was ending)
+        and abort the ones past their timeout, every TXN_CHECK_INTERVAL."""
+        while True:
+            try:
+                await self._txns.recover()
+                await self._txns.expire()
+            except TqError as exc:  # a broker holding a partition did not answer: next round
+                logger.warning("ending transactions: %s", exc)
+            await asyncio.sleep(TXN_CHECK_INTERVAL)
 
     def advertise(self, port: int) -> None:
         """Set the port clients are told (once the listener has bound)."""
         self._me = BrokerInfo(self._me.node_id, self.config.advertised, port)
 
     async def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        for writer in list(self._writers.values()):
+        for writer in [*self._writers.values(), *self._remote.values()]:
             await writer.link.close()
         self._writers.clear()
+        self._remote.clear()
         await self._system.link.close()
         for waiters in self._waiters.values():
             for future in waiters:
@@ -572,10 +635,11 @@ class BrokerBackend:
 
     def _offsets(self, pid: PartitionId) -> PartitionOffsets:
         info = self.port.info(pid)
-        return PartitionOffsets(info.log_start, info.log_end, info.log_end)
+        high = info.high_watermark if info.high_watermark >= 0 else info.log_end
+        return PartitionOffsets(info.log_start, high, info.log_end)
 
     async def read(self, topic: str, partition: int, offset: int,
-                   max_bytes: int) -> PartitionRead:
+                   max_bytes: int, *, committed: bool = False) -> PartitionRead:
         pid = await self._hosted(topic, partition)
         offsets = self._offsets(pid)
         if not offsets.log_start_offset <= offset <= offsets.high_watermark:
@@ -583,11 +647,14 @@ class BrokerBackend:
                 f"offset {offset} of {topic}-{partition} is outside "
                 f"{offsets.log_start_offset}..{offsets.high_watermark}")
         read = PartitionRead(offsets)
-        if offset < offsets.high_watermark:
+        end = offsets.last_stable_offset if committed else offsets.high_watermark
+        if committed:
+            read.aborted = self.port.aborted_transactions(pid, offset, end)
+        if offset < end:
             log = self.port.log(pid)
             while True:
                 try:
-                    chunk = log.read_slice(offset, max_bytes, end_offset=offsets.high_watermark)
+                    chunk = log.read_slice(offset, max_bytes, end_offset=end)
                     break
                 except QuarantinedDataError as exc:
                     # Offsets `tq log repair` quarantined are a gap Kafka clients step over,
@@ -701,6 +768,76 @@ class BrokerBackend:
             os.replace(tmp, path)
         except OSError as exc:
             raise StorageError(f"{path}: cannot write: {exc}") from exc
+
+    # ---- transactions (the coordinator's TxnLog) -----------------------------------------------
+
+    @property
+    def transactions(self) -> TransactionCoordinator:
+        return self._txns
+
+    async def write_txn(self, txn: Txn) -> None:
+        await self._system.produce(TRANSACTIONS, encode_batch(
+            [(self._now_ms(), *txn.encode(), ())]), create=True)
+
+    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
+                           commit: bool) -> None:
+        pid = (TopicName.parse(topic).short, partition)
+        marker = transaction_marker_batch(producer_id, epoch, commit, timestamp=self._now_ms())
+        if not self.port.hosts(pid) and not await self.cluster.placed_here(
+                TopicName.parse(topic), partition):
+            writer = await self._remote_writer(await self._leader_address(pid))
+            await writer.produce(pid, marker, create=False)
+            return
+        part = self._partition(pid)
+        async with part.lock:
+            await self._system.produce(pid, marker, create=False)
+            part.producers.fence(producer_id, epoch)
+
+    async def marks_partition(self, topic: str, partition: int) -> bool:
+        pid = (TopicName.parse(topic).short, partition)
+        if self.port.hosts(pid):
+            return True
+        try:
+            await self._leader_address(pid)
+        except TqError:
+            return False
+        return True
+
+    async def _leader_address(self, pid: PartitionId) -> str:
+        """The RPC address of the broker leading `pid`, which this one may write markers to
+        (as the admin: it holds the cluster secret)."""
+        known = await self.cluster.kafka_topics([pid[0]])
+        if not known or not 0 <= pid[1] < len(known[0].partitions):
+            raise UnknownPartitionError(f"topic {pid[0]!r} has no partition {pid[1]}")
+        address = self.cluster.broker_address(known[0].partitions[pid[1]].leader)
+        if address is None or self._secret is None:
+            raise InvalidTxnStateError(
+                f"{pid[0]}-{pid[1]} is on a broker the transaction coordinator cannot write to")
+        return address
+
+    async def _remote_writer(self, address: str) -> _Writer:
+        """An admin session on the broker at `address`, opened on first use (at most
+        MAX_WRITERS, the least recently used closed)."""
+        async with self._writers_lock:
+            writer = self._remote.get(address)
+            if writer is not None:
+                self._remote.move_to_end(address)
+                return writer
+            assert self._secret is not None
+            writer = _Writer(BrokerLink(address, self._secret, lease=self.config.lease))
+            await writer.link.start()
+            self._remote[address] = writer
+            while len(self._remote) > MAX_WRITERS:
+                _, old = self._remote.popitem(last=False)
+                await old.link.close()
+            return writer
+
+    async def commit_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
+        await self.store_offsets(group_id, offsets)
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)
 
     # ---- groups -------------------------------------------------------------------------------
 

@@ -12,6 +12,9 @@
         ├── NotLeaderError, UnknownPartitionError, InvalidTopicError, InvalidRequiredAcksError
         ├── OutOfOrderSequenceError, DuplicateSequenceError, InvalidProducerEpochError
         ├── TransactionsNotSupportedError
+        ├── ProducerFencedError, InvalidProducerIdMappingError, InvalidTxnStateError,
+        │   ConcurrentTransactionsError, InvalidTransactionTimeoutError,
+        │   TransactionalIdAuthorizationError     transactions (`_txn`)
         ├── PolicyViolationError       a limit of this endpoint (e.g. the number of topics)
         ├── SaslError                  SASL (DESIGN §12): the connection is closed after the
         │   ├── UnsupportedSaslMechanismError, IllegalSaslStateError  answer
@@ -30,6 +33,7 @@ from kio.schema.errors import ErrorCode
 from catalog.errors import ProtocolError, TqError, UserError
 
 __all__ = [
+    "ConcurrentTransactionsError",
     "CoordinatorNotAvailableError",
     "DuplicateSequenceError",
     "ErrorCode",
@@ -37,8 +41,11 @@ __all__ = [
     "GroupAuthorizationFailedError",
     "IllegalSaslStateError",
     "InvalidProducerEpochError",
+    "InvalidProducerIdMappingError",
     "InvalidRequiredAcksError",
     "InvalidTopicError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "KafkaProtocolError",
     "KafkaRequestError",
     "ListenError",
@@ -46,8 +53,10 @@ __all__ = [
     "NotLeaderError",
     "OutOfOrderSequenceError",
     "PolicyViolationError",
+    "ProducerFencedError",
     "SaslAuthenticationFailedError",
     "SaslError",
+    "TransactionalIdAuthorizationError",
     "TransactionsNotSupportedError",
     "UnknownPartitionError",
     "UnsupportedSaslMechanismError",
@@ -137,6 +146,38 @@ class InvalidProducerEpochError(KafkaRequestError):
 class TransactionsNotSupportedError(KafkaRequestError):
     """tq has no transaction coordinator: transactional ids and batches are refused."""
 
+    kafka_error_code = ErrorCode.transactional_id_authorization_failed.value
+
+
+class ProducerFencedError(KafkaRequestError):
+    """A transactional producer whose epoch a newer producer of its transactional id (or a
+    timeout) superseded."""
+    kafka_error_code = ErrorCode.producer_fenced.value
+
+
+class InvalidProducerIdMappingError(KafkaRequestError):
+    """The producer id does not hold the transactional id it names."""
+    kafka_error_code = ErrorCode.invalid_producer_id_mapping.value
+
+
+class InvalidTxnStateError(KafkaRequestError):
+    """A transaction request out of turn (EndTxn with nothing open, offsets of a group not
+    added, a partition the coordinator cannot mark)."""
+    kafka_error_code = ErrorCode.invalid_txn_state.value
+
+
+class ConcurrentTransactionsError(KafkaRequestError):
+    """The transaction is being ended; the client retries."""
+    retriable = True
+    kafka_error_code = ErrorCode.concurrent_transactions.value
+
+
+class InvalidTransactionTimeoutError(KafkaRequestError):
+    kafka_error_code = ErrorCode.invalid_transaction_timeout.value
+
+
+class TransactionalIdAuthorizationError(KafkaRequestError):
+    """The transactional id belongs to another principal."""
     kafka_error_code = ErrorCode.transactional_id_authorization_failed.value
 
 

@@ -16,7 +16,8 @@ byte against kio's encoding of the same response at every served version.
         high_watermark      int64
         last_stable_offset  int64
         log_start_offset    int64   v5+
-        aborted_transactions  nullable [producer_id int64, first_offset int64]  (always null)
+        aborted_transactions  nullable [producer_id int64, first_offset int64]  (null unless
+                                read_committed)
         preferred_read_replica  int32   v11+  (always -1)
         records             nullable bytes (int32 length): whole stored batches
 
@@ -47,6 +48,7 @@ _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _PARTITION_V4 = struct.Struct(">ihqq")  # index, error_code, high_watermark, last_stable_offset
 _I64 = struct.Struct(">q")
+_ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _NULL_ARRAY = _I32.pack(-1)
 _NO_REPLICA = _I32.pack(-1)
 FLEXIBLE_FROM = 12  # compact encodings and tagged fields
@@ -72,6 +74,7 @@ class FetchedPartition:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: Sequence[Chunk] = field(default_factory=tuple)
+    aborted: Sequence[tuple[int, int]] | None = None  # (producer id, first offset)
 
     @property
     def records_size(self) -> int:
@@ -131,11 +134,22 @@ def encode_fetch_response(
             if version >= 5:
                 pending += _I64.pack(p.log_start_offset)
             if flexible:
-                pending += b"\x00"  # aborted_transactions: null
+                if p.aborted is None:
+                    pending += b"\x00"  # aborted_transactions: null
+                else:
+                    pending += uvarint(len(p.aborted) + 1)
+                    for producer_id, first_offset in p.aborted:
+                        pending += _ABORTED.pack(producer_id, first_offset)
+                        pending += b"\x00"  # no tagged fields
                 pending += _NO_REPLICA
                 pending += uvarint(p.records_size + 1)
             else:
-                pending += _NULL_ARRAY
+                if p.aborted is None:
+                    pending += _NULL_ARRAY
+                else:
+                    pending += _I32.pack(len(p.aborted))
+                    for producer_id, first_offset in p.aborted:
+                        pending += _ABORTED.pack(producer_id, first_offset)
                 if version >= 11:
                     pending += _NO_REPLICA
                 pending += _I32.pack(p.records_size)

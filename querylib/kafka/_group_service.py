@@ -47,6 +47,7 @@ logger = logging.getLogger("querylib.kafka")
 
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 _COORDINATOR_GROUP = 0  # FindCoordinator key types
+_COORDINATOR_TXN = 1
 _TIMER_IDLE = 3600.0
 
 
@@ -157,10 +158,12 @@ class GroupService:
     async def _coordinator(self, key_type: int, key: str) -> dict[str, Any]:
         data: dict[str, Any] = {"key": key, "error_code": ErrorCode.none,
                                 "error_message": None, "node_id": -1, "host": "", "port": -1}
-        if key_type != _COORDINATOR_GROUP:
-            data["error_code"] = ErrorCode.coordinator_not_available
-            data["error_message"] = "tq has no transaction coordinator"
+        if key_type not in (_COORDINATOR_GROUP, _COORDINATOR_TXN):
+            data["error_code"] = ErrorCode.invalid_request
+            data["error_message"] = "tq coordinates groups (0) and transactions (1)"
         else:
+            # Transactions are coordinated where groups are (`_txn`): TxnOffsetCommit then
+            # meets its transaction on the same broker.
             try:
                 broker = await self.backend.coordinator(key)
                 data.update(node_id=broker.node_id, host=broker.host, port=broker.port)

@@ -30,7 +30,6 @@ from querylib.kafka._backend import KafkaBackend, PartitionRead, TopicInfo
 from querylib.kafka._errors import (
     ErrorCode,
     InvalidRequiredAcksError,
-    TransactionsNotSupportedError,
     error_code_of,
 )
 from querylib.kafka._fetch import (
@@ -45,12 +44,12 @@ from querylib.records import MAX_BATCH_SIZE, read_header
 __all__ = ["DataHandlers", "RawResponse", "RequestContext", "api_versions_error",
            "oversized_produce_response"]
 
-_TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 # ListOffsets timestamps: latest, earliest, the record with the largest timestamp (v7+), the
 # earliest in local storage (v8+: tq keeps every segment locally, so the log start).
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 _NO_TOPIC_ID = uuid.UUID(int=0)
+READ_COMMITTED = 1  # isolation_level of Fetch and ListOffsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +188,6 @@ class DataHandlers:
             refusal = ErrorCode.unsupported_version  # as Kafka 4 answers Produce v0-2
         elif acks not in (0, 1, -1):
             refusal = error_code_of(InvalidRequiredAcksError(f"acks {acks}"))
-        elif request.transactional_id is not None:
-            refusal = error_code_of(TransactionsNotSupportedError("no transactions"))
         responses = []
         for topic in request.topic_data:
             partitions = []
@@ -270,6 +267,7 @@ class DataHandlers:
         """One pass over the requested partitions: (topics, bytes, errors?); the reads whose
         slices the response will send are added to `reads` (the caller closes them)."""
         budget = getattr(request, "max_bytes", 0x7FFFFFFF)
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         topics: list[FetchedTopic] = []
         total = 0
         failed = False
@@ -289,8 +287,9 @@ class DataHandlers:
                     else:
                         limit = min(p.partition_max_bytes, budget - total)
                         read = await self.backend.read(name, p.partition, p.fetch_offset,
-                                                       max(limit, 0))
+                                                       max(limit, 0), committed=committed)
                         offsets = read.offsets
+                        entry.aborted = read.aborted
                         if total and read.size > budget - total:
                             read.close()  # only the first partition may exceed the limits
                         else:
@@ -312,6 +311,7 @@ class DataHandlers:
     # ---- ListOffsets, InitProducerId ------------------------------------------------------------
 
     async def list_offsets(self, ctx: RequestContext, request: Any) -> Any:
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         topics = []
         for topic in request.topics:
             partitions = []
@@ -322,7 +322,9 @@ class DataHandlers:
                 try:
                     if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL):
                         offsets = await self.backend.offsets(topic.name, p.partition_index)
-                        entry["offset"] = (offsets.high_watermark if p.timestamp == LATEST
+                        latest = (offsets.last_stable_offset if committed
+                                  else offsets.high_watermark)
+                        entry["offset"] = (latest if p.timestamp == LATEST
                                            else offsets.log_start_offset)
                     elif p.timestamp == MAX_TIMESTAMP:
                         found = await self.backend.offset_of_max_timestamp(
@@ -342,16 +344,22 @@ class DataHandlers:
                               {"throttle_time": 0, "topics": topics})
 
     async def init_producer_id(self, ctx: RequestContext, request: Any) -> Any:
-        if request.transactional_id is not None:
-            code, pid = ErrorCode.transactional_id_authorization_failed, -1
-        else:
-            try:
-                code, pid = ErrorCode.none, await self.backend.allocate_producer_id()
-            except TqError as exc:
-                code, pid = error_code_of(exc), -1
+        code, pid, epoch = ErrorCode.none, -1, -1
+        try:
+            if request.transactional_id is not None:
+                if not await self.backend.coordinates(request.transactional_id):
+                    code = ErrorCode.not_coordinator
+                else:
+                    pid, epoch = await self.backend.transactions.init_producer_id(
+                        request.transactional_id, millis(request.transaction_timeout),
+                        ctx.principal)
+            else:
+                pid, epoch = await self.backend.allocate_producer_id(), 0
+        except TqError as exc:
+            code, pid, epoch = error_code_of(exc), -1, -1
         return build_response(ApiKey.INIT_PRODUCER_ID, ctx.api_version, {
             "throttle_time": 0, "error_code": code, "producer_id": pid,
-            "producer_epoch": 0 if pid >= 0 else -1})
+            "producer_epoch": epoch})
 
     # ---- CreateTopics ----------------------------------------------------------------------------
 
@@ -407,8 +415,6 @@ def _single_batch(records: bytes | None) -> bytes:
     header = read_header(records)
     if header.size != len(records):
         raise InvalidRecordError("produce request must hold exactly one record batch")
-    if header.attributes & _TRANSACTIONAL:
-        raise TransactionsNotSupportedError("transactional batches are not supported")
     if header.attributes & _CONTROL:
         raise InvalidRecordError("clients may not produce control batches")
     return records

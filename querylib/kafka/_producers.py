@@ -102,6 +102,16 @@ class ProducerStateTable:
         raise OutOfOrderSequenceError(
             f"producer {pid} sequence {first} does not follow {previous}")
 
+    def fence(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker of `epoch` was written: batches of older epochs are refused
+        from now on (a fenced transactional producer)."""
+        producer = self._producers.pop(producer_id, None)
+        if producer is None or producer.epoch != epoch:
+            producer = _Producer(epoch)
+        self._producers[producer_id] = producer
+        while len(self._producers) > self._max_producers:
+            del self._producers[next(iter(self._producers))]
+
     def record(self, header: BatchHeader, base_offset: int) -> None:
         """Remember an appended batch."""
         pid = header.producer_id

@@ -77,6 +77,7 @@ from querylib.kafka._handlers import (
     oversized_produce_response,
 )
 from querylib.kafka._sasl import MECHANISMS, SaslExchange, principal_of_username
+from querylib.kafka._txn_service import TxnHandlers
 
 __all__ = ["KafkaListener", "ListenerStats"]
 
@@ -321,6 +322,7 @@ class KafkaListener:
         self._tcp: TcpListener | None = None
         g = self.groups
         admin = AdminHandlers(backend)
+        txn = TxnHandlers(backend)
         self._handlers: dict[int, Handler] = {
             ApiKey.PRODUCE: self._data.produce,
             ApiKey.FETCH: self._data.fetch,
@@ -346,6 +348,10 @@ class KafkaListener:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
             ApiKey.DELETE_GROUPS: g.delete_groups,
             ApiKey.OFFSET_DELETE: g.offset_delete,
+            ApiKey.ADD_PARTITIONS_TO_TXN: txn.add_partitions_to_txn,
+            ApiKey.ADD_OFFSETS_TO_TXN: txn.add_offsets_to_txn,
+            ApiKey.END_TXN: txn.end_txn,
+            ApiKey.TXN_OFFSET_COMMIT: txn.txn_offset_commit,
         }
 
     @property

@@ -32,6 +32,8 @@ from querylib.records._control import (
     frontier_batch,
     frontier_of,
     reopen_batch,
+    transaction_marker_batch,
+    without_aborted,
 )
 from querylib.records._decode import decode_batch, verify_batch
 from querylib.records._encode import encode_batch
@@ -89,6 +91,8 @@ __all__ = [
     "iter_batches",
     "read_header",
     "reopen_batch",
+    "transaction_marker_batch",
+    "without_aborted",
     "stamp_base_offset",
     "stamp_producer",
     "stamp_producer_split",

@@ -6,12 +6,13 @@ Control batches (attributes bit 5) hold records whose key is Kafka's control key
                     100 FRONTIER, 101 END_OF_STREAM, 102 REOPEN (tq's; Kafka clients skip
                     control batches)
 tq's control batches have producerId -1 and are not transactional, so Kafka consumers in
-read_committed mode never take them for transaction markers. A FRONTIER record's value is the new
-frontier as int64 big-endian, followed by the stream's epoch as int64 when that is not 0;
-END_OF_STREAM records have a null value. A REOPEN record says the stream goes on after an
-END_OF_STREAM (that end is superseded): with a null value it goes on from its frontier, with
-an int64 value E a new epoch E starts there, its frontier back at 0 (a run of the stream's
-publisher after an earlier one, DESIGN §5 "Epochs").
+read_committed mode never take them for transaction markers. Transaction markers (ABORT,
+COMMIT) are Kafka's: transactional control batches of the transaction's producer. A FRONTIER
+record's value is the new frontier as int64 big-endian, followed by the stream's epoch as int64
+when that is not 0; END_OF_STREAM records have a null value. A REOPEN record says the stream
+goes on after an END_OF_STREAM (that end is superseded): with a null value it goes on from its
+frontier, with an int64 value E a new epoch E starts there, its frontier back at 0 (a run of
+the stream's publisher after an earlier one, DESIGN §5 "Epochs").
 
 tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
 (the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
@@ -24,7 +25,8 @@ from enum import IntEnum
 
 from querylib.errors import InvalidRecordError
 from querylib.records._encode import encode_batch
-from querylib.records._types import Record
+from querylib.records._header import read_header
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT, Record
 
 TIME_HEADER = "tq.time"
 DIFF_HEADER = "tq.diff"
@@ -85,6 +87,46 @@ def reopen_batch(*, timestamp: int, epoch: int = 0) -> bytes:
     value = encode_int64(epoch) if epoch else None
     return encode_batch([(timestamp, control_key(ControlType.REOPEN), value, ())],
                         is_control=True)
+
+
+_MARKER_VALUE = struct.Struct(">hi")  # EndTransactionMarker: version 0, coordinator epoch
+
+
+def transaction_marker_batch(producer_id: int, epoch: int, commit: bool, *,
+                             timestamp: int) -> bytes:
+    """A Kafka transaction marker: a transactional control batch of the producer holding one
+    COMMIT or ABORT record (Kafka's EndTransactionMarker value: version 0, coordinator
+    epoch 0)."""
+    kind = ControlType.COMMIT if commit else ControlType.ABORT
+    return encode_batch([(timestamp, control_key(kind), _MARKER_VALUE.pack(0, 0), ())],
+                        producer_id=producer_id, producer_epoch=epoch, is_transactional=True,
+                        is_control=True)
+
+
+def without_aborted(data: bytes, aborted: list[tuple[int, int, int]]) -> bytes:
+    """`data` (whole batches) without the batches of the aborted Kafka transactions in
+    `aborted`, (producer id, first offset, marker offset) each: the transactional data
+    batches of that producer from its first offset up to its marker. `data` itself when none
+    is there."""
+    if not aborted:
+        return data
+    kept: list[bytes] = []
+    pos = taken = 0
+    view = memoryview(data)
+    while pos < len(data):
+        header = read_header(data, pos)
+        following = pos + header.size
+        attributes = header.attributes
+        if (attributes & TRANSACTIONAL_BIT and not attributes & CONTROL_BIT
+                and any(pid == header.producer_id and first <= header.base_offset < marker
+                        for pid, first, marker in aborted)):
+            kept.append(bytes(view[taken:pos]))
+            taken = following
+        pos = following
+    if taken == 0:
+        return data
+    kept.append(bytes(view[taken:]))
+    return b"".join(kept)
 
 
 def control_of(record: Record) -> tuple[ControlType, bytes | None]:

@@ -9,14 +9,18 @@ the file does not hold completely, and an index entry is only a hint, checked ag
 header it points at. With no cluster to ask, a bare topic name means public/default here,
 whatever the default of the cluster whose data dir it is (name other namespaces in full).
 
-Offsets are those on disk now: `offset_range` gives (log start, end of the last whole batch).
+Offsets are those on disk now: `offset_range` gives (log start, end of the last whole batch,
+or the first record of a Kafka transaction still open there: the last stable offset, as the
+broker's readers get).
 What a broker has not flushed may already be visible here; what it truncates at recovery may
 have been read. A segment removed by retention while a read has it open stays readable (the
 open descriptor keeps it); one removed before is DataLossError or, with failOnDataLoss=false,
 skipped. Damaged offsets are never skipped: the ranges the broker recorded beside a segment
 (`querylib.log.segment_damage`), and any offsets a read cannot get to (bytes that are no batch
 before the segment ends, offsets that jump), raise CorruptDataError, as a read through the
-broker does.
+broker does. Kafka transactions: `transactions` walks a partition's batch headers once (cached
+while its segments do not change) for the open and the aborted ones; reads leave out the
+batches of aborted transactions, as the broker does for its subscribers.
 
 Must not: write, lock or rename anything in the data dir.
 """
@@ -33,7 +37,18 @@ from collections.abc import Generator, Iterator
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError, UnknownTopicError
 from querylib.log import Damage, corrupt_data_error, parse_segment_name, segment_damage
-from querylib.records import HEADER_SIZE, LOG_OVERHEAD, MAX_BATCH_SIZE
+from querylib.records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAX_BATCH_SIZE,
+    BatchHeader,
+    ControlType,
+    control_of,
+    decode_batch,
+    read_header,
+    without_aborted,
+)
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 from querylib.spark._errors import DataLossError
 
 __all__ = ["LocalDir", "CHUNK_BYTES"]
@@ -135,6 +150,9 @@ class LocalDir:
     """The topics of one data dir, read from their files."""
 
     def __init__(self, data_dir: str) -> None:
+        # partition path -> (its segments' (base, size), its transactions)
+        self._txns: dict[str, tuple[list[tuple[int, int]],
+                                    tuple[int | None, list[tuple[int, int, int]]]]] = {}
         self.data_dir = os.path.abspath(data_dir)
         if not os.path.isdir(self.data_dir):
             raise StorageError(f"data dir {data_dir} does not exist or is not a directory")
@@ -178,7 +196,43 @@ class LocalDir:
             return 0, 0
         last = segments[-1]
         end = self._scan_end(last)
+        open_first, _ = self.transactions(topic, partition)
+        if open_first is not None:
+            end = min(end, max(open_first, segments[0].base))
         return segments[0].base, end
+
+    def transactions(self, topic: str, partition: int
+                     ) -> tuple[int | None, list[tuple[int, int, int]]]:
+        """(first offset of the first Kafka transaction open in the partition, or None; the
+        aborted ones as (producer id, first offset, marker offset)), from its batch headers
+        and markers. Cached while its segments keep their sizes."""
+        path = self._partition_path(topic, partition)
+        segments = _segments(path)
+        signature = []
+        for segment in segments:
+            try:
+                signature.append((segment.base, os.stat(segment.path).st_size))
+            except FileNotFoundError:
+                continue
+        cached = self._txns.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        opened: dict[int, int] = {}
+        aborted: list[tuple[int, int, int]] = []
+        for segment in segments:
+            for attributes, header, batch in _transactional_batches(segment.path):
+                pid = header.producer_id
+                if not attributes & CONTROL_BIT:
+                    opened.setdefault(pid, header.base_offset)
+                    continue
+                records = decode_batch(batch, verify_crc=False).records
+                kind = control_of(records[0])[0] if records else None
+                first = opened.pop(pid, segments[0].base)
+                if kind == ControlType.ABORT:
+                    aborted.append((pid, first, header.base_offset))
+        found = (min(opened.values()) if opened else None, aborted)
+        self._txns[path] = (signature, found)
+        return found
 
     def _scan_end(self, segment: _Segment) -> int:
         """The offset after the last whole batch of a segment (its base when empty)."""
@@ -205,6 +259,16 @@ class LocalDir:
         holding `start` on. The caller drops offsets outside the range. A buffer is bytes, or
         a memoryview of the start of a bytes (a chunk cut after its last whole batch: not
         copying it saves about a tenth of a read)."""
+        _, aborted = self.transactions(topic, partition)
+        if not aborted:
+            return self._read(topic, partition, start, stop, fail_on_data_loss=fail_on_data_loss,
+                              chunk_bytes=chunk_bytes)
+        return (without_aborted(bytes(buf), aborted) for buf in self._read(
+            topic, partition, start, stop, fail_on_data_loss=fail_on_data_loss,
+            chunk_bytes=chunk_bytes))
+
+    def _read(self, topic: str, partition: int, start: int, stop: int, *,
+              fail_on_data_loss: bool, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         path = self._partition_path(topic, partition)
         segments = _segments(path)
         if not segments or start < segments[0].base:
@@ -318,6 +382,33 @@ def _batch_length(buf: bytes) -> int | None:
     if magic != 2 or not HEADER_SIZE - LOG_OVERHEAD <= length <= MAX_BATCH_SIZE:
         return None
     return LOG_OVERHEAD + length
+
+
+def _transactional_batches(path: str) -> Iterator[tuple[int, BatchHeader, bytes]]:
+    """(attributes, header, batch bytes for a marker else b"") of each transactional batch of a
+    segment file with a producer id, in order, up to the end of its whole batches."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot open: {exc}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position < size:
+            raw = _pread(fd, HEADER_SIZE, position)
+            length = _batch_length(raw)
+            if length is None or position + length > size:
+                return
+            header = read_header(raw)
+            attributes = header.attributes
+            if attributes & TRANSACTIONAL_BIT and header.producer_id >= 0:
+                batch = _pread(fd, length, position) if attributes & CONTROL_BIT else b""
+                yield attributes, header, batch
+            position += length
+    finally:
+        os.close(fd)
 
 
 def _walk_to_end(fd: int, position: int, size: int) -> int | None:

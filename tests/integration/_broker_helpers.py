@@ -55,11 +55,14 @@ class Lines:
 
 
 def start_broker(processes: Processes, data: Path, port: int, secret_path: str,
-                 secret: bytes, *, flush: str = "never") -> subprocess.Popen:
-    """`tq broker` as a child process; returns once it answers requests."""
+                 secret: bytes, *, flush: str = "never",
+                 kafka_port: int | None = None) -> subprocess.Popen:
+    """`tq broker` as a child process (with a Kafka listener on `kafka_port`); returns once
+    it answers requests."""
+    kafka = () if kafka_port is None else ("--kafka-port", str(kafka_port))
     proc = processes.python("-m", "tests.integration._tq", "broker", "--data", str(data),
                             "--listen", f"tcp://127.0.0.1:{port}", "--secret-file",
-                            secret_path, "--flush", flush)
+                            secret_path, "--flush", flush, *kafka)
 
     def answers() -> bool:
         if proc.poll() is not None:

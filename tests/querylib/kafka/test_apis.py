@@ -107,6 +107,16 @@ def _minimal(api_key: int) -> dict:
         ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": []},
         ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False,
                                   "endpoint_type": 1, "include_fenced_brokers": False},
+        ApiKey.ADD_PARTITIONS_TO_TXN: {"v3_and_below_transactional_id": "t",
+                                       "v3_and_below_producer_id": 1,
+                                       "v3_and_below_producer_epoch": 0,
+                                       "v3_and_below_topics": []},
+        ApiKey.ADD_OFFSETS_TO_TXN: {"transactional_id": "t", "producer_id": 1,
+                                    "producer_epoch": 0, "group_id": "g"},
+        ApiKey.END_TXN: {"transactional_id": "t", "producer_id": 1, "producer_epoch": 0,
+                         "committed": True},
+        ApiKey.TXN_OFFSET_COMMIT: {"transactional_id": "t", "group_id": "g",
+                                   "producer_id": 1, "producer_epoch": 0, "topics": []},
         ApiKey.SASL_HANDSHAKE: {"mechanism": "PLAIN"},
         ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b""},
     }[api_key]
@@ -115,7 +125,7 @@ def _minimal(api_key: int) -> dict:
 @pytest.mark.parametrize(("api_key", "version"), [
     (ApiKey.FETCH, 3), (ApiKey.FETCH, 18), (ApiKey.METADATA, 14), (ApiKey.API_VERSIONS, 5),
     (ApiKey.OFFSET_COMMIT, 10), (ApiKey.OFFSET_FETCH, 10), (ApiKey.PRODUCE, 13),
-    (ApiKey.LIST_OFFSETS, 9), (25, 0), (-1, 0), (1000, 0)])
+    (ApiKey.LIST_OFFSETS, 9), (ApiKey.END_TXN, 3), (27, 0), (-1, 0), (1000, 0)])
 def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int) -> None:
     with pytest.raises(UnsupportedRequestError):
         decode_request(api_key, version, b"", 0)

@@ -315,9 +315,13 @@ def test_init_producer_id(client: WireClient, version: int) -> None:
     second = client.call(make_request(A.INIT_PRODUCER_ID, version, transactional_id=None,
                                       transaction_timeout=1000))
     assert first.error_code is ErrorCode.none and second.producer_id > first.producer_id
-    transactional = client.call(make_request(A.INIT_PRODUCER_ID, version, transactional_id="tx",
-                                             transaction_timeout=1000))
-    assert transactional.error_code is ErrorCode.transactional_id_authorization_failed
+    # A transactional id keeps its producer id; each init bumps the epoch (fencing the last).
+    transactional = [client.call(make_request(A.INIT_PRODUCER_ID, version,
+                                              transactional_id="tx", transaction_timeout=1000))
+                     for _ in range(2)]
+    assert [t.error_code for t in transactional] == [ErrorCode.none] * 2
+    assert transactional[0].producer_id == transactional[1].producer_id
+    assert transactional[1].producer_epoch == transactional[0].producer_epoch + 1
 
 
 @pytest.mark.parametrize("version", versions(A.DESCRIBE_CONFIGS))
@@ -378,12 +382,7 @@ def test_produce_refusals_are_error_codes(client: WireClient) -> None:
         # tq's own topics are tq's to write (the broker's core decides, for every way in)
         (produce(7, "__consumer_offsets", 0, batch(b"x")),
          ErrorCode.topic_authorization_failed),
-        (produce(7, "t", 0, batch(b"x", is_transactional=True, producer_id=1,
-                                  producer_epoch=0, base_sequence=0)),
-         ErrorCode.transactional_id_authorization_failed),
         (produce(7, "t", 0, batch(b"x"), acks=2), ErrorCode.invalid_required_acks),
-        (produce(7, "t", 0, batch(b"x"), transactional_id="tx"),
-         ErrorCode.transactional_id_authorization_failed),
     ]
     for request, error in cases:
         response = client.call(request)
