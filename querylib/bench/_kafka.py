@@ -29,12 +29,20 @@ Goal: >= 200 MB/s for the tuned consumer. Needs confluent-kafka (the `test` extr
   TQ_BENCH_TXN_RECORDS (default 500,000) 100-byte records, idempotent (acks=all) and
   transactional (commits every 10,000 records), alternated. min/median/max of records/s;
   goal: transactional >= 0.8x idempotent (medians).
+
+- kafka_tq_up: the same through `tq up`'s own Kafka listener (the executor broker's: topics
+  auto-created in the catalog, groups and transactions coordinated by the coordinator's broker,
+  markers crossing brokers) against a bare `tq kafka` listener on a data dir, alternated, same
+  run: per round TQ_BENCH_UP_RECORDS (default 300,000) 100-byte records produced and consumed
+  on each, then produced in transactions through `tq up`. min/median/max of records/s; goal:
+  `tq up` >= 0.9x the bare listener (medians), transactional >= 0.8x idempotent.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -341,3 +349,78 @@ def run() -> Iterator[dict[str, Any]]:
         shutil.rmtree(data_dir, ignore_errors=True)
     yield sasl_cost()
     yield transactional_cost()
+    yield up_cost()
+
+
+def _start_up(home: str, kafka_port: int) -> subprocess.Popen[bytes]:
+    """`tq up` in its own TQ_HOME, every endpoint on a free port (the connector off)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQ_")} | {"TQ_HOME": home}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "querylib.cli", "up", "--listen",
+         f"tcp://127.0.0.1:{_free_port()}", "--kafka-port", str(kafka_port),
+         "--connector-port", "-1", "--coordinator-kafka-port", str(_free_port())],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not os.path.exists(os.path.join(home, "cluster.json")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            assert proc.stderr is not None
+            raise RuntimeError(f"tq up did not start: {proc.stderr.read().decode()[-400:]}")
+        time.sleep(0.1)
+    return _accepting(proc, kafka_port)
+
+
+def up_cost(rounds: int = 3) -> dict[str, Any]:
+    """Produce and consume through `tq up`'s listener and a bare one, alternated; then
+    transactional and idempotent produce through `tq up`."""
+    from querylib.bench._baseline import spread
+
+    records = int(os.environ.get("TQ_BENCH_UP_RECORDS", "300000"))
+    root = tempfile.mkdtemp(prefix="tq-bench-up-")
+    procs: list[subprocess.Popen[bytes]] = []
+    up = None
+    try:
+        ports = {"bare": _free_port(), "tq_up": _free_port()}
+        procs.append(_start_listener(os.path.join(root, "bare"), ports["bare"]))
+        up = _start_up(os.path.join(root, "home"), ports["tq_up"])
+        procs.append(up)
+        configs = {name: {"bootstrap.servers": f"127.0.0.1:{port}"}
+                   for name, port in ports.items()}
+        rates: dict[str, list[float]] = {f"{n}_{w}": [] for n in configs
+                                         for w in ("produce", "consume")}
+        rates |= {"tq_up_idempotent": [], "tq_up_transactional": []}
+        for round_ in range(rounds):
+            for name, config in configs.items():
+                produced, consumed = _produce_consume(config, f"up-{round_}", records)
+                rates[f"{name}_produce"].append(produced)
+                rates[f"{name}_consume"].append(consumed)
+            for kind in ("idempotent", "transactional"):
+                rates[f"tq_up_{kind}"].append(_produce_rate(
+                    configs["tq_up"], f"up-{kind}-{round_}", records,
+                    transactional=kind == "transactional"))
+        figures: dict[str, Any] = {k: spread(v) for k, v in rates.items()}
+        figures |= {"rounds": rounds, "records": records,
+                    "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+        def ratio(a: str, b: str) -> float:
+            return round(figures[a]["median"] / max(figures[b]["median"], 1), 3)
+
+        return {"case": "kafka_tq_up", "figures": figures,
+                "baseline": "a bare `tq kafka` listener on a data dir, same run, alternated",
+                "ratio": {"produce": ratio("tq_up_produce", "bare_produce"),
+                          "consume": ratio("tq_up_consume", "bare_consume"),
+                          "transactional": ratio("tq_up_transactional", "tq_up_idempotent")},
+                "goal": "tq up >= 0.9x the bare listener; transactional >= 0.8x idempotent"}
+    finally:
+        for proc in procs:
+            if proc.poll() is None and proc is up:
+                os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: tq up stops its cluster
+            elif proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
