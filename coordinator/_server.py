@@ -364,22 +364,13 @@ class Coordinator:
     # -- requests ------------------------------------------------------------------------------
 
     async def _serve(self, request: Any, ctx: Context) -> Any:
-        loop = asyncio.get_running_loop()
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
         session_id = getattr(request, "session_id", None)
         if (session_id is not None and self._peers.get(session_id) != ctx.peer
                 and session_id in self.state.leases):  # type: ignore[union-attr]
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
-        token = _Token(ctx.peer)
-        self._feed(Received(token, request, loop.time(), _wall_ms(), ctx.peer, ctx.principal))
-        if not token.answered:
-            token.future = loop.create_future()
-            reply = await token.future
-        elif token.error is not None:
-            raise token.error
-        else:
-            reply = token.reply
+        reply = await self._ask_core(request, ctx.peer, ctx.principal)
         if isinstance(reply, m.UserCredential):
             # The core holds no key: the new one is derived and sealed here, for the asker.
             key = self.keys.key(reply.user.principal, reply.user.generation)
@@ -396,18 +387,20 @@ class Coordinator:
 
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
+        reply = await self._ask_core(CreateIngestTopic(name, partitions), b"", SYSTEM_PRINCIPAL)
+        return reply.topic
+
+    async def _ask_core(self, request: Any, peer: bytes, principal: str) -> Any:
+        """Hand `request` to the core and wait for its answer (raised if it is an error)."""
         loop = asyncio.get_running_loop()
-        token = _Token(b"")
-        self._feed(Received(token, CreateIngestTopic(name, partitions), loop.time(),
-                            _wall_ms(), b"", SYSTEM_PRINCIPAL))
+        token = _Token(peer)
+        self._feed(Received(token, request, loop.time(), _wall_ms(), peer, principal))
         if not token.answered:
             token.future = loop.create_future()
-            reply = await token.future
-        elif token.error is not None:
+            return await token.future
+        if token.error is not None:
             raise token.error
-        else:
-            reply = token.reply
-        return reply.topic
+        return token.reply
 
     async def _serve_as_admin(self, request: Any) -> Any:
         """A request of this process's own Kafka listener (`CatalogView`), as the admin."""

@@ -40,7 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["FetchedPartition", "FetchedTopic", "SizedChunk", "encode_fetch_response", "uvarint"]
+from querylib.records._varint import encode_uvarint
+
+__all__ = ["FetchedPartition", "FetchedTopic", "SizedChunk", "encode_fetch_response"]
 
 _TOP_V4 = struct.Struct(">i")  # throttle_time_ms
 _TOP_V7 = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
@@ -88,15 +90,6 @@ class FetchedTopic:
     topic_id: bytes = bytes(16)  # the 16 bytes of its Kafka topic id (sent from v13)
 
 
-def uvarint(value: int) -> bytes:
-    """Kafka's unsigned varint (compact lengths, tag counts)."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
 
 def encode_fetch_response(
     version: int,
@@ -117,17 +110,17 @@ def encode_fetch_response(
         pending += _TOP_V7.pack(throttle_time_ms, error_code, session_id)
     else:
         pending += _TOP_V4.pack(throttle_time_ms)
-    pending += uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
+    pending += encode_uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
     size = 0
     for topic in topics:
         if version >= TOPIC_IDS_FROM:
             pending += topic.topic_id
         else:
             name = topic.topic.encode()
-            pending += uvarint(len(name) + 1) if flexible else _I16.pack(len(name))
+            pending += encode_uvarint(len(name) + 1) if flexible else _I16.pack(len(name))
             pending += name
         partitions = topic.partitions
-        pending += uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions))
+        pending += encode_uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions))
         for p in partitions:
             pending += _PARTITION_V4.pack(p.partition_index, p.error_code, p.high_watermark,
                                           p.last_stable_offset)
@@ -137,12 +130,12 @@ def encode_fetch_response(
                 if p.aborted is None:
                     pending += b"\x00"  # aborted_transactions: null
                 else:
-                    pending += uvarint(len(p.aborted) + 1)
+                    pending += encode_uvarint(len(p.aborted) + 1)
                     for producer_id, first_offset in p.aborted:
                         pending += _ABORTED.pack(producer_id, first_offset)
                         pending += b"\x00"  # no tagged fields
                 pending += _NO_REPLICA
-                pending += uvarint(p.records_size + 1)
+                pending += encode_uvarint(p.records_size + 1)
             else:
                 if p.aborted is None:
                     pending += _NULL_ARRAY

@@ -34,7 +34,9 @@ def unzigzag(z: int) -> int:
     return (z >> 1) ^ -(z & 1)
 
 
-def _unsigned_bytes(z: int) -> bytes:
+def encode_uvarint(z: int) -> bytes:
+    """An unsigned varint: Kafka's record varints after zigzag, and the compact lengths and
+    tag counts of its flexible protocol versions."""
     out = bytearray()
     while z >= 0x80:
         out.append((z & 0x7F) | 0x80)
@@ -47,14 +49,14 @@ def encode_varint(n: int) -> bytes:
     """The varint (zigzag int32) of n. Raises ValueError outside int32."""
     if not INT32_MIN <= n <= INT32_MAX:
         raise ValueError(f"varint out of int32 range: {n}")
-    return _unsigned_bytes((n << 1) ^ (n >> 31))
+    return encode_uvarint((n << 1) ^ (n >> 31))
 
 
 def encode_varlong(n: int) -> bytes:
     """The varlong (zigzag int64) of n. Raises ValueError outside int64."""
     if not INT64_MIN <= n <= INT64_MAX:
         raise ValueError(f"varlong out of int64 range: {n}")
-    return _unsigned_bytes((n << 1) ^ (n >> 63))
+    return encode_uvarint((n << 1) ^ (n >> 63))
 
 
 def _read(buf: bytes, pos: int, max_bytes: int, max_z: int, what: str) -> tuple[int, int]:
@@ -92,7 +94,7 @@ def wrap_int64(n: int) -> int:
     return ((n + (1 << 63)) & 0xFFFFFFFFFFFFFFFF) - (1 << 63)
 
 
-VARINT_OF: list[bytes] = [_unsigned_bytes(n << 1) for n in range(TABLE_SIZE)]
+VARINT_OF: list[bytes] = [encode_uvarint(n << 1) for n in range(TABLE_SIZE)]
 UNZIGZAG: list[int] = [unzigzag(z) for z in range(UNZIGZAG_SIZE)]
 UNZIGZAG2: list[list[int]] = [
     [0] * 0x80 + UNZIGZAG[c << 7:(c + 1) << 7] for c in range(0x80)]
