@@ -4,6 +4,7 @@ that are always stopped."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import random
 import signal
@@ -61,15 +62,26 @@ def free_port() -> int:
     coordinator` put their broker on listen port + 1). Taken below the kernel's ephemeral range
     (32768-60999 here): a port the kernel handed out with bind(0) could otherwise be given to
     another socket (a listener on port 0, an outgoing connection) before the server under test
-    binds it."""
+    binds it. Nor is it a port (or the neighbour of one) this process handed out recently: a
+    test asking for two ports before binding either (a Kafka port, then tq up's listen port)
+    gets two that cannot collide."""
     for _ in range(200):
         port = _ports.randrange(20000, 32000)
+        if port in _handed or port + 1 in _handed or port - 1 in _handed:
+            continue
         if _bindable(port) and _bindable(port + 1):
+            _handed.add(port)
+            _recent.append(port)
+            if len(_recent) > _REMEMBERED:
+                _handed.discard(_recent.popleft())
             return port
     raise AssertionError("no free port pair found in 20000-32000")
 
 
 _ports = random.Random()
+_REMEMBERED = 1000
+_recent: collections.deque[int] = collections.deque()
+_handed: set[int] = set()
 
 
 def _bindable(port: int) -> bool:

@@ -130,7 +130,7 @@ class StreamSink:
         self.producing = False
         self.frontier = 0  # this producer's own frontier
         self.epoch = 0  # tq.time of the next records
-        self.accepting = True  # False between a NACK and the NOTIFY that answers it
+        self.accepting = True  # False from a failure (and its NACK) to the NOTIFY that answers it
         self.ops: deque[Op] = deque()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -230,12 +230,13 @@ class StreamSink:
             try:
                 await self._perform(op)
             except ConnectorProtocolError as exc:
-                self.owner.failed(self, op.credits, exc)
+                self.owner.failed(self, self._halt(op), exc)
             except TqError as exc:
                 self.producing = False
+                credits = self._halt(op)
                 if isinstance(exc, UnknownSessionError):
                     await self._close_link()  # a new session for the next operation
-                self.owner.failed(self, op.credits, exc)
+                self.owner.failed(self, credits, exc)
             except Exception as exc:
                 # A bug of ours: the connection reports it and ends; the stream stops here.
                 logger.exception("connector stream %d: bug", self.stream_id)
@@ -244,6 +245,13 @@ class StreamSink:
             finally:
                 if type(op) is DataOp:
                     self._account(-op.nbytes)
+
+    def _halt(self, failed: Op) -> int:
+        """After a failed operation nothing behind it may run (appending later messages would
+        leave a gap the connector, rewound to `processed`, never fills): drop what waits and
+        take nothing more until the stream is opened again. The credits of all of it."""
+        self.accepting = False
+        return failed.credits + self.drain()
 
     async def _perform(self, op: Op) -> None:
         if isinstance(op, DataOp):

@@ -36,6 +36,11 @@ class Up:
                  timeout=60, what="tq up to write cluster.json")
         assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
         self.info = json.loads((home / "cluster.json").read_text())
+        for option, name in (("--kafka-port", "kafka"), ("--connector-port", "connector")):
+            if option in extra and int(extra[extra.index(option) + 1]) >= 0 \
+                    and not self.info.get(name):
+                raise AssertionError(f"tq up opened no {name} endpoint on the port "
+                                     f"{option} named: {self.stop()}")
 
     def __enter__(self) -> Up:
         return self

@@ -16,7 +16,7 @@ from querylib.connector._client import _Stream
 from querylib.connector._records import source_id
 from tests.conftest import free_port
 
-from .test_endpoint import COOKIE, Harness
+from .test_endpoint import COOKIE, Harness, _end_session
 
 BOTH = pytest.mark.parametrize("dialect", ["draft", "released"])
 
@@ -55,14 +55,6 @@ def test_a_restarting_endpoint_loses_and_doubles_nothing(harness, dialect):
         conn.end_stream(sid)
         assert conn.counters["reconnects"] >= 2
     assert harness.ids("restart") == list(range(3000))
-
-
-async def _end_session(harness, session: str) -> None:
-    """Close a broker session from outside, through the broker's door: a link of the same id
-    (and principal) renews it, then closes it."""
-    link = harness.endpoint.port.link("anonymous", session=session)
-    await link.start()
-    await link.close()
 
 
 @BOTH

@@ -365,6 +365,42 @@ def test_a_reconnecting_connector_learns_where_its_stream_stands(harness, dialec
 
 
 @BOTH
+def test_nothing_queued_behind_a_failed_append_is_written(tmp_path, dialect):
+    # One message per append: the three messages read together wait as three operations.
+    h = Harness(str(tmp_path / "d"), max_batch_records=1)
+    try:
+        raw = Raw(h, dialect)
+        raw.handshake()
+        raw.send(raw.conn.notify(1, "gap"))
+        if dialect == "released":
+            raw.until(lambda ev: raw.of(StreamAccepted), "NOTIFY_ACK")
+        raw.send(raw.conn.send_messages(1, [(0, b"x", None, None)]))
+        raw.until(lambda ev: (1, 0) in [a for e in raw.of(Acked) for a in e.acks], "ACK of 0")
+        # The broker forgets the stream's session: the append of 1 fails. Writing 2 and 3
+        # after it would leave a gap the connector, rewound to 0, never fills.
+        h.call(_end_session(h, f"tq.connector.{source_id('test', 'raw', 1):016x}"))
+        raw.send(raw.conn.send_messages(1, [(i, b"x", None, None) for i in (1, 2, 3)]))
+        if dialect == "draft":
+            raw.until(lambda ev: raw.of(Nacked), "NACK")
+            assert raw.of(Nacked)[0].processed == 0
+        else:
+            raw.until(lambda ev: raw.of(RestartRequested), "RESTART")
+            raw.until(lambda ev: raw.closed, "the close after RESTART")  # its sinks stopped
+        assert h.ids("gap") == [0]
+        assert h.stats()["append_failures"] == 1
+    finally:
+        h.close()
+
+
+async def _end_session(harness: Harness, session: str) -> None:
+    """Close a broker session from outside, through the broker's door: a link of the same id
+    (and principal) renews it, then closes it."""
+    link = harness.endpoint.port.link("anonymous", session=session)
+    await link.start()
+    await link.close()
+
+
+@BOTH
 def test_a_connector_ahead_of_the_broker_is_rewound(harness, dialect):
     raw = Raw(harness, dialect)
     raw.handshake()
