@@ -42,7 +42,7 @@ def query_env(home: Path, query_id: int, process: int, processes: int,
 
 def tq(home: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run a `tq` command to completion (with the coordinator commands registered)."""
-    return subprocess.run([sys.executable, "-m", "tests.coordinator._tq", *args],
+    return subprocess.run([sys.executable, "-m", "querylib.cli", *args],
                           capture_output=True, text=True, env=tq_env(home), cwd=ROOT,
                           timeout=timeout)
 
@@ -67,7 +67,7 @@ class CoordinatorProcess:
 
     def start(self) -> CoordinatorProcess:
         self.proc = self.processes.python(
-            "-m", "tests.coordinator._tq", "coordinator", "--data", str(self.data),
+            "-m", "querylib.cli", "coordinator", "--data", str(self.data),
             "--listen", self.address, "--broker-listen", f"tcp://127.0.0.1:{self.broker_port}",
             "--recovery-lease", str(self.recovery_lease),
             "--checkpoint-updates", str(self.checkpoint_updates),

@@ -56,7 +56,7 @@ def test_a_flip_in_the_catalog_topics_stops_the_coordinator(processes: Processes
         f.write(bytes(b ^ 0x77 for b in old))
 
     restarted = processes.python(
-        "-m", "tests.coordinator._tq", "coordinator", "--data", str(coordinator.data),
+        "-m", "querylib.cli", "coordinator", "--data", str(coordinator.data),
         "--listen", coordinator.address, "--broker-listen",
         f"tcp://127.0.0.1:{coordinator.broker_port}",
         env=tq_env(home), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

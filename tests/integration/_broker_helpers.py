@@ -60,7 +60,7 @@ def start_broker(processes: Processes, data: Path, port: int, secret_path: str,
     """`tq broker` as a child process (with a Kafka listener on `kafka_port`); returns once
     it answers requests."""
     kafka = () if kafka_port is None else ("--kafka-port", str(kafka_port))
-    proc = processes.python("-m", "tests.integration._tq", "broker", "--data", str(data),
+    proc = processes.python("-m", "querylib.cli", "broker", "--data", str(data),
                             "--listen", f"tcp://127.0.0.1:{port}", "--secret-file",
                             secret_path, "--flush", flush, *kafka)
 

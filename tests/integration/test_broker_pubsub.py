@@ -27,12 +27,12 @@ def test_one_producer_to_one_subscriber_through_the_cli(processes, tmp_path):
     start_broker(processes, tmp_path / "data", port, path, secret)
     address = f"tcp://127.0.0.1:{port}"
     lines = "".join(f"line {i}\n" for i in range(2000))
-    produce = processes.python("-m", "tests.integration._tq", "produce", "demo", "--broker",
+    produce = processes.python("-m", "querylib.cli", "produce", "demo", "--broker",
                                address, "--secret-file", path, "--time", "5",
                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, err = produce.communicate(lines, timeout=60)
     assert produce.returncode == 0, err
-    consume = processes.python("-m", "tests.integration._tq", "consume", "demo", "--broker",
+    consume = processes.python("-m", "querylib.cli", "consume", "demo", "--broker",
                                address, "--secret-file", path, "--from", "earliest",
                                "--follow", "--json", stdout=subprocess.PIPE, text=True)
     out = Lines(consume)

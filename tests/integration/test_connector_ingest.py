@@ -33,12 +33,7 @@ from tests.conftest import Processes, free_port, wait_for
 _Q = struct.Struct(">Q")
 _MSGID = re.compile(rb"\x10tq\.msgid\x10(.{8})", re.S)
 CREDITS = 64
-# `tq` with the ingest command registered, whether or not the CLI lists it yet.
-TQ = [sys.executable, "-c", (
-    "import sys, querylib.cli as cli\n"
-    "if 'querylib.cli._ingest' not in cli._COMMAND_MODULES:\n"
-    "    cli._COMMAND_MODULES.append('querylib.cli._ingest')\n"
-    "sys.exit(cli.main(sys.argv[1:]))")]
+TQ = [sys.executable, "-m", "querylib.cli"]
 
 
 class Cluster:
