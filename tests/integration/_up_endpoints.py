@@ -16,8 +16,8 @@ class UpWithEndpoints(Up):
     """`tq up` with its endpoints on free ports (or as given), one slot, and readers of what
     its brokers hold."""
 
-    def __init__(self, home: Path, *extra: str) -> None:
-        super().__init__(home, *extra, slots=1)
+    def __init__(self, home: Path, *extra: str, require_endpoints: bool = True) -> None:
+        super().__init__(home, *extra, slots=1, require_endpoints=require_endpoints)
 
     def read(self, topic: str) -> list[tuple[bytes | None, bytes | None]]:
         """Every record of partition 0 of `topic` up to its end-of-stream."""
