@@ -17,10 +17,14 @@ coordinator's notifies:
 
 - `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
   from the coordinator), start it under the supervisor. A failure is reported back as
-  `ReportSpawnFailed` with the typed error's message, and the query fails with that reason.
+  `ReportSpawnFailed` with the typed error's message, and the query fails with that reason;
+  a bug (any other exception) too, logged once with its traceback, its slot released.
 - `KillProcesses`: TERM to each process group, KILL after the grace period.
 - `DropPartitions`: a deleted topic's partitions leave this host's broker, files included;
   reported back with `ReportPartitionsDropped` (the coordinator asks again until it is).
+
+No task's failure is dropped: one that ends with an exception (a bug: each task handles the
+errors it expects) is logged with its traceback and counted (`counters["bugs"]`).
 
 Every exit goes back as `ReportExit` (an exit status, or minus the signal that killed it);
 output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
@@ -172,7 +176,7 @@ class ExecutorAgent:
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
         self._data_lock: PidLock | None = None
-        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0,
+        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0, "bugs": 0,
                          "work_dirs_removed": 0, "artifacts_removed": 0}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -406,7 +410,19 @@ class ExecutorAgent:
     def _spawn_task(self, coro: object, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Every task's end: a failure (a bug: each task handles the errors it expects) is
+        logged with its traceback and counted, never dropped; cancellation is no failure."""
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.counters["bugs"] += 1
+            logger.error("executor %s: bug in task %r", self.executor_id, task.get_name(),
+                         exc_info=exc)
 
     # -- notifies ------------------------------------------------------------------------------
 
@@ -450,7 +466,7 @@ class ExecutorAgent:
         try:
             await self._reserve(key)
         except TqError as exc:
-            await self._spawn_failed(note.query_id, process, exc)
+            await self._spawn_failed(note.query_id, process, f"{type(exc).__name__}: {exc}")
             return
         try:
             artifact = await self.fetcher.ensure(note.program)
@@ -469,18 +485,25 @@ class ExecutorAgent:
                              credentials=str(credentials), broker=self.broker_address,
                              executor_id=self.executor_id, name=note.name)
             await self.supervisor.spawn(spec, artifact.program)
-            self.counters["spawned"] += 1
-            if generation != self._generation:  # lost the session while it started
-                await self._kill(note.query_id, process)
-        except TqError as exc:
+        except Exception as exc:
+            if isinstance(exc, TqError):
+                reason = f"{type(exc).__name__}: {exc}"
+            else:  # a bug (ours): said once with its traceback; the query hears of it now
+                self.counters["bugs"] += 1
+                logger.exception("executor %s: bug starting process %d of query %d",
+                                 self.executor_id, process, note.query_id)
+                reason = f"executor bug: {type(exc).__name__}: {exc}"
             self._artifact_of.pop(key, None)
             self.slots.release(key)
             self._slot_freed.set()
-            await self._spawn_failed(note.query_id, process, exc)
+            await self._spawn_failed(note.query_id, process, reason)
+            return
+        self.counters["spawned"] += 1
+        if generation != self._generation:  # lost the session while it started
+            await self._kill(note.query_id, process)
 
-    async def _spawn_failed(self, query_id: int, process: int, exc: TqError) -> None:
+    async def _spawn_failed(self, query_id: int, process: int, reason: str) -> None:
         self.counters["spawn_failed"] += 1
-        reason = f"{type(exc).__name__}: {exc}"
         logger.warning("executor %s: process %d of query %d did not start: %s",
                        self.executor_id, process, query_id, reason)
         cluster = self.cluster
