@@ -231,7 +231,7 @@ def test_a_drop_runs_once_at_a_time() -> None:
 
 # -- any sequence ----------------------------------------------------------------------------
 
-KEYS = [(q, p) for q in (1, 2, 3) for p in (0, 1)]
+KEYS = [(q, p) for q in (1, 2) for p in (0, 1)]
 
 
 class AgentMachine(RuleBasedStateMachine):
@@ -248,6 +248,8 @@ class AgentMachine(RuleBasedStateMachine):
         self.session = 0                              # bumped at each loss
         self.attached = False
         self.generation_of: dict[tuple[int, int], int] = {}
+        self.doomed: set[tuple[int, int]] = set()   # killed, or of a lost session
+        self.kill_sent: set[tuple[int, int]] = set()
 
     def _apply(self, event: Any) -> list[Any]:
         out = self.state.handle(event)
@@ -256,10 +258,15 @@ class AgentMachine(RuleBasedStateMachine):
                 assert instruction.key not in self.fetching | self.launching | self.running
                 self.fetching.add(instruction.key)
                 self.generation_of[instruction.key] = self.session
+                self.doomed.discard(instruction.key)
+                self.kill_sent.discard(instruction.key)
             elif isinstance(instruction, Launch):
                 self.launching.add(instruction.key)
             elif isinstance(instruction, Kill):
                 assert instruction.key in self.running
+                self.kill_sent.add(instruction.key)
+            elif isinstance(instruction, KillAll):
+                self.kill_sent |= self.running
             elif isinstance(instruction, ReportSpawnFailed | ReportExit):
                 assert self.attached, "reported without a session"
                 # An exit or a failed start is reported only to the session that asked for
@@ -269,50 +276,56 @@ class AgentMachine(RuleBasedStateMachine):
                         "reported to a later session"
         return out
 
+    @precondition(lambda self: not self.attached)
     @rule()
     def attach(self) -> None:
-        if not self.attached:
-            self.attached = True
-            self._apply(Attached(1))
+        self.attached = True
+        self._apply(Attached(1))
 
     @precondition(lambda self: self.attached)
     @rule()
     def lose_session(self) -> None:
         self.attached = False
         self.session += 1
+        self.doomed |= self.fetching | self.launching | self.running
         self._apply(SessionLost())
 
+    @precondition(lambda self: self.attached)
     @rule(key=st.sampled_from(KEYS))
     def spawn(self, key: tuple[int, int]) -> None:
-        if self.attached:
-            self._apply(SpawnRequested(Note(key[0]), key[1], self.now))
+        self._apply(SpawnRequested(Note(key[0]), key[1], self.now))
 
-    @rule(key=st.sampled_from(KEYS), ok=st.booleans())
-    def fetch_done(self, key: tuple[int, int], ok: bool) -> None:
-        if key in self.fetching:
-            self.fetching.discard(key)
-            self._apply(Fetched(key, "art") if ok else StartFailed(key, "fetch failed"))
+    @precondition(lambda self: self.fetching)
+    @rule(data=st.data(), ok=st.booleans())
+    def fetch_done(self, data: st.DataObject, ok: bool) -> None:
+        key = data.draw(st.sampled_from(sorted(self.fetching)))
+        self.fetching.discard(key)
+        self._apply(Fetched(key, "art") if ok else StartFailed(key, "fetch failed"))
 
-    @rule(key=st.sampled_from(KEYS), ok=st.booleans())
-    def launch_done(self, key: tuple[int, int], ok: bool) -> None:
-        if key in self.launching:
-            self.launching.discard(key)
-            if ok:
-                self.running.add(key)
-            self._apply(Launched(key) if ok else StartFailed(key, "launch failed"))
+    @precondition(lambda self: self.launching)
+    @rule(data=st.data(), ok=st.booleans())
+    def launch_done(self, data: st.DataObject, ok: bool) -> None:
+        key = data.draw(st.sampled_from(sorted(self.launching)))
+        self.launching.discard(key)
+        if ok:
+            self.running.add(key)
+        self._apply(Launched(key) if ok else StartFailed(key, "launch failed"))
 
+    @precondition(lambda self: self.attached)
     @rule(key=st.sampled_from(KEYS))
     def kill(self, key: tuple[int, int]) -> None:
-        if self.attached:
-            self._apply(KillRequested(key))
+        if key in self.fetching | self.launching | self.running:
+            self.doomed.add(key)
+        self._apply(KillRequested(key))
 
-    @rule(key=st.sampled_from(KEYS))
-    def exit(self, key: tuple[int, int]) -> None:
-        if key in self.running:
-            self.running.discard(key)
-            out = self._apply(Exited(key, key))
-            if any(isinstance(i, CleanDisk) for i in out):
-                self._apply(CleanDone())
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def exit(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.running)))
+        self.running.discard(key)
+        out = self._apply(Exited(key, key))
+        if any(isinstance(i, CleanDisk) for i in out):
+            self._apply(CleanDone())
 
     @rule(step=st.floats(0.0, 20.0))
     def tick(self, step: float) -> None:
@@ -325,6 +338,10 @@ class AgentMachine(RuleBasedStateMachine):
         # Every process the supervisor runs holds its slot; what holds a slot is in flight.
         assert self.running <= set(self.state.processes)
         assert set(self.state.processes) <= self.fetching | self.launching | self.running
+        # A process that must die and runs has been told to.
+        assert self.running & self.doomed <= self.kill_sent, "a doomed process runs on"
+        # Nothing doomed is launched.
+        assert not (self.launching & self.doomed - set(self.state.processes))
 
     def teardown(self) -> None:
         # Finish all I/O: every slot comes back.
@@ -343,4 +360,4 @@ class AgentMachine(RuleBasedStateMachine):
 
 
 TestAgentMachine = AgentMachine.TestCase
-TestAgentMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestAgentMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)

@@ -13,6 +13,7 @@ import pytest
 
 from coordinator import Coordinator
 from executor import ExecutorAgent
+from executor._agent_state import Kill
 from querylib.cluster import AsyncCluster, QueryFailedError
 from tests.conftest import wait_for_async
 from tests.executor._support import write_program
@@ -90,7 +91,7 @@ def test_a_bug_in_a_kill_task_is_logged_with_its_traceback_and_counted(
                 raise _Bug("injected bug in kill")
 
             agent.supervisor.kill = kill  # type: ignore[method-assign]
-            agent._spawn_task(agent._kill(7, 0), "kill 7/0")
+            agent._kill(Kill((7, 0)))  # the core's instruction, performed as a task
             await wait_for_async(lambda: agent.counters["bugs"] == 1, what="the bug counted")
         finally:
             await agent.close()
