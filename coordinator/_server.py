@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -48,6 +47,7 @@ from querylib._pidlock import PidLock
 from querylib.broker import BrokerEndpoints, BrokerServer
 from querylib.cluster import _messages as m
 from querylib.cluster import hold_data_dir
+from querylib.driver import Driver
 from querylib.log import LogConfig
 from querylib.rpc import (
     BROKER,
@@ -69,7 +69,6 @@ from ._events import (
     Checkpointed,
     Committed,
     DropPartitions,
-    Instruction,
     KillProcesses,
     Persist,
     Received,
@@ -127,6 +126,8 @@ class _Token:
         self.error: BaseException | None = None
 
     def answer(self, reply: Any, error: BaseException | None) -> None:
+        if self.answered:  # the first answer stands (a bug after a Respond answers again)
+            return
         if self.future is None:
             self.answered, self.reply, self.error = True, reply, error
         elif not self.future.done():  # done: the handler hit its deadline and was cancelled
@@ -176,8 +177,7 @@ class Coordinator:
         self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
         self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
-        self._inbox: deque[Stimulus] = deque()
-        self._feeding = False
+        self._driver: Driver | None = None  # once the core exists (start)
         self._ticker: asyncio.Task[None] | None = None
         self.failed = asyncio.Event()  # set when the catalog log cannot be written
         self.failure: BaseException | None = None
@@ -217,6 +217,7 @@ class Coordinator:
                                                                     dict(checkpoint.offsets)),
             since_checkpoint=recovered.since_checkpoint)
         state = self.state
+        self._driver = self._make_driver(state)
         self._directory = CatalogDirectory(lambda: state.catalog,
                                            lambda: state.catalog_broker_id)
         self.broker = BrokerServer(self.broker_dir, self._broker_keys,
@@ -409,50 +410,38 @@ class Coordinator:
     # -- the state machine loop ----------------------------------------------------------------
 
     def _feed(self, stimulus: Stimulus) -> None:
-        """Hand a stimulus to the core and perform its instructions; stimuli raised while
-        performing queue behind, so instructions run in the order the core gave them."""
-        self._inbox.append(stimulus)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._inbox:
-                current = self._inbox.popleft()
-                try:
-                    instructions = self.state.handle(current)  # type: ignore[union-attr]
-                except Exception:
-                    # A bug (ours): report it, answer the request, keep serving everyone else.
-                    self.counters["bugs"] += 1
-                    logger.exception("coordinator: bug handling %s", type(current).__name__)
-                    token = getattr(current, "token", None)
-                    if isinstance(token, _Token):
-                        token.answer(None, InternalServerError(
-                            "the coordinator hit a bug handling this request; see its log"))
-                    continue
-                for instruction in instructions:
-                    self._perform(instruction)
-        finally:
-            self._feeding = False
+        """Hand a stimulus to the core and perform its instructions (`querylib.driver`)."""
+        self._driver.feed(stimulus)  # type: ignore[union-attr]
 
-    def _perform(self, instruction: Instruction) -> None:
-        if isinstance(instruction, Persist | WriteCheckpoint):
-            self.writer.submit(instruction)  # type: ignore[union-attr]
-            if isinstance(instruction, Persist) and self._directory is not None:
-                self._directory.changed(instruction.updates)
-        elif isinstance(instruction, Respond):
-            self._respond(instruction)
-        elif isinstance(instruction, KillProcesses):
-            self._kill(instruction)
-        elif isinstance(instruction, SpawnProcesses):
-            self._spawn(instruction)
-        elif isinstance(instruction, DropPartitions):
-            self._drop(instruction)
-        elif isinstance(instruction, SessionEnded):
-            self._peers.pop(instruction.session_id, None)
-            if instruction.expired:
-                logger.info("coordinator: session %d expired", instruction.session_id)
-        else:  # pragma: no cover - the core emits nothing else
-            raise TypeError(f"unknown instruction {instruction!r}")
+    def _make_driver(self, state: CoordinatorState) -> Driver:
+        return Driver("coordinator", state.handle, {
+            Persist: self._persist,
+            WriteCheckpoint: self._persist,
+            Respond: self._respond,
+            KillProcesses: self._kill,
+            SpawnProcesses: self._spawn,
+            DropPartitions: self._drop,
+            SessionEnded: self._session_ended,
+        }, on_bug=self._bug, invariants=lambda: state.catalog.check_invariants(),
+            logger=logger)
+
+    def _bug(self, stimulus: Stimulus, exc: Exception) -> None:
+        """A bug (ours) handling `stimulus`: answer its request, keep serving everyone else."""
+        self.counters["bugs"] += 1
+        token = getattr(stimulus, "token", None)
+        if isinstance(token, _Token):
+            token.answer(None, InternalServerError(
+                "the coordinator hit a bug handling this request; see its log"))
+
+    def _persist(self, instruction: Persist | WriteCheckpoint) -> None:
+        self.writer.submit(instruction)  # type: ignore[union-attr]
+        if isinstance(instruction, Persist) and self._directory is not None:
+            self._directory.changed(instruction.updates)
+
+    def _session_ended(self, instruction: SessionEnded) -> None:
+        self._peers.pop(instruction.session_id, None)
+        if instruction.expired:
+            logger.info("coordinator: session %d expired", instruction.session_id)
 
     def _respond(self, instruction: Respond) -> None:
         token = instruction.token

@@ -26,7 +26,9 @@ a client was told happened (an id handed out, a topic created), so each must sur
 crash, not only a process crash; group commit keeps the fsync cost per group, not per change.
 
 Any failure to append is fatal to the coordinator (`on_failed`): its memory would run ahead of
-the log, which is the source of truth. Restarting recovers from the log.
+the log, which is the source of truth. Restarting recovers from the log. Cancellation (the
+loop going away under a write) is no failure: the writer stops (`stopped`), writes nothing
+more and calls nothing; what it had not committed is recovered from the log like a crash.
 
 It writes through the in-process door of the coordinator's own broker (`BrokerPort`), as tq
 itself ("system": the catalog topics are internal), the same way any producer writes: the
@@ -86,6 +88,7 @@ class CatalogWriter:
         self._sweep_timer: asyncio.TimerHandle | None = None
         self.committed = 0
         self.failed: BaseException | None = None
+        self.stopped = False  # cancelled under a write: it writes nothing more
         self.statistics = {"groups": 0, "changes": 0, "batches": 0, "checkpoints": 0}
 
     async def start(self, committed: int) -> None:
@@ -111,7 +114,7 @@ class CatalogWriter:
     def submit(self, item: Persist | WriteCheckpoint) -> None:
         """Queue a change (committed after every change submitted before it) or a checkpoint
         (written once every change submitted before it is committed)."""
-        if self.failed is not None:
+        if self.failed is not None or self.stopped:
             return
         self._queue.append(item)
         if self._writing is None:
@@ -125,9 +128,9 @@ class CatalogWriter:
         self._wake.set()
 
     async def drain(self) -> None:
-        """Wait until every submitted change is committed (or the writer failed)."""
-        while self._writing is not None:
-            await asyncio.shield(self._writing)
+        """Wait until every submitted change is committed (or the writer failed or stopped)."""
+        while (writing := self._writing) is not None:
+            await asyncio.wait([writing])  # its end, not its outcome (a cancellation is its own)
 
     async def close(self) -> None:
         await self.drain()
@@ -147,7 +150,7 @@ class CatalogWriter:
 
     async def _write_groups(self) -> None:
         try:
-            while self._queue and self.failed is None:
+            while self._queue and self.failed is None and not self.stopped:
                 checkpoint = next((i for i, item in enumerate(self._queue)
                                    if isinstance(item, WriteCheckpoint)), len(self._queue))
                 group = self._queue[:checkpoint]
@@ -159,7 +162,12 @@ class CatalogWriter:
                         item = self._queue.pop(0)
                         await self._write_checkpoint(item)  # type: ignore[arg-type]
                         continue
-                except BaseException as exc:
+                except asyncio.CancelledError:
+                    self.stopped = True
+                    logger.info("coordinator: catalog write cancelled; %d changes queued "
+                                "behind it are not written", len(self._queue))
+                    raise
+                except Exception as exc:
                     self.failed = exc
                     logger.critical("coordinator: cannot append to the catalog topics: %s", exc)
                     self._on_failed(exc)

@@ -13,14 +13,23 @@ session (while no coordinator answers it says so and keeps trying, as a rejoin d
 coordinator refusing our secret ends the start with SecretRejectedError), registers the
 broker (with its Kafka address) and the executor (host, broker address, host resources); its
 heartbeats carry the host's load (placement breaks ties by it). Then it serves the
-coordinator's notifies:
+coordinator's notifies. What to do with them is decided by the agent's pure core
+(`_agent_state.AgentState`: slots, sessions and their generations, the dying set, kills during
+a spawn), which this shell feeds through `querylib.driver.Driver` and whose instructions it
+performs as tasks (fetch, launch, kill, report), feeding their outcomes back:
 
-- `SpawnProcesses`: per process, reserve a slot, fetch the artifact (an uploaded pack comes
-  from the coordinator), start it under the supervisor. A failure is reported back as
-  `ReportSpawnFailed` with the typed error's message, and the query fails with that reason.
-- `KillProcesses`: TERM to each process group, KILL after the grace period.
+- `SpawnProcesses`: per process, a slot (or a wait for a dying process's), fetch the artifact
+  (an uploaded pack comes from the coordinator), start it under the supervisor. A failure is
+  reported back as `ReportSpawnFailed` with the typed error's message, and the query fails
+  with that reason; a bug (any other exception) too, logged once with its traceback, its slot
+  released.
+- `KillProcesses`: TERM to each process group, KILL after the grace period; a process still
+  starting is not launched, or is killed as soon as it runs.
 - `DropPartitions`: a deleted topic's partitions leave this host's broker, files included;
   reported back with `ReportPartitionsDropped` (the coordinator asks again until it is).
+
+No task's failure is dropped: one that ends with an exception (a bug: each task handles the
+errors it expects) is logged with its traceback and counted (`counters["bugs"]`).
 
 Every exit goes back as `ReportExit` (an exit status, or minus the signal that killed it);
 output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
@@ -41,7 +50,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +65,7 @@ from querylib.cluster import (
     SpawnProcesses,
     hold_data_dir,
 )
+from querylib.driver import Driver
 from querylib.rpc import (
     BROKER,
     Credential,
@@ -64,6 +74,32 @@ from querylib.rpc import (
     SecretRejectedError,
 )
 
+from ._agent_state import (
+    AgentState,
+    Attached,
+    CleanDisk,
+    CleanDone,
+    DropDone,
+    DropRequested,
+    DropTopic,
+    Exited,
+    Fetch,
+    Fetched,
+    Forget,
+    Kill,
+    KillAll,
+    KillRequested,
+    Launch,
+    Launched,
+    Phase,
+    ReportExit,
+    ReportSpawnFailed,
+    SessionLost,
+    SpawnRequested,
+    StartFailed,
+    Tick,
+    WakeAt,
+)
 from ._artifacts import ArtifactCache, ArtifactFetcher
 from ._broker_id import (
     Endpoints,
@@ -77,7 +113,6 @@ from ._broker_id import (
 from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
 from ._credentials import ProcessCredentials
 from ._endpoints import CatalogTopics
-from ._errors import NoFreeSlotsError
 from ._logs import LogForwarder
 from ._metrics import LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
@@ -130,7 +165,19 @@ class ExecutorAgent:
         self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
         self.keys.pin(self.secret.principal, self.secret.for_audience(BROKER).key)
         self._attached = asyncio.Event()
-        self.slots = Slots(slots or default_slots(os.cpu_count()))
+        # What to do with processes is decided by the pure core (`_agent_state.py`); this
+        # shell performs its instructions (fetch, launch, kill, report) and feeds back results.
+        self.state = AgentState(Slots(slots or default_slots(os.cpu_count())), grace=grace)
+        self._driver = Driver("executor", self.state.handle, {
+            Fetch: self._fetch, Launch: self._launch, Kill: self._kill,
+            KillAll: self._kill_all, Forget: self._forget,
+            ReportSpawnFailed: self._report_spawn_failed, ReportExit: self._report_exit,
+            CleanDisk: self._clean,
+            DropTopic: lambda i: self._spawn_task(self._drop(i.note),
+                                                  f"drop topic {i.note.topic_id}"),
+            WakeAt: self._wake_at,
+        }, on_bug=self._bug, invariants=self.state.check_invariants, logger=logger)
+        self._killing_all: asyncio.Task[None] | None = None
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
         self.lease = lease
@@ -144,15 +191,8 @@ class ExecutorAgent:
         self.keep_work_dirs = keep_work_dirs
         self.artifact_ttl = artifact_ttl
         self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest
-        self._cleaning = False
         self.topics = CatalogTopics()
         self.endpoints: BrokerEndpoints | None = None
-        # Processes told to die whose slots are not back yet, and a wake-up for whoever waits on
-        # one: the coordinator counts a slot free once its query ended, a little before the
-        # process here has exited and been drained.
-        self._dying: set[tuple[int, int]] = set()
-        self._dropping: set[int] = set()  # deleted topics whose partitions are being dropped
-        self._slot_freed = asyncio.Event()
         self.broker: BrokerServer | None = None
         self.exit_feed: QueryExitFeed | None = None  # process exits from the catalog
         self.broker_address = ""
@@ -164,16 +204,24 @@ class ExecutorAgent:
         self.broker_id: int | None = None
         self.lost = asyncio.Event()  # set while the agent has no session (until it rejoins)
         self.rejoins = 0
-        # Bumped when a session is lost: a spawn that began under an older session must not
-        # leave a process running (its query failed with that session).
-        self._generation = 0
         self._sampler: LoadSampler | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
         self._data_lock: PidLock | None = None
-        self.counters = {"spawned": 0, "spawn_failed": 0, "report_failed": 0,
-                         "work_dirs_removed": 0, "artifacts_removed": 0}
+        self._counters = {"report_failed": 0, "bugs": 0, "work_dirs_removed": 0,
+                          "artifacts_removed": 0}
+
+    @property
+    def slots(self) -> Slots:
+        return self.state.slots
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The shell's counts, the core's (spawned, spawn_failed, void_spawns) and the
+        driver's bugs."""
+        return {**self.state.counters, **self._counters,
+                "bugs": self._counters["bugs"] + self._driver.bugs}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -254,6 +302,7 @@ class ExecutorAgent:
             self.exit_feed.attach(cluster)
         self.lost.clear()
         self._attached.set()
+        self._feed(Attached(self.executor_id))
 
     async def _fetch_key(self, principal: str) -> bytes | None:
         """A principal's broker key, from the coordinator (waits for a session, bounded)."""
@@ -290,6 +339,8 @@ class ExecutorAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.supervisor is not None:
             await self.supervisor.close()
+        # The exits of the processes just killed are reported while the session lasts.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.fetcher is not None:
             await self.fetcher.close()
         if self.endpoints is not None:
@@ -334,10 +385,9 @@ class ExecutorAgent:
                        self.executor_id)
         self.lost.set()  # first: nobody is there to hear about their exits
         self._attached.clear()  # key requests wait for the rejoin
-        self._generation += 1
-        assert self.supervisor is not None
-        await self.supervisor.kill_all()
-        self._dying.clear()
+        self._feed(SessionLost())  # a new generation: KillAll, and every start is void
+        if self._killing_all is not None:
+            await asyncio.wait([self._killing_all])
         await self.topics.close()
         if self.exit_feed is not None:
             await self.exit_feed.close()
@@ -403,29 +453,58 @@ class ExecutorAgent:
             await asyncio.sleep(delay)
             delay = min(delay * 2, REJOIN_BACKOFF_MAX)
 
-    def _spawn_task(self, coro: object, name: str) -> None:
+    def _spawn_task(self, coro: object, name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Every task's end: a failure (a bug: each task handles the errors it expects) is
+        logged with its traceback and counted, never dropped; cancellation is no failure."""
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._counters["bugs"] += 1
+            logger.error("executor %s: bug in task %r", self.executor_id, task.get_name(),
+                         exc_info=exc)
+
+    # -- the core ------------------------------------------------------------------------------
+
+    def _feed(self, event: object) -> None:
+        self._driver.feed(event)
+
+    def _bug(self, event: object, exc: Exception) -> None:
+        """A bug handling `event` (logged by the driver). A spawn it was about gives its slot
+        back and fails its query with the reason, rather than hold the slot for good."""
+        key = getattr(event, "key", None)
+        process = self.state.processes.get(key) if isinstance(key, tuple) else None
+        if process is not None and process.phase is not Phase.RUNNING \
+                and not isinstance(event, StartFailed):
+            self._feed(StartFailed(key, f"executor bug: {type(exc).__name__}: {exc}"))
+
+    def _wake_at(self, instruction: WakeAt) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_at(instruction.when, lambda: None if self._closed else
+                     self._feed(Tick(loop.time())))
 
     # -- notifies ------------------------------------------------------------------------------
 
     def _on_spawn(self, notification: Any) -> None:
         note: SpawnProcesses = notification.message
+        now = asyncio.get_running_loop().time()
         for process in note.processes:
-            self._spawn_task(self._start(note, process), f"spawn {note.query_id}/{process}")
+            self._feed(SpawnRequested(note, process, now))
 
     def _on_kill(self, notification: Any) -> None:
         note: KillProcesses = notification.message
         for process in note.processes:
-            self._spawn_task(self._kill(note.query_id, process), f"kill {note.query_id}/{process}")
+            self._feed(KillRequested((note.query_id, process)))
 
     def _on_drop(self, notification: Any) -> None:
-        note: DropPartitions = notification.message
-        if note.topic_id in self._dropping:  # sent again while we are at it
-            return
-        self._dropping.add(note.topic_id)
-        self._spawn_task(self._drop(note), f"drop topic {note.topic_id}")
+        self._feed(DropRequested(notification.message))
 
     async def _drop(self, note: DropPartitions) -> None:
         """Drop a deleted topic's partitions from our broker, then report it; a failure is
@@ -441,109 +520,122 @@ class ExecutorAgent:
             logger.warning("executor %s: drop of deleted topic %d (%s): %s", self.executor_id,
                            note.topic_id, note.name, exc)
         finally:
-            self._dropping.discard(note.topic_id)
+            self._feed(DropDone(note.topic_id))
 
-    async def _start(self, note: SpawnProcesses, process: int) -> None:
+    # -- performing the core's instructions -------------------------------------------------------
+
+    def _fetch(self, instruction: Fetch) -> None:
+        self._spawn_task(self._starting(instruction.key, self._fetched(instruction)),
+                         f"fetch {instruction.key[0]}/{instruction.key[1]}")
+
+    async def _fetched(self, instruction: Fetch) -> object:
+        assert self.fetcher is not None
+        artifact = await self.fetcher.ensure(instruction.note.program)
+        return Fetched(instruction.key, artifact)
+
+    def _launch(self, instruction: Launch) -> None:
+        self._spawn_task(self._starting(instruction.key, self._launched(instruction)),
+                         f"spawn {instruction.key[0]}/{instruction.key[1]}")
+
+    async def _launched(self, instruction: Launch) -> object:
         assert self.supervisor is not None and self.fetcher is not None
-        key = (note.query_id, process)
-        generation = self._generation
-        try:
-            await self._reserve(key)
-        except TqError as exc:
-            await self._spawn_failed(note.query_id, process, exc)
-            return
-        try:
-            artifact = await self.fetcher.ensure(note.program)
-            if generation != self._generation:  # its session, hence its query, is gone
-                self._artifact_of.pop(key, None)
-                self.slots.release(key)
-                return
-            self._artifact_of[key] = artifact.digest
-            await asyncio.to_thread(touch_artifact, self.fetcher.cache, artifact.digest)
-            credentials = await asyncio.to_thread(
-                self.credentials.write, note.query_id, process, note.credential,
-                coordinator=self.coordinator)
-            spec = SpawnSpec(query_id=note.query_id, process=process,
-                             processes=note.process_count, workers=note.workers,
-                             args=tuple(note.args), coordinator=self.coordinator,
-                             credentials=str(credentials), broker=self.broker_address,
-                             executor_id=self.executor_id, name=note.name)
-            await self.supervisor.spawn(spec, artifact.program)
-            self.counters["spawned"] += 1
-            if generation != self._generation:  # lost the session while it started
-                await self._kill(note.query_id, process)
-        except TqError as exc:
-            self._artifact_of.pop(key, None)
-            self.slots.release(key)
-            self._slot_freed.set()
-            await self._spawn_failed(note.query_id, process, exc)
+        (query_id, process), note, artifact = instruction.key, instruction.note, \
+            instruction.artifact
+        self._artifact_of[instruction.key] = artifact.digest
+        await asyncio.to_thread(touch_artifact, self.fetcher.cache, artifact.digest)
+        credentials = await asyncio.to_thread(
+            self.credentials.write, query_id, process, note.credential,
+            coordinator=self.coordinator)
+        spec = SpawnSpec(query_id=query_id, process=process, processes=note.process_count,
+                         workers=note.workers, args=tuple(note.args),
+                         coordinator=self.coordinator, credentials=str(credentials),
+                         broker=self.broker_address, executor_id=self.executor_id,
+                         name=note.name)
+        await self.supervisor.spawn(spec, artifact.program)
+        return Launched(instruction.key)
 
-    async def _spawn_failed(self, query_id: int, process: int, exc: TqError) -> None:
-        self.counters["spawn_failed"] += 1
-        reason = f"{type(exc).__name__}: {exc}"
-        logger.warning("executor %s: process %d of query %d did not start: %s",
-                       self.executor_id, process, query_id, reason)
+    async def _starting(self, key: tuple[int, int], step: Awaitable[object]) -> None:
+        """One step of a start (fetch, launch): its outcome goes to the core. A failure is
+        StartFailed with its reason; a bug is one too, said once with its traceback."""
+        try:
+            outcome = await step
+        except Exception as exc:
+            if isinstance(exc, TqError):
+                reason = f"{type(exc).__name__}: {exc}"
+            else:  # a bug (ours): said once with its traceback; the query hears of it now
+                self._counters["bugs"] += 1
+                logger.exception("executor %s: bug starting process %d of query %d",
+                                 self.executor_id, key[1], key[0])
+                reason = f"executor bug: {type(exc).__name__}: {exc}"
+            logger.warning("executor %s: process %d of query %d did not start: %s",
+                           self.executor_id, key[1], key[0], reason)
+            outcome = StartFailed(key, reason)
+        self._feed(outcome)
+
+    def _kill(self, instruction: Kill) -> None:
+        self._spawn_task(self._killing(instruction.key),
+                         f"kill {instruction.key[0]}/{instruction.key[1]}")
+
+    async def _killing(self, key: tuple[int, int]) -> None:
+        assert self.supervisor is not None
+        try:
+            await self.supervisor.kill(key, self.grace)
+        except TqError as exc:  # it ended here meanwhile: nothing to kill
+            logger.debug("executor %s: kill %d/%d: %s", self.executor_id, key[0], key[1], exc)
+
+    def _kill_all(self, instruction: KillAll) -> None:
+        assert self.supervisor is not None
+        self._killing_all = self._spawn_task(self.supervisor.kill_all(), "kill all")
+
+    def _clean(self, instruction: CleanDisk) -> None:
+        if self._closed:
+            self._feed(CleanDone())
+        else:
+            self._spawn_task(self._clean_disk(), "disk cleanup")
+
+    def _forget(self, instruction: Forget) -> None:
+        self._artifact_of.pop(instruction.key, None)
+        self.credentials.remove(*instruction.key)
+
+    def _report_spawn_failed(self, instruction: ReportSpawnFailed) -> None:
+        self._spawn_task(self._report_failed_spawn(instruction),
+                         f"report spawn {instruction.query_id}/{instruction.process}")
+
+    async def _report_failed_spawn(self, instruction: ReportSpawnFailed) -> None:
         cluster = self.cluster
         if cluster is None or self.lost.is_set():  # its session, hence its query, is gone
             return
         try:
-            await cluster.report_spawn_failed(query_id, process, reason)
-        except TqError as report_exc:
-            self.counters["report_failed"] += 1
+            await cluster.report_spawn_failed(instruction.query_id, instruction.process,
+                                              instruction.reason)
+        except TqError as exc:
+            self._counters["report_failed"] += 1
             logger.warning("executor %s: cannot report the failed spawn: %s",
-                           self.executor_id, report_exc)
+                           self.executor_id, exc)
 
-    async def _reserve(self, key: tuple[int, int]) -> None:
-        """Reserve a slot; while slots are held only by processes being killed, wait for them
-        (bounded by the kill grace period plus the supervisor's drain time) before refusing."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace + 5.0
-        while True:
-            try:
-                self.slots.reserve(key)
-                return
-            except NoFreeSlotsError:
-                remaining = deadline - loop.time()
-                if not self._dying or remaining <= 0:
-                    raise
-                self._slot_freed.clear()
-                try:
-                    await asyncio.wait_for(self._slot_freed.wait(), remaining)
-                except TimeoutError:
-                    pass
+    def _report_exit(self, instruction: ReportExit) -> None:
+        report: ExitReport = instruction.report
+        self._spawn_task(self._reported_exit(report),
+                         f"report exit {report.query_id}/{report.process}")
 
-    async def _kill(self, query_id: int, process: int) -> None:
-        assert self.supervisor is not None
-        if (query_id, process) in self.slots.held():
-            self._dying.add((query_id, process))
-        try:
-            await self.supervisor.kill((query_id, process), self.grace)
-        except TqError as exc:  # it ended (or never started) here: nothing to kill
-            logger.debug("executor %s: kill %d/%d: %s", self.executor_id, query_id, process,
-                         exc)
-
-    # -- from the supervisor and the fetcher -----------------------------------------------------
-
-    async def _exited(self, report: ExitReport) -> None:
-        self.slots.release((report.query_id, report.process))
-        self._dying.discard((report.query_id, report.process))
-        self._slot_freed.set()
-        self._artifact_of.pop((report.query_id, report.process), None)
-        self.credentials.remove(report.query_id, report.process)
-        if not self._cleaning and not self._closed:
-            self._cleaning = True
-            self._spawn_task(self._clean_disk(), "disk cleanup")
-        if self.cluster is None or self.cluster.lost or self.lost.is_set():
+    async def _reported_exit(self, report: ExitReport) -> None:
+        cluster = self.cluster
+        if cluster is None or cluster.lost or self.lost.is_set():
             return
         try:
             if self.forwarder is not None:
                 await self._flush_logs()  # its last lines are readable before it is ended
-            await self.cluster.report_exit(report.query_id, report.process, report.exit_code,
-                                           reason=report.failure)
+            await cluster.report_exit(report.query_id, report.process, report.exit_code,
+                                      reason=report.failure)
         except TqError as exc:  # the query ended already (killed), or the coordinator is away
-            self.counters["report_failed"] += 1
+            self._counters["report_failed"] += 1
             logger.info("executor %s: exit of %d/%d not recorded: %s", self.executor_id,
                         report.query_id, report.process, exc)
+
+    # -- from the supervisor and the fetcher -----------------------------------------------------
+
+    async def _exited(self, report: ExitReport) -> None:
+        self._feed(Exited((report.query_id, report.process), report))
 
     async def _flush_logs(self) -> None:
         """Wait until the lines forwarded so far are acknowledged, so a reader that sees a
@@ -571,9 +663,9 @@ class ExecutorAgent:
             logger.warning("executor %s: disk cleanup: %s", self.executor_id, exc)
             return
         finally:
-            self._cleaning = False
-        self.counters["work_dirs_removed"] += len(dirs)
-        self.counters["artifacts_removed"] += len(digests)
+            self._feed(CleanDone())
+        self._counters["work_dirs_removed"] += len(dirs)
+        self._counters["artifacts_removed"] += len(digests)
 
     async def _download(self, digest: str) -> bytes | None:
         if self.cluster is None:  # between sessions: the spawn that asked is void anyway

@@ -18,17 +18,33 @@ from typing import TypeVar
 import pytest
 from hypothesis import settings
 
+from querylib.driver import Driver
+
 settings.register_profile("tq", deadline=None, max_examples=100)
 settings.load_profile("tq")
 
 # Tests never depend on the caller's environment: a user who exported TQ_HOME (as the demo's
 # closing hint suggests) or TQ_COORDINATOR, TQ_CREDENTIALS... must not point the tests' clients
-# and children at their own cluster. Only the tests' own knobs stay (TQ_FAULT_SEED).
-_TEST_KNOBS = frozenset({"TQ_FAULT_SEED"})
+# and children at their own cluster. Only the tests' own knobs stay (TQ_FAULT_SEED,
+# TQ_CHECK_INVARIANTS).
+_TEST_KNOBS = frozenset({"TQ_FAULT_SEED", "TQ_CHECK_INVARIANTS"})
 for _name in [name for name in os.environ if name.startswith("TQ_") and name not in _TEST_KNOBS]:
     del os.environ[_name]
 
 T = TypeVar("T")
+
+# Every shell's driver checks its core's invariants after each step in the tests (DESIGN §1
+# "Pure cores and their driver"); a test that breaks one fails.
+Driver.check_invariants = True
+
+
+@pytest.fixture(autouse=True)
+def _invariants_hold() -> Iterator[None]:
+    Driver.broken.clear()
+    yield
+    broken = list(Driver.broken)
+    Driver.broken.clear()
+    assert broken == [], f"invariants broken during the test: {broken}"
 
 
 async def wait_for_async(condition: Callable[[], T], *, timeout: float = 10.0,

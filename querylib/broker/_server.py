@@ -26,7 +26,6 @@ import logging
 import os
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,6 +34,7 @@ import msgspec
 
 from catalog.errors import StorageError, TqError, UserError
 from querylib._memory import keep_freed_memory
+from querylib.driver import Driver
 from querylib.errors import OffsetOutOfRangeError
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, appended_batch
 from querylib.records import SplitBatch, read_header
@@ -71,7 +71,6 @@ from ._events import (
     Fail,
     GrantCredit,
     Heartbeat,
-    Instruction,
     OpenPartition,
     OpenProducer,
     OpenSession,
@@ -221,8 +220,7 @@ class BrokerServer:
         self._incarnations: dict[PartitionId, Incarnation | None] = {}
         self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
         self._broken: set[tuple[str, int]] = set()  # subscriptions whose delivery failed
-        self._inbox: deque[Stimulus] = deque()
-        self._feeding = False
+        self._driver = self._make_driver()
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint: str | None = None
@@ -491,67 +489,57 @@ class BrokerServer:
     # -- the state machine loop -------------------------------------------------------------
 
     def _feed(self, stimulus: Stimulus) -> None:
-        """Hand a stimulus to the state and perform its instructions. Stimuli raised while
-        performing (a failed delivery) queue behind, so instructions run in the order given."""
-        self._inbox.append(stimulus)
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._inbox:
-                current = self._inbox.popleft()
-                try:
-                    instructions = self.state.handle(current)
-                except Exception as exc:
-                    # A bug (ours, not a client's): report it and keep serving everyone else.
-                    self.counters["bugs"] += 1
-                    logger.exception("broker: bug handling %s", type(current).__name__)
-                    token = getattr(current, "token", None)
-                    if isinstance(token, asyncio.Future) and not token.done():
-                        token.set_exception(InternalServerError(
-                            f"broker bug: {type(exc).__name__}: {exc}"))
-                    continue
-                for instruction in instructions:
-                    self._perform(instruction)
-                if self._visible_listeners and isinstance(current, (AppendCompleted,
-                                                                    DurableAdvanced)):
-                    for listener in list(self._visible_listeners):
-                        listener(current.partition)
-        finally:
-            self._feeding = False
+        """Hand a stimulus to the state and perform its instructions (`querylib.driver`);
+        stimuli raised while performing (a failed delivery) queue behind."""
+        self._driver.feed(stimulus)
 
-    def _perform(self, instr: Instruction) -> None:
-        if isinstance(instr, ResolveTopic):
-            self._spawn(self._resolve(instr), f"resolve topic {instr.topic}")
-        elif isinstance(instr, OpenPartition):
-            self._spawn(self._open_for(instr.partition, instr.incarnation),
-                        f"open {instr.partition}")
-        elif isinstance(instr, Reply):
+    def _make_driver(self) -> Driver:
+        def finish(instr: Reply | Fail) -> None:
             if not instr.token.done():
-                instr.token.set_result(instr.value)
-        elif isinstance(instr, Deliver):
-            self._deliver(instr)
-        elif isinstance(instr, Append):
-            self._lanes[instr.partition].submit(instr.ticket, instr.batch)
-        elif isinstance(instr, Read):
-            self._read(instr)
-        elif isinstance(instr, Fail):
-            if not instr.token.done():
-                instr.token.set_exception(instr.error)
-        elif isinstance(instr, SubscriptionClosed):
-            self._broken.discard((instr.session, instr.sub_id))
-            error = instr.error if isinstance(instr.error, TqError) else StorageError(
-                str(instr.error))
-            self._notify(instr.session, SubscriptionEnded(
-                sub_id=instr.sub_id, topic=instr.partition[0], partition=instr.partition[1],
-                error=error_body(error)))
-        elif isinstance(instr, SaveGroups):
-            self._savers[instr.partition].submit(instr)
-        elif isinstance(instr, SessionExpired):
-            self._peers.pop(instr.session, None)
-            self._local.discard(instr.session)
-        else:  # pragma: no cover - the state emits nothing else
-            raise TypeError(f"unknown instruction {instr!r}")
+                if isinstance(instr, Fail):
+                    instr.token.set_exception(instr.error)
+                else:
+                    instr.token.set_result(instr.value)
+
+        return Driver("broker", self.state.handle, {
+            ResolveTopic: lambda instr: self._spawn(self._resolve(instr),
+                                                    f"resolve topic {instr.topic}"),
+            OpenPartition: lambda instr: self._spawn(
+                self._open_for(instr.partition, instr.incarnation), f"open {instr.partition}"),
+            Reply: finish,
+            Fail: finish,
+            Deliver: self._deliver,
+            Append: lambda instr: self._lanes[instr.partition].submit(instr.ticket, instr.batch),
+            Read: self._read,
+            SubscriptionClosed: self._subscription_closed,
+            SaveGroups: lambda instr: self._savers[instr.partition].submit(instr),
+            SessionExpired: self._session_expired,
+        }, on_bug=self._bug, invariants=self.state.check_invariants, after=self._after,
+            logger=logger)
+
+    def _bug(self, stimulus: Stimulus, exc: Exception) -> None:
+        """A bug (ours, not a client's) handling `stimulus`: fail its request, serve on."""
+        self.counters["bugs"] += 1
+        token = getattr(stimulus, "token", None)
+        if isinstance(token, asyncio.Future) and not token.done():
+            token.set_exception(InternalServerError(f"broker bug: {type(exc).__name__}: {exc}"))
+
+    def _after(self, stimulus: Stimulus) -> None:
+        if self._visible_listeners and isinstance(stimulus, AppendCompleted | DurableAdvanced):
+            for listener in list(self._visible_listeners):
+                listener(stimulus.partition)
+
+    def _subscription_closed(self, instr: SubscriptionClosed) -> None:
+        self._broken.discard((instr.session, instr.sub_id))
+        error = instr.error if isinstance(instr.error, TqError) else StorageError(
+            str(instr.error))
+        self._notify(instr.session, SubscriptionEnded(
+            sub_id=instr.sub_id, topic=instr.partition[0], partition=instr.partition[1],
+            error=error_body(error)))
+
+    def _session_expired(self, instr: SessionExpired) -> None:
+        self._peers.pop(instr.session, None)
+        self._local.discard(instr.session)
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self._loop is not None

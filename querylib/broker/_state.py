@@ -235,6 +235,26 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             **self.counters,
         }
 
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless the bookkeeping agrees with itself: every subscription
+        is known to its partition and its session, every partition's ranges are ordered. Run
+        after every step in the tests (`querylib.driver`); O(partitions + subscriptions)."""
+        for serial, sub in self._subs.items():
+            part = self.partitions.get(sub.partition)
+            assert part is not None and part.subs.get(serial) is sub, \
+                f"subscription {serial} unknown to its partition {sub.partition}"
+            session = self.sessions.get(sub.session)
+            assert session is None or session.subs.get(sub.sub_id) == serial, \
+                f"subscription {serial} unknown to its session {sub.session!r}"
+        for pid, part in self.partitions.items():
+            assert part.subs.keys() <= self._subs.keys(), f"{pid}: a forgotten subscription"
+            assert part.tailing <= part.subs.keys(), f"{pid}: tailing a forgotten subscription"
+            assert part.visible_end <= part.log_end, \
+                f"{pid}: visible end {part.visible_end} beyond the log end {part.log_end}"
+        for session in self.sessions.values():
+            assert set(session.subs.values()) <= self._subs.keys(), \
+                f"session {session.id!r} holds a forgotten subscription"
+
     # ------------------------------------------------------------------ time and sessions
 
     def _tick(self, ev: Tick) -> list[Instruction]:

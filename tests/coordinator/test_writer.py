@@ -128,3 +128,37 @@ def test_a_follower_of_an_untouched_collection_gets_its_snapshot_without_a_sweep
             await coord.close()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_write_is_not_a_failure(tmp_path: Path) -> None:
+    """Cancellation (the loop going away under a write) is never a failure: the writer stops
+    without calling `on_failed`, and whoever drains it is not handed the cancellation."""
+    driver = Driver()
+    change = driver.persisted[0]
+    failures: list[BaseException] = []
+
+    async def main() -> None:
+        broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
+        await broker.start(None)
+        writer = CatalogWriter(broker.port, on_committed=lambda version: None,
+                               on_failed=failures.append, sweep_interval=NEVER)
+        blocked = asyncio.Event()
+
+        async def append(*args: object) -> None:
+            blocked.set()
+            await asyncio.Event().wait()  # until cancelled
+
+        try:
+            await writer.start(0)
+            writer._append = append  # type: ignore[method-assign]
+            writer.submit(change)
+            await asyncio.wait_for(blocked.wait(), 10)
+            assert writer._writing is not None
+            writer._writing.cancel()
+            await writer.drain()
+            assert (failures, writer.failed, writer.committed) == ([], None, 0)
+        finally:
+            await writer.close()
+            await broker.close()
+
+    asyncio.run(main())
