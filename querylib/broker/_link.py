@@ -107,6 +107,7 @@ class SessionLink:
         self.session = session or uuid.uuid4().hex
         self.principal = principal
         self.timeout = timeout
+        self.reconnect_timeout = reconnect_timeout
         self.opened: SessionOpened | None = None
         # Renewals, lapse, reopening and giving up: the lease keeper, with a broker's rules
         # (the same session reopened; presumed lapsed once unheard for a lease).
@@ -126,10 +127,6 @@ class SessionLink:
     @property
     def lease(self) -> float:
         return self.keeper.lease
-
-    @property
-    def reconnect_timeout(self) -> float:
-        return self.keeper.give_up_after  # type: ignore[return-value]
 
     @property
     def generation(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -87,10 +88,10 @@ class Script:
             raise outcome
 
 
-def keeper_of(clock: Clock, renew: Script, **options: object) -> LeaseKeeper:
-    return LeaseKeeper(lambda: "test session", lease=options.pop("lease", 3.0),  # type: ignore[arg-type]
-                       renew=renew, verdict=verdict, clock=clock.time, sleep=clock.sleep,
-                       min_period=0.01, min_renew_timeout=0.5, **options)  # type: ignore[arg-type]
+def keeper_of(clock: Clock, renew: Script, *, lease: float = 3.0, **options: Any) -> LeaseKeeper:
+    return LeaseKeeper(lambda: "test session", lease=lease, renew=renew, verdict=verdict,
+                       clock=clock.time, sleep=clock.sleep, min_period=0.01,
+                       min_renew_timeout=0.5, **options)
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
