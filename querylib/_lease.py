@@ -19,8 +19,9 @@ renews it within the lease. The keeper does what every holder did by hand:
   the session: it lapsed), AWAY (no answer, connection trouble: the session lapses only once
   nothing renewed it for a whole lease, and only when `unheard_lapses`; after an unanswered
   renewal the keeper wakes at the lease's end to check, so a lapse is noticed then, not a
-  period later), REFUSED (logged; renewing goes on), CLOSED (our transport is closed:
-  renewing stops). An exception that is not a TqError is a bug: it ends the renewals and is
+  period later), REFUSED (logged; renewing goes on, but a refused renewal renewed nothing: it
+  counts toward a lease unheard as AWAY does), CLOSED (our transport is closed: renewing
+  stops). An exception that is not a TqError is a bug: it ends the renewals and is
   logged with its traceback.
 - Lapse: a keeper given `reopen` opens the session again (`reopen`, below); one without it
   sets `lapsed`, tells `on_lapse` callbacks once (the cause, or None for a lease unheard) and
@@ -191,16 +192,16 @@ class LeaseKeeper:
                     verdict = self._verdict(exc)
                     if verdict is Renewal.CLOSED:
                         return
-                    if verdict is Renewal.REFUSED:
-                        logger.warning("%s: renewal refused: %s", self.describe(), exc)
-                        continue
-                    if verdict is Renewal.AWAY:
-                        logger.debug("%s: renewal: %s", self.describe(), exc)
+                    if verdict is Renewal.LAPSED:
+                        cause = exc
+                    else:  # not renewed: lapsed once that lasted a lease (`unheard_lapses`)
+                        if verdict is Renewal.REFUSED:
+                            logger.warning("%s: renewal refused: %s", self.describe(), exc)
+                        else:
+                            logger.debug("%s: renewal: %s", self.describe(), exc)
                         self._failing = True
                         if not (self.unheard_lapses and self.expired()):
                             continue  # a slow peer may still hold our session
-                    else:
-                        cause = exc
             await self._lapsed(generation, cause)
 
     async def _lapsed(self, generation: int, cause: BaseException | None) -> None:

@@ -269,7 +269,7 @@ def test_without_reopen_a_lapse_is_told_once_and_renewing_stops() -> None:
 def test_a_presumed_lapse_after_a_lease_unheard_is_told_with_no_cause() -> None:
     async def main() -> None:
         clock = Clock()
-        renew = Script(clock, [Away(), Away(), Away()])
+        renew = Script(clock, [Refused(), Refused(), Refused()])  # refused: nothing renewed
         lapses: list[BaseException | None] = []
         keeper = keeper_of(clock, renew, lease=3.0)
         keeper.on_lapse.append(lapses.append)
