@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from catalog import NotFoundError, SessionKind, TopicName, TqError
+from querylib._lease import Backoff
 from querylib._pidlock import PidLock
 from querylib.broker import BrokerEndpoints, BrokerServer, drop_hosted
 from querylib.cluster import (
@@ -271,7 +272,7 @@ class ExecutorAgent:
         assert self.supervisor is not None and self._sampler is not None
         cluster = AsyncCluster(self.coordinator, self.secret, kind=SessionKind.EXECUTOR,
                                lease=self.lease, peer=f"executor@{self.host}",
-                               connect_timeout=connect_timeout)
+                               connect_timeout=connect_timeout, presume_lost=True)
         # Notifies may arrive as soon as the executor is registered: listen first.
         cluster.on_notify(SpawnProcesses, self._on_spawn)
         cluster.on_notify(KillProcesses, self._on_kill)
@@ -373,10 +374,8 @@ class ExecutorAgent:
         """Return once the coordinator has dropped our session (or must be assumed to)."""
         cluster = self.cluster
         assert cluster is not None
-        loop = asyncio.get_running_loop()
         # Unheard for a lease, the coordinator has expired our session (or is gone).
-        while not cluster.lost and loop.time() - cluster.renewed_at <= cluster.lease:
-            await asyncio.sleep(cluster.lease / 4)
+        await cluster.wait_lapsed()
 
     async def _drop_session(self) -> None:
         """Our processes' queries have failed with the session: kill them rather than let them
@@ -414,7 +413,8 @@ class ExecutorAgent:
         secret, or any other error, ends the start. A rejoin retries whatever fails: a bug
         must not leave a running agent for good without a session."""
         loop = asyncio.get_running_loop()
-        delay = REJOIN_BACKOFF_MIN
+        delays = Backoff(REJOIN_BACKOFF_MIN, REJOIN_BACKOFF_MAX).delays()
+        delay = next(delays)
         attempt = 0
         noticed_at: float | None = None
         while True:
@@ -451,7 +451,7 @@ class ExecutorAgent:
                     logger.exception("executor %s: rejoin attempt %d failed",
                                      self.executor_id, attempt)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, REJOIN_BACKOFF_MAX)
+            delay = next(delays)
 
     def _spawn_task(self, coro: object, name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]

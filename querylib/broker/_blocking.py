@@ -1,5 +1,5 @@
 """Blocking `Producer` and `Subscriber` for scripts and threads: the asyncio cores on a loop
-thread of their own (as `querylib.rpc.BlockingClient` does).
+thread of their own (`querylib.rpc._bridge.LoopThread`, as `querylib.rpc.BlockingClient`).
 
 CPU work stays on the caller's thread: a producer encodes its batches where `send` is called
 and crosses to the loop once per batch; a subscriber decodes where it iterates, and the loop
@@ -21,11 +21,12 @@ import asyncio
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from catalog.errors import TqError, UserError
 from querylib.records import TIME_HEADER, RunBatch, encode_int64
+from querylib.rpc._bridge import LoopThread
 
 from ._events import StartAt
 from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate
@@ -35,8 +36,6 @@ from ._stream import EndOfStream, Event, Headers, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 
 __all__ = ["Producer", "Subscriber"]
-
-T = TypeVar("T")
 
 
 def _async_locate(locate: Callable[[], str | None] | None) -> Locate | None:
@@ -79,33 +78,6 @@ def _estimate(values: list[bytes | None], tail: int) -> int:
     return len(values) * (length + tail + 10)
 
 
-class _LoopThread:
-    """An event loop running on a daemon thread; `call` runs a coroutine there and waits."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except BaseException:
-            future.cancel()
-            raise
-
-    def soon(self, fn: Any, *args: Any) -> None:
-        self.loop.call_soon_threadsafe(fn, *args)
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
 class Producer:
     """Records into one partition of one broker, blocking when the window is exhausted.
 
@@ -133,7 +105,7 @@ class Producer:
         self.batch_bytes = batch_bytes
         self.linger = linger
         self.timeout = timeout
-        self._thread = _LoopThread(f"tq-producer {topic}-{partition}")
+        self._thread = LoopThread(f"tq-producer {topic}-{partition}", owner="a Producer")
         # Records pending and encoded batches waiting for the loop, shared with the linger
         # timer. Batches leave the outbox in order, one sender task at a time; the caller
         # blocks while two batches wait (the window is exhausted), which is the backpressure.
@@ -155,7 +127,7 @@ class Producer:
                 lambda: BrokerLink(address, secret, **link_options),
                 topic, partition, create, group, reopen, incarnation, idempotent, epoch))
         except BaseException:
-            self._thread.stop()
+            self._thread.close()
             raise
 
     @staticmethod
@@ -365,7 +337,7 @@ class Producer:
             try:
                 self._thread.call(self.link.close(clean=True), timeout=self.timeout)
             finally:
-                self._thread.stop()
+                self._thread.close()
 
 
 class Subscriber:
@@ -397,7 +369,7 @@ class Subscriber:
         if credit <= 0:
             raise UserError("credit must be a positive number of bytes")
         self._queue: queue.SimpleQueue[Chunk | TqError] = queue.SimpleQueue()
-        self._thread = _LoopThread(f"tq-subscriber {topic}")
+        self._thread = LoopThread(f"tq-subscriber {topic}", owner="a Subscriber")
         self._closed = False
         self._finished = False
         self._pending: list[tuple[Event | None, int, int]] = []
@@ -408,7 +380,7 @@ class Subscriber:
                 address, secret, topic, partitions, start, credit, link_options, create,
                 incarnation))
         except BaseException:
-            self._thread.stop()
+            self._thread.close()
             raise
         self.decoder = ChunkDecoder(self.core, follow=follow, values=values)
         self.decoder.start()
@@ -498,7 +470,7 @@ class Subscriber:
         try:
             self._thread.call(self._close(), timeout=30.0)
         finally:
-            self._thread.stop()
+            self._thread.close()
 
     async def _close(self) -> None:
         try:

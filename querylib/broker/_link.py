@@ -18,24 +18,25 @@ address of the broker, looked up by the owner) whether the broker now listens el
 moving there if so. After `reconnect_timeout` seconds without an answer it gives up for good:
 every call then raises BrokerUnavailableError, and `on_failure` callbacks are told once.
 
-Runs on one asyncio loop; owns its heartbeat task (and BrokerLink its RpcClient, a new one
-when the broker moved). It decides nothing about data.
+The lease itself (heartbeats every third of it, lapse, reopening with backoff, giving up) is
+kept by a `querylib._lease.LeaseKeeper`; a link gives it the broker's messages and rules.
+Runs on one asyncio loop; owns its keeper (and BrokerLink its RpcClient, a new one when the
+broker moved). It decides nothing about data.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from catalog.errors import TqError
+from querylib._lease import Backoff, LeaseKeeper, Renewal
 from querylib._memory import keep_freed_memory
 from querylib.rpc import (
     BROKER,
     Credential,
-    DeadlineExceededError,
     InternalServerError,
     Limits,
     Notify,
@@ -78,6 +79,15 @@ class BrokerClosingError(RpcError):
     retriable = True
 
 
+def _verdict(exc: TqError) -> Renewal:
+    """What a failed heartbeat means: forgotten, or no answer (lapsed if it lasts a lease)."""
+    if isinstance(exc, UnknownSessionError):
+        return Renewal.LAPSED
+    if isinstance(exc, RpcError):  # the broker is slow or away (a client replaced: closed)
+        return Renewal.AWAY
+    return Renewal.REFUSED
+
+
 def lost_connection(exc: BaseException) -> bool:
     """Whether a failed call means the broker is away or forgot us (reopen and send again),
     rather than that it refused the call (which sending again cannot change)."""
@@ -96,21 +106,42 @@ class SessionLink:
                  reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         self.session = session or uuid.uuid4().hex
         self.principal = principal
-        self.lease = lease
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
         self.opened: SessionOpened | None = None
-        self.generation = 0  # how many times the session was (re)opened
-        self.on_reopen: list[Callable[[], Awaitable[None]]] = []
-        self.on_failure: list[Callable[[TqError], None]] = []
-        self.failure: BrokerUnavailableError | None = None
+        # Renewals, lapse, reopening and giving up: the lease keeper, with a broker's rules
+        # (the same session reopened; presumed lapsed once unheard for a lease).
+        self.keeper = LeaseKeeper(
+            lambda: self.where, lease=lease, renew=self._renew, verdict=_verdict,
+            reopen=self._open, retry=lost_connection, relocate=self._relocate,
+            give_up_after=reconnect_timeout, give_up=self._give_up,
+            attempt_timeout=min(timeout, ATTEMPT_TIMEOUT), min_period=0.05,
+            min_renew_timeout=1.0, backoff=Backoff(_BACKOFF_MIN, _BACKOFF_MAX))
+        # Owners register here: re-establish what the broker lost; hear that the link gave up.
+        self.on_reopen = self.keeper.on_reopen
+        self.on_failure = self.keeper.on_failure
         # Set while the session is open and every owner re-established its state: new calls
         # wait for it, so nothing overtakes what is being sent again.
-        self.ready = asyncio.Event()
-        self.renewed_at = 0.0  # loop time of the last answer to an open or a heartbeat
-        self._reopen_lock = asyncio.Lock()
-        self._heartbeats: asyncio.Task[None] | None = None
-        self._closed = False
+        self.ready = self.keeper.ready
+
+    @property
+    def lease(self) -> float:
+        return self.keeper.lease
+
+    @property
+    def generation(self) -> int:
+        """How many times the session was (re)opened."""
+        return self.keeper.generation
+
+    @property
+    def renewed_at(self) -> float:
+        """Loop time of the last answer to an open or a heartbeat."""
+        return self.keeper.renewed_at
+
+    @property
+    def failure(self) -> TqError | None:
+        """The BrokerUnavailableError the link gave up with, if it did."""
+        return self.keeper.failure
 
     @property
     def where(self) -> str:
@@ -119,7 +150,7 @@ class SessionLink:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.keeper.closed
 
     async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
                       timeout: float | None = None) -> R:
@@ -153,101 +184,36 @@ class SessionLink:
         """Connect and open the session, retrying while the broker is not there yet."""
         await self._connect()
         opened = await self._open(connect_timeout or self.timeout)
-        self.ready.set()
-        self._heartbeats = asyncio.get_running_loop().create_task(
-            self._heartbeat_forever(), name=f"broker heartbeats {self.session}")
+        self.keeper.opened()
+        self.keeper.start()
         return opened
 
     async def _open(self, timeout: float) -> SessionOpened:
         self.opened = await self._request(
             OpenSessionRequest(session=self.session, lease=self.lease,
                                principal=self.principal), timeout=timeout)
-        self.renewed_at = asyncio.get_running_loop().time()
-        self.generation += 1
         return self.opened
+
+    async def _renew(self, timeout: float) -> None:
+        await self._request(HeartbeatRequest(session=self.session), timeout=timeout)
 
     async def reopen(self, seen_generation: int) -> None:
         """Open the session again (unless someone did since `seen_generation`), moving to the
         broker's new address if it moved, then let every owner re-establish its state.
         Retries with backoff; raises BrokerUnavailableError once `reconnect_timeout` passed
         without the broker answering."""
-        async with self._reopen_lock:
-            if self.failure is not None:
-                raise self.failure
-            if self.generation != seen_generation or self._closed:
-                return
-            self.ready.clear()
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + self.reconnect_timeout
-            delay = _BACKOFF_MIN
-            try:
-                while not self._closed:
-                    left = give_up - loop.time()
-                    try:
-                        await self._open(max(min(self.timeout, ATTEMPT_TIMEOUT, left), 0.1))
-                        for callback in list(self.on_reopen):
-                            await callback()
-                        return
-                    except TqError as exc:
-                        if not lost_connection(exc) or self._closed:
-                            raise
-                        logger.info("%s: reopening the session: %s", self.where, exc)
-                    moved = await self._relocate()
-                    if loop.time() >= give_up and not moved:  # a new address gets one try
-                        self._fail()
-                        raise self.failure  # type: ignore[misc]
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, _BACKOFF_MAX)
-            finally:
-                self.ready.set()  # done, or failed: nobody waits for a session that will not come
+        await self.keeper.reopen(seen_generation)
 
-    def _fail(self) -> None:
-        self.failure = BrokerUnavailableError(
+    def _give_up(self) -> BrokerUnavailableError:
+        return BrokerUnavailableError(
             f"the {self.where} did not answer for {self.reconnect_timeout:g}s "
             f"(its address looked up again when possible); giving up")
-        logger.warning("%s", self.failure)
-        for callback in list(self.on_failure):
-            callback(self.failure)
-
-    async def _heartbeat_forever(self) -> None:
-        interval = max(self.lease / 3, 0.05)
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            if self.failure is not None:
-                return  # gave up; the owners were told
-            generation = self.generation
-            try:
-                await self.request(HeartbeatRequest(session=self.session),
-                                   timeout=max(interval, 1.0))
-                self.renewed_at = loop.time()
-                continue
-            except UnknownSessionError:
-                pass
-            except (DeadlineExceededError, RpcError) as exc:
-                logger.debug("%s: heartbeat: %s", self.where, exc)
-                if loop.time() - self.renewed_at <= self.lease:
-                    continue  # a slow broker may still hold our session
-            except TqError as exc:
-                logger.warning("%s: heartbeat refused: %s", self.where, exc)
-                continue
-            # The broker forgot us, or has not answered for a lease (it dropped us by now).
-            try:
-                await self.reopen(generation)
-            except TqError as exc:
-                if self.failure is not None:
-                    return  # gave up; the owners were told
-                logger.warning("%s: reopening the session failed: %s", self.where, exc)
 
     async def close(self, *, clean: bool = True) -> None:
         """Stop heartbeats, close the session (when `clean`) and the transport. Idempotent."""
-        if self._closed:
+        if self.keeper.closed:
             return
-        self._closed = True
-        self.ready.set()
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            await asyncio.gather(self._heartbeats, return_exceptions=True)
+        await self.keeper.close()
         if clean and self.opened is not None and self.failure is None:
             try:
                 await self._request(CloseSessionRequest(session=self.session),
@@ -320,7 +286,7 @@ class BrokerLink(SessionLink):
         except TqError as exc:  # the catalog is away too, or the broker is not registered yet
             logger.debug("%s: looking up its address: %s", self.where, exc)
             return False
-        if not address or address == self.address or self._closed:
+        if not address or address == self.address or self.closed:
             return False
         logger.info("broker moved from %s to %s", self.address, address)
         old, self.client = self.client, self._new_client(address)

@@ -6,19 +6,19 @@ the CLI and threads (as `querylib.rpc.BlockingClient` wraps `RpcClient`).
         with cluster.follow("topics") as follower:
             for event in follower: ...
 
-Thread-safe: calls from any thread are handed to the loop thread, which alone touches the
-socket; heartbeats run there too, so a busy caller never lets the lease run out.
+Thread-safe: calls from any thread are handed to the loop thread (`querylib.rpc._bridge`),
+which alone touches the socket; heartbeats run there too, so a busy caller never lets the
+lease run out.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from catalog import Broker, Executor, Query, Resources, TopicKind
-from querylib.rpc import Credential, Notify, Reply, Request
+from querylib.rpc import ClientClosedError, Credential, Notify, Reply, Request
+from querylib.rpc._bridge import LoopThread
 
 from . import _messages as m
 from ._connection import discover
@@ -27,22 +27,18 @@ from ._session import AsyncCluster
 __all__ = ["Cluster"]
 
 R = TypeVar("R", bound=Reply)
-T = TypeVar("T")
 
 
 class Cluster:
     """A blocking connection to the coordinator (with a session unless `session=False`)."""
 
     def __init__(self, address: str, secret: bytes | Credential, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"tq-cluster {address}")
-        self._thread.start()
-        self._closed = False
+        self._bridge = LoopThread(f"tq-cluster {address}", owner="a Cluster")
+        self._call = self._bridge.call
         try:
             self._async = self._call(self._start(address, secret, options))
         except BaseException:
-            self._stop()
+            self._bridge.close()
             raise
 
     @staticmethod
@@ -56,17 +52,6 @@ class Cluster:
         """Find the coordinator (argument, TQ_COORDINATOR, cluster.json) and connect."""
         found = discover(coordinator, secret_file=secret_file)
         return cls(found.address, found.secret, source=found.source, **options)
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("a Cluster cannot be called from its own loop thread")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
 
     # -- what AsyncCluster knows ---------------------------------------------------------------
 
@@ -207,18 +192,14 @@ class Cluster:
 
     def close(self) -> None:
         """Close the session and the connection, stop the loop thread. Idempotent."""
-        if self._closed:
+        if self._bridge.closed:
             return
-        self._closed = True
         try:
             self._call(self._async.close())
+        except ClientClosedError:  # another thread closes it at the same moment
+            return
         finally:
-            self._stop()
-
-    def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+            self._bridge.close()
 
     def __enter__(self) -> Cluster:
         return self

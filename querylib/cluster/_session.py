@@ -8,16 +8,18 @@
         async for event in follower: ...
     await cluster.close()
 
-The session holds a lease, renewed by a heartbeat task every third of the lease (any request
-renews it too). While the coordinator is away (restarting) heartbeats fail and are retried; a
-coordinator that comes back within the lease hands the session back unchanged, since it
-recovers its sessions from the catalog. If the lease ran out meanwhile, the coordinator
-retracted everything the session owned: the next call raises SessionLostError.
+The session holds a lease, renewed by a heartbeat every third of the lease (any request renews
+it too), kept by a `querylib._lease.LeaseKeeper`. While the coordinator is away (restarting)
+heartbeats fail and are retried; a coordinator that comes back within the lease hands the
+session back unchanged, since it recovers its sessions from the catalog. If the lease ran out
+meanwhile, the coordinator retracted everything the session owned: the next call raises
+SessionLostError. An executor's session (`presume_lost`) is given up as lost once no heartbeat
+was answered for a lease (`wait_lapsed`).
 
 A cluster opened with `session=False` has no session (read-only tools: `tq status`, `tq
 catalog`), so it leaves no trace in the catalog. Either way the coordinator's first answer
 says the cluster's default tenant/namespace, which this process then follows (a bare topic
-name means it: `catalog.set_default_namespace`). Owns its RpcClient and heartbeat task.
+name means it: `catalog.set_default_namespace`). Owns its RpcClient and lease keeper.
 Must not: decide what the coordinator decides (who acts as whom, who owns what); it asks.
 """
 
@@ -43,6 +45,7 @@ from catalog import (
     UnknownSessionError,
     set_default_namespace,
 )
+from querylib._lease import LeaseKeeper, Renewal
 from querylib.rpc import (
     ClientClosedError,
     Credential,
@@ -76,6 +79,17 @@ def _follow_namespace(namespace: str) -> None:
     set_default_namespace(tenant, rest)
 
 
+def _verdict(exc: TqError) -> Renewal:
+    """What a failed heartbeat means: dropped, away (retried), closed, or refused."""
+    if isinstance(exc, UnknownSessionError):
+        return Renewal.LAPSED
+    if isinstance(exc, ClientClosedError):
+        return Renewal.CLOSED
+    if isinstance(exc, RpcError):  # the coordinator is slow or away: keep trying
+        return Renewal.AWAY
+    return Renewal.REFUSED
+
+
 def default_peer() -> str:
     """Who we are, for people reading `tq catalog sessions`: program, user@host, pid."""
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
@@ -93,12 +107,20 @@ class AsyncCluster:
                  kind: SessionKind = SessionKind.CLIENT, peer: str | None = None,
                  lease: float = 10.0, timeout: float = 30.0, connect_timeout: float = 10.0,
                  resume: int | None = None, query_id: int | None = None,
-                 process: int | None = None, source: str = "") -> None:
+                 process: int | None = None, source: str = "",
+                 presume_lost: bool = False) -> None:
         self.address = address
         self.secret = Credential.of(secret)  # who we are (a bare secret: the admin)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.lease = lease
+        # The lease: heartbeats every third of it; lost when the coordinator says it dropped
+        # us, or (`presume_lost`, an executor's) once no heartbeat was answered for a lease.
+        # Never reopened: the coordinator retracted what the session owned.
+        self.keeper = LeaseKeeper(
+            lambda: f"session {self.session_id}", lease=lease, renew=self._renew,
+            verdict=_verdict, unheard_lapses=presume_lost, min_period=0.02,
+            min_renew_timeout=0.5)
+        self.keeper.on_lapse.append(self._lapsed)
         self.source = source or address
         self._wants_session = session
         self._open_request = m.OpenSession(kind=kind, peer=peer or default_peer(),
@@ -110,8 +132,6 @@ class AsyncCluster:
         self.version = 0  # the newest catalog version a reply mentioned
         self.resumed = False
         self._lost: SessionLostError | None = None
-        self._heartbeats: asyncio.Task[None] | None = None
-        self.renewed_at = 0.0
         # An executor's: called for each heartbeat, its HostLoad rides along (quick, please).
         self.load_source: Callable[[], m.HostLoad] | None = None
         self._started = False
@@ -138,11 +158,8 @@ class AsyncCluster:
                 self.resumed = opened.resumed
                 _follow_namespace(opened.namespace)
                 self._seen(opened.version)
-                # When the lease was last renewed (loop time): a holder that has not renewed
-                # for a lease must assume the coordinator expired it.
-                self.renewed_at = asyncio.get_running_loop().time()
-                self._heartbeats = asyncio.get_running_loop().create_task(
-                    self._heartbeat_forever(), name=f"tq session {self.session_id}")
+                self.keeper.opened()
+                self.keeper.start()
             else:
                 info = await self._first(m.GetCatalogInfo())
                 self.catalog_broker = info.catalog_broker
@@ -171,6 +188,25 @@ class AsyncCluster:
     def lost(self) -> bool:
         """True once the coordinator dropped our session."""
         return self._lost is not None
+
+    @property
+    def lease(self) -> float:
+        """Seconds: what we asked for, then what the coordinator granted."""
+        return self.keeper.lease
+
+    @lease.setter
+    def lease(self, value: float) -> None:
+        self.keeper.lease = value
+
+    @property
+    def renewed_at(self) -> float:
+        """Loop time of the last answer to the open or a heartbeat."""
+        return self.keeper.renewed_at
+
+    async def wait_lapsed(self) -> None:
+        """Return once the session lapsed: the coordinator dropped it, or (`presume_lost`)
+        no heartbeat was answered for a lease, so it must be assumed to have."""
+        await self.keeper.lapsed.wait()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -391,25 +427,15 @@ class AsyncCluster:
 
     # -- the lease -----------------------------------------------------------------------------
 
-    async def _heartbeat_forever(self) -> None:
-        interval = max(self.lease / 3, 0.02)
-        while True:
-            await asyncio.sleep(interval)
-            load = None if self.load_source is None else self.load_source()
-            request = m.Heartbeat(session_id=self.session_id,  # type: ignore[arg-type]
-                                  lease_ms=int(self.lease * 1000), load=load)
-            try:
-                await self.client.request(request, timeout=max(interval, 0.5))
-                self.renewed_at = asyncio.get_running_loop().time()
-            except UnknownSessionError as exc:
-                self._lose(exc)
-                return
-            except ClientClosedError:
-                return
-            except RpcError as exc:  # the coordinator is slow or away: keep trying
-                logger.debug("session %s: heartbeat: %s", self.session_id, exc)
-            except TqError as exc:
-                logger.warning("session %s: heartbeat refused: %s", self.session_id, exc)
+    async def _renew(self, timeout: float) -> None:
+        load = None if self.load_source is None else self.load_source()
+        await self.client.request(m.Heartbeat(session_id=self.session_id,  # type: ignore[arg-type]
+                                              lease_ms=int(self.lease * 1000), load=load),
+                                  timeout=timeout)
+
+    def _lapsed(self, cause: BaseException | None) -> None:
+        if cause is not None:  # the coordinator's word (else: unheard for a lease, presumed)
+            self._lose(cause)
 
     def _lose(self, cause: BaseException) -> None:
         if self._lost is None:
@@ -417,6 +443,7 @@ class AsyncCluster:
             self._lost = SessionLostError(
                 f"the coordinator dropped session {self.session_id} (its lease of "
                 f"{self.lease:g}s ran out); what it owned is gone: open a new session")
+            self.keeper.lapse_now(cause)
 
     async def close(self) -> None:
         """Stop heartbeats, close the session (its publications and subscriptions leave; its
@@ -424,9 +451,7 @@ class AsyncCluster:
         if self._closed:
             return
         self._closed = True
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            await asyncio.gather(self._heartbeats, return_exceptions=True)
+        await self.keeper.close()
         try:
             if self.session_id is not None and self._lost is None:
                 try:

@@ -4,7 +4,7 @@
         reply = client.request(Ping(b"hi"), timeout=5)
 
 Thread-safe: any number of threads may call one BlockingClient at once; every call is handed to
-the background loop with run_coroutine_threadsafe, and that loop alone touches the socket.
+the background loop (`LoopThread`, `_bridge.py`), and that loop alone touches the socket.
 Notify callbacks (`on_notify`) run on that background thread. Payload buffers passed in must
 not be mutated until the call returns (they are sent without copying).
 """
@@ -12,13 +12,12 @@ not be mutated until the call returns (they are sent without copying).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import zmq
 
+from ._bridge import LoopThread
 from ._client import Notification, NotifyCallback, RpcClient
 from ._codec import Buffer, Limits
 from ._credentials import COORDINATOR, Credential
@@ -28,7 +27,6 @@ from ._messages import Notify, Reply, Request
 __all__ = ["BlockingClient"]
 
 R = TypeVar("R", bound=Reply)
-T = TypeVar("T")
 
 
 class BlockingClient:
@@ -37,39 +35,14 @@ class BlockingClient:
     def __init__(self, address: str, secret: bytes | Credential, *,
                  limits: Limits | None = None, timeout: float = 30.0,
                  context: zmq.Context[Any] | None = None, audience: str = COORDINATOR) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=f"rpc-client {address}",
-                                        daemon=True)
-        self._thread.start()
-        self._closed = False
-        self._lock = threading.Lock()
+        self._bridge = LoopThread(f"rpc-client {address}", owner="a BlockingClient")
+        self._call = self._bridge.call
         try:
             self._client = self._call(RpcClient(
                 address, secret, limits=limits, timeout=timeout, context=context,
                 audience=audience).connect())
         except BaseException:
-            self._stop_loop()
-            raise
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
-            coro.close()
-            # Waiting here for the loop we are running on would never return.
-            raise RuntimeError("a BlockingClient cannot be called from its notify callbacks")
-        try:
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            raise ClientClosedError("the client is closed") from None
-        try:
-            return future.result()
-        except BaseException:
-            # Interrupted (Ctrl-C) or failed: make sure nothing keeps running for us.
-            future.cancel()
+            self._bridge.close()
             raise
 
     @property
@@ -105,24 +78,19 @@ class BlockingClient:
         """The oldest queued notify, waiting up to `timeout` seconds (None: forever)."""
         try:
             return self._call(asyncio.wait_for(self._client.notifications.get(), timeout))
-        except (TimeoutError, concurrent.futures.TimeoutError):
+        except TimeoutError:
             return None
 
     def close(self) -> None:
         """Close the client and stop its thread. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if self._bridge.closed:
+            return
         try:
             self._call(self._client.close())
+        except ClientClosedError:  # another thread closes it at the same moment
+            return
         finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+            self._bridge.close()
 
     def __enter__(self) -> BlockingClient:
         return self

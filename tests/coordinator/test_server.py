@@ -58,8 +58,8 @@ def test_a_session_that_missed_its_lease_is_lost(tmp_path: Path) -> None:
         coordinator = await _start(tmp_path, config=CoordinatorConfig(min_lease_ms=100))
         try:
             cluster = await AsyncCluster(coordinator.endpoint, SECRET, lease=0.2).start()
-            assert cluster._heartbeats is not None
-            cluster._heartbeats.cancel()  # a stalled client: nobody renews
+            assert cluster.keeper.task is not None
+            cluster.keeper.task.cancel()  # a stalled client: nobody renews
             assert coordinator.state is not None
             leases = coordinator.state.leases
             deadline = asyncio.get_running_loop().time() + 10
