@@ -1,0 +1,132 @@
+"""One error tree (STYLE.md "errors"; issue 16): every exception class tq defines descends
+from `catalog.errors.TqError`, no two share a name, and `catalog/errors.py` maps the whole tree.
+
+The scan imports every module of the four packages and collects the exception classes each
+defines, so an error added anywhere (not only in an `errors` module) is seen."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+from collections import defaultdict
+from types import ModuleType
+
+import pytest
+
+import catalog.errors
+from catalog.errors import TqError
+
+PACKAGES = ("catalog", "coordinator", "executor", "querylib")
+
+# The deliberate exceptions: signals raised and caught inside one component to steer control
+# flow. They never reach a caller, so they carry no traits and are no TqError (an
+# `except TqError` must not catch them).
+NOT_ERRORS = {
+    "coordinator._state.WaitForStart": "a handler's signal to answer once the query started",
+    "coordinator._state.WaitForTopic": "a handler's signal to answer once the topic exists",
+    "coordinator._drops.WaitForDrops": "a handler's signal to answer once brokers dropped",
+    "querylib.kafka._server._Close": "the listener's signal: answered, now close",
+    "querylib.records._runs.Irregular": "the fast decoder's signal to take the general path",
+}
+
+# The roots in catalog.errors that families hang from.
+ROOTS = {catalog.errors.TqError, catalog.errors.UserError, catalog.errors.ProtocolError,
+         catalog.errors.StorageError, catalog.errors.CatalogError}
+
+
+def _modules() -> list[ModuleType]:
+    found = []
+    for name in PACKAGES:
+        package = importlib.import_module(name)
+        found.append(package)
+        for info in pkgutil.walk_packages(package.__path__, f"{name}."):
+            if info.name.endswith(".__main__"):
+                continue  # runs the CLI when imported; defines nothing
+            found.append(importlib.import_module(info.name))
+    return found
+
+
+def _full_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@pytest.fixture(scope="module")
+def exceptions() -> list[type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for module in _modules():
+        for value in vars(module).values():
+            if (inspect.isclass(value) and issubclass(value, BaseException)
+                    and value.__module__ == module.__name__):
+                found[_full_name(value)] = value
+    return sorted(found.values(), key=_full_name)
+
+
+def test_the_scan_sees_errors_of_every_package(
+        exceptions: list[type[BaseException]]) -> None:
+    packages = {cls.__module__.split(".")[0] for cls in exceptions}
+    assert packages == set(PACKAGES)
+    assert len(exceptions) > 100  # the tree is large; an import that found nothing fails here
+
+
+def test_no_two_exception_classes_share_a_name(exceptions: list[type[BaseException]]) -> None:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for cls in exceptions:
+        by_name[cls.__name__].append(_full_name(cls))
+    assert {name: where for name, where in by_name.items() if len(where) > 1} == {}
+
+
+def test_every_exception_is_a_tq_error_or_a_listed_signal(
+        exceptions: list[type[BaseException]]) -> None:
+    strays = [_full_name(cls) for cls in exceptions
+              if not issubclass(cls, TqError) and _full_name(cls) not in NOT_ERRORS]
+    assert strays == []
+    signals = {_full_name(cls): cls for cls in exceptions if _full_name(cls) in NOT_ERRORS}
+    assert set(signals) == set(NOT_ERRORS), "a listed signal is gone: drop it from the list"
+    assert not any(issubclass(cls, TqError) for cls in signals.values())
+
+
+def test_every_error_says_what_it_means(exceptions: list[type[BaseException]]) -> None:
+    undocumented = [_full_name(cls) for cls in exceptions
+                    if issubclass(cls, TqError) and not cls.__dict__.get("__doc__")]
+    assert undocumented == []
+
+
+def _family(cls: type) -> type:
+    """The topmost ancestor of `cls` that is not one of catalog.errors' roots."""
+    family = cls
+    for base in cls.__mro__:
+        if base in ROOTS or not issubclass(base, TqError):
+            break
+        family = base
+    return family
+
+
+def test_the_root_module_maps_every_family_and_where_it_lives(
+        exceptions: list[type[BaseException]]) -> None:
+    """catalog/errors.py's docstring is the map of the one tree: it names every family (the
+    topmost class below the roots) and the module that defines it, whose docstring draws the
+    family's members."""
+    doc = catalog.errors.__doc__ or ""
+    errors = [cls for cls in exceptions if issubclass(cls, TqError)]
+    families = {_family(cls) for cls in errors if cls.__module__ != "catalog.errors"}
+    missing = sorted(_full_name(f) for f in families
+                     if not re.search(rf"\b{f.__name__}\b", doc))
+    assert missing == []
+    modules = {cls.__module__ for cls in errors}
+    unnamed = sorted(m for m in modules if not re.search(rf"\b{re.escape(m)}\b", doc))
+    assert unnamed == []
+    # Each member is drawn in its own module's docstring (or in the root's).
+    undrawn = sorted(
+        _full_name(cls) for cls in errors
+        if not re.search(rf"\b{cls.__name__}\b",
+                         (importlib.import_module(cls.__module__).__doc__ or "") + doc))
+    assert undrawn == []
+
+
+def test_the_map_names_no_class_that_does_not_exist(
+        exceptions: list[type[BaseException]]) -> None:
+    known = {cls.__name__ for cls in exceptions}
+    drawn = set(re.findall(r"\b([A-Z]\w*Error)\b", catalog.errors.__doc__ or ""))
+    assert sorted(drawn - known) == []
