@@ -50,7 +50,7 @@ from ._errors import (
     BrokerClosedError,
     BrokerUnavailableError,
     NotProducerError,
-    UnknownSessionError,
+    UnknownBrokerSessionError,
 )
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
@@ -81,7 +81,7 @@ class BrokerClosingError(RpcError):
 def lost_connection(exc: BaseException) -> bool:
     """Whether a failed call means the broker is away or forgot us (reopen and send again),
     rather than that it refused the call (which sending again cannot change)."""
-    if isinstance(exc, UnknownSessionError | NotProducerError):
+    if isinstance(exc, UnknownBrokerSessionError | NotProducerError):
         return True
     return isinstance(exc, RpcError) and not isinstance(exc, InternalServerError | RemoteError)
 
@@ -222,7 +222,7 @@ class SessionLink:
                                    timeout=max(interval, 1.0))
                 self.renewed_at = loop.time()
                 continue
-            except UnknownSessionError:
+            except UnknownBrokerSessionError:
                 pass
             except (DeadlineExceededError, RpcError) as exc:
                 logger.debug("%s: heartbeat: %s", self.where, exc)

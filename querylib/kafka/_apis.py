@@ -35,7 +35,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
-from querylib.kafka._errors import MalformedRequestError, UnsupportedRequestError
+from querylib.kafka._errors import MalformedRequestError, UnsupportedApiVersionError
 from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 
 __all__ = [
@@ -214,10 +214,10 @@ def decode_request(
 ) -> Any:
     """The request body at `frame[offset:]` as kio's dataclass for this api and version.
 
-    Raises UnsupportedRequestError outside the advertised ranges and MalformedRequestError
+    Raises UnsupportedApiVersionError outside the advertised ranges and MalformedRequestError
     for a body that does not decode or leaves bytes over."""
     if not is_supported(api_key, version):
-        raise UnsupportedRequestError(f"api key {api_key} version {version} is not supported")
+        raise UnsupportedApiVersionError(f"api key {api_key} version {version} is not supported")
     if api_key == ApiKey.PRODUCE and version in LEGACY_PRODUCE_VERSIONS:
         # v0-2 are v3 without the leading transactional_id: read them as v3 with a null one.
         frame, offset, version = b"\xff\xff" + frame[offset:], 0, 3
