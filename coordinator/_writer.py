@@ -26,7 +26,8 @@ a client was told happened (an id handed out, a topic created), so each must sur
 crash, not only a process crash; group commit keeps the fsync cost per group, not per change.
 
 Any failure to append is fatal to the coordinator (`on_failed`): its memory would run ahead of
-the log, which is the source of truth. Restarting recovers from the log.
+the log, which is the source of truth. Restarting recovers from the log. A cancelled write (the
+coordinator stopping) is no failure: the cancellation goes on up, nothing is reported.
 
 It writes through the in-process door of the coordinator's own broker (`BrokerPort`), as tq
 itself ("system": the catalog topics are internal), the same way any producer writes: the
@@ -159,7 +160,7 @@ class CatalogWriter:
                         item = self._queue.pop(0)
                         await self._write_checkpoint(item)  # type: ignore[arg-type]
                         continue
-                except BaseException as exc:
+                except Exception as exc:  # not a cancellation: stopping is no failure
                     self.failed = exc
                     logger.critical("coordinator: cannot append to the catalog topics: %s", exc)
                     self._on_failed(exc)

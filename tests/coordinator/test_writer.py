@@ -128,3 +128,43 @@ def test_a_follower_of_an_untouched_collection_gets_its_snapshot_without_a_sweep
             await coord.close()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_write_is_no_failure(tmp_path: Path) -> None:
+    """Cancelling the writer's task (the coordinator stopping) mid-append leaves it unfailed:
+    cancellation is not a failure to append, so nothing reports the coordinator as failed."""
+    driver = Driver()
+    driver.host()
+    failures: list[BaseException] = []
+
+    async def main() -> None:
+        broker = BrokerServer(tmp_path, SECRET, log_config=LogConfig(flush="always"))
+        await broker.start(None)
+        writer = CatalogWriter(broker.port, on_committed=lambda version: None,
+                               on_failed=failures.append, sweep_interval=NEVER)
+        entered = asyncio.Event()
+        try:
+            await writer.start(0)
+            for producer in writer._cores.values():
+                real = producer.send_batch
+
+                async def send_batch(batch: object, real=real) -> object:
+                    entered.set()
+                    await asyncio.Event().wait()  # an append that never completes
+                    return await real(batch)
+
+                producer.send_batch = send_batch  # type: ignore[method-assign]
+            for change in driver.persisted:
+                writer.submit(change)
+            await asyncio.wait_for(entered.wait(), 30)
+            task = writer._writing
+            assert task is not None
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert failures == [] and writer.failed is None
+        finally:
+            await writer.close()
+            await broker.close()
+
+    asyncio.run(main())
