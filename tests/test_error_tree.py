@@ -6,17 +6,21 @@ defines, so an error added anywhere (not only in an `errors` module) is seen."""
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
 import inspect
 import pkgutil
 import re
 from collections import defaultdict
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+import catalog
 import catalog.errors
+import querylib.rpc._client
 from catalog.errors import TqError
 
 PACKAGES = ("catalog", "coordinator", "executor", "querylib")
@@ -133,3 +137,41 @@ def test_the_map_names_no_class_that_does_not_exist(
     drawn = set(re.findall(r"(?<![.\w])([A-Z]\w*Error)\b", catalog.errors.__doc__ or ""))
     assert drawn - known == set()
     assert len(drawn) > 50
+
+
+# Where each foreign library's exceptions may be caught (and raised again as TqErrors): its
+# edges. Anywhere else they were translated already, or are a bug to see.
+FOREIGN_EDGES = {
+    "zmq.": {"querylib/rpc/"},  # the RPC transport
+    "msgspec.": {"catalog/_codec.py", "querylib/rpc/_codec.py", "coordinator/_journal.py",
+                 "querylib/broker/_group_store.py", "querylib/connector/_offsets.py",
+                 "querylib/cli/_records_text.py"},  # the codecs and files that hold msgspec
+    "KIO_DECODE_ERRORS": {"querylib/kafka/_apis.py", "querylib/kafka/_offsets_format.py",
+                          "querylib/kafka/_client.py", "querylib/api/_group.py"},
+    "SerialError": {"querylib/_kio.py"},  # kio's: only through KIO_DECODE_ERRORS
+}
+
+
+def _handlers(path: Path) -> list[str]:
+    """The source of each `except` clause's type in the file."""
+    source = path.read_text()
+    return [ast.get_source_segment(source, node.type) or ""
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ExceptHandler) and node.type is not None]
+
+
+def test_foreign_errors_are_caught_at_their_edges_only() -> None:
+    root = Path(catalog.__file__).resolve().parent.parent
+    strays = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            name = path.relative_to(root).as_posix()
+            for caught in _handlers(path):
+                for marker, edges in FOREIGN_EDGES.items():
+                    if marker in caught and not any(name.startswith(e) for e in edges):
+                        strays.append(f"{name}: except {caught}")
+    assert strays == []
+
+
+def test_the_edge_scan_sees_a_foreign_handler() -> None:
+    assert _handlers(Path(querylib.rpc._client.__file__)).count("zmq.Again") >= 1
