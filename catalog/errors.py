@@ -1,36 +1,94 @@
-"""The root of tq's exception hierarchy.
+"""The root of tq's exception hierarchy, and the map of the whole tree.
 
 It lives in `catalog` because every other package may import `catalog` and `catalog` imports no
 other tq package. Classes carry traits (`retriable`, `kafka_error_code`, `exit_code`) so callers
-branch on attributes, never on message strings.
+branch on attributes, never on message strings. Every class tq raises on purpose descends from
+`TqError`, and no two classes share a name (tests/test_error_tree.py); anything else escaping a
+component is a bug. Cancellation (`asyncio.CancelledError`) is no error: it is never caught to
+be reported as a failure.
+
+The one tree. Each family (the topmost class below these roots) is defined, and drawn member by
+member, in the module named beside it; catalog's own families (catalog.errors, this
+module) are drawn below.
 
     TqError
-    ├── UserError              bad arguments or configuration: one line, non-zero exit
-    ├── ProtocolError          a peer sent bytes we cannot accept (subclasses per format)
-    ├── StorageError           the local log or its files
-    └── CatalogError           a catalog command broke an invariant
+    ├── UserError                  bad arguments or configuration: one line, exit code 2
+    │   ├── DataDirInUseError                                    querylib.errors
+    │   ├── SecretFileError, SecretRejectedError, AddressError  querylib.rpc._errors
+    │   ├── UnknownPartitionError, PartitionNotHereError, PartitionBusyError,
+    │   │   InvalidTopicError, StaleIncarnationError, TopicAuthorizationError,
+    │   │   StreamEndedError                                     querylib.broker._errors
+    │   ├── EndpointUnavailableError                             querylib.broker._endpoints
+    │   ├── ListenError                                          querylib.kafka._errors
+    │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
+    │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors
+    │   ├── GroupRefusedError                                    querylib.api._group
+    │   └── PackError                                            querylib.artifacts
+    ├── ProtocolError              a peer sent bytes or requests we cannot accept
+    │   ├── CatalogDecodeError                                   (below)
+    │   ├── RecordError            record batches and message sets     querylib.errors
+    │   ├── RpcProtocolError       RPC messages (frames, signatures)   querylib.rpc._errors
+    │   ├── BrokerProtocolError    the broker's rules (sessions, credit, sequences)
+    │   │                                                        querylib.broker._errors
+    │   ├── FrontierRegressionError, WriterGroupError            querylib.broker._frontier
+    │   ├── KafkaProtocolError     Kafka framing: the connection closes  querylib.kafka._errors
+    │   ├── ConnectorProtocolError the connector protocol: an ERROR frame
+    │   │                                                        querylib.connector._errors
+    │   └── ValueDecodeError       a record value its topic's serde cannot read  querylib.api.serdes
+    ├── StorageError               the local log or its files
+    │   ├── OffsetOutOfRangeError, LogClosedError, LogLockedError,
+    │   │   CorruptDataError                                     querylib.errors
+    │   └── DataLossError                                        querylib.spark._errors
+    ├── CatalogError               a catalog command broke an invariant (below); its
+    │                              QueryEndedError has QueryFailedError in querylib.cluster._errors
+    ├── RpcError                   a call did not complete           querylib.rpc._errors
+    │                              (and BrokerClosingError, querylib.broker._link)
+    ├── KafkaRequestError          a request refused with a Kafka code  querylib.kafka._errors
+    ├── LocalProtocolError         our side misused the connector codec  querylib.connector._errors
+    ├── ConnectorError             a connector client gave up (RewindError, StreamRefusedError)
+    │                                                            querylib.connector._client
+    ├── ExecutorError              what a host agent could not do    executor._errors
+    ├── BrokerUnavailableError                                   querylib.broker._errors
+    ├── SessionLostError, QueryTimeoutError                      querylib.cluster._errors
+    ├── BrokerUnreachableError, JavaNotFoundError                querylib.spark._errors
+    ├── KafkaConnectionError                                     querylib.kafka._client
+    └── GroupStateError                                          querylib.kafka._group
+
+Foreign exceptions are translated once, where they enter, with `raise ... from exc`: zmq's in the
+RPC transport (querylib.rpc), msgspec's in the codecs that decode (catalog's, the RPC codec, the
+journal and the files that hold msgspec), kio's in the Kafka codecs (querylib.kafka's request and
+`__consumer_offsets` codecs, and the clients' response decoding), struct's in the record and
+connector codecs, and OSError where files or sockets are opened (the log, the executor's
+artifacts and processes, secrets, cluster files, the listeners). Code between the edges sees
+TqErrors only.
+
+Catalog's families:
+
+    TqError
+    ├── UserError
+    ├── ProtocolError
+    │   └── CatalogDecodeError     bytes on a catalog topic that are not a catalog update
+    ├── StorageError
+    └── CatalogError               a catalog command broke an invariant (exit code 2)
         ├── InvalidCommandError        fields that contradict each other (counts, placement)
-        │   └── InvalidPartitionsError a partition count outside 1..MAX_PARTITIONS
+        │   ├── InvalidPartitionsError a partition count outside 1..MAX_PARTITIONS
+        │   └── InvalidConfigError     a topic config tq does not set, or out of bounds
         ├── InvalidTopicNameError      not NAME, TENANT/NS/NAME or persistent://TENANT/NS/NAME
         │   └── ReservedTopicNameError a `__` name asked for by someone other than the system
         ├── NotFoundError              an id or name the catalog does not hold
-        │   ├── UnknownSessionError, UnknownBrokerError, UnknownExecutorError,
-        │   ├── UnknownQueryError, UnknownTopicError, UnknownCollectionError
+        │   ├── UnknownSessionError (a coordinator session), UnknownBrokerError,
+        │   ├── UnknownExecutorError, UnknownQueryError, UnknownTopicError,
+        │   ├── UnknownCollectionError, UnknownPrincipalError
         │   └── NotPublishedError, NotSubscribedError
         ├── ConflictError              the request contradicts the current state
         │   ├── TopicExistsError, BrokerExistsError, BrokerInUseError
         │   ├── TopicBeingDroppedError (retriable)
-        │   ├── AlreadyPublishedError, AlreadySubscribedError
+        │   ├── AlreadyPublishedError, AlreadySubscribedError, PrincipalExistsError
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
         ├── NotAuthorizedError         the requesting principal may not do this
         │   └── NotOwnerError          only the owner (or who manages it) may do this
-        ├── UnknownPrincipalError      a user or executor name the catalog does not hold
-        ├── PrincipalExistsError       adding a name that exists
         └── CorruptCatalogError        replayed updates do not form a valid catalog
-
-    ProtocolError
-    └── CatalogDecodeError     bytes on a catalog topic that are not a catalog update
 
 `InvalidTopicNameError` is also a `UserError`: names come from people, and the fix is theirs.
 """

@@ -516,7 +516,7 @@ class ExecutorAgent:
             if cluster is None or self.lost.is_set():
                 return  # dropped; the coordinator asks again, and we report, after a rejoin
             await cluster.report_partitions_dropped(note.topic_id, note.broker_id)
-        except (TqError, OSError) as exc:
+        except TqError as exc:  # the broker's file I/O raises StorageError, never OSError
             logger.warning("executor %s: drop of deleted topic %d (%s): %s", self.executor_id,
                            note.topic_id, note.name, exc)
         finally:

@@ -38,6 +38,7 @@ from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSu
 from kio.serial import entity_reader, entity_writer
 
 from catalog.errors import ProtocolError, UserError
+from querylib._kio import KIO_DECODE_ERRORS
 
 __all__ = [
     "ASSIGNORS",
@@ -108,7 +109,7 @@ def decode_subscription(data: bytes) -> list[str]:
     """The topics of a member's subscription (any version: v1+ only append fields)."""
     try:
         subscription, _ = _read_subscription(data, _VERSION.size)
-    except Exception as exc:  # kio raises several types for bytes it cannot read
+    except KIO_DECODE_ERRORS as exc:
         raise ProtocolError(f"undecodable consumer subscription: {exc}") from exc
     return list(subscription.topics)
 
@@ -127,7 +128,7 @@ def decode_assignment(data: bytes) -> Assignment:
         return {}  # a member the leader gave nothing
     try:
         assignment, _ = _read_assignment(data, _VERSION.size)
-    except Exception as exc:
+    except KIO_DECODE_ERRORS as exc:
         raise ProtocolError(f"undecodable consumer assignment: {exc}") from exc
     return {tp.topic: list(tp.partitions) for tp in assignment.assigned_partitions}
 

@@ -1,4 +1,6 @@
-"""Errors the broker answers with, below the querylib hierarchy (querylib/errors.py).
+"""Errors the broker answers with, below the querylib hierarchy (querylib/errors.py). The
+Kafka endpoint answers with the same classes where the meaning is the same (querylib.kafka
+re-exports the partition, topic and producer-sequence ones).
 
     TqError
     ├── UserError
@@ -11,7 +13,8 @@
     │   └── StreamEndedError         the partition's stream ended; its owner may reopen it
     ├── ProtocolError
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
-    │       ├── UnknownSessionError  no live session with that id (lease expired): reopen
+    │       ├── UnknownBrokerSessionError  no live broker session with that id: reopen
+    │       │                        (the coordinator's sessions: catalog's UnknownSessionError)
     │       ├── CreditExceededError  a producer sent beyond its window / a grant beyond the limit
     │       ├── NotProducerError     produce/advance/end without OpenProducer on that partition
     │       ├── BatchTooLargeError   a batch above the broker's maximum size
@@ -19,7 +22,8 @@
     │       ├── PrincipalError       a principal that is malformed, or not for this transport
     │       ├── DuplicateSequenceError   a batch appended before, its offsets forgotten
     │       ├── OutOfOrderSequenceError  an idempotent producer's batch after a gap
-    │       └── ProducerFencedError  a Kafka transaction's batch of an epoch a marker superseded
+    │       └── InvalidProducerEpochError  a producer's batch of an epoch older than one the
+    │                                partition saw (a newer epoch or a transaction marker)
     ├── StorageError (OffsetOutOfRangeError lives in querylib.errors)
     └── BrokerUnavailableError       a client gave up reaching its broker (after a bounded time)
 
@@ -37,18 +41,18 @@ __all__ = [
     "BrokerUnavailableError",
     "CreditExceededError",
     "DuplicateSequenceError",
+    "InvalidProducerEpochError",
     "InvalidTopicError",
     "NotProducerError",
     "OutOfOrderSequenceError",
     "PartitionBusyError",
     "PartitionNotHereError",
     "PrincipalError",
-    "ProducerFencedError",
     "StaleIncarnationError",
     "StreamEndedError",
     "TopicAuthorizationError",
+    "UnknownBrokerSessionError",
     "UnknownPartitionError",
-    "UnknownSessionError",
 ]
 
 
@@ -108,9 +112,10 @@ class BrokerProtocolError(ProtocolError):
     """The client broke one of the broker's rules."""
 
 
-class UnknownSessionError(BrokerProtocolError):
-    """No live session with this id: it expired or the broker restarted. Open a new one and
-    re-establish producers and subscriptions."""
+class UnknownBrokerSessionError(BrokerProtocolError):
+    """No live session with this id on this broker: it expired or the broker restarted. Open a
+    new one and re-establish producers and subscriptions. (Not the coordinator's
+    `catalog.errors.UnknownSessionError`: a broker session is a client's link to one broker.)"""
 
     retriable = True
 
@@ -157,10 +162,11 @@ class OutOfOrderSequenceError(BrokerProtocolError):
     kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
-class ProducerFencedError(BrokerProtocolError):
-    """A transactional batch of a producer epoch older than the partition's last transaction
-    marker of that producer: a newer producer of its transactional id (or a timeout) fenced
-    it."""
+class InvalidProducerEpochError(BrokerProtocolError):
+    """A producer's batch of an epoch older than one the partition has seen for that producer
+    id: an idempotent producer's newer epoch, or (for a transactional batch) the epoch of the
+    partition's last transaction marker of that producer; a newer producer of its
+    transactional id (or a timeout) fenced it."""
 
     kafka_error_code = 47  # INVALID_PRODUCER_EPOCH
 

@@ -51,7 +51,7 @@ from ._errors import (
     BrokerClosedError,
     BrokerUnavailableError,
     NotProducerError,
-    UnknownSessionError,
+    UnknownBrokerSessionError,
 )
 from ._messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
@@ -81,7 +81,7 @@ class BrokerClosingError(RpcError):
 
 def _verdict(exc: TqError) -> Renewal:
     """What a failed heartbeat means: forgotten, or no answer (lapsed if it lasts a lease)."""
-    if isinstance(exc, UnknownSessionError):
+    if isinstance(exc, UnknownBrokerSessionError):
         return Renewal.LAPSED
     if isinstance(exc, RpcError):  # the broker is slow or away (a client replaced: closed)
         return Renewal.AWAY
@@ -91,7 +91,7 @@ def _verdict(exc: TqError) -> Renewal:
 def lost_connection(exc: BaseException) -> bool:
     """Whether a failed call means the broker is away or forgot us (reopen and send again),
     rather than that it refused the call (which sending again cannot change)."""
-    if isinstance(exc, UnknownSessionError | NotProducerError):
+    if isinstance(exc, UnknownBrokerSessionError | NotProducerError):
         return True
     return isinstance(exc, RpcError) and not isinstance(exc, InternalServerError | RemoteError)
 

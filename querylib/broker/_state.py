@@ -50,13 +50,13 @@ from ._errors import (
     BatchTooLargeError,
     BrokerProtocolError,
     CreditExceededError,
+    InvalidProducerEpochError,
     NotProducerError,
     PartitionBusyError,
     PrincipalError,
-    ProducerFencedError,
     StreamEndedError,
+    UnknownBrokerSessionError,
     UnknownPartitionError,
-    UnknownSessionError,
 )
 from ._events import (
     AdvanceFrontier,
@@ -315,8 +315,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         """The live session with this id, its lease renewed by the request that named it."""
         session = self.sessions.get(session_id)
         if session is None:
-            raise UnknownSessionError(f"no live session {session_id!r} (lease expired or broker "
-                                      "restarted): open a new session")
+            raise UnknownBrokerSessionError(f"no live session {session_id!r} (lease expired or "
+                                            "broker restarted): open a new session")
         session.expires_at = self.now + session.lease
         return session
 
@@ -492,7 +492,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 raise BrokerProtocolError("a transactional batch needs a producer id")
             marked = part.marked_epochs.get(header.producer_id)
             if marked is not None and header.producer_epoch < marked:
-                raise ProducerFencedError(
+                raise InvalidProducerEpochError(
                     f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
                     f"its transactions here ended at epoch {marked}")
             txn = (header.producer_id, TXN_DATA)

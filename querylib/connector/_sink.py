@@ -40,7 +40,7 @@ from querylib.broker import (
     PortLink,
     ProduceRequest,
     StreamEndedError,
-    UnknownSessionError,
+    UnknownBrokerSessionError,
 )
 
 from ._errors import ConnectorProtocolError
@@ -234,7 +234,7 @@ class StreamSink:
             except TqError as exc:
                 self.producing = False
                 credits = self._halt(op)
-                if isinstance(exc, UnknownSessionError):
+                if isinstance(exc, UnknownBrokerSessionError):
                     await self._close_link()  # a new session for the next operation
                 self.owner.failed(self, credits, exc)
             except Exception as exc:

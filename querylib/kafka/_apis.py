@@ -32,10 +32,10 @@ from typing import Any
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
-from querylib.kafka._errors import MalformedRequestError, UnsupportedRequestError
+from querylib._kio import KIO_DECODE_ERRORS
+from querylib.kafka._errors import MalformedRequestError, UnsupportedApiVersionError
 from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 
 __all__ = [
@@ -198,12 +198,6 @@ def response_header_flexible(api_key: int, version: int) -> bool:
     return api_key != ApiKey.API_VERSIONS and is_flexible(api_key, version)
 
 
-# What kio's native reader raises for bytes it cannot read: SerialError for most, ValueError for
-# a negative array length, KeyError for a tagged field it does not know (Kafka would skip it;
-# the clients tested send only the tags of Kafka's schemas, which kio knows).
-_KIO_DECODE_ERRORS = (SerialError, ValueError, OverflowError, KeyError, IndexError)
-
-
 @functools.cache
 def _reader(api_key: int, version: int) -> Callable[[bytes, int], tuple[Any, int]]:
     return entity_reader(_payload_class(api_key, version, EntityType.request))
@@ -214,10 +208,10 @@ def decode_request(
 ) -> Any:
     """The request body at `frame[offset:]` as kio's dataclass for this api and version.
 
-    Raises UnsupportedRequestError outside the advertised ranges and MalformedRequestError
+    Raises UnsupportedApiVersionError outside the advertised ranges and MalformedRequestError
     for a body that does not decode or leaves bytes over."""
     if not is_supported(api_key, version):
-        raise UnsupportedRequestError(f"api key {api_key} version {version} is not supported")
+        raise UnsupportedApiVersionError(f"api key {api_key} version {version} is not supported")
     if api_key == ApiKey.PRODUCE and version in LEGACY_PRODUCE_VERSIONS:
         # v0-2 are v3 without the leading transactional_id: read them as v3 with a null one.
         frame, offset, version = b"\xff\xff" + frame[offset:], 0, 3
@@ -226,7 +220,7 @@ def decode_request(
                             flexible=version >= FLEXIBLE_PRODUCE)
     try:
         request, size = _reader(api_key, version)(frame, offset)
-    except _KIO_DECODE_ERRORS as exc:
+    except KIO_DECODE_ERRORS as exc:
         raise MalformedRequestError(
             f"{ApiKey(api_key).name} v{version} body does not decode: {exc}") from exc
     if offset + size != len(frame) and not _librdkafka_all_topics(api_key, version, request,

@@ -73,9 +73,6 @@ from querylib.broker import (
     SessionLink,
     TopicAuthorizationError,
 )
-from querylib.broker import (
-    UnknownPartitionError as BrokerUnknownPartitionError,
-)
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
 from querylib.kafka._backend import (
@@ -375,7 +372,7 @@ class BrokerBackend:
         await loop.run_in_executor(None, self._read_meta)
         try:  # made by the first transactional producer
             txn_pid = await self.port.ensure(*TRANSACTIONS, create=False)
-        except BrokerUnknownPartitionError:
+        except UnknownPartitionError:
             pass
         else:
             txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark

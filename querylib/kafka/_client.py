@@ -25,6 +25,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
 from catalog.errors import ProtocolError, TqError
+from querylib._kio import KIO_DECODE_ERRORS
 from querylib.kafka._apis import _build, _payload_class
 
 __all__ = ["KafkaClient", "KafkaConnectionError"]
@@ -82,7 +83,7 @@ class KafkaClient:
         reader = entity_reader(_payload_class(api_key, version, EntityType.response))
         try:
             response, used = reader(frame, 4)
-        except Exception as exc:  # kio's decode errors are several types
+        except KIO_DECODE_ERRORS as exc:
             raise ProtocolError(f"{self.address}: undecodable response: {exc}") from exc
         return response
 

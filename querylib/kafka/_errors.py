@@ -5,12 +5,11 @@
     │   └── ListenError                the listener cannot bind its address (in use, denied)
     ├── ProtocolError
     │   └── KafkaProtocolError         the client broke the framing: its connection is closed
-    │       ├── FrameTooLargeError     a frame longer than the listener accepts
+    │       ├── RequestTooLargeError   a request longer than the listener accepts for its api
     │       ├── MalformedRequestError  a body that does not decode for its api key and version
-    │       └── UnsupportedRequestError  an api key or version the listener did not advertise
+    │       └── UnsupportedApiVersionError  an api key or version ApiVersions did not advertise
     └── KafkaRequestError              a well-framed request refused with a Kafka error code
-        ├── NotLeaderError, UnknownPartitionError, InvalidTopicError, InvalidRequiredAcksError
-        ├── OutOfOrderSequenceError, DuplicateSequenceError, InvalidProducerEpochError
+        ├── NotLeaderError, InvalidRequiredAcksError, CoordinatorNotAvailableError
         ├── TransactionsNotSupportedError
         ├── ProducerFencedError, InvalidProducerIdMappingError, InvalidTxnStateError,
         │   ConcurrentTransactionsError, InvalidTransactionTimeoutError,
@@ -20,6 +19,11 @@
         │   ├── UnsupportedSaslMechanismError, IllegalSaslStateError  answer
         │   └── SaslAuthenticationFailedError
         └── GroupAuthorizationFailedError  a group another principal uses
+
+The broker's own refusals keep their class here (one class per meaning, querylib.broker's):
+UnknownPartitionError, InvalidTopicError, OutOfOrderSequenceError, DuplicateSequenceError and
+InvalidProducerEpochError carry the Kafka codes the endpoint answers with, and are exported
+from this package too.
 
 A `KafkaProtocolError` ends one connection and nothing else. Every other `TqError` raised while
 handling a request becomes its `kafka_error_code` in the response (per partition where the
@@ -31,13 +35,19 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from catalog.errors import ProtocolError, TqError, UserError
+from querylib.broker import (
+    DuplicateSequenceError,
+    InvalidProducerEpochError,
+    InvalidTopicError,
+    OutOfOrderSequenceError,
+    UnknownPartitionError,
+)
 
 __all__ = [
     "ConcurrentTransactionsError",
     "CoordinatorNotAvailableError",
     "DuplicateSequenceError",
     "ErrorCode",
-    "FrameTooLargeError",
     "GroupAuthorizationFailedError",
     "IllegalSaslStateError",
     "InvalidProducerEpochError",
@@ -54,13 +64,14 @@ __all__ = [
     "OutOfOrderSequenceError",
     "PolicyViolationError",
     "ProducerFencedError",
+    "RequestTooLargeError",
     "SaslAuthenticationFailedError",
     "SaslError",
     "TransactionalIdAuthorizationError",
     "TransactionsNotSupportedError",
     "UnknownPartitionError",
+    "UnsupportedApiVersionError",
     "UnsupportedSaslMechanismError",
-    "UnsupportedRequestError",
     "error_code_of",
 ]
 
@@ -78,7 +89,7 @@ class KafkaProtocolError(ProtocolError):
     (as Kafka does), keep serving everyone else."""
 
 
-class FrameTooLargeError(KafkaProtocolError):
+class RequestTooLargeError(KafkaProtocolError):
     """The 4-byte size prefix announces more than the listener's limit for that api."""
 
 
@@ -87,7 +98,7 @@ class MalformedRequestError(KafkaProtocolError):
     bytes) for the api key and version it claims."""
 
 
-class UnsupportedRequestError(KafkaProtocolError):
+class UnsupportedApiVersionError(KafkaProtocolError):
     """An api key or version outside what ApiVersions advertised; clients only send those, so
     Kafka closes the connection too."""
 
@@ -106,41 +117,10 @@ class NotLeaderError(KafkaRequestError):
     kafka_error_code = ErrorCode.not_leader_or_follower.value
 
 
-class UnknownPartitionError(KafkaRequestError):
-    """The topic exists but not this partition, or the topic does not exist."""
-
-    retriable = True
-    kafka_error_code = ErrorCode.unknown_topic_or_partition.value
-
-
-class InvalidTopicError(KafkaRequestError):
-    """A topic name that cannot exist, or an internal topic a client may not write to."""
-
-    kafka_error_code = ErrorCode.invalid_topic_exception.value
-
-
 class InvalidRequiredAcksError(KafkaRequestError):
     """acks other than 0, 1 or -1."""
 
     kafka_error_code = ErrorCode.invalid_required_acks.value
-
-
-class OutOfOrderSequenceError(KafkaRequestError):
-    """An idempotent producer's batch does not continue its last sequence on this partition."""
-
-    kafka_error_code = ErrorCode.out_of_order_sequence_number.value
-
-
-class DuplicateSequenceError(KafkaRequestError):
-    """A batch the partition has appended already, older than the last five it remembers."""
-
-    kafka_error_code = ErrorCode.duplicate_sequence_number.value
-
-
-class InvalidProducerEpochError(KafkaRequestError):
-    """A producer epoch older than the one the partition has seen for this producer id."""
-
-    kafka_error_code = ErrorCode.invalid_producer_epoch.value
 
 
 class TransactionsNotSupportedError(KafkaRequestError):
@@ -173,6 +153,7 @@ class ConcurrentTransactionsError(KafkaRequestError):
 
 
 class InvalidTransactionTimeoutError(KafkaRequestError):
+    """A transaction timeout above the endpoint's maximum (or not positive)."""
     kafka_error_code = ErrorCode.invalid_transaction_timeout.value
 
 
@@ -200,6 +181,8 @@ class SaslError(KafkaRequestError):
 
 
 class UnsupportedSaslMechanismError(SaslError):
+    """A SASL mechanism the listener does not offer."""
+
     kafka_error_code = ErrorCode.unsupported_sasl_mechanism.value
 
 
@@ -210,6 +193,8 @@ class IllegalSaslStateError(SaslError):
 
 
 class SaslAuthenticationFailedError(SaslError):
+    """Wrong credentials (or an unknown user)."""
+
     kafka_error_code = ErrorCode.sasl_authentication_failed.value
 
 

@@ -12,7 +12,7 @@ header v0, whatever the request's version, so a client can read the error of an 
 request the broker does not understand).
 
 No sockets, no asyncio, no clocks. A size below a header raises `MalformedRequestError`, a
-frame over its api's limit `FrameTooLargeError`, before anything is buffered beyond the
+frame over its api's limit `RequestTooLargeError`, before anything is buffered beyond the
 limit; but one of an api the listener answers when too large (Produce: MESSAGE_TOO_LARGE) is
 read past, never buffered: its first `OVERSIZED_PREFIX` bytes are kept and the rest dropped
 as it arrives, and it comes out as an `OversizedFrame` once the client has sent it all
@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from querylib.kafka._errors import FrameTooLargeError, MalformedRequestError
+from querylib.kafka._errors import MalformedRequestError, RequestTooLargeError
 
 __all__ = ["OVERSIZED_PREFIX", "FrameReader", "OversizedFrame", "RequestHeader",
            "parse_request_header", "response_prefix"]
@@ -87,7 +87,7 @@ class FrameReader:
 
     def next_frame(self) -> bytes | OversizedFrame | None:
         """The next whole frame (without its size prefix), or None until more bytes arrive.
-        Raises FrameTooLargeError / MalformedRequestError for a size no request may have."""
+        Raises RequestTooLargeError / MalformedRequestError for a size no request may have."""
         buffer = self._buffer
         if self._past is not None:
             return self._read_past()
@@ -100,7 +100,7 @@ class FrameReader:
                 raise MalformedRequestError(f"frame of {size} bytes is shorter than a header")
             limit = self._limit(api_key)
             if size > limit and api_key not in self._read_past_apis:
-                raise FrameTooLargeError(
+                raise RequestTooLargeError(
                     f"frame of {size} bytes for api key {api_key} exceeds the limit of {limit}")
             if size > limit:
                 del buffer[:_SIZE.size]

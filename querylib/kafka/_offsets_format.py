@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
 from catalog.errors import StorageError
+from querylib._kio import KIO_DECODE_ERRORS
 from querylib.kafka._backend import CommittedOffset, GroupMemberRecord, GroupRecord
 
 __all__ = [
@@ -233,7 +233,7 @@ def decode_offsets_record(
             o = _read(GroupOwnerValue, value, 2)
             assert isinstance(g, GroupMetadataKey) and isinstance(o, GroupOwnerValue)
             return GroupOwner(g.group, o.principal)
-    except (SerialError, ValueError, OverflowError, KeyError, IndexError) as exc:
+    except KIO_DECODE_ERRORS as exc:
         raise StorageError(f"offsets record does not decode: {exc}") from exc
     raise StorageError(f"offsets record key version {version} is not one tq reads")
 

@@ -53,10 +53,10 @@ from querylib.kafka._apis import (
 from querylib.kafka._backend import KafkaBackend
 from querylib.kafka._errors import (
     ErrorCode,
-    FrameTooLargeError,
     IllegalSaslStateError,
     KafkaProtocolError,
     ListenError,
+    RequestTooLargeError,
     SaslError,
     UnsupportedSaslMechanismError,
     error_code_of,
@@ -157,7 +157,7 @@ class _Inbound(asyncio.Protocol):
                     # before it; then the connection closes: read nothing more.
                     self.queue.append(frame)
                     self.queued += len(frame.prefix)
-                    raise FrameTooLargeError(f"request of {frame.size} bytes exceeds the "
+                    raise RequestTooLargeError(f"request of {frame.size} bytes exceeds the "
                                              "listener's limit for its api")
                 self.queue.append(frame)
                 self.queued += len(frame)
@@ -420,7 +420,7 @@ class KafkaListener:
         except KafkaProtocolError as exc:
             self.stats.protocol_errors += 1
             logger.info("closing Kafka connection from %s: %s", client_host, exc)
-            if isinstance(exc, FrameTooLargeError):
+            if isinstance(exc, RequestTooLargeError):
                 await inbound.linger(_LINGER)  # the client reads its MESSAGE_TOO_LARGE
         except ConnectionError:
             pass

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from catalog.errors import UnknownTopicError
-from querylib.broker import UnknownPartitionError as BrokerUnknownPartitionError
 from querylib.kafka._backend import CommittedOffset
 from querylib.kafka._errors import (
     ConcurrentTransactionsError,
@@ -62,7 +61,7 @@ MAX_TXN_OFFSETS = 10_000         # pending offsets of one group in one transacti
 MAX_TIMEOUT_MS = 900_000         # Kafka's transaction.max.timeout.ms
 MAX_EPOCH = 32_767
 # A partition whose topic was deleted needs no marker.
-_GONE = (UnknownTopicError, UnknownPartitionError, BrokerUnknownPartitionError)
+_GONE = (UnknownTopicError, UnknownPartitionError)
 
 EMPTY, ONGOING = "Empty", "Ongoing"
 PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"

@@ -28,7 +28,7 @@ what it sends that client with the same key, so a client accepts only messages o
 holding its key. A server looks the key up by the principal the header names (parsing the
 bounded header before the signature, and trusting nothing else in it until the signature
 verifies), binds the sender session to that principal for good, and hands the principal to
-the handler (DESIGN §12). An unknown principal raises UnknownPrincipalError before any MAC, so
+the handler (DESIGN §12). An unknown principal raises UnknownPrincipalKeyError before any MAC, so
 a server whose keyring resolves keys elsewhere may fetch the key and decode again.
 Peers were authenticated once already, when they connected (the ZMQ PLAIN handshake, see
 `_server`), so what reaches a codec comes from a peer holding a key the server knows; the MAC
@@ -64,7 +64,7 @@ from ._errors import (
     PeerUnreachableError,
     ReplayedMessageError,
     UnknownMessageTypeError,
-    UnknownPrincipalError,
+    UnknownPrincipalKeyError,
     error_body,
 )
 from ._messages import ErrorBody, Header, Kind, Message, Notify, Reply, Request, message_type
@@ -390,7 +390,7 @@ class Codec:
         assert self.keyring is not None
         signer = self.keyring.signer(principal)
         if signer is None:
-            raise UnknownPrincipalError(f"no key known for principal {principal[:80]!r}",
+            raise UnknownPrincipalKeyError(f"no key known for principal {principal[:80]!r}",
                                         principal=principal)
         return signer
 

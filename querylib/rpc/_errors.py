@@ -10,6 +10,7 @@
     │       ├── MalformedMessageError   too few frames, undecodable header or body
     │       ├── MessageTooLargeError    too many frames or too many bytes
     │       ├── BadSignatureError       unsigned or badly signed
+    │       │   └── UnknownPrincipalKeyError  signed by a principal we hold no key for (yet)
     │       ├── ReplayedMessageError    a sequence number seen before, or a stale timestamp
     │       ├── UnknownMessageTypeError a tag nobody registered, or a kind/tag mismatch
     │       ├── UnsupportedRequestError a known request this server has no handler for
@@ -56,7 +57,7 @@ __all__ = [
     "ServerBusyError",
     "UnexpectedReplyError",
     "UnknownMessageTypeError",
-    "UnknownPrincipalError",
+    "UnknownPrincipalKeyError",
     "UnsupportedRequestError",
     "error_body",
     "error_from_body",
@@ -111,9 +112,10 @@ class BadSignatureError(RpcProtocolError):
     reason = "bad_signature"
 
 
-class UnknownPrincipalError(BadSignatureError):
+class UnknownPrincipalKeyError(BadSignatureError):
     """The message names a principal the server has no key for (yet: a server whose keyring
-    fetches keys may learn it and decode the message again)."""
+    fetches keys may learn it and decode the message again). Not catalog's
+    `UnknownPrincipalError`, a user or executor the catalog does not hold."""
 
     reason = "unknown_principal"
 

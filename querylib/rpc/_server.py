@@ -56,7 +56,7 @@ from ._errors import (
     PeerUnreachableError,
     RpcProtocolError,
     ServerBusyError,
-    UnknownPrincipalError,
+    UnknownPrincipalKeyError,
     UnsupportedRequestError,
 )
 from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
@@ -320,7 +320,7 @@ class RpcServer:
         peer = parts[0]
         try:
             incoming = self._codec.decode(parts[1:], time.time())
-        except UnknownPrincipalError as exc:
+        except UnknownPrincipalKeyError as exc:
             if self.keyring.resolves and not self._closed:
                 self._park(exc.principal, parts)
                 return

@@ -9,8 +9,8 @@ from querylib.broker._errors import (
     BatchTooLargeError,
     CreditExceededError,
     NotProducerError,
+    UnknownBrokerSessionError,
     UnknownPartitionError,
-    UnknownSessionError,
 )
 from querylib.broker._events import (
     AdvanceFrontier,
@@ -72,7 +72,7 @@ def test_requests_of_an_unknown_session_fail_retriably():
                  Subscribe("s", "ghost", 1, P, "earliest", 100), Unsubscribe("u", "ghost", 1)]:
         sim.feed(stim)
         error = sim.replies[stim.token]
-        assert isinstance(error, UnknownSessionError) and error.retriable
+        assert isinstance(error, UnknownBrokerSessionError) and error.retriable
 
 
 def test_produce_is_acknowledged_with_its_offset_once_durable():

@@ -1,6 +1,6 @@
 """The kio codec around the served apis: every advertised request version decodes (round trip
 through kio's own writer), bad bodies are MalformedRequestError, versions outside the ranges are
-UnsupportedRequestError, responses build from version-free dicts, Produce shapes are bounded."""
+UnsupportedApiVersionError, responses build from version-free dicts, Produce shapes are bounded."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from querylib.kafka import (
     ApiKey,
     ErrorCode,
     MalformedRequestError,
-    UnsupportedRequestError,
+    UnsupportedApiVersionError,
 )
 from querylib.kafka._apis import (
     build_response,
@@ -127,7 +127,7 @@ def _minimal(api_key: int) -> dict:
     (ApiKey.OFFSET_COMMIT, 10), (ApiKey.OFFSET_FETCH, 10), (ApiKey.PRODUCE, 13),
     (ApiKey.LIST_OFFSETS, 9), (ApiKey.END_TXN, 3), (27, 0), (-1, 0), (1000, 0)])
 def test_versions_outside_the_ranges_are_unsupported(api_key: int, version: int) -> None:
-    with pytest.raises(UnsupportedRequestError):
+    with pytest.raises(UnsupportedApiVersionError):
         decode_request(api_key, version, b"", 0)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from querylib.kafka import FrameReader, FrameTooLargeError, MalformedRequestError
+from querylib.kafka import FrameReader, MalformedRequestError, RequestTooLargeError
 from querylib.kafka._framing import (
     OVERSIZED_PREFIX,
     OversizedFrame,
@@ -53,7 +53,7 @@ def test_frames_come_out_whole_from_any_split(bodies: list[bytes], data: st.Data
 def test_oversized_frame_is_refused_from_its_first_six_bytes() -> None:
     reader = FrameReader(_limit)
     reader.receive_data(struct.pack(">ih", 101, 3))  # Metadata: limit 100
-    with pytest.raises(FrameTooLargeError):
+    with pytest.raises(RequestTooLargeError):
         reader.next_frame()
     reader = FrameReader(_limit)
     reader.receive_data(struct.pack(">ih", 1000, 0))  # Produce: limit 1000

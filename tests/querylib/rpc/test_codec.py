@@ -32,7 +32,7 @@ from querylib.rpc import (
     ReplayGuard,
     Signer,
     UnknownMessageTypeError,
-    UnknownPrincipalError,
+    UnknownPrincipalKeyError,
     audience_key,
     handshake_token,
     kafka_password,
@@ -357,7 +357,7 @@ def test_unknown_principals_and_sessions_changing_principal_are_refused() -> Non
     exists = {"admin": 0, "user:alice": 0}
     server = Codec(role="server", keyring=MasterKeyring(SECRET, valid=exists.get))
     bob = Codec(Credential("user:bob", principal_key(SECRET, "user:bob")), role="client")
-    with pytest.raises(UnknownPrincipalError) as info:
+    with pytest.raises(UnknownPrincipalKeyError) as info:
         server.decode(bob.request(1, Ping(), ttl=1.0, now=NOW), NOW)
     assert info.value.principal == "user:bob" and info.value.reason == "unknown_principal"
     alice = Codec(_alice(), role="client")
