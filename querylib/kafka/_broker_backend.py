@@ -125,6 +125,8 @@ OFFSETS_TOPIC = "__consumer_offsets"
 MAX_WRITERS = 256  # principals with a broker session open for their Kafka produces
 OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
 TRANSACTIONS: PartitionId = (TRANSACTIONS_TOPIC, 0)
+# A partition whose topic was deleted needs no transaction marker.
+_GONE = (UnknownTopicError, UnknownPartitionError, BrokerUnknownPartitionError)
 TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their timeout
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
@@ -404,6 +406,7 @@ class BrokerBackend:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        await self._txns.close()
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
@@ -779,19 +782,33 @@ class BrokerBackend:
         await self._system.produce(TRANSACTIONS, encode_batch(
             [(self._now_ms(), *txn.encode(), ())]), create=True)
 
-    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
-                           commit: bool) -> None:
-        pid = (TopicName.parse(topic).short, partition)
+    async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
+                            epoch: int, commit: bool) -> None:
+        """The markers of one transaction, all at once: those of this broker's partitions
+        through its port, the others per broker over its admin session (pipelined on it)."""
         marker = transaction_marker_batch(producer_id, epoch, commit, timestamp=self._now_ms())
-        if not self.port.hosts(pid) and not await self.cluster.placed_here(
-                TopicName.parse(topic), partition):
-            writer = await self._remote_writer(await self._leader_address(pid))
-            await writer.produce(pid, marker, create=False)
-            return
-        part = self._partition(pid)
-        async with part.lock:
-            await self._system.produce(pid, marker, create=False)
-            part.producers.fence(producer_id, epoch)
+
+        async def write(topic: str, partition: int) -> None:
+            pid = (TopicName.parse(topic).short, partition)
+            try:
+                if not self.port.hosts(pid) and not await self.cluster.placed_here(
+                        TopicName.parse(topic), partition):
+                    writer = await self._remote_writer(await self._leader_address(pid))
+                    await writer.produce(pid, marker, create=False)
+                    return
+                part = self._partition(pid)
+                async with part.lock:
+                    await self._system.produce(pid, marker, create=False)
+                    part.producers.fence(producer_id, epoch)
+            except _GONE as exc:
+                logger.warning("producer %d: no transaction marker in %s-%d: %s",
+                               producer_id, topic, partition, exc)
+
+        results = await asyncio.gather(*(write(t, p) for t, p in partitions),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def marks_partition(self, topic: str, partition: int) -> bool:
         pid = (TopicName.parse(topic).short, partition)
