@@ -17,6 +17,9 @@ Client -> broker requests (reply in brackets):
     broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
                                                                    (optionally as a group writer)
     broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
+    broker.markers          WriteMarkersRequest  [MarkersWritten]  + one payload frame: a
+                                                                   transaction marker, for
+                                                                   several partitions
     broker.frontier         AdvanceRequest       [Done]
     broker.end              EndStreamRequest     [Done]
     broker.subscribe        SubscribeRequest     [Subscribed]
@@ -40,6 +43,7 @@ __all__ = [
     "AdvanceRequest",
     "DeleteRecordsRequest",
     "Incarnation",
+    "MarkersWritten",
     "CloseSessionRequest",
     "CreditNotify",
     "Delivery",
@@ -61,6 +65,7 @@ __all__ = [
     "Subscribed",
     "SubscriptionEnded",
     "UnsubscribeRequest",
+    "WriteMarkersRequest",
 ]
 
 
@@ -117,6 +122,10 @@ class ProducerOpened(Reply, tag="broker.producer.opened"):
 class Produced(Reply, tag="broker.produced"):
     base_offset: int        # offset the broker stamped on the batch
     next_offset: int
+
+
+class MarkersWritten(Reply, tag="broker.markers.written"):
+    gone: list[tuple[str, int]] = []  # partitions that do not exist here: no marker needed
 
 
 class Subscribed(Reply, tag="broker.subscribed"):
@@ -211,6 +220,16 @@ class ProduceRequest(Request[Produced], tag="broker.produce"):
     session: str
     topic: str
     partition: int
+
+
+class WriteMarkersRequest(Request[MarkersWritten], tag="broker.markers"):
+    """Followed by one transaction marker (`records.transaction_marker_batch`), appended to
+    every partition listed as the session's producer there (opened if it is not): the markers
+    one transaction's completion writes on this broker, in one request (Kafka's
+    WriteTxnMarkers). Answered once all are durable; only `system` and `admin` write markers."""
+
+    session: str
+    partitions: list[tuple[str, int]]
 
 
 class AdvanceRequest(Request[Done], tag="broker.frontier"):

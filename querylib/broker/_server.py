@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from catalog.errors import StorageError, TqError, UserError
+from catalog.errors import StorageError, TqError, UnknownTopicError, UserError
 from querylib._memory import keep_freed_memory
 from querylib.driver import Driver
 from querylib.errors import OffsetOutOfRangeError
@@ -123,6 +123,7 @@ from ._messages import (
     HeartbeatRequest,
     Incarnation,
     ListPartitions,
+    MarkersWritten,
     OpenProducerRequest,
     OpenSessionRequest,
     PartitionInfo,
@@ -135,6 +136,7 @@ from ._messages import (
     SubscribeRequest,
     SubscriptionEnded,
     UnsubscribeRequest,
+    WriteMarkersRequest,
 )
 from ._model import BrokerLimits
 from ._port import LOCAL_SESSIONS, BrokerPort, OpenDirectory, TopicDirectory
@@ -773,6 +775,36 @@ class BrokerServer:
             return await self._call(peer, req.session,
                                     lambda t: Produce(t, req.session, pid, batch))
 
+        async def write_markers(req: WriteMarkersRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> MarkersWritten:
+            """One transaction marker into several partitions, each as a produce of the
+            session (its producer opened there first if it is not): answered once all are
+            durable, naming the partitions that do not exist; any other refusal raised once
+            the rest are written."""
+            if len(payload) != 1:
+                raise BrokerProtocolError(f"a marker request carries one marker batch, not "
+                                          f"{len(payload)}")
+
+            async def write(topic: str, partition: int) -> tuple[str, int] | None:
+                session = self.state.sessions.get(req.session)
+                try:
+                    if session is None or (topic, partition) not in session.producing:
+                        await open_producer(OpenProducerRequest(
+                            session=req.session, topic=topic, partition=partition,
+                            create=False), [], peer, remote)
+                    await produce(ProduceRequest(session=req.session, topic=topic,
+                                                 partition=partition), payload, peer, remote)
+                except (UnknownPartitionError, UnknownTopicError):
+                    return (topic, partition)
+                return None
+
+            results = await asyncio.gather(*(write(t, p) for t, p in req.partitions),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            return MarkersWritten(gone=[r for r in results if isinstance(r, tuple)])
+
         async def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
                           remote: bool) -> Done:
             pid = (req.topic, req.partition)
@@ -806,6 +838,7 @@ class BrokerServer:
             EnsurePartition: ensure, DropPartitionRequest: drop,
             DeleteRecordsRequest: delete_records,
             OpenProducerRequest: open_producer, ProduceRequest: produce,
+            WriteMarkersRequest: write_markers,
             AdvanceRequest: advance, EndStreamRequest: end_stream,
             SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,
         }

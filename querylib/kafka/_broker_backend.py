@@ -30,7 +30,8 @@ never hand out the same id.
 Kafka transactions (`_txn`): the backend is its `TransactionCoordinator`'s `TxnLog`: the
 coordinator's records go to `__transaction_state` partition 0 as "system", markers into a
 partition this broker hosts as "system" and into another broker's over RPC as the admin
-(`secret`), the coordinator's pending offsets into `__consumer_offsets`. A task finishes
+(`secret`; one `WriteMarkersRequest` per broker per completion), the coordinator's pending
+offsets into `__consumer_offsets`. A task finishes
 prepared transactions and aborts timed-out ones every second. Reads for read_committed
 fetches stop at the last stable offset and carry the aborted transactions of their range.
 
@@ -72,6 +73,7 @@ from querylib.broker import (
     ProduceRequest,
     SessionLink,
     TopicAuthorizationError,
+    WriteMarkersRequest,
 )
 from querylib.errors import OffsetOutOfRangeError, QuarantinedDataError
 from querylib.kafka._apis import ListenerLimits
@@ -122,6 +124,8 @@ OFFSETS_TOPIC = "__consumer_offsets"
 MAX_WRITERS = 256  # principals with a broker session open for their Kafka produces
 OFFSETS: PartitionId = (OFFSETS_TOPIC, 0)
 TRANSACTIONS: PartitionId = (TRANSACTIONS_TOPIC, 0)
+# A partition whose topic was deleted needs no transaction marker.
+_GONE = (UnknownTopicError, UnknownPartitionError)
 TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their timeout
 META_FILE = ".tq-kafka.json"
 PRODUCER_ID_BLOCK = 1000
@@ -327,6 +331,24 @@ class _Writer:
                     self.window.notify_all()
         raise AssertionError("unreachable")
 
+    async def write_markers(self, pids: Sequence[PartitionId], marker: bytes
+                            ) -> list[PartitionId]:
+        """One transaction marker into every partition of `pids`, in one request (the
+        broker opens our producers there); the partitions that do not exist."""
+        link, size = self.link, len(marker) * len(pids)
+        assert link.opened is not None
+        async with self.window:
+            await self.window.wait_for(lambda: self.inflight < link.opened.producer_window)
+            self.inflight += size
+        try:
+            written = await link.request(WriteMarkersRequest(
+                session=link.session, partitions=list(pids)), payload=[marker])
+            return [(t, p) for t, p in written.gone]
+        finally:
+            async with self.window:
+                self.inflight -= size
+                self.window.notify_all()
+
 
 class BrokerBackend:
     """The partitions of one in-process broker, served to Kafka clients. `await open()` first.
@@ -401,6 +423,7 @@ class BrokerBackend:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        await self._txns.close()
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
@@ -776,19 +799,49 @@ class BrokerBackend:
         await self._system.produce(TRANSACTIONS, encode_batch(
             [(self._now_ms(), *txn.encode(), ())]), create=True)
 
-    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
-                           commit: bool) -> None:
-        pid = (TopicName.parse(topic).short, partition)
+    async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
+                            epoch: int, commit: bool) -> None:
+        """The markers of one transaction, all at once: those of this broker's partitions
+        through its port, the others in one request per broker over its admin session."""
         marker = transaction_marker_batch(producer_id, epoch, commit, timestamp=self._now_ms())
-        if not self.port.hosts(pid) and not await self.cluster.placed_here(
-                TopicName.parse(topic), partition):
-            writer = await self._remote_writer(await self._leader_address(pid))
-            await writer.produce(pid, marker, create=False)
-            return
-        part = self._partition(pid)
-        async with part.lock:
-            await self._system.produce(pid, marker, create=False)
-            part.producers.fence(producer_id, epoch)
+        here: list[PartitionId] = []
+        away: dict[str, list[PartitionId]] = {}
+        for topic, partition in partitions:
+            pid = (TopicName.parse(topic).short, partition)
+            try:
+                if self.port.hosts(pid) or await self.cluster.placed_here(
+                        TopicName.parse(topic), partition):
+                    here.append(pid)
+                else:
+                    away.setdefault(await self._leader_address(pid), []).append(pid)
+            except _GONE as exc:
+                self._no_marker(producer_id, pid, exc)
+
+        async def local(pid: PartitionId) -> None:
+            part = self._partition(pid)
+            try:
+                async with part.lock:
+                    await self._system.produce(pid, marker, create=False)
+                    part.producers.fence(producer_id, epoch)
+            except _GONE as exc:
+                self._no_marker(producer_id, pid, exc)
+
+        async def remote(address: str, pids: list[PartitionId]) -> None:
+            writer = await self._remote_writer(address)
+            for pid in await writer.write_markers(pids, marker):
+                self._no_marker(producer_id, pid, "no such partition on its broker")
+
+        results = await asyncio.gather(*(local(pid) for pid in here),
+                                       *(remote(a, pids) for a, pids in away.items()),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    @staticmethod
+    def _no_marker(producer_id: int, pid: PartitionId, why: object) -> None:
+        logger.warning("producer %d: no transaction marker in %s-%d (gone): %s",
+                       producer_id, pid[0], pid[1], why)
 
     async def marks_partition(self, topic: str, partition: int) -> bool:
         pid = (TopicName.parse(topic).short, partition)

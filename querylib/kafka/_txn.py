@@ -20,7 +20,7 @@ restarted with the same transactional.id fences the old and goes on.
 The coordinator is the group coordinator's broker (FindCoordinator key type 1 names the same
 broker as for groups), so TxnOffsetCommit meets the transaction it belongs to here. Markers are
 written through the broker's port into partitions it hosts, and over RPC (as the admin) into
-partitions of other brokers (`TxnLog.write_marker`).
+partitions of other brokers (`TxnLog.write_markers`).
 
 Must not: append to a log itself (the `TxnLog` it is given does, through the broker's door), or
 decide who may write a topic (the broker's core admits every write).
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from catalog.errors import UnknownTopicError
+from catalog.errors import TqError
 from querylib.kafka._backend import CommittedOffset
 from querylib.kafka._errors import (
     ConcurrentTransactionsError,
@@ -60,8 +60,13 @@ MAX_TXN_GROUPS = 100             # groups whose offsets one transaction commits
 MAX_TXN_OFFSETS = 10_000         # pending offsets of one group in one transaction
 MAX_TIMEOUT_MS = 900_000         # Kafka's transaction.max.timeout.ms
 MAX_EPOCH = 32_767
-# A partition whose topic was deleted needs no marker.
-_GONE = (UnknownTopicError, UnknownPartitionError)
+# How long a request of a producer's next transaction waits for the completion of its last one
+# (markers, CompleteCommit) before answering CONCURRENT_TRANSACTIONS. Clients retry the first
+# AddPartitionsToTxn of a transaction after 20 ms (librdkafka, kafka-python, aiokafka, as the
+# Java client), the rest after their retry backoff: longer than a completion takes, and the
+# next AddPartitionsToTxn comes at once, so without this wait answering EndTxn early would
+# cost every transaction 20 ms.
+COMPLETION_WAIT = 0.5
 
 EMPTY, ONGOING = "Empty", "Ongoing"
 PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
@@ -105,9 +110,11 @@ class TxnLog(Protocol):
         """Record the transaction's state in `__transaction_state`; durable when it returns."""
         ...
 
-    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
-                           commit: bool) -> None:
-        """Append the marker to a partition this broker hosts; durable when it returns."""
+    async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
+                            epoch: int, commit: bool) -> None:
+        """Append the marker to every partition (one request per broker holding some);
+        all durable when it returns. A partition that is gone needs none (skipped); any
+        other failure raises once the rest are written."""
         ...
 
     async def commit_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
@@ -124,11 +131,21 @@ class TxnLog(Protocol):
 class TransactionCoordinator:
     """The transactions of this broker's transactional ids (see the module docstring)."""
 
-    def __init__(self, log: TxnLog, *, now_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, log: TxnLog, *, now_ms: Callable[[], int] | None = None,
+                 completion_wait: float = COMPLETION_WAIT) -> None:
         self.log = log
         self.txns: dict[str, Txn] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._completions: dict[str, asyncio.Task[None]] = {}
         self._now = now_ms or (lambda: int(time.time() * 1000))
+        self.completion_wait = completion_wait
+
+    async def close(self) -> None:
+        """Stop the completions under way (what they had not recorded, `recover` finishes)."""
+        tasks = list(self._completions.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- replay and recovery ----------------------------------------------------------------
 
@@ -147,13 +164,52 @@ class TransactionCoordinator:
     async def recover(self) -> None:
         """Complete the transactions being ended whose markers are not all written (a broker
         stopped, or one holding a partition did not answer; writing a marker twice is
-        harmless). Called on start and then every round, with `expire`."""
-        for transactional_id, txn in list(self.txns.items()):
+        harmless), and wait for them. Called on start and then every round, with `expire`."""
+        tasks = [self._completing(transactional_id)
+                 for transactional_id, txn in list(self.txns.items())
+                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT)]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _completing(self, transactional_id: str) -> asyncio.Task[None]:
+        """The task completing the transaction of `transactional_id` (started if none is)."""
+        task = self._completions.get(transactional_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._finish(transactional_id))
+            self._completions[transactional_id] = task
+            task.add_done_callback(lambda done: self._finished(transactional_id, done))
+        return task
+
+    async def _finish(self, transactional_id: str) -> None:
+        async with self._lock(transactional_id):
+            txn = self.txns[transactional_id]
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                async with self._lock(transactional_id):
-                    txn = self.txns[transactional_id]
-                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                        await self._complete(txn)
+                await self._complete(txn)
+
+    def _finished(self, transactional_id: str, task: asyncio.Task[None]) -> None:
+        if self._completions.get(transactional_id) is task:
+            del self._completions[transactional_id]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, TqError):  # left prepared: `recover` tries again
+            logger.warning("transaction %r: not completed yet: %s", transactional_id, exc)
+        elif exc is not None:  # a bug: reported as asyncio reports a failed task
+            task.get_loop().call_exception_handler({
+                "message": f"completing transaction {transactional_id!r}",
+                "exception": exc, "task": task})
+
+    async def _settled(self, transactional_id: str) -> bool:
+        """Whether the transaction of `transactional_id` is not being completed, after
+        waiting up to `completion_wait` for it. A request that finds it still completing
+        answers without the id's lock (the completion holds it): CONCURRENT_TRANSACTIONS."""
+        txn = self.txns.get(transactional_id)
+        if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT):
+            return True
+        task = self._completing(transactional_id)
+        if self.completion_wait > 0:
+            await asyncio.wait([task], timeout=self.completion_wait)
+        return self.txns[transactional_id].state not in (PREPARE_COMMIT, PREPARE_ABORT)
 
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
@@ -170,6 +226,9 @@ class TransactionCoordinator:
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise InvalidTransactionTimeoutError(
                 f"transaction timeout {timeout_ms} ms outside 1..{MAX_TIMEOUT_MS}")
+        if not await self._settled(transactional_id):
+            self._authorize(self.txns[transactional_id], principal)
+            raise ConcurrentTransactionsError(f"transaction {transactional_id!r} is being ended")
         async with self._lock(transactional_id):
             txn = self.txns.get(transactional_id)
             if txn is None:
@@ -181,8 +240,9 @@ class TransactionCoordinator:
             else:
                 self._authorize(txn, principal)
                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    txn = await self._complete(txn)
-                elif txn.state == ONGOING:
+                    raise ConcurrentTransactionsError(
+                        f"transaction {transactional_id!r} is being ended")
+                if txn.state == ONGOING:
                     txn = await self._abort(txn, bump=True)  # the new producer's epoch fences
                 txn = txn.copy()
                 if txn.epoch >= MAX_EPOCH - 1:
@@ -196,6 +256,8 @@ class TransactionCoordinator:
 
     async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
                              partitions: Sequence[tuple[str, int]], principal: str) -> None:
+        if not await self._settled(transactional_id):
+            self._current(transactional_id, producer_id, epoch, principal)  # raises
         async with self._lock(transactional_id):
             txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             added = [p for p in partitions if p not in txn.partitions]
@@ -215,6 +277,8 @@ class TransactionCoordinator:
 
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int,
                           group_id: str, principal: str) -> None:
+        if not await self._settled(transactional_id):
+            self._current(transactional_id, producer_id, epoch, principal)  # raises
         async with self._lock(transactional_id):
             txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             if group_id in txn.offsets and txn.state == ONGOING:
@@ -246,15 +310,25 @@ class TransactionCoordinator:
 
     async def end_txn(self, transactional_id: str, producer_id: int, epoch: int,
                       commit: bool, principal: str) -> None:
+        """Answered once the transaction's end is decided (PrepareCommit/PrepareAbort
+        durable); its markers and CompleteCommit/CompleteAbort follow (`_completing`)."""
+        prepare = PREPARE_COMMIT if commit else PREPARE_ABORT
+        if not await self._settled(transactional_id):
+            txn = self._known(transactional_id, producer_id, epoch, principal)
+            if txn.state == prepare:
+                return  # a retry of the EndTxn being completed: decided
+            raise ConcurrentTransactionsError(f"transaction {transactional_id!r} is being ended")
         async with self._lock(transactional_id):
             txn = self._known(transactional_id, producer_id, epoch, principal)
             done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
-            prepare = PREPARE_COMMIT if commit else PREPARE_ABORT
             if txn.state == done or (txn.state == EMPTY and not commit):
                 return  # a retry of an EndTxn that completed, or nothing to abort
             if txn.state == prepare:  # a retry of one whose markers are not all written
-                await self._complete(txn)
+                self._completing(transactional_id)
                 return
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                raise ConcurrentTransactionsError(
+                    f"transaction {transactional_id!r} is being ended")
             if txn.state != ONGOING:
                 raise InvalidTxnStateError(
                     f"transaction {transactional_id!r} is {txn.state}, cannot "
@@ -262,7 +336,7 @@ class TransactionCoordinator:
             txn = txn.copy()
             txn.state = prepare
             await self._record(txn)
-            await self._complete(txn)
+            self._completing(transactional_id)  # runs once this lock is let go
 
     async def expire(self) -> None:
         """Abort the transactions open longer than their timeout (their epoch bumped, so
@@ -328,15 +402,10 @@ class TransactionCoordinator:
     async def _complete(self, txn: Txn) -> Txn:
         """Write the markers (and, on commit, the offsets), then record the end. A marker
         that cannot be written now raises, the transaction left prepared (`recover` and the
-        client's retry finish it); a partition that is gone needs none."""
+        client's retry finish it); a partition that is gone needs none. Under the id's lock."""
         commit = txn.state == PREPARE_COMMIT
-        for topic, partition in txn.partitions:
-            try:
-                await self.log.write_marker(topic, partition, txn.producer_id, txn.epoch,
-                                            commit)
-            except _GONE as exc:
-                logger.warning("transaction %r: no marker in %s-%d: %s",
-                               txn.transactional_id, topic, partition, exc)
+        if txn.partitions:
+            await self.log.write_markers(txn.partitions, txn.producer_id, txn.epoch, commit)
         if commit:
             for group_id, pending in txn.offsets.items():
                 await self.log.commit_offsets(group_id, [

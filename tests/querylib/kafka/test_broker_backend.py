@@ -268,3 +268,65 @@ def test_ids_and_the_group_store_survive_a_restart(tmp_path: Path) -> None:
     keys = [r.key[:2] for b in iter_batches(data) if not b.is_control for r in b.records]
     assert keys == [b"\x00\x01", b"\x00\x01", b"\x00\x01", b"\x00\x02"]
     assert decode_batch(data).records[0].value[:2] == b"\x00\x03"
+
+
+def test_markers_on_another_broker_go_in_one_request_per_broker(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A transaction's markers for partitions of another broker (as the coordinator's broker
+    writes them into an executor's under `tq up`) cross in one WriteMarkersRequest, which
+    appends a COMMIT marker to each of them; a partition that broker does not have needs
+    none."""
+    from querylib.kafka._backend import PartitionInfo as KafkaPartition
+    from querylib.kafka._backend import TopicInfo
+    from querylib.kafka._broker_backend import StandaloneCluster
+
+    async def main() -> tuple[list[str], list[list[tuple[int, bool]]]]:
+        far = BrokerServer(tmp_path / "far", SECRET, log_config=LogConfig())
+        address = await far.start("tcp://127.0.0.1:0")
+        near = BrokerServer(tmp_path / "near", SECRET, log_config=LogConfig())
+        await near.start(None)
+        for partition in (0, 1):
+            await far.port.ensure("t", partition, create=True)
+
+        class Cluster(StandaloneCluster):
+            """Topic "t" has three partitions, all led by the far broker (node 7)."""
+
+            async def kafka_topics(self, names: Any) -> list[TopicInfo]:
+                if names == ["t"]:
+                    return [TopicInfo("t", tuple(KafkaPartition(i, 7) for i in range(3)))]
+                return await super().kafka_topics(names)
+
+            def broker_address(self, node_id: int) -> str | None:
+                return address if node_id == 7 else None
+
+        config = KafkaConfig(port=0)
+        backend = await BrokerBackend(near.port, config, secret=SECRET,
+                                      cluster=Cluster(near.port, config)).open()
+        sent: list[str] = []
+        try:
+            writer = await backend._remote_writer(address)
+            request = writer.link.request
+
+            async def spy(req: Any, **kwargs: Any) -> Any:
+                sent.append(type(req).__name__)
+                return await request(req, **kwargs)
+
+            writer.link.request = spy  # type: ignore[method-assign]
+            await backend.write_markers([("t", 0), ("t", 1), ("t", 2)], 42, 3, True)
+            markers = []
+            for partition in (0, 1):
+                pid = ("t", partition)
+                log, end = far.port.log(pid), far.port.info(pid).high_watermark
+                markers.append([(b.producer_id, b.is_control)
+                                for b in iter_batches(log.read(0, end))])
+        finally:
+            await backend.close()
+            await near.close()
+            await far.close()
+        return sent, markers
+
+    with caplog.at_level("WARNING", logger="querylib.kafka"):
+        sent, markers = asyncio.run(main())
+    assert sent == ["WriteMarkersRequest"]
+    assert markers == [[(42, True)], [(42, True)]]
+    assert "no transaction marker in t-2" in caplog.text

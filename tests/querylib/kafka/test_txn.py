@@ -1,7 +1,10 @@
 """The transaction coordinator's rules (`querylib.kafka._txn`) over an in-memory transaction
-log: epochs fence older producers, every change is recorded before it counts, a marker that
-cannot be written leaves the transaction prepared until it can, a restarted coordinator
-finishes what it was ending, and transactional ids belong to their first principal."""
+log: epochs fence older producers, every change is recorded before it counts, EndTxn is
+answered once the transaction is prepared and its markers follow (one call for all its
+partitions), the next transaction's requests meanwhile wait or get CONCURRENT_TRANSACTIONS, a
+marker that cannot be written leaves the transaction prepared until it can, a restarted
+coordinator finishes what it was ending, and transactional ids belong to their first
+principal."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 from querylib.broker import BrokerUnavailableError
 from querylib.kafka._backend import CommittedOffset
 from querylib.kafka._errors import (
+    ConcurrentTransactionsError,
     InvalidProducerIdMappingError,
     ProducerFencedError,
     TransactionalIdAuthorizationError,
@@ -20,6 +24,9 @@ from querylib.kafka._errors import (
 from querylib.kafka._txn import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
+    EMPTY,
+    ONGOING,
+    PREPARE_ABORT,
     PREPARE_COMMIT,
     TransactionCoordinator,
     Txn,
@@ -27,24 +34,36 @@ from querylib.kafka._txn import (
 
 
 class MemoryLog:
-    """The coordinator's TxnLog in memory: records, markers and offsets written, and the
-    partitions whose broker does not answer."""
+    """The coordinator's TxnLog in memory: records, markers and offsets written, the
+    partitions whose broker does not answer, and a gate markers wait at (open unless a test
+    closes it)."""
 
     def __init__(self) -> None:
         self.records: list[tuple[bytes, bytes]] = []
         self.markers: list[tuple[str, int, int, int, bool]] = []
+        self.marker_calls: list[list[tuple[str, int]]] = []
         self.offsets: list[tuple[str, list[CommittedOffset]]] = []
         self.down: set[tuple[str, int]] = set()
+        self.gate: asyncio.Event | None = None
         self.next_id = 100
 
     async def write_txn(self, txn: Txn) -> None:
         self.records.append(txn.encode())
 
-    async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int,
-                           commit: bool) -> None:
-        if (topic, partition) in self.down:
-            raise BrokerUnavailableError(f"{topic}-{partition}: its broker does not answer")
-        self.markers.append((topic, partition, producer_id, epoch, commit))
+    async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
+                            epoch: int, commit: bool) -> None:
+        self.marker_calls.append(list(partitions))
+        if self.gate is not None:
+            await self.gate.wait()
+        for topic, partition in partitions:
+            if (topic, partition) not in self.down:
+                self.markers.append((topic, partition, producer_id, epoch, commit))
+        for topic, partition in partitions:
+            if (topic, partition) in self.down:
+                raise BrokerUnavailableError(f"{topic}-{partition}: its broker does not answer")
+
+    def states(self) -> list[str]:
+        return [Txn.decode(value).state for _, value in self.records]
 
     async def commit_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
         self.offsets.append((group_id, list(offsets)))
@@ -59,6 +78,13 @@ class MemoryLog:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
 
 
 def test_init_bumps_the_epoch_and_fences_the_older_producer() -> None:
@@ -81,16 +107,19 @@ def test_init_bumps_the_epoch_and_fences_the_older_producer() -> None:
 def test_a_commit_whose_marker_fails_stays_prepared_until_it_can_finish() -> None:
     async def main() -> None:
         log = MemoryLog()
-        coordinator = TransactionCoordinator(log)
+        coordinator = TransactionCoordinator(log, completion_wait=0)
         pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
         await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
         await coordinator.add_offsets("t", pid, epoch, "g", "anonymous")
         await coordinator.txn_offset_commit("t", pid, epoch, "g", [CommittedOffset("in", 0, 7)],
                                             "anonymous")
         log.down.add(("a", 0))
-        with pytest.raises(BrokerUnavailableError):
-            await coordinator.end_txn("t", pid, epoch, True, "anonymous")
+        await coordinator.end_txn("t", pid, epoch, True, "anonymous")  # decided: answered
+        await coordinator.recover()  # the completion fails: left prepared
         assert coordinator.txns["t"].state == PREPARE_COMMIT and log.offsets == []
+        with pytest.raises(ConcurrentTransactionsError):
+            await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        await coordinator.close()
         # A coordinator restarted from the log finishes it once the broker answers.
         restarted = TransactionCoordinator(log)
         restarted.replay(log.records)
@@ -101,6 +130,85 @@ def test_a_commit_whose_marker_fails_stays_prepared_until_it_can_finish() -> Non
         assert log.markers == [("a", 0, pid, epoch, True)]
         assert [(g, [o.offset for o in offsets]) for g, offsets in log.offsets] == [("g", [7])]
         await restarted.end_txn("t", pid, epoch, True, "anonymous")  # a retry: answered
+    run(main())
+
+
+def test_end_txn_is_answered_once_prepared_and_the_markers_follow() -> None:
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0), ("b", 1), ("a", 2)],
+                                         "anonymous")
+        log.gate = asyncio.Event()  # no marker can be written yet
+        await asyncio.wait_for(coordinator.end_txn("t", pid, epoch, True, "anonymous"), 30)
+        assert log.states()[-1] == PREPARE_COMMIT and log.markers == []
+        await wait_until(lambda: log.marker_calls)
+        # One call for all the transaction's partitions (one request per broker in it).
+        assert log.marker_calls == [[("a", 0), ("b", 1), ("a", 2)]]
+        log.gate.set()
+        await coordinator.recover()
+        assert coordinator.txns["t"].state == COMPLETE_COMMIT
+        assert log.states()[-2:] == [PREPARE_COMMIT, COMPLETE_COMMIT]
+        assert [m[:2] for m in log.markers] == [("a", 0), ("b", 1), ("a", 2)]
+    run(main())
+
+
+def test_the_next_transaction_gets_concurrent_transactions_while_one_completes() -> None:
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log, completion_wait=0)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        log.gate = asyncio.Event()
+        await asyncio.wait_for(coordinator.end_txn("t", pid, epoch, True, "anonymous"), 30)
+        for request in (
+                coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous"),
+                coordinator.add_offsets("t", pid, epoch, "g", "anonymous"),
+                coordinator.init_producer_id("t", 60_000, "anonymous"),
+                coordinator.end_txn("t", pid, epoch, False, "anonymous")):
+            with pytest.raises(ConcurrentTransactionsError):
+                await request
+        # A retry of the EndTxn being completed is answered (its outcome is decided).
+        await coordinator.end_txn("t", pid, epoch, True, "anonymous")
+        assert coordinator.txns["t"].state == PREPARE_COMMIT
+        log.gate.set()
+        await coordinator.recover()
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        assert coordinator.txns["t"].state == ONGOING
+        # Waiting (the default): a request of the next transaction meets the completion done.
+        coordinator.completion_wait = 30
+        log.gate.clear()
+        await coordinator.end_txn("t", pid, epoch, False, "anonymous")
+        waiting = asyncio.ensure_future(
+            coordinator.add_partitions("t", pid, epoch, [("b", 0)], "anonymous"))
+        await wait_until(lambda: len(log.marker_calls) == 2)
+        assert not waiting.done()
+        log.gate.set()
+        await asyncio.wait_for(waiting, 30)
+        assert log.states()[-3:] == [PREPARE_ABORT, COMPLETE_ABORT, ONGOING]
+        assert coordinator.txns["t"].partitions == [("b", 0)]
+    run(main())
+
+
+def test_a_coordinator_restarted_after_answering_end_txn_writes_the_markers() -> None:
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0), ("b", 0)], "anonymous")
+        log.gate = asyncio.Event()
+        await asyncio.wait_for(coordinator.end_txn("t", pid, epoch, True, "anonymous"), 30)
+        await coordinator.close()  # stopped before any marker was written
+        assert log.markers == [] and log.states()[-1] == PREPARE_COMMIT
+        log.gate = None
+        restarted = TransactionCoordinator(log)
+        restarted.replay(log.records)
+        # The producer's next InitProducerId meets the transaction completed first.
+        again, newer = await restarted.init_producer_id("t", 60_000, "anonymous")
+        assert (again, newer) == (pid, epoch + 1)
+        assert log.markers == [("a", 0, pid, epoch, True), ("b", 0, pid, epoch, True)]
+        assert log.states()[-2:] == [COMPLETE_COMMIT, EMPTY]
     run(main())
 
 
