@@ -55,6 +55,12 @@ CorruptDataError while every batch around it stays readable.
     repair_partition(path) -> [Finding]       # `tq log repair`: quarantine, leave a gap
     segment_damage(log_path) -> (Damage, ...) # for readers of the files (Spark's)
 
+Reading files of a log this process does not own (Spark's local reads, `tq log dump`): the
+read-only segment reader of `_reader`, which neither locks nor recovers anything:
+    list_segments(partition_path) -> [SegmentFile]   # .base, .path, .damage(), .index_hint(o)
+    batch_span(buf, pos) -> Span | None; batch_size(buf, pos) -> int | None; pread_exact(...)
+    walk_to_end(fd, position, size); segment_batches(fd, size); transactions(segments)
+
 Thread-safety: one writer (writer methods are serialized by a lock); `read`, `read_slice`,
 `offset_for_timestamp` and the offset properties may run on other threads during appends,
 rolls, flushes and retention. `truncate_to` must not race readers. Details in `_log`.
@@ -64,7 +70,7 @@ LogLockedError (open elsewhere), CorruptDataError / QuarantinedDataError (damage
 and StorageError (I/O failure) from querylib.errors.
 """
 
-from querylib.log._batch import appended_batch, stored_batch
+from querylib.log._batch import Span, appended_batch, pread_exact, stored_batch
 from querylib.log._check import Finding, check_partition, find_partition_dirs, repair_partition
 from querylib.log._config import (
     FlushPolicy,
@@ -77,9 +83,33 @@ from querylib.log._config import (
 from querylib.log._damage import Damage, segment_damage
 from querylib.log._dump import dump_segment
 from querylib.log._log import FileSlice, PartitionLog, SegmentInfo, corrupt_data_error
+from querylib.log._reader import (
+    SegmentBatch,
+    SegmentFile,
+    Unreadable,
+    batch_size,
+    batch_span,
+    list_segments,
+    segment_batches,
+    transactional_batches,
+    transactions,
+    walk_to_end,
+)
 from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
+    "SegmentBatch",
+    "SegmentFile",
+    "Span",
+    "Unreadable",
+    "batch_size",
+    "batch_span",
+    "list_segments",
+    "pread_exact",
+    "segment_batches",
+    "transactional_batches",
+    "transactions",
+    "walk_to_end",
     "Damage",
     "FileSlice",
     "Finding",

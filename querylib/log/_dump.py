@@ -2,8 +2,9 @@
 
 Yields one dict per batch, record, index entry or problem, with kafka-dump-log's field names;
 the CLI renders them as text or JSON lines. Reads the file as it is, validating nothing
-beyond reporting each batch's CRC as `isvalid` and stopping at bytes that do not parse. Never
-writes.
+beyond reporting each batch's CRC as `isvalid` and stopping at bytes that do not parse. The
+segment is walked by the log's read-only reader (`_reader.segment_batches`, Spark's local reads
+use the same module). Never writes.
 """
 
 from __future__ import annotations
@@ -17,20 +18,20 @@ from catalog.errors import UserError
 from querylib.errors import CorruptRecordError, RecordError
 from querylib.log._batch import describe, pread_exact
 from querylib.log._config import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name
+from querylib.log._reader import Unreadable, segment_batches
 from querylib.records import (
-    HEADER_SIZE,
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     control_of,
     decode_batch,
-    read_header,
     verify_batch,
 )
-from querylib.records._types import CONTROL_BIT
 
 _BLOCK = 8 * 1024 * 1024
 _CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-_TRANSACTIONAL_BIT = 0x10
-_LOG_APPEND_TIME_BIT = 0x08
 _INDEX_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
 
@@ -82,32 +83,18 @@ def _dump_log(path: str, records: bool) -> Iterator[Row]:
     try:
         size = os.fstat(fd).st_size
         yield {"type": "segment", "path": path, "baseOffset": _base_offset(path), "size": size}
-        pos = 0
-        block, block_pos = b"", 0
-        while pos < size:
-            if pos - block_pos + HEADER_SIZE > len(block):
-                block, block_pos = pread_exact(fd, min(_BLOCK, size - pos), pos), pos
-            try:
-                header = read_header(block, pos - block_pos)
-            except RecordError as exc:
-                yield _invalid(pos, size, describe(exc))
+        for item in segment_batches(fd, size):
+            if isinstance(item, Unreadable):
+                yield _invalid(item.position, size, item.reason)
                 return
-            if pos + header.size > size:
-                yield _invalid(pos, size, f"batch of {header.size} bytes cut short by the end")
-                return
-            if pos - block_pos + header.size > len(block):
-                block, block_pos = pread_exact(fd, max(header.size, min(_BLOCK, size - pos)),
-                                               pos), pos
-            view = memoryview(block)[pos - block_pos : pos - block_pos + header.size]
             try:
-                verify_batch(view)
+                verify_batch(item.data)
                 valid = True
             except CorruptRecordError:
                 valid = False
-            yield _batch_row(header, pos, valid)
+            yield _batch_row(item.header, item.position, valid)
             if records:
-                yield from _record_rows(bytes(view), header)
-            pos += header.size
+                yield from _record_rows(bytes(item.data), item.header)
     finally:
         os.close(fd)
 
@@ -117,7 +104,7 @@ def _invalid(pos: int, size: int, reason: str) -> Row:
 
 
 def _timestamp_key(attributes: int) -> str:
-    return "LogAppendTime" if attributes & _LOG_APPEND_TIME_BIT else "CreateTime"
+    return "LogAppendTime" if attributes & TIMESTAMP_TYPE_BIT else "CreateTime"
 
 
 def _batch_row(h: BatchHeader, pos: int, valid: bool) -> Row:
@@ -131,13 +118,14 @@ def _batch_row(h: BatchHeader, pos: int, valid: bool) -> Row:
         "producerId": h.producer_id,
         "producerEpoch": h.producer_epoch,
         "partitionLeaderEpoch": h.partition_leader_epoch,
-        "isTransactional": bool(h.attributes & _TRANSACTIONAL_BIT),
+        "isTransactional": bool(h.attributes & TRANSACTIONAL_BIT),
         "isControl": bool(h.attributes & CONTROL_BIT),
         "position": pos,
         _timestamp_key(h.attributes): h.max_timestamp,
         "size": h.size,
         "magic": h.magic,
-        "compresscodec": _CODECS.get(h.attributes & 0x07, f"unknown({h.attributes & 0x07})"),
+        "compresscodec": _CODECS.get(h.attributes & COMPRESSION_MASK,
+                                    f"unknown({h.attributes & COMPRESSION_MASK})"),
         "crc": h.crc,
         "isvalid": valid,
     }

@@ -15,7 +15,8 @@ frontier, with an int64 value E a new epoch E starts there, its frontier back at
 the stream's publisher after an earlier one, DESIGN §5 "Epochs").
 
 tq's own per-record fields travel as headers with 8-byte big-endian int64 values: TIME_HEADER
-(the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics).
+(the logical timestamp) and DIFF_HEADER (the multiplicity, for collection topics). A record
+whose only header is TIME_HEADER ends with the bytes TIME_HEADER_PREFIX and the 8 value bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT, Record
 
 TIME_HEADER = "tq.time"
 DIFF_HEADER = "tq.diff"
+# A record's headers when they are exactly the TIME_HEADER, as tq writes them on every record:
+# headersCount 1, headerKeyLength 7, "tq.time", headerValueLength 8; the 8 value bytes follow
+# and end the record (TIME_HEADER_SIZE bytes in all). Readers recognise it by one comparison.
+TIME_HEADER_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"
+TIME_HEADER_SIZE = len(TIME_HEADER_PREFIX) + 8
 
 CONTROL_KEY_VERSION = 0
 _CONTROL_KEY = struct.Struct(">hh")  # version, type

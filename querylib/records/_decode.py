@@ -58,8 +58,8 @@ _HEADER_NAMES: dict[bytes, str] = {}
 _HEADER_NAMES_CACHED = 256
 _CODECS = tuple(Compression)  # by id: indexing beats calling the enum, per batch
 _TIMESTAMP_TYPES = tuple(TimestampType)
-# Timestamps within this distance of the int64 bounds may need Java's wrap-around on decode.
-_SAFE_TS_MIN, _SAFE_TS_MAX = INT64_MIN + UNZIGZAG_SIZE, INT64_MAX - UNZIGZAG_SIZE
+# A base timestamp outside these bounds plus a 1- or 2-byte delta may need Java's wrap-around.
+SAFE_TS_MIN, SAFE_TS_MAX = INT64_MIN + UNZIGZAG_SIZE, INT64_MAX - UNZIGZAG_SIZE
 
 
 def verify_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -108,7 +108,7 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_cr
             f"batch at {pos}: recordsCount {count} impossible in {end - start} bytes")
     log_append = bool(attributes & TIMESTAMP_TYPE_BIT)
     records = _decode_records(buf, start, end, count, header.base_offset, header.base_timestamp)
-    if log_append or not _SAFE_TS_MIN <= header.base_timestamp <= _SAFE_TS_MAX:
+    if log_append or not SAFE_TS_MIN <= header.base_timestamp <= SAFE_TS_MAX:
         records = _fix_timestamps(records, header.max_timestamp if log_append else None)
     return RecordBatch(
         header.base_offset, header.partition_leader_epoch, 2, header.crc, _CODECS[codec],

@@ -22,10 +22,11 @@ import struct
 from itertools import compress, islice
 from operator import ne
 
-from querylib.records._control import TIME_HEADER
-from querylib.records._decode import verify_batch
+from querylib.records._control import TIME_HEADER_PREFIX, TIME_HEADER_SIZE
+from querylib.records._decode import MIN_RECORD_SIZE, verify_batch
 from querylib.records._header import ATTRIBUTES_OFFSET, HEADER_SIZE, BatchHeader
 from querylib.records._types import CONTROL_BIT
+from querylib.records._varint import MAX_VARINT_BYTES
 
 __all__ = ["Irregular", "ValueRun", "size_runs", "value_runs"]
 
@@ -33,13 +34,13 @@ __all__ = ["Irregular", "ValueRun", "size_runs", "value_runs"]
 # whether a value is None: a reader that must replace nulls looks only when told so)
 ValueRun = tuple[int | None, list[bytes | None], int, bool]
 
-_MIN_RECORD = 6  # attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
+# attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
+_MIN_RECORD = MIN_RECORD_SIZE - 1
 _MAX_LENGTH_VARINT = 3  # a record length below 1 MiB
-_MAX_VARINT = 5
+_MAX_VARINT = MAX_VARINT_BYTES
 _NON_DATA = CONTROL_BIT | 0x07  # the control bit, and any compression codec
-# headersCount 1, headerKeyLength 7, "tq.time", headerValueLength 8
-_TIME_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"
-_TIME_TAIL = len(_TIME_PREFIX) + 8
+_TIME_PREFIX = TIME_HEADER_PREFIX
+_TIME_TAIL = TIME_HEADER_SIZE
 _CUTTERS: dict[tuple[int, int, int], struct.Struct] = {}
 _CUTTERS_CACHED = 64
 _LSTRIP_RUNS = 16  # time runs per batch found by lstrip; more: cut and compare

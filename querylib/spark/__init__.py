@@ -22,10 +22,12 @@ top-level module `pyspark_tq` (see `_session`).
     _schema.py    the row schema, for Spark and for Arrow
     _options.py   options, parsed and checked (pure)
     _plan.py      partitions, offsets, rate limits, task splits (pure)
-    _columns.py   record batches -> Arrow record batches (the hot path)
+    _columns.py   record batches -> Arrow record batches (the hot path; the record format
+                  is read by querylib.records' scanning primitives, only Arrow is built here)
     _vector.py    ... the regular case, by numpy;  _pieces.py  ... the general case's
                   columns
-    _local.py     read-only access to a data dir's segment files
+    _local.py     a data dir's topics and offset ranges, read through querylib.log's
+                  read-only segment reader
     _cluster.py   a cluster's topics: coordinator lookups, broker reads and producers
     _access.py    where partitions are; what a task runs to read a range
     _source.py    the DataSource and its batch and stream readers

@@ -7,21 +7,19 @@ batches (frontiers, end of stream) are not rows. Only offsets in [start, stop) b
 
 Runs of uncompressed batches of the regular shape (varints of up to 5 bytes, no headers or
 the lone tq.time header) are decoded by numpy over the whole buffer (`_vector`): the fast
-path, about 10x the loop below. The loop handles everything else, and names what is wrong with
-malformed bytes.
+path, about 10x the general one. The general path scans each other uncompressed batch with
+the record codec's `querylib.records.scan_records`, which keeps only positions and small ints
+(`RecordSpans`); keys, values and header fields never become Python bytes: `_pieces` builds
+their Arrow arrays from the buffer itself. Compressed batches are decoded by
+`querylib.records.decode_batch` (their bytes are not in the buffer) and laid out the same way.
+The record format is not read here: only the Arrow assembly is.
 
-Why the loop looks like this: decoding one `Record` object per record and then transposing
-costs about three times what the columns need. It walks each record once and keeps only
-positions and small ints in lists; keys, values and header fields never become Python bytes.
-Their Arrow arrays are built from the buffer itself: the spans [s0, e0, s1, e1, ...] are the
-offsets of a binary array whose even elements are the values (odd ones are the bytes between
-them), and one `take` of the even elements copies them out in C. The one header tq writes on
-every record (`tq.time`, 8 bytes) is recognised by one comparison and its values are turned
-into int64s in C as well. Other headers, and compressed batches (decoded by
-`querylib.records.decode_batch`, as their bytes are not in the buffer), take slower paths.
+`timestamp` is the record's (milliseconds, Kafka's int64) as microseconds, saturated at the
+ends of Spark's timestamp range (int64 microseconds, about +-292,000 years): the codec reads
+any int64 timestamp, so every record it decodes is a row.
 
-Hostile bytes raise RecordError subclasses: every batch is CRC-checked and every length is
-checked against its record before a span is kept. This module does no I/O.
+Hostile bytes raise RecordError subclasses: every batch is CRC-checked and the scan checks
+every length against its record. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -31,18 +29,20 @@ from collections.abc import Iterator
 import crc32c
 import pyarrow as pa
 
-from querylib.errors import (
-    BadVarintError,
-    CorruptRecordError,
-    InvalidLengthError,
-    InvalidRecordError,
-    TruncatedRecordError,
+from querylib.errors import CorruptRecordError, TruncatedRecordError
+from querylib.records import (
+    ATTRIBUTES_OFFSET,
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+    RecordSpans,
+    decode_batch,
+    read_header,
+    scan_records,
 )
-from querylib.records import HEADER_SIZE, TIME_HEADER, BatchHeader, decode_batch, read_header
-from querylib.records._types import CONTROL_BIT
 from querylib.spark._pieces import (
     Columns,
-    Piece,
     concat,
     constant,
     headers_column,
@@ -56,38 +56,19 @@ from querylib.spark._vector import vector_batch
 __all__ = ["ColumnAssembler", "ROWS_PER_BATCH"]
 
 ROWS_PER_BATCH = 64 * 1024
-_ATTRIBUTES_OFFSET = 21  # Kafka's layout: the CRC-32C covers attributes..end
-_COMPRESSION_MASK = 0x07
-_LOG_APPEND_TIME_BIT = 0x08
-_MIN_RECORD_SIZE = 7
-_TIME_KEY = TIME_HEADER.encode()
-# headersCount 1, keyLength 7, "tq.time", valueLength 8: then the 8 value bytes end the record.
-_TIME_PREFIX = b"\x02\x0e" + _TIME_KEY + b"\x10"
-_TIME_RECORD_TAIL = len(_TIME_PREFIX) + 8
-# 1-byte zigzag varints by byte; 2-byte ones as _UNZ2[second][first] (first >= 0x80 > second).
-_UNZ = tuple((z >> 1) ^ -(z & 1) for z in range(128))
-_UNZ2 = tuple(
-    tuple((((c << 7) | (b & 0x7F)) >> 1) ^ -(((c << 7) | (b & 0x7F)) & 1) for b in range(256))
-    for c in range(128)
-)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _UTC_MS = pa.timestamp("ms", tz="UTC")
 _UTC_US = pa.timestamp("us", tz="UTC")
 
 
-def _varlong(buf: bytes, pos: int) -> tuple[int, int]:
-    """The general zigzag varint reader (up to 10 bytes): (value, position after it)."""
-    z = 0
-    shift = 0
-    end = min(len(buf), pos + 10)
-    p = pos
-    while p < end:
-        b = buf[p]
-        p += 1
-        z |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (z >> 1) ^ -(z & 1), p
-        shift += 7
-    raise BadVarintError(f"varint at {pos} is longer than 10 bytes or cut short")
+def micros_column(timestamps: list[int]) -> pa.Array:
+    """Record timestamps (ms) as the `timestamp` column: microseconds, saturated at the ends of
+    int64 (only timestamps beyond about +-292,000 years are)."""
+    try:
+        return pa.array(timestamps, _UTC_MS).cast(_UTC_US)
+    except pa.ArrowInvalid:  # out of the microsecond range: saturate
+        return pa.array([max(_INT64_MIN, min(_INT64_MAX, t * 1000)) for t in timestamps],
+                        _UTC_US)
 
 
 class ColumnAssembler:
@@ -115,7 +96,7 @@ class ColumnAssembler:
         self._timestamps: list[int] = []
         self._ts_types: list[list[int]] = []  # [rows, timestampType] runs
         self._pieces: list[Columns] = []
-        self._piece: Piece | None = None
+        self._piece: RecordSpans | None = None
 
     # ---- input ------------------------------------------------------------------------------
 
@@ -137,13 +118,13 @@ class ColumnAssembler:
                     f"batch at {pos}: {end - pos} bytes left, batchLength says {size}")
             last = header.base_offset + header.last_offset_delta
             if last >= self.start and header.base_offset < self.stop:
-                crc = crc32c.crc32c(memoryview(buf)[pos + _ATTRIBUTES_OFFSET:pos + size])
+                crc = crc32c.crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET:pos + size])
                 if crc != header.crc:
                     raise CorruptRecordError(
                         f"batch at offset {header.base_offset}: CRC-32C {crc:#010x}, "
                         f"header says {header.crc:#010x}")
                 if not header.attributes & CONTROL_BIT:
-                    if header.attributes & _COMPRESSION_MASK:
+                    if header.attributes & COMPRESSION_MASK:
                         yield from self._add_run(buf, plain)
                         plain = []
                         rows_before = len(self._offsets)
@@ -183,19 +164,17 @@ class ColumnAssembler:
     def _count_rows(self, rows: int, header: BatchHeader) -> None:
         if not rows:
             return
-        log_append = 1 if header.attributes & _LOG_APPEND_TIME_BIT else 0
-        if log_append:  # every record carries the batch's maxTimestamp (Kafka's rule)
-            self._timestamps[-rows:] = [header.max_timestamp] * rows
+        log_append = 1 if header.attributes & TIMESTAMP_TYPE_BIT else 0
         if self._ts_types and self._ts_types[-1][1] == log_append:
             self._ts_types[-1][0] += rows
         else:
             self._ts_types.append([rows, log_append])
 
-    def _piece_for(self, buf: bytes) -> Piece:
+    def _piece_for(self, buf: bytes) -> RecordSpans:
         piece = self._piece
         if piece is None or piece.buf is not buf:
             self._close_piece()
-            piece = self._piece = Piece(buf)
+            piece = self._piece = RecordSpans(buf)
         return piece
 
     def _close_piece(self) -> None:
@@ -203,139 +182,10 @@ class ColumnAssembler:
             self._pieces.append(piece_columns(self._piece))
         self._piece = None
 
-    def _add_plain(self, buf: bytes, pos: int, header: BatchHeader) -> None:  # noqa: C901
-        """Walk the records of an uncompressed batch, keeping spans and small ints.
-
-        Deliberately one long function: a call per record or field would cost more than the
-        work. Varints of 1 and 2 bytes are read inline through tables, longer ones by
-        `_varlong`. `end` is where the current record must end; no span passes it.
-        """
-        piece = self._piece_for(buf)
-        row = piece.rows
-        add_offset = self._offsets.append
-        add_ts = self._timestamps.append
-        add_value = piece.values.append
-        add_time_pos = piece.time_pos.append
-        add_time_row = piece.time_rows.append
-        base = header.base_offset
-        base_ts = header.base_timestamp
-        lo, hi = self.start, self.stop
-        unz, unz2 = _UNZ, _UNZ2
-        time_prefix = _TIME_PREFIX
-        limit = pos + header.size
-        count = header.records_count
-        if not 0 <= count <= (header.size - HEADER_SIZE) // _MIN_RECORD_SIZE:
-            raise InvalidLengthError(f"batch at offset {base}: recordsCount {count} impossible")
-        # A batch wholly inside [lo, hi): its offsets are base + 0..count-1 (the log checks
-        # offset deltas 0..n-1 on append, and the CRC holds), so the loop skips them.
-        whole = lo <= base and base + count <= hi and header.last_offset_delta == count - 1
-        pos += HEADER_SIZE
-        try:
-            for _ in range(count):
-                # length
-                b = buf[pos]
-                if b < 0x80:
-                    p = pos + 1
-                    end = p + unz[b]
-                else:
-                    c = buf[pos + 1]
-                    if c < 0x80:
-                        p = pos + 2
-                        end = p + unz2[c][b]
-                    else:
-                        length, p = _varlong(buf, pos)
-                        end = p + length
-                if end > limit or end - p < _MIN_RECORD_SIZE - 1:
-                    raise InvalidLengthError(f"record at {pos}: bad length {end - p}")
-                # attributes (ignored, as Java does), timestampDelta
-                b = buf[p + 1]
-                if b < 0x80:
-                    ts = base_ts + unz[b]
-                    p += 2
-                else:
-                    c = buf[p + 2]
-                    if c < 0x80:
-                        ts = base_ts + unz2[c][b]
-                        p += 3
-                    else:
-                        delta, p = _varlong(buf, p + 1)
-                        ts = base_ts + delta
-                # offsetDelta
-                b = buf[p]
-                if whole:
-                    if b < 0x80:
-                        p += 1
-                    else:
-                        p = _varlong(buf, p)[1]
-                else:
-                    if b < 0x80:
-                        offset = base + unz[b]
-                        p += 1
-                    else:
-                        c = buf[p + 1]
-                        if c < 0x80:
-                            offset = base + unz2[c][b]
-                            p += 2
-                        else:
-                            delta, p = _varlong(buf, p)
-                            offset = base + delta
-                    if offset < lo or offset >= hi:
-                        pos = end
-                        continue
-                    add_offset(offset)
-                # keyLength, key
-                if buf[p] == 1:  # -1: null, the common case
-                    p += 1
-                else:
-                    length, p = _varlong(buf, p)
-                    if length < 0 or p + length > end:
-                        raise InvalidLengthError(f"record at {pos}: bad key length {length}")
-                    piece.key_rows.append(row)
-                    piece.keys += (p, p + length)
-                    p += length
-                # valueLength, value
-                b = buf[p]
-                if b < 0x80:
-                    length = unz[b]
-                    p += 1
-                else:
-                    c = buf[p + 1]
-                    if c < 0x80:
-                        length = unz2[c][b]
-                        p += 2
-                    else:
-                        length, p = _varlong(buf, p)
-                if length >= 0:
-                    stop = p + length
-                    if stop >= end:
-                        raise InvalidLengthError(f"record at {pos}: value runs past its record")
-                    add_value(p)
-                    add_value(stop)
-                    p = stop
-                elif length == -1:
-                    piece.value_nulls.append(row)
-                else:
-                    raise InvalidLengthError(f"record at {pos}: bad value length {length}")
-                # headers: none, or the lone tq.time header tq writes, are the common cases
-                if p + 1 == end and buf[p] == 0:
-                    pass
-                elif end - p == _TIME_RECORD_TAIL and buf[p:p + 10] == time_prefix:
-                    add_time_pos(p)
-                    add_time_row(row)
-                else:
-                    piece.general.append((row, _header_spans(buf, p, end)))
-                add_ts(ts)
-                row += 1
-                pos = end
-        except IndexError as exc:
-            raise TruncatedRecordError(f"batch at offset {base}: records cut short") from exc
-        finally:
-            piece.rows = row
-        if pos != limit:
-            raise InvalidRecordError(f"batch at offset {base}: {limit - pos} bytes after its "
-                                     f"{count} records")
-        if whole:
-            self._offsets.extend(range(base, base + count))
+    def _add_plain(self, buf: bytes, pos: int, header: BatchHeader) -> None:
+        """An uncompressed batch: the codec's scan keeps spans and small ints."""
+        scan_records(buf, pos, header, self.start, self.stop, self._piece_for(buf),
+                     self._offsets, self._timestamps)
 
     def _add_decoded(self, buf: bytes, pos: int) -> None:
         """A compressed batch: decode it with the codec, then lay its fields out in a buffer
@@ -344,7 +194,7 @@ class ColumnAssembler:
         self._close_piece()
         parts: list[bytes] = []
         size = 0
-        piece = Piece(b"")
+        piece = RecordSpans(b"")
         for record in batch.records:
             if not self.start <= record.offset < self.stop:
                 continue
@@ -392,7 +242,7 @@ class ColumnAssembler:
             constant(self.topic, pa.string(), rows),
             constant(self.partition, pa.int32(), rows),
             pa.array(self._offsets, pa.int64()),
-            pa.array(self._timestamps, _UTC_MS).cast(_UTC_US),
+            micros_column(self._timestamps),
             concat([constant(v, pa.int32(), n) for n, v in self._ts_types], pa.int32()),
             spread(concat([c.times for c in pieces], pa.int64()), rows,
                     shifted(pieces, "time_rows")),
@@ -402,29 +252,3 @@ class ColumnAssembler:
         self._reset()
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-
-def _header_spans(buf: bytes, p: int, end: int) -> list[int]:
-    """Spans of the headers of the record ending at `end`, from its headersCount at p:
-    [key start, key end, value start, value end or -1 for null] per header."""
-    count, p = _varlong(buf, p)
-    if not 0 <= count <= (end - p) // 2:
-        raise InvalidLengthError(f"headersCount {count} impossible in {end - p} bytes")
-    fields: list[int] = []
-    for _ in range(count):
-        length, p = _varlong(buf, p)
-        if length < 0 or p + length > end:
-            raise InvalidLengthError(f"header key length {length} at {p}")
-        fields += (p, p + length)
-        length, p = _varlong(buf, p + length)
-        if length >= 0:
-            if p + length > end:
-                raise InvalidLengthError(f"header value length {length} at {p}")
-            fields += (p, p + length)
-            p += length
-        elif length == -1:
-            fields += (p, -1)
-        else:
-            raise InvalidLengthError(f"header value length {length} at {p}")
-    if p != end:
-        raise InvalidRecordError(f"record ending at {end}: {end - p} bytes after its fields")
-    return fields

@@ -2,11 +2,12 @@
 
 A data dir holds one directory per partition, `<TopicName.dir_name>-<partition>`, with Kafka
 segment files (`<20-digit base offset>.log` and `.index`) as `querylib.log` writes them. This
-module reads those files without opening a `PartitionLog`: that would take the log's lock
-(held by the broker that owns it) and might recover (write) it. Reads are safe while the owner
-appends: the owner writes whole batches and then extends its index, a reader never uses a batch
-the file does not hold completely, and an index entry is only a hint, checked against the batch
-header it points at. With no cluster to ask, a bare topic name means public/default here,
+module reads those files through the log's read-only segment reader (`querylib.log`'s
+`list_segments`, `batch_span`, `walk_to_end`, `transactions`, shared with `tq log dump`),
+without opening a `PartitionLog`: that would take the log's lock (held by the broker that owns
+it) and might recover (write) it. Reads are safe while the owner appends (see that reader);
+this module adds topics, offset ranges, chunked reads and their data-loss and damage rules.
+With no cluster to ask, a bare topic name means public/default here,
 whatever the default of the cluster whose data dir it is (name other namespaces in full).
 
 Offsets are those on disk now: `offset_range` gives (log start, end of the last whole batch,
@@ -28,122 +29,29 @@ Must not: write, lock or rename anything in the data dir.
 from __future__ import annotations
 
 import os
-import struct
-import sys
-from array import array
 from bisect import bisect_right
 from collections.abc import Generator, Iterator
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError, UnknownTopicError
-from querylib.log import Damage, corrupt_data_error, parse_segment_name, segment_damage
-from querylib.records import (
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAX_BATCH_SIZE,
-    BatchHeader,
-    ControlType,
-    control_of,
-    decode_batch,
-    read_header,
-    without_aborted,
+from querylib.log import (
+    Damage,
+    SegmentFile,
+    Span,
+    batch_size,
+    batch_span,
+    corrupt_data_error,
+    list_segments,
+    pread_exact,
+    transactions,
+    walk_to_end,
 )
-from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
+from querylib.records import without_aborted
 from querylib.spark._errors import DataLossError
 
 __all__ = ["LocalDir", "CHUNK_BYTES"]
 
 CHUNK_BYTES = 8 * 1024 * 1024  # bytes read from a segment at a time
-_PREFIX = struct.Struct(">qi4xb")  # baseOffset, batchLength, (leader epoch), magic
-_LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of the header
-_LAST_DELTA_AT = 23
-_INDEX_ENTRY = struct.Struct(">ii")  # relative (last) offset, position
-_MAX_INDEX_BYTES = 64 * 1024 * 1024
-
-
-class _BatchSpan:
-    __slots__ = ("base", "next", "position", "end")
-
-    def __init__(self, base: int, next_offset: int, position: int, end: int) -> None:
-        self.base = base
-        self.next = next_offset
-        self.position = position
-        self.end = end
-
-
-def _batch_at(buf: bytes, pos: int) -> _BatchSpan | None:
-    """The whole batch starting at buf[pos], or None when buf does not hold all of it (the
-    end of what a writer has written, or of our chunk) or it is not a v2 batch header."""
-    if len(buf) - pos < HEADER_SIZE:
-        return None
-    base, length, magic = _PREFIX.unpack_from(buf, pos)
-    if magic != 2 or not HEADER_SIZE - LOG_OVERHEAD <= length <= MAX_BATCH_SIZE:
-        return None
-    end = pos + LOG_OVERHEAD + length
-    if end > len(buf):
-        return None
-    (delta,) = _LAST_DELTA.unpack_from(buf, pos + _LAST_DELTA_AT)
-    return _BatchSpan(base, base + delta + 1, pos, end)
-
-
-class _Segment:
-    __slots__ = ("base", "path", "_damage")
-
-    def __init__(self, base: int, path: str) -> None:
-        self.base = base
-        self.path = path
-        self._damage: tuple[Damage, ...] | None = None
-
-    def damage(self) -> tuple[Damage, ...]:
-        """The damaged ranges the broker recorded for this segment."""
-        if self._damage is None:
-            self._damage = segment_damage(self.path)
-        return self._damage
-
-    def index_hint(self, offset: int) -> int:
-        """A file position at or before the batch holding `offset`, from the `.index` file
-        (entries: the last offset of a batch, relative, and its position); 0 without one."""
-        path = self.path[:-len(".log")] + ".index"
-        try:
-            with open(path, "rb") as f:
-                data = f.read(_MAX_INDEX_BYTES)
-        except OSError:
-            return 0
-        flat = array("i")
-        flat.frombytes(data[:len(data) - len(data) % _INDEX_ENTRY.size])
-        if sys.byteorder == "little":
-            flat.byteswap()
-        keys = flat[0::2]
-        i = bisect_right(keys, offset - self.base)
-        # The entry with the largest last offset <= offset: its batch ends at or before it.
-        return max(0, flat[2 * i - 1]) if i else 0
-
-
-def _segments(path: str) -> list[_Segment]:
-    try:
-        names = os.listdir(path)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise StorageError(f"{path}: cannot list the partition: {exc}") from exc
-    found = []
-    for name in names:
-        parsed = parse_segment_name(name)
-        if parsed is not None and parsed[1] == ".log":
-            found.append(_Segment(parsed[0], os.path.join(path, name)))
-    return sorted(found, key=lambda s: s.base)
-
-
-def _pread(fd: int, length: int, position: int) -> bytes:
-    parts = []
-    while length > 0:
-        data = os.pread(fd, length, position)
-        if not data:
-            break
-        parts.append(data)
-        length -= len(data)
-        position += len(data)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class LocalDir:
@@ -188,7 +96,7 @@ class LocalDir:
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, offset after the last whole batch) of one partition."""
         path = self._partition_path(topic, partition)
-        segments = _segments(path)
+        segments = list_segments(path)
         if not segments:
             if not os.path.isdir(path):
                 raise UnknownTopicError(f"partition {topic}-{partition} not found in data dir "
@@ -207,7 +115,7 @@ class LocalDir:
         aborted ones as (producer id, first offset, marker offset)), from its batch headers
         and markers. Cached while its segments keep their sizes."""
         path = self._partition_path(topic, partition)
-        segments = _segments(path)
+        segments = list_segments(path)
         signature = []
         for segment in segments:
             try:
@@ -217,24 +125,11 @@ class LocalDir:
         cached = self._txns.get(path)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        opened: dict[int, int] = {}
-        aborted: list[tuple[int, int, int]] = []
-        for segment in segments:
-            for attributes, header, batch in _transactional_batches(segment.path):
-                pid = header.producer_id
-                if not attributes & CONTROL_BIT:
-                    opened.setdefault(pid, header.base_offset)
-                    continue
-                records = decode_batch(batch, verify_crc=False).records
-                kind = control_of(records[0])[0] if records else None
-                first = opened.pop(pid, segments[0].base)
-                if kind == ControlType.ABORT:
-                    aborted.append((pid, first, header.base_offset))
-        found = (min(opened.values()) if opened else None, aborted)
+        found = transactions(segments)
         self._txns[path] = (signature, found)
         return found
 
-    def _scan_end(self, segment: _Segment) -> int:
+    def _scan_end(self, segment: SegmentFile) -> int:
         """The offset after the last whole batch of a segment (its base when empty)."""
         hint = segment.index_hint(2**62)  # before the size: the index trails the log
         try:
@@ -245,9 +140,9 @@ class LocalDir:
             raise StorageError(f"{segment.path}: cannot open: {exc}") from exc
         try:
             size = os.fstat(fd).st_size
-            found = _walk_to_end(fd, hint, size) if hint else None
+            found = walk_to_end(fd, hint, size) if hint else None
             if found is None:
-                found = _walk_to_end(fd, 0, size)
+                found = walk_to_end(fd, 0, size)
             return segment.base if found is None else max(found, segment.base)
         finally:
             os.close(fd)
@@ -270,7 +165,7 @@ class LocalDir:
     def _read(self, topic: str, partition: int, start: int, stop: int, *,
               fail_on_data_loss: bool, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         path = self._partition_path(topic, partition)
-        segments = _segments(path)
+        segments = list_segments(path)
         if not segments or start < segments[0].base:
             first = segments[0].base if segments else None
             if fail_on_data_loss or first is None:
@@ -293,7 +188,7 @@ class LocalDir:
                 raise corrupt_data_error(path, segment.path, reached)
             if reached >= stop:
                 return
-            later = [s for s in _segments(path) if s.base > segment.base]
+            later = [s for s in list_segments(path) if s.base > segment.base]
             if reached > next_offset:
                 next_offset = reached
             elif later and (reached == segment.base or not os.path.exists(segment.path)):
@@ -312,7 +207,7 @@ class LocalDir:
             segments = [segment, *later]
 
     @staticmethod
-    def _read_segment(segment: _Segment, offset: int, stop: int,
+    def _read_segment(segment: SegmentFile, offset: int, stop: int,
                       chunk_bytes: int) -> Generator[bytes | memoryview, None, int | Damage]:
         """Yield chunks of whole batches of one segment from the batch holding `offset`, never
         reading into a recorded damaged range; return the offset after the last batch seen
@@ -339,13 +234,13 @@ class LocalDir:
                     position = ahead[0].end_position  # bytes that held no offsets
                     continue
                 limit = ahead[0].position - position if ahead else chunk_bytes
-                buf = _pread(fd, min(chunk_bytes, limit), position)
-                first = _batch_at(buf, 0)
+                buf = pread_exact(fd, min(chunk_bytes, limit), position)
+                first = batch_span(buf, 0)
                 if first is None and len(buf) == chunk_bytes:
-                    length = _batch_length(buf)
+                    length = batch_size(buf)
                     if length is not None:  # a batch larger than a chunk: read it whole
-                        buf = _pread(fd, length, position)
-                        first = _batch_at(buf, 0)
+                        buf = pread_exact(fd, length, position)
+                        first = batch_span(buf, 0)
                 if first is None:
                     if trust_hint and next_offset == offset:
                         # Not a batch start: a stale index entry. Walk from the file's start.
@@ -353,76 +248,23 @@ class LocalDir:
                         continue
                     return next_offset  # the end of the whole batches
                 trust_hint = False
-                span: _BatchSpan | None = first
+                span: Span | None = first
                 cut = 0
                 while span is not None:
-                    if span.base > next_offset:
+                    if span.base_offset > next_offset:
                         if cut:
                             yield memoryview(buf)[:cut]
                         return Damage(position + span.position, position + span.position,
-                                      next_offset, span.base, "offsets missing before the "
+                                      next_offset, span.base_offset, "offsets missing before the "
                                       f"batch at {position + span.position}")
-                    cut = span.end
-                    next_offset = max(next_offset, span.next)
+                    cut = span.position + span.size
+                    next_offset = max(next_offset, span.next_offset)
                     if next_offset >= stop:
                         break
-                    span = _batch_at(buf, cut)
+                    span = batch_span(buf, cut)
                 yield buf if cut == len(buf) else memoryview(buf)[:cut]
                 position += cut
             return next_offset
         finally:
             os.close(fd)
 
-
-def _batch_length(buf: bytes) -> int | None:
-    """The whole size of the batch whose header starts buf, when plausible."""
-    if len(buf) < HEADER_SIZE:
-        return None
-    _base, length, magic = _PREFIX.unpack_from(buf, 0)
-    if magic != 2 or not HEADER_SIZE - LOG_OVERHEAD <= length <= MAX_BATCH_SIZE:
-        return None
-    return LOG_OVERHEAD + length
-
-
-def _transactional_batches(path: str) -> Iterator[tuple[int, BatchHeader, bytes]]:
-    """(attributes, header, batch bytes for a marker else b"") of each transactional batch of a
-    segment file with a producer id, in order, up to the end of its whole batches."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise StorageError(f"{path}: cannot open: {exc}") from exc
-    try:
-        size = os.fstat(fd).st_size
-        position = 0
-        while position < size:
-            raw = _pread(fd, HEADER_SIZE, position)
-            length = _batch_length(raw)
-            if length is None or position + length > size:
-                return
-            header = read_header(raw)
-            attributes = header.attributes
-            if attributes & TRANSACTIONAL_BIT and header.producer_id >= 0:
-                batch = _pread(fd, length, position) if attributes & CONTROL_BIT else b""
-                yield attributes, header, batch
-            position += length
-    finally:
-        os.close(fd)
-
-
-def _walk_to_end(fd: int, position: int, size: int) -> int | None:
-    """Walk batch headers from `position` to the end of the whole batches: the offset after
-    the last one, or None when there is none there (an empty file, or `position` is not a
-    batch start, as after a stale index entry)."""
-    next_offset = None
-    while position < size:
-        header = _pread(fd, HEADER_SIZE, position)
-        length = _batch_length(header)
-        if length is None or position + length > size:
-            break  # not a batch, or one the writer is still appending
-        base, _length, _magic = _PREFIX.unpack_from(header, 0)
-        (delta,) = _LAST_DELTA.unpack_from(header, _LAST_DELTA_AT)
-        next_offset = base + delta + 1
-        position += length
-    return next_offset

@@ -1,5 +1,6 @@
-"""What the general decoding loop of `_columns` keeps per buffer (`Piece`), and how that
-becomes Arrow columns (`Columns`, then the record batch's key, value, headers and tq_time).
+"""How what the codec's scan keeps per buffer (`querylib.records.RecordSpans`, positions of
+keys, values and headers) becomes Arrow columns (`Columns`, then the record batch's key, value,
+headers and tq_time): the general path of `_columns`.
 
 Binary columns are copied out of the buffer by the spans trick: the positions
 [s0, e0, s1, e1, ...] are the offsets of a binary array whose even elements are the values (odd
@@ -16,36 +17,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from querylib.errors import InvalidRecordError
-from querylib.records import TIME_HEADER
+from querylib.records import TIME_HEADER, TIME_HEADER_PREFIX, RecordSpans
 from querylib.spark._schema import HEADERS_TYPE
 
-__all__ = ["Columns", "Piece", "concat", "constant", "headers_column", "piece_columns",
+__all__ = ["Columns", "concat", "constant", "headers_column", "piece_columns",
            "shifted", "spread"]
 
 ROWS_PER_BATCH = 64 * 1024
 _TIME_KEY = TIME_HEADER.encode()
+# In a lone tq.time header at p (TIME_HEADER_PREFIX, then the value): its key and its value.
+_TIME_KEY_AT = 2  # after headersCount and headerKeyLength
+_TIME_VALUE_AT = len(TIME_HEADER_PREFIX)
 _EVEN = pa.array(range(0, 2 * ROWS_PER_BATCH, 2), pa.int64())
 _COUNTING = pa.array(range(ROWS_PER_BATCH + 1), pa.int32())
-
-
-class Piece:
-    """What the loop keeps for rows whose bytes lie in one buffer. Rows are counted from the
-    piece's first row; spans are positions in `buf`."""
-
-    __slots__ = ("buf", "rows", "values", "value_nulls", "keys", "key_rows", "time_pos",
-                 "time_rows", "general")
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.rows = 0
-        self.values: list[int] = []  # s, e per row with a value
-        self.value_nulls: list[int] = []  # rows whose value is null
-        self.keys: list[int] = []  # s, e per row with a key
-        self.key_rows: list[int] = []  # rows that have a key
-        self.time_pos: list[int] = []  # where rows with exactly one tq.time header have it
-        self.time_rows: list[int] = []
-        # rows with other headers: (row, [key start, key end, value start, value end or -1])
-        self.general: list[tuple[int, list[int]]] = []
 
 
 class Columns:
@@ -101,7 +85,7 @@ def without(rows: int, absent: list[int]) -> list[int]:
 def times_column(buf: bytes, time_pos: list[int]) -> tuple[pa.Array, pa.Array]:
     """The 8-byte values of lone tq.time headers at `time_pos`, as binary (the header value)
     and as int64 (tq_time): one join of slices, then a byte swap in C."""
-    data = b"".join([buf[p + 10:p + 18] for p in time_pos])
+    data = b"".join([buf[p + _TIME_VALUE_AT:p + _TIME_VALUE_AT + 8] for p in time_pos])
     count = len(time_pos)
     offsets = array("i", range(0, 8 * count + 1, 8))
     binary = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets),
@@ -113,7 +97,7 @@ def times_column(buf: bytes, time_pos: list[int]) -> tuple[pa.Array, pa.Array]:
     return binary, pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(ints)])
 
 
-def piece_columns(piece: Piece) -> Columns:
+def piece_columns(piece: RecordSpans) -> Columns:
     buf = piece.buf
     rows = piece.rows
     values = spans_array(buf, piece.values)
@@ -130,11 +114,12 @@ def piece_columns(piece: Piece) -> Columns:
     return general_headers(piece, rows, keys, values)
 
 
-def general_headers(piece: Piece, rows: int, keys: pa.Array, values: pa.Array) -> Columns:
+def general_headers(piece: RecordSpans, rows: int, keys: pa.Array, values: pa.Array) -> Columns:
     """Headers other than a lone tq.time: merge both kinds of rows, field by field."""
     buf = piece.buf
     by_row: dict[int, list[int]] = {
-        row: [p + 2, p + 9, p + 10, p + 18] for row, p in zip(piece.time_rows, piece.time_pos,
+        row: [p + _TIME_KEY_AT, p + _TIME_VALUE_AT - 1, p + _TIME_VALUE_AT, p + _TIME_VALUE_AT + 8]
+        for row, p in zip(piece.time_rows, piece.time_pos,
                                                             strict=True)}
     by_row.update(piece.general)
     header_rows = sorted(by_row)

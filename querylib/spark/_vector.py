@@ -3,13 +3,13 @@ loop per field.
 
 Most batches tq reads look alike: uncompressed, short varints, and per record no headers or
 exactly the one `tq.time` header tq writes. For a buffer of such batches Python only walks the
-chain of record lengths a run of records of one size at a time (`querylib.records`'
-`size_runs`, shared with the subscribers' fast path: a few steps per run,
-not per record); every field is then decoded for many records at once over views of the
-buffer (no copy): varints by gathers and shifts of a uint8 view, positions by addition, tq.time
-by one gather from the overlapping big-endian int64 at every byte position. Records are decoded
-8192 at a time (`_Records`): numpy's temporaries then stay small and reused, where arrays of a
-whole chunk each cost fresh pages, more than the arithmetic on them.
+chain of record lengths a run of records of one size at a time (`querylib.records`' `size_runs`,
+shared with the subscribers' fast path: a few steps per run, not per record); every field is
+then decoded for many records at once over views of the buffer (no copy): varints by gathers and
+shifts of a uint8 view, positions by addition, tq.time by one gather from the overlapping
+big-endian int64 at every byte position. Records are decoded 8192 at a time (`_Records`):
+numpy's temporaries then stay small and reused, where arrays of a whole chunk each cost fresh
+pages, more than the arithmetic on them.
 
 Binary columns are copied by runs (`_binary`): records whose values have one length and lie
 one stride apart, most of a batch, are one strided numpy copy, about 5x Arrow's `take` over
@@ -19,8 +19,9 @@ cost more.
 
 Anything else (a varint of more than 5 bytes, other headers, a length that does not fit its
 record, a timestamp beyond +-2^52 ms) makes `vector_batch` return None, and the caller decodes
-those batches with the general loop of `_columns`, which also names what is wrong with
-malformed bytes. No I/O here.
+those batches with the general path of `_columns`, which also names what is wrong with
+malformed bytes. The format's constants (the tq.time header's bytes, attribute bits, sizes)
+come from `querylib.records`; only the numpy gathers are written here. No I/O here.
 """
 
 from __future__ import annotations
@@ -28,18 +29,26 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from querylib.records import TIME_HEADER, BatchHeader
+from querylib.records import (
+    MAX_VARINT_BYTES,
+    MIN_RECORD_SIZE,
+    TIME_HEADER,
+    TIME_HEADER_PREFIX,
+    TIME_HEADER_SIZE,
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+)
 from querylib.records import Irregular as _Irregular
-from querylib.records._runs import size_runs as _walk
+from querylib.records import size_runs as _walk
 from querylib.spark._schema import HEADERS_TYPE, arrow_schema
 
 __all__ = ["vector_batch"]
 
-_LOG_APPEND_TIME_BIT = 0x08
-_TIME_PREFIX = b"\x02\x0e" + TIME_HEADER.encode() + b"\x10"  # count 1, key 7 bytes, value 8
-_TIME_TAIL = len(_TIME_PREFIX) + 8
-_MIN_RECORD = 6  # attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
-_MAX_VARINT = 5  # bytes: 34 bits of zigzag value, far beyond any length or delta seen
+_TIME_PREFIX = TIME_HEADER_PREFIX
+_TIME_TAIL = TIME_HEADER_SIZE
+# attributes, timestampDelta, offsetDelta, keyLength, valueLength, headersCount
+_MIN_RECORD = MIN_RECORD_SIZE - 1
+_MAX_VARINT = MAX_VARINT_BYTES  # 34 bits of zigzag value, far beyond any length or delta seen
 _TS_LIMIT = 2**52  # ms; base +- a 5-byte delta, times 1000 (to us), stays inside int64
 _MAX_BUFFER = 2**31 - 1  # int32 offsets of binary arrays
 _SLICE = 8192  # records decoded at a time (see _Records)
@@ -180,7 +189,7 @@ def _decode(buf: bytes, batches: list[tuple[int, BatchHeader]], topic: str, part
         hi = lo + _SLICE
         records.decode(u8, words, starts[lo:hi], base[lo:hi], base_ts[lo:hi], lo)
     offsets, timestamps, has_time = records.offsets, records.timestamps, records.has_time
-    log_append = np.array([bool(h.attributes & _LOG_APPEND_TIME_BIT) for h in headers])
+    log_append = np.array([bool(h.attributes & TIMESTAMP_TYPE_BIT) for h in headers])
     ts_types = np.repeat(log_append.astype(np.int32), counts)
     if log_append.any():  # every record carries the batch's maxTimestamp (Kafka's rule)
         max_ts = np.repeat(np.array([h.max_timestamp for h in headers], np.int64), counts)

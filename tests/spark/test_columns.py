@@ -19,6 +19,7 @@ from querylib.records import (
     end_of_stream_batch,
     frontier_batch,
     iter_batches,
+    transaction_marker_batch,
 )
 from querylib.spark import ARROW_SCHEMA, ARROW_SCHEMA_NO_HEADERS, SCHEMA, SCHEMA_NO_HEADERS
 from querylib.spark._columns import ColumnAssembler
@@ -202,3 +203,128 @@ def test_hostile_bytes_raise_record_errors(junk: bytes, cut: int) -> None:
         return
     for batch in out:
         assert batch.schema.equals(ARROW_SCHEMA)
+
+
+# ---- int64 timestamps: whatever the codec encodes and decodes ------------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Extremes and their neighbours (the deltas between them span all of int64, and wrap as
+# Java's long arithmetic does), small values, and anything else.
+any_timestamp = st.one_of(
+    st.sampled_from([INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1, -1, 0,
+                     INT64_MAX // 1000, INT64_MAX // 1000 + 1, -(2**52), 2**52]),
+    st.integers(INT64_MIN, INT64_MAX),
+    st.integers(0, 2**41),
+)
+any_record = st.tuples(
+    any_timestamp,
+    st.one_of(st.none(), st.binary(max_size=20)),
+    st.one_of(st.none(), st.binary(max_size=300)),
+    st.one_of(st.just(()), lone_time, headers.map(tuple)),
+)
+controls = st.sampled_from(["frontier", "end", "commit", "abort"])
+any_batch = st.tuples(
+    st.lists(any_record, min_size=1, max_size=12),
+    st.sampled_from(list(Compression)),
+    st.sampled_from([TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME]),
+    st.one_of(st.none(), controls),  # followed by a control batch
+)
+
+
+def micros(ms: int) -> int:
+    """The `timestamp` column (microseconds) for a record timestamp in ms: saturated at the
+    ends of Spark's timestamp range (int64 microseconds)."""
+    return max(INT64_MIN, min(INT64_MAX, ms * 1000))
+
+
+def control_batch(kind: str, offset: int) -> bytes:
+    control = {
+        "frontier": lambda: frontier_batch(offset, timestamp=INT64_MAX),
+        "end": lambda: end_of_stream_batch(timestamp=INT64_MIN),
+        "commit": lambda: transaction_marker_batch(7, 0, True, timestamp=1),
+        "abort": lambda: transaction_marker_batch(7, 0, False, timestamp=1),
+    }[kind]()
+    return offset.to_bytes(8, "big") + control[8:]
+
+
+def build_any_log(spec: list) -> bytes:
+    out = []
+    offset = 0
+    for entries, compression, ts_type, control in spec:
+        out.append(encode_batch(entries, base_offset=offset, compression=compression,
+                                timestamp_type=ts_type))
+        offset += len(entries)
+        if control is not None:
+            out.append(control_batch(control, offset))
+            offset += 1
+    return b"".join(out)
+
+
+def codec_rows(buf: bytes, start: int, stop: int) -> list[dict]:
+    """What querylib.records decodes, as raw column values (timestamp: int64 microseconds)."""
+    rows = []
+    for batch in iter_batches(buf):
+        if batch.is_control:
+            continue
+        for r in batch.records:
+            if start <= r.offset < stop:
+                time_value = next((v for k, v in r.headers
+                                   if k == TIME_HEADER and v is not None and len(v) == 8), None)
+                rows.append({
+                    "key": r.key, "value": r.value, "topic": "t", "partition": 2,
+                    "offset": r.offset, "timestamp": micros(r.timestamp),
+                    "timestampType": int(batch.timestamp_type),
+                    "headers": [{"key": k, "value": v} for k, v in r.headers] or None,
+                    "tq_time": None if time_value is None
+                    else int.from_bytes(time_value, "big", signed=True),
+                })
+    return rows
+
+
+def raw_rows(out: list[pa.RecordBatch]) -> list[dict]:
+    rows = []
+    for batch in out:
+        assert batch.schema.equals(ARROW_SCHEMA)
+        i = batch.schema.get_field_index("timestamp")
+        raw = batch.set_column(i, "timestamp", batch.column(i).cast(pa.int64()))
+        rows += raw.to_pylist()
+    return rows
+
+
+def assemble_raw(buf: bytes, start: int, stop: int, rows_per_batch: int = 64 * 1024
+                 ) -> list[dict]:
+    assembler = ColumnAssembler("t", 2, start, stop, rows_per_batch)
+    return raw_rows([*assembler.add(buf), *assembler.finish()])
+
+
+@pytest.mark.parametrize("compression", [Compression.NONE, Compression.ZSTD])
+@pytest.mark.parametrize("ts_type", list(TimestampType))
+def test_int64_extreme_timestamps_come_back_as_the_codec_decodes_them(compression,
+                                                                         ts_type) -> None:
+    """Timestamps (and deltas, which wrap as Java's long arithmetic does) at the ends of
+    int64: the codec encodes and decodes them, so the Spark reader must read them too."""
+    spans = [[INT64_MAX, INT64_MIN], [INT64_MIN, INT64_MAX], [0, INT64_MAX, INT64_MIN],
+             [INT64_MAX], [INT64_MIN], [INT64_MAX - 1, INT64_MAX, INT64_MAX - 5],
+             [INT64_MAX // 1000 + 1, -(INT64_MAX // 1000) - 2, 5]]
+    buf = b"".join(
+        encode_batch([(t, b"k%d" % i if i % 2 else None, b"v%d" % i, tq_time)
+                      for i, t in enumerate(times)], base_offset=10 * n,
+                     compression=compression, timestamp_type=ts_type)
+        for n, times in enumerate(spans)
+        for tq_time in [((TIME_HEADER, bytes(8)),)])
+    assert codec_rows(buf, 0, 100)  # the codec decodes it all
+    assert assemble_raw(buf, 0, 100) == codec_rows(buf, 0, 100)
+    assert assemble_raw(buf, 11, 41, rows_per_batch=2) == codec_rows(buf, 11, 41)
+
+
+@given(st.lists(any_batch, min_size=1, max_size=5), st.data())
+def test_the_column_decoder_agrees_with_the_codec(spec: list, data: st.DataObject) -> None:
+    """Any batches querylib.records encodes (timestamps anywhere in int64, keys and values
+    null or not, headers, control batches, every compression): the columns hold what
+    querylib.records decodes, whatever range of offsets and rows per batch."""
+    buf = build_any_log(spec)
+    total = sum(len(e) + (c is not None) for e, _, _, c in spec)
+    start = data.draw(st.integers(0, total))
+    stop = data.draw(st.integers(start, total + 2))
+    rows_per_batch = data.draw(st.sampled_from([1, 3, 64 * 1024]))
+    assert assemble_raw(buf, start, stop, rows_per_batch) == codec_rows(buf, start, stop)

@@ -136,3 +136,23 @@ def test_spark_finds_the_source_by_itself(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert "ROWS 3" in done.stdout, done.stderr[-3000:]
+
+
+def test_int64_extreme_timestamps_read_as_the_codec_decodes_them(spark,
+                                                                    tmp_path: Path) -> None:
+    """A partition directory holding batches whose timestamps (and deltas) are at the ends of
+    int64, as querylib.records encodes and decodes them: every row comes back, its
+    `timestamp` the record's saturated at the ends of Spark's range (int64 microseconds)."""
+    low, high = -(2**63), 2**63 - 1
+    spans = [[high, low], [low, high, 0], [0, high], [high - 1, high], [1_700_000_000_000]]
+    create_topic(tmp_path, "extremes", 1)
+    append(tmp_path, "extremes", 0, [
+        encode_batch([(t, None, b"v%d-%d" % (n, i), tq_time(i)) for i, t in enumerate(times)],
+                     compression=Compression.ZSTD if n == 2 else Compression.NONE)
+        for n, times in enumerate(spans)])
+    expected = [(r[4], max(low, min(high, r[5] * 1000)), r[1], r[8])
+                for r in log_rows(str(tmp_path), "extremes")]
+    df = read(spark, str(tmp_path), subscribe="extremes")
+    got = [(r.offset, r.us, r.value, r.tq_time) for r in df.selectExpr(
+        "offset", "unix_micros(timestamp) AS us", "value", "tq_time").orderBy("offset").collect()]
+    assert len(expected) == 10 and got == expected

@@ -19,11 +19,13 @@ from querylib.log import (
 def test_public_names():
     assert sorted(querylib.log.__all__) == [
         "Damage", "FileSlice", "Finding", "FlushPolicy", "LogConfig", "PartitionLog",
-        "SegmentInfo", "appended_batch", "check_partition", "corrupt_data_error",
+        "SegmentBatch", "SegmentFile", "SegmentInfo", "Span", "Unreadable", "appended_batch",
+        "batch_size", "batch_span", "check_partition", "corrupt_data_error",
         "data_records", "dump_segment",
-        "find_partition_dirs", "parse_partition_dir", "parse_segment_name",
-        "partition_dir_name", "record_at_timestamp", "repair_partition", "segment_damage",
-        "segment_name", "stored_batch",
+        "find_partition_dirs", "list_segments", "parse_partition_dir", "parse_segment_name",
+        "partition_dir_name", "pread_exact", "record_at_timestamp", "repair_partition",
+        "segment_batches", "segment_damage", "segment_name", "stored_batch",
+        "transactional_batches", "transactions", "walk_to_end",
     ]
     for name in querylib.log.__all__:
         assert getattr(querylib.log, name).__module__.startswith("querylib.log")

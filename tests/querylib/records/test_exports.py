@@ -12,6 +12,11 @@ CONTRACT = {
     "verify_batch", "iter_batches", "BatchHeader", "read_header", "stamp_base_offset",
     "HEADER_SIZE", "LOG_OVERHEAD", "MAX_BATCH_SIZE", "ControlType", "frontier_batch",
     "end_of_stream_batch", "control_of", "TIME_HEADER", "DIFF_HEADER",
+    # the scanning primitives of readers that decode in bulk elsewhere (Spark's columns)
+    "ATTRIBUTES_OFFSET", "COMPRESSION_MASK", "TIMESTAMP_TYPE_BIT", "TRANSACTIONAL_BIT",
+    "CONTROL_BIT", "MIN_RECORD_SIZE", "MAX_VARINT_BYTES", "UNZIGZAG", "UNZIGZAG2",
+    "read_varint", "read_varlong", "wrap_int64", "TIME_HEADER_PREFIX", "TIME_HEADER_SIZE",
+    "size_runs", "RecordSpans", "scan_records", "header_spans",
 }
 
 
