@@ -521,20 +521,21 @@ class BrokerServer:
             self._feeding = False
 
     def _perform(self, instr: Instruction) -> None:
-        if isinstance(instr, ResolveTopic):
-            self._spawn(self._resolve(instr), f"resolve topic {instr.topic}")
-        elif isinstance(instr, OpenPartition):
-            self._spawn(self._open_for(instr.partition, instr.incarnation),
-                        f"open {instr.partition}")
+        # The instructions of every batch first (an append, its reply, a delivery).
+        if isinstance(instr, Append):
+            self._lanes[instr.partition].submit(instr.ticket, instr.batch)
         elif isinstance(instr, Reply):
             if not instr.token.done():
                 instr.token.set_result(instr.value)
         elif isinstance(instr, Deliver):
             self._deliver(instr)
-        elif isinstance(instr, Append):
-            self._lanes[instr.partition].submit(instr.ticket, instr.batch)
         elif isinstance(instr, Read):
             self._read(instr)
+        elif isinstance(instr, ResolveTopic):
+            self._spawn(self._resolve(instr), f"resolve topic {instr.topic}")
+        elif isinstance(instr, OpenPartition):
+            self._spawn(self._open_for(instr.partition, instr.incarnation),
+                        f"open {instr.partition}")
         elif isinstance(instr, Fail):
             if not instr.token.done():
                 instr.token.set_exception(instr.error)
@@ -678,14 +679,16 @@ class BrokerServer:
             raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
         if remote:
             session_id = getattr(request, "session", None)
-            if session_id in self._local or (
-                    session_id and session_id.startswith(LOCAL_SESSIONS)):
-                raise PrincipalError("that session belongs to the broker's own process; open "
-                                     "one of your own")
-            session = self.state.sessions.get(session_id) if session_id else None
-            if session is not None and session.principal != principal:
-                raise PrincipalError(f"session {session_id!r} belongs to another principal")
-            if isinstance(request, OpenSessionRequest):
+            if session_id:
+                if session_id in self._local or session_id.startswith(LOCAL_SESSIONS):
+                    raise PrincipalError("that session belongs to the broker's own process; "
+                                         "open one of your own")
+                session = self.state.sessions.get(session_id)
+                if session is not None and session.principal != principal:
+                    raise PrincipalError(f"session {session_id!r} belongs to another principal")
+            if type(request) is ProduceRequest:
+                pass  # the usual request (one per batch): none of the checks below is its
+            elif isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
             elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
                     await self.may_write(request.topic, principal or "")):
