@@ -471,14 +471,15 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             raise NotProducerError(f"session {ev.session!r} has not opened a producer on "
                                    f"partition {ev.partition[1]} of {ev.partition[0]!r}")
         batch = ev.batch
-        if len(batch) > self.limits.max_batch_bytes:
-            raise BatchTooLargeError(f"batch of {len(batch)} bytes exceeds the broker's maximum "
+        size = len(batch)  # once: a SplitBatch's len() is a Python call
+        if size > self.limits.max_batch_bytes:
+            raise BatchTooLargeError(f"batch of {size} bytes exceeds the broker's maximum "
                                      f"of {self.limits.max_batch_bytes}")
         head = batch_head(batch)
         header = read_header(head)
-        if header.size != len(batch):
+        if header.size != size:
             raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
-                                     f"got {len(batch)} bytes")
+                                     f"got {size} bytes")
         attributes = head[ATTRIBUTES_OFFSET + 1]
         txn = None
         if attributes & CONTROL_BIT:
@@ -509,8 +510,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
                 "nothing more may be written unless a writer of the topic reopens it "
                 "explicitly")
-        self._charge(session, len(batch))
-        append = self._append(part, batch, ev.token, session.id, len(batch), "produced")
+        self._charge(session, size)
+        append = self._append(part, batch, ev.token, session.id, size, "produced")
         if seq is not None:
             part.producers.appended(*seq, append.ticket)
             part.inflight[-1].seq = (seq[0], seq[2])
@@ -695,18 +696,19 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             for token, done in entry.waiters:  # duplicates sent meanwhile
                 out.append(Reply(token, done or Produced(base_offset=entry.base,
                                                          next_offset=entry.next)))
-            if isinstance(entry.control, FrontierAdvanced):
-                part.visible_frontier, part.visible_ended = entry.control.frontier, False
-                part.visible_epoch = entry.control.epoch
-            elif isinstance(entry.control, StreamEnded):
-                part.visible_ended = True
-            elif isinstance(entry.control, StreamReopened):
-                part.visible_ended = False
-                if entry.control.epoch:  # a new epoch: its frontier starts at 0
-                    part.visible_frontier, part.visible_epoch = 0, entry.control.epoch
-                    part.epoch_since = entry.base
-            elif entry.control is None:
+            control = entry.control
+            if control is None:  # data (the usual case first: no isinstance per batch)
                 part.visible_ended = False  # a new producer wrote after an end-of-stream
+            elif isinstance(control, FrontierAdvanced):
+                part.visible_frontier, part.visible_ended = control.frontier, False
+                part.visible_epoch = control.epoch
+            elif isinstance(control, StreamEnded):
+                part.visible_ended = True
+            elif isinstance(control, StreamReopened):
+                part.visible_ended = False
+                if control.epoch:  # a new epoch: its frontier starts at 0
+                    part.visible_frontier, part.visible_epoch = 0, control.epoch
+                    part.epoch_since = entry.base
             if entry.txn is not None and entry.txn[1] != TXN_DATA:
                 self._transaction_ended(part, entry.txn[0], entry.txn[1], entry.base)
         # Durable data is visible up to the first append not yet durable. (At open, the log

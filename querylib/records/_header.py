@@ -80,14 +80,15 @@ class SplitBatch:
     bytes-like: what reads the header reads `head` (`batch_head`); len() is the whole batch's.
     """
 
-    __slots__ = ("body", "head")
+    __slots__ = ("_size", "body", "head")
 
     def __init__(self, head: bytes | memoryview, body: bytes | memoryview) -> None:
         self.head = head
         self.body = body
+        self._size = len(head) + len(body)  # asked several times per batch on a broker
 
     def __len__(self) -> int:
-        return len(self.head) + len(self.body)
+        return self._size
 
     def __bytes__(self) -> bytes:
         return b"".join((self.head, self.body))

@@ -296,7 +296,7 @@ class Codec:
                                      now, to, self.principal)),
                   encode(body), *payload]
         body_frames = frames[1:]
-        lengths = [_nbytes(f) for f in body_frames]
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in body_frames]  # _nbytes
         limits = self.limits
         if len(frames) > limits.max_frames or sum(lengths) + SIGNATURE_BYTES > \
                 limits.max_message_bytes or lengths[1] > limits.max_body_bytes:
@@ -324,7 +324,7 @@ class Codec:
             raise MessageTooLargeError(f"{count} frames; at most {limits.max_frames}",
                                        reason="too_many_frames")
         rest = frames[1:]
-        lengths = [_nbytes(f) for f in rest]
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in rest]  # _nbytes
         total = sum(lengths)
         if total > limits.receive_bytes:
             raise MessageTooLargeError(f"{total} bytes; at most {limits.receive_bytes}")
