@@ -67,6 +67,8 @@ def check_shape(cls: type, buf: bytes, offset: int, error: type[TqError]) -> Non
         _walker(cls)(buf, offset, len(buf))
     except ShapeMisfit as exc:
         raise error(f"{cls.__name__}: {exc}") from None
+    except (IndexError, struct.error):  # a read at or past the end of `buf`
+        raise error(f"{cls.__name__}: cut short") from None
 
 
 def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -122,35 +124,99 @@ def _field_min_size(f: object, flexible: bool) -> int:
 
 @functools.cache
 def _walker(cls: type) -> Step:
+    """The walk of one entity as one generated function: straight-line code per field (the
+    guard runs before every decode, so it avoids a call per field); nested entities call
+    their own walkers, tagged fields go through `_tagged_step`'s closures (rarely sent)."""
     flexible: bool = cls.__flexible__  # type: ignore[attr-defined]
-    steps: list[Step] = []
+    namespace: dict[str, object] = {"M": ShapeMisfit, "uv": _uvarint, "i16": _I16.unpack_from,
+                                    "i32": _I32.unpack_from}
+    lines = ["def walk(buf, pos, end):"]
     tagged: dict[int, Step] = {}
     fixed = 0  # fixed-width bytes not yet skipped: consecutive ones are one step
-    for f in fields(cls):
+
+    def flush() -> None:
+        nonlocal fixed
+        if fixed:
+            lines.extend([f"    pos += {fixed}", "    if pos > end: raise M('cut short')"])
+            fixed = 0
+
+    for i, f in enumerate(fields(cls)):
         tag = get_field_tag(f)
         if tag is not None:
             tagged[int(tag)] = _field_step(f, flexible, is_tag=True)
             continue
         kind = classify_field(f)
-        if isinstance(kind, PrimitiveField) and get_schema_field_type(f) in _FIXED:
-            fixed += _FIXED[get_schema_field_type(f)]
+        kafka_type = None if isinstance(kind, (EntityField, EntityTupleField)) else (
+            get_schema_field_type(f))
+        if isinstance(kind, PrimitiveField) and kafka_type in _FIXED:
+            fixed += _FIXED[kafka_type]
             continue
-        if fixed:
-            steps.append(_skip(fixed))
-            fixed = 0
-        steps.append(_field_step(f, flexible, is_tag=False))
-    if fixed:
-        steps.append(_skip(fixed))
+        flush()
+        if isinstance(kind, PrimitiveField):
+            lines.extend(_sized_lines(flexible, kafka_type, "    "))
+        elif isinstance(kind, EntityField):
+            namespace[f"w{i}"] = _walker(kind.type_)
+            if is_optional(f):
+                lines.append(f"    pos = pos + 1 if buf[pos] >= 128 else w{i}(buf, pos + 1, end)")
+            else:
+                lines.append(f"    pos = w{i}(buf, pos, end)")
+        else:
+            lines.extend(_count_lines(flexible, "n", "    "))
+            if isinstance(kind, EntityTupleField):
+                namespace[f"w{i}"] = _walker(kind.type_)
+                size = max(min_size(kind.type_), 1)
+                lines.extend([
+                    f"    if n * {size} > end - pos: raise M(f'an array of {{n}} entries in "
+                    "{end - pos} bytes')",
+                    "    for _ in range(n):", f"        pos = w{i}(buf, pos, end)"])
+            elif kafka_type in _FIXED:
+                lines.extend([f"    pos += n * {_FIXED[kafka_type]}",
+                              "    if pos > end: raise M(f'an array of {n} entries runs "
+                              "past the end')"])
+            else:
+                size = 1 if flexible else (2 if kafka_type == "string" else 4)
+                lines.extend([
+                    f"    if n * {size} > end - pos: raise M(f'an array of {{n}} entries in "
+                    "{end - pos} bytes')",
+                    "    for _ in range(n):", *_sized_lines(flexible, kafka_type, "        ")])
+    flush()
     if flexible:
-        steps.append(_tagged_step(tagged))
-    if len(steps) == 1:
-        return steps[0]
+        namespace["tags"] = _tagged_step(tagged)
+        lines.append("    pos = pos + 1 if buf[pos] == 0 else tags(buf, pos, end)")
+    lines.extend(["    if pos > end: raise M('cut short')", "    return pos"])
+    exec(compile("\n".join(lines), f"<shape of {cls.__qualname__}>", "exec"), namespace)
+    return namespace["walk"]  # type: ignore[return-value]
 
-    def walk(buf: bytes, pos: int, end: int) -> int:
-        for step in steps:
-            pos = step(buf, pos, end)
-        return pos
-    return walk
+
+def _count_lines(flexible: bool, name: str, indent: str) -> list[str]:
+    """Read a count or length into `name` (null: 0); compact: a one-byte varint inline."""
+    if flexible:
+        return [f"{indent}{name} = buf[pos]",
+                f"{indent}if {name} < 128: pos += 1",
+                f"{indent}else: {name}, pos = uv(buf, pos, end)",
+                f"{indent}if {name}: {name} -= 1"]
+    return [f"{indent}({name},) = i32(buf, pos)",
+            f"{indent}pos += 4",
+            f"{indent}if {name} < 0:",
+            f"{indent}    if {name} != -1: raise M(f'negative length {{{name}}}')",
+            f"{indent}    {name} = 0"]
+
+
+def _sized_lines(flexible: bool, kafka_type: str | None, indent: str) -> list[str]:
+    """Skip a string, bytes or records field, its length checked against the end."""
+    if flexible:
+        lines = _count_lines(True, "s", indent)
+    elif kafka_type == "string":
+        lines = [f"{indent}(s,) = i16(buf, pos)", f"{indent}pos += 2",
+                 f"{indent}if s < 0:",
+                 f"{indent}    if s != -1: raise M(f'negative length {{s}}')",
+                 f"{indent}    s = 0"]
+    elif kafka_type in _SIZED:
+        lines = _count_lines(False, "s", indent)
+    else:
+        raise TypeError(f"no shape for kafka_type {kafka_type!r}")
+    return [*lines, f"{indent}pos += s",
+            f"{indent}if pos > end: raise M(f'a length of {{s}} runs past the end')"]
 
 
 def _skip(width: int) -> Step:
