@@ -39,6 +39,7 @@ from kio.serial import entity_reader, entity_writer
 
 from catalog.errors import ProtocolError, UserError
 from querylib._kio import KIO_DECODE_ERRORS
+from querylib._kio_shape import check_shape
 
 __all__ = [
     "ASSIGNORS",
@@ -107,6 +108,7 @@ def encode_subscription(topics: Sequence[str]) -> bytes:
 
 def decode_subscription(data: bytes) -> list[str]:
     """The topics of a member's subscription (any version: v1+ only append fields)."""
+    check_shape(ConsumerProtocolSubscription, data, _VERSION.size, ProtocolError)
     try:
         subscription, _ = _read_subscription(data, _VERSION.size)
     except KIO_DECODE_ERRORS as exc:
@@ -126,6 +128,7 @@ def encode_assignment(assignment: Mapping[str, Sequence[int]]) -> bytes:
 def decode_assignment(data: bytes) -> Assignment:
     if not data:
         return {}  # a member the leader gave nothing
+    check_shape(ConsumerProtocolAssignment, data, _VERSION.size, ProtocolError)
     try:
         assignment, _ = _read_assignment(data, _VERSION.size)
     except KIO_DECODE_ERRORS as exc:

@@ -12,8 +12,10 @@ dropped) and encoded by kio. Two exceptions, each for a reason:
   UNSUPPORTED_VERSION by `_produce_legacy`, as Kafka 4 does; kio has no schema below v3.
 
 Bounds: every frame is size-limited before it is buffered (`ListenerLimits`); kio decodes
-within the frame; Produce requests are walked once (`check_produce_shape`) so a frame of
-many tiny partition entries cannot become millions of Python objects.
+within the frame, and only after the body's every length and count was checked against the
+frame (`querylib._kio_shape`; Produce: `check_produce_shape`, which also caps the partition
+entries so a frame of many tiny ones cannot become millions of Python objects): kio's native
+decoder trusts counts, and a count of 10^10 aborts the process in an allocation.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
+from catalog.errors import ProtocolError
 from querylib._kio import KIO_DECODE_ERRORS
+from querylib._kio_shape import check_shape
 from querylib.kafka._errors import MalformedRequestError, UnsupportedApiVersionError
 from querylib.kafka._framing import read_uvarint, skip_tagged_fields
 
@@ -45,6 +49,7 @@ __all__ = [
     "build_response",
     "check_produce_shape",
     "decode_request",
+    "decode_response",
     "encode_response",
     "is_flexible",
     "is_supported",
@@ -216,8 +221,13 @@ def decode_request(
         # v0-2 are v3 without the leading transactional_id: read them as v3 with a null one.
         frame, offset, version = b"\xff\xff" + frame[offset:], 0, 3
     if api_key == ApiKey.PRODUCE:
+        # The Produce walk is a whole shape guard (Produce has no tagged fields kio reads)
+        # that also bounds the partition entries; record bytes stay unread.
         check_produce_shape(frame, offset, max_produce_partitions,
                             flexible=version >= FLEXIBLE_PRODUCE)
+    else:
+        check_shape(_payload_class(api_key, version, EntityType.request), frame, offset,
+                    MalformedRequestError)
     try:
         request, size = _reader(api_key, version)(frame, offset)
     except KIO_DECODE_ERRORS as exc:
@@ -239,6 +249,25 @@ def _librdkafka_all_topics(api_key: int, version: int, request: Any, extra: int)
     them for a full listing)."""
     return (api_key == ApiKey.METADATA and version >= 9 and request.topics is None
             and extra == 3)
+
+
+@functools.cache
+def _response_reader(api_key: int, version: int) -> Callable[[bytes, int], tuple[Any, int]]:
+    return entity_reader(_payload_class(api_key, version, EntityType.response))
+
+
+def decode_response(api_key: int, version: int, frame: bytes, offset: int) -> Any:
+    """The response body at `frame[offset:]` as kio's dataclass (tq's own Kafka client).
+
+    Raises ProtocolError for a body that does not decode."""
+    check_shape(_payload_class(api_key, version, EntityType.response), frame, offset,
+                ProtocolError)
+    try:
+        response, _size = _response_reader(api_key, version)(frame, offset)
+    except KIO_DECODE_ERRORS as exc:
+        raise ProtocolError(
+            f"{ApiKey(api_key).name} v{version} response does not decode: {exc}") from exc
+    return response
 
 
 def millis(value: datetime.timedelta) -> int:

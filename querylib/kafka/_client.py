@@ -21,12 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kio.schema.request_header.v1.header import RequestHeader
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
 from catalog.errors import ProtocolError, TqError
-from querylib._kio import KIO_DECODE_ERRORS
-from querylib.kafka._apis import _build, _payload_class
+from querylib.kafka._apis import _build, _payload_class, decode_response
 
 __all__ = ["KafkaClient", "KafkaConnectionError"]
 
@@ -80,12 +79,10 @@ class KafkaClient:
         if correlation != self._correlation:
             raise KafkaConnectionError(f"{self.address}: response to request {correlation}, "
                                        f"expected {self._correlation}")
-        reader = entity_reader(_payload_class(api_key, version, EntityType.response))
         try:
-            response, used = reader(frame, 4)
-        except KIO_DECODE_ERRORS as exc:
-            raise ProtocolError(f"{self.address}: undecodable response: {exc}") from exc
-        return response
+            return decode_response(api_key, version, frame, 4)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self.address}: {exc}") from exc
 
     def _read(self, n: int) -> bytes:
         chunks = bytearray()

@@ -34,6 +34,7 @@ from kio.static.constants import EntityType
 
 from catalog.errors import StorageError
 from querylib._kio import KIO_DECODE_ERRORS
+from querylib._kio_shape import check_shape
 from querylib.kafka._backend import CommittedOffset, GroupMemberRecord, GroupRecord
 
 __all__ = [
@@ -200,6 +201,7 @@ def encode_group_owner(owner: GroupOwner) -> tuple[bytes, bytes]:
 
 
 def _read(cls: type, data: bytes, pos: int) -> object:
+    check_shape(cls, data, pos, StorageError)
     entity, size = entity_reader(cls)(data, pos)
     if pos + size != len(data):
         raise StorageError(f"{len(data) - pos - size} bytes after a {cls.__name__}")
