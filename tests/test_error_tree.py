@@ -34,6 +34,8 @@ NOT_ERRORS = {
     "coordinator._drops.WaitForDrops": "a handler's signal to answer once brokers dropped",
     "querylib.kafka._server._Close": "the listener's signal: answered, now close",
     "querylib.records._runs.Irregular": "the fast decoder's signal to take the general path",
+    "querylib._kio_shape.ShapeMisfit": "the shape walk's signal: check_shape raises the "
+                                       "caller's error from it",
 }
 
 # The roots in catalog.errors that families hang from.

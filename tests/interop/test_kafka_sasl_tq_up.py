@@ -69,7 +69,7 @@ def _confluent(up: SaslUp, mechanism: str, user: str, password: str | None = Non
 
 def _produce_confluent(config: dict[str, object], topic: str, value: bytes) -> int | None:
     """Produce one record; the delivery's error code (None: delivered)."""
-    producer = confluent_kafka.Producer({**config, "message.timeout.ms": 20000})
+    producer = confluent_kafka.Producer({"message.timeout.ms": 20000, **config})
     outcome: list[object] = []
     producer.produce(topic, value, partition=0,
                      on_delivery=lambda err, msg: outcome.append(err))
