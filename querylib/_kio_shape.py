@@ -13,10 +13,10 @@ length and count against the bytes that remain (an array of n entries of at leas
 needs n * k bytes; a string of n bytes needs n bytes). Each entity's walker is compiled once
 from its dataclass fields and cached.
 
-Light, like `_kio`: imports kio's schema introspection and the error base only, so clients use
-it without loading a server. Must not: build objects, read string or record contents (they are
-skipped), or judge values (nullability, UTF-8, enum values, unknown tags are kio's to refuse:
-it raises for those).
+Light, like `_kio`: imports kio's schema introspection, the error base and the record
+codec's unsigned varint reader only, so clients use it without loading a server. Must not:
+build objects, read string or record contents (they are skipped), or judge values
+(nullability, UTF-8, enum values, unknown tags are kio's to refuse: it raises for those).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from kio.serial._introspect import (
 )
 
 from catalog.errors import TqError
+from querylib.errors import BadVarintError
+from querylib.records._varint import read_uvarint
 
 __all__ = ["ShapeMisfit", "check_shape", "min_size"]
 
@@ -67,22 +69,18 @@ def check_shape(cls: type, buf: bytes, offset: int, error: type[TqError]) -> Non
         _walker(cls)(buf, offset, len(buf))
     except ShapeMisfit as exc:
         raise error(f"{cls.__name__}: {exc}") from None
+    except BadVarintError as exc:
+        raise error(f"{cls.__name__}: {exc}") from None
     except (IndexError, struct.error):  # a read at or past the end of `buf`
         raise error(f"{cls.__name__}: cut short") from None
 
 
 def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """kio's unsigned varint: at most 5 bytes."""
-    value = 0
-    for shift in (0, 7, 14, 21, 28):
-        if pos >= end:
-            raise ShapeMisfit("varint runs past the end")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-    raise ShapeMisfit("varint longer than 5 bytes")
+    """kio's unsigned varint (at most 5 bytes), within `end`."""
+    value, after = read_uvarint(buf, pos)
+    if after > end:
+        raise ShapeMisfit("varint runs past the end")
+    return value, after
 
 
 def _count(buf: bytes, pos: int, end: int, flexible: bool, legacy: struct.Struct

@@ -25,7 +25,9 @@ import struct
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from querylib.errors import BadVarintError
 from querylib.kafka._errors import MalformedRequestError, RequestTooLargeError
+from querylib.records._varint import read_uvarint as _read_uvarint
 
 __all__ = ["OVERSIZED_PREFIX", "FrameReader", "OversizedFrame", "RequestHeader",
            "parse_request_header", "response_prefix"]
@@ -158,16 +160,10 @@ def parse_request_header(
 
 def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """An unsigned varint of at most 5 bytes (a uint32) at `pos`: (value, next position)."""
-    value = 0
-    for shift in range(0, 35, 7):
-        if pos >= len(buf):
-            raise MalformedRequestError("varint runs past the end of the request")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-    raise MalformedRequestError("varint longer than 5 bytes")
+    try:
+        return _read_uvarint(buf, pos)
+    except BadVarintError as exc:
+        raise MalformedRequestError(f"request: {exc}") from None
 
 
 def skip_tagged_fields(buf: bytes, pos: int) -> int:

@@ -23,9 +23,10 @@ The scanning primitives are public too, for readers that decode in bulk elsewher
 Arrow and numpy paths) and must not copy the format: the attribute bits (COMPRESSION_MASK,
 TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, CONTROL_BIT), ATTRIBUTES_OFFSET (where the CRC-32C's
 range starts), MIN_RECORD_SIZE, the varint readers and tables (read_varint, read_varlong,
-MAX_VARINT_BYTES, UNZIGZAG, UNZIGZAG2: UNZIGZAG[b] for a 1-byte varint b, UNZIGZAG2[c][b] for
-the 2-byte b c), wrap_int64 (Java's long arithmetic on timestamps), the bytes of the lone
-tq.time header (TIME_HEADER_PREFIX, TIME_HEADER_SIZE), size_runs and scan_records.
+read_uvarint: the unsigned one of Kafka's flexible protocol versions, MAX_VARINT_BYTES,
+UNZIGZAG, UNZIGZAG2: UNZIGZAG[b] for a 1-byte varint b, UNZIGZAG2[c][b] for the 2-byte b c),
+wrap_int64 (Java's long arithmetic on timestamps), the bytes of the lone tq.time header
+(TIME_HEADER_PREFIX, TIME_HEADER_SIZE), size_runs and scan_records.
 """
 
 from querylib.records._compression import MAX_DECOMPRESSED_SIZE
@@ -82,6 +83,7 @@ from querylib.records._varint import (
     MAX_VARINT_BYTES,
     UNZIGZAG,
     UNZIGZAG2,
+    read_uvarint,
     read_varint,
     read_varlong,
     wrap_int64,
@@ -101,6 +103,7 @@ __all__ = [
     "UNZIGZAG2",
     "RecordSpans",
     "header_spans",
+    "read_uvarint",
     "read_varint",
     "read_varlong",
     "scan_records",

@@ -59,7 +59,9 @@ def encode_varlong(n: int) -> bytes:
     return encode_uvarint((n << 1) ^ (n >> 63))
 
 
-def _read(buf: bytes, pos: int, max_bytes: int, max_z: int, what: str) -> tuple[int, int]:
+def _read(buf: bytes | bytearray | memoryview, pos: int, max_bytes: int, max_z: int,
+          what: str) -> tuple[int, int]:
+    """The unsigned varint at pos, at most `max_bytes` long and `max_z` large: (z, next)."""
     z = 0
     shift = 0
     end = min(len(buf), pos + max_bytes)
@@ -71,22 +73,30 @@ def _read(buf: bytes, pos: int, max_bytes: int, max_z: int, what: str) -> tuple[
         if b < 0x80:
             if z > max_z:
                 raise BadVarintError(f"{what} at {pos} overflows its type")
-            return (z >> 1) ^ -(z & 1), p
+            return z, p
         shift += 7
     if end - pos == max_bytes:
         raise BadVarintError(f"{what} at {pos} is longer than {max_bytes} bytes")
     raise BadVarintError(f"{what} at {pos} is cut short by the end of the buffer")
 
 
+def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Decode the unsigned varint (a uint32) at pos: the compact lengths, counts and tags of
+    Kafka's flexible versions. (value, position after it); BadVarintError as read_varint."""
+    return _read(buf, pos, MAX_VARINT_BYTES, 0xFFFFFFFF, "unsigned varint")
+
+
 def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """Decode the varint at pos: (value, position after it). Raises BadVarintError if it is
     longer than 5 bytes, does not fit int32, or runs past the end of buf."""
-    return _read(buf, pos, MAX_VARINT_BYTES, 0xFFFFFFFF, "varint")
+    z, p = _read(buf, pos, MAX_VARINT_BYTES, 0xFFFFFFFF, "varint")
+    return (z >> 1) ^ -(z & 1), p
 
 
 def read_varlong(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """Decode the varlong at pos: (value, position after it); BadVarintError as read_varint."""
-    return _read(buf, pos, MAX_VARLONG_BYTES, 0xFFFFFFFFFFFFFFFF, "varlong")
+    z, p = _read(buf, pos, MAX_VARLONG_BYTES, 0xFFFFFFFFFFFFFFFF, "varlong")
+    return (z >> 1) ^ -(z & 1), p
 
 
 def wrap_int64(n: int) -> int:

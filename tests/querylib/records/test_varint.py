@@ -123,3 +123,18 @@ def test_a_reader_never_looks_further_than_its_width() -> None:
     (INT64_MAX + 1, INT64_MIN), (INT64_MIN - 1, INT64_MAX), (5, 5), (-5, -5)])
 def test_wrap_int64_is_java_long_arithmetic(n: int, wrapped: int) -> None:
     assert wrap_int64(n) == wrapped
+
+
+def test_unsigned_varints_read_back_and_are_bounded_to_uint32() -> None:
+    from querylib.records import read_uvarint
+    from querylib.records._varint import encode_uvarint
+
+    for value in (0, 1, 127, 128, 300, 2**31, 2**32 - 1):
+        data = b"\x07" + encode_uvarint(value) + b"\x09"
+        assert read_uvarint(data, 1) == (value, len(data) - 1)
+    with pytest.raises(BadVarintError, match="overflows"):
+        read_uvarint(encode_uvarint(2**32), 0)
+    with pytest.raises(BadVarintError, match="longer than 5"):
+        read_uvarint(b"\xff" * 6, 0)
+    with pytest.raises(BadVarintError, match="cut short"):
+        read_uvarint(b"\x80\x80", 0)
