@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -128,3 +129,31 @@ def as_tuples(records: Sequence[Record]) -> list[Entry]:
 def run(args: Sequence[str], **kwargs) -> subprocess.CompletedProcess[bytes]:
     kwargs.setdefault("timeout", 30)
     return subprocess.run(list(args), capture_output=True, check=False, **kwargs)
+
+
+def read_to_end(bootstrap: str, topic: str, isolation: str = "read_committed",
+                timeout: float = 30.0) -> list[bytes]:
+    """Every value a confluent-kafka consumer in `isolation` reads of partition 0 of `topic`
+    up to the end it sees (the last stable offset for read_committed)."""
+    import confluent_kafka
+
+    c = confluent_kafka.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"read-{isolation}-{topic}",
+        "enable.auto.commit": False, "isolation.level": isolation,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    got: list[bytes] = []
+    try:
+        c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = c.poll(0.2)
+            if message is None:
+                continue
+            if message.error() is not None:
+                if message.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                    return got
+                raise AssertionError(message.error())
+            got.append(message.value())
+        raise AssertionError(f"the {isolation} consumer did not reach the end of {topic}")
+    finally:
+        c.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +18,7 @@ from querylib.broker import Data, Subscriber
 from querylib.rpc import load_secret
 from tests.conftest import Processes, free_port, wait_for
 from tests.integration._up_endpoints import UpWithEndpoints
+from tests.interop._kafka import read_to_end
 from tests.interop.test_kafka_transactions import _LOOP
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -35,29 +35,6 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
     with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka-txn"),
                          "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
-
-
-def committed_values(up: UpWithEndpoints, topic: str, isolation: str) -> list[bytes]:
-    """Every value a consumer in `isolation` reads of partition 0 up to the end it sees."""
-    c = Consumer({"bootstrap.servers": up.info["kafka"], "group.id": f"check-{isolation}",
-                  "enable.auto.commit": False, "isolation.level": isolation,
-                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    got: list[bytes] = []
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = c.poll(0.2)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    return got
-                raise AssertionError(message.error())
-            got.append(message.value())
-        raise AssertionError("the consumer did not reach the end")
-    finally:
-        c.close()
 
 
 def subscriber_values(up: UpWithEndpoints, topic: str) -> list[bytes]:
@@ -109,21 +86,21 @@ def run_killed_loop(up: UpWithEndpoints, tmp_path) -> None:
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         # Its open transaction holds every reader of `output` back (the last stable offset).
-        held = committed_values(up, "output", "read_committed")
-        assert len(held) < len(committed_values(up, "output", "read_uncommitted"))
+        held = read_to_end(up.info["kafka"], "output", "read_committed")
+        assert len(held) < len(read_to_end(up.info["kafka"], "output", "read_uncommitted"))
         assert subscriber_values(up, "output") == held
         assert consumed_values(up, "output") == held
         out2 = tmp_path / "loop-2.out"
         with open(out2, "wb") as f:
             second = processes.python("-c", _LOOP, up.info["kafka"], "0", stdout=f,
                                       stderr=subprocess.STDOUT)
-        wait_for(lambda: len(committed_values(up, "output", "read_committed")) >= len(INPUTS)
+        wait_for(lambda: len(read_to_end(up.info["kafka"], "output")) >= len(INPUTS)
                  or second.poll() is not None, timeout=120, what="every output")
         assert second.poll() is None, out2.read_text()
     finally:
         processes.stop_all()
     want = sorted(b"out-" + v for v in INPUTS)
-    assert sorted(committed_values(up, "output", "read_committed")) == want
+    assert sorted(read_to_end(up.info["kafka"], "output", "read_committed")) == want
     assert sorted(subscriber_values(up, "output")) == want
-    everything = committed_values(up, "output", "read_uncommitted")
+    everything = read_to_end(up.info["kafka"], "output", "read_uncommitted")
     assert len(everything) > len(INPUTS)  # the killed transaction's records, aborted

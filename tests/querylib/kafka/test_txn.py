@@ -31,6 +31,7 @@ from querylib.kafka._txn import (
     TransactionCoordinator,
     Txn,
 )
+from tests.conftest import wait_for_async
 
 
 class MemoryLog:
@@ -78,13 +79,6 @@ class MemoryLog:
 
 def run(coro):
     return asyncio.run(coro)
-
-
-async def wait_until(condition, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
 
 
 def test_init_bumps_the_epoch_and_fences_the_older_producer() -> None:
@@ -143,7 +137,7 @@ def test_end_txn_is_answered_once_prepared_and_the_markers_follow() -> None:
         log.gate = asyncio.Event()  # no marker can be written yet
         await asyncio.wait_for(coordinator.end_txn("t", pid, epoch, True, "anonymous"), 30)
         assert log.states()[-1] == PREPARE_COMMIT and log.markers == []
-        await wait_until(lambda: log.marker_calls)
+        await wait_for_async(lambda: log.marker_calls, timeout=30, what="the marker write")
         # One call for all the transaction's partitions (one request per broker in it).
         assert log.marker_calls == [[("a", 0), ("b", 1), ("a", 2)]]
         log.gate.set()
@@ -182,7 +176,8 @@ def test_the_next_transaction_gets_concurrent_transactions_while_one_completes()
         await coordinator.end_txn("t", pid, epoch, False, "anonymous")
         waiting = asyncio.ensure_future(
             coordinator.add_partitions("t", pid, epoch, [("b", 0)], "anonymous"))
-        await wait_until(lambda: len(log.marker_calls) == 2)
+        await wait_for_async(lambda: len(log.marker_calls) == 2, timeout=30,
+                             what="the second marker write")
         assert not waiting.done()
         log.gate.set()
         await asyncio.wait_for(waiting, 30)

@@ -8,7 +8,6 @@ transaction's records only once its marker is there."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,8 @@ import pytest
 
 from querylib.kafka._errors import ConcurrentTransactionsError
 from querylib.kafka._txn import COMPLETE_COMMIT, PREPARE_COMMIT
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_for_async
+from tests.interop._kafka import read_to_end
 from tests.querylib.kafka._support import ListenerThread, running_listener
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -64,30 +64,6 @@ class Gate:
         return self.listener.backend.transactions.txns[txn_id].state
 
 
-def committed_values(port: int, topic: str) -> list[bytes]:
-    """What a read_committed consumer reads of `topic` up to the last stable offset."""
-    c = confluent_kafka.Consumer({
-        "bootstrap.servers": f"127.0.0.1:{port}", "group.id": f"reader-{topic}",
-        "enable.auto.commit": False, "isolation.level": "read_committed",
-        "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    got: list[bytes] = []
-    try:
-        c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            message = c.poll(0.2)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    return got
-                raise AssertionError(message.error())
-            got.append(message.value())
-        raise AssertionError("the reader did not reach the last stable offset")
-    finally:
-        c.close()
-
-
 def check_client(tmp_path: Any, txn_id: str,
                  run: Callable[[str, Gate, Callable[[], None]], None]) -> None:
     """`run(bootstrap, gate, after_first_commit)` commits a transaction of record b"1"
@@ -100,12 +76,12 @@ def check_client(tmp_path: Any, txn_id: str,
         def after_first_commit() -> None:
             # Answered while its marker waits: prepared, and nothing committed to read yet.
             assert gate.state(txn_id) == PREPARE_COMMIT
-            assert committed_values(listener.port, topic) == []
+            assert read_to_end(f"127.0.0.1:{listener.port}", topic) == []
 
         run(f"127.0.0.1:{listener.port}", gate, after_first_commit)
         assert gate.concurrent >= 1
         wait_for(lambda: gate.state(txn_id) == COMPLETE_COMMIT, timeout=30)
-        assert committed_values(listener.port, topic) == [b"1", b"2"]
+        assert read_to_end(f"127.0.0.1:{listener.port}", topic) == [b"1", b"2"]
 
 
 def first_transaction_open(gate: Gate) -> None:
@@ -170,10 +146,8 @@ def test_aiokafka_retries_concurrent_transactions(tmp_path: Any) -> None:
                 await asyncio.get_running_loop().run_in_executor(None, after_first_commit)
                 await p.begin_transaction()
                 sent = await p.send("topic-aio", b"2")
-                deadline = time.monotonic() + 30
-                while gate.concurrent < 1:
-                    assert time.monotonic() < deadline, "no CONCURRENT_TRANSACTIONS"
-                    await asyncio.sleep(0.01)
+                await wait_for_async(lambda: gate.concurrent >= 1, timeout=30,
+                                     what="CONCURRENT_TRANSACTIONS")
                 gate.open()
                 await sent
                 await p.commit_transaction()
