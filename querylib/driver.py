@@ -16,10 +16,11 @@ I/O, and performs the instructions it returns. `Driver` is what sits between the
   nearest base class); an instruction of no registered type is a bug. `after(stimulus)`, if
   given, runs once a stimulus's instructions are performed (the broker wakes its listeners).
 - **Bugs.** The core raising, or a handler raising, is a bug (ours): it is logged once with its
-  traceback and the last `history` stimuli (a ring buffer kept for exactly this), counted in
-  `bugs`, handed to `on_bug(stimulus, exc)` (which answers the request that stimulus carried),
-  and the loop goes on with the next instruction and stimulus: one bug must not stop the
-  service for everyone else. Cancellation is never a bug: it propagates.
+  traceback and the last `history` stimuli (a ring buffer kept for exactly this; `slim` says
+  how to keep the bulky ones, without their bytes), counted in `bugs`, handed to
+  `on_bug(stimulus, exc)` (which answers the request that stimulus carried), and the loop goes
+  on with the next instruction and stimulus: one bug must not stop the service for everyone
+  else. Cancellation is never a bug: it propagates.
 - **Invariant checks.** With `Driver.check_invariants` on (the tests' conftest sets it; the
   environment variable TQ_CHECK_INVARIANTS=1 sets it in any process), `invariants()` runs after
   every stimulus's step; what it raises is a bug like any other (counted, logged with the
@@ -63,6 +64,7 @@ class Driver:
                  invariants: Callable[[], object] | None = None,
                  after: Callable[[Any], object] | None = None,
                  history: int = DEFAULT_HISTORY,
+                 slim: Mapping[type, Callable[[Any], Any]] | None = None,
                  logger: logging.Logger | None = None) -> None:
         self.name = name
         self._handle = handle
@@ -73,6 +75,10 @@ class Driver:
         self._inbox: deque[Any] = deque()
         self._feeding = False
         self.recent: deque[Any] = deque(maxlen=history)  # the last stimuli, newest last
+        # Stimuli of these types are kept in `recent` as what their function returns (their
+        # bulk, a record batch or read data, dropped): the ring buffer must not hold `history`
+        # batches of up to the maximum batch size alive after their step.
+        self._slim: dict[type, Callable[[Any], Any]] = dict(slim or {})
         self.bugs = 0
         self.steps = 0
         self._logger = logger or logging.getLogger(name)
@@ -96,7 +102,8 @@ class Driver:
         return len(self._inbox)
 
     def _step(self, stimulus: Any) -> None:
-        self.recent.append(stimulus)
+        slim = self._slim.get(type(stimulus))
+        self.recent.append(stimulus if slim is None else slim(stimulus))
         self.steps += 1
         try:
             instructions = list(self._handle(stimulus))

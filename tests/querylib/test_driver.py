@@ -148,3 +148,15 @@ def test_cancellation_is_never_a_bug() -> None:
     with pytest.raises(asyncio.CancelledError):
         driver.feed(Say("a"))
     assert driver.bugs == 0
+
+
+def test_the_history_keeps_bulky_stimuli_slimmed_and_is_bounded() -> None:
+    """The ring buffer must not keep record batches alive: stimuli of a `slim` type are kept
+    as what their function returns, and only the last `history` of them."""
+    core, performed = Core(), []
+    driver = _driver(core, performed, history=3, slim={Shout: lambda s: ("Shout", len(s.text))})
+    for text in ("a", "b", "c"):
+        driver.feed(Say(text))
+    driver.feed(Shout("x" * 10_000))
+    assert list(driver.recent) == [Say("b"), Say("c"), ("Shout", 10_000)]
+    assert core.seen == ["a", "b", "c", "x" * 10_000]  # the core saw the whole stimulus
