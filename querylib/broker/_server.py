@@ -142,6 +142,9 @@ from ._model import BrokerLimits
 from ._port import LOCAL_SESSIONS, BrokerPort, OpenDirectory, TopicDirectory
 from ._state import BrokerState
 
+# Partitions one WriteMarkersRequest may name: as many as one Kafka transaction may span.
+MAX_MARKER_PARTITIONS = 10_000
+
 __all__ = ["BrokerServer", "server_limits"]
 
 logger = logging.getLogger("querylib.broker")
@@ -688,6 +691,9 @@ class BrokerServer:
                 raise TopicAuthorizationError(
                     f"{principal} may not delete records of topic {request.topic!r}: only its "
                     "writers and the admin may")
+            elif isinstance(request, WriteMarkersRequest) and principal != ADMIN:
+                raise PrincipalError(f"{principal} may not write transaction markers: only "
+                                     "tq's transaction coordinator does")
             elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
                 # Under a coordinator, drops come from the catalog through the executor (in
                 # process); over RPC only the holder of the cluster secret drops data.
@@ -792,6 +798,10 @@ class BrokerServer:
             if len(payload) != 1:
                 raise BrokerProtocolError(f"a marker request carries one marker batch, not "
                                           f"{len(payload)}")
+            if len(req.partitions) > MAX_MARKER_PARTITIONS:
+                raise BrokerProtocolError(f"a marker request names at most "
+                                          f"{MAX_MARKER_PARTITIONS} partitions, not "
+                                          f"{len(req.partitions)}")
 
             async def write(topic: str, partition: int) -> tuple[str, int] | None:
                 session = self.state.sessions.get(req.session)

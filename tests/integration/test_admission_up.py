@@ -283,19 +283,40 @@ def test_rpc_clients_drop_nothing_and_create_only_what_the_catalog_places(
 
     async def attempt() -> None:
         from querylib.broker import BrokerLink
-        from querylib.broker._messages import DropPartitionRequest, EnsurePartition
+        from querylib.broker._messages import (
+            DropPartitionRequest,
+            EnsurePartition,
+            WriteMarkersRequest,
+        )
+        from querylib.records import transaction_marker_batch
 
         link = BrokerLink(address, credential, timeout=10)
         await link.start()
         try:
             with pytest.raises(PrincipalError, match="may not drop partitions"):
                 await link.request(DropPartitionRequest(topic="owned", partition=0))
+            # Transaction markers are the transaction coordinator's (the admin's) to write,
+            # refused before any partition is touched.
+            marker = transaction_marker_batch(1, 0, True, timestamp=0)
+            with pytest.raises(PrincipalError, match="may not write transaction markers"):
+                await link.request(WriteMarkersRequest(session=link.session,
+                                                       partitions=[("owned", 0)]),
+                                   payload=[marker])
             for partition in (1, 7):  # `owned` has one partition
                 with pytest.raises(TqError, match="no partition"):
                     await link.request(EnsurePartition(topic="owned", partition=partition,
                                                        create=True))
         finally:
             await link.close()
+        admin = BrokerLink(address, _secret(up), timeout=10)
+        await admin.start()
+        try:  # even the admin names a bounded number of partitions per marker request
+            with pytest.raises(TqError, match="at most 10000 partitions"):
+                await admin.request(WriteMarkersRequest(
+                    session=admin.session, partitions=[("owned", 0)] * 10_001),
+                    payload=[transaction_marker_batch(1, 0, True, timestamp=0)])
+        finally:
+            await admin.close()
 
     asyncio.run(attempt())
     assert _values(up, "owned") == before
