@@ -18,7 +18,7 @@ module) are drawn below.
     │   ├── UnknownPartitionError, PartitionNotHereError, PartitionBusyError,
     │   │   InvalidTopicError, StaleIncarnationError, TopicAuthorizationError,
     │   │   StreamEndedError                                     querylib.broker._errors
-    │   ├── EndpointUnavailableError                             querylib.broker._endpoints
+    │   ├── EndpointUnavailableError                             querylib.server._endpoints
     │   ├── ListenError                                          querylib.kafka._errors
     │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
     │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors
@@ -30,7 +30,7 @@ module) are drawn below.
     │   ├── RpcProtocolError       RPC messages (frames, signatures)   querylib.rpc._errors
     │   ├── BrokerProtocolError    the broker's rules (sessions, credit, sequences)
     │   │                                                        querylib.broker._errors
-    │   ├── FrontierRegressionError, WriterGroupError            querylib.broker._frontier
+    │   ├── FrontierRegressionError, WriterGroupError            querylib.server.broker._frontier
     │   ├── KafkaProtocolError     Kafka framing: the connection closes  querylib.kafka._errors
     │   ├── ConnectorProtocolError the connector protocol: an ERROR frame
     │   │                                                        querylib.connector._errors
@@ -42,7 +42,7 @@ module) are drawn below.
     ├── CatalogError               a catalog command broke an invariant (below); its
     │                              QueryEndedError has QueryFailedError in querylib.cluster._errors
     ├── RpcError                   a call did not complete           querylib.rpc._errors
-    │                              (and BrokerClosingError, querylib.broker._link)
+    │                              (and BrokerClosingError, querylib.broker._session)
     ├── KafkaRequestError          a request refused with a Kafka code  querylib.kafka._errors
     ├── LocalProtocolError         our side misused the connector codec  querylib.connector._errors
     ├── ConnectorError             a connector client gave up (RewindError, StreamRefusedError)
@@ -52,7 +52,7 @@ module) are drawn below.
     ├── SessionLostError, QueryTimeoutError                      querylib.cluster._errors
     ├── BrokerUnreachableError, JavaNotFoundError                querylib.spark._errors
     ├── KafkaConnectionError                                     querylib.kafka._client
-    └── GroupStateError                                          querylib.kafka._group
+    └── GroupStateError                                          querylib.server.kafka._group
 
 Foreign exceptions are translated once, where they enter, with `raise ... from exc`: zmq's in the
 RPC transport (querylib.rpc), msgspec's in the codecs that decode (catalog's, the RPC codec, the

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from catalog import Catalog, Topic, UnknownTopicError, Update
-from querylib.broker import TopicAccess, catalog_access
+from querylib.server.broker import TopicAccess, catalog_access
 
 __all__ = ["CatalogDirectory"]
 

@@ -72,7 +72,7 @@ from catalog import SubmitQuery as SubmitQueryCommand
 from catalog import Subscribe as SubscribeCommand
 from catalog import Unpublish as UnpublishCommand
 from catalog import Unsubscribe as UnsubscribeCommand
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.cluster._errors import QueryFailedError
 
 from ._drops import WaitForDrops

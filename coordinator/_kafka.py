@@ -32,14 +32,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from catalog import Broker, Catalog, SessionKind, Topic, TopicName
-from querylib.cluster import _messages as m
-from querylib.kafka import (
-    BrokerInfo,
-    PartitionInfo,
-    PolicyViolationError,
-    TopicInfo,
-    kafka_topic_id,
-)
+from querylib.cluster import messages as m
+from querylib.kafka import PolicyViolationError
+from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
 
 __all__ = ["CatalogView", "previous_port"]
 

@@ -24,7 +24,7 @@ from catalog import (
     Query,
     QueryRef,
 )
-from querylib.cluster._messages import HostLoad
+from querylib.cluster.messages import HostLoad
 
 __all__ = ["free_slots", "place_kafka_partitions", "place_partitions", "place_processes",
            "total_slots", "used_slots"]

@@ -44,9 +44,8 @@ from catalog import (
     known_principal,
 )
 from querylib._pidlock import PidLock
-from querylib.broker import BrokerEndpoints, BrokerServer
-from querylib.cluster import _messages as m
 from querylib.cluster import hold_data_dir
+from querylib.cluster import messages as m
 from querylib.driver import Driver
 from querylib.log import LogConfig
 from querylib.rpc import (
@@ -61,6 +60,8 @@ from querylib.rpc import (
     RpcServer,
     seal,
 )
+from querylib.server import BrokerEndpoints
+from querylib.server.broker import BrokerServer
 
 from ._artifacts import ArtifactStore
 from ._directory import CatalogDirectory

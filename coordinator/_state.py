@@ -49,7 +49,7 @@ from catalog import (
 )
 from querylib.cluster._errors import QueryFailedError
 from querylib.cluster._format import CHECKPOINT_TOPIC
-from querylib.cluster._messages import HostLoad, QueryInfo
+from querylib.cluster.messages import HostLoad, QueryInfo
 
 from ._drops import DropTracker, WaitForDrops
 from ._events import (

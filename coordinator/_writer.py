@@ -46,7 +46,8 @@ import time
 from collections.abc import Callable
 
 from catalog import COLLECTIONS, StorageError, catalog_topic
-from querylib.broker import AsyncProducer, BrokerPort
+from querylib.broker import AsyncProducer
+from querylib.server.broker import BrokerPort
 
 from ._events import Persist, WriteCheckpoint
 from ._journal import (

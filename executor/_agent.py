@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 from catalog import NotFoundError, SessionKind, TopicName, TqError
 from querylib._lease import Backoff
 from querylib._pidlock import PidLock
-from querylib.broker import BrokerEndpoints, BrokerServer, drop_hosted
 from querylib.cluster import (
     AsyncCluster,
     DropPartitions,
@@ -74,6 +73,8 @@ from querylib.rpc import (
     RpcError,
     SecretRejectedError,
 )
+from querylib.server import BrokerEndpoints
+from querylib.server.broker import BrokerServer, drop_hosted
 
 from ._agent_state import (
     AgentState,
@@ -122,7 +123,7 @@ from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
 
 if TYPE_CHECKING:
-    from querylib.connector import EndpointConfig
+    from querylib.server.connector import EndpointConfig
 
 __all__ = ["REJOIN_BACKOFF_MAX", "ExecutorAgent"]
 

@@ -39,15 +39,10 @@ from catalog import (
     UnknownTopicError,
     UserError,
 )
-from querylib.broker import TopicAccess, catalog_access
 from querylib.cluster import AsyncCluster, Snapshot
-from querylib.kafka import (
-    BrokerInfo,
-    CoordinatorNotAvailableError,
-    PartitionInfo,
-    TopicInfo,
-    kafka_topic_id,
-)
+from querylib.kafka import CoordinatorNotAvailableError
+from querylib.server.broker import TopicAccess, catalog_access
+from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
 
 __all__ = ["CatalogTopics"]
 

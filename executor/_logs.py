@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 
 from catalog.errors import TqError
-from querylib.broker import AsyncProducer, BrokerPort
+from querylib.broker import AsyncProducer
 from querylib.records import Record
+from querylib.server.broker import BrokerPort
 
 from ._supervisor import LogLine
 

@@ -20,8 +20,8 @@ import asyncio
 import logging
 
 from catalog import Query, QueryState, TqError
-from querylib.broker import BrokerServer
 from querylib.cluster import AsyncCluster, Snapshot
+from querylib.server.broker import BrokerServer
 
 __all__ = ["QueryExitFeed"]
 

@@ -9,32 +9,28 @@ cluster clients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "Context",
-    "Data",
-    "EndOfStream",
-    "Hash",
-    "Merge",
-    "PerWorker",
-    "Progress",
-    "Publisher",
-    "Record",
-    "Snapshot",
-    "SubmittedQuery",
-    "Subscription",
-    "connect",
-    "execute",
-    "serdes",
-    "submit",
-]
+from querylib._lazy import lazy_exports
 
+if TYPE_CHECKING:
+    from .api import (
+        Context,
+        Data,
+        EndOfStream,
+        Hash,
+        Merge,
+        PerWorker,
+        Progress,
+        Publisher,
+        Record,
+        Snapshot,
+        SubmittedQuery,
+        Subscription,
+        connect,
+        execute,
+        serdes,
+        submit,
+    )
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from querylib import api
-
-        value = globals()[name] = getattr(api, name)  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'querylib' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -1,6 +1,6 @@
 """Keeping a leased session alive, for every client that holds one: `LeaseKeeper`.
 
-A session with a lease (a broker session, `querylib.broker._link`; a coordinator session,
+A session with a lease (a broker session, `querylib.broker._session`; a coordinator session,
 `querylib.cluster._session`, which an executor agent watches) lives as long as its holder
 renews it within the lease. The keeper does what every holder did by hand:
 

@@ -32,7 +32,7 @@ NOT_ERRORS = {
     "coordinator._state.WaitForStart": "a handler's signal to answer once the query started",
     "coordinator._state.WaitForTopic": "a handler's signal to answer once the topic exists",
     "coordinator._drops.WaitForDrops": "a handler's signal to answer once brokers dropped",
-    "querylib.kafka._server._Close": "the listener's signal: answered, now close",
+    "querylib.server.kafka._listener._Close": "the listener's signal: answered, now close",
     "querylib.records._runs.Irregular": "the fast decoder's signal to take the general path",
     "querylib._kio_shape.ShapeMisfit": "the shape walk's signal: check_shape raises the "
                                        "caller's error from it",
@@ -146,9 +146,10 @@ def test_the_map_names_no_class_that_does_not_exist(
 FOREIGN_EDGES = {
     "zmq.": {"querylib/rpc/"},  # the RPC transport
     "msgspec.": {"catalog/_codec.py", "querylib/rpc/_codec.py", "coordinator/_journal.py",
-                 "querylib/broker/_group_store.py", "querylib/connector/_offsets.py",
+                 "querylib/server/broker/_writer_group_store.py",
+                 "querylib/server/connector/_offsets.py",
                  "querylib/cli/_records_text.py"},  # the codecs and files that hold msgspec
-    "KIO_DECODE_ERRORS": {"querylib/kafka/_apis.py", "querylib/kafka/_offsets_format.py",
+    "KIO_DECODE_ERRORS": {"querylib/kafka/_apis.py", "querylib/server/kafka/_offsets_format.py",
                           "querylib/kafka/_client.py", "querylib/api/_group.py"},
     "SerialError": {"querylib/_kio.py"},  # kio's: only through KIO_DECODE_ERRORS
 }

@@ -27,50 +27,20 @@ or executor/, or load at import time what registering a query process does not n
 
 from __future__ import annotations
 
-from querylib._lazy import lazy_exports as _lazy_exports
+from typing import TYPE_CHECKING
 
-# Names are loaded on first use (PEP 562): a query process registers its worker group before
-# it needs publishers, subscriptions, serdes or submit, and each of those pulls in record
-# codecs, broker clients or cloudpickle (see DESIGN §11 "Query process start").
-_EXPORTS = {
-    "Context": "_context",
-    "Data": "_events",
-    "EndOfStream": "_events",
-    "Hash": "_partitioning",
-    "Merge": "_partitioning",
-    "PerWorker": "_partitioning",
-    "Progress": "_events",
-    "Publisher": "_publisher",
-    "QueryEnv": "_env",
-    "Record": "_events",
-    "Snapshot": "_events",
-    "SubmittedQuery": "_submit",
-    "Subscription": "_subscription",
-    "connect": "_context",
-    "execute": "_context",
-    "serdes": "",  # the module itself
-    "submit": "_submit",
-}
+from querylib._lazy import lazy_exports
 
-__all__ = [
-    "Context",
-    "Data",
-    "EndOfStream",
-    "Hash",
-    "Merge",
-    "PerWorker",
-    "Progress",
-    "Publisher",
-    "QueryEnv",
-    "Record",
-    "Snapshot",
-    "SubmittedQuery",
-    "Subscription",
-    "connect",
-    "execute",
-    "serdes",
-    "submit",
-]
+# Names are loaded on first use (PEP 562, querylib/_lazy.py): a query process imports only
+# what it touches.
+if TYPE_CHECKING:
+    from . import serdes
+    from ._context import Context, connect, execute
+    from ._env import QueryEnv
+    from ._events import Data, EndOfStream, Progress, Record, Snapshot
+    from ._partitioning import Hash, Merge, PerWorker
+    from ._publisher import Publisher
+    from ._submit import SubmittedQuery, submit
+    from ._subscription import Subscription
 
-
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -27,8 +27,8 @@ RECORD_BYTES = 100
 
 
 def _broker_process(data_dir: str, secret: bytes, queue: Any) -> None:
-    from querylib.connector._endpoint import EndpointConfig
-    from querylib.connector._serve import run_connector_broker
+    from querylib.server._connector_main import run_connector_broker
+    from querylib.server.connector._endpoint import EndpointConfig
 
     def ready(address: str, bound: tuple[str, int]) -> None:
         queue.put((address, f"{bound[0]}:{bound[1]}"))

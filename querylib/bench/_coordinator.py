@@ -36,7 +36,7 @@ import psutil
 
 from catalog import Resources, SessionKind
 from querylib.cluster import AsyncCluster, Cluster
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.rpc import Ping, RpcClient, load_or_create_secret
 
 __all__ = ["run"]

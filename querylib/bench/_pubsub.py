@@ -73,7 +73,7 @@ def _count_records(data: Any) -> int:
 
 
 def _broker_process(data_dir: str, secret: bytes, queue: Any) -> None:
-    from querylib.broker import run_broker
+    from querylib.server import run_broker
 
     run_broker(data_dir, "tcp://127.0.0.1:0", secret, on_ready=queue.put)
 

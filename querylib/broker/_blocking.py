@@ -28,12 +28,11 @@ from catalog.errors import TqError, UserError
 from querylib.records import TIME_HEADER, RunBatch, encode_int64
 from querylib.rpc._bridge import LoopThread
 
-from ._events import StartAt
-from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate
-from ._messages import Incarnation
 from ._producer import Claim, Entry, ProducerCore, WriterGroup, now_ms
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
 from ._stream import EndOfStream, Event, Headers, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
+from .messages import Incarnation, StartAt
 
 __all__ = ["Producer", "Subscriber"]
 

@@ -34,12 +34,13 @@ import time as _time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
 from querylib.records import (
     HEADER_SIZE,
+    SEQUENCE_MODULUS,
     Batch,
     SplitBatch,
     batch_head,
@@ -51,8 +52,16 @@ from querylib.rpc import Credential
 
 from ._credit import CreditWindow
 from ._errors import DuplicateSequenceError
-from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate, SessionLink, lost_connection
-from ._messages import (
+from ._session import (
+    RECONNECT_TIMEOUT,
+    BrokerLink,
+    LinkSource,
+    Locate,
+    SessionLink,
+    lost_connection,
+)
+from ._stream import Headers, encode_records
+from .messages import (
     AdvanceRequest,
     Done,
     EndStreamRequest,
@@ -61,11 +70,6 @@ from ._messages import (
     Produced,
     ProduceRequest,
 )
-from ._producer_state import SEQUENCE_MODULUS
-from ._stream import Headers, encode_records
-
-if TYPE_CHECKING:  # the port (and the broker's vocabulary) is only for in-process writers
-    from ._port import BrokerPort
 
 __all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "new_producer_id", "open_link"]
 
@@ -401,7 +405,7 @@ class ProducerCore:
             self._resolve(out, error=error)
 
 
-def open_link(broker: str | BrokerPort, *, secret: bytes | Credential | None,
+def open_link(broker: str | LinkSource, *, secret: bytes | Credential | None,
               principal: str | None, lease: float, timeout: float,
               locate: Locate | None = None,
               reconnect_timeout: float = RECONNECT_TIMEOUT) -> SessionLink:
@@ -433,7 +437,7 @@ class AsyncProducer:
     answering at this one (see BrokerLink).
     """
 
-    def __init__(self, broker: str | BrokerPort, topic: str, partition: int = 0, *,
+    def __init__(self, broker: str | LinkSource, topic: str, partition: int = 0, *,
                  secret: bytes | Credential | None = None, principal: str | None = None,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,

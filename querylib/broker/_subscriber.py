@@ -29,17 +29,7 @@ from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import Notification, error_from_body
 
 from ._errors import UnknownPartitionError
-from ._events import StartAt
-from ._link import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
-from ._messages import (
-    CreditNotify,
-    Delivery,
-    Incarnation,
-    ListPartitions,
-    SubscribeRequest,
-    SubscriptionEnded,
-    UnsubscribeRequest,
-)
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
 from ._stream import (
     Data,
     EndOfStream,
@@ -49,6 +39,16 @@ from ._stream import (
     Values,
     events_of,
     value_events_of,
+)
+from .messages import (
+    CreditNotify,
+    Delivery,
+    Incarnation,
+    ListPartitions,
+    StartAt,
+    SubscribeRequest,
+    SubscriptionEnded,
+    UnsubscribeRequest,
 )
 
 __all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]

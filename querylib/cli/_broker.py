@@ -173,7 +173,7 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     if args.kafka_port is None or args.kafka_port < 0:
         return None
     from catalog.errors import UserError
-    from querylib.kafka import KafkaConfig
+    from querylib.server.kafka import KafkaConfig
 
     sasl = tuple(m.strip().upper() for m in (args.kafka_sasl or "").split(",") if m.strip())
     unknown = sorted(set(sasl) - set(SASL_MECHANISMS))
@@ -186,7 +186,7 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     if args.kafka_group_initial_delay_ms < 0:
         raise UserError(f"--kafka-group-initial-delay-ms {args.kafka_group_initial_delay_ms}: "
                         "a delay is 0 or more milliseconds")
-    from querylib.kafka import GroupConfig
+    from querylib.server.kafka import GroupConfig
 
     return KafkaConfig(host=args.kafka_host, port=args.kafka_port,
                        advertised_host=args.advertised_host,
@@ -202,7 +202,7 @@ def connector_config(args: argparse.Namespace) -> object | None:
     """The EndpointConfig the connector options ask for; None when there is to be none."""
     if args.connector_port is None or args.connector_port < 0:
         return None
-    from querylib.connector import EndpointConfig
+    from querylib.server.connector import EndpointConfig
 
     tls = server_tls(args.connector_tls_cert, args.connector_tls_key, "--connector-tls")
     if tls is None:
@@ -235,9 +235,9 @@ def client_secret(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from querylib._tcp import raise_fd_limit
-    from querylib.broker import run_broker
     from querylib.log import LogConfig
     from querylib.rpc import default_secret_path, load_or_create_secret
+    from querylib.server import run_broker
 
     raise_fd_limit()
     secret = load_or_create_secret(args.secret_file or default_secret_path())

@@ -69,8 +69,8 @@ def _cluster() -> object | None:
 def _cookie(args: argparse.Namespace, cluster: object | None) -> str:
     if args.cookie is not None:
         return args.cookie
-    from querylib.connector import derive_cookie
     from querylib.rpc import default_secret_path, load_secret
+    from querylib.server.connector import derive_cookie
 
     path = args.secret_file or getattr(cluster, "secret_file", None) or default_secret_path()
     if args.secret_file is None and not os.path.exists(path):

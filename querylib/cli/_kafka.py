@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from querylib._tcp import raise_fd_limit
-    from querylib.kafka import run_kafka
     from querylib.log import LogConfig
+    from querylib.server import run_kafka
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -21,107 +21,65 @@ submodule at import time that registration does not need.
 
 from __future__ import annotations
 
-from querylib._lazy import lazy_exports as _lazy_exports
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "AsyncCluster": "_session",
-    "AsyncCollectionFollower": "_follow",
-    "BrokerInfo": "_messages",
-    "CatalogEvent": "_follow",
-    "CatalogInfo": "_messages",
-    "Cluster": "_blocking",
-    "ClusterFileError": "_errors",
-    "ClusterRunningError": "_errors",
-    "DataDirInUseError": "_errors",
-    "ClusterInfo": "_connection",
-    "CollectionFollower": "_follow",
-    "CollectionView": "_follow",
-    "Connection": "_connection",
-    "Diff": "_follow",
-    "DropPartitions": "_messages",
-    "ExecutorInfo": "_messages",
-    "HostLoad": "_messages",
-    "KillProcesses": "_messages",
-    "NoCoordinatorError": "_errors",
-    "ProcessLoad": "_messages",
-    "QueryFailedError": "_errors",
-    "QueryInfo": "_messages",
-    "QueryTimeoutError": "_errors",
-    "SessionLostError": "_errors",
-    "Snapshot": "_follow",
-    "SpawnProcesses": "_messages",
-    "TopicInfo": "_messages",
-    "TopicRoute": "_topic_io",
-    "TopicWriter": "_topic_io",
-    "claim_cluster_file": "_connection",
-    "cluster_file": "_connection",
-    "default_peer": "_session",
-    "discover": "_connection",
-    "find_query": "_queries",
-    "hold_data_dir": "_connection",
-    "last_records_start": "_topic_io",
-    "partition_infos": "_topic_io",
-    "resolve_query": "_queries",
-    "read_cluster_file": "_connection",
-    "read_collections": "_follow",
-    "read_topic": "_topic_io",
-    "remove_cluster_file": "_connection",
-    "route_topic": "_topic_io",
-    "tq_home": "_connection",
-    "wait_for_exits": "_queries",
-    "wait_for_query_end": "_queries",
-    "write_cluster_file": "_connection",
-}
+from querylib._lazy import lazy_exports
 
-__all__ = [
-    "AsyncCluster",
-    "AsyncCollectionFollower",
-    "BrokerInfo",
-    "CatalogEvent",
-    "CatalogInfo",
-    "Cluster",
-    "ClusterFileError",
-    "ClusterRunningError",
-    "ClusterInfo",
-    "CollectionFollower",
-    "CollectionView",
-    "Connection",
-    "DataDirInUseError",
-    "Diff",
-    "DropPartitions",
-    "ExecutorInfo",
-    "HostLoad",
-    "KillProcesses",
-    "NoCoordinatorError",
-    "ProcessLoad",
-    "QueryFailedError",
-    "QueryInfo",
-    "QueryTimeoutError",
-    "SessionLostError",
-    "Snapshot",
-    "SpawnProcesses",
-    "TopicInfo",
-    "TopicRoute",
-    "TopicWriter",
-    "claim_cluster_file",
-    "cluster_file",
-    "default_peer",
-    "discover",
-    "find_query",
-    "hold_data_dir",
-    "last_records_start",
-    "partition_infos",
-    "resolve_query",
-    "read_cluster_file",
-    "read_collections",
-    "read_topic",
-    "remove_cluster_file",
-    "route_topic",
-    "tq_home",
-    "wait_for_exits",
-    "wait_for_query_end",
-    "write_cluster_file",
-]
+# Names are loaded on first use (PEP 562, querylib/_lazy.py): a query process imports only
+# what it touches.
+if TYPE_CHECKING:
+    from ._blocking import Cluster
+    from ._connection import (
+        ClusterInfo,
+        Connection,
+        claim_cluster_file,
+        cluster_file,
+        discover,
+        hold_data_dir,
+        read_cluster_file,
+        remove_cluster_file,
+        tq_home,
+        write_cluster_file,
+    )
+    from ._errors import (
+        ClusterFileError,
+        ClusterRunningError,
+        DataDirInUseError,
+        NoCoordinatorError,
+        QueryFailedError,
+        QueryTimeoutError,
+        SessionLostError,
+    )
+    from ._follow import (
+        AsyncCollectionFollower,
+        CatalogEvent,
+        CollectionFollower,
+        CollectionView,
+        Diff,
+        Snapshot,
+        read_collections,
+    )
+    from ._queries import find_query, resolve_query, wait_for_exits, wait_for_query_end
+    from ._session import AsyncCluster, default_peer
+    from ._topic_io import (
+        TopicRoute,
+        TopicWriter,
+        last_records_start,
+        partition_infos,
+        read_topic,
+        route_topic,
+    )
+    from .messages import (
+        BrokerInfo,
+        CatalogInfo,
+        DropPartitions,
+        ExecutorInfo,
+        HostLoad,
+        KillProcesses,
+        ProcessLoad,
+        QueryInfo,
+        SpawnProcesses,
+        TopicInfo,
+    )
 
-
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -20,7 +20,7 @@ from catalog import Broker, Executor, Query, Resources, TopicKind
 from querylib.rpc import ClientClosedError, Credential, Notify, Reply, Request
 from querylib.rpc._bridge import LoopThread
 
-from . import _messages as m
+from . import messages as m
 from ._connection import discover
 from ._session import AsyncCluster
 

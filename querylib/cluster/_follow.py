@@ -52,8 +52,8 @@ from ._format import COUNT_HEADER, SNAPSHOT_HEADER
 
 if TYPE_CHECKING:
     from ._blocking import Cluster
-    from ._messages import CatalogInfo
     from ._session import AsyncCluster
+    from .messages import CatalogInfo
 
 __all__ = [
     "AsyncCollectionFollower",

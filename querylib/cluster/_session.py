@@ -58,7 +58,7 @@ from querylib.rpc import (
     unseal,
 )
 
-from . import _messages as m
+from . import messages as m
 from ._connection import discover
 from ._errors import START_HINT, NoCoordinatorError, QueryTimeoutError, SessionLostError
 

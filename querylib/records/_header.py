@@ -36,6 +36,7 @@ LOG_OVERHEAD = 12  # baseOffset + batchLength: what precedes the length-counted 
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
 MAGIC_OFFSET = 16
+SEQUENCE_MODULUS = 2**31  # baseSequence is an int32 and wraps to 0 after 2^31 - 1
 MAX_BATCH_SIZE = 64 * 1024 * 1024  # no batch we accept is larger than this (Kafka default 1 MiB)
 
 _PREFIX = struct.Struct(">qi4xb")  # baseOffset, batchLength, (partitionLeaderEpoch skipped) magic

@@ -22,7 +22,7 @@ from coordinator import (
     Tick,
     WriteCheckpoint,
 )
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 
 RESOURCES = Resources(cores=4, memory=8 << 30, disk=100 << 30, slots=8)
 

@@ -12,7 +12,7 @@ import pytest
 from catalog import Catalog, NotOwnerError, SessionKind, TopicBeingDroppedError
 from coordinator import CoordinatorState, DropPartitions, Persist
 from coordinator._drops import RESEND_S, WAIT_S
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 
 from ._driver import Driver
 

@@ -13,7 +13,7 @@ from coordinator import Persist
 from coordinator._journal import TimedUpdate, encode_block, encode_updates, group_updates
 from querylib.broker import Data, Progress
 from querylib.cluster import CollectionView, Diff, Snapshot
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.records import TIME_HEADER, decode_batch, decode_int64
 
 from ._driver import Driver

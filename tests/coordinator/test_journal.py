@@ -24,7 +24,7 @@ from coordinator._journal import (
     encode_updates,
     group_updates,
 )
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.log import PartitionLog, partition_dir_name
 from querylib.records import encode_batch, frontier_batch
 

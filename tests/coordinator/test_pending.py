@@ -19,7 +19,7 @@ from catalog import (
 from coordinator import CoordinatorConfig, CoordinatorState, Received, SpawnProcesses
 from coordinator._placement import used_slots
 from querylib.cluster import QueryFailedError
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 
 from ._driver import Driver
 

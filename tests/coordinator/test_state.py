@@ -34,7 +34,7 @@ from coordinator import (
     Tick,
 )
 from querylib.cluster import QueryFailedError
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 
 from ._driver import Driver
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from catalog import SessionKind
 from coordinator import Committed, Respond
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 
 from ._driver import Driver
 

@@ -14,9 +14,9 @@ import coordinator._server
 from catalog import COLLECTIONS
 from coordinator import Coordinator
 from coordinator._writer import CatalogWriter
-from querylib.broker import BrokerServer
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.log import LogConfig
+from querylib.server.broker import BrokerServer
 from tests.conftest import wait_for_async
 
 from ._driver import Driver

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from zmq.utils.monitor import recv_monitor_message
 
 from querylib.broker import Data, EndOfStream, Producer, Subscriber
-from querylib.broker import _messages as m
+from querylib.broker import messages as m
 from querylib.broker._stream import encode_records
 from querylib.rpc import (
     BROKER,

@@ -13,7 +13,7 @@ import zmq
 
 from catalog import CatalogError, Resources, SessionKind, TqError, UserError, catalog_topic
 from querylib.cluster import Cluster
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.log import PartitionLog, partition_dir_name
 from querylib.records import DIFF_HEADER, TIME_HEADER, encode_batch, encode_int64
 from querylib.rpc import (

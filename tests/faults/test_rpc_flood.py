@@ -174,8 +174,8 @@ def test_a_peer_without_a_credential_is_closed_at_the_handshake(up: Up) -> None:
 
 def test_a_frame_over_a_server_limit_is_refused_by_its_announced_size(up: Up) -> None:
     from coordinator._server import RPC_LIMITS
-    from querylib.broker import BrokerLimits
-    from querylib.broker._server import server_limits
+    from querylib.server.broker import BrokerLimits
+    from querylib.server.broker._server import server_limits
 
     coordinator, catalog_broker, broker = ports(up)
     broker_limit = server_limits(BrokerLimits()).receive_bytes
@@ -250,8 +250,8 @@ def test_an_unsigned_message_of_many_frames_is_not_buffered_whole(up: Up) -> Non
     frame is in: 20 frames of ~8 MiB from each stranger, sent without waiting for the
     server, would be one message of 160 MiB buffered per connection. Strangers never get
     past the handshake, so none is."""
-    from querylib.broker import BrokerLimits
-    from querylib.broker._server import server_limits
+    from querylib.server.broker import BrokerLimits
+    from querylib.server.broker._server import server_limits
 
     part = server_limits(BrokerLimits()).receive_bytes - 1024
     chunk = memoryview(bytes(part))

@@ -20,8 +20,8 @@ import sys
 import time
 
 from querylib.broker import Data, EndOfStream, Progress, Subscriber
-from querylib.broker._link import BrokerLink
 from querylib.broker._producer import ProducerCore, now_ms
+from querylib.broker._session import BrokerLink
 from querylib.broker._stream import encode_records
 from querylib.rpc import load_secret
 

@@ -283,7 +283,7 @@ def test_rpc_clients_drop_nothing_and_create_only_what_the_catalog_places(
 
     async def attempt() -> None:
         from querylib.broker import BrokerLink
-        from querylib.broker._messages import (
+        from querylib.broker.messages import (
             DropPartitionRequest,
             EnsurePartition,
             WriteMarkersRequest,

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from querylib.broker import Data, EndOfStream, Producer, Subscriber, WriterGroup, list_partitions
-from querylib.broker._link import BrokerLink
-from querylib.broker._messages import EndStreamRequest, Produced, ProduceRequest
 from querylib.broker._producer import ProducerCore
+from querylib.broker._session import BrokerLink
 from querylib.broker._stream import encode_records
+from querylib.broker.messages import EndStreamRequest, Produced, ProduceRequest
 from querylib.records import iter_batches
 from tests.conftest import free_port, wait_for_async
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from querylib.broker import AsyncProducer, BrokerServer
+from querylib.broker import AsyncProducer
 from querylib.errors import InvalidLengthError
 from querylib.log import LogConfig
 from querylib.records import encode_batch
+from querylib.server.broker import BrokerServer
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

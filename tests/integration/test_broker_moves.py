@@ -9,8 +9,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from querylib.broker import AsyncProducer, AsyncSubscriber, BrokerServer, Data, TopicAccess
+from querylib.broker import AsyncProducer, AsyncSubscriber, Data
 from querylib.rpc import Credential, principal_key
+from querylib.server.broker import BrokerServer, TopicAccess
 from tests.conftest import free_port
 
 SECRET = os.urandom(32)

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from querylib.broker import BrokerServer, Data, EndOfStream, Producer, Subscriber
+from querylib.broker import Data, EndOfStream, Producer, Subscriber
 from querylib.log import LogConfig
+from querylib.server.broker import BrokerServer
 
 SECRET = os.urandom(32)
 

@@ -14,16 +14,16 @@ from querylib.broker import (
     AsyncProducer,
     AsyncSubscriber,
     BrokerLink,
-    BrokerServer,
     Data,
     OpenProducerRequest,
     PrincipalError,
     ProduceRequest,
     TopicAuthorizationError,
 )
-from querylib.broker._messages import OpenSessionRequest
+from querylib.broker.messages import OpenSessionRequest
 from querylib.records import encode_batch
 from querylib.rpc import Credential, SecretRejectedError, principal_key
+from querylib.server.broker import BrokerServer
 
 SECRET = os.urandom(32)
 

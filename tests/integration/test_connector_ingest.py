@@ -54,7 +54,7 @@ class Cluster:
 
     def start(self) -> None:
         self.proc = self.processes.python(
-            "-m", "querylib.connector", "--data", str(self.data), "--listen",
+            "-m", "querylib.server.connector", "--data", str(self.data), "--listen",
             f"tcp://127.0.0.1:{self.port}", "--connector-port", str(self.connector_port),
             "--secret-file", self.secret_file, "--credits", str(self.credits),
             stderr=subprocess.DEVNULL)

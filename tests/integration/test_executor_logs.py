@@ -15,7 +15,8 @@ from executor import (
     line_of_record,
     pack_path,
 )
-from querylib.broker import AsyncSubscriber, BrokerServer, Data
+from querylib.broker import AsyncSubscriber, Data
+from querylib.server.broker import BrokerServer
 from tests.executor._support import write_program
 from tests.integration._broker_helpers import secret_file
 

@@ -16,7 +16,7 @@ import pytest
 import querylib
 from catalog import NotAuthorizedError, NotOwnerError, QueryState, Resources
 from querylib.cluster import Cluster
-from querylib.cluster import _messages as m
+from querylib.cluster import messages as m
 from querylib.rpc import SecretRejectedError
 from tests.conftest import wait_for
 from tests.integration._up import Up

@@ -156,7 +156,7 @@ def test_uploads_are_checked_against_their_digest(up: Up) -> None:
 def test_packs_upload_in_chunks_of_a_bounded_size(up: Up) -> None:
     """The coordinator takes no message bigger than one chunk and a little room (DESIGN §2
     "Limits"), so a pack of several chunks goes up a chunk at a time and comes back whole."""
-    from querylib.cluster._messages import ARTIFACT_CHUNK_BYTES, UploadArtifact
+    from querylib.cluster.messages import ARTIFACT_CHUNK_BYTES, UploadArtifact
 
     pack = os.urandom(5 * ARTIFACT_CHUNK_BYTES + 12345)
     digest = hashlib.sha256(pack).hexdigest()

@@ -26,7 +26,7 @@ from querylib.api._submit import build_program
 
 # What a query process must not import before its worker group is registered.
 HEAVY = ("querylib.records", "querylib.broker._stream", "querylib.broker._blocking",
-         "querylib.broker._producer", "querylib.broker._link", "querylib.cluster._follow",
+         "querylib.broker._producer", "querylib.broker._session", "querylib.cluster._follow",
          "querylib.cluster._topic_io", "querylib.cluster._queries", "querylib.kafka",
          "querylib.log", "querylib.api._publisher", "querylib.api._subscription",
          "querylib.api._submit", "querylib.api.serdes", "querylib.rpc._server",

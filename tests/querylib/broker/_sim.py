@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from querylib.broker._events import (
+from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_header
+from querylib.server.broker._events import (
     Append,
     AppendCompleted,
     Deliver,
@@ -29,8 +30,7 @@ from querylib.broker._events import (
     SubscriptionClosed,
     TopicAccess,
 )
-from querylib.broker._state import BrokerLimits, BrokerState
-from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_header
+from querylib.server.broker._state import BrokerLimits, BrokerState
 
 CONTROL = 0x20
 TRANSACTIONAL = 0x10

@@ -10,13 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from querylib.broker import EndOfStream, Progress
-from querylib.broker._frontier import (
-    FrontierAdvanced,
-    PartitionFrontier,
-    StreamEnded,
-    StreamReopened,
-)
-from querylib.broker._host import recover_frontier
 from querylib.broker._stream import FrontierMerge, PartitionMark, encode_records, events_of
 from querylib.errors import InvalidRecordError
 from querylib.log import LogConfig, PartitionLog
@@ -29,6 +22,13 @@ from querylib.records import (
     reopen_batch,
 )
 from querylib.records._control import control_of
+from querylib.server.broker._disk import recover_frontier
+from querylib.server.broker._frontier import (
+    FrontierAdvanced,
+    PartitionFrontier,
+    StreamEnded,
+    StreamReopened,
+)
 from tests.querylib.broker.test_stream import entries, stored
 
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from catalog.errors import ProtocolError
 from querylib.broker import StreamEndedError
-from querylib.broker._frontier import (
+from querylib.server.broker._frontier import (
     FrontierAdvanced,
     PartitionFrontier,
     StreamEnded,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from querylib.broker._events import (
+from querylib.broker.messages import Done, ProducerOpened
+from querylib.errors import StorageError
+from querylib.server.broker._events import (
     AdvanceFrontier,
     EndStream,
     GroupsSaveFailed,
@@ -16,17 +18,15 @@ from querylib.broker._events import (
     SaveGroups,
     Tick,
 )
-from querylib.broker._frontier import (
+from querylib.server.broker._frontier import (
     FrontierAdvanced,
     PartitionFrontier,
     SavedGroup,
     StreamEnded,
     query_of_group,
 )
-from querylib.broker._group_store import GROUPS_FILE, load_groups, save_groups
-from querylib.broker._messages import Done, ProducerOpened
-from querylib.broker._state import BrokerLimits
-from querylib.errors import StorageError
+from querylib.server.broker._state import BrokerLimits
+from querylib.server.broker._writer_group_store import GROUPS_FILE, load_groups, save_groups
 
 from ._sim import Sim
 
@@ -217,7 +217,7 @@ def test_the_reply_to_a_join_waits_until_the_group_is_saved() -> None:
 
 def test_a_partition_saving_its_groups_is_busy_for_a_drop() -> None:
     from querylib.broker._errors import PartitionBusyError
-    from querylib.broker._events import DropPartition
+    from querylib.server.broker._events import DropPartition
 
     sim = Sim(auto_save=False)
     sim.open_partition(P)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from querylib.broker._errors import InvalidTopicError
-from querylib.broker._host import (
+from querylib.broker._stream import encode_records
+from querylib.log import LogConfig, PartitionLog
+from querylib.records import end_of_stream_batch, frontier_batch
+from querylib.server.broker._disk import (
     find_partitions,
     open_partition,
     recover_frontier,
     validate_partition,
 )
-from querylib.broker._stream import encode_records
-from querylib.log import LogConfig, PartitionLog
-from querylib.records import end_of_stream_batch, frontier_batch
 
 
 def data(n: int = 1) -> bytes:

@@ -10,16 +10,16 @@ import os
 import pytest
 
 from querylib.broker import (
-    BrokerServer,
     InvalidTopicError,
     OpenProducerRequest,
     ProduceRequest,
     UnknownPartitionError,
 )
-from querylib.broker._host import find_partitions, open_partition, validate_partition
 from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
 from querylib.records import iter_batches
+from querylib.server.broker import BrokerServer
+from querylib.server.broker._disk import find_partitions, open_partition, validate_partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

@@ -11,10 +11,11 @@ import os
 
 import pytest
 
-from querylib.broker import AsyncProducer, BrokerServer, Incarnation, StaleIncarnationError
-from querylib.broker._host import open_partition
+from querylib.broker import AsyncProducer, Incarnation, StaleIncarnationError
 from querylib.log import LogConfig
 from querylib.records import iter_batches
+from querylib.server.broker import BrokerServer
+from querylib.server.broker._disk import open_partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

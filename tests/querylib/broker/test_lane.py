@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from querylib.broker._events import AppendCompleted, AppendFailed, DurableAdvanced
-from querylib.broker._lane import AppendLane
 from querylib.broker._stream import encode_records
 from querylib.errors import CorruptRecordError
 from querylib.log import LogConfig, PartitionLog
+from querylib.server.broker._appender import AppendLane
+from querylib.server.broker._events import AppendCompleted, AppendFailed, DurableAdvanced
 
 
 def batch(n: int) -> bytes:

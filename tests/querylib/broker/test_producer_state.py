@@ -12,25 +12,25 @@ from querylib.broker._errors import (
     OutOfOrderSequenceError,
     StreamEndedError,
 )
-from querylib.broker._events import (
+from querylib.broker.messages import Done, Produced
+from querylib.errors import StorageError
+from querylib.log import LogConfig, PartitionLog
+from querylib.records import encode_batch
+from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD
+from querylib.server.broker._disk import recover_producers
+from querylib.server.broker._events import (
     AppendFailed,
     EndStream,
     OpenProducer,
     OpenSession,
     Produce,
 )
-from querylib.broker._host import recover_producers
-from querylib.broker._messages import Done, Produced
-from querylib.broker._producer_state import (
+from querylib.server.broker._idempotence import (
     SEQUENCE_MODULUS,
     BatchMark,
     ProducerStateTable,
     last_sequence,
 )
-from querylib.errors import StorageError
-from querylib.log import LogConfig, PartitionLog
-from querylib.records import encode_batch
-from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD
 
 from ._sim import Sim
 

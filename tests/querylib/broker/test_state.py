@@ -12,7 +12,9 @@ from querylib.broker._errors import (
     UnknownBrokerSessionError,
     UnknownPartitionError,
 )
-from querylib.broker._events import (
+from querylib.broker.messages import Done, Produced, SessionOpened, Subscribed
+from querylib.errors import InvalidLengthError, OffsetOutOfRangeError, RecordError, StorageError
+from querylib.server.broker._events import (
     AdvanceFrontier,
     Append,
     AppendFailed,
@@ -35,9 +37,7 @@ from querylib.broker._events import (
     Tick,
     Unsubscribe,
 )
-from querylib.broker._messages import Done, Produced, SessionOpened, Subscribed
-from querylib.broker._state import BrokerLimits
-from querylib.errors import InvalidLengthError, OffsetOutOfRangeError, RecordError, StorageError
+from querylib.server.broker._state import BrokerLimits
 
 from ._sim import Sim, control_of, fake_batch
 
@@ -287,7 +287,7 @@ def test_unknown_stimulus_is_a_bug_not_a_no_op():
 
 
 def test_out_of_order_append_completion_is_a_shell_bug():
-    from querylib.broker._events import AppendCompleted
+    from querylib.server.broker._events import AppendCompleted
 
     sim = started()
     produce(sim, "a")

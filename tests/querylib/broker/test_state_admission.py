@@ -20,7 +20,9 @@ from querylib.broker._errors import (
     TopicAuthorizationError,
     UnknownPartitionError,
 )
-from querylib.broker._events import (
+from querylib.broker.messages import Produced, ProducerOpened
+from querylib.errors import StorageError
+from querylib.server.broker._events import (
     EndStream,
     OpenProducer,
     OpenSession,
@@ -31,9 +33,7 @@ from querylib.broker._events import (
     TopicForgotten,
     TopicResolved,
 )
-from querylib.broker._messages import Produced, ProducerOpened
-from querylib.broker._state import BrokerLimits
-from querylib.errors import StorageError
+from querylib.server.broker._state import BrokerLimits
 
 from ._sim import Sim, fake_batch
 

@@ -4,7 +4,8 @@ subscriptions end, its producers are detached, and it refuses while I/O is in fl
 from __future__ import annotations
 
 from querylib.broker._errors import PartitionBusyError, UnknownPartitionError
-from querylib.broker._events import (
+from querylib.broker.messages import Done
+from querylib.server.broker._events import (
     CloseSession,
     DropPartition,
     OpenProducer,
@@ -13,7 +14,6 @@ from querylib.broker._events import (
     Subscribe,
     SubscriptionClosed,
 )
-from querylib.broker._messages import Done
 
 from ._sim import Sim, fake_batch
 

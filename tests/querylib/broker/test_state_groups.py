@@ -3,7 +3,8 @@ group; the partition's frontier control batches and end-of-stream wait for every
 
 from __future__ import annotations
 
-from querylib.broker._events import (
+from querylib.broker.messages import Done, ProducerOpened, Subscribed
+from querylib.server.broker._events import (
     AdvanceFrontier,
     EndStream,
     Heartbeat,
@@ -12,9 +13,8 @@ from querylib.broker._events import (
     Subscribe,
     Tick,
 )
-from querylib.broker._frontier import WriterGroupError
-from querylib.broker._messages import Done, ProducerOpened, Subscribed
-from querylib.broker._state import BrokerLimits
+from querylib.server.broker._frontier import WriterGroupError
+from querylib.server.broker._state import BrokerLimits
 
 from ._sim import Sim
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import TqError
-from querylib.broker._events import (
+from querylib.broker.messages import Produced
+from querylib.server.broker._events import (
     AdvanceFrontier,
     CloseSession,
     EndStream,
@@ -25,8 +26,7 @@ from querylib.broker._events import (
     Tick,
     Unsubscribe,
 )
-from querylib.broker._messages import Produced
-from querylib.broker._state import BrokerLimits
+from querylib.server.broker._state import BrokerLimits
 
 from ._sim import Sim, control_of, fake_batch
 

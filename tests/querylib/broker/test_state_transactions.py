@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from querylib.broker._errors import BrokerProtocolError
-from querylib.broker._events import (
+from querylib.records import decode_batch, encode_batch, transaction_marker_batch
+from querylib.server.broker._events import (
     Deliver,
     Fail,
     OpenProducer,
@@ -16,7 +17,6 @@ from querylib.broker._events import (
     Subscribe,
     Tick,
 )
-from querylib.records import decode_batch, encode_batch, transaction_marker_batch
 
 from ._sim import Sim
 

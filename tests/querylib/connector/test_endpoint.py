@@ -14,15 +14,12 @@ from typing import Any
 
 import pytest
 
-from querylib.broker import BrokerServer
 from querylib.connector import (
     Accepted,
     Acked,
     BulkSourceConnection,
     Connector,
-    ConnectorEndpoint,
     Dialect,
-    EndpointConfig,
     Nacked,
     NoCreditError,
     PeerError,
@@ -35,6 +32,8 @@ from querylib.connector import (
 from querylib.connector._records import source_id
 from querylib.log import LogConfig
 from querylib.records import ControlType, control_of, decode_int64, iter_batches
+from querylib.server.broker import BrokerServer
+from querylib.server.connector import ConnectorEndpoint, EndpointConfig
 from tests.conftest import wait_for
 
 BOTH = pytest.mark.parametrize("dialect", ["draft", "released"])

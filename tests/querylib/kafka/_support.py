@@ -18,8 +18,10 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from querylib.kafka import BrokerBackend, GroupConfig, KafkaListener, ListenerLimits, serve_local
+from querylib.kafka import ListenerLimits
 from querylib.kafka._apis import _build, _payload_class, response_header_flexible
+from querylib.server import serve_local
+from querylib.server.kafka import BrokerBackend, GroupConfig, KafkaListener
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from querylib.kafka._apis import (
     encode_response,
     is_flexible,
 )
-from querylib.kafka._handlers import legacy_produce_response
+from querylib.server.kafka._handlers import legacy_produce_response
 
 from ._support import encode, make_request, request_class
 

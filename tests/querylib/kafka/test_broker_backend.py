@@ -25,26 +25,24 @@ from catalog.errors import (
 )
 from querylib.broker import (
     BatchTooLargeError,
-    BrokerLimits,
-    BrokerServer,
     EndStreamRequest,
     OpenProducerRequest,
     StreamEndedError,
     TopicAuthorizationError,
 )
 from querylib.errors import CorruptRecordError, OffsetOutOfRangeError
-from querylib.kafka import (
+from querylib.kafka import OutOfOrderSequenceError, UnknownPartitionError
+from querylib.log import LogConfig, PartitionLog
+from querylib.records import decode_batch, encode_batch, iter_batches
+from querylib.server.broker import BrokerLimits, BrokerServer
+from querylib.server.kafka import (
     OFFSETS_TOPIC,
     BrokerBackend,
     CommittedOffset,
     GroupMemberRecord,
     GroupRecord,
     KafkaConfig,
-    OutOfOrderSequenceError,
-    UnknownPartitionError,
 )
-from querylib.log import LogConfig, PartitionLog
-from querylib.records import decode_batch, encode_batch, iter_batches
 
 T = TypeVar("T")
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -276,9 +274,9 @@ def test_markers_on_another_broker_go_in_one_request_per_broker(
     writes them into an executor's under `tq up`) cross in one WriteMarkersRequest, which
     appends a COMMIT marker to each of them; a partition that broker does not have needs
     none."""
-    from querylib.kafka._backend import PartitionInfo as KafkaPartition
-    from querylib.kafka._backend import TopicInfo
-    from querylib.kafka._broker_backend import StandaloneCluster
+    from querylib.server.kafka._backend import PartitionInfo as KafkaPartition
+    from querylib.server.kafka._backend import TopicInfo
+    from querylib.server.kafka._broker_backend import StandaloneCluster
 
     async def main() -> tuple[list[str], list[list[tuple[int, bool]]]]:
         far = BrokerServer(tmp_path / "far", SECRET, log_config=LogConfig())

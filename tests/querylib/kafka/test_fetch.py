@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from querylib.kafka._apis import ApiKey, build_response, encode_response
-from querylib.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
+from querylib.server.kafka._fetch import FetchedPartition, FetchedTopic, encode_fetch_response
 
 
 class Slice:

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from querylib.kafka import ErrorCode, GroupConfig, GroupMachine, GroupStatus
-from querylib.kafka._backend import GroupMemberRecord, GroupRecord
-from querylib.kafka._group import (
+from querylib.kafka import ErrorCode
+from querylib.server.kafka import GroupConfig, GroupMachine, GroupStatus
+from querylib.server.kafka._backend import GroupMemberRecord, GroupRecord
+from querylib.server.kafka._group import (
     TRANSITIONS,
     CommitCheck,
     CommitReply,

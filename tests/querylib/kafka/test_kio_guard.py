@@ -245,7 +245,7 @@ _NULL_STR = struct.pack(">h", -1)
 def test_other_kio_decodes_refuse_huge_counts(call: str, error: str) -> None:
     child = _run_child(f"""
         from querylib.api._group import decode_subscription, decode_assignment
-        from querylib.kafka._offsets_format import decode_offsets_record
+        from querylib.server.kafka._offsets_format import decode_offsets_record
         from catalog.errors import {error}
         try:
             {call}

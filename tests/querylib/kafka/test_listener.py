@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from catalog import TopicName
-from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits, kafka_topic_id
+from querylib.kafka import SUPPORTED_VERSIONS, ApiKey, ErrorCode, ListenerLimits
 from querylib.records import encode_batch, iter_batches
+from querylib.server.kafka import kafka_topic_id
 
 from ._support import ListenerThread, WireClient, make_request, running_listener
 
@@ -512,7 +513,8 @@ def test_fetch_waits_for_min_bytes(served: ListenerThread, client: WireClient) -
 def test_a_port_in_use_is_a_listen_error(served: ListenerThread, tmp_path: Path) -> None:
     import errno
 
-    from querylib.kafka import KafkaListener, ListenError
+    from querylib.kafka import ListenError
+    from querylib.server.kafka import KafkaListener
 
     async def clash() -> None:
         listener = KafkaListener(served.backend, "127.0.0.1", served.port)

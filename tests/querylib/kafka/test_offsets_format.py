@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from catalog.errors import StorageError
-from querylib.kafka import (
+from querylib.server.kafka import (
     CommittedOffset,
     GroupMemberRecord,
     GroupRecord,
@@ -18,7 +18,7 @@ from querylib.kafka import (
     encode_group,
     encode_offset,
 )
-from querylib.kafka._offsets_format import GroupTombstone, OffsetTombstone
+from querylib.server.kafka._offsets_format import GroupTombstone, OffsetTombstone
 
 
 def s(text: str) -> bytes:

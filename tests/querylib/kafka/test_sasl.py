@@ -10,7 +10,7 @@ from querylib.kafka._errors import (
     SaslAuthenticationFailedError,
     UnsupportedSaslMechanismError,
 )
-from querylib.kafka._sasl import SaslExchange, ScramCache, principal_of_username
+from querylib.server.kafka._sasl import SaslExchange, ScramCache, principal_of_username
 
 PASSWORD = "0123456789abcdef0123456789abcdef"
 

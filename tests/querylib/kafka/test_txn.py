@@ -1,4 +1,4 @@
-"""The transaction coordinator's rules (`querylib.kafka._txn`) over an in-memory transaction
+"""The transaction coordinator's rules (`querylib.server.kafka._txn`) over an in-memory transaction
 log: epochs fence older producers, every change is recorded before it counts, EndTxn is
 answered once the transaction is prepared and its markers follow (one call for all its
 partitions), the next transaction's requests meanwhile wait or get CONCURRENT_TRANSACTIONS, a
@@ -14,14 +14,14 @@ from collections.abc import Sequence
 import pytest
 
 from querylib.broker import BrokerUnavailableError
-from querylib.kafka._backend import CommittedOffset
 from querylib.kafka._errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,
     ProducerFencedError,
     TransactionalIdAuthorizationError,
 )
-from querylib.kafka._txn import (
+from querylib.server.kafka._backend import CommittedOffset
+from querylib.server.kafka._txn import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
     EMPTY,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from querylib.kafka._errors import ConcurrentTransactionsError
-from querylib.kafka._txn import COMPLETE_COMMIT, PREPARE_COMMIT
+from querylib.server.kafka._txn import COMPLETE_COMMIT, PREPARE_COMMIT
 from tests.conftest import wait_for, wait_for_async
 from tests.interop._kafka import read_to_end
 from tests.querylib.kafka._support import ListenerThread, running_listener

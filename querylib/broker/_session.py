@@ -1,0 +1,304 @@
+"""A client's session with one broker: a lease kept alive by heartbeats, and reopening the
+session when the broker forgot it (lease expired, broker restarted) or stopped answering (it
+went away, maybe to come back at another address). One interface, two transports:
+`BrokerLink` speaks RPC to a broker in another process, `PortLink` (`_port.py`) is a session
+with a broker in this process. Producers and subscribers build on either; they register
+`on_reopen` callbacks to re-establish what the broker lost (producer roles and unacknowledged
+batches, subscriptions from their last offsets) and `on_failure` callbacks to hear when the
+link gave up.
+
+Every session writes as a principal (`_access.py`): a `BrokerLink`'s is the one its
+credential authenticates (DESIGN §12), the same credential across reconnects and moves; a
+`PortLink`'s the one the in-process caller states.
+
+Reconnecting (DESIGN §5 "Restarts"): while the broker does not answer, the link tries to open
+its session again every `ATTEMPT_TIMEOUT` seconds or so, with a backoff between attempts, and
+after each failed attempt a `BrokerLink` asks `locate` (if given: the catalog's current
+address of the broker, looked up by the owner) whether the broker now listens elsewhere,
+moving there if so. After `reconnect_timeout` seconds without an answer it gives up for good:
+every call then raises BrokerUnavailableError, and `on_failure` callbacks are told once.
+
+The lease itself (heartbeats every third of it, lapse, reopening with backoff, giving up) is
+kept by a `querylib._lease.LeaseKeeper`; a link gives it the broker's messages and rules.
+Runs on one asyncio loop; owns its keeper (and BrokerLink its RpcClient, a new one when the
+broker moved). It decides nothing about data.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+from catalog.errors import TqError
+from querylib._lease import Backoff, LeaseKeeper, Renewal
+from querylib._memory import keep_freed_memory
+from querylib.rpc import (
+    BROKER,
+    Credential,
+    InternalServerError,
+    Limits,
+    Notify,
+    RemoteError,
+    Reply,
+    Request,
+    RpcClient,
+    RpcError,
+)
+
+from ._errors import (
+    BrokerClosedError,
+    BrokerUnavailableError,
+    NotProducerError,
+    UnknownBrokerSessionError,
+)
+from .messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
+
+__all__ = ["ATTEMPT_TIMEOUT", "RECONNECT_TIMEOUT", "BrokerLink", "LinkSource", "Locate",
+           "SessionLink", "lost_connection"]
+
+logger = logging.getLogger("querylib.broker")
+
+R = TypeVar("R", bound=Reply)
+
+# Deliveries are bounded by credit, not by count (see BrokerServer): raise zmq's HWM to match.
+CLIENT_LIMITS = Limits(hwm=100_000)
+
+RECONNECT_TIMEOUT = 60.0  # seconds a link keeps trying to reach its broker before it gives up
+ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for an answer
+_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
+
+Locate = Callable[[], Awaitable[str | None]]
+
+
+class BrokerClosingError(RpcError):
+    """A remote broker answered that it is closing (its process stops): to its clients, a
+    lost connection (`lost_connection`), not a refusal."""
+
+    retriable = True
+
+
+def _verdict(exc: TqError) -> Renewal:
+    """What a failed heartbeat means: forgotten, or no answer (lapsed if it lasts a lease)."""
+    if isinstance(exc, UnknownBrokerSessionError):
+        return Renewal.LAPSED
+    if isinstance(exc, RpcError):  # the broker is slow or away (a client replaced: closed)
+        return Renewal.AWAY
+    return Renewal.REFUSED
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a failed call means the broker is away or forgot us (reopen and send again),
+    rather than that it refused the call (which sending again cannot change)."""
+    if isinstance(exc, UnknownBrokerSessionError | NotProducerError):
+        return True
+    return isinstance(exc, RpcError) and not isinstance(exc, InternalServerError | RemoteError)
+
+
+class LinkSource(Protocol):
+    """A broker in this process, as clients see it: it opens sessions (`BrokerPort`)."""
+
+    def link(self, principal: str, *, lease: float = ..., timeout: float = ...,
+             session: str | None = None) -> SessionLink: ...
+
+
+class SessionLink:
+    """One broker session: open, heartbeats, reopen (retrying, for at most
+    `reconnect_timeout`), close, over the transport a subclass gives (`_request`, `_notify`,
+    `_connect`, `_disconnect`, and `_relocate` where the broker may move)."""
+
+    def __init__(self, *, principal: str, lease: float, timeout: float,
+                 session: str | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+        self.session = session or uuid.uuid4().hex
+        self.principal = principal
+        self.timeout = timeout
+        self.reconnect_timeout = reconnect_timeout
+        self.opened: SessionOpened | None = None
+        # Renewals, lapse, reopening and giving up: the lease keeper, with a broker's rules
+        # (the same session reopened; presumed lapsed once unheard for a lease).
+        self.keeper = LeaseKeeper(
+            lambda: self.where, lease=lease, renew=self._renew, verdict=_verdict,
+            reopen=self._open, retry=lost_connection, relocate=self._relocate,
+            give_up_after=reconnect_timeout, give_up=self._give_up,
+            attempt_timeout=min(timeout, ATTEMPT_TIMEOUT), min_period=0.05,
+            min_renew_timeout=1.0, backoff=Backoff(_BACKOFF_MIN, _BACKOFF_MAX))
+        # Owners register here: re-establish what the broker lost; hear that the link gave up.
+        self.on_reopen = self.keeper.on_reopen
+        self.on_failure = self.keeper.on_failure
+        # Set while the session is open and every owner re-established its state: new calls
+        # wait for it, so nothing overtakes what is being sent again.
+        self.ready = self.keeper.ready
+
+    @property
+    def lease(self) -> float:
+        return self.keeper.lease
+
+    @property
+    def generation(self) -> int:
+        """How many times the session was (re)opened."""
+        return self.keeper.generation
+
+    @property
+    def renewed_at(self) -> float:
+        """Loop time of the last answer to an open or a heartbeat."""
+        return self.keeper.renewed_at
+
+    @property
+    def failure(self) -> TqError | None:
+        """The BrokerUnavailableError the link gave up with, if it did."""
+        return self.keeper.failure
+
+    @property
+    def where(self) -> str:
+        """The broker, as log lines and errors name it."""
+        return f"broker session {self.session}"
+
+    @property
+    def closed(self) -> bool:
+        return self.keeper.closed
+
+    async def request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                      timeout: float | None = None) -> R:
+        if self.failure is not None:
+            raise self.failure
+        return await self._request(request, payload=payload, timeout=timeout)
+
+    async def notify(self, message: Notify) -> None:
+        if self.failure is not None:
+            raise self.failure
+        await self._notify(message)
+
+    async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                       timeout: float | None = None) -> R:
+        raise NotImplementedError
+
+    async def _notify(self, message: Notify) -> None:
+        raise NotImplementedError
+
+    async def _connect(self) -> None:
+        pass
+
+    async def _disconnect(self) -> None:
+        pass
+
+    async def _relocate(self) -> bool:
+        """Whether the broker was found at another address (and we moved there)."""
+        return False
+
+    async def start(self, *, connect_timeout: float | None = None) -> SessionOpened:
+        """Connect and open the session, retrying while the broker is not there yet."""
+        await self._connect()
+        opened = await self._open(connect_timeout or self.timeout)
+        self.keeper.opened()
+        self.keeper.start()
+        return opened
+
+    async def _open(self, timeout: float) -> SessionOpened:
+        self.opened = await self._request(
+            OpenSessionRequest(session=self.session, lease=self.lease,
+                               principal=self.principal), timeout=timeout)
+        return self.opened
+
+    async def _renew(self, timeout: float) -> None:
+        await self._request(HeartbeatRequest(session=self.session), timeout=timeout)
+
+    async def reopen(self, seen_generation: int) -> None:
+        """Open the session again (unless someone did since `seen_generation`), moving to the
+        broker's new address if it moved, then let every owner re-establish its state.
+        Retries with backoff; raises BrokerUnavailableError once `reconnect_timeout` passed
+        without the broker answering."""
+        await self.keeper.reopen(seen_generation)
+
+    def _give_up(self) -> BrokerUnavailableError:
+        return BrokerUnavailableError(
+            f"the {self.where} did not answer for {self.reconnect_timeout:g}s "
+            f"(its address looked up again when possible); giving up")
+
+    async def close(self, *, clean: bool = True) -> None:
+        """Stop heartbeats, close the session (when `clean`) and the transport. Idempotent."""
+        if self.keeper.closed:
+            return
+        await self.keeper.close()
+        if clean and self.opened is not None and self.failure is None:
+            try:
+                await self._request(CloseSessionRequest(session=self.session),
+                                    timeout=min(self.timeout, 5.0))
+            except TqError as exc:
+                logger.debug("%s: close: %s", self.where, exc)
+        await self._disconnect()
+
+
+class BrokerLink(SessionLink):
+    """One broker session over one RpcClient (replaced when the broker moves), writing as the
+    principal of `secret` (our credential; a bare cluster secret is the admin's)."""
+
+    def __init__(self, address: str, secret: bytes | Credential, *, lease: float = 10.0,
+                 timeout: float = 30.0, limits: Limits | None = None,
+                 locate: Locate | None = None,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+        keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
+        super().__init__(principal=Credential.of(secret).principal, lease=lease,
+                         timeout=timeout, reconnect_timeout=reconnect_timeout)
+        self.address = address
+        self.moves = 0  # how many times the broker was found at another address
+        self._secret = secret  # every client of this link signs with it, wherever it moves
+        self._limits = limits or CLIENT_LIMITS
+        self._locate = locate
+        self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
+        self.client = self._new_client(address)
+
+    @property
+    def where(self) -> str:
+        return f"broker at {self.address}"
+
+    def _new_client(self, address: str) -> RpcClient:
+        client = RpcClient(address, self._secret, audience=BROKER, limits=self._limits,
+                           timeout=self.timeout)
+        for message_type, callback in self._notify_callbacks.items():
+            client.on_notify(message_type, callback)
+        return client
+
+    def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
+        """`callback(notification)` for each notify of that type, from whichever client the
+        link uses now or later."""
+        self._notify_callbacks[message_type] = callback
+        self.client.on_notify(message_type, callback)
+
+    async def _connect(self) -> None:
+        await self.client.connect()
+
+    async def _disconnect(self) -> None:
+        await self.client.close()
+
+    async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
+                       timeout: float | None = None) -> R:
+        try:
+            return await self.client.request(request, payload=payload, timeout=timeout)
+        except BrokerClosedError as exc:
+            # A remote broker that is shutting down answers what it has in hand so; it is
+            # away, as after a lost connection, and comes back (a restart), perhaps elsewhere.
+            raise BrokerClosingError(str(exc)) from exc
+
+    async def _notify(self, message: Notify) -> None:
+        await self.client.notify(message)
+
+    async def _relocate(self) -> bool:
+        """Ask where the broker is now; move the client there if it is elsewhere."""
+        if self._locate is None:
+            return False
+        try:
+            address = await self._locate()
+        except TqError as exc:  # the catalog is away too, or the broker is not registered yet
+            logger.debug("%s: looking up its address: %s", self.where, exc)
+            return False
+        if not address or address == self.address or self.closed:
+            return False
+        logger.info("broker moved from %s to %s", self.address, address)
+        old, self.client = self.client, self._new_client(address)
+        self.address = address
+        self.moves += 1
+        await self.client.connect()
+        await old.close()  # calls still in flight on it fail with ClientClosedError
+        return True

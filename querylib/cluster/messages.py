@@ -1,0 +1,503 @@
+"""The coordinator's RPC messages (DESIGN §2): sessions, topics, publications, subscriptions,
+brokers, executors and queries.
+
+Declarations only. They live in `querylib` because every tq process speaks them and `querylib`
+may not import `coordinator`. Catalog records travel as themselves (tagged msgspec Structs), so a
+reply carries the exact record the catalog holds. Times are milliseconds. Every request that acts
+for someone names its session: the coordinator derives the acting party from it (the query a
+query-process session runs, else the session itself), never from a field the client fills in.
+
+Client -> coordinator requests (reply in brackets):
+    coord.session.open      OpenSession        [SessionOpened]   new session, or resume one
+    coord.session.renew     Heartbeat          [Renewed]         renew the lease
+    coord.session.close     CloseSession       [Done]
+    coord.info              GetCatalogInfo     [CatalogInfo]     version, catalog broker, topics
+    coord.loads             GetLoads           [Loads]           each executor's last load
+    coord.topic.lookup      LookupTopic        [TopicInfo]       optionally waiting for it
+    coord.topic.create      CreateTopic        [TopicInfo]
+    coord.topic.delete      DeleteTopic        [Done]
+    coord.topic.alter       AlterTopic         [TopicInfo]
+    coord.topic.dropped     ReportPartitionsDropped [Done]       a broker dropped a deleted topic
+    coord.publish           Publish            [TopicInfo]
+    coord.unpublish         Unpublish          [Done]
+    coord.subscribe         Subscribe          [TopicInfo]       optionally waiting for the topic
+    coord.unsubscribe       Unsubscribe        [Done]
+    coord.broker.register   RegisterBroker     [BrokerInfo]
+    coord.broker.remove     RemoveBroker       [Done]
+    coord.executor.register RegisterExecutor   [ExecutorInfo]
+    coord.executor.remove   RemoveExecutor     [Done]
+    coord.query.submit      SubmitQuery        [QueryInfo]
+    coord.query.exited      ReportExit         [QueryInfo]       an executor reports an exit code
+    coord.query.kill        KillQuery          [QueryInfo]
+    coord.query.spawn_failed ReportSpawnFailed [QueryInfo]       an executor could not start one
+    coord.artifact.upload   UploadArtifact     [ArtifactStored]  a chunk of a program pack
+    coord.artifact.fetch    FetchArtifact      [ArtifactStored]  ... and its bytes back (payload)
+    coord.user.add          AddUser            [UserCredential]  admins: a new named principal
+    coord.user.rotate       RotateUser         [UserCredential]  admins: a new key for one
+    coord.user.remove       RemoveUser         [Done]            admins: its key stops working
+    coord.principal.key     ResolvePrincipal   [PrincipalKey]    executors: a principal's broker
+                                                                 key, for their broker's keyring
+Coordinator -> executor notify:
+    coord.spawn.processes   SpawnProcesses                       start these processes of a query
+    coord.kill.processes    KillProcesses                        terminate what is left of a query
+    coord.drop.partitions   DropPartitions                       drop a deleted topic's partitions
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from catalog import Broker, Executor, Query, Resources, SessionKind, Topic, TopicKind, User
+from querylib.rpc import Notify, Reply, Request
+
+__all__ = [
+    "ARTIFACT_CHUNK_BYTES",
+    "AddUser",
+    "ArtifactStored",
+    "AwaitStart",
+    "BrokerInfo",
+    "CatalogInfo",
+    "CheckpointRef",
+    "CloseSession",
+    "CreateTopic",
+    "DeleteTopic",
+    "AlterTopic",
+    "DropPartitions",
+    "Done",
+    "ExecutorInfo",
+    "FetchArtifact",
+    "GetCatalogInfo",
+    "GetLoads",
+    "HostLoad",
+    "Heartbeat",
+    "KillProcesses",
+    "KillQuery",
+    "Loads",
+    "LookupTopic",
+    "OpenSession",
+    "PrincipalKey",
+    "ProcessLoad",
+    "Publish",
+    "QueryInfo",
+    "RegisterBroker",
+    "RegisterExecutor",
+    "RemoveBroker",
+    "RemoveExecutor",
+    "RemoveUser",
+    "Renewed",
+    "ReportExit",
+    "ReportPartitionsDropped",
+    "ReportSpawnFailed",
+    "ResolvePrincipal",
+    "RotateUser",
+    "SessionOpened",
+    "SpawnProcesses",
+    "SubmitQuery",
+    "Subscribe",
+    "TopicInfo",
+    "Unpublish",
+    "UploadArtifact",
+    "Unsubscribe",
+    "UserCredential",
+]
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class Done(Reply, tag="coord.done"):
+    """The request took effect; `version` is the catalog version that holds the effect."""
+
+    version: int
+
+
+class SessionOpened(Reply, tag="coord.session.opened"):
+    session_id: int
+    lease_ms: int           # the lease granted (the coordinator clamps the request)
+    version: int
+    resumed: bool           # True: an existing session was handed back
+    catalog_broker: str     # the broker serving the __catalog.* topics
+    namespace: str = "public/default"  # the cluster's default: what a bare topic name means
+
+
+class Renewed(Reply, tag="coord.session.renewed"):
+    lease_ms: int
+    version: int
+
+
+class CheckpointRef(msgspec.Struct, frozen=True):
+    """The latest checkpoint of the catalog topics: a follower starts at its collection's
+    block offset, where the collection at `version` is written out whole."""
+
+    version: int
+    offsets: dict[str, int]
+
+
+class CatalogInfo(Reply, tag="coord.info.reply"):
+    version: int
+    catalog_broker: str
+    collections: dict[str, str]   # collection -> its topic on the catalog broker
+    checkpoint: CheckpointRef | None = None
+    namespace: str = "public/default"  # the cluster's default: what a bare topic name means
+
+
+class TopicInfo(Reply, tag="coord.topic.info"):
+    topic: Topic
+    brokers: dict[int, str]       # broker id -> address, for every partition location
+    version: int
+    epoch: int = 0                # on Publish: the epoch the publication's writers start
+
+
+class BrokerInfo(Reply, tag="coord.broker.info"):
+    broker: Broker
+    version: int
+
+
+class ExecutorInfo(Reply, tag="coord.executor.info"):
+    executor: Executor
+    version: int
+
+
+class QueryInfo(Reply, tag="coord.query.info"):
+    query: Query
+    version: int
+
+
+class ArtifactStored(Reply, tag="coord.artifact.stored"):
+    """The coordinator holds the pack `sha256` (hex) of `size` bytes (FetchArtifact: the bytes
+    follow as the reply's one payload frame)."""
+
+    sha256: str
+    size: int
+
+
+# --------------------------------------------------------------------------- load
+
+
+class ProcessLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """One query process with everything it started (a Spark JVM, a multiprocessing pool)."""
+
+    query_id: int
+    process: int
+    pid: int
+    rss: int                 # bytes, summed over the process and its descendants
+    cpu_percent: float       # since the previous sample; 100.0 = one core busy
+    processes: int           # the process and its live descendants
+
+
+class HostLoad(msgspec.Struct, frozen=True, kw_only=True):
+    sampled_at_ms: int
+    cpu_percent: float       # the whole host, 0..100 (all cores)
+    memory_used: int
+    memory_available: int
+    disk_free: int           # on the data directory's file system
+    running: int             # query processes under supervision
+    per_process: tuple[ProcessLoad, ...] = ()
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class OpenSession(Request[SessionOpened], tag="coord.session.open"):
+    """Open a session, or take back `resume` if the coordinator still holds it (after a client
+    restart, or after the coordinator's). A query process names its query and process index:
+    the session then acts as that query, and its expiry fails the query."""
+
+    kind: SessionKind = SessionKind.CLIENT
+    peer: str = ""
+    lease_ms: int = 10_000
+    resume: int | None = None
+    query_id: int | None = None
+    process: int | None = None
+
+
+class Heartbeat(Request[Renewed], tag="coord.session.renew"):
+    session_id: int
+    lease_ms: int | None = None   # None: keep the lease length granted before
+    load: HostLoad | None = None  # an executor's: its host's load, for placement
+
+
+class CloseSession(Request[Done], tag="coord.session.close"):
+    session_id: int
+
+
+class GetCatalogInfo(Request[CatalogInfo], tag="coord.info"):
+    pass
+
+
+class Loads(Reply, tag="coord.loads.reply"):
+    """The load each executor reported with its last heartbeat (by executor id; one that has
+    not sent one yet is missing). Kept in the coordinator's memory, not in the catalog: it
+    changes with every heartbeat."""
+
+    loads: dict[int, HostLoad]
+
+
+class GetLoads(Request[Loads], tag="coord.loads"):
+    pass
+
+
+# --------------------------------------------------------------------------- topics
+
+
+class LookupTopic(Request[TopicInfo], tag="coord.topic.lookup"):
+    """The topic called `name`; with `wait_ms`, wait that long for it to be created."""
+
+    name: str
+    wait_ms: int = 0
+
+
+class CreateTopic(Request[TopicInfo], tag="coord.topic.create"):
+    """Create a topic owned by the session's party (or by `ingest`, fed from outside).
+    `locations` (broker id per partition) defaults to the coordinator's placement."""
+
+    session_id: int
+    name: str
+    partitions: int = 1
+    record_type: str = "bytes"
+    kind: TopicKind = TopicKind.STREAM
+    ingest: bool = False
+    locations: tuple[int, ...] | None = None
+
+
+class DeleteTopic(Request[Done], tag="coord.topic.delete"):
+    session_id: int
+    name: str
+    force: bool = False
+
+
+class AlterTopic(Request[TopicInfo], tag="coord.topic.alter"):
+    """Grow a topic to `partitions` (None: as it is), the new ones on `locations` (default:
+    the coordinator's placement), and set its Kafka configs (`configs`: name -> value, None
+    for the broker's). Kafka's CreatePartitions and IncrementalAlterConfigs; `tq topic alter`,
+    `tq topic add-partitions`."""
+
+    session_id: int
+    name: str
+    partitions: int | None = None
+    locations: tuple[int, ...] | None = None
+    configs: dict[str, str | None] = {}
+
+
+class ReportPartitionsDropped(Request[Done], tag="coord.topic.dropped"):
+    """An executor's broker dropped its partitions of deleted topic `topic_id` (after a
+    `DropPartitions`): the coordinator forgets that pending drop."""
+
+    session_id: int
+    topic_id: int
+    broker_id: int
+
+
+class DropPartitions(Notify, tag="coord.drop.partitions"):
+    """To an executor: drop these partitions of deleted topic `topic_id` (`name`, canonical)
+    from broker `broker_id`, files included, then answer `ReportPartitionsDropped`. Sent after
+    the delete is durable and again each time that broker registers, until reported."""
+
+    topic_id: int
+    name: str
+    broker_id: int
+    partitions: list[int]
+
+
+class Publish(Request[TopicInfo], tag="coord.publish"):
+    session_id: int
+    name: str
+
+
+class Unpublish(Request[Done], tag="coord.unpublish"):
+    session_id: int
+    name: str
+
+
+class Subscribe(Request[TopicInfo], tag="coord.subscribe"):
+    """Subscribe the session's party; with `wait_ms`, wait that long for the topic to exist."""
+
+    session_id: int
+    name: str
+    record_type: str | None = None
+    kind: TopicKind | None = None
+    wait_ms: int = 0
+
+
+class Unsubscribe(Request[Done], tag="coord.unsubscribe"):
+    session_id: int
+    name: str
+
+
+# --------------------------------------------------------------------------- brokers, executors
+
+
+class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
+    """A broker came up; it leaves with the session. `broker_id` re-joins under an old id."""
+
+    session_id: int
+    host: str
+    address: str
+    broker_id: int | None = None
+    kafka_address: str = ""  # HOST:PORT of the broker's Kafka listener, "" for none
+
+
+class RemoveBroker(Request[Done], tag="coord.broker.remove"):
+    session_id: int
+    broker_id: int
+
+
+class RegisterExecutor(Request[ExecutorInfo], tag="coord.executor.register"):
+    session_id: int
+    host: str
+    broker_id: int
+    resources: Resources
+
+
+class RemoveExecutor(Request[Done], tag="coord.executor.remove"):
+    session_id: int
+    executor_id: int
+
+
+# --------------------------------------------------------------------------- queries
+
+
+class SubmitQuery(Request[QueryInfo], tag="coord.query.submit"):
+    """A query placed on `executors` (one per process), or by the coordinator when None. The
+    coordinator tells those executors to spawn the processes; a query it places that does not
+    fit the free process slots is pending until it does (in submission order)."""
+
+    session_id: int
+    name: str
+    program: str
+    processes: int = 1
+    workers: int = 1
+    args: tuple[str, ...] = ()
+    executors: tuple[int, ...] | None = None
+    # True: answer once every process registered (the query runs), or with QueryFailedError
+    # once it failed (a spawn failed, the start timed out, it was killed).
+    wait: bool = False
+    # From submission until every process registered (waiting for slots included); past it
+    # the query fails. None: the coordinator's default.
+    start_timeout_ms: int | None = None
+
+
+class AwaitStart(Request[QueryInfo], tag="coord.query.await_start"):
+    """Answer once query `query_id` runs (every process registered), or with QueryFailedError
+    once it failed or was killed first: what a query process waits on before running `main`
+    (the start barrier), and `tq submit` after a pending reply."""
+
+    session_id: int
+    query_id: int
+
+
+class ReportExit(Request[QueryInfo], tag="coord.query.exited"):
+    session_id: int
+    query_id: int
+    process: int
+    exit_code: int
+    reason: str = ""  # why it failed, as the process wrote it (its TQ_FAILURE_FILE)
+
+
+class KillQuery(Request[QueryInfo], tag="coord.query.kill"):
+    session_id: int
+    query_id: int
+    reason: str = "killed"
+
+
+class KillProcesses(Notify, tag="coord.kill.processes"):
+    """To an executor: terminate these processes of the query (it failed or was killed)."""
+
+    query_id: int
+    processes: list[int]
+    reason: str
+
+
+class ReportSpawnFailed(Request[QueryInfo], tag="coord.query.spawn_failed"):
+    """An executor could not start a process of the query: the query fails with `reason`."""
+
+    session_id: int
+    query_id: int
+    process: int
+    reason: str
+
+
+class SpawnProcesses(Notify, tag="coord.spawn.processes"):
+    """To an executor: start these processes of the query. `program` is a source
+    (`sha256:<hex>` for an uploaded pack, `file://`, `http(s)://`)."""
+
+    query_id: int
+    program: str
+    processes: list[int]
+    process_count: int
+    workers: int
+    args: list[str]
+    executor_id: int
+    # The processes' credential (principal `query:<query_id>`), sealed with the executor's
+    # own key (querylib.rpc.seal): only that executor reads it (DESIGN §12).
+    credential: bytes = b""
+    name: str = ""  # the query's name, for its processes' titles (TQ_QUERY_NAME)
+
+
+# --------------------------------------------------------------------------- principals
+
+
+class UserCredential(Reply, tag="coord.user.credential"):
+    """A named principal and its key, sealed with the requester's own key."""
+
+    user: User
+    sealed_key: bytes
+    version: int
+
+
+class PrincipalKey(Reply, tag="coord.principal.key.reply"):
+    """A principal's broker-audience key sealed with the requester's key; empty when the
+    principal does not exist (now). `valid_ms`: how long the requester may cache it."""
+
+    principal: str
+    sealed_key: bytes
+    valid_ms: int
+
+
+class AddUser(Request[UserCredential], tag="coord.user.add"):
+    session_id: int
+    principal: str  # user:NAME or executor:NAME
+    role: str = "user"
+
+
+class RotateUser(Request[UserCredential], tag="coord.user.rotate"):
+    session_id: int
+    principal: str
+
+
+class RemoveUser(Request[Done], tag="coord.user.remove"):
+    session_id: int
+    principal: str
+
+
+class ResolvePrincipal(Request[PrincipalKey], tag="coord.principal.key"):
+    session_id: int
+    principal: str
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+# The most bytes of a pack one UploadArtifact carries: the coordinator accepts no bigger
+# message (DESIGN §2 "Limits"), so an unsigned one cannot make it buffer more.
+ARTIFACT_CHUNK_BYTES = 1024 * 1024
+
+
+class UploadArtifact(Request[ArtifactStored], tag="coord.artifact.upload"):
+    """One chunk of a program pack, content-addressed: bytes [offset, offset + chunk) of a
+    pack of `size` bytes that must hash to `sha256`, as the request's one payload frame of at
+    most ARTIFACT_CHUNK_BYTES. Chunks come in order, each after the reply to the one before;
+    offset 0 starts (or restarts) the session's upload of that pack. The reply says how many
+    bytes are held; once they are `size`, the pack is checked and stored."""
+
+    session_id: int
+    sha256: str
+    offset: int = 0
+    size: int = 0
+
+
+class FetchArtifact(Request[ArtifactStored], tag="coord.artifact.fetch"):
+    """The pack `sha256`, as the reply's payload frame (NotFoundError if nobody uploaded it)."""
+
+    session_id: int
+    sha256: str

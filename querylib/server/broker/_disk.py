@@ -1,0 +1,398 @@
+"""The partitions a broker hosts on disk: finding, creating, opening (with recovery), the
+frontier a partition's log says it had, and which topic incarnation a directory belongs to
+(DESIGN §4, §11 "Topic incarnations").
+
+Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
+state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what
+the broker needs on top: which directories are partitions, which topic names are acceptable,
+the frontier / end-of-stream recovered from the last control batches, and the idempotent
+producers' last batches found in the log's tail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from catalog import TopicName
+from catalog.errors import InvalidTopicNameError, StorageError
+from querylib.broker._errors import InvalidTopicError, StaleIncarnationError
+from querylib.broker.messages import Incarnation
+from querylib.errors import CorruptDataError
+from querylib.log import LogConfig, PartitionLog
+from querylib.records import (
+    BatchHeader,
+    ControlType,
+    control_of,
+    decode_batch,
+    decode_frontier,
+    decode_reopen,
+    read_header,
+)
+from querylib.records._header import ATTRIBUTES_OFFSET
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
+
+from ._events import PartitionId
+from ._idempotence import last_sequence
+
+__all__ = ["OpenedPartition", "find_partitions", "open_partition",
+           "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
+           "recover_producers", "remove_partition_dir", "set_aside", "stale_incarnation",
+           "validate_partition", "write_incarnation"]
+
+_DELETED = ".deleted-"  # prefix of a partition directory on its way out
+_ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
+INCARNATION_FILE = "topic.json"
+
+logger = logging.getLogger("querylib.broker")
+
+_MAX_PARTITION = 2**31 - 1
+_SCAN_CHUNK = 1024 * 1024
+
+
+def validate_partition(topic: str, partition: int) -> PartitionId:
+    """(topic, partition) if the broker can host it, else InvalidTopicError saying why.
+
+    A broker names a topic by its short form (`numbers`, `tenant/ns/name`: what the catalog
+    shows and Kafka clients see), one spelling per topic, so two spellings never make two
+    partitions. On disk the directory is `TopicName.partition_dir` (`/` escaped as `%2F`).
+    """
+    try:
+        name = TopicName.parse(topic)
+    except InvalidTopicNameError as exc:
+        raise InvalidTopicError(str(exc)) from None
+    if name.short != topic:
+        raise InvalidTopicError(f"topic {topic[:80]!r}: a broker names it {name.short!r} "
+                                "(the short form)")
+    if not 0 <= partition <= _MAX_PARTITION:
+        raise InvalidTopicError(f"partition {partition} is outside 0..{_MAX_PARTITION}")
+    return topic, partition
+
+
+def partition_path(data_dir: str, pid: PartitionId) -> str:
+    """Where a (validated) partition's log lives under `data_dir`."""
+    return os.path.join(data_dir, TopicName.parse(pid[0]).partition_dir(pid[1]))
+
+
+_tombstones = itertools.count()
+
+
+def remove_partition_dir(data_dir: str, pid: PartitionId) -> None:
+    """Delete a (closed) partition's directory. Renamed out of the way first, atomically, so
+    a crash half way through the deletion never leaves a truncated partition that the next
+    start would recover as live (`purge_deleted` finishes the job then)."""
+    path = partition_path(data_dir, pid)
+    tomb = os.path.join(data_dir, f"{_DELETED}{os.getpid()}-{next(_tombstones)}-"
+                        f"{os.path.basename(path)}")
+    try:
+        os.rename(path, tomb)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot delete partition directory {path}: {exc}") from exc
+    shutil.rmtree(tomb, ignore_errors=True)
+
+
+def purge_deleted(data_dir: str) -> None:
+    """Finish deletions a crash interrupted (directories `remove_partition_dir` renamed)."""
+    try:
+        entries = list(os.scandir(data_dir))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(_DELETED) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def read_incarnation(path: str) -> Incarnation | None:
+    """The incarnation a partition directory records, None when it records none (a directory
+    made without a catalog, or by an older tq)."""
+    try:
+        with open(os.path.join(path, INCARNATION_FILE), "rb") as f:
+            doc = json.loads(f.read(4096))
+        return Incarnation(int(doc["created_ms"]), int(doc["topic_id"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"{path}/{INCARNATION_FILE}: unreadable ({exc}); move it aside if "
+                           "the directory belongs to the topic the catalog names") from exc
+
+
+def write_incarnation(path: str, pid: PartitionId, incarnation: Incarnation) -> None:
+    """Record the incarnation in the partition directory (temporary file, fsync, rename)."""
+    target = os.path.join(path, INCARNATION_FILE)
+    body = json.dumps({"topic": pid[0], "partition": pid[1], "topic_id": incarnation.topic_id,
+                       "created_ms": incarnation.created_ms})
+    with open(target + ".tmp", "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(target + ".tmp", target)
+    fsync_dir(path)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename itself must survive a crash
+    finally:
+        os.close(fd)
+
+
+def set_aside(data_dir: str, pid: PartitionId, held: Incarnation) -> str:
+    """Rename a (closed) partition directory of an older incarnation out of the broker's sight
+    (`.orphaned-<topic id>-<created ms>-<dir>`, never opened or removed by tq); its path."""
+    path = partition_path(data_dir, pid)
+    aside = os.path.join(data_dir, f"{_ORPHANED}{held.topic_id}-{held.created_ms}-"
+                                   f"{os.path.basename(path)}")
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        raise StorageError(f"cannot move {path} aside to {aside}: {exc}") from exc
+    fsync_dir(data_dir)
+    logger.warning("%s belongs to an older topic of that name (id %d, created at %d ms), not "
+                   "the one the catalog names now: moved it aside to %s", path, held.topic_id,
+                   held.created_ms, aside)
+    return aside
+
+
+def find_partitions(data_dir: str) -> list[PartitionId]:
+    """The partitions stored under `data_dir` (directories named <topic>-<partition>)."""
+    found: list[PartitionId] = []
+    try:
+        entries = sorted(os.scandir(data_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StorageError(f"cannot list data directory {data_dir}: {exc}") from exc
+    for entry in entries:
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        try:
+            name, partition = TopicName.parse_partition_dir(entry.name)
+            found.append(validate_partition(name.short, partition))
+        except (InvalidTopicNameError, InvalidTopicError):
+            logger.warning("%s: ignoring %s, not a partition directory", data_dir, entry.name)
+    return found
+
+
+ProducerMark = tuple[int, int, int, int, int, int]
+# Kafka transactions of a log's tail: (open: (producer id, first offset), aborted: (producer
+# id, first offset, offset of the ABORT marker)), see `_scan_tail`.
+TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]
+
+
+@dataclass(frozen=True)
+class OpenedPartition:
+    log: PartitionLog
+    frontier: int
+    ended: bool
+    incarnation: Incarnation | None = None
+    producers: tuple[ProducerMark, ...] = ()
+    epoch: int = 0  # of `frontier`
+    epoch_since: int = 0  # the offset from which `epoch` is known to hold
+    transactions: TailTransactions = ((), ())
+
+
+def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
+                   incarnation: Incarnation | None = None, *,
+                   producer_scan_bytes: int = 0) -> OpenedPartition:
+    """Open (creating if missing) the log of `pid`, recover its frontier and the idempotent
+    batches of its last `producer_scan_bytes`. Blocking.
+
+    With `incarnation` (the topic the catalog names), a directory of an older incarnation is
+    set aside first and a new one created; one of a newer incarnation is refused
+    (StaleIncarnationError); one that records none is taken as this incarnation's."""
+    path = partition_path(data_dir, pid)
+    held = read_incarnation(path)
+    if incarnation is not None and held is not None and held != incarnation:
+        if held > incarnation:
+            raise stale_incarnation(pid, held, incarnation, path)
+        set_aside(data_dir, pid, held)
+        held = None
+    log = PartitionLog.open(path, config)
+    try:
+        if incarnation is not None and held is None:
+            write_incarnation(path, pid, incarnation)
+            held = incarnation
+        frontier, ended, epoch, since = recover_frontier(log)
+        producers, transactions = _scan_tail(log, producer_scan_bytes)
+    except BaseException:
+        log.close()
+        raise
+    return OpenedPartition(log, frontier, ended, held, producers, epoch=epoch,
+                           epoch_since=since, transactions=transactions)
+
+
+def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
+                      path: str) -> StaleIncarnationError:
+    return StaleIncarnationError(
+        f"partition {pid[1]} of topic {pid[0]!r} here belongs to topic id {held.topic_id} "
+        f"created at {held.created_ms} ms, newer than the topic id {asked.topic_id} asked for "
+        f"(created at {asked.created_ms} ms): look the topic up again; if the catalog is the "
+        f"older one (restored from a backup), move {path} aside")
+
+
+def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark, ...]:
+    """The idempotent producers' batches in the last `scan_bytes` (at least) of the log, oldest
+    first: (producer id, epoch, first sequence, last sequence, base offset, next offset)."""
+    return _scan_tail(log, scan_bytes)[0]
+
+
+def _scan_tail(log: PartitionLog,
+               scan_bytes: int) -> tuple[tuple[ProducerMark, ...], TailTransactions]:
+    """The idempotent producers' batches (see `recover_producers`) and the Kafka transactions
+    of the last `scan_bytes` (at least) of the log: the ones still open (transactional data
+    with no COMMIT/ABORT marker of its producer after it) and the aborted ones (an ABORT
+    marker; its first offset is where the scanned tail starts when its data begins before).
+
+    Reads backwards in windows of growing size, as `recover_frontier` does, each window
+    forwards, and looks at batch headers only (and the key of a transaction marker). A
+    producer that may send batches again after a crash had them unacknowledged, within its
+    window, so they are in the tail; a transaction lasts at most its timeout (15 minutes),
+    so an open one is in the tail unless more than `scan_bytes` were written meanwhile."""
+    start, hi = log.log_start_offset, log.log_end_offset
+    window, seen = 4096, 0
+    windows: list[list[tuple[BatchHeader, int]]] = []
+    while hi > start and seen < scan_bytes:
+        lo = max(start, hi - window)
+        found: list[tuple[BatchHeader, int]] = []
+        for data, pos, header in _walk_whole(log, lo, hi):
+            seen += header.size
+            attributes = data[pos + ATTRIBUTES_OFFSET + 1]
+            if header.producer_id < 0:
+                continue
+            if attributes & CONTROL_BIT:
+                if attributes & TRANSACTIONAL_BIT:
+                    batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
+                    kind = control_of(batch.records[0])[0] if batch.records else None
+                    found.append((header, _ABORT if kind == ControlType.ABORT else _COMMIT))
+            else:
+                found.append((header, _DATA_TXN if attributes & TRANSACTIONAL_BIT else _DATA))
+        windows.append(found)
+        hi = lo
+        window *= 4
+    producers: list[ProducerMark] = []
+    opened: dict[int, int] = {}
+    aborted: list[tuple[int, int, int]] = []
+    first = hi  # where the scanned tail starts
+    for found in reversed(windows):
+        for header, kind in found:
+            pid = header.producer_id
+            if kind in (_DATA, _DATA_TXN) and header.base_sequence >= 0:
+                producers.append((pid, header.producer_epoch, header.base_sequence,
+                                  last_sequence(header.base_sequence, header.last_offset_delta),
+                                  header.base_offset, header.next_offset))
+            if kind == _DATA_TXN:
+                opened.setdefault(pid, header.base_offset)
+            elif kind in (_ABORT, _COMMIT):
+                began = opened.pop(pid, first)
+                if kind == _ABORT:
+                    aborted.append((pid, began, header.base_offset))
+    return tuple(producers), (tuple(opened.items()), tuple(aborted))
+
+
+_DATA, _DATA_TXN, _ABORT, _COMMIT = range(4)
+
+
+class RecoveredFrontier(NamedTuple):
+    frontier: int
+    ended: bool
+    epoch: int
+    epoch_since: int = 0  # the epoch is known to hold from this offset on
+
+
+def recover_frontier(log: PartitionLog) -> RecoveredFrontier:
+    """(frontier, ended, epoch, epoch_since) as the log last recorded them: the frontier and
+    epoch of the last FRONTIER control record, or 0 and its epoch after a REOPEN record that
+    started an epoch (0, 0 if neither), whether the log ends with an END_OF_STREAM record (no
+    data, and no REOPEN, after it), and the offset of the record that told the epoch (from
+    there on it holds; epoch 0, the first, holds from the start).
+
+    Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
+    forwards, so a log whose last frontier is recent costs a small read however large it is.
+    """
+    start, hi = log.log_start_offset, log.log_end_offset
+    window = 4096
+    ended: bool | None = None  # decided by the last batch of the log
+    while hi > start:
+        lo = max(start, hi - window)
+        found: tuple[int, int, int] | None = None
+        last: ControlType | None | str = "none"
+        for kind, value, offset in _batches(log, lo, hi):
+            last = kind
+            if kind == ControlType.FRONTIER:
+                assert value is not None
+                found = (*value, offset)
+            elif kind == ControlType.REOPEN and value is not None:
+                found = (0, value[1], offset)  # a new epoch starts at frontier 0
+        if ended is None and last != "none":
+            ended = last == ControlType.END_OF_STREAM
+        if found is not None:
+            frontier, epoch, offset = found
+            return RecoveredFrontier(frontier, bool(ended), epoch, offset if epoch else 0)
+        hi = lo
+        window *= 4
+    return RecoveredFrontier(0, bool(ended), 0)
+
+
+def _walk(log: PartitionLog, lo: int,
+          hi: int) -> Iterator[tuple[bytes, int, BatchHeader] | None]:
+    """Each batch in [lo, hi) as (the chunk read, its position there, its header), in order;
+    None for a damaged range, which is skipped."""
+    offset = lo
+    while offset < hi:
+        try:
+            data = log.read(offset, _SCAN_CHUNK, end_offset=hi)
+        except CorruptDataError as exc:
+            yield None
+            offset = max(exc.end_offset, offset + 1)
+            continue
+        if not data:
+            return
+        pos = 0
+        while pos < len(data):
+            header = read_header(data, pos)
+            if header.base_offset >= hi:
+                return
+            yield data, pos, header
+            pos += header.size
+            offset = header.next_offset
+
+
+def _walk_whole(log: PartitionLog, lo: int,
+                hi: int) -> Iterator[tuple[bytes, int, BatchHeader]]:
+    """`_walk` without the damaged ranges (what they held is unknown)."""
+    for found in _walk(log, lo, hi):
+        if found is not None:
+            yield found
+
+
+def _batches(log: PartitionLog, lo: int, hi: int
+             ) -> Iterator[tuple[ControlType | None, tuple[int, int] | None, int]]:
+    """(control type or None for data, value, base offset) of each batch in [lo, hi): a
+    FRONTIER's (frontier, epoch), a REOPEN's (0, epoch) when it starts an epoch, else None. A
+    damaged range counts as data (what it held is unknown: it ends no stream)."""
+    for found in _walk(log, lo, hi):
+        if found is None:
+            yield None, None, -1
+            continue
+        data, pos, header = found
+        if not data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
+            yield None, None, header.base_offset
+            continue
+        for record in decode_batch(data[pos:pos + header.size], verify_crc=False).records:
+            kind, value = control_of(record)
+            if kind == ControlType.FRONTIER:
+                yield kind, decode_frontier(value), header.base_offset
+            elif kind == ControlType.REOPEN:
+                epoch = decode_reopen(value)
+                yield kind, (0, epoch) if epoch else None, header.base_offset
+            elif kind == ControlType.END_OF_STREAM:
+                yield kind, None, header.base_offset

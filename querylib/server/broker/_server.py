@@ -1,0 +1,878 @@
+"""The broker's I/O shell: RPC handlers, append lanes, disk reads and the clock around the pure
+`BrokerState` (the dask WorkerState/BaseWorker split; DESIGN §5).
+
+Every client request becomes a stimulus carrying a future as its token; the state answers with
+instructions that this module performs: resolve the future (the RPC reply), hand an append to
+the partition's lane, read from the log on a thread, push a delivery to a client, ask the
+broker's directory about a topic, open a partition. Results come back as stimuli. The shell
+decides nothing the state decides (admission, credit, acks, frontiers, delivery); it owns
+every task, thread pool and log it opens, and closes them.
+
+Requests come through one door (`_serve`), from RPC clients and from `port` (`BrokerPort`,
+the public way in for code in the same process: the Kafka listener, the connector endpoint,
+tq's own writers). `start(None)` serves the port alone, with no RPC socket (`tq kafka`).
+
+    server = BrokerServer("/data", secret, log_config=LogConfig(flush="always"))
+    endpoint = await server.start("tcp://127.0.0.1:7500")
+    ...
+    await server.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from catalog.errors import StorageError, TqError, UnknownTopicError, UserError
+from querylib._memory import keep_freed_memory
+from querylib.broker._errors import (
+    BrokerClosedError,
+    BrokerProtocolError,
+    PrincipalError,
+    TopicAuthorizationError,
+    UnknownPartitionError,
+)
+from querylib.broker.messages import (
+    AdvanceRequest,
+    CloseSessionRequest,
+    CreditNotify,
+    DeleteRecordsRequest,
+    Delivery,
+    Done,
+    DropPartitionRequest,
+    EndStreamRequest,
+    EnsurePartition,
+    HeartbeatRequest,
+    Incarnation,
+    ListPartitions,
+    MarkersWritten,
+    OpenProducerRequest,
+    OpenSessionRequest,
+    PartitionInfo,
+    PartitionList,
+    Produced,
+    ProduceRequest,
+    ProducerOpened,
+    SessionOpened,
+    Subscribed,
+    SubscribeRequest,
+    SubscriptionEnded,
+    UnsubscribeRequest,
+    WriteMarkersRequest,
+)
+from querylib.driver import Driver
+from querylib.errors import OffsetOutOfRangeError
+from querylib.log import FlushPolicy, LogConfig, PartitionLog, appended_batch
+from querylib.records import SplitBatch, read_header
+from querylib.rpc import (
+    BROKER,
+    AddressError,
+    Context,
+    InternalServerError,
+    Limits,
+    PeerBusyError,
+    PeerUnreachableError,
+    RpcServer,
+    error_body,
+)
+
+from ._appender import AppendLane
+from ._bookkeeping import BrokerLimits
+from ._disk import (
+    OpenedPartition,
+    find_partitions,
+    open_partition,
+    partition_path,
+    purge_deleted,
+    remove_partition_dir,
+    set_aside,
+    stale_incarnation,
+    validate_partition,
+    write_incarnation,
+)
+from ._door import LOCAL_SESSIONS, BrokerPort, OpenDirectory, TopicDirectory
+from ._events import (
+    AdvanceFrontier,
+    Append,
+    AppendCompleted,
+    CloseSession,
+    Deliver,
+    DropPartition,
+    DropSubscription,
+    DurableAdvanced,
+    EndStream,
+    Fail,
+    GrantCredit,
+    Heartbeat,
+    OpenPartition,
+    OpenProducer,
+    OpenSession,
+    PartitionId,
+    PartitionOpened,
+    PartitionOpenFailed,
+    Produce,
+    QueryExits,
+    Read,
+    ReadCompleted,
+    ReadFailed,
+    Reply,
+    ResolveTopic,
+    SaveGroups,
+    SessionExpired,
+    Stimulus,
+    Subscribe,
+    SubscriptionClosed,
+    Tick,
+    TopicAccess,
+    TopicForgotten,
+    TopicResolved,
+    Unsubscribe,
+)
+from ._frontier import SavedGroup, query_of_group
+from ._state import BrokerState
+from ._write_access import ADMIN, SYSTEM, admits
+from ._writer_group_store import GroupSaver, load_groups
+
+# Partitions one WriteMarkersRequest may name: as many as one Kafka transaction may span.
+MAX_MARKER_PARTITIONS = 10_000
+
+__all__ = ["BrokerServer", "server_limits"]
+
+logger = logging.getLogger("querylib.broker")
+
+_LENGTH = struct.Struct(">qi")  # baseOffset, batchLength
+RECV_HWM = 32  # messages zmq queues per client connection before it stops reading it
+_FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's batch
+
+
+def server_limits(limits: BrokerLimits) -> Limits:
+    """What the broker's ROUTER accepts (DESIGN §2 "Limits"). A Produce carries one batch of
+    at most `max_batch_bytes`, every other request is small: ZMQ_MAXMSGSIZE refuses a bigger
+    frame from its announced size, before buffering it, so unsigned garbage costs at most
+    RECV_HWM x that per connection. Deliveries are bounded by credit, not by message count (a
+    subscriber with 1 MiB of credit and 100-byte batches has ~10k in flight): the send HWM
+    stays high."""
+    return Limits(hwm=100_000, recv_hwm=RECV_HWM,
+                  max_receive_bytes=limits.max_batch_bytes + _FRAMES_ROOM)
+
+
+def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tuple[bytes, int]:
+    """Whole batches from `offset` and the offset after the last of them (thread side)."""
+    data = log.read(offset, max_bytes, end_offset=end_offset)
+    pos, last = 0, -1
+    while pos < len(data):
+        last = pos
+        pos += 12 + _LENGTH.unpack_from(data, pos)[1]
+    if last < 0:
+        return data, offset
+    return data, read_header(data, last).next_offset
+
+
+def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
+                    incarnation: Incarnation | None, scan_bytes: int
+                    ) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
+    """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
+    opened = open_partition(data_dir, pid, config, incarnation, producer_scan_bytes=scan_bytes)
+    return opened, load_groups(partition_path(data_dir, pid))
+
+
+def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
+    """The topic incarnation a request names; None when it names none (no catalog)."""
+    return Incarnation(created_ms, topic_id) if topic_id > 0 else None
+
+
+# Kafka topic configs a topic's directory entry may set, and the LogConfig field of each.
+_LOG_CONFIG_FIELDS = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes",
+                      "segment.bytes": "segment_bytes"}
+
+
+class BrokerServer:
+    """A broker hosting the partitions under `data_dir`, serving them over RPC and `port`.
+    `directory` says who may write which topic (default `OpenDirectory`: anyone, anything)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
+                 limits: BrokerLimits | None = None, log_config: LogConfig | None = None,
+                 rpc_limits: Limits | None = None, max_partitions: int = 10_000,
+                 tick_interval: float = 0.1, append_threads: int = 4,
+                 read_threads: int = 4, directory: TopicDirectory | None = None) -> None:
+        keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
+        self.data_dir = os.fspath(data_dir)
+        self.log_config = log_config or LogConfig()
+        self._topic_configs: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.max_partitions = max_partitions
+        self.tick_interval = tick_interval
+        # Tail deliveries hand out the bytes exactly as the log stores them (it stamps more
+        # than the base offset), without reading them back.
+        self.state = BrokerState(limits, stamp=appended_batch)
+        self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
+                              audience=BROKER)
+        self.keyring = self._rpc.keyring  # whose keys its clients sign with (DESIGN §12)
+        self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
+        self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
+        self._lanes: dict[PartitionId, AppendLane] = {}
+        self._savers: dict[PartitionId, GroupSaver] = {}
+        self._opening: dict[PartitionId, asyncio.Lock] = {}
+        # The topic incarnation each open partition's directory records (None: none).
+        self._incarnations: dict[PartitionId, Incarnation | None] = {}
+        self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
+        self._broken: set[tuple[str, int]] = set()  # subscriptions whose delivery failed
+        self._driver = self._make_driver()
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.endpoint: str | None = None
+        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0}
+        self._visible_listeners: list[Callable[[PartitionId], None]] = []
+        self.directory: TopicDirectory = directory or OpenDirectory()
+        self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
+        self._closing = False
+        # Sessions opened through the port: RPC clients may not name them (they write as
+        # tq's own writers, and some have well-known ids).
+        self._local: set[str] = set()
+        self.port = BrokerPort(self)
+        self._register()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, listen: str | None = "tcp://127.0.0.1:0", *,
+                    prefer: str | None = None) -> str:
+        """Open (and recover) every partition under the data directory, then listen: on
+        `prefer` if given and free (the address of a previous run, so clients find us where
+        they left us), else on `listen` (no RPC socket with `listen` None: the in-process
+        `port` only). Returns the RPC endpoint, or "" without one."""
+        self._loop = asyncio.get_running_loop()
+        # The state's clock starts now, not at the ticker's first run: a session opened in
+        # between would otherwise get its lease counted from time 0 and expire at once.
+        self._feed(Tick(self._loop.time(), int(time.time() * 1000)))
+        os.makedirs(self.data_dir, exist_ok=True)
+        await self._loop.run_in_executor(self._append_pool, purge_deleted, self.data_dir)
+        pids = await self._loop.run_in_executor(self._append_pool, find_partitions,
+                                                self.data_dir)
+        await asyncio.gather(*(self._open(pid) for pid in pids))
+        self.directory.watch(self._topic_learned, self._topic_forgotten)
+        if prefer and listen is not None:
+            try:
+                self.endpoint = await self._rpc.start(prefer)
+            except AddressError as exc:
+                # Info, not a warning: the caller reports where it listens (tq up does).
+                logger.info("broker: %s; listening on %s instead", exc, listen)
+        if self.endpoint is None:
+            self.endpoint = await self._rpc.start(listen) if listen is not None else ""
+        self._ticker = self._loop.create_task(self._tick_forever(), name="broker ticks")
+        logger.info("broker on %s: %d partitions under %s", self.endpoint or "(no RPC)",
+                    len(pids), self.data_dir)
+        return self.endpoint
+
+    async def close(self) -> None:
+        """Stop serving, finish queued appends, close every log. Idempotent."""
+        self._closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+            self._ticker = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._rpc.close()
+        for lane in list(self._lanes.values()):
+            await lane.close()
+        for saver in list(self._savers.values()):
+            await saver.close()
+        loop = asyncio.get_running_loop()
+        for lane in self._lanes.values():
+            await loop.run_in_executor(self._append_pool, lane.log.close)
+        self._lanes.clear()
+        self._append_pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=True)
+
+    async def __aenter__(self) -> BrokerServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def rpc_counters(self) -> dict[str, int]:
+        """Messages the RPC layer dropped or refused, by reason."""
+        return self._rpc.counters
+
+    def statistics(self) -> dict[str, int]:
+        return {**self.state.statistics(), **self.counters}
+
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._feed(Tick(loop.time(), int(time.time() * 1000)))
+            await asyncio.sleep(self.tick_interval)
+
+    # -- partitions -------------------------------------------------------------------------
+
+    async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        opened, groups = await loop.run_in_executor(
+            self._append_pool, _open_partition, self.data_dir, pid, self.topic_log_config(pid[0]),
+            incarnation, self.state.limits.producer_scan_bytes)
+        self._incarnations[pid] = opened.incarnation
+        log = opened.log
+        inline = self.log_config.flush is FlushPolicy.NEVER
+        self._lanes[pid] = AppendLane(pid, log, self._append_pool, self._feed, inline=inline)
+        self._savers[pid] = GroupSaver(pid, partition_path(self.data_dir, pid),
+                                       self._append_pool, self._feed)
+        self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
+                                   log.durable_end_offset, opened.frontier, opened.ended,
+                                   groups, opened.producers, opened.epoch,
+                                   opened.epoch_since, *opened.transactions))
+
+    # -- what BrokerPort and the executor use ---------------------------------------------------
+
+    async def ensure_partition(self, topic: str, partition: int, *, create: bool,
+                               topic_id: int = 0, topic_created_ms: int = 0) -> PartitionId:
+        """The partition's id once this broker hosts it, opening (`create`: creating) it.
+        InvalidTopicError for a name the broker cannot store, UnknownPartitionError when it
+        does not host it and `create` is off. With the catalog's `topic_id` and
+        `topic_created_ms`, the partition must belong to that topic (DESIGN §11 "Topic
+        incarnations"): an older incarnation's directory is set aside, a newer one's refuses
+        (StaleIncarnationError)."""
+        return await self._ensure(topic, partition, create,
+                                  incarnation_of(topic_id, topic_created_ms))
+
+    def on_visible(self, listener: Callable[[PartitionId], None]) -> Callable[[], None]:
+        """Call `listener(pid)` (on the loop; it must be quick) whenever what subscribers may
+        read of a partition may have grown. Returns the function that stops it. How a Kafka
+        Fetch waiting for data learns of appends without polling."""
+        self._visible_listeners.append(listener)
+        return lambda: self._visible_listeners.remove(listener)
+
+    def _sized_info(self, pid: PartitionId) -> PartitionInfo:
+        """The core's PartitionInfo with the bytes its log holds on disk."""
+        info = self.state.partition_info(pid)
+        lane = self._lanes.get(pid)
+        if lane is None:
+            return info
+        return msgspec.structs.replace(info, size=lane.log.size_in_bytes)
+
+    async def may_write(self, topic: str, principal: str) -> bool:
+        """Whether the topic's writers rule admits `principal` (asking the directory when the
+        core has no rule for it yet): Kafka's DELETE and ALTER on a topic are its writers'."""
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, 0, create=False)
+        return admits(rule.writers, principal)
+
+    async def delete_records(self, pid: PartitionId, offset: int) -> int:
+        """Move a hosted partition's log start up to `offset` (Kafka's DeleteRecords), in
+        order with its appends; the new log start. UnknownPartitionError if not hosted,
+        OffsetOutOfRangeError past its end."""
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return await lane.delete_records(offset)
+
+    def partition_log(self, pid: PartitionId) -> PartitionLog:
+        """The log of a hosted partition, for reads (thread-safe against the append lane).
+        Never append to it: the lane is its one writer. UnknownPartitionError if not hosted."""
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return lane.log
+
+    def query_exits(self, query_id: int, exit_codes: tuple[int | None, ...],
+                    failed: bool) -> None:
+        """What the catalog says of a query's processes (exit code each, None while running;
+        `failed`: the query failed or was killed): its writer groups on this broker settle
+        (DESIGN §11 "Collective publishing"). Call on the broker's loop."""
+        self._feed(QueryExits(query_id, tuple(exit_codes), failed))
+
+    def group_queries(self) -> set[int]:
+        """The queries some writer group on this broker is waiting for (to join, or to end)."""
+        return {q for part in self.state.partitions.values()
+                for g in part.frontier.open_groups()
+                if (q := query_of_group(g)) is not None}
+
+    async def _ensure(self, topic: str, partition: int, create: bool,
+                      incarnation: Incarnation | None = None) -> PartitionId:
+        pid = validate_partition(topic, partition)
+        if pid in self.state.partitions and (
+                incarnation is None or self._incarnations.get(pid) == incarnation):
+            return pid
+        if pid not in self.state.partitions and not create:
+            raise UnknownPartitionError(f"this broker has no partition {partition} of topic "
+                                        f"{topic!r}")
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock  # an open that held it before us may have let it go
+            if pid in self.state.partitions and incarnation is not None:
+                await self._check_incarnation(pid, incarnation)
+            if pid not in self.state.partitions:
+                if not create:
+                    raise UnknownPartitionError(f"this broker has no partition {partition} of "
+                                                f"topic {topic!r}")
+                if len(self.state.partitions) >= self.max_partitions:
+                    raise UserError(f"this broker hosts its maximum of {self.max_partitions} "
+                                    "partitions")
+                await self._open(pid, incarnation)
+        self._opening.pop(pid, None)
+        return pid
+
+    async def _may_create(self, topic: str, partition: int) -> None:
+        """A reader may have a partition created empty only where the directory places it (a
+        topic the catalog places here that nobody wrote yet); PartitionNotHereError,
+        UnknownPartitionError or the directory's refusal otherwise."""
+        if (topic, partition) in self.state.partitions:
+            return
+        rule = self.state.rule_of(topic)
+        if rule is None:
+            rule = await self.directory.resolve(topic, partition, create=False)
+        rule.check_placed(partition, "read")
+
+    async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
+        """Check an open partition against the incarnation a writer names, under its opening
+        lock (it may be set aside: then it is no longer hosted)."""
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock
+            if pid in self.state.partitions:
+                await self._check_incarnation(pid, incarnation)
+        self._opening.pop(pid, None)
+
+    async def _check_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
+        """An open partition asked for as `incarnation` (under its opening lock): take it as
+        that one if its directory records none, set it aside if it is an older one (then it
+        is no longer hosted), refuse if it is a newer one."""
+        held = self._incarnations.get(pid)
+        path = partition_path(self.data_dir, pid)
+        loop = asyncio.get_running_loop()
+        if held == incarnation:
+            return
+        if held is None:
+            await loop.run_in_executor(self._append_pool, write_incarnation, path, pid,
+                                       incarnation)
+            self._incarnations[pid] = incarnation
+        elif held > incarnation:
+            raise stale_incarnation(pid, held, incarnation, path)
+        else:
+            await self._forget(pid, lambda: set_aside(self.data_dir, pid, held))
+
+    async def drop_partition(self, topic: str, partition: int) -> None:
+        """Forget a partition and delete its files (its topic was deleted). PartitionBusyError
+        while appends or reads on it are in flight; done already if not hosted."""
+        pid = validate_partition(topic, partition)
+        # Under the partition's opening lock: an open asked for meanwhile (the topic created
+        # again) waits and then finds no directory, so a new topic never sees old records.
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock  # an open that held it before us may have let it go
+            await self._forget(pid, lambda: remove_partition_dir(self.data_dir, pid))
+
+    async def _forget(self, pid: PartitionId, then: Callable[[], object]) -> None:
+        """Drop the partition from the state, close its log, then run `then` (on the append
+        pool) on its closed directory. The caller holds the partition's opening lock."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._feed(DropPartition(future, pid))
+        await future
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.pop(pid, None)
+        if lane is not None:
+            await lane.close()
+            await loop.run_in_executor(self._append_pool, lane.log.close)
+        saver = self._savers.pop(pid, None)
+        if saver is not None:
+            await saver.close()
+        self._incarnations.pop(pid, None)
+        await loop.run_in_executor(self._append_pool, then)
+
+    # -- the state machine loop -------------------------------------------------------------
+
+    def _feed(self, stimulus: Stimulus) -> None:
+        """Hand a stimulus to the state and perform its instructions (`querylib.driver`);
+        stimuli raised while performing (a failed delivery) queue behind."""
+        self._driver.feed(stimulus)
+
+    def _make_driver(self) -> Driver:
+        def finish(instr: Reply | Fail) -> None:
+            if not instr.token.done():
+                if isinstance(instr, Fail):
+                    instr.token.set_exception(instr.error)
+                else:
+                    instr.token.set_result(instr.value)
+
+        return Driver("broker", self.state.handle, {
+            ResolveTopic: lambda instr: self._spawn(self._resolve(instr),
+                                                    f"resolve topic {instr.topic}"),
+            OpenPartition: lambda instr: self._spawn(
+                self._open_for(instr.partition, instr.incarnation), f"open {instr.partition}"),
+            Reply: finish,
+            Fail: finish,
+            Deliver: self._deliver,
+            Append: lambda instr: self._lanes[instr.partition].submit(instr.ticket, instr.batch),
+            Read: self._read,
+            SubscriptionClosed: self._subscription_closed,
+            SaveGroups: lambda instr: self._savers[instr.partition].submit(instr),
+            SessionExpired: self._session_expired,
+        }, on_bug=self._bug, invariants=self.state.check_invariants, after=self._after,
+            # Tuples, not text: formatting would cost every batch a microsecond.
+            slim={Produce: lambda s: ("Produce", s.session, s.partition, len(s.batch)),
+                  ReadCompleted: lambda s: ("ReadCompleted", s.serial, s.offset, len(s.data),
+                                            s.next_offset)},
+            logger=logger)
+
+    def _bug(self, stimulus: Stimulus, exc: Exception) -> None:
+        """A bug (ours, not a client's) handling `stimulus`: fail its request, serve on."""
+        self.counters["bugs"] += 1
+        token = getattr(stimulus, "token", None)
+        if isinstance(token, asyncio.Future) and not token.done():
+            token.set_exception(InternalServerError(f"broker bug: {type(exc).__name__}: {exc}"))
+
+    def _after(self, stimulus: Stimulus) -> None:
+        if self._visible_listeners and isinstance(stimulus, AppendCompleted | DurableAdvanced):
+            for listener in list(self._visible_listeners):
+                listener(stimulus.partition)
+
+    def _subscription_closed(self, instr: SubscriptionClosed) -> None:
+        self._broken.discard((instr.session, instr.sub_id))
+        error = instr.error if isinstance(instr.error, TqError) else StorageError(
+            str(instr.error))
+        self._notify(instr.session, SubscriptionEnded(
+            sub_id=instr.sub_id, topic=instr.partition[0], partition=instr.partition[1],
+            error=error_body(error)))
+
+    def _session_expired(self, instr: SessionExpired) -> None:
+        self._peers.pop(instr.session, None)
+        self._local.discard(instr.session)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, ask: ResolveTopic) -> None:
+        """Ask the directory; its answer (or refusal) goes back to the state."""
+        try:
+            access = await self.directory.resolve(ask.topic, ask.partition, create=ask.create)
+        except TqError as exc:
+            self._feed(TopicResolved(ask.ask, error=exc))
+        except Exception as exc:  # a bug in the directory: refuse the writers, say so
+            self.counters["bugs"] += 1
+            logger.exception("broker: the directory failed on topic %r", ask.topic)
+            self._feed(TopicResolved(ask.ask, error=InternalServerError(
+                f"broker bug resolving {ask.topic!r}: {type(exc).__name__}: {exc}")))
+        else:
+            self._feed(TopicResolved(ask.ask, access=access))
+
+    async def _open_for(self, pid: PartitionId, incarnation: Incarnation | None) -> None:
+        """Open a partition the state admitted a writer to (as the topic incarnation the
+        writer named, if it named one); it learns by PartitionOpened."""
+        try:
+            await self._ensure(pid[0], pid[1], True, incarnation)
+        except TqError as exc:
+            self._feed(PartitionOpenFailed(pid, exc))
+        except OSError as exc:
+            self._feed(PartitionOpenFailed(pid, StorageError(f"cannot open {pid}: {exc}")))
+        except Exception as exc:  # a bug: refuse the writers waiting for it, say so
+            self.counters["bugs"] += 1
+            logger.exception("broker: opening %s failed", pid)
+            self._feed(PartitionOpenFailed(pid, InternalServerError(
+                f"broker bug opening {pid}: {type(exc).__name__}: {exc}")))
+
+    def _topic_learned(self, access: TopicAccess) -> None:
+        if self._topic_configs.get(access.topic, ()) != access.configs:
+            if access.configs:
+                self._topic_configs[access.topic] = access.configs
+            else:
+                self._topic_configs.pop(access.topic, None)
+            config = self.topic_log_config(access.topic)
+            for pid, lane in self._lanes.items():
+                if pid[0] == access.topic:
+                    lane.log.config = config  # read by the lane's roll and retention
+                    lane.apply_retention()
+        self._feed(access)
+
+    def _topic_forgotten(self, topic: str) -> None:
+        self._topic_configs.pop(topic, None)
+        self._feed(TopicForgotten(topic))
+
+    def topic_log_config(self, topic: str) -> LogConfig:
+        """The broker's log config with the topic's own settings from its directory (the
+        catalog's retention.ms, retention.bytes, segment.bytes) over it."""
+        configs = self._topic_configs.get(topic)
+        if not configs:
+            return self.log_config
+        fields = {_LOG_CONFIG_FIELDS[name]: int(value) for name, value in configs
+                  if name in _LOG_CONFIG_FIELDS}
+        return dataclasses.replace(self.log_config, **fields)
+
+    def _deliver(self, d: Deliver) -> None:
+        key = (d.session, d.sub_id)
+        if key in self._broken:
+            return  # an earlier delivery of this round failed: the subscription is ending
+        message = Delivery(sub_id=d.sub_id, topic=d.partition[0], partition=d.partition[1],
+                           offset=d.offset, next_offset=d.next_offset)
+        try:
+            peer = self._peers.get(d.session)
+            if peer is None:
+                raise PeerUnreachableError(f"no address known for session {d.session!r}")
+            self._rpc.notify(peer, message, payload=[d.data])
+        except (PeerBusyError, PeerUnreachableError) as exc:
+            # Delivering out of order or with a hole is never an option: end the subscription;
+            # the client resubscribes from the last offset it has.
+            self.counters["delivery_failed"] += 1
+            self._broken.add(key)
+            self._feed(DropSubscription(d.session, d.sub_id, exc))
+
+    def _notify(self, session: str, message: Any) -> None:
+        peer = self._peers.get(session)
+        if peer is None:
+            return
+        try:
+            self._rpc.notify(peer, message)
+        except (PeerBusyError, PeerUnreachableError):
+            self.counters["delivery_failed"] += 1
+
+    def _read(self, instr: Read) -> None:
+        assert self._loop is not None
+        log = self._lanes[instr.partition].log
+        future = self._loop.run_in_executor(self._read_pool, _read, log, instr.offset,
+                                            instr.max_bytes, instr.end_offset)
+
+        def done(f: asyncio.Future[tuple[bytes, int]]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                if not isinstance(exc, TqError):
+                    logger.error("broker: read of %s failed: %r", instr.partition, exc)
+                self._feed(ReadFailed(instr.serial, instr.offset, exc))
+            else:
+                data, next_offset = f.result()
+                self._feed(ReadCompleted(instr.serial, instr.offset, data, next_offset))
+
+        future.add_done_callback(done)
+
+    # -- requests: one door, for RPC clients and the in-process port ------------------------
+
+    async def _serve(self, request: Any, payload: list[Any], *, peer: bytes | None,
+                     remote: bool, principal: str | None = None) -> Any:
+        """Answer one broker request, from an RPC client (`remote`, its ROUTER identity
+        `peer`, authenticated as `principal`) or from `BrokerPort` in this process: the same
+        stimuli either way, so the core decides the same. Deliveries go to RPC clients only.
+        An RPC client's session writes as the principal it authenticated as (DESIGN §12),
+        and a session is used only by its own principal."""
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise BrokerProtocolError(f"the broker serves no {type(request).__name__}")
+        if remote:
+            session_id = getattr(request, "session", None)
+            if session_id:
+                if session_id in self._local or session_id.startswith(LOCAL_SESSIONS):
+                    raise PrincipalError("that session belongs to the broker's own process; "
+                                         "open one of your own")
+                session = self.state.sessions.get(session_id)
+                if session is not None and session.principal != principal:
+                    raise PrincipalError(f"session {session_id!r} belongs to another principal")
+            if type(request) is ProduceRequest:
+                pass  # the usual request (one per batch): none of the checks below is its
+            elif isinstance(request, OpenSessionRequest):
+                request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
+                    await self.may_write(request.topic, principal or "")):
+                raise TopicAuthorizationError(
+                    f"{principal} may not delete records of topic {request.topic!r}: only its "
+                    "writers and the admin may")
+            elif isinstance(request, WriteMarkersRequest) and principal != ADMIN:
+                raise PrincipalError(f"{principal} may not write transaction markers: only "
+                                     "tq's transaction coordinator does")
+            elif isinstance(request, DropPartitionRequest) and principal != ADMIN:
+                # Under a coordinator, drops come from the catalog through the executor (in
+                # process); over RPC only the holder of the cluster secret drops data.
+                raise PrincipalError(f"{principal} may not drop partitions: only the admin may "
+                                     "(under a coordinator, `tq topic delete` drops them)")
+        return await handler(request, payload, peer, remote)
+
+    def _call(self, peer: bytes | None, session: str,
+              make: Callable[[Any], Stimulus]) -> asyncio.Future[Any]:
+        """Feed the stimulus `make(future)` now; the future resolves to the core's answer (a
+        future rather than a coroutine awaiting it: one frame less on every request)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._feed(make(future))
+        if peer is not None and session in self.state.sessions:
+            self._peers[session] = peer  # the client may have reconnected from a new socket
+        return future
+
+    def _register(self) -> None:
+        async def open_session(req: OpenSessionRequest, payload: list[Any], peer: bytes | None,
+                               remote: bool) -> SessionOpened:
+            if remote and req.principal == SYSTEM:
+                raise PrincipalError("the system principal is tq's own writers in the broker's "
+                                     "process; an RPC client cannot claim it")
+            opened = await self._call(peer, req.session, lambda t: OpenSession(
+                t, req.session, req.lease, req.principal))
+            if not remote:
+                self._local.add(req.session)
+            return opened
+
+        async def heartbeat(req: HeartbeatRequest, payload: list[Any], peer: bytes | None,
+                            remote: bool) -> Done:
+            return await self._call(peer, req.session, lambda t: Heartbeat(t, req.session))
+
+        async def close_session(req: CloseSessionRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> Done:
+            return await self._call(peer, req.session, lambda t: CloseSession(t, req.session))
+
+        async def list_partitions(req: ListPartitions, payload: list[Any], peer: bytes | None,
+                                  remote: bool) -> PartitionList:
+            pids = sorted(p for p in self.state.partitions if not req.topic or p[0] == req.topic)
+            return PartitionList([self._sized_info(p) for p in pids])
+
+        async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
+                         remote: bool) -> PartitionInfo:
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
+            pid = await self._ensure(req.topic, req.partition, req.create,
+                                     incarnation_of(req.topic_id, req.topic_created_ms))
+            return self.state.partition_info(pid)
+
+        async def drop(req: DropPartitionRequest, payload: list[Any], peer: bytes | None,
+                       remote: bool) -> Done:
+            await self.drop_partition(req.topic, req.partition)
+            return Done()
+
+        async def delete_records(req: DeleteRecordsRequest, payload: list[Any],
+                                 peer: bytes | None, remote: bool) -> PartitionInfo:
+            pid = validate_partition(req.topic, req.partition)
+            visible = self.state.partition_info(pid).log_end  # UnknownPartitionError
+            offset = visible if req.offset == -1 else req.offset
+            if not 0 <= offset <= visible:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {req.topic}-{req.partition} before {offset}: "
+                    f"it ends at {visible}")
+            await self.delete_records(pid, offset)
+            return self._sized_info(pid)
+
+        async def open_producer(req: OpenProducerRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> ProducerOpened:
+            pid = validate_partition(req.topic, req.partition)
+            incarnation = incarnation_of(req.topic_id, req.topic_created_ms)
+            if incarnation is not None and pid in self.state.partitions:
+                # The partition open here may be an older topic of the name (DESIGN §11
+                # "Topic incarnations"): set aside, the core opens it anew as this one.
+                await self._settle_incarnation(pid, incarnation)
+            return await self._call(peer, req.session, lambda t: OpenProducer(
+                t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
+                create=req.create, create_topic=req.create_topic, reopen=req.reopen,
+                epoch=req.epoch,
+                incarnation=incarnation, producer_id=req.producer_id,
+                last_sequence=req.last_sequence, ending=req.ending))
+
+        def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
+                    remote: bool) -> asyncio.Future[Produced]:
+            # Not a coroutine: `_serve` awaits the core's answer directly (once per batch).
+            if len(payload) == 1:
+                batch = payload[0]
+            elif len(payload) == 2:  # its header apart from its records (a stamped batch)
+                batch = SplitBatch(payload[0], payload[1])
+            else:
+                raise BrokerProtocolError(f"a produce carries one record batch, in one payload "
+                                          f"frame or two (header, records), not {len(payload)}")
+            pid = (req.topic, req.partition)
+            return self._call(peer, req.session, lambda t: Produce(t, req.session, pid, batch))
+
+        async def write_markers(req: WriteMarkersRequest, payload: list[Any],
+                                peer: bytes | None, remote: bool) -> MarkersWritten:
+            """One transaction marker into several partitions, each as a produce of the
+            session (its producer opened there first if it is not): answered once all are
+            durable, naming the partitions that do not exist; any other refusal raised once
+            the rest are written."""
+            if len(payload) != 1:
+                raise BrokerProtocolError(f"a marker request carries one marker batch, not "
+                                          f"{len(payload)}")
+            if len(req.partitions) > MAX_MARKER_PARTITIONS:
+                raise BrokerProtocolError(f"a marker request names at most "
+                                          f"{MAX_MARKER_PARTITIONS} partitions, not "
+                                          f"{len(req.partitions)}")
+
+            async def write(topic: str, partition: int) -> tuple[str, int] | None:
+                session = self.state.sessions.get(req.session)
+                try:
+                    if session is None or (topic, partition) not in session.producing:
+                        await open_producer(OpenProducerRequest(
+                            session=req.session, topic=topic, partition=partition,
+                            create=False), [], peer, remote)
+                    await produce(ProduceRequest(session=req.session, topic=topic,
+                                                 partition=partition), payload, peer, remote)
+                except (UnknownPartitionError, UnknownTopicError):
+                    return (topic, partition)
+                return None
+
+            results = await asyncio.gather(*(write(t, p) for t, p in req.partitions),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            return MarkersWritten(gone=[r for r in results if isinstance(r, tuple)])
+
+        async def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
+                          remote: bool) -> Done:
+            pid = (req.topic, req.partition)
+            return await self._call(peer, req.session,
+                                    lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
+
+        async def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
+                             remote: bool) -> Done:
+            pid = (req.topic, req.partition)
+            return await self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
+
+        async def subscribe(req: SubscribeRequest, payload: list[Any], peer: bytes | None,
+                            remote: bool) -> Subscribed:
+            if peer is None:
+                raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
+            if remote and req.create:
+                await self._may_create(req.topic, req.partition)
+            pid = await self._ensure(req.topic, req.partition, req.create,
+                                     incarnation_of(req.topic_id, req.topic_created_ms))
+            return await self._call(peer, req.session, lambda t: Subscribe(
+                t, req.session, req.sub_id, pid, req.start, req.credit))
+
+        async def unsubscribe(req: UnsubscribeRequest, payload: list[Any], peer: bytes | None,
+                              remote: bool) -> Done:
+            return await self._call(peer, req.session,
+                                    lambda t: Unsubscribe(t, req.session, req.sub_id))
+
+        self._handlers: dict[type, Callable[..., Any]] = {
+            OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
+            CloseSessionRequest: close_session, ListPartitions: list_partitions,
+            EnsurePartition: ensure, DropPartitionRequest: drop,
+            DeleteRecordsRequest: delete_records,
+            OpenProducerRequest: open_producer, ProduceRequest: produce,
+            WriteMarkersRequest: write_markers,
+            AdvanceRequest: advance, EndStreamRequest: end_stream,
+            SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,
+        }
+
+        async def over_rpc(req: Any, ctx: Context) -> Any:
+            return await self._serve(req, ctx.payload, peer=ctx.peer, remote=True,
+                                     principal=ctx.principal)
+
+        for request_type in self._handlers:
+            self._rpc.register(request_type, over_rpc)
+
+        @self._rpc.route(CreditNotify)
+        async def credit(msg: CreditNotify, ctx: Context) -> None:
+            session = self.state.sessions.get(msg.session)
+            if session is not None:
+                if session.principal != ctx.principal:
+                    return  # not yours: nobody else may steer its deliveries
+                self._peers[msg.session] = ctx.peer
+            self._feed(GrantCredit(msg.session, msg.sub_id, msg.nbytes))

@@ -1,0 +1,721 @@
+"""The broker's pure core: `BrokerState.handle(stimulus) -> list[Instruction]` (DESIGN §5).
+
+What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
+bytes each producer has in flight (its credit window), when an append is acknowledged (once the
+log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
+over a partition's live producers, held while a writer group waits for writers, via
+`PartitionFrontier`). Three seams live in mixins it inherits: who may open a producer where
+(topic rules, principals, partitions to open, ended streams) in `_state_admission.py`, the
+subscription rules (credit, catch-up from disk, tail) in `_state_subscriptions.py`, the
+writer-group rules (process exits, saving pending groups) in `_state_groups.py`.
+
+What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
+Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
+must perform the appends of one partition in instruction order; everything else may complete in
+any order.
+
+Rules it enforces (tests in tests/querylib/broker/test_state.py):
+- Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
+  stopped subscriber never delays a producer.
+- Only durable batches are made visible to subscribers (`_make_durable` moves `visible_end`, then
+  hands the new batches to `_tail`).
+- Batches stay referenced only while an append is in flight or not yet durable (bounded by the
+  producers' windows); nothing is buffered per subscriber.
+- An idempotent producer's batch that was appended before (it sent it again after losing its
+  connection) is answered with its first offsets, never appended twice (`_producer_state`),
+  also after the stream ended; a producer whose end of stream was stored rejoins to send
+  again only (`Session.resending`), so its end is not appended twice.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from catalog.errors import TqError
+from querylib.broker._credit import CreditWindow
+from querylib.broker._errors import (
+    BatchTooLargeError,
+    BrokerProtocolError,
+    CreditExceededError,
+    InvalidProducerEpochError,
+    NotProducerError,
+    PartitionBusyError,
+    PrincipalError,
+    StreamEndedError,
+    UnknownBrokerSessionError,
+    UnknownPartitionError,
+)
+from querylib.broker.messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
+from querylib.errors import InvalidLengthError, StorageError
+from querylib.records._control import ControlType, control_of
+from querylib.records._decode import decode_batch
+from querylib.records._header import (
+    ATTRIBUTES_OFFSET,
+    SplitBatch,
+    batch_head,
+    read_header,
+    stamp_base_offset,
+)
+from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
+
+from ._bookkeeping import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._events import (
+    AdvanceFrontier,
+    Append,
+    AppendCompleted,
+    AppendFailed,
+    CloseSession,
+    DropPartition,
+    DropSubscription,
+    DurableAdvanced,
+    EndStream,
+    Fail,
+    GrantCredit,
+    GroupsSaved,
+    GroupsSaveFailed,
+    Heartbeat,
+    Instruction,
+    LogStartAdvanced,
+    OpenProducer,
+    OpenSession,
+    PartitionId,
+    PartitionOpened,
+    PartitionOpenFailed,
+    Produce,
+    QueryExits,
+    ReadCompleted,
+    ReadFailed,
+    Reply,
+    SessionExpired,
+    Stimulus,
+    Subscribe,
+    Tick,
+    TopicAccess,
+    TopicForgotten,
+    TopicResolved,
+    Unsubscribe,
+)
+from ._frontier import (
+    FrontierAdvanced,
+    FrontierEvent,
+    PartitionFrontier,
+    StreamEnded,
+    StreamReopened,
+)
+from ._idempotence import BatchMark, ProducerStateTable, last_sequence
+from ._state_admission import AdmissionRules
+from ._state_groups import WriterGroupRules
+from ._state_subscriptions import SubscriptionRules
+from ._write_access import ADMIN, SYSTEM, check_principal
+
+
+def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
+    from querylib.records import frontier_batch
+
+    return frontier_batch(frontier, timestamp=timestamp, epoch=epoch)
+
+
+def _encode_end(timestamp: int) -> bytes:
+    from querylib.records import end_of_stream_batch
+
+    return end_of_stream_batch(timestamp=timestamp)
+
+
+def _encode_abort(producer_id: int, epoch: int, timestamp: int) -> bytes:
+    from querylib.records import transaction_marker_batch
+
+    return transaction_marker_batch(producer_id, epoch, False, timestamp=timestamp)
+
+
+def _encode_reopen(timestamp: int, epoch: int = 0) -> bytes:
+    from querylib.records import reopen_batch
+
+    return reopen_batch(timestamp=timestamp, epoch=epoch)
+
+
+class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O. Admission is
+    in `_state_admission`, the subscription rules are in `_state_subscriptions`, the
+    writer-group rules (exits of query processes, saving pending groups) in `_state_groups`."""
+
+    def __init__(self, limits: BrokerLimits | None = None, *,
+                 encode_frontier: Callable[[int, int, int], bytes] = _encode_frontier,
+                 encode_end: Callable[[int], bytes] = _encode_end,
+                 encode_reopen: Callable[[int, int], bytes] = _encode_reopen,
+                 encode_abort: Callable[[int, int, int], bytes] = _encode_abort,
+                 stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
+        """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
+        log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
+        hand out those bytes instead of reading them back."""
+        AdmissionRules.__init__(self)
+        self.limits = limits or BrokerLimits()
+        self._stamp = stamp
+        self._encode_frontier = encode_frontier
+        self._encode_end = encode_end
+        self._encode_reopen = encode_reopen
+        self._encode_abort = encode_abort
+        self._txn_partitions: set[PartitionId] = set()  # with a transaction open
+        self.now = 0.0
+        self.wall_ms = 0
+        self.partitions: dict[PartitionId, PartitionState] = {}
+        self.sessions: dict[str, Session] = {}
+        self._subs: dict[int, Subscription] = {}
+        self._exits: dict[int, QueryExits] = {}  # queries with processes still running
+        self._next_serial = 1
+        self._next_ticket = 1
+        self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
+        self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
+            Tick: self._tick,
+            OpenSession: self._open_session,
+            Heartbeat: self._heartbeat,
+            CloseSession: self._close_session,
+            OpenProducer: self._open_producer,
+            Produce: self._produce,
+            AdvanceFrontier: self._advance,
+            EndStream: self._end_stream,
+            Subscribe: self._subscribe,
+            GrantCredit: self._grant,
+            Unsubscribe: self._unsubscribe,
+            DropSubscription: self._drop_subscription,
+            DropPartition: self._drop_partition,
+            QueryExits: self._query_exits,
+            TopicAccess: self._topic_access,
+            TopicForgotten: self._topic_forgotten,
+            TopicResolved: self._topic_resolved,
+            PartitionOpened: self._partition_opened,
+            PartitionOpenFailed: self._partition_open_failed,
+            GroupsSaved: self._groups_saved,
+            GroupsSaveFailed: self._groups_save_failed,
+            AppendCompleted: self._append_completed,
+            AppendFailed: self._append_failed,
+            DurableAdvanced: self._durable_advanced,
+            LogStartAdvanced: self._log_start_advanced,
+            ReadCompleted: self._read_completed,
+            ReadFailed: self._read_failed,
+        }
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, stimulus: Stimulus) -> list[Instruction]:
+        """Apply one stimulus; return what the shell must do, in order.
+
+        A request that breaks a rule is answered with Fail and changes nothing. An unknown
+        stimulus type or an I/O result that contradicts the instructions given is a bug in the
+        shell and raises.
+        """
+        handler = self._handlers.get(type(stimulus))
+        if handler is None:
+            raise TypeError(f"BrokerState cannot handle {type(stimulus).__name__}")
+        token = getattr(stimulus, "token", None)
+        try:
+            return handler(stimulus)
+        except TqError as exc:
+            if token is None:
+                raise
+            return [Fail(token, exc)]
+
+    def partition_info(self, pid: PartitionId) -> PartitionInfo:
+        """What a client may know of a partition: its range visible to subscribers and the
+        frontier in force at its end."""
+        part = self._partition(pid)
+        return PartitionInfo(topic=pid[0], partition=pid[1], log_start=part.log_start,
+                             log_end=part.stable_end, frontier=part.visible_frontier,
+                             ended=part.visible_ended, epoch=part.visible_epoch,
+                             high_watermark=part.visible_end)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "sessions": len(self.sessions),
+            "partitions": len(self.partitions),
+            "subscriptions": len(self._subs),
+            "pending_appends": sum(len(p.inflight) + len(p.unflushed)
+                                   for p in self.partitions.values()),
+            "pending_bytes": sum(len(e.batch) for p in self.partitions.values()
+                                 for e in (*p.inflight, *p.unflushed)),
+            **self.counters,
+        }
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless the bookkeeping agrees with itself: every subscription
+        is known to its partition and its session, every partition's ranges are ordered. Run
+        after every step in the tests (`querylib.driver`); O(partitions + subscriptions)."""
+        for serial, sub in self._subs.items():
+            part = self.partitions.get(sub.partition)
+            assert part is not None and part.subs.get(serial) is sub, \
+                f"subscription {serial} unknown to its partition {sub.partition}"
+            session = self.sessions.get(sub.session)
+            assert session is None or session.subs.get(sub.sub_id) == serial, \
+                f"subscription {serial} unknown to its session {sub.session!r}"
+        for pid, part in self.partitions.items():
+            assert part.subs.keys() <= self._subs.keys(), f"{pid}: a forgotten subscription"
+            assert part.tailing <= part.subs.keys(), f"{pid}: tailing a forgotten subscription"
+            assert part.visible_end <= part.log_end, \
+                f"{pid}: visible end {part.visible_end} beyond the log end {part.log_end}"
+        for session in self.sessions.values():
+            assert set(session.subs.values()) <= self._subs.keys(), \
+                f"session {session.id!r} holds a forgotten subscription"
+
+    # ------------------------------------------------------------------ time and sessions
+
+    def _tick(self, ev: Tick) -> list[Instruction]:
+        self.now = max(self.now, ev.now)
+        self.wall_ms = max(self.wall_ms, ev.wall_ms)
+        # O(sessions) per tick; fine for the 10k sessions the limits allow at ~10 ticks/s.
+        expired = [s for s in self.sessions.values() if s.expires_at <= self.now]
+        out: list[Instruction] = []
+        for session in expired:
+            out += self._end_session(session)
+        for pid in list(self._txn_partitions):
+            out += self._abort_stale_transactions(pid)
+        return out
+
+    def _abort_stale_transactions(self, pid: PartitionId) -> list[Instruction]:
+        """Abort the transactions open past `max_transaction_seconds` (no coordinator ended
+        them: the broker writes their ABORT marker itself)."""
+        part = self.partitions.get(pid)
+        if part is None or not part.txn_deadlines:
+            self._txn_partitions.discard(pid)
+            return []
+        out: list[Instruction] = []
+        for producer_id, (deadline, epoch) in list(part.txn_deadlines.items()):
+            if deadline <= self.now:
+                part.txn_deadlines[producer_id] = (float("inf"), epoch)  # being aborted
+                out.append(self._append(part, self._encode_abort(producer_id, epoch,
+                                                                 self.wall_ms),
+                                        None, None, 0, None))
+                part.inflight[-1].txn = (producer_id, int(ControlType.ABORT))
+        return out
+
+    def _open_session(self, ev: OpenSession) -> list[Instruction]:
+        lim = self.limits
+        if not ev.session or len(ev.session) > 128:
+            raise BrokerProtocolError("a session id is 1 to 128 characters")
+        lease = min(max(float(ev.lease), lim.min_lease), lim.max_lease)
+        principal = check_principal(ev.principal)
+        session = self.sessions.get(ev.session)
+        if session is None:
+            if len(self.sessions) >= lim.max_sessions:
+                raise BrokerProtocolError(f"the broker holds its maximum of {lim.max_sessions} "
+                                          "sessions")
+            session = Session(ev.session, lease, self.now + lease,
+                               CreditWindow(lim.producer_window), principal=principal)
+            self.sessions[ev.session] = session
+        elif session.principal != principal:
+            raise PrincipalError(f"session {ev.session!r} writes as {session.principal}; a live "
+                                 "session keeps its principal")
+        session.lease = lease
+        session.expires_at = self.now + lease
+        return [Reply(ev.token, SessionOpened(session=session.id, lease=lease,
+                                              producer_window=lim.producer_window,
+                                              max_credit=lim.max_credit,
+                                              max_batch_bytes=lim.max_batch_bytes,
+                                              control_cost=lim.control_cost))]
+
+    def _live(self, session_id: str) -> Session:
+        """The live session with this id, its lease renewed by the request that named it."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownBrokerSessionError(f"no live session {session_id!r} (lease expired or "
+                                            "broker restarted): open a new session")
+        session.expires_at = self.now + session.lease
+        return session
+
+    def _heartbeat(self, ev: Heartbeat) -> list[Instruction]:
+        self._live(ev.session)
+        return [Reply(ev.token, Done())]
+
+    def _close_session(self, ev: CloseSession) -> list[Instruction]:
+        session = self._live(ev.session)
+        return [Reply(ev.token, Done()), *self._end_session(session)]
+
+    def _end_session(self, session: Session) -> list[Instruction]:
+        """The session is gone: its producers stop holding frontiers back (without ending the
+        streams) and its subscriptions stop."""
+        del self.sessions[session.id]
+        out: list[Instruction] = []
+        for pid in sorted(session.producing):
+            part = self.partitions[pid]
+            out += self._controls(part, part.frontier.drop(session.id), None, None, None)
+            out += self._save_groups(part)
+        for serial in list(session.subs.values()):
+            self._remove_sub(self._subs[serial])
+        out.append(SessionExpired(session.id))
+        return out
+
+    # ------------------------------------------------------------------ partitions
+
+    def _partition(self, pid: PartitionId) -> PartitionState:
+        part = self.partitions.get(pid)
+        if part is None:
+            raise UnknownPartitionError(f"this broker has no partition {pid[1]} of topic "
+                                        f"{pid[0]!r}")
+        return part
+
+    def _partition_opened(self, ev: PartitionOpened) -> list[Instruction]:
+        if ev.partition in self.partitions:
+            raise RuntimeError(f"partition {ev.partition} opened twice")
+        end = min(ev.durable_end, ev.log_end)
+        self.partitions[ev.partition] = PartitionState(
+            id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
+            frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
+                                       max_groups=self.limits.max_writer_groups,
+                                       groups=ev.groups, epoch=ev.epoch),
+            visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
+            epoch_since=ev.epoch_since,
+            producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
+        part = self.partitions[ev.partition]
+        part.producers.learn_all(ev.producers)
+        part.open_txns.update(ev.open_transactions)
+        part.aborted.extend(ev.aborted_transactions)
+        for producer_id, _ in ev.open_transactions:
+            # Its epoch is not known here: 0 never fences a producer.
+            part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)
+        if part.txn_deadlines:
+            self._txn_partitions.add(ev.partition)
+        return self._partition_ready(ev.partition)
+
+    def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
+        """Forget the partition (its topic was deleted). Refused while an append or a disk
+        read is in flight, so the shell never closes a log under a thread using it; dropping
+        a partition this broker does not hold is done already."""
+        part = self.partitions.get(ev.partition)
+        if part is None:
+            return [Reply(ev.token, Done())]
+        if (part.inflight or part.unflushed or any(s.reading for s in part.subs.values())
+                or part.groups_asked != part.groups_saved):
+            raise PartitionBusyError(f"partition {ev.partition[1]} of {ev.partition[0]!r} has "
+                                     "appends or reads in flight; ask again")
+        gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
+                                     f"{ev.partition[0]!r} was deleted")
+        out: list[Instruction] = []
+        for sub in list(part.subs.values()):
+            out += self._close_sub(sub, gone)
+        for session in self.sessions.values():
+            session.producing.discard(ev.partition)  # their next produce: unknown partition
+            session.resending.discard(ev.partition)
+        del self.partitions[ev.partition]
+        out.append(Reply(ev.token, Done()))
+        return out
+
+    # ------------------------------------------------------------------ producers
+
+    def _producer(self, session_id: str, pid: PartitionId) -> tuple[Session, PartitionState]:
+        session = self._live(session_id)
+        part = self._partition(pid)
+        if pid not in session.producing:
+            raise NotProducerError(f"session {session_id!r} has not opened a producer on "
+                                   f"partition {pid[1]} of {pid[0]!r}")
+        if part.frontier.ended:  # never with a producer joined; checked all the same
+            raise StreamEndedError(f"the stream of partition {pid[1]} of {pid[0]!r} ended")
+        return session, part
+
+    def _open_producer(self, ev: OpenProducer) -> list[Instruction]:
+        session = self._live(ev.session)
+        if (ev.partition not in session.producing
+                and len(session.producing) + len(session.resending)
+                >= self.limits.max_partitions_per_producer):
+            raise BrokerProtocolError("too many partitions for one producer session")
+        part, waiting = self._admit(session, ev)
+        if part is None:
+            return waiting
+        if part.frontier.ended and self._stored_before_end(part, ev):
+            # Its end of stream was stored, its answer lost (a reconnect): it may send again
+            # what it has no answer for, and is answered as the first time. Not a writer of
+            # the stream (not joined, nothing reopened), so its end is not appended twice.
+            session.resending.add(ev.partition)
+            return [Reply(ev.token, ProducerOpened(log_end=part.log_end,
+                                                   frontier=part.frontier.frontier,
+                                                   window=self.limits.producer_window,
+                                                   epoch=part.frontier.epoch))]
+        session.resending.discard(ev.partition)
+        before = part.frontier.revision
+        try:
+            released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
+                                          rejoin=ev.rejoin, reopen=ev.reopen,
+                                          epoch=ev.epoch)
+        except StreamEndedError:
+            raise StreamEndedError(
+                f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
+                "nothing more may be written unless a writer of the topic reopens it "
+                "explicitly") from None
+        session.producing.add(ev.partition)
+        reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
+                               window=self.limits.producer_window, epoch=part.frontier.epoch)
+        out = self._controls(part, released, None, None, None)
+        if ev.group:
+            out += self._settle_known(part, ev.group)
+        if part.frontier.revision == before:
+            return [Reply(ev.token, reply), *out]
+        return [*self._save_groups(part, ev.token, reply), *out]
+
+    @staticmethod
+    def _stored_before_end(part: PartitionState, ev: OpenProducer) -> bool:
+        """Whether `ev` rejoins an idempotent producer that sent its end of stream and whose
+        every record the partition holds (or is appending): all it may send again is a
+        duplicate, or its end."""
+        if not (ev.rejoin and ev.ending and ev.producer_id >= 0):
+            return False
+        return ev.last_sequence < 0 or \
+            part.producers.last_sequence(ev.producer_id) == ev.last_sequence
+
+    def _resends(self, session_id: str, pid: PartitionId) -> PartitionState | None:
+        """The partition, if the session rejoined it only to send again what it stored."""
+        session = self._live(session_id)
+        return self.partitions[pid] if pid in session.resending else None
+
+    def _produce(self, ev: Produce) -> list[Instruction]:
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        resending = ev.partition in session.resending
+        if not resending and ev.partition not in session.producing:
+            raise NotProducerError(f"session {ev.session!r} has not opened a producer on "
+                                   f"partition {ev.partition[1]} of {ev.partition[0]!r}")
+        batch = ev.batch
+        size = len(batch)  # once: a SplitBatch's len() is a Python call
+        if size > self.limits.max_batch_bytes:
+            raise BatchTooLargeError(f"batch of {size} bytes exceeds the broker's maximum "
+                                     f"of {self.limits.max_batch_bytes}")
+        head = batch_head(batch)
+        header = read_header(head)
+        if header.size != size:
+            raise InvalidLengthError(f"a produce frame holds one batch of {header.size} bytes, "
+                                     f"got {size} bytes")
+        attributes = head[ATTRIBUTES_OFFSET + 1]
+        txn = None
+        if attributes & CONTROL_BIT:
+            txn = self._marker(session, header.producer_id, attributes, batch)
+            marked = part.marked_epochs.pop(header.producer_id, -1)
+            part.marked_epochs[header.producer_id] = max(marked, header.producer_epoch)
+            while len(part.marked_epochs) > self.limits.max_producer_ids:
+                del part.marked_epochs[next(iter(part.marked_epochs))]
+        elif attributes & TRANSACTIONAL_BIT:
+            if header.producer_id < 0:
+                raise BrokerProtocolError("a transactional batch needs a producer id")
+            marked = part.marked_epochs.get(header.producer_id)
+            if marked is not None and header.producer_epoch < marked:
+                raise InvalidProducerEpochError(
+                    f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
+                    f"its transactions here ended at epoch {marked}")
+            txn = (header.producer_id, TXN_DATA)
+        seq = None
+        if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
+            seq = (header.producer_id, header.producer_epoch, header.base_sequence,
+                   last_sequence(header.base_sequence, header.last_offset_delta))
+            # Before the stream's state is looked at: a batch sent again is answered as the
+            # first time, even once the stream ended after it.
+            if (mark := part.producers.check(*seq)) is not None:
+                return self._duplicate(part, mark, ev.token)
+        if resending or part.frontier.ended:
+            raise StreamEndedError(
+                f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
+                "nothing more may be written unless a writer of the topic reopens it "
+                "explicitly")
+        self._charge(session, size)
+        append = self._append(part, batch, ev.token, session.id, size, "produced")
+        if seq is not None:
+            part.producers.appended(*seq, append.ticket)
+            part.inflight[-1].seq = (seq[0], seq[2])
+        part.inflight[-1].txn = txn
+        return [append]
+
+    @staticmethod
+    def _marker(session: Session, producer_id: int, attributes: int,
+                batch: Any) -> tuple[int, int]:
+        """(producer id, ABORT or COMMIT) of a Kafka transaction marker: a transactional
+        control batch of one record, which only tq's transaction coordinator writes
+        ("system" in the broker's process, "admin" from the coordinator's broker over RPC).
+        Any other control batch is the broker's own to write."""
+        if session.principal not in (SYSTEM, ADMIN) or not attributes & TRANSACTIONAL_BIT \
+                or producer_id < 0:
+            raise BrokerProtocolError("control batches are written by the broker, not producers")
+        if isinstance(batch, SplitBatch):
+            batch = bytes(batch)
+        records = decode_batch(batch).records
+        kind = control_of(records[0])[0] if len(records) == 1 else None
+        if kind not in (ControlType.ABORT, ControlType.COMMIT):
+            raise BrokerProtocolError("a transaction marker holds one ABORT or COMMIT record")
+        return producer_id, int(kind)
+
+    def _duplicate(self, part: PartitionState, mark: BatchMark, token: Any) -> list[Instruction]:
+        """Answer a batch sent again with the offsets it got the first time, once durable:
+        at once if it is, else with its own append (or, for one found in the log at open,
+        the last append in flight: durability comes in order)."""
+        done = Produced(base_offset=mark.base_offset, next_offset=mark.next_offset)
+        if 0 <= mark.next_offset <= part.visible_end:
+            return [Reply(token, done)]
+        pending = [*part.inflight, *part.unflushed]
+        own = [e for e in pending if mark.ticket >= 0 and e.ticket == mark.ticket]
+        if own:
+            own[0].waiters.append((token, None))
+            return []
+        return self._when_durable(part, token, done)
+
+    @staticmethod
+    def _when_durable(part: PartitionState, token: Any, value: Any) -> list[Instruction]:
+        """Answer `value` once every append of the partition issued so far is durable (now,
+        if none is pending): durability comes in order."""
+        pending = part.inflight or part.unflushed  # the newest appends are in flight
+        if not pending:
+            return [Reply(token, value)]
+        pending[-1].waiters.append((token, value))
+        return []
+
+    def _advance(self, ev: AdvanceFrontier) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            return self._when_durable(part, ev.token, Done())  # the stream ended after it
+        session, part = self._producer(ev.session, ev.partition)
+        self._check_can_send(session)
+        events = part.frontier.advance(session.id, ev.frontier)
+        return self._control_request(session, part, events, ev.token)
+
+    def _end_stream(self, ev: EndStream) -> list[Instruction]:
+        if (part := self._resends(ev.session, ev.partition)) is not None:
+            self.sessions[ev.session].resending.discard(ev.partition)
+            return self._when_durable(part, ev.token, Done())  # its end is the one stored
+        session, part = self._producer(ev.session, ev.partition)
+        self._check_can_send(session)
+        events = part.frontier.end(session.id)
+        session.producing.discard(part.id)
+        return [*self._control_request(session, part, events, ev.token),
+                *self._save_groups(part)]
+
+    def _control_request(self, session: Session, part: PartitionState,
+                         events: list[FrontierEvent], token: Any) -> list[Instruction]:
+        """Append what a frontier change caused; answer once it is durable (or now, if the
+        partition's frontier did not move)."""
+        if not events:
+            return [Reply(token, Done())]
+        self._charge(session, self.limits.control_cost)
+        return self._controls(part, events, token, session.id, Done())
+
+    def _controls(self, part: PartitionState, events: list[FrontierEvent], token: Any,
+                  session: str | None, reply: Any) -> list[Instruction]:
+        out: list[Instruction] = []
+        for event in events:
+            if isinstance(event, FrontierAdvanced):
+                batch = self._encode_frontier(event.frontier, self.wall_ms, event.epoch)
+            elif isinstance(event, StreamReopened):
+                batch = self._encode_reopen(self.wall_ms, event.epoch)
+            else:
+                batch = self._encode_end(self.wall_ms)
+            cost = self.limits.control_cost if session is not None else 0
+            out.append(self._append(part, batch, token, session, cost, reply, control=event))
+            token, session = None, None  # one answer per request
+        return out
+
+    def _transaction_ended(self, part: PartitionState, producer_id: int, kind: int,
+                           marker: int) -> None:
+        """A transaction's marker is durable: it no longer holds back the stable end; an
+        aborted one is remembered so its records are never read as committed."""
+        first = part.open_txns.pop(producer_id, None)
+        part.txn_deadlines.pop(producer_id, None)
+        if kind == ControlType.ABORT and first is not None:
+            part.aborted.append((producer_id, first, marker))
+            while len(part.aborted) > self.limits.max_aborted_transactions:
+                part.aborted.popleft()
+
+    def _check_can_send(self, session: Session) -> None:
+        if not session.window.can_send():
+            raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
+                                      f"{self.limits.producer_window} bytes exhausted")
+
+    def _charge(self, session: Session, cost: int) -> None:
+        # The window may overshoot by the one request that found it positive, as a
+        # subscription's credit does; then nothing more until acknowledgements return credit.
+        self._check_can_send(session)
+        session.window.consume(cost)
+
+    def _refund(self, entry: Pending) -> None:
+        session = self.sessions.get(entry.session) if entry.session is not None else None
+        if session is not None and entry.cost:
+            session.window.grant(entry.cost)
+
+    def _append(self, part: PartitionState, batch: bytes, token: Any, session: str | None,
+                cost: int, reply: Any, control: FrontierEvent | None = None) -> Append:
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        part.inflight.append(Pending(ticket, batch, token, session, cost, reply, control))
+        return Append(part.id, ticket, batch)
+
+    def _take_inflight(self, pid: PartitionId, ticket: int) -> tuple[PartitionState, Pending]:
+        part = self.partitions[pid]
+        if not part.inflight or part.inflight[0].ticket != ticket:
+            expected = part.inflight[0].ticket if part.inflight else None
+            raise RuntimeError(f"append {ticket} on {pid} completed out of order "
+                               f"(expected {expected})")
+        return part, part.inflight.popleft()
+
+    def _append_completed(self, ev: AppendCompleted) -> list[Instruction]:
+        part, entry = self._take_inflight(ev.partition, ev.ticket)
+        entry.base, entry.next = ev.base_offset, ev.next_offset
+        if entry.seq is not None:
+            part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
+        if entry.txn is not None and entry.txn[1] == TXN_DATA \
+                and entry.txn[0] not in part.open_txns:
+            part.open_txns[entry.txn[0]] = ev.base_offset
+            part.txn_deadlines[entry.txn[0]] = (
+                self.now + self.limits.max_transaction_seconds, read_header(entry.batch)
+                .producer_epoch)
+            self._txn_partitions.add(part.id)
+        part.log_end = ev.next_offset
+        part.unflushed.append(entry)
+        out = self._retention(part, ev.log_start)
+        return out + self._make_durable(part, ev.durable_end)
+
+    def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
+        part, entry = self._take_inflight(ev.partition, ev.ticket)
+        self._refund(entry)
+        if entry.seq is not None:
+            part.producers.failed(*entry.seq)
+        error = ev.error if isinstance(ev.error, TqError) else StorageError(
+            f"append failed: {ev.error}")
+        tokens = [t for t, _ in entry.waiters]
+        if entry.token is not None:
+            tokens.insert(0, entry.token)
+        return [Fail(token, error) for token in tokens]
+
+    def _log_start_advanced(self, ev: LogStartAdvanced) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        return [] if part is None else self._retention(part, ev.log_start)
+
+    def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
+        return self._make_durable(self.partitions[ev.partition], ev.durable_end)
+
+    def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:
+        """Acknowledge every append now durable, then show those batches to subscribers."""
+        out: list[Instruction] = []
+        newly: list[Pending] = []
+        while part.unflushed and part.unflushed[0].next <= durable_end:
+            entry = part.unflushed.popleft()
+            newly.append(entry)
+            self._refund(entry)
+            if entry.token is not None:
+                value = (Produced(base_offset=entry.base, next_offset=entry.next)
+                         if entry.reply == "produced" else entry.reply)
+                out.append(Reply(entry.token, value))
+            for token, done in entry.waiters:  # duplicates sent meanwhile
+                out.append(Reply(token, done or Produced(base_offset=entry.base,
+                                                         next_offset=entry.next)))
+            control = entry.control
+            if control is None:  # data (the usual case first: no isinstance per batch)
+                part.visible_ended = False  # a new producer wrote after an end-of-stream
+            elif isinstance(control, FrontierAdvanced):
+                part.visible_frontier, part.visible_ended = control.frontier, False
+                part.visible_epoch = control.epoch
+            elif isinstance(control, StreamEnded):
+                part.visible_ended = True
+            elif isinstance(control, StreamReopened):
+                part.visible_ended = False
+                if control.epoch:  # a new epoch: its frontier starts at 0
+                    part.visible_frontier, part.visible_epoch = 0, control.epoch
+                    part.epoch_since = entry.base
+            if entry.txn is not None and entry.txn[1] != TXN_DATA:
+                self._transaction_ended(part, entry.txn[0], entry.txn[1], entry.base)
+        # Durable data is visible up to the first append not yet durable. (At open, the log
+        # may report a durable end below its end; a later flush then uncovers that data.)
+        bound = part.unflushed[0].base if part.unflushed else part.log_end
+        visible = max(part.visible_end, min(durable_end, bound))
+        if visible == part.visible_end:
+            return out
+        part.visible_end = visible
+        return out + self._tail(part, newly)

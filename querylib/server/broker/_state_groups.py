@@ -1,0 +1,116 @@
+"""The writer-group rules of the broker's core (`BrokerState` inherits them; DESIGN §11
+"Collective publishing"): settling groups by the exits of their query's processes, and saving
+the groups not done beside the partition log so a restart keeps them waiting.
+
+- `QueryExits` (the catalog's exit codes of a query, fed by the shell): every group of that
+  query not done yet, on every partition, settles (`PartitionFrontier.settle`); the exits are
+  remembered while some process of the query still runs, so a group opened later settles at
+  once. Remembered for at most `max_query_exits` queries, oldest forgotten first.
+- Whenever what a restart must know of a partition's groups changes, the state asks the shell
+  to save them
+  (`SaveGroups`); the reply to the producer open that changed them waits until that revision
+  is on disk, so no writer acts on a group a crash could forget.
+
+Must not: do I/O, or know how groups are stored (the shell decides, `_group_store.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from catalog.errors import StorageError, TqError
+
+from ._bookkeeping import BrokerLimits, PartitionState
+from ._events import Fail, GroupsSaved, GroupsSaveFailed, Instruction, QueryExits, Reply, SaveGroups
+from ._frontier import FrontierEvent, query_of_group
+
+__all__ = ["WriterGroupRules"]
+
+
+class WriterGroupRules:
+    """Mixed into BrokerState: it provides `partitions`, `limits` and `_controls`."""
+
+    partitions: dict[Any, PartitionState]
+    limits: BrokerLimits
+    _exits: dict[int, QueryExits]
+
+    def _controls(self, part: PartitionState, events: list[FrontierEvent], token: Any,
+                  session: str | None, reply: Any) -> list[Instruction]:
+        raise NotImplementedError  # BrokerState's
+
+    # -- exits of query processes ------------------------------------------------------------
+
+    def _query_exits(self, ev: QueryExits) -> list[Instruction]:
+        self._exits.pop(ev.query_id, None)
+        if any(code is None for code in ev.exit_codes):
+            # Kept while a process may still open a group; once all exited none will.
+            self._exits[ev.query_id] = ev
+            while len(self._exits) > self.limits.max_query_exits:
+                del self._exits[next(iter(self._exits))]
+        out: list[Instruction] = []
+        # O(partitions x pending groups) per reported exit: exits are rare; fine below 10k
+        # partitions.
+        for part in self.partitions.values():
+            names = [g for g in part.frontier.open_groups()
+                     if query_of_group(g) == ev.query_id]
+            if names:
+                out += self._settle(part, names, ev)
+                out += self._save_groups(part)
+        return out
+
+    def _settle_known(self, part: PartitionState, group: str) -> list[Instruction]:
+        """A group just joined settles by what is known of its query's exits."""
+        query_id = query_of_group(group)
+        ev = self._exits.get(query_id) if query_id is not None else None
+        return [] if ev is None else self._settle(part, [group], ev)
+
+    def _settle(self, part: PartitionState, names: list[str],
+                ev: QueryExits) -> list[Instruction]:
+        ended = {str(p) for p, code in enumerate(ev.exit_codes) if code is not None}
+        events: list[FrontierEvent] = []
+        for name in names:
+            events += part.frontier.settle(name, ended, failed=ev.failed)
+        return self._controls(part, events, None, None, None)
+
+    # -- saving pending groups -----------------------------------------------------------------
+
+    def _save_groups(self, part: PartitionState, token: Any = None,
+                     reply: Any = None) -> list[Instruction]:
+        """Ask for a save if the groups changed since the last one asked. A `token` is
+        answered with `reply` once the current revision is on disk."""
+        revision = part.frontier.revision
+        out: list[Instruction] = []
+        if revision != part.groups_asked:
+            part.groups_asked = revision
+            out.append(SaveGroups(part.id, revision, part.frontier.pending()))
+        if token is not None:
+            if part.groups_saved >= revision:
+                out.append(Reply(token, reply))
+            else:
+                part.save_waits.append((revision, token, reply))
+        return out
+
+    def _groups_saved(self, ev: GroupsSaved) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        if part is None:
+            return []  # dropped meanwhile
+        part.groups_saved = max(part.groups_saved, ev.revision)
+        out: list[Instruction] = []
+        while part.save_waits and part.save_waits[0][0] <= part.groups_saved:
+            _, token, reply = part.save_waits.popleft()
+            out.append(Reply(token, reply))
+        return out
+
+    def _groups_save_failed(self, ev: GroupsSaveFailed) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        if part is None:
+            return []
+        error = ev.error if isinstance(ev.error, TqError) else StorageError(
+            f"saving the writer groups failed: {ev.error}")
+        # The next change asks again with everything pending then.
+        part.groups_asked = part.groups_saved
+        out: list[Instruction] = []
+        while part.save_waits and part.save_waits[0][0] <= ev.revision:
+            _, token, _ = part.save_waits.popleft()
+            out.append(Fail(token, error))
+        return out

@@ -1,0 +1,264 @@
+"""The subscription rules of the broker's core (`BrokerState` inherits them; DESIGN §5): opening
+a subscription at an offset, its credit, and where it stands: reading from disk (catch-up),
+waiting at the tail, or handed freshly durable batches from memory.
+
+Rules (tests in tests/querylib/broker/test_state.py and test_state_properties.py):
+- A subscription is sent data only while its credit is positive, so it never receives more than
+  its credit plus one batch; deliveries to it are contiguous (each starts where the last ended).
+- Only durable batches are visible (`PartitionState.visible_end`, like Kafka's high watermark):
+  a batch lost in a crash was never delivered, so a resuming subscriber's offset stays valid.
+- Only decided Kafka transactions are read: subscriptions stop at the last stable offset
+  (`PartitionState.stable_end`) and the batches of aborted transactions are left out of what
+  they are sent (a delivery keeps its offsets [offset, next_offset); its bytes may be fewer
+  batches, or none), so every tq reader (`ctx.subscribe`, `tq consume`, Spark) sees committed
+  records only, as a read_committed Kafka consumer does.
+- Nothing is buffered per subscriber: a subscription is either reading (one `Read` outstanding),
+  tailing (in `PartitionState.tailing`) or out of credit; one falling behind the tail reads
+  from disk later.
+- A one-way message or read result for a subscription already gone is counted
+  (`stale_grants`, `stale_reads`), never answered.
+
+Must not: do I/O, or touch the producer side (appends, windows, frontiers): the state calls
+`_tail` once batches become durable and `_retention` once the log start moves, nothing more.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Any
+
+from catalog.errors import TqError
+from querylib.broker._credit import CreditWindow
+from querylib.broker._errors import BrokerProtocolError, CreditExceededError
+from querylib.broker.messages import Done, Subscribed
+from querylib.errors import OffsetOutOfRangeError, StorageError
+from querylib.records._control import without_aborted
+
+from ._bookkeeping import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._events import (
+    Deliver,
+    DropSubscription,
+    GrantCredit,
+    Instruction,
+    PartitionId,
+    Read,
+    ReadCompleted,
+    ReadFailed,
+    Reply,
+    Subscribe,
+    SubscriptionClosed,
+    Unsubscribe,
+)
+
+__all__ = ["SubscriptionRules", "aborted_between", "without_aborted_in"]
+
+
+def aborted_between(part: PartitionState, start: int,
+                    end: int) -> list[tuple[int, int, int]]:
+    """The aborted transactions with records in [start, end): (producer id, first offset,
+    marker offset), in marker order."""
+    aborted = part.aborted
+    if not aborted or aborted[-1][2] < start:
+        return []
+    i = bisect.bisect_left(aborted, start, key=lambda a: a[2])
+    return [a for a in (aborted[j] for j in range(i, len(aborted))) if a[1] < end]
+
+
+def without_aborted_in(part: PartitionState, data: bytes, start: int, end: int) -> bytes:
+    """`data` (whole batches holding [start, end)) without the batches of aborted
+    transactions; `data` itself when it holds none."""
+    return without_aborted(data, aborted_between(part, start, end))
+
+
+class SubscriptionRules:
+    """Mixed into BrokerState: it provides `partitions`, `sessions`, `limits`, `now`,
+    `counters`, `_subs`, `_next_serial`, `_stamp`, `_live` and `_partition`."""
+
+    partitions: dict[PartitionId, PartitionState]
+    sessions: dict[str, Session]
+    limits: BrokerLimits
+    now: float
+    counters: dict[str, int]
+    _subs: dict[int, Subscription]
+    _next_serial: int
+    _stamp: Callable[[Any, int], bytes]
+
+    def _live(self, session_id: str) -> Session:
+        raise NotImplementedError  # BrokerState's
+
+    def _partition(self, pid: PartitionId) -> PartitionState:
+        raise NotImplementedError  # BrokerState's
+
+    # -- requests of a subscriber ------------------------------------------------------------
+
+    def _subscribe(self, ev: Subscribe) -> list[Instruction]:
+        session = self._live(ev.session)
+        part = self._partition(ev.partition)
+        lim = self.limits
+        if ev.sub_id in session.subs:
+            raise BrokerProtocolError(f"subscription {ev.sub_id} already exists in this session")
+        if len(session.subs) >= lim.max_subscriptions_per_session:
+            raise BrokerProtocolError("too many subscriptions for one session")
+        if not 0 <= ev.credit <= lim.max_credit:
+            raise CreditExceededError(f"initial credit {ev.credit} outside 0..{lim.max_credit}")
+        if ev.start == "earliest":
+            offset = part.log_start
+        elif ev.start == "latest":
+            offset = part.stable_end
+        elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.visible_end:
+            offset = ev.start
+        else:
+            raise OffsetOutOfRangeError(f"offset {ev.start!r} is outside the partition's range "
+                                        f"{part.log_start}..{part.visible_end}")
+        serial = self._next_serial
+        self._next_serial += 1
+        sub = Subscription(serial, session.id, ev.sub_id, part.id, offset,
+                           CreditWindow(ev.credit))
+        self._subs[serial] = sub
+        part.subs[serial] = sub
+        session.subs[ev.sub_id] = serial
+        at_end = offset == part.visible_end
+        # The epoch in force at `offset`, when known: the current one from where it is known
+        # to hold (DESIGN §5 "Epochs"); before that the reader learns it from the log.
+        epoch = part.visible_epoch if offset >= part.epoch_since else 0
+        reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.stable_end,
+                           frontier=part.visible_frontier if at_end else None,
+                           ended=part.visible_ended and at_end, epoch=epoch)
+        return [Reply(ev.token, reply), *self._pump(sub)]
+
+    def _grant(self, ev: GrantCredit) -> list[Instruction]:
+        session = self.sessions.get(ev.session)
+        serial = session.subs.get(ev.sub_id) if session is not None else None
+        if serial is None:
+            # One-way message racing an unsubscribe or an expiry: nobody to answer, nothing
+            # to undo. Counted so a flood of them is visible.
+            self.counters["stale_grants"] += 1
+            return []
+        session.expires_at = self.now + session.lease
+        sub = self._subs[serial]
+        if ev.nbytes <= 0 or sub.credit.available + ev.nbytes > self.limits.max_credit:
+            return self._close_sub(sub, CreditExceededError(
+                f"credit grant of {ev.nbytes} bytes: a grant is positive and credit stays "
+                f"within {self.limits.max_credit} bytes"))
+        sub.credit.grant(ev.nbytes)
+        return self._pump(sub)
+
+    def _unsubscribe(self, ev: Unsubscribe) -> list[Instruction]:
+        session = self._live(ev.session)
+        serial = session.subs.get(ev.sub_id)
+        if serial is None:
+            raise BrokerProtocolError(f"no subscription {ev.sub_id} in this session")
+        self._remove_sub(self._subs[serial])
+        return [Reply(ev.token, Done())]
+
+    def _drop_subscription(self, ev: DropSubscription) -> list[Instruction]:
+        session = self.sessions.get(ev.session)
+        serial = session.subs.get(ev.sub_id) if session is not None else None
+        if serial is None:
+            return []  # already gone (several deliveries of one round failed)
+        error = ev.error if isinstance(ev.error, TqError) else BrokerProtocolError(str(ev.error))
+        return self._close_sub(self._subs[serial], error)
+
+    def _remove_sub(self, sub: Subscription) -> None:
+        del self._subs[sub.serial]
+        part = self.partitions[sub.partition]
+        del part.subs[sub.serial]
+        part.tailing.discard(sub.serial)
+        session = self.sessions.get(sub.session)
+        if session is not None:
+            session.subs.pop(sub.sub_id, None)
+
+    def _close_sub(self, sub: Subscription, error: TqError) -> list[Instruction]:
+        self._remove_sub(sub)
+        return [SubscriptionClosed(sub.session, sub.sub_id, sub.partition, error)]
+
+    # -- catch-up and tail -------------------------------------------------------------------
+
+    def _pump(self, sub: Subscription) -> list[Instruction]:
+        """Move a subscription forward: read from disk if it is behind, else wait at the tail."""
+        part = self.partitions[sub.partition]
+        if sub.reading or not sub.credit.can_send():
+            part.tailing.discard(sub.serial)
+            return []
+        stable = part.stable_end
+        if sub.next_offset < stable:
+            part.tailing.discard(sub.serial)
+            sub.reading = True
+            max_bytes = min(sub.credit.available, self.limits.max_read_bytes)
+            return [Read(part.id, sub.serial, sub.next_offset, max_bytes, stable)]
+        part.tailing.add(sub.serial)
+        return []
+
+    def _tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
+        """Hand batches that just became visible to subscriptions waiting at the tail, straight
+        from memory; one stored copy is shared by all of them. A subscription that runs out of
+        credit part way reads the rest from disk later."""
+        out: list[Instruction] = []
+        stable = part.stable_end
+        for serial in list(part.tailing):
+            sub = self._subs[serial]
+            for entry in newly:
+                if entry.next <= sub.next_offset:
+                    continue
+                if (not sub.credit.can_send() or entry.base != sub.next_offset
+                        or entry.next > stable):
+                    break
+                if entry.txn is not None and entry.txn[1] == TXN_DATA and any(
+                        pid == entry.txn[0] and first <= entry.base < marker
+                        for pid, first, marker in aborted_between(part, entry.base,
+                                                                  entry.next)):
+                    data = b""  # an aborted transaction's: its offsets, none of its records
+                else:
+                    data = entry.stored_bytes(self._stamp)
+                out.append(Deliver(sub.session, sub.sub_id, part.id, entry.base, entry.next,
+                                   data))
+                sub.credit.consume(len(data))
+                sub.next_offset = entry.next
+            out += self._pump(sub)
+        return out
+
+    def _retention(self, part: PartitionState, log_start: int) -> list[Instruction]:
+        """The log deleted old segments: a subscription left below the start cannot go on."""
+        if log_start <= part.log_start:
+            return []
+        part.log_start = log_start
+        out: list[Instruction] = []
+        for sub in list(part.subs.values()):
+            if sub.next_offset < log_start and not sub.reading:
+                out += self._close_sub(sub, OffsetOutOfRangeError(
+                    f"offset {sub.next_offset} was deleted by retention (log starts at "
+                    f"{log_start}): subscribe again from earliest"))
+        return out
+
+    # -- results of disk reads ---------------------------------------------------------------
+
+    def _read_completed(self, ev: ReadCompleted) -> list[Instruction]:
+        sub = self._subs.get(ev.serial)
+        if sub is None:
+            self.counters["stale_reads"] += 1  # unsubscribed or expired while reading
+            return []
+        if not sub.reading or ev.offset != sub.next_offset:
+            raise RuntimeError(f"read for subscription {ev.serial} at {ev.offset} was not asked "
+                               f"for (next offset {sub.next_offset})")
+        sub.reading = False
+        if not ev.data or ev.next_offset <= ev.offset:
+            return self._close_sub(sub, StorageError(
+                f"the log returned nothing at offset {ev.offset} below its visible end"))
+        data = without_aborted_in(self.partitions[sub.partition], ev.data, ev.offset,
+                                  ev.next_offset)
+        out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
+                                          ev.next_offset, data)]
+        sub.credit.consume(len(data))
+        sub.next_offset = ev.next_offset
+        return out + self._pump(sub)
+
+    def _read_failed(self, ev: ReadFailed) -> list[Instruction]:
+        sub = self._subs.get(ev.serial)
+        if sub is None:
+            self.counters["stale_reads"] += 1
+            return []
+        sub.reading = False
+        error = ev.error if isinstance(ev.error, TqError) else StorageError(
+            f"read failed: {ev.error}")
+        return self._close_sub(sub, error)
