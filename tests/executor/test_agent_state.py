@@ -344,19 +344,27 @@ class AgentMachine(RuleBasedStateMachine):
         assert not (self.launching & self.doomed - set(self.state.processes))
 
     def teardown(self) -> None:
-        # Finish all I/O: every slot comes back.
-        for key in list(self.fetching):
-            self.fetching.discard(key)
-            self._apply(StartFailed(key, "closing"))
-        for key in list(self.launching):
-            self.launching.discard(key)
-            self._apply(StartFailed(key, "closing"))
-        for key in list(self.running):
-            self.running.discard(key)
-            self._apply(Exited(key, key))
+        # Finish all I/O until none is left (a freed slot admits a waiting spawn, whose fetch
+        # is new I/O): every slot comes back.
+        for _ in range(4 * len(KEYS) + 4):
+            if not self.fetching | self.launching | self.running:
+                break
+            for key in sorted(self.fetching):
+                self.fetching.discard(key)
+                self._finish(StartFailed(key, "closing"))
+            for key in sorted(self.launching):
+                self.launching.discard(key)
+                self._finish(StartFailed(key, "closing"))
+            for key in sorted(self.running):
+                self.running.discard(key)
+                self._finish(Exited(key, key))
         self.now += 3600
-        self._apply(Tick(self.now))
+        self._finish(Tick(self.now))
         assert self.state.slots.used == 0 and not self.state.dying and not self.state.waiting
+
+    def _finish(self, event: Any) -> None:
+        if any(isinstance(i, CleanDisk) for i in self._apply(event)):
+            self._apply(CleanDone())
 
 
 TestAgentMachine = AgentMachine.TestCase
