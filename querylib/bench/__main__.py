@@ -1,4 +1,7 @@
-"""`python -m querylib.bench [SUITE ...]`: run benchmark suites, print JSON lines."""
+"""`python -m querylib.bench [SUITE ...]`: run benchmark suites, print JSON lines.
+
+`python -m querylib.bench --against REF [--rounds N] SUITE ...`: the same suites in the tree
+of commit REF and in this one, alternated, compared figure by figure (`_compare`)."""
 
 from __future__ import annotations
 
@@ -21,12 +24,29 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 
 def main(argv: list[str]) -> int:
+    ref, rounds = None, 3
+    while argv[:1] in (["--against"], ["--rounds"]):
+        if len(argv) < 2:
+            print(f"bench: {argv[0]} needs a value", file=sys.stderr)
+            return 2
+        if argv[0] == "--against":
+            ref = argv[1]
+        elif not argv[1].isdigit() or int(argv[1]) < 1:
+            print(f"bench: --rounds {argv[1]!r} is not a positive number", file=sys.stderr)
+            return 2
+        else:
+            rounds = int(argv[1])
+        argv = argv[2:]
     names = argv or list(SUITES)
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         print(f"bench: unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}",
               file=sys.stderr)
         return 2
+    if ref is not None:
+        from querylib.bench._compare import main as compare
+
+        return compare(ref, names, rounds)
     for name in names:
         for module in SUITES[name]:
             for row in importlib.import_module(module).run():
