@@ -10,10 +10,14 @@ imported only when the command runs: the rest of `querylib` never depends on the
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import logging
 import sys
+from typing import Any
 
 from querylib.cli._broker import add_kafka_options, kafka_config
+from querylib.cli._console import add_console_options, console_line, start_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "history (default 4096)")
     add_kafka_options(parser, default_port=0)
     add_namespace_options(parser)
+    add_console_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -79,14 +84,34 @@ def _run(args: argparse.Namespace) -> int:
                                checkpoint_updates=max(1, args.checkpoint_updates),
                                namespace=namespace_of(args))
 
+    consoles: list[Any] = []
+
+    async def attach(coordinator: Any) -> Any:
+        console = start_console(args, coordinator.endpoint, secret)
+        if console is not None:
+            consoles.append(console)
+
+        async def close() -> None:
+            if console is not None:
+                await asyncio.to_thread(console.stop)
+
+        return close
+
+    def amend(info: Any) -> Any:
+        return dataclasses.replace(info, console=consoles[0].url if consoles else "")
+
     def ready(coordinator: object) -> None:
         state = coordinator.state  # type: ignore[attr-defined]
         print(f"tq coordinator listening on {coordinator.endpoint} (catalog broker "  # type: ignore[attr-defined]
               f"{state.catalog_broker}, catalog version {state.catalog.version}, data {data}, "
               f"started in {coordinator.recovery_seconds:.2f}s); clients find it through "  # type: ignore[attr-defined]
               f"{cluster_file()}", file=sys.stderr, flush=True)
+        for console in consoles:
+            name, where, notes = console_line(console)
+            print(f"tq coordinator: {name} {where}" + (f" ({'; '.join(notes)})" if notes else ""),
+                  file=sys.stderr, flush=True)
 
     return run_coordinator(data, args.listen, secret, secret_file,
                            broker_listen=args.broker_listen, config=config, on_ready=ready,
-                           kafka=kafka_config(args))
+                           attach=attach, amend=amend, kafka=kafka_config(args))
 

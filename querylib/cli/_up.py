@@ -15,6 +15,7 @@ and Kafka's). A second `tq up` under the same TQ_HOME is refused, naming the run
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import os
@@ -27,6 +28,7 @@ from querylib.cli._broker import (
     connector_config,
     kafka_config,
 )
+from querylib.cli._console import add_console_options, console_line, start_console
 from querylib.cli._coordinator import add_namespace_options, namespace_of
 
 # The connector endpoint's usual port (querylib.connector.DEFAULT_CONNECTOR_PORT, which `tq
@@ -58,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "coordinator of every consumer group (FindCoordinator names it); "
                         "0: any free port (default), -1: none")
     add_namespace_options(parser)
+    add_console_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     # None: the default port, replaced by a free one when taken (a named port is not).
     parser.set_defaults(func=_run, connector_port=None, kafka_port=None)
@@ -82,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home())
-    started: list[Any] = []
+    started: list[Any] = []  # the agent, then the console (or None)
 
     async def attach(coordinator: Any) -> Any:
         # A named port may be taken (another tq up, a Kafka on 9092): go on without that
@@ -93,16 +96,29 @@ def _run(args: argparse.Namespace) -> int:
                                     kafka=kafka_config(args), endpoints_required=False,
                                     endpoint_fallback=fallback).start()
         started.append(agent)
+        try:
+            console = start_console(args, coordinator.endpoint, secret)
+        except BaseException:
+            await agent.close()
+            raise
+        started.append(console)
         for message in agent.endpoints.skipped:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
-        for line in ready_lines(coordinator, agent, data, str(cluster_file())):
+        for line in ready_lines(coordinator, agent, data, str(cluster_file()), console):
             print(line, file=sys.stderr, flush=True)
-        return agent.close
+
+        async def close() -> None:
+            if console is not None:
+                await asyncio.to_thread(console.stop)
+            await agent.close()
+
+        return close
 
     def amend(info: Any) -> Any:
-        agent = started[0]
+        agent, console = started
         return dataclasses.replace(info, connector=agent.connector_address or "",
-                                   kafka=agent.kafka_address or "")
+                                   kafka=agent.kafka_address or "",
+                                   console=console.url if console is not None else "")
 
     return run_coordinator(os.path.join(data, "coordinator"), args.listen or _LISTEN, secret,
                            secret_file, attach=attach, amend=amend,
@@ -111,7 +127,8 @@ def _run(args: argparse.Namespace) -> int:
                            name="tq up")
 
 
-def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str) -> list[str]:
+def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str,
+                console: Any = None) -> list[str]:
     """What tq up prints once ready: each endpoint once, with the port it replaced if a
     default one was taken."""
     def taken(asked: str | int | None) -> list[str]:
@@ -131,6 +148,8 @@ def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str) -> 
     if agent.connector_address:
         rows.append(("connector", agent.connector_address,
                      taken(endpoints.moved.get("connector"))))
+    if console is not None:
+        rows.append(console_line(console))
     width = max(len(name) for name, _, _ in rows)
     return [f"tq up: ready (pid {os.getpid()}, data {data}); Ctrl-C stops it",
             *(f"  {name.ljust(width)}  {where}" + (f"  ({'; '.join(notes)})" if notes else "")

@@ -70,6 +70,7 @@ class ClusterInfo:
     data: str | None = None
     connector: str = ""  # HOST:PORT of `tq up`'s connector endpoint, if it opened one
     kafka: str = ""  # HOST:PORT Kafka clients bootstrap from, if `tq up` opened a listener
+    console: str = ""  # the web console's URL, if one was started (DESIGN §13)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ def tq_env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["TQ_HOME"] = str(home)
     env.pop("TQ_COORDINATOR", None)
+    env["TQ_CONSOLE_PORT"] = "-1"  # no web console unless a test asks for one
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -1,0 +1,219 @@
+"""The console's web application: pages, the live state stream, actions and logins
+(DESIGN §13 "Console"), on Starlette.
+
+    GET  /                    the single page (every view is drawn by static/console.js)
+    GET  /static/...          its script and style, shipped in the package (no CDN)
+    GET  /api/state           the model's view as JSON
+    GET  /api/events          the same, as server-sent events: one `state` event at once and
+                              one after each change (at most `max_rate` a second)
+    POST /api/queries/{id}/kill   kill a query, as the logged-in principal
+    GET  /login?token=T       the start-up link: logs its holder in as the admin
+    POST /login               principal and password (its Kafka SASL password) -> a login
+    POST /logout
+
+Access (`Access`): bound to a loopback address, reading needs no login; bound elsewhere,
+everything but the login page and the static files does. Actions always need a login, and run
+as its principal through the coordinator, which authorizes them as it does the CLI's. A login
+is a random cookie (HttpOnly, SameSite=Strict); actions also need the header
+`X-Tq-Console: 1`, which no cross-site form can send.
+
+Must not: act as anyone but the logged-in principal, or block its event loop on the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from catalog.errors import NotAuthorizedError, TqError
+
+from ._model import ClusterModel
+
+__all__ = ["Access", "Changes", "build_app"]
+
+STATIC = Path(__file__).parent / "static"
+COOKIE = "tq_console"
+ACTION_HEADER = "x-tq-console"
+MAX_LOGINS = 1024  # logins held at once; the oldest goes first
+MAX_FORM_BYTES = 4096
+
+
+class Changes:
+    """A counter the feed bumps and the event streams wait on (the console's loop only)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._event.set()
+
+    async def after(self, seen: int, timeout: float) -> int:
+        """The count once it is past `seen` (or after `timeout` seconds, whatever it is)."""
+        while self.count <= seen:
+            self._event.clear()
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                break
+        return self.count
+
+
+@dataclass
+class Access:
+    """Who may do what on this console, and the logins it holds."""
+
+    loopback: bool                                 # bound to a loopback address only
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # principal, password -> whether the password is that principal's (the console's owner
+    # knows how: it holds the cluster secret)
+    check_password: Callable[[str, str], bool] = lambda principal, password: False
+    logins: dict[str, str] = field(default_factory=dict)  # cookie -> principal
+
+    def login(self, principal: str) -> str:
+        while len(self.logins) >= MAX_LOGINS:
+            self.logins.pop(next(iter(self.logins)))
+        cookie = secrets.token_urlsafe(32)
+        self.logins[cookie] = principal
+        return cookie
+
+    def principal(self, request: Request) -> str | None:
+        cookie = request.cookies.get(COOKIE)
+        return None if cookie is None else self.logins.get(cookie)
+
+    def may_read(self, request: Request) -> bool:
+        return self.loopback or self.principal(request) is not None
+
+
+Kill = Callable[[str, int], Awaitable[Any]]  # principal, query id -> the query after
+
+
+def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill, *,
+              max_rate: float = 4.0) -> Starlette:
+    """The console's ASGI application over `model` (see the module docstring)."""
+
+    def refuse_reader(request: Request) -> Response | None:
+        if access.may_read(request):
+            return None
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": "log in first"}, status_code=401)
+        return RedirectResponse("/login", status_code=303)
+
+    async def page(request: Request) -> Response:
+        return refuse_reader(request) or FileResponse(STATIC / "index.html")
+
+    async def state(request: Request) -> Response:
+        return refuse_reader(request) or JSONResponse(_state(model, access, request))
+
+    async def events(request: Request) -> Response:
+        refused = refuse_reader(request)
+        if refused is not None:
+            return refused
+
+        async def stream() -> AsyncIterator[str]:
+            seen = -1
+            while not await request.is_disconnected():
+                now = await changes.after(seen, timeout=15.0)
+                if now == seen:
+                    yield ": still here\n\n"  # a comment: keeps proxies and the browser calm
+                    continue
+                seen = now
+                yield f"event: state\ndata: {json.dumps(_state(model, access, request))}\n\n"
+                await asyncio.sleep(1.0 / max_rate)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    async def kill_query(request: Request) -> Response:
+        principal = access.principal(request)
+        if principal is None:
+            return JSONResponse({"error": "log in to kill a query"}, status_code=401)
+        if request.headers.get(ACTION_HEADER) != "1":
+            return JSONResponse({"error": f"actions need the {ACTION_HEADER} header"},
+                                status_code=403)
+        try:
+            query_id = int(request.path_params["query_id"])
+        except ValueError:
+            return JSONResponse({"error": "a query id is a number"}, status_code=400)
+        try:
+            query = await kill(principal, query_id)
+        except TqError as exc:
+            status = 403 if isinstance(exc, NotAuthorizedError) else 409
+            return JSONResponse({"error": str(exc), "kind": type(exc).__name__},
+                                status_code=status)
+        return JSONResponse({"query_id": query.query_id, "state": str(query.state)})
+
+    async def login_page(request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:
+            if not hmac.compare_digest(token.encode(), access.token.encode()):
+                return PlainTextResponse("this login link is not valid (tq prints a new one "
+                                         "at every start)", status_code=401)
+            return _logged_in(access.login("admin"))
+        return FileResponse(STATIC / "login.html")
+
+    async def login(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return PlainTextResponse("too large", status_code=413)
+        # A urlencoded form (what login.html posts), parsed here: no multipart dependency.
+        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        principal = form.get("principal", [""])[0].strip()
+        password = form.get("password", [""])[0]
+        if principal and "admin" != principal and ":" not in principal:
+            principal = f"user:{principal}"
+        if not principal or not access.check_password(principal, password):
+            return RedirectResponse("/login?failed=1", status_code=303)
+        return _logged_in(access.login(principal))
+
+    async def logout(request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE)
+        if cookie is not None:
+            access.logins.pop(cookie, None)
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    return Starlette(routes=[
+        Route("/", page),
+        Route("/api/state", state),
+        Route("/api/events", events),
+        Route("/api/queries/{query_id}/kill", kill_query, methods=["POST"]),
+        Route("/login", login_page),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ])
+
+
+def _state(model: ClusterModel, access: Access, request: Request) -> dict[str, Any]:
+    view = model.view()
+    view["me"] = access.principal(request)
+    return view
+
+
+def _logged_in(cookie: str) -> Response:
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,192 @@
+"""Running the console: uvicorn and the feed on an event loop thread of their own, beside the
+coordinator's (DESIGN §13 "Console").
+
+`Console(coordinator, secret, port=...).start()` binds the port (a default port that is taken
+falls back to a free one; a port the caller named does not), then serves until `stop()`. The
+console holds the cluster secret: it checks logins (a principal's password is its Kafka SASL
+password) and acts as the logged-in principal, with the key the coordinator derives for it.
+
+Must not: run on the coordinator's loop (a slow browser or a large page never delays the
+control plane), or serve on an address other than the one it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hmac
+import ipaddress
+import logging
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+from catalog import ADMIN, User
+from catalog.errors import UserError
+from querylib.cluster import AsyncCluster
+from querylib.rpc import Credential, kafka_password, principal_key
+
+from ._app import Access, Changes, build_app
+from ._feed import Feed
+from ._model import ClusterModel
+
+__all__ = ["DEFAULT_CONSOLE_PORT", "Console", "ConsoleUnavailableError"]
+
+DEFAULT_CONSOLE_PORT = 7480
+logger = logging.getLogger("querylib.console")
+
+
+class ConsoleUnavailableError(UserError):
+    """The console's port could not be bound."""
+
+
+class Console:
+    """The web console of one cluster (see the module docstring)."""
+
+    def __init__(self, coordinator: str, secret: bytes, *, host: str = "127.0.0.1",
+                 port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True) -> None:
+        self.coordinator = coordinator
+        self.secret = secret
+        self.host = host
+        self.asked = port
+        self.fallback = fallback
+        self.model = ClusterModel()
+        self.access = Access(loopback=_is_loopback(host), check_password=self._password_ok)
+        self.port = 0
+        self.moved = False  # the default port was taken and another one was used
+        self._thread: threading.Thread | None = None
+        self._server: uvicorn.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def login_url(self) -> str:
+        """The start-up link: whoever opens it is logged in as the admin."""
+        return f"{self.url}login?token={self.access.token}"
+
+    def start(self, timeout: float = 30.0) -> Console:
+        sock = self._bind()
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._run, args=(sock,), daemon=True,
+                                        name="tq-console")
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise ConsoleUnavailableError(f"the console on port {self.port} did not start "
+                                          f"within {timeout:g}s")
+        if self._failure is not None:
+            raise ConsoleUnavailableError(f"the console did not start: {self._failure}")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        server, loop = self._server, self._loop
+        if server is not None:
+            server.should_exit = True
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(lambda: None)  # wake it to notice
+            except RuntimeError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- inside -------------------------------------------------------------------------------
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        for port in (self.asked, 0) if self.fallback else (self.asked,):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((self.host, port))
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE and port != 0:
+                    continue
+                raise ConsoleUnavailableError(
+                    f"the console cannot listen on {self.host}:{port}: {exc.strerror}") \
+                    from None
+            sock.listen(128)
+            self.moved = port != self.asked
+            return sock
+        raise ConsoleUnavailableError(f"the console's port {self.asked} is taken "
+                                      f"(--console-port PORT, or -1 for no console)")
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            asyncio.run(self._main(sock))
+        except BaseException as exc:  # noqa: BLE001 - told to start(), or logged once
+            if not self._started.is_set():
+                self._failure = exc
+                self._started.set()
+            else:
+                logger.exception("the console stopped")
+
+    async def _main(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        changes = Changes()
+        feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
+                    changed=changes.bump)
+        app = build_app(self.model, changes, self.access, self._kill)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1)
+        self._server = server = uvicorn.Server(config)
+        feeding = asyncio.create_task(self._feed(feed))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        self._started.set()
+        try:
+            await serving
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+            sock.close()
+
+    async def _feed(self, feed: Feed) -> None:
+        while True:  # the coordinator may restart: follow it again
+            try:
+                await feed.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a lost coordinator: try again
+                logger.info("console: lost the cluster (%s); again in 1 s", exc)
+            await asyncio.sleep(1.0)
+
+    def _key(self, principal: str) -> bytes | None:
+        if principal == ADMIN:
+            return self.secret
+        for user in self.model.records("users"):
+            if isinstance(user, User) and user.principal == principal:
+                return principal_key(self.secret, principal, user.generation)
+        return None
+
+    def _password_ok(self, principal: str, password: str) -> bool:
+        key = self._key(principal)
+        if key is None:
+            return False
+        expected = kafka_password(Credential(principal, key))
+        return hmac.compare_digest(expected.encode(), password.strip().encode())
+
+    async def _kill(self, principal: str, query_id: int) -> Any:
+        key = self._key(principal)
+        if key is None:
+            raise UserError(f"{principal} is not a principal of this cluster any more")
+        async with AsyncCluster(self.coordinator, Credential(principal, key),
+                                peer=f"tq console ({principal})") as cluster:
+            return await cluster.kill_query(query_id, reason=f"killed from the console by "
+                                                             f"{principal}")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
