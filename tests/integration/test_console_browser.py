@@ -35,6 +35,7 @@ PUBLISHER = textwrap.dedent('''
     import querylib
 
     def main(ctx):
+        print(f"worker {ctx.index} publishes clicks", flush=True)
         with ctx.publish("clicks") as out:
             t = 0
             while not Path(sys.argv[1]).exists():
@@ -153,7 +154,12 @@ def test_the_kill_button_kills_for_its_owner_and_is_refused_to_others(
         page.click("#kill")
         return page
 
+    # The query's page shows its output, live.
     anonymous = browser.new_context()
+    page = anonymous.new_page()
+    page.goto(f"{base}#/query/{query_id}")
+    page.wait_for_selector("#logs:has-text('worker 0 publishes clicks')", timeout=WAIT_MS)
+    _shot(page, "query")
     page = kill_as(anonymous)
     page.wait_for_selector("#kill-message:has-text('log in')", timeout=WAIT_MS)
     assert up.query(query_id).state is QueryState.RUNNING

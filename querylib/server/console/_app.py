@@ -6,6 +6,8 @@
     GET  /api/state           the model's view as JSON
     GET  /api/events          the same, as server-sent events: one `state` event at once and
                               one after each change (at most `max_rate` a second)
+    GET  /api/queries/{id}/logs   its output lines as server-sent events (`lines`), what
+                              exists, then what comes
     POST /api/queries/{id}/kill   kill a query, as the logged-in principal
     GET  /login?token=T       the start-up link: logs its holder in as the admin
     POST /login               principal and password (its Kafka SASL password) -> a login
@@ -107,10 +109,12 @@ class Access:
 
 
 Kill = Callable[[str, int], Awaitable[Any]]  # principal, query id -> the query after
+# query id -> batches of its output lines, for as long as the page reads them
+Lines = Callable[[int], AsyncIterator[list[dict[str, Any]]]]
 
 
-def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill, *,
-              max_rate: float = 4.0) -> Starlette:
+def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
+              lines: Lines, *, max_rate: float = 4.0) -> Starlette:
     """The console's ASGI application over `model` (see the module docstring)."""
 
     def refuse_reader(request: Request) -> Response | None:
@@ -141,6 +145,32 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
                 seen = now
                 yield f"event: state\ndata: {json.dumps(_state(model, access, request))}\n\n"
                 await asyncio.sleep(1.0 / max_rate)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    async def logs(request: Request) -> Response:
+        refused = refuse_reader(request)
+        if refused is not None:
+            return refused
+        try:
+            query_id = int(request.path_params["query_id"])
+        except ValueError:
+            return JSONResponse({"error": "a query id is a number"}, status_code=400)
+
+        async def stream() -> AsyncIterator[str]:
+            batches = lines(query_id)
+            try:
+                yield ": reading\n\n"
+                while not await request.is_disconnected():
+                    try:
+                        batch = await asyncio.wait_for(anext(batches), 15.0)
+                    except TimeoutError:
+                        yield ": still here\n\n"
+                        continue
+                    yield f"event: lines\ndata: {json.dumps(batch)}\n\n"
+            finally:
+                await batches.aclose()  # type: ignore[attr-defined]
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
@@ -199,6 +229,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         Route("/", page),
         Route("/api/state", state),
         Route("/api/events", events),
+        Route("/api/queries/{query_id}/logs", logs),
         Route("/api/queries/{query_id}/kill", kill_query, methods=["POST"]),
         Route("/login", login_page),
         Route("/login", login, methods=["POST"]),

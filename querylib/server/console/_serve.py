@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import socket
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -30,6 +31,7 @@ from querylib.rpc import Credential, kafka_password, principal_key
 
 from ._app import Access, Changes, build_app
 from ._feed import Feed
+from ._logs import query_lines
 from ._model import ClusterModel
 
 __all__ = ["DEFAULT_CONSOLE_PORT", "Console", "ConsoleUnavailableError"]
@@ -134,7 +136,7 @@ class Console:
         changes = Changes()
         feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
                     changed=changes.bump)
-        app = build_app(self.model, changes, self.access, self._kill)
+        app = build_app(self.model, changes, self.access, self._kill, self._lines)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
         self._server = server = uvicorn.Server(config)
@@ -174,6 +176,12 @@ class Console:
             return False
         expected = kafka_password(Credential(principal, key))
         return hmac.compare_digest(expected.encode(), password.strip().encode())
+
+    def _lines(self, query_id: int) -> AsyncIterator[list[dict[str, Any]]]:
+        brokers = {b.broker_id: b.address for b in self.model.records("brokers")}
+        addresses = [brokers[e.broker_id] for e in self.model.records("executors")
+                     if e.broker_id in brokers]
+        return query_lines(addresses, Credential.of(self.secret), query_id)
 
     async def _kill(self, principal: str, query_id: int) -> Any:
         key = self._key(principal)

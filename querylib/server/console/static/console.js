@@ -3,6 +3,8 @@
 "use strict";
 
 let state = null;
+let logs = null;  // { queryId, source: EventSource, lines: [] } while a query's page is open
+const MAX_LINES = 1000;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -129,8 +131,35 @@ function executors() {
   ];
 }
 
+function followLogs(id) {
+  if (logs && logs.queryId === id) return logs;
+  stopLogs();
+  logs = { queryId: id, source: new EventSource(`/api/queries/${encodeURIComponent(id)}/logs`), lines: [] };
+  const mine = logs;
+  mine.source.addEventListener("lines", message => {
+    mine.lines.push(...JSON.parse(message.data));
+    if (mine.lines.length > MAX_LINES) mine.lines.splice(0, mine.lines.length - MAX_LINES);
+    const pre = document.getElementById("logs");
+    if (pre && logs === mine) drawLines(pre, mine.lines);
+  });
+  return logs;
+}
+
+function stopLogs() {
+  if (logs) logs.source.close();
+  logs = null;
+}
+
+function drawLines(pre, lines) {
+  const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  pre.textContent = lines.map(l => `[${l.process}${l.stream === "stderr" ? " stderr" : ""}] ${l.text}`).join("\n");
+  if (atBottom) pre.scrollTop = pre.scrollHeight;
+}
+
 function queryView(id) {
   const q = state.queries.find(q => String(q.query_id) === id);
+  const pre = el("pre", { id: "logs", class: "logs" });
+  drawLines(pre, followLogs(id).lines);
   if (!q) return [el("h1", {}, `Query ${id}`), el("p", { class: "muted" }, "No such query (yet).")];
   const live = !["finished", "failed", "killed"].includes(q.state);
   const message = el("p", { id: "kill-message", class: "error" });
@@ -153,6 +182,8 @@ function queryView(id) {
         el("td", {}, p.process), el("td", {}, p.executor ?? "–"), el("td", { class: "num" }, p.pid ?? "–"),
         el("td", { class: "num" }, p.cpu_percent === null ? "–" : `${number(p.cpu_percent, 1)} %`),
         el("td", { class: "num" }, bytes(p.rss)), el("td", { class: "num" }, p.exit_code ?? "–"))), { id: "processes" }),
+    el("h2", {}, "Output"),
+    pre,
   ];
 }
 
@@ -239,6 +270,7 @@ function draw() {
   if (!state) return;
   const hash = location.hash || "#/";
   const [, view, arg] = hash.match(/^#\/([^/]*)\/?(.*)$/) || [null, "", ""];
+  if (view !== "query") stopLogs();
   let content;
   if (view === "graph") content = graph();
   else if (view === "executors") content = executors();
