@@ -57,6 +57,9 @@ def lazy_exports(package: str, namespace: dict[str, Any]
     """The module-level `__getattr__`, `__dir__` and `__all__` of `package`."""
     with open(namespace["__file__"], encoding="utf-8") as source:
         exports = read_exports(source.read())
+    # What declaring took is not part of the package: `dir()` and `vars()` show exports only.
+    for helper in ("annotations", "TYPE_CHECKING", "lazy_exports"):
+        namespace.pop(helper, None)
 
     def __getattr__(name: str) -> Any:
         found = exports.get(name)

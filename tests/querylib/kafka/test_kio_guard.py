@@ -163,7 +163,7 @@ def test_metadata_response_with_huge_count_raises_protocol_error() -> None:
 
 _LISTENER_CHILD = """
     import asyncio, sys
-    from querylib.kafka import serve_local
+    from querylib.server import serve_local
 
     async def main():
         async with serve_local(sys.argv[1], "127.0.0.1", 0) as listener:
