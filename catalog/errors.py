@@ -19,6 +19,7 @@ module) are drawn below.
     │   │   InvalidTopicError, StaleIncarnationError, TopicAuthorizationError,
     │   │   StreamEndedError                                     querylib.broker._errors
     │   ├── EndpointUnavailableError                             querylib.server._endpoints
+    │   ├── ConsoleUnavailableError                              querylib.server.console._serve
     │   ├── ListenError                                          querylib.kafka._errors
     │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
     │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors
