@@ -20,6 +20,7 @@ module) are drawn below.
     │   │   StreamEndedError                                     querylib.broker._errors
     │   ├── EndpointUnavailableError                             querylib.server._endpoints
     │   ├── ConsoleUnavailableError                              querylib.server.console._serve
+    │   ├── MetricsUnavailableError                              querylib.server._metrics
     │   ├── ListenError                                          querylib.kafka._errors
     │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
     │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors

@@ -34,6 +34,7 @@ from coordinator._events import (
 )
 from coordinator._journal import Recovered, read_catalog
 from coordinator._leases import Leases, binding_of, bound_peer
+from coordinator._metrics import coordinator_metrics
 from coordinator._run import run_coordinator
 from coordinator._server import Coordinator
 from coordinator._state import CoordinatorConfig, CoordinatorState
@@ -65,5 +66,6 @@ __all__ = [
     "binding_of",
     "bound_peer",
     "read_catalog",
+    "coordinator_metrics",
     "run_coordinator",
 ]

@@ -177,6 +177,7 @@ class Coordinator:
         self.keys = MasterKeyring(secret, valid=self._generation)
         self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
         self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
+        self.request_stats = self._rpc.stats  # what it served (the metrics read it)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
         self._driver: Driver | None = None  # once the core exists (start)
         self._ticker: asyncio.Task[None] | None = None

@@ -47,7 +47,13 @@ from executor._fetch import Source, parse_source
 from executor._groups import live_members, signal_group, terminate_group
 from executor._lines import DEFAULT_MAX_LINE, LineSplitter
 from executor._logs import LOGS_TOPIC, LogForwarder, line_of_record, record_of_line
-from executor._metrics import HostLoad, LoadSampler, ProcessLoad, host_resources
+from executor._metrics import (
+    HostLoad,
+    LoadSampler,
+    ProcessLoad,
+    executor_metrics,
+    host_resources,
+)
 from executor._pack import pack_bytes, pack_path, sha256_hex, unpack
 from executor._slots import Slots
 from executor._spawn import (
@@ -93,6 +99,7 @@ __all__ = [
     "Supervisor",
     "Uploader",
     "UnknownProcessError",
+    "executor_metrics",
     "host_resources",
     "launch",
     "line_of_record",

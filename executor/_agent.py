@@ -116,7 +116,7 @@ from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
 from ._credentials import ProcessCredentials
 from ._endpoints import CatalogTopics
 from ._logs import LogForwarder
-from ._metrics import LoadSampler, host_resources
+from ._metrics import HostLoad, LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
 from ._slots import Slots, default_slots
 from ._spawn import SpawnSpec
@@ -226,6 +226,11 @@ class ExecutorAgent:
                 "bugs": self._counters["bugs"] + self._driver.bugs}
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def last_load(self) -> HostLoad | None:
+        """The load it sampled last (sent with its last heartbeat), None before the first."""
+        return None if self._sampler is None else self._sampler.last
 
     async def start(self) -> ExecutorAgent:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import psutil
 
 from catalog import Resources
 from querylib.cluster import HostLoad, ProcessLoad
 
-__all__ = ["HostLoad", "LoadSampler", "ProcessLoad", "host_resources"]
+__all__ = ["HostLoad", "LoadSampler", "ProcessLoad", "executor_metrics", "host_resources"]
 
 
 def host_resources(data_dir: str | os.PathLike[str], slots: int) -> Resources:
@@ -35,6 +36,7 @@ class LoadSampler:
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
         self.data_dir = os.fspath(data_dir)
+        self.last: HostLoad | None = None  # the latest sample (the metrics read it)
         self._procs: dict[int, psutil.Process] = {}
         psutil.cpu_percent(interval=None)  # starts the host's "since last call" interval
 
@@ -79,9 +81,52 @@ class LoadSampler:
                     if pid not in seen and not proc.is_running()]:
             del self._procs[pid]
         memory = psutil.virtual_memory()
-        return HostLoad(sampled_at_ms=int(time.time() * 1000),
-                        cpu_percent=psutil.cpu_percent(interval=None),
-                        memory_used=memory.total - memory.available,
-                        memory_available=memory.available,
-                        disk_free=psutil.disk_usage(self.data_dir).free,
-                        running=len(per_process), per_process=tuple(per_process))
+        self.last = HostLoad(sampled_at_ms=int(time.time() * 1000),
+                             cpu_percent=psutil.cpu_percent(interval=None),
+                             memory_used=memory.total - memory.available,
+                             memory_available=memory.available,
+                             disk_free=psutil.disk_usage(self.data_dir).free,
+                             running=len(per_process), per_process=tuple(per_process))
+        return self.last
+
+
+def executor_metrics(agent: Any, metrics: Any) -> None:
+    """Add an executor agent's sources to `metrics` (a querylib.server.ProcessMetrics): its
+    slots, its host's and its query processes' load as last sampled, and its broker."""
+    from querylib.server import broker_families, rpc_families
+
+    metrics.add(lambda: _families(agent))
+    metrics.add(lambda: [] if agent.broker is None
+                else [*broker_families(agent.broker, agent.broker_id or "?"),
+                      *rpc_families("broker", agent.broker.request_stats)])
+
+
+def _families(agent: Any) -> list[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    executor = str(agent.executor_id or "?")
+    slots = GaugeMetricFamily("tq_executor_slots", "Process slots, used and free",
+                              labels=["executor", "state"])
+    slots.add_metric([executor, "used"], agent.slots.used)
+    slots.add_metric([executor, "free"], agent.slots.free)
+    families = [slots]
+    load = agent.last_load
+    if load is not None:
+        cpu = GaugeMetricFamily("tq_host_cpu_percent", "The host's CPU use (all cores: 100)",
+                                labels=["executor"])
+        cpu.add_metric([executor], load.cpu_percent)
+        memory = GaugeMetricFamily("tq_host_memory_used_bytes", "The host's memory in use",
+                                   labels=["executor"])
+        memory.add_metric([executor], load.memory_used)
+        process_cpu = GaugeMetricFamily("tq_query_process_cpu_percent", "A query process's "
+                                        "CPU use with its descendants (one core: 100)",
+                                        labels=["executor", "query", "process"])
+        process_rss = GaugeMetricFamily("tq_query_process_rss_bytes", "A query process's "
+                                        "resident memory with its descendants",
+                                        labels=["executor", "query", "process"])
+        for process in load.per_process:
+            labels = [executor, str(process.query_id), str(process.process)]
+            process_cpu.add_metric(labels, process.cpu_percent)
+            process_rss.add_metric(labels, process.rss)
+        families += [cpu, memory, process_cpu, process_rss]
+    return families

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from catalog.errors import UserError
@@ -25,8 +26,10 @@ def add_console_options(parser: argparse.ArgumentParser) -> None:
                         "other address every page asks for a login)")
 
 
-def start_console(args: argparse.Namespace, coordinator: str, secret: bytes) -> Any:
-    """The running console, or None when its port is -1."""
+def start_console(args: argparse.Namespace, coordinator: str, secret: bytes,
+                  metrics: Any = None) -> Any:
+    """The running console, or None when its port is -1. `metrics` (a
+    querylib.server.ProcessMetrics) is served at /metrics."""
     asked, where = args.console_port, "--console-port"
     if asked is None and os.environ.get("TQ_CONSOLE_PORT", "").strip():
         where = "TQ_CONSOLE_PORT"
@@ -43,7 +46,30 @@ def start_console(args: argparse.Namespace, coordinator: str, secret: bytes) -> 
 
     return Console(coordinator, secret, host=args.console_host,
                    port=_CONSOLE_PORT if asked is None else asked,
-                   fallback=asked is None).start()
+                   fallback=asked is None, metrics=metrics).start()
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """`--metrics-port` / `--metrics-host`: where a process without a console serves /metrics."""
+    parser.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (default "
+                        "-1: none; 0: any free port)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="the address metrics are served on (default 127.0.0.1)")
+
+
+def start_metrics(args: argparse.Namespace, metrics: Any, name: str) -> Any:
+    """Serve `metrics` as the options ask; the function that stops it (None: not served)."""
+    if args.metrics_port < 0:
+        return None
+    if args.metrics_port > 65535:
+        raise UserError(f"--metrics-port {args.metrics_port} is not a port")
+    from querylib.server import serve_metrics
+
+    port, stop = serve_metrics(metrics, args.metrics_host, args.metrics_port, fallback=False)
+    print(f"{name}: metrics at http://{args.metrics_host}:{port}/metrics", file=sys.stderr,
+          flush=True)
+    return stop
 
 
 def console_line(console: Any) -> tuple[str, str, list[str]]:

@@ -87,13 +87,19 @@ def _run(args: argparse.Namespace) -> int:
     consoles: list[Any] = []
 
     async def attach(coordinator: Any) -> Any:
-        console = start_console(args, coordinator.endpoint, secret)
+        from coordinator import coordinator_metrics
+        from querylib.server import ProcessMetrics
+
+        metrics = ProcessMetrics(asyncio.get_running_loop())
+        coordinator_metrics(coordinator, metrics)
+        console = start_console(args, coordinator.endpoint, secret, metrics)
         if console is not None:
             consoles.append(console)
 
         async def close() -> None:
             if console is not None:
                 await asyncio.to_thread(console.stop)
+            metrics.close()
 
         return close
 

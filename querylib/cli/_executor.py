@@ -23,6 +23,7 @@ from querylib.cli._broker import (
     connector_config,
     kafka_config,
 )
+from querylib.cli._console import add_metrics_options, start_metrics
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "kills its processes and rejoins with a new session (default 10)")
     add_connector_options(parser, default_port=None)
     add_kafka_options(parser, default_port=None)
+    add_metrics_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.set_defaults(func=_run)
 
@@ -90,7 +92,14 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
         return 0
     stopping.cancel()
     starting.result()  # a refused secret or a broken start: the CLI says it and exits
+    from executor import executor_metrics
+    from querylib.server import ProcessMetrics
+
+    metrics = ProcessMetrics(loop)
+    executor_metrics(agent, metrics)
+    stop_metrics = None
     try:
+        stop_metrics = start_metrics(args, metrics, f"tq executor {agent.executor_id}")
         extra = "".join(f", {name} {where}" for name, where in (
             ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
         print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}"
@@ -98,5 +107,8 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
               flush=True)
         await stop.wait()
     finally:
+        if stop_metrics is not None:
+            await asyncio.to_thread(stop_metrics)
+        metrics.close()
         await agent.close()
     return 0

@@ -96,9 +96,17 @@ def _run(args: argparse.Namespace) -> int:
                                     kafka=kafka_config(args), endpoints_required=False,
                                     endpoint_fallback=fallback).start()
         started.append(agent)
+        from coordinator import coordinator_metrics
+        from executor import executor_metrics
+        from querylib.server import ProcessMetrics
+
+        metrics = ProcessMetrics(asyncio.get_running_loop())
+        coordinator_metrics(coordinator, metrics)
+        executor_metrics(agent, metrics)
         try:
-            console = start_console(args, coordinator.endpoint, secret)
+            console = start_console(args, coordinator.endpoint, secret, metrics)
         except BaseException:
+            metrics.close()
             await agent.close()
             raise
         started.append(console)
@@ -110,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         async def close() -> None:
             if console is not None:
                 await asyncio.to_thread(console.stop)
+            metrics.close()
             await agent.close()
 
         return close

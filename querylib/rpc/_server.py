@@ -61,6 +61,7 @@ from ._errors import (
 )
 from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
 from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
+from ._stats import RequestStats
 from ._zap import Verdict, admit_through, stop_admitting
 
 __all__ = ["HANDSHAKE_INTERVAL", "Context", "Handler", "RpcServer"]
@@ -143,6 +144,7 @@ class RpcServer:
         self._domain = b"tq-rpc-" + self._codec.session.hex().encode()  # our ZAP domain
         self._admitting: set[asyncio.Task[None]] = set()  # handshakes waiting for a key
         self._handlers: dict[type[Message], Handler] = {Ping: _echo}
+        self.stats = RequestStats()  # what it served, by message type (the metrics read it)
         self._sock: zmq.Socket[Any] | None = None
         self._pump: FramePump | None = None
         self._deadlines: DeadlineTimer[tuple[asyncio.Task[None], Context]] | None = None
@@ -412,6 +414,8 @@ class RpcServer:
                              local_id: int) -> None:
         header = incoming.header
         request = incoming.body
+        began = time.perf_counter()
+        error: str | None = None
         try:
             reply = await handler(request, ctx)
         except asyncio.CancelledError:
@@ -419,16 +423,20 @@ class RpcServer:
                 raise  # the server is closing
             # Cancelled by us at the deadline: the client has given up on this id already.
             self._drops["handler_deadline"] += 1
+            error = "DeadlineExceededError"
             return
         except TqError as exc:
+            error = type(exc).__name__
             self._send_error(ctx.peer, header, exc)
             return
         except Exception as exc:
+            error = "InternalServerError"
             log.exception("rpc server %s: handler of %s failed", self.endpoint, header.tag)
             self._send_error(ctx.peer, header, InternalServerError(
                 f"handler of {header.tag} failed: {type(exc).__name__}: {exc}"))
             return
         finally:
+            self.stats.record(header.tag, time.perf_counter() - began, error)
             if self._deadlines is not None:
                 self._deadlines.forget(local_id)
         expected = type(request).reply_type
@@ -442,13 +450,18 @@ class RpcServer:
         self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
 
     async def _serve_notify(self, handler: Handler, incoming: Incoming, ctx: Context) -> None:
+        began = time.perf_counter()
+        error: str | None = None
         try:
             await handler(incoming.body, ctx)
         except Exception:
             # Nobody waits for a notify's outcome: the traceback is the only report.
+            error = "InternalServerError"
             self._drops["notify_handler_error"] += 1
             log.exception("rpc server %s: notify handler of %s failed", self.endpoint,
                           incoming.header.tag)
+        finally:
+            self.stats.record(incoming.header.tag, time.perf_counter() - began, error)
 
     def _send_reply(self, peer: bytes, header: Header, reply: Reply,
                     payload: list[Buffer]) -> None:

@@ -7,8 +7,10 @@ this package (tests/test_import_contracts.py); the coordinator, the executor and
     _broker_main.py      run_broker: a standalone broker in the foreground (`tq broker`)
     _kafka_main.py       serve_local / run_kafka: a data dir behind a broker with only its
                          Kafka listener (`tq kafka`)
+    _metrics.py          ProcessMetrics: a process's metrics in Prometheus' text format
     _connector_main.py   a broker with only its connector endpoint
                          (`python -m querylib.server.connector`)
+    console/             the web console (`tq up`, `tq coordinator`)
 """
 
 from __future__ import annotations
@@ -22,5 +24,12 @@ if TYPE_CHECKING:
     from ._connector_main import run_connector_broker, serve_connector_broker
     from ._endpoints import BrokerEndpoints, EndpointUnavailableError
     from ._kafka_main import run_kafka, serve_local
+    from ._metrics import (
+        MetricsUnavailableError,
+        ProcessMetrics,
+        broker_families,
+        rpc_families,
+        serve_metrics,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

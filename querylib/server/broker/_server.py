@@ -81,6 +81,7 @@ from querylib.rpc import (
     Limits,
     PeerBusyError,
     PeerUnreachableError,
+    RequestStats,
     RpcServer,
     error_body,
 )
@@ -350,6 +351,15 @@ class BrokerServer:
         Fetch waiting for data learns of appends without polling."""
         self._visible_listeners.append(listener)
         return lambda: self._visible_listeners.remove(listener)
+
+    def partition_sizes(self) -> dict[PartitionId, int]:
+        """Bytes each open partition's log holds on disk (the metrics read it)."""
+        return {pid: lane.log.size_in_bytes for pid, lane in list(self._lanes.items())}
+
+    @property
+    def request_stats(self) -> RequestStats:
+        """What its RPC server served, by message type (the metrics read it)."""
+        return self._rpc.stats
 
     def _sized_info(self, pid: PartitionId) -> PartitionInfo:
         """The core's PartitionInfo with the bytes its log holds on disk."""

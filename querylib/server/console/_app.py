@@ -12,6 +12,9 @@
     GET  /login?token=T       the start-up link: logs its holder in as the admin
     POST /login               principal and password (its Kafka SASL password) -> a login
     POST /logout
+    GET  /metrics             the process's metrics in Prometheus' text format (reading
+                              rights, or HTTP basic authentication with a principal and its
+                              password, for scrapers)
 
 Access (`Access`): bound to a loopback address, reading needs no login; bound elsewhere,
 everything but the login page and the static files does. Actions always need a login, and run
@@ -25,6 +28,7 @@ Must not: act as anyone but the logged-in principal, or block its event loop on 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import secrets
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -114,7 +119,8 @@ Lines = Callable[[int], AsyncIterator[list[dict[str, Any]]]]
 
 
 def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
-              lines: Lines, *, max_rate: float = 4.0) -> Starlette:
+              lines: Lines, *, metrics: Callable[[], bytes] | None = None,
+              max_rate: float = 4.0) -> Starlette:
     """The console's ASGI application over `model` (see the module docstring)."""
 
     def refuse_reader(request: Request) -> Response | None:
@@ -148,6 +154,16 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
+
+    async def metrics_text(request: Request) -> Response:
+        if metrics is None:
+            return PlainTextResponse("no metrics here", status_code=404)
+        if not access.may_read(request) and not _basic_auth_ok(access, request):
+            return PlainTextResponse("log in, or give a principal and its password (HTTP "
+                                     "basic authentication)", status_code=401,
+                                     headers={"WWW-Authenticate": 'Basic realm="tq"'})
+        body = await asyncio.to_thread(metrics)  # built on the owners' loops: wait off ours
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def logs(request: Request) -> Response:
         refused = refuse_reader(request)
@@ -228,6 +244,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
     return Starlette(routes=[
         Route("/", page),
         Route("/api/state", state),
+        Route("/metrics", metrics_text),
         Route("/api/events", events),
         Route("/api/queries/{query_id}/logs", logs),
         Route("/api/queries/{query_id}/kill", kill_query, methods=["POST"]),
@@ -242,6 +259,20 @@ def _state(model: ClusterModel, access: Access, request: Request) -> dict[str, A
     view = model.view()
     view["me"] = access.principal(request)
     return view
+
+
+def _basic_auth_ok(access: Access, request: Request) -> bool:
+    """A scraper's credentials: HTTP basic authentication with a principal and its password."""
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic" or len(encoded) > 1024:
+        return False
+    try:
+        principal, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    if principal != "admin" and ":" not in principal:
+        principal = f"user:{principal}"
+    return access.check_password(principal, password)
 
 
 def _logged_in(cookie: str) -> Response:

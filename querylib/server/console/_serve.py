@@ -48,13 +48,15 @@ class Console:
     """The web console of one cluster (see the module docstring)."""
 
     def __init__(self, coordinator: str, secret: bytes, *, host: str = "127.0.0.1",
-                 port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True) -> None:
+                 port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True,
+                 metrics: Any = None) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.host = host
         self.asked = port
         self.fallback = fallback
         self.model = ClusterModel()
+        self.metrics = metrics  # a querylib.server.ProcessMetrics, served at /metrics
         self.access = Access(loopback=_is_loopback(host), check_password=self._password_ok)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
@@ -136,7 +138,8 @@ class Console:
         changes = Changes()
         feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
                     changed=changes.bump)
-        app = build_app(self.model, changes, self.access, self._kill, self._lines)
+        app = build_app(self.model, changes, self.access, self._kill, self._lines,
+                        metrics=None if self.metrics is None else self.metrics.text)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
         self._server = server = uvicorn.Server(config)
