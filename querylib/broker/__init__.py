@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from querylib._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._admin import delete_records, list_partitions
+    from ._admin import delete_records, list_partitions, list_subscriptions
     from ._blocking import Producer, Subscriber
     from ._credit import CreditGrant, CreditWindow
     from ._errors import (
@@ -54,12 +54,15 @@ if TYPE_CHECKING:
         CloseSessionRequest,
         EndStreamRequest,
         Incarnation,
+        ListSubscriptions,
         MarkersWritten,
         OpenProducerRequest,
         PartitionInfo,
         Produced,
         ProduceRequest,
         ProducerOpened,
+        SubscriptionInfo,
+        SubscriptionList,
         WriteMarkersRequest,
     )
 

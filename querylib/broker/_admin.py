@@ -6,9 +6,15 @@ from __future__ import annotations
 from querylib.rpc import BROKER, BlockingClient
 
 from ._session import CLIENT_LIMITS
-from .messages import DeleteRecordsRequest, ListPartitions, PartitionInfo
+from .messages import (
+    DeleteRecordsRequest,
+    ListPartitions,
+    ListSubscriptions,
+    PartitionInfo,
+    SubscriptionInfo,
+)
 
-__all__ = ["delete_records", "list_partitions"]
+__all__ = ["delete_records", "list_partitions", "list_subscriptions"]
 
 
 def list_partitions(address: str, secret: bytes, topic: str = "", *,
@@ -27,3 +33,12 @@ def delete_records(address: str, secret: bytes, topic: str, partition: int, offs
                         audience=BROKER) as client:
         return client.request(DeleteRecordsRequest(topic=topic, partition=partition,
                                                     offset=offset))
+
+
+def list_subscriptions(address: str, secret: bytes, topic: str = "", *,
+                       timeout: float = 10.0) -> list[SubscriptionInfo]:
+    """The subscriptions a broker serves (of `topic`, or all): every principal's for the
+    admin, the caller's own for anyone else."""
+    with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
+                        audience=BROKER) as client:
+        return client.request(ListSubscriptions(topic=topic)).subscriptions

@@ -54,6 +54,7 @@ __all__ = [
     "EnsurePartition",
     "HeartbeatRequest",
     "ListPartitions",
+    "ListSubscriptions",
     "OpenProducerRequest",
     "OpenSessionRequest",
     "PartitionInfo",
@@ -65,6 +66,8 @@ __all__ = [
     "SubscribeRequest",
     "Subscribed",
     "SubscriptionEnded",
+    "SubscriptionInfo",
+    "SubscriptionList",
     "UnsubscribeRequest",
     "WriteMarkersRequest",
 ]
@@ -115,6 +118,22 @@ class PartitionList(Reply, tag="broker.partition.list"):
     partitions: list[PartitionInfo]
 
 
+class SubscriptionInfo(msgspec.Struct, frozen=True):
+    """One subscription as its broker sees it: whose, where it stands, and the partition's
+    visible end and frontier then (its lag is `log_end - next_offset` records)."""
+
+    topic: str
+    partition: int
+    principal: str          # of the session that holds it
+    next_offset: int        # the next offset the broker delivers to it
+    log_end: int            # the partition's visible end
+    frontier: int           # the partition's frontier at that end
+
+
+class SubscriptionList(Reply, tag="broker.subscription.list"):
+    subscriptions: list[SubscriptionInfo]
+
+
 class ProducerOpened(Reply, tag="broker.producer.opened"):
     log_end: int
     frontier: int           # the producer starts here; it may not advance below it
@@ -161,6 +180,14 @@ class CloseSessionRequest(Request[Done], tag="broker.session.close"):
 
 class ListPartitions(Request[PartitionList], tag="broker.partitions"):
     topic: str = ""         # "" lists every partition the broker hosts
+
+
+class ListSubscriptions(Request[SubscriptionList], tag="broker.subscriptions"):
+    """The broker's subscriptions (of `topic`, or all). Over RPC a principal other than the
+    admin sees its own only."""
+
+    topic: str = ""
+    principal: str = ""     # only this principal's ("" every principal's)
 
 
 class EnsurePartition(Request[PartitionInfo], tag="broker.partition.ensure"):

@@ -236,22 +236,65 @@ def _status(args: argparse.Namespace) -> int:
                                  timeout=max(args.timeout, 30.0))
         address, broker = cluster.address, cluster.catalog_broker
         loads = cluster.loads()
+        lags = subscription_lags(snaps, cluster.secret, timeout=min(args.timeout, 10.0))
     if args.query is not None:
-        return _query_status(snaps, args.query, json_out=args.json, loads=loads)
+        return _query_status(snaps, args.query, json_out=args.json, loads=loads, lags=lags)
     if args.json:
         body: dict[str, Any] = {name: [to_json(r) for r, _ in snap.records]
                                 for name, snap in snaps.items()}
         body["version"] = min(s.version for s in snaps.values())
         body["loads"] = {str(e): to_json(load) for e, load in sorted(loads.items())}
+        body["lags"] = [{"principal": principal, "topic": topic, "lag_records": lag}
+                        for (principal, topic), lag in sorted(lags.items())]
         sys.stdout.write(json.dumps(body) + "\n")
         return 0
-    for line in render_status(snaps, address, broker, loads):
+    for line in render_status(snaps, address, broker, loads, lags):
         sys.stdout.write(line + "\n")
     return 0
 
 
+def subscription_lags(snaps: dict[str, Any], secret: Any, *, timeout: float
+                      ) -> dict[tuple[str, str], int]:
+    """(principal, canonical topic name) -> records visible and not yet delivered to that
+    principal's subscriptions of the topic, summed over partitions, as every broker reports
+    them (the admin sees everyone's, a user its own). A broker that does not answer is left
+    out."""
+    from catalog import TopicName
+    from catalog.errors import TqError
+    from querylib.broker import list_subscriptions
+
+    lags: dict[tuple[str, str], int] = {}
+    for address in sorted({b.address for b, _ in snaps["brokers"].records}):
+        try:
+            found = list_subscriptions(address, secret, timeout=timeout)
+        except TqError:
+            continue
+        for sub in found:
+            key = (sub.principal, TopicName.parse(sub.topic, fixed=True).full)
+            lags[key] = lags.get(key, 0) + max(0, sub.log_end - sub.next_offset)
+    return lags
+
+
+def _principal_of(party: Any) -> str:
+    from catalog import QueryRef, SessionRef
+
+    if isinstance(party, QueryRef):
+        return f"query:{party.query_id}"
+    if isinstance(party, SessionRef):
+        return f"session:{party.session_id}"
+    return "system"
+
+
+def _lag_note(lags: dict[tuple[str, str], int], party: Any, topic: Any) -> str:
+    if topic is None:
+        return ""
+    lag = lags.get((_principal_of(party), topic.name))
+    return "" if lag is None else f", lag {lag} record{'' if lag == 1 else 's'}"
+
+
 def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool,
-                  loads: dict[int, Any] | None = None) -> int:
+                  loads: dict[int, Any] | None = None,
+                  lags: dict[tuple[str, str], int] | None = None) -> int:
     from catalog import QueryRef, UnknownQueryError
 
     if ref.isdigit():
@@ -281,6 +324,7 @@ def _query_status(snaps: dict[str, Any], ref: str, *, json_out: bool,
     lines += [f"  publishes {_topic_label(topics.get(p.topic_id))}"
               for p, _ in snaps["publications"].records if p.publisher == party]
     lines += [f"  subscribes {_topic_label(topics.get(s.topic_id))}"
+              f"{_lag_note(lags or {}, party, topics.get(s.topic_id))}"
               for s, _ in snaps["subscriptions"].records if s.subscriber == party]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
@@ -307,12 +351,15 @@ def process_lines(query: Any, loads: dict[int, Any], indent: str) -> list[str]:
 
 
 def render_status(snaps: dict[str, Any], address: str, broker: str,
-                  loads: dict[int, Any] | None = None) -> list[str]:
+                  loads: dict[int, Any] | None = None,
+                  lags: dict[tuple[str, str], int] | None = None) -> list[str]:
     """The tree `tq status` prints: executors (with their load) -> queries (with each
     process's pid, CPU and memory) -> publications/subscriptions, then the pending queries
     (waiting for slots), queries elsewhere, then client sessions with what they publish and
-    subscribe. `loads`: each executor's last heartbeat load, by executor id (`Cluster.loads`)."""
+    subscribe. `loads`: each executor's last heartbeat load, by executor id (`Cluster.loads`);
+    `lags`: records behind by (principal, topic) (`subscription_lags`)."""
     loads = loads or {}
+    lags = lags or {}
     from catalog import QueryRef, SessionRef
 
     def records(name: str) -> list[Any]:
@@ -325,7 +372,9 @@ def render_status(snaps: dict[str, Any], address: str, broker: str,
     for p in records("publications"):
         pubs.setdefault(p.publisher, []).append(_topic_label(topics.get(p.topic_id)))
     for s in records("subscriptions"):
-        subs.setdefault(s.subscriber, []).append(_topic_label(topics.get(s.topic_id)))
+        topic = topics.get(s.topic_id)
+        subs.setdefault(s.subscriber, []).append(
+            _topic_label(topic) + _lag_note(lags, s.subscriber, topic))
 
     def party_lines(party: Any, indent: str) -> list[str]:
         return ([f"{indent}publishes {t}" for t in pubs.get(party, [])]

@@ -180,3 +180,68 @@ def test_the_kill_button_kills_for_its_owner_and_is_refused_to_others(
     assert up.ended(query_id).state is QueryState.KILLED
     for context in (anonymous, other, owner):
         context.close()
+
+
+BULK = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    import querylib
+
+    def main(ctx):
+        with ctx.publish("bulk") as out:
+            for t in range(20):
+                out.send(t, ["x" * 200] * 500)
+                out.advance_to(t + 1)
+        while not Path(sys.argv[1]).exists():
+            time.sleep(0.05)
+
+    querylib.execute(main)
+''')
+
+
+def test_a_topic_page_shows_a_slow_subscribers_lag_rise_and_fall_to_zero(
+        up: Up, browser: Any, tmp_path: Path) -> None:
+    from querylib.broker import Data, Subscriber
+    from querylib.cluster import Cluster
+
+    (tmp_path / "bulk.py").write_text(BULK)
+    gate = tmp_path / "gate"
+    writer = up.submit(tmp_path / "bulk.py", "--name", "bulk-writer", "--", str(gate))
+    try:
+        with Cluster.connect(up.info["coordinator"], secret_file=up.info["secret_file"],
+                             session=False) as cluster:
+            info = wait_for(lambda: _topic(cluster, "bulk"), timeout=60, interval=0.2,
+                            what="the bulk topic")
+        address = info.brokers[info.topic.locations[0]]
+        secret = load_secret(up.info["secret_file"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{up.info['console']}#/topic/{info.topic.name}")
+        page.wait_for_selector("#partitions tbody tr", timeout=WAIT_MS)
+        # A subscriber that takes a little and reads nothing yet: 16 KiB of credit.
+        with Subscriber(address, "bulk", [0], secret=secret, credit=16 * 1024,
+                        start="earliest") as slow:
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#subscriptions tr[data-principal=admin]')]"
+                ".some(row => Number(row.dataset.lag) > 5000)", timeout=WAIT_MS)
+            _shot(page, "lag-high")
+            received = 0
+            while received < 10_000:  # read everything: the lag falls to 0
+                event = slow.next_event(30)
+                assert event is not None, "the subscriber got nothing for 30 s"
+                if isinstance(event, Data):
+                    received += len(event.records)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#subscriptions tr[data-principal=admin]')]"
+                ".some(row => row.dataset.lag === '0')", timeout=WAIT_MS)
+            _shot(page, "lag-zero")
+        page.close()
+    finally:
+        gate.write_text("")
+    assert up.ended(writer).state is QueryState.FINISHED
+
+
+def _topic(cluster: Any, name: str) -> Any:
+    try:
+        return cluster.lookup_topic(name)
+    except Exception:  # noqa: BLE001 - not created yet
+        return None

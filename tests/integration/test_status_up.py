@@ -74,3 +74,66 @@ def test_status_shows_each_process_pid_cpu_rss_and_the_executors_load(up: Up,
     finally:
         gate.write_text("")
     assert up.ended(query_id).state is QueryState.FINISHED
+
+
+BULK_WRITER = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    import querylib
+
+    def main(ctx):
+        with ctx.publish("backlog") as out:   # the stream stays open until told
+            for t in range(60):
+                out.send(t, ["x" * 200] * 500)
+                out.advance_to(t + 1)
+            while not Path(sys.argv[1]).exists():
+                time.sleep(0.05)
+
+    querylib.execute(main)
+''')
+
+SLOW_READER = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    import querylib
+
+    def main(ctx):
+        with ctx.subscribe("backlog", timeout=60) as sub:
+            while not Path(sys.argv[1]).exists():   # holds its credit, reads nothing
+                time.sleep(0.05)
+            for event in sub:
+                pass
+
+    querylib.execute(main)
+''')
+
+LAG = re.compile(r"^ +subscribes backlog \(1 partition\), lag (\d+) records?$")
+
+
+def test_status_shows_a_subscribers_lag_until_it_catches_up(up: Up, tmp_path: Path) -> None:
+    (tmp_path / "writer.py").write_text(BULK_WRITER)
+    (tmp_path / "reader.py").write_text(SLOW_READER)
+    done, read = tmp_path / "done", tmp_path / "read"
+    writer = up.submit(tmp_path / "writer.py", "--name", "backlog-writer", "--", str(done))
+    reader = up.submit(tmp_path / "reader.py", "--name", "backlog-reader", "--", str(read))
+    try:
+        def lag() -> int | None:
+            for line in up.tq("status").stdout.splitlines():
+                if m := LAG.match(line):
+                    return int(m[1])
+            return None
+
+        # 60 x 500 records of ~200 bytes; the reader's 4 MiB of credit holds a part of them
+        wait_for(lambda: (n := lag()) is not None and n > 1000, timeout=90, interval=0.3,
+                 what="tq status to show the reader's lag")
+        body = json.loads(up.tq("status", "--json").stdout)
+        (entry,) = [e for e in body["lags"] if e["principal"] == f"query:{reader}"]
+        assert entry["topic"].endswith("/backlog") and entry["lag_records"] > 1000
+        read.write_text("")
+        wait_for(lambda: lag() == 0, timeout=90, interval=0.3, what="the lag to fall to 0")
+        out = up.tq("status", str(reader)).stdout  # the query's own status says it too
+        assert "subscribes backlog (1 partition), lag 0 records" in out, out
+    finally:
+        done.write_text("")
+        read.write_text("")
+    assert up.ended(writer).state is QueryState.FINISHED

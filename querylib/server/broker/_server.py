@@ -54,6 +54,7 @@ from querylib.broker.messages import (
     HeartbeatRequest,
     Incarnation,
     ListPartitions,
+    ListSubscriptions,
     MarkersWritten,
     OpenProducerRequest,
     OpenSessionRequest,
@@ -66,6 +67,8 @@ from querylib.broker.messages import (
     Subscribed,
     SubscribeRequest,
     SubscriptionEnded,
+    SubscriptionInfo,
+    SubscriptionList,
     UnsubscribeRequest,
     WriteMarkersRequest,
 )
@@ -696,6 +699,8 @@ class BrokerServer:
                 pass  # the usual request (one per batch): none of the checks below is its
             elif isinstance(request, OpenSessionRequest):
                 request = msgspec.structs.replace(request, principal=principal or "")
+            elif isinstance(request, ListSubscriptions) and principal != ADMIN:
+                request = msgspec.structs.replace(request, principal=principal or "?")
             elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
                     await self.may_write(request.topic, principal or "")):
                 raise TopicAuthorizationError(
@@ -745,6 +750,21 @@ class BrokerServer:
                                   remote: bool) -> PartitionList:
             pids = sorted(p for p in self.state.partitions if not req.topic or p[0] == req.topic)
             return PartitionList([self._sized_info(p) for p in pids])
+
+        async def list_subscriptions(req: ListSubscriptions, payload: list[Any],
+                                     peer: bytes | None, remote: bool) -> SubscriptionList:
+            found = []
+            for pid, part in sorted(self.state.partitions.items()):
+                if req.topic and pid[0] != req.topic:
+                    continue
+                for sub in part.subs.values():
+                    session = self.state.sessions.get(sub.session)
+                    principal = session.principal if session is not None else ""
+                    if req.principal and principal != req.principal:
+                        continue
+                    found.append(SubscriptionInfo(pid[0], pid[1], principal, sub.next_offset,
+                                                  part.visible_end, part.visible_frontier))
+            return SubscriptionList(found)
 
         async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
                          remote: bool) -> PartitionInfo:
@@ -863,6 +883,7 @@ class BrokerServer:
         self._handlers: dict[type, Callable[..., Any]] = {
             OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
             CloseSessionRequest: close_session, ListPartitions: list_partitions,
+            ListSubscriptions: list_subscriptions,
             EnsurePartition: ensure, DropPartitionRequest: drop,
             DeleteRecordsRequest: delete_records,
             OpenProducerRequest: open_producer, ProduceRequest: produce,

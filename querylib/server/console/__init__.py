@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from querylib._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._model import ClusterModel, PartitionSample
+    from ._model import ClusterModel, PartitionSample, SubscriptionSample
     from ._serve import DEFAULT_CONSOLE_PORT, Console, ConsoleUnavailableError
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

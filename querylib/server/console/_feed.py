@@ -21,11 +21,11 @@ from typing import Any
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, TqError
-from querylib.broker.messages import ListPartitions
+from querylib.broker.messages import ListPartitions, ListSubscriptions
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.rpc import BROKER, Credential, RpcClient
 
-from ._model import COLLECTIONS, ClusterModel, PartitionSample
+from ._model import COLLECTIONS, ClusterModel, PartitionSample, SubscriptionSample
 
 __all__ = ["Feed"]
 
@@ -85,13 +85,16 @@ class Feed:
             for gone in set(self._brokers) - addresses:
                 await self._brokers.pop(gone).close()
             sampled = await asyncio.gather(*(self._sample(a) for a in sorted(addresses)))
-            found = [sample for samples in sampled if samples for sample in samples]
+            found = [sample for samples, _ in sampled if samples for sample in samples]
             if found:  # one sample of all brokers: rates over one interval
                 self.model.set_partitions(found, time.monotonic())
+                self.model.set_subscriptions(
+                    [sub for _, subs in sampled if subs for sub in subs])
                 self.changed()
             await asyncio.sleep(self.partition_interval)
 
-    async def _sample(self, address: str) -> list[PartitionSample] | None:
+    async def _sample(self, address: str
+                      ) -> tuple[list[PartitionSample] | None, list[SubscriptionSample] | None]:
         client = self._brokers.get(address)
         if client is None:
             client = RpcClient(address, self.credential, audience=BROKER,
@@ -100,15 +103,24 @@ class Feed:
             self._brokers[address] = client
         try:
             reply: Any = await client.request(ListPartitions(topic=""))
+            subscribed: Any = await client.request(ListSubscriptions(topic=""))
         except TqError as exc:
             logger.debug("console: broker %s not sampled: %s", address, exc)
-            return None
+            return None, None
         samples = []
         for p in reply.partitions:
-            try:  # brokers name topics relative to public/default; the catalog canonically
-                name = TopicName.parse(p.topic, fixed=True).full
-            except InvalidTopicNameError:
-                continue
-            samples.append(PartitionSample(name, p.partition, p.log_start, p.log_end, p.size,
-                                           p.frontier, p.ended))
-        return samples
+            if (name := _canonical(p.topic)) is not None:
+                samples.append(PartitionSample(name, p.partition, p.log_start, p.log_end,
+                                               p.size, p.frontier, p.ended))
+        subscriptions = [SubscriptionSample(name, s.partition, s.principal, s.next_offset)
+                         for s in subscribed.subscriptions
+                         if (name := _canonical(s.topic)) is not None]
+        return samples, subscriptions
+
+
+def _canonical(topic: str) -> str | None:
+    """A broker's topic name (relative to public/default) as the catalog spells it."""
+    try:
+        return TopicName.parse(topic, fixed=True).full
+    except InvalidTopicNameError:
+        return None

@@ -32,7 +32,7 @@ from catalog import (
     Topic,
 )
 
-__all__ = ["COLLECTIONS", "HISTORY", "ClusterModel", "PartitionSample"]
+__all__ = ["COLLECTIONS", "HISTORY", "ClusterModel", "PartitionSample", "SubscriptionSample"]
 
 # The catalog collections the console follows.
 # `users` only to check logins (their credential generations), never shown.
@@ -52,6 +52,16 @@ class PartitionSample:
     size: int
     frontier: int
     ended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSample:
+    """One subscription as its broker reported it: whose, and the next offset it gets."""
+
+    topic: str
+    partition: int
+    principal: str
+    next_offset: int
 
 
 @dataclass(slots=True)
@@ -80,6 +90,10 @@ class ClusterModel:
         self.load_history: dict[int, deque[tuple[float, float, int]]] = {}
         self.partitions: dict[tuple[str, int], PartitionSample] = {}
         self.rates: dict[str, _Rate] = {}
+        # (end offset, frontier) of each partition at each sample: which logical time a
+        # subscription's position is at, for its lag in logical time
+        self.frontiers: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+        self.subscriptions: list[SubscriptionSample] = []
         self.changes = 0  # bumped by every change a view could show
 
     # -- what comes in ------------------------------------------------------------------------
@@ -116,12 +130,39 @@ class ClusterModel:
         """Partitions as one broker reported them at `at` (others keep their last sample)."""
         ends: dict[str, int] = {}
         for sample in samples:
-            self.partitions[(sample.topic, sample.partition)] = sample
+            key = (sample.topic, sample.partition)
+            self.partitions[key] = sample
+            marks = self.frontiers.setdefault(key, deque(maxlen=HISTORY))
+            if not marks or marks[-1] != (sample.log_end, sample.frontier):
+                marks.append((sample.log_end, sample.frontier))
         for (topic, _), sample in self.partitions.items():
             ends[topic] = ends.get(topic, 0) + sample.log_end
         for topic, end in ends.items():
             self.rates.setdefault(topic, _Rate()).sample(end, at)
         self.changes += 1
+
+    def set_subscriptions(self, samples: Iterable[SubscriptionSample]) -> None:
+        """Every broker's subscriptions, as sampled in one round."""
+        self.subscriptions = list(samples)
+        self.changes += 1
+
+    def lag(self, sub: SubscriptionSample) -> tuple[int, int | None]:
+        """(records, logical time) a subscription is behind its partition's visible end. The
+        logical time is the frontier now less the frontier at the newest sample whose end was
+        at or before the subscription's position (None: nothing sampled that far back)."""
+        key = (sub.topic, sub.partition)
+        part = self.partitions.get(key)
+        if part is None:
+            return 0, None
+        records = max(0, part.log_end - sub.next_offset)
+        if records == 0:
+            return 0, 0
+        behind = None
+        for end, frontier in reversed(self.frontiers.get(key, ())):
+            if end <= sub.next_offset:
+                behind = frontier
+                break
+        return records, None if behind is None else max(0, part.frontier - behind)
 
     # -- what goes out ------------------------------------------------------------------------
 
@@ -211,8 +252,18 @@ class ClusterModel:
                 "ended": None if sample is None else sample.ended,
             })
         rate = self.rates.get(topic.name)
+        subscriptions = []
+        for sub in self.subscriptions:
+            if sub.topic != topic.name:
+                continue
+            records, time_lag = self.lag(sub)
+            subscriptions.append({"principal": sub.principal, "partition": sub.partition,
+                                  "next_offset": sub.next_offset, "lag_records": records,
+                                  "lag_time": time_lag, "who": self._who(sub.principal)})
+        subscriptions.sort(key=lambda s: (s["principal"], s["partition"]))
         return {
             "topic_id": topic.topic_id, "name": topic.name, "short_name": name,
+            "subscriptions": subscriptions,
             "partitions": partitions, "kind": str(topic.kind), "internal": topic.internal,
             "owner": _party(topic.owner), "record_type": topic.record_type,
             "records": sum(p["log_end"] or 0 for p in partitions),
@@ -222,6 +273,10 @@ class ClusterModel:
                                                 for at, r in rate.history],
             "configs": dict(topic.configs),
         }
+
+    def _who(self, principal: str) -> str:
+        """A principal as people read it: a query's with its name."""
+        return _who_of(principal, {q.query_id: q.name for q in self.records("queries")})
 
     def _graph(self, topics: Mapping[int, Topic], queries: list[Query]) -> dict[str, Any]:
         """Queries and the topics between them: nodes, and an edge per publication (query ->
@@ -246,8 +301,13 @@ class ClusterModel:
                 if isinstance(record, Publication):
                     source, target = target, source
                 rate = self.rates.get(topic.name)
-                edges.append({"from": source, "to": target, "topic": topic.short_name,
-                              "records_per_s": 0.0 if rate is None else round(rate.rate, 1)})
+                edge = {"from": source, "to": target, "topic": topic.short_name,
+                        "records_per_s": 0.0 if rate is None else round(rate.rate, 1)}
+                if isinstance(record, Subscription) and isinstance(party, QueryRef):
+                    edge["lag_records"] = sum(
+                        self.lag(s)[0] for s in self.subscriptions
+                        if s.topic == topic.name and s.principal == f"query:{party.query_id}")
+                edges.append(edge)
                 used.add(topic.topic_id)
         nodes = [{"id": f"query:{q.query_id}", "kind": "query", "label": q.name,
                   "query_id": q.query_id, "state": str(q.state)} for q in live.values()]
@@ -258,6 +318,13 @@ class ClusterModel:
         nodes += [{"id": s, "kind": "client", "label": f"client {s.split(':')[1]}"}
                   for s in sessions]
         return {"nodes": nodes, "edges": edges}
+
+
+def _who_of(principal: str, names: Mapping[int, str]) -> str:
+    kind, _, rest = principal.partition(":")
+    if kind == "query" and rest.isdigit() and int(rest) in names:
+        return f"query {rest} {names[int(rest)]}"
+    return principal
 
 
 def _node(party: Any) -> str | None:

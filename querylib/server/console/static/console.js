@@ -197,6 +197,13 @@ function topicView(name) {
       el("div", { class: "card" }, el("div", { class: "figure", id: "topic-rate" }, number(t.records_per_s, 1)), el("div", { class: "label" }, "records/s"), spark(t.history, "records_per_s", 240, 40)),
       el("div", { class: "card" }, el("div", { class: "figure" }, number(t.records)), el("div", { class: "label" }, "records")),
       el("div", { class: "card" }, el("div", { class: "figure" }, bytes(t.bytes)), el("div", { class: "label" }, "on disk"))),
+    el("h2", {}, "Subscriptions"),
+    t.subscriptions.length ? table(["subscriber", "partition", "next offset", "lag (records)", "lag (logical time)"],
+      t.subscriptions.map(s => el("tr", { "data-principal": s.principal, "data-lag": s.lag_records },
+        el("td", {}, s.who), el("td", {}, s.partition), el("td", { class: "num" }, number(s.next_offset)),
+        el("td", { class: "num lag" }, number(s.lag_records)),
+        el("td", { class: "num" }, s.lag_time === null ? "before sampling" : number(s.lag_time)))), { id: "subscriptions" })
+      : el("p", { class: "muted", id: "subscriptions" }, "Nobody subscribes now."),
     el("h2", {}, "Partitions"),
     table(["partition", "broker", "start", "end", "size", "frontier", "ended"],
       t.partitions.map(p => el("tr", {},
@@ -239,7 +246,8 @@ function graph() {
     const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
     box.append(svg("g", { class: "edge", "data-from": e.from, "data-to": e.to },
       svg("path", { d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`, "marker-end": "url(#arrow)" }),
-      svg("text", { x: mx - 20, y: (y1 + y2) / 2 - 4 }, `${number(e.records_per_s, 1)}/s`)));
+      svg("text", { x: mx - 20, y: (y1 + y2) / 2 - 4 },
+        `${number(e.records_per_s, 1)}/s` + (e.lag_records ? ` · lag ${number(e.lag_records)}` : ""))));
   }
   for (const n of g.nodes) {
     const p = place.get(n.id);

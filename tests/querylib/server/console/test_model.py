@@ -115,3 +115,29 @@ def test_a_query_shows_each_process_with_the_load_its_executor_reported() -> Non
     (executor,) = view["executors"]
     assert executor["load"]["cpu_percent"] == 50.0
     assert executor["history"] == [{"at": 5.0, "cpu_percent": 50.0, "memory_used": 10}]
+
+
+def test_a_subscriptions_lag_in_records_and_in_logical_time() -> None:
+    from querylib.server.console import SubscriptionSample
+
+    model = model_with(queries=[query(1, "primes"), query(2, "slow")],
+                       topics=[topic(7, "numbers")],
+                       publications=[Publication(topic_id=7, publisher=QueryRef(1))],
+                       subscriptions=[Subscription(topic_id=7, subscriber=QueryRef(2))])
+    name = "persistent://public/default/numbers"
+    for at, (end, frontier) in enumerate([(100, 1), (200, 2), (300, 3), (400, 4)]):
+        model.set_partitions([PartitionSample(name, 0, 0, end, end, frontier, False)], at)
+    model.set_subscriptions([SubscriptionSample(name, 0, "query:2", 210),
+                             SubscriptionSample(name, 0, "admin", 400)])
+    view = model.view()
+    (numbers,) = view["topics"]
+    slow, caught_up = sorted(numbers["subscriptions"], key=lambda s: s["principal"] != "query:2")
+    # 190 records behind; at offset 210 the newest frontier sampled at or before it was 2
+    assert (slow["lag_records"], slow["lag_time"], slow["who"]) == (190, 2, "query 2 slow")
+    assert (caught_up["lag_records"], caught_up["lag_time"]) == (0, 0)
+    (into_slow,) = [e for e in view["graph"]["edges"] if e["to"] == "query:2"]
+    assert into_slow["lag_records"] == 190
+    # Behind everything sampled: the records are known, the logical time is not.
+    model.set_subscriptions([SubscriptionSample(name, 0, "query:2", 50)])
+    (sub,) = model.view()["topics"][0]["subscriptions"]
+    assert (sub["lag_records"], sub["lag_time"]) == (350, None)
