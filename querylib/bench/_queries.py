@@ -20,6 +20,10 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
   paths a query's publisher and subscriber use, without the query around them
   (`pubsub_throughput_values`, shown as `ratio_to_values_path`). Goal: >= 0.8x the
   broker-level figure.
+- queries_console_cost: the same query path on a `tq up` without a console, and on one with
+  its console open in a headless chromium on the dataflow graph (live: server-sent events and
+  redraws while the records flow), rounds alternated; the ratio of medians (with / without).
+  Skipped, saying why, without chromium or Playwright. Goal: >= 0.97x.
 
 All processes share this machine's cores; nothing here asserts the numbers.
 Must not: leave a `tq up` or its processes behind (everything started is stopped).
@@ -75,7 +79,7 @@ def _count(ctx: Any, topic: str, records: int, result: str) -> None:
 class _Up:
     """`tq up` in a temporary TQ_HOME, stopped (and its folder removed) on close."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, console: bool = False) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="tq-bench-queries-"))
         env = dict(os.environ, TQ_HOME=str(self.home))
         env.pop("TQ_COORDINATOR", None)
@@ -86,7 +90,8 @@ class _Up:
                 # endpoint: their default ports may be held by another `tq up` of this host.
                 [sys.executable, "-m", "querylib.cli", "up", "--data", str(self.home / "data"),
                  "--listen", "tcp://127.0.0.1:0", "--slots", str(slots),
-                 "--connector-port", "-1", "--kafka-port", "-1"],
+                 "--connector-port", "-1", "--kafka-port", "-1",
+                 "--console-port", "0" if console else "-1"],
                 env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
         info = self.home / "cluster.json"
@@ -98,6 +103,7 @@ class _Up:
             time.sleep(0.05)
         found = json.loads(info.read_text())
         self.coordinator, self.secret_file = found["coordinator"], found["secret_file"]
+        self.console = found.get("console", "")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -205,4 +211,49 @@ def run(records: int = 2_000_000, rounds: int = 3) -> Iterator[dict[str, Any]]:
                      "pubsub_throughput_values_records_per_s": values},
         "ratio": round(through / headline, 3),
         "goal": ">= 0.8x the broker-level figure (pubsub_throughput)",
+    }
+    yield console_cost(records=records // 2, rounds=rounds)
+
+
+def console_cost(records: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
+    """The queries_console_cost row (see the module docstring)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        return {"name": "queries_console_cost", "skipped": "needs chromium and playwright"}
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            for round_ in range(rounds):
+                for side in (("without", "with") if round_ % 2 == 0 else ("with", "without")):
+                    up = _Up(slots=4, console=side == "with")
+                    page = None
+                    try:
+                        if side == "with":
+                            page = browser.new_page()
+                            page.goto(up.console + "#/graph")
+                            page.wait_for_selector("#status.live", timeout=60_000)
+                        rates[side].append(query_throughput(up, records)["records_per_s"])
+                    finally:
+                        if page is not None:
+                            page.close()
+                        up.close()
+        finally:
+            browser.close()
+    medians = {side: statistics.median(values) for side, values in rates.items()}
+    return {
+        "name": "queries_console_cost",
+        "figures": {f"{side}_console_records_per_s": {
+            "min": round(min(v)), "median": round(statistics.median(v)), "max": round(max(v))}
+            for side, v in rates.items()} | {"records": records, "rounds": rounds,
+                                             "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "ratio": round(medians["with"] / medians["without"], 3),
+        "goal": ">= 0.97x: a browser open on the graph costs the query path at most 3%",
     }
