@@ -1,17 +1,20 @@
 """The coordinator's metrics (DESIGN §13 "Metrics"): sessions by kind, queries by state,
-executors, topics and the catalog version, built on its loop when scraped, beside its RPC
-server's and its catalog broker's (querylib.server._metrics).
+executors, topics, the catalog version, and the consumer groups' committed offsets and lag,
+built on its loop when scraped, beside its RPC server's and its catalog broker's
+(querylib.server._metrics).
 
 Must not: change anything it reads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from catalog import Query, QueryState, Session, SessionKind, Topic
+from catalog import Query, QueryState, Session, SessionKind, Topic, TopicName
+from catalog.errors import InvalidTopicNameError
 from querylib.server import ProcessMetrics, broker_families, rpc_families
 
 if TYPE_CHECKING:
@@ -20,12 +23,46 @@ if TYPE_CHECKING:
 __all__ = ["coordinator_metrics"]
 
 
-def coordinator_metrics(coordinator: Coordinator, metrics: ProcessMetrics) -> None:
-    """Add the coordinator's sources to `metrics` (the process's registry)."""
+def coordinator_metrics(coordinator: Coordinator, metrics: ProcessMetrics,
+                        brokers: Callable[[], list[Any]] = list) -> None:
+    """Add the coordinator's sources to `metrics` (the process's registry). `brokers`: the
+    other BrokerServers of this process (`tq up`'s executor's), whose partitions give the
+    consumer groups' lag beside the catalog broker's."""
     metrics.add(lambda: _families(coordinator))
+    metrics.add(lambda: _group_families(coordinator, brokers()))
     metrics.add(lambda: rpc_families("coordinator", coordinator.request_stats))
     metrics.add(lambda: [] if coordinator.broker is None
                 else broker_families(coordinator.broker, "catalog"))
+
+
+def _group_families(coordinator: Coordinator, brokers: list[Any]) -> list[Metric]:
+    """The consumer groups this process coordinates: committed offsets, and their lag where a
+    broker of this process hosts the partition (else compute it from tq_partition_end_offset
+    of the broker that does)."""
+    kafka = coordinator.endpoints.kafka if coordinator.endpoints is not None else None
+    if kafka is None:
+        return []
+    committed = GaugeMetricFamily("tq_consumer_group_committed_offset", "A consumer group's "
+                                  "committed offset", labels=["group", "topic", "partition"])
+    lag = GaugeMetricFamily("tq_consumer_group_lag_records", "Records past a consumer "
+                            "group's committed offset", labels=["group", "topic", "partition"])
+    ends: dict[tuple[str, int], int] = {}
+    for broker in [coordinator.broker, *brokers]:
+        if broker is not None:
+            for pid, part in list(broker.state.partitions.items()):
+                ends[pid] = part.visible_end
+    for group, offsets in sorted(kafka.backend.all_committed().items()):
+        for (topic, partition), offset in sorted(offsets.items()):
+            labels = [group, topic, str(partition)]
+            committed.add_metric(labels, offset)
+            try:
+                local = TopicName.parse(topic).fixed_short  # as brokers name it
+            except InvalidTopicNameError:
+                continue
+            end = ends.get((local, partition))
+            if end is not None:
+                lag.add_metric(labels, max(0, end - offset))
+    return [committed, lag]
 
 
 def _families(coordinator: Coordinator) -> list[Metric]:

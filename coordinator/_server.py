@@ -201,6 +201,13 @@ class Coordinator:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    async def consumer_groups(self) -> list[dict[str, Any]]:
+        """Every consumer group its broker's Kafka listener coordinates (the cluster's group
+        coordinator), as an operator sees them; [] without a listener. On its loop."""
+        kafka = self.endpoints.kafka if self.endpoints is not None else None
+        listener = kafka.listener if kafka is not None else None
+        return [] if listener is None else await listener.groups.overview()
+
     async def start(self) -> str:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()

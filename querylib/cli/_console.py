@@ -26,9 +26,10 @@ def add_console_options(parser: argparse.ArgumentParser) -> None:
                         "other address every page asks for a login)")
 
 
-def start_console(args: argparse.Namespace, coordinator: str, secret: bytes,
+def start_console(args: argparse.Namespace, coordinator: Any, secret: bytes,
                   metrics: Any = None) -> Any:
-    """The running console, or None when its port is -1. `metrics` (a
+    """The running console of `coordinator` (a coordinator.Coordinator of this process, on
+    the running loop), or None when its port is -1. `metrics` (a
     querylib.server.ProcessMetrics) is served at /metrics."""
     asked, where = args.console_port, "--console-port"
     if asked is None and os.environ.get("TQ_CONSOLE_PORT", "").strip():
@@ -42,11 +43,19 @@ def start_console(args: argparse.Namespace, coordinator: str, secret: bytes,
         return None
     if asked is not None and asked > 65535:
         raise UserError(f"{where} {asked} is not a port (0-65535, or -1 for no console)")
+    import asyncio
+
     from querylib.server.console import Console
 
-    return Console(coordinator, secret, host=args.console_host,
+    loop = asyncio.get_running_loop()
+
+    async def groups() -> Any:  # on the console's loop; the groups live on the coordinator's
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(coordinator.consumer_groups(), loop))
+
+    return Console(coordinator.endpoint, secret, host=args.console_host,
                    port=_CONSOLE_PORT if asked is None else asked,
-                   fallback=asked is None, metrics=metrics).start()
+                   fallback=asked is None, metrics=metrics, groups=groups).start()
 
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:

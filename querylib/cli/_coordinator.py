@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
 
         metrics = ProcessMetrics(asyncio.get_running_loop())
         coordinator_metrics(coordinator, metrics)
-        console = start_console(args, coordinator.endpoint, secret, metrics)
+        console = start_console(args, coordinator, secret, metrics)
         if console is not None:
             consoles.append(console)
 

@@ -101,10 +101,11 @@ def _run(args: argparse.Namespace) -> int:
         from querylib.server import ProcessMetrics
 
         metrics = ProcessMetrics(asyncio.get_running_loop())
-        coordinator_metrics(coordinator, metrics)
+        coordinator_metrics(coordinator, metrics,
+                            brokers=lambda: [] if agent.broker is None else [agent.broker])
         executor_metrics(agent, metrics)
         try:
-            console = start_console(args, coordinator.endpoint, secret, metrics)
+            console = start_console(args, coordinator, secret, metrics)
         except BaseException:
             metrics.close()
             await agent.close()

@@ -7,8 +7,10 @@ ordinary catalog follow), asks the coordinator for the executors' loads every
 `partition_interval` seconds, and tells `changed` after each change it applied. It reads as the
 console's principal, with a session of its own; it writes nothing.
 
-Must not: write to the cluster, or let one unreachable broker stop the others' samples (a
-broker that does not answer keeps its last sample and is asked again next time).
+With `groups` (the process runs the cluster's group coordinator), the consumer groups come
+with the loads. Must not: write to the cluster, or let one unreachable broker stop the
+others' samples (a broker that does not answer keeps its last sample and is asked again
+next time).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from catalog import TopicName
@@ -37,13 +39,15 @@ class Feed:
 
     def __init__(self, coordinator: str, credential: Credential, model: ClusterModel, *,
                  changed: Callable[[], None] = lambda: None, load_interval: float = 2.0,
-                 partition_interval: float = 1.0) -> None:
+                 partition_interval: float = 1.0,
+                 groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
         self.coordinator = coordinator
         self.credential = credential
         self.model = model
         self.changed = changed
         self.load_interval = load_interval
         self.partition_interval = partition_interval
+        self.groups = groups  # the consumer groups, from the group coordinator's process
         self._brokers: dict[str, RpcClient] = {}
 
     async def run(self) -> None:
@@ -74,6 +78,8 @@ class Feed:
         while True:
             try:
                 self.model.set_loads(await cluster.loads(), time.monotonic())
+                if self.groups is not None:
+                    self.model.set_groups(await self.groups())
                 self.changed()
             except TqError as exc:
                 logger.debug("console: loads not sampled: %s", exc)

@@ -30,7 +30,9 @@ from catalog import (
     SessionRef,
     Subscription,
     Topic,
+    TopicName,
 )
+from catalog.errors import InvalidTopicNameError
 
 __all__ = ["COLLECTIONS", "HISTORY", "ClusterModel", "PartitionSample", "SubscriptionSample"]
 
@@ -94,6 +96,7 @@ class ClusterModel:
         # subscription's position is at, for its lag in logical time
         self.frontiers: dict[tuple[str, int], deque[tuple[int, int]]] = {}
         self.subscriptions: list[SubscriptionSample] = []
+        self.groups: list[dict[str, Any]] = []  # GroupService.overview()
         self.changes = 0  # bumped by every change a view could show
 
     # -- what comes in ------------------------------------------------------------------------
@@ -146,6 +149,11 @@ class ClusterModel:
         self.subscriptions = list(samples)
         self.changes += 1
 
+    def set_groups(self, groups: list[dict[str, Any]]) -> None:
+        """The consumer groups as the group coordinator describes them."""
+        self.groups = groups
+        self.changes += 1
+
     def lag(self, sub: SubscriptionSample) -> tuple[int, int | None]:
         """(records, logical time) a subscription is behind its partition's visible end. The
         logical time is the frontier now less the frontier at the newest sample whose end was
@@ -194,7 +202,21 @@ class ClusterModel:
             "queries": [self._query(q) for q in queries],
             "topics": topic_views,
             "graph": self._graph(topics, queries),
+            "groups": [self._group(g) for g in sorted(self.groups,
+                                                      key=lambda g: g["group_id"])],
         }
+
+    def _group(self, group: dict[str, Any]) -> dict[str, Any]:
+        """A consumer group with each committed partition's lag (its end less the offset)."""
+        committed = []
+        for entry in group["committed"]:
+            sample = self.partitions.get((_canonical(entry["topic"]), entry["partition"]))
+            end = None if sample is None else sample.log_end
+            committed.append({**entry, "log_end": end,
+                              "lag_records": None if end is None
+                              else max(0, end - entry["offset"])})
+        return {**group, "committed": committed,
+                "lag_records": sum(c["lag_records"] or 0 for c in committed)}
 
     def _executor(self, executor: Executor) -> dict[str, Any]:
         load = self.loads.get(executor.executor_id)
@@ -261,9 +283,19 @@ class ClusterModel:
                                   "next_offset": sub.next_offset, "lag_records": records,
                                   "lag_time": time_lag, "who": self._who(sub.principal)})
         subscriptions.sort(key=lambda s: (s["principal"], s["partition"]))
+        groups = []
+        for group in self.groups:
+            for entry in group["committed"]:
+                if _canonical(entry["topic"]) != topic.name:
+                    continue
+                sample = self.partitions.get((topic.name, entry["partition"]))
+                groups.append({"group_id": group["group_id"], "partition": entry["partition"],
+                               "offset": entry["offset"],
+                               "lag_records": None if sample is None
+                               else max(0, sample.log_end - entry["offset"])})
         return {
             "topic_id": topic.topic_id, "name": topic.name, "short_name": name,
-            "subscriptions": subscriptions,
+            "subscriptions": subscriptions, "groups": groups,
             "partitions": partitions, "kind": str(topic.kind), "internal": topic.internal,
             "owner": _party(topic.owner), "record_type": topic.record_type,
             "records": sum(p["log_end"] or 0 for p in partitions),
@@ -318,6 +350,14 @@ class ClusterModel:
         nodes += [{"id": s, "kind": "client", "label": f"client {s.split(':')[1]}"}
                   for s in sessions]
         return {"nodes": nodes, "edges": edges}
+
+
+def _canonical(kafka_name: str) -> str | None:
+    """A Kafka topic name (the cluster's default namespace) as the catalog spells it."""
+    try:
+        return TopicName.parse(kafka_name).full
+    except InvalidTopicNameError:
+        return None
 
 
 def _who_of(principal: str, names: Mapping[int, str]) -> str:

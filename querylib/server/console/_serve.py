@@ -19,7 +19,7 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -49,7 +49,8 @@ class Console:
 
     def __init__(self, coordinator: str, secret: bytes, *, host: str = "127.0.0.1",
                  port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None,
+                 groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.host = host
@@ -57,6 +58,9 @@ class Console:
         self.fallback = fallback
         self.model = ClusterModel()
         self.metrics = metrics  # a querylib.server.ProcessMetrics, served at /metrics
+        # the consumer groups, when this process runs the group coordinator: an async
+        # function of the coordinator's loop (called there through `_on_owner`)
+        self.groups = groups
         self.access = Access(loopback=_is_loopback(host), check_password=self._password_ok)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
@@ -137,7 +141,7 @@ class Console:
         self._loop = asyncio.get_running_loop()
         changes = Changes()
         feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
-                    changed=changes.bump)
+                    changed=changes.bump, groups=None if self.groups is None else self._groups)
         app = build_app(self.model, changes, self.access, self._kill, self._lines,
                         metrics=None if self.metrics is None else self.metrics.text)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
@@ -164,6 +168,10 @@ class Console:
             except Exception as exc:  # noqa: BLE001 - a lost coordinator: try again
                 logger.info("console: lost the cluster (%s); again in 1 s", exc)
             await asyncio.sleep(1.0)
+
+    async def _groups(self) -> list[dict[str, Any]]:
+        assert self.groups is not None
+        return await self.groups()
 
     def _key(self, principal: str) -> bytes | None:
         if principal == ADMIN:

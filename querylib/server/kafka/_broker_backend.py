@@ -899,6 +899,11 @@ class BrokerBackend:
                                 ) -> Mapping[tuple[str, int], CommittedOffset]:
         return dict(self._store.offsets.get(group_id, {}))
 
+    def all_committed(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Every group's committed offsets now, by (topic, partition) (the metrics read it)."""
+        return {group: {key: c.offset for key, c in list(offsets.items())}
+                for group, offsets in list(self._store.offsets.items())}
+
     async def store_group(self, record: GroupRecord) -> None:
         await self._system.produce(OFFSETS, encode_batch(
             [(record.current_state_timestamp, *encode_group(record), ())]), create=True)

@@ -394,6 +394,35 @@ class GroupService:
         return build_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version,
                               {"throttle_time": 0, "groups": groups})
 
+    async def overview(self) -> list[dict[str, Any]]:
+        """Every group as an operator sees it (the console): state, members with what they
+        were assigned, and committed offsets. Unauthorized: call it from the process that
+        runs the listener (on its loop), never on a client's behalf."""
+        from querylib.api._group import decode_assignment
+
+        out = []
+        for group in self.machine.groups():
+            members = []
+            for member in group.members.values():
+                try:
+                    assigned = decode_assignment(member.assignment) \
+                        if group.protocol_type == "consumer" else {}
+                except TqError:
+                    assigned = {}
+                members.append({"member_id": member.member_id, "client_id": member.client_id,
+                                "client_host": member.client_host,
+                                "assignment": {t: sorted(p) for t, p in assigned.items()}})
+            try:
+                committed = await self.backend.committed_offsets(group.group_id)
+            except TqError:
+                committed = {}
+            out.append({"group_id": group.group_id, "state": str(group.status),
+                        "generation": group.generation, "protocol": group.protocol or "",
+                        "members": members,
+                        "committed": [{"topic": t, "partition": p, "offset": c.offset}
+                                      for (t, p), c in sorted(committed.items())]})
+        return out
+
     async def list_groups(self, ctx: RequestContext, request: Any) -> Any:
         # Only the groups the client may use, as Kafka lists those it may describe.
         # v4+ filter by state, v5+ by type (case-insensitive; every tq group is "classic").

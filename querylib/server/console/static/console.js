@@ -118,6 +118,32 @@ function topicsTable(topics) {
       el("td", {}, spark(t.history, "records_per_s", 100, 20)))), { id: "topics" });
 }
 
+function groupsView() {
+  if (!state.groups.length) {
+    return [el("h1", {}, "Consumer groups"), el("p", { class: "muted", id: "groups" }, "No consumer group has joined or committed yet.")];
+  }
+  return [
+    el("h1", {}, "Consumer groups"),
+    table(["group", "state", "generation", "members", "lag (records)"],
+      state.groups.map(g => el("tr", { "data-group": g.group_id },
+        el("td", {}, g.group_id), el("td", {}, g.state), el("td", { class: "num" }, g.generation),
+        el("td", { class: "num" }, g.members.length), el("td", { class: "num" }, number(g.lag_records)))), { id: "groups" }),
+    ...state.groups.map(g => [
+      el("h2", {}, `Group ${g.group_id}`),
+      g.members.length ? table(["member", "client", "host", "assigned"],
+        g.members.map(m => el("tr", { "data-member": m.member_id },
+          el("td", {}, m.member_id), el("td", {}, m.client_id), el("td", {}, m.client_host),
+          el("td", {}, Object.entries(m.assignment).map(([t, ps]) => `${t} [${ps.join(", ")}]`).join("; ") || "–")))) :
+        el("p", { class: "muted" }, "No members now."),
+      g.committed.length ? table(["topic", "partition", "committed", "end", "lag"],
+        g.committed.map(c => el("tr", { "data-committed": `${g.group_id}/${c.topic}/${c.partition}`, "data-lag": c.lag_records ?? "" },
+          el("td", {}, c.topic), el("td", {}, c.partition), el("td", { class: "num" }, number(c.offset)),
+          el("td", { class: "num" }, number(c.log_end)), el("td", { class: "num" }, number(c.lag_records))))) :
+        el("p", { class: "muted" }, "Nothing committed."),
+    ]),
+  ];
+}
+
 function executors() {
   return [
     el("h1", {}, "Executors"),
@@ -204,6 +230,10 @@ function topicView(name) {
         el("td", { class: "num lag" }, number(s.lag_records)),
         el("td", { class: "num" }, s.lag_time === null ? "before sampling" : number(s.lag_time)))), { id: "subscriptions" })
       : el("p", { class: "muted", id: "subscriptions" }, "Nobody subscribes now."),
+    t.groups.length ? [el("h2", {}, "Consumer groups"),
+      table(["group", "partition", "committed", "lag"], t.groups.map(g => el("tr", {},
+        el("td", {}, g.group_id), el("td", {}, g.partition), el("td", { class: "num" }, number(g.offset)),
+        el("td", { class: "num" }, number(g.lag_records)))), { id: "topic-groups" })] : null,
     el("h2", {}, "Partitions"),
     table(["partition", "broker", "start", "end", "size", "frontier", "ended"],
       t.partitions.map(p => el("tr", {},
@@ -282,6 +312,7 @@ function draw() {
   let content;
   if (view === "graph") content = graph();
   else if (view === "executors") content = executors();
+  else if (view === "groups") content = groupsView();
   else if (view === "query") content = queryView(decodeURIComponent(arg));
   else if (view === "topic") content = topicView(decodeURIComponent(arg));
   else content = overview();
