@@ -155,22 +155,25 @@ class ClusterModel:
         self.changes += 1
 
     def lag(self, sub: SubscriptionSample) -> tuple[int, int | None]:
-        """(records, logical time) a subscription is behind its partition's visible end. The
+        """(records, logical time) a subscription is behind (see `behind`)."""
+        return self.behind((sub.topic, sub.partition), sub.next_offset)
+
+    def behind(self, key: tuple[str, int], position: int) -> tuple[int, int | None]:
+        """(records, logical time) `position` is behind its partition's visible end. The
         logical time is the frontier now less the frontier at the newest sample whose end was
-        at or before the subscription's position (None: nothing sampled that far back)."""
-        key = (sub.topic, sub.partition)
+        at or before the position (None: nothing sampled that far back)."""
         part = self.partitions.get(key)
         if part is None:
             return 0, None
-        records = max(0, part.log_end - sub.next_offset)
+        records = max(0, part.log_end - position)
         if records == 0:
             return 0, 0
-        behind = None
+        at = None
         for end, frontier in reversed(self.frontiers.get(key, ())):
-            if end <= sub.next_offset:
-                behind = frontier
+            if end <= position:
+                at = frontier
                 break
-        return records, None if behind is None else max(0, part.frontier - behind)
+        return records, None if at is None else max(0, part.frontier - at)
 
     # -- what goes out ------------------------------------------------------------------------
 
@@ -210,11 +213,12 @@ class ClusterModel:
         """A consumer group with each committed partition's lag (its end less the offset)."""
         committed = []
         for entry in group["committed"]:
-            sample = self.partitions.get((_canonical(entry["topic"]), entry["partition"]))
-            end = None if sample is None else sample.log_end
-            committed.append({**entry, "log_end": end,
-                              "lag_records": None if end is None
-                              else max(0, end - entry["offset"])})
+            key = (_canonical(entry["topic"]) or "", entry["partition"])
+            sample = self.partitions.get(key)
+            records, time_lag = self.behind(key, entry["offset"])
+            committed.append({**entry, "log_end": None if sample is None else sample.log_end,
+                              "lag_records": None if sample is None else records,
+                              "lag_time": time_lag})
         return {**group, "committed": committed,
                 "lag_records": sum(c["lag_records"] or 0 for c in committed)}
 
@@ -288,11 +292,12 @@ class ClusterModel:
             for entry in group["committed"]:
                 if _canonical(entry["topic"]) != topic.name:
                     continue
-                sample = self.partitions.get((topic.name, entry["partition"]))
+                key = (topic.name, entry["partition"])
+                records, time_lag = self.behind(key, entry["offset"])
                 groups.append({"group_id": group["group_id"], "partition": entry["partition"],
-                               "offset": entry["offset"],
-                               "lag_records": None if sample is None
-                               else max(0, sample.log_end - entry["offset"])})
+                               "offset": entry["offset"], "lag_time": time_lag,
+                               "lag_records": None if key not in self.partitions
+                               else records})
         return {
             "topic_id": topic.topic_id, "name": topic.name, "short_name": name,
             "subscriptions": subscriptions, "groups": groups,

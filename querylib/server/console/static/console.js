@@ -135,10 +135,11 @@ function groupsView() {
           el("td", {}, m.member_id), el("td", {}, m.client_id), el("td", {}, m.client_host),
           el("td", {}, Object.entries(m.assignment).map(([t, ps]) => `${t} [${ps.join(", ")}]`).join("; ") || "–")))) :
         el("p", { class: "muted" }, "No members now."),
-      g.committed.length ? table(["topic", "partition", "committed", "end", "lag"],
+      g.committed.length ? table(["topic", "partition", "committed", "end", "lag", "lag (logical time)"],
         g.committed.map(c => el("tr", { "data-committed": `${g.group_id}/${c.topic}/${c.partition}`, "data-lag": c.lag_records ?? "" },
           el("td", {}, c.topic), el("td", {}, c.partition), el("td", { class: "num" }, number(c.offset)),
-          el("td", { class: "num" }, number(c.log_end)), el("td", { class: "num" }, number(c.lag_records))))) :
+          el("td", { class: "num" }, number(c.log_end)), el("td", { class: "num" }, number(c.lag_records)),
+          el("td", { class: "num" }, c.lag_time === null ? "before sampling" : number(c.lag_time))))) :
         el("p", { class: "muted" }, "Nothing committed."),
     ]),
   ];
@@ -231,9 +232,10 @@ function topicView(name) {
         el("td", { class: "num" }, s.lag_time === null ? "before sampling" : number(s.lag_time)))), { id: "subscriptions" })
       : el("p", { class: "muted", id: "subscriptions" }, "Nobody subscribes now."),
     t.groups.length ? [el("h2", {}, "Consumer groups"),
-      table(["group", "partition", "committed", "lag"], t.groups.map(g => el("tr", {},
+      table(["group", "partition", "committed", "lag (records)", "lag (logical time)"], t.groups.map(g => el("tr", {},
         el("td", {}, g.group_id), el("td", {}, g.partition), el("td", { class: "num" }, number(g.offset)),
-        el("td", { class: "num" }, number(g.lag_records)))), { id: "topic-groups" })] : null,
+        el("td", { class: "num" }, number(g.lag_records)),
+        el("td", { class: "num" }, g.lag_time === null ? "before sampling" : number(g.lag_time))))), { id: "topic-groups" })] : null,
     el("h2", {}, "Partitions"),
     table(["partition", "broker", "start", "end", "size", "frontier", "ended"],
       t.partitions.map(p => el("tr", {},

@@ -141,3 +141,23 @@ def test_a_subscriptions_lag_in_records_and_in_logical_time() -> None:
     model.set_subscriptions([SubscriptionSample(name, 0, "query:2", 50)])
     (sub,) = model.view()["topics"][0]["subscriptions"]
     assert (sub["lag_records"], sub["lag_time"]) == (350, None)
+
+
+def test_a_consumer_groups_lag_from_its_committed_offsets() -> None:
+    model = model_with(topics=[topic(7, "orders")])
+    name = "persistent://public/default/orders"
+    for at, (end, frontier) in enumerate([(40, 4), (100, 9)]):
+        model.set_partitions([PartitionSample(name, 0, 0, end, end, frontier, False)], at)
+    model.set_groups([{"group_id": "billing", "state": "Stable", "generation": 1,
+                       "protocol": "range", "members": [],
+                       "committed": [{"topic": "orders", "partition": 0, "offset": 60},
+                                     {"topic": "gone", "partition": 0, "offset": 5}]}])
+    view = model.view()
+    (billing,) = view["groups"]
+    orders, gone = billing["committed"]
+    assert (orders["log_end"], orders["lag_records"], orders["lag_time"]) == (100, 40, 5)
+    assert (gone["log_end"], gone["lag_records"]) == (None, None)
+    assert billing["lag_records"] == 40
+    (topic_groups,) = [t["groups"] for t in view["topics"]]
+    assert topic_groups == [{"group_id": "billing", "partition": 0, "offset": 60,
+                             "lag_time": 5, "lag_records": 40}]
