@@ -60,6 +60,27 @@ SUBSCRIBER = textwrap.dedent('''
 ''')
 
 
+PAGE_ERRORS: list[str] = []  # uncaught errors of the console's script, in any page
+
+
+class _Browser:
+    """A launched chromium whose every page reports its script's uncaught errors."""
+
+    def __init__(self, launched: Any) -> None:
+        self.launched = launched
+
+    def new_page(self, **options: Any) -> Any:
+        page = self.launched.new_page(**options)
+        page.on("pageerror", lambda error: PAGE_ERRORS.append(str(error)))
+        return page
+
+    def new_context(self, **options: Any) -> Any:
+        context = self.launched.new_context(**options)
+        context.on("page", lambda page: page.on(
+            "pageerror", lambda error: PAGE_ERRORS.append(str(error))))
+        return context
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
@@ -68,9 +89,16 @@ def browser() -> Iterator[Any]:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                               args=CHROMIUM_ARGS)
         try:
-            yield launched
+            yield _Browser(launched)
         finally:
             launched.close()
+
+
+@pytest.fixture(autouse=True)
+def no_script_errors() -> Iterator[None]:
+    PAGE_ERRORS.clear()
+    yield
+    assert PAGE_ERRORS == [], "the console's script failed in the browser"
 
 
 @pytest.fixture(scope="module")

@@ -91,14 +91,17 @@ def _screenshot_groups(up: UpWithEndpoints) -> None:
 
     from tests.integration.test_console_browser import ARTIFACTS, CHROMIUM_ARGS
 
+    errors: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True,
                                              args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(up.info["console"] + "#/groups")
             page.wait_for_selector("tr[data-committed='billing/orders/0']", timeout=60_000)
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "groups.png"), full_page=True)
         finally:
             browser.close()
+    assert errors == [], "the console's script failed in the browser"

@@ -235,7 +235,7 @@ function topicView(name) {
       table(["group", "partition", "committed", "lag (records)", "lag (logical time)"], t.groups.map(g => el("tr", {},
         el("td", {}, g.group_id), el("td", {}, g.partition), el("td", { class: "num" }, number(g.offset)),
         el("td", { class: "num" }, number(g.lag_records)),
-        el("td", { class: "num" }, g.lag_time === null ? "before sampling" : number(g.lag_time))))), { id: "topic-groups" })] : null,
+        el("td", { class: "num" }, g.lag_time === null ? "before sampling" : number(g.lag_time)))), { id: "topic-groups" })] : null,
     el("h2", {}, "Partitions"),
     table(["partition", "broker", "start", "end", "size", "frontier", "ended"],
       t.partitions.map(p => el("tr", {},
