@@ -97,7 +97,10 @@ def test_close_cancels_pending_calls_and_their_callers_see_client_closed() -> No
     waiting.start()
     assert watch.started.wait(10)
     background = Watch()  # a task of the loop's own, not a call: cancelled as well
-    bridge.soon(lambda: bridge.loop.create_task(background.forever()))
+    # Held here: a task only the loop knows can be garbage-collected while it waits on a
+    # future nobody else holds (asyncio keeps weak references), and then nobody cancels it.
+    tasks: list[asyncio.Task[None]] = []
+    bridge.soon(lambda: tasks.append(bridge.loop.create_task(background.forever())))
     assert background.started.wait(10)
     bridge.close()
     waiting.join(10)
