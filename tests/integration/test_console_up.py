@@ -217,3 +217,31 @@ def subprocess_up(home: Path, *extra: str) -> Any:
                            f"tcp://127.0.0.1:{free_port()}", "--kafka-port", "-1",
                            "--connector-port", "-1", *extra], env=tq_env(home), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
+
+
+def test_deleting_a_topic_needs_a_login_and_the_principals_right(up: Up,
+                                                                  tmp_path: Path) -> None:
+    from querylib.cluster import Cluster
+
+    with Cluster.connect(up.info["coordinator"], secret_file=up.info["secret_file"]) as cluster:
+        cluster.create_topic("scratch")
+    name = "persistent://public/default/scratch"
+    path = f"/api/topics/{urllib.parse.quote(name, safe='')}/delete"
+    console = Browserless(up.info["console"])
+    wait_for(lambda: any(t["name"] == name for t in console.state()["topics"]), timeout=30,
+             what="the console to know the topic")
+    assert console.call(path, method="POST", data={})[0] == 401
+    made = up.tq("user", "add", "dave", "--output", str(tmp_path / "dave.credential"))
+    assert made.returncode == 0, made.stderr
+    dave = kafka_password(load_credential(tmp_path / "dave.credential"))
+    wait_for(lambda: console.login("dave", dave), timeout=30, interval=0.2,
+             what="the console to know dave")
+    status, _, body = console.call(path, method="POST", data={},
+                                   headers={"X-Tq-Console": "1"})
+    assert status == 403, body
+    admin = Browserless(up.info["console"])
+    assert admin.login("admin", kafka_password(load_secret(up.info["secret_file"])))
+    status, _, body = admin.call(path, method="POST", data={}, headers={"X-Tq-Console": "1"})
+    assert status == 200, body
+    wait_for(lambda: all(t["name"] != name for t in admin.state()["topics"]), timeout=30,
+             what="the topic to leave the console")

@@ -9,6 +9,7 @@
     GET  /api/queries/{id}/logs   its output lines as server-sent events (`lines`), what
                               exists, then what comes
     POST /api/queries/{id}/kill   kill a query, as the logged-in principal
+    POST /api/topics/{name}/delete  delete a topic, as the logged-in principal
     GET  /login?token=T       the start-up link: logs its holder in as the admin
     POST /login               principal and password (its Kafka SASL password) -> a login
     POST /logout
@@ -17,7 +18,8 @@
                               password, for scrapers)
 
 Access (`Access`): bound to a loopback address, reading needs no login; bound elsewhere,
-everything but the login page and the static files does. Actions always need a login, and run
+everything but the login page and the static files does. Actions (kill, delete) always need
+a login, and run
 as its principal through the coordinator, which authorizes them as it does the CLI's. A login
 is a random cookie (HttpOnly, SameSite=Strict); actions also need the header
 `X-Tq-Console: 1`, which no cross-site form can send.
@@ -114,12 +116,14 @@ class Access:
 
 
 Kill = Callable[[str, int], Awaitable[Any]]  # principal, query id -> the query after
+Delete = Callable[[str, str], Awaitable[None]]  # principal, topic name
 # query id -> batches of its output lines, for as long as the page reads them
 Lines = Callable[[int], AsyncIterator[list[dict[str, Any]]]]
 
 
 def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
-              lines: Lines, *, metrics: Callable[[], bytes] | None = None,
+              lines: Lines, *, delete: Delete | None = None,
+              metrics: Callable[[], bytes] | None = None,
               max_rate: float = 4.0) -> Starlette:
     """The console's ASGI application over `model` (see the module docstring)."""
 
@@ -191,13 +195,34 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
-    async def kill_query(request: Request) -> Response:
-        principal = access.principal(request)
-        if principal is None:
-            return JSONResponse({"error": "log in to kill a query"}, status_code=401)
+    def refuse_actor(request: Request, what: str) -> Response | None:
+        if access.principal(request) is None:
+            return JSONResponse({"error": f"log in to {what}"}, status_code=401)
         if request.headers.get(ACTION_HEADER) != "1":
             return JSONResponse({"error": f"actions need the {ACTION_HEADER} header"},
                                 status_code=403)
+        return None
+
+    async def delete_topic(request: Request) -> Response:
+        refused = refuse_actor(request, "delete a topic")
+        if refused is not None:
+            return refused
+        if delete is None:
+            return JSONResponse({"error": "this console deletes nothing"}, status_code=404)
+        name = request.path_params["name"]
+        try:
+            await delete(access.principal(request) or "", name)
+        except TqError as exc:
+            status = 403 if isinstance(exc, NotAuthorizedError) else 409
+            return JSONResponse({"error": str(exc), "kind": type(exc).__name__},
+                                status_code=status)
+        return JSONResponse({"deleted": name})
+
+    async def kill_query(request: Request) -> Response:
+        refused = refuse_actor(request, "kill a query")
+        if refused is not None:
+            return refused
+        principal = access.principal(request) or ""
         try:
             query_id = int(request.path_params["query_id"])
         except ValueError:
@@ -248,6 +273,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         Route("/api/events", events),
         Route("/api/queries/{query_id}/logs", logs),
         Route("/api/queries/{query_id}/kill", kill_query, methods=["POST"]),
+        Route("/api/topics/{name:path}/delete", delete_topic, methods=["POST"]),
         Route("/login", login_page),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),

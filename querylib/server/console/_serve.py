@@ -143,6 +143,7 @@ class Console:
         feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
                     changed=changes.bump, groups=None if self.groups is None else self._groups)
         app = build_app(self.model, changes, self.access, self._kill, self._lines,
+                        delete=self._delete,
                         metrics=None if self.metrics is None else self.metrics.text)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
@@ -195,13 +196,21 @@ class Console:
         return query_lines(addresses, Credential.of(self.secret), query_id)
 
     async def _kill(self, principal: str, query_id: int) -> Any:
+        async with self._as(principal) as cluster:
+            return await cluster.kill_query(query_id, reason=f"killed from the console by "
+                                                             f"{principal}")
+
+    async def _delete(self, principal: str, name: str) -> None:
+        async with self._as(principal) as cluster:
+            await cluster.delete_topic(name)
+
+    def _as(self, principal: str) -> AsyncCluster:
+        """A session of `principal`'s own: the coordinator authorizes what it asks."""
         key = self._key(principal)
         if key is None:
             raise UserError(f"{principal} is not a principal of this cluster any more")
-        async with AsyncCluster(self.coordinator, Credential(principal, key),
-                                peer=f"tq console ({principal})") as cluster:
-            return await cluster.kill_query(query_id, reason=f"killed from the console by "
-                                                             f"{principal}")
+        return AsyncCluster(self.coordinator, Credential(principal, key),
+                            peer=f"tq console ({principal})")
 
 
 def _is_loopback(host: str) -> bool:

@@ -190,14 +190,7 @@ function queryView(id) {
   if (!q) return [el("h1", {}, `Query ${id}`), el("p", { class: "muted" }, "No such query (yet).")];
   const live = !["finished", "failed", "killed"].includes(q.state);
   const message = el("p", { id: "kill-message", class: "error" });
-  const kill = el("button", {
-    class: "danger", id: "kill", onclick: async () => {
-      message.textContent = "";
-      const reply = await fetch(`/api/queries/${q.query_id}/kill`, { method: "POST", headers: { "X-Tq-Console": "1" } });
-      const body = await reply.json().catch(() => ({}));
-      if (!reply.ok) message.textContent = body.error || `refused (${reply.status})`;
-    },
-  }, "Kill");
+  const kill = actionButton("kill", "Kill", `/api/queries/${q.query_id}/kill`, message);
   return [
     el("h1", {}, `Query ${q.query_id}: ${q.name}`),
     el("p", {}, "State: ", el("span", { id: "query-state", class: `state-${q.state}` }, q.state),
@@ -214,12 +207,26 @@ function queryView(id) {
   ];
 }
 
+function actionButton(id, label, url, message) {
+  return el("button", {
+    class: "danger", id, onclick: async () => {
+      message.textContent = "";
+      const reply = await fetch(url, { method: "POST", headers: { "X-Tq-Console": "1" } });
+      const body = await reply.json().catch(() => ({}));
+      if (!reply.ok) message.textContent = body.error || `refused (${reply.status})`;
+    },
+  }, label);
+}
+
 function topicView(name) {
   const t = state.topics.find(t => t.name === name);
   if (!t) return [el("h1", {}, name), el("p", { class: "muted" }, "No such topic (yet).")];
+  const message = el("p", { id: "delete-message", class: "error" });
   return [
     el("h1", {}, `Topic ${t.short_name}`),
     el("p", { class: "muted" }, `${t.name} · ${t.kind} · owner ${t.owner} · ${t.record_type}`),
+    t.internal ? null : actionButton("delete", "Delete topic", `/api/topics/${encodeURIComponent(t.name)}/delete`, message),
+    message,
     el("div", { class: "cards" },
       el("div", { class: "card" }, el("div", { class: "figure", id: "topic-rate" }, number(t.records_per_s, 1)), el("div", { class: "label" }, "records/s"), spark(t.history, "records_per_s", 240, 40)),
       el("div", { class: "card" }, el("div", { class: "figure" }, number(t.records)), el("div", { class: "label" }, "records")),
