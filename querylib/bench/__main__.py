@@ -15,6 +15,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "records": ("querylib.bench._records",),
     "rpc": ("querylib.rpc._bench",),
     "pubsub": ("querylib.bench._pubsub",),
+    "scaling": ("querylib.bench._scaling",),
     "queries": ("querylib.bench._queries",),
     "coordinator": ("querylib.bench._coordinator",),
     "kafka": ("querylib.bench._kafka",),

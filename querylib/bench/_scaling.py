@@ -1,0 +1,375 @@
+"""How one broker scales with batch size, partitions, subscribers and a bulk neighbour:
+`python -m querylib.bench scaling` (issue 17's shapes, measured before it changes anything).
+
+Rows (each {"name", "figures", ...}; every figure from this run, nothing asserted):
+- scaling_batch_size: one producer process sending pre-built batches of 1, 10, 100 and 1,000
+  100-byte records to a subscriber process counting records from batch headers; records/s
+  and batches/s per size, and the broker's CPU per batch. Peers in the same run: ZeroMQ
+  PUSH/PULL moving 1,000-record batches, once with a receiver that only counts frames
+  (`zmq_noparse`) and once with one that decodes every record (`zmq_per_record`).
+- scaling_partitions: two producer processes spreading 1,000-record batches over 1, 4 and 16
+  partitions of one broker; the aggregate acknowledged records/s, and the broker process's
+  CPU in cores over the run (what `tq up`'s single event loop caps at about one).
+- scaling_subscribers: one producer and 1, 8 and 64 subscribers of one partition (async
+  subscribers, in 4 processes at most); the producer's acknowledged records/s and the
+  records delivered in total per second.
+- scaling_probe_beside_bulk: a probe writing 1,000 records/s (one per millisecond, stamped
+  with its creation time) on its own topic, its latency to a subscriber alone and then beside
+  a bulk producer and subscriber at full speed on another topic of the same broker; p50 and
+  p99 of each.
+
+Processes are spawned, all on this machine; they share its cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from querylib.bench._pubsub import (
+    BATCH_RECORDS,
+    _batch,
+    _Cluster,
+    _count_records,
+    _free_port,
+    _get,
+    _percentiles,
+    raw_zmq,
+)
+
+__all__ = ["batch_sizes", "partitions", "probe_beside_bulk", "run", "subscribers",
+           "zmq_per_record"]
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _producer(address: str, secret: bytes, topic: str, partitions: list[int], batches: int,
+              size: int, queue: Any) -> None:
+    """Pre-built batches of `size` records, round robin over `partitions`; then flush."""
+    from querylib.broker import Producer
+
+    producers = [Producer(address, topic, p, secret=secret, linger=0.0005, create=True)
+                 for p in partitions]
+    try:
+        batch = _batch(n=size)
+        queue.put("ready")
+        start = time.perf_counter()
+        for i in range(batches):
+            producers[i % len(producers)].send_batch(batch)
+        for producer in producers:
+            producer.flush()
+        queue.put({"records": batches * size, "seconds": time.perf_counter() - start})
+    finally:
+        for producer in producers:
+            producer.close()
+
+
+def _counting_subscriber(address: str, secret: bytes, topic: str, partition: int,
+                         records: int, queue: Any) -> None:
+    from querylib.broker import Subscriber
+
+    with Subscriber(address, topic, partition, secret=secret, create=True,
+                    credit=4 * 1024 * 1024) as sub:
+        queue.put("ready")
+        seen, first = 0, None
+        while seen < records:
+            chunk = sub.next_chunk(120)
+            if chunk is None:
+                break
+            first = first or time.perf_counter()
+            seen += _count_records(chunk.data)
+            sub.consumed(chunk)
+        queue.put({"records": seen, "seconds": time.perf_counter() - (first or 0.0)})
+
+
+def _many_subscribers(address: str, secret: bytes, topic: str, count: int, records: int,
+                      queue: Any) -> None:
+    asyncio.run(_subscribe_many(address, secret, topic, count, records, queue))
+
+
+async def _subscribe_many(address: str, secret: bytes, topic: str, count: int, records: int,
+                          queue: Any) -> None:
+    from querylib.broker import AsyncSubscriber, Data
+
+    subs = [AsyncSubscriber(address, topic, 0, secret=secret, create=True,
+                            credit=1024 * 1024) for _ in range(count)]
+    for sub in subs:
+        await sub.start()
+    queue.put("ready")
+
+    async def read(sub: Any) -> int:
+        seen = 0
+        while seen < records:
+            event = await sub.next_event(120)
+            if event is None:
+                break
+            if isinstance(event, Data):
+                seen += len(event.records)
+        return seen
+
+    start = time.perf_counter()
+    seen = await asyncio.gather(*(read(sub) for sub in subs))
+    seconds = time.perf_counter() - start
+    for sub in subs:
+        await sub.close()
+    queue.put({"records": sum(seen), "seconds": seconds})
+
+
+def _paced_probe(address: str, secret: bytes, topic: str, seconds: float, queue: Any) -> None:
+    """One record a millisecond, each stamped with its creation time."""
+    from querylib.broker import Producer
+
+    with Producer(address, topic, 0, secret=secret, linger=0.0, create=True) as producer:
+        queue.put("ready")
+        start = time.perf_counter()
+        ticks = int(seconds * 1000)
+        for tick in range(ticks):
+            due = start + tick / 1000
+            while (now := time.perf_counter()) < due:
+                time.sleep(min(due - now, 0.0005))
+            producer.send_batch(_batch(time.time_ns(), 1))
+        producer.flush()
+
+
+def _probe_subscriber(address: str, secret: bytes, topic: str, records: int,
+                      queue: Any) -> None:
+    import struct
+
+    from querylib.broker import Data, Subscriber
+
+    stamp = struct.Struct(">q")
+    with Subscriber(address, topic, 0, secret=secret, create=True) as sub:
+        queue.put("ready")
+        latencies: list[int] = []
+        while len(latencies) < records:
+            event = sub.next_event(120)
+            if event is None:
+                break
+            if isinstance(event, Data):
+                now = time.time_ns()
+                latencies += [now - stamp.unpack_from(r.value)[0] for r in event.records]
+        queue.put({"latencies": latencies})
+
+
+def _bulk(address: str, secret: bytes, topic: str, stop_after: float, queue: Any) -> None:
+    from querylib.broker import Producer
+
+    with Producer(address, topic, 0, secret=secret, linger=0.0005, create=True) as producer:
+        batch = _batch()
+        queue.put("ready")
+        end = time.perf_counter() + stop_after
+        sent = 0
+        while time.perf_counter() < end:
+            producer.send_batch(batch)
+            sent += 1
+        producer.flush()
+        queue.put({"records": sent * BATCH_RECORDS})
+
+
+def _bulk_reader(address: str, secret: bytes, topic: str, stop_after: float,
+                 queue: Any) -> None:
+    from querylib.broker import Subscriber
+
+    with Subscriber(address, topic, 0, secret=secret, create=True,
+                    credit=4 * 1024 * 1024) as sub:
+        queue.put("ready")
+        end = time.perf_counter() + stop_after
+        while time.perf_counter() < end:
+            chunk = sub.next_chunk(1.0)
+            if chunk is not None:
+                sub.consumed(chunk)
+
+
+def _parsing_pull(port: int, batches: int, queue: Any) -> None:
+    import zmq
+
+    from querylib.records import decode_batch
+
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    queue.put("ready")
+    first, records = None, 0
+    for _ in range(batches):
+        frame = sock.recv(copy=False)
+        first = first or time.perf_counter()
+        records += len(decode_batch(frame.buffer).records)  # every record, as a peer would
+    queue.put({"records": records, "seconds": time.perf_counter() - (first or 0.0)})
+
+
+# -- rows -----------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _spread(cluster: _Cluster, topic: str, partitions: int, producers: int, batches: int,
+            size: int) -> dict[str, Any]:
+    """`producers` processes over `partitions`; the aggregate rate and the broker's cores."""
+    owned = [[p for p in range(partitions) if p % producers == i] or [i % partitions]
+             for i in range(producers)]
+    queues = [cluster.mp.Queue() for _ in owned]
+    for mine, queue in zip(owned, queues, strict=True):
+        cluster.start(_producer, cluster.address, cluster.secret, topic, mine,
+                      batches // producers, size, queue)
+    for queue in queues:  # each has made its producers; their batches start at once
+        assert cluster.get(queue, 120) == "ready"
+    cpu, wall = _cpu_seconds(cluster.broker.pid), time.perf_counter()
+    done = [cluster.get(queue) for queue in queues]
+    cores = (_cpu_seconds(cluster.broker.pid) - cpu) / max(time.perf_counter() - wall, 1e-9)
+    records = sum(d["records"] for d in done)
+    seconds = max(d["seconds"] for d in done)
+    return {"records_per_s": round(records / max(seconds, 1e-9)),
+            "broker_cores": round(cores, 2), "records": records}
+
+
+def zmq_per_record(batches: int = 20_000) -> dict[str, Any]:
+    """PUSH/PULL of 1,000-record batches whose receiver decodes every record."""
+    import multiprocessing
+
+    from querylib.bench._pubsub import _raw_push
+
+    mp = multiprocessing.get_context("spawn")
+    queue = mp.Queue()
+    port = _free_port()
+    pull = mp.Process(target=_parsing_pull, args=(port, batches, queue), daemon=True)
+    pull.start()
+    assert _get(queue, [pull], 120) == "ready"
+    push = mp.Process(target=_raw_push, args=(port, batches), daemon=True)
+    push.start()
+    result = _get(queue, [pull, push], 600)
+    for child in (push, pull):
+        child.join(30)
+    return result
+
+
+def batch_sizes(records: int = 1_000_000, max_batches: int = 20_000) -> dict[str, Any]:
+    noparse = raw_zmq(batches=max(records // BATCH_RECORDS, 2000))
+    parsed = zmq_per_record(batches=max(records // BATCH_RECORDS // 4, 500))
+    figures: dict[str, Any] = {}
+    cluster = _Cluster()
+    try:
+        for size in (1, 10, 100, 1000):
+            batches = min(max_batches, records // size)
+            reader, writer = cluster.mp.Queue(), cluster.mp.Queue()
+            topic = f"size-{size}"
+            cluster.start(_counting_subscriber, cluster.address, cluster.secret, topic, 0,
+                          batches * size, reader)
+            assert cluster.get(reader, 120) == "ready"
+            cluster.start(_producer, cluster.address, cluster.secret, topic, [0], batches,
+                          size, writer)
+            assert cluster.get(writer, 120) == "ready"
+            cpu = _cpu_seconds(cluster.broker.pid)
+            cluster.get(writer)  # flushed: every batch acknowledged
+            read = cluster.get(reader)
+            rate = read["records"] / max(read["seconds"], 1e-9)
+            figures[f"batch_{size}"] = {
+                "records_per_s": round(rate), "batches_per_s": round(rate / size),
+                "broker_us_per_batch": round(
+                    (_cpu_seconds(cluster.broker.pid) - cpu) / batches * 1e6, 1)}
+    finally:
+        cluster.close()
+    noparse_rate = noparse["records"] / max(noparse["seconds"], 1e-9)
+    parsed_rate = parsed["records"] / max(parsed["seconds"], 1e-9)
+    return {"name": "scaling_batch_size", "figures": figures,
+            "baseline": {"zmq_noparse_records_per_s": round(noparse_rate),
+                         "zmq_per_record_records_per_s": round(parsed_rate),
+                         "note": "PUSH/PULL of 1,000-record batches: counting frames only, "
+                                 "and decoding every record"},
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def partitions(batches: int = 4000) -> dict[str, Any]:
+    figures = {}
+    cluster = _Cluster()
+    try:
+        for count in (1, 4, 16):
+            figures[f"partitions_{count}"] = _spread(cluster, f"parts-{count}", count, 2,
+                                                     batches, BATCH_RECORDS)
+    finally:
+        cluster.close()
+    one = figures["partitions_1"]["records_per_s"]
+    return {"name": "scaling_partitions", "figures": figures,
+            "ratio_16_to_1": round(figures["partitions_16"]["records_per_s"] / max(one, 1), 3),
+            "goal": "issue 17: >= 1.3x from 1 to 16 partitions, brokers using > 1.5 cores",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def subscribers(batches: int = 2000) -> dict[str, Any]:
+    figures = {}
+    cluster = _Cluster()
+    try:
+        for count in (1, 8, 64):
+            topic = f"fanout-{count}"
+            readers, writer = cluster.mp.Queue(), cluster.mp.Queue()
+            groups = min(4, count)
+            for i in range(groups):
+                share = count // groups + (1 if i < count % groups else 0)
+                cluster.start(_many_subscribers, cluster.address, cluster.secret, topic,
+                              share, batches * BATCH_RECORDS, readers)
+            for _ in range(groups):
+                assert cluster.get(readers, 120) == "ready"
+            cluster.start(_producer, cluster.address, cluster.secret, topic, [0], batches,
+                          BATCH_RECORDS, writer)
+            assert cluster.get(writer, 120) == "ready"
+            produced = cluster.get(writer)
+            delivered = [cluster.get(readers) for _ in range(groups)]
+            figures[f"subscribers_{count}"] = {
+                "producer_records_per_s": round(produced["records"] / produced["seconds"]),
+                "delivered_records_per_s": round(
+                    sum(d["records"] for d in delivered)
+                    / max(max(d["seconds"] for d in delivered), 1e-9))}
+    finally:
+        cluster.close()
+    one = figures["subscribers_1"]["producer_records_per_s"]
+    return {"name": "scaling_subscribers", "figures": figures,
+            "ratio_64_to_1": round(
+                figures["subscribers_64"]["producer_records_per_s"] / max(one, 1), 3),
+            "goal": "issue 17: the producer at 64 subscribers >= 0.7x its rate at 1",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
+    figures = {}
+    cluster = _Cluster()
+    try:
+        for beside in (False, True):
+            results = cluster.mp.Queue()
+            probe = f"probe-{beside}"
+            records = int(seconds * 1000)
+            cluster.start(_probe_subscriber, cluster.address, cluster.secret, probe, records,
+                          results)
+            assert cluster.get(results, 120) == "ready"
+            if beside:
+                side = cluster.mp.Queue()
+                cluster.start(_bulk_reader, cluster.address, cluster.secret, "bulk",
+                              seconds + 5, side)
+                assert cluster.get(side, 120) == "ready"
+                cluster.start(_bulk, cluster.address, cluster.secret, "bulk", seconds + 4,
+                              side)
+                assert cluster.get(side, 120) == "ready"
+            cluster.start(_paced_probe, cluster.address, cluster.secret, probe, seconds,
+                          results)
+            assert cluster.get(results, 120) == "ready"
+            latencies = cluster.get(results)["latencies"]
+            figures["beside_bulk" if beside else "alone"] = _percentiles(latencies)
+    finally:
+        cluster.close()
+    return {"name": "scaling_probe_beside_bulk", "figures": figures,
+            "goal": "issue 17: beside a bulk stream p99 <= 5 ms, p50 <= 1 ms",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def run() -> Iterator[dict[str, Any]]:
+    yield batch_sizes()
+    yield partitions()
+    yield subscribers()
+    yield probe_beside_bulk()
+
