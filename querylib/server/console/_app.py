@@ -72,15 +72,20 @@ class Changes:
 
     def __init__(self) -> None:
         self.count = 0
+        self.closed = False  # the console stops: every stream ends
         self._event = asyncio.Event()
 
     def bump(self) -> None:
         self.count += 1
         self._event.set()
 
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
     async def after(self, seen: int, timeout: float) -> int:
         """The count once it is past `seen` (or after `timeout` seconds, whatever it is)."""
-        while self.count <= seen:
+        while self.count <= seen and not self.closed:
             self._event.clear()
             try:
                 await asyncio.wait_for(self._event.wait(), timeout)
@@ -147,8 +152,10 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
 
         async def stream() -> AsyncIterator[str]:
             seen = -1
-            while not await request.is_disconnected():
+            while not changes.closed and not await request.is_disconnected():
                 now = await changes.after(seen, timeout=15.0)
+                if changes.closed:
+                    break
                 if now == seen:
                     yield ": still here\n\n"  # a comment: keeps proxies and the browser calm
                     continue
@@ -182,13 +189,20 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
             batches = lines(query_id)
             try:
                 yield ": reading\n\n"
-                while not await request.is_disconnected():
-                    try:
-                        batch = await asyncio.wait_for(anext(batches), 15.0)
-                    except TimeoutError:
-                        yield ": still here\n\n"
+                pending = asyncio.ensure_future(anext(batches))
+                idle = 0
+                while not changes.closed and not await request.is_disconnected():
+                    done, _ = await asyncio.wait({pending}, timeout=1.0)
+                    if not done:
+                        idle += 1
+                        if idle % 15 == 0:
+                            yield ": still here\n\n"
                         continue
+                    idle = 0
+                    batch = pending.result()
+                    pending = asyncio.ensure_future(anext(batches))
                     yield f"event: lines\ndata: {json.dumps(batch)}\n\n"
+                pending.cancel()
             finally:
                 await batches.aclose()  # type: ignore[attr-defined]
 
@@ -245,9 +259,9 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         return FileResponse(STATIC / "login.html")
 
     async def login(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            return PlainTextResponse("too large", status_code=413)
+        body = await _bounded_body(request, MAX_FORM_BYTES)
+        if body is None:
+            return PlainTextResponse("a login form is at most 4 KiB", status_code=413)
         # A urlencoded form (what login.html posts), parsed here: no multipart dependency.
         form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
         principal = form.get("principal", [""])[0].strip()
@@ -285,6 +299,19 @@ def _state(model: ClusterModel, access: Access, request: Request) -> dict[str, A
     view = model.view()
     view["me"] = access.principal(request)
     return view
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it passes `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def _basic_auth_ok(access: Access, request: Request) -> bool:

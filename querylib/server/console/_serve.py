@@ -37,6 +37,7 @@ from ._model import ClusterModel
 __all__ = ["DEFAULT_CONSOLE_PORT", "Console", "ConsoleUnavailableError"]
 
 DEFAULT_CONSOLE_PORT = 7480
+MAX_CONNECTIONS = 256  # open HTTP connections (an event stream holds one): past it, 503
 logger = logging.getLogger("querylib.console")
 
 
@@ -50,7 +51,8 @@ class Console:
     def __init__(self, coordinator: str, secret: bytes, *, host: str = "127.0.0.1",
                  port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True,
                  metrics: Any = None,
-                 groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
+                 groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.host = host
@@ -61,6 +63,7 @@ class Console:
         # the consumer groups, when this process runs the group coordinator: an async
         # function of the coordinator's loop (called there through `_on_owner`)
         self.groups = groups
+        self.max_connections = max_connections
         self.access = Access(loopback=_is_loopback(host), check_password=self._password_ok)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
@@ -69,6 +72,7 @@ class Console:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
+        self._changes: Changes | None = None
 
     @property
     def url(self) -> str:
@@ -94,14 +98,15 @@ class Console:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        server, loop = self._server, self._loop
-        if server is not None:
-            server.should_exit = True
+        server, loop, changes = self._server, self._loop, self._changes
         if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(lambda: None)  # wake it to notice
+            try:  # end every event stream, then the server (it waits for open requests)
+                if changes is not None:
+                    loop.call_soon_threadsafe(changes.close)
             except RuntimeError:
                 pass
+        if server is not None:
+            server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -139,14 +144,19 @@ class Console:
 
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
-        changes = Changes()
+        self._changes = changes = Changes()
         feed = Feed(self.coordinator, Credential.of(self.secret), self.model,
                     changed=changes.bump, groups=None if self.groups is None else self._groups)
         app = build_app(self.model, changes, self.access, self._kill, self._lines,
                         delete=self._delete,
                         metrics=None if self.metrics is None else self.metrics.text)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1,
+                                # bounded: past these, 503 (and idle connections close)
+                                # uvicorn counts the arriving connection among the open
+                                limit_concurrency=self.max_connections + 1,
+                                timeout_keep_alive=30,
+                                h11_max_incomplete_event_size=16 * 1024)
         self._server = server = uvicorn.Server(config)
         feeding = asyncio.create_task(self._feed(feed))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
