@@ -149,6 +149,19 @@ def broker_families(broker: Any, broker_id: int | str) -> list[Metric]:
                                  "time)", labels=["broker", "topic", "partition"])
     size = GaugeMetricFamily("tq_partition_size_bytes", "Bytes of the partition's log on disk",
                              labels=["broker", "topic", "partition"])
+    bytes_in = CounterMetricFamily("tq_partition_bytes_in", "Bytes of batches appended since "
+                                   "the broker started", labels=["broker", "topic", "partition"])
+    bytes_out = CounterMetricFamily("tq_partition_bytes_out", "Bytes delivered to subscribers "
+                                    "since the broker started",
+                                    labels=["broker", "topic", "partition"])
+    records_out = CounterMetricFamily("tq_partition_records_out", "Records (offsets) "
+                                      "delivered to subscribers since the broker started",
+                                      labels=["broker", "topic", "partition"])
+    for (topic, partition), (into, out, offsets) in list(getattr(broker, "traffic", {}).items()):
+        labels = [label, topic, str(partition)]
+        bytes_in.add_metric(labels, into)
+        bytes_out.add_metric(labels, out)
+        records_out.add_metric(labels, offsets)
     lag = GaugeMetricFamily("tq_subscription_lag_records", "Records visible and not yet "
                             "delivered to a subscription", labels=["broker", "topic",
                                                                    "partition", "principal"])
@@ -170,7 +183,8 @@ def broker_families(broker: Any, broker_id: int | str) -> list[Metric]:
     sessions = GaugeMetricFamily("tq_broker_sessions", "Client sessions a broker holds",
                                  labels=["broker"])
     sessions.add_metric([label], len(state.sessions))
-    return [end, start, records, frontier, size, lag, sessions]
+    return [end, start, records, frontier, size, bytes_in, bytes_out, records_out, lag,
+            sessions]
 
 
 def serve_metrics(metrics: ProcessMetrics, host: str, port: int, *, fallback: bool

@@ -87,6 +87,11 @@ def test_tq_up_metrics_count_what_a_query_wrote(up: Up, tmp_path: Path) -> None:
         assert value(samples, "tq_partition_records_in_total", topic="measured") >= 700
         assert value(samples, "tq_partition_frontier", topic="measured") == 10
         assert value(samples, "tq_partition_size_bytes", topic="measured") > 0
+        assert value(samples, "tq_partition_bytes_in_total", topic="measured") > 700 * 8
+        # Nobody subscribes to it: nothing out; the catalog's topics are followed: out.
+        assert value(samples, "tq_partition_bytes_out_total", topic="measured") == 0
+        assert any(v > 0 for labels, v in samples["tq_partition_records_out_total"]
+                   if labels["topic"].startswith("__catalog."))
         assert value(samples, "tq_queries", state="running") >= 1
         assert value(samples, "tq_coordinator_sessions", kind="query") >= 1
         assert value(samples, "tq_executors") == 1

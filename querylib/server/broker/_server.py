@@ -223,6 +223,9 @@ class BrokerServer:
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
         self._lanes: dict[PartitionId, AppendLane] = {}
+        # Per partition since start: bytes appended, bytes delivered, offsets delivered (the
+        # metrics read them; two additions per batch)
+        self.traffic: dict[PartitionId, list[int]] = {}
         self._savers: dict[PartitionId, GroupSaver] = {}
         self._opening: dict[PartitionId, asyncio.Lock] = {}
         # The topic incarnation each open partition's directory records (None: none).
@@ -527,7 +530,7 @@ class BrokerServer:
             Reply: finish,
             Fail: finish,
             Deliver: self._deliver,
-            Append: lambda instr: self._lanes[instr.partition].submit(instr.ticket, instr.batch),
+            Append: self._append,
             Read: self._read,
             SubscriptionClosed: self._subscription_closed,
             SaveGroups: lambda instr: self._savers[instr.partition].submit(instr),
@@ -625,6 +628,16 @@ class BrokerServer:
                   if name in _LOG_CONFIG_FIELDS}
         return dataclasses.replace(self.log_config, **fields)
 
+    def _append(self, instr: Append) -> None:
+        self._traffic(instr.partition)[0] += len(instr.batch)
+        self._lanes[instr.partition].submit(instr.ticket, instr.batch)
+
+    def _traffic(self, pid: PartitionId) -> list[int]:
+        found = self.traffic.get(pid)
+        if found is None:
+            found = self.traffic[pid] = [0, 0, 0]
+        return found
+
     def _deliver(self, d: Deliver) -> None:
         key = (d.session, d.sub_id)
         if key in self._broken:
@@ -636,6 +649,9 @@ class BrokerServer:
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
             self._rpc.notify(peer, message, payload=[d.data])
+            traffic = self._traffic(d.partition)
+            traffic[1] += len(d.data)
+            traffic[2] += d.next_offset - d.offset
         except (PeerBusyError, PeerUnreachableError) as exc:
             # Delivering out of order or with a hole is never an option: end the subscription;
             # the client resubscribes from the last offset it has.
