@@ -284,6 +284,9 @@ def run_demo(options: DemoOptions, observer: Observer) -> DemoSummary:
         info = up.wait_ready(60.0)
         observer.step(f"cluster up in {time.monotonic() - began:.1f}s: coordinator "
                       f"{info['coordinator']}, catalog broker {info['catalog_broker']}")
+        if info.get("console"):
+            observer.step(f"watch it live in a browser: {info['console']} (the dataflow: "
+                          f"{info['console']}#/graph)")
         with querylib.connect() as ctx:  # one client session: submits and subscribes
             watch = _Watch(ctx, observer, options)
             try:
