@@ -16,6 +16,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "rpc": ("querylib.rpc._bench",),
     "pubsub": ("querylib.bench._pubsub",),
     "scaling": ("querylib.bench._scaling",),
+    "peers": ("querylib.bench._peers",),
     "queries": ("querylib.bench._queries",),
     "coordinator": ("querylib.bench._coordinator",),
     "kafka": ("querylib.bench._kafka",),
