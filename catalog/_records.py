@@ -278,7 +278,7 @@ class PendingDrop(_Record, tag="pending_drop"):
     """Partitions of a deleted topic that the broker hosting them has not dropped yet. Inserted
     with the delete, in the same change; the coordinator tells the broker's executor to drop
     them, again each time that broker registers, and retracts the record on its report
-    (DESIGN §11 "Deleting topics"). `topic_id` is the deleted incarnation: a topic created
+    (DESIGN §3 "Deleting topics"). `topic_id` is the deleted incarnation: a topic created
     again under the name has another id and is never the subject of this record."""
 
     topic_id: int

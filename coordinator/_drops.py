@@ -1,4 +1,4 @@
-"""Coordinator-driven drops of deleted topics' partitions (DESIGN §11 "Deleting topics").
+"""Coordinator-driven drops of deleted topics' partitions (DESIGN §3 "Deleting topics").
 
 The catalog remembers what is left to drop: deleting a topic inserts, in the same change, one
 `PendingDrop` per hosting broker, and `PartitionsDropped` (an executor's report) retracts it.

@@ -324,7 +324,7 @@ def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDr
 
 def _process(state: CoordinatorState, session_id: int) -> int | None:
     """Which process of its query a session is, if it is one: a query's publication is held
-    per process (DESIGN §11 "Collective publishing")."""
+    per process (DESIGN §5 "Collective publishing")."""
     binding = state.bindings.get(session_id)
     return binding[1] if binding is not None else None
 

@@ -287,7 +287,7 @@ def _damaged_catalog(broker_dir: str, topic: str, exc: CorruptDataError) -> Corr
         f"({exc.path}): the coordinator will not start without the catalog changes those "
         f"records hold (it would forget topics whose data stays on disk); run `tq log check "
         f"--data {broker_dir}` for details, then restore {broker_dir} from a backup "
-        f"(DESIGN.md §11 \"Damaged logs\")")
+        f"(DESIGN.md §4 \"Damaged logs\")")
 
 
 def _skip_damaged_checkpoints(exc: CorruptDataError) -> None:

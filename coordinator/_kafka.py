@@ -1,5 +1,5 @@
 """The Kafka listener of the coordinator's own broker: the cluster's group coordinator
-(DESIGN §8, §11).
+(DESIGN §8 "Consumer groups").
 
 Every group's state and committed offsets live in `__consumer_offsets` of the coordinator's
 broker, whose log flushes `always`, so an OffsetCommit is answered only once it is on disk.

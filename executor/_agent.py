@@ -35,7 +35,7 @@ Every exit goes back as `ReportExit` (an exit status, or minus the signal that k
 output lines go to the `__logs` topic on this host's broker. When the agent stops, or its
 session is lost (the coordinator did not hear from it for a lease), it kills its processes:
 the coordinator has failed their queries by then anyway. After a loss it rejoins by itself
-(DESIGN §11 "Executor loss and rejoin"): its broker and endpoints keep running, and it opens a
+(DESIGN §6 "Executor loss and rejoin"): its broker and endpoints keep running, and it opens a
 new session (retried with backoff, capped at `REJOIN_BACKOFF_MAX` seconds, until it succeeds or
 the agent is closed), registers the broker under its remembered id and itself as a new
 executor. `lost` is set while it has no session; `rejoins` counts the rejoins.
@@ -189,7 +189,7 @@ class ExecutorAgent:
         self.endpoints_required = endpoints_required
         self.endpoint_fallback = tuple(endpoint_fallback)
         # Disk cleanup after each exit: the newest work dirs stay for post-mortems, artifacts
-        # unused for artifact_ttl seconds go (DESIGN §11 "Executor disk cleanup").
+        # unused for artifact_ttl seconds go (DESIGN §6 "Executor disk cleanup").
         self.keep_work_dirs = keep_work_dirs
         self.artifact_ttl = artifact_ttl
         self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest

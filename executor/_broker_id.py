@@ -3,10 +3,10 @@ keeps `broker.id` in its log dir's meta.properties) and `<data>/broker.endpoints
 
 Topic partitions are located by broker id in the catalog. A restarted executor (after `tq up`
 stops and starts again on the same data) must register its broker under the id it had, or
-every partition on its disk would name a broker that never comes back (DESIGN §11 "Executor
+every partition on its disk would name a broker that never comes back (DESIGN §6 "Executor
 broker ids"). It also binds the addresses it had, where it chose "any free port" and they are
-still free, so that running clients find it where they left it (DESIGN §11 "Restarts do not
-strand clients"); where one is taken it takes another and clients look it up again. And it
+still free, so that running clients find it where they left it (DESIGN §5 "Restarts"); where
+one is taken it takes another and clients look it up again. And it
 keeps the cluster's default tenant/namespace in `<data>/cluster.namespace`, so a restarted
 broker names the topics on its disk as the cluster does before its session tells it again.
 

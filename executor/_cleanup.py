@@ -1,4 +1,4 @@
-"""Bounded cleanup of what ended queries leave on an executor's disk (DESIGN §11 "Executor
+"""Bounded cleanup of what ended queries leave on an executor's disk (DESIGN §6 "Executor
 disk cleanup"): work directories and cached artifacts.
 
     prune_work_dirs(data / "work", keep=50, running={Path(...), ...})

@@ -1,4 +1,4 @@
-"""Tells this host's broker which processes of a query have ended, from the catalog (DESIGN §11
+"""Tells this host's broker which processes of a query have ended, from the catalog (DESIGN §5
 "Collective publishing"): a writer group waits for every process of its query, and one whose
 missing writer exited (0 without publishing, or crashed before joining) must stop waiting.
 

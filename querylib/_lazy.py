@@ -8,7 +8,7 @@ A type checker reads the imports as they are; at run time they never execute, an
 module reads them from the package's own source instead: each name is imported from its
 module on first use, then cached in the package's namespace. A query process imports only
 what registering needs, so packages whose names pull in codecs, clients or servers export
-this way (DESIGN §11 "Query process start").
+this way (DESIGN §6 "Query process start").
 Must not: import anything beyond importlib (it is on every process's start path: no `ast`,
 no `re`); the block it reads holds nothing but `from .module import names` statements.
 """

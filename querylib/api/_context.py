@@ -36,7 +36,7 @@ from ._runtime import Runtime
 
 if TYPE_CHECKING:
     # Loaded by publish/subscribe, not here: a process registers before it needs them (their
-    # record codecs and broker clients are most of its start; DESIGN §11 "Query process start").
+    # record codecs and broker clients are most of its start; DESIGN §6 "Query process start").
     from ._publisher import Publisher
     from ._subscription import Start, Subscription
     from .serdes import Serde

@@ -1,5 +1,5 @@
 """A consumer-group member, sans-I/O: Kafka's "consumer" protocol encodings, its two classic
-assignors, and the member's state machine (DESIGN §11 "Consumer groups").
+assignors, and the member's state machine (DESIGN §8 "Consumer groups").
 
     member = MemberMachine()
     member.handle(Start())                      -> [SendJoin()]

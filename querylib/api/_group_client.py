@@ -1,6 +1,6 @@
 """The thread that keeps a querylib subscriber in its Kafka consumer group: it speaks the group
 protocol to the group coordinator's Kafka listener (`querylib.kafka.KafkaClient`) and performs
-what `MemberMachine` decides (DESIGN §11 "Consumer groups").
+what `MemberMachine` decides (DESIGN §8 "Consumer groups").
 
     member = GroupMember(group, topics, locate=..., partition_counts=..., partitions=owner)
     member.start()                 # joins in the background; heartbeats, commits

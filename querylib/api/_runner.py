@@ -1,5 +1,5 @@
 """The main of a program built by `querylib.submit`: unpickle the submitted function and run it
-under `querylib.execute` (DESIGN §6, §11 "Submitting functions").
+under `querylib.execute` (DESIGN §6 "Submitting functions").
 
 The program pack holds three files: `__main__.py` (two lines that call `main()` here),
 `submitted.json` (the submitter's Python version, the function's name, the pickle's sha256) and

@@ -3,7 +3,7 @@ entries counted per process, and the producers of partitions every worker writes
 
 Those shared producers join each partition as one writer of a writer group, the process being
 the writer and the query's process count the writers expected, so the broker holds the
-partition's frontier until every process has joined (DESIGN §11 "Collective publishing").
+partition's frontier until every process has joined (DESIGN §5 "Collective publishing").
 
 The catalog records a publication per party, held by the processes of a query that publish
 it: the first local publish adds this process to it, the last local close takes this process
@@ -36,7 +36,7 @@ from ._env import QueryEnv
 
 if TYPE_CHECKING:
     # The broker client is loaded by the first shared publication, not at import: a query
-    # process registers before it needs it (DESIGN §11 "Query process start").
+    # process registers before it needs it (DESIGN §6 "Query process start").
     from querylib.broker import Incarnation, Producer, WriterGroup
 
 __all__ = ["Runtime", "SharedPartitions"]
@@ -188,7 +188,7 @@ def address_of(info: TopicInfo, partition: int) -> str:
 
 
 def incarnation_of(info: TopicInfo) -> Incarnation:
-    """Which topic of its name `info` is, for the brokers (DESIGN §11 "Topic incarnations")."""
+    """Which topic of its name `info` is, for the brokers (DESIGN §4 "Topic incarnations")."""
     from querylib.broker import Incarnation
 
     return Incarnation(info.topic.created_at_ms, info.topic.topic_id)

@@ -96,7 +96,7 @@ def new_producer_id() -> int:
 class WriterGroup:
     """A producer's place in a collective publication: it is `writer` (e.g. a process index)
     of `name`, which has `writers` distinct writers. The partition's frontier does not move,
-    nor its stream end, until all of them have joined (DESIGN §11 "Collective publishing")."""
+    nor its stream end, until all of them have joined (DESIGN §5 "Collective publishing")."""
 
     name: str
     writer: str

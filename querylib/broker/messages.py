@@ -195,7 +195,7 @@ class EnsurePartition(Request[PartitionInfo], tag="broker.partition.ensure"):
     partition: int
     create: bool = True
     # The catalog's topic (id and creation time; 0: no catalog): the partition must belong
-    # to it (DESIGN §11 "Topic incarnations"). Also on OpenProducerRequest, SubscribeRequest.
+    # to it (DESIGN §4 "Topic incarnations"). Also on OpenProducerRequest, SubscribeRequest.
     topic_id: int = 0
     topic_created_ms: int = 0
 

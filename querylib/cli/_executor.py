@@ -4,7 +4,7 @@ A thin adapter over `executor.ExecutorAgent`, imported only when the command run
 `querylib` never depends on the agent). SIGINT/SIGTERM stop it: its processes are killed and
 their exits reported first. A coordinator not up yet is waited for (the agent says so on
 stderr); one refusing our secret ends it with exit code 2. Losing the coordinator does not stop
-it: the agent kills its processes and rejoins by itself (DESIGN §11 "Executor loss and
+it: the agent kills its processes and rejoins by itself (DESIGN §6 "Executor loss and
 rejoin").
 """
 

@@ -2,7 +2,7 @@
 DESIGN §9 "Reading and writing topics").
 
 A topic's serde is the first part of its record type tag (`msgpack` or `msgpack/Point`, DESIGN
-§11 "Type tags"). Values and keys of `json` and `msgpack` topics read as compact JSON text;
+§4 "Type tags"). Values and keys of `json` and `msgpack` topics read as compact JSON text;
 `bytes` read as UTF-8 text with every control character and invalid byte escaped (`\\n`,
 `\\x00`); `pickle` values are never unpickled (`<pickle: N bytes>`). Whatever the serde, a
 rendered field holds no control character, so one record is one line and nothing raw reaches

@@ -43,7 +43,7 @@ class PartitionPlace:
     secret_file: str
     timeout: float = 30.0
     # The catalog's topic, (creation ms, topic id): a broker serves only that topic's
-    # partition under the name (DESIGN §11 "Topic incarnations"); None: not checked.
+    # partition under the name (DESIGN §4 "Topic incarnations"); None: not checked.
     incarnation: tuple[int, int] | None = None
 
 

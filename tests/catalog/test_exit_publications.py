@@ -1,4 +1,4 @@
-"""An exited process holds no publication (DESIGN §11 "Publications are held per process"):
+"""An exited process holds no publication (DESIGN §3 "Publications are held per process"):
 a process that exits, closed publishers or not, leaves every publication it held; the
 publication leaves the catalog with its last process, and the query ending retracts the
 rest as before."""

@@ -129,7 +129,7 @@ def test_merge_frontier_waits_for_a_delayed_process(processes: Processes, home: 
     """Merge, 2 processes x 2 workers, process 1 started only after process 0 has sent all
     its records, advanced past them, closed and exited: the merged partition's frontier stays
     below process 1's first record time (0) and the stream does not end until process 1 has
-    joined and ended; then every record arrives (DESIGN §11 "Collective publishing")."""
+    joined and ended; then every record arrives (DESIGN §5 "Collective publishing")."""
     cluster, executor_id = agent
     query = cluster.submit_query("numbers", "querylib/examples/numbers_query.py",
                                  processes=2, workers=2, executors=(executor_id, executor_id))

@@ -1,8 +1,7 @@
-"""Process exits on a real `tq up` (DESIGN §11 "Collective publishing", "Publications are held
-per process"): a Merge topic of a 2-process query whose second process exits 0 without ever
-publishing it ends once the first closes (the broker learns the exit from the catalog); and a
-process that exits without closing its publisher leaves the publication while the other
-process still runs."""
+"""Process exits on a real `tq up` (DESIGN §5 "Collective publishing", §3 "Publications are held per
+process"): a Merge topic of a 2-process query whose second process exits 0 without ever publishing
+it ends once the first closes (the broker learns the exit from the catalog); and a process that
+exits without closing its publisher leaves the publication while the other process still runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Deleting a topic on a real `tq up` (DESIGN §11 "Deleting topics"): the coordinator has the
+"""Deleting a topic on a real `tq up` (DESIGN §3 "Deleting topics"): the coordinator has the
 hosting executor drop the partitions, so their directories are gone when `tq topic delete`
 returns, though the client itself talks to no broker; the name created again starts empty."""
 

@@ -1,7 +1,7 @@
 """`tq up` restarted (SIGTERM, or SIGKILL) under a running publisher process and a running
 subscriber process (plain `querylib.connect()` scripts): both carry on by themselves, and the
 subscriber reads every record exactly once, in order, then end of stream once (DESIGN §5,
-§11 "Restarts do not strand clients").
+§5 "Restarts").
 
 The publisher sends the integers 0, 1, 2, ... (ten per logical time, waiting for the
 acknowledgements every 50 times, so many requests are in flight when tq up goes down) until

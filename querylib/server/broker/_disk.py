@@ -1,6 +1,6 @@
 """The partitions a broker hosts on disk: finding, creating, opening (with recovery), the
 frontier a partition's log says it had, and which topic incarnation a directory belongs to
-(DESIGN §4, §11 "Topic incarnations").
+(DESIGN §4 "Topic incarnations").
 
 Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
 state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what

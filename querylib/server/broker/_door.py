@@ -1,4 +1,4 @@
-"""The in-process door into a `BrokerServer` (DESIGN §8 "One door"): what the broker's RPC
+"""The in-process door into a `BrokerServer` (DESIGN §5 "One door"): what the broker's RPC
 server is for clients in other processes, `BrokerPort` is for the code in its own process:
 the Kafka listener, the connector endpoint, the coordinator's catalog writer, an executor's
 log forwarder.

@@ -1,4 +1,4 @@
-"""Dropping a deleted topic's partitions from the broker hosting them (DESIGN §11 "Deleting
+"""Dropping a deleted topic's partitions from the broker hosting them (DESIGN §3 "Deleting
 topics"): the broker forgets each partition and deletes its files, so a topic created again
 with the same name starts empty.
 

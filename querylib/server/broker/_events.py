@@ -81,7 +81,7 @@ class OpenProducer(msgspec.Struct, frozen=True):
     reopen: bool = False
     epoch: int = 0  # with `reopen`: the run it writes for, a new epoch if above the partition's
     # The catalog's topic incarnation the writer named (an opaque `Incarnation`, or None):
-    # only carried to the OpenPartition it may cause (DESIGN §11 "Topic incarnations").
+    # only carried to the OpenPartition it may cause (DESIGN §4 "Topic incarnations").
     incarnation: Any = None
     producer_id: int = -1
     last_sequence: int = -1

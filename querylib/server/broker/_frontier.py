@@ -1,5 +1,5 @@
 """The frontier of one partition: the minimum over its live producers, held while a writer
-group is still incomplete (DESIGN §5, §11 "Collective publishing").
+group is still incomplete (DESIGN §5 "Collective publishing").
 
 Pure bookkeeping, no I/O: the broker feeds it producer events and appends a control batch for
 every `FrontierAdvanced` or `StreamEnded` it returns. The frontier is a logical time (int) below
@@ -82,7 +82,7 @@ class StreamReopened:
 FrontierEvent = FrontierAdvanced | StreamEnded | StreamReopened
 
 # Writer groups of a query's collective publications are named `q<query>/<topic>#<n>` and
-# their writers are process indexes (querylib/api/_runtime.py, DESIGN §11).
+# their writers are process indexes (querylib/api/_runtime.py, DESIGN §5 "Collective publishing").
 _QUERY_GROUP = re.compile(r"q([0-9]{1,18})/")
 
 

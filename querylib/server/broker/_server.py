@@ -345,7 +345,7 @@ class BrokerServer:
         """The partition's id once this broker hosts it, opening (`create`: creating) it.
         InvalidTopicError for a name the broker cannot store, UnknownPartitionError when it
         does not host it and `create` is off. With the catalog's `topic_id` and
-        `topic_created_ms`, the partition must belong to that topic (DESIGN §11 "Topic
+        `topic_created_ms`, the partition must belong to that topic (DESIGN §4 "Topic
         incarnations"): an older incarnation's directory is set aside, a newer one's refuses
         (StaleIncarnationError)."""
         return await self._ensure(topic, partition, create,
@@ -406,7 +406,7 @@ class BrokerServer:
                     failed: bool) -> None:
         """What the catalog says of a query's processes (exit code each, None while running;
         `failed`: the query failed or was killed): its writer groups on this broker settle
-        (DESIGN §11 "Collective publishing"). Call on the broker's loop."""
+        (DESIGN §5 "Collective publishing"). Call on the broker's loop."""
         self._feed(QueryExits(query_id, tuple(exit_codes), failed))
 
     def group_queries(self) -> set[int]:
@@ -812,7 +812,7 @@ class BrokerServer:
             pid = validate_partition(req.topic, req.partition)
             incarnation = incarnation_of(req.topic_id, req.topic_created_ms)
             if incarnation is not None and pid in self.state.partitions:
-                # The partition open here may be an older topic of the name (DESIGN §11
+                # The partition open here may be an older topic of the name (DESIGN §4
                 # "Topic incarnations"): set aside, the core opens it anew as this one.
                 await self._settle_incarnation(pid, incarnation)
             return await self._call(peer, req.session, lambda t: OpenProducer(

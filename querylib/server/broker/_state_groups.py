@@ -1,4 +1,4 @@
-"""The writer-group rules of the broker's core (`BrokerState` inherits them; DESIGN §11
+"""The writer-group rules of the broker's core (`BrokerState` inherits them; DESIGN §5
 "Collective publishing"): settling groups by the exits of their query's processes, and saving
 the groups not done beside the partition log so a restart keeps them waiting.
 

@@ -1,4 +1,4 @@
-"""Pending writer groups on disk, beside the partition log (DESIGN §11 "Collective publishing").
+"""Pending writer groups on disk, beside the partition log (DESIGN §5 "Collective publishing").
 
 A partition whose writer group still waits for writers keeps it in `<partition dir>/
 writer-groups.json`: `{"groups": [[name, writers expected, [writers joined...]], ...]}`,

@@ -1,5 +1,5 @@
 """A query process registers before it loads what only publishing, subscribing or the submitted
-function need (DESIGN §11 "Query process start"): a fresh interpreter that imports the
+function need (DESIGN §6 "Query process start"): a fresh interpreter that imports the
 registration path (`querylib.execute`, the submit runner, the cluster session) has none of the
 record codecs, broker clients, catalog follower, Kafka codecs or cloudpickle in `sys.modules`;
 and the submit runner unpickles once, before `execute` registers (as a program's own imports

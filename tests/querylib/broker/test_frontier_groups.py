@@ -1,5 +1,5 @@
 """Writer groups on a partition frontier: the frontier and end-of-stream wait until every
-expected writer of a collective publication has joined (DESIGN §11 "Collective publishing")."""
+expected writer of a collective publication has joined (DESIGN §5 "Collective publishing")."""
 
 import pytest
 from hypothesis import given, settings

@@ -1,4 +1,4 @@
-"""Writer groups and the exits of their query's processes (DESIGN §11 "Collective
+"""Writer groups and the exits of their query's processes (DESIGN §5 "Collective
 publishing"): a missing writer whose process ended never comes, so the group stops waiting
 for it; pending groups are saved beside the log and wait again after a broker restart."""
 

@@ -1,7 +1,7 @@
-"""Topic incarnations (DESIGN §11): a partition directory records which topic of its name it
-belongs to (catalog topic id and creation time); a broker asked for a newer one sets the old
-directory aside, refuses an older one, and takes a directory that records none as the one
-asked for. A real BrokerServer, its in-process hook and its files."""
+"""Topic incarnations (DESIGN §4 "Topic incarnations"): a partition directory records which topic of
+its name it belongs to (catalog topic id and creation time); a broker asked for a newer one sets the
+old directory aside, refuses an older one, and takes a directory that records none as the one asked
+for. A real BrokerServer, its in-process hook and its files."""
 
 from __future__ import annotations
 
