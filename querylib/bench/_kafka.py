@@ -117,7 +117,7 @@ def _accepting(proc: subprocess.Popen[bytes], port: int) -> subprocess.Popen[byt
 
 
 def _start_listener(data_dir: str, port: int) -> subprocess.Popen[bytes]:
-    code = ("import sys; from querylib.kafka import run_kafka; "
+    code = ("import sys; from querylib.server import run_kafka; "
             "sys.exit(run_kafka(sys.argv[1], '127.0.0.1', int(sys.argv[2])))")
     return _accepting(subprocess.Popen([sys.executable, "-c", code, data_dir, str(port)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)

@@ -19,7 +19,8 @@ from tests.conftest import Processes, free_port, wait_for
 # Group timeouts low enough for fast rebalance tests, as the issue asks.
 _SERVER = """
 import sys
-from querylib.kafka import GroupConfig, run_kafka
+from querylib.server import run_kafka
+from querylib.server.kafka import GroupConfig
 sys.exit(run_kafka(sys.argv[1], "127.0.0.1", int(sys.argv[2]),
                    group_config=GroupConfig(min_session_timeout_ms=500)))
 """

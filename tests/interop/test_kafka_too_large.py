@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 
 _SERVER = """
 import sys
-from querylib.kafka import ListenerLimits, run_kafka
+from querylib.kafka import ListenerLimits
+from querylib.server import run_kafka
 sys.exit(run_kafka(sys.argv[1], "127.0.0.1", int(sys.argv[2]),
                    limits=ListenerLimits(max_frame_bytes=int(sys.argv[3]))))
 """
