@@ -184,8 +184,10 @@ def find_partitions(data_dir: str) -> list[PartitionId]:
 
 ProducerMark = tuple[int, int, int, int, int, int]
 # Kafka transactions of a log's tail: (open: (producer id, first offset), aborted: (producer
-# id, first offset, offset of the ABORT marker)), see `_scan_tail`.
-TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]
+# id, first offset, offset of the ABORT marker), fenced: (producer id, epoch of its last
+# marker)), see `_scan_tail`.
+TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...],
+                         tuple[tuple[int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class OpenedPartition:
     producers: tuple[ProducerMark, ...] = ()
     epoch: int = 0  # of `frontier`
     epoch_since: int = 0  # the offset from which `epoch` is known to hold
-    transactions: TailTransactions = ((), ())
+    transactions: TailTransactions = ((), (), ())
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -249,8 +251,10 @@ def _scan_tail(log: PartitionLog,
                scan_bytes: int) -> tuple[tuple[ProducerMark, ...], TailTransactions]:
     """The idempotent producers' batches (see `recover_producers`) and the Kafka transactions
     of the last `scan_bytes` (at least) of the log: the ones still open (transactional data
-    with no COMMIT/ABORT marker of its producer after it) and the aborted ones (an ABORT
-    marker; its first offset is where the scanned tail starts when its data begins before).
+    with no COMMIT/ABORT marker of its producer after it), the aborted ones (an ABORT
+    marker; its first offset is where the scanned tail starts when its data begins before),
+    and per producer the epoch of its last marker (batches of an older epoch are a fenced
+    producer's: refused, as before the restart).
 
     Reads backwards in windows of growing size, as `recover_frontier` does, each window
     forwards, and looks at batch headers only (and the key of a transaction marker). A
@@ -281,6 +285,7 @@ def _scan_tail(log: PartitionLog,
     producers: list[ProducerMark] = []
     opened: dict[int, int] = {}
     aborted: list[tuple[int, int, int]] = []
+    marked: dict[int, int] = {}
     first = hi  # where the scanned tail starts
     for found in reversed(windows):
         for header, kind in found:
@@ -293,9 +298,10 @@ def _scan_tail(log: PartitionLog,
                 opened.setdefault(pid, header.base_offset)
             elif kind in (_ABORT, _COMMIT):
                 began = opened.pop(pid, first)
+                marked[pid] = max(marked.get(pid, -1), header.producer_epoch)
                 if kind == _ABORT:
                     aborted.append((pid, began, header.base_offset))
-    return tuple(producers), (tuple(opened.items()), tuple(aborted))
+    return tuple(producers), (tuple(opened.items()), tuple(aborted), tuple(marked.items()))
 
 
 _DATA, _DATA_TXN, _ABORT, _COMMIT = range(4)
