@@ -291,7 +291,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         for pid, lane in self._lanes.items():
             part = self.state.partitions.get(pid)
-            if part is not None and (part.open_txns or part.aborted or part.marked_epochs):
+            if part is not None:
                 # What the core knows of its transactions, through what it saw durable: the
                 # next opening walks only the log after it (`_disk.transaction_history`).
                 history = TxnHistory(part.visible_end, tuple(part.open_txns.items()),
