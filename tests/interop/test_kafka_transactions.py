@@ -119,6 +119,33 @@ def test_a_new_producer_fences_the_old_and_aborts_its_transaction(
     assert [v for _, v in read_all(kafka_server, "fenced", "read_committed")] == [b"fresh"]
 
 
+def test_a_zombie_stays_fenced_in_the_partition_after_a_restart(
+        kafka_server: KafkaServer) -> None:
+    """The partition learns the fencing epoch from the markers in its log when it opens: the
+    old producer's next batch (its transaction still open as far as it knows, so it goes
+    straight to the partition) is refused after a broker restart as before it."""
+    kafka_server.start()
+    old = txn_producer(kafka_server, "t7")
+    old.init_transactions(20)
+    old.begin_transaction()
+    old.produce("refenced", value=b"zombie")
+    assert old.flush(20) == 0
+    new = txn_producer(kafka_server, "t7")
+    new.init_transactions(20)  # aborts the old one's transaction (marker at a bumped epoch)
+    new.begin_transaction()
+    new.produce("refenced", value=b"fresh")
+    new.commit_transaction(20)
+    del new
+    kafka_server.stop()
+    kafka_server.start()
+    with pytest.raises(KafkaException) as raised:
+        old.produce("refenced", value=b"late")
+        old.flush(30)  # the partition refuses it (no EndTxn: the coordinator would)
+    assert raised.value.args[0].fatal() or "fenced" in str(raised.value).lower()
+    assert [v for _, v in read_all(kafka_server, "refenced", "read_uncommitted")] == [
+        b"zombie", b"fresh"]
+
+
 def test_a_transaction_past_its_timeout_is_aborted(kafka_server: KafkaServer) -> None:
     kafka_server.start()
     p = txn_producer(kafka_server, "t4", **{"transaction.timeout.ms": 2000})

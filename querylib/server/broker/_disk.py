@@ -5,8 +5,9 @@ frontier a partition's log says it had, and which topic incarnation a directory 
 Blocking file I/O only, meant to run on an executor thread; no asyncio, no sockets, no broker
 state. `PartitionLog` does the storage work (and its own crash recovery); this module adds what
 the broker needs on top: which directories are partitions, which topic names are acceptable,
-the frontier / end-of-stream recovered from the last control batches, and the idempotent
-producers' last batches found in the log's tail.
+the frontier / end-of-stream recovered from the last control batches, the idempotent
+producers' last batches found in the log's tail, and the Kafka transactions of the whole log
+(`transaction_history`: the history kept beside it, `_txn_index`, and a walk of what follows).
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
 from ._events import PartitionId
 from ._idempotence import last_sequence
+from ._txn_index import TxnHistory, read_history, write_history
 
-__all__ = ["OpenedPartition", "find_partitions", "open_partition",
+__all__ = ["OpenedPartition", "find_partitions", "keep_transaction_history", "open_partition",
            "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
            "recover_producers", "remove_partition_dir", "set_aside", "stale_incarnation",
-           "validate_partition", "write_incarnation"]
+           "transaction_history", "validate_partition", "write_incarnation"]
 
 _DELETED = ".deleted-"  # prefix of a partition directory on its way out
 _ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
@@ -184,8 +186,10 @@ def find_partitions(data_dir: str) -> list[PartitionId]:
 
 ProducerMark = tuple[int, int, int, int, int, int]
 # Kafka transactions of a log's tail: (open: (producer id, first offset), aborted: (producer
-# id, first offset, offset of the ABORT marker)), see `_scan_tail`.
-TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]
+# id, first offset, offset of the ABORT marker), fenced: (producer id, epoch of its last
+# marker)), see `_scan_tail`.
+TailTransactions = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...],
+                         tuple[tuple[int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,7 @@ class OpenedPartition:
     producers: tuple[ProducerMark, ...] = ()
     epoch: int = 0  # of `frontier`
     epoch_since: int = 0  # the offset from which `epoch` is known to hold
-    transactions: TailTransactions = ((), ())
+    transactions: TailTransactions = ((), (), ())
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -222,7 +226,9 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
             write_incarnation(path, pid, incarnation)
             held = incarnation
         frontier, ended, epoch, since = recover_frontier(log)
-        producers, transactions = _scan_tail(log, producer_scan_bytes)
+        producers, _ = _scan_tail(log, producer_scan_bytes)
+        history = transaction_history(log, path)
+        transactions = (history.open, history.aborted, history.marked)
     except BaseException:
         log.close()
         raise
@@ -239,6 +245,58 @@ def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
         f"older one (restored from a backup), move {path} aside")
 
 
+MAX_ABORTED = 100_000  # aborted transactions remembered per partition (the newest)
+
+
+def transaction_history(log: PartitionLog, path: str, *,
+                        max_aborted: int = MAX_ABORTED) -> TxnHistory:
+    """The partition's Kafka transactions up to its log end: the history kept beside the log
+    (`_txn_index`) and a walk of the log after it, or a walk of the whole log when there is
+    none, it is damaged, or it describes offsets the log does not have (truncated); the
+    result is kept for the next opening. Blocking; reads every byte it walks."""
+    start, end = log.log_start_offset, log.log_end_offset
+    kept = read_history(path)
+    if kept is not None and start <= kept.through <= end:
+        lo = kept.through
+        opened = dict(kept.open)
+        aborted = [a for a in kept.aborted if a[2] >= start]
+        marked = dict(kept.marked)
+    else:
+        lo, opened, aborted, marked = start, {}, [], {}
+    if lo < end:
+        for data, pos, header in _walk_whole(log, lo, end):
+            pid = header.producer_id
+            attributes = data[pos + ATTRIBUTES_OFFSET + 1]
+            if pid < 0 or not attributes & TRANSACTIONAL_BIT:
+                continue
+            if not attributes & CONTROL_BIT:
+                opened.setdefault(pid, header.base_offset)
+                continue
+            records = decode_batch(data[pos:pos + header.size], verify_crc=False).records
+            kind = control_of(records[0])[0] if records else None
+            began = opened.pop(pid, None)  # None: a marker again, nothing to end
+            marked[pid] = max(marked.get(pid, -1), header.producer_epoch)
+            if kind == ControlType.ABORT and began is not None:
+                aborted.append((pid, began, header.base_offset))
+    history = TxnHistory(end, tuple(opened.items()), tuple(aborted[-max_aborted:]),
+                         tuple(marked.items())[-max_aborted:])
+    if kept != history:
+        try:
+            write_history(path, history)
+        except OSError as exc:  # the next opening walks again
+            logger.warning("%s: cannot keep the transaction history: %s", path, exc)
+    return history
+
+
+def keep_transaction_history(path: str, history: TxnHistory) -> None:
+    """Keep what the broker knew of a partition's transactions when it closed it (through its
+    durable end), so the next opening walks nothing already known. Blocking."""
+    try:
+        write_history(path, history)
+    except OSError as exc:
+        logger.warning("%s: cannot keep the transaction history: %s", path, exc)
+
+
 def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark, ...]:
     """The idempotent producers' batches in the last `scan_bytes` (at least) of the log, oldest
     first: (producer id, epoch, first sequence, last sequence, base offset, next offset)."""
@@ -249,8 +307,10 @@ def _scan_tail(log: PartitionLog,
                scan_bytes: int) -> tuple[tuple[ProducerMark, ...], TailTransactions]:
     """The idempotent producers' batches (see `recover_producers`) and the Kafka transactions
     of the last `scan_bytes` (at least) of the log: the ones still open (transactional data
-    with no COMMIT/ABORT marker of its producer after it) and the aborted ones (an ABORT
-    marker; its first offset is where the scanned tail starts when its data begins before).
+    with no COMMIT/ABORT marker of its producer after it), the aborted ones (an ABORT
+    marker; its first offset is where the scanned tail starts when its data begins before),
+    and per producer the epoch of its last marker (batches of an older epoch are a fenced
+    producer's: refused, as before the restart).
 
     Reads backwards in windows of growing size, as `recover_frontier` does, each window
     forwards, and looks at batch headers only (and the key of a transaction marker). A
@@ -281,6 +341,7 @@ def _scan_tail(log: PartitionLog,
     producers: list[ProducerMark] = []
     opened: dict[int, int] = {}
     aborted: list[tuple[int, int, int]] = []
+    marked: dict[int, int] = {}
     first = hi  # where the scanned tail starts
     for found in reversed(windows):
         for header, kind in found:
@@ -293,9 +354,10 @@ def _scan_tail(log: PartitionLog,
                 opened.setdefault(pid, header.base_offset)
             elif kind in (_ABORT, _COMMIT):
                 began = opened.pop(pid, first)
+                marked[pid] = max(marked.get(pid, -1), header.producer_epoch)
                 if kind == _ABORT:
                     aborted.append((pid, began, header.base_offset))
-    return tuple(producers), (tuple(opened.items()), tuple(aborted))
+    return tuple(producers), (tuple(opened.items()), tuple(aborted), tuple(marked.items()))
 
 
 _DATA, _DATA_TXN, _ABORT, _COMMIT = range(4)

@@ -235,6 +235,8 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     # aborted ((producer id, first offset, marker offset), ...); see _host._scan_tail.
     open_transactions: tuple[tuple[int, int], ...] = ()
     aborted_transactions: tuple[tuple[int, int, int], ...] = ()
+    # (producer id, epoch of its last transaction marker): older epochs are fenced.
+    marked_epochs: tuple[tuple[int, int], ...] = ()
 
 
 class GroupsSaved(msgspec.Struct, frozen=True):

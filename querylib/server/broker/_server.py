@@ -94,6 +94,7 @@ from ._bookkeeping import BrokerLimits
 from ._disk import (
     OpenedPartition,
     find_partitions,
+    keep_transaction_history,
     open_partition,
     partition_path,
     purge_deleted,
@@ -143,6 +144,7 @@ from ._events import (
 )
 from ._frontier import SavedGroup, query_of_group
 from ._state import BrokerState
+from ._txn_index import TxnHistory
 from ._write_access import ADMIN, SYSTEM, admits
 from ._writer_group_store import GroupSaver, load_groups
 
@@ -294,7 +296,16 @@ class BrokerServer:
         for saver in list(self._savers.values()):
             await saver.close()
         loop = asyncio.get_running_loop()
-        for lane in self._lanes.values():
+        for pid, lane in self._lanes.items():
+            part = self.state.partitions.get(pid)
+            if part is not None:
+                # What the core knows of its transactions, through what it saw durable: the
+                # next opening walks only the log after it (`_disk.transaction_history`).
+                history = TxnHistory(part.visible_end, tuple(part.open_txns.items()),
+                                     tuple(part.aborted), tuple(part.marked_epochs.items()))
+                await loop.run_in_executor(
+                    self._append_pool, keep_transaction_history,
+                    partition_path(self.data_dir, pid), history)
             await loop.run_in_executor(self._append_pool, lane.log.close)
         self._lanes.clear()
         self._append_pool.shutdown(wait=True)

@@ -367,6 +367,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         part.producers.learn_all(ev.producers)
         part.open_txns.update(ev.open_transactions)
         part.aborted.extend(ev.aborted_transactions)
+        part.marked_epochs.update(ev.marked_epochs[-self.limits.max_producer_ids:])
         for producer_id, _ in ev.open_transactions:
             # Its epoch is not known here: 0 never fences a producer.
             part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)

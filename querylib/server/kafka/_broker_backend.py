@@ -791,9 +791,10 @@ class BrokerBackend:
     def transactions(self) -> TransactionCoordinator:
         return self._txns
 
-    async def write_txn(self, txn: Txn) -> None:
+    async def write_txn(self, *txns: Txn) -> None:
+        now = self._now_ms()
         await self._system.produce(TRANSACTIONS, encode_batch(
-            [(self._now_ms(), *txn.encode(), ())]), create=True)
+            [(now, *txn.encode(), ()) for txn in txns]), create=True)
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:

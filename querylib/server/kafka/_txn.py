@@ -10,12 +10,17 @@ transactional control batch of the producer, `records.transaction_marker_batch`)
 partition of the transaction, then, on commit, the pending offsets into `__consumer_offsets`.
 A transaction left open past its timeout is aborted (`expire`), its epoch bumped.
 
-Every change of a transaction's state is recorded before it takes effect, in
+Every change of a transaction's state is recorded before it takes effect (but one), in
 `__transaction_state` partition 0 of this broker (as Kafka's `__transaction_state`, in tq's
 log format: key the transactional id, value the JSON of `Txn`), so a restarted broker
 (`replay`, then `recover`) completes the transactions it was ending and aborts the open ones
 once their timeout passed: a SIGKILLed producer's transaction is aborted, and a producer
-restarted with the same transactional.id fences the old and goes on.
+restarted with the same transactional.id fences the old and goes on. The one exception:
+CompleteCommit/CompleteAbort, written by the completion task once the markers are durable,
+takes effect at once and is recorded with the id's next record (one batch, it first) or by
+the next `recover` round, whichever comes first: what it records is already true, and a
+coordinator restarted on the Prepare state before it writes the markers again (harmless), so
+the producer's next transaction does not wait for one more append.
 
 The coordinator is the group coordinator's broker (FindCoordinator key type 1 names the same
 broker as for groups), so TxnOffsetCommit meets the transaction it belongs to here. Markers are
@@ -107,8 +112,9 @@ class Txn:
 class TxnLog(Protocol):
     """What the coordinator needs of its broker (`BrokerBackend`)."""
 
-    async def write_txn(self, txn: Txn) -> None:
-        """Record the transaction's state in `__transaction_state`; durable when it returns."""
+    async def write_txn(self, *txns: Txn) -> None:
+        """Record the transactions' states in `__transaction_state`, in this order, in one
+        append; durable when it returns."""
         ...
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
@@ -138,15 +144,24 @@ class TransactionCoordinator:
         self.txns: dict[str, Txn] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
+        # Completed transactions whose CompleteCommit/CompleteAbort is not recorded yet
+        # (written before the id's next record, or by `recover`).
+        self._unrecorded: dict[str, Txn] = {}
         self._now = now_ms or (lambda: int(time.time() * 1000))
         self.completion_wait = completion_wait
 
     async def close(self) -> None:
-        """Stop the completions under way (what they had not recorded, `recover` finishes)."""
+        """Stop the completions under way (what they had not recorded, `recover` finishes),
+        and record the completed ends not recorded yet (best effort: a restarted coordinator
+        that does not find one writes its markers again)."""
         tasks = list(self._completions.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self._record_completed()
+        except TqError as exc:
+            logger.warning("transaction ends not recorded at close: %s", exc)
 
     # ---- replay and recovery ----------------------------------------------------------------
 
@@ -165,12 +180,21 @@ class TransactionCoordinator:
     async def recover(self) -> None:
         """Complete the transactions being ended whose markers are not all written (a broker
         stopped, or one holding a partition did not answer; writing a marker twice is
-        harmless), and wait for them. Called on start and then every round, with `expire`."""
+        harmless), and wait for them; record the completed ends no later record carried.
+        Called on start and then every round, with `expire`."""
+        await self._record_completed()
         tasks = [self._completing(transactional_id)
                  for transactional_id, txn in list(self.txns.items())
                  if txn.state in (PREPARE_COMMIT, PREPARE_ABORT)]
         if tasks:
             await asyncio.wait(tasks)
+            await self._record_completed()
+
+    async def _record_completed(self) -> None:
+        for transactional_id in list(self._unrecorded):
+            async with self._lock(transactional_id):
+                if transactional_id in self._unrecorded:
+                    await self._record(self._unrecorded[transactional_id])
 
     def _completing(self, transactional_id: str) -> asyncio.Task[None]:
         """The task completing the transaction of `transactional_id` (started if none is)."""
@@ -185,7 +209,7 @@ class TransactionCoordinator:
         async with self._lock(transactional_id):
             txn = self.txns[transactional_id]
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                await self._complete(txn)
+                await self._complete(txn, defer=True)
 
     def _finished(self, transactional_id: str, task: asyncio.Task[None]) -> None:
         if self._completions.get(transactional_id) is task:
@@ -400,10 +424,12 @@ class TransactionCoordinator:
         await self._record(txn)
         return await self._complete(txn)
 
-    async def _complete(self, txn: Txn) -> Txn:
-        """Write the markers (and, on commit, the offsets), then record the end. A marker
-        that cannot be written now raises, the transaction left prepared (`recover` and the
-        client's retry finish it); a partition that is gone needs none. Under the id's lock."""
+    async def _complete(self, txn: Txn, *, defer: bool = False) -> Txn:
+        """Write the markers (and, on commit, the offsets), then record the end (`defer`:
+        the end takes effect now and is recorded with the id's next record, see the module
+        docstring). A marker that cannot be written now raises, the transaction left
+        prepared (`recover` and the client's retry finish it); a partition that is gone
+        needs none. Under the id's lock."""
         commit = txn.state == PREPARE_COMMIT
         if txn.partitions:
             await self.log.write_markers(txn.partitions, txn.producer_id, txn.epoch, commit)
@@ -414,9 +440,20 @@ class TransactionCoordinator:
         done = txn.copy()
         done.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         done.partitions, done.offsets = [], {}
-        await self._record(done)
+        if defer:
+            self._unrecorded[done.transactional_id] = self.txns[done.transactional_id] = done
+        else:
+            await self._record(done)
         return done
 
     async def _record(self, txn: Txn) -> None:
-        await self.log.write_txn(txn)
+        """Record `txn` (after the id's completed end not recorded yet, in one append), then
+        let it take effect. Under the id's lock."""
+        before = self._unrecorded.get(txn.transactional_id)
+        if before is None or before is txn:
+            await self.log.write_txn(txn)
+        else:
+            await self.log.write_txn(before, txn)
+        if self._unrecorded.get(txn.transactional_id) is before:
+            self._unrecorded.pop(txn.transactional_id, None)
         self.txns[txn.transactional_id] = txn

@@ -48,8 +48,8 @@ class MemoryLog:
         self.gate: asyncio.Event | None = None
         self.next_id = 100
 
-    async def write_txn(self, txn: Txn) -> None:
-        self.records.append(txn.encode())
+    async def write_txn(self, *txns: Txn) -> None:
+        self.records.extend(txn.encode() for txn in txns)
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:
@@ -235,4 +235,39 @@ def test_a_transactional_id_belongs_to_its_first_principal() -> None:
                 await coordinator.init_producer_id("t", 60_000, other)
         await coordinator.init_producer_id("t", 60_000, "admin")
         await coordinator.init_producer_id("t", 60_000, "user:alice")
+    run(main())
+
+
+def test_the_next_transaction_does_not_wait_for_the_end_to_be_recorded() -> None:
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        await coordinator.end_txn("t", pid, epoch, True, "anonymous")
+        await wait_for_async(lambda: coordinator.txns["t"].state == COMPLETE_COMMIT,
+                             timeout=30, what="the completion")
+        # The markers are durable; the end is not recorded yet: a coordinator restarted now
+        # would write the markers again.
+        assert log.markers == [("a", 0, pid, epoch, True)]
+        assert log.states()[-1] == PREPARE_COMMIT
+        replayed = TransactionCoordinator(log)
+        replayed.replay(log.records)
+        assert replayed.txns["t"].state == PREPARE_COMMIT
+        # The next transaction's first record carries it, first.
+        await coordinator.add_partitions("t", pid, epoch, [("b", 0)], "anonymous")
+        assert log.states()[-3:] == [PREPARE_COMMIT, COMPLETE_COMMIT, ONGOING]
+        replayed = TransactionCoordinator(log)
+        replayed.replay(log.records)
+        assert replayed.txns["t"].state == ONGOING
+        assert replayed.txns["t"].partitions == [("b", 0)]
+        # Without a next record, the next round of `recover` records it.
+        await coordinator.end_txn("t", pid, epoch, False, "anonymous")
+        await wait_for_async(lambda: coordinator.txns["t"].state == COMPLETE_ABORT,
+                             timeout=30, what="the completion")
+        assert log.states()[-1] == PREPARE_ABORT
+        await coordinator.recover()
+        assert log.states()[-2:] == [PREPARE_ABORT, COMPLETE_ABORT]
+        await coordinator.recover()
+        assert log.states()[-2:] == [PREPARE_ABORT, COMPLETE_ABORT]  # once
     run(main())
