@@ -13,6 +13,7 @@ import pytest
 from querylib.broker import (
     AsyncProducer,
     AsyncSubscriber,
+    BrokerClosedError,
     BrokerLink,
     Data,
     OpenProducerRequest,
@@ -77,3 +78,39 @@ def test_only_the_port_writes_as_tq_and_rpc_cannot_borrow_its_sessions(tmp_path:
             await server.close()
 
     assert asyncio.run(main()) == [b"by tq", b"by tq again"]
+
+
+def test_a_produce_naming_another_principals_session_is_refused(tmp_path: Path) -> None:
+    """The request of every batch goes through the door's checks too (it is served without
+    a task per request): bob cannot write through alice's session, nor after the close."""
+    async def main() -> tuple[int, int]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        alice = BrokerLink(address, Credential("user:alice", principal_key(SECRET, "user:alice")),
+                           timeout=10)
+        bob = BrokerLink(address, Credential("user:bob", principal_key(SECRET, "user:bob")),
+                         timeout=10)
+        try:
+            for link in (alice, bob):
+                await link.start()
+            await alice.request(OpenProducerRequest(session=alice.session, topic="t",
+                                                    partition=0, create=True))
+            batch = encode_batch([(0, None, b"alice's", ())])
+            await alice.request(ProduceRequest(session=alice.session, topic="t", partition=0),
+                                payload=[batch])
+            with pytest.raises(PrincipalError, match="belongs to another principal"):
+                await bob.request(ProduceRequest(session=alice.session, topic="t",
+                                                 partition=0),
+                                  payload=[encode_batch([(0, None, b"bob's", ())])])
+            end = server.state.partition_info(("t", 0)).log_end
+            await server.close()
+            with pytest.raises(BrokerClosedError):
+                server._produce_over_rpc(ProduceRequest(session=alice.session, topic="t",
+                                                        partition=0), None)  # type: ignore[arg-type]
+            return end, server.state.partition_info(("t", 0)).log_end
+        finally:
+            await alice.close(clean=False)
+            await bob.close(clean=False)
+            await server.close()
+
+    assert asyncio.run(main()) == (1, 1)
