@@ -214,6 +214,7 @@ class Codec:
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
         self.role = role
         self.limits = limits = limits or Limits()
+        self._receive_bytes = limits.receive_bytes  # asked once per message
         self.session = session if session is not None else os.urandom(SESSION_BYTES)
         if len(self.session) != SESSION_BYTES:
             raise ValueError(f"a session id is {SESSION_BYTES} bytes")
@@ -326,8 +327,8 @@ class Codec:
         rest = frames[1:]
         lengths = [f.nbytes if type(f) is memoryview else len(f) for f in rest]  # _nbytes
         total = sum(lengths)
-        if total > limits.receive_bytes:
-            raise MessageTooLargeError(f"{total} bytes; at most {limits.receive_bytes}")
+        if total > self._receive_bytes:
+            raise MessageTooLargeError(f"{total} bytes; at most {self._receive_bytes}")
         signature = frames[0]
         if _nbytes(signature) != SIGNATURE_BYTES:
             raise BadSignatureError("no signature frame", reason="unsigned")

@@ -113,7 +113,16 @@ class ProducerStateTable:
         """The batch passed `check` and its append was issued (offsets not known yet): its
         mark, for `landed` once the append lands."""
         mark = BatchMark(first_seq, last_seq, ticket=ticket)
-        self._add(producer_id, epoch, mark)
+        state = self._producers.pop(producer_id, None)  # `_add`, inlined: once per batch
+        if state is None or state.epoch != epoch:
+            self._add(producer_id, epoch, mark)
+            return mark
+        state.last_seq = last_seq
+        batches = state.batches
+        batches.append(mark)
+        if len(batches) > self.max_batches:
+            batches.popleft()
+        self._producers[producer_id] = state
         return mark
 
     @staticmethod
