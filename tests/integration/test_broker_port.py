@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from querylib.broker import (
+    AdvanceRequest,
     AsyncProducer,
     AsyncSubscriber,
     BrokerClosedError,
@@ -22,7 +23,8 @@ from querylib.broker import (
     TopicAuthorizationError,
 )
 from querylib.broker.messages import OpenSessionRequest
-from querylib.records import encode_batch
+from querylib.records import encode_batch, read_header
+from querylib.records._types import CONTROL_BIT
 from querylib.rpc import Credential, SecretRejectedError, principal_key
 from querylib.server.broker import BrokerServer
 
@@ -105,7 +107,7 @@ def test_a_produce_naming_another_principals_session_is_refused(tmp_path: Path) 
             end = server.state.partition_info(("t", 0)).log_end
             await server.close()
             with pytest.raises(BrokerClosedError):
-                server._produce_over_rpc(ProduceRequest(session=alice.session, topic="t",
+                server._serve_now(ProduceRequest(session=alice.session, topic="t",
                                                         partition=0), None)  # type: ignore[arg-type]
             return end, server.state.partition_info(("t", 0)).log_end
         finally:
@@ -114,3 +116,38 @@ def test_a_produce_naming_another_principals_session_is_refused(tmp_path: Path) 
             await server.close()
 
     assert asyncio.run(main()) == (1, 1)
+
+
+def test_pipelined_requests_of_a_producer_are_appended_in_arrival_order(tmp_path: Path) -> None:
+    """A producer sends its frontier advances between its batches without waiting for
+    answers (`ProducerCore._issue`): the broker appends in arrival order, whichever requests
+    are served without a task, so the log holds each frontier where it was sent."""
+    async def main() -> list[str]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        link = BrokerLink(address, SECRET, timeout=10)
+        try:
+            await link.start()
+            await link.request(OpenProducerRequest(session=link.session, topic="t",
+                                                   partition=0, create=True))
+            requests = []
+            for t in range(1, 41):
+                requests.append(link.request(
+                    AdvanceRequest(session=link.session, topic="t", partition=0, frontier=t)))
+                requests.append(link.request(
+                    ProduceRequest(session=link.session, topic="t", partition=0),
+                    payload=[encode_batch([(0, None, b"at %d" % t, ())])]))
+            await asyncio.gather(*requests)
+            log = server.partition_log(("t", 0))
+            data = log.read(0, 1 << 20)
+        finally:
+            await link.close()
+            await server.close()
+        kinds, pos = [], 0
+        while pos < len(data):
+            header = read_header(data, pos)
+            kinds.append("frontier" if header.attributes & CONTROL_BIT else "data")
+            pos += header.size
+        return kinds
+
+    assert asyncio.run(main()) == ["frontier", "data"] * 40

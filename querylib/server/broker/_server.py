@@ -142,6 +142,9 @@ from ._state import BrokerState
 from ._write_access import ADMIN, SYSTEM, admits
 from ._writer_group_store import GroupSaver, load_groups
 
+# What a producer sends without waiting for answers, and must see appended in that order.
+_IN_ARRIVAL_ORDER = (ProduceRequest, AdvanceRequest, EndStreamRequest)
+
 # Partitions one WriteMarkersRequest may name: as many as one Kafka transaction may span.
 MAX_MARKER_PARTITIONS = 10_000
 
@@ -706,14 +709,16 @@ class BrokerServer:
         if session is not None and session.principal != principal:
             raise PrincipalError(f"session {session_id!r} belongs to another principal")
 
-    def _produce_over_rpc(self, request: ProduceRequest, ctx: Context) -> asyncio.Future[Any]:
-        """`_serve` for a ProduceRequest from an RPC client, with the same checks, run at once
-        by the RPC server (a direct handler: no task per batch)."""
+    def _serve_now(self, request: Any, ctx: Context) -> asyncio.Future[Any]:
+        """`_serve` for a producer's pipelined request from an RPC client (Produce, Advance,
+        EndStream: `_IN_ARRIVAL_ORDER`), with the same checks, run at once by the RPC server
+        (a direct handler: no task per batch). All three are fed to the core as they arrive,
+        so a producer's batches and frontiers are appended in the order it sent them."""
         if self._closing:
             raise BrokerClosedError("the broker is closed")
         if request.session:
             self._check_remote_session(request.session, ctx.principal)
-        return self._handlers[ProduceRequest](request, ctx.payload, ctx.peer, True)
+        return self._handlers[type(request)](request, ctx.payload, ctx.peer, True)
 
     def _call(self, peer: bytes | None, session: str,
               make: Callable[[Any], Stimulus]) -> asyncio.Future[Any]:
@@ -842,16 +847,17 @@ class BrokerServer:
                     raise result
             return MarkersWritten(gone=[r for r in results if isinstance(r, tuple)])
 
-        async def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
-                          remote: bool) -> Done:
+        # Not coroutines, as produce: `_serve_now` feeds them as they arrive.
+        def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
+                    remote: bool) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
-            return await self._call(peer, req.session,
-                                    lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
+            return self._call(peer, req.session,
+                              lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
 
-        async def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
-                             remote: bool) -> Done:
+        def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
+                       remote: bool) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
-            return await self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
+            return self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
 
         async def subscribe(req: SubscribeRequest, payload: list[Any], peer: bytes | None,
                             remote: bool) -> Subscribed:
@@ -886,8 +892,10 @@ class BrokerServer:
 
         for request_type in self._handlers:
             self._rpc.register(request_type, over_rpc)
-        # The request of every batch: the same door's checks, without a task per request.
-        self._rpc.register_direct(ProduceRequest, self._produce_over_rpc)
+        # A producer's pipelined requests, the one of every batch among them: the same door's
+        # checks, fed as they arrive, without a task per request.
+        for request_type in _IN_ARRIVAL_ORDER:
+            self._rpc.register_direct(request_type, self._serve_now)
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:
