@@ -39,6 +39,7 @@ being fetched holds the handshake until it comes, so a peer's first connection g
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import inspect
 import math
@@ -483,11 +484,11 @@ class RpcServer:
             return
         self._deadlines.track(local_id, ctx.deadline, (future, ctx))  # type: ignore[union-attr]
         self._tasks.add(future)
-        future.add_done_callback(
-            lambda done: self._direct_done(done, type(request).reply_type, header, ctx, local_id))
+        future.add_done_callback(functools.partial(self._direct_done, type(request).reply_type,
+                                                   header, ctx, local_id))
 
-    def _direct_done(self, future: asyncio.Future[Any], expected: type, header: Header,
-                     ctx: Context, local_id: int) -> None:
+    def _direct_done(self, expected: type, header: Header, ctx: Context, local_id: int,
+                     future: asyncio.Future[Any]) -> None:
         self._tasks.discard(future)
         if self._deadlines is not None:
             self._deadlines.forget(local_id)
