@@ -106,13 +106,17 @@ class Driver:
         self.recent.append(stimulus if slim is None else slim(stimulus))
         self.steps += 1
         try:
-            instructions = list(self._handle(stimulus))
+            instructions = self._handle(stimulus)
+            if type(instructions) is not list:
+                instructions = list(instructions)
         except Exception as exc:
             self._bug(stimulus, exc, f"handling {type(stimulus).__name__}")
             return
+        handlers = self._handlers
         for instruction in instructions:
             try:
-                self._handler(instruction)(instruction)
+                # Most instructions are of a registered type: one dict lookup per instruction.
+                (handlers.get(type(instruction)) or self._handler(instruction))(instruction)
             except Exception as exc:
                 self._bug(stimulus, exc, f"performing {type(instruction).__name__} "
                                          f"(after {type(stimulus).__name__})")

@@ -214,6 +214,7 @@ class Codec:
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
         self.role = role
         self.limits = limits = limits or Limits()
+        self._receive_bytes = limits.receive_bytes  # asked once per message
         self.session = session if session is not None else os.urandom(SESSION_BYTES)
         if len(self.session) != SESSION_BYTES:
             raise ValueError(f"a session id is {SESSION_BYTES} bytes")
@@ -326,8 +327,8 @@ class Codec:
         rest = frames[1:]
         lengths = [f.nbytes if type(f) is memoryview else len(f) for f in rest]  # _nbytes
         total = sum(lengths)
-        if total > limits.receive_bytes:
-            raise MessageTooLargeError(f"{total} bytes; at most {limits.receive_bytes}")
+        if total > self._receive_bytes:
+            raise MessageTooLargeError(f"{total} bytes; at most {self._receive_bytes}")
         signature = frames[0]
         if _nbytes(signature) != SIGNATURE_BYTES:
             raise BadSignatureError("no signature frame", reason="unsigned")
@@ -342,15 +343,20 @@ class Codec:
                 from exc
         if len(header.session) != SESSION_BYTES:
             raise MalformedMessageError("session id of the wrong length", reason="bad_header")
+        known = None
         if self.role == "client":
             signer = self._signer
         else:
-            signer = self._server_signer(header)
+            known = self._senders.get(header.session)
+            signer = self._server_signer(header, known)
         if not hmac.compare_digest(signature, signer._sign(rest, lengths)):
             raise BadSignatureError("signature does not verify (wrong key or altered)")
         self._guard.check(header.session, header.seq, header.sent_at, now)
         if self.role == "server":
-            self._remember(header.session, header.principal, signer)
+            if known is not None and known[1] is signer:
+                self._senders.move_to_end(header.session)  # `_remember` of a known sender
+            else:
+                self._remember(header.session, header.principal, signer)
         # Authentic and fresh from here on: errors carry the header so requests get answered.
         kind = header.kind
         if kind not in self._accepted:
@@ -380,11 +386,12 @@ class Codec:
                                         reason="bad_body", header=header) from exc
         return Incoming(header, body, list(rest[2:]))
 
-    def _server_signer(self, header: Header) -> Signer:
+    def _server_signer(self, header: Header, known: tuple[str, Signer] | None) -> Signer:
+        """The signer of the principal `header` names (`known`: what its session is known as,
+        if anything)."""
         principal = header.principal
         if not principal or len(principal) > _MAX_PRINCIPAL:
             raise BadSignatureError("no principal named", reason="unsigned")
-        known = self._senders.get(header.session)
         if known is not None and known[0] != principal:
             raise BadSignatureError("a session changed its principal")
         assert self.keyring is not None

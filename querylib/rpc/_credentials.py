@@ -33,6 +33,7 @@ Must not: touch sockets or the catalog; everything here is keys and files.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import secrets
@@ -271,6 +272,7 @@ class MasterKeyring(Keyring):
         return cached
 
 
+@functools.lru_cache(maxsize=4096)  # pure; asked once per message a server receives
 def _any_principal(principal: str) -> int | None:
     """Every principal that may hold a key (never `system` or `anonymous`), at generation 0."""
     try:

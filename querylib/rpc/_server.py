@@ -13,6 +13,10 @@ A peer's garbage never stops the receive loop: it is counted by reason, and answ
 error only when it was authentic enough to deserve an answer (signed, with a request header).
 Handlers are cancelled at their request's deadline, by one timer for all of them (wrap work
 that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
+A request type served once per record batch may register a *direct* handler
+(`register_direct`): a plain function that runs at once, inside the receive loop, and returns
+a future of the reply (or raises a TqError); the reply is sent when the future resolves, with
+no task per request (the future is cancelled at the deadline instead).
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
 its traceback and answered with InternalServerError.
 
@@ -35,6 +39,7 @@ being fetched holds the handshake until it comes, so a peer's first connection g
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import inspect
 import math
@@ -72,6 +77,7 @@ HANDSHAKE_INTERVAL = 10.0
 _ZAP_IN_USE = "something else serves ZAP (inproc://zeromq.zap.01) in this zmq context"
 
 Handler = Callable[[Any, "Context"], Awaitable[Any]]
+DirectHandler = Callable[[Any, "Context"], "asyncio.Future[Any]"]
 
 
 class Context:
@@ -114,7 +120,7 @@ async def _echo(request: Ping, ctx: Context) -> Pong:
     return Pong(request.data)
 
 
-def _cancel_expired(_local_id: int, entry: tuple[asyncio.Task[None], Context]) -> None:
+def _cancel_expired(_local_id: int, entry: tuple[asyncio.Future[Any], Context]) -> None:
     task, ctx = entry
     ctx.expired = True
     task.cancel()
@@ -145,10 +151,12 @@ class RpcServer:
         self._admitting: set[asyncio.Task[None]] = set()  # handshakes waiting for a key
         self._handlers: dict[type[Message], Handler] = {Ping: _echo}
         self.stats = RequestStats()  # what it served, by message type (the metrics read it)
+        self._direct: dict[type[Message], DirectHandler] = {}
         self._sock: zmq.Socket[Any] | None = None
         self._pump: FramePump | None = None
-        self._deadlines: DeadlineTimer[tuple[asyncio.Task[None], Context]] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._deadlines: DeadlineTimer[tuple[asyncio.Future[Any], Context]] | None = None
+        # Handler tasks, and the futures of direct handlers, running now.
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._peers: dict[bytes, bytes] = {}  # ROUTER identity -> session, for notify()
         self._drops = DropCounters()
         self.endpoint: str | None = None
@@ -176,6 +184,22 @@ class RpcServer:
         if not inspect.iscoroutinefunction(handler):
             raise TypeError(f"handler for {message_type.__name__} must be an async function")
         self._handlers[message_type] = handler
+        self._direct.pop(message_type, None)
+
+    def register_direct(self, message_type: type[Request], handler: DirectHandler) -> None:
+        """Serve `message_type` (a Request class) with a plain `def handler(req, ctx)` that
+        returns, without waiting, a future of its reply (or raises a TqError): it runs inside
+        the receive loop, so it must not block, and is meant for the request served once per
+        record batch (no task per request). The reply is sent once the future resolves; the
+        future is cancelled at the request's deadline."""
+        if not (isinstance(message_type, type) and issubclass(message_type, Request)
+                and message_type.rpc_tag is not None):
+            raise TypeError(f"{message_type!r} is not a tagged Request class")
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError(f"a direct handler for {message_type.__name__} returns a future; "
+                            "register a coroutine function with register()")
+        self._handlers[message_type] = _direct_marker
+        self._direct[message_type] = handler
 
     def route(self, message_type: type[Message]) -> Callable[[Handler], Handler]:
         """Decorator form of `register`."""
@@ -357,6 +381,9 @@ class RpcServer:
             assert deadlines is not None
             ctx = Context(self, peer, header, incoming.payload, loop.time() + header.ttl)
             local_id = deadlines.next_id()
+            if handler is _direct_marker:
+                self._serve_direct(incoming, ctx, local_id)
+                return
             task = loop.create_task(self._serve_request(handler, incoming, ctx, local_id))
             deadlines.track(local_id, ctx.deadline, (task, ctx))
         else:
@@ -449,6 +476,62 @@ class RpcServer:
             return
         self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
 
+    def _serve_direct(self, incoming: Incoming, ctx: Context, local_id: int) -> None:
+        """Run a direct handler now; its future's outcome is answered as a task's would be."""
+        header = incoming.header
+        request = incoming.body
+        began = time.perf_counter()
+        try:
+            future = self._direct[type(request)](request, ctx)
+        except TqError as exc:
+            self.stats.record(header.tag, time.perf_counter() - began, type(exc).__name__)
+            self._send_error(ctx.peer, header, exc)
+            return
+        except Exception as exc:
+            self.stats.record(header.tag, time.perf_counter() - began, "InternalServerError")
+            log.exception("rpc server %s: handler of %s failed", self.endpoint, header.tag)
+            self._send_error(ctx.peer, header, InternalServerError(
+                f"handler of {header.tag} failed: {type(exc).__name__}: {exc}"))
+            return
+        self._deadlines.track(local_id, ctx.deadline, (future, ctx))  # type: ignore[union-attr]
+        self._tasks.add(future)
+        future.add_done_callback(functools.partial(self._direct_done, type(request).reply_type,
+                                                   header, ctx, local_id, began))
+
+    def _direct_done(self, expected: type, header: Header, ctx: Context, local_id: int,
+                     began: float, future: asyncio.Future[Any]) -> None:
+        self._tasks.discard(future)
+        if self._deadlines is not None:
+            self._deadlines.forget(local_id)
+        if future.cancelled():
+            if ctx.expired:
+                self._drops["handler_deadline"] += 1
+                self.stats.record(header.tag, time.perf_counter() - began,
+                                  "DeadlineExceededError")
+            return  # else the server is closing
+        exc = future.exception()
+        self.stats.record(header.tag, time.perf_counter() - began,
+                          None if exc is None else type(exc).__name__
+                          if isinstance(exc, TqError) else "InternalServerError")
+        if exc is not None:
+            if isinstance(exc, TqError):
+                self._send_error(ctx.peer, header, exc)
+                return
+            log.error("rpc server %s: handler of %s failed", self.endpoint, header.tag,
+                      exc_info=exc)
+            self._send_error(ctx.peer, header, InternalServerError(
+                f"handler of {header.tag} failed: {type(exc).__name__}: {exc}"))
+            return
+        reply = future.result()
+        if not isinstance(reply, expected):
+            log.error("rpc server %s: handler of %s returned %r, not a %s", self.endpoint,
+                      header.tag, type(reply).__name__, expected.__name__)
+            self._send_error(ctx.peer, header, InternalServerError(
+                f"handler of {header.tag} returned {type(reply).__name__}, "
+                f"not {expected.__name__}"))
+            return
+        self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
+
     async def _serve_notify(self, handler: Handler, incoming: Incoming, ctx: Context) -> None:
         began = time.perf_counter()
         error: str | None = None
@@ -489,6 +572,11 @@ class RpcServer:
             else:
                 self._drops["send_error"] += 1
                 log.warning("rpc server %s: send failed: %s", self.endpoint, exc)
+
+
+async def _direct_marker(request: Any, ctx: Context) -> None:
+    """Stands in `_handlers` for a type served by a direct handler (never called)."""
+    raise AssertionError("direct handlers are called by _serve_direct")
 
 
 def _token_of(key: bytes, token: bytes) -> bool:

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from querylib.broker import (
+    AdvanceRequest,
     AsyncProducer,
     AsyncSubscriber,
+    BrokerClosedError,
     BrokerLink,
     Data,
     OpenProducerRequest,
@@ -21,7 +23,8 @@ from querylib.broker import (
     TopicAuthorizationError,
 )
 from querylib.broker.messages import OpenSessionRequest
-from querylib.records import encode_batch
+from querylib.records import encode_batch, read_header
+from querylib.records._types import CONTROL_BIT
 from querylib.rpc import Credential, SecretRejectedError, principal_key
 from querylib.server.broker import BrokerServer
 
@@ -77,3 +80,74 @@ def test_only_the_port_writes_as_tq_and_rpc_cannot_borrow_its_sessions(tmp_path:
             await server.close()
 
     assert asyncio.run(main()) == [b"by tq", b"by tq again"]
+
+
+def test_a_produce_naming_another_principals_session_is_refused(tmp_path: Path) -> None:
+    """The request of every batch goes through the door's checks too (it is served without
+    a task per request): bob cannot write through alice's session, nor after the close."""
+    async def main() -> tuple[int, int]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        alice = BrokerLink(address, Credential("user:alice", principal_key(SECRET, "user:alice")),
+                           timeout=10)
+        bob = BrokerLink(address, Credential("user:bob", principal_key(SECRET, "user:bob")),
+                         timeout=10)
+        try:
+            for link in (alice, bob):
+                await link.start()
+            await alice.request(OpenProducerRequest(session=alice.session, topic="t",
+                                                    partition=0, create=True))
+            batch = encode_batch([(0, None, b"alice's", ())])
+            await alice.request(ProduceRequest(session=alice.session, topic="t", partition=0),
+                                payload=[batch])
+            with pytest.raises(PrincipalError, match="belongs to another principal"):
+                await bob.request(ProduceRequest(session=alice.session, topic="t",
+                                                 partition=0),
+                                  payload=[encode_batch([(0, None, b"bob's", ())])])
+            end = server.state.partition_info(("t", 0)).log_end
+            await server.close()
+            with pytest.raises(BrokerClosedError):
+                server._serve_now(ProduceRequest(session=alice.session, topic="t",
+                                                        partition=0), None)  # type: ignore[arg-type]
+            return end, server.state.partition_info(("t", 0)).log_end
+        finally:
+            await alice.close(clean=False)
+            await bob.close(clean=False)
+            await server.close()
+
+    assert asyncio.run(main()) == (1, 1)
+
+
+def test_pipelined_requests_of_a_producer_are_appended_in_arrival_order(tmp_path: Path) -> None:
+    """A producer sends its frontier advances between its batches without waiting for
+    answers (`ProducerCore._issue`): the broker appends in arrival order, whichever requests
+    are served without a task, so the log holds each frontier where it was sent."""
+    async def main() -> list[str]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        link = BrokerLink(address, SECRET, timeout=10)
+        try:
+            await link.start()
+            await link.request(OpenProducerRequest(session=link.session, topic="t",
+                                                   partition=0, create=True))
+            requests = []
+            for t in range(1, 41):
+                requests.append(link.request(
+                    AdvanceRequest(session=link.session, topic="t", partition=0, frontier=t)))
+                requests.append(link.request(
+                    ProduceRequest(session=link.session, topic="t", partition=0),
+                    payload=[encode_batch([(0, None, b"at %d" % t, ())])]))
+            await asyncio.gather(*requests)
+            log = server.partition_log(("t", 0))
+            data = log.read(0, 1 << 20)
+        finally:
+            await link.close()
+            await server.close()
+        kinds, pos = [], 0
+        while pos < len(data):
+            header = read_header(data, pos)
+            kinds.append("frontier" if header.attributes & CONTROL_BIT else "data")
+            pos += header.size
+        return kinds
+
+    assert asyncio.run(main()) == ["frontier", "data"] * 40

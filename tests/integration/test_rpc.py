@@ -397,3 +397,49 @@ def test_push_to_a_client_that_stops_reading_fails_fast() -> None:
                         pass
                     await asyncio.sleep(0.005)
     run(test)
+
+
+def test_a_direct_handler_answers_as_a_task_would() -> None:
+    """`register_direct`: the handler runs at once and returns a future of the reply; its
+    errors (raised at once or through the future), a wrong reply type, its attached payload
+    and its deadline are answered as a coroutine handler's are."""
+    async def test() -> None:
+        async with served() as (server, client, handlers):
+            futures: list[asyncio.Future[Any]] = []
+
+            def direct(request: Fetch, ctx: Any) -> asyncio.Future[Any]:
+                if request.fail == "at_once":
+                    raise ShelfEmptyError(f"shelf {request.token} is empty, said at once")
+                if request.fail == "bug_at_once":
+                    raise ZeroDivisionError("direct handler bug")
+                future = asyncio.ensure_future(handlers.fetch(request, ctx))
+                futures.append(future)
+                return future
+
+            server.register_direct(Fetch, direct)
+            with pytest.raises(TypeError):
+                server.register_direct(Fetch, handlers.fetch)  # a coroutine function
+            reply, back = await client.exchange(Fetch(1), payload=[b"batch"])
+            assert reply == FetchReply(1) and [bytes(f) for f in back] == [b"batch"]
+            with pytest.raises(ShelfEmptyError, match="said at once"):
+                await client.request(Fetch(2, fail="at_once"))
+            with pytest.raises(ShelfEmptyError, match="shelf 3 is empty"):
+                await client.request(Fetch(3, fail="empty"))
+            with pytest.raises(InternalServerError, match="ZeroDivisionError"):
+                await client.request(Fetch(4, fail="bug_at_once"))
+            with pytest.raises(InternalServerError, match="ZeroDivisionError"):
+                await client.request(Fetch(5, fail="bug"))
+            with pytest.raises(InternalServerError, match="WrongReply"):
+                await client.request(Fetch(6, fail="wrong_reply"))
+            handlers.gate(7)  # never opened: the deadline cancels the handler's future
+            with pytest.raises(DeadlineExceededError):
+                await client.request(Fetch(7), timeout=0.2)
+            await wait_for_async(lambda: server.counters.get("handler_deadline") == 1,
+                                 what="the server cancelled the direct handler's future")
+            assert futures[-1].cancelled()
+            assert await client.request(Fetch(8)) == FetchReply(8)
+            # Registering a coroutine handler again replaces the direct one.
+            server.register(Fetch, handlers.fetch)
+            assert await client.request(Fetch(9)) == FetchReply(9)
+            assert len(futures) == 6  # 1, 3, 5, 6, 7, 8: the coroutine handler served 9
+    run(test)

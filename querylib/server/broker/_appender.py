@@ -179,8 +179,12 @@ class AppendLane:
 
     def _append(self, group: list[tuple[int, Any]]) -> list[Stimulus]:
         log = self.log
+        ends: list[int] | None = None
         try:
             bases: list[int | TqError] = list(log.append_batches([b for _, b in group]))
+            # Appended back to back: each batch ends where the next begins, the last at the
+            # log's end (no header read again per batch).
+            ends = [*bases[1:], log.log_end_offset]  # type: ignore[list-item]
         except RecordError:
             # One bad batch refuses the whole group before anything is written: append them
             # one by one so only the bad one fails.
@@ -195,12 +199,17 @@ class AppendLane:
         self._maybe_apply_retention()
         durable, start = log.durable_end_offset, log.log_start_offset
         out: list[Stimulus] = []
+        pid = self.pid
+        if ends is not None:
+            for (ticket, _), base, nxt in zip(group, bases, ends, strict=True):
+                out.append(AppendCompleted(pid, ticket, base, nxt, start, durable))
+            return out
         for (ticket, batch), base in zip(group, bases, strict=True):
             if isinstance(base, TqError):
-                out.append(AppendFailed(self.pid, ticket, base))
+                out.append(AppendFailed(pid, ticket, base))
             else:
                 nxt = base + read_header(batch_head(batch)).last_offset_delta + 1
-                out.append(AppendCompleted(self.pid, ticket, base, nxt, start, durable))
+                out.append(AppendCompleted(pid, ticket, base, nxt, start, durable))
         return out
 
     def _flush(self) -> list[Stimulus]:

@@ -14,7 +14,7 @@ from querylib.broker._credit import CreditWindow
 
 from ._events import PartitionId
 from ._frontier import FrontierEvent, PartitionFrontier
-from ._idempotence import ProducerStateTable
+from ._idempotence import BatchMark, ProducerStateTable
 
 
 class BrokerLimits(msgspec.Struct, frozen=True):
@@ -59,7 +59,8 @@ class Pending(msgspec.Struct):
     base: int = -1
     next: int = -1
     stored: bytes | None = None  # the batch with its base offset stamped, made on first use
-    seq: tuple[int, int] | None = None  # (producer id, first sequence) of an idempotent batch
+    # (producer id, its mark in the partition's ProducerStateTable) of an idempotent batch
+    seq: tuple[int, BatchMark] | None = None
     # A Kafka transaction's batch: (producer id, TXN_DATA) for its records, (producer id,
     # ControlType.ABORT or COMMIT) for the marker that ends it here.
     txn: tuple[int, int] | None = None

@@ -9,8 +9,9 @@ broker can tell a batch it already appended from a new one and answer the old on
 offsets it got then instead of appending it twice.
 
 Pure bookkeeping: no I/O, no clocks. The broker core asks `check` before it appends, tells
-`appended` when it issues the append, `stored` when the append landed (offsets), `failed` when
-it did not; a partition opening learns the producers from its log's tail with `learn`.
+`appended` when it issues the append (which returns the batch's mark), `stored` when the append
+landed (the core sets the offsets on the mark it holds: no search per batch), `failed` when it
+did not; a partition opening learns the producers from its log's tail with `learn`.
 
 Rules (Kafka's, with the leniencies that make sense when the broker cannot know more):
 - Batches without a producer (producerId or baseSequence -1) are not tracked.
@@ -33,7 +34,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from querylib.broker._errors import DuplicateSequenceError, OutOfOrderSequenceError
 from querylib.records import SEQUENCE_MODULUS
@@ -52,9 +52,11 @@ def _behind(seq: int, last: int) -> bool:
     return (last - seq) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2
 
 
-class BatchMark(NamedTuple):
+@dataclass(slots=True)
+class BatchMark:
     """One appended batch of a producer: its sequence range and where it landed. `base_offset`
-    and `next_offset` are -1 while the append is in flight; `ticket` names that append."""
+    and `next_offset` are -1 while the append is in flight; `ticket` names that append (-1
+    once it landed). Set once it lands (`stored`), never changed after."""
 
     first_seq: int
     last_seq: int
@@ -107,21 +109,40 @@ class ProducerStateTable:
             f"{state.last_seq}: batches arrived out of order")
 
     def appended(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
-                 ticket: int) -> None:
-        """The batch passed `check` and its append was issued (offsets not known yet)."""
-        self._add(producer_id, epoch, BatchMark(first_seq, last_seq, ticket=ticket))
+                 ticket: int) -> BatchMark:
+        """The batch passed `check` and its append was issued (offsets not known yet): its
+        mark, for `landed` once the append lands."""
+        mark = BatchMark(first_seq, last_seq, ticket=ticket)
+        state = self._producers.pop(producer_id, None)  # `_add`, inlined: once per batch
+        if state is None or state.epoch != epoch:
+            self._add(producer_id, epoch, mark)
+            return mark
+        state.last_seq = last_seq
+        batches = state.batches
+        batches.append(mark)
+        if len(batches) > self.max_batches:
+            batches.popleft()
+        self._producers[producer_id] = state
+        return mark
+
+    @staticmethod
+    def landed(mark: BatchMark, base_offset: int, next_offset: int) -> None:
+        """The append of the batch `appended` returned `mark` for landed at [base_offset,
+        next_offset) (a mark forgotten meanwhile, evicted, is set all the same: unread)."""
+        mark.base_offset = base_offset
+        mark.next_offset = next_offset
+        mark.ticket = -1
 
     def stored(self, producer_id: int, first_seq: int, base_offset: int,
                next_offset: int) -> None:
-        """The append of that batch landed at [base_offset, next_offset)."""
+        """The append of that batch landed at [base_offset, next_offset) (`landed`, for a
+        caller that kept no mark)."""
         state = self._producers.get(producer_id)
         if state is None:
             return  # forgotten meanwhile (evicted): nothing to note
-        for i in range(len(state.batches) - 1, -1, -1):
-            mark = state.batches[i]
+        for mark in reversed(state.batches):
             if mark.first_seq == first_seq and mark.base_offset < 0:
-                state.batches[i] = BatchMark(mark.first_seq, mark.last_seq, base_offset,
-                                             next_offset, -1)
+                self.landed(mark, base_offset, next_offset)
                 return
 
     def failed(self, producer_id: int, first_seq: int) -> None:

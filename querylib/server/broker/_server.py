@@ -148,6 +148,9 @@ from ._txn_index import TxnHistory
 from ._write_access import ADMIN, SYSTEM, admits
 from ._writer_group_store import GroupSaver, load_groups
 
+# What a producer sends without waiting for answers, and must see appended in that order.
+_IN_ARRIVAL_ORDER = (ProduceRequest, AdvanceRequest, EndStreamRequest)
+
 # Partitions one WriteMarkersRequest may name: as many as one Kafka transaction may span.
 MAX_MARKER_PARTITIONS = 10_000
 
@@ -716,12 +719,7 @@ class BrokerServer:
         if remote:
             session_id = getattr(request, "session", None)
             if session_id:
-                if session_id in self._local or session_id.startswith(LOCAL_SESSIONS):
-                    raise PrincipalError("that session belongs to the broker's own process; "
-                                         "open one of your own")
-                session = self.state.sessions.get(session_id)
-                if session is not None and session.principal != principal:
-                    raise PrincipalError(f"session {session_id!r} belongs to another principal")
+                self._check_remote_session(session_id, principal)
             if type(request) is ProduceRequest:
                 pass  # the usual request (one per batch): none of the checks below is its
             elif isinstance(request, OpenSessionRequest):
@@ -742,6 +740,27 @@ class BrokerServer:
                 raise PrincipalError(f"{principal} may not drop partitions: only the admin may "
                                      "(under a coordinator, `tq topic delete` drops them)")
         return await handler(request, payload, peer, remote)
+
+    def _check_remote_session(self, session_id: str, principal: str | None) -> None:
+        """An RPC client uses a session of its own: not one of the broker's process, not one
+        another principal opened."""
+        if session_id in self._local or session_id.startswith(LOCAL_SESSIONS):
+            raise PrincipalError("that session belongs to the broker's own process; open one "
+                                 "of your own")
+        session = self.state.sessions.get(session_id)
+        if session is not None and session.principal != principal:
+            raise PrincipalError(f"session {session_id!r} belongs to another principal")
+
+    def _serve_now(self, request: Any, ctx: Context) -> asyncio.Future[Any]:
+        """`_serve` for a producer's pipelined request from an RPC client (Produce, Advance,
+        EndStream: `_IN_ARRIVAL_ORDER`), with the same checks, run at once by the RPC server
+        (a direct handler: no task per batch). All three are fed to the core as they arrive,
+        so a producer's batches and frontiers are appended in the order it sent them."""
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        if request.session:
+            self._check_remote_session(request.session, ctx.principal)
+        return self._handlers[type(request)](request, ctx.payload, ctx.peer, True)
 
     def _call(self, peer: bytes | None, session: str,
               make: Callable[[Any], Stimulus]) -> asyncio.Future[Any]:
@@ -843,8 +862,13 @@ class BrokerServer:
             else:
                 raise BrokerProtocolError(f"a produce carries one record batch, in one payload "
                                           f"frame or two (header, records), not {len(payload)}")
-            pid = (req.topic, req.partition)
-            return self._call(peer, req.session, lambda t: Produce(t, req.session, pid, batch))
+            # `_call`, inlined: this runs once per batch.
+            future: asyncio.Future[Produced] = asyncio.get_running_loop().create_future()
+            session = req.session
+            self._feed(Produce(future, session, (req.topic, req.partition), batch))
+            if peer is not None and session in self.state.sessions:
+                self._peers[session] = peer
+            return future
 
         async def write_markers(req: WriteMarkersRequest, payload: list[Any],
                                 peer: bytes | None, remote: bool) -> MarkersWritten:
@@ -880,16 +904,17 @@ class BrokerServer:
                     raise result
             return MarkersWritten(gone=[r for r in results if isinstance(r, tuple)])
 
-        async def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
-                          remote: bool) -> Done:
+        # Not coroutines, as produce: `_serve_now` feeds them as they arrive.
+        def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
+                    remote: bool) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
-            return await self._call(peer, req.session,
-                                    lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
+            return self._call(peer, req.session,
+                              lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
 
-        async def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
-                             remote: bool) -> Done:
+        def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
+                       remote: bool) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
-            return await self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
+            return self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
 
         async def subscribe(req: SubscribeRequest, payload: list[Any], peer: bytes | None,
                             remote: bool) -> Subscribed:
@@ -925,6 +950,10 @@ class BrokerServer:
 
         for request_type in self._handlers:
             self._rpc.register(request_type, over_rpc)
+        # A producer's pipelined requests, the one of every batch among them: the same door's
+        # checks, fed as they arrive, without a task per request.
+        for request_type in _IN_ARRIVAL_ORDER:
+            self._rpc.register_direct(request_type, self._serve_now)
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:

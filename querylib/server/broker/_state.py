@@ -498,13 +498,14 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                     f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
                     f"its transactions here ended at epoch {marked}")
             txn = (header.producer_id, TXN_DATA)
-        seq = None
-        if header.producer_id >= 0 and header.base_sequence >= 0:  # an idempotent producer's
-            seq = (header.producer_id, header.producer_epoch, header.base_sequence,
-                   last_sequence(header.base_sequence, header.last_offset_delta))
+        producer_id, first_seq = header.producer_id, header.base_sequence
+        idempotent = producer_id >= 0 and first_seq >= 0
+        if idempotent:
+            last_seq = last_sequence(first_seq, header.last_offset_delta)
             # Before the stream's state is looked at: a batch sent again is answered as the
             # first time, even once the stream ended after it.
-            if (mark := part.producers.check(*seq)) is not None:
+            mark = part.producers.check(producer_id, header.producer_epoch, first_seq, last_seq)
+            if mark is not None:
                 return self._duplicate(part, mark, ev.token)
         if resending or part.frontier.ended:
             raise StreamEndedError(
@@ -513,10 +514,11 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 "explicitly")
         self._charge(session, size)
         append = self._append(part, batch, ev.token, session.id, size, "produced")
-        if seq is not None:
-            part.producers.appended(*seq, append.ticket)
-            part.inflight[-1].seq = (seq[0], seq[2])
-        part.inflight[-1].txn = txn
+        entry = part.inflight[-1]
+        if idempotent:
+            entry.seq = (producer_id, part.producers.appended(
+                producer_id, header.producer_epoch, first_seq, last_seq, append.ticket))
+        entry.txn = txn
         return [append]
 
     @staticmethod
@@ -650,7 +652,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         part, entry = self._take_inflight(ev.partition, ev.ticket)
         entry.base, entry.next = ev.base_offset, ev.next_offset
         if entry.seq is not None:
-            part.producers.stored(*entry.seq, ev.base_offset, ev.next_offset)
+            ProducerStateTable.landed(entry.seq[1], ev.base_offset, ev.next_offset)
         if entry.txn is not None and entry.txn[1] == TXN_DATA \
                 and entry.txn[0] not in part.open_txns:
             part.open_txns[entry.txn[0]] = ev.base_offset
@@ -667,7 +669,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         part, entry = self._take_inflight(ev.partition, ev.ticket)
         self._refund(entry)
         if entry.seq is not None:
-            part.producers.failed(*entry.seq)
+            part.producers.failed(entry.seq[0], entry.seq[1].first_seq)
         error = ev.error if isinstance(ev.error, TqError) else StorageError(
             f"append failed: {ev.error}")
         tokens = [t for t, _ in entry.waiters]
