@@ -4,8 +4,9 @@
     GET  /                    the single page (every view is drawn by static/console.js)
     GET  /static/...          its script and style, shipped in the package (no CDN)
     GET  /api/state           the model's view as JSON
-    GET  /api/events          the same, as server-sent events: one `state` event at once and
-                              one after each change (at most `max_rate` a second)
+    GET  /api/events          the view (without `me`), as server-sent events: one `state`
+                              event at once and one after each change (at most `max_rate` a
+                              second, one every two seconds by default), built once for all streams
     GET  /api/queries/{id}/logs   its output lines as server-sent events (`lines`), what
                               exists, then what comes
     POST /api/queries/{id}/kill   kill a query, as the logged-in principal
@@ -129,7 +130,7 @@ Lines = Callable[[int], AsyncIterator[list[dict[str, Any]]]]
 def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
               lines: Lines, *, delete: Delete | None = None,
               metrics: Callable[[], bytes] | None = None,
-              max_rate: float = 4.0) -> Starlette:
+              max_rate: float = 0.5) -> Starlette:
     """The console's ASGI application over `model` (see the module docstring)."""
 
     def refuse_reader(request: Request) -> Response | None:
@@ -144,6 +145,15 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
 
     async def state(request: Request) -> Response:
         return refuse_reader(request) or JSONResponse(_state(model, access, request))
+
+    # The view as JSON, built once per change however many pages watch (each event stream
+    # sends the same text; who is logged in comes with /api/state, once per page).
+    cached: dict[str, Any] = {"count": -1, "text": ""}
+
+    def view_text() -> str:
+        if cached["count"] != changes.count:
+            cached["count"], cached["text"] = changes.count, json.dumps(model.view())
+        return str(cached["text"])
 
     async def events(request: Request) -> Response:
         refused = refuse_reader(request)
@@ -160,7 +170,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
                     yield ": still here\n\n"  # a comment: keeps proxies and the browser calm
                     continue
                 seen = now
-                yield f"event: state\ndata: {json.dumps(_state(model, access, request))}\n\n"
+                yield f"event: state\ndata: {view_text()}\n\n"
                 await asyncio.sleep(1.0 / max_rate)
 
         return StreamingResponse(stream(), media_type="text/event-stream",

@@ -3,6 +3,7 @@
 "use strict";
 
 let state = null;
+let me = null;  // who is logged in: from /api/state, once (the event stream is the same for all)
 let logs = null;  // { queryId, source: EventSource, lines: [] } while a query's page is open
 const MAX_LINES = 1000;
 
@@ -329,14 +330,19 @@ function draw() {
   for (const a of document.querySelectorAll("nav a")) {
     a.classList.toggle("active", a.dataset.view === (view || "overview"));
   }
-  const me = document.getElementById("me");
-  me.replaceChildren(state.me ? `logged in as ${state.me}` : el("a", { href: "/login" }, "log in"));
+  document.getElementById("me").replaceChildren(me ? `logged in as ${me}` : el("a", { href: "/login" }, "log in"));
 }
 
 function connect() {
+  fetch("/api/state").then(reply => reply.ok ? reply.json() : null).then(body => {
+    if (body) { me = body.me; draw(); }
+  }).catch(() => {});
   const status = document.getElementById("status");
   const events = new EventSource("/api/events");
+  let last = "";
   events.addEventListener("state", message => {
+    if (message.data === last) return;  // nothing new: no redraw
+    last = message.data;
     state = JSON.parse(message.data);
     status.textContent = "live";
     status.className = "status live";
