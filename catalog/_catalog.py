@@ -22,6 +22,7 @@ Must not: read clocks, do I/O, or mutate state before a command has been fully c
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import msgspec
 
@@ -230,36 +231,36 @@ class Catalog:
         return iter(self._collections.items())
 
     @property
-    def sessions(self) -> Collection[Record]:
-        return self._collections["sessions"]
+    def sessions(self) -> Collection[Session]:
+        return cast("Collection[Session]", self._collections["sessions"])
 
     @property
-    def brokers(self) -> Collection[Record]:
-        return self._collections["brokers"]
+    def brokers(self) -> Collection[Broker]:
+        return cast("Collection[Broker]", self._collections["brokers"])
 
     @property
-    def executors(self) -> Collection[Record]:
-        return self._collections["executors"]
+    def executors(self) -> Collection[Executor]:
+        return cast("Collection[Executor]", self._collections["executors"])
 
     @property
-    def queries(self) -> Collection[Record]:
-        return self._collections["queries"]
+    def queries(self) -> Collection[Query]:
+        return cast("Collection[Query]", self._collections["queries"])
 
     @property
-    def topics(self) -> Collection[Record]:
-        return self._collections["topics"]
+    def topics(self) -> Collection[Topic]:
+        return cast("Collection[Topic]", self._collections["topics"])
 
     @property
-    def publications(self) -> Collection[Record]:
-        return self._collections["publications"]
+    def publications(self) -> Collection[Publication]:
+        return cast("Collection[Publication]", self._collections["publications"])
 
     @property
-    def subscriptions(self) -> Collection[Record]:
-        return self._collections["subscriptions"]
+    def subscriptions(self) -> Collection[Subscription]:
+        return cast("Collection[Subscription]", self._collections["subscriptions"])
 
     @property
-    def users(self) -> Collection[Record]:
-        return self._collections["users"]
+    def users(self) -> Collection[User]:
+        return cast("Collection[User]", self._collections["users"])
 
     def user(self, principal: str) -> User | None:
         """The named principal (`user:NAME`, `executor:NAME`), or None."""

@@ -47,6 +47,7 @@ from catalog import (
     QueryState,
     RemoveUser,
     RotateUser,
+    Session,
     SessionKind,
     SessionRef,
     Topic,
@@ -155,7 +156,8 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
                             "coordinator allows; close some (or wait for their leases)")
     change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms,
                                      principal=call.principal), call.now, call.wall_ms)
-    session_id = change.created.session_id  # type: ignore[union-attr]
+    assert isinstance(change.created, Session)
+    session_id = change.created.session_id
     state.leases.grant(session_id, lease_ms / 1000, call.now)
     if binding is not None:
         state.bind(session_id, binding)

@@ -64,6 +64,7 @@ from querylib.records import (
     encode_batch,
     encode_int64,
 )
+from querylib.records import Record as LogRecord
 
 from ._events import Persist
 
@@ -249,7 +250,7 @@ def _need(headers: dict[str, int], name: str, topic: str, offset: int) -> int:
     return value
 
 
-def _value(topic: str, collection: str, record: object, offset: int) -> Record:
+def _value(topic: str, collection: str, record: LogRecord, offset: int) -> Record:
     value = record.value
     if value is None:
         raise CorruptCatalogError(f"{topic} offset {offset}: a record without a value")

@@ -93,7 +93,8 @@ def place_processes(catalog: Catalog, processes: int,
     if only_free and free_slots(catalog, used) < processes:
         return None
     loads = loads or {}
-    cpu = {e.executor_id: (loads[e.session_id].cpu_percent if e.session_id in loads else 0.0)
+    cpu = {e.executor_id: (loads[e.session_id].cpu_percent
+                           if e.session_id is not None and e.session_id in loads else 0.0)
            for e in executors}
     placement = []
     for _ in range(processes):

@@ -481,8 +481,8 @@ class Coordinator:
             by_executor.setdefault((executor_id, session_id), []).append(process)
         for (executor_id, session_id), processes in by_executor.items():
             peer = None if session_id is None else self._peers.get(session_id)
-            if peer is None:  # it left (the core failed the query) or never spoke to us
-                self.counters["notify_failed"] += 1
+            if session_id is None or peer is None:  # it left (the core failed the query) or
+                self.counters["notify_failed"] += 1  # never spoke to us
                 continue
             try:
                 self._rpc.notify(peer, m.SpawnProcesses(
