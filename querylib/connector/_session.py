@@ -143,12 +143,12 @@ class Session:
             return []
         events: list[Event] = []
         try:
-            data = self._before_decoder(data)
-            if data is None:
+            sniffed = self._before_decoder(data)
+            if sniffed is None:
                 return events
             decoder = self._decoder
             assert decoder is not None
-            decoder.feed(data)
+            decoder.feed(sniffed)
             while self._state not in _TERMINAL:
                 raw = decoder.next_raw()
                 if raw is None:

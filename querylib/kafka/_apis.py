@@ -179,7 +179,7 @@ def is_supported(api_key: int, version: int) -> bool:
 
 
 @functools.cache
-def _payload_class(api_key: int, version: int, entity_type: EntityType) -> type:
+def _payload_class(api_key: int, version: int, entity_type: EntityType) -> type[Any]:
     module = load_payload_module(api_key, version, entity_type)  # type: ignore[arg-type]
     name = ApiKey(api_key).name.title().replace("_", "")
     suffix = "Request" if entity_type is EntityType.request else "Response"
@@ -337,7 +337,7 @@ def _writer(cls: type) -> Callable[[Any, Any], None]:
 
 def encode_response(response: Any) -> bytes:
     buffer = io.BytesIO()
-    _writer(type(response))(buffer, response)
+    _writer(response.__class__)(buffer, response)
     return buffer.getvalue()
 
 

@@ -40,7 +40,7 @@ import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -59,7 +59,7 @@ from ._errors import (
     UnknownPrincipalKeyError,
     UnsupportedRequestError,
 )
-from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
+from ._messages import ErrorBody, Header, Kind, Message, Notify, Ping, Pong, Reply, Request
 from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
 from ._zap import Verdict, admit_through, stop_admitting
 
@@ -142,7 +142,7 @@ class RpcServer:
         self._context = context or zmq.Context.instance()
         self._domain = b"tq-rpc-" + self._codec.session.hex().encode()  # our ZAP domain
         self._admitting: set[asyncio.Task[None]] = set()  # handshakes waiting for a key
-        self._handlers: dict[type[Message], Handler] = {Ping: _echo}
+        self._handlers: dict[type[Message | ErrorBody], Handler] = {Ping: _echo}
         self._sock: zmq.Socket[Any] | None = None
         self._pump: FramePump | None = None
         self._deadlines: DeadlineTimer[tuple[asyncio.Task[None], Context]] | None = None
@@ -411,7 +411,7 @@ class RpcServer:
     async def _serve_request(self, handler: Handler, incoming: Incoming, ctx: Context,
                              local_id: int) -> None:
         header = incoming.header
-        request = incoming.body
+        request = cast("Request[Any]", incoming.body)  # a request's body: its handler was found
         try:
             reply = await handler(request, ctx)
         except asyncio.CancelledError:
