@@ -3,15 +3,20 @@ partition's log start (Kafka's DeleteRecords). Blocking, for tools and the coord
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from querylib.rpc import BROKER, BlockingClient
 
 from ._session import CLIENT_LIMITS
 from .messages import DeleteRecordsRequest, ListPartitions, PartitionInfo
 
+if TYPE_CHECKING:
+    from querylib.rpc import Credential
+
 __all__ = ["delete_records", "list_partitions"]
 
 
-def list_partitions(address: str, secret: bytes, topic: str = "", *,
+def list_partitions(address: str, secret: bytes | Credential, topic: str = "", *,
                     timeout: float = 10.0) -> list[PartitionInfo]:
     """The partitions a broker hosts (of `topic`, or all)."""
     with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
@@ -19,8 +24,8 @@ def list_partitions(address: str, secret: bytes, topic: str = "", *,
         return client.request(ListPartitions(topic=topic)).partitions
 
 
-def delete_records(address: str, secret: bytes, topic: str, partition: int, offset: int, *,
-                   timeout: float = 10.0) -> PartitionInfo:
+def delete_records(address: str, secret: bytes | Credential, topic: str, partition: int,
+                   offset: int, *, timeout: float = 10.0) -> PartitionInfo:
     """Move a partition's log start up to `offset` (-1: its end) on the broker hosting it
     (Kafka's DeleteRecords; the topic's writers and the admin may): the partition after."""
     with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,

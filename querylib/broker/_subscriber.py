@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -50,6 +50,9 @@ from .messages import (
     SubscriptionEnded,
     UnsubscribeRequest,
 )
+
+if TYPE_CHECKING:
+    from querylib.rpc import Credential
 
 __all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]
 
@@ -315,7 +318,7 @@ class ChunkDecoder:
             return False
         return all(self.positions[p] >= s.end_at_start for p, s in self.core.subs.items())
 
-    def decode(self, chunk: Chunk) -> Iterator[tuple[Event | None, int, int]]:
+    def decode(self, chunk: Chunk) -> Iterator[tuple[Event | Values | None, int, int]]:
         """(event or None, partition, position after it) for the chunk's contents; the last
         item (None) moves the position past the whole chunk (control batches, skipped
         records). Apply positions as the application takes each event."""
@@ -337,7 +340,7 @@ class ChunkDecoder:
                 yield item, p, item.records[-1].offset + 1
         yield None, p, chunk.next_offset
 
-    def take(self, item: tuple[Event | None, int, int]) -> Event | None:
+    def take(self, item: tuple[Event | Values | None, int, int]) -> Event | Values | None:
         event, partition, position = item
         self.positions[partition] = max(self.positions[partition], position)
         return event
@@ -356,7 +359,7 @@ class AsyncSubscriber:
     """
 
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
-                 secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
+                 secret: bytes | Credential, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False,
                  incarnation: Incarnation | None = None, locate: Locate | None = None,
@@ -372,7 +375,7 @@ class AsyncSubscriber:
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,
                                    sink=self._put, create=create, incarnation=incarnation)
         self.decoder = ChunkDecoder(self.core, follow=follow)
-        self._ready: deque[tuple[Event | None, int, int]] = deque()
+        self._ready: deque[tuple[Event | Values | None, int, int]] = deque()
         self._finished = False
 
     def _put(self, item: Chunk | TqError) -> None:
@@ -406,7 +409,7 @@ class AsyncSubscriber:
         """The epoch of `frontier` (DESIGN §5 "Epochs")."""
         return self.decoder.merge.published_epoch if self.decoder.merge else 0
 
-    async def next_event(self, timeout: float | None = None) -> Event | None:
+    async def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None at the end of a non-follow read or after `timeout` seconds."""
         while True:
             while self._ready:
@@ -431,7 +434,7 @@ class AsyncSubscriber:
     def __aiter__(self) -> AsyncSubscriber:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> Event | Values:
         """The next event; iteration stops after EndOfStream (or at the end of a non-follow
         read)."""
         if self._finished:

@@ -22,8 +22,8 @@ from typing import Any
 
 from kio.schema.request_header.v1.header import RequestHeader
 from kio.serial import entity_writer
-from kio.static.primitive import i16, i32
 from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32
 
 from catalog.errors import ProtocolError, TqError
 from querylib.kafka._apis import _build, _payload_class, decode_response
