@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from querylib.server.connector import EndpointConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -198,7 +201,7 @@ def kafka_config(args: argparse.Namespace) -> object | None:
                                                          args.kafka_tls_key, "--kafka-tls"))
 
 
-def connector_config(args: argparse.Namespace) -> object | None:
+def connector_config(args: argparse.Namespace) -> EndpointConfig | None:
     """The EndpointConfig the connector options ask for; None when there is to be none."""
     if args.connector_port is None or args.connector_port < 0:
         return None
@@ -256,5 +259,5 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"tq broker: {what} on {address}", file=sys.stderr, flush=True)
 
     return run_broker(args.data, args.listen, secret, log_config=config, on_ready=ready,
-                      connector=connector_config(args),  # type: ignore[arg-type]
+                      connector=connector_config(args),
                       kafka=kafka_config(args), on_endpoints=endpoints)

@@ -35,6 +35,7 @@ from catalog import Query
 from querylib.cluster import wait_for_exits
 
 if TYPE_CHECKING:
+    from querylib.broker import StartAt
     from querylib.rpc import Credential
 
 __all__ = ["OutputOptions", "format_line", "print_output"]
@@ -102,7 +103,7 @@ class _Reader:
         self.secret = secret
         self.options = options
         self.timeout = timeout
-        self.position: int | str = "earliest"
+        self.position: StartAt = "earliest"
         self.abandoned = False  # set when the follower is interrupted: no last read
 
     def _lines(self, event: Any) -> list[_Line]:

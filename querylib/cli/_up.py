@@ -93,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
                                     kafka=kafka_config(args), endpoints_required=False,
                                     endpoint_fallback=fallback).start()
         started.append(agent)
+        assert agent.endpoints is not None  # set by start()
         for message in agent.endpoints.skipped:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
         for line in ready_lines(coordinator, agent, data, str(cluster_file())):

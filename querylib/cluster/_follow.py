@@ -45,7 +45,7 @@ from catalog import (
     consolidate,
     decode_record,
 )
-from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.broker import AsyncSubscriber, Data, Progress, StartAt, Subscriber
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
 
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER
@@ -212,7 +212,7 @@ def _need(headers: dict[str, int], name: str) -> int:
     return value
 
 
-def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, int | str]:
+def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, StartAt]:
     """The view and the offset to start from: the latest checkpoint's block, else earliest."""
     checkpoint = info.checkpoint
     if checkpoint is None or collection not in checkpoint.offsets:

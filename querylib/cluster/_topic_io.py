@@ -28,6 +28,7 @@ from catalog import INGEST, UnknownTopicError
 from catalog.errors import TqError, UserError
 
 if TYPE_CHECKING:
+    from querylib.broker import StartAt
     from querylib.rpc import Credential
 
 __all__ = ["TopicRoute", "TopicWriter", "last_records_start", "partition_infos", "read_topic",
@@ -153,7 +154,7 @@ class TopicWriter:
 
 def read_topic(route: TopicRoute, secret: bytes | Credential, *,
                partitions: list[int] | None = None,
-               start: str | int | dict[int, int] = "earliest", follow: bool = False,
+               start: StartAt | dict[int, StartAt] = "earliest", follow: bool = False,
                timeout: float = 30.0) -> Iterator[Any]:
     """Events (`Data`, `Progress`, `EndOfStream` of querylib.broker) of the chosen partitions.
     Without `follow` it stops at the end of what was stored when it started; with it, at the
@@ -176,7 +177,7 @@ _DONE = object()  # a broker thread's last item
 
 
 def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes | Credential,
-            start: str | int | dict[int, int], follow: bool, timeout: float) -> Iterator[Any]:
+            start: StartAt | dict[int, StartAt], follow: bool, timeout: float) -> Iterator[Any]:
     from querylib.broker import EndOfStream, Progress, Subscriber
 
     events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
