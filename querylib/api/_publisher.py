@@ -122,8 +122,11 @@ class Publisher:
         # A topic published before by an earlier run: this run appends in a new epoch,
         # from time 0. One that another writer still writes goes on from the time its stream
         # reached: its readers were promised that nothing earlier comes (DESIGN §5 "Epochs").
-        self.resumed_at = self._own.frontier if self._own is not None else self._shared.joined
-        self.epoch = self._own.epoch if self._own is not None else self._shared.epoch
+        if self._own is not None:
+            self.resumed_at, self.epoch = self._own.frontier, self._own.epoch
+        else:
+            assert self._shared is not None
+            self.resumed_at, self.epoch = self._shared.joined, self._shared.epoch
         self.frontier = self.resumed_at
 
     def send(self, time: int, records: Iterable[Any], *,

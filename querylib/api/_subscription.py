@@ -36,7 +36,7 @@ from __future__ import annotations
 import queue
 import threading
 import time as _time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -205,7 +205,7 @@ class Subscription:
                         "coordinator: start the coordinator with --kafka-port 0 (the default)")
 
     def assign(self, assignment: dict[str, list[int]],
-               starts: dict[tuple[str, int], int | None]) -> None:
+               starts: Mapping[tuple[str, int], int | None]) -> None:
         """The group gave this member `assignment`: read it, from the committed offsets."""
         fallback = "earliest" if self._start == "committed" else self._start
         added = []
