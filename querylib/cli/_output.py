@@ -35,7 +35,7 @@ from catalog import Query
 from querylib.cluster import wait_for_exits
 
 if TYPE_CHECKING:
-    from querylib.broker import StartAt
+    from querylib.broker.messages import StartAt
     from querylib.rpc import Credential
 
 __all__ = ["OutputOptions", "format_line", "print_output"]

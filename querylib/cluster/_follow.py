@@ -45,7 +45,8 @@ from catalog import (
     consolidate,
     decode_record,
 )
-from querylib.broker import AsyncSubscriber, Data, Progress, StartAt, Subscriber
+from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.broker.messages import StartAt
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
 
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER

@@ -28,7 +28,7 @@ from catalog import INGEST, UnknownTopicError
 from catalog.errors import TqError, UserError
 
 if TYPE_CHECKING:
-    from querylib.broker import StartAt
+    from querylib.broker.messages import StartAt
     from querylib.rpc import Credential
 
 __all__ = ["TopicRoute", "TopicWriter", "last_records_start", "partition_infos", "read_topic",

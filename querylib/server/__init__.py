@@ -23,4 +23,5 @@ if TYPE_CHECKING:
     from ._endpoints import BrokerEndpoints, EndpointUnavailableError
     from ._kafka_main import run_kafka, serve_local
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
