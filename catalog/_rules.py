@@ -171,11 +171,11 @@ def _require_live(catalog: Catalog, party: Owner) -> None:
         catalog.session(party.session_id)
 
 
-def _require_party(party: object) -> None:
+def _require_party(party: Owner) -> None:
     """Publishers and subscribers are queries, sessions or the system; owners such as ingest
     or a principal are not parties."""
     if not isinstance(party, QueryRef | SessionRef | SystemRef):
-        raise InvalidCommandError(f"{describe_owner(party)} cannot publish or subscribe; "  # type: ignore[arg-type]
+        raise InvalidCommandError(f"{describe_owner(party)} cannot publish or subscribe; "
                                   "a query or a session does")
 
 

@@ -26,8 +26,10 @@ from catalog import (
     INGEST,
     AddUser,
     AlterTopic,
+    Broker,
     CloseSession,
     ConflictError,
+    Executor,
     FailQuery,
     InvalidCommandError,
     InvalidPartitionsError,
@@ -253,7 +255,8 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
         owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
         creator=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +280,8 @@ def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
         name=req.name, partitions=req.partitions, record_type="bytes", kind=TopicKind.STREAM,
         owner=INGEST, locations=locations,
         at_ms=call.wall_ms, creator=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.Done:
@@ -308,7 +312,8 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
     change = state.apply(AlterTopic(topic_id=topic.topic_id, partitions=req.partitions,
                                     locations=locations, configs=configs,
                                     principal=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDropped,
@@ -383,7 +388,8 @@ def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) 
                                                                       MAX_TEXT,
                                                                       "the Kafka address")),
                          call.now, call.wall_ms)
-    return m.BrokerInfo(broker=change.created, version=state.catalog.version)  # type: ignore[arg-type]
+    assert isinstance(change.created, Broker)
+    return m.BrokerInfo(broker=change.created, version=state.catalog.version)
 
 
 def remove_broker(state: CoordinatorState, req: m.RemoveBroker, call: Call) -> m.Done:
@@ -403,7 +409,8 @@ def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
                                                  resources=req.resources,
                                                  session_id=req.session_id, at_ms=call.wall_ms),
                          call.now, call.wall_ms)
-    return m.ExecutorInfo(executor=change.created,  # type: ignore[arg-type]
+    assert isinstance(change.created, Executor)
+    return m.ExecutorInfo(executor=change.created,
                           version=state.catalog.version)
 
 
