@@ -368,9 +368,10 @@ class Coordinator:
     async def _serve(self, request: Any, ctx: Context) -> Any:
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
+        assert self.state is not None  # requests are served once started
         session_id = getattr(request, "session_id", None)
         if (session_id is not None and self._peers.get(session_id) != ctx.peer
-                and session_id in self.state.leases):  # type: ignore[union-attr]
+                and session_id in self.state.leases):
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
         reply = await self._ask_core(request, ctx.peer, ctx.principal)
         if isinstance(reply, m.UserCredential):
@@ -412,7 +413,8 @@ class Coordinator:
 
     def _feed(self, stimulus: Stimulus) -> None:
         """Hand a stimulus to the core and perform its instructions (`querylib.driver`)."""
-        self._driver.feed(stimulus)  # type: ignore[union-attr]
+        assert self._driver is not None  # stimuli come once started
+        self._driver.feed(stimulus)
 
     def _make_driver(self, state: CoordinatorState) -> Driver:
         return Driver("coordinator", state.handle, {
@@ -435,7 +437,8 @@ class Coordinator:
                 "the coordinator hit a bug handling this request; see its log"))
 
     def _persist(self, instruction: Persist | WriteCheckpoint) -> None:
-        self.writer.submit(instruction)  # type: ignore[union-attr]
+        assert self.writer is not None  # the core persists once started
+        self.writer.submit(instruction)
         if isinstance(instruction, Persist) and self._directory is not None:
             self._directory.changed(instruction.updates)
 

@@ -118,7 +118,8 @@ class SubscriberCore:
                     raise UnknownPartitionError(f"the broker has no partitions of topic "
                                                 f"{self.topic!r}")
                 partitions = [0]
-        self.credit = min(self.credit, self.link.opened.max_credit)  # type: ignore[union-attr]
+        assert self.link.opened is not None  # the link is started
+        self.credit = min(self.credit, self.link.opened.max_credit)
         for p in partitions:
             start = self._start.get(p, "earliest") if isinstance(self._start, dict) \
                 else self._start
@@ -163,7 +164,7 @@ class SubscriberCore:
     # -- notifications (on the loop, must be quick) ---------------------------------------
 
     def _on_delivery(self, note: Notification) -> None:
-        message: Delivery = note.message  # type: ignore[assignment]
+        message: Delivery = note.message  # type: ignore[assignment]  # routed here by type
         sub = self._by_id.get(message.sub_id)
         if sub is None:
             return  # from a subscription we replaced
@@ -187,7 +188,7 @@ class SubscriberCore:
                          data))
 
     def _on_ended(self, note: Notification) -> None:
-        message: SubscriptionEnded = note.message  # type: ignore[assignment]
+        message: SubscriptionEnded = note.message  # type: ignore[assignment]  # routed by type
         sub = self._by_id.get(message.sub_id)
         if sub is None:
             return

@@ -219,7 +219,8 @@ class AsyncCluster:
         except UnknownSessionError as exc:
             if getattr(request, "session_id", None) == self.session_id is not None:
                 self._lose(exc)
-                raise self._lost from exc  # type: ignore[misc]
+                assert self._lost is not None  # set by _lose
+                raise self._lost from exc
             raise
         version = getattr(reply, "version", None)
         if version is not None:
