@@ -44,6 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from catalog import COLLECTIONS, StorageError, catalog_topic
 from querylib.broker import AsyncProducer, Produced
@@ -158,10 +159,11 @@ class CatalogWriter:
                 try:
                     if group:
                         del self._queue[:checkpoint]
-                        await self._write_group(group)  # type: ignore[arg-type]
+                        await self._write_group(cast("list[Persist]", group))  # no checkpoint
                     else:
                         item = self._queue.pop(0)
-                        await self._write_checkpoint(item)  # type: ignore[arg-type]
+                        assert isinstance(item, WriteCheckpoint)  # what ended the group
+                        await self._write_checkpoint(item)
                         continue
                 except asyncio.CancelledError:
                     self.stopped = True
