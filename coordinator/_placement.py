@@ -42,8 +42,9 @@ def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int
     if isinstance(party, QueryRef):
         query = catalog.query(party.query_id)
         hosts = [_broker_of(catalog, e) for e in query.executors]
-        if all(h is not None for h in hosts):
-            return tuple(hosts[i % len(hosts)] for i in range(partitions))  # type: ignore[misc]
+        known = [h for h in hosts if h is not None]
+        if len(known) == len(hosts):
+            return tuple(known[i % len(known)] for i in range(partitions))
     executors = sorted({e.broker_id for e in catalog.executors if isinstance(e, Executor)})
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers

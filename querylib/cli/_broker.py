@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from querylib.kafka import ListenerLimits
     from querylib.server.connector import EndpointConfig
 
 
@@ -157,7 +158,7 @@ def add_kafka_limit_options(parser: argparse.ArgumentParser) -> None:
                         "separate limit)")
 
 
-def kafka_limits(args: argparse.Namespace, **more: int) -> object:
+def kafka_limits(args: argparse.Namespace, **more: int) -> ListenerLimits:
     """The ListenerLimits the Kafka limit options ask for (UserError for a bad value)."""
     from catalog.errors import UserError
     from querylib.kafka import ListenerLimits
@@ -196,7 +197,7 @@ def kafka_config(args: argparse.Namespace) -> object | None:
                        auto_create_topics=args.kafka_auto_create_topics,
                        group_config=GroupConfig(
                            initial_rebalance_delay_ms=args.kafka_group_initial_delay_ms),
-                       limits=kafka_limits(args),  # type: ignore[arg-type]
+                       limits=kafka_limits(args),
                        sasl=sasl, ssl_context=server_tls(args.kafka_tls_cert,
                                                          args.kafka_tls_key, "--kafka-tls"))
 

@@ -430,7 +430,8 @@ class AsyncCluster:
 
     async def _renew(self, timeout: float) -> None:
         load = None if self.load_source is None else self.load_source()
-        await self.client.request(m.Heartbeat(session_id=self.session_id,  # type: ignore[arg-type]
+        assert self.session_id is not None  # renewed once opened
+        await self.client.request(m.Heartbeat(session_id=self.session_id,
                                               lease_ms=int(self.lease * 1000), load=load),
                                   timeout=timeout)
 

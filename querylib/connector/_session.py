@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ._adapters import Adapter
 from ._credit import Credits
@@ -50,7 +50,7 @@ def command(method: _F) -> _F:
             return b""
         return method(self, *args, **kwargs)
 
-    return guarded  # type: ignore[return-value]
+    return cast(_F, guarded)  # wraps(method): the same signature
 
 
 def text(data: bytes, what: str) -> str:

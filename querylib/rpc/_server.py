@@ -246,14 +246,14 @@ class RpcServer:
         Raises PeerUnreachableError if no such client is connected (or it never sent us
         anything), PeerBusyError if its queue is full (it stopped reading; retriable).
         """
-        if self._sock is None or self._closed:
+        if self._sock is None or self._pump is None or self._closed:
             raise PeerUnreachableError("the server is not running")
         session = self._peers.get(peer)
         if session is None:
             raise PeerUnreachableError(f"no client with identity {peer.hex()} has spoken to us")
         frames = self._codec.notify(message, to=session, now=time.time(), payload=payload)
         try:
-            self._pump.send([peer, *frames])  # type: ignore[union-attr]
+            self._pump.send([peer, *frames])
         except zmq.Again as exc:
             raise PeerBusyError(f"client {peer.hex()} is not reading (queue full)") from exc
         except zmq.ZMQError as exc:
