@@ -86,8 +86,8 @@ def consolidate_updates(updates: Iterable[Update]) -> list[Update]:
     for collection, record, diff in updates:
         key = (collection, record)
         sums[key] = sums.get(key, 0) + diff
-    retractions = [Update(c, r, d) for (c, r), d in sums.items() if d < 0]  # type: ignore[arg-type]
-    insertions = [Update(c, r, d) for (c, r), d in sums.items() if d > 0]  # type: ignore[arg-type]
+    retractions = [Update(c, r, d) for (c, r), d in sums.items() if d < 0]  # type: ignore[arg-type]  # c: a COLLECTIONS name
+    insertions = [Update(c, r, d) for (c, r), d in sums.items() if d > 0]  # type: ignore[arg-type]  # c: a COLLECTIONS name
     return retractions + insertions
 
 
@@ -202,7 +202,7 @@ class Catalog:
         `Catalog.replay(snapshot)` equals this catalog, version and id counters included.
         """
         return [
-            Update(name, record, count)  # type: ignore[arg-type]
+            Update(name, record, count)  # type: ignore[arg-type]  # a COLLECTIONS name
             for name in COLLECTIONS
             for record, count in self._collections[name].snapshot()
         ]

@@ -20,7 +20,7 @@ from catalog import (
     Executor,
     InvalidCommandError,
     NotFoundError,
-    Party,
+    Owner,
     Query,
     QueryRef,
 )
@@ -30,7 +30,7 @@ __all__ = ["free_slots", "place_kafka_partitions", "place_partitions", "place_pr
            "total_slots", "used_slots"]
 
 
-def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int,
+def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
                      catalog_broker: int | None) -> tuple[int, ...]:
     """A broker id for each partition.
 
@@ -66,7 +66,7 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
                        if isinstance(b, Broker) and b.kafka_address
                        and b.broker_id != catalog_broker)
     if not listening:
-        return place_partitions(catalog, INGEST, partitions, start,  # type: ignore[arg-type]
+        return place_partitions(catalog, INGEST, partitions, start,
                                 catalog_broker)
     return tuple(listening[(start + i) % len(listening)] for i in range(partitions))
 

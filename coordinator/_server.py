@@ -365,7 +365,7 @@ class Coordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def _serve(self, request: Any, ctx: Context) -> Any:
+    async def _serve(self, request: Any, ctx: Context | _LocalContext) -> Any:
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
         assert self.state is not None  # requests are served once started
@@ -407,7 +407,7 @@ class Coordinator:
 
     async def _serve_as_admin(self, request: Any) -> Any:
         """A request of this process's own Kafka listener (`CatalogView`), as the admin."""
-        return await self._serve(request, _LocalContext())  # type: ignore[arg-type]
+        return await self._serve(request, _LocalContext())
 
     # -- the state machine loop ----------------------------------------------------------------
 

@@ -204,7 +204,7 @@ class Publisher:
                 partition = self.partitioning.partition_of(hashed)
                 if key is None:  # the Hash key is the Kafka key of a record without its own
                     key = hashed
-            self._shared.send(partition, data, key, tail, time,  # type: ignore[union-attr]
+            self._shared.send(partition, data, key, tail, time,  # type: ignore[union-attr]  # shared path: set in __init__
                               timestamp)
 
     def _parts(self, record: Record, extra: Headers, stamp: int
@@ -243,7 +243,7 @@ class Publisher:
         if self._own is not None:
             self._own.advance(time)
         else:
-            self._shared.advance(self.worker, time)  # type: ignore[union-attr]
+            self._shared.advance(self.worker, time)  # type: ignore[union-attr]  # shared path: set in __init__
 
     def _too_early(self, time: int) -> str:
         if self.resumed_at and self.frontier == self.resumed_at:
@@ -269,7 +269,7 @@ class Publisher:
             if self._own is not None:
                 self._own.close()
             else:
-                self._shared.close(self.worker)  # type: ignore[union-attr]
+                self._shared.close(self.worker)  # type: ignore[union-attr]  # shared path: set in __init__
         finally:
             self.runtime.remove_publication(self.info.topic.name)
 

@@ -120,7 +120,7 @@ class Subscription:
         self.runtime = runtime
         self.records = records  # whole Records rather than values (streams only)
         # None: the topics' own serde, chosen (and checked) as each topic is looked up.
-        self.serde: Serde = serde  # type: ignore[assignment]
+        self.serde: Serde = serde  # type: ignore[assignment]  # None until each topic is looked up
         self._implicit = serde is None
         self._serde_topic = ""  # the topic whose serde an implicit choice took
         self.group = group
@@ -237,7 +237,7 @@ class Subscription:
                     self._consumed[(topic, p)] = offset
             self._sources.extend(added)
         for source in added:
-            source.thread.start()  # type: ignore[union-attr]
+            source.thread.start()  # type: ignore[union-attr]  # set above for each added source
 
     def revoke(self) -> None:
         """Stop reading every partition (a rebalance, or close); what they queued is dropped."""

@@ -55,7 +55,7 @@ def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
     """TypeError unless every value is bytes-like (or None, when allowed): one C-speed pass,
     so a send split over several batches fails before its first part is queued."""
     try:
-        b"".join(values)  # type: ignore[arg-type]
+        b"".join(values)  # type: ignore[arg-type]  # finding out: TypeError caught
         return
     except TypeError:
         pass
@@ -63,7 +63,7 @@ def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
         if value is None and allow_none:
             continue
         try:
-            memoryview(value)  # type: ignore[arg-type]
+            memoryview(value)  # type: ignore[arg-type]  # finding out: TypeError caught
         except TypeError:
             raise TypeError(f"record values are bytes-like or None, not "
                             f"{type(value).__name__}") from None
