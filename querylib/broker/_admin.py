@@ -3,15 +3,10 @@ partition's log start (Kafka's DeleteRecords). Blocking, for tools and the coord
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from querylib.rpc import BROKER, BlockingClient
+from querylib.rpc import BROKER, BlockingClient, Credential
 
 from ._session import CLIENT_LIMITS
 from .messages import DeleteRecordsRequest, ListPartitions, PartitionInfo
-
-if TYPE_CHECKING:
-    from querylib.rpc import Credential
 
 __all__ = ["delete_records", "list_partitions"]
 
