@@ -22,6 +22,7 @@ Must not: read clocks, do I/O, or mutate state before a command has been fully c
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import msgspec
 
@@ -85,8 +86,8 @@ def consolidate_updates(updates: Iterable[Update]) -> list[Update]:
     for collection, record, diff in updates:
         key = (collection, record)
         sums[key] = sums.get(key, 0) + diff
-    retractions = [Update(c, r, d) for (c, r), d in sums.items() if d < 0]  # type: ignore[arg-type]
-    insertions = [Update(c, r, d) for (c, r), d in sums.items() if d > 0]  # type: ignore[arg-type]
+    retractions = [Update(c, r, d) for (c, r), d in sums.items() if d < 0]  # type: ignore[arg-type]  # c: a COLLECTIONS name
+    insertions = [Update(c, r, d) for (c, r), d in sums.items() if d > 0]  # type: ignore[arg-type]  # c: a COLLECTIONS name
     return retractions + insertions
 
 
@@ -201,7 +202,7 @@ class Catalog:
         `Catalog.replay(snapshot)` equals this catalog, version and id counters included.
         """
         return [
-            Update(name, record, count)  # type: ignore[arg-type]
+            Update(name, record, count)  # type: ignore[arg-type]  # a COLLECTIONS name
             for name in COLLECTIONS
             for record, count in self._collections[name].snapshot()
         ]
@@ -230,36 +231,36 @@ class Catalog:
         return iter(self._collections.items())
 
     @property
-    def sessions(self) -> Collection[Record]:
-        return self._collections["sessions"]
+    def sessions(self) -> Collection[Session]:
+        return cast("Collection[Session]", self._collections["sessions"])
 
     @property
-    def brokers(self) -> Collection[Record]:
-        return self._collections["brokers"]
+    def brokers(self) -> Collection[Broker]:
+        return cast("Collection[Broker]", self._collections["brokers"])
 
     @property
-    def executors(self) -> Collection[Record]:
-        return self._collections["executors"]
+    def executors(self) -> Collection[Executor]:
+        return cast("Collection[Executor]", self._collections["executors"])
 
     @property
-    def queries(self) -> Collection[Record]:
-        return self._collections["queries"]
+    def queries(self) -> Collection[Query]:
+        return cast("Collection[Query]", self._collections["queries"])
 
     @property
-    def topics(self) -> Collection[Record]:
-        return self._collections["topics"]
+    def topics(self) -> Collection[Topic]:
+        return cast("Collection[Topic]", self._collections["topics"])
 
     @property
-    def publications(self) -> Collection[Record]:
-        return self._collections["publications"]
+    def publications(self) -> Collection[Publication]:
+        return cast("Collection[Publication]", self._collections["publications"])
 
     @property
-    def subscriptions(self) -> Collection[Record]:
-        return self._collections["subscriptions"]
+    def subscriptions(self) -> Collection[Subscription]:
+        return cast("Collection[Subscription]", self._collections["subscriptions"])
 
     @property
-    def users(self) -> Collection[Record]:
-        return self._collections["users"]
+    def users(self) -> Collection[User]:
+        return cast("Collection[User]", self._collections["users"])
 
     def user(self, principal: str) -> User | None:
         """The named principal (`user:NAME`, `executor:NAME`), or None."""

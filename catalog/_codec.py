@@ -32,7 +32,8 @@ __all__ = [
 _encoder = msgspec.msgpack.Encoder()
 _update_decoder = msgspec.msgpack.Decoder(Update)
 _updates_decoder = msgspec.msgpack.Decoder(list[Update])
-_record_decoders = {name: msgspec.msgpack.Decoder(cls) for name, cls in COLLECTIONS.items()}
+_record_decoders: dict[str, msgspec.msgpack.Decoder[Record]] = {
+    name: msgspec.msgpack.Decoder(cls) for name, cls in COLLECTIONS.items()}
 
 
 def _checked(update: Update, error: type[TqError] = CatalogDecodeError) -> Update:

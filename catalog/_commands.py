@@ -57,7 +57,7 @@ class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="command"):
 # -- sessions -----------------------------------------------------------------------------------
 
 
-class OpenSession(_Command, tag="open_session"):
+class OpenSession(_Command, frozen=True, tag="open_session"):
     """A client, executor or query process connected. Creates a Session with a new id."""
 
     kind: SessionKind
@@ -66,14 +66,14 @@ class OpenSession(_Command, tag="open_session"):
     principal: str = "admin"  # who authenticated; only it may use the session
 
 
-class CloseSession(_Command, tag="close_session"):
+class CloseSession(_Command, frozen=True, tag="close_session"):
     """The session said goodbye. Everything it owned leaves, as for SessionExpired."""
 
     session_id: int
     at_ms: int
 
 
-class SessionExpired(_Command, tag="session_expired"):
+class SessionExpired(_Command, frozen=True, tag="session_expired"):
     """The session's lease ran out. Its executors and brokers leave (queries with processes on
     those executors fail), its publications and subscriptions leave; topics it owns stay."""
 
@@ -84,7 +84,7 @@ class SessionExpired(_Command, tag="session_expired"):
 # -- brokers and executors ----------------------------------------------------------------------
 
 
-class RegisterBroker(_Command, tag="register_broker"):
+class RegisterBroker(_Command, frozen=True, tag="register_broker"):
     """A broker came up. `broker_id=None` asks for a new id; an id the catalog assigned before
     (and that is not up now) re-joins, keeping the partitions located there."""
 
@@ -95,13 +95,13 @@ class RegisterBroker(_Command, tag="register_broker"):
     kafka_address: str = ""  # HOST:PORT of its Kafka listener, "" for none
 
 
-class RemoveBroker(_Command, tag="remove_broker"):
+class RemoveBroker(_Command, frozen=True, tag="remove_broker"):
     """A broker left cleanly. Refused while an executor still names it."""
 
     broker_id: int
 
 
-class RegisterExecutor(_Command, tag="register_executor"):
+class RegisterExecutor(_Command, frozen=True, tag="register_executor"):
     """A host agent joined. Creates an Executor with a new id."""
 
     host: str
@@ -111,7 +111,7 @@ class RegisterExecutor(_Command, tag="register_executor"):
     at_ms: int
 
 
-class RemoveExecutor(_Command, tag="remove_executor"):
+class RemoveExecutor(_Command, frozen=True, tag="remove_executor"):
     """The executor left (or the coordinator gave up on it). Live queries with a process still
     running there fail: that process is lost."""
 
@@ -122,7 +122,7 @@ class RemoveExecutor(_Command, tag="remove_executor"):
 # -- queries ------------------------------------------------------------------------------------
 
 
-class SubmitQuery(_Command, tag="submit_query"):
+class SubmitQuery(_Command, frozen=True, tag="submit_query"):
     """Creates a Query in state submitted, placed on `executors` (one executor id per process),
     or pending when `executors` is empty: it waits for free slots (PlaceQuery places it)."""
 
@@ -137,7 +137,7 @@ class SubmitQuery(_Command, tag="submit_query"):
     start_timeout_ms: int = 0  # recorded for the coordinator (0: its default)
 
 
-class PlaceQuery(_Command, tag="place_query"):
+class PlaceQuery(_Command, frozen=True, tag="place_query"):
     """A pending query got its executors (one per process): pending -> submitted."""
 
     query_id: int
@@ -145,14 +145,14 @@ class PlaceQuery(_Command, tag="place_query"):
     at_ms: int
 
 
-class StartQuery(_Command, tag="start_query"):
+class StartQuery(_Command, frozen=True, tag="start_query"):
     """Every process registered its worker group: submitted -> running."""
 
     query_id: int
     at_ms: int
 
 
-class ProcessExited(_Command, tag="process_exited"):
+class ProcessExited(_Command, frozen=True, tag="process_exited"):
     """An executor reports a process's exit code (negative: killed by that signal). Only the
     session of the executor the process was placed on may (`session_id`; None: the
     coordinator itself)."""
@@ -165,7 +165,7 @@ class ProcessExited(_Command, tag="process_exited"):
     reason: str = ""  # why it failed, in the process's words ("" if it did not say)
 
 
-class KillQuery(_Command, tag="kill_query"):
+class KillQuery(_Command, frozen=True, tag="kill_query"):
     """`requester` (a principal) must manage the query: an admin, the query itself, or a
     principal on its chain of submitters."""
 
@@ -175,7 +175,7 @@ class KillQuery(_Command, tag="kill_query"):
     requester: str = "admin"
 
 
-class FailQuery(_Command, tag="fail_query"):
+class FailQuery(_Command, frozen=True, tag="fail_query"):
     """The coordinator gave up on the query (spawn failed, registration timed out, ...)."""
 
     query_id: int
@@ -186,7 +186,7 @@ class FailQuery(_Command, tag="fail_query"):
 # -- topics, publications, subscriptions --------------------------------------------------------
 
 
-class CreateTopic(_Command, tag="create_topic"):
+class CreateTopic(_Command, frozen=True, tag="create_topic"):
     """Creates a Topic. `name` is any accepted spelling; the catalog stores the canonical one.
     `locations[i]` is the broker that hosts partition i; each must be up."""
 
@@ -200,7 +200,7 @@ class CreateTopic(_Command, tag="create_topic"):
     creator: str = ""  # the principal asking; an ingest topic's creator may delete it
 
 
-class DeleteTopic(_Command, tag="delete_topic"):
+class DeleteTopic(_Command, frozen=True, tag="delete_topic"):
     """Deletes a topic and every publication and subscription of it.
 
     `principal` must own it or manage its owning query (`_access.may_delete_topic`); an admin
@@ -214,7 +214,7 @@ class DeleteTopic(_Command, tag="delete_topic"):
     principal: str = "admin"
 
 
-class AlterTopic(_Command, tag="alter_topic"):
+class AlterTopic(_Command, frozen=True, tag="alter_topic"):
     """Grows a topic to `partitions` (None: as it is), the new ones on `locations` (one broker
     id each, every one up), and sets or removes its configs (`configs`: (name, value or None
     for the broker's), only TOPIC_CONFIGS). Kafka's CreatePartitions and
@@ -227,7 +227,7 @@ class AlterTopic(_Command, tag="alter_topic"):
     principal: str = "admin"
 
 
-class AddUser(_Command, tag="add_user"):
+class AddUser(_Command, frozen=True, tag="add_user"):
     """An admin (`requester`) names a new principal (`user:NAME` or `executor:NAME`)."""
 
     principal: str
@@ -236,7 +236,7 @@ class AddUser(_Command, tag="add_user"):
     at_ms: int
 
 
-class RemoveUser(_Command, tag="remove_user"):
+class RemoveUser(_Command, frozen=True, tag="remove_user"):
     """An admin removes a named principal: its credential stops working; topics it owns are
     orphaned (an admin may delete them)."""
 
@@ -244,7 +244,7 @@ class RemoveUser(_Command, tag="remove_user"):
     requester: str
 
 
-class RotateUser(_Command, tag="rotate_user"):
+class RotateUser(_Command, frozen=True, tag="rotate_user"):
     """An admin replaces a named principal's credential: the generation goes up by one, so the
     old key stops working."""
 
@@ -252,7 +252,7 @@ class RotateUser(_Command, tag="rotate_user"):
     requester: str
 
 
-class PartitionsDropped(_Command, tag="partitions_dropped"):
+class PartitionsDropped(_Command, frozen=True, tag="partitions_dropped"):
     """Broker `broker_id` dropped its partitions of deleted topic `topic_id`: the pending drop
     leaves (UnknownTopicError if there is none: nothing to acknowledge)."""
 
@@ -260,7 +260,7 @@ class PartitionsDropped(_Command, tag="partitions_dropped"):
     broker_id: int
 
 
-class Publish(_Command, tag="publish"):
+class Publish(_Command, frozen=True, tag="publish"):
     """`publisher` starts publishing the topic: it must own it, or the topic must be ingest's.
     `process`: which process of the publishing query (None for other parties)."""
 
@@ -269,7 +269,7 @@ class Publish(_Command, tag="publish"):
     process: int | None = None
 
 
-class Unpublish(_Command, tag="unpublish"):
+class Unpublish(_Command, frozen=True, tag="unpublish"):
     """`publisher` stops publishing; only the publisher itself can remove its publication.
     A query's publication leaves once every `process` holding it has unpublished."""
 
@@ -278,7 +278,7 @@ class Unpublish(_Command, tag="unpublish"):
     process: int | None = None
 
 
-class Subscribe(_Command, tag="subscribe"):
+class Subscribe(_Command, frozen=True, tag="subscribe"):
     """`subscriber` subscribes; if `record_type` or `kind` is given it must match the topic."""
 
     topic_id: int
@@ -287,7 +287,7 @@ class Subscribe(_Command, tag="subscribe"):
     kind: TopicKind | None = None
 
 
-class Unsubscribe(_Command, tag="unsubscribe"):
+class Unsubscribe(_Command, frozen=True, tag="unsubscribe"):
     topic_id: int
     subscriber: Party
 

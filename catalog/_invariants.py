@@ -19,6 +19,7 @@ from catalog._records import (
     SYSTEM,
     Broker,
     Executor,
+    Party,
     Publication,
     Query,
     QueryRef,
@@ -219,6 +220,6 @@ def _topic_of(catalog: Catalog, record: object, topic_id: int) -> Topic:
         raise _fail(f"{record!r} names a topic that does not exist") from None
 
 
-def _check_live(catalog: Catalog, record: object, party: object) -> None:
-    if not catalog.is_live(party):  # type: ignore[arg-type]
+def _check_live(catalog: Catalog, record: object, party: Party) -> None:
+    if not catalog.is_live(party):
         raise _fail(f"{record!r} belongs to a party that is no longer alive")

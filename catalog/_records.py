@@ -105,19 +105,19 @@ class _Ref(msgspec.Struct, frozen=True, tag_field="type"):
     pass
 
 
-class QueryRef(_Ref, tag="query"):
+class QueryRef(_Ref, frozen=True, tag="query"):
     """A query, as owner, publisher or subscriber. Alive while submitted or running."""
 
     query_id: int
 
 
-class SessionRef(_Ref, tag="session"):
+class SessionRef(_Ref, frozen=True, tag="session"):
     """A client session. Alive while the session is open."""
 
     session_id: int
 
 
-class PrincipalRef(_Ref, tag="principal"):
+class PrincipalRef(_Ref, frozen=True, tag="principal"):
     """A principal (`user:alice`, `admin`) as the owner of a topic a client session created: the
     topic is its principal's, not the session's, so a script that reconnects (a new session of
     the same principal) still owns it. Alive while the principal exists (DESIGN §12)."""
@@ -125,14 +125,14 @@ class PrincipalRef(_Ref, tag="principal"):
     principal: str
 
 
-class IngestRef(_Ref, tag="ingest"):
+class IngestRef(_Ref, frozen=True, tag="ingest"):
     """The owner of topics fed from outside (`tq produce`, the connector and Kafka endpoints).
 
     Always alive; anyone may publish into an ingest topic.
     """
 
 
-class SystemRef(_Ref, tag="system"):
+class SystemRef(_Ref, frozen=True, tag="system"):
     """The coordinator itself: owner and publisher of the `__` system topics. Always alive."""
 
 
@@ -152,7 +152,7 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
-class Session(_Record, tag="session"):
+class Session(_Record, frozen=True, tag="session"):
     session_id: int
     kind: SessionKind
     peer: str  # who opened it, for people: "tq-cli alice@host pid 4242"
@@ -171,7 +171,7 @@ class Resources(msgspec.Struct, frozen=True, kw_only=True):
     slots: int
 
 
-class Broker(_Record, tag="broker"):
+class Broker(_Record, frozen=True, tag="broker"):
     broker_id: int
     host: str
     address: str  # where producers and subscribers connect: "tcp://10.0.0.5:7411"
@@ -180,7 +180,7 @@ class Broker(_Record, tag="broker"):
     kafka_address: str = ""
 
 
-class Executor(_Record, tag="executor"):
+class Executor(_Record, frozen=True, tag="executor"):
     executor_id: int
     session_id: int | None  # None: embedded in the coordinator's process (`tq up`)
     host: str
@@ -190,7 +190,7 @@ class Executor(_Record, tag="executor"):
     registered_at_ms: int
 
 
-class Query(_Record, tag="query"):
+class Query(_Record, frozen=True, tag="query"):
     query_id: int
     name: str
     program: str  # the artifact: a content address or a path
@@ -220,7 +220,7 @@ class Query(_Record, tag="query"):
         return len(self.executors) == self.processes
 
 
-class Topic(_Record, tag="topic"):
+class Topic(_Record, frozen=True, tag="topic"):
     topic_id: int
     name: str  # canonical full form, persistent://tenant/namespace/name
     partitions: int
@@ -252,7 +252,7 @@ class Topic(_Record, tag="topic"):
         return dict(self.configs).get(name)
 
 
-class Publication(_Record, tag="publication", omit_defaults=True):
+class Publication(_Record, frozen=True, tag="publication", omit_defaults=True):
     """One per (topic, publisher). A query's processes publish collectively: `processes` are
     those holding it (sorted); it leaves when the last lets go or the query ends. Empty for
     other publishers, and in records written before processes were counted (last, with a
@@ -269,12 +269,12 @@ class Publication(_Record, tag="publication", omit_defaults=True):
     epoch: int = 0
 
 
-class Subscription(_Record, tag="subscription"):
+class Subscription(_Record, frozen=True, tag="subscription"):
     topic_id: int
     subscriber: Party
 
 
-class PendingDrop(_Record, tag="pending_drop"):
+class PendingDrop(_Record, frozen=True, tag="pending_drop"):
     """Partitions of a deleted topic that the broker hosting them has not dropped yet. Inserted
     with the delete, in the same change; the coordinator tells the broker's executor to drop
     them, again each time that broker registers, and retracts the record on its report
@@ -287,7 +287,7 @@ class PendingDrop(_Record, tag="pending_drop"):
     partitions: tuple[int, ...]  # sorted
 
 
-class User(_Record, tag="user"):
+class User(_Record, frozen=True, tag="user"):
     """A named principal (`user:NAME` or `executor:NAME`) and its role. Its key is derived from
     the cluster secret, the name and `generation` (querylib.rpc.principal_key); rotating the
     credential bumps the generation, so the old key stops working (DESIGN §12)."""
@@ -298,7 +298,7 @@ class User(_Record, tag="user"):
     created_at_ms: int
 
 
-class Counters(_Record, tag="counters"):
+class Counters(_Record, frozen=True, tag="counters"):
     """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
 
     version: int = 0

@@ -67,6 +67,7 @@ from catalog._records import (
     SYSTEM,
     TOPIC_CONFIGS,
     Broker,
+    CollectionName,
     Counters,
     Executor,
     Owner,
@@ -129,17 +130,17 @@ class Txn:
         self.counters = counters
         self.created: Record | None = None
 
-    def insert(self, collection: str, record: Record) -> None:
-        self.updates.append(Update(collection, record, 1))  # type: ignore[arg-type]
+    def insert(self, collection: CollectionName, record: Record) -> None:
+        self.updates.append(Update(collection, record, 1))
 
-    def retract(self, collection: str, record: Record) -> None:
-        self.updates.append(Update(collection, record, -1))  # type: ignore[arg-type]
+    def retract(self, collection: CollectionName, record: Record) -> None:
+        self.updates.append(Update(collection, record, -1))
 
-    def retract_all(self, collection: str, records: Iterable[Record]) -> None:
+    def retract_all(self, collection: CollectionName, records: Iterable[Record]) -> None:
         for record in records:
             self.retract(collection, record)
 
-    def replace(self, collection: str, old: Record, new: Record) -> None:
+    def replace(self, collection: CollectionName, old: Record, new: Record) -> None:
         self.retract(collection, old)
         self.insert(collection, new)
 
@@ -171,11 +172,11 @@ def _require_live(catalog: Catalog, party: Owner) -> None:
         catalog.session(party.session_id)
 
 
-def _require_party(party: object) -> None:
+def _require_party(party: Owner) -> None:
     """Publishers and subscribers are queries, sessions or the system; owners such as ingest
     or a principal are not parties."""
     if not isinstance(party, QueryRef | SessionRef | SystemRef):
-        raise InvalidCommandError(f"{describe_owner(party)} cannot publish or subscribe; "  # type: ignore[arg-type]
+        raise InvalidCommandError(f"{describe_owner(party)} cannot publish or subscribe; "
                                   "a query or a session does")
 
 

@@ -26,8 +26,10 @@ from catalog import (
     INGEST,
     AddUser,
     AlterTopic,
+    Broker,
     CloseSession,
     ConflictError,
+    Executor,
     FailQuery,
     InvalidCommandError,
     InvalidPartitionsError,
@@ -47,6 +49,7 @@ from catalog import (
     QueryState,
     RemoveUser,
     RotateUser,
+    Session,
     SessionKind,
     SessionRef,
     Topic,
@@ -155,7 +158,8 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
                             "coordinator allows; close some (or wait for their leases)")
     change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms,
                                      principal=call.principal), call.now, call.wall_ms)
-    session_id = change.created.session_id  # type: ignore[union-attr]
+    assert isinstance(change.created, Session)
+    session_id = change.created.session_id
     state.leases.grant(session_id, lease_ms / 1000, call.now)
     if binding is not None:
         state.bind(session_id, binding)
@@ -251,7 +255,8 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
         owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
         creator=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +280,8 @@ def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
         name=req.name, partitions=req.partitions, record_type="bytes", kind=TopicKind.STREAM,
         owner=INGEST, locations=locations,
         at_ms=call.wall_ms, creator=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 def delete_topic(state: CoordinatorState, req: m.DeleteTopic, call: Call) -> m.Done:
@@ -306,7 +312,8 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
     change = state.apply(AlterTopic(topic_id=topic.topic_id, partitions=req.partitions,
                                     locations=locations, configs=configs,
                                     principal=call.principal), call.now, call.wall_ms)
-    return _topic_info(state, change.created)  # type: ignore[arg-type]
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDropped,
@@ -381,7 +388,8 @@ def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) 
                                                                       MAX_TEXT,
                                                                       "the Kafka address")),
                          call.now, call.wall_ms)
-    return m.BrokerInfo(broker=change.created, version=state.catalog.version)  # type: ignore[arg-type]
+    assert isinstance(change.created, Broker)
+    return m.BrokerInfo(broker=change.created, version=state.catalog.version)
 
 
 def remove_broker(state: CoordinatorState, req: m.RemoveBroker, call: Call) -> m.Done:
@@ -401,7 +409,8 @@ def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
                                                  resources=req.resources,
                                                  session_id=req.session_id, at_ms=call.wall_ms),
                          call.now, call.wall_ms)
-    return m.ExecutorInfo(executor=change.created,  # type: ignore[arg-type]
+    assert isinstance(change.created, Executor)
+    return m.ExecutorInfo(executor=change.created,
                           version=state.catalog.version)
 
 

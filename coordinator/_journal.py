@@ -64,6 +64,7 @@ from querylib.records import (
     encode_batch,
     encode_int64,
 )
+from querylib.records import Record as LogRecord
 
 from ._events import Persist
 
@@ -249,7 +250,7 @@ def _need(headers: dict[str, int], name: str, topic: str, offset: int) -> int:
     return value
 
 
-def _value(topic: str, collection: str, record: object, offset: int) -> Record:
+def _value(topic: str, collection: str, record: LogRecord, offset: int) -> Record:
     value = record.value
     if value is None:
         raise CorruptCatalogError(f"{topic} offset {offset}: a record without a value")
@@ -349,14 +350,14 @@ def read_catalog(broker_dir: str | os.PathLike[str]) -> Recovered:
     updates: list[Update] = []
     compensation: dict[str, list[TimedUpdate]] = {}
     for collection, found in collected.items():
-        updates += [Update(collection, r, n) for r, n in found.base]  # type: ignore[arg-type]
+        updates += [Update(collection, r, n) for r, n in found.base]  # type: ignore[arg-type]  # a COLLECTIONS name
         aborted: dict[tuple[int, Record], int] = {}
         for u in found.updates:
             if u.time <= base:
                 raise CorruptCatalogError(f"{catalog_topic(collection)}: a change at version "
                                           f"{u.time} after the checkpoint at {base}")
             if u.time <= committed:
-                updates.append(Update(collection, u.record, u.diff))  # type: ignore[arg-type]
+                updates.append(Update(collection, u.record, u.diff))  # type: ignore[arg-type]  # a COLLECTIONS name
             else:
                 key = (u.time, u.record)
                 aborted[key] = aborted.get(key, 0) + u.diff

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from catalog import Query, QueryState, Session, SessionKind, Topic, TopicName
+from catalog import QueryState, Session, SessionKind, Topic, TopicName
 from catalog.errors import InvalidTopicNameError
 from querylib.server import ProcessMetrics, broker_families, rpc_families
 
@@ -81,9 +81,8 @@ def _families(coordinator: Coordinator) -> list[Metric]:
     queries = GaugeMetricFamily("tq_queries", "Queries in the catalog, by state",
                                 labels=["state"])
     states = {state.value: 0 for state in QueryState}
-    for record in catalog.queries:
-        if isinstance(record, Query):
-            states[record.state.value] += 1
+    for query in catalog.queries:
+        states[query.state.value] += 1
     for name, count in sorted(states.items()):
         queries.add_metric([name], count)
     topics = GaugeMetricFamily("tq_topics", "Topics in the catalog (system topics included)")

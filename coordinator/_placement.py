@@ -20,7 +20,7 @@ from catalog import (
     Executor,
     InvalidCommandError,
     NotFoundError,
-    Party,
+    Owner,
     Query,
     QueryRef,
 )
@@ -30,7 +30,7 @@ __all__ = ["free_slots", "place_kafka_partitions", "place_partitions", "place_pr
            "total_slots", "used_slots"]
 
 
-def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int,
+def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
                      catalog_broker: int | None) -> tuple[int, ...]:
     """A broker id for each partition.
 
@@ -42,8 +42,9 @@ def place_partitions(catalog: Catalog, party: Party, partitions: int, start: int
     if isinstance(party, QueryRef):
         query = catalog.query(party.query_id)
         hosts = [_broker_of(catalog, e) for e in query.executors]
-        if all(h is not None for h in hosts):
-            return tuple(hosts[i % len(hosts)] for i in range(partitions))  # type: ignore[misc]
+        known = [h for h in hosts if h is not None]
+        if len(known) == len(hosts):
+            return tuple(known[i % len(known)] for i in range(partitions))
     executors = sorted({e.broker_id for e in catalog.executors if isinstance(e, Executor)})
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers
@@ -65,7 +66,7 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
                        if isinstance(b, Broker) and b.kafka_address
                        and b.broker_id != catalog_broker)
     if not listening:
-        return place_partitions(catalog, INGEST, partitions, start,  # type: ignore[arg-type]
+        return place_partitions(catalog, INGEST, partitions, start,
                                 catalog_broker)
     return tuple(listening[(start + i) % len(listening)] for i in range(partitions))
 
@@ -93,7 +94,8 @@ def place_processes(catalog: Catalog, processes: int,
     if only_free and free_slots(catalog, used) < processes:
         return None
     loads = loads or {}
-    cpu = {e.executor_id: (loads[e.session_id].cpu_percent if e.session_id in loads else 0.0)
+    cpu = {e.executor_id: (loads[e.session_id].cpu_percent
+                           if e.session_id is not None and e.session_id in loads else 0.0)
            for e in executors}
     placement = []
     for _ in range(processes):

@@ -86,9 +86,10 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
         recovery = _report_recovery(coordinator, name)
         if attach is not None:
             detach = await attach(coordinator)
+        assert coordinator.state is not None  # started
         info = ClusterInfo(
             coordinator=endpoint, secret_file=str(Path(secret_file).resolve()),
-            catalog_broker=coordinator.state.catalog_broker,  # type: ignore[union-attr]
+            catalog_broker=coordinator.state.catalog_broker,
             pid=os.getpid(), host=coordinator.host, data=str(Path(data_dir).resolve()))
         write_cluster_file(amend(info) if amend is not None else info, home)
         wrote = True

@@ -373,12 +373,13 @@ class Coordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def _serve(self, request: Any, ctx: Context) -> Any:
+    async def _serve(self, request: Any, ctx: Context | _LocalContext) -> Any:
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
+        assert self.state is not None  # requests are served once started
         session_id = getattr(request, "session_id", None)
         if (session_id is not None and self._peers.get(session_id) != ctx.peer
-                and session_id in self.state.leases):  # type: ignore[union-attr]
+                and session_id in self.state.leases):
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
         reply = await self._ask_core(request, ctx.peer, ctx.principal)
         if isinstance(reply, m.UserCredential):
@@ -414,13 +415,14 @@ class Coordinator:
 
     async def _serve_as_admin(self, request: Any) -> Any:
         """A request of this process's own Kafka listener (`CatalogView`), as the admin."""
-        return await self._serve(request, _LocalContext())  # type: ignore[arg-type]
+        return await self._serve(request, _LocalContext())
 
     # -- the state machine loop ----------------------------------------------------------------
 
     def _feed(self, stimulus: Stimulus) -> None:
         """Hand a stimulus to the core and perform its instructions (`querylib.driver`)."""
-        self._driver.feed(stimulus)  # type: ignore[union-attr]
+        assert self._driver is not None  # stimuli come once started
+        self._driver.feed(stimulus)
 
     def _make_driver(self, state: CoordinatorState) -> Driver:
         return Driver("coordinator", state.handle, {
@@ -443,7 +445,8 @@ class Coordinator:
                 "the coordinator hit a bug handling this request; see its log"))
 
     def _persist(self, instruction: Persist | WriteCheckpoint) -> None:
-        self.writer.submit(instruction)  # type: ignore[union-attr]
+        assert self.writer is not None  # the core persists once started
+        self.writer.submit(instruction)
         if isinstance(instruction, Persist) and self._directory is not None:
             self._directory.changed(instruction.updates)
 
@@ -489,8 +492,8 @@ class Coordinator:
             by_executor.setdefault((executor_id, session_id), []).append(process)
         for (executor_id, session_id), processes in by_executor.items():
             peer = None if session_id is None else self._peers.get(session_id)
-            if peer is None:  # it left (the core failed the query) or never spoke to us
-                self.counters["notify_failed"] += 1
+            if session_id is None or peer is None:  # it left (the core failed the query) or
+                self.counters["notify_failed"] += 1  # never spoke to us
                 continue
             try:
                 self._rpc.notify(peer, m.SpawnProcesses(

@@ -38,6 +38,7 @@ from catalog import (
     RegisterBroker,
     RemoveBroker,
     RemoveExecutor,
+    Session,
     SessionExpired,
     StartQuery,
     Topic,
@@ -184,14 +185,13 @@ class CoordinatorState:
         # about to renew (this is how sessions survive a coordinator restart).
         recovery_lease = self.config.recovery_lease_ms / 1000
         for session in self.catalog.sessions:
-            self.leases.grant(session.session_id, recovery_lease, now)  # type: ignore[union-attr]
-            binding = binding_of(session)  # type: ignore[arg-type]
+            self.leases.grant(session.session_id, recovery_lease, now)
+            binding = binding_of(session)
             if binding is not None:
-                self.bind(session.session_id, binding)  # type: ignore[union-attr]
+                self.bind(session.session_id, binding)
         # Queries not started yet get their whole start timeout again: the time they waited
         # before the restart is not known to this clock.
-        for query in sorted(self.catalog.queries, key=lambda q: q.query_id):  # type: ignore[union-attr]
-            assert isinstance(query, Query)
+        for query in sorted(self.catalog.queries, key=lambda q: q.query_id):
             if query.state in (QueryState.PENDING, QueryState.SUBMITTED):
                 self.start_deadlines[query.query_id] = now + self.config.start_timeout(query) / 1000
             if query.state == QueryState.PENDING:
@@ -200,7 +200,8 @@ class CoordinatorState:
     # -- the one entry point -------------------------------------------------------------------
 
     def handle(self, stimulus: Stimulus) -> list[Instruction]:
-        self._out = out = []
+        out: list[Instruction] = []
+        self._out = out
         if isinstance(stimulus, Received):
             self._received(stimulus)
         elif isinstance(stimulus, Tick):
@@ -481,9 +482,11 @@ class CoordinatorState:
         new_queries: list[Query] = []
         for collection, record, diff in change.updates:
             if collection == "sessions" and diff < 0:
-                ended_sessions.append(record.session_id)  # type: ignore[union-attr]
+                assert isinstance(record, Session)
+                ended_sessions.append(record.session_id)
             elif collection == "topics" and diff > 0:
-                created_topics.append(record.name)  # type: ignore[union-attr]
+                assert isinstance(record, Topic)
+                created_topics.append(record.name)
             elif collection == "queries":
                 assert isinstance(record, Query)
                 if diff < 0:

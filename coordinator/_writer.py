@@ -44,9 +44,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from catalog import COLLECTIONS, StorageError, catalog_topic
-from querylib.broker import AsyncProducer
+from querylib.broker import AsyncProducer, Produced
 from querylib.server.broker import BrokerPort
 
 from ._events import Persist, WriteCheckpoint
@@ -158,10 +159,11 @@ class CatalogWriter:
                 try:
                     if group:
                         del self._queue[:checkpoint]
-                        await self._write_group(group)  # type: ignore[arg-type]
+                        await self._write_group(cast("list[Persist]", group))  # no checkpoint
                     else:
                         item = self._queue.pop(0)
-                        await self._write_checkpoint(item)  # type: ignore[arg-type]
+                        assert isinstance(item, WriteCheckpoint)  # what ended the group
+                        await self._write_checkpoint(item)
                         continue
                 except asyncio.CancelledError:
                     self.stopped = True
@@ -193,7 +195,7 @@ class CatalogWriter:
     async def _write_checkpoint(self, checkpoint: WriteCheckpoint) -> None:
         loop = asyncio.get_running_loop()
         wall_ms = int(time.time() * 1000)
-        sent: list[tuple[str, AsyncProducer, list[asyncio.Task[object]]]] = []
+        sent: list[tuple[str, AsyncProducer, list[asyncio.Future[Produced | None]]]] = []
         for collection, records in checkpoint.contents.items():
             # Encoding a whole collection takes a while: not on the event loop.
             batches = await loop.run_in_executor(None, encode_block, checkpoint.version,
@@ -204,10 +206,10 @@ class CatalogWriter:
         offsets = {}
         for collection, producer, tasks in sent:
             replies = [await task for task in tasks]
-            if any(reply is None for reply in replies):
+            if replies[0] is None or any(reply is None for reply in replies):
                 await producer.flush()
                 raise StorageError(f"checkpoint of {producer.core.topic} failed")
-            offsets[collection] = replies[0].base_offset  # type: ignore[attr-defined]
+            offsets[collection] = replies[0].base_offset
         assert self._index is not None
         entry = CheckpointEntry(version=checkpoint.version, offsets=offsets)
         if await (await self._index.send_batch(encode_checkpoint(entry, wall_ms))) is None:
@@ -218,7 +220,7 @@ class CatalogWriter:
             self._on_checkpointed(checkpoint.version, offsets)
 
     async def _append(self, updates: dict[str, list[TimedUpdate]], wall_ms: int) -> None:
-        sent: list[tuple[AsyncProducer, asyncio.Task[object]]] = []
+        sent: list[tuple[AsyncProducer, asyncio.Future[Produced | None]]] = []
         for collection, timed in updates.items():
             producer = self._cores[collection]
             for batch in encode_updates(timed, wall_ms):

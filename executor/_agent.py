@@ -50,7 +50,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Collection, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,7 +179,7 @@ class ExecutorAgent:
                                                   f"drop topic {i.note.topic_id}"),
             WakeAt: self._wake_at,
         }, on_bug=self._bug, invariants=self.state.check_invariants, logger=logger)
-        self._killing_all: asyncio.Task[None] | None = None
+        self._killing_all: asyncio.Task[Any] | None = None
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
         self.lease = lease
@@ -207,7 +207,7 @@ class ExecutorAgent:
         self.lost = asyncio.Event()  # set while the agent has no session (until it rejoins)
         self.rejoins = 0
         self._sampler: LoadSampler | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
         self._data_lock: PidLock | None = None
@@ -459,13 +459,13 @@ class ExecutorAgent:
             await asyncio.sleep(delay)
             delay = next(delays)
 
-    def _spawn_task(self, coro: object, name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+    def _spawn_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
         """Every task's end: a failure (a bug: each task handles the errors it expects) is
         logged with its traceback and counted, never dropped; cancellation is no failure."""
         self._tasks.discard(task)
@@ -487,7 +487,7 @@ class ExecutorAgent:
         back and fails its query with the reason, rather than hold the slot for good."""
         key = getattr(event, "key", None)
         process = self.state.processes.get(key) if isinstance(key, tuple) else None
-        if process is not None and process.phase is not Phase.RUNNING \
+        if process is not None and key is not None and process.phase is not Phase.RUNNING \
                 and not isinstance(event, StartFailed):
             self._feed(StartFailed(key, f"executor bug: {type(exc).__name__}: {exc}"))
 

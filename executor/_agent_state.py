@@ -411,7 +411,7 @@ class AgentState:
         """Raise AssertionError unless slots, processes and the dying set agree (run after
         every step in the tests)."""
         assert set(self.processes) == set(self.slots.held()), \
-            f"slots {sorted(self.slots.held())} != processes {sorted(self.processes)}"
+            f"slots {sorted(self.slots.held(), key=repr)} != processes {sorted(self.processes)}"
         assert self.dying <= set(self.processes), "a dying process holds no slot"
         assert all(self.processes[k].phase is Phase.RUNNING for k in self.dying), \
             "a dying process that never ran"

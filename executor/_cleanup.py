@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ._artifacts import ArtifactCache
@@ -48,7 +48,7 @@ def _remove(path: Path) -> bool:
 
     # Query programs may leave read-only files or directories behind (the artifact's
     # program tree is made read-only on purpose): make each writable and retry.
-    def writable_then_retry(func: object, name: str, _exc: object) -> None:
+    def writable_then_retry(func: Callable[[str], object], name: str, _exc: object) -> None:
         parent = os.path.dirname(name)
         for target in (parent, name):
             try:
@@ -56,7 +56,7 @@ def _remove(path: Path) -> bool:
             except OSError:
                 pass
         try:
-            func(name)  # type: ignore[operator]
+            func(name)
         except FileNotFoundError:
             pass
         except OSError as exc:

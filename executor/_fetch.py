@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from ._errors import FetchFailedError, FetchReason, InvalidArtifactError
 from ._pack import pack_bytes, pack_path, tree_size
@@ -97,7 +97,9 @@ def fetch_file(path: str, *, max_bytes: int) -> bytes:
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follow redirects only to http(s): a download must not turn into a file:// read."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage,
+                         newurl: str) -> urllib.request.Request | None:
         if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
             raise FetchFailedError(f"refusing a redirect to {newurl[:200]}",
                                    reason=FetchReason.UNSUPPORTED, source=req.full_url)

@@ -183,9 +183,16 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=limit, loop=loop)
         self.exited: asyncio.Future[int] = loop.create_future()
+        self._process: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._process = transport
+        super().connection_made(transport)
 
     def process_exited(self) -> None:
-        code = self._transport.get_returncode()  # type: ignore[union-attr]
+        assert self._process is not None
+        code = self._process.get_returncode()
         super().process_exited()  # (forgets the transport)
         if not self.exited.done():
             assert code is not None

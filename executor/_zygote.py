@@ -71,7 +71,8 @@ def main(argv: list[str]) -> None:
     zygote = os.getpid()
     _send(sock, {"ready": zygote})
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        watched: list[socket.socket | int] = [sock, wake_r]
+        readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             while _drain(wake_r):
                 pass
@@ -170,7 +171,7 @@ def _fresh_std_streams() -> None:
     query process has, so every forked one) makes them."""
     import io
 
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]  # Final in typeshed
         io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.stdin.encoding,
         errors=sys.stdin.errors)
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -188,8 +189,7 @@ def _run(entry: str) -> None:
 
     module = types.ModuleType("__main__")
     module.__file__ = entry
-    module.__cached__ = None
-    module.__builtins__ = __builtins__
+    vars(module).update(__cached__=None, __builtins__=__builtins__)
     sys.modules["__main__"] = module
     try:
         with open(entry, "rb") as source:
@@ -259,7 +259,7 @@ def describe_failure(exc: BaseException, entry: str) -> str:
     kind = type(exc).__name__
     if isinstance(exc, SyntaxError):
         message = exc.msg or ""
-        where = (exc.filename or "?", exc.lineno or 0, "")
+        where: tuple[str, int, str] | None = (exc.filename or "?", exc.lineno or 0, "")
     else:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _is_tq(f.filename)]

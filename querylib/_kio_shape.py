@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import Field, fields
+from typing import Any, cast
 
 from kio.serial._introspect import (
     EntityField,
@@ -36,6 +37,7 @@ from kio.serial._introspect import (
     get_schema_field_type,
     is_optional,
 )
+from kio.static.protocol import Entity
 
 from catalog.errors import TqError
 from querylib.errors import BadVarintError
@@ -62,7 +64,7 @@ _FIXED = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "error_code
 _SIZED = ("string", "bytes", "records")
 
 
-def check_shape(cls: type, buf: bytes, offset: int, error: type[TqError]) -> None:
+def check_shape(cls: type[Entity], buf: bytes, offset: int, error: type[TqError]) -> None:
     """Raise `error` unless the body of entity `cls` at `buf[offset:]` fits `buf` in every
     length and count. Bytes after the body are the caller's to judge."""
     try:
@@ -99,33 +101,33 @@ def _count(buf: bytes, pos: int, end: int, flexible: bool, legacy: struct.Struct
 
 
 @functools.cache
-def min_size(cls: type) -> int:
+def min_size(cls: type[Entity]) -> int:
     """The fewest bytes an entity of `cls` takes (tagged fields absent)."""
-    total = 1 if cls.__flexible__ else 0  # type: ignore[attr-defined]
+    total = 1 if cls.__flexible__ else 0
     for f in fields(cls):
         if get_field_tag(f) is None:
-            total += _field_min_size(f, cls.__flexible__)  # type: ignore[attr-defined]
+            total += _field_min_size(f, cls.__flexible__)
     return total
 
 
-def _field_min_size(f: object, flexible: bool) -> int:
-    kind = classify_field(f)  # type: ignore[arg-type]
+def _field_min_size(f: Field[Any], flexible: bool) -> int:
+    kind = classify_field(f)
     if kind.is_array:
         return 1 if flexible else 4
     if isinstance(kind, EntityField):
-        return 1 if is_optional(f) else min_size(kind.type_)  # type: ignore[arg-type]
-    kafka_type = get_schema_field_type(f)  # type: ignore[arg-type]
+        return 1 if is_optional(f) else min_size(kind.type_)
+    kafka_type = get_schema_field_type(f)
     if kafka_type in _FIXED:
         return _FIXED[kafka_type]
     return 1 if flexible else (2 if kafka_type == "string" else 4)
 
 
 @functools.cache
-def _walker(cls: type) -> Step:
+def _walker(cls: type[Entity]) -> Step:
     """The walk of one entity as one generated function: straight-line code per field (the
     guard runs before every decode, so it avoids a call per field); nested entities call
     their own walkers, tagged fields go through `_tagged_step`'s closures (rarely sent)."""
-    flexible: bool = cls.__flexible__  # type: ignore[attr-defined]
+    flexible: bool = cls.__flexible__
     namespace: dict[str, object] = {"M": ShapeMisfit, "uv": _uvarint, "i16": _I16.unpack_from,
                                     "i32": _I32.unpack_from}
     lines = ["def walk(buf, pos, end):"]
@@ -183,7 +185,7 @@ def _walker(cls: type) -> Step:
         lines.append("    pos = pos + 1 if buf[pos] == 0 else tags(buf, pos, end)")
     lines.extend(["    if pos > end: raise M('cut short')", "    return pos"])
     exec(compile("\n".join(lines), f"<shape of {cls.__qualname__}>", "exec"), namespace)
-    return namespace["walk"]  # type: ignore[return-value]
+    return cast(Step, namespace["walk"])  # defined by the exec above
 
 
 def _count_lines(flexible: bool, name: str, indent: str) -> list[str]:
@@ -236,17 +238,17 @@ def _sized(flexible: bool, legacy: struct.Struct) -> Step:
     return sized
 
 
-def _field_step(f: object, flexible: bool, *, is_tag: bool) -> Step:
-    kind = classify_field(f)  # type: ignore[arg-type]
+def _field_step(f: Field[Any], flexible: bool, *, is_tag: bool) -> Step:
+    kind = classify_field(f)
     if isinstance(kind, EntityTupleField):
         item, item_size = _walker(kind.type_), max(min_size(kind.type_), 1)
         return _array(item, item_size, flexible)
     if isinstance(kind, EntityField):
         walk = _walker(kind.type_)
-        if is_tag or not is_optional(f):  # type: ignore[arg-type]
+        if is_tag or not is_optional(f):
             return walk
         return _nullable(walk)
-    kafka_type = get_schema_field_type(f)  # type: ignore[arg-type]
+    kafka_type = get_schema_field_type(f)
     if kafka_type in _FIXED:
         step, width = _skip(_FIXED[kafka_type]), _FIXED[kafka_type]
     elif kafka_type in _SIZED:

@@ -2,9 +2,11 @@
 
 A package lists its public names as imports under `if TYPE_CHECKING:` and ends with
 
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+    if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+        __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
 
-A type checker reads the imports as they are; at run time they never execute, and this
+A type checker reads the imports as they are (and, seeing no module `__getattr__`, rejects a
+name the package does not export); at run time they never execute, and this
 module reads them from the package's own source instead: each name is imported from its
 module on first use, then cached in the package's namespace. A query process imports only
 what registering needs, so packages whose names pull in codecs, clients or servers export

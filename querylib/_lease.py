@@ -255,7 +255,8 @@ class LeaseKeeper:
                     moved = await self._relocate() if self._relocate is not None else False
                     if give_up_at is not None and self.now() >= give_up_at and not moved:
                         self._fail()
-                        raise self.failure  # type: ignore[misc]
+                        assert self.failure is not None  # set by _fail
+                        raise self.failure
                     await self._sleep(next(delays))
             finally:
                 self.ready.set()  # done, or failed: nobody waits for a session that will not come

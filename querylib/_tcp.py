@@ -260,8 +260,8 @@ class Connection:
         except BaseException:
             sock.close()
             raise
-        self.transport = transport  # type: ignore[assignment]
-        return protocol  # type: ignore[return-value]
+        self.transport = transport
+        return protocol
 
     async def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The socket as a StreamReader (with the listener's `stream_limit`) and StreamWriter."""
@@ -479,7 +479,7 @@ class TcpListener:
             if not self._per_address[address]:
                 del self._per_address[address]
             self.budget.give_back(self)
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
 
     # -- idle connections --------------------------------------------------------------------
 

@@ -43,4 +43,5 @@ if TYPE_CHECKING:
     from ._submit import SubmittedQuery, submit
     from ._subscription import Subscription
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

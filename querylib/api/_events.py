@@ -8,7 +8,7 @@ Must not: do I/O; the subscription shell builds these.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -39,7 +39,8 @@ class Record:
         self.value = value
         self.key = key
         self.headers: Headers = headers if type(headers) is tuple else \
-            tuple(headers.items() if isinstance(headers, Mapping) else map(tuple, headers))
+            tuple(headers.items() if isinstance(headers, Mapping)
+                  else cast("Iterable[tuple[str, bytes | None]]", map(tuple, headers)))
         self.timestamp = timestamp
         self.topic = topic
         self.partition = partition

@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kio.schema.consumer_protocol_assignment.v0.data import (
     ConsumerProtocolAssignment,
     TopicPartition,
 )
 from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription
+from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
 
 from catalog.errors import ProtocolError, UserError
 from querylib._kio import KIO_DECODE_ERRORS
@@ -120,7 +123,7 @@ def encode_assignment(assignment: Mapping[str, Sequence[int]]) -> bytes:
     buffer = io.BytesIO()
     buffer.write(_VERSION.pack(0))
     _write_assignment(buffer, ConsumerProtocolAssignment(assigned_partitions=tuple(
-        TopicPartition(topic=t, partitions=tuple(sorted(p)))
+        TopicPartition(topic=TopicName(t), partitions=tuple(sorted(map(i32, p))))
         for t, p in sorted(assignment.items()))))
     return buffer.getvalue()
 
@@ -394,7 +397,7 @@ class MemberMachine:
         return []
 
 
-_TABLE = {
+_TABLE: dict[tuple[str, type], Callable[[MemberMachine, Any], list[Instruction]]] = {
     ("new", Start): MemberMachine._start,
     ("new", Close): MemberMachine._close,
     ("new", Tick): MemberMachine._tick_idle,

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from catalog.errors import TqError
 from querylib.kafka import ApiKey, ErrorCode
@@ -174,7 +174,7 @@ class GroupMember:
                 {"member_id": instruction.member_id, "group_instance_id": None}])
         return None
 
-    def _call(self, api_key: int, version: int, **fields: object) -> object:
+    def _call(self, api_key: int, version: int, **fields: object) -> Any:  # kio's response
         if self._client is None:
             self._client = self._connect()
         return self._client.call(api_key, version, **fields)
@@ -210,11 +210,11 @@ class GroupMember:
             rebalance_timeout=self.timing.rebalance_timeout_ms, member_id=send.member_id,
             group_instance_id=None, protocol_type=PROTOCOL_TYPE,
             protocols=[{"name": name, "metadata": metadata} for name in ASSIGNORS])
-        return Joined(response.error_code.value, response.generation_id,  # type: ignore[attr-defined]
-                      response.member_id, response.leader,  # type: ignore[attr-defined]
-                      response.protocol_name,  # type: ignore[attr-defined]
+        return Joined(response.error_code.value, response.generation_id,
+                      response.member_id, response.leader,
+                      response.protocol_name,
                       tuple((m.member_id, m.metadata)
-                            for m in response.members))  # type: ignore[attr-defined]
+                            for m in response.members))
 
     def _sync(self, send: SendSync) -> Event:
         assignments = []
@@ -228,10 +228,10 @@ class GroupMember:
         response = self._call(ApiKey.SYNC_GROUP, 3, group_id=self.group,
                               generation_id=send.generation, member_id=send.member_id,
                               group_instance_id=None, assignments=assignments)
-        if response.error_code.value == 0:  # type: ignore[attr-defined]
+        if response.error_code.value == 0:
             self.generation = send.generation
-        return Synced(response.error_code.value,  # type: ignore[attr-defined]
-                      response.assignment)  # type: ignore[attr-defined]
+        return Synced(response.error_code.value,
+                      response.assignment)
 
     def _assign(self, assignment: Assignment) -> None:
         mine = {t: p for t, p in assignment.items() if t in self.topics and p}
@@ -239,7 +239,7 @@ class GroupMember:
         if mine:
             response = self._call(ApiKey.OFFSET_FETCH, 5, group_id=self.group, topics=[
                 {"name": t, "partition_indexes": p} for t, p in sorted(mine.items())])
-            for topic in response.topics:  # type: ignore[attr-defined]
+            for topic in response.topics:
                 for p in topic.partitions:
                     offset = p.committed_offset
                     starts[(topic.name, p.partition_index)] = None if offset < 0 else offset
@@ -266,7 +266,7 @@ class GroupMember:
             generation_id_or_member_epoch=commit.generation, member_id=commit.member_id,
             group_instance_id=None,
             topics=[{"name": t, "partitions": ps} for t, ps in topics.items()])
-        for topic in response.topics:  # type: ignore[attr-defined]
+        for topic in response.topics:
             for p in topic.partitions:
                 if p.error_code is ErrorCode.none:
                     tp = (topic.name, p.partition_index)

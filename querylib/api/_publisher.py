@@ -122,8 +122,11 @@ class Publisher:
         # A topic published before by an earlier run: this run appends in a new epoch,
         # from time 0. One that another writer still writes goes on from the time its stream
         # reached: its readers were promised that nothing earlier comes (DESIGN §5 "Epochs").
-        self.resumed_at = self._own.frontier if self._own is not None else self._shared.joined
-        self.epoch = self._own.epoch if self._own is not None else self._shared.epoch
+        if self._own is not None:
+            self.resumed_at, self.epoch = self._own.frontier, self._own.epoch
+        else:
+            assert self._shared is not None
+            self.resumed_at, self.epoch = self._shared.joined, self._shared.epoch
         self.frontier = self.resumed_at
 
     def send(self, time: int, records: Iterable[Any], *,
@@ -201,7 +204,7 @@ class Publisher:
                 partition = self.partitioning.partition_of(hashed)
                 if key is None:  # the Hash key is the Kafka key of a record without its own
                     key = hashed
-            self._shared.send(partition, data, key, tail, time,  # type: ignore[union-attr]
+            self._shared.send(partition, data, key, tail, time,  # type: ignore[union-attr]  # shared path: set in __init__
                               timestamp)
 
     def _parts(self, record: Record, extra: Headers, stamp: int
@@ -240,7 +243,7 @@ class Publisher:
         if self._own is not None:
             self._own.advance(time)
         else:
-            self._shared.advance(self.worker, time)  # type: ignore[union-attr]
+            self._shared.advance(self.worker, time)  # type: ignore[union-attr]  # shared path: set in __init__
 
     def _too_early(self, time: int) -> str:
         if self.resumed_at and self.frontier == self.resumed_at:
@@ -266,7 +269,7 @@ class Publisher:
             if self._own is not None:
                 self._own.close()
             else:
-                self._shared.close(self.worker)  # type: ignore[union-attr]
+                self._shared.close(self.worker)  # type: ignore[union-attr]  # shared path: set in __init__
         finally:
             self.runtime.remove_publication(self.info.topic.name)
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     # The broker client is loaded by the first shared publication, not at import: a query
     # process registers before it needs it (DESIGN §6 "Query process start").
     from querylib.broker import Incarnation, Producer, WriterGroup
+    from querylib.rpc import Credential
 
 __all__ = ["Runtime", "SharedPartitions"]
 
@@ -58,7 +59,7 @@ class Runtime:
         self._opened: dict[str, int] = {}  # topic -> SharedPartitions made for it so far
 
     @property
-    def secret(self) -> bytes:
+    def secret(self) -> bytes | Credential:
         return self.cluster.secret
 
     @property

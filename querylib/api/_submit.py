@@ -202,7 +202,7 @@ def submit(fn: Callable[..., Any], *, processes: int = 1, workers: int = 1,
     try:
         source = cluster.upload_artifact(sha256_hex(pack), pack)
         query = cluster.submit_query(
-            name or getattr(fn, "__name__", "function"), source, processes=processes,
+            name or str(getattr(fn, "__name__", "function")), source, processes=processes,
             workers=workers, executors=executors, start_timeout=start_timeout)
         query = cluster.await_start(query.query_id)
         handle = SubmittedQuery(cluster, query, owns_cluster=owns)

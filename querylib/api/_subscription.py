@@ -36,7 +36,7 @@ from __future__ import annotations
 import queue
 import threading
 import time as _time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +120,7 @@ class Subscription:
         self.runtime = runtime
         self.records = records  # whole Records rather than values (streams only)
         # None: the topics' own serde, chosen (and checked) as each topic is looked up.
-        self.serde: Serde = serde  # type: ignore[assignment]
+        self.serde: Serde = serde  # type: ignore[assignment]  # None until each topic is looked up
         self._implicit = serde is None
         self._serde_topic = ""  # the topic whose serde an implicit choice took
         self.group = group
@@ -205,7 +205,7 @@ class Subscription:
                         "coordinator: start the coordinator with --kafka-port 0 (the default)")
 
     def assign(self, assignment: dict[str, list[int]],
-               starts: dict[tuple[str, int], int | None]) -> None:
+               starts: Mapping[tuple[str, int], int | None]) -> None:
         """The group gave this member `assignment`: read it, from the committed offsets."""
         fallback = "earliest" if self._start == "committed" else self._start
         added = []
@@ -237,7 +237,7 @@ class Subscription:
                     self._consumed[(topic, p)] = offset
             self._sources.extend(added)
         for source in added:
-            source.thread.start()  # type: ignore[union-attr]
+            source.thread.start()  # type: ignore[union-attr]  # set above for each added source
 
     def revoke(self) -> None:
         """Stop reading every partition (a rebalance, or close); what they queued is dropped."""

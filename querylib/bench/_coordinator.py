@@ -79,7 +79,8 @@ class _CoordinatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SERVE, str(self.root / "data"), self.address, self.broker,
              str(self.secret_file)], start_new_session=True, stdout=subprocess.PIPE)
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("the coordinator exited during start-up")
         with Cluster(self.address, self.secret, session=False, connect_timeout=60) as cluster:

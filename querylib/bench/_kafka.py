@@ -100,20 +100,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _command(proc: subprocess.Popen[bytes]) -> str:
+    """What `proc` runs, for an error message: the arguments after the interpreter."""
+    args = proc.args
+    return str(args[1:4] if isinstance(args, list | tuple) else args)
+
+
 def _accepting(proc: subprocess.Popen[bytes], port: int) -> subprocess.Popen[bytes]:
     """`proc` once something accepts connections on `port` (RuntimeError if it exits)."""
     deadline = time.monotonic() + _READY_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             assert proc.stderr is not None
-            raise RuntimeError(f"{proc.args[1:4]} exited: {proc.stderr.read().decode()[-400:]}")
+            raise RuntimeError(f"{_command(proc)} exited: {proc.stderr.read().decode()[-400:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"{proc.args[1:4]} did not start listening")
+    raise RuntimeError(f"{_command(proc)} did not start listening")
 
 
 def _start_listener(data_dir: str, port: int) -> subprocess.Popen[bytes]:
@@ -146,7 +152,7 @@ def _consume(port: int, records: int, extra: dict[str, Any]) -> tuple[int, int, 
                 break
             for message in messages:
                 if message.error() is None:
-                    values += len(message.value())
+                    values += len(message.value() or b"")
                     count += 1
         return count, values, time.perf_counter() - start
     finally:
@@ -336,7 +342,7 @@ def run() -> Iterator[dict[str, Any]]:
             for name, extra in (("confluent_defaults", {}), ("confluent_tuned", TUNED)):
                 cpu_before = _cpu_seconds(proc.pid)
                 count, values, seconds = _consume(port, records, extra)
-                row = {"case": name, "mb": round(size_mb), "records": count,
+                row: dict[str, Any] = {"case": name, "mb": round(size_mb), "records": count,
                        "mb_s": round(log_bytes * count / records / seconds / 1e6),
                        "value_mb_s": round(values / seconds / 1e6),
                        "records_s": round(count / seconds),

@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import encode_batch
@@ -30,6 +31,7 @@ READ_PASSES = 4
 GOAL = 0.8
 
 Timing = tuple[float, float]  # (wall seconds, CPU seconds)
+T = TypeVar("T")
 
 
 def _batch(seed: int) -> bytes:
@@ -41,7 +43,7 @@ def _batch(seed: int) -> bytes:
     ])
 
 
-def _timed(fn: Callable[[], object]) -> tuple[Timing, object]:
+def _timed(fn: Callable[[], T]) -> tuple[Timing, T]:
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
     return (time.perf_counter() - wall, time.process_time() - cpu), result

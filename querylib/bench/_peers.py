@@ -117,7 +117,7 @@ def _redis_consume(port: int, records: int, batched: bool, queue: Any) -> None:
     queue.put("ready")
     last, seen, first = "0", 0, None
     while seen < records:
-        found = client.xread({"bench": last}, count=10_000, block=30_000)
+        found: Any = client.xread({"bench": last}, count=10_000, block=30_000)
         if not found:
             break
         first = first or time.perf_counter()

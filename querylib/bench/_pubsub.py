@@ -136,7 +136,8 @@ def _subscriber_process(address: str, secret: bytes, topic: str, records: int, m
                     seen += len(event.records)
                     if mode == "latency":
                         now = time.time_ns()
-                        latencies += [now - _TS.unpack_from(r.value)[0] for r in event.records]
+                        latencies += [now - _TS.unpack_from(r.value or b"")[0]
+                                      for r in event.records]
         elapsed = time.perf_counter() - (first or time.perf_counter())
         queue.put({"records": seen, "seconds": elapsed, "bytes": nbytes,
                    "latencies": latencies})
@@ -180,7 +181,7 @@ async def _async_latency_subscribe(address: str, secret: bytes, topic: str, reco
                 break
             if isinstance(event, Data):
                 now = time.time_ns()
-                latencies += [now - _TS.unpack_from(r.value)[0] for r in event.records]
+                latencies += [now - _TS.unpack_from(r.value or b"")[0] for r in event.records]
         queue.put({"records": len(latencies), "seconds": 0.0, "bytes": 0,
                    "latencies": latencies})
 
@@ -201,7 +202,7 @@ def _raw_push(port: int, batches: int) -> None:
 def _raw_pull(port: int, batches: int, queue: Any) -> None:
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
     sock.bind(f"tcp://127.0.0.1:{port}")
     queue.put("ready")
     first, nbytes = None, 0

@@ -151,7 +151,7 @@ def _probe_subscriber(address: str, secret: bytes, topic: str, records: int,
                 break
             if isinstance(event, Data):
                 now = time.time_ns()
-                latencies += [now - stamp.unpack_from(r.value)[0] for r in event.records]
+                latencies += [now - stamp.unpack_from(r.value or b"")[0] for r in event.records]
         queue.put({"latencies": latencies})
 
 
@@ -189,7 +189,7 @@ def _parsing_pull(port: int, batches: int, queue: Any) -> None:
 
     from querylib.records import decode_batch
 
-    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
     sock.bind(f"tcp://127.0.0.1:{port}")
     queue.put("ready")
     first, records = None, 0

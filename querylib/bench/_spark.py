@@ -17,6 +17,7 @@ machine.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -62,6 +63,10 @@ def _write_files(spark: Any, root: str, records: int) -> None:
     ).repartition(PARTITIONS)
     df.write.mode("overwrite").json(os.path.join(root, "json"))
     df.write.mode("overwrite").parquet(os.path.join(root, "parquet"))
+
+
+def _apply(action: Callable[[Any], object], frame: Callable[[], Any]) -> object:
+    return action(frame())
 
 
 def _best(actions: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -125,7 +130,7 @@ def run() -> Iterator[dict]:
         assert frames["tq"]().count() == records - records % PARTITIONS
         results: dict[tuple[str, str], float] = {}
         for query, action in queries.items():
-            best = _best({source: lambda f=frame, a=action: a(f())
+            best = _best({source: functools.partial(_apply, action, frame)
                           for source, frame in frames.items()}, repeat)
             for source, seconds in best.items():
                 results[(source, query)] = records / seconds

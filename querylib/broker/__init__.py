@@ -66,4 +66,5 @@ if TYPE_CHECKING:
         WriteMarkersRequest,
     )
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -3,7 +3,7 @@ partition's log start (Kafka's DeleteRecords). Blocking, for tools and the coord
 
 from __future__ import annotations
 
-from querylib.rpc import BROKER, BlockingClient
+from querylib.rpc import BROKER, BlockingClient, Credential
 
 from ._session import CLIENT_LIMITS
 from .messages import (
@@ -17,7 +17,7 @@ from .messages import (
 __all__ = ["delete_records", "list_partitions", "list_subscriptions"]
 
 
-def list_partitions(address: str, secret: bytes, topic: str = "", *,
+def list_partitions(address: str, secret: bytes | Credential, topic: str = "", *,
                     timeout: float = 10.0) -> list[PartitionInfo]:
     """The partitions a broker hosts (of `topic`, or all)."""
     with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,
@@ -25,8 +25,8 @@ def list_partitions(address: str, secret: bytes, topic: str = "", *,
         return client.request(ListPartitions(topic=topic)).partitions
 
 
-def delete_records(address: str, secret: bytes, topic: str, partition: int, offset: int, *,
-                   timeout: float = 10.0) -> PartitionInfo:
+def delete_records(address: str, secret: bytes | Credential, topic: str, partition: int,
+                   offset: int, *, timeout: float = 10.0) -> PartitionInfo:
     """Move a partition's log start up to `offset` (-1: its end) on the broker hosting it
     (Kafka's DeleteRecords; the topic's writers and the admin may): the partition after."""
     with BlockingClient(address, secret, limits=CLIENT_LIMITS, timeout=timeout,

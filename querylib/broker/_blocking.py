@@ -22,7 +22,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.errors import TqError, UserError
 from querylib.records import TIME_HEADER, RunBatch, encode_int64
@@ -30,9 +30,12 @@ from querylib.rpc._bridge import LoopThread
 
 from ._producer import Claim, Entry, ProducerCore, WriterGroup, now_ms
 from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
-from ._stream import EndOfStream, Event, Headers, encode_records
+from ._stream import EndOfStream, Event, Headers, Values, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 from .messages import Incarnation, StartAt
+
+if TYPE_CHECKING:
+    from querylib.rpc import Credential
 
 __all__ = ["Producer", "Subscriber"]
 
@@ -52,7 +55,7 @@ def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
     """TypeError unless every value is bytes-like (or None, when allowed): one C-speed pass,
     so a send split over several batches fails before its first part is queued."""
     try:
-        b"".join(values)  # type: ignore[arg-type]
+        b"".join(values)  # type: ignore[arg-type]  # finding out: TypeError caught
         return
     except TypeError:
         pass
@@ -60,7 +63,7 @@ def _check_bytes_like(values: list[bytes | None], allow_none: bool) -> None:
         if value is None and allow_none:
             continue
         try:
-            memoryview(value)  # type: ignore[arg-type]
+            memoryview(value)  # type: ignore[arg-type]  # finding out: TypeError caught
         except TypeError:
             raise TypeError(f"record values are bytes-like or None, not "
                             f"{type(value).__name__}") from None
@@ -93,7 +96,7 @@ class Producer:
     (see ProducerCore).
     """
 
-    def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes,
+    def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes | Credential,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
                  create: bool = True, group: WriterGroup | None = None,
@@ -119,8 +122,9 @@ class Producer:
         self._failure: BaseException | None = None
         self._linger_armed = False
         self._closed = False
-        link_options = {"lease": lease, "timeout": timeout, "locate": _async_locate(locate),
-                        "reconnect_timeout": reconnect_timeout}
+        link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
+                                        "locate": _async_locate(locate),
+                                        "reconnect_timeout": reconnect_timeout}
         try:
             self.link, self.core = self._thread.call(self._open(
                 lambda: BrokerLink(address, secret, **link_options),
@@ -357,7 +361,7 @@ class Subscriber:
     """
 
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
-                 secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
+                 secret: bytes | Credential, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False, values: bool = False,
                  incarnation: Incarnation | None = None,
@@ -371,9 +375,10 @@ class Subscriber:
         self._thread = LoopThread(f"tq-subscriber {topic}", owner="a Subscriber")
         self._closed = False
         self._finished = False
-        self._pending: list[tuple[Event | None, int, int]] = []
-        link_options = {"lease": lease, "timeout": timeout, "locate": _async_locate(locate),
-                        "reconnect_timeout": reconnect_timeout}
+        self._pending: list[tuple[Event | Values | None, int, int]] = []
+        link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
+                                        "locate": _async_locate(locate),
+                                        "reconnect_timeout": reconnect_timeout}
         try:
             self.link, self.core = self._thread.call(self._open(
                 address, secret, topic, partitions, start, credit, link_options, create,
@@ -384,7 +389,7 @@ class Subscriber:
         self.decoder = ChunkDecoder(self.core, follow=follow, values=values)
         self.decoder.start()
 
-    async def _open(self, address: str, secret: bytes, topic: str,
+    async def _open(self, address: str, secret: bytes | Credential, topic: str,
                     partitions: list[int] | None, start: StartAt | dict[int, StartAt],
                     credit: int, link_options: dict[str, Any], create: bool,
                     incarnation: Incarnation | None) -> tuple[BrokerLink, SubscriberCore]:
@@ -436,7 +441,7 @@ class Subscriber:
         self.decoder.positions[chunk.partition] = chunk.next_offset
         self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
 
-    def next_event(self, timeout: float | None = None) -> Event | None:
+    def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None after `timeout` seconds, or at the end of a non-follow read."""
         while True:
             while self._pending:
@@ -453,7 +458,7 @@ class Subscriber:
             items.reverse()
             self._pending = items
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Iterator[Event | Values]:
         while not self._finished:
             event = self.next_event()
             if event is None:

@@ -219,7 +219,7 @@ class ProducerCore:
             claim = self.claim_for(batch)
             if claim is None:
                 return batch
-        return stamp_producer_split(batch, *claim)  # type: ignore[arg-type]
+        return stamp_producer_split(batch, *claim)  # type: ignore[arg-type]  # a Claim's fields
 
     async def _rejoin(self) -> None:
         """The link reopened the session (the broker restarted or forgot us, or stopped

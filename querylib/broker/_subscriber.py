@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -50,6 +50,9 @@ from .messages import (
     SubscriptionEnded,
     UnsubscribeRequest,
 )
+
+if TYPE_CHECKING:
+    from querylib.rpc import Credential
 
 __all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]
 
@@ -115,7 +118,8 @@ class SubscriberCore:
                     raise UnknownPartitionError(f"the broker has no partitions of topic "
                                                 f"{self.topic!r}")
                 partitions = [0]
-        self.credit = min(self.credit, self.link.opened.max_credit)  # type: ignore[union-attr]
+        assert self.link.opened is not None  # the link is started
+        self.credit = min(self.credit, self.link.opened.max_credit)
         for p in partitions:
             start = self._start.get(p, "earliest") if isinstance(self._start, dict) \
                 else self._start
@@ -160,7 +164,7 @@ class SubscriberCore:
     # -- notifications (on the loop, must be quick) ---------------------------------------
 
     def _on_delivery(self, note: Notification) -> None:
-        message: Delivery = note.message  # type: ignore[assignment]
+        message: Delivery = note.message  # type: ignore[assignment]  # routed here by type
         sub = self._by_id.get(message.sub_id)
         if sub is None:
             return  # from a subscription we replaced
@@ -184,7 +188,7 @@ class SubscriberCore:
                          data))
 
     def _on_ended(self, note: Notification) -> None:
-        message: SubscriptionEnded = note.message  # type: ignore[assignment]
+        message: SubscriptionEnded = note.message  # type: ignore[assignment]  # routed by type
         sub = self._by_id.get(message.sub_id)
         if sub is None:
             return
@@ -315,7 +319,7 @@ class ChunkDecoder:
             return False
         return all(self.positions[p] >= s.end_at_start for p, s in self.core.subs.items())
 
-    def decode(self, chunk: Chunk) -> Iterator[tuple[Event | None, int, int]]:
+    def decode(self, chunk: Chunk) -> Iterator[tuple[Event | Values | None, int, int]]:
         """(event or None, partition, position after it) for the chunk's contents; the last
         item (None) moves the position past the whole chunk (control batches, skipped
         records). Apply positions as the application takes each event."""
@@ -337,7 +341,7 @@ class ChunkDecoder:
                 yield item, p, item.records[-1].offset + 1
         yield None, p, chunk.next_offset
 
-    def take(self, item: tuple[Event | None, int, int]) -> Event | None:
+    def take(self, item: tuple[Event | Values | None, int, int]) -> Event | Values | None:
         event, partition, position = item
         self.positions[partition] = max(self.positions[partition], position)
         return event
@@ -356,7 +360,7 @@ class AsyncSubscriber:
     """
 
     def __init__(self, address: str, topic: str, partitions: int | list[int] | None = None, *,
-                 secret: bytes, start: StartAt | dict[int, StartAt] = "earliest",
+                 secret: bytes | Credential, start: StartAt | dict[int, StartAt] = "earliest",
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False,
                  incarnation: Incarnation | None = None, locate: Locate | None = None,
@@ -372,7 +376,7 @@ class AsyncSubscriber:
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,
                                    sink=self._put, create=create, incarnation=incarnation)
         self.decoder = ChunkDecoder(self.core, follow=follow)
-        self._ready: deque[tuple[Event | None, int, int]] = deque()
+        self._ready: deque[tuple[Event | Values | None, int, int]] = deque()
         self._finished = False
 
     def _put(self, item: Chunk | TqError) -> None:
@@ -406,7 +410,7 @@ class AsyncSubscriber:
         """The epoch of `frontier` (DESIGN §5 "Epochs")."""
         return self.decoder.merge.published_epoch if self.decoder.merge else 0
 
-    async def next_event(self, timeout: float | None = None) -> Event | None:
+    async def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None at the end of a non-follow read or after `timeout` seconds."""
         while True:
             while self._ready:
@@ -431,7 +435,7 @@ class AsyncSubscriber:
     def __aiter__(self) -> AsyncSubscriber:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> Event | Values:
         """The next event; iteration stops after EndOfStream (or at the end of a non-follow
         read)."""
         if self._finished:

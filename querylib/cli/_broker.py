@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from querylib.kafka import ListenerLimits
+    from querylib.server.connector import EndpointConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,7 +158,7 @@ def add_kafka_limit_options(parser: argparse.ArgumentParser) -> None:
                         "separate limit)")
 
 
-def kafka_limits(args: argparse.Namespace, **more: int) -> object:
+def kafka_limits(args: argparse.Namespace, **more: int) -> ListenerLimits:
     """The ListenerLimits the Kafka limit options ask for (UserError for a bad value)."""
     from catalog.errors import UserError
     from querylib.kafka import ListenerLimits
@@ -193,12 +197,12 @@ def kafka_config(args: argparse.Namespace) -> object | None:
                        auto_create_topics=args.kafka_auto_create_topics,
                        group_config=GroupConfig(
                            initial_rebalance_delay_ms=args.kafka_group_initial_delay_ms),
-                       limits=kafka_limits(args),  # type: ignore[arg-type]
+                       limits=kafka_limits(args),
                        sasl=sasl, ssl_context=server_tls(args.kafka_tls_cert,
                                                          args.kafka_tls_key, "--kafka-tls"))
 
 
-def connector_config(args: argparse.Namespace) -> object | None:
+def connector_config(args: argparse.Namespace) -> EndpointConfig | None:
     """The EndpointConfig the connector options ask for; None when there is to be none."""
     if args.connector_port is None or args.connector_port < 0:
         return None
@@ -256,5 +260,5 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"tq broker: {what} on {address}", file=sys.stderr, flush=True)
 
     return run_broker(args.data, args.listen, secret, log_config=config, on_ready=ready,
-                      connector=connector_config(args),  # type: ignore[arg-type]
+                      connector=connector_config(args),
                       kafka=kafka_config(args), on_endpoints=endpoints)

@@ -87,7 +87,7 @@ def describe(value: Any) -> str:
         return (f"{value.cores} cores, {value.memory // 2**20} MiB, {value.disk // 2**30} GiB "
                 f"disk, {value.slots} slots")
     if isinstance(value, msgspec.Struct):
-        return describe_owner(value)  # type: ignore[arg-type]
+        return describe_owner(value)  # type: ignore[arg-type]  # the catalog structs shown here are owners
     if isinstance(value, tuple):
         return ",".join(describe(v) for v in value) or "-"
     if isinstance(value, bool):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.errors import UserError
 from querylib.cli._catalog import add_cluster_options
@@ -32,6 +32,9 @@ from querylib.cli._records_text import (
     parse_start,
     serde_of,
 )
+
+if TYPE_CHECKING:
+    from querylib.rpc import Credential
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,7 +91,7 @@ def add_topic_client_options(parser: argparse.ArgumentParser) -> None:
 
 
 def open_route(args: argparse.Namespace, *, create_partitions: int | None = None,
-               wait: float = 0.0) -> tuple[Any, bytes]:
+               wait: float = 0.0) -> tuple[Any, bytes | Credential]:
     """The topic's TopicRoute, from the coordinator, and the secret its brokers take."""
     from querylib.cluster import Cluster, route_topic
 

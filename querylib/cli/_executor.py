@@ -80,7 +80,7 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
     agent = ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
                           host=args.host, broker_listen=args.broker_listen,
                           grace=args.grace, lease=args.lease,
-                          connector=connector_config(args),  # type: ignore[arg-type]
+                          connector=connector_config(args),
                           kafka=kafka_config(args))
     # start() waits for a coordinator that is not up yet: a signal must still stop it.
     starting = loop.create_task(agent.start())

@@ -13,6 +13,10 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_ingest)
 
 
-def client_tls(ca_file: str | None) -> object | None:
+def client_tls(ca_file: str | None) -> ssl.SSLContext | None:
     """A TLS client context trusting `ca_file` (None: no TLS); UserError if unreadable."""
     if ca_file is None:
         return None

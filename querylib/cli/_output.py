@@ -29,10 +29,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import Query
 from querylib.cluster import wait_for_exits
+
+if TYPE_CHECKING:
+    from querylib.broker.messages import StartAt
+    from querylib.rpc import Credential
 
 __all__ = ["OutputOptions", "format_line", "print_output"]
 
@@ -91,15 +95,15 @@ def _log_brokers(cluster: Any, timeout: float) -> list[str]:
 class _Reader:
     """One broker's `__logs`, filtered to one query."""
 
-    def __init__(self, address: str, query_id: int, secret: bytes, options: OutputOptions,
-                 timeout: float) -> None:
+    def __init__(self, address: str, query_id: int, secret: bytes | Credential,
+                 options: OutputOptions, timeout: float) -> None:
         self.address = address
         self.query_id = query_id
         self.prefix = f"{query_id}/".encode()
         self.secret = secret
         self.options = options
         self.timeout = timeout
-        self.position: int | str = "earliest"
+        self.position: StartAt = "earliest"
         self.abandoned = False  # set when the follower is interrupted: no last read
 
     def _lines(self, event: Any) -> list[_Line]:
@@ -132,7 +136,7 @@ class _Reader:
                     emit(self._lines(event))
                 elif event is None and stop is None and sub.decoder.done():
                     break
-            self.position = sub.positions.get(0, self.position)  # type: ignore[assignment]
+            self.position = sub.positions.get(0, self.position)
         if stop is not None and not interrupted.is_set():  # ended: every line is in by now
             self.read(emit, interrupted)
 

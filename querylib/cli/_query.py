@@ -204,15 +204,15 @@ def _describe_topic(args: argparse.Namespace) -> int:
     if topic.configs:
         out[0] += ", " + ", ".join(f"{k}={v}" for k, v in topic.configs)
     cells = [["PARTITION", "START", "END", "BYTES", "FRONTIER", "BROKER"]]
-    for p in parts:
-        unknown = p["end"] is None
-        frontier = "ended" if p["ended"] else str(p["frontier"])
-        if p["epoch"]:  # a later run's (DESIGN §5 "Epochs")
-            frontier += f" (epoch {p['epoch']})"
-        cells.append([str(p["partition"]), "-" if unknown else str(p["start"]),
-                      "-" if unknown else str(p["end"]),
-                      "-" if unknown else str(p["bytes"]), "-" if unknown else frontier,
-                      f"{p['broker']} ({p['address'] or 'down'})"])
+    for part in parts:
+        unknown = part["end"] is None
+        frontier = "ended" if part["ended"] else str(part["frontier"])
+        if part["epoch"]:  # a later run's (DESIGN §5 "Epochs")
+            frontier += f" (epoch {part['epoch']})"
+        cells.append([str(part["partition"]), "-" if unknown else str(part["start"]),
+                      "-" if unknown else str(part["end"]),
+                      "-" if unknown else str(part["bytes"]), "-" if unknown else frontier,
+                      f"{part['broker']} ({part['address'] or 'down'})"])
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in cells]

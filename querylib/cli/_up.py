@@ -111,6 +111,7 @@ def _run(args: argparse.Namespace) -> int:
             await agent.close()
             raise
         started.append(console)
+        assert agent.endpoints is not None  # set by start()
         for message in agent.endpoints.skipped:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
         for line in ready_lines(coordinator, agent, data, str(cluster_file()), console):

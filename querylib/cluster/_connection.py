@@ -20,6 +20,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from querylib._pidlock import PidLock, hold_data_dir
 from querylib.rpc import Credential, default_secret_path, load_credential
@@ -30,6 +31,8 @@ from ._errors import (
     ClusterRunningError,
     NoCoordinatorError,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "ClusterInfo",
@@ -131,11 +134,11 @@ def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo
     return info
 
 
-def _field(raw: dict[str, object], name: str, kind: type) -> str:
+def _field(raw: dict[str, object], name: str, kind: type[T]) -> T:
     value = raw.get(name)
     if not isinstance(value, kind) or not value:
         raise ValueError(f"missing {name!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def claim_cluster_file(home: str | os.PathLike[str] | None = None) -> PidLock:

@@ -46,6 +46,7 @@ from catalog import (
     decode_record,
 )
 from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.broker.messages import StartAt
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
 
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER
@@ -212,7 +213,7 @@ def _need(headers: dict[str, int], name: str) -> int:
     return value
 
 
-def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, int | str]:
+def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, StartAt]:
     """The view and the offset to start from: the latest checkpoint's block, else earliest."""
     checkpoint = info.checkpoint
     if checkpoint is None or collection not in checkpoint.offsets:

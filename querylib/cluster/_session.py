@@ -219,7 +219,8 @@ class AsyncCluster:
         except UnknownSessionError as exc:
             if getattr(request, "session_id", None) == self.session_id is not None:
                 self._lose(exc)
-                raise self._lost from exc  # type: ignore[misc]
+                assert self._lost is not None  # set by _lose
+                raise self._lost from exc
             raise
         version = getattr(reply, "version", None)
         if version is not None:
@@ -429,7 +430,8 @@ class AsyncCluster:
 
     async def _renew(self, timeout: float) -> None:
         load = None if self.load_source is None else self.load_source()
-        await self.client.request(m.Heartbeat(session_id=self.session_id,  # type: ignore[arg-type]
+        assert self.session_id is not None  # renewed once opened
+        await self.client.request(m.Heartbeat(session_id=self.session_id,
                                               lease_ms=int(self.lease * 1000), load=load),
                                   timeout=timeout)
 

@@ -22,10 +22,14 @@ import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog import INGEST, UnknownTopicError
 from catalog.errors import TqError, UserError
+
+if TYPE_CHECKING:
+    from querylib.broker.messages import StartAt
+    from querylib.rpc import Credential
 
 __all__ = ["TopicRoute", "TopicWriter", "last_records_start", "partition_infos", "read_topic",
            "route_topic"]
@@ -85,7 +89,8 @@ class TopicWriter:
     A record goes to `partition` when given, else to the hash of its key (CRC-32, stable
     across runs), else round-robin. Only ingest topics are fed from outside a query."""
 
-    def __init__(self, route: TopicRoute, secret: bytes, *, timeout: float = 30.0) -> None:
+    def __init__(self, route: TopicRoute, secret: bytes | Credential, *,
+                 timeout: float = 30.0) -> None:
         if not route.ingest:
             raise UserError(f"topic {route.name!r} is owned by a query; only ingest topics "
                             f"are fed from outside (tq topic create makes one)")
@@ -147,8 +152,9 @@ class TopicWriter:
         self.close(end=exc_type is None)
 
 
-def read_topic(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
-               start: str | int | dict[int, int] = "earliest", follow: bool = False,
+def read_topic(route: TopicRoute, secret: bytes | Credential, *,
+               partitions: list[int] | None = None,
+               start: StartAt | dict[int, StartAt] = "earliest", follow: bool = False,
                timeout: float = 30.0) -> Iterator[Any]:
     """Events (`Data`, `Progress`, `EndOfStream` of querylib.broker) of the chosen partitions.
     Without `follow` it stops at the end of what was stored when it started; with it, at the
@@ -170,8 +176,8 @@ def read_topic(route: TopicRoute, secret: bytes, *, partitions: list[int] | None
 _DONE = object()  # a broker thread's last item
 
 
-def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
-            start: str | int | dict[int, int], follow: bool, timeout: float) -> Iterator[Any]:
+def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes | Credential,
+            start: StartAt | dict[int, StartAt], follow: bool, timeout: float) -> Iterator[Any]:
     from querylib.broker import EndOfStream, Progress, Subscriber
 
     events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
@@ -234,8 +240,8 @@ def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes,
             thread.join(timeout=0)  # daemons: a broker thread blocked on its socket may linger
 
 
-def partition_infos(route: TopicRoute, secret: bytes, *, partitions: list[int] | None = None,
-                    timeout: float = 30.0) -> dict[int, Any]:
+def partition_infos(route: TopicRoute, secret: bytes | Credential, *,
+                    partitions: list[int] | None = None, timeout: float = 30.0) -> dict[int, Any]:
     """What the hosting brokers say of each chosen partition (querylib.broker.PartitionInfo:
     start and end offsets, frontier, ended, bytes); one nobody wrote yet is empty. A
     partition whose broker does not answer is missing, unless that is the only broker (then
@@ -261,7 +267,7 @@ def partition_infos(route: TopicRoute, secret: bytes, *, partitions: list[int] |
     return found
 
 
-def last_records_start(route: TopicRoute, secret: bytes, count: int, *,
+def last_records_start(route: TopicRoute, secret: bytes | Credential, count: int, *,
                        partitions: list[int] | None = None,
                        timeout: float = 30.0) -> dict[int, int]:
     """The offset of each chosen partition from which it holds its last `count` records.

@@ -90,4 +90,5 @@ if TYPE_CHECKING:
     from ._wire import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, FrameDecoder
     from ._worker import DEFAULT_MAX_STREAMS, WorkerConnection
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

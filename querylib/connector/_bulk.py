@@ -78,8 +78,8 @@ class BulkWorkerConnection(WorkerConnection):
     of 0 or beyond the maximum goes to the base decoder too, which reports it.
     """
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._partial = b""
 
     @property
@@ -126,7 +126,9 @@ class BulkWorkerConnection(WorkerConnection):
         avail = credits.available
         size = len(buf)
         pos = 0
-        run: list | None = None  # the messages of the run being filled
+        # The messages of the run being filled: the (message_id, payload, event_time, key,
+        # flags) of MessageRun.messages.
+        run: list[tuple[int, bytes, int | None, bytes | None, int]] | None = None
         run_sid = -1
         run_stream: Any = None
         run_last: int | None = None
@@ -134,7 +136,7 @@ class BulkWorkerConnection(WorkerConnection):
 
         def finish(end: int) -> None:
             run_stream.last_message_id = run_last
-            events.append(MessageRun(run_sid, run, end - run_start))  # type: ignore[arg-type]
+            events.append(MessageRun(run_sid, run, end - run_start))  # type: ignore[arg-type]  # a run is open
 
         while True:
             if size - pos >= full:
@@ -171,10 +173,10 @@ class BulkWorkerConnection(WorkerConnection):
                         avail -= 1
                         if released:
                             key = buf[start - key_size:start] if key_size else None
-                            run.append((mid, buf[start:end], event_time or None,  # type: ignore
+                            run.append((mid, buf[start:end], event_time or None,  # type: ignore[union-attr]  # ok: a run is open
                                         key, flags))
                         else:
-                            run.append((mid, buf[start:end], event_time, None,  # type: ignore
+                            run.append((mid, buf[start:end], event_time, None,  # type: ignore[union-attr]  # ok: a run is open
                                         flags))
                         pos = end
                         continue

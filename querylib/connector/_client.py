@@ -404,35 +404,34 @@ class Connector:
 
     def _handle(self, events: Iterable[Event]) -> None:
         for event in events:
-            kind = type(event)
-            if kind is Acked:
-                for sid, processed in event.acks:  # type: ignore[attr-defined]
+            if isinstance(event, Acked):
+                for sid, processed in event.acks:
                     stream = self.streams.get(sid)
                     if stream is not None and self._acked(stream, processed):
                         self._progress = True
-            elif kind is Nacked:
+            elif isinstance(event, Nacked):
                 self.counters["nacks"] += 1
-                stream = self.streams.get(event.stream_id)  # type: ignore[attr-defined]
+                stream = self.streams.get(event.stream_id)
                 if stream is not None:
-                    self._rewind(stream, event.processed)  # type: ignore[attr-defined]
-            elif kind is StreamAccepted:
-                stream = self.streams.get(event.stream_id)  # type: ignore[attr-defined]
+                    self._rewind(stream, event.processed)
+            elif isinstance(event, StreamAccepted):
+                stream = self.streams.get(event.stream_id)
                 if stream is not None:
-                    self._rewind(stream, event.processed)  # type: ignore[attr-defined]
+                    self._rewind(stream, event.processed)
                     stream.notified = stream.accepted = True
-            elif kind is StreamRejected:
-                stream = self.streams.get(event.stream_id)  # type: ignore[attr-defined]
-                name = stream.name if stream else event.stream_id  # type: ignore[attr-defined]
+            elif isinstance(event, StreamRejected):
+                stream = self.streams.get(event.stream_id)
+                name = stream.name if stream else event.stream_id
                 raise StreamRefusedError(f"the endpoint refused stream {name!r}")
-            elif kind is RestartRequested:
+            elif isinstance(event, RestartRequested):
                 self.counters["restarts"] += 1
-                address = event.address  # type: ignore[attr-defined]
+                address = event.address
                 self._restart_to = parse_address(address) if address else None
                 raise ConnectionResetError("the endpoint asked for a reconnect")
-            elif kind is PeerError or kind is ProtocolFailed:
+            elif isinstance(event, PeerError | ProtocolFailed):
                 reason = getattr(event, "reason", None) or str(getattr(event, "error", ""))
-                if kind is ProtocolFailed:
-                    self._send_now(event.reply)  # type: ignore[attr-defined]
+                if isinstance(event, ProtocolFailed):
+                    self._send_now(event.reply)
                 # Refused at HELLO (cookie, version), or ended again and again before any
                 # message was acknowledged (a refused draft stream, a stream whose topic
                 # refuses its writes): trying again cannot help.

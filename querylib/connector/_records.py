@@ -173,7 +173,7 @@ def encode_messages(
         key_part = _NULL if key is None else _varint(len(key)) + key
         value_len = _varint(plen)
         if flags:
-            tail = (three, pack_id(mid), _FLAGS_NAME, pack_flags(flags))
+            tail: tuple[bytes, ...] = (three, pack_id(mid), _FLAGS_NAME, pack_flags(flags))
             tail_size = len(three) + 8 + len(_FLAGS_NAME) + 2
         else:
             tail = (two, pack_id(mid))

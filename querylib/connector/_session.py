@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ._adapters import Adapter
 from ._credit import Credits
@@ -50,7 +50,7 @@ def command(method: _F) -> _F:
             return b""
         return method(self, *args, **kwargs)
 
-    return guarded  # type: ignore[return-value]
+    return cast(_F, guarded)  # wraps(method): the same signature
 
 
 def text(data: bytes, what: str) -> str:
@@ -143,12 +143,12 @@ class Session:
             return []
         events: list[Event] = []
         try:
-            data = self._before_decoder(data)
-            if data is None:
+            sniffed = self._before_decoder(data)
+            if sniffed is None:
                 return events
             decoder = self._decoder
             assert decoder is not None
-            decoder.feed(data)
+            decoder.feed(sniffed)
             while self._state not in _TERMINAL:
                 raw = decoder.next_raw()
                 if raw is None:

@@ -293,7 +293,7 @@ class Codec:
     def encode(self, frame: Frame) -> bytes:
         """The complete frame: length prefix, tag, fields. LocalProtocolError on a bad value."""
         cls = type(frame)
-        plan = self._plans.get(cls)  # type: ignore[arg-type]
+        plan = self._plans.get(cls)
         if plan is None:
             raise LocalProtocolError(f"{cls.__name__} is not a {self.name} frame")
         out = [b"", plan.tag_byte]

@@ -29,9 +29,13 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import querylib
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 _POLL_SECONDS = 0.5  # how often the driver looks at the query's progress while it runs
 
@@ -68,12 +72,12 @@ class EndWatch:
         self._thread.join(timeout=30)
 
 
-def counts_query(spark: object, *, source: str, sink: str, window_seconds: int,
-                 checkpoint: str, trigger_seconds: float) -> object:
+def counts_query(spark: SparkSession, *, source: str, sink: str, window_seconds: int,
+                 checkpoint: str, trigger_seconds: float) -> StreamingQuery:
     """Start the streaming query: clicks per page per window of event time, in update mode."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
-    clicks = (spark.readStream.format("tq")  # type: ignore[attr-defined]
+    clicks = (spark.readStream.format("tq")
               .option("subscribe", source).option("startingOffsets", "earliest").load())
     counts = (clicks
               .select(F.timestamp_millis("tq_time").alias("event_time"),
@@ -134,11 +138,11 @@ def page_counts(ctx: querylib.Context, *, source: str, sink: str, window_seconds
     return watch.records
 
 
-def _report(query: object, reported: int) -> int:
+def _report(query: StreamingQuery, reported: int) -> int:
     """Print the micro-batches finished since batch `reported`; raise if the query died."""
-    if not query.isActive and query.exception() is not None:  # type: ignore[attr-defined]
-        raise RuntimeError(f"the Spark query failed: {query.exception()}")  # type: ignore
-    for progress in query.recentProgress:  # type: ignore[attr-defined]
+    if not query.isActive and query.exception() is not None:
+        raise RuntimeError(f"the Spark query failed: {query.exception()}")
+    for progress in query.recentProgress:
         batch = progress["batchId"]
         if batch > reported and progress["numInputRows"]:
             print(f"batch {batch}: {progress['numInputRows']} clicks counted", flush=True)

@@ -36,4 +36,5 @@ if TYPE_CHECKING:
     )
     from ._framing import FrameReader, RequestHeader, parse_request_header
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

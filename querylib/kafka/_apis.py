@@ -97,7 +97,7 @@ class ApiKey(enum.IntEnum):
 # that name topics by id in place of names (Produce v13, OffsetCommit/OffsetFetch v10), and
 # those whose new semantics tq lacks (ListOffsets v9+ tiered offsets, FindCoordinator v5+
 # share groups).
-SUPPORTED_VERSIONS: Mapping[ApiKey, tuple[int, int]] = types.MappingProxyType({
+SUPPORTED_VERSIONS: Mapping[int, tuple[int, int]] = types.MappingProxyType({
     ApiKey.PRODUCE: (0, 12),  # v0-2 answered with UNSUPPORTED_VERSION, see the module docstring
     ApiKey.FETCH: (4, 17),
     ApiKey.LIST_OFFSETS: (1, 8),
@@ -174,13 +174,13 @@ class ListenerLimits:
 
 
 def is_supported(api_key: int, version: int) -> bool:
-    span = SUPPORTED_VERSIONS.get(api_key)  # type: ignore[call-overload]
+    span = SUPPORTED_VERSIONS.get(api_key)
     return span is not None and span[0] <= version <= span[1]
 
 
 @functools.cache
-def _payload_class(api_key: int, version: int, entity_type: EntityType) -> type:
-    module = load_payload_module(api_key, version, entity_type)  # type: ignore[arg-type]
+def _payload_class(api_key: int, version: int, entity_type: EntityType) -> type[Any]:
+    module = load_payload_module(api_key, version, entity_type)  # type: ignore[arg-type]  # kio: request or response only
     name = ApiKey(api_key).name.title().replace("_", "")
     suffix = "Request" if entity_type is EntityType.request else "Response"
     return getattr(module, name + suffix)
@@ -337,7 +337,7 @@ def _writer(cls: type) -> Callable[[Any, Any], None]:
 
 def encode_response(response: Any) -> bytes:
     buffer = io.BytesIO()
-    _writer(type(response))(buffer, response)
+    _writer(response.__class__)(buffer, response)
     return buffer.getvalue()
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from kio.schema.request_header.v1.header import RequestHeader
 from kio.serial import entity_writer
 from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32
 
 from catalog.errors import ProtocolError, TqError
 from querylib.kafka._apis import _build, _payload_class, decode_response
@@ -62,8 +63,9 @@ class KafkaClient:
         assert not request.__flexible__, "only non-flexible versions are spoken"
         self._correlation += 1
         buffer = io.BytesIO()
-        _write_header(buffer, RequestHeader(request_api_key=api_key, request_api_version=version,
-                                            correlation_id=self._correlation,
+        _write_header(buffer, RequestHeader(request_api_key=i16(api_key),
+                                            request_api_version=i16(version),
+                                            correlation_id=i32(self._correlation),
                                             client_id=self.client_id))
         entity_writer(type(request))(buffer, request)
         body = buffer.getvalue()

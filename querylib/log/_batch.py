@@ -67,7 +67,7 @@ def check_batch(buf: Batch) -> BatchHeader:
     if type(buf) is SplitBatch:
         header = _verify_split(buf)
     else:  # the codec's check: bounds, magic 2, CRC-32C
-        header = verify_batch(buf, 0)  # type: ignore[arg-type]
+        header = verify_batch(buf, 0)
     if header.size != len(buf):
         raise InvalidLengthError(
             f"batch is {header.size} bytes but {len(buf)} were given: append one batch at a time"
@@ -109,7 +109,7 @@ def stored_batch(batch: Batch, base_offset: int) -> bytes:
     if type(batch) is SplitBatch:
         prefix = stamp_prefix(base_offset, check_batch(batch))
         return b"".join((prefix, memoryview(batch.head)[PREFIX_SIZE:], batch.body))
-    view = memoryview(batch).cast("B")  # type: ignore[arg-type]
+    view = memoryview(batch).cast("B")
     return stamp_prefix(base_offset, check_batch(view)) + bytes(view[PREFIX_SIZE:])
 
 
@@ -121,7 +121,7 @@ def appended_batch(batch: Batch, base_offset: int) -> bytes:
     prefix = _PREFIX.pack(base_offset, _LENGTH.unpack_from(head, 8)[0], LEADER_EPOCH)
     if type(batch) is SplitBatch:
         return b"".join((prefix, memoryview(head)[PREFIX_SIZE:], batch.body))
-    return prefix + bytes(memoryview(batch).cast("B")[PREFIX_SIZE:])  # type: ignore[arg-type]
+    return prefix + bytes(memoryview(batch).cast("B")[PREFIX_SIZE:])
 
 
 def pread_exact(fd: int, length: int, pos: int) -> bytes:

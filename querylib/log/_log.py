@@ -29,7 +29,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
@@ -146,8 +146,9 @@ def corrupt_data_error(path: str, segment_path: str, damage: Damage) -> CorruptD
     topic, partition = partition_of(path)
     last = damage.end_offset - 1
     where = f"topic {topic!r} partition {partition}: offsets {damage.start_offset}..{last}"
-    fields = {"topic": topic, "partition": partition, "start_offset": damage.start_offset,
-              "end_offset": damage.end_offset, "path": segment_path}
+    fields: dict[str, Any] = {"topic": topic, "partition": partition,
+                              "start_offset": damage.start_offset,
+                              "end_offset": damage.end_offset, "path": segment_path}
     if damage.repaired:
         kept = f" (their bytes are in {damage.quarantine})" if damage.quarantine else ""
         return QuarantinedDataError(

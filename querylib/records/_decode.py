@@ -163,7 +163,7 @@ def _read_headers(buf: bytes, pos: int, end: int) -> tuple[tuple[Header, ...], i
         count, pos = read_varint(buf, pos)
     if not 0 <= count <= (end - pos) // MIN_HEADER_SIZE:
         raise InvalidLengthError(f"headersCount {count} impossible in {end - pos} bytes")
-    headers = []
+    headers: list[Header] = []
     for _ in range(count):
         b = buf[pos]
         if b < 0x80:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import crc32c
 
@@ -134,7 +134,10 @@ def _encode_records(entries: Sequence[Entry], base_ts: int) -> tuple[list[bytes]
     deltas = _ATTRS_AND_DELTA if _SAFE_TS_MIN <= base_ts <= _SAFE_TS_MAX else {}
     max_ts = base_ts
     i = 0
-    for ts, key, value, headers in entries:
+    # Typed as the fast path below reads them: a None value or header value raises TypeError
+    # there (caught: the general encoder takes that record), as a table miss raises KeyError.
+    fast = cast("Sequence[tuple[int, bytes | None, bytes, Sequence[tuple[str, bytes]]]]", entries)
+    for ts, key, value, headers in fast:
         if ts > max_ts:
             max_ts = ts
         # Any miss (a delta, offset or length beyond the tables, a None value, an uncached
@@ -174,7 +177,8 @@ def _encode_records(entries: Sequence[Entry], base_ts: int) -> tuple[list[bytes]
                     else:
                         more((names[name], lengths[len(hvalue)], hvalue))
                 if key is None:
-                    fields = (head, offset_null_key[i], lengths[len(value)], value)
+                    fields: tuple[bytes, ...] = (head, offset_null_key[i], lengths[len(value)],
+                                                 value)
                 else:
                     fields = (head, lengths[i], lengths[len(key)], key, lengths[len(value)],
                               value)

@@ -58,7 +58,7 @@ class Run(NamedTuple):
 
     first: int             # the offset delta of its first record
     timestamp: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count(), which no caller uses
     size: int              # bytes of its records
     parts: list[bytes | bytearray]
 
@@ -91,7 +91,7 @@ class RunBatch:
         delta = wrap_int64(ts - (self._base_ts if self.count else ts))
         tail = _headers_tail(headers)
         first = self.count
-        parts = None
+        parts: list[bytes | bytearray] | None = None
         if first + len(values) <= TABLE_SIZE:
             parts = _equal_run(values, delta, tail, first)
         if parts is None:
@@ -136,11 +136,11 @@ def _headers_tail(headers: Sequence[Header]) -> bytes:
 
 
 def _equal_run(values: Sequence[bytes | None], delta: int, tail: bytes, first: int
-               ) -> list[bytearray] | None:
+               ) -> list[bytes | bytearray] | None:
     """The records of a run whose values are bytes-like of one length, at offset deltas
     first, first + 1, ...; None for any other run (the caller encodes it record by record)."""
     try:
-        lengths = set(map(len, values))
+        lengths = set(map(len, values))  # type: ignore[arg-type]  # None raises: caught
     except TypeError:  # a None value
         return None
     if len(lengths) != 1:
@@ -148,7 +148,7 @@ def _equal_run(values: Sequence[bytes | None], delta: int, tail: bytes, first: i
     (length,) = lengths
     head = b"\x00" + encode_varlong(delta)  # attributes, timestampDelta
     mid = _NULL + encode_varint(length)  # keyLength -1, valueLength
-    pieces = []
+    pieces: list[bytes | bytearray] = []
     start, n = 0, len(values)
     while start < n:
         od = first + start
@@ -158,7 +158,8 @@ def _equal_run(values: Sequence[bytes | None], delta: int, tail: bytes, first: i
         prefix = lead + head + bytes(width) + mid
         size = len(prefix) + length + len(tail)
         try:  # tail + prefix between two values; the first tail and last prefix cut off
-            piece = bytearray(tail + prefix).join([b"", *values[start:stop], b""])
+            piece = bytearray(tail + prefix).join(
+                [b"", *values[start:stop], b""])  # type: ignore[list-item]  # None: caught
         except TypeError:  # not bytes-like: the general encoder says what is wrong
             return None
         del piece[:len(tail)]

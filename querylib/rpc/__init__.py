@@ -87,4 +87,5 @@ if TYPE_CHECKING:
     from ._stats import LATENCY_BUCKETS, RequestStats, TypeStats
     from ._tracker import RequestTracker
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import zmq
 
@@ -41,7 +41,7 @@ from ._errors import (
     UnexpectedReplyError,
     error_from_body,
 )
-from ._messages import Kind, Notify, Reply, Request
+from ._messages import ErrorBody, Kind, Notify, Reply, Request
 from ._shell import (
     HANDSHAKE_FAILED_AUTH,
     HANDSHAKE_SUCCEEDED,
@@ -236,11 +236,11 @@ class RpcClient:
             raise self._expired(request, timeout)
         body = incoming.body
         if incoming.header.kind == Kind.ERROR:
-            raise error_from_body(body, request_type.error_type)  # type: ignore[arg-type]
+            raise error_from_body(cast(ErrorBody, body), request_type.error_type)
         if not isinstance(body, request_type.reply_type):
             raise UnexpectedReplyError(f"{request_type.__name__} answered with "
                                        f"{type(body).__name__}")
-        return body, incoming.payload  # type: ignore[return-value]
+        return cast(R, body), incoming.payload  # a reply_type, checked above
 
     async def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
         """Send a one-way message (a credit grant, a heartbeat). Waits only if queues are full."""
@@ -298,9 +298,10 @@ class RpcClient:
             self._drops[exc.reason] += 1
             return
         if incoming.header.kind == Kind.NOTIFY:
-            self._deliver(Notification(incoming.body, incoming.payload))  # type: ignore[arg-type]
+            self._deliver(Notification(cast(Notify, incoming.body), incoming.payload))
             return
-        future = self._pending.forget(incoming.header.id)  # type: ignore[union-attr]
+        assert self._pending is not None  # set by start(), before any message
+        future = self._pending.forget(incoming.header.id)
         if future is None:
             self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
         elif not future.done():

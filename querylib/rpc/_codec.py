@@ -193,7 +193,8 @@ _ACCEPTED = {
     "server": frozenset({Kind.REQUEST, Kind.NOTIFY}),
     "client": frozenset({Kind.REPLY, Kind.ERROR, Kind.NOTIFY}),
 }
-_BODY_BASE = {Kind.REQUEST: Request, Kind.REPLY: Reply, Kind.NOTIFY: Notify}
+_BODY_BASE: dict[int, type[Message]] = {Kind.REQUEST: Request, Kind.REPLY: Reply,
+                                         Kind.NOTIFY: Notify}
 
 
 class Codec:
@@ -279,7 +280,7 @@ class Codec:
 
     def _encode(self, kind: Kind, request_id: int, body: Message | ErrorBody, ttl: float,
                 to: bytes, now: float, payload: Iterable[Buffer]) -> list[Buffer]:
-        tag = "" if kind == Kind.ERROR else body.rpc_tag
+        tag = body.rpc_tag if isinstance(body, Message) else ""  # "": an ErrorBody
         if tag is None:
             raise TypeError(f"{type(body).__name__} has no tag: declare it with "
                             f"class {type(body).__name__}(..., tag='...') to send it")

@@ -194,8 +194,8 @@ class RemoteError(RpcError):
                  kafka_error_code: int = -1) -> None:
         super().__init__(message)
         self.remote_type = remote_type
-        self.retriable = retriable  # type: ignore[misc]
-        self.kafka_error_code = kafka_error_code  # type: ignore[misc]
+        self.retriable = retriable
+        self.kafka_error_code = kafka_error_code
 
 
 def _full_name(cls: type) -> str:
@@ -219,8 +219,8 @@ def error_body(exc: TqError) -> ErrorBody:
     )
 
 
-def _subclasses(root: type) -> dict[str, type]:
-    found: dict[str, type] = {}
+def _subclasses(root: type[TqError]) -> dict[str, type[TqError]]:
+    found: dict[str, type[TqError]] = {}
     stack = [root]
     while stack:
         cls = stack.pop()
@@ -252,5 +252,5 @@ def error_from_body(body: ErrorBody, declared: type[TqError] = TqError) -> TqErr
         value = body.attributes.get(name)
         if isinstance(value, type(getattr(cls, name, None))):
             setattr(exc, name, value)  # only declared names, of the class default's type
-    exc.remote_type = body.type  # type: ignore[attr-defined]
+    exc.remote_type = body.type  # type: ignore[attr-defined]  # read by error_body
     return exc

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import typing
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import msgspec
 
@@ -92,10 +92,7 @@ class ErrorBody(msgspec.Struct, array_like=True, frozen=True):
 
 
 _REGISTRY: dict[str, type[Message]] = {}
-_StructMeta = type(msgspec.Struct)
-
-
-class _MessageMeta(_StructMeta):  # type: ignore[misc, valid-type]
+class _MessageMeta(msgspec.StructMeta):
     """Registers each class that names its tag, and records a request's declared reply type.
 
     A metaclass rather than __init_subclass__ because msgspec fills in the struct config
@@ -107,11 +104,11 @@ class _MessageMeta(_StructMeta):  # type: ignore[misc, valid-type]
         tag = kwargs.get("tag")
         if tag is not None and not isinstance(tag, str):
             raise TypeError(f"{name}: an RPC message tag must be a str, not {tag!r}")
-        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        cls = cast("type[Message]", super().__new__(mcls, name, bases, namespace, **kwargs))
         cls.rpc_tag = tag  # None: abstract, cannot be sent
         reply = _declared_reply(cls)
         if reply is not None:
-            cls.reply_type = reply
+            cast("type[Request[Any]]", cls).reply_type = reply
         if tag is not None:
             _register(cls, tag)
         return cls

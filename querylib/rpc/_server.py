@@ -45,7 +45,7 @@ import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -272,14 +272,14 @@ class RpcServer:
         Raises PeerUnreachableError if no such client is connected (or it never sent us
         anything), PeerBusyError if its queue is full (it stopped reading; retriable).
         """
-        if self._sock is None or self._closed:
+        if self._sock is None or self._pump is None or self._closed:
             raise PeerUnreachableError("the server is not running")
         session = self._peers.get(peer)
         if session is None:
             raise PeerUnreachableError(f"no client with identity {peer.hex()} has spoken to us")
         frames = self._codec.notify(message, to=session, now=time.time(), payload=payload)
         try:
-            self._pump.send([peer, *frames])  # type: ignore[union-attr]
+            self._pump.send([peer, *frames])
         except zmq.Again as exc:
             raise PeerBusyError(f"client {peer.hex()} is not reading (queue full)") from exc
         except zmq.ZMQError as exc:
@@ -362,7 +362,7 @@ class RpcServer:
         if self._peers.get(peer) != header.session:
             self._remember_peer(peer, header.session)
         message = incoming.body
-        handler = self._handlers.get(type(message))
+        handler = self._handlers.get(type(message))  # type: ignore[arg-type]  # ErrorBody: None
         if handler is None:
             self._drops["no_handler"] += 1
             if header.kind == Kind.REQUEST:
@@ -466,7 +466,7 @@ class RpcServer:
             self.stats.record(header.tag, time.perf_counter() - began, error)
             if self._deadlines is not None:
                 self._deadlines.forget(local_id)
-        expected = type(request).reply_type
+        expected = cast("type[Request[Any]]", type(request)).reply_type  # served: a request
         if not isinstance(reply, expected):
             log.error("rpc server %s: handler of %s returned %r, not a %s", self.endpoint,
                       header.tag, type(reply).__name__, expected.__name__)
@@ -480,9 +480,10 @@ class RpcServer:
         """Run a direct handler now; its future's outcome is answered as a task's would be."""
         header = incoming.header
         request = incoming.body
+        request_type = cast("type[Request[Any]]", type(request))  # only requests go direct
         began = time.perf_counter()
         try:
-            future = self._direct[type(request)](request, ctx)
+            future = self._direct[request_type](request, ctx)
         except TqError as exc:
             self.stats.record(header.tag, time.perf_counter() - began, type(exc).__name__)
             self._send_error(ctx.peer, header, exc)
@@ -495,7 +496,7 @@ class RpcServer:
             return
         self._deadlines.track(local_id, ctx.deadline, (future, ctx))  # type: ignore[union-attr]
         self._tasks.add(future)
-        future.add_done_callback(functools.partial(self._direct_done, type(request).reply_type,
+        future.add_done_callback(functools.partial(self._direct_done, request_type.reply_type,
                                                    header, ctx, local_id, began))
 
     def _direct_done(self, expected: type, header: Header, ctx: Context, local_id: int,
@@ -530,7 +531,7 @@ class RpcServer:
                 f"handler of {header.tag} returned {type(reply).__name__}, "
                 f"not {expected.__name__}"))
             return
-        self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
+        self._send_reply(ctx.peer, header, cast(Reply, reply), ctx.reply_payload)
 
     async def _serve_notify(self, handler: Handler, incoming: Incoming, ctx: Context) -> None:
         began = time.perf_counter()

@@ -33,7 +33,7 @@ import math
 import os
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import zmq
 from zmq.backend import Socket as _RawSocket
@@ -48,7 +48,7 @@ log = logging.getLogger("querylib.rpc")
 
 _send = _RawSocket.send
 _recv = _RawSocket.recv
-_get = _RawSocket.get
+_get = cast("Callable[[Any, int], int]", _RawSocket.get)  # read here: int options only
 _SNDMORE = int(zmq.SNDMORE)
 _DONTWAIT = int(zmq.DONTWAIT)
 _RCVMORE = int(zmq.RCVMORE)
@@ -164,7 +164,7 @@ class FramePump:
         self._scheduled = False
         self._kick_scheduled = False
         self._writers: deque[asyncio.Future[None]] = deque()
-        self._fd = sock.getsockopt(zmq.FD)
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
         self._closed = False
         loop.add_reader(self._fd, self._drain)
         self.kick()
@@ -298,7 +298,7 @@ class HandshakeWatch:
         address = f"inproc://tq-handshakes.{os.getpid()}.{next(_monitor_ids)}"
         self._monitor = sock.get_monitor_socket(
             HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED_AUTH | HANDSHAKE_FAILED_PROTOCOL, address)
-        self._fd = self._monitor.getsockopt(zmq.FD)
+        self._fd = cast(int, self._monitor.getsockopt(zmq.FD))
         self._closed = False
         loop.add_reader(self._fd, self._drain)
         loop.call_soon(self._drain)

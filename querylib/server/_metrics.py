@@ -69,7 +69,7 @@ class ProcessMetrics:
         ProcessCollector(registry=self.registry)
         self._logs = _LogCounter()
         logging.getLogger().addHandler(self._logs)
-        self.registry.register(self)  # type: ignore[arg-type]  # a collector by its collect()
+        self.registry.register(self)
 
     def add(self, source: Source) -> None:
         self.sources.append(source)

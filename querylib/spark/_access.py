@@ -10,7 +10,7 @@ Arrow record batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pyarrow as pa
 
@@ -48,6 +48,7 @@ def read_range(location: Location, task: OffsetRange, place: PartitionPlace | No
     """Arrow record batches of the records of one offset range (control records skipped)."""
     if task.start >= task.stop:
         return
+    chunks: Generator[bytes | memoryview, None, None]
     if place is not None:
         chunks = broker_read(place, task.topic, task.partition, task.start, task.stop)
     else:

@@ -18,7 +18,7 @@ NoCoordinatorError / BrokerUnreachableError, saying both.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from catalog import Topic, TopicName
@@ -147,7 +147,7 @@ def _incarnation(place: PartitionPlace) -> Incarnation | None:
 
 
 def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
-                stop: int) -> Iterator[bytes]:
+                stop: int) -> Generator[bytes, None, None]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
     reaches `stop`, as the hosting broker delivers them."""
     secret = load_credential(place.secret_file)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError, UnknownTopicError
@@ -149,7 +149,7 @@ class LocalDir:
 
     def read(self, topic: str, partition: int, start: int, stop: int, *,
              fail_on_data_loss: bool = True,
-             chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes | memoryview]:
+             chunk_bytes: int = CHUNK_BYTES) -> Generator[bytes | memoryview, None, None]:
         """Buffers of whole batches covering offsets [start, stop), in order, from the batch
         holding `start` on. The caller drops offsets outside the range. A buffer is bytes, or
         a memoryview of the start of a bytes (a chunk cut after its last whole batch: not
@@ -163,7 +163,8 @@ class LocalDir:
             chunk_bytes=chunk_bytes))
 
     def _read(self, topic: str, partition: int, start: int, stop: int, *,
-              fail_on_data_loss: bool, chunk_bytes: int) -> Iterator[bytes | memoryview]:
+              fail_on_data_loss: bool, chunk_bytes: int
+              ) -> Generator[bytes | memoryview, None, None]:
         path = self._partition_path(topic, partition)
         segments = list_segments(path)
         if not segments or start < segments[0].base:

@@ -60,8 +60,8 @@ def _append_by_default() -> None:
             mode = "append"
         return save(self, path, format, mode, partitionBy, **options)
 
-    tq_save._tq_appends = True  # type: ignore[attr-defined]
-    DataFrameWriter.save = tq_save  # type: ignore[method-assign]
+    tq_save._tq_appends = True  # type: ignore[attr-defined]  # a mark on the patched function
+    DataFrameWriter.save = tq_save  # type: ignore[method-assign]  # patching pyspark's writer
 
 
 def _writes_tq_by_default(writer: DataFrameWriter, format: str | None) -> bool:

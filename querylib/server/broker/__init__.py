@@ -36,4 +36,5 @@ if TYPE_CHECKING:
     from ._state import BrokerState
     from ._write_access import catalog_access, writers_of
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

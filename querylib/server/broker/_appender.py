@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, cast
 
 from catalog.errors import StorageError, TqError
 from querylib.errors import RecordError
@@ -202,7 +202,8 @@ class AppendLane:
         pid = self.pid
         if ends is not None:
             for (ticket, _), base, nxt in zip(group, bases, ends, strict=True):
-                out.append(AppendCompleted(pid, ticket, base, nxt, start, durable))
+                # every batch was appended (else `ends` is None): its base is an offset
+                out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start, durable))
             return out
         for (ticket, batch), base in zip(group, bases, strict=True):
             if isinstance(base, TqError):

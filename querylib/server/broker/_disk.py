@@ -331,8 +331,8 @@ def _scan_tail(log: PartitionLog,
             if attributes & CONTROL_BIT:
                 if attributes & TRANSACTIONAL_BIT:
                     batch = decode_batch(data[pos:pos + header.size], verify_crc=False)
-                    kind = control_of(batch.records[0])[0] if batch.records else None
-                    found.append((header, _ABORT if kind == ControlType.ABORT else _COMMIT))
+                    control = control_of(batch.records[0])[0] if batch.records else None
+                    found.append((header, _ABORT if control == ControlType.ABORT else _COMMIT))
             else:
                 found.append((header, _DATA_TXN if attributes & TRANSACTIONAL_BIT else _DATA))
         windows.append(found)

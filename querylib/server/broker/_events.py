@@ -298,7 +298,7 @@ class ReadCompleted(msgspec.Struct, frozen=True):
 class ReadFailed(msgspec.Struct, frozen=True):
     serial: int
     offset: int
-    error: Exception
+    error: BaseException  # what the read raised (an executor future's exception())
 
 
 Stimulus = (

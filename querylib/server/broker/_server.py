@@ -81,6 +81,7 @@ from querylib.rpc import (
     AddressError,
     Context,
     InternalServerError,
+    Keyring,
     Limits,
     PeerBusyError,
     PeerUnreachableError,
@@ -208,7 +209,7 @@ class BrokerServer:
     """A broker hosting the partitions under `data_dir`, serving them over RPC and `port`.
     `directory` says who may write which topic (default `OpenDirectory`: anyone, anything)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], secret: bytes, *,
+    def __init__(self, data_dir: str | os.PathLike[str], secret: bytes | Keyring, *,
                  limits: BrokerLimits | None = None, log_config: LogConfig | None = None,
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
@@ -638,8 +639,8 @@ class BrokerServer:
         configs = self._topic_configs.get(topic)
         if not configs:
             return self.log_config
-        fields = {_LOG_CONFIG_FIELDS[name]: int(value) for name, value in configs
-                  if name in _LOG_CONFIG_FIELDS}
+        fields: dict[str, Any] = {_LOG_CONFIG_FIELDS[name]: int(value)
+                                  for name, value in configs if name in _LOG_CONFIG_FIELDS}
         return dataclasses.replace(self.log_config, **fields)
 
     def _append(self, instr: Append) -> None:

@@ -492,11 +492,11 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         elif attributes & TRANSACTIONAL_BIT:
             if header.producer_id < 0:
                 raise BrokerProtocolError("a transactional batch needs a producer id")
-            marked = part.marked_epochs.get(header.producer_id)
-            if marked is not None and header.producer_epoch < marked:
+            ended = part.marked_epochs.get(header.producer_id)
+            if ended is not None and header.producer_epoch < ended:
                 raise InvalidProducerEpochError(
                     f"producer {header.producer_id} epoch {header.producer_epoch} was fenced: "
-                    f"its transactions here ended at epoch {marked}")
+                    f"its transactions here ended at epoch {ended}")
             txn = (header.producer_id, TXN_DATA)
         producer_id, first_seq = header.producer_id, header.base_sequence
         idempotent = producer_id >= 0 and first_seq >= 0

@@ -130,7 +130,7 @@ class SubscriptionRules:
     def _grant(self, ev: GrantCredit) -> list[Instruction]:
         session = self.sessions.get(ev.session)
         serial = session.subs.get(ev.sub_id) if session is not None else None
-        if serial is None:
+        if session is None or serial is None:
             # One-way message racing an unsubscribe or an expiry: nobody to answer, nothing
             # to undo. Counted so a flood of them is visible.
             self.counters["stale_grants"] += 1

@@ -19,4 +19,5 @@ from querylib._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._endpoint import DEFAULT_CONNECTOR_PORT, ConnectorEndpoint, EndpointConfig, derive_cookie
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -143,30 +143,28 @@ class PeerConnection:
             self._schedule_ack()
 
     async def _on_event(self, event: Event) -> None:
-        kind = type(event)
-        if kind is MessageRun:
-            self._messages(event.stream_id, event.messages,  # type: ignore[attr-defined]
-                           event.nbytes)  # type: ignore[attr-defined]
-        elif kind is MessageReceived:
-            self._message(event)  # type: ignore[arg-type]
-        elif kind is StreamOpened:
-            self._stream_opened(event)  # type: ignore[arg-type]
-        elif kind is StreamEnded:
-            sink = self.sinks.get(event.stream_id)  # type: ignore[attr-defined]
+        if isinstance(event, MessageRun):
+            self._messages(event.stream_id, event.messages, event.nbytes)
+        elif isinstance(event, MessageReceived):
+            self._message(event)
+        elif isinstance(event, StreamOpened):
+            self._stream_opened(event)
+        elif isinstance(event, StreamEnded):
+            sink = self.sinks.get(event.stream_id)
             if sink is not None and sink.accepting:
                 sink.push(EndOp())
-        elif kind is MessageDropped:
+        elif isinstance(event, MessageDropped):
             self._outstanding += 1
             self._owed += 1
-        elif kind is Hello:
-            await self._hello(event)  # type: ignore[arg-type]
-        elif kind is PeerError:
-            self.reason = f"connector sent ERROR: {event.reason}"  # type: ignore[attr-defined]
+        elif isinstance(event, Hello):
+            await self._hello(event)
+        elif isinstance(event, PeerError):
+            self.reason = f"connector sent ERROR: {event.reason}"
             self._ending = True
-        elif kind is ProtocolFailed:
+        elif isinstance(event, ProtocolFailed):
             self.endpoint.counters["protocol_errors"] += 1
-            self.reason = f"protocol error: {event.error}"  # type: ignore[attr-defined]
-            self._send(event.reply)  # type: ignore[attr-defined]
+            self.reason = f"protocol error: {event.error}"
+            self._send(event.reply)
             self._ending = True
 
     # -- events --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from querylib.broker import AsyncSubscriber, Data
-from querylib.broker.messages import ListPartitions
+from querylib.broker.messages import ListPartitions, StartAt
 from querylib.rpc import BROKER, Credential, RpcClient
 
 __all__ = ["MAX_BATCH", "query_lines"]
@@ -51,7 +51,7 @@ async def query_lines(addresses: Iterable[str], credential: Credential, query_id
     queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue(_QUEUE)
 
     async def read(address: str) -> None:
-        async with AsyncSubscriber(address, "__logs", [0], secret=credential,  # type: ignore[arg-type]
+        async with AsyncSubscriber(address, "__logs", [0], secret=credential,
                                    start=await _recent(address, credential),
                                    follow=True) as subscriber:
             async for event in subscriber:
@@ -70,7 +70,7 @@ async def query_lines(addresses: Iterable[str], credential: Credential, query_id
         await asyncio.gather(*readers, return_exceptions=True)
 
 
-async def _recent(address: str, credential: Credential) -> int | str:
+async def _recent(address: str, credential: Credential) -> StartAt:
     """Where reading the last `RECENT` records of a broker's `__logs` starts."""
     async with RpcClient(address, credential, audience=BROKER, timeout=10.0) as client:
         reply = await client.request(ListPartitions(topic="__logs"))

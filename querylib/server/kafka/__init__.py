@@ -58,4 +58,5 @@ if TYPE_CHECKING:
     from ._offsets_format import decode_offsets_record, encode_group, encode_offset
     from ._producers import ProducerStateTable
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, globals())
+if not TYPE_CHECKING:  # a type checker reads the imports above, not this
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -301,15 +301,16 @@ class _Writer:
     async def produce(self, pid: PartitionId, batch: bytes, *, create: bool) -> int:
         """Append through the broker; the base offset once durable."""
         link = self.link
+        opened = link.opened  # set once, by the link's start
+        assert opened is not None
         for attempt in (1, 2):
             if pid not in self.producing:
                 await link.request(OpenProducerRequest(
                     session=link.session, topic=pid[0], partition=pid[1], create=create,
                     create_topic=create))
                 self.producing.add(pid)
-            assert link.opened is not None
             async with self.window:
-                await self.window.wait_for(lambda: self.inflight < link.opened.producer_window)
+                await self.window.wait_for(lambda: self.inflight < opened.producer_window)
                 self.inflight += len(batch)
             try:
                 produced = await link.request(ProduceRequest(
@@ -332,9 +333,10 @@ class _Writer:
         """One transaction marker into every partition of `pids`, in one request (the
         broker opens our producers there); the partitions that do not exist."""
         link, size = self.link, len(marker) * len(pids)
-        assert link.opened is not None
+        opened = link.opened  # set once, by the link's start
+        assert opened is not None
         async with self.window:
-            await self.window.wait_for(lambda: self.inflight < link.opened.producer_window)
+            await self.window.wait_for(lambda: self.inflight < opened.producer_window)
             self.inflight += size
         try:
             written = await link.request(WriteMarkersRequest(

@@ -415,7 +415,7 @@ class GroupMachine:
         if others:
             if event.protocol_type != group.protocol_type:
                 return ErrorCode.inconsistent_group_protocol
-            if not {name for name, _ in event.protocols} & set.intersection(*others):
+            if not {name for name, _ in event.protocols}.intersection(*others):
                 return ErrorCode.inconsistent_group_protocol
         return ErrorCode.none
 

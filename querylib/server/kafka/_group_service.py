@@ -31,6 +31,7 @@ from ._group import (
     GroupMachine,
     GroupStatus,
     Heartbeat,
+    HeartbeatReply,
     Instruction,
     Join,
     JoinReply,
@@ -176,6 +177,7 @@ class GroupService:
         session = millis(request.session_timeout)
         rebalance = getattr(request, "rebalance_timeout", None)
         refused = await self._elsewhere(ctx, request.group_id, claim=True)
+        reply: Instruction
         if not request.group_id:
             reply = JoinReply(0, ErrorCode.invalid_group_id, member_id=request.member_id)
         elif refused is not None:
@@ -204,6 +206,7 @@ class GroupService:
     async def sync_group(self, ctx: RequestContext, request: Any) -> Any:
         refused = await self._elsewhere(ctx, request.group_id)
         group = self.machine.group(request.group_id)
+        reply: Instruction
         if not request.group_id:
             reply = SyncReply(0, ErrorCode.invalid_group_id)
         elif refused is not None:
@@ -231,6 +234,7 @@ class GroupService:
         else:
             reply = await self._ask(request.group_id, Heartbeat(
                 next(self._tokens), request.member_id, request.generation_id))
+            assert isinstance(reply, HeartbeatReply)
             error = reply.error
         return build_response(ApiKey.HEARTBEAT, ctx.api_version,
                               {"throttle_time": 0, "error_code": error})

@@ -505,7 +505,7 @@ class KafkaListener:
 
     def _handshake(self, ctx: RequestContext, request: Any, auth: _Auth) -> tuple[Any, bool]:
         """SaslHandshake v1: pick the mechanism for the SaslAuthenticate requests to come."""
-        error = None
+        error: TqError | None = None
         if not self.sasl:
             error = UnsupportedSaslMechanismError("this listener takes no SASL")
         elif auth.principal is not None or auth.exchange is not None:

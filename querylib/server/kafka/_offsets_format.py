@@ -27,16 +27,20 @@ serializer reads, as it reads its own generated ones. Pure: bytes in, values out
 import io
 import struct
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+from kio.static.primitive import i16
+from kio.static.protocol import Entity
 
 from catalog.errors import StorageError
 from querylib._kio import KIO_DECODE_ERRORS
 from querylib._kio_shape import check_shape
 
 from ._backend import CommittedOffset, GroupMemberRecord, GroupRecord
+
+E = TypeVar("E", bound=Entity)
 
 __all__ = [
     "GroupOwner",
@@ -59,8 +63,8 @@ _BYTES = {"kafka_type": "bytes"}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OffsetCommitKey:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 1
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(1)
     __flexible__: ClassVar[bool] = False
     group: str = field(metadata=_STRING)
     topic: str = field(metadata=_STRING)
@@ -69,8 +73,8 @@ class OffsetCommitKey:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OffsetCommitValueV1:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 1
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(1)
     __flexible__: ClassVar[bool] = False
     offset: int = field(metadata=_INT64)
     metadata: str = field(metadata=_STRING)
@@ -80,8 +84,8 @@ class OffsetCommitValueV1:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OffsetCommitValueV3:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 3
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(3)
     __flexible__: ClassVar[bool] = False
     offset: int = field(metadata=_INT64)
     leader_epoch: int = field(metadata=_INT32)
@@ -91,16 +95,16 @@ class OffsetCommitValueV3:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupMetadataKey:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 2
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(2)
     __flexible__: ClassVar[bool] = False
     group: str = field(metadata=_STRING)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemberMetadataV3:
-    __type__: ClassVar = EntityType.nested
-    __version__: ClassVar[int] = 3
+    __type__: ClassVar[EntityType] = EntityType.nested
+    __version__: ClassVar[i16] = i16(3)
     __flexible__: ClassVar[bool] = False
     member_id: str = field(metadata=_STRING)
     group_instance_id: str | None = field(metadata=_STRING)
@@ -114,8 +118,8 @@ class MemberMetadataV3:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupMetadataValueV3:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 3
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(3)
     __flexible__: ClassVar[bool] = False
     protocol_type: str = field(metadata=_STRING)
     generation: int = field(metadata=_INT32)
@@ -127,8 +131,8 @@ class GroupMetadataValueV3:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupOwnerValue:
-    __type__: ClassVar = EntityType.data
-    __version__: ClassVar[int] = 0
+    __type__: ClassVar[EntityType] = EntityType.data
+    __version__: ClassVar[i16] = i16(0)
     __flexible__: ClassVar[bool] = False
     principal: str = field(metadata=_STRING)
 
@@ -153,7 +157,7 @@ class GroupTombstone:
     group_id: str
 
 
-def _write(entity: object, version: int) -> bytes:
+def _write(entity: Entity, version: int) -> bytes:
     buffer = io.BytesIO()
     buffer.write(_VERSION.pack(version))
     entity_writer(type(entity))(buffer, entity)
@@ -201,7 +205,7 @@ def encode_group_owner(owner: GroupOwner) -> tuple[bytes, bytes]:
             _write(GroupOwnerValue(principal=owner.principal), 0))
 
 
-def _read(cls: type, data: bytes, pos: int) -> object:
+def _read(cls: type[E], data: bytes, pos: int) -> E:
     check_shape(cls, data, pos, StorageError)
     entity, size = entity_reader(cls)(data, pos)
     if pos + size != len(data):

@@ -81,7 +81,7 @@ class ScramCache:
         salt = blake3.blake3(password.encode(), derive_key_context=_SALT_CONTEXT).digest(16)
         info = scramp.ScramMechanism(mechanism).make_auth_info(
             password, iteration_count=SCRAM_ITERATIONS, salt=salt)
-        found = ScramSecret(*info[:3], iterations=info[3])
+        found = ScramSecret(info[0], info[1], info[2], iterations=info[3])
         self._entries[key] = found
         if len(self._entries) > self._size:
             self._entries.popitem(last=False)
