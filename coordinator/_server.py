@@ -198,6 +198,7 @@ class Coordinator:
         self._rpc.register(m.UploadArtifact, self._upload)
         self._rpc.register(m.FetchArtifact, self._fetch)
         self._rpc.register(m.ResolvePrincipal, self._resolve_principal)
+        self._rpc.register(m.GetGroups, self._groups)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -556,6 +557,21 @@ class Coordinator:
         return m.PrincipalKey(principal=request.principal,
                               sealed_key=b"" if key is None else seal(asker, key),
                               valid_ms=PRINCIPAL_KEY_TTL_MS)
+
+    async def _groups(self, request: m.GetGroups, ctx: Context) -> m.Groups:
+        """The consumer groups `ctx.principal` may describe (Kafka's DescribeGroups rule)."""
+        kafka = self.endpoints.kafka if self.endpoints is not None else None
+        found = []
+        for group in await self.consumer_groups():
+            if ctx.principal != ADMIN and (kafka is None or not await kafka.backend.authorize_group(
+                    group["group_id"], ctx.principal, claim=False)):
+                continue
+            found.append(m.GroupInfo(
+                group_id=group["group_id"], state=group["state"],
+                members=len(group["members"]),
+                committed=[m.GroupOffset(topic=c["topic"], partition=c["partition"],
+                                         offset=c["offset"]) for c in group["committed"]]))
+        return m.Groups(groups=found)
 
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)

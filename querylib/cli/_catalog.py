@@ -237,6 +237,8 @@ def _status(args: argparse.Namespace) -> int:
         address, broker = cluster.address, cluster.catalog_broker
         loads = cluster.loads()
         lags = subscription_lags(snaps, cluster.secret, timeout=min(args.timeout, 10.0))
+        groups = group_lags(snaps, cluster.secret, cluster.groups(),
+                            timeout=min(args.timeout, 10.0))
     if args.query is not None:
         return _query_status(snaps, args.query, json_out=args.json, loads=loads, lags=lags)
     if args.json:
@@ -246,9 +248,10 @@ def _status(args: argparse.Namespace) -> int:
         body["loads"] = {str(e): to_json(load) for e, load in sorted(loads.items())}
         body["lags"] = [{"principal": principal, "topic": topic, "lag_records": lag}
                         for (principal, topic), lag in sorted(lags.items())]
+        body["groups"] = groups
         sys.stdout.write(json.dumps(body) + "\n")
         return 0
-    for line in render_status(snaps, address, broker, loads, lags):
+    for line in render_status(snaps, address, broker, loads, lags, groups):
         sys.stdout.write(line + "\n")
     return 0
 
@@ -273,6 +276,39 @@ def subscription_lags(snaps: dict[str, Any], secret: Any, *, timeout: float
             key = (sub.principal, TopicName.parse(sub.topic, fixed=True).full)
             lags[key] = lags.get(key, 0) + max(0, sub.log_end - sub.next_offset)
     return lags
+
+
+def group_lags(snaps: dict[str, Any], secret: Any, groups: list[Any], *, timeout: float
+               ) -> list[dict[str, Any]]:
+    """Each consumer group (`Cluster.groups`) with every committed partition's lag: the end
+    offset its broker reports less the committed offset (None when no broker answered)."""
+    from catalog import TopicName
+    from catalog.errors import InvalidTopicNameError, TqError
+    from querylib.broker import list_partitions
+
+    ends: dict[tuple[str, int], int] = {}
+    if any(g.committed for g in groups):
+        for address in sorted({b.address for b, _ in snaps["brokers"].records}):
+            try:
+                found = list_partitions(address, secret, timeout=timeout)
+            except TqError:
+                continue
+            for info in found:
+                ends[(TopicName.parse(info.topic, fixed=True).full, info.partition)] = \
+                    info.log_end
+    out = []
+    for group in groups:
+        committed = []
+        for c in group.committed:
+            try:
+                end = ends.get((TopicName.parse(c.topic).full, c.partition))
+            except InvalidTopicNameError:
+                end = None
+            committed.append({"topic": c.topic, "partition": c.partition, "offset": c.offset,
+                              "lag_records": None if end is None else max(0, end - c.offset)})
+        out.append({"group_id": group.group_id, "state": group.state,
+                    "members": group.members, "committed": committed})
+    return out
 
 
 def _principal_of(party: Any) -> str:
@@ -352,12 +388,14 @@ def process_lines(query: Any, loads: dict[int, Any], indent: str) -> list[str]:
 
 def render_status(snaps: dict[str, Any], address: str, broker: str,
                   loads: dict[int, Any] | None = None,
-                  lags: dict[tuple[str, str], int] | None = None) -> list[str]:
+                  lags: dict[tuple[str, str], int] | None = None,
+                  groups: list[dict[str, Any]] | None = None) -> list[str]:
     """The tree `tq status` prints: executors (with their load) -> queries (with each
     process's pid, CPU and memory) -> publications/subscriptions, then the pending queries
     (waiting for slots), queries elsewhere, then client sessions with what they publish and
     subscribe. `loads`: each executor's last heartbeat load, by executor id (`Cluster.loads`);
-    `lags`: records behind by (principal, topic) (`subscription_lags`)."""
+    `lags`: records behind by (principal, topic) (`subscription_lags`); `groups`: the
+    consumer groups with their lag (`group_lags`)."""
     loads = loads or {}
     lags = lags or {}
     from catalog import QueryRef, SessionRef
@@ -426,6 +464,16 @@ def render_status(snaps: dict[str, Any], address: str, broker: str,
     for session in sessions:
         lines.append(f"  session {session.session_id} {session.kind.value}: {session.peer}")
         lines += party_lines(SessionRef(session.session_id), "    ")
+    if groups:
+        lines.append(f"consumer groups ({len(groups)})")
+        for group in groups:
+            lines.append(f"  group {group['group_id']} [{group['state']}] {group['members']} "
+                         f"member{'' if group['members'] == 1 else 's'}")
+            for c in group["committed"]:
+                lag = "" if c["lag_records"] is None else \
+                    f", lag {c['lag_records']} record{'' if c['lag_records'] == 1 else 's'}"
+                lines.append(f"    {c['topic']} partition {c['partition']}: committed "
+                             f"{c['offset']}{lag}")
     return lines
 
 

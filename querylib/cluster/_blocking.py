@@ -104,6 +104,10 @@ class Cluster:
         """Each executor's load as its last heartbeat reported it, by executor id."""
         return self._call(self._async.loads())
 
+    def groups(self) -> list[m.GroupInfo]:
+        """The consumer groups this principal may describe, with their committed offsets."""
+        return self._call(self._async.groups())
+
     def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         return self._call(self._async.lookup_topic(name, wait=wait))
 

@@ -242,6 +242,10 @@ class AsyncCluster:
         """Each executor's load as its last heartbeat reported it, by executor id."""
         return (await self.request(m.GetLoads())).loads
 
+    async def groups(self) -> list[m.GroupInfo]:
+        """The consumer groups this principal may describe, with their committed offsets."""
+        return (await self.request(m.GetGroups())).groups
+
     async def lookup_topic(self, name: str, *, wait: float = 0.0) -> m.TopicInfo:
         """The topic called `name`; with `wait` seconds, wait for it to be created."""
         return await self.request(m.LookupTopic(name=name, wait_ms=int(wait * 1000)),

@@ -67,11 +67,15 @@ __all__ = [
     "ExecutorInfo",
     "FetchArtifact",
     "GetCatalogInfo",
+    "GetGroups",
     "GetLoads",
     "HostLoad",
     "Heartbeat",
     "KillProcesses",
     "KillQuery",
+    "GroupInfo",
+    "GroupOffset",
+    "Groups",
     "Loads",
     "LookupTopic",
     "OpenSession",
@@ -234,6 +238,30 @@ class Loads(Reply, tag="coord.loads.reply"):
 
 
 class GetLoads(Request[Loads], tag="coord.loads"):
+    pass
+
+
+class GroupOffset(msgspec.Struct, frozen=True):
+    topic: str              # as Kafka clients name it
+    partition: int
+    offset: int             # the group's committed offset
+
+
+class GroupInfo(msgspec.Struct, frozen=True):
+    group_id: str
+    state: str              # Kafka's: Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
+    members: int
+    committed: list[GroupOffset]
+
+
+class Groups(Reply, tag="coord.groups.reply"):
+    """The consumer groups the cluster's group coordinator holds (the coordinator's Kafka
+    listener): those the asking principal may describe (every one for the admin)."""
+
+    groups: list[GroupInfo]
+
+
+class GetGroups(Request[Groups], tag="coord.groups"):
     pass
 
 

@@ -77,6 +77,15 @@ def test_a_consumer_group_shows_its_member_offsets_and_lag(up: UpWithEndpoints) 
         assert value(samples, "tq_consumer_group_committed_offset", **labels) == 60
         assert value(samples, "tq_consumer_group_lag_records", **labels) == \
             committed["log_end"] - 60
+        # And tq status, from the coordinator's GetGroups and the brokers' ends.
+        out = up.tq("status").stdout
+        assert "  group billing [Stable] 1 member" in out, out
+        assert f"    orders partition 0: committed 60, lag {committed['log_end'] - 60} records" \
+            in out, out
+        body = json.loads(up.tq("status", "--json").stdout)
+        (group,) = [g for g in body["groups"] if g["group_id"] == "billing"]
+        assert group["committed"] == [{"topic": "orders", "partition": 0, "offset": 60,
+                                       "lag_records": committed["log_end"] - 60}]
         _screenshot_groups(up)
     finally:
         consumer.close()
