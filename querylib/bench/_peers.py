@@ -52,11 +52,21 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
     raise TimeoutError(f"the peer server did not listen on {port} within {timeout:g}s")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills it when the bench dies, however it dies
+    (a `timeout`, a Ctrl-C, SIGKILL), so no server outlives its run."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 class _Server:
     def __init__(self, args: list[str], port: int, folder: str) -> None:
         self.folder = folder
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         try:
             _wait_port(port, self.proc)
         except BaseException:
