@@ -275,14 +275,15 @@ def _through(cluster: _Cluster, topic: str, batches: int, produce: str,
     return cluster.get(results)
 
 
-def raw_zmq(batches: int = 20_000) -> dict[str, Any]:
-    """Records/s of PUSH/PULL moving the same batch bytes between two processes."""
+def raw_zmq(batches: int = 20_000, pull_with: Any = None) -> dict[str, Any]:
+    """Records/s of PUSH/PULL moving the same batch bytes between two processes (the
+    receiver: `_raw_pull`, counting frames, unless `pull_with` names another)."""
     from querylib.rpc._shell import log as _  # noqa: F401  (same import cost as the others)
 
     mp = multiprocessing.get_context("spawn")
     queue = mp.Queue()
     port = _free_port()
-    pull = mp.Process(target=_raw_pull, args=(port, batches, queue), daemon=True)
+    pull = mp.Process(target=pull_with or _raw_pull, args=(port, batches, queue), daemon=True)
     pull.start()
     assert _get(queue, [pull], 120) == "ready"
     push = mp.Process(target=_raw_push, args=(port, batches), daemon=True)

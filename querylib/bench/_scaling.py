@@ -34,8 +34,6 @@ from querylib.bench._pubsub import (
     _batch,
     _Cluster,
     _count_records,
-    _free_port,
-    _get,
     _percentiles,
     raw_zmq,
 )
@@ -232,22 +230,7 @@ def _spread(cluster: _Cluster, topic: str, partitions: int, producers: int, batc
 
 def zmq_per_record(batches: int = 20_000) -> dict[str, Any]:
     """PUSH/PULL of 1,000-record batches whose receiver decodes every record."""
-    import multiprocessing
-
-    from querylib.bench._pubsub import _raw_push
-
-    mp = multiprocessing.get_context("spawn")
-    queue = mp.Queue()
-    port = _free_port()
-    pull = mp.Process(target=_parsing_pull, args=(port, batches, queue), daemon=True)
-    pull.start()
-    assert _get(queue, [pull], 120) == "ready"
-    push = mp.Process(target=_raw_push, args=(port, batches), daemon=True)
-    push.start()
-    result = _get(queue, [pull, push], 600)
-    for child in (push, pull):
-        child.join(30)
-    return result
+    return raw_zmq(batches, pull_with=_parsing_pull)
 
 
 def batch_sizes(records: int = 1_000_000, max_batches: int = 20_000) -> dict[str, Any]:
