@@ -199,18 +199,23 @@ def _raw_push(port: int, batches: int) -> None:
     context.term()  # waits until every queued batch is out: exiting sooner could drop some
 
 
-def _raw_pull(port: int, batches: int, queue: Any) -> None:
+def _raw_pull(port: int, batches: int, queue: Any, parse: bool = False) -> None:
+    """Receive `batches` frames: counting them only, or (`parse`) decoding every record, as a
+    peer that handles records would."""
     import zmq
 
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
+    from querylib.records import decode_batch
+
+    sock: Any = zmq.Context.instance().socket(zmq.PULL)
     sock.bind(f"tcp://127.0.0.1:{port}")
     queue.put("ready")
-    first, nbytes = None, 0
+    first, nbytes, records = None, 0, 0
     for _ in range(batches):
         frame = sock.recv(copy=False)
         first = first or time.perf_counter()
         nbytes += len(frame.buffer)
-    queue.put({"records": batches * BATCH_RECORDS, "bytes": nbytes,
+        records += len(decode_batch(frame.buffer).records) if parse else BATCH_RECORDS
+    queue.put({"records": records, "bytes": nbytes,
                "seconds": time.perf_counter() - (first or time.perf_counter())})
 
 

@@ -35,6 +35,7 @@ from querylib.bench._pubsub import (
     _Cluster,
     _count_records,
     _percentiles,
+    _raw_pull,
     raw_zmq,
 )
 
@@ -183,19 +184,7 @@ def _bulk_reader(address: str, secret: bytes, topic: str, stop_after: float,
 
 
 def _parsing_pull(port: int, batches: int, queue: Any) -> None:
-    import zmq
-
-    from querylib.records import decode_batch
-
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
-    sock.bind(f"tcp://127.0.0.1:{port}")
-    queue.put("ready")
-    first, records = None, 0
-    for _ in range(batches):
-        frame = sock.recv(copy=False)
-        first = first or time.perf_counter()
-        records += len(decode_batch(frame.buffer).records)  # every record, as a peer would
-    queue.put({"records": records, "seconds": time.perf_counter() - (first or 0.0)})
+    _raw_pull(port, batches, queue, parse=True)
 
 
 # -- rows -----------------------------------------------------------------------------------

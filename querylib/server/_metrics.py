@@ -157,7 +157,7 @@ def broker_families(broker: Any, broker_id: int | str) -> list[Metric]:
     records_out = CounterMetricFamily("tq_partition_records_out", "Records (offsets) "
                                       "delivered to subscribers since the broker started",
                                       labels=["broker", "topic", "partition"])
-    for (topic, partition), (into, out, offsets) in list(getattr(broker, "traffic", {}).items()):
+    for (topic, partition), (into, out, offsets) in list(broker.traffic.items()):
         labels = [label, topic, str(partition)]
         bytes_in.add_metric(labels, into)
         bytes_out.add_metric(labels, out)
@@ -165,7 +165,7 @@ def broker_families(broker: Any, broker_id: int | str) -> list[Metric]:
     lag = GaugeMetricFamily("tq_subscription_lag_records", "Records visible and not yet "
                             "delivered to a subscription", labels=["broker", "topic",
                                                                    "partition", "principal"])
-    sizes = broker.partition_sizes() if hasattr(broker, "partition_sizes") else {}
+    sizes = broker.partition_sizes()
     for pid, part in list(state.partitions.items()):
         topic, partition = pid
         labels = [label, topic, str(partition)]

@@ -194,7 +194,7 @@ def test_bound_to_another_address_every_page_asks_for_a_login(tmp_path: Path) ->
         assert console.call("/api/state")[0] == 401
 
 
-def test_a_taken_default_port_moves_and_minus_one_means_no_console(tmp_path: Path) -> None:
+def test_minus_one_means_no_console_and_a_named_taken_port_is_refused(tmp_path: Path) -> None:
     with Up(tmp_path / "none", "--console-port", "-1") as up:
         assert up.info.get("console", "") == ""
     # A port the user named that is taken is refused, naming the flag.

@@ -55,3 +55,21 @@ def test_a_login_form_past_4_kib_is_refused_unread(console: Console) -> None:
     reply = connection.getresponse()
     assert (reply.status, reply.getheader("location")) == (303, "/login?failed=1")
     connection.close()
+
+
+def test_a_taken_default_port_moves_and_a_named_one_is_refused() -> None:
+    import socket
+
+    from querylib.server.console import ConsoleUnavailableError
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        taken = holder.getsockname()[1]
+        moved = Console("tcp://127.0.0.1:9", os.urandom(32), port=taken, fallback=True).start()
+        try:
+            assert moved.moved and moved.port != taken
+        finally:
+            moved.stop()
+        with pytest.raises(ConsoleUnavailableError, match="--console-port"):
+            Console("tcp://127.0.0.1:9", os.urandom(32), port=taken, fallback=False).start()
