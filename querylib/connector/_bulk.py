@@ -16,7 +16,7 @@ for everything else, which keeps every check and every error message in one plac
 
 Both update the same counters the base class keeps (credits, the stream's last message id), so
 base-class frames and fast frames interleave freely. The equivalence is property-tested
-(tests/querylib/connector/test_bulk.py). Sans-I/O like the rest of the package.
+(tests/querylib/connector/test_endpoint_bulk.py). Sans-I/O like the rest of the package.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from querylib.rpc import (
 )
 from tests.conftest import free_port, wait_for
 from tests.integration._up_endpoints import UpWithEndpoints
-from tests.querylib.kafka._support import WireClient, make_request
+from tests.querylib.server.kafka._support import WireClient, make_request
 
 T0 = 1_700_000_000_000
 

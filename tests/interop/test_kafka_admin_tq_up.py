@@ -17,7 +17,7 @@ from catalog import Broker, UnknownTopicError
 from querylib.kafka import ApiKey, ErrorCode
 from tests.conftest import free_port, wait_for
 from tests.integration._up_endpoints import UpWithEndpoints
-from tests.querylib.kafka._support import WireClient, make_request
+from tests.querylib.server.kafka._support import WireClient, make_request
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")

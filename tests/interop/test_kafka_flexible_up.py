@@ -261,7 +261,7 @@ def test_a_topic_created_again_gets_a_new_topic_id(up: UpWithEndpoints) -> None:
     one, a topic deleted and created again under its name gets a new one, and a Fetch by the
     old id finds nothing."""
     from catalog import Broker
-    from tests.querylib.kafka._support import WireClient, make_request
+    from tests.querylib.server.kafka._support import WireClient, make_request
 
     with up.cluster() as cluster:
         (coordinator,) = [b for b, _ in cluster.snapshot("brokers")["brokers"].records

@@ -14,7 +14,7 @@ Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ..
 must perform the appends of one partition in instruction order; everything else may complete in
 any order.
 
-Rules it enforces (tests in tests/querylib/broker/test_state.py):
+Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 - Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
   stopped subscriber never delays a producer.
 - Only durable batches are made visible to subscribers (`_make_durable` moves `visible_end`, then

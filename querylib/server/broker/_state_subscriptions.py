@@ -2,7 +2,7 @@
 a subscription at an offset, its credit, and where it stands: reading from disk (catch-up),
 waiting at the tail, or handed freshly durable batches from memory.
 
-Rules (tests in tests/querylib/broker/test_state.py and test_state_properties.py):
+Rules (tests in tests/querylib/server/broker/test_state.py and test_state_properties.py):
 - A subscription is sent data only while its credit is positive, so it never receives more than
   its credit plus one batch; deliveries to it are contiguous (each starts where the last ended).
 - Only durable batches are visible (`PartitionState.visible_end`, like Kafka's high watermark):

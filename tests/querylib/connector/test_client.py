@@ -15,8 +15,7 @@ from querylib.connector import (
 from querylib.connector._client import _Stream
 from querylib.connector._records import source_id
 from tests.conftest import free_port
-
-from .test_endpoint import COOKIE, Harness, _end_session
+from tests.querylib.server.connector.test_endpoint import COOKIE, Harness, _end_session
 
 BOTH = pytest.mark.parametrize("dialect", ["draft", "released"])
 

@@ -27,8 +27,7 @@ from querylib.kafka._apis import (
     is_flexible,
 )
 from querylib.server.kafka._handlers import legacy_produce_response
-
-from ._support import encode, make_request, request_class
+from tests.querylib.server.kafka._support import encode, make_request, request_class
 
 # kio leaves record bytes to the user: any bytes will do for a round trip.
 st.register_type_strategy(Records, st.binary(max_size=64).map(Records))

@@ -17,7 +17,7 @@ from querylib.kafka._errors import ConcurrentTransactionsError
 from querylib.server.kafka._txn import COMPLETE_COMMIT, PREPARE_COMMIT
 from tests.conftest import wait_for, wait_for_async
 from tests.interop._kafka import read_to_end
-from tests.querylib.kafka._support import ListenerThread, running_listener
+from tests.querylib.server.kafka._support import ListenerThread, running_listener
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
