@@ -25,7 +25,7 @@ from typing import Any
 
 from querylib.bench._baseline import ROOT, baseline_tree, run_in
 
-__all__ = ["compare", "numeric_figures"]
+__all__ = ["compare", "numeric_figures", "row_name"]
 
 _SUITE_CODE = (
     "import json, importlib\n"
@@ -60,6 +60,16 @@ def _sides(values: dict[str, list[float]]) -> dict[str, Any]:
     return out
 
 
+# What names a row: most suites print "name"; the Kafka suite a "case", the Spark suite a
+# "source" and a "query".
+_IDENTITY = ("name", "case", "source", "query")
+
+
+def row_name(row: Mapping[str, Any]) -> str:
+    """The name a row is matched by across the two trees ("?" when it has none)."""
+    return "/".join(str(row[key]) for key in _IDENTITY if key in row) or "?"
+
+
 def compare(ref: str, suites: list[str], rounds: int = 3) -> Iterator[dict[str, Any]]:
     """One row per (suite, row name) both trees print, as the module docstring says."""
     before = baseline_tree(ref)
@@ -76,7 +86,7 @@ def compare(ref: str, suites: list[str], rounds: int = 3) -> Iterator[dict[str, 
         for suite in suites:
             for side in order:
                 for row in run_in(trees[side], _SUITE_CODE.format(suite=suite), timeout=3600):
-                    name = str(row.get("name", "?"))
+                    name = row_name(row)
                     names[suite][side].add(name)
                     for key, value in numeric_figures(row):
                         seen[(suite, name)][key][side].append(value)
