@@ -62,7 +62,7 @@ class OpenProducer(msgspec.Struct, frozen=True):
     """The session starts producing into `partition` (joins its frontier), as `writer` of
     writer group `group` expecting `writers` distinct writers when `group` is not empty
     (`_frontier.py`); `rejoin` after the broker forgot the session. Admitted by the topic's
-    writers rule (`_state_admission.py`): `create` lets the broker open a partition it may
+    writers rule (`_admission.py`): `create` lets the broker open a partition it may
     host but does not yet, `create_topic` lets its directory register an unknown topic as an
     ingest topic, `reopen` goes on writing a partition whose stream ended. A rejoining
     idempotent producer states its `producer_id`, the sequence of the last record it sent

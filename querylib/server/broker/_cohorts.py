@@ -1,4 +1,4 @@
-"""The writer-group rules of the broker's core (`BrokerState` inherits them; DESIGN §5
+"""The writer-group rules of the broker's core (`WriterGroups`, composed by `BrokerState`; DESIGN §5
 "Collective publishing"): settling groups by the exits of their query's processes, and saving
 the groups not done beside the partition log so a restart keeps them waiting.
 
@@ -11,57 +11,72 @@ the groups not done beside the partition log so a restart keeps them waiting.
   (`SaveGroups`); the reply to the producer open that changed them waits until that revision
   is on disk, so no writer acts on a group a crash could forget.
 
-Must not: do I/O, or know how groups are stored (the shell decides, `_group_store.py`).
+It owns the exits remembered; the state gives it the partitions map, the limits and a way to
+append the control batches a settled group releases (`controls(part, events)`), and asks it to
+`save` a partition's groups whenever a producer's open, end or drop may have changed them.
+
+Must not: do I/O, or know how groups are stored (the shell decides, `_writer_group_store.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog.errors import StorageError, TqError
 
 from ._bookkeeping import BrokerLimits, PartitionState
-from ._events import Fail, GroupsSaved, GroupsSaveFailed, Instruction, QueryExits, Reply, SaveGroups
+from ._events import (
+    Fail,
+    GroupsSaved,
+    GroupsSaveFailed,
+    Instruction,
+    PartitionId,
+    QueryExits,
+    Reply,
+    SaveGroups,
+)
 from ._frontier import FrontierEvent, query_of_group
 
-__all__ = ["WriterGroupRules"]
+__all__ = ["WriterGroups"]
 
 
-class WriterGroupRules:
-    """Mixed into BrokerState: it provides `partitions`, `limits` and `_controls`."""
+class WriterGroups:
+    """Writer groups settled by their query's process exits, and saved while not done."""
 
-    partitions: dict[Any, PartitionState]
-    limits: BrokerLimits
-    _exits: dict[int, QueryExits]
-
-    def _controls(self, part: PartitionState, events: list[FrontierEvent], token: Any,
-                  session: str | None, reply: Any) -> list[Instruction]:
-        raise NotImplementedError  # BrokerState's
+    def __init__(self, partitions: Mapping[PartitionId, PartitionState], limits: BrokerLimits,
+                 controls: Callable[[PartitionState, list[FrontierEvent]], list[Instruction]]
+                 ) -> None:
+        self._partitions = partitions  # the state's: read only here
+        self._limits = limits
+        self._controls = controls
+        self.exits: dict[int, QueryExits] = {}  # queries with processes still running
 
     # -- exits of query processes ------------------------------------------------------------
 
-    def _query_exits(self, ev: QueryExits) -> list[Instruction]:
-        self._exits.pop(ev.query_id, None)
+    def query_exits(self, ev: QueryExits) -> list[Instruction]:
+        exits = self.exits
+        exits.pop(ev.query_id, None)
         if any(code is None for code in ev.exit_codes):
             # Kept while a process may still open a group; once all exited none will.
-            self._exits[ev.query_id] = ev
-            while len(self._exits) > self.limits.max_query_exits:
-                del self._exits[next(iter(self._exits))]
+            exits[ev.query_id] = ev
+            while len(exits) > self._limits.max_query_exits:
+                del exits[next(iter(exits))]
         out: list[Instruction] = []
         # O(partitions x pending groups) per reported exit: exits are rare; fine below 10k
         # partitions.
-        for part in self.partitions.values():
+        for part in self._partitions.values():
             names = [g for g in part.frontier.open_groups()
                      if query_of_group(g) == ev.query_id]
             if names:
                 out += self._settle(part, names, ev)
-                out += self._save_groups(part)
+                out += self.save(part)
         return out
 
-    def _settle_known(self, part: PartitionState, group: str) -> list[Instruction]:
+    def settle_known(self, part: PartitionState, group: str) -> list[Instruction]:
         """A group just joined settles by what is known of its query's exits."""
         query_id = query_of_group(group)
-        ev = self._exits.get(query_id) if query_id is not None else None
+        ev = self.exits.get(query_id) if query_id is not None else None
         return [] if ev is None else self._settle(part, [group], ev)
 
     def _settle(self, part: PartitionState, names: list[str],
@@ -70,12 +85,12 @@ class WriterGroupRules:
         events: list[FrontierEvent] = []
         for name in names:
             events += part.frontier.settle(name, ended, failed=ev.failed)
-        return self._controls(part, events, None, None, None)
+        return self._controls(part, events)
 
     # -- saving pending groups -----------------------------------------------------------------
 
-    def _save_groups(self, part: PartitionState, token: Any = None,
-                     reply: Any = None) -> list[Instruction]:
+    def save(self, part: PartitionState, token: Any = None,
+             reply: Any = None) -> list[Instruction]:
         """Ask for a save if the groups changed since the last one asked. A `token` is
         answered with `reply` once the current revision is on disk."""
         revision = part.frontier.revision
@@ -90,8 +105,8 @@ class WriterGroupRules:
                 part.save_waits.append((revision, token, reply))
         return out
 
-    def _groups_saved(self, ev: GroupsSaved) -> list[Instruction]:
-        part = self.partitions.get(ev.partition)
+    def saved(self, ev: GroupsSaved) -> list[Instruction]:
+        part = self._partitions.get(ev.partition)
         if part is None:
             return []  # dropped meanwhile
         part.groups_saved = max(part.groups_saved, ev.revision)
@@ -101,8 +116,8 @@ class WriterGroupRules:
             out.append(Reply(token, reply))
         return out
 
-    def _groups_save_failed(self, ev: GroupsSaveFailed) -> list[Instruction]:
-        part = self.partitions.get(ev.partition)
+    def save_failed(self, ev: GroupsSaveFailed) -> list[Instruction]:
+        part = self._partitions.get(ev.partition)
         if part is None:
             return []
         error = ev.error if isinstance(ev.error, TqError) else StorageError(

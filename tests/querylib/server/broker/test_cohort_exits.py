@@ -189,7 +189,7 @@ def test_exits_are_forgotten_once_every_process_exited_and_bounded() -> None:
     for query in (1, 2, 3):
         sim.feed(QueryExits(query, (None, 0)))
     sim.feed(QueryExits(2, (0, 0)))
-    assert list(sim.state._exits) == [3]
+    assert list(sim.state.writer_groups.exits) == [3]
 
 
 def test_the_reply_to_a_join_waits_until_the_group_is_saved() -> None:
