@@ -1,21 +1,21 @@
-"""The writer-group rules of the broker's core (`WriterGroups`, composed by `BrokerState`; DESIGN §5
-"Collective publishing"): settling groups by the exits of their query's processes, and saving
-the groups not done beside the partition log so a restart keeps them waiting.
+"""The cohort rules of the broker's core (`Cohorts`, composed by `BrokerState`; DESIGN §5
+"Collective publishing"): settling cohorts by the exits of their query's processes, and saving
+the cohorts not done beside the partition log so a restart keeps them waiting.
 
-- `QueryExits` (the catalog's exit codes of a query, fed by the shell): every group of that
+- `QueryExits` (the catalog's exit codes of a query, fed by the shell): every cohort of that
   query not done yet, on every partition, settles (`PartitionFrontier.settle`); the exits are
-  remembered while some process of the query still runs, so a group opened later settles at
+  remembered while some process of the query still runs, so a cohort opened later settles at
   once. Remembered for at most `max_query_exits` queries, oldest forgotten first.
-- Whenever what a restart must know of a partition's groups changes, the state asks the shell
+- Whenever what a restart must know of a partition's cohorts changes, the state asks the shell
   to save them
-  (`SaveGroups`); the reply to the producer open that changed them waits until that revision
-  is on disk, so no writer acts on a group a crash could forget.
+  (`SaveCohorts`); the reply to the producer open that changed them waits until that revision
+  is on disk, so no writer acts on a cohort a crash could forget.
 
 It owns the exits remembered; the state gives it the partitions map, the limits and a way to
-append the control batches a settled group releases (`controls(part, events)`), and asks it to
-`save` a partition's groups whenever a producer's open, end or drop may have changed them.
+append the control batches a settled cohort releases (`controls(part, events)`), and asks it to
+`save` a partition's cohorts whenever a producer's open, end or drop may have changed them.
 
-Must not: do I/O, or know how groups are stored (the shell decides, `_writer_group_store.py`).
+Must not: do I/O, or know how cohorts are stored (the shell decides, `_cohort_store.py`).
 """
 
 from __future__ import annotations
@@ -27,22 +27,22 @@ from catalog.errors import StorageError, TqError
 
 from ._bookkeeping import BrokerLimits, PartitionState
 from ._events import (
+    CohortsSaved,
+    CohortsSaveFailed,
     Fail,
-    GroupsSaved,
-    GroupsSaveFailed,
     Instruction,
     PartitionId,
     QueryExits,
     Reply,
-    SaveGroups,
+    SaveCohorts,
 )
-from ._frontier import FrontierEvent, query_of_group
+from ._frontier import FrontierEvent, query_of_cohort
 
-__all__ = ["WriterGroups"]
+__all__ = ["Cohorts"]
 
 
-class WriterGroups:
-    """Writer groups settled by their query's process exits, and saved while not done."""
+class Cohorts:
+    """Cohorts settled by their query's process exits, and saved while not done."""
 
     def __init__(self, partitions: Mapping[PartitionId, PartitionState], limits: BrokerLimits,
                  controls: Callable[[PartitionState, list[FrontierEvent]], list[Instruction]]
@@ -58,26 +58,26 @@ class WriterGroups:
         exits = self.exits
         exits.pop(ev.query_id, None)
         if any(code is None for code in ev.exit_codes):
-            # Kept while a process may still open a group; once all exited none will.
+            # Kept while a process may still open a cohort; once all exited none will.
             exits[ev.query_id] = ev
             while len(exits) > self._limits.max_query_exits:
                 del exits[next(iter(exits))]
         out: list[Instruction] = []
-        # O(partitions x pending groups) per reported exit: exits are rare; fine below 10k
+        # O(partitions x pending cohorts) per reported exit: exits are rare; fine below 10k
         # partitions.
         for part in self._partitions.values():
-            names = [g for g in part.frontier.open_groups()
-                     if query_of_group(g) == ev.query_id]
+            names = [g for g in part.frontier.open_cohorts()
+                     if query_of_cohort(g) == ev.query_id]
             if names:
                 out += self._settle(part, names, ev)
                 out += self.save(part)
         return out
 
-    def settle_known(self, part: PartitionState, group: str) -> list[Instruction]:
-        """A group just joined settles by what is known of its query's exits."""
-        query_id = query_of_group(group)
+    def settle_known(self, part: PartitionState, cohort: str) -> list[Instruction]:
+        """A cohort just joined settles by what is known of its query's exits."""
+        query_id = query_of_cohort(cohort)
         ev = self.exits.get(query_id) if query_id is not None else None
-        return [] if ev is None else self._settle(part, [group], ev)
+        return [] if ev is None else self._settle(part, [cohort], ev)
 
     def _settle(self, part: PartitionState, names: list[str],
                 ev: QueryExits) -> list[Instruction]:
@@ -87,43 +87,43 @@ class WriterGroups:
             events += part.frontier.settle(name, ended, failed=ev.failed)
         return self._controls(part, events)
 
-    # -- saving pending groups -----------------------------------------------------------------
+    # -- saving pending cohorts -----------------------------------------------------------------
 
     def save(self, part: PartitionState, token: Any = None,
              reply: Any = None) -> list[Instruction]:
-        """Ask for a save if the groups changed since the last one asked. A `token` is
+        """Ask for a save if the cohorts changed since the last one asked. A `token` is
         answered with `reply` once the current revision is on disk."""
         revision = part.frontier.revision
         out: list[Instruction] = []
-        if revision != part.groups_asked:
-            part.groups_asked = revision
-            out.append(SaveGroups(part.id, revision, part.frontier.pending()))
+        if revision != part.cohorts_asked:
+            part.cohorts_asked = revision
+            out.append(SaveCohorts(part.id, revision, part.frontier.pending()))
         if token is not None:
-            if part.groups_saved >= revision:
+            if part.cohorts_saved >= revision:
                 out.append(Reply(token, reply))
             else:
                 part.save_waits.append((revision, token, reply))
         return out
 
-    def saved(self, ev: GroupsSaved) -> list[Instruction]:
+    def saved(self, ev: CohortsSaved) -> list[Instruction]:
         part = self._partitions.get(ev.partition)
         if part is None:
             return []  # dropped meanwhile
-        part.groups_saved = max(part.groups_saved, ev.revision)
+        part.cohorts_saved = max(part.cohorts_saved, ev.revision)
         out: list[Instruction] = []
-        while part.save_waits and part.save_waits[0][0] <= part.groups_saved:
+        while part.save_waits and part.save_waits[0][0] <= part.cohorts_saved:
             _, token, reply = part.save_waits.popleft()
             out.append(Reply(token, reply))
         return out
 
-    def save_failed(self, ev: GroupsSaveFailed) -> list[Instruction]:
+    def save_failed(self, ev: CohortsSaveFailed) -> list[Instruction]:
         part = self._partitions.get(ev.partition)
         if part is None:
             return []
         error = ev.error if isinstance(ev.error, TqError) else StorageError(
-            f"saving the writer groups failed: {ev.error}")
+            f"saving the cohorts failed: {ev.error}")
         # The next change asks again with everything pending then.
-        part.groups_asked = part.groups_saved
+        part.cohorts_asked = part.cohorts_saved
         out: list[Instruction] = []
         while part.save_waits and part.save_waits[0][0] <= ev.revision:
             _, token, _ = part.save_waits.popleft()

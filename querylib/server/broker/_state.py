@@ -3,12 +3,12 @@
 What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
 log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
-over a partition's live producers, held while a writer group waits for writers, via
+over a partition's live producers, held while a cohort waits for writers, via
 `PartitionFrontier`). It owns the sessions and partitions and composes three rule objects, each
 owning its own records behind a narrow interface: `Admission` (`_admission.py`: who may open a
 producer where; topic rules, principals, partitions to open), `Subscriptions`
-(`_subscriptions.py`: credit, catch-up from disk, tail delivery, retention) and `WriterGroups`
-(`_writer_groups.py`: process exits, saving pending groups). Dispatch on the stimulus type is one
+(`_subscriptions.py`: credit, catch-up from disk, tail delivery, retention) and `Cohorts`
+(`_cohorts.py`: process exits, saving pending cohorts). Dispatch on the stimulus type is one
 table, in `handle`.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
@@ -62,20 +62,21 @@ from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
 from ._admission import Admission
 from ._bookkeeping import TXN_DATA, BrokerLimits, PartitionState, Pending, Session
+from ._cohorts import Cohorts
 from ._events import (
     AdvanceFrontier,
     Append,
     AppendCompleted,
     AppendFailed,
     CloseSession,
+    CohortsSaved,
+    CohortsSaveFailed,
     DropPartition,
     DropSubscription,
     DurableAdvanced,
     EndStream,
     Fail,
     GrantCredit,
-    GroupsSaved,
-    GroupsSaveFailed,
     Heartbeat,
     Instruction,
     LogStartAdvanced,
@@ -108,7 +109,6 @@ from ._frontier import (
 from ._idempotence import BatchMark, ProducerStateTable, last_sequence
 from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
-from ._writer_groups import WriterGroups
 
 
 def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
@@ -137,7 +137,7 @@ def _encode_reopen(timestamp: int, epoch: int = 0) -> bytes:
 
 class BrokerState:
     """Sessions, producers, subscriptions and partitions of one broker; no I/O. It answers
-    producers itself and delegates to `admission`, `subscriptions` and `writer_groups`."""
+    producers itself and delegates to `admission`, `subscriptions` and `cohorts`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
                  encode_frontier: Callable[[int, int, int], bytes] = _encode_frontier,
@@ -163,7 +163,7 @@ class BrokerState:
         self.admission = Admission(self.partitions, limits)
         self.subscriptions = subs = Subscriptions(self.partitions, self.sessions, limits,
                                                   self.counters, stamp)
-        self.writer_groups = groups = WriterGroups(self.partitions, limits, self._released)
+        self.cohorts = cohorts = Cohorts(self.partitions, limits, self._released)
         self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
             Tick: self._tick,
             OpenSession: self._open_session,
@@ -178,14 +178,14 @@ class BrokerState:
             Unsubscribe: self._unsubscribe,
             DropSubscription: subs.drop,
             DropPartition: self._drop_partition,
-            QueryExits: groups.query_exits,
+            QueryExits: cohorts.query_exits,
             TopicAccess: self._topic_access,
             TopicForgotten: self.admission.topic_forgotten,
             TopicResolved: self._topic_resolved,
             PartitionOpened: self._partition_opened,
             PartitionOpenFailed: self.admission.partition_open_failed,
-            GroupsSaved: groups.saved,
-            GroupsSaveFailed: groups.save_failed,
+            CohortsSaved: cohorts.saved,
+            CohortsSaveFailed: cohorts.save_failed,
             AppendCompleted: self._append_completed,
             AppendFailed: self._append_failed,
             DurableAdvanced: self._durable_advanced,
@@ -329,7 +329,7 @@ class BrokerState:
         for pid in sorted(session.producing):
             part = self.partitions[pid]
             out += self._released(part, part.frontier.drop(session.id))
-            out += self.writer_groups.save(part)
+            out += self.cohorts.save(part)
         self.subscriptions.forget_session(session)
         out.append(SessionExpired(session.id))
         return out
@@ -350,8 +350,8 @@ class BrokerState:
         self.partitions[ev.partition] = PartitionState(
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
-                                       max_groups=self.limits.max_writer_groups,
-                                       groups=ev.groups, epoch=ev.epoch),
+                                       max_cohorts=self.limits.max_cohorts,
+                                       cohorts=ev.cohorts, epoch=ev.epoch),
             visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
             epoch_since=ev.epoch_since,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
@@ -375,7 +375,7 @@ class BrokerState:
         if part is None:
             return [Reply(ev.token, Done())]
         if (part.inflight or part.unflushed or any(s.reading for s in part.subs.values())
-                or part.groups_asked != part.groups_saved):
+                or part.cohorts_asked != part.cohorts_saved):
             raise PartitionBusyError(f"partition {ev.partition[1]} of {ev.partition[0]!r} has "
                                      "appends or reads in flight; ask again")
         gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
@@ -449,7 +449,7 @@ class BrokerState:
         session.resending.discard(ev.partition)
         before = part.frontier.revision
         try:
-            released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
+            released = part.frontier.join(session.id, ev.cohort, ev.writer, ev.writers,
                                           rejoin=ev.rejoin, reopen=ev.reopen,
                                           epoch=ev.epoch)
         except StreamEndedError:
@@ -461,11 +461,11 @@ class BrokerState:
         reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
                                window=self.limits.producer_window, epoch=part.frontier.epoch)
         out = self._released(part, released)
-        if ev.group:
-            out += self.writer_groups.settle_known(part, ev.group)
+        if ev.cohort:
+            out += self.cohorts.settle_known(part, ev.cohort)
         if part.frontier.revision == before:
             return [Reply(ev.token, reply), *out]
-        return [*self.writer_groups.save(part, ev.token, reply), *out]
+        return [*self.cohorts.save(part, ev.token, reply), *out]
 
     @staticmethod
     def _stored_before_end(part: PartitionState, ev: OpenProducer) -> bool:
@@ -598,7 +598,7 @@ class BrokerState:
         events = part.frontier.end(session.id)
         session.producing.discard(part.id)
         return [*self._control_request(session, part, events, ev.token),
-                *self.writer_groups.save(part)]
+                *self.cohorts.save(part)]
 
     def _control_request(self, session: Session, part: PartitionState,
                          events: list[FrontierEvent], token: Any) -> list[Instruction]:
@@ -626,7 +626,7 @@ class BrokerState:
 
     def _released(self, part: PartitionState, events: list[FrontierEvent]) -> list[Instruction]:
         """Append what a frontier change no request asked for caused (a producer joined or
-        left, a writer group settled); nobody is answered."""
+        left, a cohort settled); nobody is answered."""
         return self._controls(part, events, None, None, None)
 
     def _transaction_ended(self, part: PartitionState, producer_id: int, kind: int,
