@@ -146,7 +146,7 @@ class PlaceQuery(_Command, frozen=True, tag="place_query"):
 
 
 class StartQuery(_Command, frozen=True, tag="start_query"):
-    """Every process registered its worker group: submitted -> running."""
+    """Every process of the query registered: submitted -> running."""
 
     query_id: int
     at_ms: int

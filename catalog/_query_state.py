@@ -36,7 +36,7 @@ __all__ = ["QUERY_TRANSITIONS", "QueryEvent", "classify_exit", "next_query_state
 
 class QueryEvent(enum.StrEnum):
     PLACE = "place"  # a pending query's processes got executors with free slots
-    START = "start"  # every process registered its worker group
+    START = "start"  # every process of the query registered
     PROCESS_EXITED = "process_exited"  # exit code 0, other processes still running
     LAST_PROCESS_EXITED = "last_process_exited"  # exit code 0, and no process is left running
     PROCESS_FAILED = "process_failed"  # a non-zero exit code (or killed by a signal)

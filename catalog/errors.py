@@ -32,7 +32,7 @@ module) are drawn below.
     │   ├── RpcProtocolError       RPC messages (frames, signatures)   querylib.rpc._errors
     │   ├── BrokerProtocolError    the broker's rules (sessions, credit, sequences)
     │   │                                                        querylib.broker._errors
-    │   ├── FrontierRegressionError, WriterGroupError            querylib.server.broker._frontier
+    │   ├── FrontierRegressionError, CohortError                 querylib.server.broker._frontier
     │   ├── KafkaProtocolError     Kafka framing: the connection closes  querylib.kafka._errors
     │   ├── ConnectorProtocolError the connector protocol: an ERROR frame
     │   │                                                        querylib.connector._errors

@@ -10,8 +10,8 @@ change with version v becomes, in each collection it touches, one Kafka record p
 
 Atomicity across topics: a change touches several partitions, and a crash can leave some of its
 batches written and others not. Every change retracts and re-inserts the `counters` record, so
-the counters topic is the commit record: the writer appends a group's counters batch only after
-every other batch of the group is durable, and answers clients only after that. On recovery the
+the counters topic is the commit record: the writer appends a commit's counters batch only after
+every other batch of the commit is durable, and answers clients only after that. On recovery the
 last version in the counters topic, V, is the committed version; updates with a time above V
 in the other topics belong to a change that never committed. They are not cut out of the log
 (the broker owns it); recovery returns them negated as `compensation`, which the coordinator
@@ -122,7 +122,7 @@ _entry_decoder = msgspec.msgpack.Decoder(CheckpointEntry)
 
 
 def group_updates(changes: Iterable[Persist]) -> dict[str, list[TimedUpdate]]:
-    """The updates of a group of changes, per collection, in version order."""
+    """The updates of one commit's changes, per collection, in version order."""
     per: dict[str, list[TimedUpdate]] = {}
     for change in changes:
         for collection, record, diff in change.updates:

@@ -1,18 +1,18 @@
 """Appending catalog changes to the catalog topics: group commit, counters last, frontiers after.
 
 The core emits one `Persist` per change; the writer collects whatever arrived while the last
-group was being written into the next group (group commit: one batch per collection per group,
-and under load one fsync serves many changes). A group is written in two steps:
+commit was being written into the next commit (group commit: one batch per collection per commit,
+and under load one fsync serves many changes). A commit is written in two steps:
 
   1. the batches of every collection but `counters`, in parallel, and wait until each is durable;
-  2. the `counters` batch, and wait until it is durable: the group is committed.
+  2. the `counters` batch, and wait until it is durable: the commit is done.
 
-Only then does `on_committed(version)` let the core answer the group's requests (the counters
+Only then does `on_committed(version)` let the core answer the commit's requests (the counters
 topic is the commit record; see `_journal`). A checkpoint queued after some changes is written
 once they are committed: every collection's block in parallel (encoded on a thread: a block is
 the whole collection), then its entry in `__catalog_checkpoints`, then `on_checkpointed`.
-Frontiers follow commits: the topics a group touched advance to version + 1 right away, once
-per topic per group, so a follower sees Progress past a change as soon as it is durable. An
+Frontiers follow commits: the topics a commit touched advance to version + 1 right away, once
+per topic per commit, so a follower sees Progress past a change as soon as it is durable. An
 untouched topic holds no record the lag could hide, so it advances only when someone needs its
 frontier: `catch_up()` (the shell calls it when it answers `GetCatalogInfo`, which a follower
 asks before it subscribes, so its snapshot at the reported version comes at once) and otherwise
@@ -23,7 +23,7 @@ durable; sweeping every topic after each commit cost ~8 such appends per change.
 Durability is the broker's: the coordinator's broker runs with flush "always", so a batch is
 acknowledged only once fsynced. Catalog changes are few next to data and each one is something
 a client was told happened (an id handed out, a topic created), so each must survive a machine
-crash, not only a process crash; group commit keeps the fsync cost per group, not per change.
+crash, not only a process crash; group commit keeps the fsync cost per commit, not per change.
 
 Any failure to append is fatal to the coordinator (`on_failed`): its memory would run ahead of
 the log, which is the source of truth. Restarting recovers from the log. Cancellation (the
@@ -91,7 +91,7 @@ class CatalogWriter:
         self.committed = 0
         self.failed: BaseException | None = None
         self.stopped = False  # cancelled under a write: it writes nothing more
-        self.statistics = {"groups": 0, "changes": 0, "batches": 0, "checkpoints": 0}
+        self.statistics = {"commits": 0, "changes": 0, "batches": 0, "checkpoints": 0}
 
     async def start(self, committed: int) -> None:
         """Open the producers; frontiers of every collection catch up to `committed` + 1."""
@@ -121,7 +121,7 @@ class CatalogWriter:
         self._queue.append(item)
         if self._writing is None:
             self._writing = asyncio.get_running_loop().create_task(
-                self._write_groups(), name="catalog writer")
+                self._write_commits(), name="catalog writer")
 
     def catch_up(self) -> None:
         """Advance every collection's frontier to the committed version + 1 soon: a follower
@@ -148,21 +148,21 @@ class CatalogWriter:
             except Exception as exc:  # closing anyway; the log keeps what was acknowledged
                 logger.warning("coordinator: closing %s: %s", producer.core.topic, exc)
 
-    # -- groups --------------------------------------------------------------------------------
+    # -- commits --------------------------------------------------------------------------------
 
-    async def _write_groups(self) -> None:
+    async def _write_commits(self) -> None:
         try:
             while self._queue and self.failed is None and not self.stopped:
                 checkpoint = next((i for i, item in enumerate(self._queue)
                                    if isinstance(item, WriteCheckpoint)), len(self._queue))
-                group = self._queue[:checkpoint]
+                commit = self._queue[:checkpoint]
                 try:
-                    if group:
+                    if commit:
                         del self._queue[:checkpoint]
-                        await self._write_group(cast("list[Persist]", group))  # no checkpoint
+                        await self._write_commit(cast("list[Persist]", commit))  # no checkpoint
                     else:
                         item = self._queue.pop(0)
-                        assert isinstance(item, WriteCheckpoint)  # what ended the group
+                        assert isinstance(item, WriteCheckpoint)  # what ended the commit
                         await self._write_checkpoint(item)
                         continue
                 except asyncio.CancelledError:
@@ -175,18 +175,18 @@ class CatalogWriter:
                     logger.critical("coordinator: cannot append to the catalog topics: %s", exc)
                     self._on_failed(exc)
                     return
-                self.committed = group[-1].version
-                self.statistics["groups"] += 1
-                self.statistics["changes"] += len(group)
+                self.committed = commit[-1].version
+                self.statistics["commits"] += 1
+                self.statistics["changes"] += len(commit)
                 self._on_committed(self.committed)
                 self._wake.set()
         finally:
             self._writing = None
 
-    async def _write_group(self, group: list[Persist]) -> None:
-        per = group_updates(group)
+    async def _write_commit(self, commit: list[Persist]) -> None:
+        per = group_updates(commit)
         counters = per.pop("counters", [])
-        wall_ms = group[-1].wall_ms
+        wall_ms = commit[-1].wall_ms
         await self._append(per, wall_ms)
         await self._append({"counters": counters}, wall_ms)
         self._touched.update(per)

@@ -11,7 +11,7 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _forkserver.py  ForkServer: forks query processes from a pre-imported zygote
     _zygote.py      the zygote's program (a standalone script)
     _lines.py       LineSplitter: bounded line splitting
-    _groups.py      signalling and emptying a process group
+    _process_groups.py  signalling and emptying a POSIX process group
     _supervisor.py  Supervisor: pumps output to a sink, reports exits, kills
     _logs.py        LogForwarder: the sink that publishes lines to the __logs topic
     _metrics.py     host resources and load for registration and heartbeats (psutil)
@@ -44,7 +44,6 @@ from executor._errors import (
     UnknownProcessError,
 )
 from executor._fetch import Source, parse_source
-from executor._groups import live_members, signal_group, terminate_group
 from executor._lines import DEFAULT_MAX_LINE, LineSplitter
 from executor._logs import LOGS_TOPIC, LogForwarder, line_of_record, record_of_line
 from executor._metrics import (
@@ -55,6 +54,7 @@ from executor._metrics import (
     host_resources,
 )
 from executor._pack import pack_bytes, pack_path, sha256_hex, unpack
+from executor._process_groups import live_members, signal_process_group, terminate_process_group
 from executor._slots import Slots
 from executor._spawn import (
     Launched,
@@ -111,7 +111,7 @@ __all__ = [
     "record_of_line",
     "resolve_entry",
     "sha256_hex",
-    "signal_group",
-    "terminate_group",
+    "signal_process_group",
+    "terminate_process_group",
     "unpack",
 ]

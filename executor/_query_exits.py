@@ -1,16 +1,16 @@
 """Tells this host's broker which processes of a query have ended, from the catalog (DESIGN §5
-"Collective publishing"): a writer group waits for every process of its query, and one whose
+"Collective publishing"): a cohort waits for every process of its query, and one whose
 missing writer exited (0 without publishing, or crashed before joining) must stop waiting.
 
 The agent follows the catalog's `queries` through its session and hands the broker each
 query's exit codes and whether it failed or was killed (`BrokerServer.query_exits`). Because
 it follows the catalog rather than listening for instructions, a broker that restarted, or an
 agent that rejoined, learns everything again from the snapshot: queries that ended while it
-was away settle the groups it saved. The snapshot holds every query ever run; only those with
+was away settle the cohorts it saved. The snapshot holds every query ever run; only those with
 something to say (a process exited, or the query failed) reach the broker, and of the ended
-ones only those some group on this broker waits for.
+ones only those some cohort on this broker waits for.
 
-Must not: decide what an exit means for a group (the broker's core does), or write to the
+Must not: decide what an exit means for a cohort (the broker's core does), or write to the
 catalog.
 """
 
@@ -56,7 +56,7 @@ class QueryExitFeed:
                 async with cluster.follow("queries") as follower:
                     async for event in follower:
                         if isinstance(event, Snapshot):
-                            waited = self.broker.group_queries()
+                            waited = self.broker.cohort_queries()
                             for record, count in event.records:
                                 if count > 0 and isinstance(record, Query):
                                     self._feed(record, waited)
@@ -70,7 +70,7 @@ class QueryExitFeed:
 
     def _feed(self, query: Query, waited: set[int] | None) -> None:
         """Hand one query's exits to the broker if they can matter: `waited` (at a snapshot)
-        are the queries some group here waits for; an ended query outside it cannot."""
+        are the queries some cohort here waits for; an ended query outside it cannot."""
         failed = query.state in (QueryState.FAILED, QueryState.KILLED)
         if not failed and all(code is None for code in query.exit_codes):
             return  # nothing has ended

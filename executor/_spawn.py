@@ -266,12 +266,12 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
         try:
             failure = await exec_result(read_fd, start_timeout)
         except BaseException:
-            _kill_group(proc)  # cancelled while starting: nobody would supervise it
+            _kill_process_group(proc)  # cancelled while starting: nobody would supervise it
             raise
     finally:
         os.close(read_fd)
     if failure is not None:
-        _kill_group(proc)
+        _kill_process_group(proc)
         await proc.wait()
         raise ExecFailedError(f"cannot start process {spec.process} of query {spec.query_id}: "
                               f"{failure}", reason=failure)
@@ -280,7 +280,7 @@ async def launch(spec: SpawnSpec, program: str | os.PathLike[str], *,
                     transport.close, work_dir, attempt, argv[argv.index("--") + 1:])
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
+def _kill_process_group(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from ._errors import ExecFailedError, ExecutorError, ProcessExistsError, UnknownProcessError
 from ._forkserver import ForkServer, zygote_environment
-from ._groups import signal_group, terminate_group
 from ._lines import DEFAULT_MAX_LINE, LineSplitter
+from ._process_groups import signal_process_group, terminate_process_group
 from ._spawn import Launched, SpawnSpec, launch, read_failure
 
 __all__ = ["ExitReport", "LogLine", "LogSink", "Running", "Supervisor"]
@@ -188,7 +188,7 @@ class Supervisor:
             self._starting.discard(key)
         if self._closing:
             # close() ran while this one was starting: it must not outlive the supervisor.
-            signal_group(launched.pid, signal.SIGKILL)
+            signal_process_group(launched.pid, signal.SIGKILL)
             await launched.exit_code()
             launched.close_pipes()
             raise ExecutorError("the executor is shutting down; it starts no more processes")
@@ -209,7 +209,7 @@ class Supervisor:
 
     async def _kill(self, run: Running, grace: float | None) -> ExitReport:
         run.killed = True
-        await terminate_group(run.pid, self.grace if grace is None else grace)
+        await terminate_process_group(run.pid, self.grace if grace is None else grace)
         return await asyncio.shield(run.exited)
 
     async def kill_all(self, grace: float | None = None) -> list[ExitReport]:
@@ -240,7 +240,7 @@ class Supervisor:
         try:
             code = await run.launched.exit_code()
             # Whatever the main process left in its group goes with it.
-            await terminate_group(run.pid, self.grace)
+            await terminate_process_group(run.pid, self.grace)
             _, late = await asyncio.wait(pumps, timeout=self.drain_timeout)
             if late:
                 run.launched.close_pipes()

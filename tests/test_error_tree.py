@@ -146,7 +146,7 @@ def test_the_map_names_no_class_that_does_not_exist(
 FOREIGN_EDGES = {
     "zmq.": {"querylib/rpc/"},  # the RPC transport
     "msgspec.": {"catalog/_codec.py", "querylib/rpc/_codec.py", "coordinator/_journal.py",
-                 "querylib/server/broker/_writer_group_store.py",
+                 "querylib/server/broker/_cohort_store.py",
                  "querylib/server/connector/_offsets.py",
                  "querylib/cli/_records_text.py"},  # the codecs and files that hold msgspec
     "KIO_DECODE_ERRORS": {"querylib/kafka/_apis.py", "querylib/server/kafka/_offsets_format.py",

@@ -1,7 +1,7 @@
 """What the workers of one process share: the coordinator session, topics joined, catalog
 entries counted per process, and the producers of partitions every worker writes (Merge, Hash).
 
-Those shared producers join each partition as one writer of a writer group, the process being
+Those shared producers join each partition as one writer of a cohort, the process being
 the writer and the query's process count the writers expected, so the broker holds the
 partition's frontier until every process has joined (DESIGN §5 "Collective publishing").
 
@@ -37,7 +37,7 @@ from ._env import QueryEnv
 if TYPE_CHECKING:
     # The broker client is loaded by the first shared publication, not at import: a query
     # process registers before it needs it (DESIGN §6 "Query process start").
-    from querylib.broker import Incarnation, Producer, WriterGroup
+    from querylib.broker import Cohort, Incarnation, Producer
     from querylib.rpc import Credential
 
 __all__ = ["Runtime", "SharedPartitions"]
@@ -146,24 +146,24 @@ class Runtime:
     def shared(self, info: TopicInfo) -> SharedPartitions:
         """The producers this process uses for a topic every worker writes (Merge, Hash).
         Publishing is collective, so the n-th opening in this process is the n-th in every
-        process: it names the writer group."""
+        process: it names the cohort."""
         name = info.topic.name
         with self._lock:
             shared = self._shared.get(name)
             if shared is None or shared.closed:
                 generation = self._opened.get(name, 0) + 1
                 self._opened[name] = generation
-                shared = SharedPartitions(self, info, self._writer_group(info, generation))
+                shared = SharedPartitions(self, info, self._cohort(info, generation))
                 self._shared[name] = shared
             return shared
 
-    def _writer_group(self, info: TopicInfo, generation: int) -> WriterGroup | None:
-        from querylib.broker import WriterGroup
+    def _cohort(self, info: TopicInfo, generation: int) -> Cohort | None:
+        from querylib.broker import Cohort
 
         env = self.env
         if env.processes <= 1:
             return None  # the only writer: nothing to wait for
-        return WriterGroup(f"q{env.query_id}/{info.topic.short_name}#{generation}",
+        return Cohort(f"q{env.query_id}/{info.topic.short_name}#{generation}",
                            str(env.process), env.processes)
 
     def locator(self, name: str, partition: int) -> Callable[[], str]:
@@ -199,12 +199,12 @@ class SharedPartitions:
     """Producers of every partition of a topic, shared by this process's workers. The process
     advances a partition's frontier to the minimum over its workers, and ends it when the last
     worker closes: each worker is expected to publish (as in Timely, publish is collective).
-    Each producer is this process's writer of `group` (None when the query has one process)."""
+    Each producer is this process's writer of `cohort` (None when the query has one process)."""
 
-    def __init__(self, runtime: Runtime, info: TopicInfo, group: WriterGroup | None) -> None:
+    def __init__(self, runtime: Runtime, info: TopicInfo, cohort: Cohort | None) -> None:
         self.runtime = runtime
         self.info = info
-        self.group = group
+        self.cohort = cohort
         self.closed = False
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -233,7 +233,7 @@ class SharedPartitions:
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(
                         address_of(self.info, p), topic.short_name, p,
-                        secret=self.runtime.secret, group=self.group,
+                        secret=self.runtime.secret, cohort=self.cohort,
                         incarnation=incarnation_of(self.info), reopen=True,
                         epoch=self.info.epoch,
                         locate=self.runtime.locator(topic.short_name, p))

@@ -7,7 +7,7 @@ subscribe. The broker itself is `querylib.server.broker`.
     _session.py     a client's session (BrokerLink over RPC; SessionLink, what the in-process
                     door's PortLink is too), reopened (and moved) across broker restarts
     _credit.py      CreditWindow / CreditGrant: credit-based flow
-    _producer.py    AsyncProducer: the credit window, acknowledgements, frontiers, writer groups
+    _producer.py    AsyncProducer: the credit window, acknowledgements, frontiers, cohorts
     _subscriber.py  AsyncSubscriber: credit, resumption, chunks decoded into events
     _stream.py      what a subscriber sees (Data, Progress, EndOfStream) and how records
                     become batches
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
         UnknownBrokerSessionError,
         UnknownPartitionError,
     )
-    from ._producer import AsyncProducer, WriterGroup
+    from ._producer import AsyncProducer, Cohort
     from ._session import BrokerLink, SessionLink
     from ._stream import Data, EndOfStream, Event, Progress, Values, encode_records
     from ._subscriber import AsyncSubscriber, Chunk, SubscriberCore

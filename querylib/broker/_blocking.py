@@ -28,7 +28,7 @@ from catalog.errors import TqError, UserError
 from querylib.records import TIME_HEADER, RunBatch, encode_int64
 from querylib.rpc._bridge import LoopThread
 
-from ._producer import Claim, Entry, ProducerCore, WriterGroup, now_ms
+from ._producer import Claim, Cohort, Entry, ProducerCore, now_ms
 from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
 from ._stream import EndOfStream, Event, Headers, Values, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
@@ -99,7 +99,7 @@ class Producer:
     def __init__(self, address: str, topic: str, partition: int = 0, *, secret: bytes | Credential,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True, group: WriterGroup | None = None,
+                 create: bool = True, cohort: Cohort | None = None,
                  incarnation: Incarnation | None = None, reopen: bool = False,
                  idempotent: bool = True, locate: Callable[[], str | None] | None = None,
                  reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
@@ -128,19 +128,19 @@ class Producer:
         try:
             self.link, self.core = self._thread.call(self._open(
                 lambda: BrokerLink(address, secret, **link_options),
-                topic, partition, create, group, reopen, incarnation, idempotent, epoch))
+                topic, partition, create, cohort, reopen, incarnation, idempotent, epoch))
         except BaseException:
             self._thread.close()
             raise
 
     @staticmethod
     async def _open(make_link: Callable[[], BrokerLink], topic: str, partition: int,
-                    create: bool, group: WriterGroup | None, reopen: bool,
+                    create: bool, cohort: Cohort | None, reopen: bool,
                     incarnation: Incarnation | None, idempotent: bool,
                     epoch: int) -> tuple[BrokerLink, ProducerCore]:
         link = make_link()  # on the loop thread, where it runs
         await link.start()
-        core = ProducerCore(link, topic, partition, create=create, group=group, reopen=reopen,
+        core = ProducerCore(link, topic, partition, create=create, cohort=cohort, reopen=reopen,
                             incarnation=incarnation, idempotent=idempotent, epoch=epoch)
         try:
             await core.open()

@@ -71,7 +71,7 @@ from .messages import (
     ProduceRequest,
 )
 
-__all__ = ["AsyncProducer", "ProducerCore", "WriterGroup", "new_producer_id", "open_link"]
+__all__ = ["AsyncProducer", "Cohort", "ProducerCore", "new_producer_id", "open_link"]
 
 Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
 Claim = tuple[int, int, int]  # producer id, producer epoch, base sequence
@@ -93,7 +93,7 @@ def new_producer_id() -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class WriterGroup:
+class Cohort:
     """A producer's place in a collective publication: it is `writer` (e.g. a process index)
     of `name`, which has `writers` distinct writers. The partition's frontier does not move,
     nor its stream end, until all of them have joined (DESIGN §5 "Collective publishing")."""
@@ -120,7 +120,7 @@ class ProducerCore:
     link's loop). `claim` may be called from any thread."""
 
     def __init__(self, link: SessionLink, topic: str, partition: int, *, create: bool = True,
-                 max_in_flight: int = 64, group: WriterGroup | None = None,
+                 max_in_flight: int = 64, cohort: Cohort | None = None,
                  reopen: bool = False, incarnation: Incarnation | None = None,
                  idempotent: bool = True, epoch: int = 0) -> None:
         self.link = link
@@ -128,7 +128,7 @@ class ProducerCore:
         self.partition = partition
         self.create = create
         self.incarnation = incarnation  # the catalog's topic, when known
-        self.group = group
+        self.cohort = cohort
         self.reopen = reopen  # go on writing a partition whose stream ended
         self.epoch = epoch  # with reopen: the run we write for (DESIGN §5 "Epochs")
         self.max_in_flight = max_in_flight
@@ -253,7 +253,7 @@ class ProducerCore:
         self._fail_all(error)
 
     def _open_request(self, *, rejoin: bool) -> OpenProducerRequest:
-        group = self.group
+        cohort = self.cohort
         topic = self.incarnation or Incarnation(0, 0)
         resend: dict[str, Any] = {}
         if rejoin:
@@ -263,8 +263,8 @@ class ProducerCore:
                 last = (self._claimed - 1) % SEQUENCE_MODULUS if self._claimed else -1
             resend = {"rejoin": True, "producer_id": self.producer_id, "last_sequence": last,
                       "ending": self._ending()}
-        if group is not None:
-            resend |= {"group": group.name, "writer": group.writer, "writers": group.writers}
+        if cohort is not None:
+            resend |= {"cohort": cohort.name, "writer": cohort.writer, "writers": cohort.writers}
         return OpenProducerRequest(session=self.link.session, topic=self.topic,
                                    partition=self.partition, create=self.create,
                                    reopen=self.reopen, epoch=self.epoch,
@@ -441,14 +441,14 @@ class AsyncProducer:
                  secret: bytes | Credential | None = None, principal: str | None = None,
                  batch_records: int = 1000, batch_bytes: int = 1024 * 1024,
                  linger: float = 0.002, lease: float = 10.0, timeout: float = 30.0,
-                 create: bool = True, group: WriterGroup | None = None,
+                 create: bool = True, cohort: Cohort | None = None,
                  reopen: bool = False, incarnation: Incarnation | None = None,
                  idempotent: bool = True, locate: Locate | None = None,
                  reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
         self.link = open_link(broker, secret=secret, principal=principal, lease=lease,
                               timeout=timeout, locate=locate,
                               reconnect_timeout=reconnect_timeout)
-        self.core = ProducerCore(self.link, topic, partition, create=create, group=group,
+        self.core = ProducerCore(self.link, topic, partition, create=create, cohort=cohort,
                                  reopen=reopen, incarnation=incarnation,
                                  idempotent=idempotent, epoch=epoch)
         self.batch_records = batch_records

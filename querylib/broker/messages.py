@@ -15,7 +15,7 @@ Client -> broker requests (reply in brackets):
     broker.partition.ensure EnsurePartition      [PartitionInfo]   create=True creates it
     broker.partition.drop   DropPartitionRequest [Done]            delete it and its files
     broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
-                                                                   (optionally as a group writer)
+                                                                   (optionally in a cohort)
     broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
     broker.markers          WriteMarkersRequest  [MarkersWritten]  + one payload frame: a
                                                                    transaction marker, for
@@ -224,9 +224,10 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
     topic: str
     partition: int
     create: bool = True
-    # A collective publication: this producer is `writer` of `group`, which expects
-    # `writers` distinct writers; the partition's frontier waits for all of them.
-    group: str = ""
+    # A collective publication: this producer is `writer` of `cohort`, which expects
+    # `writers` distinct writers; the partition's frontier waits for all of them. On the
+    # wire as "group", its name before cohorts had theirs: old and new peers agree.
+    cohort: str = msgspec.field(default="", name="group")
     writer: str = ""
     writers: int = 0
     rejoin: bool = False     # the broker forgot our session; we were counted before

@@ -11,7 +11,7 @@
     resolve_query                     a query by id or name (a name: its newest query)
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
-Names are loaded on first use (PEP 562): a query process registering its worker group needs
+Names are loaded on first use (PEP 562): a query process registering (the start barrier) needs
 only the session (`Cluster`), not the catalog follower, whose record codecs and broker client
 cost about a third of its start; `from querylib.cluster import X` works as before.
 

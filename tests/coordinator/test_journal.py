@@ -1,5 +1,5 @@
 """The catalog topics on disk: changes written as the writer writes them (counters last) and read
-back by recovery, including a crash in the middle of a group, with real partition logs."""
+back by recovery, including a crash in the middle of a commit, with real partition logs."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class Disk:
             for batch in encode_updates(updates, wall_ms=1):
                 self.log(collection).append(batch)
 
-    def group(self, changes: list[Persist], *, crash_before: tuple[str, ...] = ()) -> None:
-        """One group, counters last; `crash_before` names collections never written."""
+    def commit(self, changes: list[Persist], *, crash_before: tuple[str, ...] = ()) -> None:
+        """One commit, counters last; `crash_before` names collections never written."""
         per = group_updates(changes)
         counters = per.pop("counters", [])
         self.write(per, skip=crash_before)
@@ -96,12 +96,12 @@ def _busy_driver() -> Driver:
     return d
 
 
-def test_changes_written_in_groups_replay_to_the_same_catalog(tmp_path: Path) -> None:
+def test_changes_written_in_commits_replay_to_the_same_catalog(tmp_path: Path) -> None:
     d = _busy_driver()
     disk = Disk(tmp_path)
     persisted = d.persisted
-    for start in range(0, len(persisted), 3):  # groups of three changes
-        disk.group(persisted[start:start + 3])
+    for start in range(0, len(persisted), 3):  # commits of three changes
+        disk.commit(persisted[start:start + 3])
     disk.close()
     recovered = read_catalog(tmp_path)
     assert recovered.catalog == d.state.catalog
@@ -110,16 +110,16 @@ def test_changes_written_in_groups_replay_to_the_same_catalog(tmp_path: Path) ->
     assert recovered.compensation == {}
 
 
-def test_a_group_cut_short_by_a_crash_is_taken_back(tmp_path: Path) -> None:
+def test_a_commit_cut_short_by_a_crash_is_taken_back(tmp_path: Path) -> None:
     d = _busy_driver()
     committed = Catalog.replay(d.state.catalog.snapshot())
     disk = Disk(tmp_path)
-    disk.group(d.persisted)
+    disk.commit(d.persisted)
     session = d.session(lease_ms=1000)
     d.call(m.CreateTopic(session_id=session, name="lost", partitions=2))
     torn = d.persisted[-2:]
     # The topics batch made it, the sessions and counters batches did not.
-    disk.group(torn, crash_before=("sessions", "counters"))
+    disk.commit(torn, crash_before=("sessions", "counters"))
     disk.close()
     recovered = read_catalog(tmp_path)
     assert recovered.catalog == committed
@@ -174,7 +174,7 @@ def test_counters_that_disagree_with_the_log_are_refused(tmp_path: Path) -> None
         read_catalog(tmp_path)
 
 
-def test_big_groups_are_split_into_bounded_batches() -> None:
+def test_big_commits_are_split_into_bounded_batches() -> None:
     d = Driver()
     topic = d.state.catalog_topics()["topics"]
     updates = [TimedUpdate(i, topic, 1) for i in range(20_000)]
@@ -194,11 +194,11 @@ def _more(d: Driver, prefix: str) -> None:
 def test_recovery_starts_at_the_last_checkpoint(tmp_path: Path) -> None:
     d = _busy_driver()
     disk = Disk(tmp_path)
-    disk.group(d.persisted)
+    disk.commit(d.persisted)
     disk.index(disk.blocks(d.state.catalog))
     written = len(d.persisted)
     _more(d, "after")
-    disk.group(d.persisted[written:])
+    disk.commit(d.persisted[written:])
     disk.close()
     recovered = read_catalog(tmp_path)
     assert recovered.catalog == d.state.catalog
@@ -211,16 +211,16 @@ def test_recovery_starts_at_the_last_checkpoint(tmp_path: Path) -> None:
 def test_an_unindexed_block_is_skipped_and_the_older_checkpoint_used(tmp_path: Path) -> None:
     d = _busy_driver()
     disk = Disk(tmp_path)
-    disk.group(d.persisted)
+    disk.commit(d.persisted)
     first = disk.blocks(d.state.catalog)
     disk.index(first)
     written = len(d.persisted)
     _more(d, "mid")
-    disk.group(d.persisted[written:])
+    disk.commit(d.persisted[written:])
     disk.blocks(d.state.catalog)  # the crash came before its index entry
     written = len(d.persisted)
     _more(d, "late")
-    disk.group(d.persisted[written:])
+    disk.commit(d.persisted[written:])
     disk.close()
     recovered = read_catalog(tmp_path)
     assert recovered.checkpoint == first
@@ -230,9 +230,9 @@ def test_an_unindexed_block_is_skipped_and_the_older_checkpoint_used(tmp_path: P
 def test_recovery_without_a_checkpoint_skips_every_block(tmp_path: Path) -> None:
     d = _busy_driver()
     disk = Disk(tmp_path)
-    disk.group(d.persisted[:5])
+    disk.commit(d.persisted[:5])
     disk.blocks(Catalog.replay(u for p in d.persisted[:5] for u in p.updates))
-    disk.group(d.persisted[5:])
+    disk.commit(d.persisted[5:])
     disk.close()
     assert read_catalog(tmp_path).catalog == d.state.catalog
 
@@ -240,7 +240,7 @@ def test_recovery_without_a_checkpoint_skips_every_block(tmp_path: Path) -> None
 def test_a_checkpoint_pointing_nowhere_is_refused(tmp_path: Path) -> None:
     d = _busy_driver()
     disk = Disk(tmp_path)
-    disk.group(d.persisted)
+    disk.commit(d.persisted)
     entry = disk.blocks(d.state.catalog)
     disk.index(CheckpointEntry(version=entry.version,
                                offsets={**entry.offsets, "topics": 0}))

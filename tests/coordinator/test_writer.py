@@ -1,4 +1,4 @@
-"""The catalog writer's frontiers on a real broker: a group advances each topic it touched once,
+"""The catalog writer's frontiers on a real broker: a commit advances each topic it touched once,
 untouched topics wait for `catch_up` (or the sweep), and a follower of an untouched collection
 still gets its snapshot at once because asking where to start catches it up."""
 
@@ -43,7 +43,7 @@ def _frontiers(writer: CatalogWriter) -> dict[str, int]:
     return {c: p.core.frontier for c, p in writer._cores.items()}
 
 
-def test_a_group_advances_each_touched_topic_once_and_nothing_else(tmp_path: Path) -> None:
+def test_a_commit_advances_each_touched_topic_once_and_nothing_else(tmp_path: Path) -> None:
     driver = Driver()  # bootstrap: brokers, topics, counters
     driver.host()      # an executor agent: sessions, brokers, executors, counters (a few changes)
     driver.session()
@@ -62,10 +62,10 @@ def test_a_group_advances_each_touched_topic_once_and_nothing_else(tmp_path: Pat
             await wait_for_async(lambda: set(_frontiers(writer).values()) == {1},
                                  what="the start's catch-up")
             advances = _record_advances(writer)
-            for change in changes:  # one event-loop turn: one group
+            for change in changes:  # one event-loop turn: one commit
                 writer.submit(change)
             await writer.drain()
-            assert writer.committed == last and writer.statistics["groups"] == 1
+            assert writer.committed == last and writer.statistics["commits"] == 1
             await wait_for_async(lambda: all(_frontiers(writer)[c] == last + 1 for c in touched),
                                  what="the touched topics' frontiers")
             assert advances == {c: [last + 1] if c in touched else [] for c in COLLECTIONS}

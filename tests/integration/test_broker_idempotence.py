@@ -1,7 +1,7 @@
 """Producers across a broker crash (DESIGN §5 "Idempotent producers", "Restarts"): a batch the
 broker appended but never acknowledged (it was SIGKILLed first) is sent again once the broker
 is back, and stored once (the broker learnt the producer from its log's tail); the writers of
-a writer group rejoin, and their stream ends once."""
+a cohort rejoin, and their stream ends once."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from querylib.broker import Data, EndOfStream, Producer, Subscriber, WriterGroup, list_partitions
+from querylib.broker import Cohort, Data, EndOfStream, Producer, Subscriber, list_partitions
 from querylib.broker._producer import ProducerCore
 from querylib.broker._session import BrokerLink
 from querylib.broker._stream import encode_records
@@ -94,9 +94,9 @@ def test_a_batch_appended_but_not_acknowledged_before_a_crash_is_stored_once(
     assert values == [f"{b}:{i}" for b in range(3) for i in range(RECORDS)]
 
 
-def test_a_writer_group_across_a_broker_crash_ends_its_stream_once(processes,
-                                                                   tmp_path) -> None:
-    """Two writers of one collective publication (a writer group of 2, as two processes of a
+def test_a_cohort_across_a_broker_crash_ends_its_stream_once(processes,
+                                                             tmp_path) -> None:
+    """Two writers of one collective publication (a cohort of 2, as two processes of a
     query write a Merge topic) keep writing across a SIGKILL of their broker: they rejoin,
     nothing is lost or doubled, and the stream ends once, when the second writer ends."""
     path, secret = secret_file(tmp_path)
@@ -105,7 +105,7 @@ def test_a_writer_group_across_a_broker_crash_ends_its_stream_once(processes,
     broker = start_broker(processes, data, port, path, secret)
     address = f"tcp://127.0.0.1:{port}"
     writers = [Producer(address, "m", 0, secret=secret, lease=1.0,
-                        group=WriterGroup("q1/m#1", str(w), 2)) for w in range(2)]
+                        cohort=Cohort("q1/m#1", str(w), 2)) for w in range(2)]
     try:
         for t in range(3):
             for w, producer in enumerate(writers):
@@ -206,7 +206,7 @@ def test_a_producer_whose_end_was_stored_but_not_answered_rejoins_and_is_answere
 
 
 def test_pre_built_batches_are_stamped_without_copying_their_records(processes,
-                                                                   tmp_path) -> None:
+                                                             tmp_path) -> None:
     """A batch the producer did not encode gets its producer id and sequence in a new header
     sent apart from its records, which go out as the caller's bytes (issue 13: copying each
     batch to stamp it cost the pre-built path its throughput); the broker stores the whole

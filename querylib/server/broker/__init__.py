@@ -6,13 +6,13 @@ messages are `querylib.broker`; everything outside this package comes in through
     _state.py       BrokerState: the pure core, handle(stimulus) -> [instructions]
     _events.py      its stimuli and instructions;  _bookkeeping.py its records (sessions,
                     partitions, producers, BrokerLimits)
-    _state_admission.py      the core's admission rules: writers, partitions, ended streams
-    _state_groups.py         the core's writer-group rules: process exits, pending groups
-    _state_subscriptions.py  the core's subscription rules: credit, catch-up, tail
+    _admission.py       Admission, composed by the core: writers rules, partitions to open
+    _subscriptions.py   Subscriptions, composed by the core: credit, catch-up, tail, retention
+    _cohorts.py         Cohorts, composed by the core: process exits, pending cohorts
     _write_access.py  principals and topics' writers rules (who may write what)
-    _frontier.py    PartitionFrontier: the minimum over live producers, writer groups
+    _frontier.py    PartitionFrontier: the minimum over live producers, cohorts
     _idempotence.py the table of idempotent producers (a batch sent again is stored once)
-    _writer_group_store.py  pending writer groups on disk beside the log
+    _cohort_store.py    pending cohorts on disk beside the log
     _server.py      BrokerServer: the asyncio shell (RPC, appends, reads, clock)
     _door.py        BrokerPort: the in-process door (PortLink sessions, reads, directories)
     _disk.py        partitions on disk, recovery of frontiers

@@ -30,7 +30,7 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     max_sessions: int = 10_000
     max_subscriptions_per_session: int = 1024
     max_partitions_per_producer: int = 1024
-    max_writer_groups: int = 64                 # writer groups remembered per partition
+    max_cohorts: int = 64                       # cohorts remembered per partition
     max_query_exits: int = 4096                 # queries whose process exits are remembered
     max_parked: int = 10_000                    # producer opens waiting for the directory
     max_producer_ids: int = 1024                # idempotent producers remembered per partition
@@ -91,10 +91,10 @@ class PartitionState(msgspec.Struct):
     unflushed: deque[Pending] = msgspec.field(default_factory=deque)  # completed, not yet durable
     subs: dict[int, Subscription] = msgspec.field(default_factory=dict)
     tailing: set[int] = msgspec.field(default_factory=set)  # caught up, idle, with credit
-    groups_asked: int = 0       # latest writer-group revision the shell was told to save
-    groups_saved: int = 0       # latest revision it reported on disk
-    # Producer-open replies that changed the groups wait for their save: (revision, token,
-    # reply). A restarted broker must know every group a writer was told it joined.
+    cohorts_asked: int = 0      # latest cohort revision the shell was told to save
+    cohorts_saved: int = 0      # latest revision it reported on disk
+    # Producer-open replies that changed the cohorts wait for their save: (revision, token,
+    # reply). A restarted broker must know every cohort a writer was told it joined.
     save_waits: deque[tuple[int, Any, Any]] = msgspec.field(default_factory=deque)
     producers: ProducerStateTable = msgspec.field(default_factory=ProducerStateTable)
     # Kafka transactions (DESIGN §8 "Transactions"): producer id -> first offset of its

@@ -34,7 +34,7 @@ from querylib.broker.messages import PartitionInfo
 from querylib.rpc import DeadlineExceededError, Notify, Reply, Request
 
 from ._events import PartitionId, TopicAccess
-from ._state_subscriptions import aborted_between
+from ._subscriptions import aborted_between
 from ._write_access import ANYONE
 
 if TYPE_CHECKING:

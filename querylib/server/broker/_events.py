@@ -18,7 +18,7 @@ import msgspec
 from querylib.broker._errors import PartitionNotHereError, UnknownPartitionError
 from querylib.broker.messages import StartAt
 
-from ._frontier import SavedGroup
+from ._frontier import SavedCohort
 
 PartitionId = tuple[str, int]
 
@@ -60,9 +60,9 @@ class CloseSession(msgspec.Struct, frozen=True):
 
 class OpenProducer(msgspec.Struct, frozen=True):
     """The session starts producing into `partition` (joins its frontier), as `writer` of
-    writer group `group` expecting `writers` distinct writers when `group` is not empty
+    cohort `cohort` expecting `writers` distinct writers when `cohort` is not empty
     (`_frontier.py`); `rejoin` after the broker forgot the session. Admitted by the topic's
-    writers rule (`_state_admission.py`): `create` lets the broker open a partition it may
+    writers rule (`_admission.py`): `create` lets the broker open a partition it may
     host but does not yet, `create_topic` lets its directory register an unknown topic as an
     ingest topic, `reopen` goes on writing a partition whose stream ended. A rejoining
     idempotent producer states its `producer_id`, the sequence of the last record it sent
@@ -72,7 +72,7 @@ class OpenProducer(msgspec.Struct, frozen=True):
     token: Any
     session: str
     partition: PartitionId
-    group: str = ""
+    cohort: str = ""
     writer: str = ""
     writers: int = 0
     rejoin: bool = False
@@ -160,7 +160,7 @@ class DropSubscription(msgspec.Struct, frozen=True):
 class QueryExits(msgspec.Struct, frozen=True):
     """What the catalog says of query `query_id`'s processes: each one's exit code (None while
     it runs, or never started), and whether the query failed or was killed. One-way, from the
-    shell (the executor follows the catalog); writer groups of the query settle by it."""
+    shell (the executor follows the catalog); cohorts of the query settle by it."""
 
     query_id: int
     exit_codes: tuple[int | None, ...]
@@ -225,7 +225,7 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     durable_end: int
     frontier: int = 0
     ended: bool = False
-    groups: tuple[SavedGroup, ...] = ()  # pending writer groups saved beside the log
+    cohorts: tuple[SavedCohort, ...] = ()  # pending cohorts saved beside the log
     # Idempotent batches of the log's tail, oldest first: (producer id, epoch, first sequence,
     # last sequence, base offset, next offset); see _producer_state.
     producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
@@ -239,14 +239,14 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     marked_epochs: tuple[tuple[int, int], ...] = ()
 
 
-class GroupsSaved(msgspec.Struct, frozen=True):
-    """The partition's pending writer groups as of `revision` are on disk."""
+class CohortsSaved(msgspec.Struct, frozen=True):
+    """The partition's pending cohorts as of `revision` are on disk."""
 
     partition: PartitionId
     revision: int
 
 
-class GroupsSaveFailed(msgspec.Struct, frozen=True):
+class CohortsSaveFailed(msgspec.Struct, frozen=True):
     partition: PartitionId
     revision: int
     error: Exception
@@ -305,7 +305,7 @@ Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
     | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
-    | PartitionOpenFailed | GroupsSaved | GroupsSaveFailed | AppendCompleted
+    | PartitionOpenFailed | CohortsSaved | CohortsSaveFailed | AppendCompleted
     | AppendFailed | DurableAdvanced | LogStartAdvanced | ReadCompleted | ReadFailed
 )
 
@@ -366,14 +366,14 @@ class SubscriptionClosed(msgspec.Struct, frozen=True):
     error: Exception
 
 
-class SaveGroups(msgspec.Struct, frozen=True):
-    """Replace the saved pending writer groups of `partition` with `groups` (atomically, on
-    disk, beside its log); answer with GroupsSaved or GroupsSaveFailed for `revision`. Saves
+class SaveCohorts(msgspec.Struct, frozen=True):
+    """Replace the saved pending cohorts of `partition` with `cohorts` (atomically, on
+    disk, beside its log); answer with CohortsSaved or CohortsSaveFailed for `revision`. Saves
     of one partition may be coalesced: only the latest revision matters."""
 
     partition: PartitionId
     revision: int
-    groups: tuple[SavedGroup, ...]
+    cohorts: tuple[SavedCohort, ...]
 
 
 class SessionExpired(msgspec.Struct, frozen=True):
@@ -403,6 +403,6 @@ class OpenPartition(msgspec.Struct, frozen=True):
 
 
 Instruction = (
-    Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SaveGroups | SessionExpired
+    Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SaveCohorts | SessionExpired
     | ResolveTopic | OpenPartition
 )

@@ -92,6 +92,7 @@ from querylib.rpc import (
 
 from ._appender import AppendLane
 from ._bookkeeping import BrokerLimits
+from ._cohort_store import CohortSaver, load_cohorts
 from ._disk import (
     OpenedPartition,
     find_partitions,
@@ -132,7 +133,7 @@ from ._events import (
     ReadFailed,
     Reply,
     ResolveTopic,
-    SaveGroups,
+    SaveCohorts,
     SessionExpired,
     Stimulus,
     Subscribe,
@@ -143,11 +144,10 @@ from ._events import (
     TopicResolved,
     Unsubscribe,
 )
-from ._frontier import SavedGroup, query_of_group
+from ._frontier import SavedCohort, query_of_cohort
 from ._state import BrokerState
 from ._txn_index import TxnHistory
 from ._write_access import ADMIN, SYSTEM, admits
-from ._writer_group_store import GroupSaver, load_groups
 
 # What a producer sends without waiting for answers, and must see appended in that order.
 _IN_ARRIVAL_ORDER = (ProduceRequest, AdvanceRequest, EndStreamRequest)
@@ -189,10 +189,10 @@ def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tu
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
                     incarnation: Incarnation | None, scan_bytes: int
-                    ) -> tuple[OpenedPartition, tuple[SavedGroup, ...]]:
-    """The partition's log, recovered, and the writer groups saved beside it (thread side)."""
+                    ) -> tuple[OpenedPartition, tuple[SavedCohort, ...]]:
+    """The partition's log, recovered, and the cohorts saved beside it (thread side)."""
     opened = open_partition(data_dir, pid, config, incarnation, producer_scan_bytes=scan_bytes)
-    return opened, load_groups(partition_path(data_dir, pid))
+    return opened, load_cohorts(partition_path(data_dir, pid))
 
 
 def incarnation_of(topic_id: int, created_ms: int) -> Incarnation | None:
@@ -232,7 +232,7 @@ class BrokerServer:
         # Per partition since start: bytes appended, bytes delivered, offsets delivered (the
         # metrics read them; two additions per batch)
         self.traffic: dict[PartitionId, list[int]] = {}
-        self._savers: dict[PartitionId, GroupSaver] = {}
+        self._savers: dict[PartitionId, CohortSaver] = {}
         self._opening: dict[PartitionId, asyncio.Lock] = {}
         # The topic incarnation each open partition's directory records (None: none).
         self._incarnations: dict[PartitionId, Incarnation | None] = {}
@@ -339,18 +339,18 @@ class BrokerServer:
 
     async def _open(self, pid: PartitionId, incarnation: Incarnation | None = None) -> None:
         loop = asyncio.get_running_loop()
-        opened, groups = await loop.run_in_executor(
+        opened, cohorts = await loop.run_in_executor(
             self._append_pool, _open_partition, self.data_dir, pid, self.topic_log_config(pid[0]),
             incarnation, self.state.limits.producer_scan_bytes)
         self._incarnations[pid] = opened.incarnation
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
         self._lanes[pid] = AppendLane(pid, log, self._append_pool, self._feed, inline=inline)
-        self._savers[pid] = GroupSaver(pid, partition_path(self.data_dir, pid),
-                                       self._append_pool, self._feed)
+        self._savers[pid] = CohortSaver(pid, partition_path(self.data_dir, pid),
+                                        self._append_pool, self._feed)
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
-                                   groups, opened.producers, opened.epoch,
+                                   cohorts, opened.producers, opened.epoch,
                                    opened.epoch_since, *opened.transactions))
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
@@ -420,15 +420,15 @@ class BrokerServer:
     def query_exits(self, query_id: int, exit_codes: tuple[int | None, ...],
                     failed: bool) -> None:
         """What the catalog says of a query's processes (exit code each, None while running;
-        `failed`: the query failed or was killed): its writer groups on this broker settle
+        `failed`: the query failed or was killed): its cohorts on this broker settle
         (DESIGN §5 "Collective publishing"). Call on the broker's loop."""
         self._feed(QueryExits(query_id, tuple(exit_codes), failed))
 
-    def group_queries(self) -> set[int]:
-        """The queries some writer group on this broker is waiting for (to join, or to end)."""
+    def cohort_queries(self) -> set[int]:
+        """The queries some cohort on this broker is waiting for (to join, or to end)."""
         return {q for part in self.state.partitions.values()
-                for g in part.frontier.open_groups()
-                if (q := query_of_group(g)) is not None}
+                for g in part.frontier.open_cohorts()
+                if (q := query_of_cohort(g)) is not None}
 
     async def _ensure(self, topic: str, partition: int, create: bool,
                       incarnation: Incarnation | None = None) -> PartitionId:
@@ -548,7 +548,7 @@ class BrokerServer:
             Append: self._append,
             Read: self._read,
             SubscriptionClosed: self._subscription_closed,
-            SaveGroups: lambda instr: self._savers[instr.partition].submit(instr),
+            SaveCohorts: lambda instr: self._savers[instr.partition].submit(instr),
             SessionExpired: self._session_expired,
         }, on_bug=self._bug, invariants=self.state.check_invariants, after=self._after,
             # Tuples, not text: formatting would cost every batch a microsecond.
@@ -847,7 +847,7 @@ class BrokerServer:
                 # "Topic incarnations"): set aside, the core opens it anew as this one.
                 await self._settle_incarnation(pid, incarnation)
             return await self._call(peer, req.session, lambda t: OpenProducer(
-                t, req.session, pid, req.group, req.writer, req.writers, req.rejoin,
+                t, req.session, pid, req.cohort, req.writer, req.writers, req.rejoin,
                 create=req.create, create_topic=req.create_topic, reopen=req.reopen,
                 epoch=req.epoch,
                 incarnation=incarnation, producer_id=req.producer_id,

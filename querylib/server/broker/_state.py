@@ -3,11 +3,13 @@
 What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
 log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
-over a partition's live producers, held while a writer group waits for writers, via
-`PartitionFrontier`). Three seams live in mixins it inherits: who may open a producer where
-(topic rules, principals, partitions to open, ended streams) in `_state_admission.py`, the
-subscription rules (credit, catch-up from disk, tail) in `_state_subscriptions.py`, the
-writer-group rules (process exits, saving pending groups) in `_state_groups.py`.
+over a partition's live producers, held while a cohort waits for writers, via
+`PartitionFrontier`). It owns the sessions and partitions and composes three rule objects, each
+owning its own records behind a narrow interface: `Admission` (`_admission.py`: who may open a
+producer where; topic rules, principals, partitions to open), `Subscriptions`
+(`_subscriptions.py`: credit, catch-up from disk, tail delivery, retention) and `Cohorts`
+(`_cohorts.py`: process exits, saving pending cohorts). Dispatch on the stimulus type is one
+table, in `handle`.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
 Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
@@ -18,7 +20,7 @@ Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 - Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
   stopped subscriber never delays a producer.
 - Only durable batches are made visible to subscribers (`_make_durable` moves `visible_end`, then
-  hands the new batches to `_tail`).
+  hands the new batches to `Subscriptions.tail`).
 - Batches stay referenced only while an append is in flight or not yet durable (bounded by the
   producers' windows); nothing is buffered per subscriber.
 - An idempotent producer's batch that was appended before (it sent it again after losing its
@@ -58,21 +60,23 @@ from querylib.records._header import (
 )
 from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
-from ._bookkeeping import TXN_DATA, BrokerLimits, PartitionState, Pending, Session, Subscription
+from ._admission import Admission
+from ._bookkeeping import TXN_DATA, BrokerLimits, PartitionState, Pending, Session
+from ._cohorts import Cohorts
 from ._events import (
     AdvanceFrontier,
     Append,
     AppendCompleted,
     AppendFailed,
     CloseSession,
+    CohortsSaved,
+    CohortsSaveFailed,
     DropPartition,
     DropSubscription,
     DurableAdvanced,
     EndStream,
     Fail,
     GrantCredit,
-    GroupsSaved,
-    GroupsSaveFailed,
     Heartbeat,
     Instruction,
     LogStartAdvanced,
@@ -103,9 +107,7 @@ from ._frontier import (
     StreamReopened,
 )
 from ._idempotence import BatchMark, ProducerStateTable, last_sequence
-from ._state_admission import AdmissionRules
-from ._state_groups import WriterGroupRules
-from ._state_subscriptions import SubscriptionRules
+from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
 
 
@@ -133,10 +135,9 @@ def _encode_reopen(timestamp: int, epoch: int = 0) -> bytes:
     return reopen_batch(timestamp=timestamp, epoch=epoch)
 
 
-class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
-    """Sessions, producers, subscriptions and partitions of one broker; no I/O. Admission is
-    in `_state_admission`, the subscription rules are in `_state_subscriptions`, the
-    writer-group rules (exits of query processes, saving pending groups) in `_state_groups`."""
+class BrokerState:
+    """Sessions, producers, subscriptions and partitions of one broker; no I/O. It answers
+    producers itself and delegates to `admission`, `subscriptions` and `cohorts`."""
 
     def __init__(self, limits: BrokerLimits | None = None, *,
                  encode_frontier: Callable[[int, int, int], bytes] = _encode_frontier,
@@ -147,9 +148,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
         log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
         hand out those bytes instead of reading them back."""
-        AdmissionRules.__init__(self)
-        self.limits = limits or BrokerLimits()
-        self._stamp = stamp
+        self.limits = limits = limits or BrokerLimits()
         self._encode_frontier = encode_frontier
         self._encode_end = encode_end
         self._encode_reopen = encode_reopen
@@ -159,11 +158,12 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         self.wall_ms = 0
         self.partitions: dict[PartitionId, PartitionState] = {}
         self.sessions: dict[str, Session] = {}
-        self._subs: dict[int, Subscription] = {}
-        self._exits: dict[int, QueryExits] = {}  # queries with processes still running
-        self._next_serial = 1
         self._next_ticket = 1
         self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
+        self.admission = Admission(self.partitions, limits)
+        self.subscriptions = subs = Subscriptions(self.partitions, self.sessions, limits,
+                                                  self.counters, stamp)
+        self.cohorts = cohorts = Cohorts(self.partitions, limits, self._released)
         self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
             Tick: self._tick,
             OpenSession: self._open_session,
@@ -176,22 +176,22 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             Subscribe: self._subscribe,
             GrantCredit: self._grant,
             Unsubscribe: self._unsubscribe,
-            DropSubscription: self._drop_subscription,
+            DropSubscription: subs.drop,
             DropPartition: self._drop_partition,
-            QueryExits: self._query_exits,
+            QueryExits: cohorts.query_exits,
             TopicAccess: self._topic_access,
-            TopicForgotten: self._topic_forgotten,
+            TopicForgotten: self.admission.topic_forgotten,
             TopicResolved: self._topic_resolved,
             PartitionOpened: self._partition_opened,
-            PartitionOpenFailed: self._partition_open_failed,
-            GroupsSaved: self._groups_saved,
-            GroupsSaveFailed: self._groups_save_failed,
+            PartitionOpenFailed: self.admission.partition_open_failed,
+            CohortsSaved: cohorts.saved,
+            CohortsSaveFailed: cohorts.save_failed,
             AppendCompleted: self._append_completed,
             AppendFailed: self._append_failed,
             DurableAdvanced: self._durable_advanced,
             LogStartAdvanced: self._log_start_advanced,
-            ReadCompleted: self._read_completed,
-            ReadFailed: self._read_failed,
+            ReadCompleted: subs.read_completed,
+            ReadFailed: subs.read_failed,
         }
 
     # ------------------------------------------------------------------ entry point
@@ -214,6 +214,10 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 raise
             return [Fail(token, exc)]
 
+    def rule_of(self, topic: str) -> TopicAccess | None:
+        """The writers rule in force for `topic`, None while it is unknown."""
+        return self.admission.rule_of(topic)
+
     def partition_info(self, pid: PartitionId) -> PartitionInfo:
         """What a client may know of a partition: its range visible to subscribers and the
         frontier in force at its end."""
@@ -227,7 +231,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         return {
             "sessions": len(self.sessions),
             "partitions": len(self.partitions),
-            "subscriptions": len(self._subs),
+            "subscriptions": len(self.subscriptions),
             "pending_appends": sum(len(p.inflight) + len(p.unflushed)
                                    for p in self.partitions.values()),
             "pending_bytes": sum(len(e.batch) for p in self.partitions.values()
@@ -239,21 +243,10 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         """Raise AssertionError unless the bookkeeping agrees with itself: every subscription
         is known to its partition and its session, every partition's ranges are ordered. Run
         after every step in the tests (`querylib.driver`); O(partitions + subscriptions)."""
-        for serial, sub in self._subs.items():
-            part = self.partitions.get(sub.partition)
-            assert part is not None and part.subs.get(serial) is sub, \
-                f"subscription {serial} unknown to its partition {sub.partition}"
-            session = self.sessions.get(sub.session)
-            assert session is None or session.subs.get(sub.sub_id) == serial, \
-                f"subscription {serial} unknown to its session {sub.session!r}"
+        self.subscriptions.check_invariants()
         for pid, part in self.partitions.items():
-            assert part.subs.keys() <= self._subs.keys(), f"{pid}: a forgotten subscription"
-            assert part.tailing <= part.subs.keys(), f"{pid}: tailing a forgotten subscription"
             assert part.visible_end <= part.log_end, \
                 f"{pid}: visible end {part.visible_end} beyond the log end {part.log_end}"
-        for session in self.sessions.values():
-            assert set(session.subs.values()) <= self._subs.keys(), \
-                f"session {session.id!r} holds a forgotten subscription"
 
     # ------------------------------------------------------------------ time and sessions
 
@@ -335,10 +328,9 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         out: list[Instruction] = []
         for pid in sorted(session.producing):
             part = self.partitions[pid]
-            out += self._controls(part, part.frontier.drop(session.id), None, None, None)
-            out += self._save_groups(part)
-        for serial in list(session.subs.values()):
-            self._remove_sub(self._subs[serial])
+            out += self._released(part, part.frontier.drop(session.id))
+            out += self.cohorts.save(part)
+        self.subscriptions.forget_session(session)
         out.append(SessionExpired(session.id))
         return out
 
@@ -358,8 +350,8 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         self.partitions[ev.partition] = PartitionState(
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
-                                       max_groups=self.limits.max_writer_groups,
-                                       groups=ev.groups, epoch=ev.epoch),
+                                       max_cohorts=self.limits.max_cohorts,
+                                       cohorts=ev.cohorts, epoch=ev.epoch),
             visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
             epoch_since=ev.epoch_since,
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
@@ -373,7 +365,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)
         if part.txn_deadlines:
             self._txn_partitions.add(ev.partition)
-        return self._partition_ready(ev.partition)
+        return self._again(self.admission.partition_ready(ev.partition))
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
         """Forget the partition (its topic was deleted). Refused while an append or a disk
@@ -383,20 +375,46 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if part is None:
             return [Reply(ev.token, Done())]
         if (part.inflight or part.unflushed or any(s.reading for s in part.subs.values())
-                or part.groups_asked != part.groups_saved):
+                or part.cohorts_asked != part.cohorts_saved):
             raise PartitionBusyError(f"partition {ev.partition[1]} of {ev.partition[0]!r} has "
                                      "appends or reads in flight; ask again")
         gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
                                      f"{ev.partition[0]!r} was deleted")
-        out: list[Instruction] = []
-        for sub in list(part.subs.values()):
-            out += self._close_sub(sub, gone)
+        out = self.subscriptions.close_partition(part, gone)
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
             session.resending.discard(ev.partition)
         del self.partitions[ev.partition]
         out.append(Reply(ev.token, Done()))
         return out
+
+    # ------------------------------------------------------------------ admission
+
+    def _topic_access(self, ev: TopicAccess) -> list[Instruction]:
+        return self._again(self.admission.topic_access(ev))
+
+    def _topic_resolved(self, ev: TopicResolved) -> list[Instruction]:
+        again, refused = self.admission.topic_resolved(ev)
+        return [*refused, *self._again(again)]
+
+    def _again(self, parked: list[OpenProducer]) -> list[Instruction]:
+        """Handle requests admission parked again, in the order they came."""
+        out: list[Instruction] = []
+        for ev in parked:
+            out += self.handle(ev)
+        return out
+
+    # ------------------------------------------------------------------ subscribers
+
+    def _subscribe(self, ev: Subscribe) -> list[Instruction]:
+        session = self._live(ev.session)
+        return self.subscriptions.subscribe(session, self._partition(ev.partition), ev)
+
+    def _grant(self, ev: GrantCredit) -> list[Instruction]:
+        return self.subscriptions.grant(ev, self.now)
+
+    def _unsubscribe(self, ev: Unsubscribe) -> list[Instruction]:
+        return self.subscriptions.unsubscribe(self._live(ev.session), ev)
 
     # ------------------------------------------------------------------ producers
 
@@ -416,7 +434,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
                 and len(session.producing) + len(session.resending)
                 >= self.limits.max_partitions_per_producer):
             raise BrokerProtocolError("too many partitions for one producer session")
-        part, waiting = self._admit(session, ev)
+        part, waiting = self.admission.admit(session, ev)
         if part is None:
             return waiting
         if part.frontier.ended and self._stored_before_end(part, ev):
@@ -431,7 +449,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         session.resending.discard(ev.partition)
         before = part.frontier.revision
         try:
-            released = part.frontier.join(session.id, ev.group, ev.writer, ev.writers,
+            released = part.frontier.join(session.id, ev.cohort, ev.writer, ev.writers,
                                           rejoin=ev.rejoin, reopen=ev.reopen,
                                           epoch=ev.epoch)
         except StreamEndedError:
@@ -442,12 +460,12 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         session.producing.add(ev.partition)
         reply = ProducerOpened(log_end=part.log_end, frontier=part.frontier.producers[session.id],
                                window=self.limits.producer_window, epoch=part.frontier.epoch)
-        out = self._controls(part, released, None, None, None)
-        if ev.group:
-            out += self._settle_known(part, ev.group)
+        out = self._released(part, released)
+        if ev.cohort:
+            out += self.cohorts.settle_known(part, ev.cohort)
         if part.frontier.revision == before:
             return [Reply(ev.token, reply), *out]
-        return [*self._save_groups(part, ev.token, reply), *out]
+        return [*self.cohorts.save(part, ev.token, reply), *out]
 
     @staticmethod
     def _stored_before_end(part: PartitionState, ev: OpenProducer) -> bool:
@@ -580,7 +598,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         events = part.frontier.end(session.id)
         session.producing.discard(part.id)
         return [*self._control_request(session, part, events, ev.token),
-                *self._save_groups(part)]
+                *self.cohorts.save(part)]
 
     def _control_request(self, session: Session, part: PartitionState,
                          events: list[FrontierEvent], token: Any) -> list[Instruction]:
@@ -605,6 +623,11 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             out.append(self._append(part, batch, token, session, cost, reply, control=event))
             token, session = None, None  # one answer per request
         return out
+
+    def _released(self, part: PartitionState, events: list[FrontierEvent]) -> list[Instruction]:
+        """Append what a frontier change no request asked for caused (a producer joined or
+        left, a cohort settled); nobody is answered."""
+        return self._controls(part, events, None, None, None)
 
     def _transaction_ended(self, part: PartitionState, producer_id: int, kind: int,
                            marker: int) -> None:
@@ -662,7 +685,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
             self._txn_partitions.add(part.id)
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
-        out = self._retention(part, ev.log_start)
+        out = self.subscriptions.retention(part, ev.log_start)
         return out + self._make_durable(part, ev.durable_end)
 
     def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
@@ -679,7 +702,7 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
 
     def _log_start_advanced(self, ev: LogStartAdvanced) -> list[Instruction]:
         part = self.partitions.get(ev.partition)
-        return [] if part is None else self._retention(part, ev.log_start)
+        return [] if part is None else self.subscriptions.retention(part, ev.log_start)
 
     def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
         return self._make_durable(self.partitions[ev.partition], ev.durable_end)
@@ -721,4 +744,4 @@ class BrokerState(AdmissionRules, SubscriptionRules, WriterGroupRules):
         if visible == part.visible_end:
             return out
         part.visible_end = visible
-        return out + self._tail(part, newly)
+        return out + self.subscriptions.tail(part, newly)

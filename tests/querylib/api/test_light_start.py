@@ -24,7 +24,7 @@ import pytest
 from querylib.api import _runner
 from querylib.api._submit import build_program
 
-# What a query process must not import before its worker group is registered.
+# What a query process must not import before it is registered (the start barrier).
 HEAVY = ("querylib.records", "querylib.broker._stream", "querylib.broker._blocking",
          "querylib.broker._producer", "querylib.broker._session", "querylib.cluster._follow",
          "querylib.cluster._topic_io", "querylib.cluster._queries", "querylib.kafka",

@@ -14,10 +14,10 @@ from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_hea
 from querylib.server.broker._events import (
     Append,
     AppendCompleted,
+    CohortsSaved,
     Deliver,
     DurableAdvanced,
     Fail,
-    GroupsSaved,
     OpenPartition,
     PartitionId,
     PartitionOpened,
@@ -25,7 +25,7 @@ from querylib.server.broker._events import (
     ReadCompleted,
     Reply,
     ResolveTopic,
-    SaveGroups,
+    SaveCohorts,
     SessionExpired,
     SubscriptionClosed,
     TopicAccess,
@@ -82,9 +82,9 @@ class Sim:
         self.state = BrokerState(limits, encode_frontier=fake_frontier, encode_end=fake_end,
                                  encode_reopen=fake_reopen)
         self.auto_durable = auto_durable
-        self.auto_save = auto_save  # answer SaveGroups at once (else they wait in `saves`)
-        self.saves: list[SaveGroups] = []
-        self.saved: dict[PartitionId, SaveGroups] = {}
+        self.auto_save = auto_save  # answer SaveCohorts at once (else they wait in `saves`)
+        self.saves: list[SaveCohorts] = []
+        self.saved: dict[PartitionId, SaveCohorts] = {}
         self.logs: dict[PartitionId, list[tuple[int, int, bytes]]] = {}
         self.durable: dict[PartitionId, int] = {}
         self.appends: dict[PartitionId, deque[Append]] = {}
@@ -117,7 +117,7 @@ class Sim:
     def complete_save(self) -> list:
         save = self.saves.pop(0)
         self.saved[save.partition] = save
-        return self.feed(GroupsSaved(save.partition, save.revision))
+        return self.feed(CohortsSaved(save.partition, save.revision))
 
     def feed(self, stimulus) -> list:
         out = self.state.handle(stimulus)
@@ -190,7 +190,7 @@ class Sim:
             self.subs[(instr.session, instr.sub_id)].closed = True
         elif isinstance(instr, SessionExpired):
             self.expired.append(instr.session)
-        elif isinstance(instr, SaveGroups):
+        elif isinstance(instr, SaveCohorts):
             self.saves.append(instr)
             if self.auto_save:
                 self.complete_save()

@@ -73,13 +73,13 @@ def test_a_stream_with_a_live_writer_keeps_its_epoch():
     assert (f.epoch, f.producers["b"]) == (0, 10)
 
 
-def test_a_writer_group_still_waiting_keeps_its_epoch():
+def test_a_writer_cohort_still_waiting_keeps_its_epoch():
     f = ended_run()
     f.join("p0", "q2/t#1", "0", 2, reopen=True, epoch=5)
     assert f.epoch == 5
-    f.end("p0")  # writer 1 has not come: the group holds
+    f.end("p0")  # writer 1 has not come: the cohort holds
     assert f.held
-    # A newer run cannot start while the group may still write.
+    # A newer run cannot start while the cohort may still write.
     assert f.join("x", reopen=True, epoch=8) == []
     assert f.epoch == 5
 

@@ -135,7 +135,7 @@ def run(ops: list[tuple], auto_durable: bool,
             if track is not None and not track.closed and n > 0:
                 session = sim.state.sessions.get(who)
                 serial = session.subs.get(sub_id) if session else None
-                sub = sim.state._subs.get(serial) if serial else None
+                sub = sim.state.subscriptions.by_serial.get(serial) if serial else None
                 if sub is not None and sub.credit.available + n <= LIMITS.max_credit:
                     track.granted += n
             sim.feed(GrantCredit(who, sub_id, n))

@@ -29,7 +29,7 @@ from querylib.kafka._apis import is_flexible
 
 REPRODUCER = ("0001b3ff6e5b73a6017f37c27f32c117ff00ab30007f8d3affc0d4f1ff2d01f900"
               "7affb9017f0500012fd763")
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # the checkout (tests/querylib/server/kafka/..)
 
 
 # The children run with 3 GB of address space, as under a container's memory limit: a count

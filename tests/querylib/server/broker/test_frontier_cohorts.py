@@ -1,4 +1,4 @@
-"""Writer groups on a partition frontier: the frontier and end-of-stream wait until every
+"""Cohorts on a partition frontier: the frontier and end-of-stream wait until every
 expected writer of a collective publication has joined (DESIGN §5 "Collective publishing")."""
 
 import pytest
@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from catalog.errors import ProtocolError
 from querylib.server.broker._frontier import (
+    CohortError,
     FrontierAdvanced,
     PartitionFrontier,
     StreamEnded,
-    WriterGroupError,
 )
 
 G = "q1/merged#1"
@@ -49,12 +49,12 @@ def test_a_restarted_writer_counts_once():
     f.join("s1b", G, "1", 3)  # process 1 again, under a new session
     f.advance("s0", 3)
     f.advance("s1b", 3)
-    assert f.frontier == 0 and f.pending_groups() == {G: (2, 3)}
+    assert f.frontier == 0 and f.pending_cohorts() == {G: (2, 3)}
     f.join("s2", G, "2", 3)
     assert f.advance("s2", 3) == [FrontierAdvanced(3)]
 
 
-def test_a_pending_group_whose_producers_vanished_is_released():
+def test_a_pending_cohort_whose_producers_vanished_is_released():
     f = PartitionFrontier()
     f.join("plain")
     f.join("s0", G, "0", 2)
@@ -62,7 +62,7 @@ def test_a_pending_group_whose_producers_vanished_is_released():
     f.advance("s0", 9)
     assert f.frontier == 0
     assert f.drop("s0") == [FrontierAdvanced(7)]  # the query failed: writer 1 will not come
-    assert not f.held and f.pending_groups() == {}
+    assert not f.held and f.pending_cohorts() == {}
 
 
 def test_a_clean_end_keeps_waiting_for_the_missing_writer():
@@ -71,44 +71,44 @@ def test_a_clean_end_keeps_waiting_for_the_missing_writer():
     f.join("s1", G, "0", 2)  # a second session of the same writer
     f.end("s0")
     assert f.drop("s1") == []
-    assert f.pending_groups() == {}  # one of them vanished: released
+    assert f.pending_cohorts() == {}  # one of them vanished: released
     g = PartitionFrontier()
     g.join("s0", G, "0", 2)
     g.end("s0")
-    assert g.pending_groups() == {G: (1, 2)} and not g.ended
+    assert g.pending_cohorts() == {G: (1, 2)} and not g.ended
 
 
-def test_rejoin_of_a_complete_or_unknown_group_is_a_plain_producer():
+def test_rejoin_of_a_complete_or_unknown_cohort_is_a_plain_producer():
     f = PartitionFrontier()
     f.join("s0", G, "0", 2)
     f.join("s1", G, "1", 2)
     f.drop("s0")
     f.join("s0b", G, "0", 2, rejoin=True)
     assert not f.held
-    fresh = PartitionFrontier(4)  # a restarted broker recovered frontier 4, knows no group
+    fresh = PartitionFrontier(4)  # a restarted broker recovered frontier 4, knows no cohort
     fresh.join("s1", G, "1", 2, rejoin=True)
     assert not fresh.held
     assert fresh.advance("s1", 6) == [FrontierAdvanced(6)]
 
 
-def test_bad_groups_are_protocol_errors():
+def test_bad_cohorts_are_protocol_errors():
     f = PartitionFrontier()
     f.join("s0", G, "0", 2)
     for args in [(G, "1", 3), ("x" * 300, "0", 2), ("g", "", 2), ("g", "0", 0),
                  ("g", "0", 10**6)]:
-        with pytest.raises(WriterGroupError):
+        with pytest.raises(CohortError):
             f.join("s9", *args)
     assert "s9" not in f.producers
 
 
-def test_groups_beyond_the_cap_forget_the_oldest_without_live_producers():
-    f = PartitionFrontier(max_groups=2)
+def test_cohorts_beyond_the_cap_forget_the_oldest_without_live_producers():
+    f = PartitionFrontier(max_cohorts=2)
     f.join("a", "g1", "0", 2)
     f.end("a")                    # g1 pending, nobody live
     f.join("b", "g2", "0", 2)     # g2 pending, b live
     f.join("c", "g3", "0", 1)     # forgets g1; g2 still holds
-    assert set(f.pending_groups()) == {"g2"}
-    with pytest.raises(WriterGroupError):
+    assert set(f.pending_cohorts()) == {"g2"}
+    with pytest.raises(CohortError):
         f.join("d", "g4", "0", 1)  # g2 and g3 both have live producers
 
 
@@ -128,8 +128,8 @@ ops = st.lists(st.tuples(st.sampled_from(SESSIONS), st.sampled_from(WRITERS),
 @given(ops, st.integers(0, 5))
 def test_the_frontier_never_passes_what_a_late_writer_may_still_send(steps, start):
     """Model: while an expected writer has not joined, it may still send any time >= the
-    frontier at the group's start; the published frontier never passes that. End-of-stream
-    comes only after every expected writer joined and no producer is live. A group is only
+    frontier at the cohort's start; the published frontier never passes that. End-of-stream
+    comes only after every expected writer joined and no producer is live. A cohort is only
     released once one of its producers vanished."""
     f = PartitionFrontier(start)
     joined: set[str] = set()
@@ -156,7 +156,7 @@ def test_the_frontier_never_passes_what_a_late_writer_may_still_send(steps, star
             assert f.frontier <= min(f.producers.values())
         if joined and len(joined) < len(WRITERS) and not vanished:
             assert f.frontier == start and not f.ended
-            assert f.pending_groups() == {G: (len(joined), len(WRITERS))}
+            assert f.pending_cohorts() == {G: (len(joined), len(WRITERS))}
         if f.ended:
             assert joined == set(WRITERS) or vanished
             assert not f.producers

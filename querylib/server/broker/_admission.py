@@ -1,4 +1,4 @@
-"""The admission rules of the broker's core (`BrokerState` inherits them; DESIGN §5
+"""The admission rules of the broker's core (`Admission`, composed by `BrokerState`; DESIGN §5
 "Admission"): who may open a producer on which partition. Decided here, once, for every way
 into the broker: RPC clients, the Kafka listener, the connector endpoint and tq's own writers
 all arrive as the same `OpenProducer` stimulus.
@@ -23,11 +23,20 @@ An OpenProducer is admitted when
 
 Rules change with the directory (a topic deleted and created again under another owner):
 `TopicAccess` replaces a rule, `TopicForgotten` drops it. At most `max_parked` requests wait
-at once; more are refused. Must not: do I/O, or know where rules come from.
+at once; more are refused.
+
+Its interface: `admit` answers one request; what the directory and the shell report
+(`topic_access`, `topic_resolved`, `partition_ready`, ...) hands back the parked requests now
+answerable, which `BrokerState` handles again in the order they came. It reads the partitions
+map and the limits it is given; it owns the rules, the asks in flight and the parked requests.
+
+Must not: do I/O, know where rules come from, or change sessions or partitions (the state
+does, once a request is admitted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +58,13 @@ from ._events import (
     PartitionId,
     PartitionOpenFailed,
     ResolveTopic,
-    Stimulus,
     TopicAccess,
     TopicForgotten,
     TopicResolved,
 )
 from ._write_access import SYSTEM, admits, internal
 
-__all__ = ["AdmissionRules"]
+__all__ = ["Admission"]
 
 
 @dataclass
@@ -66,22 +74,20 @@ class _Ask:
     parked: list[OpenProducer] = field(default_factory=list)
 
 
-class AdmissionRules:
-    """Mixed into BrokerState: it provides `partitions`, `limits` and `handle`."""
+class Admission:
+    """Who may open a producer where: the topics' writers rules and the requests waiting for a
+    rule or a partition."""
 
-    partitions: dict[PartitionId, PartitionState]
-    limits: BrokerLimits
-
-    def __init__(self) -> None:
+    def __init__(self, partitions: Mapping[PartitionId, PartitionState],
+                 limits: BrokerLimits) -> None:
+        self._partitions = partitions  # the state's: read only here
+        self._limits = limits
         self.rules: dict[str, TopicAccess] = {}    # topic -> what the directory said last
         self._asks: dict[int, _Ask] = {}          # ResolveTopic in flight, by ask id
         self._asking: dict[tuple[str, bool], int] = {}  # (topic, create) -> its ask
         self._next_ask = 1
         self._opening: dict[PartitionId, list[OpenProducer]] = {}  # OpenPartition in flight
         self._parked = 0
-
-    def handle(self, stimulus: Stimulus) -> list[Instruction]:
-        raise NotImplementedError  # BrokerState's
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -91,9 +97,10 @@ class AdmissionRules:
             return TopicAccess(topic, SYSTEM)
         return self.rules.get(topic)
 
-    def _admit(self, session: Session,
-               ev: OpenProducer) -> tuple[PartitionState | None, list[Instruction]]:
-        """The partition `ev` may join, or None and what to do while the request waits."""
+    def admit(self, session: Session,
+              ev: OpenProducer) -> tuple[PartitionState | None, list[Instruction]]:
+        """The partition `ev` may join, or None and what to do while the request waits
+        (parked: handed back by a later report). Raises the TqError that refuses it."""
         topic, index = ev.partition
         rule = self.rule_of(topic)
         if rule is None:
@@ -109,7 +116,7 @@ class AdmissionRules:
             raise TopicAuthorizationError(
                 f"topic {topic!r} {kind}only {owner} may write it; {session.principal} may "
                 "not write it")
-        part = self.partitions.get(ev.partition)
+        part = self._partitions.get(ev.partition)
         if part is not None:
             return part, []
         rule.check_placed(index, "write")
@@ -118,14 +125,14 @@ class AdmissionRules:
                                         f"{topic!r}")
         return None, self._park_for_partition(ev)
 
-    def _park(self, ev: OpenProducer) -> None:
-        if self._parked >= self.limits.max_parked:
+    def _park(self) -> None:
+        if self._parked >= self._limits.max_parked:
             raise BrokerProtocolError(f"the broker has {self._parked} producer opens waiting "
                                       "for topics and partitions; retry shortly")
         self._parked += 1
 
     def _park_for_topic(self, ev: OpenProducer) -> list[Instruction]:
-        self._park(ev)
+        self._park()
         topic = ev.partition[0]
         key = (topic, ev.create_topic)
         ask = self._asking.get(key)
@@ -139,7 +146,7 @@ class AdmissionRules:
         return [ResolveTopic(ask, topic, ev.partition[1], ev.create_topic)]
 
     def _park_for_partition(self, ev: OpenProducer) -> list[Instruction]:
-        self._park(ev)
+        self._park()
         waiting = self._opening.get(ev.partition)
         if waiting is not None:
             waiting.append(ev)
@@ -147,13 +154,10 @@ class AdmissionRules:
         self._opening[ev.partition] = [ev]
         return [OpenPartition(ev.partition, ev.incarnation)]
 
-    def _again(self, parked: list[OpenProducer]) -> list[Instruction]:
-        """Handle parked requests again, in the order they came."""
+    def _release(self, parked: list[OpenProducer]) -> list[OpenProducer]:
+        """Parked requests to handle again, in the order they came (they may park again)."""
         self._parked -= len(parked)
-        out: list[Instruction] = []
-        for ev in parked:
-            out += self.handle(ev)
-        return out
+        return parked
 
     def _refuse(self, parked: list[OpenProducer], error: Any) -> list[Instruction]:
         self._parked -= len(parked)
@@ -163,24 +167,27 @@ class AdmissionRules:
 
     # -- what the directory says ---------------------------------------------------------------
 
-    def _topic_access(self, ev: TopicAccess) -> list[Instruction]:
+    def topic_access(self, ev: TopicAccess) -> list[OpenProducer]:
+        """A rule for the topic: the requests that waited for it, to handle again."""
         self.rules[ev.topic] = ev
-        return self._again(self._take_asks(ev.topic))
+        return self._release(self._take_asks(ev.topic))
 
-    def _topic_forgotten(self, ev: TopicForgotten) -> list[Instruction]:
+    def topic_forgotten(self, ev: TopicForgotten) -> list[Instruction]:
         self.rules.pop(ev.topic, None)
         return []
 
-    def _topic_resolved(self, ev: TopicResolved) -> list[Instruction]:
+    def topic_resolved(self, ev: TopicResolved) -> tuple[list[OpenProducer], list[Instruction]]:
+        """An answer to an ask: the requests to handle again, or the refusals of those it
+        leaves without a rule."""
         ask = self._asks.get(ev.ask)
         if ask is None:
-            return []  # answered already (a TopicAccess for the topic came first)
+            return [], []  # answered already (a TopicAccess for the topic came first)
         if ev.access is None:
             del self._asks[ev.ask]
             del self._asking[(ask.topic, ask.create)]
-            return self._refuse(ask.parked, ev.error)
+            return [], self._refuse(ask.parked, ev.error)
         self.rules[ask.topic] = ev.access
-        return self._again(self._take_asks(ask.topic))
+        return self._release(self._take_asks(ask.topic)), []
 
     def _take_asks(self, topic: str) -> list[OpenProducer]:
         """Every request waiting for a rule of `topic` (one is known now)."""
@@ -193,8 +200,9 @@ class AdmissionRules:
 
     # -- partitions the shell opened -----------------------------------------------------------
 
-    def _partition_ready(self, pid: PartitionId) -> list[Instruction]:
-        return self._again(self._opening.pop(pid, []))
+    def partition_ready(self, pid: PartitionId) -> list[OpenProducer]:
+        """The partition is open: the requests that waited for it, to handle again."""
+        return self._release(self._opening.pop(pid, []))
 
-    def _partition_open_failed(self, ev: PartitionOpenFailed) -> list[Instruction]:
+    def partition_open_failed(self, ev: PartitionOpenFailed) -> list[Instruction]:
         return self._refuse(self._opening.pop(ev.partition, []), ev.error)

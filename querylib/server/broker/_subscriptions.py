@@ -1,4 +1,5 @@
-"""The subscription rules of the broker's core (`BrokerState` inherits them; DESIGN §5): opening
+"""The subscription rules of the broker's core (`Subscriptions`, composed by `BrokerState`;
+DESIGN §5): opening
 a subscription at an offset, its credit, and where it stands: reading from disk (catch-up),
 waiting at the tail, or handed freshly durable batches from memory.
 
@@ -18,14 +19,20 @@ Rules (tests in tests/querylib/server/broker/test_state.py and test_state_proper
 - A one-way message or read result for a subscription already gone is counted
   (`stale_grants`, `stale_reads`), never answered.
 
-Must not: do I/O, or touch the producer side (appends, windows, frontiers): the state calls
-`_tail` once batches become durable and `_retention` once the log start moves, nothing more.
+It owns the subscriptions (by serial, also indexed in their partition and session); the state
+gives it the partitions and sessions maps, the limits, the counters and how the log stores a
+batch (`stamp`), hands it a subscriber's requests with the session and partition they named
+already checked, and calls `tail` once batches become durable and `retention` once the log
+start moves.
+
+Must not: do I/O, or touch the producer side (appends, windows, frontiers), or add and remove
+sessions and partitions (the state does).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog.errors import TqError
@@ -51,7 +58,7 @@ from ._events import (
     Unsubscribe,
 )
 
-__all__ = ["SubscriptionRules", "aborted_between", "without_aborted_in"]
+__all__ = ["Subscriptions", "aborted_between", "without_aborted_in"]
 
 
 def aborted_between(part: PartitionState, start: int,
@@ -71,31 +78,47 @@ def without_aborted_in(part: PartitionState, data: bytes, start: int, end: int) 
     return without_aborted(data, aborted_between(part, start, end))
 
 
-class SubscriptionRules:
-    """Mixed into BrokerState: it provides `partitions`, `sessions`, `limits`, `now`,
-    `counters`, `_subs`, `_next_serial`, `_stamp`, `_live` and `_partition`."""
+class Subscriptions:
+    """The broker's subscriptions: opening, credit, catch-up reads and tail delivery."""
 
-    partitions: dict[PartitionId, PartitionState]
-    sessions: dict[str, Session]
-    limits: BrokerLimits
-    now: float
-    counters: dict[str, int]
-    _subs: dict[int, Subscription]
-    _next_serial: int
-    _stamp: Callable[[Any, int], bytes]
+    def __init__(self, partitions: Mapping[PartitionId, PartitionState],
+                 sessions: Mapping[str, Session], limits: BrokerLimits,
+                 counters: dict[str, int], stamp: Callable[[Any, int], bytes]) -> None:
+        self._partitions = partitions  # the state's maps: read here, changed by the state
+        self._sessions = sessions
+        self._limits = limits
+        self._counters = counters  # the state's; this adds stale_grants and stale_reads
+        self._stamp = stamp
+        self.by_serial: dict[int, Subscription] = {}
+        self._next_serial = 1
 
-    def _live(self, session_id: str) -> Session:
-        raise NotImplementedError  # BrokerState's
+    def __len__(self) -> int:
+        return len(self.by_serial)
 
-    def _partition(self, pid: PartitionId) -> PartitionState:
-        raise NotImplementedError  # BrokerState's
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every subscription is known to its partition and its
+        session, and a partition and a session hold only known subscriptions."""
+        subs = self.by_serial
+        for serial, sub in subs.items():
+            part = self._partitions.get(sub.partition)
+            assert part is not None and part.subs.get(serial) is sub, \
+                f"subscription {serial} unknown to its partition {sub.partition}"
+            session = self._sessions.get(sub.session)
+            assert session is None or session.subs.get(sub.sub_id) == serial, \
+                f"subscription {serial} unknown to its session {sub.session!r}"
+        for pid, part in self._partitions.items():
+            assert part.subs.keys() <= subs.keys(), f"{pid}: a forgotten subscription"
+            assert part.tailing <= part.subs.keys(), f"{pid}: tailing a forgotten subscription"
+        for session in self._sessions.values():
+            assert set(session.subs.values()) <= subs.keys(), \
+                f"session {session.id!r} holds a forgotten subscription"
 
     # -- requests of a subscriber ------------------------------------------------------------
 
-    def _subscribe(self, ev: Subscribe) -> list[Instruction]:
-        session = self._live(ev.session)
-        part = self._partition(ev.partition)
-        lim = self.limits
+    def subscribe(self, session: Session, part: PartitionState,
+                  ev: Subscribe) -> list[Instruction]:
+        """Open `ev` in a live `session` on a partition the broker holds."""
+        lim = self._limits
         if ev.sub_id in session.subs:
             raise BrokerProtocolError(f"subscription {ev.sub_id} already exists in this session")
         if len(session.subs) >= lim.max_subscriptions_per_session:
@@ -115,7 +138,7 @@ class SubscriptionRules:
         self._next_serial += 1
         sub = Subscription(serial, session.id, ev.sub_id, part.id, offset,
                            CreditWindow(ev.credit))
-        self._subs[serial] = sub
+        self.by_serial[serial] = sub
         part.subs[serial] = sub
         session.subs[ev.sub_id] = serial
         at_end = offset == part.visible_end
@@ -127,45 +150,59 @@ class SubscriptionRules:
                            ended=part.visible_ended and at_end, epoch=epoch)
         return [Reply(ev.token, reply), *self._pump(sub)]
 
-    def _grant(self, ev: GrantCredit) -> list[Instruction]:
-        session = self.sessions.get(ev.session)
+    def grant(self, ev: GrantCredit, now: float) -> list[Instruction]:
+        """More credit (a one-way message: its session's lease is renewed from `now`)."""
+        session = self._sessions.get(ev.session)
         serial = session.subs.get(ev.sub_id) if session is not None else None
         if session is None or serial is None:
             # One-way message racing an unsubscribe or an expiry: nobody to answer, nothing
             # to undo. Counted so a flood of them is visible.
-            self.counters["stale_grants"] += 1
+            self._counters["stale_grants"] += 1
             return []
-        session.expires_at = self.now + session.lease
-        sub = self._subs[serial]
-        if ev.nbytes <= 0 or sub.credit.available + ev.nbytes > self.limits.max_credit:
+        session.expires_at = now + session.lease
+        sub = self.by_serial[serial]
+        if ev.nbytes <= 0 or sub.credit.available + ev.nbytes > self._limits.max_credit:
             return self._close_sub(sub, CreditExceededError(
                 f"credit grant of {ev.nbytes} bytes: a grant is positive and credit stays "
-                f"within {self.limits.max_credit} bytes"))
+                f"within {self._limits.max_credit} bytes"))
         sub.credit.grant(ev.nbytes)
         return self._pump(sub)
 
-    def _unsubscribe(self, ev: Unsubscribe) -> list[Instruction]:
-        session = self._live(ev.session)
+    def unsubscribe(self, session: Session, ev: Unsubscribe) -> list[Instruction]:
+        """Close one of a live `session`'s subscriptions at its request."""
         serial = session.subs.get(ev.sub_id)
         if serial is None:
             raise BrokerProtocolError(f"no subscription {ev.sub_id} in this session")
-        self._remove_sub(self._subs[serial])
+        self._remove_sub(self.by_serial[serial])
         return [Reply(ev.token, Done())]
 
-    def _drop_subscription(self, ev: DropSubscription) -> list[Instruction]:
-        session = self.sessions.get(ev.session)
+    def drop(self, ev: DropSubscription) -> list[Instruction]:
+        """The shell could not deliver to a subscription: close it."""
+        session = self._sessions.get(ev.session)
         serial = session.subs.get(ev.sub_id) if session is not None else None
         if serial is None:
             return []  # already gone (several deliveries of one round failed)
         error = ev.error if isinstance(ev.error, TqError) else BrokerProtocolError(str(ev.error))
-        return self._close_sub(self._subs[serial], error)
+        return self._close_sub(self.by_serial[serial], error)
+
+    def forget_session(self, session: Session) -> None:
+        """The session ended: its subscriptions stop, unannounced (its client is gone)."""
+        for serial in list(session.subs.values()):
+            self._remove_sub(self.by_serial[serial])
+
+    def close_partition(self, part: PartitionState, error: TqError) -> list[Instruction]:
+        """The partition is going: close every subscription on it with `error`."""
+        out: list[Instruction] = []
+        for sub in list(part.subs.values()):
+            out += self._close_sub(sub, error)
+        return out
 
     def _remove_sub(self, sub: Subscription) -> None:
-        del self._subs[sub.serial]
-        part = self.partitions[sub.partition]
+        del self.by_serial[sub.serial]
+        part = self._partitions[sub.partition]
         del part.subs[sub.serial]
         part.tailing.discard(sub.serial)
-        session = self.sessions.get(sub.session)
+        session = self._sessions.get(sub.session)
         if session is not None:
             session.subs.pop(sub.sub_id, None)
 
@@ -177,7 +214,7 @@ class SubscriptionRules:
 
     def _pump(self, sub: Subscription) -> list[Instruction]:
         """Move a subscription forward: read from disk if it is behind, else wait at the tail."""
-        part = self.partitions[sub.partition]
+        part = self._partitions[sub.partition]
         if sub.reading or not sub.credit.can_send():
             part.tailing.discard(sub.serial)
             return []
@@ -185,19 +222,20 @@ class SubscriptionRules:
         if sub.next_offset < stable:
             part.tailing.discard(sub.serial)
             sub.reading = True
-            max_bytes = min(sub.credit.available, self.limits.max_read_bytes)
+            max_bytes = min(sub.credit.available, self._limits.max_read_bytes)
             return [Read(part.id, sub.serial, sub.next_offset, max_bytes, stable)]
         part.tailing.add(sub.serial)
         return []
 
-    def _tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
+    def tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
         """Hand batches that just became visible to subscriptions waiting at the tail, straight
         from memory; one stored copy is shared by all of them. A subscription that runs out of
         credit part way reads the rest from disk later."""
         out: list[Instruction] = []
         stable = part.stable_end
+        subs = self.by_serial
         for serial in list(part.tailing):
-            sub = self._subs[serial]
+            sub = subs[serial]
             for entry in newly:
                 if entry.next <= sub.next_offset:
                     continue
@@ -218,7 +256,7 @@ class SubscriptionRules:
             out += self._pump(sub)
         return out
 
-    def _retention(self, part: PartitionState, log_start: int) -> list[Instruction]:
+    def retention(self, part: PartitionState, log_start: int) -> list[Instruction]:
         """The log deleted old segments: a subscription left below the start cannot go on."""
         if log_start <= part.log_start:
             return []
@@ -233,10 +271,10 @@ class SubscriptionRules:
 
     # -- results of disk reads ---------------------------------------------------------------
 
-    def _read_completed(self, ev: ReadCompleted) -> list[Instruction]:
-        sub = self._subs.get(ev.serial)
+    def read_completed(self, ev: ReadCompleted) -> list[Instruction]:
+        sub = self.by_serial.get(ev.serial)
         if sub is None:
-            self.counters["stale_reads"] += 1  # unsubscribed or expired while reading
+            self._counters["stale_reads"] += 1  # unsubscribed or expired while reading
             return []
         if not sub.reading or ev.offset != sub.next_offset:
             raise RuntimeError(f"read for subscription {ev.serial} at {ev.offset} was not asked "
@@ -245,7 +283,7 @@ class SubscriptionRules:
         if not ev.data or ev.next_offset <= ev.offset:
             return self._close_sub(sub, StorageError(
                 f"the log returned nothing at offset {ev.offset} below its visible end"))
-        data = without_aborted_in(self.partitions[sub.partition], ev.data, ev.offset,
+        data = without_aborted_in(self._partitions[sub.partition], ev.data, ev.offset,
                                   ev.next_offset)
         out: list[Instruction] = [Deliver(sub.session, sub.sub_id, sub.partition, ev.offset,
                                           ev.next_offset, data)]
@@ -253,10 +291,10 @@ class SubscriptionRules:
         sub.next_offset = ev.next_offset
         return out + self._pump(sub)
 
-    def _read_failed(self, ev: ReadFailed) -> list[Instruction]:
-        sub = self._subs.get(ev.serial)
+    def read_failed(self, ev: ReadFailed) -> list[Instruction]:
+        sub = self.by_serial.get(ev.serial)
         if sub is None:
-            self.counters["stale_reads"] += 1
+            self._counters["stale_reads"] += 1
             return []
         sub.reading = False
         error = ev.error if isinstance(ev.error, TqError) else StorageError(

@@ -17,10 +17,10 @@ import signal
 
 import psutil
 
-__all__ = ["live_members", "signal_group", "terminate_group"]
+__all__ = ["live_members", "signal_process_group", "terminate_process_group"]
 
 
-def signal_group(pgid: int, sig: int) -> bool:
+def signal_process_group(pgid: int, sig: int) -> bool:
     """Send `sig` to the group; False if it has no members left."""
     try:
         os.killpg(pgid, sig)
@@ -31,7 +31,7 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 def live_members(pgid: int) -> list[int]:
     """Pids of the group's members that are not zombies."""
-    if not signal_group(pgid, 0):
+    if not signal_process_group(pgid, 0):
         return []
     # Someone (maybe only a zombie) is in the group: look closer. O(processes on the host),
     # so callers poll this only while a group is being terminated.
@@ -45,18 +45,18 @@ def live_members(pgid: int) -> list[int]:
     return members
 
 
-async def terminate_group(pgid: int, grace: float, *, poll: float = 0.05) -> bool:
+async def terminate_process_group(pgid: int, grace: float, *, poll: float = 0.05) -> bool:
     """SIGTERM to the group; SIGKILL to whatever is left after `grace` seconds. Returns once
     the group is empty (True) or has been sent SIGKILL (False)."""
-    if not signal_group(pgid, signal.SIGTERM):
+    if not signal_process_group(pgid, signal.SIGTERM):
         return True
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     while True:
-        if not signal_group(pgid, 0) or not await asyncio.to_thread(live_members, pgid):
+        if not signal_process_group(pgid, 0) or not await asyncio.to_thread(live_members, pgid):
             return True  # the scan of the process table runs off the event loop
         if loop.time() >= deadline:
             break
         await asyncio.sleep(min(poll, max(0.0, deadline - loop.time())))
-    signal_group(pgid, signal.SIGKILL)
+    signal_process_group(pgid, signal.SIGKILL)
     return False

@@ -1,5 +1,5 @@
-"""BrokerState with writer groups: producers of a collective publication open as writers of a
-group; the partition's frontier control batches and end-of-stream wait for every writer."""
+"""BrokerState with cohorts: producers of a collective publication open as writers of a
+cohort; the partition's frontier control batches and end-of-stream wait for every writer."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from querylib.server.broker._events import (
     Subscribe,
     Tick,
 )
-from querylib.server.broker._frontier import WriterGroupError
+from querylib.server.broker._frontier import CohortError
 from querylib.server.broker._state import BrokerLimits
 
 from ._sim import Sim
@@ -49,7 +49,7 @@ def test_a_late_writer_joins_below_everything_published():
     assert sim.controls(P) == [("F", 3), ("E", None)]
 
 
-def test_the_group_is_released_when_its_producers_vanish():
+def test_the_cohort_is_released_when_its_producers_vanish():
     sim = Sim(BrokerLimits(min_lease=1.0))
     sim.open_partition(P)
     sim.feed(OpenSession("os-p", "plain", 10.0))
@@ -65,13 +65,13 @@ def test_the_group_is_released_when_its_producers_vanish():
     assert sim.controls(P) == [("F", 4)]
 
 
-def test_a_group_of_another_size_is_refused():
+def test_a_cohort_of_another_size_is_refused():
     sim = Sim()
     sim.open_partition(P)
     writer(sim, "a", "0")
     sim.feed(OpenSession("os-b", "b", 10.0))
     sim.feed(OpenProducer("op-b", "b", P, G, "1", 3))
-    assert isinstance(sim.replies["op-b"], WriterGroupError)
+    assert isinstance(sim.replies["op-b"], CohortError)
     assert P not in sim.state.sessions["b"].producing
     sim.feed(AdvanceFrontier("b1", "b", P, 1))
     assert not isinstance(sim.replies["b1"], Done)
