@@ -328,3 +328,75 @@ def test_markers_on_another_broker_go_in_one_request_per_broker(
     assert sent == ["WriteMarkersRequest"]
     assert markers == [[(42, True)], [(42, True)]]
     assert "no transaction marker in t-2" in caplog.text
+
+
+def test_markers_on_a_broker_of_this_process_go_through_its_door(tmp_path: Path) -> None:
+    """Under `tq up` the coordinator's broker and the executor's run in one process: the
+    markers for the executor broker's partitions go in through that broker's own door (its
+    Kafka backend, as "system"), not over RPC to the same process; the producer's older
+    epoch is fenced there at once."""
+    from querylib.kafka import InvalidProducerEpochError
+    from querylib.server.kafka._backend import PartitionInfo as KafkaPartition
+    from querylib.server.kafka._backend import TopicInfo
+    from querylib.server.kafka._broker_backend import StandaloneCluster
+
+    async def main() -> tuple[list[str], list[list[tuple[int, bool]]], TqError | None]:
+        far = BrokerServer(tmp_path / "far", SECRET, log_config=LogConfig())
+        address = await far.start("tcp://127.0.0.1:0")
+        near = BrokerServer(tmp_path / "near", SECRET, log_config=LogConfig())
+        await near.start(None)
+        config = KafkaConfig(port=0)
+        far_backend = await BrokerBackend(far.port, config, secret=SECRET).open()
+        for partition in (0, 1):
+            await far.port.ensure("t", partition, create=True)
+        # An open transaction of producer 42, epoch 3, in t-0, through the far listener.
+        await far_backend.append("t", 0, [batch(b"a", producer_id=42, producer_epoch=3,
+                                                base_sequence=0, is_transactional=True)],
+                                 acks=-1)
+
+        class Cluster(StandaloneCluster):
+            """Topic "t" has three partitions, all led by the far broker (node 7)."""
+
+            async def kafka_topics(self, names: Any) -> list[TopicInfo]:
+                if names == ["t"]:
+                    return [TopicInfo("t", tuple(KafkaPartition(i, 7) for i in range(3)))]
+                return await super().kafka_topics(names)
+
+            def broker_address(self, node_id: int) -> str | None:
+                return address if node_id == 7 else None
+
+        backend = await BrokerBackend(near.port, config, secret=SECRET,
+                                      cluster=Cluster(near.port, config)).open()
+        remote: list[str] = []
+        remote_writer = backend._remote_writer
+
+        async def spy(where: str) -> Any:
+            remote.append(where)
+            return await remote_writer(where)
+
+        backend._remote_writer = spy  # type: ignore[method-assign]
+        fenced: TqError | None = None
+        try:
+            await backend.write_markers([("t", 0), ("t", 1), ("t", 2)], 42, 4, True)
+            markers = []
+            for partition in (0, 1):
+                pid = ("t", partition)
+                markers.append([(b.producer_id, b.is_control)
+                                for b in iter_batches(far.port.log(pid).read(0, 1 << 20))])
+            try:
+                await far_backend.append("t", 0, [batch(
+                    b"late", producer_id=42, producer_epoch=3, base_sequence=1,
+                    is_transactional=True)], acks=-1)
+            except TqError as exc:
+                fenced = exc
+        finally:
+            await backend.close()
+            await far_backend.close()
+            await near.close()
+            await far.close()
+        return remote, markers, fenced
+
+    remote, markers, fenced = asyncio.run(main())
+    assert remote == []
+    assert markers == [[(42, False), (42, True)], [(42, True)]]
+    assert isinstance(fenced, InvalidProducerEpochError)
