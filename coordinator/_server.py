@@ -113,29 +113,26 @@ def _wall_ms() -> int:
 
 
 class _Token:
-    """What the core hands back in a Respond: who asked, and where the answer goes. Most
-    requests are answered while the core handles them; only those that wait (for a commit, for
-    a topic) get a future, which saves one per heartbeat."""
+    """What the core hands back in a Respond: who asked, and the future its answer resolves.
+    A request the core answers while it handles it (a heartbeat) is answered before its RPC
+    handler returns, and the RPC server replies at once (a direct handler: no task)."""
 
-    __slots__ = ("answered", "error", "future", "peer", "reply")
+    __slots__ = ("future", "peer", "principal")
 
-    def __init__(self, peer: bytes) -> None:
+    def __init__(self, peer: bytes, principal: str, future: asyncio.Future[Any]) -> None:
         self.peer = peer
-        self.future: asyncio.Future[Any] | None = None
-        self.answered = False
-        self.reply: Any = None
-        self.error: BaseException | None = None
+        self.principal = principal
+        self.future = future
 
     def answer(self, reply: Any, error: BaseException | None) -> None:
-        if self.answered:  # the first answer stands (a bug after a Respond answers again)
+        # Done: answered before (the first answer stands: a bug after a Respond answers
+        # again), or the handler hit its deadline and the RPC server cancelled it.
+        if self.future.done():
             return
-        if self.future is None:
-            self.answered, self.reply, self.error = True, reply, error
-        elif not self.future.done():  # done: the handler hit its deadline and was cancelled
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(reply)
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(reply)
 
 
 class _LocalContext:
@@ -193,7 +190,7 @@ class Coordinator:
         self._closed = False
         self._data_lock: PidLock | None = None
         for request_type in HANDLERS:
-            self._rpc.register(request_type, self._serve)
+            self._rpc.register_direct(request_type, self._serve)
         self.artifacts = ArtifactStore(os.path.join(self.data_dir, "artifacts"))
         self._rpc.register(m.UploadArtifact, self._upload)
         self._rpc.register(m.FetchArtifact, self._fetch)
@@ -374,7 +371,9 @@ class Coordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def _serve(self, request: Any, ctx: Context | _LocalContext) -> Any:
+    def _serve(self, request: Any, ctx: Context | _LocalContext) -> asyncio.Future[Any]:
+        """A catalog request, fed to the core at once (a direct handler of the RPC server:
+        no task per request); the future resolves to the core's answer."""
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
         assert self.state is not None  # requests are served once started
@@ -382,14 +381,7 @@ class Coordinator:
         if (session_id is not None and self._peers.get(session_id) != ctx.peer
                 and session_id in self.state.leases):
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
-        reply = await self._ask_core(request, ctx.peer, ctx.principal)
-        if isinstance(reply, m.UserCredential):
-            # The core holds no key: the new one is derived and sealed here, for the asker.
-            key = self.keys.key(reply.user.principal, reply.user.generation)
-            asker = self.keys.key(ctx.principal)
-            assert key is not None and asker is not None
-            reply = _with_key(reply, seal(asker, key))
-        return reply
+        return self._ask_core(request, ctx.peer, ctx.principal)
 
     async def create_ingest_topic(self, name: str, partitions: int) -> Topic:
         """Create an ingest topic for a Kafka client of this coordinator's broker (DESIGN §8):
@@ -402,17 +394,13 @@ class Coordinator:
         reply = await self._ask_core(CreateIngestTopic(name, partitions), b"", SYSTEM_PRINCIPAL)
         return reply.topic
 
-    async def _ask_core(self, request: Any, peer: bytes, principal: str) -> Any:
-        """Hand `request` to the core and wait for its answer (raised if it is an error)."""
+    def _ask_core(self, request: Any, peer: bytes, principal: str) -> asyncio.Future[Any]:
+        """Hand `request` to the core; the future of its answer (an error is set as the
+        future's exception). Answered already when the core answers at once."""
         loop = asyncio.get_running_loop()
-        token = _Token(peer)
+        token = _Token(peer, principal, loop.create_future())
         self._feed(Received(token, request, loop.time(), _wall_ms(), peer, principal))
-        if not token.answered:
-            token.future = loop.create_future()
-            return await token.future
-        if token.error is not None:
-            raise token.error
-        return token.reply
+        return token.future
 
     async def _serve_as_admin(self, request: Any) -> Any:
         """A request of this process's own Kafka listener (`CatalogView`), as the admin."""
@@ -467,6 +455,12 @@ class Coordinator:
             # A follower asks this before it subscribes and waits for a snapshot at
             # reply.version (committed by now): untouched collections must get there too.
             self.writer.catch_up()
+        elif isinstance(reply, m.UserCredential):
+            # The core holds no key: the new one is derived and sealed here, for the asker.
+            key = self.keys.key(reply.user.principal, reply.user.generation)
+            asker = self.keys.key(token.principal)
+            assert key is not None and asker is not None
+            reply = _with_key(reply, seal(asker, key))
         token.answer(reply, instruction.error)
 
     def _kill(self, instruction: KillProcesses) -> None:

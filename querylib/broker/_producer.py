@@ -349,10 +349,11 @@ class ProducerCore:
             self.window.consume(cost)
             out = _Out(request, cost, payload, asyncio.get_running_loop().create_future())
             self._outstanding.append(out)
+            # Its task sends the request before it first waits (RpcClient sends at once when
+            # a slot is free; else it queues for one, first come first served), and tasks
+            # start in the order they are made: requests reach the wire in the order issued,
+            # as the broker appends in arrival order, with no hop through the loop per batch.
             self._transmit(out)
-            # Let its request reach the wire before the next one is issued: the broker
-            # appends in arrival order.
-            await asyncio.sleep(0)
             return out.done
 
     def _transmit(self, out: _Out) -> None:

@@ -77,6 +77,9 @@ def echo_round_trips(clients: int = 4, seconds: float = 3.0, concurrency: int = 
 def run() -> Iterator[dict[str, Any]]:
     """The rows `python -m querylib.bench rpc` prints."""
     yield echo_round_trips(clients=4, seconds=3.0, concurrency=32)
+    # One caller, one request at a time: the latency bound rather than the CPU one.
+    yield {**echo_round_trips(clients=1, seconds=3.0, concurrency=1),
+           "name": "rpc_echo_sequential"}
     yield echo_round_trips(clients=1, seconds=3.0, concurrency=8, payload_bytes=100_000)
 
 

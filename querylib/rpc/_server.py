@@ -13,10 +13,12 @@ A peer's garbage never stops the receive loop: it is counted by reason, and answ
 error only when it was authentic enough to deserve an answer (signed, with a request header).
 Handlers are cancelled at their request's deadline, by one timer for all of them (wrap work
 that must finish in asyncio.shield; `ctx.expired` tells a handler why it was cancelled).
-A request type served once per record batch may register a *direct* handler
-(`register_direct`): a plain function that runs at once, inside the receive loop, and returns
-a future of the reply (or raises a TqError); the reply is sent when the future resolves, with
-no task per request (the future is cancelled at the deadline instead).
+A request type served often (once per record batch, a heartbeat) may register a *direct*
+handler (`register_direct`): a plain function that runs at once, inside the receive loop, and
+returns a future of the reply (or raises a TqError); the reply is sent when the future
+resolves, with no task per request (the future is cancelled at the deadline instead). A future
+already resolved when the handler returns is answered on the spot: no deadline to track, no
+callback through the loop. Ping is served that way.
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
 its traceback and answered with InternalServerError.
 
@@ -115,9 +117,11 @@ class Context:
         return self.deadline - asyncio.get_running_loop().time()
 
 
-async def _echo(request: Ping, ctx: Context) -> Pong:
+def _echo(request: Ping, ctx: Context) -> asyncio.Future[Pong]:
     ctx.attach(*ctx.payload)
-    return Pong(request.data)
+    answered: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
+    answered.set_result(Pong(request.data))
+    return answered
 
 
 def _cancel_expired(_local_id: int, entry: tuple[asyncio.Future[Any], Context]) -> None:
@@ -149,9 +153,9 @@ class RpcServer:
         self._context = context or zmq.Context.instance()
         self._domain = b"tq-rpc-" + self._codec.session.hex().encode()  # our ZAP domain
         self._admitting: set[asyncio.Task[None]] = set()  # handshakes waiting for a key
-        self._handlers: dict[type[Message], Handler] = {Ping: _echo}
+        self._handlers: dict[type[Message], Handler] = {Ping: _direct_marker}
         self.stats = RequestStats()  # what it served, by message type (the metrics read it)
-        self._direct: dict[type[Message], DirectHandler] = {}
+        self._direct: dict[type[Message], DirectHandler] = {Ping: _echo}
         self._sock: zmq.Socket[Any] | None = None
         self._pump: FramePump | None = None
         self._deadlines: DeadlineTimer[tuple[asyncio.Future[Any], Context]] | None = None
@@ -236,7 +240,7 @@ class RpcServer:
         self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
         self._pump = FramePump(sock, loop, small_frames=4,
                                limits=self.limits, on_message=self._on_message,
-                               on_drop=self._on_drop)
+                               on_drop=self._on_drop, on_send_error=self._send_failed)
         return self.endpoint
 
     async def close(self) -> None:
@@ -377,13 +381,13 @@ class RpcServer:
             return
         loop = asyncio.get_running_loop()
         if header.kind == Kind.REQUEST:
+            ctx = Context(self, peer, header, incoming.payload, loop.time() + header.ttl)
+            if handler is _direct_marker:
+                self._serve_direct(incoming, ctx)
+                return
             deadlines = self._deadlines
             assert deadlines is not None
-            ctx = Context(self, peer, header, incoming.payload, loop.time() + header.ttl)
             local_id = deadlines.next_id()
-            if handler is _direct_marker:
-                self._serve_direct(incoming, ctx, local_id)
-                return
             task = loop.create_task(self._serve_request(handler, incoming, ctx, local_id))
             deadlines.track(local_id, ctx.deadline, (task, ctx))
         else:
@@ -476,8 +480,9 @@ class RpcServer:
             return
         self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
 
-    def _serve_direct(self, incoming: Incoming, ctx: Context, local_id: int) -> None:
-        """Run a direct handler now; its future's outcome is answered as a task's would be."""
+    def _serve_direct(self, incoming: Incoming, ctx: Context) -> None:
+        """Run a direct handler now; its future's outcome is answered as a task's would be
+        (at once when the handler returns it resolved)."""
         header = incoming.header
         request = incoming.body
         request_type = cast("type[Request[Any]]", type(request))  # only requests go direct
@@ -494,16 +499,25 @@ class RpcServer:
             self._send_error(ctx.peer, header, InternalServerError(
                 f"handler of {header.tag} failed: {type(exc).__name__}: {exc}"))
             return
-        self._deadlines.track(local_id, ctx.deadline, (future, ctx))  # type: ignore[union-attr]
+        if future.done():  # answered already: no deadline to track, no hop through the loop
+            self._direct_done(request_type.reply_type, header, ctx, 0, began, future)
+            return
+        deadlines = self._deadlines
+        assert deadlines is not None  # set by start(), before any message
+        local_id = deadlines.next_id()
+        deadlines.track(local_id, ctx.deadline, (future, ctx))
         self._tasks.add(future)
         future.add_done_callback(functools.partial(self._direct_done, request_type.reply_type,
                                                    header, ctx, local_id, began))
 
     def _direct_done(self, expected: type, header: Header, ctx: Context, local_id: int,
                      began: float, future: asyncio.Future[Any]) -> None:
-        self._tasks.discard(future)
-        if self._deadlines is not None:
-            self._deadlines.forget(local_id)
+        """A direct handler's future resolved (`local_id` 0: it was resolved when the handler
+        returned it, and never tracked)."""
+        if local_id:
+            self._tasks.discard(future)
+            if self._deadlines is not None:
+                self._deadlines.forget(local_id)
         if future.cancelled():
             if ctx.expired:
                 self._drops["handler_deadline"] += 1
@@ -563,16 +577,17 @@ class RpcServer:
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         if self._closed or self._pump is None:
             return
-        try:
-            self._pump.send([peer, *frames])
-        except zmq.Again:
+        self._pump.send_soon([peer, *frames])
+
+    def _send_failed(self, exc: zmq.ZMQError) -> None:
+        """A reply or error could not be sent (FramePump.send_soon)."""
+        if isinstance(exc, zmq.Again):
             self._drops["peer_busy"] += 1  # its queue is full: it hits its deadline instead
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._drops["unroutable"] += 1  # it disconnected meanwhile
-            else:
-                self._drops["send_error"] += 1
-                log.warning("rpc server %s: send failed: %s", self.endpoint, exc)
+        elif exc.errno == zmq.EHOSTUNREACH:
+            self._drops["unroutable"] += 1  # it disconnected meanwhile
+        else:
+            self._drops["send_error"] += 1
+            log.warning("rpc server %s: send failed: %s", self.endpoint, exc)
 
 
 async def _direct_marker(request: Any, ctx: Context) -> None:

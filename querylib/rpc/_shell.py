@@ -152,7 +152,8 @@ class FramePump:
     def __init__(self, sock: zmq.Socket[Any], loop: asyncio.AbstractEventLoop, *,
                  small_frames: int, limits: Limits,
                  on_message: Callable[[list[Any]], None],
-                 on_drop: Callable[[str], None]) -> None:
+                 on_drop: Callable[[str], None],
+                 on_send_error: Callable[[zmq.ZMQError], None] | None = None) -> None:
         self._sock = sock
         self._loop = loop
         self._small = small_frames
@@ -161,6 +162,9 @@ class FramePump:
         self._max_bytes = limits.receive_bytes
         self._on_message = on_message
         self._on_drop = on_drop
+        self._on_send_error = on_send_error
+        # Messages `send_soon` holds while a burst is handled (None: not in a burst).
+        self._held: list[Sequence[Any]] | None = None
         self._scheduled = False
         self._kick_scheduled = False
         self._writers: deque[asyncio.Future[None]] = deque()
@@ -187,6 +191,8 @@ class FramePump:
         caller must not mutate them afterwards. zmq queues the rest of a multipart message
         once its first part is accepted, so Again can only come from the first part.
         """
+        if self._held:
+            self._flush()  # what was queued before goes out before
         sock = self._sock
         last = len(frames) - 1
         try:
@@ -195,6 +201,36 @@ class FramePump:
             _send(sock, frames[last], _DONTWAIT, False, False)
         finally:
             self._schedule_kick()
+
+    def send_soon(self, frames: Sequence[Any]) -> None:
+        """Like `send`, for a message whose sender does not wait to hear how it went (a
+        server's reply): inside `on_message` it is held until the burst being handled ends,
+        so a burst's replies wake zmq's I/O thread once rather than once each (order is kept:
+        a `send` first sends what is held). A failure goes to `on_send_error`."""
+        held = self._held
+        if held is not None:
+            held.append(frames)
+            return
+        try:
+            self.send(frames)
+        except zmq.ZMQError as exc:
+            self._send_failed(exc)
+
+    def _flush(self) -> None:
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        for frames in held:
+            try:
+                self.send(frames)
+            except zmq.ZMQError as exc:
+                self._send_failed(exc)
+
+    def _send_failed(self, exc: zmq.ZMQError) -> None:
+        if self._on_send_error is None:
+            raise RuntimeError("send_soon needs on_send_error") from exc
+        self._on_send_error(exc)
 
     async def send_wait(self, frames: Sequence[Any]) -> None:
         """Like `send`, but wait (the caller bounds how long) while the queue is full."""
@@ -236,13 +272,18 @@ class FramePump:
         self._scheduled = False
         if self._closed:
             return
-        for _ in range(RECV_BURST):
-            try:
-                parts = self._receive()
-            except zmq.Again:
-                break
-            if parts is not None:
-                self._on_message(parts)
+        self._held = []
+        try:
+            for _ in range(RECV_BURST):
+                try:
+                    parts = self._receive()
+                except zmq.Again:
+                    break
+                if parts is not None:
+                    self._on_message(parts)
+        finally:
+            self._flush()
+            self._held = None
         # Drained to EAGAIN, or the burst is exhausted and messages may be left: either way
         # re-read ZMQ_EVENTS once others have run (it also wakes writers waiting for room).
         self._schedule_kick()

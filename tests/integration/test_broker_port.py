@@ -151,3 +151,37 @@ def test_pipelined_requests_of_a_producer_are_appended_in_arrival_order(tmp_path
         return kinds
 
     assert asyncio.run(main()) == ["frontier", "data"] * 40
+
+
+def test_batches_issued_back_to_back_are_stored_in_order_without_a_loop_hop(
+        tmp_path: Path) -> None:
+    """`send_batch` hands its request to a task and returns without going through the event
+    loop (no hop per batch); the tasks send in the order they were made, so the broker stores
+    the batches in the order issued, over RPC and through the in-process port alike."""
+    async def main() -> dict[str, list[bytes | None]]:
+        server = BrokerServer(tmp_path, SECRET)
+        address = await server.start()
+        loop = asyncio.get_running_loop()
+        stored: dict[str, list[bytes | None]] = {}
+        try:
+            doors: list[tuple[str, AsyncProducer]] = [
+                ("rpc", AsyncProducer(address, "rpc", secret=SECRET)),
+                ("port", AsyncProducer(server.port, "port", principal="system"))]
+            for topic, producer in doors:
+                async with producer:
+                    hops: list[int] = []
+                    loop.call_soon(hops.append, 1)  # runs once the loop gets a turn
+                    for i in range(50):
+                        await producer.send_batch(encode_batch([(i, None, b"%d" % i, ())]))
+                    assert hops == []  # 50 batches issued, the loop never ran meanwhile
+                    await producer.flush()
+                async with AsyncSubscriber(address, topic, 0, secret=SECRET,
+                                           follow=False) as sub:
+                    stored[topic] = [r.value async for e in sub if isinstance(e, Data)
+                                     for r in e.records]
+        finally:
+            await server.close()
+        return stored
+
+    expected = [b"%d" % i for i in range(50)]
+    assert asyncio.run(main()) == {"rpc": expected, "port": expected}

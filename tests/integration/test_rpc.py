@@ -443,3 +443,52 @@ def test_a_direct_handler_answers_as_a_task_would() -> None:
             assert await client.request(Fetch(9)) == FetchReply(9)
             assert len(futures) == 6  # 1, 3, 5, 6, 7, 8: the coroutine handler served 9
     run(test)
+
+
+def test_a_direct_handler_answered_at_once_replies_in_order_and_is_counted() -> None:
+    """A direct handler's future resolved when it returns is answered without a deadline to
+    track or a task: its reply, its errors and a wrong reply type come back as a task's would,
+    each counted in the server's stats; a notify the next request's handler pushes reaches
+    the client after the reply sent before it (replies held for a burst keep their order)."""
+    async def test() -> None:
+        async with served() as (server, client, _handlers):
+            loop = asyncio.get_running_loop()
+            seen: list[tuple[int, int]] = []  # (delivery seq, requests in flight then)
+            client.on_notify(Delivery, lambda note: seen.append(
+                (note.message.seq, client.in_flight)))
+
+            def direct(request: Fetch, ctx: Any) -> asyncio.Future[Any]:
+                answered: asyncio.Future[Any] = loop.create_future()
+                if request.fail == "empty":
+                    answered.set_exception(ShelfEmptyError(f"shelf {request.token} is empty"))
+                elif request.fail == "bug":
+                    answered.set_exception(ZeroDivisionError("direct handler bug"))
+                elif request.fail == "wrong_reply":
+                    answered.set_result(Pong(b""))
+                else:
+                    if request.fail == "notify":
+                        server.notify(ctx.peer, Delivery(request.token))
+                    ctx.attach(*ctx.payload)
+                    answered.set_result(FetchReply(request.token))
+                return answered
+
+            server.register_direct(Fetch, direct)
+            reply, back = await client.exchange(Fetch(1), payload=[b"batch"])
+            assert reply == FetchReply(1) and [bytes(f) for f in back] == [b"batch"]
+            with pytest.raises(ShelfEmptyError, match="shelf 2 is empty"):
+                await client.request(Fetch(2, fail="empty"))
+            with pytest.raises(InternalServerError, match="ZeroDivisionError"):
+                await client.request(Fetch(3, fail="bug"))
+            with pytest.raises(InternalServerError, match="Pong"):
+                await client.request(Fetch(4, fail="wrong_reply"))
+            # Pipelined: 10's reply is sent before 11's handler pushes Delivery(11).
+            replies = await asyncio.gather(client.request(Fetch(10)),
+                                           client.request(Fetch(11, fail="notify")))
+            assert replies == [FetchReply(10), FetchReply(11)]
+            await wait_for_async(lambda: seen, what="the delivery")
+            assert seen == [(11, 1)]  # 10 answered by then, 11 not yet
+            stats = server.stats.types[Fetch.rpc_tag]
+            assert stats.count == 6
+            assert stats.errors == {"ShelfEmptyError": 1, "InternalServerError": 1}  # the bug
+            assert not server._tasks  # nothing was left running
+    run(test)
