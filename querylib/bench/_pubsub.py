@@ -22,7 +22,8 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
   broker core, bounded listeners, idempotent producers), alternated round by round in this
   run (`_baseline.py`), min/median/max of each, and the broker process's CPU time per
   batch of 1000 records (all threads), which other work on the machine moves less than wall
-  time. Goal: this tq >= 0.95x the baseline (records/s, medians).
+  time, and the producer's and subscriber's together (sampled from outside every 20 ms, their
+  start included). Goal: this tq >= 0.95x the baseline (records/s, medians).
 
 Processes are spawned (never forked: a zmq context must not cross a fork) and all on this
 machine: they share its cores with each other and with whatever else runs. Numbers are what
@@ -490,17 +491,39 @@ def broker_rss(gigabytes: float | None = None, subscribers: int = 100,
 
 # The broker's CPU time (all its threads, user + system) over the transfer beside the rate:
 # less moved by other work on the machine than wall time (not immune: caches, frequency).
+# The producer's and subscriber's CPU is sampled every 20 ms from outside (this code also runs
+# in the baseline tree, whose client processes do not report their own): each one's last
+# sample before it exits, start-up included.
 _ONE_RUN = """
 import json
+import threading
 import psutil
 from querylib.bench._pubsub import _Cluster, _through
 cluster = _Cluster()
 try:
     broker = psutil.Process(cluster.broker.pid)
+    clients, done = {{}}, threading.Event()
+
+    def sample():
+        while not done.wait(0.02):
+            for child in psutil.Process().children():
+                if child.pid == broker.pid:
+                    continue
+                try:
+                    times = child.cpu_times()
+                    clients[child.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     start = broker.cpu_times()
     result = _through(cluster, "bench", {batches}, "{produce}", "{consume}")
     end = broker.cpu_times()
+    done.set()
+    sampler.join()
     result["broker_cpu_s"] = end.user - start.user + end.system - start.system
+    result["clients_cpu_s"] = sum(clients.values())
     print(json.dumps(result))
 finally:
     cluster.close()
@@ -520,13 +543,16 @@ def authorization_cost(rounds: int = 3, batches: int = 3000) -> dict[str, Any]:
     paths = {"prebuilt": ("prebuilt", "headers"), "values": ("values", "values")}
     rates: dict[str, dict[str, list[float]]] = {p: {"now": [], "before": []} for p in paths}
     cpu: dict[str, dict[str, list[float]]] = {p: {"now": [], "before": []} for p in paths}
-    for _ in range(rounds):
+    clients: dict[str, dict[str, list[float]]] = {p: {"now": [], "before": []} for p in paths}
+    for round_ in range(rounds):
         for path, (produce, consume) in paths.items():
             code = _ONE_RUN.format(batches=batches, produce=produce, consume=consume)
-            for label, tree in (("now", ROOT), ("before", before)):
+            order = (("now", ROOT), ("before", before))
+            for label, tree in order if round_ % 2 == 0 else order[::-1]:
                 (result,) = run_in(tree, code)
                 rates[path][label].append(_rate(result)[0])
                 cpu[path][label].append(result["broker_cpu_s"] / batches * 1e6)
+                clients[path][label].append(result["clients_cpu_s"] / batches * 1e6)
     figures: dict[str, Any] = {"rounds": rounds, "records": batches * BATCH_RECORDS}
     ratios = {}
     for path, measured in rates.items():
@@ -535,6 +561,8 @@ def authorization_cost(rounds: int = 3, batches: int = 3000) -> dict[str, Any]:
         figures[f"{path}_baseline_records_per_s"] = then
         figures[f"{path}_broker_cpu_us_per_batch"] = spread(cpu[path]["now"])
         figures[f"{path}_baseline_broker_cpu_us_per_batch"] = spread(cpu[path]["before"])
+        figures[f"{path}_clients_cpu_us_per_batch"] = spread(clients[path]["now"])
+        figures[f"{path}_baseline_clients_cpu_us_per_batch"] = spread(clients[path]["before"])
         ratios[path] = round(now["median"] / max(then["median"], 1), 3)
     return {"name": "pubsub_authorization_cost", "figures": figures,
             "baseline": {"ref": PRE_ISSUE_13, "what": "main before issue 13, same machine, "
