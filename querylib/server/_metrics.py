@@ -69,7 +69,7 @@ class ProcessMetrics:
         self.sources: list[Source] = []
         self.remote: list[Source] = []  # run in the scraping thread, not on the loop
         self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)
+        self._process = ProcessCollector(registry=None)  # merged into collect()'s families
         self._logs = _LogCounter()
         logging.getLogger().addHandler(self._logs)
         self.registry.register(self)
@@ -97,10 +97,8 @@ class ProcessMetrics:
         else:
             future = asyncio.run_coroutine_threadsafe(self._build_async(), self.loop)
             own = future.result(SCRAPE_TIMEOUT)
-        if not remote:
-            return own
         families = {family.name: family for family in own}
-        for family in remote:
+        for family in [*self._process.collect(), *remote]:
             known = families.get(family.name)
             if known is None:
                 families[family.name] = family
