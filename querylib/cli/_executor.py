@@ -73,8 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _die_with_parent(parent: int) -> None:
     """Arm PR_SET_PDEATHSIG (SIGKILL when the thread that started us dies: tq up's loop
-    thread, its main one) and check the parent is still the one that started us."""
+    thread, its main one) and check the parent is still the one that started us. A Ctrl-C
+    reaches tq up's whole process group: tq up stops us in its order (SIGTERM), not the
+    terminal."""
     import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     if sys.platform.startswith("linux"):
         import ctypes
@@ -106,7 +110,8 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # tq up's child stops when tq up says (SIGTERM), not on the terminal's Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM) if args.parent_pid is None else (signal.SIGTERM,):
         loop.add_signal_handler(sig, stop.set)
     agent = ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
                           host=args.host, broker_listen=args.broker_listen,

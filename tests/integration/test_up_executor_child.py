@@ -92,3 +92,18 @@ def test_an_executor_child_that_dies_is_said_and_up_exits_non_zero(tmp_path: Pat
     assert f"tq up: the executor (pid {child.pid}) was killed by SIGKILL; stopping" in err, err
     assert "Traceback" not in err, err
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_ctrl_c_to_the_process_group_stops_the_executor_then_up(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches tq up and its child: the child waits for tq up's SIGTERM
+    (its order: the executor's queries first), and nothing is said to have died."""
+    up = Up(tmp_path)
+    try:
+        child = _executor_child(up)
+        os.killpg(up.proc.pid, signal.SIGINT)
+        assert up.proc.wait(timeout=60) == 0
+    finally:
+        err = up.stop()
+    assert "stopping" not in err and "Traceback" not in err, err
+    wait_for(lambda: _gone(child), timeout=10, what="the child to stop with tq up")
+    assert not (tmp_path / "cluster.json").exists()
