@@ -98,12 +98,13 @@ def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, dat
     for action in options._actions:
         value = getattr(args, action.dest, None)
         flag = action.option_strings[0] if action.option_strings else None
-        if flag is None or value is None or value is False:
+        if flag is None or value is None:
             continue
         if isinstance(action, argparse.BooleanOptionalAction):
             argv.append(flag if value else f"--no-{flag[2:]}")
         elif isinstance(action, argparse._StoreTrueAction):
-            argv.append(flag)
+            if value:
+                argv.append(flag)
         else:
             argv += [flag, str(value)]
     return argv
@@ -130,6 +131,9 @@ class ExecutorChild:
                 sys.executable, "-m", "querylib.cli", "executor", *self.argv,
                 "--parent-pid", str(os.getpid()), "--ready-fd", str(write_fd),
                 pass_fds=(write_fd,), stdin=asyncio.subprocess.DEVNULL)
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         try:
