@@ -7,8 +7,8 @@ the hidden ones of a child: `--parent-pid` (the kernel SIGKILLs it when tq up di
 it dies; its query processes follow it, as they follow any executor), `--ready-fd` (once
 registered it writes there what opened: executor id, broker, connector, Kafka and metrics
 addresses, the ports that moved or were skipped) and tq up's rules for taken ports. It
-returns once the child is ready; a child that exits before is ExecutorExitedError (it said
-why on stderr, which it shares with tq up).
+returns once the child is ready; a child that exits before is
+executor.ExecutorExitedError (it said why on stderr, which it shares with tq up).
 
 `ended` resolves with tq up's exit code (1) when the child exits on its own (a crash, the OOM
 killer): tq up says so and stops, rather than starting another. A restart would hide a crash
@@ -38,19 +38,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.errors import TqError
+from executor import ExecutorExitedError
 
-__all__ = ["ChildMetrics", "ExecutorChild", "ExecutorExitedError", "ExecutorReady"]
+__all__ = ["ChildMetrics", "ExecutorChild", "ExecutorReady", "child_args"]
 
 _STOP_DEADLINE = 30.0  # seconds past the grace period a SIGTERMed child has before SIGKILL
-
-
-class ExecutorExitedError(TqError):
-    """tq up's executor child exited before it was ready (it said why on stderr)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,28 @@ def test_ctrl_c_to_the_process_group_stops_the_executor_then_up(tmp_path: Path) 
     assert "stopping" not in err and "Traceback" not in err, err
     wait_for(lambda: _gone(child), timeout=10, what="the child to stop with tq up")
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_an_executor_that_cannot_start_is_said_and_up_exits_with_its_code(
+        tmp_path: Path) -> None:
+    import fcntl
+    import subprocess
+
+    from tests.conftest import free_port
+    from tests.coordinator._cluster import ROOT, tq_env
+
+    data = tmp_path / "data"
+    (data / "executor").mkdir(parents=True)
+    with open(data / "executor" / "tq.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running executor would
+        done = subprocess.run(
+            [sys.executable, "-m", "querylib.cli", "up", "--data", str(data), "--listen",
+             f"tcp://127.0.0.1:{free_port()}", "--console-port", "-1", "--kafka-port", "-1",
+             "--connector-port", "-1"], env=tq_env(tmp_path / "home"), cwd=ROOT,
+            capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"data directory {data / 'executor'}" in done.stderr  # the child's own line
+    assert "tq up's executor (pid " in done.stderr
+    assert "exited with code 2 before it was ready" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "home" / "cluster.json").exists()
