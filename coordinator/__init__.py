@@ -12,7 +12,7 @@ recovery from them.
     _writer.py     group commit to the catalog topics (counters last), frontiers
     _directory.py  what the embedded broker's core asks about a topic (the catalog)
     _server.py     Coordinator: the asyncio shell (RPC, broker, writer, clock)
-    _run.py        run_coordinator: the foreground process (`tq coordinator`)
+    _run.py        run_coordinator: the foreground process (`tq coordinator`, `tq up`)
 """
 
 from coordinator._drops import DropTracker
@@ -35,12 +35,13 @@ from coordinator._events import (
 from coordinator._journal import Recovered, read_catalog
 from coordinator._leases import Leases, binding_of, bound_peer
 from coordinator._metrics import coordinator_metrics
-from coordinator._run import run_coordinator
+from coordinator._run import Attached, run_coordinator
 from coordinator._server import Coordinator
 from coordinator._state import CoordinatorConfig, CoordinatorState
 from coordinator._waiters import Waiter, Waiters
 
 __all__ = [
+    "Attached",
     "Bootstrap",
     "Checkpointed",
     "Committed",

@@ -24,18 +24,21 @@ __all__ = ["coordinator_metrics"]
 
 
 def coordinator_metrics(coordinator: Coordinator, metrics: ProcessMetrics,
-                        brokers: Callable[[], list[Any]] = list) -> None:
+                        brokers: Callable[[], list[Any]] = list,
+                        ends: Callable[[], dict[tuple[str, int], int]] = dict) -> None:
     """Add the coordinator's sources to `metrics` (the process's registry). `brokers`: the
-    other BrokerServers of this process (`tq up`'s executor's), whose partitions give the
-    consumer groups' lag beside the catalog broker's."""
+    other BrokerServers of this process, and `ends` the end offsets of partitions other
+    processes host ((topic, partition) -> offset: `tq up`'s executor child's, from its
+    metrics), which give the consumer groups' lag beside the catalog broker's partitions."""
     metrics.add(lambda: _families(coordinator))
-    metrics.add(lambda: _group_families(coordinator, brokers()))
+    metrics.add(lambda: _group_families(coordinator, brokers(), ends()))
     metrics.add(lambda: rpc_families("coordinator", coordinator.request_stats))
     metrics.add(lambda: [] if coordinator.broker is None
                 else broker_families(coordinator.broker, "catalog"))
 
 
-def _group_families(coordinator: Coordinator, brokers: list[Any]) -> list[Metric]:
+def _group_families(coordinator: Coordinator, brokers: list[Any],
+                    elsewhere: dict[tuple[str, int], int]) -> list[Metric]:
     """The consumer groups this process coordinates: committed offsets, and their lag where a
     broker of this process hosts the partition (else compute it from tq_partition_end_offset
     of the broker that does)."""
@@ -46,7 +49,7 @@ def _group_families(coordinator: Coordinator, brokers: list[Any]) -> list[Metric
                                   "committed offset", labels=["group", "topic", "partition"])
     lag = GaugeMetricFamily("tq_consumer_group_lag_records", "Records past a consumer "
                             "group's committed offset", labels=["group", "topic", "partition"])
-    ends: dict[tuple[str, int], int] = {}
+    ends = dict(elsewhere)
     for broker in [coordinator.broker, *brokers]:
         if broker is not None:
             for pid, part in list(broker.state.partitions.items()):

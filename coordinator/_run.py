@@ -15,6 +15,7 @@ until then), and, once the lease has passed, who came back and which queries fai
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from querylib.cluster import (
 from ._server import Coordinator
 from ._state import CoordinatorConfig
 
-__all__ = ["run_coordinator"]
+__all__ = ["Attached", "run_coordinator"]
 
 logger = logging.getLogger("coordinator")
 
@@ -50,8 +51,9 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
     `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
     `attach(coordinator)` returns the coroutine function that stops what it started, run
-    before the coordinator closes. `kafka` (a querylib.kafka.KafkaConfig) opens the Kafka
-    listener of its broker: the cluster's group coordinator. `fallback`: a taken port of
+    before the coordinator closes, or an `Attached` (which may end on its own: then the
+    coordinator stops too, with its exit code). `kafka` (a querylib.kafka.KafkaConfig) opens
+    the Kafka listener of its broker: the cluster's group coordinator. `fallback`: a taken port of
     `listen` (or the broker's) is replaced by a free one (`Coordinator.moved`). `name` starts
     the lines it prints. ClusterRunningError when a cluster runs under this TQ_HOME."""
     claim = claim_cluster_file(home)
@@ -62,7 +64,16 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
         claim.release()
 
 
-Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]]]]
+@dataclasses.dataclass
+class Attached:
+    """What `attach` started (`tq up`'s executor child): `close` stops it; `ended`, when it
+    ends on its own, resolves with the exit code the coordinator then stops with."""
+
+    close: Callable[[], Awaitable[None]]
+    ended: asyncio.Future[int] | None = None
+
+
+Attach = Callable[[Coordinator], Awaitable[Callable[[], Awaitable[None]] | Attached]]
 
 
 async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
@@ -80,12 +91,17 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                               config=config, kafka=kafka, fallback=fallback)
     wrote = False
     detach: Callable[[], Awaitable[None]] | None = None
+    ended: asyncio.Future[int] | None = None
     recovery: asyncio.Task[None] | None = None
     try:
         endpoint = await coordinator.start()
         recovery = _report_recovery(coordinator, name)
         if attach is not None:
-            detach = await attach(coordinator)
+            attached = await attach(coordinator)
+            if isinstance(attached, Attached):
+                detach, ended = attached.close, attached.ended
+            else:
+                detach = attached
         assert coordinator.state is not None  # started
         info = ClusterInfo(
             coordinator=endpoint, secret_file=str(Path(secret_file).resolve()),
@@ -97,9 +113,14 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
             on_ready(coordinator)
         failed = loop.create_task(coordinator.failed.wait())
         stopped = loop.create_task(stop.wait())
-        await asyncio.wait({failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        waits: set[asyncio.Future[Any]] = {failed, stopped}
+        if ended is not None:
+            waits.add(ended)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in (failed, stopped):
             task.cancel()
+        if ended is not None and ended.done() and not stopped.done():
+            return ended.result()
         if coordinator.failure is not None:
             print(f"tq coordinator: stopping: cannot write the catalog: {coordinator.failure}",
                   file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@
         │   └── InvalidArtifactError     bytes that are not a pack we can unpack, or a path
         │                                we cannot pack (also a UserError: the fix is theirs)
         ├── ExecFailedError              the process could not be started (`reason` says why)
+        ├── ExecutorExitedError          `tq up`'s executor child exited before it was ready
         ├── NoFreeSlotsError             every process slot of this host is taken (retriable)
         ├── ProcessExistsError           this (query, process) already runs on this host
         └── UnknownProcessError          no process with this (query, process) runs here
@@ -29,6 +30,7 @@ __all__ = [
     "DigestMismatchError",
     "ExecFailedError",
     "ExecutorError",
+    "ExecutorExitedError",
     "FetchFailedError",
     "FetchReason",
     "InvalidArtifactError",
@@ -115,3 +117,12 @@ class ProcessExistsError(ExecutorError):
 
 class UnknownProcessError(ExecutorError):
     """No process for this (query, process index) is running on this executor."""
+
+
+class ExecutorExitedError(ExecutorError):
+    """`tq up`'s executor child (querylib/cli/_up_executor.py) exited before it was ready; it
+    said why on stderr. tq up exits with its code (1 when it was killed by a signal)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

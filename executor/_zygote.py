@@ -89,7 +89,11 @@ def main(argv: list[str]) -> None:
                 pid = -1
             if pid == 0:
                 try:
-                    _become(request, fds, zygote, [sock.fileno(), wake_r, wake_w])
+                    # The socket object, not its number: left open, the object would
+                    # close that number at the child's exit, whatever the child opened there
+                    # since (a zmq eventfd: its context aborts).
+                    sock.close()
+                    _become(request, fds, zygote, [wake_r, wake_w])
                 except BaseException:  # never a second zygote: whatever went wrong, go
                     os._exit(127)
                 _run(request["entry"])  # never returns

@@ -25,9 +25,9 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}):
   flow), against a `tq up` without a console and no browser, rounds alternated; the ratio of
   medians. The browser is started for each "with" round and its start-up and the page's are
   not counted (it waits until the browser is quiet). Beside it, less exposed to a shared
-  machine's noise, the CPU both sides spent per million records: `tq up`'s own process
-  (coordinator, brokers and, on one side, the console) and the browser's processes. Skipped,
-  saying why, without chromium or Playwright.
+  machine's noise, the CPU both sides spent per million records: `tq up`'s own processes
+  (coordinator, brokers and, on one side, the console; its executor child included, not the
+  queries) and the browser's processes. Skipped, saying why, without chromium or Playwright.
   Goal: >= 0.97x.
 
 All processes share this machine's cores; nothing here asserts the numbers.
@@ -285,11 +285,19 @@ def console_cost(records: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) the process `pid` has spent, its threads included."""
+    """CPU seconds (user and system) `tq up` (`pid`) has spent, its threads included, and its
+    direct children's: its executor child (broker, listeners), not the query processes."""
     import psutil
 
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    up = psutil.Process(pid)
+    total = 0.0
+    for proc in (up, *up.children()):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue  # exited meanwhile
+        total += times.user + times.system
+    return total
 
 
 def _browser_cpu_seconds(psutil: Any) -> float:

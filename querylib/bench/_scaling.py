@@ -17,6 +17,12 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
   with its creation time) on its own topic, its latency to a subscriber alone and then beside
   a bulk producer and subscriber at full speed on another topic of the same broker; p50 and
   p99 of each.
+- scaling_control_beside_bulk: a real `tq up`; a control probe making one coordinator round
+  trip (a session heartbeat) every 2 ms, alone and then beside a bulk stream through the same
+  `tq up` at full speed (a publisher query sending 1,000-record batches of 100-byte records
+  to a subscriber query); p50/p99 of each, the bulk stream's records/s, and the CPU of
+  `tq up`'s own process (the coordinator's: its executor, broker and queries run in children)
+  in cores over each window.
 
 Processes are spawned, all on this machine; they share its cores.
 """
@@ -39,8 +45,8 @@ from querylib.bench._pubsub import (
     raw_zmq,
 )
 
-__all__ = ["batch_sizes", "partitions", "probe_beside_bulk", "run", "subscribers",
-           "zmq_per_record"]
+__all__ = ["batch_sizes", "control_beside_bulk", "partitions", "probe_beside_bulk", "run",
+           "subscribers", "zmq_per_record"]
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -181,6 +187,67 @@ def _bulk_reader(address: str, secret: bytes, topic: str, stop_after: float,
             chunk = sub.next_chunk(1.0)
             if chunk is not None:
                 sub.consumed(chunk)
+
+
+def _control_probe(address: str, secret_file: str, seconds: float, queue: Any) -> None:
+    """One coordinator round trip (a heartbeat of its own session) every 2 ms: latencies."""
+    asyncio.run(_control_main(address, secret_file, seconds, queue))
+
+
+async def _control_main(address: str, secret_file: str, seconds: float, queue: Any) -> None:
+    from querylib.cluster import messages as m
+    from querylib.rpc import RpcClient, load_secret
+
+    async with RpcClient(address, load_secret(secret_file), timeout=60.0) as client:
+        opened = await client.request(m.OpenSession(lease_ms=60_000, peer="bench control"))
+        heartbeat = m.Heartbeat(session_id=opened.session_id)
+        await client.request(heartbeat)
+        queue.put("ready")
+        latencies: list[int] = []
+        start = time.perf_counter()
+        for tick in range(int(seconds * 500)):
+            due = start + tick / 500
+            if (wait := due - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            sent = time.perf_counter_ns()
+            await client.request(heartbeat)
+            latencies.append(time.perf_counter_ns() - sent)
+        await client.request(m.CloseSession(session_id=opened.session_id))
+    queue.put({"latencies": latencies})
+
+
+def _bulk_publish(ctx: Any, topic: str, folder: str) -> None:
+    """A query: 1,000-record batches at full speed until `stop` appears."""
+    from pathlib import Path
+
+    stop, batch = Path(folder, "stop"), [bytes(100)] * BATCH_RECORDS
+    with ctx.publish(topic, serde="bytes") as out:
+        t = 0
+        while not stop.exists():
+            for _ in range(20):
+                out.send(t, batch)
+                t += 1
+            if t == 200:
+                Path(folder, "publishing").touch()
+
+
+def _bulk_count(ctx: Any, topic: str, folder: str) -> None:
+    """A query: count records from the first until `stop` appears; write the rate."""
+    import json
+    from pathlib import Path
+
+    import querylib
+
+    stop, seen, first = Path(folder, "stop"), 0, None
+    with ctx.subscribe(topic, serde="bytes", timeout=120) as sub:
+        for event in sub:
+            if isinstance(event, querylib.Data):
+                first = first or time.perf_counter()
+                seen += len(event.records)
+                if stop.exists():
+                    break
+    Path(folder, "count.json").write_text(json.dumps(
+        {"records": seen, "seconds": time.perf_counter() - (first or time.perf_counter())}))
 
 
 def _parsing_pull(port: int, batches: int, queue: Any) -> None:
@@ -339,9 +406,83 @@ def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
+def _control_window(up: Any, mp: Any, seconds: float) -> dict[str, Any]:
+    """The control probe for `seconds`: its percentiles, and tq up's own process's cores."""
+    results = mp.Queue()
+    probe = mp.Process(target=_control_probe, daemon=True,
+                       args=(up.coordinator, up.secret_file, seconds, results))
+    probe.start()
+    try:
+        assert _get_from(results, probe, 120) == "ready"
+        cpu, wall = _cpu_seconds(up.proc.pid), time.perf_counter()
+        latencies = _get_from(results, probe, seconds + 120)["latencies"]
+        cores = (_cpu_seconds(up.proc.pid) - cpu) / max(time.perf_counter() - wall, 1e-9)
+    finally:
+        probe.join(30)
+        if probe.is_alive():
+            probe.kill()
+    return {**_percentiles(latencies), "round_trips": len(latencies),
+            "up_process_cores": round(cores, 2)}
+
+
+def _get_from(queue: Any, child: Any, timeout: float) -> Any:
+    from querylib.bench._pubsub import _get
+
+    return _get(queue, [child], timeout)
+
+
+def control_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
+    import json
+    import multiprocessing
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from querylib import submit
+    from querylib.bench._queries import _Up
+    from querylib.cluster import Cluster
+
+    mp = multiprocessing.get_context("spawn")
+    folder = Path(tempfile.mkdtemp(prefix="tq-bench-control-"))
+    up = _Up(slots=4)
+    try:
+        figures = {"alone": _control_window(up, mp, seconds)}
+        topic = f"bulk-{time.time_ns()}"
+        with Cluster.connect(up.coordinator, secret_file=up.secret_file) as cluster:
+            reader = submit(_bulk_count, args=(topic, str(folder)), cluster=cluster,
+                            name="bulk-count")
+            writer = submit(_bulk_publish, args=(topic, str(folder)), cluster=cluster,
+                            name="bulk-publish")
+            deadline = time.monotonic() + 120
+            while not (folder / "publishing").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the bulk publisher did not start within 120 s")
+                time.sleep(0.05)
+            try:
+                figures["beside_bulk"] = _control_window(up, mp, seconds)
+            finally:
+                (folder / "stop").touch()
+                ends = [writer.wait(timeout=120), reader.wait(timeout=120)]
+        if any(q.state.value != "finished" for q in ends):
+            raise RuntimeError(f"a bulk query did not finish: {ends}")
+        counted = json.loads((folder / "count.json").read_text())
+    finally:
+        up.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    bulk = round(counted["records"] / max(counted["seconds"], 1e-9))
+    return {"name": "scaling_control_beside_bulk", "figures": figures,
+            "bulk_records_per_s": bulk,
+            "ratio_p99_beside_to_alone": round(
+                figures["beside_bulk"]["p99_ms"] / max(figures["alone"]["p99_ms"], 1e-9), 2),
+            "goal": "issue 17: a flood of data never delays control (tq up runs the "
+                    "coordinator apart from the data path)",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def run() -> Iterator[dict[str, Any]]:
     yield batch_sizes()
     yield partitions()
     yield subscribers()
     yield probe_beside_bulk()
+    yield control_beside_bulk()
 

@@ -67,8 +67,10 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
                         help="the address metrics are served on (default 127.0.0.1)")
 
 
-def start_metrics(args: argparse.Namespace, metrics: Any, name: str) -> Any:
-    """Serve `metrics` as the options ask; the function that stops it (None: not served)."""
+def start_metrics(args: argparse.Namespace, metrics: Any, name: str, *,
+                  quiet: bool = False) -> tuple[str, Any] | None:
+    """Serve `metrics` as the options ask: (its URL, the function that stops it), None when
+    not served. `quiet`: do not print where."""
     if args.metrics_port < 0:
         return None
     if args.metrics_port > 65535:
@@ -76,9 +78,10 @@ def start_metrics(args: argparse.Namespace, metrics: Any, name: str) -> Any:
     from querylib.server import serve_metrics
 
     port, stop = serve_metrics(metrics, args.metrics_host, args.metrics_port, fallback=False)
-    print(f"{name}: metrics at http://{args.metrics_host}:{port}/metrics", file=sys.stderr,
-          flush=True)
-    return stop
+    url = f"http://{args.metrics_host}:{port}/metrics"
+    if not quiet:
+        print(f"{name}: metrics at {url}", file=sys.stderr, flush=True)
+    return url, stop
 
 
 def console_line(console: Any) -> tuple[str, str, list[str]]:

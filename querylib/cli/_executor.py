@@ -6,13 +6,22 @@ their exits reported first. A coordinator not up yet is waited for (the agent sa
 stderr); one refusing our secret ends it with exit code 2. Losing the coordinator does not stop
 it: the agent kills its processes and rejoins by itself (DESIGN §6 "Executor loss and
 rejoin").
+
+`tq up` runs its executor agent through this command, in a child process of its own (DESIGN §1,
+§9 "Starting"), with options it does not show: `--parent-pid` (the kernel kills this process
+when that parent dies, PR_SET_PDEATHSIG; already gone: exit at once), `--ready-fd` (once
+registered, one JSON line there says what opened, and tq up prints it; this command prints
+nothing of its own), `--endpoint-fallback` and `--endpoints-optional` (tq up's rules for
+taken ports).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -54,10 +63,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_kafka_options(parser, default_port=None)
     add_metrics_options(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    # tq up's child (querylib/cli/_up_executor.py): not for people.
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint-fallback", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoints-optional", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(func=_run)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Arm PR_SET_PDEATHSIG (SIGKILL when the thread that started us dies: tq up's loop
+    thread, its main one) and check the parent is still the one that started us. A Ctrl-C
+    reaches tq up's whole process group: tq up stops us in its order (SIGTERM), not the
+    terminal."""
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)  # it died before the death signal was armed: nobody to serve
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.parent_pid is not None:
+        _die_with_parent(args.parent_pid)
     from querylib._tcp import raise_fd_limit
     from querylib.cluster import discover, tq_home
 
@@ -75,13 +110,16 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # tq up's child stops when tq up says (SIGTERM), not on the terminal's Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM) if args.parent_pid is None else (signal.SIGTERM,):
         loop.add_signal_handler(sig, stop.set)
     agent = ExecutorAgent(address, secret, secret_file, data, slots=args.slots,
                           host=args.host, broker_listen=args.broker_listen,
                           grace=args.grace, lease=args.lease,
                           connector=connector_config(args),
-                          kafka=kafka_config(args))
+                          kafka=kafka_config(args),
+                          endpoints_required=not args.endpoints_optional,
+                          endpoint_fallback=[n for n in args.endpoint_fallback.split(",") if n])
     # start() waits for a coordinator that is not up yet: a signal must still stop it.
     starting = loop.create_task(agent.start())
     stopping = loop.create_task(stop.wait())
@@ -99,7 +137,13 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
     executor_metrics(agent, metrics)
     stop_metrics = None
     try:
-        stop_metrics = start_metrics(args, metrics, f"tq executor {agent.executor_id}")
+        served = start_metrics(args, metrics, f"tq executor {agent.executor_id}",
+                               quiet=args.ready_fd is not None)
+        stop_metrics = served and served[1]
+        if args.ready_fd is not None:  # tq up's child: it says what opened, tq up prints it
+            _report_ready(args.ready_fd, agent, served[0] if served else "")
+            await stop.wait()
+            return 0
         extra = "".join(f", {name} {where}" for name, where in (
             ("connector", agent.connector_address), ("kafka", agent.kafka_address)) if where)
         print(f"tq executor {agent.executor_id} on {agent.host}: broker {agent.broker_address}"
@@ -112,3 +156,15 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
         metrics.close()
         await agent.close()
     return 0
+
+
+def _report_ready(fd: int, agent: Any, metrics_url: str) -> None:
+    """One JSON line on `fd` (then closed): what tq up prints and writes to cluster.json."""
+    endpoints = agent.endpoints
+    ready = {"pid": os.getpid(), "executor_id": agent.executor_id, "host": agent.host,
+             "broker": agent.broker_address, "broker_id": agent.broker_id,
+             "slots": agent.slots.total, "connector": agent.connector_address or "",
+             "kafka": agent.kafka_address or "", "metrics": metrics_url,
+             "moved": dict(endpoints.moved), "skipped": list(endpoints.skipped)}
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(ready) + "\n")

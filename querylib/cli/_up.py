@@ -1,8 +1,10 @@
 """`tq up`: the embedded default for one machine (DESIGN §1, §9): the coordinator (with the
-broker of the catalog topics) and one executor agent (with this host's broker) in one process.
+broker of the catalog topics) in this process and one executor agent (with this host's broker)
+in a child process of its own, so the data path and control never share a loop or a core.
 
-A thin adapter over `coordinator.run_coordinator` and `executor.ExecutorAgent`, imported only
-when the command runs. It writes `$TQ_HOME/cluster.json` once the executor is registered, so a
+A thin adapter over `coordinator.run_coordinator` and `tq executor` (started, watched and
+stopped by `_up_executor.ExecutorChild`), imported only when the command runs. It writes
+`$TQ_HOME/cluster.json` once the executor is registered, so a
 client that finds the file can submit at once; the file also names the executor broker's
 connector endpoint (default port 7600) and Kafka listener (default 9092) when it could open
 them. A default port that is taken (7400 and 7401 for the coordinator and its broker, 7600,
@@ -10,6 +12,9 @@ them. A default port that is taken (7400 and 7401 for the coordinator and its br
 taken is refused (the coordinator's) or skipped, naming the port and the flag (the connector's
 and Kafka's). A second `tq up` under the same TQ_HOME is refused, naming the running one
 (run_coordinator). It prints each endpoint once, in one block, when the cluster is ready.
+Ctrl-C or SIGTERM stops the executor (its queries first) and then the coordinator; a SIGKILL
+takes the child with it (PR_SET_PDEATHSIG); a child that dies on its own is said, and tq up
+stops with exit code 1.
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ _LISTEN = "tcp://127.0.0.1:7400"
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "up", help="run a coordinator and one executor in one process (one machine)",
-        description="Run the coordinator and one executor agent in the foreground, in one "
-        "process: everything tq needs on one machine. Writes $TQ_HOME/cluster.json so that "
-        "other tq commands find it.")
+        "up", help="run a coordinator and one executor (one machine, one command)",
+        description="Run the coordinator and one executor agent in the foreground (the "
+        "executor in a child process): everything tq needs on one machine. Writes "
+        "$TQ_HOME/cluster.json so that other tq commands find it.")
     parser.add_argument("--data", help="data directory (default $TQ_HOME)")
     parser.add_argument("--listen", help=f"coordinator endpoint; its catalog broker takes the "
                         f"next port (default {_LISTEN}, or free ports when those are taken)")
@@ -67,9 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from coordinator import CoordinatorConfig, run_coordinator
-    from executor import ExecutorAgent
+    from coordinator import Attached, CoordinatorConfig, run_coordinator
     from querylib._tcp import raise_fd_limit
+    from querylib.cli._up_executor import ChildMetrics, ExecutorChild, child_args
     from querylib.cluster import cluster_file, tq_home
     from querylib.rpc import default_secret_path, load_or_create_secret
 
@@ -82,53 +87,54 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(args, option) is None:
             setattr(args, option, default)
             fallback.append(name)
+    # The child opens them; a bad option is refused here, before anything starts.
+    connector_config(args)
+    kafka_config(args)
     secret_file = args.secret_file or str(default_secret_path())
     secret = load_or_create_secret(secret_file)
     data = args.data or str(tq_home())
-    started: list[Any] = []  # the agent, then the console (or None)
+    started: list[Any] = []  # the executor child, then the console (or None)
 
     async def attach(coordinator: Any) -> Any:
-        # A named port may be taken (another tq up, a Kafka on 9092): go on without that
-        # endpoint, saying so; the rest of tq up is still useful. A default one moves.
-        agent = await ExecutorAgent(coordinator.endpoint, secret, secret_file,
-                                    os.path.join(data, "executor"), slots=args.slots,
-                                    grace=args.grace, connector=connector_config(args),
-                                    kafka=kafka_config(args), endpoints_required=False,
-                                    endpoint_fallback=fallback).start()
-        started.append(agent)
+        # The executor agent and its broker run in a child process (DESIGN §1): a flood of
+        # data there never waits behind the coordinator's loop, nor the reverse. A named port
+        # that is taken (another tq up, a Kafka on 9092) is skipped, said; a default one moves.
+        child = await ExecutorChild(
+            child_args(args, coordinator.endpoint, secret_file,
+                       os.path.join(data, "executor"), fallback), args.grace).start()
+        started.append(child)
+        assert child.ready is not None  # start() returns once it reported
         from coordinator import coordinator_metrics
-        from executor import executor_metrics
         from querylib.server import ProcessMetrics
 
         metrics = ProcessMetrics(asyncio.get_running_loop())
-        coordinator_metrics(coordinator, metrics,
-                            brokers=lambda: [] if agent.broker is None else [agent.broker])
-        executor_metrics(agent, metrics)
+        remote = ChildMetrics(child.ready.metrics)
+        metrics.add_remote(remote.families)
+        coordinator_metrics(coordinator, metrics, ends=lambda: remote.ends)
         try:
             console = start_console(args, coordinator, secret, metrics)
         except BaseException:
             metrics.close()
-            await agent.close()
+            await child.close()
             raise
         started.append(console)
-        assert agent.endpoints is not None  # set by start()
-        for message in agent.endpoints.skipped:
+        for message in child.ready.skipped:
             print(f"tq up: {message}", file=sys.stderr, flush=True)
-        for line in ready_lines(coordinator, agent, data, str(cluster_file()), console):
+        for line in ready_lines(coordinator, child.ready, data, str(cluster_file()), console):
             print(line, file=sys.stderr, flush=True)
 
         async def close() -> None:
             if console is not None:
                 await asyncio.to_thread(console.stop)
             metrics.close()
-            await agent.close()
+            await child.close()  # its queries first, while the coordinator hears their exits
 
-        return close
+        return Attached(close, child.ended)
 
     def amend(info: Any) -> Any:
-        agent, console = started
-        return dataclasses.replace(info, connector=agent.connector_address or "",
-                                   kafka=agent.kafka_address or "",
+        child, console = started
+        return dataclasses.replace(info, connector=child.ready.connector,
+                                   kafka=child.ready.kafka,
                                    console=console.url if console is not None else "")
 
     return run_coordinator(os.path.join(data, "coordinator"), args.listen or _LISTEN, secret,
@@ -138,27 +144,26 @@ def _run(args: argparse.Namespace) -> int:
                            name="tq up")
 
 
-def ready_lines(coordinator: Any, agent: Any, data: str, found_through: str,
+def ready_lines(coordinator: Any, executor: Any, data: str, found_through: str,
                 console: Any = None) -> list[str]:
     """What tq up prints once ready: each endpoint once, with the port it replaced if a
-    default one was taken."""
+    default one was taken. `executor`: what its child reported (an ExecutorReady)."""
     def taken(asked: str | int | None) -> list[str]:
         return [] if asked is None else [f"port {str(asked).rpartition(':')[2]} is taken"]
 
-    endpoints = agent.endpoints
     rows = [("coordinator", coordinator.endpoint, taken(coordinator.moved.get("coordinator"))),
             ("catalog broker", coordinator.broker_endpoint,
              taken(coordinator.moved.get("catalog broker"))),
-            (f"executor {agent.executor_id}", f"{agent.slots.total} process "
-             f"slot{'' if agent.slots.total == 1 else 's'}, broker {agent.broker_address}", [])]
+            (f"executor {executor.executor_id}", f"{executor.slots} process "
+             f"slot{'' if executor.slots == 1 else 's'}, broker {executor.broker} (pid "
+             f"{executor.pid})", [])]
     if coordinator.kafka_address:
         rows.append(("group coordinator", coordinator.kafka_address, []))
-    if agent.kafka_address:
-        rows.append(("kafka", agent.kafka_address,
-                     ["bootstrap.servers", *taken(endpoints.moved.get("kafka"))]))
-    if agent.connector_address:
-        rows.append(("connector", agent.connector_address,
-                     taken(endpoints.moved.get("connector"))))
+    if executor.kafka:
+        rows.append(("kafka", executor.kafka,
+                     ["bootstrap.servers", *taken(executor.moved.get("kafka"))]))
+    if executor.connector:
+        rows.append(("connector", executor.connector, taken(executor.moved.get("connector"))))
     if console is not None:
         rows.append(console_line(console))
     width = max(len(name) for name, _, _ in rows)

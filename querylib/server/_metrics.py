@@ -11,7 +11,9 @@ log records by level (`tq_log_messages_total`: errors show there first).
 `rpc_families` and `broker_families` describe an RPC server and a broker; the coordinator
 and the executor describe themselves (coordinator/_metrics.py, executor/_metrics.py). Names
 and labels follow Prometheus' conventions: `tq_` prefix, `_total` counters, `_bytes` and
-`_seconds` units. `serve_metrics` serves a registry on its own port, for processes without a
+`_seconds` units. `add_remote` adds families read off the loop, in the scraping thread (`tq
+up`'s executor child's /metrics); they merge by name with the process's own. `serve_metrics`
+serves a registry on its own port, for processes without a
 console (`tq executor`, `tq broker`).
 
 Must not: read a component's state from another thread, or block its loop for long (a source
@@ -65,8 +67,9 @@ class ProcessMetrics:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.sources: list[Source] = []
+        self.remote: list[Source] = []  # run in the scraping thread, not on the loop
         self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)
+        self._process = ProcessCollector(registry=None)  # merged into collect()'s families
         self._logs = _LogCounter()
         logging.getLogger().addHandler(self._logs)
         self.registry.register(self)
@@ -74,19 +77,34 @@ class ProcessMetrics:
     def add(self, source: Source) -> None:
         self.sources.append(source)
 
+    def add_remote(self, source: Source) -> None:
+        """A source that may block (another process's exposition, read over HTTP): run in the
+        scraping thread before the loop's sources, its families merged with theirs by name."""
+        self.remote.append(source)
+
     def close(self) -> None:
         logging.getLogger().removeHandler(self._logs)
 
     def collect(self) -> Iterable[Metric]:
-        """Every source's families, built on the owning loop."""
+        """Every source's families, built on the owning loop (the remote ones first, here)."""
+        remote = [family for source in self.remote for family in source()]
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self.loop:
-            return self._build()
-        future = asyncio.run_coroutine_threadsafe(self._build_async(), self.loop)
-        return future.result(SCRAPE_TIMEOUT)
+            own = self._build()
+        else:
+            future = asyncio.run_coroutine_threadsafe(self._build_async(), self.loop)
+            own = future.result(SCRAPE_TIMEOUT)
+        families = {family.name: family for family in own}
+        for family in [*self._process.collect(), *remote]:
+            known = families.get(family.name)
+            if known is None:
+                families[family.name] = family
+            else:
+                known.samples.extend(family.samples)
+        return list(families.values())
 
     async def _build_async(self) -> list[Metric]:
         return self._build()

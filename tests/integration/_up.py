@@ -1,5 +1,5 @@
-"""A real `tq up` child process (coordinator + executor agent in one process) and the `tq`
-commands run against it, for integration tests of queries."""
+"""A real `tq up` child process (the coordinator, and its executor agent in a child of its own)
+and the `tq` commands run against it, for integration tests of queries."""
 
 from __future__ import annotations
 

@@ -131,3 +131,47 @@ def test_a_forked_process_is_titled_with_its_query(tmp_path):
 
     out = run(go())
     assert out.texts("stdout") == ["tq query 12 clicks 1/2"]
+
+
+FD_PROGRAM = """
+    import atexit, json, os, sys
+
+    target = int(sys.argv[1])  # the zygote's socket's number, free in this process
+    opened = []
+    while not opened or opened[-1] < target:
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+
+    def check():  # after __main__ and the fork server's frames have unwound
+        lost = []
+        for fd in opened:
+            try:
+                os.fstat(fd)
+            except OSError:
+                lost.append(fd)
+        print(json.dumps({"target_opened": target in opened, "lost": lost}), flush=True)
+
+    atexit.register(check)
+"""
+
+
+def test_a_forked_process_keeps_the_descriptor_number_the_zygotes_socket_had(tmp_path):
+    """The zygote's socket object must not close, at the child's exit, a descriptor the
+    child opened under the same number (it closed a query's zmq eventfd: SIGABRT)."""
+    prog = program(tmp_path, FD_PROGRAM)
+
+    async def go():
+        out = Recorder()
+        sup = _supervisor(tmp_path, out)
+        await sup.start(wait=True)
+        cmdline = Path(f"/proc/{sup.forks.pid}/cmdline").read_bytes().split(b"\0")
+        socket_fd = int(cmdline[cmdline.index(next(a for a in cmdline
+                                                   if a.endswith(b"_zygote.py"))) + 1])
+        forked = await sup.spawn(SpawnSpec(query_id=3, process=0, args=(str(socket_fd),)),
+                                 prog)
+        report = await forked.wait()
+        await sup.close()
+        return out, report
+
+    out, report = run(go())
+    assert out.json_lines() == [{"target_opened": True, "lost": []}], out.texts("stderr")
+    assert report.exit_code == 0

@@ -106,7 +106,10 @@ def test_tq_up_metrics_count_what_a_query_wrote(up: Up, tmp_path: Path) -> None:
                                       type="broker.produce")
         assert value(samples, "tq_rpc_handler_seconds_bucket", server="broker",
                      type="broker.produce", le="+Inf") == produce_count
-        assert value(samples, "process_resident_memory_bytes") > 0
+        # Two processes (tq up and its executor child): each its own, the child's labelled.
+        rss = samples["process_resident_memory_bytes"]
+        assert sorted(labels.get("process", "") for labels, _ in rss) == ["", "executor"]
+        assert all(v > 0 for _, v in rss)
     finally:
         gate.write_text("")
     assert up.ended(query_id).state is QueryState.FINISHED
