@@ -18,7 +18,9 @@ Must not: leave a server or a folder behind, or talk to anything but loopback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
+import os
 import shutil
 import socket
 import subprocess
@@ -52,13 +54,12 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
     raise TimeoutError(f"the peer server did not listen on {port} within {timeout:g}s")
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(bench: int) -> None:
     """In the child before exec: the kernel kills it when the bench dies, however it dies
     (a `timeout`, a Ctrl-C, SIGKILL), so no server outlives its run."""
-    import ctypes
-    import signal
+    from querylib._parent import die_with_parent
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    die_with_parent(bench)
 
 
 class _Server:
@@ -66,7 +67,7 @@ class _Server:
         self.folder = folder
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         try:
             _wait_port(port, self.proc)
         except BaseException:

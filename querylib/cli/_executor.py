@@ -72,22 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Arm PR_SET_PDEATHSIG (SIGKILL when the thread that started us dies: tq up's loop
-    thread, its main one) and check the parent is still the one that started us. A Ctrl-C
-    reaches tq up's whole process group: tq up stops us in its order (SIGTERM), not the
-    terminal."""
-    import sys
+    """Be killed with tq up (querylib._parent; its Ctrl-C reaches tq up's whole process group:
+    tq up stops us in its order, by SIGTERM, not the terminal). A parent already gone: exit."""
+    from querylib._parent import ParentGoneError, die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:
-        os._exit(1)  # it died before the death signal was armed: nobody to serve
+    try:
+        die_with_parent(parent)
+    except ParentGoneError:
+        os._exit(1)  # nobody to serve
 
 
 def _run(args: argparse.Namespace) -> int:
