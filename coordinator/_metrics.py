@@ -9,7 +9,7 @@ Must not: change anything it reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -24,24 +24,23 @@ __all__ = ["coordinator_metrics"]
 
 
 def coordinator_metrics(coordinator: Coordinator, metrics: ProcessMetrics,
-                        brokers: Callable[[], list[Any]] = list,
                         ends: Callable[[], dict[tuple[str, int], int]] = dict) -> None:
-    """Add the coordinator's sources to `metrics` (the process's registry). `brokers`: the
-    other BrokerServers of this process, and `ends` the end offsets of partitions other
-    processes host ((topic, partition) -> offset: `tq up`'s executor child's, from its
-    metrics), which give the consumer groups' lag beside the catalog broker's partitions."""
+    """Add the coordinator's sources to `metrics` (the process's registry). `ends`: the end
+    offsets of partitions other processes host ((topic, partition) -> offset: `tq up`'s
+    executor child's, from its metrics), which give the consumer groups' lag beside the
+    catalog broker's partitions."""
     metrics.add(lambda: _families(coordinator))
-    metrics.add(lambda: _group_families(coordinator, brokers(), ends()))
+    metrics.add(lambda: _group_families(coordinator, ends()))
     metrics.add(lambda: rpc_families("coordinator", coordinator.request_stats))
     metrics.add(lambda: [] if coordinator.broker is None
                 else broker_families(coordinator.broker, "catalog"))
 
 
-def _group_families(coordinator: Coordinator, brokers: list[Any],
+def _group_families(coordinator: Coordinator,
                     elsewhere: dict[tuple[str, int], int]) -> list[Metric]:
-    """The consumer groups this process coordinates: committed offsets, and their lag where a
-    broker of this process hosts the partition (else compute it from tq_partition_end_offset
-    of the broker that does)."""
+    """The consumer groups this process coordinates: committed offsets, and their lag where
+    the catalog broker or `elsewhere` knows the partition's end (else compute it from
+    tq_partition_end_offset of the broker that hosts it)."""
     kafka = coordinator.endpoints.kafka if coordinator.endpoints is not None else None
     if kafka is None:
         return []
@@ -50,10 +49,9 @@ def _group_families(coordinator: Coordinator, brokers: list[Any],
     lag = GaugeMetricFamily("tq_consumer_group_lag_records", "Records past a consumer "
                             "group's committed offset", labels=["group", "topic", "partition"])
     ends = dict(elsewhere)
-    for broker in [coordinator.broker, *brokers]:
-        if broker is not None:
-            for pid, part in list(broker.state.partitions.items()):
-                ends[pid] = part.visible_end
+    if coordinator.broker is not None:
+        for pid, part in list(coordinator.broker.state.partitions.items()):
+            ends[pid] = part.visible_end
     for group, offsets in sorted(kafka.backend.all_committed().items()):
         for (topic, partition), offset in sorted(offsets.items()):
             labels = [group, topic, str(partition)]
