@@ -132,12 +132,6 @@ class BrokerPort:
     def data_dir(self) -> str:
         return self._server.data_dir
 
-    @property
-    def endpoint(self) -> str | None:
-        """The broker's RPC endpoint, as it registers it ("" without one; None before it
-        started)."""
-        return self._server.endpoint
-
     def hosts(self, pid: PartitionId) -> bool:
         """Whether the broker has this partition open."""
         return pid in self._server.state.partitions

@@ -29,12 +29,11 @@ never hand out the same id.
 
 Kafka transactions (`_txn`): the backend is its `TransactionCoordinator`'s `TxnLog`: the
 coordinator's records go to `__transaction_state` partition 0 as "system", markers into a
-partition this broker hosts as "system", into one of another broker of this process (tq up's
-executor broker) through that broker's door as "system", and into another broker's over RPC
-as the admin (`secret`; one `WriteMarkersRequest` per broker per completion), the
-coordinator's pending offsets into `__consumer_offsets`. A task finishes
-prepared transactions and aborts timed-out ones every second. Reads for read_committed
-fetches stop at the last stable offset and carry the aborted transactions of their range.
+partition this broker hosts as "system" and into another broker's over RPC as the admin
+(`secret`; one `WriteMarkersRequest` per broker per completion), the coordinator's pending
+offsets into `__consumer_offsets`. A task finishes prepared transactions and aborts timed-out
+ones every second. Reads for read_committed fetches stop at the last stable offset and carry
+the aborted transactions of their range.
 
 Must not: decide who may write what (the broker's core does), decode or re-encode producer
 batches, append to a log directly, or hold state the logs cannot rebuild except
@@ -52,7 +51,6 @@ import logging
 import os
 import time
 import uuid
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -350,21 +348,6 @@ class _Writer:
                 self.window.notify_all()
 
 
-# The backends open in this process, by whose broker's RPC endpoint the transaction
-# coordinator finds a broker of its own process (tq up runs the coordinator's broker and the
-# executor's in one): its markers go in through that broker's door, not over RPC to itself
-# (a round of signing, ZeroMQ and decoding on the same loop, per transaction).
-_OPEN_BACKENDS: weakref.WeakSet[BrokerBackend] = weakref.WeakSet()
-
-
-def _in_process(address: str) -> BrokerBackend | None:
-    """The open backend of this process whose broker is at `address`, if any."""
-    for backend in list(_OPEN_BACKENDS):
-        if backend.port.endpoint == address:
-            return backend
-    return None
-
-
 class BrokerBackend:
     """The partitions of one in-process broker, served to Kafka clients. `await open()` first.
     Without a `secret` the cluster id is made once and kept in `<data>/.tq-kafka.json`."""
@@ -417,7 +400,6 @@ class BrokerBackend:
                 None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
             self._txns.replay(records)
         self._expiry = asyncio.create_task(self._expire_transactions())
-        _OPEN_BACKENDS.add(self)
         return self
 
     async def _expire_transactions(self) -> None:
@@ -436,7 +418,6 @@ class BrokerBackend:
         self._me = BrokerInfo(self._me.node_id, self.config.advertised, port)
 
     async def close(self) -> None:
-        _OPEN_BACKENDS.discard(self)
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -820,8 +801,7 @@ class BrokerBackend:
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:
         """The markers of one transaction, all at once: those of this broker's partitions
-        through its port, those of another broker of this process through its port, the
-        others in one request per broker over its admin session."""
+        through its port, the others in one request per broker over its admin session."""
         marker = transaction_marker_batch(producer_id, epoch, commit, timestamp=self._now_ms())
         here: list[PartitionId] = []
         away: dict[str, list[PartitionId]] = {}
@@ -841,15 +821,10 @@ class BrokerBackend:
             for pid in await writer.write_markers(pids, marker):
                 self._no_marker(producer_id, pid, "no such partition on its broker")
 
-        writes = [self._mark(pid, marker, producer_id, epoch) for pid in here]
-        for address, pids in away.items():
-            neighbour = _in_process(address)
-            if neighbour is None or neighbour is self:
-                writes.append(remote(address, pids))
-            else:
-                writes.extend(neighbour._mark(pid, marker, producer_id, epoch)
-                              for pid in pids)
-        results = await asyncio.gather(*writes, return_exceptions=True)
+        results = await asyncio.gather(*(self._mark(pid, marker, producer_id, epoch)
+                                         for pid in here),
+                                       *(remote(a, pids) for a, pids in away.items()),
+                                       return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

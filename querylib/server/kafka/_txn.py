@@ -24,9 +24,8 @@ the producer's next transaction does not wait for one more append.
 
 The coordinator is the group coordinator's broker (FindCoordinator key type 1 names the same
 broker as for groups), so TxnOffsetCommit meets the transaction it belongs to here. Markers are
-written through a broker's port into partitions it hosts or another broker of its process
-hosts (tq up's executor broker), and over RPC (as the admin) into partitions of other brokers
-(`TxnLog.write_markers`).
+written through the broker's port into partitions it hosts, and over RPC (as the admin) into
+partitions of other brokers (`TxnLog.write_markers`).
 
 Must not: append to a log itself (the `TxnLog` it is given does, through the broker's door), or
 decide who may write a topic (the broker's core admits every write).
