@@ -74,12 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _die_with_parent(parent: int) -> None:
     """Be killed with tq up (querylib._parent; its Ctrl-C reaches tq up's whole process group:
     tq up stops us in its order, by SIGTERM, not the terminal). A parent already gone: exit."""
-    from querylib._parent import ParentGoneError, die_with_parent
+    from querylib._parent import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        die_with_parent(parent)
-    except ParentGoneError:
+    if not die_with_parent(parent):
         os._exit(1)  # nobody to serve
 
 
