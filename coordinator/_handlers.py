@@ -407,7 +407,8 @@ def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
     change = state.apply(RegisterExecutorCommand(host=_bounded(req.host, MAX_LABEL, "the host"),
                                                  broker_id=req.broker_id,
                                                  resources=req.resources,
-                                                 session_id=req.session_id, at_ms=call.wall_ms),
+                                                 session_id=req.session_id, at_ms=call.wall_ms,
+                                                 shards=req.shards),
                          call.now, call.wall_ms)
     assert isinstance(change.created, Executor)
     return m.ExecutorInfo(executor=change.created,
