@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from catalog import Broker, Executor, Topic
+from querylib.cluster import Cluster
 from tests.conftest import wait_for
 from tests.integration._up import Up
 
@@ -68,11 +69,18 @@ def _gone(proc: psutil.Process) -> bool:
 
 
 def _produce_consume(up: Up, topic: str, count: int, *, create: bool) -> list[dict]:
-    """Produce `count` keyed lines with `tq produce` (querylib's producer), read them all back
-    with `tq consume` (its subscriber)."""
+    """Produce `count` keyed lines with `tq produce` (querylib's producer) into `topic`, made
+    with 4 partitions over the executor's brokers if `create`; read them all back with `tq
+    consume` (its subscriber)."""
     lines = "".join(f"k{i}:v{i}\n" for i in range(count))
-    create_args = ["--create", "--partitions", "4"] if create else []
-    done = up.tq("produce", topic, *create_args, "--key-separator", ":", stdin=lines)
+    if create:  # an ingest topic (tq produce feeds those) with partitions on both brokers
+        executor = _executor(up)
+        brokers = (executor.broker_id, *executor.shards)
+        with Cluster.connect(up.info["coordinator"],
+                             secret_file=up.info["secret_file"]) as cluster:
+            cluster.create_topic(topic, 4, ingest=True,
+                                 locations=tuple(brokers[i % len(brokers)] for i in range(4)))
+    done = up.tq("produce", topic, "--key-separator", ":", stdin=lines)
     assert done.returncode == 0, done.stderr
     read = up.tq("consume", topic, "--json", "--follow")
     assert read.returncode == 0, read.stderr
@@ -87,9 +95,12 @@ def test_two_brokers_spread_a_topic_and_querylib_reaches_every_partition(
         (shard_id,) = executor.shards
         brokers = _brokers(up)
         assert shard_id in brokers and brokers[shard_id].address != executor.broker
+        with Cluster.connect(up.info["coordinator"],
+                             secret_file=up.info["secret_file"]) as cluster:
+            placed = cluster.create_topic("placed", 4).topic  # the catalog places it
+        assert set(placed.locations) == {executor.broker_id, shard_id}, placed.locations
         records = _produce_consume(up, "spread", 200, create=True)
-        topic = _topic(up, "spread")
-        assert set(topic.locations) == {executor.broker_id, shard_id}, topic.locations
+        assert set(_topic(up, "spread").locations) == {executor.broker_id, shard_id}
         assert sorted(r["value"] for r in records) == sorted(f"v{i}" for i in range(200))
         assert {r["partition"] for r in records} == {0, 1, 2, 3}
         status = up.tq("status")
