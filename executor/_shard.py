@@ -25,7 +25,9 @@ from `RESTART_BACKOFF_MIN` up to `RESTART_BACKOFF_MAX` seconds and resets once a
 session) and clients of its partitions retry until it is back.
 
 Shard side, `serve_shard`: open the broker, join (retrying while the coordinator is away, as
-the agent does), report ready once, and rejoin whenever the session lapses, until SIGTERM.
+the agent does), report ready once, and rejoin whenever the session lapses, until SIGTERM. The
+coordinator tells a broker's session to drop a deleted topic's partitions (`DropPartitions`):
+the shard drops them from its broker and reports it, as the agent does for broker 0.
 
 Must not: spawn query processes, register an executor, or forward logs (the agent does).
 """
@@ -43,10 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from catalog import SessionKind, TqError
+from catalog import SessionKind, TopicName, TqError
 from querylib._lease import Backoff
-from querylib.cluster import AsyncCluster, hold_data_dir
+from querylib.cluster import AsyncCluster, DropPartitions, hold_data_dir
 from querylib.rpc import Credential
+from querylib.server.broker import drop_hosted
 
 from ._errors import ExecutorExitedError
 from ._host_broker import HostBroker
@@ -196,6 +199,7 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
     directory.mkdir(parents=True, exist_ok=True)
     lock = hold_data_dir(directory)
     broker = HostBroker(directory, credential, listen=listen, kafka=kafka)
+    drops = _Drops(broker)
     cluster: AsyncCluster | None = None
     try:
         await broker.start()
@@ -204,6 +208,7 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
             cluster = AsyncCluster(coordinator, credential, kind=SessionKind.EXECUTOR,
                                    lease=lease, peer=f"broker shard {k}@{host}",
                                    connect_timeout=_JOIN_BACKOFF_MAX, presume_lost=True)
+            cluster.on_notify(DropPartitions, drops.requested(cluster))
             try:
                 await cluster.start()
                 broker_id = await broker.attach(cluster, host)
@@ -232,11 +237,48 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
             await cluster.close()
             cluster = None
     finally:
+        await drops.close()
         await broker.stop_serving()
         if cluster is not None:
             await cluster.close()
         await broker.close()
         lock.release()
+
+
+class _Drops:
+    """A deleted topic's partitions leave the shard's broker, files included, reported back
+    (the coordinator asks again until they are); one drop per topic at a time."""
+
+    def __init__(self, broker: HostBroker) -> None:
+        self.broker = broker
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    def requested(self, cluster: AsyncCluster) -> Any:
+        def on_drop(notification: Any) -> None:
+            note: DropPartitions = notification.message
+            if note.topic_id in self._tasks:
+                return  # being dropped; the coordinator asks again if the report is lost
+            task = asyncio.get_running_loop().create_task(self._drop(cluster, note),
+                                                          name=f"drop {note.topic_id}")
+            self._tasks[note.topic_id] = task
+            task.add_done_callback(lambda _: self._tasks.pop(note.topic_id, None))
+        return on_drop
+
+    async def _drop(self, cluster: AsyncCluster, note: DropPartitions) -> None:
+        assert self.broker.broker is not None
+        try:
+            await drop_hosted(self.broker.broker, TopicName.parse(note.name).short,
+                              note.partitions)
+            if not cluster.lost:
+                await cluster.report_partitions_dropped(note.topic_id, note.broker_id)
+        except TqError as exc:  # the broker's file I/O raises StorageError, never OSError
+            logger.warning("broker shard: drop of deleted topic %d (%s): %s", note.topic_id,
+                           note.name, exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
 
 async def _wait(stop: asyncio.Event, delay: float) -> None:

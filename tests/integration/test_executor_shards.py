@@ -207,3 +207,15 @@ def test_a_restarted_up_keeps_the_shard_id_and_its_data(tmp_path: Path) -> None:
         records = [e for e in map(json.loads, read.stdout.splitlines()) if "value" in e]
         assert sorted(r["value"] for r in records) == sorted(f"v{i}" for i in range(60))
         assert on_shard <= {r["partition"] for r in records}
+
+
+def test_a_deleted_topics_partitions_leave_the_shard_too(tmp_path: Path) -> None:
+    with Up(tmp_path, "--brokers", "2") as up:
+        _produce_consume(up, "gone", 20, create=True)
+        shard_dir = tmp_path / "executor" / "broker-1" / "broker"
+        assert {p.name for p in shard_dir.iterdir()} >= {"gone-1", "gone-3"}
+        with Cluster.connect(up.info["coordinator"],
+                             secret_file=up.info["secret_file"]) as cluster:
+            cluster.delete_topic("gone", force=True)  # answered once the brokers dropped it
+        left = [p.name for p in tmp_path.joinpath("executor").rglob("gone-*")]
+        assert left == [], left
