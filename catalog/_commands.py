@@ -109,6 +109,7 @@ class RegisterExecutor(_Command, frozen=True, tag="register_executor"):
     resources: Resources
     session_id: int | None  # None: embedded in the coordinator's process
     at_ms: int
+    shards: tuple[int, ...] = ()  # the host's other brokers, registered already
 
 
 class RemoveExecutor(_Command, frozen=True, tag="remove_executor"):

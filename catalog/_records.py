@@ -188,6 +188,10 @@ class Executor(_Record, frozen=True, tag="executor"):
     broker: str  # the broker's address, copied so `tq status` needs no join
     resources: Resources
     registered_at_ms: int
+    # The host's other brokers (`tq executor --brokers N`: one process each, DESIGN §5); its
+    # queries' partitions spread over broker_id and these. Last, with a default: older
+    # catalogs load.
+    shards: tuple[int, ...] = ()
 
 
 class Query(_Record, frozen=True, tag="query"):

@@ -462,6 +462,10 @@ def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> Non
     resources = cmd.resources
     if min(resources.cores, resources.memory, resources.disk, resources.slots) < 0:
         raise InvalidCommandError(f"resources cannot be negative: {resources!r}")
+    for shard in cmd.shards:
+        if shard == broker.broker_id or cmd.shards.count(shard) > 1:
+            raise InvalidCommandError(f"broker {shard} is named twice among the executor's")
+        catalog.broker(shard)  # registered (UnknownBrokerError otherwise)
     executor = Executor(
         executor_id=txn.allocate("next_executor_id"),
         session_id=cmd.session_id,
@@ -470,6 +474,7 @@ def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> Non
         broker=broker.address,
         resources=resources,
         registered_at_ms=cmd.at_ms,
+        shards=tuple(cmd.shards),
     )
     txn.insert("executors", executor)
     txn.created = executor

@@ -26,26 +26,38 @@ from catalog import (
 )
 from querylib.cluster.messages import HostLoad
 
-__all__ = ["free_slots", "place_kafka_partitions", "place_partitions", "place_processes",
-           "total_slots", "used_slots"]
+__all__ = ["free_slots", "host_brokers", "place_kafka_partitions", "place_partitions",
+           "place_processes", "total_slots", "used_slots"]
 
 
 def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
-                     catalog_broker: int | None) -> tuple[int, ...]:
+                     catalog_broker: int | None, *, ingest: bool = False) -> tuple[int, ...]:
     """A broker id for each partition.
 
-    A query's partition i goes to the broker of the executor running its process i mod n (a
-    per-worker partition lands on its worker's host). Anyone else's are spread round-robin over
-    the executors' brokers, then over other brokers; the coordinator's own broker (which serves
-    the catalog) hosts data only when there is no other broker.
+    A query's partition i goes to the host of the executor running its process i mod n (a
+    per-worker partition lands on its worker's host), and there to one of that host's brokers
+    in turn (`host_brokers`: an executor with `--brokers N` runs N, one process each). Anyone
+    else's are spread round-robin over the executors' brokers, then over other brokers; the
+    coordinator's own broker (which serves the catalog) hosts data only when there is no other
+    broker. An `ingest` topic (anyone may write it: connectors, Kafka clients) goes to the
+    executors' first brokers only, whose process has the connector endpoint, which writes
+    only partitions of its own broker.
     """
     if isinstance(party, QueryRef):
         query = catalog.query(party.query_id)
-        hosts = [_broker_of(catalog, e) for e in query.executors]
-        known = [h for h in hosts if h is not None]
-        if len(known) == len(hosts):
-            return tuple(known[i % len(known)] for i in range(partitions))
-    executors = sorted({e.broker_id for e in catalog.executors if isinstance(e, Executor)})
+        hosts = [_brokers_of(catalog, e) for e in query.executors]
+        if hosts and all(hosts):
+            turns: dict[int, int] = {}  # executor -> partitions placed on its host so far
+            placed = []
+            for i in range(partitions):
+                process = i % len(hosts)
+                executor = query.executors[process]
+                turn = turns.get(executor, 0)
+                turns[executor] = turn + 1
+                placed.append(hosts[process][turn % len(hosts[process])])
+            return tuple(placed)
+    executors = sorted({b for e in catalog.executors if isinstance(e, Executor)
+                        for b in ((e.broker_id,) if ingest else host_brokers(catalog, e))})
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers
         if isinstance(b, Broker) and b.broker_id != catalog_broker)
@@ -71,11 +83,18 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
     return tuple(listening[(start + i) % len(listening)] for i in range(partitions))
 
 
-def _broker_of(catalog: Catalog, executor_id: int) -> int | None:
+def host_brokers(catalog: Catalog, executor: Executor) -> tuple[int, ...]:
+    """An executor's brokers that are registered now: its own first, then its shards (one
+    whose process is restarting is left out until it registers again)."""
+    live = {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}
+    return (executor.broker_id,) + tuple(s for s in executor.shards if s in live)
+
+
+def _brokers_of(catalog: Catalog, executor_id: int) -> tuple[int, ...]:
     try:
-        return catalog.executor(executor_id).broker_id
+        return host_brokers(catalog, catalog.executor(executor_id))
     except NotFoundError:  # the executor left; the query is failing anyway
-        return None
+        return ()
 
 
 def place_processes(catalog: Catalog, processes: int,

@@ -16,6 +16,9 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _logs.py        LogForwarder: the sink that publishes lines to the __logs topic
     _metrics.py     host resources and load for registration and heartbeats (psutil)
     _slots.py       Slots: process slot accounting
+    _host_broker.py HostBroker: one of the host's brokers with its endpoints, catalog view,
+                    keyring, exit feed and remembered id and ports
+    _shard.py       the host's other brokers, one process each (`--brokers N`)
     _agent_state.py AgentState: the agent's pure core (slots, sessions, the dying set, kills
                     during a spawn, which exits and failures to report)
     _agent.py       ExecutorAgent: the `tq executor` agent wiring all of the above to the

@@ -5,15 +5,17 @@ the coordinator.
     ...
     await agent.close()
 
-On start it runs this host's broker (the catalog, through `CatalogTopics`, is its directory:
-who may write which topic, which partitions live here), opens the broker's optional endpoints
-(connector endpoint, Kafka listener), each on the address it had in the last run on this data
-where "any free port" was asked and that address is free (`_broker_id.py`), opens an executor
-session (while no coordinator answers it says so and keeps trying, as a rejoin does; a
-coordinator refusing our secret ends the start with SecretRejectedError), registers the
-broker (with its Kafka address) and the executor (host, broker address, host resources); its
-heartbeats carry the host's load (placement breaks ties by it). Then it serves the
-coordinator's notifies. What to do with them is decided by the agent's pure core
+On start it runs this host's broker 0 (`_host_broker.HostBroker`: the catalog, through
+`CatalogTopics`, is its directory: who may write which topic, which partitions live here), opens
+the broker's optional endpoints (connector endpoint, Kafka listener), each on the address it had
+in the last run on this data where "any free port" was asked and that address is free
+(`_broker_id.py`), opens an executor session (while no coordinator answers it says so and
+keeps trying, as a rejoin does; a coordinator refusing our secret ends the start with
+SecretRejectedError), registers the broker (with its Kafka address), starts the host's other
+brokers (`brokers - 1` shard processes, `_shard.py`, each with a session of its own; once, on
+the first join) and registers the executor (host, broker address, the shards' broker ids,
+host resources); its heartbeats carry the host's load (placement breaks ties by it). Then it
+serves the coordinator's notifies. What to do with them is decided by the agent's pure core
 (`_agent_state.AgentState`: slots, sessions and their generations, the dying set, kills during
 a spawn), which this shell feeds through `querylib.driver.Driver` and whose instructions it
 performs as tasks (fetch, launch, kill, report), feeding their outcomes back:
@@ -50,7 +52,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Collection, Coroutine
+from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,13 +68,7 @@ from querylib.cluster import (
     hold_data_dir,
 )
 from querylib.driver import Driver
-from querylib.rpc import (
-    BROKER,
-    Credential,
-    RemoteKeyring,
-    RpcError,
-    SecretRejectedError,
-)
+from querylib.rpc import Credential, RemoteKeyring, RpcError, SecretRejectedError
 from querylib.server import BrokerEndpoints
 from querylib.server.broker import BrokerServer, drop_hosted
 
@@ -103,21 +99,14 @@ from ._agent_state import (
     WakeAt,
 )
 from ._artifacts import ArtifactCache, ArtifactFetcher
-from ._broker_id import (
-    Endpoints,
-    follow_remembered_namespace,
-    preferred_listen,
-    register_remembered,
-    remember_endpoints,
-    remember_namespace,
-    remembered_endpoints,
-)
 from ._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
 from ._credentials import ProcessCredentials
 from ._endpoints import CatalogTopics
+from ._host_broker import HostBroker
 from ._logs import LogForwarder
 from ._metrics import HostLoad, LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
+from ._shard import ShardProcess
 from ._slots import Slots, default_slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
@@ -128,8 +117,6 @@ if TYPE_CHECKING:
 __all__ = ["REJOIN_BACKOFF_MAX", "ExecutorAgent"]
 
 logger = logging.getLogger("executor")
-
-_KEY_WAIT = 30.0  # seconds a key request waits for this agent's session with the coordinator
 
 REJOIN_BACKOFF_MIN = 0.2  # seconds before the first rejoin attempt; doubled after each failure
 REJOIN_BACKOFF_MAX = 5.0  # ... up to this (also how long each attempt waits for an answer)
@@ -147,6 +134,9 @@ class ExecutorAgent:
     open the broker's endpoints; one named in `endpoint_fallback` ("connector", "kafka") whose
     port is taken opens on another (`endpoints.moved`); with `endpoints_required=False` one
     whose port is taken is skipped (listed in `endpoints.skipped`) instead of failing the start.
+    `brokers`: how many brokers this host runs (broker 0 here, the others in shard processes,
+    `tq executor --shard K` with the agent's options and `shard_args`: their Kafka options;
+    by default, from `kafka`'s host on any free port).
     """
 
     def __init__(self, coordinator: str, secret: bytes | Credential, secret_file: str,
@@ -156,17 +146,13 @@ class ExecutorAgent:
                  connector: EndpointConfig | None = None, kafka: Any = None,
                  endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
                  keep_work_dirs: int = 50,
-                 artifact_ttl: float = 7 * 86400.0) -> None:
+                 artifact_ttl: float = 7 * 86400.0, brokers: int = 1,
+                 shard_args: Sequence[str] | None = None) -> None:
         self.coordinator = coordinator
         self.secret = Credential.of(secret)  # our own credential: executor:NAME, or admin
         self.secret_file = str(Path(secret_file).resolve())
         self.data_dir = Path(data_dir)
         self.credentials = ProcessCredentials(self.data_dir / "credentials", self.secret)
-        # Our broker checks its clients' keys; the coordinator tells it each principal's
-        # (ResolvePrincipal), once this agent has a session. It knows its own.
-        self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
-        self.keys.pin(self.secret.principal, self.secret.for_audience(BROKER).key)
-        self._attached = asyncio.Event()
         # What to do with processes is decided by the pure core (`_agent_state.py`); this
         # shell performs its instructions (fetch, launch, kill, report) and feeds back results.
         self.state = AgentState(Slots(slots or default_slots(os.cpu_count())), grace=grace)
@@ -193,17 +179,20 @@ class ExecutorAgent:
         self.keep_work_dirs = keep_work_dirs
         self.artifact_ttl = artifact_ttl
         self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest
-        self.topics = CatalogTopics()
-        self.endpoints: BrokerEndpoints | None = None
-        self.broker: BrokerServer | None = None
-        self.exit_feed: QueryExitFeed | None = None  # process exits from the catalog
-        self.broker_address = ""
+        # Broker 0: the broker, its endpoints, catalog view, keyring and exit feed.
+        self.host_broker = HostBroker(self.data_dir, self.secret, listen=broker_listen,
+                                      connector=connector, kafka=kafka,
+                                      required=endpoints_required, fallback=endpoint_fallback)
+        if brokers < 1:
+            raise ValueError(f"an executor runs at least one broker, not {brokers}")
+        self.brokers = brokers
+        self.shard_args = list(_kafka_args(kafka) if shard_args is None else shard_args)
+        self.shards: list[ShardProcess] = []
         self.cluster: AsyncCluster | None = None
         self.forwarder: LogForwarder | None = None
         self.supervisor: Supervisor | None = None
         self.fetcher: ArtifactFetcher | None = None
         self.executor_id: int | None = None
-        self.broker_id: int | None = None
         self.lost = asyncio.Event()  # set while the agent has no session (until it rejoins)
         self.rejoins = 0
         self._sampler: LoadSampler | None = None
@@ -213,6 +202,40 @@ class ExecutorAgent:
         self._data_lock: PidLock | None = None
         self._counters = {"report_failed": 0, "bugs": 0, "work_dirs_removed": 0,
                           "artifacts_removed": 0}
+
+    @property
+    def broker(self) -> BrokerServer | None:
+        return self.host_broker.broker
+
+    @property
+    def broker_id(self) -> int | None:
+        return self.host_broker.broker_id
+
+    @property
+    def broker_address(self) -> str:
+        return self.host_broker.address
+
+    @property
+    def topics(self) -> CatalogTopics:
+        return self.host_broker.topics
+
+    @property
+    def endpoints(self) -> BrokerEndpoints | None:
+        return self.host_broker.endpoints
+
+    @property
+    def exit_feed(self) -> QueryExitFeed | None:
+        """Process exits from the catalog, for broker 0's cohorts."""
+        return self.host_broker.exit_feed
+
+    @property
+    def keys(self) -> RemoteKeyring:
+        return self.host_broker.keys
+
+    @property
+    def shard_ids(self) -> tuple[int, ...]:
+        """The broker ids of this host's other brokers (its shard processes)."""
+        return tuple(s.ready.broker_id for s in self.shards if s.ready is not None)
 
     @property
     def slots(self) -> Slots:
@@ -238,15 +261,8 @@ class ExecutorAgent:
             # Held until close: two agents on one data dir would share a broker's logs and
             # broker id; the second is told which process has it.
             self._data_lock = hold_data_dir(self.data_dir)
-            previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
-            await asyncio.to_thread(follow_remembered_namespace, self.data_dir)
-            # The catalog says who may write which topic here (`CatalogTopics`); the
-            # coordinator, whose keys its clients sign with (`keys`).
-            self.broker = BrokerServer(self.data_dir / "broker", self.keys,
-                                       directory=self.topics)
-            self.broker_address = await self.broker.start(
-                self.broker_listen, prefer=preferred_listen(self.broker_listen, previous.broker))
-            self.exit_feed = QueryExitFeed(self.broker)
+            await self.host_broker.start()
+            assert self.broker is not None
             self.forwarder = await LogForwarder(self.broker.port).start()
             self.supervisor = Supervisor(work_root=self.data_dir / "work", sink=self.forwarder,
                                          on_exit=self._exited, grace=self.grace)
@@ -255,16 +271,6 @@ class ExecutorAgent:
             cache.clean_incoming()
             self.fetcher = ArtifactFetcher(cache, upload=self._download)
             self._sampler = LoadSampler(self.data_dir)
-            # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
-            # The connector cookie and the Kafka cluster id derive from the key we hold (the
-            # cluster secret for an admin's executor, as in tq up).
-            self.endpoints = await BrokerEndpoints(
-                self.broker, self.secret.key, connector=self.connector_config,
-                kafka=self.kafka_config, kafka_cluster=self.topics,
-                required=self.endpoints_required, fallback=self.endpoint_fallback,
-                previous={"connector": previous.connector, "kafka": previous.kafka}).start()
-            await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
-                self.broker_address, self.connector_address or "", self.kafka_address or ""))
             await self._join_retrying(first=True)
         except BaseException:
             await self.close()
@@ -289,48 +295,47 @@ class ExecutorAgent:
         self.cluster = cluster
         try:
             await cluster.start()
-            await asyncio.to_thread(remember_namespace, self.data_dir)
-            broker = await register_remembered(cluster, self.data_dir, self.host,
-                                               self.broker_address,
-                                               kafka_address=self.kafka_address or "")
-            self.broker_id = broker.broker_id
-            await self.topics.close()  # a previous session's catalog view
-            self.topics.attach(cluster, broker.broker_id,
-                               follow=self.endpoints is not None and
-                               self.endpoints.kafka is not None)
+            broker_id = await self.host_broker.attach(cluster, self.host)
+            if len(self.shards) < self.brokers - 1:
+                await self._start_shards()
             executor = await cluster.register_executor(
-                self.host, broker.broker_id,
-                host_resources(self.data_dir, self.slots.total))
+                self.host, broker_id, host_resources(self.data_dir, self.slots.total),
+                self.shard_ids)
         except BaseException:
+            await self.host_broker.detach()
             await cluster.close()
             raise
         self.executor_id = executor.executor_id
-        if self.exit_feed is not None:
-            self.exit_feed.attach(cluster)
         self.lost.clear()
-        self._attached.set()
         self._feed(Attached(self.executor_id))
 
-    async def _fetch_key(self, principal: str) -> bytes | None:
-        """A principal's broker key, from the coordinator (waits for a session, bounded)."""
-        try:
-            await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
-        except TimeoutError:
-            return None
-        cluster = self.cluster
-        if cluster is None or cluster.lost:
-            return None
-        return await cluster.resolve_principal(principal)
+    async def _start_shards(self) -> None:
+        """Start the host's other brokers, each in a process of its own (`_shard.py`), and
+        wait until each registered its broker. A shard that cannot start fails the start."""
+        host, _, _ = self.broker_listen.rpartition(":")
+        argv = ["--coordinator", self.coordinator, "--credentials", self.secret_file,
+                "--data", str(self.data_dir.resolve()), "--host", self.host,
+                "--broker-listen", f"{host}:0", "--lease", str(self.lease),
+                *(["--verbose"] if logger.isEnabledFor(logging.INFO) else []),
+                *self.shard_args]
+        for k in range(len(self.shards) + 1, self.brokers):
+            shard = ShardProcess(k, argv)
+            try:
+                await shard.start()
+            except BaseException:
+                await shard.close()
+                raise
+            self.shards.append(shard)
 
     @property
     def connector_address(self) -> str | None:
         """HOST:PORT of the broker's connector endpoint, if it has one."""
-        return None if self.endpoints is None else self.endpoints.connector_address
+        return self.host_broker.connector_address
 
     @property
     def kafka_address(self) -> str | None:
         """HOST:PORT Kafka clients bootstrap from, if the broker has a Kafka listener."""
-        return None if self.endpoints is None else self.endpoints.kafka_address
+        return self.host_broker.kafka_address
 
     async def close(self) -> None:
         """Kill every process (reporting their exits while the session lasts), close the
@@ -350,17 +355,13 @@ class ExecutorAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.fetcher is not None:
             await self.fetcher.close()
-        if self.endpoints is not None:
-            await self.endpoints.close()
-        await self.topics.close()
-        if self.exit_feed is not None:
-            await self.exit_feed.close()
+        await asyncio.gather(*(shard.close() for shard in self.shards))
+        await self.host_broker.stop_serving()
         if self.cluster is not None:
             await self.cluster.close()
         if self.forwarder is not None:
             await self.forwarder.close()
-        if self.broker is not None:
-            await self.broker.close()
+        await self.host_broker.close()
         if self._data_lock is not None:
             self._data_lock.release()
 
@@ -389,13 +390,10 @@ class ExecutorAgent:
         logger.warning("executor %s: lost the coordinator; killing its processes",
                        self.executor_id)
         self.lost.set()  # first: nobody is there to hear about their exits
-        self._attached.clear()  # key requests wait for the rejoin
         self._feed(SessionLost())  # a new generation: KillAll, and every start is void
         if self._killing_all is not None:
             await asyncio.wait([self._killing_all])
-        await self.topics.close()
-        if self.exit_feed is not None:
-            await self.exit_feed.close()
+        await self.host_broker.detach()  # key requests wait for the rejoin
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             # If the coordinator still holds the session (we gave up on our own clock), this
@@ -680,3 +678,16 @@ class ExecutorAgent:
             return await self.cluster.fetch_artifact(digest)
         except NotFoundError:
             return None
+
+
+def _kafka_args(kafka: Any) -> list[str]:
+    """Shard Kafka options from a KafkaConfig: its host and what it tells clients, on any free
+    port (a listener with SASL or TLS needs the options given as `shard_args`)."""
+    if kafka is None:
+        return []
+    argv = ["--kafka-port", "0", "--kafka-host", kafka.host]
+    if kafka.advertised_host:
+        argv += ["--advertised-host", kafka.advertised_host]
+    if not kafka.auto_create_topics:
+        argv.append("--no-kafka-auto-create-topics")
+    return argv

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from catalog import (
     Broker,
+    Executor,
     Record,
     Topic,
     TopicExistsError,
@@ -60,7 +61,8 @@ class CatalogTopics:
         self.cluster: AsyncCluster | None = None
         self.broker_id: int | None = None
         self._attached = asyncio.Event()
-        self._views: dict[str, dict[Record, int]] = {"brokers": {}, "topics": {}}
+        self._views: dict[str, dict[Record, int]] = {"brokers": {}, "topics": {},
+                                                     "executors": {}}
         self._following: asyncio.Task[None] | None = None
         self._learn: Callable[[TopicAccess], None] | None = None
         self._forget: Callable[[str], None] | None = None
@@ -68,10 +70,11 @@ class CatalogTopics:
 
     def attach(self, cluster: AsyncCluster, broker_id: int, *, follow: bool = False) -> None:
         """Answer from now on, for broker `broker_id`, following the catalog's topics (the
-        broker's rules); with `follow`, its brokers too (Metadata of the Kafka listener)."""
+        broker's rules); with `follow`, its brokers and executors too (Metadata of the Kafka
+        listener, and the host's brokers its topics spread over)."""
         self.cluster, self.broker_id = cluster, broker_id
         self._attached.set()
-        collections = ["topics", "brokers"] if follow else ["topics"]
+        collections = ["topics", "brokers", "executors"] if follow else ["topics"]
         self._following = asyncio.get_running_loop().create_task(
             self._follow_all(collections), name="catalog view of the executor's broker")
 
@@ -208,10 +211,27 @@ class CatalogTopics:
             return None
 
     async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+        """Spread over this host's brokers that are up (`tq executor --brokers N`), starting
+        with this one: a Kafka client finds each partition's leader in Metadata."""
         cluster, broker_id = await self._session()
-        info = await cluster.create_topic(name.short, partitions, ingest=True,
-                                          locations=(broker_id,) * partitions)
+        brokers = self.host_brokers(broker_id)
+        info = await cluster.create_topic(
+            name.short, partitions, ingest=True,
+            locations=tuple(brokers[i % len(brokers)] for i in range(partitions)))
         return _topic_info(info.topic)
+
+    def host_brokers(self, broker_id: int) -> tuple[int, ...]:
+        """This broker first, then the other brokers of its host's executor that are
+        registered and have a Kafka listener, as last known (followed with `follow`)."""
+        listening = {b.broker_id for b in self._views["brokers"]
+                     if isinstance(b, Broker) and _broker_info(b) is not None}
+        for executor in self._views["executors"]:
+            if isinstance(executor, Executor):
+                host = (executor.broker_id, *executor.shards)
+                if broker_id in host:
+                    return (broker_id,) + tuple(b for b in host
+                                                if b != broker_id and b in listening)
+        return (broker_id,)
 
     async def delete_kafka_topic(self, name: TopicName) -> None:
         """Through the executor's session, as a forced delete (the listener authorized the

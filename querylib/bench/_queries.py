@@ -84,7 +84,7 @@ def _count(ctx: Any, topic: str, records: int, result: str) -> None:
 class _Up:
     """`tq up` in a temporary TQ_HOME, stopped (and its folder removed) on close."""
 
-    def __init__(self, slots: int, console: bool = False) -> None:
+    def __init__(self, slots: int, console: bool = False, brokers: int = 1) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="tq-bench-queries-"))
         env = dict(os.environ, TQ_HOME=str(self.home))
         env.pop("TQ_COORDINATOR", None)
@@ -96,7 +96,7 @@ class _Up:
                 [sys.executable, "-m", "querylib.cli", "up", "--data", str(self.home / "data"),
                  "--listen", "tcp://127.0.0.1:0", "--slots", str(slots),
                  "--connector-port", "-1", "--kafka-port", "-1",
-                 "--console-port", "0" if console else "-1"],
+                 "--console-port", "0" if console else "-1", "--brokers", str(brokers)],
                 env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
         info = self.home / "cluster.json"

@@ -10,6 +10,11 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
 - scaling_partitions: two producer processes spreading 1,000-record batches over 1, 4 and 16
   partitions of one broker; the aggregate acknowledged records/s, and the broker process's
   CPU in cores over the run (what `tq up`'s single event loop caps at about one).
+- scaling_partitions_shards: the same shape against a real `tq up`, once with `--brokers 1`
+  and once with `--brokers 2` (the executor's broker work on two processes, DESIGN §5): the
+  topic's partitions spread over the executor's brokers, each producer writes each of its
+  partitions on the broker the catalog locates it on; the aggregate records/s, and the CPU of
+  every broker process (the executor's and its shards') in cores.
 - scaling_subscribers: one producer and 1, 8 and 64 subscribers of one partition (async
   subscribers, in 4 processes at most); the producer's acknowledged records/s and the
   records delivered in total per second.
@@ -45,8 +50,8 @@ from querylib.bench._pubsub import (
     raw_zmq,
 )
 
-__all__ = ["batch_sizes", "control_beside_bulk", "partitions", "probe_beside_bulk", "run",
-           "subscribers", "zmq_per_record"]
+__all__ = ["batch_sizes", "control_beside_bulk", "partitions", "partitions_shards",
+           "probe_beside_bulk", "run", "subscribers", "zmq_per_record"]
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -59,6 +64,32 @@ def _producer(address: str, secret: bytes, topic: str, partitions: list[int], ba
 
     producers = [Producer(address, topic, p, secret=secret, linger=0.0005, create=True)
                  for p in partitions]
+    try:
+        batch = _batch(n=size)
+        queue.put("ready")
+        start = time.perf_counter()
+        for i in range(batches):
+            producers[i % len(producers)].send_batch(batch)
+        for producer in producers:
+            producer.flush()
+        queue.put({"records": batches * size, "seconds": time.perf_counter() - start})
+    finally:
+        for producer in producers:
+            producer.close()
+
+
+def _located_producer(coordinator: str, secret_file: str, topic: str, partitions: list[int],
+                      batches: int, size: int, queue: Any) -> None:
+    """`_producer`, each partition written on the broker the catalog locates it on."""
+    from querylib.broker import Producer
+    from querylib.cluster import Cluster
+    from querylib.rpc import load_secret
+
+    secret = load_secret(secret_file)
+    with Cluster.connect(coordinator, secret_file=secret_file, session=False) as cluster:
+        info = cluster.lookup_topic(topic)
+    producers = [Producer(info.brokers[info.topic.locations[p]], topic, p, secret=secret,
+                          linger=0.0005, create=False) for p in partitions]
     try:
         batch = _batch(n=size)
         queue.put("ready")
@@ -341,6 +372,74 @@ def partitions(batches: int = 4000) -> dict[str, Any]:
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
+def _broker_pids(up: Any) -> list[int]:
+    """tq up's executor (broker 0) and its broker shards."""
+    import psutil
+
+    (agent,) = [p for p in psutil.Process(up.proc.pid).children()
+                if "executor" in p.cmdline()]
+    return [agent.pid, *(p.pid for p in agent.children() if "--shard" in p.cmdline())]
+
+
+def _spread_up(up: Any, mp: Any, topic: str, partitions: int, producers: int, batches: int,
+               size: int) -> dict[str, Any]:
+    """`_spread` against `tq up`: the topic placed by the catalog, every broker's cores."""
+    from querylib.bench._pubsub import _get
+    from querylib.cluster import Cluster
+
+    with Cluster.connect(up.coordinator, secret_file=up.secret_file) as cluster:
+        info = cluster.create_topic(topic, partitions)
+    owned = [[p for p in range(partitions) if p % producers == i] or [i % partitions]
+             for i in range(producers)]
+    queues = [mp.Queue() for _ in owned]
+    children = [mp.Process(target=_located_producer, daemon=True,
+                           args=(up.coordinator, up.secret_file, topic, mine,
+                                 batches // producers, size, queue))
+                for mine, queue in zip(owned, queues, strict=True)]
+    for child in children:
+        child.start()
+    try:
+        for queue in queues:
+            assert _get(queue, children, 120) == "ready"
+        pids = _broker_pids(up)
+        cpu, wall = sum(map(_cpu_seconds, pids)), time.perf_counter()
+        done = [_get(queue, children, 600) for queue in queues]
+        cores = (sum(map(_cpu_seconds, pids)) - cpu) / max(time.perf_counter() - wall, 1e-9)
+    finally:
+        for child in children:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+    records = sum(d["records"] for d in done)
+    seconds = max(d["seconds"] for d in done)
+    return {"records_per_s": round(records / max(seconds, 1e-9)),
+            "broker_cores": round(cores, 2), "records": records,
+            "brokers_used": len(set(info.topic.locations))}
+
+
+def partitions_shards(batches: int = 4000) -> dict[str, Any]:
+    import multiprocessing
+
+    from querylib.bench._queries import _Up
+
+    mp = multiprocessing.get_context("spawn")
+    figures: dict[str, Any] = {}
+    for brokers in (1, 2):
+        up = _Up(slots=2, brokers=brokers)
+        try:
+            for count in (1, 4, 16):
+                figures[f"brokers_{brokers}_partitions_{count}"] = _spread_up(
+                    up, mp, f"shards-{brokers}-{count}", count, 2, batches, BATCH_RECORDS)
+        finally:
+            up.close()
+    one = figures["brokers_1_partitions_1"]["records_per_s"]
+    return {"name": "scaling_partitions_shards", "figures": figures,
+            "ratio_16_on_2_brokers_to_1_partition": round(
+                figures["brokers_2_partitions_16"]["records_per_s"] / max(one, 1), 3),
+            "goal": "issue 17: >= 1.3x from 1 to 16 partitions, brokers using > 1.5 cores",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def subscribers(batches: int = 2000) -> dict[str, Any]:
     figures = {}
     cluster = _Cluster()
@@ -482,6 +581,7 @@ def control_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
 def run() -> Iterator[dict[str, Any]]:
     yield batch_sizes()
     yield partitions()
+    yield partitions_shards()
     yield subscribers()
     yield probe_beside_bulk()
     yield control_beside_bulk()

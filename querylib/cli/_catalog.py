@@ -431,6 +431,9 @@ def render_status(snaps: dict[str, Any], address: str, broker: str,
         lines.append(f"  executor {e.executor_id} on {e.host} (broker {e.broker_id} at {where}; "
                      f"{e.resources.slots} slots)"
                      + ("" if load is None else f"; {load_text(load)}"))
+        if e.shards:
+            lines.append("    brokers " + ", ".join(
+                f"{s} at {brokers[s].address if s in brokers else 'down'}" for s in e.shards))
         for q in queries:
             here = [str(i) for i, ex in enumerate(q.executors) if ex == e.executor_id]
             if q.ended or not here:

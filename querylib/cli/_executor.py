@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
     parser.add_argument("--slots", type=int, help="process slots: query processes run at "
                         "once (default: 4 per core, at least 8)")
+    parser.add_argument("--brokers", type=int, metavar="N", help="this host's brokers, one "
+                        "process each (broker 0 in this one, the others its children), its "
+                        "partitions spread over them (default: one per core)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")
     parser.add_argument("--broker-listen", default="tcp://127.0.0.1:0", metavar="ADDR",
                         help="endpoint of this host's broker (default: a free local port)")
@@ -68,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint-fallback", default="", help=argparse.SUPPRESS)
     parser.add_argument("--endpoints-optional", action="store_true", help=argparse.SUPPRESS)
+    # The agent's broker shards (executor/_shard.py): `tq executor --shard K`, its children.
+    parser.add_argument("--shard", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(func=_run)
 
 
@@ -99,6 +104,14 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
                  data: str) -> int:
     from executor import ExecutorAgent
 
+    if args.shard is not None:
+        return await _serve_shard(args, address, secret, data)
+    brokers = (os.cpu_count() or 1) if args.brokers is None else args.brokers
+    if brokers < 1:
+        from catalog import UserError
+
+        raise UserError(f"--brokers {brokers}: an executor runs at least one broker")
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # tq up's child stops when tq up says (SIGTERM), not on the terminal's Ctrl-C.
@@ -110,7 +123,8 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
                           connector=connector_config(args),
                           kafka=kafka_config(args),
                           endpoints_required=not args.endpoints_optional,
-                          endpoint_fallback=[n for n in args.endpoint_fallback.split(",") if n])
+                          endpoint_fallback=[n for n in args.endpoint_fallback.split(",") if n],
+                          brokers=brokers, shard_args=_shard_args(args))
     # start() waits for a coordinator that is not up yet: a signal must still stop it.
     starting = loop.create_task(agent.start())
     stopping = loop.create_task(stop.wait())
@@ -149,6 +163,32 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
     return 0
 
 
+def _shard_args(args: argparse.Namespace) -> list[str]:
+    """The Kafka options of this executor's shards: its own, on any free port (remembered
+    per shard); none without a Kafka listener. Connector endpoints stay with broker 0."""
+    from querylib.cli._up_executor import options_argv
+
+    if kafka_config(args) is None:
+        return []
+    options = argparse.ArgumentParser(add_help=False)
+    add_kafka_options(options, default_port=None)
+    return options_argv(argparse.Namespace(**{**vars(args), "kafka_port": 0}), options)
+
+
+async def _serve_shard(args: argparse.Namespace, address: str, secret: Any, data: str) -> int:
+    """One broker shard of an executor (executor/_shard.py), until SIGTERM."""
+    import socket
+
+    from executor._shard import serve_shard
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await serve_shard(args.shard, address, secret, data, host=args.host or socket.gethostname(),
+                      listen=args.broker_listen, lease=args.lease, kafka=kafka_config(args),
+                      ready_fd=args.ready_fd, stop=stop)
+    return 0
+
+
 def _report_ready(fd: int, agent: Any, metrics_url: str) -> None:
     """One JSON line on `fd` (then closed): what tq up prints and writes to cluster.json."""
     endpoints = agent.endpoints
@@ -156,6 +196,7 @@ def _report_ready(fd: int, agent: Any, metrics_url: str) -> None:
              "broker": agent.broker_address, "broker_id": agent.broker_id,
              "slots": agent.slots.total, "connector": agent.connector_address or "",
              "kafka": agent.kafka_address or "", "metrics": metrics_url,
-             "moved": dict(endpoints.moved), "skipped": list(endpoints.skipped)}
+             "moved": dict(endpoints.moved), "skipped": list(endpoints.skipped),
+             "shards": list(agent.shard_ids)}
     with os.fdopen(fd, "w") as out:
         out.write(json.dumps(ready) + "\n")

@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "created if missing)")
     parser.add_argument("--slots", type=int, help="the executor's process slots "
                         "(a slot runs one query process; default: 4 per core, at least 8)")
+    parser.add_argument("--brokers", type=int, metavar="N", help="the executor's brokers, one "
+                        "process each, its partitions spread over them (default: one per core)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     add_connector_options(parser, default_port=_CONNECTOR_PORT)
@@ -156,7 +158,8 @@ def ready_lines(coordinator: Any, executor: Any, data: str, found_through: str,
              taken(coordinator.moved.get("catalog broker"))),
             (f"executor {executor.executor_id}", f"{executor.slots} process "
              f"slot{'' if executor.slots == 1 else 's'}, broker {executor.broker} (pid "
-             f"{executor.pid})", [])]
+             f"{executor.pid})", [f"and brokers {', '.join(map(str, executor.shards))}"]
+             if executor.shards else [])]
     if coordinator.kafka_address:
         rows.append(("group coordinator", coordinator.kafka_address, []))
     if executor.kafka:

@@ -40,7 +40,7 @@ from typing import Any
 
 from executor import ExecutorExitedError
 
-__all__ = ["ChildMetrics", "ExecutorChild", "ExecutorReady", "child_args"]
+__all__ = ["ChildMetrics", "ExecutorChild", "ExecutorReady", "child_args", "options_argv"]
 
 _STOP_DEADLINE = 30.0  # seconds past the grace period a SIGTERMed child has before SIGKILL
 
@@ -60,6 +60,7 @@ class ExecutorReady:
     metrics: str
     moved: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    shards: list[int] = field(default_factory=list)  # broker ids of its other brokers
 
 
 def _how(code: int) -> str:
@@ -85,8 +86,16 @@ def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, dat
             "--endpoint-fallback", ",".join(fallback)]
     if args.slots is not None:
         argv += ["--slots", str(args.slots)]
+    if getattr(args, "brokers", None) is not None:
+        argv += ["--brokers", str(args.brokers)]
     if args.verbose:
         argv.append("--verbose")
+    return argv + options_argv(args, options)
+
+
+def options_argv(args: argparse.Namespace, options: argparse.ArgumentParser) -> list[str]:
+    """The command line that gives `options` (a parser's) the values they have in `args`."""
+    argv: list[str] = []
     for action in options._actions:
         value = getattr(args, action.dest, None)
         flag = action.option_strings[0] if action.option_strings else None

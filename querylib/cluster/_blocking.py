@@ -146,8 +146,9 @@ class Cluster:
         return self._call(self._async.register_broker(host, address, broker_id=broker_id,
                                                       kafka_address=kafka_address))
 
-    def register_executor(self, host: str, broker_id: int, resources: Resources) -> Executor:
-        return self._call(self._async.register_executor(host, broker_id, resources))
+    def register_executor(self, host: str, broker_id: int, resources: Resources,
+                          shards: tuple[int, ...] = ()) -> Executor:
+        return self._call(self._async.register_executor(host, broker_id, resources, shards))
 
     def submit_query(self, name: str, program: str, **options: Any) -> Query:
         return self._call(self._async.submit_query(name, program, **options))

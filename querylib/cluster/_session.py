@@ -303,10 +303,11 @@ class AsyncCluster:
                                                     kafka_address=kafka_address))
         return reply.broker
 
-    async def register_executor(self, host: str, broker_id: int,
-                                resources: Resources) -> Executor:
+    async def register_executor(self, host: str, broker_id: int, resources: Resources,
+                                shards: tuple[int, ...] = ()) -> Executor:
         reply = await self.request(m.RegisterExecutor(session_id=self._session(), host=host,
-                                                      broker_id=broker_id, resources=resources))
+                                                      broker_id=broker_id, resources=resources,
+                                                      shards=tuple(shards)))
         return reply.executor
 
     async def submit_query(self, name: str, program: str, *, processes: int = 1,

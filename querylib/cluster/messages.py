@@ -375,6 +375,7 @@ class RegisterExecutor(Request[ExecutorInfo], tag="coord.executor.register"):
     host: str
     broker_id: int
     resources: Resources
+    shards: tuple[int, ...] = ()  # the host's other brokers (`tq executor --brokers N`)
 
 
 class RemoveExecutor(Request[Done], tag="coord.executor.remove"):

@@ -17,6 +17,7 @@ from catalog import (
     SessionKind,
     SessionRef,
     TopicExistsError,
+    UnknownBrokerError,
     UnknownSessionError,
     UnknownTopicError,
     catalog_topic,
@@ -36,7 +37,7 @@ from coordinator import (
 from querylib.cluster import QueryFailedError
 from querylib.cluster import messages as m
 
-from ._driver import Driver
+from ._driver import RESOURCES, Driver
 
 
 def test_bootstrap_registers_the_broker_and_creates_every_catalog_topic() -> None:
@@ -521,3 +522,60 @@ def test_the_kafka_listener_creates_ingest_topics_on_brokers_with_a_listener() -
     # Not a request anyone can send over RPC: the server registers HANDLERS only.
     from coordinator._handlers import HANDLERS
     assert CreateIngestTopic not in HANDLERS
+
+
+def _sharded_host(d: Driver, name: str, shards: int, lease_ms: int = 10_000
+                  ) -> tuple[int, tuple[int, ...], int]:
+    """An executor with `shards` broker shards, each on a session of its own (as
+    `tq executor --brokers N` runs them): (executor session, its brokers, executor id)."""
+    session = d.session(SessionKind.EXECUTOR, lease_ms)
+    own = d.call(m.RegisterBroker(session_id=session, host=name,
+                                  address=f"tcp://{name}:7411")).broker.broker_id
+    others = []
+    for k in range(shards):
+        shard_session = d.session(SessionKind.EXECUTOR, lease_ms)
+        others.append(d.call(m.RegisterBroker(session_id=shard_session, host=name,
+                                              address=f"tcp://{name}:{7412 + k}"))
+                      .broker.broker_id)
+    executor = d.call(m.RegisterExecutor(session_id=session, host=name, broker_id=own,
+                                         resources=RESOURCES, shards=tuple(others))).executor
+    assert executor.shards == tuple(others)
+    return session, (own, *others), executor.executor_id
+
+
+def test_a_hosts_partitions_spread_over_its_brokers() -> None:
+    d = Driver()
+    _, brokers, executor_id = _sharded_host(d, "host-a", shards=1)
+    client = d.session(lease_ms=10_000)
+    ingest = d.call(m.CreateTopic(session_id=client, name="spread", partitions=4)).topic
+    assert sorted(ingest.locations) == sorted(2 * brokers)
+    query_id = d.call(m.SubmitQuery(session_id=client, name="job", program="job.py",
+                                    processes=2, executors=(executor_id, executor_id))).query
+    process = d.session(SessionKind.QUERY, lease_ms=10_000, query_id=query_id.query_id,
+                        process=0)
+    own = d.call(m.CreateTopic(session_id=process, name="out", partitions=4)).topic
+    assert own.locations == brokers * 2
+
+
+def test_a_shard_that_is_down_is_left_out_of_placement() -> None:
+    d = Driver()
+    _, brokers, _ = _sharded_host(d, "host-a", shards=1, lease_ms=10_000)
+    shard_session = next(b.session_id for b in d.state.catalog.brokers
+                         if b.broker_id == brokers[1])
+    d.call(m.CloseSession(session_id=shard_session))
+    client = d.session(lease_ms=10_000)
+    topic = d.call(m.CreateTopic(session_id=client, name="later", partitions=2)).topic
+    assert topic.locations == (brokers[0], brokers[0])
+
+
+def test_an_executor_names_only_registered_brokers_as_its_shards() -> None:
+    d = Driver()
+    session = d.session(SessionKind.EXECUTOR)
+    own = d.call(m.RegisterBroker(session_id=session, host="h",
+                                  address="tcp://h:7411")).broker.broker_id
+    with pytest.raises(UnknownBrokerError):
+        d.call(m.RegisterExecutor(session_id=session, host="h", broker_id=own,
+                                  resources=RESOURCES, shards=(own + 5,)))
+    with pytest.raises(InvalidCommandError):
+        d.call(m.RegisterExecutor(session_id=session, host="h", broker_id=own,
+                                  resources=RESOURCES, shards=(own,)))

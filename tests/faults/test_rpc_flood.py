@@ -129,8 +129,9 @@ def closed_by_server(sock: socket.socket) -> bool:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
+    # One server of each kind (a broker shard is the same BrokerServer as the executor's).
     up = Up(tmp_path, "--kafka-port", "-1", "--connector-port", "-1",
-            "--coordinator-kafka-port", "-1")
+            "--coordinator-kafka-port", "-1", "--brokers", "1")
     try:
         yield up
     finally:

@@ -118,10 +118,13 @@ def test_demo_runs_end_to_end_and_leaves_readable_data(tmp_path: Path) -> None:
     # The data stays where the printed commands read it: the counts add up from the files.
     data = tmp_path / "tq-data"
     assert (data / MARKER).exists()
-    broker_dir = data / "executor" / "broker"
-    assert {"clicks-0", "clicks-1", "page_counts-0"} <= {p.name for p in broker_dir.iterdir()}
+    # The executor's brokers (one per core: broker 0's logs, then each shard's) hold them.
+    partitions = {p.name: p.parent for broker in [data / "executor" / "broker",
+                                                  *(data / "executor").glob("broker-*/broker")]
+                  for p in broker.iterdir()}
+    assert {"clicks-0", "clicks-1", "page_counts-0"} <= set(partitions)
     assert f"export TQ_HOME={data}" in out
-    counts = _page_counts(broker_dir)
+    counts = _page_counts(partitions["page_counts-0"])
     assert sum(counts.values()) == EVENTS
     assert len({key.split("|")[0] for key in counts}) == windows
 

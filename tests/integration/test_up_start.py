@@ -161,7 +161,8 @@ def test_a_data_dir_in_use_names_the_process_holding_it(tmp_path: Path):
 def test_a_killed_ups_cluster_file_is_replaced_and_the_restart_says_what_it_waits_for(
         tmp_path: Path):
     listen = f"tcp://127.0.0.1:{free_port()}"
-    first = Up(tmp_path, "--listen", listen)
+    # One broker, so one executor session whatever the cores (a shard has a session too).
+    first = Up(tmp_path, "--listen", listen, "--brokers", "1")
     os.killpg(first.proc.pid, signal.SIGKILL)
     first.proc.wait(timeout=30)
     first.stop()

@@ -186,8 +186,9 @@ def test_two_confluent_consumers_one_leaves_and_commits_read_back(up) -> None:
 
 def test_metadata_lists_the_group_coordinator_leading_no_data_topic(up) -> None:
     with up.cluster() as cluster:
-        (coordinator,) = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
-                          if isinstance(b, Broker) and b.session_id is None]
+        brokers = [b for b, _ in cluster.snapshot("brokers")["brokers"].records
+                   if isinstance(b, Broker)]
+    (coordinator,) = [b for b in brokers if b.session_id is None]
     owner = up.connect()
     pub = owner.publish("kg-meta", partition=Hash(PARTITIONS), serde="json")
     try:
@@ -199,8 +200,10 @@ def test_metadata_lists_the_group_coordinator_leading_no_data_topic(up) -> None:
                 c.close()
             listed = {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()}
             assert listed[coordinator.broker_id] == coordinator.kafka_address
-            assert sorted(listed.values()) == sorted([coordinator.kafka_address,
-                                                      up.info["kafka"]])
+            # The coordinator's listener, the executor's, and its broker shards' (one each).
+            executors = [b.kafka_address for b in brokers if b.session_id is not None]
+            assert up.info["kafka"] in executors
+            assert sorted(listed.values()) == sorted([coordinator.kafka_address, *executors])
             assert "kg-meta" in metadata.topics
             leaders = {p.leader for t in metadata.topics.values() for p in t.partitions.values()}
             assert coordinator.broker_id not in leaders

@@ -37,7 +37,9 @@ PUBLISHER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka"),
+    # One executor broker (the listeners of broker shards: tests/integration/
+    # test_executor_shards.py).
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka"), "--brokers", "1",
                          "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
 
@@ -137,7 +139,7 @@ def test_every_listener_reports_every_broker_with_a_listener(up: UpWithEndpoints
     port = free_port()
     agent = processes.start(
         [sys.executable, "-m", "querylib.cli", "executor", "--data", str(up.home / "second"),
-         "--slots", "1", "--kafka-port", str(port)],
+         "--slots", "1", "--brokers", "1", "--kafka-port", str(port)],
         env=up.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     second = f"127.0.0.1:{port}"
 

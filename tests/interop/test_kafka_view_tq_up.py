@@ -33,7 +33,9 @@ kcat = pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not inst
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpWithEndpoints]:
-    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka-view"),
+    # One executor broker (the listeners of broker shards: tests/integration/
+    # test_executor_shards.py).
+    with UpWithEndpoints(tmp_path_factory.mktemp("tq-up-kafka-view"), "--brokers", "1",
                          "--connector-port", "-1", "--kafka-port", str(free_port())) as running:
         yield running
 

@@ -1,0 +1,173 @@
+"""One of this host's brokers as an executor runs it (DESIGN §5, §6): the broker, its optional
+endpoints, its catalog view, its keyring, its exit feed and its remembered id and ports. The
+agent runs one in its own process (broker 0, on `<data>`); each shard process (`_shard.py`,
+`tq executor --brokers N`) runs one on `<data>/broker-<k>`. The same piece both ways.
+
+    host = await HostBroker(data_dir, credential, listen=..., kafka=...).start()
+    broker_id = await host.attach(cluster, hostname)   # a session: register, follow the catalog
+    ...
+    await host.detach()                                # the session is gone: stop following
+    await host.stop_serving()                          # endpoints and catalog view
+    await host.close()                                 # then the broker
+
+On start it opens the broker on `<dir>/broker`, on the address it had in the last run where
+"any free port" was asked and that address is free (`_broker_id.py`), and its endpoints
+(connector endpoint, Kafka listener) likewise. `attach` registers the broker under its
+remembered id with the session it is given and follows the catalog through it (the topics'
+rules, the brokers for Kafka Metadata, query exits for cohorts); its keyring asks that session
+for its clients' keys.
+
+Must not: register an executor, spawn processes, or decide placement (the agent and the
+coordinator do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from querylib.cluster import AsyncCluster
+from querylib.rpc import BROKER, Credential, RemoteKeyring
+from querylib.server import BrokerEndpoints
+from querylib.server.broker import BrokerServer
+
+from ._broker_id import (
+    Endpoints,
+    follow_remembered_namespace,
+    preferred_listen,
+    register_remembered,
+    remember_endpoints,
+    remember_namespace,
+    remembered_endpoints,
+)
+from ._endpoints import CatalogTopics
+from ._query_exits import QueryExitFeed
+
+if TYPE_CHECKING:
+    from querylib.server.connector import EndpointConfig
+
+__all__ = ["HostBroker"]
+
+_KEY_WAIT = 30.0  # seconds a key request waits for a session with the coordinator
+
+
+class HostBroker:
+    """A broker of this host, with what it needs from the catalog (see the module docstring).
+
+    `connector` (EndpointConfig) and `kafka` (KafkaConfig) open its endpoints; one named in
+    `fallback` ("connector", "kafka") whose port is taken opens on another (`endpoints.moved`);
+    with `required=False` one whose port is taken is skipped (`endpoints.skipped`)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], secret: Credential, *,
+                 listen: str = "tcp://127.0.0.1:0", connector: EndpointConfig | None = None,
+                 kafka: Any = None, required: bool = True,
+                 fallback: Collection[str] = ()) -> None:
+        self.data_dir = Path(data_dir)
+        self.secret = secret
+        self.listen = listen
+        self.connector_config = connector
+        self.kafka_config = kafka
+        self.required = required
+        self.fallback = tuple(fallback)
+        # The broker checks its clients' keys; the coordinator tells it each principal's
+        # (ResolvePrincipal) through the attached session. It knows its own.
+        self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
+        self.keys.pin(secret.principal, secret.for_audience(BROKER).key)
+        self.topics = CatalogTopics()
+        self.broker: BrokerServer | None = None
+        self.endpoints: BrokerEndpoints | None = None
+        self.exit_feed: QueryExitFeed | None = None
+        self.address = ""
+        self.broker_id: int | None = None
+        self.cluster: AsyncCluster | None = None
+        self._attached = asyncio.Event()
+        self._closed = False
+
+    async def start(self) -> HostBroker:
+        """Open the broker and its endpoints (on failure, what opened is closed)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
+            await asyncio.to_thread(follow_remembered_namespace, self.data_dir)
+            self.broker = BrokerServer(self.data_dir / "broker", self.keys,
+                                       directory=self.topics)
+            self.address = await self.broker.start(
+                self.listen, prefer=preferred_listen(self.listen, previous.broker))
+            self.exit_feed = QueryExitFeed(self.broker)
+            # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
+            # The connector cookie and the Kafka cluster id derive from the key we hold (the
+            # cluster secret for an admin's executor, as in tq up).
+            self.endpoints = await BrokerEndpoints(
+                self.broker, self.secret.key, connector=self.connector_config,
+                kafka=self.kafka_config, kafka_cluster=self.topics, required=self.required,
+                fallback=self.fallback,
+                previous={"connector": previous.connector, "kafka": previous.kafka}).start()
+            await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
+                self.address, self.connector_address or "", self.kafka_address or ""))
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    @property
+    def connector_address(self) -> str | None:
+        """HOST:PORT of the connector endpoint, if it has one."""
+        return None if self.endpoints is None else self.endpoints.connector_address
+
+    @property
+    def kafka_address(self) -> str | None:
+        """HOST:PORT of the Kafka listener, if it has one."""
+        return None if self.endpoints is None else self.endpoints.kafka_address
+
+    async def attach(self, cluster: AsyncCluster, host: str) -> int:
+        """Register the broker (its remembered id) through `cluster`, a started session, and
+        follow the catalog through it; its broker id."""
+        await asyncio.to_thread(remember_namespace, self.data_dir)
+        broker = await register_remembered(cluster, self.data_dir, host, self.address,
+                                           kafka_address=self.kafka_address or "")
+        self.broker_id = broker.broker_id
+        await self.topics.close()  # a previous session's catalog view
+        self.topics.attach(cluster, broker.broker_id,
+                           follow=self.endpoints is not None and self.endpoints.kafka is not None)
+        if self.exit_feed is not None:
+            self.exit_feed.attach(cluster)
+        self.cluster = cluster
+        self._attached.set()
+        return broker.broker_id
+
+    async def detach(self) -> None:
+        """The session is gone: key requests wait for the next one; stop following."""
+        self._attached.clear()
+        self.cluster = None
+        await self.topics.close()
+        if self.exit_feed is not None:
+            await self.exit_feed.close()
+
+    async def _fetch_key(self, principal: str) -> bytes | None:
+        """A principal's broker key, from the coordinator (waits for a session, bounded)."""
+        try:
+            await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
+        except TimeoutError:
+            return None
+        cluster = self.cluster
+        if cluster is None or cluster.lost:
+            return None
+        return await cluster.resolve_principal(principal)
+
+    async def stop_serving(self) -> None:
+        """Close the endpoints and the catalog view (the broker still runs). Idempotent."""
+        if self.endpoints is not None:
+            await self.endpoints.close()
+        await self.topics.close()
+        if self.exit_feed is not None:
+            await self.exit_feed.close()
+
+    async def close(self) -> None:
+        """Close everything, the broker last. Idempotent."""
+        await self.stop_serving()
+        if self.broker is not None and not self._closed:
+            self._closed = True
+            await self.broker.close()
