@@ -240,7 +240,9 @@ class TransactionCoordinator:
         txn = txn.copy()
         txn.producer_id, txn.epoch = await self.log.allocate_producer_id(), 0
         txn.state, txn.partitions, txn.offsets = EMPTY, [], {}
-        await self._record(txn)
+        # Written: what depends on it (the id's InitProducerId) is durable and covers it; if
+        # it is lost, the next unclean restart renews the id again.
+        await self._record(txn, durable=False)
 
     async def _record_completed(self) -> None:
         for transactional_id in list(self._unrecorded):
