@@ -160,8 +160,8 @@ class TransactionCoordinator:
         self._unrecorded: dict[str, Txn] = {}
         self._now = now_ms or (lambda: int(time.time() * 1000))
         self.completion_wait = completion_wait
-        # Ongoing at replay of a log that may have lost its last records: aborted by the
-        # first `recover` (see `replay`).
+        # The ids replayed from a log that may have lost its last records: ended and given
+        # new producer ids by the first `recover` (see `replay`).
         self._suspect: dict[str, Txn] = {}
 
     async def close(self) -> None:
