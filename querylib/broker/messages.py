@@ -246,11 +246,13 @@ class OpenProducerRequest(Request[ProducerOpened], tag="broker.producer.open"):
 class ProduceRequest(Request[Produced], tag="broker.produce"):
     """Followed by one RecordBatch v2 (data, not control): in one payload frame, or in two,
     its 61-byte header and then its records (how a producer sends a batch it stamped without
-    copying it: `SplitBatch`)."""
+    copying it: `SplitBatch`). Answered once durable by the broker's flush policy; `written`:
+    once the log has it (the OS does; durable with the partition's next synced append)."""
 
     session: str
     topic: str
     partition: int
+    written: bool = False
 
 
 class WriteMarkersRequest(Request[MarkersWritten], tag="broker.markers"):

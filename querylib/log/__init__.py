@@ -38,10 +38,12 @@ before anything is written; a bad one raises a RecordError and leaves the log un
 log stamps the base offset and leader epoch 0 (tq has no leader election; Kafka's broker
 overwrites the epoch too) in the 16 bytes before the CRC'd part, and writes the rest as given.
 
-Durability: `flush` "always" fsyncs before append returns, "interval" at most
+Durability: `flush` "always" fsyncs before append returns (`append_batches(sync=False)`: with
+the next synced append, or flush_interval_ms later through `flush_if_due`), "interval" at most
 flush_interval_ms after (on the next append, or when the owner calls `flush_if_due`), "never"
-leaves it to the OS. Rolled segments are always fsynced. `durable_end_offset` is what the policy
-guarantees (acknowledge up to it); `flushed_end_offset` is what was fsynced.
+leaves it to the OS. `opened_clean` says whether the last close was clean. Rolled segments are
+always fsynced. `durable_end_offset` is what the policy guarantees (acknowledge up to it);
+`flushed_end_offset` is what was fsynced.
 
 Recovery: see `_recovery`. After an unclean shutdown the segments from the recovery point on
 (and any whose files changed or whose indexes are missing) are validated batch by batch, the

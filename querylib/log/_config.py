@@ -53,7 +53,7 @@ class FlushPolicy(enum.StrEnum):
 
     NEVER = "never"  # the OS decides; segments are still fsynced when rolled and on close
     INTERVAL = "interval"  # at most flush_interval_ms after an append
-    ALWAYS = "always"  # before append returns
+    ALWAYS = "always"  # before append returns (`sync=False`: by the next synced one)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,15 @@ from querylib.log._batch import (
     pread_exact,
     stamp_prefix,
 )
-from querylib.log._config import INT32_MAX, LOCK_FILE, LOG_START_FILE, FlushPolicy, LogConfig
+from querylib.log._config import (
+    CLEAN_SHUTDOWN_FILE,
+    INT32_MAX,
+    LOCK_FILE,
+    LOG_START_FILE,
+    LOG_SUFFIX,
+    FlushPolicy,
+    LogConfig,
+)
 from querylib.log._damage import Damage
 from querylib.log._recovery import (
     fsync_dir,
@@ -182,6 +190,9 @@ class PartitionLog:
         self._start = min(read_checkpoint(path, LOG_START_FILE) or 0, self._next_offset)
         self._closed = False
         self._failure: str | None = None
+        # Whether its last close was clean (a new log's is): after an unclean one, what was
+        # appended without an fsync (`sync=False`, or the "never" policy) may have been lost.
+        self.opened_clean = True
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None) -> PartitionLog:
@@ -195,6 +206,8 @@ class PartitionLog:
         except OSError as exc:
             raise StorageError(f"{path}: cannot open the log directory: {exc}") from exc
         try:
+            clean = os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE)) or not any(
+                name.endswith(LOG_SUFFIX) for name in os.listdir(path))
             segments = load_segments(path, config)
         except OSError as exc:
             os.close(lock_fd)
@@ -202,7 +215,9 @@ class PartitionLog:
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(path, config, lock_fd, segments)
+        log = cls(path, config, lock_fd, segments)
+        log.opened_clean = clean
+        return log
 
     # ---- offsets --------------------------------------------------------------------------
 
@@ -262,10 +277,14 @@ class PartitionLog:
         """
         return self.append_batches((batch,))[0]
 
-    def append_batches(self, batches: Sequence[Buffer]) -> list[int]:
+    def append_batches(self, batches: Sequence[Buffer], *, sync: bool = True) -> list[int]:
         """Append several batches with one write (per segment) and at most one fsync; return
         their base offsets. All are validated before any is written: one bad batch raises its
-        RecordError and none is appended."""
+        RecordError and none is appended.
+
+        `sync=False` under the "always" policy: no fsync now; the batches are written (the OS
+        has them) and become durable with the next synced append of this log (the fsync
+        covers the file) or flush_interval_ms later (`flush_if_due`), whichever comes first."""
         views = [b if type(b) is SplitBatch else memoryview(b).cast("B") for b in batches]
         headers = [check_batch(v) for v in views]
         if not views:
@@ -273,12 +292,12 @@ class PartitionLog:
         with self._writer:
             self._check_writable()
             try:
-                return self._append_checked(views, headers)
+                return self._append_checked(views, headers, sync)
             except OSError as exc:
                 raise self._fail("append", exc) from exc
 
     def _append_checked(
-        self, views: list[memoryview | SplitBatch], headers: list[BatchHeader]
+        self, views: list[memoryview | SplitBatch], headers: list[BatchHeader], sync: bool
     ) -> list[int]:
         segment = self._view[1][-1]
         limit = self.config.segment_bytes
@@ -306,7 +325,7 @@ class PartitionLog:
             offset = next_offset
         self._write_run(segment, run)
         policy = self.config.flush
-        if policy is FlushPolicy.ALWAYS or (
+        if (policy is FlushPolicy.ALWAYS and sync) or (
             policy is FlushPolicy.INTERVAL and self._flush_overdue(time.monotonic())
         ):
             self._flush_locked()
@@ -346,8 +365,9 @@ class PartitionLog:
     def flush_if_due(self, now: float | None = None) -> bool:
         """Under the "interval" policy, flush when unflushed bytes are flush_interval_ms old
         (the broker calls this from a timer, since appends alone flush only while they keep
-        coming). `now` is time.monotonic(). True when it flushed."""
-        if self.config.flush is not FlushPolicy.INTERVAL:
+        coming); under "always", the same for batches appended with `sync=False`. `now` is
+        time.monotonic(). True when it flushed."""
+        if self.config.flush is FlushPolicy.NEVER:
             return False
         with self._writer:
             self._check_writable()
@@ -361,7 +381,7 @@ class PartitionLog:
 
     def flush_due_in(self, now: float | None = None) -> float | None:
         """Seconds until flush_if_due will flush (0 when overdue); None when nothing waits."""
-        if self.config.flush is not FlushPolicy.INTERVAL or self._flushed_end >= self._next_offset:
+        if self.config.flush is FlushPolicy.NEVER or self._flushed_end >= self._next_offset:
             return None
         now = time.monotonic() if now is None else now
         return max(0.0, self._last_flush + self.config.flush_interval_ms / 1000 - now)

@@ -7,8 +7,11 @@ stalls only that partition. Under the "never" flush policy no append waits for t
 lands in the page cache), and the lane writes inline on the loop instead. Each outcome comes
 back as an `AppendCompleted` or `AppendFailed` stimulus. Queued appends are written together
 with `append_batches` (one write and at most one fsync per commit, as Kafka's log does with a
-produce request's batches). Under the "interval" flush policy the lane also schedules the
-flush the log asks for and reports `DurableAdvanced`.
+produce request's batches); a commit is synced when any of its appends asks for it (an
+`Append` with `sync=False` is answered once written: the OS has it, and the next synced commit
+of the log makes it durable). Under the "interval" flush policy, and under "always" after
+appends not synced, the lane also schedules the flush the log asks for and reports
+`DurableAdvanced`.
 
 The lane owns its task and its timer; it decides nothing about acknowledgements (the core does)
 and never touches sockets.
@@ -79,18 +82,19 @@ class AppendLane:
         self._segments = log.segment_count  # at the last retention check
         self._closed = False
 
-    def submit(self, ticket: int, batch: Any) -> None:
-        """Queue an append; its outcome is reported later, in submission order."""
+    def submit(self, ticket: int, batch: Any, sync: bool = True) -> None:
+        """Queue an append; its outcome is reported later, in submission order. `sync=False`:
+        no fsync for it (see the module docstring)."""
         if self._closed:
             self._report(AppendFailed(self.pid, ticket, TqError("the broker is shutting down")))
             return
         if self._inline and self._task is None and not self._queue:
             # Idle and writing inline: append now rather than one loop iteration later (a
             # burst arriving while a commit is written still queues behind it and goes as one).
-            for stimulus in self._append([(ticket, batch)]):
+            for stimulus in self._append([(ticket, batch, sync)]):
                 self._report(stimulus)
             return
-        self._queue.append((ticket, batch))
+        self._queue.append((ticket, batch, sync))
         self._kick()
 
     async def delete_records(self, offset: int) -> int:
@@ -136,7 +140,7 @@ class AppendLane:
                         # rather than leave the partition waiting forever for outcomes.
                         logger.exception("%s-%s: append failed unexpectedly", *self.pid)
                         error = StorageError(f"append failed: {type(exc).__name__}: {exc}")
-                        outcome = [AppendFailed(self.pid, t, error) for t, _ in commit]
+                        outcome = [AppendFailed(self.pid, t, error) for t, _, _ in commit]
                 for stimulus in outcome:
                     self._report(stimulus)
                 self._schedule_flush(loop)
@@ -144,7 +148,7 @@ class AppendLane:
             self._task = None
         self._kick()  # something was queued while the last report ran
 
-    def _take_commit(self) -> list[tuple[int, Any]]:
+    def _take_commit(self) -> list[tuple[int, Any, bool]]:
         commit = [self._queue.popleft()]
         size = len(commit[0][1])
         while (self._queue and self._queue[0] is not _FLUSH
@@ -177,11 +181,13 @@ class AppendLane:
 
     # -- on the executor thread ------------------------------------------------------------
 
-    def _append(self, commit: list[tuple[int, Any]]) -> list[Stimulus]:
+    def _append(self, commit: list[tuple[int, Any, bool]]) -> list[Stimulus]:
         log = self.log
         ends: list[int] | None = None
+        sync = any(s for _, _, s in commit)
         try:
-            bases: list[int | TqError] = list(log.append_batches([b for _, b in commit]))
+            bases: list[int | TqError] = list(log.append_batches([b for _, b, _ in commit],
+                                                                 sync=sync))
             # Appended back to back: each batch ends where the next begins, the last at the
             # log's end (no header read again per batch).
             ends = [*bases[1:], log.log_end_offset]  # type: ignore[list-item]
@@ -189,9 +195,9 @@ class AppendLane:
             # One bad batch refuses the whole commit before anything is written: append them
             # one by one so only the bad one fails.
             bases = []
-            for _, batch in commit:
+            for _, batch, _ in commit:
                 try:
-                    bases.append(log.append(batch))
+                    bases.append(log.append_batches((batch,), sync=sync)[0])
                 except TqError as exc:
                     bases.append(exc)
         except TqError as exc:
@@ -201,11 +207,11 @@ class AppendLane:
         out: list[Stimulus] = []
         pid = self.pid
         if ends is not None:
-            for (ticket, _), base, nxt in zip(commit, bases, ends, strict=True):
+            for (ticket, _, _), base, nxt in zip(commit, bases, ends, strict=True):
                 # every batch was appended (else `ends` is None): its base is an offset
                 out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start, durable))
             return out
-        for (ticket, batch), base in zip(commit, bases, strict=True):
+        for (ticket, batch, _), base in zip(commit, bases, strict=True):
             if isinstance(base, TqError):
                 out.append(AppendFailed(pid, ticket, base))
             else:
@@ -234,8 +240,9 @@ class AppendLane:
     # -- flush timer -------------------------------------------------------------------------
 
     def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Under the "interval" policy, make sure a flush runs when the log says one is due
-        (appends alone flush only while they keep coming)."""
+        """Under the "interval" policy (and "always" after appends not synced), make sure a
+        flush runs when the log says one is due (appends alone flush only while they keep
+        coming)."""
         due = self.log.flush_due_in()
         if due is None or self._flush_timer is not None or self._closed:
             return

@@ -47,7 +47,9 @@ class BrokerLimits(msgspec.Struct, frozen=True):
 
 
 class Pending(msgspec.Struct):
-    """An append the shell is performing or has performed but not yet made durable."""
+    """An append the shell is performing or has performed but not yet made durable. A
+    `written` one is answered once the log has it (`AppendCompleted`), its token and waiters
+    then cleared; it is shown to subscribers, as every append, only once durable."""
 
     ticket: int
     batch: Any                  # bytes-like (the shell may pass a view of a received frame)
@@ -67,6 +69,7 @@ class Pending(msgspec.Struct):
     # Duplicates of this batch (or of one before it) sent again while it was not yet durable:
     # (token, reply), answered with it; reply None means this batch's own offsets.
     waiters: list[tuple[Any, Any]] = msgspec.field(default_factory=list)
+    written: bool = False
 
     def stored_bytes(self, stamp: Callable[[Any, int], bytes]) -> bytes:
         if self.stored is None:

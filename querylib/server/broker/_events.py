@@ -92,12 +92,14 @@ class OpenProducer(msgspec.Struct, frozen=True):
 
 
 class Produce(msgspec.Struct, frozen=True):
-    """One record batch (magic 2, base offset not yet assigned) for `partition`."""
+    """One record batch (magic 2, base offset not yet assigned) for `partition`. `written`:
+    answer once the log has it (the OS does), not once durable by the flush policy."""
 
     token: Any
     session: str
     partition: PartitionId
     batch: bytes
+    written: bool = False
 
 
 class AdvanceFrontier(msgspec.Struct, frozen=True):
@@ -328,11 +330,13 @@ class Fail(msgspec.Struct, frozen=True):
 
 class Append(msgspec.Struct, frozen=True):
     """Append `batch` to `partition`. The shell performs appends of one partition strictly in the
-    order of these instructions and answers each with AppendCompleted or AppendFailed."""
+    order of these instructions and answers each with AppendCompleted or AppendFailed. `sync`
+    False: the flush policy need not fsync for this one (a later synced append covers it)."""
 
     partition: PartitionId
     ticket: int
     batch: bytes
+    sync: bool = True
 
 
 class Read(msgspec.Struct, frozen=True):

@@ -645,7 +645,7 @@ class BrokerServer:
 
     def _append(self, instr: Append) -> None:
         self._traffic(instr.partition)[0] += len(instr.batch)
-        self._lanes[instr.partition].submit(instr.ticket, instr.batch)
+        self._lanes[instr.partition].submit(instr.ticket, instr.batch, instr.sync)
 
     def _traffic(self, pid: PartitionId) -> list[int]:
         found = self.traffic.get(pid)
@@ -866,7 +866,8 @@ class BrokerServer:
             # `_call`, inlined: this runs once per batch.
             future: asyncio.Future[Produced] = asyncio.get_running_loop().create_future()
             session = req.session
-            self._feed(Produce(future, session, (req.topic, req.partition), batch))
+            self._feed(Produce(future, session, (req.topic, req.partition), batch,
+                               req.written))
             if peer is not None and session in self.state.sessions:
                 self._peers[session] = peer
             return future

@@ -2,14 +2,15 @@
 
 What it decides: which sessions are alive (leases against `Tick` time), how many unacknowledged
 bytes each producer has in flight (its credit window), when an append is acknowledged (once the
-log reports it durable), and which frontier/end-of-stream control batches to append (the minimum
-over a partition's live producers, held while a cohort waits for writers, via
-`PartitionFrontier`). It owns the sessions and partitions and composes three rule objects, each
-owning its own records behind a narrow interface: `Admission` (`_admission.py`: who may open a
-producer where; topic rules, principals, partitions to open), `Subscriptions`
-(`_subscriptions.py`: credit, catch-up from disk, tail delivery, retention) and `Cohorts`
-(`_cohorts.py`: process exits, saving pending cohorts). Dispatch on the stimulus type is one
-table, in `handle`.
+log reports it durable; a produce marked `written`, once the log has it, without an fsync of
+its own: the next synced append of the partition makes it durable with itself), and which
+frontier/end-of-stream control batches to append (the minimum over a partition's live
+producers, held while a cohort waits for writers, via `PartitionFrontier`). It owns the
+sessions and partitions and composes three rule objects, each owning its own records behind a
+narrow interface: `Admission` (`_admission.py`: who may open a producer where; topic rules,
+principals, partitions to open), `Subscriptions` (`_subscriptions.py`: credit, catch-up from
+disk, tail delivery, retention) and `Cohorts` (`_cohorts.py`: process exits, saving pending
+cohorts). Dispatch on the stimulus type is one table, in `handle`.
 
 What it must not do: I/O, clocks, threads, logging. The shell (`_server.py`) performs Append and
 Read instructions and feeds the results back (AppendCompleted, ReadCompleted, ...). The shell
@@ -17,12 +18,14 @@ must perform the appends of one partition in instruction order; everything else 
 any order.
 
 Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
-- Acknowledgements depend only on durability: no subscriber state is on the ack path, so a
-  stopped subscriber never delays a producer.
+- Acknowledgements depend only on durability (or, for a `written` produce, on the append
+  having landed): no subscriber state is on the ack path, so a stopped subscriber never delays
+  a producer.
 - Only durable batches are made visible to subscribers (`_make_durable` moves `visible_end`, then
   hands the new batches to `Subscriptions.tail`).
 - Batches stay referenced only while an append is in flight or not yet durable (bounded by the
-  producers' windows); nothing is buffered per subscriber.
+  producers' windows, and for `written` ones, answered, by the log's next fsync: a synced
+  append or the flush flush_interval_ms later); nothing is buffered per subscriber.
 - An idempotent producer's batch that was appended before (it sent it again after losing its
   connection) is answered with its first offsets, never appended twice (`_producer_state`),
   also after the stream ended; a producer whose end of stream was stored rejoins to send
@@ -531,7 +534,8 @@ class BrokerState:
                 "nothing more may be written unless a writer of the topic reopens it "
                 "explicitly")
         self._charge(session, size)
-        append = self._append(part, batch, ev.token, session.id, size, "produced")
+        append = self._append(part, batch, ev.token, session.id, size, "produced",
+                              written=ev.written)
         entry = part.inflight[-1]
         if idempotent:
             entry.seq = (producer_id, part.producers.appended(
@@ -657,10 +661,14 @@ class BrokerState:
             session.window.grant(entry.cost)
 
     def _append(self, part: PartitionState, batch: bytes, token: Any, session: str | None,
-                cost: int, reply: Any, control: FrontierEvent | None = None) -> Append:
+                cost: int, reply: Any, control: FrontierEvent | None = None, *,
+                written: bool = False) -> Append:
         ticket = self._next_ticket
         self._next_ticket += 1
-        part.inflight.append(Pending(ticket, batch, token, session, cost, reply, control))
+        part.inflight.append(Pending(ticket, batch, token, session, cost, reply, control,
+                                     written=written))
+        if written:
+            return Append(part.id, ticket, batch, sync=False)
         return Append(part.id, ticket, batch)
 
     def _take_inflight(self, pid: PartitionId, ticket: int) -> tuple[PartitionState, Pending]:
@@ -686,7 +694,22 @@ class BrokerState:
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self.subscriptions.retention(part, ev.log_start)
+        if entry.written:
+            out += self._answer_written(entry)
         return out + self._make_durable(part, ev.durable_end)
+
+    def _answer_written(self, entry: Pending) -> list[Instruction]:
+        """Answer a `written` append now that the log has it (and return its window: its
+        producer was answered); it stays pending until durable, for its subscribers."""
+        self._refund(entry)
+        entry.cost = 0
+        done = Produced(base_offset=entry.base, next_offset=entry.next)
+        out: list[Instruction] = []
+        if entry.token is not None:
+            out.append(Reply(entry.token, done))
+        out += [Reply(token, value or done) for token, value in entry.waiters]
+        entry.token, entry.waiters = None, []
+        return out
 
     def _append_failed(self, ev: AppendFailed) -> list[Instruction]:
         part, entry = self._take_inflight(ev.partition, ev.ticket)

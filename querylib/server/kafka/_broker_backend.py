@@ -31,9 +31,11 @@ Kafka transactions (`_txn`): the backend is its `TransactionCoordinator`'s `TxnL
 coordinator's records go to `__transaction_state` partition 0 as "system", markers into a
 partition this broker hosts as "system" and into another broker's over RPC as the admin
 (`secret`; one `WriteMarkersRequest` per broker per completion), the coordinator's pending
-offsets into `__consumer_offsets`. A task finishes prepared transactions and aborts timed-out
-ones every second. Reads for read_committed fetches stop at the last stable offset and carry
-the aborted transactions of their range.
+offsets into `__consumer_offsets`. A record the coordinator marks not durable (an Ongoing
+transition) is answered once written, without an fsync of its own (`ProduceRequest.written`). A
+task finishes prepared transactions and aborts timed-out ones every second. Reads for
+read_committed fetches stop at the last stable offset and carry the aborted transactions of
+their range.
 
 Must not: decide who may write what (the broker's core does), decode or re-encode producer
 batches, append to a log directly, or hold state the logs cannot rebuild except
@@ -298,8 +300,10 @@ class _Writer:
     async def _forgotten(self) -> None:
         self.producing.clear()  # the broker forgot the session: open producers again
 
-    async def produce(self, pid: PartitionId, batch: bytes, *, create: bool) -> int:
-        """Append through the broker; the base offset once durable."""
+    async def produce(self, pid: PartitionId, batch: bytes, *, create: bool,
+                      written: bool = False) -> int:
+        """Append through the broker; the base offset once durable (`written`: once the log
+        has it, durable with the partition's next synced append)."""
         link = self.link
         opened = link.opened  # set once, by the link's start
         assert opened is not None
@@ -314,7 +318,8 @@ class _Writer:
                 self.inflight += len(batch)
             try:
                 produced = await link.request(ProduceRequest(
-                    session=link.session, topic=pid[0], partition=pid[1]), payload=[batch])
+                    session=link.session, topic=pid[0], partition=pid[1], written=written),
+                    payload=[batch])
                 return produced.base_offset
             except NotProducerError:
                 # The broker dropped our producer (the topic was deleted and made again):
@@ -398,7 +403,8 @@ class BrokerBackend:
             txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
             records = await loop.run_in_executor(
                 None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
-            self._txns.replay(records)
+            # After an unclean stop the records answered once written may be lost from its end.
+            self._txns.replay(records, complete=txn_log.opened_clean)
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
 
@@ -793,10 +799,10 @@ class BrokerBackend:
     def transactions(self) -> TransactionCoordinator:
         return self._txns
 
-    async def write_txn(self, *txns: Txn) -> None:
+    async def write_txn(self, *txns: Txn, durable: bool = True) -> None:
         now = self._now_ms()
         await self._system.produce(TRANSACTIONS, encode_batch(
-            [(now, *txn.encode(), ()) for txn in txns]), create=True)
+            [(now, *txn.encode(), ()) for txn in txns]), create=True, written=not durable)
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:

@@ -22,6 +22,16 @@ the next `recover` round, whichever comes first: what it records is already true
 coordinator restarted on the Prepare state before it writes the markers again (harmless), so
 the producer's next transaction does not wait for one more append.
 
+How durable a record is when it takes effect: InitProducerId's (the epoch that fences) and
+PrepareCommit/PrepareAbort (the decision markers follow) are durable first. The records of an
+Ongoing transaction (AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit) and the recorded
+ends are answered once written (the OS has them, no fsync of their own): the log is one file
+written in order, so the next durable record (at the latest the PrepareCommit the markers wait
+for) makes them durable with it. A power loss may thus lose the last Ongoing records: a
+coordinator whose log was not closed cleanly ends the transactions it finds and moves every
+transactional id to a new producer id (`replay`), rather than commit a transaction without a
+partition its producer added.
+
 The coordinator is the group coordinator's broker (FindCoordinator key type 1 names the same
 broker as for groups), so TxnOffsetCommit meets the transaction it belongs to here. Markers are
 written through the broker's port into partitions it hosts, and over RPC (as the admin) into
@@ -112,9 +122,10 @@ class Txn:
 class TxnLog(Protocol):
     """What the coordinator needs of its broker (`BrokerBackend`)."""
 
-    async def write_txn(self, *txns: Txn) -> None:
+    async def write_txn(self, *txns: Txn, durable: bool = True) -> None:
         """Record the transactions' states in `__transaction_state`, in this order, in one
-        append; durable when it returns."""
+        append; durable when it returns, or with `durable=False` written (the OS has it; a
+        power loss may lose it) and durable with the next durable record."""
         ...
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
@@ -149,6 +160,9 @@ class TransactionCoordinator:
         self._unrecorded: dict[str, Txn] = {}
         self._now = now_ms or (lambda: int(time.time() * 1000))
         self.completion_wait = completion_wait
+        # The ids replayed from a log that may have lost its last records: ended and given
+        # new producer ids by the first `recover` (see `replay`).
+        self._suspect: dict[str, Txn] = {}
 
     async def close(self) -> None:
         """Stop the completions under way (what they had not recorded, `recover` finishes),
@@ -165,8 +179,22 @@ class TransactionCoordinator:
 
     # ---- replay and recovery ----------------------------------------------------------------
 
-    def replay(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
-        """Apply `__transaction_state` records in log order (the last one per id wins)."""
+    def replay(self, records: Iterable[tuple[bytes | None, bytes | None]], *,
+               complete: bool = True) -> None:
+        """Apply `__transaction_state` records in log order (the last one per id wins).
+
+        `complete=False`: the log's broker stopped uncleanly, so records answered once written
+        (the Ongoing transitions, `_record`) may be missing from its end: a transaction found
+        Ongoing may lack a partition its producer was told was added (committing what is
+        known would leave it out), and one found ended or being ended may have had a next
+        one begun since (its producer told so, and writing; its EndTxn would be taken for a
+        retry of the last). So the first `recover` ends every transaction found (aborts the
+        Ongoing ones in the partitions it knows, completes the prepared ones), then moves
+        every transactional id to a new producer id: its producer's next request is refused
+        (INVALID_PRODUCER_ID_MAPPING; until then CONCURRENT_TRANSACTIONS) and it starts again
+        with InitProducerId, and whatever it wrote where no marker went stays open under the
+        old producer id, which nothing extends any more, until that partition's broker aborts
+        it (`BrokerLimits.max_transaction_seconds`)."""
         for key, value in records:
             if key is None or value is None:
                 continue
@@ -176,12 +204,22 @@ class TransactionCoordinator:
                 logger.warning("__transaction_state: skipping a record: %s", exc)
                 continue
             self.txns[txn.transactional_id] = txn
+        if not complete:
+            self._suspect = dict(self.txns)
 
     async def recover(self) -> None:
         """Complete the transactions being ended whose markers are not all written (a broker
         stopped, or one holding a partition did not answer; writing a marker twice is
         harmless), and wait for them; record the completed ends no later record carried.
-        Called on start and then every round, with `expire`."""
+        Called on start and then every round, with `expire`. The first call deals with the
+        transactional ids `replay` found suspect."""
+        for transactional_id, replayed in list(self._suspect.items()):
+            async with self._lock(transactional_id):
+                txn = self.txns.get(transactional_id)
+                if txn is not None and txn.epoch == replayed.epoch \
+                        and txn.producer_id == replayed.producer_id:
+                    await self._renew(txn)
+                del self._suspect[transactional_id]
         await self._record_completed()
         tasks = [self._completing(transactional_id)
                  for transactional_id, txn in list(self.txns.items())
@@ -190,11 +228,27 @@ class TransactionCoordinator:
             await asyncio.wait(tasks)
             await self._record_completed()
 
+    async def _renew(self, txn: Txn) -> None:
+        """End `txn` (abort it if Ongoing, complete it if being ended), then give its
+        transactional id a new producer id (see `replay`). Under the id's lock."""
+        logger.info("transactional id %r: a new producer id (its coordinator stopped "
+                    "uncleanly and may have lost records of it)", txn.transactional_id)
+        if txn.state == ONGOING:
+            txn = await self._abort(txn, bump=True)
+        elif txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            txn = await self._complete(txn)
+        txn = txn.copy()
+        txn.producer_id, txn.epoch = await self.log.allocate_producer_id(), 0
+        txn.state, txn.partitions, txn.offsets = EMPTY, [], {}
+        # Written: what depends on it (the id's InitProducerId) is durable and covers it; if
+        # it is lost, the next unclean restart renews the id again.
+        await self._record(txn, durable=False)
+
     async def _record_completed(self) -> None:
         for transactional_id in list(self._unrecorded):
             async with self._lock(transactional_id):
-                if transactional_id in self._unrecorded:
-                    await self._record(self._unrecorded[transactional_id])
+                if transactional_id in self._unrecorded:  # harmless if lost: written
+                    await self._record(self._unrecorded[transactional_id], durable=False)
 
     def _completing(self, transactional_id: str) -> asyncio.Task[None]:
         """The task completing the transaction of `transactional_id` (started if none is)."""
@@ -254,6 +308,9 @@ class TransactionCoordinator:
         if not await self._settled(transactional_id):
             self._authorize(self.txns[transactional_id], principal)
             raise ConcurrentTransactionsError(f"transaction {transactional_id!r} is being ended")
+        if transactional_id in self._suspect:  # the first `recover` is about to renew it
+            raise ConcurrentTransactionsError(f"transactional id {transactional_id!r} is being "
+                                              "recovered")
         async with self._lock(transactional_id):
             txn = self.txns.get(transactional_id)
             if txn is None:
@@ -298,7 +355,7 @@ class TransactionCoordinator:
                     f"a transaction spans at most {MAX_TXN_PARTITIONS} partitions")
             self._begin(txn)
             txn.partitions.extend(added)
-            await self._record(txn)
+            await self._record(txn, durable=False)
 
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int,
                           group_id: str, principal: str) -> None:
@@ -313,7 +370,7 @@ class TransactionCoordinator:
                     f"a transaction commits the offsets of at most {MAX_TXN_GROUPS} groups")
             self._begin(txn)
             txn.offsets.setdefault(group_id, [])
-            await self._record(txn)
+            await self._record(txn, durable=False)
 
     async def txn_offset_commit(self, transactional_id: str, producer_id: int, epoch: int,
                                 group_id: str, offsets: Sequence[CommittedOffset],
@@ -331,7 +388,7 @@ class TransactionCoordinator:
                 raise PolicyViolationError(
                     f"a transaction commits at most {MAX_TXN_OFFSETS} offsets of a group")
             txn.offsets[group_id] = list(pending.values())
-            await self._record(txn)
+            await self._record(txn, durable=False)
 
     async def end_txn(self, transactional_id: str, producer_id: int, epoch: int,
                       commit: bool, principal: str) -> None:
@@ -399,6 +456,9 @@ class TransactionCoordinator:
                 f"producer {producer_id} epoch {epoch} was fenced by epoch {txn.epoch}")
         if epoch > txn.epoch:
             raise InvalidTxnStateError(f"producer {producer_id} epoch {epoch} is unknown")
+        if transactional_id in self._suspect:  # the first `recover` is about to renew it
+            raise ConcurrentTransactionsError(f"transaction {transactional_id!r} is being "
+                                              "recovered")
         return txn
 
     def _current(self, transactional_id: str, producer_id: int, epoch: int,
@@ -446,14 +506,15 @@ class TransactionCoordinator:
             await self._record(done)
         return done
 
-    async def _record(self, txn: Txn) -> None:
+    async def _record(self, txn: Txn, *, durable: bool = True) -> None:
         """Record `txn` (after the id's completed end not recorded yet, in one append), then
-        let it take effect. Under the id's lock."""
+        let it take effect: once durable, or (`durable=False`, an Ongoing transition) once
+        written. Under the id's lock."""
         before = self._unrecorded.get(txn.transactional_id)
         if before is None or before is txn:
-            await self.log.write_txn(txn)
+            await self.log.write_txn(txn, durable=durable)
         else:
-            await self.log.write_txn(before, txn)
+            await self.log.write_txn(before, txn, durable=durable)
         if self._unrecorded.get(txn.transactional_id) is before:
             self._unrecorded.pop(txn.transactional_id, None)
         self.txns[txn.transactional_id] = txn

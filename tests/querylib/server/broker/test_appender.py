@@ -1,5 +1,7 @@
 """AppendLane: one partition's appends in order, off the loop, with group commit; a bad batch
-fails alone; under the "interval" policy a flush follows appends by itself."""
+fails alone; under the "interval" policy a flush follows appends by itself; under "always" an
+append not synced lands without an fsync, durable with the next synced one or by itself after
+the flush interval."""
 
 from __future__ import annotations
 
@@ -54,5 +56,55 @@ def test_interval_policy_flushes_after_the_last_append(tmp_path):
     with PartitionLog.open(tmp_path / "t-0", config) as log:
         seen = asyncio.run(run_lane(log, [batch(1)], until=2))
     completed, durable = seen
+    assert isinstance(completed, AppendCompleted) and completed.durable_end == 0
+    assert durable == DurableAdvanced(("t", 0), 1)
+
+
+def test_an_append_not_synced_lands_without_an_fsync_and_the_next_synced_one_covers_it(
+        tmp_path):
+    """Under "always": `sync=False` is answered with the log written but not durable; a synced
+    append after it fsyncs the file, so both are durable."""
+    async def main(log: PartitionLog) -> list:
+        seen: list = []
+        with ThreadPoolExecutor(2) as pool:
+            lane = AppendLane(("t", 0), log, pool, seen.append)
+            lane.submit(1, batch(2), False)
+            async with asyncio.timeout(10):
+                while not seen:
+                    await asyncio.sleep(0.005)
+            assert log.flushed_end_offset == 0  # written, no fsync
+            lane.submit(2, batch(1))
+            async with asyncio.timeout(10):
+                while len(seen) < 2:
+                    await asyncio.sleep(0.005)
+            await lane.close()
+        return seen
+
+    config = LogConfig(flush="always", flush_interval_ms=60_000)
+    with PartitionLog.open(tmp_path / "t-0", config) as log:
+        written, synced = asyncio.run(main(log))
+        assert log.flushed_end_offset == 3
+    assert (written.ticket, written.next_offset, written.durable_end) == (1, 2, 0)
+    assert (synced.ticket, synced.next_offset, synced.durable_end) == (2, 3, 3)
+
+
+def test_an_append_not_synced_is_flushed_by_itself_after_the_interval(tmp_path):
+    """Under "always", with no synced append after it, the lane flushes it flush_interval_ms
+    later: a written append always becomes durable (and visible)."""
+    config = LogConfig(flush="always", flush_interval_ms=20)
+    with PartitionLog.open(tmp_path / "t-0", config) as log:
+        async def main() -> list:
+            seen: list = []
+            with ThreadPoolExecutor(2) as pool:
+                lane = AppendLane(("t", 0), log, pool, seen.append)
+                lane.submit(1, batch(1), False)
+                async with asyncio.timeout(10):
+                    while len(seen) < 2:
+                        await asyncio.sleep(0.005)
+                await lane.close()
+            return seen
+
+        completed, durable = asyncio.run(main())
+        assert log.flushed_end_offset == 1
     assert isinstance(completed, AppendCompleted) and completed.durable_end == 0
     assert durable == DurableAdvanced(("t", 0), 1)

@@ -305,3 +305,36 @@ def test_fail_never_leaves_partial_effects():
     sim.complete_append(P)
     assert sim.state.partitions[P].frontier.producers["p"] == 0
     assert all(not isinstance(v, Fail) for v in sim.replies.values())
+
+
+def test_a_written_produce_is_answered_before_the_fsync_and_a_durable_one_after():
+    """A produce marked `written` is answered once its append completes (its Append asks for
+    no fsync); a durable produce after it waits for the flush, which makes both durable; the
+    written one is shown to subscribers only then, and answered once."""
+    sim = started(auto_durable=False)
+    sim.track("p", 1, 1 << 20)  # the sim checks every delivery is durable
+    sim.feed(Subscribe("sub", "p", 1, P, "earliest", 1 << 20))
+    sim.feed(Produce("w", "p", P, fake_batch(1, b"w"), written=True))
+    sim.feed(Produce("d", "p", P, fake_batch(1, b"d")))
+    assert [a.sync for a in sim.appends[P]] == [False, True]
+    sim.complete_append(P)
+    assert sim.replies["w"] == Produced(base_offset=0, next_offset=1)  # before any fsync
+    assert sim.state.partitions[P].visible_end == 0  # not shown: not durable
+    sim.complete_append(P)
+    assert "d" not in sim.replies  # durable only: waits for the fsync
+    replies = len(sim.replies)
+    sim.flush(P)  # the durable one's fsync covers the file: both durable
+    assert sim.replies["d"] == Produced(base_offset=1, next_offset=2)
+    assert len(sim.replies) == replies + 1  # "w" is not answered again
+    assert sim.state.partitions[P].visible_end == 2
+
+
+def test_a_written_produce_returns_its_window_when_answered():
+    # Each batch costs about 170 bytes: two fit only if the first's cost came back.
+    sim = started(BrokerLimits(producer_window=250), auto_durable=False)
+    sim.feed(Produce("w", "p", P, fake_batch(1, b"x" * 100), written=True))
+    sim.complete_append(P)
+    assert isinstance(sim.replies["w"], Produced)
+    produce(sim, "b", 100)  # the window is whole again although nothing is durable yet
+    produce(sim, "c", 100)
+    assert "b" not in sim.replies and "c" not in sim.replies and len(sim.appends[P]) == 2

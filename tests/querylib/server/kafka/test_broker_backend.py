@@ -400,3 +400,51 @@ def test_markers_for_another_broker_fence_the_older_epoch_there(tmp_path: Path) 
     assert len(remote) == 1  # one request for both of the far broker's partitions
     assert markers == [[(42, False), (42, True)], [(42, True)]]
     assert isinstance(fenced, InvalidProducerEpochError)
+
+
+def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: Path) -> None:
+    """The coordinator's Ongoing records are answered once written (no fsync): a power loss
+    may take the last one (here: partition b added). The coordinator restarted on that log
+    must not commit the transaction without b: it aborts it in a (its epoch bumped, so the
+    producer's commit is fenced), and b's records stay behind its last stable offset until
+    the broker aborts them there: a read_committed reader sees none of the transaction. The
+    transactional id gets a new producer id, so no later transaction extends b's."""
+    from querylib.kafka._errors import InvalidProducerIdMappingError
+    from querylib.log._config import CLEAN_SHUTDOWN_FILE
+    from querylib.server.kafka._txn import EMPTY, TRANSACTIONS_TOPIC
+    from tests.conftest import wait_for_async
+
+    config = LogConfig(flush="always")
+
+    async def begin(backend: BrokerBackend) -> tuple[int, int]:
+        txns = backend.transactions
+        pid, epoch = await txns.init_producer_id("t", 60_000, "anonymous")
+        for topic in ("a", "b"):
+            await backend.port.ensure(topic, 0, create=True)
+            await txns.add_partitions("t", pid, epoch, [(topic, 0)], "anonymous")
+            await backend.append(topic, 0, [batch(topic.encode(), producer_id=pid,
+                                                  producer_epoch=epoch, base_sequence=0,
+                                                  is_transactional=True)], acks=-1)
+        return pid, epoch
+
+    pid, epoch = run(tmp_path, begin, log_config=config)
+    # The power loss: the last record of __transaction_state gone, no clean close.
+    state_dir = tmp_path / f"{TRANSACTIONS_TOPIC}-0"
+    with PartitionLog.open(state_dir, config) as log:
+        log.truncate_to(log.log_end_offset - 1)
+    (state_dir / CLEAN_SHUTDOWN_FILE).unlink()
+
+    async def restarted(backend: BrokerBackend) -> None:
+        txns = backend.transactions
+        await wait_for_async(lambda: txns.txns["t"].producer_id != pid, timeout=30,
+                             what="the restarted coordinator to end the transaction")
+        assert txns.txns["t"].state == EMPTY
+        with pytest.raises(InvalidProducerIdMappingError):
+            await txns.end_txn("t", pid, epoch, True, "anonymous")
+        port = backend.port
+        # a: aborted by its marker; b: open, so its last stable offset stays before it.
+        assert port.aborted_transactions(("a", 0), 0, port.info(("a", 0)).high_watermark) \
+            == [(pid, 0)]
+        assert port.info(("b", 0)).log_end == 0 < port.info(("b", 0)).high_watermark
+
+    run(tmp_path, restarted, log_config=config)

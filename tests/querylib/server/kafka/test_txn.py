@@ -4,7 +4,8 @@ answered once the transaction is prepared and its markers follow (one call for a
 partitions), the next transaction's requests meanwhile wait or get CONCURRENT_TRANSACTIONS, a
 marker that cannot be written leaves the transaction prepared until it can, a restarted
 coordinator finishes what it was ending, and transactional ids belong to their first
-principal."""
+principal. Ongoing transitions are recorded written (no fsync of their own), the rest durable,
+and a coordinator restarted after an unclean stop aborts the transactions it finds Ongoing."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class MemoryLog:
 
     def __init__(self) -> None:
         self.records: list[tuple[bytes, bytes]] = []
+        self.durable: list[bool] = []  # per record: written durable, or only written
         self.markers: list[tuple[str, int, int, int, bool]] = []
         self.marker_calls: list[list[tuple[str, int]]] = []
         self.offsets: list[tuple[str, list[CommittedOffset]]] = []
@@ -48,8 +50,9 @@ class MemoryLog:
         self.gate: asyncio.Event | None = None
         self.next_id = 100
 
-    async def write_txn(self, *txns: Txn) -> None:
+    async def write_txn(self, *txns: Txn, durable: bool = True) -> None:
         self.records.extend(txn.encode() for txn in txns)
+        self.durable.extend([durable] * len(txns))
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:
@@ -270,4 +273,82 @@ def test_the_next_transaction_does_not_wait_for_the_end_to_be_recorded() -> None
         assert log.states()[-2:] == [PREPARE_ABORT, COMPLETE_ABORT]
         await coordinator.recover()
         assert log.states()[-2:] == [PREPARE_ABORT, COMPLETE_ABORT]  # once
+    run(main())
+
+
+def test_ongoing_transitions_are_recorded_written_and_the_rest_durable() -> None:
+    """AddPartitionsToTxn, AddOffsetsToTxn and TxnOffsetCommit are answered once their record
+    is written; InitProducerId and PrepareCommit/PrepareAbort (what markers depend on) only
+    once durable, before any marker."""
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        await coordinator.add_offsets("t", pid, epoch, "g", "anonymous")
+        await coordinator.txn_offset_commit("t", pid, epoch, "g", [CommittedOffset("in", 0, 7)],
+                                            "anonymous")
+        log.gate = asyncio.Event()
+        await coordinator.end_txn("t", pid, epoch, True, "anonymous")
+        assert log.markers == []
+        assert list(zip(log.states(), log.durable, strict=True)) == [
+            (EMPTY, True), (ONGOING, False), (ONGOING, False), (ONGOING, False),
+            (PREPARE_COMMIT, True)]
+        log.gate.set()
+        await coordinator.recover()
+        # The next transaction's first record carries the recorded end: written.
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        assert list(zip(log.states(), log.durable, strict=True))[-2:] == [
+            (COMPLETE_COMMIT, False), (ONGOING, False)]
+    run(main())
+
+
+def test_a_coordinator_restarted_uncleanly_ends_its_transactions_under_new_producer_ids(
+        ) -> None:
+    """The last Ongoing record (partition b added) was only written and is lost: the restarted
+    coordinator must not commit the transaction without b. It aborts it in a, and gives the
+    transactional id a new producer id, so the producer's commit is refused and what it wrote
+    in b is never extended by a later transaction of the same producer id. The same for an id
+    whose last transaction ended: its next one may have begun in a record lost too."""
+    async def main() -> None:
+        log = MemoryLog()
+        coordinator = TransactionCoordinator(log)
+        pid, epoch = await coordinator.init_producer_id("t", 60_000, "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("a", 0)], "anonymous")
+        await coordinator.add_partitions("t", pid, epoch, [("b", 0)], "anonymous")
+        other, other_epoch = await coordinator.init_producer_id("u", 60_000, "anonymous")
+        await coordinator.add_partitions("u", other, other_epoch, [("c", 0)], "anonymous")
+        await coordinator.end_txn("u", other, other_epoch, True, "anonymous")
+        await wait_for_async(lambda: coordinator.txns["u"].state == COMPLETE_COMMIT,
+                             timeout=30, what="the completion")
+        records = [r for r in log.records if Txn.decode(r[1]).transactional_id == "t"]
+        assert log.durable[log.records.index(records[-1])] is False
+        lost = records[-1]  # a power loss takes the record not yet fsynced
+        log.records.remove(lost)
+        assert Txn.decode(lost[1]).partitions == [("a", 0), ("b", 0)]
+        log.markers.clear()
+        restarted = TransactionCoordinator(log)
+        restarted.replay(log.records, complete=False)
+        assert restarted.txns["t"].state == ONGOING
+        with pytest.raises(ConcurrentTransactionsError):  # until it is dealt with
+            await restarted.end_txn("t", pid, epoch, True, "anonymous")
+        await restarted.recover()
+        # u's end was recorded only as prepared: its markers are written again.
+        assert sorted(log.markers) == [("a", 0, pid, epoch + 1, False),
+                                       ("c", 0, other, other_epoch, True)]
+        for transactional_id in ("t", "u"):
+            txn = restarted.txns[transactional_id]
+            assert txn.state == EMPTY and txn.producer_id not in (pid, other)
+        with pytest.raises(InvalidProducerIdMappingError):
+            await restarted.end_txn("t", pid, epoch, True, "anonymous")
+        with pytest.raises(InvalidProducerIdMappingError):
+            await restarted.add_partitions("u", other, other_epoch, [("c", 0)], "anonymous")
+        assert await restarted.init_producer_id("t", 60_000, "anonymous") == (
+            restarted.txns["t"].producer_id, 1)
+        # After a clean stop nothing was lost: an Ongoing transaction goes on.
+        clean = TransactionCoordinator(log)
+        clean.replay(records[:-1], complete=True)
+        assert clean.txns["t"].state == ONGOING
+        await clean.recover()
+        assert clean.txns["t"].state == ONGOING and clean.txns["t"].producer_id == pid
     run(main())
