@@ -41,7 +41,8 @@ overwrites the epoch too) in the 16 bytes before the CRC'd part, and writes the 
 Durability: `flush` "always" fsyncs before append returns (`append_batches(sync=False)`: with
 the next synced append, or flush_interval_ms later through `flush_if_due`), "interval" at most
 flush_interval_ms after (on the next append, or when the owner calls `flush_if_due`), "never"
-leaves it to the OS. `opened_clean` says whether the last close was clean. Rolled segments are
+leaves it to the OS. `writes_kept` says whether every write before the last close survived (a
+clean close, or an unclean one on the same boot: only the process died). Rolled segments are
 always fsynced. `durable_end_offset` is what the policy guarantees (acknowledge up to it);
 `flushed_end_offset` is what was fsynced.
 

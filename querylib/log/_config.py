@@ -36,6 +36,9 @@ QUARANTINE_INFIX = ".corrupt-"
 # exactly one writer and no shared log-dir manager. Kafka's loader ignores unknown files.
 CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+# The boot id of the kernel that last opened the log (Linux's /proc/sys/kernel/random/boot_id):
+# after an unclean close on the same boot, the process died but the page cache kept every write.
+BOOT_ID_FILE = "boot-id"
 # The log start offset DeleteRecords advanced past the first segment's base (Kafka keeps it in
 # log-start-offset-checkpoint per log dir); absent until a DeleteRecords.
 LOG_START_FILE = "log-start-offset-checkpoint"

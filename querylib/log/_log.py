@@ -65,6 +65,7 @@ from querylib.log._recovery import (
     read_checkpoint,
     write_checkpoint,
     write_clean_marker,
+    writes_kept,
 )
 from querylib.log._segment import LogSegment, PendingBatch
 from querylib.records import BatchHeader, SplitBatch, decode_batch
@@ -190,9 +191,10 @@ class PartitionLog:
         self._start = min(read_checkpoint(path, LOG_START_FILE) or 0, self._next_offset)
         self._closed = False
         self._failure: str | None = None
-        # Whether its last close was clean (a new log's is): after an unclean one, what was
-        # appended without an fsync (`sync=False`, or the "never" policy) may have been lost.
-        self.opened_clean = True
+        # Whether every write before the last close is still here (`_recovery.writes_kept`): a
+        # clean close, or an unclean one on the same boot. Else what was appended without an
+        # fsync (`sync=False`, or the "never" policy) may have been lost.
+        self.writes_kept = True
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None) -> PartitionLog:
@@ -206,8 +208,8 @@ class PartitionLog:
         except OSError as exc:
             raise StorageError(f"{path}: cannot open the log directory: {exc}") from exc
         try:
-            clean = os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE)) or not any(
-                name.endswith(LOG_SUFFIX) for name in os.listdir(path))
+            kept = writes_kept(path, os.path.exists(os.path.join(path, CLEAN_SHUTDOWN_FILE))
+                               or not any(name.endswith(LOG_SUFFIX) for name in os.listdir(path)))
             segments = load_segments(path, config)
         except OSError as exc:
             os.close(lock_fd)
@@ -216,7 +218,7 @@ class PartitionLog:
             os.close(lock_fd)
             raise
         log = cls(path, config, lock_fd, segments)
-        log.opened_clean = clean
+        log.writes_kept = kept
         return log
 
     # ---- offsets --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 
 from catalog.errors import StorageError
 from querylib.log._config import (
+    BOOT_ID_FILE,
     CHECKPOINT_FILE,
     CLEAN_SHUTDOWN_FILE,
     LOG_SUFFIX,
@@ -112,6 +113,41 @@ def write_clean_marker(directory: str, log_end_offset: int, settled: Iterable[st
         os.fsync(f.fileno())
     fsync_dir(directory)
     settle(settled, path)
+
+
+def writes_kept(directory: str, clean: bool) -> bool:
+    """Whether every write made before the last close is still in the log: a clean close, a
+    new log, or an unclean close with the same kernel still running (only the process died;
+    the page cache keeps what it wrote, fsynced or not). After a reboot, or where the boot id
+    cannot be read, writes not fsynced may be lost. Then records this boot's id (not fsynced:
+    a power loss that takes it changes the boot id anyway)."""
+    path = os.path.join(directory, BOOT_ID_FILE)
+    boot = current_boot_id()
+    try:
+        with open(path, "rb") as f:
+            recorded = f.read(64).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        recorded = None
+    if boot is not None and recorded != boot:
+        with open(path, "wb") as f:
+            f.write(f"{boot}\n".encode())
+    if clean:
+        return True
+    return boot is not None and recorded == boot
+
+
+_BOOT_ID: list[str | None] = []
+
+
+def current_boot_id() -> str | None:
+    """This kernel's boot id (changes with every boot), None where the system has none."""
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _BOOT_ID.append(f.read(64).decode("ascii").strip() or None)
+        except (OSError, UnicodeDecodeError):
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
 
 
 def settle(paths: Iterable[str], reference: str) -> None:

@@ -403,8 +403,9 @@ class BrokerBackend:
             txn_log, txn_end = self.port.log(txn_pid), self.port.info(txn_pid).high_watermark
             records = await loop.run_in_executor(
                 None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
-            # After an unclean stop the records answered once written may be lost from its end.
-            self._txns.replay(records, complete=txn_log.opened_clean)
+            # After a reboot that followed an unclean stop, the records answered once written
+            # may be lost from its end (a process that merely died lost none).
+            self._txns.replay(records, complete=txn_log.writes_kept)
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
 

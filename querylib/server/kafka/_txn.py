@@ -183,8 +183,10 @@ class TransactionCoordinator:
                complete: bool = True) -> None:
         """Apply `__transaction_state` records in log order (the last one per id wins).
 
-        `complete=False`: the log's broker stopped uncleanly, so records answered once written
-        (the Ongoing transitions, `_record`) may be missing from its end: a transaction found
+        `complete=False`: the log's broker stopped uncleanly and the machine restarted since
+        (a process that only died lost nothing: `PartitionLog.writes_kept`), so records
+        answered once written (the Ongoing transitions, `_record`) may be missing from its
+        end: a transaction found
         Ongoing may lack a partition its producer was told was added (committing what is
         known would leave it out), and one found ended or being ended may have had a next
         one begun since (its producer told so, and writing; its EndTxn would be taken for a
@@ -232,7 +234,8 @@ class TransactionCoordinator:
         """End `txn` (abort it if Ongoing, complete it if being ended), then give its
         transactional id a new producer id (see `replay`). Under the id's lock."""
         logger.info("transactional id %r: a new producer id (its coordinator stopped "
-                    "uncleanly and may have lost records of it)", txn.transactional_id)
+                    "uncleanly before a reboot and may have lost records of it)",
+                    txn.transactional_id)
         if txn.state == ONGOING:
             txn = await self._abort(txn, bump=True)
         elif txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
@@ -241,7 +244,7 @@ class TransactionCoordinator:
         txn.producer_id, txn.epoch = await self.log.allocate_producer_id(), 0
         txn.state, txn.partitions, txn.offsets = EMPTY, [], {}
         # Written: what depends on it (the id's InitProducerId) is durable and covers it; if
-        # it is lost, the next unclean restart renews the id again.
+        # it is lost, the recovery after that reboot renews the id again.
         await self._record(txn, durable=False)
 
     async def _record_completed(self) -> None:

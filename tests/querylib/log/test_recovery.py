@@ -241,7 +241,7 @@ def test_leftover_files_are_removed(tmp_path):
     with PartitionLog.open(path, CONFIG) as log:
         bases = [s.base_offset for s in log.segments]
     assert sorted(os.listdir(path)) == sorted(
-        [".lock", "clean-shutdown", "recovery-point-offset-checkpoint", "notes.txt"]
+        [".lock", "boot-id", "clean-shutdown", "recovery-point-offset-checkpoint", "notes.txt"]
         + [f"{b:020d}{s}" for b in bases for s in (".log", ".index", ".timeindex")])
 
 
@@ -253,3 +253,35 @@ def test_an_unreadable_checkpoint_means_validate_everything(tmp_path):
         assert _all_batches(log) == _expected(batches, offsets)
     text = open(tmp_path / "crash" / "recovery-point-offset-checkpoint").read().split("\n")
     assert text[:2] == ["0", "1"] and text[2].startswith("crash 0 ")
+
+
+def test_writes_are_kept_after_a_clean_close_or_a_process_death_on_the_same_boot(tmp_path):
+    """`writes_kept`: a new log and a clean close keep everything; an unclean close (the
+    process died, no marker) keeps everything while the same kernel runs (its page cache has
+    every write); after a reboot, or where no boot id can be read, what was not fsynced may
+    be gone."""
+    from querylib.log import _recovery
+    from querylib.log._config import BOOT_ID_FILE, CLEAN_SHUTDOWN_FILE
+
+    path = tmp_path / "p"
+    with PartitionLog.open(path) as log:
+        assert log.writes_kept  # new
+        log.append(make_batch())
+    with PartitionLog.open(path) as log:
+        assert log.writes_kept  # clean close
+    (path / CLEAN_SHUTDOWN_FILE).unlink()
+    with PartitionLog.open(path) as log:
+        assert log.writes_kept  # the process died, the kernel did not
+    (path / CLEAN_SHUTDOWN_FILE).unlink()
+    (path / BOOT_ID_FILE).write_text("an earlier boot\n")
+    with PartitionLog.open(path) as log:
+        assert not log.writes_kept  # a reboot since
+    assert (path / BOOT_ID_FILE).read_text().strip() == _recovery.current_boot_id()
+    (path / CLEAN_SHUTDOWN_FILE).unlink()
+    saved = list(_recovery._BOOT_ID)
+    _recovery._BOOT_ID[:] = [None]
+    try:
+        with PartitionLog.open(path) as log:
+            assert not log.writes_kept  # cannot tell
+    finally:
+        _recovery._BOOT_ID[:] = saved

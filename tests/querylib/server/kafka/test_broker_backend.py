@@ -410,7 +410,7 @@ def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: P
     the broker aborts them there: a read_committed reader sees none of the transaction. The
     transactional id gets a new producer id, so no later transaction extends b's."""
     from querylib.kafka._errors import InvalidProducerIdMappingError
-    from querylib.log._config import CLEAN_SHUTDOWN_FILE
+    from querylib.log._config import BOOT_ID_FILE, CLEAN_SHUTDOWN_FILE
     from querylib.server.kafka._txn import EMPTY, TRANSACTIONS_TOPIC
     from tests.conftest import wait_for_async
 
@@ -428,11 +428,13 @@ def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: P
         return pid, epoch
 
     pid, epoch = run(tmp_path, begin, log_config=config)
-    # The power loss: the last record of __transaction_state gone, no clean close.
+    # The power loss: the last record of __transaction_state gone, no clean close, and a new
+    # boot (the kernel that opened the log is not the one running now).
     state_dir = tmp_path / f"{TRANSACTIONS_TOPIC}-0"
     with PartitionLog.open(state_dir, config) as log:
         log.truncate_to(log.log_end_offset - 1)
     (state_dir / CLEAN_SHUTDOWN_FILE).unlink()
+    (state_dir / BOOT_ID_FILE).write_text("a boot before this one\n")
 
     async def restarted(backend: BrokerBackend) -> None:
         txns = backend.transactions
@@ -446,5 +448,46 @@ def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: P
         assert port.aborted_transactions(("a", 0), 0, port.info(("a", 0)).high_watermark) \
             == [(pid, 0)]
         assert port.info(("b", 0)).log_end == 0 < port.info(("b", 0)).high_watermark
+
+    run(tmp_path, restarted, log_config=config)
+
+
+def test_a_coordinator_process_that_died_keeps_its_transactional_ids(tmp_path: Path) -> None:
+    """A process that dies (SIGKILL: no clean close) loses no write, fsynced or not: the page
+    cache keeps them while the kernel runs. The restarted coordinator (same boot) replays its
+    Ongoing records as they are: the transaction is still open with both partitions under its
+    producer id, and the producer commits it."""
+    from querylib.log._config import CLEAN_SHUTDOWN_FILE
+    from querylib.server.kafka._txn import ONGOING, TRANSACTIONS_TOPIC
+    from tests.conftest import wait_for_async
+
+    config = LogConfig(flush="always")
+
+    async def begin(backend: BrokerBackend) -> tuple[int, int]:
+        txns = backend.transactions
+        pid, epoch = await txns.init_producer_id("t", 60_000, "anonymous")
+        for topic in ("a", "b"):
+            await backend.port.ensure(topic, 0, create=True)
+            await txns.add_partitions("t", pid, epoch, [(topic, 0)], "anonymous")
+            await backend.append(topic, 0, [batch(topic.encode(), producer_id=pid,
+                                                  producer_epoch=epoch, base_sequence=0,
+                                                  is_transactional=True)], acks=-1)
+        return pid, epoch
+
+    pid, epoch = run(tmp_path, begin, log_config=config)
+    (tmp_path / f"{TRANSACTIONS_TOPIC}-0" / CLEAN_SHUTDOWN_FILE).unlink()  # the process died
+
+    async def restarted(backend: BrokerBackend) -> None:
+        txns = backend.transactions
+        txn = txns.txns["t"]
+        assert (txn.producer_id, txn.state) == (pid, ONGOING)
+        assert sorted(p[0] for p in txn.partitions) == ["a", "b"]
+        await txns.end_txn("t", pid, epoch, True, "anonymous")
+        port = backend.port
+        # The markers written: nothing open below either partition's end any more.
+        await wait_for_async(lambda: all(port.info((t, 0)).log_end == port.info((t, 0))
+                                         .high_watermark > 1 for t in ("a", "b")),
+                             timeout=30, what="both partitions' commit markers")
+        assert txns.txns["t"].producer_id == pid
 
     run(tmp_path, restarted, log_config=config)
