@@ -9,6 +9,9 @@ socket methods with integer flags. ZMQ_FD is edge-triggered: after *any* operati
 socket, messages may be waiting without the fd signalling again. So the pump drains until
 EAGAIN when the fd fires, and after sends re-reads ZMQ_EVENTS (`kick`) once per loop
 iteration, scheduling a drain when something is readable. Nothing else touches the socket.
+A drain is bounded in messages and bytes, and has zmq take newly readable peers into its fair
+queue as it goes, so one peer's backlog cannot hold up another's message or the loop
+(DESIGN §5 "Fair service").
 
 Receiving enforces the frame-count and size limits while reading, so an oversized message is
 consumed and dropped part by part instead of accumulated (zmq has buffered each part by then:
@@ -59,9 +62,19 @@ _POLLOUT = int(zmq.POLLOUT)
 # Leading parts up to this size are copied into bytes; bigger ones stay zero-copy buffers.
 _COPY_LIMIT = 64 * 1024
 
-# Messages handled per loop callback before yielding, so handler tasks, timers and other
-# sockets run while a burst is drained.
+# Messages, and bytes, handled per loop callback before yielding, so handler tasks, timers,
+# other sockets and disk reads run while a burst is drained: a burst of large messages (a
+# bulk producer's 100 KB batches) ends after about a megabyte, not after 64 of them.
 RECV_BURST = 64
+RECV_BURST_BYTES = 1024 * 1024
+
+# Bytes received between two reads of ZMQ_EVENTS inside a burst. Reading it has zmq process
+# its commands, among them "this peer has a message now": only then does its fair queue take
+# that peer in turn. Left alone, zmq does so every 100 frames while messages keep coming, so
+# one peer arriving behind another's backlog of large messages would wait for ~16-50 of them
+# (DESIGN §5 "Fair service"). A read costs a poll(2) (a few microseconds): once per this many
+# bytes, not per message.
+FAIR_QUEUE_BYTES = 128 * 1024
 
 
 def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = None
@@ -169,6 +182,7 @@ class FramePump:
         self._kick_scheduled = False
         self._writers: deque[asyncio.Future[None]] = deque()
         self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._received = 0  # bytes of the message `_receive` returned last
         self._closed = False
         loop.add_reader(self._fd, self._drain)
         self.kick()
@@ -273,14 +287,25 @@ class FramePump:
         if self._closed:
             return
         self._held = []
+        sock = self._sock
+        burst = since_events = 0
         try:
             for _ in range(RECV_BURST):
                 try:
                     parts = self._receive()
                 except zmq.Again:
                     break
-                if parts is not None:
-                    self._on_message(parts)
+                if parts is None:
+                    continue
+                size = self._received
+                self._on_message(parts)
+                burst += size
+                if burst >= RECV_BURST_BYTES:
+                    break
+                since_events += size
+                if since_events >= FAIR_QUEUE_BYTES:
+                    since_events = 0
+                    _get(sock, _EVENTS)  # peers that became readable join the fair queue
         finally:
             self._flush()
             self._held = None
@@ -289,7 +314,8 @@ class FramePump:
         self._schedule_kick()
 
     def _receive(self) -> list[Any] | None:
-        """One whole message, or None when it was over the limits (then reported dropped)."""
+        """One whole message, or None when it was over the limits (then reported dropped);
+        its size in bytes is left in `_received`."""
         sock = self._sock
         # Frames, not copied bytes, only to read `more` cheaply: ZMQ_RCVMORE through
         # getsockopt costs several times more in pyzmq.
@@ -314,6 +340,7 @@ class FramePump:
         if too_big is not None:
             self._on_drop(too_big)
             return None
+        self._received = total
         return parts
 
 
