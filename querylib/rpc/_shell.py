@@ -84,6 +84,9 @@ FAIR_QUEUE_BYTES = 128 * 1024
 # FAIR_HOLD_BYTES over all peers (zmq's own queues stay bounded by the receive HWM).
 FAIR_QUANTUM = 64 * 1024
 FAIR_HOLD_BYTES = 8 * 1024 * 1024
+# A message this small, of a peer with none waiting, is served as it is received (its turn
+# would come first anyway): requests and small batches cost no queueing.
+FAIR_SMALL = 4 * 1024
 
 
 def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = None
@@ -356,7 +359,9 @@ class FramePump:
         waiting, turns, deficit = self._waiting, self._turns, self._deficit
         while served < RECV_BURST_BYTES and count < RECV_BURST and not self._closed:
             if not round_left:  # a round begins: newcomers join its end
-                self._receive_ahead()
+                more_bytes, more = self._receive_ahead(RECV_BURST - count)
+                served += more_bytes
+                count += more
                 round_left = len(turns)
                 if not round_left:
                     return
@@ -377,18 +382,27 @@ class FramePump:
             else:
                 del waiting[peer], deficit[peer]
 
-    def _receive_ahead(self) -> None:
-        """Take what zmq has into the peers' queues, while they hold under FAIR_HOLD_BYTES."""
-        while self.waiting_bytes < FAIR_HOLD_BYTES:
+    def _receive_ahead(self, limit: int) -> tuple[int, int]:
+        """Take what zmq has into the peers' queues, while they hold under FAIR_HOLD_BYTES,
+        serving at once a small message of a peer with none waiting (at most `limit` of
+        those); the bytes and the count of those served."""
+        served = count = 0
+        while self.waiting_bytes < FAIR_HOLD_BYTES and count < limit:
             try:
                 parts = self._receive()
             except zmq.Again:
-                return
+                break
             if parts is None:
                 continue
             size = self._received
             peer = parts[0]
             queue = self._waiting.get(peer)
+            if queue is None and size <= FAIR_SMALL:
+                served += size
+                count += 1
+                self._on_message(parts)
+                self._processed_commands(size)
+                continue
             if queue is None:
                 queue = self._waiting[peer] = deque()
                 self._deficit[peer] = 0
@@ -396,6 +410,7 @@ class FramePump:
             queue.append((parts, size))
             self.waiting_bytes += size
             self._processed_commands(size)
+        return served, count
 
     def _receive(self) -> list[Any] | None:
         """One whole message, or None when it was over the limits (then reported dropped);
