@@ -369,13 +369,16 @@ class FramePump:
             peer = turns.popleft()
             queue = waiting[peer]
             allowance = deficit[peer] + FAIR_QUANTUM
-            while queue and queue[0][1] <= allowance:
+            while queue and queue[0][1] <= allowance and not self._closed:
                 parts, size = queue.popleft()
                 allowance -= size
                 self.waiting_bytes -= size
                 served += size
                 count += 1
                 self._on_message(parts)
+            if self._closed:
+                self.waiting_bytes = 0  # close() forgot what waits
+                return
             if queue:
                 deficit[peer] = allowance
                 turns.append(peer)
@@ -387,7 +390,7 @@ class FramePump:
         serving at once a small message of a peer with none waiting (at most `limit` of
         those); the bytes and the count of those served."""
         served = count = 0
-        while self.waiting_bytes < FAIR_HOLD_BYTES and count < limit:
+        while self.waiting_bytes < FAIR_HOLD_BYTES and count < limit and not self._closed:
             try:
                 parts = self._receive()
             except zmq.Again:

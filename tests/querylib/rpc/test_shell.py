@@ -190,3 +190,38 @@ def test_peers_are_served_by_bytes_not_by_messages() -> None:
                 sock.close(0)
             context.term()
     asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_a_fair_pump_closed_by_its_handler_stops_cleanly() -> None:
+    """A handler may close a fair pump while a peer's messages are served: the drain stops
+    serving, forgets what waits and raises nothing into the loop."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, _probe = _fair_pair(context, "fair-close")
+        served: list[int] = []
+        pump: FramePump | None = None
+
+        def on_message(parts: list[Any]) -> None:
+            assert pump is not None
+            served.append(len(parts[1]))
+            pump.close()
+
+        for _ in range(3):  # over FAIR_SMALL, under FAIR_QUANTUM together: one turn
+            bulk.send(bytes(20 * 1024))
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
+                         on_message=on_message, on_drop=lambda reason: None)
+        try:
+            await wait_for_async(lambda: served, what="the first message")
+            for _ in range(5):
+                await asyncio.sleep(0)  # any drain scheduled runs
+            assert served == [20 * 1024]
+            assert errors == [] and pump.waiting_bytes == 0
+        finally:
+            pump.close()
+            for sock in (router, bulk, _probe):
+                sock.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
