@@ -255,6 +255,12 @@ class PartitionLog:
     def size_in_bytes(self) -> int:
         return sum(s.size for s in self._view[1])
 
+    def may_roll(self, nbytes: int) -> bool:
+        """Whether appending `nbytes` more may roll the active segment, which fsyncs the
+        segment it seals (however long that takes): a writer that must not wait for the disk
+        appends such a commit elsewhere."""
+        return self._view[1][-1].size + nbytes > self.config.segment_bytes
+
     @property
     def segments(self) -> list[SegmentInfo]:
         segments = self._view[1]

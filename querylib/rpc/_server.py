@@ -238,7 +238,9 @@ class RpcServer:
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
-        self._pump = FramePump(sock, loop, small_frames=4,
+        # Fair: peers take turns by bytes, so a bulk producer's backlog does not hold up a
+        # small request of another client (DESIGN §5 "Fair service").
+        self._pump = FramePump(sock, loop, small_frames=4, fair=True,
                                limits=self.limits, on_message=self._on_message,
                                on_drop=self._on_drop, on_send_error=self._send_failed)
         return self.endpoint

@@ -9,6 +9,10 @@ socket methods with integer flags. ZMQ_FD is edge-triggered: after *any* operati
 socket, messages may be waiting without the fd signalling again. So the pump drains until
 EAGAIN when the fd fires, and after sends re-reads ZMQ_EVENTS (`kick`) once per loop
 iteration, scheduling a drain when something is readable. Nothing else touches the socket.
+A drain is bounded in messages and bytes, and has zmq take newly readable peers into its fair
+queue as it goes; a `fair` pump (a server's ROUTER) serves its peers in turn by bytes (deficit
+round robin over messages received ahead, bounded), so one peer's backlog cannot hold up
+another's messages or the loop (DESIGN §5 "Fair service").
 
 Receiving enforces the frame-count and size limits while reading, so an oversized message is
 consumed and dropped part by part instead of accumulated (zmq has buffered each part by then:
@@ -59,9 +63,30 @@ _POLLOUT = int(zmq.POLLOUT)
 # Leading parts up to this size are copied into bytes; bigger ones stay zero-copy buffers.
 _COPY_LIMIT = 64 * 1024
 
-# Messages handled per loop callback before yielding, so handler tasks, timers and other
-# sockets run while a burst is drained.
+# Messages, and bytes, handled per loop callback before yielding, so handler tasks, timers,
+# other sockets and disk reads run while a burst is drained: a burst of large messages (a
+# bulk producer's 100 KB batches) ends after about a megabyte, not after 64 of them.
 RECV_BURST = 64
+RECV_BURST_BYTES = 1024 * 1024
+
+# Bytes received between two reads of ZMQ_EVENTS inside a burst. Reading it has zmq process
+# its commands, among them "this peer has a message now": only then does its fair queue take
+# that peer in turn. Left alone, zmq does so every 100 frames while messages keep coming, so
+# one peer arriving behind another's backlog of large messages would wait for ~16-50 of them
+# (DESIGN §5 "Fair service"). A read costs a poll(2) (a few microseconds): once per this many
+# bytes, not per message.
+FAIR_QUEUE_BYTES = 128 * 1024
+
+# A fair pump (a server's ROUTER) takes its peers in turn by bytes, not by messages (deficit
+# round robin): each turn a peer with messages waiting may be served FAIR_QUANTUM bytes more,
+# so a peer of small messages (a 1 KB probe batch, a heartbeat) is not served one message per
+# 100 KB batch of a bulk peer. To see whose messages wait, it receives ahead of serving, at most
+# FAIR_HOLD_BYTES over all peers (zmq's own queues stay bounded by the receive HWM).
+FAIR_QUANTUM = 64 * 1024
+FAIR_HOLD_BYTES = 8 * 1024 * 1024
+# A message this small, of a peer with none waiting, is served as it is received (its turn
+# would come first anyway): requests and small batches cost no queueing.
+FAIR_SMALL = 4 * 1024
 
 
 def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = None
@@ -153,7 +178,8 @@ class FramePump:
                  small_frames: int, limits: Limits,
                  on_message: Callable[[list[Any]], None],
                  on_drop: Callable[[str], None],
-                 on_send_error: Callable[[zmq.ZMQError], None] | None = None) -> None:
+                 on_send_error: Callable[[zmq.ZMQError], None] | None = None,
+                 fair: bool = False) -> None:
         self._sock = sock
         self._loop = loop
         self._small = small_frames
@@ -169,6 +195,16 @@ class FramePump:
         self._kick_scheduled = False
         self._writers: deque[asyncio.Future[None]] = deque()
         self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._received = 0  # bytes of the message `_receive` returned last
+        self._since_events = 0  # bytes received since ZMQ_EVENTS was last read
+        # Fair pumps (ROUTER: a message's first part is its peer): messages received and not
+        # yet served, by peer, each with its size; the peers with some, in turn order; what
+        # each may be served before its turn ends.
+        self._fair = fair
+        self._waiting: dict[bytes, deque[tuple[list[Any], int]]] = {}
+        self._turns: deque[bytes] = deque()
+        self._deficit: dict[bytes, int] = {}
+        self.waiting_bytes = 0
         self._closed = False
         loop.add_reader(self._fd, self._drain)
         self.kick()
@@ -179,6 +215,10 @@ class FramePump:
             return
         self._closed = True
         self._loop.remove_reader(self._fd)
+        self._waiting.clear()  # received, never to be served
+        self._turns.clear()
+        self._deficit.clear()
+        self.waiting_bytes = 0
         while self._writers:
             writer = self._writers.popleft()
             if not writer.done():
@@ -274,22 +314,118 @@ class FramePump:
             return
         self._held = []
         try:
-            for _ in range(RECV_BURST):
-                try:
-                    parts = self._receive()
-                except zmq.Again:
-                    break
-                if parts is not None:
-                    self._on_message(parts)
+            if self._fair:
+                self._serve_fairly()
+            else:
+                self._serve_in_arrival_order()
         finally:
             self._flush()
             self._held = None
+        if self._turns and not self._scheduled and not self._closed:
+            self._scheduled = True  # messages wait for their turn: serve on after the others
+            self._loop.call_soon(self._drain)
         # Drained to EAGAIN, or the burst is exhausted and messages may be left: either way
         # re-read ZMQ_EVENTS once others have run (it also wakes writers waiting for room).
         self._schedule_kick()
 
+    def _processed_commands(self, size: int) -> None:
+        """Count `size` bytes received; every FAIR_QUEUE_BYTES, have zmq process its commands
+        (peers that became readable join its fair queue)."""
+        self._since_events += size
+        if self._since_events >= FAIR_QUEUE_BYTES:
+            self._since_events = 0
+            _get(self._sock, _EVENTS)
+
+    def _serve_in_arrival_order(self) -> None:
+        burst = 0
+        for _ in range(RECV_BURST):
+            try:
+                parts = self._receive()
+            except zmq.Again:
+                break
+            if parts is None:
+                continue
+            size = self._received
+            self._on_message(parts)
+            burst += size
+            if burst >= RECV_BURST_BYTES:
+                break
+            self._processed_commands(size)
+
+    def _serve_fairly(self) -> None:
+        """Receive ahead (bounded), then serve the peers with messages waiting in turn, each
+        up to its deficit, until RECV_BURST messages or RECV_BURST_BYTES are served."""
+        served = count = round_left = checked = 0
+        # zmq said EAGAIN: it is asked again (ZMQ_EVENTS, cheaper than a raised EAGAIN) once
+        # FAIR_QUEUE_BYTES more are served, so a peer arriving meanwhile is taken in soon.
+        drained = False
+        waiting, turns, deficit = self._waiting, self._turns, self._deficit
+        while served < RECV_BURST_BYTES and count < RECV_BURST and not self._closed:
+            if not round_left:  # a round begins: newcomers join its end
+                if drained and served - checked >= FAIR_QUEUE_BYTES:
+                    checked = served
+                    drained = not _get(self._sock, _EVENTS) & _POLLIN
+                if not drained:
+                    more_bytes, more, drained = self._receive_ahead(RECV_BURST - count)
+                    served += more_bytes
+                    count += more
+                round_left = len(turns)
+                if not round_left:
+                    return
+            round_left -= 1
+            peer = turns.popleft()
+            queue = waiting[peer]
+            allowance = deficit[peer] + FAIR_QUANTUM
+            while queue and queue[0][1] <= allowance and not self._closed:
+                parts, size = queue.popleft()
+                allowance -= size
+                self.waiting_bytes -= size
+                served += size
+                count += 1
+                self._on_message(parts)
+            if self._closed:
+                self.waiting_bytes = 0  # close() forgot what waits
+                return
+            if queue:
+                deficit[peer] = allowance
+                turns.append(peer)
+            else:
+                del waiting[peer], deficit[peer]
+
+    def _receive_ahead(self, limit: int) -> tuple[int, int, bool]:
+        """Take what zmq has into the peers' queues, while they hold under FAIR_HOLD_BYTES,
+        serving at once a small message of a peer with none waiting (at most `limit` of
+        those); the bytes and the count of those served, and whether zmq had no more (an
+        EAGAIN costs a raised exception, ~10 us: not one per round)."""
+        served = count = 0
+        while self.waiting_bytes < FAIR_HOLD_BYTES and count < limit and not self._closed:
+            try:
+                parts = self._receive()
+            except zmq.Again:
+                return served, count, True
+            if parts is None:
+                continue
+            size = self._received
+            peer = parts[0]
+            queue = self._waiting.get(peer)
+            if queue is None and size <= FAIR_SMALL:
+                served += size
+                count += 1
+                self._on_message(parts)
+                self._processed_commands(size)
+                continue
+            if queue is None:
+                queue = self._waiting[peer] = deque()
+                self._deficit[peer] = 0
+                self._turns.append(peer)
+            queue.append((parts, size))
+            self.waiting_bytes += size
+            self._processed_commands(size)
+        return served, count, False
+
     def _receive(self) -> list[Any] | None:
-        """One whole message, or None when it was over the limits (then reported dropped)."""
+        """One whole message, or None when it was over the limits (then reported dropped);
+        its size in bytes is left in `_received`."""
         sock = self._sock
         # Frames, not copied bytes, only to read `more` cheaply: ZMQ_RCVMORE through
         # getsockopt costs several times more in pyzmq.
@@ -314,6 +450,7 @@ class FramePump:
         if too_big is not None:
             self._on_drop(too_big)
             return None
+        self._received = total
         return parts
 
 

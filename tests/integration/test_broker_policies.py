@@ -78,3 +78,30 @@ def test_tail_and_catch_up_deliver_the_bytes_the_log_stores(tmp_path):
     segment = (tmp_path / "b-0" / ("0" * 20 + ".log")).read_bytes()
     assert b"".join(chunks) == segment  # from memory, as the batches were appended
     assert b"".join(late_chunks) == segment  # from disk
+
+
+def test_appends_that_roll_segments_keep_order_and_acks_under_never(tmp_path):
+    """Under "never" a commit that rolls its segment is written off the loop, and the
+    partition's later batches queue behind it (tests/querylib/server/broker/test_appender.py):
+    a producer rolling many segments still has every batch acknowledged, in order, and read
+    back in order, while another partition's producer writes beside it."""
+    config = LogConfig(segment_bytes=4096)
+    with broker(str(tmp_path), config) as (endpoint, server):
+        with Producer(endpoint, "bulk", secret=SECRET, batch_records=20) as bulk, \
+                Producer(endpoint, "probe", secret=SECRET, batch_records=1) as probe:
+            for i in range(2000):
+                bulk.send(b"%06d" % i + bytes(94))
+                if i % 100 == 0:
+                    probe.send(b"%d" % i)
+            bulk.flush()
+            probe.flush()
+            assert bulk.last_acked.next_offset == 2000
+            assert probe.last_acked.next_offset == 20
+        segments = server.partition_log(("bulk", 0)).segment_count
+        for topic, expected in (("bulk", [b"%06d" % i + bytes(94) for i in range(2000)]),
+                                ("probe", [b"%d" % i for i in range(0, 2000, 100)])):
+            with Subscriber(endpoint, topic, 0, secret=SECRET) as sub:
+                values = [r.value for e in sub if isinstance(e, Data) for r in e.records]
+            assert values == expected
+        assert segments > 20  # ~2,200 bytes per batch of 20: each commit rolled
+        assert server.statistics()["bugs"] == 0

@@ -4,14 +4,17 @@ when they may wait for the disk.
 The broker's core emits `Append` instructions; the lane performs them one commit at a time per
 partition, so appends of a partition stay in order, on an executor thread, so a slow fsync
 stalls only that partition. Under the "never" flush policy no append waits for the disk (it
-lands in the page cache), and the lane writes inline on the loop instead. Each outcome comes
-back as an `AppendCompleted` or `AppendFailed` stimulus. Queued appends are written together
-with `append_batches` (one write and at most one fsync per commit, as Kafka's log does with a
-produce request's batches); a commit is synced when any of its appends asks for it (an
-`Append` with `sync=False` is answered once written: the OS has it, and the next synced commit
-of the log makes it durable). Under the "interval" flush policy, and under "always" after
-appends not synced, the lane also schedules the flush the log asks for and reports
-`DurableAdvanced`.
+lands in the page cache), and the lane writes inline on the loop instead, except a commit that
+may roll the segment: the roll fsyncs the sealed segment (a gigabyte of page cache takes
+hundreds of milliseconds, which would stall every partition of the broker), so that commit goes
+to the executor and the partition's later appends queue behind it, in order (DESIGN §5 "Fair
+service"). Each outcome comes back as an `AppendCompleted` or `AppendFailed` stimulus. Queued
+appends are written together with `append_batches` (one write and at most one fsync per
+commit, as Kafka's log does with a produce request's batches); a commit is synced when any of
+its appends asks for it (an `Append` with `sync=False` is answered once written: the OS has
+it, and the next synced commit of the log makes it durable). Under the "interval" flush
+policy, and under "always" after appends not synced, the lane also schedules the flush the log
+asks for and reports `DurableAdvanced`.
 
 The lane owns its task and its timer; it decides nothing about acknowledgements (the core does)
 and never touches sockets.
@@ -88,7 +91,8 @@ class AppendLane:
         if self._closed:
             self._report(AppendFailed(self.pid, ticket, TqError("the broker is shutting down")))
             return
-        if self._inline and self._task is None and not self._queue:
+        if (self._inline and self._task is None and not self._queue
+                and not self.log.may_roll(len(batch))):
             # Idle and writing inline: append now rather than one loop iteration later (a
             # burst arriving while a commit is written still queues behind it and goes as one).
             for stimulus in self._append([(ticket, batch, sync)]):
@@ -130,7 +134,8 @@ class AppendLane:
                 else:
                     commit = self._take_commit()
                     try:
-                        if self._inline:
+                        if self._inline and not self.log.may_roll(
+                                sum(len(b) for _, b, _ in commit)):
                             outcome = self._append(commit)
                         else:
                             outcome = await loop.run_in_executor(self._executor,

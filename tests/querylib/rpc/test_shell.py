@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import zmq
 
 from querylib.rpc import Limits
-from querylib.rpc._shell import FramePump, new_socket
+from querylib.rpc._shell import RECV_BURST, RECV_BURST_BYTES, FramePump, new_socket
 from tests.conftest import wait_for_async
 
 
@@ -60,5 +61,167 @@ def test_send_soon_holds_replies_for_the_burst_and_keeps_their_order() -> None:
             pump.close()
             router.close(0)
             dealer.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def _fair_pair(context: zmq.Context[Any], name: str) -> tuple[zmq.Socket[Any], ...]:
+    """A ROUTER and two DEALERs ("bulk", "probe") over inproc: a send is in the ROUTER's
+    queue, and zmq's note that the peer is readable in its mailbox, when `send` returns."""
+    limits = Limits()
+    router = new_socket(zmq.ROUTER, limits, context)
+    router.bind(f"inproc://{name}")
+    peers = []
+    for identity in (b"bulk", b"probe"):
+        dealer = new_socket(zmq.DEALER, limits, context)
+        dealer.setsockopt(zmq.IDENTITY, identity)
+        dealer.connect(f"inproc://{name}")
+        peers.append(dealer)
+    return (router, *peers)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_peer_arriving_behind_a_backlog_is_served_within_a_turn(fair: bool) -> None:
+    """A peer whose message arrives while another peer's backlog of large messages is being
+    received is served next (within one message of the backlog), not after the backlog:
+    zmq adds a newly readable peer to its fair queue only when the socket processes its
+    commands, which it does by itself only every 100 frames while messages keep coming."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, probe = _fair_pair(context, "fair-turns")
+        order: list[bytes] = []
+        big = bytes(200 * 1024)
+
+        def on_message(parts: list[Any]) -> None:
+            body = bytes(parts[1]) if len(parts[1]) < 100 else b"bulk"
+            order.append(body)
+            if body == b"bulk" and order.count(b"bulk") % 10 == 1:
+                probe.send(b"probe")  # one probe every 10 bulk messages, each after the last
+
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=fair,
+                         on_message=on_message, on_drop=lambda reason: None)
+        try:
+            probe.send(b"hello")  # read, then found empty: zmq takes it out of its queue
+            await wait_for_async(lambda: order == [b"hello"], what="the probe's hello")
+            for _ in range(60):
+                bulk.send(big)
+            await wait_for_async(lambda: len(order) == 67, what="every message")
+            # Each probe is sent while a bulk message is handled; at most one more bulk
+            # message is served before it (zmq's fair queue takes peers in turn), or two with
+            # `fair` (received ahead up to FAIR_HOLD_BYTES: a message arriving while that
+            # much waits is received once one more bulk message is served).
+            sent_at = [i for i, b in enumerate(order) if b == b"bulk"][::10]
+            served_at = [i for i, b in enumerate(order) if b == b"probe"]
+            assert len(sent_at) == len(served_at) == 6
+            waits = [s - t - 1 for t, s in zip(sent_at, served_at, strict=True)]
+            assert max(waits) <= (2 if fair else 1), waits
+        finally:
+            pump.close()
+            for sock in (router, bulk, probe):
+                sock.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_receive_burst_is_bounded_in_bytes(fair: bool) -> None:
+    """One loop callback receives at most RECV_BURST_BYTES (and whole messages): with a
+    backlog of large messages queued, a callback scheduled while the first is handled runs
+    once that many bytes are in, not after the whole burst of RECV_BURST messages, so timers,
+    other sockets and disk reads get their turn beside a bulk stream."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, _probe = _fair_pair(context, "fair-bytes")
+        order: list[str] = []
+        size = 256 * 1024
+
+        def on_message(parts: list[Any]) -> None:
+            order.append("message")
+            if len(order) == 1:
+                loop.call_soon(order.append, "other work")
+
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=fair,
+                         on_message=on_message, on_drop=lambda reason: None)
+        try:
+            assert RECV_BURST * size > 4 * RECV_BURST_BYTES  # the bytes bound comes first
+            for _ in range(RECV_BURST):
+                bulk.send(bytes(size))
+            await wait_for_async(lambda: len(order) == RECV_BURST + 1, what="every message")
+            per_burst = -(-RECV_BURST_BYTES // size)  # whole messages: the last one crosses
+            assert order.index("other work") == per_burst
+        finally:
+            pump.close()
+            for sock in (router, bulk, _probe):
+                sock.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_peers_are_served_by_bytes_not_by_messages() -> None:
+    """With `fair`, a ROUTER's peers take turns by bytes (deficit round robin), each peer's
+    messages in the order it sent them: a backlog of small messages queued beside a bulk
+    peer's backlog of large ones is served before the second large one, where zmq's own
+    fair queue (one message per peer in turn) would serve one small message per large one."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, probe = _fair_pair(context, "fair-bytes-turns")
+        order: list[bytes] = []
+        for i in range(30):
+            bulk.send(b"bulk %02d" % i + bytes(200 * 1024))
+            probe.send(b"probe %02d" % i)
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
+                         on_message=lambda parts: order.append(bytes(parts[1][:8]).rstrip(b"\0")),
+                         on_drop=lambda reason: None)
+        try:
+            await wait_for_async(lambda: len(order) == 60, what="every message")
+            assert [m for m in order if m.startswith(b"bulk")] == [
+                b"bulk %02d" % i for i in range(30)]
+            assert [m for m in order if m.startswith(b"probe")] == [
+                b"probe %02d" % i for i in range(30)]
+            second_bulk = order.index(b"bulk 01")
+            assert order.index(b"probe 29") < second_bulk, order
+            assert pump.waiting_bytes == 0
+        finally:
+            pump.close()
+            for sock in (router, bulk, probe):
+                sock.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_a_fair_pump_closed_by_its_handler_stops_cleanly() -> None:
+    """A handler may close a fair pump while a peer's messages are served: the drain stops
+    serving, forgets what waits and raises nothing into the loop."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, _probe = _fair_pair(context, "fair-close")
+        served: list[int] = []
+        pump: FramePump | None = None
+
+        def on_message(parts: list[Any]) -> None:
+            assert pump is not None
+            served.append(len(parts[1]))
+            pump.close()
+
+        for _ in range(3):  # over FAIR_SMALL, under FAIR_QUANTUM together: one turn
+            bulk.send(bytes(20 * 1024))
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
+                         on_message=on_message, on_drop=lambda reason: None)
+        try:
+            await wait_for_async(lambda: served, what="the first message")
+            for _ in range(5):
+                await asyncio.sleep(0)  # any drain scheduled runs
+            assert served == [20 * 1024]
+            assert errors == [] and pump.waiting_bytes == 0
+        finally:
+            pump.close()
+            for sock in (router, bulk, _probe):
+                sock.close(0)
             context.term()
     asyncio.run(asyncio.wait_for(test(), 30))

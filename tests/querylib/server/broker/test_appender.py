@@ -6,7 +6,8 @@ the flush interval."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,59 @@ def test_an_append_not_synced_is_flushed_by_itself_after_the_interval(tmp_path):
         assert log.flushed_end_offset == 1
     assert isinstance(completed, AppendCompleted) and completed.durable_end == 0
     assert durable == DurableAdvanced(("t", 0), 1)
+
+
+class HeldExecutor(Executor):
+    """Runs what is submitted only when told (`run_all`), on the caller's thread."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Future, Any, tuple]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        self.jobs.append((future, fn, args))
+        return future
+
+    def run_all(self) -> int:
+        ran = 0
+        while self.jobs:
+            future, fn, args = self.jobs.pop(0)
+            future.set_result(fn(*args))
+            ran += 1
+        return ran
+
+
+def test_an_inline_append_that_rolls_its_segment_runs_off_the_loop(tmp_path):
+    """Under the "never" policy appends are written on the loop, but a commit that may roll
+    the segment goes to the executor (a roll fsyncs the segment it seals: a 1 GiB segment
+    stalled every partition of the broker for ~400 ms): meanwhile the partition's later
+    appends queue behind it in order and another partition's appends are written at once."""
+    async def run(a_log: PartitionLog, b_log: PartitionLog) -> tuple[list, int, list]:
+        seen: list = []
+        held = HeldExecutor()
+        a = AppendLane(("a", 0), a_log, held, seen.append, inline=True)
+        b = AppendLane(("b", 0), b_log, held, seen.append, inline=True)
+        a.submit(1, batch(1))          # fits: written at once
+        a.submit(2, batch(30))         # would roll: to the executor
+        a.submit(3, batch(1))          # behind it, in order (one commit with it)
+        b.submit(4, batch(1))          # another partition: not held up
+        await asyncio.sleep(0)         # the lane's task starts and hands the roll over
+        before = list(seen)
+        ran = held.run_all()
+        async with asyncio.timeout(10):
+            while len(seen) < 4:
+                await asyncio.sleep(0.005)
+        await a.close()
+        await b.close()
+        return before, ran, seen
+
+    config = LogConfig(segment_bytes=350)  # 69-byte batch(1), 301-byte batch(30)
+    with PartitionLog.open(tmp_path / "a-0", config) as a_log, \
+            PartitionLog.open(tmp_path / "b-0", config) as b_log:
+        before, ran, seen = asyncio.run(run(a_log, b_log))
+        assert a_log.segment_count == 3  # a2 and a3 each rolled (one commit)
+    assert [(s.partition[0], s.ticket) for s in before] == [("a", 1), ("b", 4)]
+    assert ran == 1
+    assert [(s.ticket, s.base_offset, s.next_offset) for s in seen if s.partition[0] == "a"] \
+        == [(1, 0, 1), (2, 1, 31), (3, 31, 32)]
+    assert all(isinstance(s, AppendCompleted) for s in seen)
