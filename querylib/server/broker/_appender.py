@@ -93,6 +93,20 @@ class AppendLane:
         self._queue.append((ticket, batch))
         self._kick()
 
+    def submit_many(self, items: list[tuple[int, Any]]) -> None:
+        """Queue several appends (ticket, batch), in order: written together, as one commit
+        when they fit one (one request's batches: one write rather than one each)."""
+        if self._closed or not (self._inline and self._task is None and not self._queue):
+            for ticket, batch in items:
+                self.submit(ticket, batch)
+            return
+        self._queue.extend(items)  # idle and inline: write them now, a commit at a time
+        while self._queue and self._queue[0] is not _FLUSH \
+                and not isinstance(self._queue[0], _Trim):
+            for stimulus in self._append(self._take_commit()):
+                self._report(stimulus)
+        self._kick()  # whatever a report queued meanwhile
+
     async def delete_records(self, offset: int) -> int:
         """Move the log start up to `offset` after the appends queued before (Kafka's
         DeleteRecords); the new log start, reported to the core as `LogStartAdvanced`."""
