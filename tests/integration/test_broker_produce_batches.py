@@ -140,3 +140,39 @@ def test_a_producer_sends_the_batches_that_wait_in_one_request(tmp_path) -> None
         assert grouped >= 1
         assert grouped + single < 300
         assert values_of(endpoint, "w", 300) == [str(i).encode() for i in range(300)]
+
+
+@pytest.mark.parametrize("flush", ["never", "always"])
+def test_a_tailing_subscriber_gets_one_requests_batches_in_one_delivery(tmp_path, flush) -> None:
+    """The batches of one request are written in one commit and become visible together: a
+    subscriber at the tail gets them as one delivery (one message, one MAC), not one each."""
+    config = LogConfig(flush=flush)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = BrokerServer(str(tmp_path), SECRET, log_config=config)
+    try:
+        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        with Subscriber(endpoint, "t", 0, secret=SECRET, create=True) as sub:
+            async def main() -> list[Produced]:
+                async with AsyncProducer(endpoint, "t", secret=SECRET) as producer:
+                    first = await (await producer.send_batch(batch(b"0")))
+                    assert first is not None
+                    done = await producer.core.send_batches(
+                        [(batch(b"1"), None), (batch(b"2", b"3"), None), (batch(b"4"), None)])
+                    return await done
+
+            produced = asyncio.run(main())
+            assert [(p.base_offset, p.next_offset) for p in produced] == [(1, 2), (2, 4), (4, 5)]
+            spans = []
+            while not spans or spans[-1][1] < 5:
+                chunk = sub.next_chunk(timeout=30)
+                assert chunk is not None
+                spans.append((chunk.offset, chunk.next_offset))
+                sub.consumed(chunk)
+            assert spans == [(0, 1), (1, 5)]
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

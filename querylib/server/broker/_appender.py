@@ -193,6 +193,7 @@ class AppendLane:
 
     def _append(self, commit: list[tuple[int, Any]]) -> list[Stimulus]:
         log = self.log
+        before = log.durable_end_offset
         ends: list[int] | None = None
         try:
             bases: list[int | TqError] = list(log.append_batches([b for _, b in commit]))
@@ -215,9 +216,14 @@ class AppendLane:
         out: list[Stimulus] = []
         pid = self.pid
         if ends is not None:
-            for (ticket, _), base, nxt in zip(commit, bases, ends, strict=True):
+            # All but the last say the durable end from before the commit (true, if low): the
+            # last's makes them durable together, so the core acknowledges them and shows them
+            # to subscribers at once (one delivery for a commit, not one per batch).
+            last = len(commit) - 1
+            for i, ((ticket, _), base, nxt) in enumerate(zip(commit, bases, ends, strict=True)):
                 # every batch was appended (else `ends` is None): its base is an offset
-                out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start, durable))
+                out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start,
+                                           durable if i == last else before))
             return out
         for (ticket, batch), base in zip(commit, bases, strict=True):
             if isinstance(base, TqError):
