@@ -169,9 +169,10 @@ _FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's
 
 def server_limits(limits: BrokerLimits) -> Limits:
     """What the broker's ROUTER accepts (DESIGN §2 "Limits"). A Produce carries one batch of
-    at most `max_batch_bytes`, every other request is small: ZMQ_MAXMSGSIZE refuses a bigger
-    frame from its announced size, before buffering it, so unsigned garbage costs at most
-    RECV_HWM x that per connection. Deliveries are bounded by credit, not by message count (a
+    at most `max_batch_bytes` (a ProduceBatches that many bytes of batches in one frame),
+    every other request is small: ZMQ_MAXMSGSIZE refuses a bigger frame from its announced
+    size, before buffering it, so unsigned garbage costs at most RECV_HWM x that per
+    connection. Deliveries are bounded by credit, not by message count (a
     subscriber with 1 MiB of credit and 100-byte batches has ~10k in flight): the send HWM
     stays high."""
     return Limits(hwm=100_000, recv_hwm=RECV_HWM,
