@@ -42,9 +42,10 @@ __all__ = ["Producer", "Subscriber"]
 
 # A Producer's outbox: batches waiting for its loop. Past two it takes more only while they are
 # small (up to this many, and bytes): those that pile up while earlier ones are in flight leave
-# together, as one ProduceBatchesRequest, which is how 1-record batches amortise a request.
+# together, as one ProduceBatchesRequest (joined into one frame: a copy, cheap for small ones),
+# which is how small batches amortise a request. Big batches go one a request, uncopied.
 _GROUP_BATCHES = 256
-_OUTBOX_BYTES = 1024 * 1024
+_GROUP_BYTES = 64 * 1024
 
 
 def _async_locate(locate: Callable[[], str | None] | None) -> Locate | None:
@@ -310,9 +311,9 @@ class Producer:
 
     def _group_locked(self) -> list[tuple[Any, Claim | None]]:
         """The batches at the head of the outbox that go in one request: as many as wait, up
-        to _GROUP_BATCHES and the broker's largest batch in bytes (at least the first)."""
+        to _GROUP_BATCHES and _GROUP_BYTES (at least the first)."""
         opened = self.link.opened
-        room = opened.max_batch_bytes if opened is not None else 0
+        room = min(opened.max_batch_bytes, _GROUP_BYTES) if opened is not None else 0
         group = [self._outbox[0]]
         size = len(group[0][0])
         for item in itertools.islice(self._outbox, 1, _GROUP_BATCHES):
@@ -324,10 +325,11 @@ class Producer:
 
     def _outbox_full_locked(self) -> bool:
         """Whether a caller waits before adding a batch: two wait, and either many more
-        or more than _OUTBOX_BYTES (the producer's backpressure; under it the batches that
-        pile up while the window or the in-flight limit holds them go as one request)."""
+        or more than _GROUP_BYTES (the producer's backpressure; under it the small batches
+        that pile up while the window or the in-flight limit holds them go as one request;
+        big ones wait two at a time, as they always did)."""
         return len(self._outbox) >= 2 and (len(self._outbox) >= _GROUP_BATCHES
-                                           or self._outbox_bytes >= _OUTBOX_BYTES)
+                                           or self._outbox_bytes >= _GROUP_BYTES)
 
     def _put_locked(self, batch: Any, claim: Claim | None) -> None:
         self._outbox.append((batch, claim))
