@@ -28,6 +28,13 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
   to a subscriber query); p50/p99 of each, the bulk stream's records/s, and the CPU of
   `tq up`'s own process (the coordinator's: its executor, broker and queries run in children)
   in cores over each window.
+- scaling_trickling_topics: 1,000 topics each written 10 records a second, every record its
+  own batch (what a producer with a short linger sends at that rate), by 2 producer processes
+  (500 topics each, one session per process), with a subscriber per topic (200 a process:
+  a link takes 2-3 of zmq's 1,023 sockets a process), for 10 seconds; the broker process's
+  CPU in cores over that window and per record, and the records offered and written per
+  second (the producers' own Python may fall short of the offered rate on 2 shared cores:
+  then the CPU per record is the figure to compare).
 
 Processes are spawned, all on this machine; they share its cores.
 """
@@ -51,7 +58,7 @@ from querylib.bench._pubsub import (
 )
 
 __all__ = ["batch_sizes", "control_beside_bulk", "partitions", "partitions_shards",
-           "probe_beside_bulk", "run", "subscribers", "zmq_per_record"]
+           "probe_beside_bulk", "run", "subscribers", "trickling_topics", "zmq_per_record"]
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -281,6 +288,71 @@ def _bulk_count(ctx: Any, topic: str, folder: str) -> None:
         {"records": seen, "seconds": time.perf_counter() - (first or time.perf_counter())}))
 
 
+def _trickle(address: str, secret: bytes, topics: list[str], seconds: float, rate: float,
+             queue: Any) -> None:
+    asyncio.run(_trickle_main(address, secret, topics, seconds, rate, queue))
+
+
+async def _trickle_main(address: str, secret: bytes, topics: list[str], seconds: float,
+                        rate: float, queue: Any) -> None:
+    """`rate` 1-record batches a second into each of `topics`, one session for all of them."""
+    from querylib.broker._producer import ProducerCore
+    from querylib.broker._session import BrokerLink
+
+    link = BrokerLink(address, secret, timeout=60)
+    await link.start()
+    cores = [ProducerCore(link, topic, 0, create=True) for topic in topics]
+    for core in cores:
+        await core.open()
+    batch = _batch(n=1)
+    queue.put("ready")
+    start = time.perf_counter()
+    ticks = int(seconds * rate)
+    for tick in range(ticks):
+        delay = start + tick / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for core in cores:
+            await core.send_batch(batch)
+    for core in cores:
+        await core.flush()
+    elapsed = time.perf_counter() - start
+    await link.close()
+    queue.put({"records": ticks * len(cores), "seconds": elapsed})
+
+
+def _trickle_readers(address: str, secret: bytes, topics: list[str], records: int,
+                     queue: Any) -> None:
+    asyncio.run(_trickle_read(address, secret, topics, records, queue))
+
+
+async def _trickle_read(address: str, secret: bytes, topics: list[str], records: int,
+                        queue: Any) -> None:
+    """A subscriber per topic, each reading `records` records (or until 60 s of silence)."""
+    from querylib.broker import AsyncSubscriber, Data
+
+    subs = [AsyncSubscriber(address, topic, 0, secret=secret, create=True, credit=256 * 1024)
+            for topic in topics]
+    for sub in subs:
+        await sub.start()
+    queue.put("ready")
+
+    async def read(sub: Any) -> int:
+        seen = 0
+        while seen < records:
+            event = await sub.next_event(60)
+            if event is None:
+                break
+            if isinstance(event, Data):
+                seen += len(event.records)
+        return seen
+
+    seen = await asyncio.gather(*(read(sub) for sub in subs))
+    for sub in subs:
+        await sub.close()
+    queue.put({"records": sum(seen)})
+
+
 def _parsing_pull(port: int, batches: int, queue: Any) -> None:
     _raw_pull(port, batches, queue, parse=True)
 
@@ -474,6 +546,48 @@ def subscribers(batches: int = 2000) -> dict[str, Any]:
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
+def trickling_topics(topics: int = 1000, rate: float = 10.0, seconds: float = 10.0,
+                     processes: int = 2) -> dict[str, Any]:
+    names = [f"trickle-{i}" for i in range(topics)]
+    shares = [names[i::processes] for i in range(processes)]
+    groups = -(-topics // 200)
+    cluster = _Cluster()
+    try:
+        readers, writers = cluster.mp.Queue(), cluster.mp.Queue()
+        per_topic = int(seconds * rate)
+        for i in range(groups):
+            cluster.start(_trickle_readers, cluster.address, cluster.secret,
+                          names[i::groups], per_topic, readers)
+        for _ in range(groups):
+            assert cluster.get(readers, 300) == "ready"
+        for share in shares:
+            cluster.start(_trickle, cluster.address, cluster.secret, share, seconds, rate,
+                          writers)
+        for _ in shares:
+            assert cluster.get(writers, 300) == "ready"
+        cpu, wall = _cpu_seconds(cluster.broker.pid), time.perf_counter()
+        written = [cluster.get(writers) for _ in shares]
+        used = _cpu_seconds(cluster.broker.pid) - cpu
+        cores = used / max(time.perf_counter() - wall, 1e-9)
+        read = [cluster.get(readers) for _ in range(groups)]
+    finally:
+        cluster.close()
+    offered = topics * rate
+    took = max(w["seconds"] for w in written)
+    return {"name": "scaling_trickling_topics",
+            "figures": {"broker_cores": round(cores, 3),
+                        "broker_us_per_record": round(
+                            used / max(sum(w["records"] for w in written), 1) * 1e6, 1),
+                        "offered_records_per_s": round(offered),
+                        "written_records_per_s": round(
+                            sum(w["records"] for w in written) / max(took, 1e-9)),
+                        "delivered_records": sum(r["records"] for r in read),
+                        "expected_records": topics * int(seconds * rate)},
+            "note": f"{topics} topics x {rate:g} records/s, each record its own batch, "
+                    f"{processes} producer and {groups} subscriber processes, {seconds:g} s",
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
     figures = {}
     cluster = _Cluster()
@@ -583,6 +697,7 @@ def run() -> Iterator[dict[str, Any]]:
     yield partitions()
     yield partitions_shards()
     yield subscribers()
+    yield trickling_topics()
     yield probe_beside_bulk()
     yield control_beside_bulk()
 

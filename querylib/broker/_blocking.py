@@ -18,6 +18,7 @@ without reaching it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 from collections import deque
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
     from querylib.rpc import Credential
 
 __all__ = ["Producer", "Subscriber"]
+
+# A Producer's outbox: batches waiting for its loop. Past two it takes more only while they are
+# small (up to this many, and bytes): those that pile up while earlier ones are in flight leave
+# together, as one ProduceBatchesRequest (joined into one frame: a copy, cheap for small ones),
+# which is how small batches amortise a request. Big batches go one a request, uncopied.
+_GROUP_BATCHES = 256
+_GROUP_BYTES = 64 * 1024
 
 
 def _async_locate(locate: Callable[[], str | None] | None) -> Locate | None:
@@ -109,8 +117,9 @@ class Producer:
         self.timeout = timeout
         self._thread = LoopThread(f"tq-producer {topic}-{partition}", owner="a Producer")
         # Records pending and encoded batches waiting for the loop, shared with the linger
-        # timer. Batches leave the outbox in order, one sender task at a time; the caller
-        # blocks while two batches wait (the window is exhausted), which is the backpressure.
+        # timer. Batches leave the outbox in order, one sender task at a time, those waiting
+        # together in one request; the caller blocks while the outbox is full
+        # (`_outbox_full_locked`: the window is exhausted), which is the backpressure.
         self._lock = threading.Condition()
         self._pending: list[Entry] = []
         self._pending_bytes = 0
@@ -118,6 +127,7 @@ class Producer:
         # Batches for the loop to send, in order, each with the sequence numbers claimed for
         # it when it has to be stamped still (ProducerCore.claim_for).
         self._outbox: deque[tuple[Any, Claim | None]] = deque()
+        self._outbox_bytes = 0
         self._sender: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._linger_armed = False
@@ -236,7 +246,7 @@ class Producer:
         """Encode what is pending on this thread and queue it for the loop; blocks while the
         outbox is full (the broker's window is exhausted)."""
         with self._lock:
-            while len(self._outbox) >= 2 and self._failure is None:
+            while self._outbox_full_locked() and self._failure is None:
                 self._lock.wait(0.5)
             self._raise_failure()
             if self._pending or self._runs.count:
@@ -247,11 +257,10 @@ class Producer:
         from `send_values` (never both: each kind flushes the other before it adds)."""
         if self._pending:
             entries, self._pending, self._pending_bytes = self._pending, [], 0
-            self._outbox.append((encode_records(entries, **self.core.stamping(len(entries))),
-                                 None))
+            self._put_locked(encode_records(entries, **self.core.stamping(len(entries))), None)
         if self._runs.count:
             runs, self._runs = self._runs, RunBatch()
-            self._outbox.append((runs.build(**self.core.stamping(runs.count)), None))
+            self._put_locked(runs.build(**self.core.stamping(runs.count)), None)
         self._thread.soon(self._start_sender)
 
     def _raise_failure(self) -> None:
@@ -282,18 +291,49 @@ class Producer:
             with self._lock:
                 if not self._outbox:
                     return
-                batch, claim = self._outbox[0]
+                group = self._group_locked()
             try:
-                await self.core.send_batch(batch, claim)
+                if len(group) == 1:
+                    await self.core.send_batch(*group[0])
+                else:  # several waiting: one request for all (one MAC, one reply)
+                    await self.core.send_batches(group)
             except BaseException as exc:
                 with self._lock:
                     self._failure = exc
                     self._outbox.clear()
+                    self._outbox_bytes = 0
                     self._lock.notify_all()
                 return
             with self._lock:
-                self._outbox.popleft()
+                for _ in group:
+                    self._outbox_bytes -= len(self._outbox.popleft()[0])
                 self._lock.notify_all()
+
+    def _group_locked(self) -> list[tuple[Any, Claim | None]]:
+        """The batches at the head of the outbox that go in one request: as many as wait, up
+        to _GROUP_BATCHES and _GROUP_BYTES (at least the first)."""
+        opened = self.link.opened
+        room = min(opened.max_batch_bytes, _GROUP_BYTES) if opened is not None else 0
+        group = [self._outbox[0]]
+        size = len(group[0][0])
+        for item in itertools.islice(self._outbox, 1, _GROUP_BATCHES):
+            size += len(item[0])
+            if size > room:
+                break
+            group.append(item)
+        return group
+
+    def _outbox_full_locked(self) -> bool:
+        """Whether a caller waits before adding a batch: two wait, and either many more
+        or more than _GROUP_BYTES (the producer's backpressure; under it the small batches
+        that pile up while the window or the in-flight limit holds them go as one request;
+        big ones wait two at a time, as they always did)."""
+        return len(self._outbox) >= 2 and (len(self._outbox) >= _GROUP_BATCHES
+                                           or self._outbox_bytes >= _GROUP_BYTES)
+
+    def _put_locked(self, batch: Any, claim: Claim | None) -> None:
+        self._outbox.append((batch, claim))
+        self._outbox_bytes += len(batch)
 
     async def _drained(self) -> None:
         while self._sender is not None and not self._sender.done():
@@ -302,14 +342,14 @@ class Producer:
     def send_batch(self, batch: bytes) -> None:
         """Send an already encoded RecordBatch (after the records pending before it)."""
         with self._lock:
-            while len(self._outbox) >= 2 and self._failure is None:
+            while self._outbox_full_locked() and self._failure is None:
                 self._lock.wait(0.5)
             self._raise_failure()
             if self._pending or self._runs.count:
                 self._enqueue_locked()
             # Numbered here, in outbox order (sequences follow the order batches are sent);
             # stamped (a CRC pass) on the loop thread, off this lock.
-            self._outbox.append((batch, self.core.claim_for(batch)))
+            self._put_locked(batch, self.core.claim_for(batch))
             self._thread.soon(self._start_sender)
 
     def advance(self, frontier: int) -> None:

@@ -48,7 +48,7 @@ from querylib.records import (
     stamp_producer_split,
 )
 from querylib.records._header import PRODUCER_OFFSET
-from querylib.rpc import Credential
+from querylib.rpc import Credential, error_from_body
 
 from ._credit import CreditWindow
 from ._errors import DuplicateSequenceError
@@ -67,7 +67,9 @@ from .messages import (
     EndStreamRequest,
     Incarnation,
     OpenProducerRequest,
+    ProduceBatchesRequest,
     Produced,
+    ProducedBatches,
     ProduceRequest,
 )
 
@@ -307,6 +309,33 @@ class ProducerCore:
         return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
                                                 partition=self.partition), len(stamped), frames)
 
+    async def send_batches(self, batches: Sequence[tuple[Batch, Claim | None]]
+                           ) -> asyncio.Future[Any]:
+        """Several encoded batches (each with its claim, as `send_batch`) in ONE request
+        (ProduceBatchesRequest: one message, one MAC, one reply, as a Kafka ProduceRequest
+        carries several), appended in this order; at most `max_batch_bytes` in all. The
+        future resolves to the list of their acknowledgements (Produced each), or None if a
+        batch failed (raised by a later call). One batch goes as `send_batch` does."""
+        if len(batches) == 1:
+            return await self.send_batch(*batches[0])
+        self.check()
+        if self._ended:
+            raise UserError("this producer has ended its stream; open a new one")
+        opened = self.link.opened
+        parts: list[Any] = []
+        for batch, claim in batches:
+            stamped = self.stamp(batch, claim)
+            parts += (stamped.head, stamped.body) if type(stamped) is SplitBatch else (stamped,)
+        frame = b"".join(parts)  # one frame: small batches, or a copy paid once per request
+        if opened is not None and len(frame) > opened.max_batch_bytes:
+            for batch, claim in batches:
+                self._unclaim(batch, claim)
+            raise InvalidLengthError(f"batches of {len(frame)} bytes in all exceed the "
+                                     f"broker's maximum of {opened.max_batch_bytes} per request")
+        return await self._issue(ProduceBatchesRequest(
+            session=self.link.session, topic=self.topic, partition=self.partition,
+            batches=len(batches)), len(frame), [frame])
+
     async def advance(self, frontier: int) -> None:
         """Promise no more records with time < `frontier`; the broker publishes the minimum
         over the partition's producers."""
@@ -366,6 +395,8 @@ class ProducerCore:
     async def _attempt(self, out: _Out, attempt: int, generation: int) -> None:
         try:
             reply = await self.link.request(out.request, payload=out.payload)
+            if type(reply) is ProducedBatches:
+                reply = _each_produced(reply)
         except DuplicateSequenceError:
             reply = _STORED_BEFORE
         except TqError as exc:
@@ -397,6 +428,11 @@ class ProducerCore:
             if reply.base_offset >= 0:
                 self.last_acked = reply
             self.acked_batches += 1
+        elif isinstance(out.request, ProduceBatchesRequest):
+            for produced in reply:
+                if produced.base_offset >= 0:
+                    self.last_acked = produced
+            self.acked_batches += len(reply)
         elif isinstance(out.request, AdvanceRequest):
             self._acked_frontier = max(self._acked_frontier, out.request.frontier)
         out.done.set_result(reply)
@@ -404,6 +440,20 @@ class ProducerCore:
     def _fail_all(self, error: TqError) -> None:
         for out in list(self._outstanding):
             self._resolve(out, error=error)
+
+
+def _each_produced(reply: ProducedBatches) -> list[Produced]:
+    """Each batch's acknowledgement from the answer to a ProduceBatchesRequest; a batch the
+    broker stored before (DuplicateSequenceError) counts as acknowledged. Any other refusal
+    is raised (the first), as for a lone batch: a lost session makes the producer rejoin and
+    send the request again, whose batches stored meanwhile are then answered as duplicates."""
+    produced = [Produced(base_offset=base, next_offset=nxt) for base, nxt in reply.offsets]
+    for index, body in reply.errors:
+        error = error_from_body(body)
+        if not isinstance(error, DuplicateSequenceError):
+            raise error
+        produced[index] = _STORED_BEFORE
+    return produced
 
 
 def open_link(broker: str | LinkSource, *, secret: bytes | Credential | None,

@@ -1,7 +1,8 @@
 """The broker's RPC messages (DESIGN §5): sessions, produce, frontier, subscribe, delivery.
 
 Declarations only: each request names its reply type; record batches never sit in a body but
-travel as raw payload frames next to it (Produce carries exactly one batch, Delivery carries the
+travel as raw payload frames next to it (Produce carries exactly one batch, ProduceBatches several
+of one partition in order, Delivery carries the
 stored bytes of one or more whole batches, unchanged). Offsets and credits are Kafka's: int64
 offsets, byte counts. Requests keep the default error type (any TqError): the client rebuilds
 broker, storage and record errors as their own classes. Topic names are validated by the
@@ -17,6 +18,9 @@ Client -> broker requests (reply in brackets):
     broker.producer.open    OpenProducerRequest  [ProducerOpened]  join the partition's frontier
                                                                    (optionally in a cohort)
     broker.produce          ProduceRequest       [Produced]        + one payload frame: a batch
+    broker.produce.batches  ProduceBatchesRequest [ProducedBatches] + one payload frame:
+                                                                   several batches of one
+                                                                   partition, back to back
     broker.markers          WriteMarkersRequest  [MarkersWritten]  + one payload frame: a
                                                                    transaction marker, for
                                                                    several partitions
@@ -59,8 +63,10 @@ __all__ = [
     "OpenSessionRequest",
     "PartitionInfo",
     "PartitionList",
+    "ProduceBatchesRequest",
     "ProduceRequest",
     "Produced",
+    "ProducedBatches",
     "ProducerOpened",
     "SessionOpened",
     "SubscribeRequest",
@@ -144,6 +150,16 @@ class ProducerOpened(Reply, tag="broker.producer.opened"):
 class Produced(Reply, tag="broker.produced"):
     base_offset: int        # offset the broker stamped on the batch
     next_offset: int
+
+
+class ProducedBatches(Reply, tag="broker.produced.batches"):
+    """The answer to a ProduceBatchesRequest: each batch's (base offset, next offset), in the
+    order sent; a batch refused has (-1, -1) there and its error in `errors`, by its index
+    (a batch stored before and answered as such is not an error: it has its offsets, or
+    (-1, -1) with a DuplicateSequenceError when the broker no longer remembers them)."""
+
+    offsets: list[tuple[int, int]]
+    errors: list[tuple[int, ErrorBody]] = []
 
 
 class MarkersWritten(Reply, tag="broker.markers.written"):
@@ -253,6 +269,19 @@ class ProduceRequest(Request[Produced], tag="broker.produce"):
     topic: str
     partition: int
     written: bool = False
+
+
+class ProduceBatchesRequest(Request[ProducedBatches], tag="broker.produce.batches"):
+    """Followed by one payload frame: `batches` RecordBatches of one partition back to back
+    (each framed by its own batchLength), appended in that order. Kafka's ProduceRequest
+    amortises a request over batches as this does: each batch is judged as if it came alone
+    (idempotence, admission, CRC), but the request costs one decode, one MAC check, one write
+    of the log and one reply for all of them."""
+
+    session: str
+    topic: str
+    partition: int
+    batches: int
 
 
 class WriteMarkersRequest(Request[MarkersWritten], tag="broker.markers"):

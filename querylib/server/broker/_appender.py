@@ -101,6 +101,21 @@ class AppendLane:
         self._queue.append((ticket, batch, sync))
         self._kick()
 
+    def submit_many(self, items: list[tuple[int, Any, bool]]) -> None:
+        """Queue several appends (ticket, batch, sync), in order: written together, as one
+        commit when they fit one (one request's batches: one write rather than one each)."""
+        if self._closed or not (self._inline and self._task is None and not self._queue) \
+                or self.log.may_roll(sum(len(b) for _, b, _ in items)):
+            for ticket, batch, sync in items:
+                self.submit(ticket, batch, sync)
+            return
+        self._queue.extend(items)  # idle and inline: write them now, a commit at a time
+        while self._queue and self._queue[0] is not _FLUSH \
+                and not isinstance(self._queue[0], _Trim):
+            for stimulus in self._append(self._take_commit()):
+                self._report(stimulus)
+        self._kick()  # whatever a report queued meanwhile
+
     async def delete_records(self, offset: int) -> int:
         """Move the log start up to `offset` after the appends queued before (Kafka's
         DeleteRecords); the new log start, reported to the core as `LogStartAdvanced`."""
@@ -188,6 +203,7 @@ class AppendLane:
 
     def _append(self, commit: list[tuple[int, Any, bool]]) -> list[Stimulus]:
         log = self.log
+        before = log.durable_end_offset
         ends: list[int] | None = None
         sync = any(s for _, _, s in commit)
         try:
@@ -212,9 +228,15 @@ class AppendLane:
         out: list[Stimulus] = []
         pid = self.pid
         if ends is not None:
-            for (ticket, _, _), base, nxt in zip(commit, bases, ends, strict=True):
+            # All but the last say the durable end from before the commit (true, if low): the
+            # last's makes them durable together, so the core acknowledges them and shows them
+            # to subscribers at once (one delivery for a commit, not one per batch).
+            last = len(commit) - 1
+            for i, ((ticket, _, _), base, nxt) in enumerate(zip(commit, bases, ends,
+                                                                  strict=True)):
                 # every batch was appended (else `ends` is None): its base is an offset
-                out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start, durable))
+                out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start,
+                                           durable if i == last else before))
             return out
         for (ticket, batch, _), base in zip(commit, bases, strict=True):
             if isinstance(base, TqError):

@@ -60,7 +60,9 @@ from querylib.broker.messages import (
     OpenSessionRequest,
     PartitionInfo,
     PartitionList,
+    ProduceBatchesRequest,
     Produced,
+    ProducedBatches,
     ProduceRequest,
     ProducerOpened,
     SessionOpened,
@@ -80,6 +82,7 @@ from querylib.rpc import (
     BROKER,
     AddressError,
     Context,
+    ErrorBody,
     InternalServerError,
     Keyring,
     Limits,
@@ -150,7 +153,7 @@ from ._txn_index import TxnHistory
 from ._write_access import ADMIN, SYSTEM, admits
 
 # What a producer sends without waiting for answers, and must see appended in that order.
-_IN_ARRIVAL_ORDER = (ProduceRequest, AdvanceRequest, EndStreamRequest)
+_IN_ARRIVAL_ORDER = (ProduceRequest, ProduceBatchesRequest, AdvanceRequest, EndStreamRequest)
 
 # Partitions one WriteMarkersRequest may name: as many as one Kafka transaction may span.
 MAX_MARKER_PARTITIONS = 10_000
@@ -166,13 +169,38 @@ _FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's
 
 def server_limits(limits: BrokerLimits) -> Limits:
     """What the broker's ROUTER accepts (DESIGN §2 "Limits"). A Produce carries one batch of
-    at most `max_batch_bytes`, every other request is small: ZMQ_MAXMSGSIZE refuses a bigger
-    frame from its announced size, before buffering it, so unsigned garbage costs at most
-    RECV_HWM x that per connection. Deliveries are bounded by credit, not by message count (a
+    at most `max_batch_bytes` (a ProduceBatches that many bytes of batches in one frame),
+    every other request is small: ZMQ_MAXMSGSIZE refuses a bigger frame from its announced
+    size, before buffering it, so unsigned garbage costs at most RECV_HWM x that per
+    connection. Deliveries are bounded by credit, not by message count (a
     subscriber with 1 MiB of credit and 100-byte batches has ~10k in flight): the send HWM
     stays high."""
     return Limits(hwm=100_000, recv_hwm=RECV_HWM,
                   max_receive_bytes=limits.max_batch_bytes + _FRAMES_ROOM)
+
+
+def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
+    """The `count` batches of a ProduceBatchesRequest's one payload frame, as views (each
+    framed by its header's batchLength; its contents are checked when it is appended).
+    BrokerProtocolError when the frame does not hold exactly that many."""
+    if len(payload) != 1 or count < 1:
+        raise BrokerProtocolError(f"a produce of batches carries one payload frame of one or "
+                                  f"more batches, not {len(payload)} frames of {count}")
+    view = memoryview(payload[0]).cast("B")
+    batches: list[memoryview] = []
+    at, end = 0, len(view)
+    while at < end:
+        if end - at < _LENGTH.size or len(batches) == count:
+            break
+        size = _LENGTH.size + _LENGTH.unpack_from(view, at)[1]
+        if size <= _LENGTH.size or at + size > end:
+            break
+        batches.append(view[at:at + size])
+        at += size
+    if at != end or len(batches) != count:
+        raise BrokerProtocolError(f"a produce of batches does not hold the {count} whole "
+                                  f"batches it names ({end} bytes)")
+    return batches
 
 
 def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tuple[bytes, int]:
@@ -238,6 +266,7 @@ class BrokerServer:
         self._incarnations: dict[PartitionId, Incarnation | None] = {}
         self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
         self._broken: set[tuple[str, int]] = set()  # subscriptions whose delivery failed
+        self._held: list[Append] | None = None  # appends held while a request's batches feed
         self._driver = self._make_driver()
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -645,7 +674,29 @@ class BrokerServer:
 
     def _append(self, instr: Append) -> None:
         self._traffic(instr.partition)[0] += len(instr.batch)
+        if self._held is not None:  # a ProduceBatches is being fed: its appends go as one
+            self._held.append(instr)
+            return
         self._lanes[instr.partition].submit(instr.ticket, instr.batch, instr.sync)
+
+    def _feed_held(self, stimuli: list[Stimulus]) -> None:
+        """Feed `stimuli` in order, holding the appends they cause and handing them to their
+        lanes together afterwards, in the same order: one commit (one writev) for the batches
+        of one request rather than one each. Nothing is acknowledged before its append
+        completes, as always; holding only moves the write to the end of this call."""
+        held: list[Append] = []
+        self._held = held
+        try:
+            for stimulus in stimuli:
+                self._feed(stimulus)
+        finally:
+            self._held = None
+            by_lane: dict[PartitionId, list[tuple[int, Any, bool]]] = {}
+            for instr in held:
+                by_lane.setdefault(instr.partition, []).append(
+                    (instr.ticket, instr.batch, instr.sync))
+            for pid, items in by_lane.items():
+                self._lanes[pid].submit_many(items)
 
     def _traffic(self, pid: PartitionId) -> list[int]:
         found = self.traffic.get(pid)
@@ -872,6 +923,48 @@ class BrokerServer:
                 self._peers[session] = peer
             return future
 
+        def produce_batches(req: ProduceBatchesRequest, payload: list[Any], peer: bytes | None,
+                            remote: bool) -> asyncio.Future[ProducedBatches]:
+            """Several batches of one partition: each fed as its own Produce, in order (the
+            core judges each as if it came alone), their appends written as one commit, one
+            reply once all are answered."""
+            # Views of the frame (Produce's batch is any buffer, as a SplitBatch is).
+            batches: list[Any] = _split_batches(payload, req.batches)
+            loop = asyncio.get_running_loop()
+            session, pid = req.session, (req.topic, req.partition)
+            futures: list[asyncio.Future[Produced]] = []
+            stimuli: list[Stimulus] = []
+            for batch in batches:
+                future: asyncio.Future[Produced] = loop.create_future()
+                futures.append(future)
+                stimuli.append(Produce(future, session, pid, batch))
+            answer: asyncio.Future[ProducedBatches] = loop.create_future()
+            waiting = [len(futures)]
+
+            def one_done(_: asyncio.Future[Produced]) -> None:
+                waiting[0] -= 1
+                if waiting[0] or answer.done():
+                    return
+                offsets: list[tuple[int, int]] = []
+                errors: list[tuple[int, ErrorBody]] = []
+                for i, f in enumerate(futures):
+                    exc = f.exception()
+                    if exc is None:
+                        produced = f.result()
+                        offsets.append((produced.base_offset, produced.next_offset))
+                        continue
+                    offsets.append((-1, -1))
+                    errors.append((i, error_body(exc if isinstance(exc, TqError) else
+                                                 InternalServerError(f"broker bug: {exc!r}"))))
+                answer.set_result(ProducedBatches(offsets=offsets, errors=errors))
+
+            for future in futures:
+                future.add_done_callback(one_done)
+            self._feed_held(stimuli)
+            if peer is not None and session in self.state.sessions:
+                self._peers[session] = peer
+            return answer
+
         async def write_markers(req: WriteMarkersRequest, payload: list[Any],
                                 peer: bytes | None, remote: bool) -> MarkersWritten:
             """One transaction marker into several partitions, each as a produce of the
@@ -941,6 +1034,7 @@ class BrokerServer:
             EnsurePartition: ensure, DropPartitionRequest: drop,
             DeleteRecordsRequest: delete_records,
             OpenProducerRequest: open_producer, ProduceRequest: produce,
+            ProduceBatchesRequest: produce_batches,
             WriteMarkersRequest: write_markers,
             AdvanceRequest: advance, EndStreamRequest: end_stream,
             SubscribeRequest: subscribe, UnsubscribeRequest: unsubscribe,

@@ -1,0 +1,178 @@
+"""Several batches of a partition in one produce request (ProduceBatchesRequest, issue 17's
+per-batch path): a broker on loopback (in a thread of this process, real sockets and files)
+appends them in order and answers each batch's offsets; each batch is judged alone
+(idempotence, CRC); the blocking Producer sends the batches that wait together."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from querylib.broker import AsyncProducer, Data, Producer, Subscriber
+from querylib.broker._errors import BrokerProtocolError
+from querylib.broker._stream import encode_records
+from querylib.broker.messages import ProduceBatchesRequest, Produced, ProducedBatches
+from querylib.errors import RecordError
+from querylib.log import LogConfig
+from querylib.rpc import error_from_body
+from querylib.server.broker import BrokerServer
+
+SECRET = os.urandom(32)
+
+
+@contextmanager
+def broker(data_dir: str) -> Iterator[tuple[str, BrokerServer]]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = BrokerServer(data_dir, SECRET, log_config=LogConfig(flush="never"))
+    try:
+        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        yield endpoint, server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def values_of(endpoint: str, topic: str, count: int) -> list[bytes]:
+    got: list[bytes] = []
+    with Subscriber(endpoint, topic, 0, secret=SECRET) as sub:
+        while len(got) < count:
+            event = sub.next_event(timeout=30)
+            assert event is not None
+            if isinstance(event, Data):
+                got += [r.value or b"" for r in event.records]
+    return got
+
+
+def batch(*values: bytes, **stamp: int) -> bytes:
+    return encode_records([(None, v, (), 0, None) for v in values], **stamp)
+
+
+def produce_requests(server: BrokerServer, tag: str) -> int:
+    stats = server.request_stats.types.get(tag)
+    return 0 if stats is None else stats.count
+
+
+def test_one_request_appends_its_batches_in_order_and_answers_each(tmp_path) -> None:
+    with broker(str(tmp_path)) as (endpoint, server):
+        async def main() -> list[Produced]:
+            async with AsyncProducer(endpoint, "b", secret=SECRET) as producer:
+                core = producer.core
+                done = await core.send_batches([(batch(b"a", b"b"), None), (batch(b"c"), None),
+                                                (batch(b"d", b"e", b"f"), None)])
+                return await done
+
+        produced = asyncio.run(main())
+        assert [(p.base_offset, p.next_offset) for p in produced] == [(0, 2), (2, 3), (3, 6)]
+        assert values_of(endpoint, "b", 6) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+        assert produce_requests(server, "broker.produce.batches") == 1
+        assert produce_requests(server, "broker.produce") == 0
+        assert server.statistics()["bugs"] == 0
+
+
+def test_batches_sent_again_in_one_request_get_their_first_offsets(tmp_path) -> None:
+    """An idempotent producer's request sent again (its answer lost) stores nothing twice."""
+    with broker(str(tmp_path)) as (endpoint, _):
+        async def main() -> tuple[ProducedBatches, ProducedBatches]:
+            async with AsyncProducer(endpoint, "i", secret=SECRET) as producer:
+                core = producer.core
+                pid = core.producer_id
+                frame = (batch(b"x", producer_id=pid, producer_epoch=0, base_sequence=0)
+                         + batch(b"y", b"z", producer_id=pid, producer_epoch=0,
+                                 base_sequence=1))
+                request = ProduceBatchesRequest(session=core.link.session, topic="i",
+                                                partition=0, batches=2)
+                first = await core.link.request(request, payload=[frame])
+                again = await core.link.request(request, payload=[frame])
+                core.claim(3)  # what those batches numbered: the producer goes on after them
+                await (await producer.send_batch(batch(b"w")))
+                return first, again
+
+        first, again = asyncio.run(main())
+        assert first.offsets == again.offsets == [(0, 1), (1, 3)]
+        assert again.errors == []
+        assert values_of(endpoint, "i", 4) == [b"x", b"y", b"z", b"w"]
+
+
+def test_a_bad_batch_among_several_is_refused_alone(tmp_path) -> None:
+    with broker(str(tmp_path)) as (endpoint, _):
+        bad = bytearray(batch(b"bad"))
+        bad[-1] ^= 0xFF  # its CRC no longer matches
+
+        async def main() -> ProducedBatches:
+            async with AsyncProducer(endpoint, "c", secret=SECRET, idempotent=False) as producer:
+                core = producer.core
+                request = ProduceBatchesRequest(session=core.link.session, topic="c",
+                                                partition=0, batches=3)
+                reply = await core.link.request(
+                    request, payload=[batch(b"one") + bytes(bad) + batch(b"two")])
+                with pytest.raises(BrokerProtocolError):  # says 3, holds 2 and a half
+                    await core.link.request(request, payload=[batch(b"one") + bad[:20]])
+                return reply
+
+        reply = asyncio.run(main())
+        assert reply.offsets == [(0, 1), (-1, -1), (1, 2)]
+        assert [i for i, _ in reply.errors] == [1]
+        assert isinstance(error_from_body(reply.errors[0][1]), RecordError)
+        assert values_of(endpoint, "c", 2) == [b"one", b"two"]
+
+
+def test_a_producer_sends_the_batches_that_wait_in_one_request(tmp_path) -> None:
+    """With one request in flight at a time, 1-record batches pile up while it is answered
+    and leave together: fewer requests than batches, every record stored once, in order."""
+    with broker(str(tmp_path)) as (endpoint, server):
+        with Producer(endpoint, "w", secret=SECRET, linger=0.0005) as producer:
+            producer.core.max_in_flight = 1
+            for i in range(300):
+                producer.send_batch(batch(str(i).encode()))
+            producer.flush()
+            assert producer.core.acked_batches == 300
+        grouped = produce_requests(server, "broker.produce.batches")
+        single = produce_requests(server, "broker.produce")
+        assert grouped >= 1
+        assert grouped + single < 300
+        assert values_of(endpoint, "w", 300) == [str(i).encode() for i in range(300)]
+
+
+@pytest.mark.parametrize("flush", ["never", "always"])
+def test_a_tailing_subscriber_gets_one_requests_batches_in_one_delivery(tmp_path, flush) -> None:
+    """The batches of one request are written in one commit and become visible together: a
+    subscriber at the tail gets them as one delivery (one message, one MAC), not one each."""
+    config = LogConfig(flush=flush)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = BrokerServer(str(tmp_path), SECRET, log_config=config)
+    try:
+        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        with Subscriber(endpoint, "t", 0, secret=SECRET, create=True) as sub:
+            async def main() -> list[Produced]:
+                async with AsyncProducer(endpoint, "t", secret=SECRET) as producer:
+                    first = await (await producer.send_batch(batch(b"0")))
+                    assert first is not None
+                    done = await producer.core.send_batches(
+                        [(batch(b"1"), None), (batch(b"2", b"3"), None), (batch(b"4"), None)])
+                    return await done
+
+            produced = asyncio.run(main())
+            assert [(p.base_offset, p.next_offset) for p in produced] == [(1, 2), (2, 4), (4, 5)]
+            spans = []
+            while not spans or spans[-1][1] < 5:
+                chunk = sub.next_chunk(timeout=30)
+                assert chunk is not None
+                spans.append((chunk.offset, chunk.next_offset))
+                sub.consumed(chunk)
+            assert spans == [(0, 1), (1, 5)]
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
