@@ -366,11 +366,13 @@ def run() -> Iterator[dict[str, Any]]:
 
 
 def _start_up(home: str, kafka_port: int) -> subprocess.Popen[bytes]:
-    """`tq up` in its own TQ_HOME, every endpoint on a free port (the connector off)."""
+    """`tq up` in its own TQ_HOME, every endpoint on a free port (the connector off). The
+    coordinator on port 0: tq up picks free ports for it and its catalog broker together (a
+    port chosen here could have a taken neighbour, which the catalog broker binds)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TQ_")} | {"TQ_HOME": home}
     proc = subprocess.Popen(
         [sys.executable, "-m", "querylib.cli", "up", "--listen",
-         f"tcp://127.0.0.1:{_free_port()}", "--kafka-port", str(kafka_port),
+         "tcp://127.0.0.1:0", "--kafka-port", str(kafka_port),
          "--connector-port", "-1", "--coordinator-kafka-port", str(_free_port())],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 90

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -236,9 +238,11 @@ def _status(args: argparse.Namespace) -> int:
                                  timeout=max(args.timeout, 30.0))
         address, broker = cluster.address, cluster.catalog_broker
         loads = cluster.loads()
-        lags = subscription_lags(snaps, cluster.secret, timeout=min(args.timeout, 10.0))
-        groups = group_lags(snaps, cluster.secret, cluster.groups(),
-                            timeout=min(args.timeout, 10.0))
+        known = cluster.groups()
+        reports = ask_brokers(snaps, cluster.secret, partitions=any(g.committed for g in known),
+                              timeout=min(args.timeout, 10.0))
+        lags = subscription_lags(reports)
+        groups = group_lags(reports, known)
     if args.query is not None:
         return _query_status(snaps, args.query, json_out=args.json, loads=loads, lags=lags)
     if args.json:
@@ -256,46 +260,71 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def subscription_lags(snaps: dict[str, Any], secret: Any, *, timeout: float
-                      ) -> dict[tuple[str, str], int]:
-    """(principal, canonical topic name) -> records visible and not yet delivered to that
-    principal's subscriptions of the topic, summed over partitions, as every broker reports
-    them (the admin sees everyone's, a user its own). A broker that does not answer is left
-    out."""
-    from catalog import TopicName
+class BrokerReport(NamedTuple):
+    """What one broker said: its subscriptions, and its partitions when they were asked for."""
+
+    subscriptions: list[Any]
+    partitions: list[Any]
+
+
+def ask_brokers(snaps: dict[str, Any], secret: Any, *, partitions: bool, timeout: float
+                ) -> dict[str, BrokerReport]:
+    """Every broker of the catalog asked at once for its subscriptions (and its partitions),
+    each on a thread of its own, all within one `timeout`: broker address -> its report. A
+    broker that does not answer in time (a host cut off, a broker restarting) is left out,
+    so `tq status` waits `timeout` at most, however many brokers are away. The threads are
+    daemons: one still waiting on a silent broker does not hold the command's exit."""
     from catalog.errors import TqError
-    from querylib.broker import list_subscriptions
+    from querylib.broker import list_partitions, list_subscriptions
+
+    reports: dict[str, BrokerReport] = {}
+    deadline = time.monotonic() + timeout
+
+    def ask(address: str) -> None:
+        try:
+            subs = list_subscriptions(address, secret, timeout=timeout)
+            parts = list_partitions(address, secret, timeout=max(
+                0.1, deadline - time.monotonic())) if partitions else []
+        except TqError:
+            return
+        reports[address] = BrokerReport(subs, parts)
+
+    threads = [threading.Thread(target=ask, args=(address,), daemon=True,
+                                name=f"tq status {address}")
+               for address in sorted({b.address for b, _ in snaps["brokers"].records})]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return dict(reports)
+
+
+def subscription_lags(reports: dict[str, BrokerReport]) -> dict[tuple[str, str], int]:
+    """(principal, canonical topic name) -> records visible and not yet delivered to that
+    principal's subscriptions of the topic, summed over partitions, as the brokers that
+    answered report them (the admin sees everyone's, a user its own)."""
+    from catalog import TopicName
 
     lags: dict[tuple[str, str], int] = {}
-    for address in sorted({b.address for b, _ in snaps["brokers"].records}):
-        try:
-            found = list_subscriptions(address, secret, timeout=timeout)
-        except TqError:
-            continue
-        for sub in found:
+    for report in reports.values():
+        for sub in report.subscriptions:
             key = (sub.principal, TopicName.parse(sub.topic, fixed=True).full)
             lags[key] = lags.get(key, 0) + max(0, sub.log_end - sub.next_offset)
     return lags
 
 
-def group_lags(snaps: dict[str, Any], secret: Any, groups: list[Any], *, timeout: float
-               ) -> list[dict[str, Any]]:
+def group_lags(reports: dict[str, BrokerReport], groups: list[Any]) -> list[dict[str, Any]]:
     """Each consumer group (`Cluster.groups`) with every committed partition's lag: the end
-    offset its broker reports less the committed offset (None when no broker answered)."""
+    offset its broker reports less the committed offset (None when its broker did not
+    answer)."""
     from catalog import TopicName
-    from catalog.errors import InvalidTopicNameError, TqError
-    from querylib.broker import list_partitions
+    from catalog.errors import InvalidTopicNameError
 
     ends: dict[tuple[str, int], int] = {}
-    if any(g.committed for g in groups):
-        for address in sorted({b.address for b, _ in snaps["brokers"].records}):
-            try:
-                found = list_partitions(address, secret, timeout=timeout)
-            except TqError:
-                continue
-            for info in found:
-                ends[(TopicName.parse(info.topic, fixed=True).full, info.partition)] = \
-                    info.log_end
+    for report in reports.values():
+        for info in report.partitions:
+            ends[(TopicName.parse(info.topic, fixed=True).full, info.partition)] = \
+                info.log_end
     out = []
     for group in groups:
         committed = []
