@@ -19,6 +19,7 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _host_broker.py HostBroker: one of the host's brokers with its endpoints, catalog view,
                     keyring, exit feed and remembered id and ports
     _shard.py       the host's other brokers, one process each (`--brokers N`)
+    _ready_child.py a `tq executor` child that says when it is ready (tq up's, a shard)
     _agent_state.py AgentState: the agent's pure core (slots, sessions, the dying set, kills
                     during a spawn, which exits and failures to report)
     _agent.py       ExecutorAgent: the `tq executor` agent wiring all of the above to the
@@ -59,6 +60,7 @@ from executor._metrics import (
 )
 from executor._pack import pack_bytes, pack_path, sha256_hex, unpack
 from executor._process_groups import live_members, signal_process_group, terminate_process_group
+from executor._ready_child import exit_text, start_ready_child
 from executor._slots import Slots
 from executor._spawn import (
     Launched,
@@ -70,6 +72,8 @@ from executor._spawn import (
 from executor._supervisor import ExitReport, LogLine, LogSink, Running, Supervisor
 
 __all__ = [
+    "exit_text",
+    "start_ready_child",
     "DEFAULT_MAX_ARTIFACT_BYTES",
     "DEFAULT_MAX_LINE",
     "LOGS_TOPIC",

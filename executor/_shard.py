@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +50,8 @@ from querylib.cluster import AsyncCluster, DropPartitions, hold_data_dir
 from querylib.rpc import Credential
 from querylib.server.broker import drop_hosted
 
-from ._errors import ExecutorExitedError
 from ._host_broker import HostBroker
+from ._ready_child import exit_text, start_ready_child
 
 __all__ = ["RESTART_BACKOFF_MAX", "ShardProcess", "ShardReady", "serve_shard", "shard_dir"]
 
@@ -100,28 +99,12 @@ class ShardProcess:
         return self.ready
 
     async def _run_once(self) -> ShardReady:
-        read_fd, write_fd = os.pipe()
+        self.proc, fields = await start_ready_child(["--shard", str(self.k), *self.argv],
+                                                    f"broker shard {self.k}")
         try:
-            # On the loop's thread: the child's death signal fires when this thread dies.
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "querylib.cli", "executor", "--shard", str(self.k),
-                *self.argv, "--parent-pid", str(os.getpid()), "--ready-fd", str(write_fd),
-                pass_fds=(write_fd,), stdin=asyncio.subprocess.DEVNULL)
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        proc = self.proc
-        try:
-            line = await asyncio.to_thread(_read_all, read_fd)  # EOF: ready, or gone
-            if not line.strip():
-                code = await proc.wait()
-                raise ExecutorExitedError(f"broker shard {self.k} (pid {proc.pid}) {_how(code)} "
-                                          "before it was ready", code if code > 0 else 1)
-            return ShardReady(**json.loads(line))
-        except BaseException:
-            await self._stop(proc)
+            return ShardReady(**fields)
+        except TypeError:
+            await self._stop(self.proc)
             raise
 
     async def _keep(self) -> None:
@@ -139,7 +122,7 @@ class ShardProcess:
             delay = next(delays)
             broker = self.ready.broker_id if self.ready is not None else "?"
             logger.warning("broker shard %d (broker %s, pid %d) %s; restarting it in %.1fs",
-                           self.k, broker, self.proc.pid, _how(code), delay)
+                           self.k, broker, self.proc.pid, exit_text(code), delay)
             await asyncio.sleep(delay)
             try:
                 self.ready = await self._run_once()
@@ -171,20 +154,6 @@ class ShardProcess:
                            _STOP_DEADLINE)
             proc.kill()
             await proc.wait()
-
-
-def _read_all(fd: int) -> str:
-    with os.fdopen(fd, "rb") as pipe:
-        return pipe.read().decode()
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 # -- the shard's own process ----------------------------------------------------------------------

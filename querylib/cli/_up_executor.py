@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import signal
 import sys
 import urllib.request
@@ -38,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import ExecutorExitedError
+from executor import exit_text, start_ready_child
 
 __all__ = ["ChildMetrics", "ExecutorChild", "ExecutorReady", "child_args", "options_argv"]
 
@@ -61,15 +59,6 @@ class ExecutorReady:
     moved: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     shards: list[int] = field(default_factory=list)  # broker ids of its other brokers
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, data: str,
@@ -124,27 +113,11 @@ class ExecutorChild:
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> ExecutorChild:
-        read_fd, write_fd = os.pipe()
+        # The child's death signal fires when the thread that started it dies: the loop's,
+        # which lives as long as tq up.
+        self.proc, fields = await start_ready_child(self.argv, "tq up's executor")
         try:
-            # On the loop's thread (create_subprocess_exec forks there): the child's death
-            # signal fires when this thread dies, and it lives as long as tq up.
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "querylib.cli", "executor", *self.argv,
-                "--parent-pid", str(os.getpid()), "--ready-fd", str(write_fd),
-                pass_fds=(write_fd,), stdin=asyncio.subprocess.DEVNULL)
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        try:
-            line = await asyncio.to_thread(_read_all, read_fd)  # EOF: ready, or gone
-            if not line.strip():
-                code = await self.proc.wait()
-                raise ExecutorExitedError(f"tq up's executor (pid {self.proc.pid}) "
-                                          f"{_how(code)} before it was ready",
-                                          code if code > 0 else 1)
-            self.ready = ExecutorReady(**json.loads(line))
+            self.ready = ExecutorReady(**fields)
         except BaseException:
             await self.close()
             raise
@@ -157,7 +130,7 @@ class ExecutorChild:
         code = await self.proc.wait()
         if self._stopping:
             return
-        print(f"tq up: the executor (pid {self.proc.pid}) {_how(code)}; stopping (its "
+        print(f"tq up: the executor (pid {self.proc.pid}) {exit_text(code)}; stopping (its "
               f"queries died with it)", file=sys.stderr, flush=True)
         if not self.ended.done():
             self.ended.set_result(1)
@@ -178,11 +151,6 @@ class ExecutorChild:
             await proc.wait()
         if self._watch is not None:
             await self._watch
-
-
-def _read_all(fd: int) -> str:
-    with os.fdopen(fd, "rb") as pipe:
-        return pipe.read().decode()
 
 
 class ChildMetrics:
