@@ -131,15 +131,19 @@ def _counting_subscriber(address: str, secret: bytes, topic: str, partition: int
 
 def _many_subscribers(address: str, secret: bytes, topic: str, count: int, records: int,
                       queue: Any) -> None:
-    asyncio.run(_subscribe_many(address, secret, topic, count, records, queue))
+    asyncio.run(_subscribe_all(address, secret, [topic] * count, records, queue,
+                               credit=1024 * 1024, silence=120.0))
 
 
-async def _subscribe_many(address: str, secret: bytes, topic: str, count: int, records: int,
-                          queue: Any) -> None:
+async def _subscribe_all(address: str, secret: bytes, topics: list[str], records: int,
+                         queue: Any, *, credit: int, silence: float) -> None:
+    """A subscriber of partition 0 of each of `topics` (a topic may repeat), each reading
+    `records` records or until `silence` seconds without an event; puts "ready", then the
+    records read in all and the seconds it took."""
     from querylib.broker import AsyncSubscriber, Data
 
-    subs = [AsyncSubscriber(address, topic, 0, secret=secret, create=True,
-                            credit=1024 * 1024) for _ in range(count)]
+    subs = [AsyncSubscriber(address, topic, 0, secret=secret, create=True, credit=credit)
+            for topic in topics]
     for sub in subs:
         await sub.start()
     queue.put("ready")
@@ -147,7 +151,7 @@ async def _subscribe_many(address: str, secret: bytes, topic: str, count: int, r
     async def read(sub: Any) -> int:
         seen = 0
         while seen < records:
-            event = await sub.next_event(120)
+            event = await sub.next_event(silence)
             if event is None:
                 break
             if isinstance(event, Data):
@@ -323,34 +327,9 @@ async def _trickle_main(address: str, secret: bytes, topics: list[str], seconds:
 
 def _trickle_readers(address: str, secret: bytes, topics: list[str], records: int,
                      queue: Any) -> None:
-    asyncio.run(_trickle_read(address, secret, topics, records, queue))
-
-
-async def _trickle_read(address: str, secret: bytes, topics: list[str], records: int,
-                        queue: Any) -> None:
     """A subscriber per topic, each reading `records` records (or until 60 s of silence)."""
-    from querylib.broker import AsyncSubscriber, Data
-
-    subs = [AsyncSubscriber(address, topic, 0, secret=secret, create=True, credit=256 * 1024)
-            for topic in topics]
-    for sub in subs:
-        await sub.start()
-    queue.put("ready")
-
-    async def read(sub: Any) -> int:
-        seen = 0
-        while seen < records:
-            event = await sub.next_event(60)
-            if event is None:
-                break
-            if isinstance(event, Data):
-                seen += len(event.records)
-        return seen
-
-    seen = await asyncio.gather(*(read(sub) for sub in subs))
-    for sub in subs:
-        await sub.close()
-    queue.put({"records": sum(seen)})
+    asyncio.run(_subscribe_all(address, secret, topics, records, queue, credit=256 * 1024,
+                               silence=60.0))
 
 
 def _parsing_pull(port: int, batches: int, queue: Any) -> None:

@@ -402,6 +402,20 @@ def test_markers_for_another_broker_fence_the_older_epoch_there(tmp_path: Path) 
     assert isinstance(fenced, InvalidProducerEpochError)
 
 
+async def _begin_in_a_and_b(backend: BrokerBackend) -> tuple[int, int]:
+    """Transactional id "t" opens a transaction and writes a batch in partitions a-0 and
+    b-0, each added first (AddPartitionsToTxn): its producer id and epoch."""
+    txns = backend.transactions
+    pid, epoch = await txns.init_producer_id("t", 60_000, "anonymous")
+    for topic in ("a", "b"):
+        await backend.port.ensure(topic, 0, create=True)
+        await txns.add_partitions("t", pid, epoch, [(topic, 0)], "anonymous")
+        await backend.append(topic, 0, [batch(topic.encode(), producer_id=pid,
+                                              producer_epoch=epoch, base_sequence=0,
+                                              is_transactional=True)], acks=-1)
+    return pid, epoch
+
+
 def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: Path) -> None:
     """The coordinator's Ongoing records are answered once written (no fsync): a power loss
     may take the last one (here: partition b added). The coordinator restarted on that log
@@ -416,18 +430,7 @@ def test_a_transaction_whose_last_ongoing_record_was_lost_is_aborted(tmp_path: P
 
     config = LogConfig(flush="always")
 
-    async def begin(backend: BrokerBackend) -> tuple[int, int]:
-        txns = backend.transactions
-        pid, epoch = await txns.init_producer_id("t", 60_000, "anonymous")
-        for topic in ("a", "b"):
-            await backend.port.ensure(topic, 0, create=True)
-            await txns.add_partitions("t", pid, epoch, [(topic, 0)], "anonymous")
-            await backend.append(topic, 0, [batch(topic.encode(), producer_id=pid,
-                                                  producer_epoch=epoch, base_sequence=0,
-                                                  is_transactional=True)], acks=-1)
-        return pid, epoch
-
-    pid, epoch = run(tmp_path, begin, log_config=config)
+    pid, epoch = run(tmp_path, _begin_in_a_and_b, log_config=config)
     # The power loss: the last record of __transaction_state gone, no clean close, and a new
     # boot (the kernel that opened the log is not the one running now).
     state_dir = tmp_path / f"{TRANSACTIONS_TOPIC}-0"
@@ -463,18 +466,7 @@ def test_a_coordinator_process_that_died_keeps_its_transactional_ids(tmp_path: P
 
     config = LogConfig(flush="always")
 
-    async def begin(backend: BrokerBackend) -> tuple[int, int]:
-        txns = backend.transactions
-        pid, epoch = await txns.init_producer_id("t", 60_000, "anonymous")
-        for topic in ("a", "b"):
-            await backend.port.ensure(topic, 0, create=True)
-            await txns.add_partitions("t", pid, epoch, [(topic, 0)], "anonymous")
-            await backend.append(topic, 0, [batch(topic.encode(), producer_id=pid,
-                                                  producer_epoch=epoch, base_sequence=0,
-                                                  is_transactional=True)], acks=-1)
-        return pid, epoch
-
-    pid, epoch = run(tmp_path, begin, log_config=config)
+    pid, epoch = run(tmp_path, _begin_in_a_and_b, log_config=config)
     (tmp_path / f"{TRANSACTIONS_TOPIC}-0" / CLEAN_SHUTDOWN_FILE).unlink()  # the process died
 
     async def restarted(backend: BrokerBackend) -> None:
