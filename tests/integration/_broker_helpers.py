@@ -3,14 +3,19 @@ following their JSON-line output."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from querylib.broker import list_partitions
+from querylib.log import LogConfig
 from querylib.rpc import RpcError, load_or_create_secret
+from querylib.server.broker import BrokerServer
 from tests.conftest import Processes, wait_for
 
 
@@ -91,3 +96,22 @@ def data_values(lines: list[dict]) -> list[str]:
 
 def python() -> str:
     return sys.executable
+
+
+@contextmanager
+def broker_on_thread(data_dir: str, secret: bytes, config: LogConfig
+                     ) -> Iterator[tuple[str, BrokerServer]]:
+    """A BrokerServer on a loop of its own thread in this process: its address and itself;
+    closed, and the loop stopped, on exit."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = BrokerServer(data_dir, secret, log_config=config)
+    try:
+        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        yield endpoint, server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

@@ -5,11 +5,8 @@ data, as the stored bytes."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -17,23 +14,14 @@ from querylib.broker import Data, EndOfStream, Producer, Subscriber
 from querylib.log import LogConfig
 from querylib.server.broker import BrokerServer
 
+from ._broker_helpers import broker_on_thread
+
 SECRET = os.urandom(32)
 
 
-@contextmanager
-def broker(data_dir: str, config: LogConfig) -> Iterator[tuple[str, BrokerServer]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = BrokerServer(data_dir, SECRET, log_config=config)
-    try:
-        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-        yield endpoint, server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+def broker(data_dir: str, config: LogConfig
+           ) -> contextlib.AbstractContextManager[tuple[str, BrokerServer]]:
+    return broker_on_thread(data_dir, SECRET, config)
 
 
 @pytest.mark.parametrize("flush", ["always", "interval", "never"])

@@ -6,10 +6,9 @@ appends them in order and answers each batch's offsets; each batch is judged alo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -22,23 +21,13 @@ from querylib.log import LogConfig
 from querylib.rpc import error_from_body
 from querylib.server.broker import BrokerServer
 
+from ._broker_helpers import broker_on_thread
+
 SECRET = os.urandom(32)
 
 
-@contextmanager
-def broker(data_dir: str) -> Iterator[tuple[str, BrokerServer]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = BrokerServer(data_dir, SECRET, log_config=LogConfig(flush="never"))
-    try:
-        endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-        yield endpoint, server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+def broker(data_dir: str) -> contextlib.AbstractContextManager[tuple[str, BrokerServer]]:
+    return broker_on_thread(data_dir, SECRET, LogConfig(flush="never"))
 
 
 def values_of(endpoint: str, topic: str, count: int) -> list[bytes]:
