@@ -121,7 +121,8 @@ class UnknownProcessError(ExecutorError):
 
 class ExecutorExitedError(ExecutorError):
     """A `tq executor` child (tq up's executor, an executor's broker shard:
-    `_ready_child.py`) exited before it was ready; it said why on stderr. tq up exits with its code (1 when it was killed by a signal)."""
+    `_ready_child.py`) exited before it was ready; it said why on stderr. tq up exits with its
+    code (1 when it was killed by a signal)."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
