@@ -92,13 +92,26 @@ class LoadSampler:
 
 def executor_metrics(agent: Any, metrics: Any) -> None:
     """Add an executor agent's sources to `metrics` (a querylib.server.ProcessMetrics): its
-    slots, its host's and its query processes' load as last sampled, and its broker."""
-    from querylib.server import broker_families, rpc_families
+    slots, its host's and its query processes' load as last sampled, its broker, and its
+    broker shards' own /metrics (read from the scraping thread, labelled `process="shard-K"`;
+    a shard restarting is left out of that scrape)."""
+    from querylib.server import RemoteMetrics
 
     metrics.add(lambda: _families(agent))
-    metrics.add(lambda: [] if agent.broker is None
-                else [*broker_families(agent.broker, agent.broker_id or "?"),
-                      *rpc_families("broker", agent.broker.request_stats)])
+    metrics.add(lambda: broker_metrics(agent.broker, agent.broker_id))
+    for shard in agent.shards:
+        metrics.add_remote(RemoteMetrics(shard.metrics_url, f"shard-{shard.k}").families)
+
+
+def broker_metrics(broker: Any, broker_id: int | None) -> list[Any]:
+    """A host broker's families: its partitions and sessions, and its RPC server's requests
+    (`broker`: a querylib.server.broker.BrokerServer, None before it started)."""
+    from querylib.server import broker_families, rpc_families
+
+    if broker is None:
+        return []
+    return [*broker_families(broker, broker_id or "?"),
+            *rpc_families("broker", broker.request_stats)]
 
 
 def _families(agent: Any) -> list[Any]:

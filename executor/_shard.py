@@ -39,7 +39,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,11 @@ from catalog import SessionKind, TopicName, TqError
 from querylib._lease import Backoff
 from querylib.cluster import AsyncCluster, DropPartitions, hold_data_dir
 from querylib.rpc import Credential
+from querylib.server import ProcessMetrics, serve_metrics
 from querylib.server.broker import drop_hosted
 
 from ._host_broker import HostBroker
+from ._metrics import broker_metrics
 from ._ready_child import exit_text, start_ready_child
 
 __all__ = ["RESTART_BACKOFF_MAX", "ShardProcess", "ShardReady", "serve_shard", "shard_dir"]
@@ -77,6 +79,7 @@ class ShardReady:
     broker_id: int
     broker: str
     kafka: str
+    metrics: str = ""  # its /metrics on loopback, when the agent serves metrics
 
 
 class ShardProcess:
@@ -133,6 +136,11 @@ class ShardProcess:
             logger.warning("broker shard %d restarted (broker %d, pid %d)", self.k,
                            self.ready.broker_id, self.ready.pid)
 
+    def metrics_url(self) -> str:
+        """Where the shard serves its /metrics now ("" if it does not, or is not ready)."""
+        ready = self.ready  # replaced whole when it restarts: safe to read from any thread
+        return ready.metrics if ready is not None else ""
+
     async def close(self) -> None:
         """SIGTERM, SIGKILL after a deadline; no restart after this."""
         self._stopping = True
@@ -161,8 +169,10 @@ class ShardProcess:
 
 async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data_dir: str,
                       *, host: str, listen: str, lease: float, kafka: Any,
-                      ready_fd: int | None, stop: asyncio.Event) -> None:
-    """Run shard `k`'s broker until `stop` is set (see the module docstring)."""
+                      ready_fd: int | None, stop: asyncio.Event, metrics: bool = False) -> None:
+    """Run shard `k`'s broker until `stop` is set (see the module docstring). `metrics`:
+    serve its /metrics on a free loopback port, named in the ready line, for the agent to
+    merge into its own."""
     credential = Credential.of(secret)
     directory = shard_dir(data_dir, k)
     directory.mkdir(parents=True, exist_ok=True)
@@ -170,8 +180,15 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
     broker = HostBroker(directory, credential, listen=listen, kafka=kafka)
     drops = _Drops(broker)
     cluster: AsyncCluster | None = None
+    served: tuple[str, Callable[[], None]] | None = None
+    registry: Any = None
     try:
         await broker.start()
+        if metrics:
+            registry = ProcessMetrics(asyncio.get_running_loop())
+            registry.add(lambda: broker_metrics(broker.broker, broker.broker_id))
+            port, stop_metrics = serve_metrics(registry, "127.0.0.1", 0, fallback=False)
+            served = f"http://127.0.0.1:{port}/metrics", stop_metrics
         delays = Backoff(0.2, _JOIN_BACKOFF_MAX).delays()
         while not stop.is_set():
             cluster = AsyncCluster(coordinator, credential, kind=SessionKind.EXECUTOR,
@@ -192,7 +209,8 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
                 with os.fdopen(ready_fd, "w") as out:
                     out.write(json.dumps({"pid": os.getpid(), "broker_id": broker_id,
                                           "broker": broker.address,
-                                          "kafka": broker.kafka_address or ""}) + "\n")
+                                          "kafka": broker.kafka_address or "",
+                                          "metrics": served[0] if served else ""}) + "\n")
                 ready_fd = None
             lapsed = asyncio.ensure_future(cluster.wait_lapsed())
             stopping = asyncio.ensure_future(stop.wait())
@@ -206,6 +224,10 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
             await cluster.close()
             cluster = None
     finally:
+        if served is not None:
+            await asyncio.to_thread(served[1])
+        if registry is not None:
+            registry.close()
         await drops.close()
         await broker.stop_serving()
         if cluster is not None:

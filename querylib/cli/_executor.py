@@ -164,15 +164,18 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
 
 
 def _shard_args(args: argparse.Namespace) -> list[str]:
-    """The Kafka options of this executor's shards: its own, on any free port (remembered
-    per shard); none without a Kafka listener. Connector endpoints stay with broker 0."""
+    """The options of this executor's shards: its Kafka options, on any free port (remembered
+    per shard; none without a Kafka listener), and, when it serves metrics, metrics on any
+    free loopback port, which it merges into its own. Connector endpoints stay with broker 0."""
     from querylib.cli._up_executor import options_argv
 
+    metrics = ["--metrics-port", "0"] if args.metrics_port >= 0 else []
     if kafka_config(args) is None:
-        return []
+        return metrics
     options = argparse.ArgumentParser(add_help=False)
     add_kafka_options(options, default_port=None)
-    return options_argv(argparse.Namespace(**{**vars(args), "kafka_port": 0}), options)
+    return [*options_argv(argparse.Namespace(**{**vars(args), "kafka_port": 0}), options),
+            *metrics]
 
 
 async def _serve_shard(args: argparse.Namespace, address: str, secret: Any, data: str) -> int:
@@ -185,7 +188,7 @@ async def _serve_shard(args: argparse.Namespace, address: str, secret: Any, data
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await serve_shard(args.shard, address, secret, data, host=args.host or socket.gethostname(),
                       listen=args.broker_listen, lease=args.lease, kafka=kafka_config(args),
-                      ready_fd=args.ready_fd, stop=stop)
+                      ready_fd=args.ready_fd, stop=stop, metrics=args.metrics_port >= 0)
     return 0
 
 

@@ -31,12 +31,11 @@ import argparse
 import asyncio
 import signal
 import sys
-import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from executor import exit_text, start_ready_child
+from querylib.server import RemoteMetrics
 
 __all__ = ["ChildMetrics", "ExecutorChild", "ExecutorReady", "child_args", "options_argv"]
 
@@ -153,30 +152,19 @@ class ExecutorChild:
             await self._watch
 
 
-class ChildMetrics:
-    """The child's /metrics, scraped when tq up's are (on the console's thread)."""
-
-    relabelled = ("process_", "tq_log_messages")
+class ChildMetrics(RemoteMetrics):
+    """The child's /metrics (its shards' merged in), scraped when tq up's are (on the
+    console's thread); the partitions' end offsets it names are kept for the coordinator's
+    families."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
-        self.url = url
-        self.timeout = timeout
+        super().__init__(url, "executor", timeout)
         self.ends: dict[tuple[str, int], int] = {}  # (topic, partition) -> end offset
 
-    def families(self) -> Iterable[Any]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return []  # stopping, or gone: tq up says so; the rest of /metrics still serves
-        families = list(text_string_to_metric_families(text))
+    def families(self) -> list[Any]:
+        families = super().families()
         ends = {}
         for family in families:
-            if family.name.startswith(self.relabelled):
-                family.samples = [s._replace(labels={**s.labels, "process": "executor"})
-                                  for s in family.samples]
             if family.name == "tq_partition_end_offset":
                 for sample in family.samples:
                     ends[(sample.labels["topic"], int(sample.labels["partition"]))] = \

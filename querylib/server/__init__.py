@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._metrics import (
         MetricsUnavailableError,
         ProcessMetrics,
+        RemoteMetrics,
         broker_families,
         rpc_families,
         serve_metrics,

@@ -11,10 +11,11 @@ log records by level (`tq_log_messages_total`: errors show there first).
 `rpc_families` and `broker_families` describe an RPC server and a broker; the coordinator
 and the executor describe themselves (coordinator/_metrics.py, executor/_metrics.py). Names
 and labels follow Prometheus' conventions: `tq_` prefix, `_total` counters, `_bytes` and
-`_seconds` units. `add_remote` adds families read off the loop, in the scraping thread (`tq
-up`'s executor child's /metrics); they merge by name with the process's own. `serve_metrics`
-serves a registry on its own port, for processes without a
-console (`tq executor`, `tq broker`).
+`_seconds` units. `add_remote` adds families read off the loop, in the scraping thread; they
+merge by name with the process's own. `RemoteMetrics` is such a source: a child process's
+/metrics on loopback (`tq up`'s executor child; an executor's broker shards), its process-wide
+families labelled with the process they came from. `serve_metrics` serves a registry on its own
+port, for processes without a console (`tq executor`, `tq broker`, a broker shard).
 
 Must not: read a component's state from another thread, or block its loop for long (a source
 builds lists, nothing more).
@@ -26,6 +27,7 @@ import asyncio
 import errno
 import logging
 import threading
+import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,8 +43,8 @@ from prometheus_client.exposition import start_http_server
 from catalog.errors import UserError
 from querylib.rpc import LATENCY_BUCKETS, RequestStats
 
-__all__ = ["MetricsUnavailableError", "ProcessMetrics", "broker_families", "rpc_families",
-           "serve_metrics"]
+__all__ = ["MetricsUnavailableError", "ProcessMetrics", "RemoteMetrics", "broker_families",
+           "rpc_families", "serve_metrics"]
 
 Source = Callable[[], Iterable[Metric]]
 SCRAPE_TIMEOUT = 10.0  # seconds a scrape waits for the owning loop
@@ -128,6 +130,41 @@ class ProcessMetrics:
     def text(self) -> bytes:
         """The exposition (call it off the owning loop: it waits for it)."""
         return generate_latest(self.registry)
+
+
+class RemoteMetrics:
+    """Another process's /metrics (a child's, on loopback), read when this process's are
+    scraped: a source for `ProcessMetrics.add_remote`. The families every process has
+    (`process_*`, `tq_log_messages`, `tq_rpc_*`) would repeat this process's series, so their
+    samples get `process=NAME` unless they carry a process already (a grandchild's, merged by
+    the child). `url` may be a function: a child restarted elsewhere is read where it is now
+    ("" while it has none)."""
+
+    relabelled = ("process_", "tq_log_messages", "tq_rpc_")
+
+    def __init__(self, url: str | Callable[[], str], process: str,
+                 timeout: float = 5.0) -> None:
+        self.url = url
+        self.process = process
+        self.timeout = timeout
+
+    def families(self) -> list[Metric]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = self.url() if callable(self.url) else self.url
+        if not url:
+            return []
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return []  # stopping, restarting or gone: the rest of /metrics still serves
+        families = list(text_string_to_metric_families(text))
+        for family in families:
+            if family.name.startswith(self.relabelled):
+                family.samples = [s._replace(labels={"process": self.process, **s.labels})
+                                  for s in family.samples]
+        return families
 
 
 def rpc_families(server: str, stats: RequestStats) -> list[Metric]:

@@ -5,6 +5,7 @@ and checked against what the test did."""
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 import textwrap
 import urllib.error
@@ -61,6 +62,10 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float | None:
     return found[0] if len(found) == 1 else None
 
 
+def total(samples: dict[str, list], name: str, **labels: str) -> float:
+    return sum(v for have, v in samples.get(name, []) if labels.items() <= have.items())
+
+
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     with Up(tmp_path_factory.mktemp("tq-up"), "--console-port", str(free_port())) as running:
@@ -96,19 +101,23 @@ def test_tq_up_metrics_count_what_a_query_wrote(up: Up, tmp_path: Path) -> None:
         assert value(samples, "tq_coordinator_sessions", kind="query") >= 1
         assert value(samples, "tq_executors") == 1
         assert value(samples, "tq_executor_slots", state="used") >= 1
-        assert value(samples, "tq_rpc_requests_total", server="broker",
+        # The query's partition is on one of the host's brokers (shards label theirs).
+        assert total(samples, "tq_rpc_requests_total", server="broker",
                      type="broker.produce") >= 10
         assert value(samples, "tq_rpc_requests_total", server="coordinator",
                      type="coord.session.open") >= 1
-        produce_count = value(samples, "tq_rpc_handler_seconds_count", server="broker",
+        produce_count = total(samples, "tq_rpc_handler_seconds_count", server="broker",
                               type="broker.produce")
-        assert produce_count == value(samples, "tq_rpc_requests_total", server="broker",
+        assert produce_count == total(samples, "tq_rpc_requests_total", server="broker",
                                       type="broker.produce")
-        assert value(samples, "tq_rpc_handler_seconds_bucket", server="broker",
+        assert total(samples, "tq_rpc_handler_seconds_bucket", server="broker",
                      type="broker.produce", le="+Inf") == produce_count
-        # Two processes (tq up and its executor child): each its own, the child's labelled.
+        # tq up, its executor child and the executor's broker shards (one broker per core):
+        # each its own, the child's and the shards' labelled.
         rss = samples["process_resident_memory_bytes"]
-        assert sorted(labels.get("process", "") for labels, _ in rss) == ["", "executor"]
+        processes = sorted(labels.get("process", "") for labels, _ in rss)
+        assert processes[:2] == ["", "executor"]
+        assert processes[2:] == [f"shard-{k}" for k in range(1, len(processes) - 1)]
         assert all(v > 0 for _, v in rss)
     finally:
         gate.write_text("")
@@ -167,6 +176,37 @@ def test_an_executor_serves_its_own_metrics(tmp_path: Path) -> None:
                            is not None and s, timeout=60, interval=0.2,
                            what="a sampled load")
         assert value(samples, "tq_executor_slots", state="free") == 2
-        assert value(samples, "tq_broker_sessions") is not None
+        # One series per broker of the host (shards merged in, one broker per core).
+        brokers = [labels["broker"] for labels, _ in samples["tq_broker_sessions"]]
+        assert len(brokers) == len(set(brokers)) == (os.cpu_count() or 1)
     finally:
         processes.stop_all()
+
+
+def test_the_shards_metrics_are_merged_into_the_executors(tmp_path: Path) -> None:
+    """`tq up --brokers 2`: the shard process's broker serves partitions too; its families
+    reach the console's /metrics through the executor's, its process samples labelled."""
+    with Up(tmp_path, "--brokers", "2", "--console-port", str(free_port())) as up:
+        url = up.info["console"] + "metrics"
+        with up.cluster() as cluster:
+            (executor,) = [r for r, _ in cluster.snapshot("executors")["executors"].records]
+        shard_id, = executor.shards
+        with Cluster.connect(up.info["coordinator"],
+                             secret_file=up.info["secret_file"]) as cluster:
+            cluster.create_topic("spread", 2, ingest=True,
+                                 locations=(executor.broker_id, shard_id))
+        done = up.tq("produce", "spread", "--partition", "1", stdin="a\nb\nc\n")
+        assert done.returncode == 0, done.stderr
+        samples = wait_for(
+            lambda: (s := scrape(url)) and value(s, "tq_partition_end_offset",
+                                                 broker=str(shard_id), topic="spread",
+                                                 partition="1") and s,
+            timeout=60, interval=0.3, what="the shard's partition in /metrics")
+        assert value(samples, "tq_partition_records_in_total", broker=str(shard_id),
+                     topic="spread", partition="1") >= 3
+        assert value(samples, "tq_broker_sessions", broker=str(shard_id)) is not None
+        assert value(samples, "tq_rpc_requests_total", server="broker", process="shard-1",
+                     type="broker.produce") >= 1
+        rss = samples["process_resident_memory_bytes"]
+        assert sorted(labels.get("process", "") for labels, _ in rss) == \
+            ["", "executor", "shard-1"]
