@@ -120,7 +120,10 @@ class Producer:
         # timer. Batches leave the outbox in order, one sender task at a time, those waiting
         # together in one request; the caller blocks while the outbox is full
         # (`_outbox_full_locked`: the window is exhausted), which is the backpressure.
-        self._lock = threading.Condition()
+        # `_mutex` is the condition's own lock: `send`, once per record, takes it directly
+        # (a Condition's `with` costs two Python-level calls more).
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
         self._pending: list[Entry] = []
         self._pending_bytes = 0
         self._runs = RunBatch()  # runs from send_values, encoded as they come
@@ -187,7 +190,7 @@ class Producer:
             raise UserError(f"record time {time} is below this producer's frontier "
                             f"{self.core.frontier}")
         entry = (key, value, headers, now_ms() if timestamp is None else timestamp, time)
-        with self._lock:
+        with self._mutex:
             if self._runs.count:  # runs from `send_values` go first, in a batch of their own
                 self._enqueue_locked()
             self._pending.append(entry)
