@@ -179,7 +179,8 @@ class Producer:
 
     @property
     def last_acked(self) -> Any:
-        """The last acknowledgement (`Produced(base_offset, next_offset)`), or None."""
+        """The acknowledgement furthest into the partition (`Produced(base_offset,
+        next_offset)`), or None."""
         return self.core.last_acked
 
     def send(self, value: bytes | None, *, key: bytes | None = None, headers: Headers = (),

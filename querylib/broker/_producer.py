@@ -425,17 +425,23 @@ class ProducerCore:
             out.done.set_result(None)
             return
         if isinstance(reply, Produced):
-            if reply.base_offset >= 0:
-                self.last_acked = reply
+            self._acked(reply)
             self.acked_batches += 1
         elif isinstance(out.request, ProduceBatchesRequest):
             for produced in reply:
-                if produced.base_offset >= 0:
-                    self.last_acked = produced
+                self._acked(produced)
             self.acked_batches += len(reply)
         elif isinstance(out.request, AdvanceRequest):
             self._acked_frontier = max(self._acked_frontier, out.request.frontier)
         out.done.set_result(reply)
+
+    def _acked(self, produced: Produced) -> None:
+        # Answers may complete out of order (a ProduceBatches' one reply waits for all its
+        # batches, a lone batch after it may be answered in the same loop iteration first):
+        # the last acknowledgement is the one furthest into the partition.
+        last = self.last_acked
+        if produced.base_offset >= 0 and (last is None or produced.next_offset > last.next_offset):
+            self.last_acked = produced
 
     def _fail_all(self, error: TqError) -> None:
         for out in list(self._outstanding):

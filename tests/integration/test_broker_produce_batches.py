@@ -165,3 +165,32 @@ def test_a_tailing_subscriber_gets_one_requests_batches_in_one_delivery(tmp_path
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tmp_path) -> None:
+    """A ProduceBatches' one reply waits for all its batches, so a lone batch sent after it
+    may be answered first (seen under load: flush() returned with last_acked 20 records
+    short). The producer's last acknowledgement is the one furthest into the partition."""
+    with broker(str(tmp_path)) as (endpoint, _):
+        async def main() -> tuple[Produced | None, int]:
+            async with AsyncProducer(endpoint, "o", secret=SECRET) as producer:
+                core = producer.core
+                real, second_answered = core.link.request, asyncio.Event()
+
+                async def first_answered_last(request: object, **options: object) -> object:
+                    reply = await real(request, **options)  # type: ignore[arg-type]
+                    if isinstance(request, ProduceBatchesRequest):
+                        await second_answered.wait()
+                    else:
+                        second_answered.set()
+                    return reply
+
+                core.link.request = first_answered_last  # type: ignore[method-assign]
+                first = await core.send_batches([(batch(b"a"), None), (batch(b"b"), None)])
+                second = await core.send_batch(batch(b"c", b"d"))
+                await asyncio.gather(first, second)
+                return core.last_acked, core.acked_batches
+
+        last, acked = asyncio.run(main())
+        assert acked == 3
+        assert last == Produced(base_offset=2, next_offset=4)
