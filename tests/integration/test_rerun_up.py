@@ -71,12 +71,14 @@ def _values(up: Up, topic: str) -> list[int]:
 
 
 def _by_epoch(up: Up, topic: str) -> dict[int, dict[int, list[int]]]:
-    """epoch -> time -> values, of every record of `topic`."""
+    """epoch -> time -> values (sorted: records of one time from different partitions come
+    in no set order), of every record of `topic`."""
     found: dict[int, dict[int, list[int]]] = {}
     for event in _events(up, topic):
         if isinstance(event, querylib.Data):
             found.setdefault(event.epoch, {}).setdefault(event.time, []).extend(event.records)
-    return found
+    return {epoch: {t: sorted(values) for t, values in times.items()}
+            for epoch, times in found.items()}
 
 
 def test_the_same_publisher_submitted_twice_appends(up: Up, tmp_path: Path) -> None:
