@@ -45,6 +45,15 @@ if TYPE_CHECKING:
         unseal,
         write_credential,
     )
+    from ._curve import (
+        CURVE_ENV,
+        client_keypair,
+        coordinator_public_key,
+        curve_forced,
+        curve_public,
+        leaves_host,
+        server_keypair,
+    )
     from ._errors import (
         AddressError,
         BadSignatureError,
