@@ -52,6 +52,8 @@ if TYPE_CHECKING:
         curve_forced,
         curve_public,
         leaves_host,
+        remember_server_key,
+        server_key_of,
         server_keypair,
     )
     from ._errors import (

@@ -31,7 +31,7 @@ import zmq
 
 from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Credential, handshake_token
-from ._curve import client_keypair
+from ._curve import client_keypair, server_key_of
 from ._errors import (
     AddressError,
     ClientClosedError,
@@ -86,7 +86,8 @@ class RpcClient:
                  server_key: str | bytes | None = None) -> None:
         """`secret` is our credential (a bare cluster secret: the admin's); `audience` the
         kind of server we talk to (COORDINATOR, or BROKER: DESIGN §12). `server_key`: the
-        server's CURVE public key (Z85): given, the link is CURVE (encrypted), else PLAIN."""
+        server's CURVE public key (Z85): given, or remembered for `address`
+        (`remember_server_key`), the link is CURVE (encrypted), else PLAIN."""
         self.address = address
         self.limits = limits = limits or Limits()
         self.timeout = _check_timeout(timeout)
@@ -96,7 +97,7 @@ class RpcClient:
         self._token = handshake_token(own.key)
         self._own_key = own.key
         self.server_key = (server_key.encode() if isinstance(server_key, str)
-                           else server_key) or None
+                           else server_key) or server_key_of(address)
         self._context = context
         self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
         self._slots = asyncio.Semaphore(limits.max_in_flight)

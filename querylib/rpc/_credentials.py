@@ -43,7 +43,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
@@ -126,6 +126,9 @@ class Credential:
 
     principal: str
     key: bytes
+    # The coordinator's CURVE public key, when the credential file names one (`tq user add`
+    # on a coordinator reachable from other hosts): how to connect to it across hosts.
+    coordinator_key: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if len(self.key) < MIN_SECRET_BYTES:
@@ -154,20 +157,26 @@ def load_credential(path: str | os.PathLike[str]) -> Credential:
     try:
         found = json.loads(data)
         principal, key = check_principal(found["principal"]), bytes.fromhex(found["key"])
+        coordinator_key = found.get("coordinator_key") or ""
+        if not isinstance(coordinator_key, str):
+            raise TypeError("coordinator_key is not text")
     except (ValueError, KeyError, TypeError, InvalidCommandError) as exc:
         raise SecretFileError(f"credential file {path} is not a tq credential ({exc})") \
             from None
-    return Credential(principal, key)
+    return Credential(principal, key, coordinator_key)
 
 
 def write_credential(path: str | os.PathLike[str], credential: Credential, *,
-                     coordinator: str = "") -> None:
+                     coordinator: str = "", coordinator_key: str = "") -> None:
     """Write `credential` to a new private file (mode 0600, by rename); refuses to replace one
-    that exists, so a credential is never lost by a typo."""
+    that exists, so a credential is never lost by a typo. `coordinator_key`: the coordinator's
+    CURVE public key, when it is a CURVE server."""
     path = Path(path)
     body = {"principal": credential.principal, "key": credential.key.hex()}
     if coordinator:
         body["coordinator"] = coordinator
+    if coordinator_key:
+        body["coordinator_key"] = coordinator_key
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

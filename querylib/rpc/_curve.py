@@ -9,9 +9,11 @@ link derive from keys tq has already, so nothing new is stored:
                                     broker's from the key of the principal running it
     client_keypair(audience key)    a peer's: from the key it signs with for that server
 
-A server's public key is what its clients need (cluster.json, credential files and
-`--coordinator-key` for the coordinator, the catalog's broker record for a broker); a client
-uses CURVE exactly when it is given the public key of the server it connects to. A server
+A server publishes its public key only when it is a CURVE server (cluster.json, credential
+files and `--coordinator-key` for the coordinator, the catalog's broker record for a broker),
+and a client uses CURVE exactly when it has the public key of the server it connects to:
+given, or remembered for that address (`remember_server_key`, a process's known_hosts, fed
+where addresses are learned: the coordinator's by `discover`, brokers' from the catalog). A server
 learns whose a client's public key is from its keyring (`Keyring.principal_of_curve`), since
 ZeroMQ's ZAP request carries the key but no name.
 
@@ -38,6 +40,8 @@ __all__ = [
     "curve_forced",
     "curve_public",
     "leaves_host",
+    "remember_server_key",
+    "server_key_of",
     "server_keypair",
 ]
 
@@ -79,6 +83,24 @@ def coordinator_public_key(secret: bytes) -> str:
     """The coordinator's public CURVE key (Z85 text) in the cluster of `secret`: what a client
     needs to connect to it across hosts (`--coordinator-key`, TQ_COORDINATOR_KEY)."""
     return server_keypair(secret, "coordinator")[0].decode()  # _credentials.COORDINATOR
+
+
+_known: dict[str, bytes] = {}  # address -> public key of the CURVE server there
+
+
+def remember_server_key(address: str, public: str | bytes) -> None:
+    """The CURVE server at `address` has public key `public` (Z85): clients of this process
+    connecting there use CURVE with it. An empty key forgets the address (a PLAIN server)."""
+    key = public.encode() if isinstance(public, str) else public
+    if key:
+        _known[address] = key
+    else:
+        _known.pop(address, None)
+
+
+def server_key_of(address: str) -> bytes | None:
+    """The public key remembered for the CURVE server at `address`, if any."""
+    return _known.get(address)
 
 
 def curve_forced() -> bool:

@@ -323,7 +323,7 @@ class RpcServer:
         if len(self._admitting) >= self._max_parked:
             self._drops["handshake_deferred"] += 1  # too many wait for keys: it comes again
             return
-        admit = (self._admit(*credentials, verdict) if mechanism == b"PLAIN"
+        admit = (self._admit(credentials[0], credentials[1], verdict) if mechanism == b"PLAIN"
                  else self._admit_curve(credentials[0], verdict))
         task = asyncio.get_running_loop().create_task(admit)
         self._admitting.add(task)
