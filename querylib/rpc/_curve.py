@@ -109,7 +109,6 @@ def curve_forced() -> bool:
 
 
 def leaves_host(endpoint: str) -> bool:
-    return False
     """Whether a server bound to `endpoint` can be reached from another host: every TCP
     address but loopback ones (a name is resolved by nobody here: it counts as leaving)."""
     parts = urlsplit(endpoint)

@@ -242,9 +242,10 @@ class BrokerServer:
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
                  read_threads: int = 4, directory: TopicDirectory | None = None,
-                 server_key: bytes | None = None) -> None:
+                 server_key: bytes | None = None, curve: bool | None = None) -> None:
         """`server_key`: what its CURVE keypair derives from when it listens beyond loopback
-        (the key its runner holds; default: the cluster secret of a master keyring)."""
+        (the key its runner holds; default: the cluster secret of a master keyring); `curve`
+        forces CURVE on (True) or off (False: a benchmark's baseline) instead."""
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
@@ -255,7 +256,7 @@ class BrokerServer:
         # than the base offset), without reading them back.
         self.state = BrokerState(limits, stamp=appended_batch)
         self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
-                              audience=BROKER, server_key=server_key)
+                              audience=BROKER, server_key=server_key, curve=curve)
         self.keyring = self._rpc.keyring  # whose keys its clients sign with (DESIGN §12)
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
