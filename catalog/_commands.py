@@ -93,6 +93,7 @@ class RegisterBroker(_Command, frozen=True, tag="register_broker"):
     session_id: int | None  # None: the coordinator's own broker
     broker_id: int | None = None
     kafka_address: str = ""  # HOST:PORT of its Kafka listener, "" for none
+    curve_key: str = ""  # its CURVE public key, "" for a PLAIN server
 
 
 class RemoveBroker(_Command, frozen=True, tag="remove_broker"):

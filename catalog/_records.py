@@ -178,6 +178,10 @@ class Broker(_Record, frozen=True, tag="broker"):
     session_id: int | None  # None: the coordinator's own broker, which leaves with nobody
     # HOST:PORT of its Kafka listener, "" for none. Last, with a default: older catalogs load.
     kafka_address: str = ""
+    # Its CURVE public key (Z85) when it is a CURVE server (reachable from other hosts), ""
+    # for a PLAIN one: clients connect with CURVE exactly when it is set. Last, with a
+    # default: older catalogs load.
+    curve_key: str = ""
 
 
 class Executor(_Record, frozen=True, tag="executor"):

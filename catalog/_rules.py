@@ -436,7 +436,7 @@ def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
             raise BrokerExistsError(f"broker {broker_id} is registered already")
     broker = Broker(
         broker_id=broker_id, host=cmd.host, address=cmd.address, session_id=cmd.session_id,
-        kafka_address=cmd.kafka_address,
+        kafka_address=cmd.kafka_address, curve_key=cmd.curve_key,
     )
     txn.insert("brokers", broker)
     txn.created = broker

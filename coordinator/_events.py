@@ -75,6 +75,7 @@ class Bootstrap:
     address: str
     wall_ms: int
     kafka_address: str = ""  # HOST:PORT of its Kafka listener (the group coordinator), or ""
+    curve_key: str = ""  # its CURVE public key when it is a CURVE server, else ""
 
 
 @dataclass(frozen=True, slots=True)

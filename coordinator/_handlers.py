@@ -107,13 +107,17 @@ def _party(state: CoordinatorState, session_id: int, call: Call) -> Party:
 
 
 def _topic_info(state: CoordinatorState, topic: Topic) -> m.TopicInfo:
-    brokers = {}
+    brokers, keys = {}, {}
     for broker_id in sorted(set(topic.locations)):
         try:
-            brokers[broker_id] = state.catalog.broker(broker_id).address
+            broker = state.catalog.broker(broker_id)
         except NotFoundError:
             continue  # that broker is down: its partitions have no address right now
-    return m.TopicInfo(topic=topic, brokers=brokers, version=state.catalog.version)
+        brokers[broker_id] = broker.address
+        if broker.curve_key:
+            keys[broker_id] = broker.curve_key
+    return m.TopicInfo(topic=topic, brokers=brokers, version=state.catalog.version,
+                       broker_keys=keys)
 
 
 def _find(state: CoordinatorState, name: str, wait_ms: int, session_id: int | None) -> Topic:
@@ -141,7 +145,8 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         state.renew(req.resume, call.now, lease_ms)
         return m.SessionOpened(session_id=req.resume, lease_ms=lease_ms,
                                version=state.catalog.version, resumed=True,
-                               catalog_broker=state.catalog_broker, namespace=_namespace())
+                               catalog_broker=state.catalog_broker, namespace=_namespace(),
+                               catalog_broker_key=state.catalog_broker_key)
     peer = req.peer[:200]  # for people to read: bounded, never parsed
     binding = None
     if req.kind == SessionKind.QUERY:
@@ -166,7 +171,8 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         state.start_if_registered(binding[0], call.now, call.wall_ms)
     return m.SessionOpened(session_id=session_id, lease_ms=lease_ms,
                            version=state.catalog.version, resumed=False,
-                           catalog_broker=state.catalog_broker, namespace=_namespace())
+                           catalog_broker=state.catalog_broker, namespace=_namespace(),
+                               catalog_broker_key=state.catalog_broker_key)
 
 
 def _namespace() -> str:
@@ -219,6 +225,7 @@ def catalog_info(state: CoordinatorState, req: m.GetCatalogInfo, call: Call) -> 
     topics = {c: t.short_name for c, t in state.catalog_topics().items()}
     checkpoint = state.checkpoint
     return m.CatalogInfo(version=state.catalog.version, catalog_broker=state.catalog_broker,
+                         catalog_broker_key=state.catalog_broker_key,
                          collections=topics, checkpoint=None if checkpoint is None else
                          m.CheckpointRef(version=checkpoint.version,
                                          offsets=dict(checkpoint.offsets)),
@@ -388,7 +395,9 @@ def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) 
                                                broker_id=req.broker_id,
                                                kafka_address=_bounded(req.kafka_address,
                                                                       MAX_TEXT,
-                                                                      "the Kafka address")),
+                                                                      "the Kafka address"),
+                                               curve_key=_bounded(req.curve_key, MAX_LABEL,
+                                                                  "the CURVE key")),
                          call.now, call.wall_ms)
     assert isinstance(change.created, Broker)
     return m.BrokerInfo(broker=change.created, version=state.catalog.version)

@@ -106,7 +106,8 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
         info = ClusterInfo(
             coordinator=endpoint, secret_file=str(Path(secret_file).resolve()),
             catalog_broker=coordinator.state.catalog_broker,
-            pid=os.getpid(), host=coordinator.host, data=str(Path(data_dir).resolve()))
+            pid=os.getpid(), host=coordinator.host, data=str(Path(data_dir).resolve()),
+            coordinator_key=coordinator.public_key)
         write_cluster_file(amend(info) if amend is not None else info, home)
         wrote = True
         if on_ready is not None:

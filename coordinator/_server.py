@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -171,8 +172,9 @@ class Coordinator:
         # Every principal's key derives from the secret; the catalog says which exist now
         # (DESIGN §12). A client with another secret is told so (an executor then stops, not
         # retries).
-        self.keys = MasterKeyring(secret, valid=self._generation)
-        self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation)
+        self.keys = MasterKeyring(secret, valid=self._generation, principals=self._principals)
+        self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation,
+                                          principals=self._principals)
         self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
         self.request_stats = self._rpc.stats  # what it served (the metrics read it)
         self._peers: dict[int, bytes] = {}  # session id -> ROUTER identity of its client
@@ -198,6 +200,12 @@ class Coordinator:
         self._rpc.register(m.GetGroups, self._groups)
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def public_key(self) -> str:
+        """Its CURVE public key when it is a CURVE server (it listens beyond loopback, or
+        TQ_RPC_CURVE=1), else "": what cluster.json and credential files tell clients."""
+        return self._rpc.public_key
 
     async def consumer_groups(self) -> list[dict[str, Any]]:
         """Every consumer group its broker's Kafka listener coordinates (the cluster's group
@@ -242,7 +250,7 @@ class Coordinator:
             await self.writer.append_now(recovered.compensation, _wall_ms())
         kafka_address = await self._open_kafka()
         self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint), _wall_ms(),
-                             kafka_address=kafka_address))
+                             kafka_address=kafka_address, curve_key=self.broker.public_key))
         await self.writer.drain()
         if self._kafka_view is not None:
             self._kafka_view.registered()
@@ -460,7 +468,8 @@ class Coordinator:
             key = self.keys.key(reply.user.principal, reply.user.generation)
             asker = self.keys.key(token.principal)
             assert key is not None and asker is not None
-            reply = _with_key(reply, seal(asker, key))
+            reply = msgspec.structs.replace(_with_key(reply, seal(asker, key)),
+                                            coordinator_key=self.public_key)
         token.answer(reply, instruction.error)
 
     def _kill(self, instruction: KillProcesses) -> None:
@@ -524,6 +533,19 @@ class Coordinator:
         user = catalog.user(principal)
         return 0 if user is None else user.generation
 
+    def _principals(self) -> Iterator[str]:
+        """Every principal that may hold a credential now (a CURVE server's keyring derives
+        their public keys): the admin, users and executors, queries that have not ended."""
+        yield ADMIN
+        if self.state is None:
+            return
+        catalog = self.state.catalog
+        for user in catalog.users:
+            yield user.principal
+        for query in catalog.queries:
+            if not query.ended:
+                yield f"query:{query.query_id}"
+
     def _drop(self, instruction: DropPartitions) -> None:
         peer = self._peers.get(instruction.session_id)
         if peer is None:  # it has not spoken since we started: the core sends it again
@@ -545,10 +567,13 @@ class Coordinator:
         assert self.state is not None
         if not is_executor(self.state.catalog, ctx.principal):
             raise NotAuthorizedError(f"{ctx.principal} may not learn other principals' keys")
-        key = self._broker_keys.key(request.principal[:100])
+        principal = request.principal[:100]
+        if request.curve_key:  # whose CURVE key is it? (an executor's CURVE broker asks)
+            principal = await self._broker_keys.principal_of_curve(request.curve_key) or ""
+        key = self._broker_keys.key(principal) if principal else None
         asker = self.keys.key(ctx.principal)
         assert asker is not None
-        return m.PrincipalKey(principal=request.principal,
+        return m.PrincipalKey(principal=principal,
                               sealed_key=b"" if key is None else seal(asker, key),
                               valid_ms=PRINCIPAL_KEY_TTL_MS)
 

@@ -235,6 +235,12 @@ class CoordinatorState:
         broker_id = self.catalog_broker_id
         return "" if broker_id is None else self.catalog.broker(broker_id).address
 
+    @property
+    def catalog_broker_key(self) -> str:
+        """The catalog broker's CURVE public key, "" when it is a PLAIN server."""
+        broker_id = self.catalog_broker_id
+        return "" if broker_id is None else self.catalog.broker(broker_id).curve_key
+
     def apply(self, command: Command, now: float, wall_ms: int) -> Change:
         """Apply one command (raising its CatalogError, changing nothing), persist the change
         and run what follows from it."""
@@ -563,7 +569,8 @@ class CoordinatorState:
         now = 0.0
         mine = [r for r in self.catalog.brokers if isinstance(r, Broker) and r.session_id is None]
         keep = next((r for r in mine if r.address == b.address and r.host == b.host
-                     and r.kafka_address == b.kafka_address), None)
+                     and r.kafka_address == b.kafka_address and r.curve_key == b.curve_key),
+                    None)
         for executor in list(self.catalog.executors):
             assert isinstance(executor, Executor)
             if executor.session_id is None:
@@ -576,7 +583,8 @@ class CoordinatorState:
             # Re-join under the old id, so the catalog topics' locations stay right.
             old_id = min((r.broker_id for r in mine), default=None)
             self.apply(RegisterBroker(host=b.host, address=b.address, session_id=None,
-                                      broker_id=old_id, kafka_address=b.kafka_address),
+                                      broker_id=old_id, kafka_address=b.kafka_address,
+                                      curve_key=b.curve_key),
                        now, b.wall_ms)
         broker_id = self.catalog_broker_id
         assert broker_id is not None

@@ -129,7 +129,8 @@ def _remember(data_dir: Path, broker_id: int) -> None:
 
 
 async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, address: str,
-                              *, kafka_address: str = "", wait: float = 30.0) -> Broker:
+                              *, kafka_address: str = "", curve_key: str = "",
+                              wait: float = 30.0) -> Broker:
     """Register the broker under its remembered id, else under a new one (remembered then).
 
     The old registration may still be up for a while after a crash (the coordinator keeps a
@@ -142,7 +143,8 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
     while True:
         try:
             broker = await cluster.register_broker(host, address, broker_id=remembered,
-                                                   kafka_address=kafka_address)
+                                                   kafka_address=kafka_address,
+                                                   curve_key=curve_key)
             break
         except UnknownBrokerError:
             logger.warning("broker id %s in %s is unknown to this cluster; registering a new "

@@ -74,7 +74,8 @@ class HostBroker:
         self.fallback = tuple(fallback)
         # The broker checks its clients' keys; the coordinator tells it each principal's
         # (ResolvePrincipal) through the attached session. It knows its own.
-        self.keys = RemoteKeyring(self._fetch_key, audience=BROKER)
+        self.keys = RemoteKeyring(self._fetch_key, fetch_curve=self._fetch_curve,
+                                  audience=BROKER)
         self.keys.pin(secret.principal, secret.for_audience(BROKER).key)
         self.topics = CatalogTopics()
         self.broker: BrokerServer | None = None
@@ -92,8 +93,9 @@ class HostBroker:
         try:
             previous = await asyncio.to_thread(remembered_endpoints, self.data_dir)
             await asyncio.to_thread(follow_remembered_namespace, self.data_dir)
+            # Its CURVE keypair (when it listens beyond loopback) derives from our key.
             self.broker = BrokerServer(self.data_dir / "broker", self.keys,
-                                       directory=self.topics)
+                                       directory=self.topics, server_key=self.secret.key)
             self.address = await self.broker.start(
                 self.listen, prefer=preferred_listen(self.listen, previous.broker))
             self.exit_feed = QueryExitFeed(self.broker)
@@ -127,7 +129,9 @@ class HostBroker:
         follow the catalog through it; its broker id."""
         await asyncio.to_thread(remember_namespace, self.data_dir)
         broker = await register_remembered(cluster, self.data_dir, host, self.address,
-                                           kafka_address=self.kafka_address or "")
+                                           kafka_address=self.kafka_address or "",
+                                           curve_key=self.broker.public_key
+                                           if self.broker is not None else "")
         self.broker_id = broker.broker_id
         await self.topics.close()  # a previous session's catalog view
         self.topics.attach(cluster, broker.broker_id,
@@ -156,6 +160,18 @@ class HostBroker:
         if cluster is None or cluster.lost:
             return None
         return await cluster.resolve_principal(principal)
+
+    async def _fetch_curve(self, public: bytes) -> tuple[str, bytes] | None:
+        """Whose CURVE key `public` is, and that principal's broker key, from the coordinator
+        (waits for a session, bounded)."""
+        try:
+            await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
+        except TimeoutError:
+            return None
+        cluster = self.cluster
+        if cluster is None or cluster.lost:
+            return None
+        return await cluster.resolve_curve_key(public)
 
     async def stop_serving(self) -> None:
         """Close the endpoints and the catalog view (the broker still runs). Idempotent."""

@@ -59,7 +59,9 @@ FAILURE_FILE = ".tq-failure"
 _MAX_FAILURE_BYTES = 2000
 _MAX_ATTEMPTS = 10_000
 _STREAM_LIMIT = 64 * 1024  # bytes buffered per pipe before reading pauses (backpressure)
-_KEPT_TQ_VARIABLES = frozenset({"TQ_HOME"})
+# TQ_COORDINATOR_KEY: the coordinator's CURVE key (a query process reaches it as its
+# executor does); TQ_RPC_CURVE: CURVE forced.
+_KEPT_TQ_VARIABLES = frozenset({"TQ_HOME", "TQ_COORDINATOR_KEY", "TQ_RPC_CURVE"})
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ settings.load_profile("tq")
 # Tests never depend on the caller's environment: a user who exported TQ_HOME (as the demo's
 # closing hint suggests) or TQ_COORDINATOR, TQ_CREDENTIALS... must not point the tests' clients
 # and children at their own cluster. Only the tests' own knobs stay (TQ_FAULT_SEED,
-# TQ_CHECK_INVARIANTS).
-_TEST_KNOBS = frozenset({"TQ_FAULT_SEED", "TQ_CHECK_INVARIANTS"})
+# TQ_CHECK_INVARIANTS, and TQ_RPC_CURVE=1: the suite with every RPC link CURVE).
+_TEST_KNOBS = frozenset({"TQ_FAULT_SEED", "TQ_CHECK_INVARIANTS", "TQ_RPC_CURVE"})
 for _name in [name for name in os.environ if name.startswith("TQ_") and name not in _TEST_KNOBS]:
     del os.environ[_name]
 

@@ -22,6 +22,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "kafka": ("querylib.bench._kafka",),
     "connector": ("querylib.bench._connector",),
     "spark": ("querylib.bench._spark",),
+    "replication": ("querylib.bench._replication",),
 }
 
 

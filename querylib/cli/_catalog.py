@@ -32,8 +32,16 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.
                         help="who you are: a credential file from `tq user add`, or the "
                         "cluster secret (its holder is the admin); default $TQ_CREDENTIALS, "
                         "else the secret file cluster.json names, else $TQ_HOME/secret")
+    add_coordinator_key_option(parser)
     parser.add_argument("--timeout", type=float, default=timeout,
                         help=f"seconds to wait for {waits_for} (default {timeout:g})")
+
+
+def add_coordinator_key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--coordinator-key", metavar="KEY",
+                        help="the coordinator's CURVE public key, to reach it across hosts "
+                        "encrypted (default: $TQ_COORDINATOR_KEY, else the credential "
+                        "file's, else $TQ_HOME/cluster.json's)")
 
 
 def connect(args: argparse.Namespace, *, session: bool = False) -> Any:
@@ -41,7 +49,8 @@ def connect(args: argparse.Namespace, *, session: bool = False) -> Any:
     from querylib.cluster import Cluster
 
     return Cluster.connect(args.coordinator, secret_file=args.secret_file, session=session,
-                           connect_timeout=args.timeout, timeout=max(args.timeout, 30.0))
+                           connect_timeout=args.timeout, timeout=max(args.timeout, 30.0),
+                           coordinator_key=getattr(args, "coordinator_key", None))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

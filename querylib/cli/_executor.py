@@ -32,6 +32,7 @@ from querylib.cli._broker import (
     connector_config,
     kafka_config,
 )
+from querylib.cli._catalog import add_coordinator_key_option
 from querylib.cli._console import add_metrics_options, start_metrics
 
 
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--role executor` on the coordinator's host), or the cluster secret "
                         "(default: $TQ_CREDENTIALS, else the secret file cluster.json names, "
                         "else $TQ_HOME/secret)")
+    add_coordinator_key_option(parser)
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
     parser.add_argument("--slots", type=int, help="process slots: query processes run at "
                         "once (default: 4 per core, at least 8)")
@@ -95,7 +97,10 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     raise_fd_limit()
-    found = discover(args.coordinator, secret_file=args.secret_file)
+    found = discover(args.coordinator, secret_file=args.secret_file,
+                     coordinator_key=args.coordinator_key)
+    if found.coordinator_key:  # its shards and query processes reach the coordinator so too
+        os.environ["TQ_COORDINATOR_KEY"] = found.coordinator_key
     data = args.data or str(tq_home() / "executor")
     return asyncio.run(_serve(args, found.address, found.secret, found.secret_file, data))
 

@@ -103,7 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         # that is taken (another tq up, a Kafka on 9092) is skipped, said; a default one moves.
         child = await ExecutorChild(
             child_args(args, coordinator.endpoint, secret_file,
-                       os.path.join(data, "executor"), fallback), args.grace).start()
+                       os.path.join(data, "executor"), fallback,
+                       coordinator_key=coordinator.public_key), args.grace).start()
         started.append(child)
         assert child.ready is not None  # start() returns once it reported
         from coordinator import coordinator_metrics

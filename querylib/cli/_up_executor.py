@@ -61,7 +61,7 @@ class ExecutorReady:
 
 
 def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, data: str,
-               fallback: list[str]) -> list[str]:
+               fallback: list[str], coordinator_key: str = "") -> list[str]:
     """The `tq executor` command line of tq up's child: tq up's own connector and Kafka
     options as given (a parser of just those names them), and where and who it is."""
     from querylib.cli._broker import add_connector_options, add_kafka_options
@@ -72,6 +72,8 @@ def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, dat
     argv = ["--coordinator", coordinator, "--credentials", secret_file, "--data", data,
             "--grace", str(args.grace), "--metrics-port", "0", "--endpoints-optional",
             "--endpoint-fallback", ",".join(fallback)]
+    if coordinator_key:  # a CURVE coordinator (it listens beyond loopback)
+        argv += ["--coordinator-key", coordinator_key]
     if args.slots is not None:
         argv += ["--slots", str(args.slots)]
     if getattr(args, "brokers", None) is not None:

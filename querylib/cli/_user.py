@@ -72,7 +72,8 @@ def _write(cluster: Any, credential: Any, output: str | None) -> int:
     from querylib.rpc import kafka_password, write_credential
 
     path = output or f"{credential.principal.partition(':')[2]}.credential"
-    write_credential(path, credential, coordinator=cluster.address)
+    write_credential(path, credential, coordinator=cluster.address,
+                     coordinator_key=credential.coordinator_key)
     print(f"{credential.principal}: credential written to {path} (use it with --credentials "
           f"{path} or TQ_CREDENTIALS={path})")
     name = credential.principal.partition(":")[2]

@@ -48,10 +48,11 @@ class Cluster:
 
     @classmethod
     def connect(cls, coordinator: str | None = None, *, secret_file: str | None = None,
-                **options: Any) -> Cluster:
+                coordinator_key: str | None = None, **options: Any) -> Cluster:
         """Find the coordinator (argument, TQ_COORDINATOR, cluster.json) and connect."""
-        found = discover(coordinator, secret_file=secret_file)
-        return cls(found.address, found.secret, source=found.source, **options)
+        found = discover(coordinator, secret_file=secret_file, coordinator_key=coordinator_key)
+        return cls(found.address, found.secret, source=found.source,
+                   coordinator_key=found.coordinator_key, **options)
 
     # -- what AsyncCluster knows ---------------------------------------------------------------
 
@@ -142,9 +143,10 @@ class Cluster:
         self._call(self._async.unsubscribe(name))
 
     def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
-                        kafka_address: str = "") -> Broker:
+                        kafka_address: str = "", curve_key: str = "") -> Broker:
         return self._call(self._async.register_broker(host, address, broker_id=broker_id,
-                                                      kafka_address=kafka_address))
+                                                      kafka_address=kafka_address,
+                                                      curve_key=curve_key))
 
     def register_executor(self, host: str, broker_id: int, resources: Resources,
                           shards: tuple[int, ...] = ()) -> Executor:

@@ -22,8 +22,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from catalog import ADMIN
 from querylib._pidlock import PidLock, hold_data_dir
-from querylib.rpc import Credential, default_secret_path, load_credential
+from querylib.rpc import (
+    Credential,
+    coordinator_public_key,
+    curve_forced,
+    default_secret_path,
+    leaves_host,
+    load_credential,
+    remember_server_key,
+)
 
 from ._errors import (
     START_HINT,
@@ -35,6 +44,7 @@ from ._errors import (
 T = TypeVar("T")
 
 __all__ = [
+    "COORDINATOR_KEY_ENV",
     "ClusterInfo",
     "Connection",
     "claim_cluster_file",
@@ -48,6 +58,7 @@ __all__ = [
 ]
 
 CLUSTER_FILE = "cluster.json"
+COORDINATOR_KEY_ENV = "TQ_COORDINATOR_KEY"  # the coordinator's CURVE public key
 CLUSTER_LOCK = "cluster.lock"
 _MAX_FILE_BYTES = 64 * 1024
 
@@ -74,6 +85,7 @@ class ClusterInfo:
     connector: str = ""  # HOST:PORT of `tq up`'s connector endpoint, if it opened one
     kafka: str = ""  # HOST:PORT Kafka clients bootstrap from, if `tq up` opened a listener
     console: str = ""  # the web console's URL, if one was started (DESIGN §13)
+    coordinator_key: str = ""  # its CURVE public key when it is a CURVE server (DESIGN §2)
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,7 @@ class Connection:
     secret: Credential
     secret_file: str
     source: str
+    coordinator_key: str = ""  # its CURVE public key, when known: the link is then CURVE
 
 
 def write_cluster_file(info: ClusterInfo, home: str | os.PathLike[str] | None = None) -> Path:
@@ -125,6 +138,7 @@ def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo
             data=raw.get("data"),
             connector=raw.get("connector") or "",
             kafka=raw.get("kafka") or "",
+            coordinator_key=raw.get("coordinator_key") or "",
         )
         if info.pid is not None and not isinstance(info.pid, int):
             raise ValueError("pid is not an integer")
@@ -184,10 +198,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _key_in_cluster_file(info: ClusterInfo | None, coordinator: str,
+                         home: str | os.PathLike[str] | None) -> str:
+    """The coordinator key cluster.json names for `coordinator`, if it names that one."""
+    if info is None:
+        try:
+            info = read_cluster_file(home)
+        except ClusterFileError:
+            return ""
+    return info.coordinator_key if info is not None and info.coordinator == coordinator else ""
+
+
 def discover(coordinator: str | None = None, *, secret_file: str | None = None,
-             home: str | os.PathLike[str] | None = None) -> Connection:
+             home: str | os.PathLike[str] | None = None,
+             coordinator_key: str | None = None) -> Connection:
     """Where to reach the coordinator, and the credential to sign with: `secret_file`, else
     `TQ_CREDENTIALS`, else the secret file cluster.json names (its holder is the admin).
+    The coordinator's CURVE public key, when it is a CURVE server: `coordinator_key`, else
+    TQ_COORDINATOR_KEY, else the credential file's, else cluster.json's (when it names that
+    coordinator), else, for the admin reaching a CURVE coordinator (another host's, or CURVE
+    forced), derived from the secret; remembered for its
+    address (`remember_server_key`), so every client of this process connects with CURVE.
 
     Raises NoCoordinatorError (saying how to start one) when nothing names a coordinator, or
     when the connection file names one that is not running on this host; SecretFileError when
@@ -212,4 +243,12 @@ def discover(coordinator: str | None = None, *, secret_file: str | None = None,
         secret_file = os.environ.get("TQ_CREDENTIALS") or None
     if secret_file is None:
         secret_file = info.secret_file if info is not None else str(default_secret_path())
-    return Connection(coordinator, load_credential(secret_file), secret_file, source)
+    credential = load_credential(secret_file)
+    key = (coordinator_key or os.environ.get(COORDINATOR_KEY_ENV) or credential.coordinator_key
+           or _key_in_cluster_file(info, coordinator, home))
+    if not key and credential.principal == ADMIN and (curve_forced()
+                                                      or leaves_host(coordinator)):
+        key = coordinator_public_key(credential.key)  # the admin holds what it derives from
+    if key:
+        remember_server_key(coordinator, key)
+    return Connection(coordinator, credential, secret_file, source, key)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from catalog import (
+    Broker,
     CatalogDecodeError,
     CorruptCatalogError,
     Record,
@@ -48,6 +49,7 @@ from catalog import (
 from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
 from querylib.broker.messages import StartAt
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
+from querylib.rpc import remember_server_key
 
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER
 
@@ -222,6 +224,14 @@ def _start(collection: str, info: CatalogInfo) -> tuple[CollectionView, StartAt]
             checkpoint.offsets[collection])
 
 
+def _learn_broker_keys(event: CatalogEvent) -> None:
+    """Brokers seen in the catalog: this process's clients connect to each with CURVE exactly
+    when its record has a CURVE key (DESIGN §2 "Handshake")."""
+    for record, diff in event.records if isinstance(event, Snapshot) else event.updates:
+        if diff > 0 and isinstance(record, Broker):
+            remember_server_key(record.address, record.curve_key)
+
+
 class AsyncCollectionFollower:
     """Catalog events of one collection, on asyncio.
 
@@ -264,7 +274,10 @@ class AsyncCollectionFollower:
             if event is None:
                 return None
             self._ready.extend(self.view.feed(event))
-        return self._ready.pop(0)
+        ready = self._ready.pop(0)
+        if self.collection == "brokers":
+            _learn_broker_keys(ready)
+        return ready
 
     def __aiter__(self) -> AsyncIterator[CatalogEvent]:
         return self._iterate()
@@ -311,7 +324,10 @@ class CollectionFollower:
             if event is None:
                 return None
             self._ready.extend(self.view.feed(event))
-        return self._ready.pop(0)
+        ready = self._ready.pop(0)
+        if self.collection == "brokers":
+            _learn_broker_keys(ready)
+        return ready
 
     def __iter__(self) -> Iterator[CatalogEvent]:
         while True:

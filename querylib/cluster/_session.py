@@ -55,11 +55,12 @@ from querylib.rpc import (
     Request,
     RpcClient,
     RpcError,
+    remember_server_key,
     unseal,
 )
 
 from . import messages as m
-from ._connection import discover
+from ._connection import COORDINATOR_KEY_ENV, discover
 from ._errors import START_HINT, NoCoordinatorError, QueryTimeoutError, SessionLostError
 
 __all__ = ["AsyncCluster", "default_peer"]
@@ -100,6 +101,16 @@ def default_peer() -> str:
     return f"{program} {user}@{socket.gethostname()} pid {os.getpid()}"
 
 
+def _learn_server_keys(reply: object) -> None:
+    """Remember the CURVE keys of the brokers a reply names (DESIGN §2 "Handshake"): their
+    clients in this process then connect with CURVE; a broker named without one is PLAIN."""
+    if isinstance(reply, m.TopicInfo):
+        for broker_id, address in reply.brokers.items():
+            remember_server_key(address, reply.broker_keys.get(broker_id, ""))
+    elif isinstance(reply, (m.SessionOpened, m.CatalogInfo)) and reply.catalog_broker:
+        remember_server_key(reply.catalog_broker, reply.catalog_broker_key)
+
+
 class AsyncCluster:
     """A connection to the coordinator, with a session unless `session=False`."""
 
@@ -108,7 +119,7 @@ class AsyncCluster:
                  lease: float = 10.0, timeout: float = 30.0, connect_timeout: float = 10.0,
                  resume: int | None = None, query_id: int | None = None,
                  process: int | None = None, source: str = "",
-                 presume_lost: bool = False) -> None:
+                 presume_lost: bool = False, coordinator_key: str = "") -> None:
         self.address = address
         self.secret = Credential.of(secret)  # who we are (a bare secret: the admin)
         self.timeout = timeout
@@ -126,7 +137,11 @@ class AsyncCluster:
         self._open_request = m.OpenSession(kind=kind, peer=peer or default_peer(),
                                            lease_ms=int(lease * 1000), resume=resume,
                                            query_id=query_id, process=process)
-        self.client = RpcClient(address, secret, timeout=timeout)
+        # CURVE when the coordinator's public key is known: given, remembered for its address
+        # (`discover`), or TQ_COORDINATOR_KEY (DESIGN §2 "Handshake").
+        self.client = RpcClient(address, secret, timeout=timeout,
+                                server_key=coordinator_key
+                                or os.environ.get(COORDINATOR_KEY_ENV) or None)
         self.session_id: int | None = None
         self.catalog_broker = ""
         self.version = 0  # the newest catalog version a reply mentioned
@@ -139,10 +154,11 @@ class AsyncCluster:
 
     @classmethod
     async def connect(cls, coordinator: str | None = None, *, secret_file: str | None = None,
-                      **options: Any) -> AsyncCluster:
+                      coordinator_key: str | None = None, **options: Any) -> AsyncCluster:
         """Find the coordinator (argument, TQ_COORDINATOR, cluster.json) and start."""
-        found = discover(coordinator, secret_file=secret_file)
-        return await cls(found.address, found.secret, source=found.source, **options).start()
+        found = discover(coordinator, secret_file=secret_file, coordinator_key=coordinator_key)
+        return await cls(found.address, found.secret, source=found.source,
+                         coordinator_key=found.coordinator_key, **options).start()
 
     async def start(self) -> AsyncCluster:
         """Connect, and open (or resume) the session. NoCoordinatorError if nobody answers
@@ -155,6 +171,7 @@ class AsyncCluster:
                 self.session_id = opened.session_id
                 self.lease = opened.lease_ms / 1000
                 self.catalog_broker = opened.catalog_broker
+                _learn_server_keys(opened)
                 self.resumed = opened.resumed
                 _follow_namespace(opened.namespace)
                 self._seen(opened.version)
@@ -163,6 +180,7 @@ class AsyncCluster:
             else:
                 info = await self._first(m.GetCatalogInfo())
                 self.catalog_broker = info.catalog_broker
+                _learn_server_keys(info)
                 _follow_namespace(info.namespace)
                 self._seen(info.version)
         except BaseException:
@@ -225,6 +243,7 @@ class AsyncCluster:
         version = getattr(reply, "version", None)
         if version is not None:
             self._seen(version)
+        _learn_server_keys(reply)
         return reply
 
     def _seen(self, version: int) -> None:
@@ -297,10 +316,12 @@ class AsyncCluster:
         await self.request(m.Unsubscribe(session_id=self._session(), name=name))
 
     async def register_broker(self, host: str, address: str, *,
-                              broker_id: int | None = None, kafka_address: str = "") -> Broker:
+                              broker_id: int | None = None, kafka_address: str = "",
+                              curve_key: str = "") -> Broker:
         reply = await self.request(m.RegisterBroker(session_id=self._session(), host=host,
                                                     address=address, broker_id=broker_id,
-                                                    kafka_address=kafka_address))
+                                                    kafka_address=kafka_address,
+                                                    curve_key=curve_key))
         return reply.broker
 
     async def register_executor(self, host: str, broker_id: int, resources: Resources,
@@ -377,13 +398,15 @@ class AsyncCluster:
         """Make a named principal (admins only); returns its credential."""
         reply = await self.request(m.AddUser(session_id=self._session(), principal=principal,
                                              role=role))
-        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key))
+        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key),
+                          reply.coordinator_key)
 
     async def rotate_user(self, principal: str) -> Credential:
         """A new key for a named principal (admins only); the old one stops working."""
         reply = await self.request(m.RotateUser(session_id=self._session(),
                                                 principal=principal))
-        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key))
+        return Credential(reply.user.principal, unseal(self.secret.key, reply.sealed_key),
+                          reply.coordinator_key)
 
     async def remove_user(self, principal: str) -> None:
         await self.request(m.RemoveUser(session_id=self._session(), principal=principal))
@@ -394,6 +417,15 @@ class AsyncCluster:
         reply = await self.request(m.ResolvePrincipal(session_id=self._session(),
                                                       principal=principal))
         return unseal(self.secret.key, reply.sealed_key) if reply.sealed_key else None
+
+    async def resolve_curve_key(self, public: bytes) -> tuple[str, bytes] | None:
+        """The principal whose CURVE public key (Z85) is `public`, and its broker key, or None
+        (executors only: their broker's keyring asks this)."""
+        reply = await self.request(m.ResolvePrincipal(session_id=self._session(),
+                                                      principal="", curve_key=public))
+        if not reply.sealed_key:
+            return None
+        return reply.principal, unseal(self.secret.key, reply.sealed_key)
 
     async def upload_artifact(self, digest: str, pack: bytes) -> str:
         """Store a program pack on the coordinator, in chunks of ARTIFACT_CHUNK_BYTES; returns

@@ -122,6 +122,7 @@ class SessionOpened(Reply, tag="coord.session.opened"):
     resumed: bool           # True: an existing session was handed back
     catalog_broker: str     # the broker serving the __catalog.* topics
     namespace: str = "public/default"  # the cluster's default: what a bare topic name means
+    catalog_broker_key: str = ""  # its CURVE public key, "" when it is a PLAIN server
 
 
 class Renewed(Reply, tag="coord.session.renewed"):
@@ -143,6 +144,7 @@ class CatalogInfo(Reply, tag="coord.info.reply"):
     collections: dict[str, str]   # collection -> its topic on the catalog broker
     checkpoint: CheckpointRef | None = None
     namespace: str = "public/default"  # the cluster's default: what a bare topic name means
+    catalog_broker_key: str = ""  # its CURVE public key, "" when it is a PLAIN server
 
 
 class TopicInfo(Reply, tag="coord.topic.info"):
@@ -150,6 +152,8 @@ class TopicInfo(Reply, tag="coord.topic.info"):
     brokers: dict[int, str]       # broker id -> address, for every partition location
     version: int
     epoch: int = 0                # on Publish: the epoch the publication's writers start
+    # broker id -> CURVE public key, for those of `brokers` that are CURVE servers
+    broker_keys: dict[int, str] = {}
 
 
 class BrokerInfo(Reply, tag="coord.broker.info"):
@@ -363,6 +367,7 @@ class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
     address: str
     broker_id: int | None = None
     kafka_address: str = ""  # HOST:PORT of the broker's Kafka listener, "" for none
+    curve_key: str = ""  # the broker's CURVE public key (Z85), "" for a PLAIN server
 
 
 class RemoveBroker(Request[Done], tag="coord.broker.remove"):
@@ -472,6 +477,7 @@ class UserCredential(Reply, tag="coord.user.credential"):
     user: User
     sealed_key: bytes
     version: int
+    coordinator_key: str = ""  # the coordinator's CURVE public key, "" when it is PLAIN
 
 
 class PrincipalKey(Reply, tag="coord.principal.key.reply"):
@@ -500,8 +506,12 @@ class RemoveUser(Request[Done], tag="coord.user.remove"):
 
 
 class ResolvePrincipal(Request[PrincipalKey], tag="coord.principal.key"):
+    """`principal`'s broker key; with `curve_key` (and no principal): the principal whose
+    broker key gives that CURVE public key (Z85), and its key."""
+
     session_id: int
     principal: str
+    curve_key: bytes = b""
 
 
 # --------------------------------------------------------------------------- artifacts

@@ -45,6 +45,17 @@ if TYPE_CHECKING:
         unseal,
         write_credential,
     )
+    from ._curve import (
+        CURVE_ENV,
+        client_keypair,
+        coordinator_public_key,
+        curve_forced,
+        curve_public,
+        leaves_host,
+        remember_server_key,
+        server_key_of,
+        server_keypair,
+    )
     from ._errors import (
         AddressError,
         BadSignatureError,

@@ -34,13 +34,14 @@ class BlockingClient:
 
     def __init__(self, address: str, secret: bytes | Credential, *,
                  limits: Limits | None = None, timeout: float = 30.0,
-                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR) -> None:
+                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR,
+                 server_key: str | bytes | None = None) -> None:
         self._bridge = LoopThread(f"rpc-client {address}", owner="a BlockingClient")
         self._call = self._bridge.call
         try:
             self._client = self._call(RpcClient(
                 address, secret, limits=limits, timeout=timeout, context=context,
-                audience=audience).connect())
+                audience=audience, server_key=server_key).connect())
         except BaseException:
             self._bridge.close()
             raise

@@ -31,6 +31,7 @@ import zmq
 
 from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Credential, handshake_token
+from ._curve import client_keypair, server_key_of
 from ._errors import (
     AddressError,
     ClientClosedError,
@@ -81,9 +82,12 @@ class RpcClient:
 
     def __init__(self, address: str, secret: bytes | Credential, *,
                  limits: Limits | None = None, timeout: float = 30.0,
-                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR) -> None:
+                 context: zmq.Context[Any] | None = None, audience: str = COORDINATOR,
+                 server_key: str | bytes | None = None) -> None:
         """`secret` is our credential (a bare cluster secret: the admin's); `audience` the
-        kind of server we talk to (COORDINATOR, or BROKER: DESIGN §12)."""
+        kind of server we talk to (COORDINATOR, or BROKER: DESIGN §12). `server_key`: the
+        server's CURVE public key (Z85): given, or remembered for `address`
+        (`remember_server_key`), the link is CURVE (encrypted), else PLAIN."""
         self.address = address
         self.limits = limits = limits or Limits()
         self.timeout = _check_timeout(timeout)
@@ -91,6 +95,9 @@ class RpcClient:
         self.principal = own.principal
         self._codec = Codec(own, role="client", limits=limits)
         self._token = handshake_token(own.key)
+        self._own_key = own.key
+        self.server_key = (server_key.encode() if isinstance(server_key, str)
+                           else server_key) or server_key_of(address)
         self._context = context
         self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
         self._slots = asyncio.Semaphore(limits.max_in_flight)
@@ -149,8 +156,19 @@ class RpcClient:
         if self._sock is not None or self._closed:
             raise RuntimeError("an RpcClient connects once")
         sock = new_socket(zmq.DEALER, self.limits, self._context)
-        sock.setsockopt(zmq.PLAIN_USERNAME, self.principal.encode())
-        sock.setsockopt(zmq.PLAIN_PASSWORD, self._token)
+        if self.server_key is not None:
+            public, secret_key = client_keypair(self._own_key)
+            try:
+                sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise AddressError(f"{self.server_key!r} is not a CURVE public key (40 "
+                                   f"characters of Z85) for {self.address}") from exc
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
+        else:
+            sock.setsockopt(zmq.PLAIN_USERNAME, self.principal.encode())
+            sock.setsockopt(zmq.PLAIN_PASSWORD, self._token)
         self._loop = asyncio.get_running_loop()
         watch = HandshakeWatch(sock, self._loop, self._on_handshake)
         try:

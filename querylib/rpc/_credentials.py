@@ -25,7 +25,10 @@ and are refused when others may read them (`_secret`).
 Keyrings answer a server's question "which signer checks messages of principal P?": `MasterKeyring`
 derives (a server holding the secret; `valid` says which principals exist now), `RemoteKeyring`
 asks an async `fetch` (an executor's broker asks the coordinator) and caches the answer for a
-while. `seal` / `unseal` carry a key inside a message to its one reader.
+while. A CURVE server asks "whose public key is this?" (`principal_of_curve`: ZeroMQ's ZAP
+request names no principal): `MasterKeyring` derives the public keys of the principals its
+`principals` enumerates, `RemoteKeyring` asks `fetch_curve`. `seal` / `unseal` carry a key
+inside a message to its one reader.
 
 Must not: touch sockets or the catalog; everything here is keys and files.
 """
@@ -39,14 +42,15 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
 
 from catalog import ADMIN, InvalidCommandError, PrincipalKind, check_principal, principal_kind
 
+from ._curve import curve_public
 from ._errors import SecretFileError
 from ._secret import MIN_SECRET_BYTES, read_private_file
 from ._signer import Signer
@@ -122,6 +126,9 @@ class Credential:
 
     principal: str
     key: bytes
+    # The coordinator's CURVE public key, when the credential file names one (`tq user add`
+    # on a coordinator reachable from other hosts): how to connect to it across hosts.
+    coordinator_key: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if len(self.key) < MIN_SECRET_BYTES:
@@ -150,20 +157,26 @@ def load_credential(path: str | os.PathLike[str]) -> Credential:
     try:
         found = json.loads(data)
         principal, key = check_principal(found["principal"]), bytes.fromhex(found["key"])
+        coordinator_key = found.get("coordinator_key") or ""
+        if not isinstance(coordinator_key, str):
+            raise TypeError("coordinator_key is not text")
     except (ValueError, KeyError, TypeError, InvalidCommandError) as exc:
         raise SecretFileError(f"credential file {path} is not a tq credential ({exc})") \
             from None
-    return Credential(principal, key)
+    return Credential(principal, key, coordinator_key)
 
 
 def write_credential(path: str | os.PathLike[str], credential: Credential, *,
-                     coordinator: str = "") -> None:
+                     coordinator: str = "", coordinator_key: str = "") -> None:
     """Write `credential` to a new private file (mode 0600, by rename); refuses to replace one
-    that exists, so a credential is never lost by a typo."""
+    that exists, so a credential is never lost by a typo. `coordinator_key`: the coordinator's
+    CURVE public key, when it is a CURVE server."""
     path = Path(path)
     body = {"principal": credential.principal, "key": credential.key.hex()}
     if coordinator:
         body["coordinator"] = coordinator
+    if coordinator_key:
+        body["coordinator_key"] = coordinator_key
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -230,22 +243,63 @@ class Keyring:
         True when it was forgotten."""
         return False
 
+    async def principal_of_curve(self, public: bytes) -> str | None:
+        """The principal whose CURVE public key (Z85, `curve_public` of its key for this
+        audience) is `public`, if one exists now; None when none does (a fetching keyring
+        raises a TqError when it cannot ask)."""
+        return None
+
 
 class MasterKeyring(Keyring):
     """Derives keys from the cluster secret. `valid(principal)` is the principal's current
     generation, or None when it does not exist now (default: every well-formed principal, at
-    generation 0: a standalone server with no catalog)."""
+    generation 0: a standalone server with no catalog). `principals()` enumerates the
+    principals that may connect to a CURVE server (default: the admin), whose public keys it
+    derives once each (a name seen before costs a set lookup, so a stranger's key costs one
+    pass over the names)."""
 
     def __init__(self, secret: bytes, *, audience: str = COORDINATOR,
                  valid: Callable[[str], int | None] | None = None,
+                 principals: Callable[[], Iterable[str]] | None = None,
                  cache_size: int = 4096) -> None:
         if audience not in AUDIENCES:
             raise ValueError(f"unknown audience {audience!r}")
         self.audience = audience
         self._secret = secret
         self._valid = valid or _any_principal
+        self._principals = principals or (lambda: (ADMIN,))
         self._cache: OrderedDict[tuple[str, int], Signer] = OrderedDict()
         self._cache_size = cache_size
+        # CURVE public key -> (principal, generation), and which (principal, generation)
+        # are in it already.
+        self._curve: dict[bytes, tuple[str, int]] = {}
+        self._curved: set[tuple[str, int]] = set()
+
+    @property
+    def secret(self) -> bytes:
+        """The cluster secret it derives from (a server's CURVE keypair derives from it)."""
+        return self._secret
+
+    async def principal_of_curve(self, public: bytes) -> str | None:
+        found = self._curve.get(public)
+        if found is None:
+            self._learn_curve()
+            found = self._curve.get(public)
+        if found is None or self._valid(found[0]) != found[1]:
+            return None
+        return found[0]
+
+    def _learn_curve(self) -> None:
+        names = [(p, g) for p in self._principals() if (g := self._valid(p)) is not None]
+        if len(self._curved) > 2 * len(names) + 64:  # many are gone: start again
+            self._curve.clear()
+            self._curved.clear()
+        for principal, generation in names:
+            if (principal, generation) not in self._curved:
+                key = self.key(principal, generation)
+                assert key is not None
+                self._curve[curve_public(key)] = (principal, generation)
+                self._curved.add((principal, generation))
 
     def key(self, principal: str, generation: int | None = None) -> bytes | None:
         """`principal`'s key for this keyring's audience, if it exists now."""
@@ -286,13 +340,20 @@ class RemoteKeyring(Keyring):
     """Keys fetched from elsewhere (an executor's broker asks the coordinator), each kept for
     `ttl` seconds; an unknown principal is not asked for again for `negative_ttl` seconds, so a
     stream of made-up names costs one fetch each per interval at most. `fetch(principal)`
-    returns the audience key, or None when the principal does not exist."""
+    returns the audience key, or None when the principal does not exist. `fetch_curve(public)`
+    returns (principal, audience key) of the holder of a CURVE public key, or None; without it
+    only the principals it knows connect over CURVE."""
 
     def __init__(self, fetch: Callable[[str], Awaitable[bytes | None]], *,
+                 fetch_curve: Callable[[bytes], Awaitable[tuple[str, bytes] | None]]
+                 | None = None,
                  audience: str = BROKER, ttl: float = 60.0, negative_ttl: float = 5.0,
                  max_entries: int = 65536, clock: Callable[[], float] = time.monotonic) -> None:
         self.audience = audience
         self._fetch = fetch
+        self._fetch_curve = fetch_curve
+        # CURVE public key -> principal, as learned (its key is checked against the cache)
+        self._curve: OrderedDict[bytes, str] = OrderedDict()
         self._ttl = ttl
         self._negative_ttl = negative_ttl
         self._max = max_entries
@@ -310,6 +371,28 @@ class RemoteKeyring(Keyring):
         """Know `principal`'s key for good (the server's own principal: it needs nobody to
         tell it its own key)."""
         self._pinned[principal] = (Signer(key), key)
+        self._curve[curve_public(key)] = principal
+
+    async def principal_of_curve(self, public: bytes) -> str | None:
+        principal = self._curve.get(public)
+        if principal is not None:
+            key = await self.key_of(principal)
+            if key is not None and curve_public(key) == public:
+                return principal
+        if self._fetch_curve is None:
+            return None
+        found = await self._fetch_curve(public)
+        if found is None:
+            return None
+        principal, key = found
+        if curve_public(key) != public:
+            return None  # not what we asked for
+        self._remember(principal, key)
+        self._curve.pop(public, None)
+        self._curve[public] = principal
+        while len(self._curve) > self._max:
+            self._curve.popitem(last=False)
+        return principal
 
     def _fresh(self, principal: str) -> tuple[Signer | None, bytes | None, float] | None:
         pinned = self._pinned.get(principal)

@@ -29,11 +29,13 @@ parked, bounded in count and bytes, while it asks; it is decoded again once the 
 dropped (counted as "unknown_principal") if there is none.
 
 Handshake (DESIGN §2 "Handshake"): before a peer may send a frame, it must show a PLAIN
-credential, its principal and `handshake_token` of its key for our audience, which ZeroMQ
-hands the ZAP handler of our context (`_zap`), which hands it to `_admit` on our loop. The
-keyring says: admitted (200), refused (400: the principal does not exist, or the token is
-not its; "handshake_refused"), or nothing (a keyring that fetches keys cannot tell a
-principal that does not exist from a coordinator it cannot reach: "handshake_deferred";
+credential, its principal and `handshake_token` of its key for our audience, or, on a CURVE
+server (bound where other hosts reach it, or forced: `_curve`), the CURVE public key derived
+from that key, which ZeroMQ hands the ZAP handler of our context (`_zap`), which hands it to
+`_admit` on our loop. The keyring says: admitted (200), refused (400: the principal does not
+exist, or the token or CURVE key is not its; "handshake_refused"), or nothing (a keyring
+that fetches keys cannot tell a principal that does not exist from a coordinator it cannot
+reach: "handshake_deferred";
 ZeroMQ drops the connection after HANDSHAKE_INTERVAL and the peer connects again). A key
 being fetched holds the handshake until it comes, so a peer's first connection gets in.
 """
@@ -50,12 +52,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import zmq
+from zmq.utils import z85
 
 from catalog import InvalidCommandError, check_principal
 from catalog.errors import TqError
 
 from ._codec import Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Keyring, MasterKeyring, handshake_token
+from ._curve import curve_forced, leaves_host, server_keypair
 from ._errors import (
     AddressError,
     InternalServerError,
@@ -135,14 +139,22 @@ class RpcServer:
 
     def __init__(self, secret: bytes | Keyring, *, limits: Limits | None = None,
                  context: zmq.Context[Any] | None = None, audience: str = COORDINATOR,
-                 max_parked: int = 256, max_parked_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_parked: int = 256, max_parked_bytes: int = 64 * 1024 * 1024,
+                 curve: bool | None = None, server_key: bytes | None = None) -> None:
         """`secret` is the keyring of the principals we serve, or the cluster secret (then
         every principal's key is derived from it, for `audience`). `max_parked` also bounds
-        the handshakes waiting for a key."""
+        the handshakes waiting for a key. `curve`: a CURVE server (None: when bound where
+        other hosts reach it, or TQ_RPC_CURVE=1); its keypair derives from `server_key`
+        (default: the cluster secret of a MasterKeyring)."""
         self.limits = limits or Limits()
         keyring = secret if isinstance(secret, Keyring) else MasterKeyring(secret,
                                                                            audience=audience)
         self.keyring = keyring
+        if server_key is None and isinstance(keyring, MasterKeyring):
+            server_key = keyring.secret
+        self._server_key = server_key
+        self._curve = curve
+        self.public_key = ""  # our CURVE public key (Z85) once started as a CURVE server
         self._codec = Codec(role="server", limits=self.limits, keyring=keyring)
         # Messages of principals the keyring is fetching the key of: principal -> messages.
         self._parked: dict[str, list[list[Any]]] = {}
@@ -220,7 +232,18 @@ class RpcServer:
         # Unroutable replies (the client went away) fail loudly to us instead of vanishing.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Peers pass the handshake, or send nothing (module docstring).
-        sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        curve = self._curve if self._curve is not None else (curve_forced()
+                                                             or leaves_host(bind))
+        if curve:
+            if self._server_key is None:
+                sock.close(linger=0)
+                raise ValueError("a CURVE server needs the key its keypair derives from")
+            public, secret_key = server_keypair(self._server_key, self.keyring.audience)
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
+            self.public_key = public.decode()
+        else:
+            sock.setsockopt(zmq.PLAIN_SERVER, 1)
         sock.setsockopt(zmq.ZAP_DOMAIN, self._domain)
         sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_INTERVAL * 1000))
         loop = asyncio.get_running_loop()
@@ -293,16 +316,35 @@ class RpcServer:
 
     # -- the handshake ---------------------------------------------------------------------
 
-    def _handshake(self, username: bytes, token: bytes, verdict: Verdict) -> None:
+    def _handshake(self, mechanism: bytes, credentials: list[bytes], verdict: Verdict) -> None:
         """A peer connects (called on our loop by the ZAP handler): admit it or not."""
         if self._closed:
             return  # no verdict: a refusal would tell the peer its key is wrong
         if len(self._admitting) >= self._max_parked:
             self._drops["handshake_deferred"] += 1  # too many wait for keys: it comes again
             return
-        task = asyncio.get_running_loop().create_task(self._admit(username, token, verdict))
+        admit = (self._admit(credentials[0], credentials[1], verdict) if mechanism == b"PLAIN"
+                 else self._admit_curve(credentials[0], verdict))
+        task = asyncio.get_running_loop().create_task(admit)
         self._admitting.add(task)
         task.add_done_callback(self._admitting.discard)
+
+    async def _admit_curve(self, public: bytes, verdict: Verdict) -> None:
+        """A CURVE peer: its public key is the credential; the keyring says whose it is."""
+        try:
+            principal = await self.keyring.principal_of_curve(z85.encode(public))
+        except TqError as exc:  # the keyring could not ask (the coordinator is away)
+            log.info("rpc server %s: cannot learn whose CURVE key %s is: %s", self.endpoint,
+                     z85.encode(public).decode(), exc)
+            self._drops["handshake_deferred"] += 1
+            return
+        except Exception:  # a bug in a keyring; the server must outlive it
+            self._drops["internal_error"] += 1
+            log.exception("rpc server %s: bug while checking a handshake", self.endpoint)
+            return
+        if principal is None:
+            self._drops["handshake_refused"] += 1
+        verdict(principal)
 
     async def _admit(self, username: bytes, token: bytes, verdict: Verdict) -> None:
         try:
@@ -324,7 +366,7 @@ class RpcServer:
             return
         if not admitted:
             self._drops["handshake_refused"] += 1
-        verdict(bool(admitted))
+        verdict(principal if admitted else None)
 
     async def _check(self, principal: str, token: bytes) -> bool | None:
         """Whether `token` is `principal`'s (None: the keyring cannot tell now)."""

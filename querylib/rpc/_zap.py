@@ -2,10 +2,11 @@
 
 ZeroMQ authenticates a peer during the ZMTP handshake, before the peer may send a single
 frame, by asking the ZAP handler (ZeroMQ Authentication Protocol, RFC 27) bound at
-`inproc://zeromq.zap.01` in the socket's context. An RpcServer takes PLAIN credentials
-(DESIGN §2 "Handshake"): the request names the server's ZAP domain, the peer's principal
-(username) and its token (password), and the answer is 200 (admitted, with the principal as
-ZeroMQ's user id) or 400 (refused: ZeroMQ sends the peer an ERROR command and closes).
+`inproc://zeromq.zap.01` in the socket's context. An RpcServer takes PLAIN or CURVE
+credentials (DESIGN §2 "Handshake"): the request names the server's ZAP domain, the mechanism
+and the peer's credentials (PLAIN: its principal and token; CURVE: its public key), and the
+answer is 200 (admitted, with the principal as ZeroMQ's user id) or 400 (refused: ZeroMQ
+sends the peer an ERROR command and closes).
 
 There is one handler per context, so every server of a process sharing one (`tq up`: the
 coordinator, its catalog broker, the executor's broker; tests: many, on several event loops)
@@ -42,11 +43,15 @@ log = logging.getLogger("querylib.rpc")
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _VERSION = b"1.0"
 
-Verdict = Callable[[bool], None]
-"""`verdict(admitted)`: the server's answer to one handshake; callable from any thread."""
+Verdict = Callable[[str | None], None]
+"""`verdict(principal)`: the server's answer to one handshake, the admitted principal or None
+(refused); callable from any thread."""
 
-Check = Callable[[bytes, bytes, Verdict], None]
-"""`check(username, password, verdict)`, run on the server's loop."""
+Check = Callable[[bytes, list[bytes], Verdict], None]
+"""`check(mechanism, credentials, verdict)`, run on the server's loop: b"PLAIN" with
+[username, password], or b"CURVE" with [the peer's 32-byte public key]."""
+
+_CREDENTIALS = {b"PLAIN": 2, b"CURVE": 1}  # mechanism -> how many credential frames
 
 
 class _ZapHandler:
@@ -92,11 +97,10 @@ class _ZapHandler:
         except BlockingIOError:
             pass  # the pipe is full: the thread is woken already
 
-    def _answer(self, routing: bytes, request_id: bytes, user_id: bytes,
-                admitted: bool) -> None:
-        status = (b"200", b"OK") if admitted else (b"400", b"refused")
+    def _answer(self, routing: bytes, request_id: bytes, principal: str | None) -> None:
+        status = (b"200", b"OK") if principal is not None else (b"400", b"refused")
         self._answers.append([routing, b"", _VERSION, request_id, *status,
-                              user_id if admitted else b"", b""])
+                              (principal or "").encode(), b""])
         self._wake()
 
     def _run(self) -> None:
@@ -132,17 +136,16 @@ class _ZapHandler:
             return
         routing, _, version, request_id, domain, _address, _identity, mechanism = frames[:8]
         credentials = frames[8:]
-        if version != _VERSION or mechanism != b"PLAIN" or len(credentials) != 2:
-            self._answer(routing, request_id, b"", False)
+        if version != _VERSION or _CREDENTIALS.get(mechanism) != len(credentials):
+            self._answer(routing, request_id, None)
             return
         door = self.doors.get(domain)
         if door is None:
             return  # its server is closing: no verdict (a refusal would say "wrong key")
         loop, check = door
-        username, password = credentials
-        verdict = functools.partial(self._answer, routing, request_id, username)
+        verdict = functools.partial(self._answer, routing, request_id)
         try:
-            loop.call_soon_threadsafe(check, username, password, verdict)
+            loop.call_soon_threadsafe(check, mechanism, credentials, verdict)
         except RuntimeError:  # that server's loop is closed: it serves nobody any more
             pass
 

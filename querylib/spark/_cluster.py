@@ -25,7 +25,7 @@ from catalog import Topic, TopicName
 from catalog.errors import TopicExistsError, UnknownTopicError
 from querylib.broker import Incarnation, Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
-from querylib.rpc import RpcError, SecretRejectedError, load_credential
+from querylib.rpc import RpcError, SecretRejectedError, load_credential, remember_server_key
 from querylib.spark._errors import BrokerUnreachableError
 from querylib.spark._options import Location
 
@@ -45,6 +45,9 @@ class PartitionPlace:
     # The catalog's topic, (creation ms, topic id): a broker serves only that topic's
     # partition under the name (DESIGN §4 "Topic incarnations"); None: not checked.
     incarnation: tuple[int, int] | None = None
+    # The broker's CURVE public key when it is a CURVE server (another host's), else "": a
+    # task, in a process of its own, connects with it (DESIGN §2 "Handshake").
+    broker_key: str = ""
 
 
 def _secret_hint(secret_file: str) -> str:
@@ -124,7 +127,8 @@ class ClusterTopics:
             raise BrokerUnreachableError(f"partition {partition} of {topic!r} is on broker "
                                          f"{broker_id}, which is not up")
         return PartitionPlace(address, self.secret_file, self.timeout,
-                              (info.topic.created_at_ms, info.topic.topic_id))
+                              (info.topic.created_at_ms, info.topic.topic_id),
+                              info.broker_keys.get(broker_id, ""))
 
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, durable log end); (0, 0) for a partition no one has written yet."""
@@ -146,11 +150,17 @@ def _incarnation(place: PartitionPlace) -> Incarnation | None:
     return None if place.incarnation is None else Incarnation(*place.incarnation)
 
 
+def _know_key(place: PartitionPlace) -> None:
+    """A task's process learns the broker's CURVE key with its address (none: PLAIN)."""
+    remember_server_key(place.broker, place.broker_key)
+
+
 def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
                 stop: int) -> Generator[bytes, None, None]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
     reaches `stop`, as the hosting broker delivers them."""
     secret = load_credential(place.secret_file)
+    _know_key(place)
     try:
         subscriber = Subscriber(place.broker, topic, [partition], secret=secret, start=start,
                                 credit=READ_CREDIT, follow=True, timeout=place.timeout,
@@ -175,6 +185,7 @@ def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
 def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer:
     """A producer into one partition, which it creates on the broker if needed (the
     coordinator placed it there)."""
+    _know_key(place)
     try:
         return Producer(place.broker, topic, partition,
                         secret=load_credential(place.secret_file), create=True,

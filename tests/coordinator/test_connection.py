@@ -92,3 +92,35 @@ def test_only_the_writer_removes_the_file(home: Path) -> None:
     assert cluster_file().exists()
     remove_cluster_file(1)
     assert not cluster_file().exists()
+
+
+def test_where_the_coordinators_curve_key_comes_from(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The argument, else TQ_COORDINATOR_KEY, else the credential file's, else cluster.json's
+    (for the coordinator it names); else the admin derives it for a coordinator on another
+    host; a loopback one without a key is PLAIN. Whatever is found is remembered for the
+    address, so every client of the process connects with CURVE."""
+    from querylib.rpc import (
+        coordinator_public_key,
+        principal_key,
+        server_key_of,
+        write_credential,
+    )
+
+    monkeypatch.delenv("TQ_COORDINATOR_KEY", raising=False)
+    secret = (home / "secret").read_bytes().strip()
+    derived = coordinator_public_key(secret)
+    assert discover("tcp://127.0.0.1:7400").coordinator_key == ""
+    assert server_key_of("tcp://127.0.0.1:7400") is None
+    assert discover("tcp://10.0.0.9:7400").coordinator_key == derived
+    assert server_key_of("tcp://10.0.0.9:7400") == derived.encode()
+    write_cluster_file(_info(home, coordinator_key="k" * 40))
+    assert discover().coordinator_key == "k" * 40
+    assert discover("tcp://127.0.0.1:7499").coordinator_key == ""  # not the file's
+    alice = Credential("user:alice", principal_key(secret, "user:alice"))
+    write_credential(home / "alice.json", alice, coordinator_key="a" * 40)
+    found = discover(secret_file=str(home / "alice.json"))
+    assert found.coordinator_key == "a" * 40 and found.secret == alice
+    monkeypatch.setenv("TQ_COORDINATOR_KEY", "e" * 40)
+    assert discover(secret_file=str(home / "alice.json")).coordinator_key == "e" * 40
+    assert discover(coordinator_key="g" * 40).coordinator_key == "g" * 40

@@ -32,7 +32,7 @@ class Catalog:
         self.asked: list[int | None] = []
 
     async def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
-                              kafka_address: str = "") -> Broker:
+                              kafka_address: str = "", curve_key: str = "") -> Broker:
         self.asked.append(broker_id)
         if broker_id is None:
             broker_id, self.next_id = self.next_id, self.next_id + 1

@@ -228,3 +228,73 @@ def test_a_query_across_two_hosts_survives_a_cut_link_cleanly(
     assert cut.returncode == 0, stderr
     assert "lost the coordinator" in stderr
     assert f"rejoined the coordinator as executor {rejoined['host-b']}" in stderr
+
+
+PUBLISHER = textwrap.dedent('''
+    import querylib
+
+    def main(ctx):
+        with ctx.publish("secrets", serde="bytes") as pub:
+            pub.send(0, [b"%s"])
+            pub.advance_to(1)
+
+    querylib.execute(main)
+''')
+
+# Captures every frame crossing the bridge (AF_PACKET: no tcpdump needed) into a file until
+# the stop file appears (bounded: 120 s, 64 MiB).
+CAPTURE = textwrap.dedent('''
+    import os, socket, sys, time
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    sock.bind(("br0", 0))
+    sock.settimeout(0.1)
+    out, stop, ready = sys.argv[1:4]
+    deadline, size = time.monotonic() + 120, 0
+    with open(out, "wb") as f:
+        open(ready, "w").close()
+        while not os.path.exists(stop) and time.monotonic() < deadline and size < 64 << 20:
+            try:
+                frame = sock.recv(65536)
+            except socket.timeout:
+                continue
+            f.write(frame)
+            size += len(frame)
+''')
+
+
+def test_links_between_hosts_are_curve(hosts: Hosts, processes: Processes,
+                                       tmp_path: Path) -> None:
+    """Servers bound to the namespaces' addresses are CURVE servers: a query on host a
+    publishes a known value, a consumer on host c reads it back through a's broker, and a
+    capture of everything crossing the bridge meanwhile holds CURVE greetings, never a PLAIN
+    one, never the value, never a principal's name."""
+    value = f"value-{uuid.uuid4().hex}"
+    capture, stop, ready = tmp_path / "bridge.bin", tmp_path / "stop", tmp_path / "ready"
+    script = tmp_path / "capture.py"
+    script.write_text(CAPTURE)
+    capturing = processes.start(hosts.argv("c", str(script), str(capture), str(stop),
+                                           str(ready)), cwd=ROOT)
+    wait_for(ready.exists, timeout=30, what="the capture to start")
+    cluster = Cluster(hosts, processes, tmp_path)
+    cluster.executor("a")
+    ids = wait_for(lambda: len(e := cluster.executors()) == 1 and e, timeout=60,
+                   interval=0.2, what="the executor to register")
+    program = tmp_path / "publisher.py"
+    program.write_text(PUBLISHER % value)
+    query_id = cluster.submit(program, [ids["host-a"]])
+    wait_for(lambda: cluster.query(query_id)["state"] == "finished", timeout=60,
+             interval=0.2, what="the publisher to finish")
+    read = cluster.tq("consume", "secrets", "--from", "earliest", "--count", "1")
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.strip() == value
+    brokers = cluster.tq("catalog", "brokers", "--json")
+    assert brokers.returncode == 0, brokers.stderr
+    stop.touch()
+    assert capturing.wait(timeout=30) == 0
+    seen = capture.read_bytes()
+    assert b"CURVE" in seen and b"PLAIN" not in seen  # ZMTP greetings name the mechanism
+    assert value.encode() not in seen
+    for principal in (b"admin", b"query:"):
+        assert principal not in seen
+    assert json.loads((tmp_path / "cluster.json").read_text())["coordinator_key"]
+    assert hosts.address["a"] in brokers.stdout and '"curve_key": ""' not in brokers.stdout

@@ -241,7 +241,11 @@ class BrokerServer:
                  limits: BrokerLimits | None = None, log_config: LogConfig | None = None,
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
-                 read_threads: int = 4, directory: TopicDirectory | None = None) -> None:
+                 read_threads: int = 4, directory: TopicDirectory | None = None,
+                 server_key: bytes | None = None, curve: bool | None = None) -> None:
+        """`server_key`: what its CURVE keypair derives from when it listens beyond loopback
+        (the key its runner holds; default: the cluster secret of a master keyring); `curve`
+        forces CURVE on (True) or off (False: a benchmark's baseline) instead."""
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
@@ -252,7 +256,7 @@ class BrokerServer:
         # than the base offset), without reading them back.
         self.state = BrokerState(limits, stamp=appended_batch)
         self._rpc = RpcServer(secret, limits=rpc_limits or server_limits(self.state.limits),
-                              audience=BROKER)
+                              audience=BROKER, server_key=server_key, curve=curve)
         self.keyring = self._rpc.keyring  # whose keys its clients sign with (DESIGN §12)
         self._append_pool = ThreadPoolExecutor(append_threads, thread_name_prefix="tq-append")
         self._read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="tq-read")
@@ -349,6 +353,12 @@ class BrokerServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def public_key(self) -> str:
+        """Its CURVE public key (Z85) when it is a CURVE server (it listens beyond loopback,
+        or TQ_RPC_CURVE=1), else "": what its catalog record tells clients."""
+        return self._rpc.public_key
 
     @property
     def rpc_counters(self) -> dict[str, int]:

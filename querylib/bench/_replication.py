@@ -1,0 +1,244 @@
+"""Links between hosts: `python -m querylib.bench replication`.
+
+Rows (each {"name", "figures", "baseline", "ratio", "goal"}, or {"name", "skipped"}):
+- replication_curve_vs_plain: persisted pub->sub records/s (100-byte records in pre-built
+  batches of 1000, appended to the broker's log, flush policy "never" as Kafka's default) with
+  the publisher and subscriber in one network namespace and the broker in another, linked by
+  a veth pair: the broker a CURVE server (DESIGN §2 "Handshake") against the same broker
+  forced PLAIN, alternated round by round in this run, min/median/max of each, and the load
+  average. Goal: CURVE >= 0.7x PLAIN (medians). Needs root and `ip netns`: skipped, saying
+  why, otherwise.
+  (Rows comparing replication factors come with replicated partitions.)
+
+The namespaces are created here and deleted in a finally; nothing touches the host's network.
+Each side is a process started with `ip netns exec` (this module's `_child`); the pub->sub
+pair reuses the pubsub suite's producer and subscriber processes. Nothing here asserts the
+numbers: they are what they are on the machine, shared with whatever else runs.
+
+Must not: run without cleaning up its namespaces and processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+SUBNET = "10.198.9"
+BATCHES = 2000  # of 1000 records: 2 million per measurement
+ROUNDS = 3
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _netns_missing() -> str:
+    """Why network namespaces cannot be used here, or "" when they can."""
+    if os.geteuid() != 0:
+        return "needs root (ip netns)"
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2)"
+    probe = f"tqbench{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return f"ip netns does not work here: {exc}"
+    _ip("netns", "del", probe)
+    return ""
+
+
+class _Hosts:
+    """Namespaces `pub` and `brk` joined by a veth pair: SUBNET.1 and SUBNET.2."""
+
+    def __init__(self) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.ns = {"pub": f"tqbp{tag}", "brk": f"tqbb{tag}"}
+        self.address = {"pub": f"{SUBNET}.1", "brk": f"{SUBNET}.2"}
+        self.created: list[str] = []
+
+    def create(self) -> _Hosts:
+        for ns in self.ns.values():
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.ns["pub"], "link", "add", "eth0", "type", "veth", "peer", "name",
+            "eth0", "netns", self.ns["brk"])
+        for name, ns in self.ns.items():
+            _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+        return self
+
+    def start(self, host: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", self.ns[host], sys.executable, "-m",
+                                 __name__, *args], stdout=subprocess.PIPE, text=True)
+
+    def delete(self) -> None:
+        for ns in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def _line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The next JSON line `proc` prints (it runs a child of ours), within `timeout`."""
+    import selectors
+
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise TimeoutError(f"no word from {proc.args!r} within {timeout}s")
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{proc.args!r} exited with {proc.wait()}")
+    found: dict[str, Any] = json.loads(line)
+    return found
+
+
+def _measure(hosts: _Hosts, work: str, secret_file: str, curve: bool,
+             batches: int) -> float:
+    """Records/s of one pub->sub run through a fresh broker in `brk`."""
+    data = tempfile.mkdtemp(prefix="tq-bench-repl-", dir=work)
+    port = 17000 + int(uuid.uuid4().int % 20000)
+    broker = hosts.start("brk", "broker", data, f"tcp://{hosts.address['brk']}:{port}",
+                         secret_file, "curve" if curve else "plain")
+    try:
+        ready = _line(broker, 60)
+        pubsub = hosts.start("pub", "pubsub", ready["address"], ready["key"], secret_file,
+                             str(batches))
+        try:
+            result = _line(pubsub, 600)
+            pubsub.wait(60)  # it joins its producer and subscriber
+        finally:
+            if pubsub.poll() is None:
+                pubsub.kill()
+                pubsub.wait(30)
+    finally:
+        broker.terminate()
+        broker.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+    return float(result["records"]) / max(float(result["seconds"]), 1e-9)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"min": round(min(values)), "median": round(statistics.median(values)),
+            "max": round(max(values))}
+
+
+def curve_vs_plain(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
+    name = "replication_curve_vs_plain"
+    missing = _netns_missing()
+    if missing:
+        return {"name": name, "skipped": missing}
+    work = tempfile.mkdtemp(prefix="tq-bench-repl-")
+    secret_file = os.path.join(work, "secret")
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    hosts = _Hosts()
+    rates: dict[str, list[float]] = {"plain": [], "curve": []}
+    loads = []
+    try:
+        hosts.create()
+        for n in range(rounds):
+            order = ("plain", "curve") if n % 2 == 0 else ("curve", "plain")
+            for mode in order:
+                rates[mode].append(_measure(hosts, work, secret_file, mode == "curve",
+                                            batches))
+                loads.append(os.getloadavg()[0])
+    finally:
+        hosts.delete()
+        shutil.rmtree(work, ignore_errors=True)
+    plain, curve = _spread(rates["plain"]), _spread(rates["curve"])
+    return {
+        "name": name,
+        "figures": {"curve_records_per_s": curve, "rounds": rounds,
+                    "records": batches * 1000, "record_bytes": 100, "flush": "never",
+                    "loadavg_1m": {"min": round(min(loads), 2), "max": round(max(loads), 2)},
+                    "note": "publisher and subscriber in one network namespace, the broker "
+                            "in another (veth); rounds alternated"},
+        "baseline": {"plain_records_per_s": plain},
+        "ratio": round(curve["median"] / max(plain["median"], 1), 3),
+        "goal": ">= 0.7x PLAIN (medians)",
+    }
+
+
+def run() -> Iterator[dict[str, Any]]:
+    yield curve_vs_plain()
+
+
+# -- the children, run inside a namespace -----------------------------------------------------
+
+
+def _serve_broker(data: str, listen: str, secret_file: str, mode: str) -> None:
+    import asyncio
+    import signal
+
+    from querylib.rpc import load_credential
+    from querylib.server.broker import BrokerServer
+
+    secret = load_credential(secret_file).key
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        server = BrokerServer(data, secret, curve=mode == "curve")
+        try:
+            address = await server.start(listen)
+            print(json.dumps({"address": address, "key": server.public_key}), flush=True)
+            await stop.wait()
+        finally:
+            await server.close()
+
+    asyncio.run(serve())
+
+
+def _with_key(target: Any, key: str, address: str, *args: Any) -> None:
+    from querylib.rpc import remember_server_key
+
+    remember_server_key(address, key)
+    target(address, *args)
+
+
+def _pubsub(address: str, key: str, secret_file: str, batches: int) -> None:
+    import multiprocessing
+
+    from querylib.bench import _pubsub as p
+    from querylib.rpc import load_credential
+
+    secret = load_credential(secret_file).key
+    mp = multiprocessing.get_context("spawn")
+    results: Any = mp.Queue()
+    children = []
+    for target, mode in ((p._subscriber_process, "headers"), (p._producer_process, "prebuilt")):
+        child = mp.Process(target=_with_key, args=(target, key, address, secret, "bench",
+                                                   batches * (1000 if target is
+                                                              p._subscriber_process else 1),
+                                                   mode, results), daemon=True)
+        child.start()
+        children.append(child)
+        assert p._get(results, children, 120) == "ready"
+    result = p._get(results, children, 600)
+    print(json.dumps({"records": result["records"], "seconds": result["seconds"]}), flush=True)
+    for child in children:
+        child.join(30)
+
+
+def _child(argv: list[str]) -> None:
+    if argv[0] == "broker":
+        _serve_broker(*argv[1:5])
+    elif argv[0] == "pubsub":
+        _pubsub(argv[1], argv[2], argv[3], int(argv[4]))
+    else:
+        raise SystemExit(f"unknown child {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
