@@ -23,6 +23,7 @@ module) are drawn below.
     │   ├── MetricsUnavailableError                              querylib.server._metrics
     │   ├── ListenError                                          querylib.kafka._errors
     │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
+    │   ├── BadJoinTokenError, AdvertiseError                    querylib.cluster._errors
     │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors
     │   ├── GroupRefusedError                                    querylib.api._group
     │   └── PackError                                            querylib.artifacts
