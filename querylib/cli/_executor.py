@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--join", metavar="TOKEN", help="join the cluster with a one-time "
                         "token (`tq token create` on the coordinator's host): the executor's "
                         "credential and the coordinator's address are kept in --data, so later "
-                        "starts need no token (nor --coordinator or --credentials)")
+                        "starts need no token (nor --coordinator or --credentials); default "
+                        "$TQ_JOIN_TOKEN")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
     parser.add_argument("--slots", type=int, help="process slots: query processes run at "
                         "once (default: 4 per core, at least 8)")
@@ -127,19 +128,20 @@ def _joined(args: argparse.Namespace, data: str) -> Any:
     from executor._join import join_host, joined_host
 
     if args.shard is not None or args.coordinator is not None or args.secret_file is not None:
-        if args.join:
+        if args.join:  # $TQ_JOIN_TOKEN is for hosts that join, not for these
             from catalog import UserError
 
             raise UserError("--join takes no --coordinator or --credentials: the token says "
                             "where the coordinator is and gets the credential")
         return None
+    token = args.join or os.environ.get("TQ_JOIN_TOKEN", "").strip()
     joined = joined_host(data)
-    if joined is not None or not args.join:
-        if joined is not None and args.join:
+    if joined is not None or not token:
+        if joined is not None and token:
             print(f"tq executor: joined already as {joined.credential.principal} "
                   f"({joined.credential_file}); the token is not used", file=sys.stderr)
         return joined
-    joined = asyncio.run(join_host(args.join, data, args.host or socket.gethostname()))
+    joined = asyncio.run(join_host(token, data, args.host or socket.gethostname()))
     print(f"tq executor: joined as {joined.credential.principal} (credential in "
           f"{joined.credential_file}; later starts need no token)", file=sys.stderr, flush=True)
     return joined

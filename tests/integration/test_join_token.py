@@ -71,11 +71,15 @@ def _join(tmp_path: Path, token: str, name: str, *args: str) -> subprocess.Compl
         timeout=120)
 
 
-def _agent(processes: Processes, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
+def _agent(processes: Processes, tmp_path: Path, name: str, *args: str,
+           token: str = "") -> subprocess.Popen:
+    """`tq executor` for host `name` (`token`: in $TQ_JOIN_TOKEN, as a systemd unit's
+    EnvironmentFile gives it)."""
     log = (tmp_path / f"{name}.log").open("a")
+    env = {**tq_env(tmp_path / f"home-{name}"), **({"TQ_JOIN_TOKEN": token} if token else {})}
     return processes.python("-m", "querylib.cli", "executor", "--data", str(tmp_path / name),
                             "--host", name, "--slots", "1", "--brokers", "1", *args,
-                            env=tq_env(tmp_path / f"home-{name}"), cwd=ROOT, stderr=log)
+                            env=env, cwd=ROOT, stderr=log)
 
 
 def test_a_join_token_joins_one_host_once(processes: Processes, tmp_path: Path) -> None:
@@ -111,14 +115,16 @@ def test_a_join_token_joins_one_host_once(processes: Processes, tmp_path: Path) 
         assert "executor:host-c" not in _users(up)
         assert not (tmp_path / "host-c" / "credential").exists()
 
-        # A later start needs no token, no coordinator address and no credential option.
+        # A later start needs no token, no coordinator address and no credential option; the
+        # used token still in its environment (a unit's EnvironmentFile) is not used again.
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == 0
         wait_for(lambda: remote not in _executors(up), timeout=30, interval=0.2,
                  what="the stopped executor to leave")
-        _agent(processes, tmp_path, "host-b")
+        _agent(processes, tmp_path, "host-b", token=token)
         wait_for(lambda: "host-b" in _executors(up).values(), timeout=60, interval=0.2,
                  what="host-b to register again without a token")
+        assert "joined already as executor:host-b" in (tmp_path / "host-b.log").read_text()
 
 
 def test_expired_revoked_wrong_and_mangled_tokens_are_refused(tmp_path: Path) -> None:
@@ -165,8 +171,8 @@ def test_two_joiners_racing_with_one_token_one_wins(processes: Processes,
                                                     tmp_path: Path) -> None:
     with Up(tmp_path / "home") as up:
         token = _create(up)
-        racers = {name: _agent(processes, tmp_path, name, "--join", token)
-                  for name in ("host-p", "host-q")}
+        racers = {"host-p": _agent(processes, tmp_path, "host-p", "--join", token),
+                  "host-q": _agent(processes, tmp_path, "host-q", token=token)}
         loser = wait_for(lambda: [n for n, p in racers.items() if p.poll() is not None],
                          timeout=60, interval=0.1, what="one joiner to be refused")
         (loser_name,) = loser
