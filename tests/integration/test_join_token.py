@@ -8,6 +8,7 @@ tests/integration/test_multihost.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,7 +22,15 @@ import pytest
 
 from catalog import NotAuthorizedError, QueryState
 from querylib.cluster import Cluster, parse_token
-from querylib.rpc import write_credential
+from querylib.rpc import (
+    BROKER,
+    Credential,
+    DeadlineExceededError,
+    Ping,
+    RpcClient,
+    SecretRejectedError,
+    write_credential,
+)
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, tq_env
 from tests.integration._up import Up
@@ -198,4 +207,19 @@ def test_only_admins_make_tokens_and_a_token_does_nothing_but_join(tmp_path: Pat
         with pytest.raises(NotAuthorizedError, match="may only join"):
             with Cluster.connect(up.info["coordinator"], secret_file=str(held)):
                 pass
+        # Brokers do not know it: the catalog broker and the executor's refuse its handshake.
+        with up.cluster() as cluster:
+            addresses = [b.address for b, _ in cluster.snapshot("brokers")["brokers"].records]
+        assert len(addresses) >= 2
+        for address in addresses:
+            asyncio.run(_refused_by_broker(address, parsed.credential))
         assert os.path.exists(held)
+
+
+async def _refused_by_broker(address: str, credential: Credential) -> None:
+    """The broker at `address` never admits `credential`: refused at the handshake (the
+    catalog broker, which derives keys), or left unanswered (an executor's broker, whose
+    keyring learns no key for it; DESIGN §2 "Handshake")."""
+    async with RpcClient(address, credential.for_audience(BROKER)) as client:
+        with pytest.raises((SecretRejectedError, DeadlineExceededError)):
+            await client.request(Ping(), timeout=5)
