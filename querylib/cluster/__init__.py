@@ -10,6 +10,7 @@
     wait_for_exits                    ... once every process of it reported its exit
     resolve_query                     a query by id or name (a name: its newest query)
     parse_token / redeem      join tokens: the string a new host joins with, and redeeming it
+    advertised_host           what a server bound to 0.0.0.0 tells other hosts to connect to
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
 Names are loaded on first use (PEP 562): a query process registering (the start barrier) needs
