@@ -24,6 +24,7 @@ from catalog._principals import (
     Role,
     principal_kind,
     query_of_principal,
+    token_of_principal,
 )
 from catalog._records import (
     INGEST,
@@ -61,7 +62,8 @@ _MAX_CHAIN = 64  # queries submitting queries: far deeper than anything real
 
 def known_principal(catalog: Catalog, principal: str) -> bool:
     """Whether `principal` may hold a credential now: admin always; a named one while it is in
-    `users`; a query's while the query exists and has not ended."""
+    `users`; a query's while the query exists and has not ended; a join token's until it is
+    revoked (a used or expired token's holder is admitted to be told so, and may do nothing)."""
     try:
         kind = principal_kind(principal)
     except InvalidCommandError:
@@ -73,6 +75,8 @@ def known_principal(catalog: Catalog, principal: str) -> bool:
     if kind is PrincipalKind.QUERY:
         query = catalog.find_query(query_of_principal(principal) or 0)
         return query is not None and not query.ended
+    if kind is PrincipalKind.JOIN:  # until revoked: a used or expired one is told so
+        return catalog.find_token(token_of_principal(principal) or 0) is not None
     return False
 
 

@@ -36,6 +36,7 @@ from catalog._records import (
     Counters,
     Executor,
     IngestRef,
+    JoinToken,
     Owner,
     Party,
     PendingDrop,
@@ -73,6 +74,7 @@ _ID_FIELDS = {
     "executors": "executor_id",
     "queries": "query_id",
     "topics": "topic_id",
+    "tokens": "token_id",
 }
 
 
@@ -265,6 +267,15 @@ class Catalog:
     def user(self, principal: str) -> User | None:
         """The named principal (`user:NAME`, `executor:NAME`), or None."""
         return self._users.get(principal)
+
+    @property
+    def tokens(self) -> Collection[JoinToken]:
+        return cast("Collection[JoinToken]", self._collections["tokens"])
+
+    def find_token(self, token_id: int) -> JoinToken | None:
+        """Join token `token_id` (until revoked), or None."""
+        record = self._by_id["tokens"].get(token_id)
+        return record if isinstance(record, JoinToken) else None
 
     def find_session(self, session_id: int) -> Session | None:
         record = self._by_id["sessions"].get(session_id)

@@ -31,6 +31,9 @@ __all__ = [
     "KillQuery",
     "OpenSession",
     "AddUser",
+    "CreateToken",
+    "RedeemToken",
+    "RevokeToken",
     "PartitionsDropped",
     "ProcessExited",
     "Publish",
@@ -254,6 +257,35 @@ class RotateUser(_Command, frozen=True, tag="rotate_user"):
     requester: str
 
 
+class CreateToken(_Command, frozen=True, tag="create_token"):
+    """An admin (`requester`) mints a one-time join token valid for `ttl_ms` from `at_ms`
+    (DESIGN §12 "Joining a host"). `salt` is random (the caller draws it); `name`, when not
+    "", is the executor name the joiner gets."""
+
+    salt: int
+    name: str
+    ttl_ms: int
+    requester: str
+    at_ms: int
+
+
+class RevokeToken(_Command, frozen=True, tag="revoke_token"):
+    """An admin removes a join token: it joins nobody any more."""
+
+    token_id: int
+    requester: str
+
+
+class RedeemToken(_Command, frozen=True, tag="redeem_token"):
+    """The holder of join token `token_id` (principal `join:ID`) joins: once, before it
+    expires, the token is marked used and `executor:NAME` is made (`name` the joiner's; a
+    token minted with a name overrides it)."""
+
+    token_id: int
+    name: str
+    at_ms: int
+
+
 class PartitionsDropped(_Command, frozen=True, tag="partitions_dropped"):
     """Broker `broker_id` dropped its partitions of deleted topic `topic_id`: the pending drop
     leaves (UnknownTopicError if there is none: nothing to acknowledge)."""
@@ -319,6 +351,9 @@ Command: TypeAlias = (
     | AddUser
     | RemoveUser
     | RotateUser
+    | CreateToken
+    | RevokeToken
+    | RedeemToken
 )
 
 

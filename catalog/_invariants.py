@@ -19,6 +19,7 @@ from catalog._records import (
     SYSTEM,
     Broker,
     Executor,
+    JoinToken,
     Party,
     Publication,
     Query,
@@ -42,6 +43,7 @@ _ID_LIMITS = {
     "executors": ("executor_id", "next_executor_id"),
     "queries": ("query_id", "next_query_id"),
     "topics": ("topic_id", "next_topic_id"),
+    "tokens": ("token_id", "next_token_id"),
 }
 
 
@@ -59,6 +61,7 @@ def check_invariants(catalog: Catalog) -> None:
         _check_query(catalog, query, registered)
     _check_topics(catalog)
     _check_users(catalog)
+    _check_tokens(catalog)
     publishers: set[tuple[int, object]] = set()
     for publication in catalog.publications:
         assert isinstance(publication, Publication)
@@ -187,6 +190,13 @@ def _check_topics(catalog: Catalog) -> None:
             raise _fail(f"{topic!r} is owned by a query id never assigned")
         if isinstance(owner, SessionRef) and not 1 <= owner.session_id < counters.next_session_id:
             raise _fail(f"{topic!r} is owned by a session id never assigned")
+
+
+def _check_tokens(catalog: Catalog) -> None:
+    for token in catalog.tokens:
+        assert isinstance(token, JoinToken)
+        if token.expires_at_ms <= token.created_at_ms or token.used != bool(token.used_by):
+            raise _fail(f"{token!r} expires before it was made, or is used by nobody")
 
 
 def _check_users(catalog: Catalog) -> None:

@@ -9,12 +9,14 @@ A principal is a string, parsed and checked here and nowhere else:
                      executor`): registers itself and its broker, reports its processes' exits
     query:ID         a process of query ID; its credential is minted by the coordinator when it
                      spawns the process and is valid while the query has not ended
+    join:ID          the holder of join token ID (`tq token create`): it may only redeem the
+                     token for an executor credential (`tq executor --join`), nothing else
     system           tq's own writers inside a server process (catalog writer, group store,
                      connector checkpoints, log forwarding); never authenticated on the wire
     anonymous        an unauthenticated Kafka client or connector, where a listener allows one
 
 NAME is 1 to 64 characters of letters, digits, `.`, `_` and `-`, starting with a letter or a
-digit; ID is a query id. Names are compared exactly.
+digit; ID is a query id (a token id for `join:`). Names are compared exactly.
 
 Must not: know keys or credentials (querylib.rpc derives and checks those), read clocks, do I/O.
 """
@@ -34,8 +36,10 @@ __all__ = [
     "PrincipalKind",
     "Role",
     "check_principal",
+    "join_principal",
     "principal_kind",
     "query_principal",
+    "token_of_principal",
     "query_of_principal",
 ]
 
@@ -53,6 +57,7 @@ class PrincipalKind(enum.StrEnum):
     USER = "user"
     EXECUTOR = "executor"
     QUERY = "query"
+    JOIN = "join"
     SYSTEM = "system"
     ANONYMOUS = "anonymous"
 
@@ -88,10 +93,12 @@ def principal_kind(principal: str) -> PrincipalKind:
             return PrincipalKind(kind)
         if kind == "query" and _QUERY.fullmatch(rest):
             return PrincipalKind.QUERY
+        if kind == "join" and _QUERY.fullmatch(rest):
+            return PrincipalKind.JOIN
     shown = principal[:MAX_PRINCIPAL]
     raise InvalidCommandError(
-        f"{shown!r} is not a principal: admin, user:NAME, executor:NAME or query:ID, where "
-        "NAME is 1-64 letters, digits, '.', '_' or '-'")
+        f"{shown!r} is not a principal: admin, user:NAME, executor:NAME, query:ID or join:ID, "
+        "where NAME is 1-64 letters, digits, '.', '_' or '-'")
 
 
 def check_principal(principal: str) -> str:
@@ -109,4 +116,16 @@ def query_of_principal(principal: str) -> int | None:
     """The query id of a `query:ID` principal, else None."""
     if principal.startswith("query:") and _QUERY.fullmatch(principal[6:]):
         return int(principal[6:])
+    return None
+
+
+def join_principal(token_id: int) -> str:
+    """The principal of join token `token_id`'s holder."""
+    return f"join:{token_id}"
+
+
+def token_of_principal(principal: str) -> int | None:
+    """The token id of a `join:ID` principal, else None."""
+    if principal.startswith("join:") and _QUERY.fullmatch(principal[5:]):
+        return int(principal[5:])
     return None

@@ -21,6 +21,8 @@ Collections (DESIGN §3: the thesis' five plus `sessions`, `brokers` and `counte
     drops          PendingDrop   partitions of deleted topics a broker has not dropped yet
     users          User          named principals an admin made (`tq user add`): role and
                                  credential generation, never the key (DESIGN §12)
+    tokens         JoinToken     one-time join tokens (`tq token create`): expiry and use, never
+                                 the secret (DESIGN §12 "Joining a host")
     counters       Counters      one record: the catalog version and the next id of each kind, so
                                  replay restores them even from a compacted snapshot
 
@@ -46,6 +48,7 @@ __all__ = [
     "Counters",
     "Executor",
     "IngestRef",
+    "JoinToken",
     "Owner",
     "Party",
     "PendingDrop",
@@ -306,6 +309,28 @@ class User(_Record, frozen=True, tag="user"):
     created_at_ms: int
 
 
+class JoinToken(_Record, frozen=True, tag="join_token"):
+    """A one-time join token (`tq token create`, DESIGN §12 "Joining a host"). Its secret is the
+    key of principal `join:ID` at generation `salt` (querylib.rpc.principal_key), derived from
+    the cluster secret: the catalog holds no secret and no digest a leaked copy could be
+    replayed with. `salt` is random, so a token cannot be minted again from its id. Redeemed
+    once, before `expires_at_ms`, for the credential of `executor:NAME` (`name`, else the
+    joiner's host name); `used_by` says which, `used_at_ms` when (0: not yet)."""
+
+    token_id: int
+    salt: int
+    name: str  # "" : the joiner names itself (its host name)
+    created_by: str
+    created_at_ms: int
+    expires_at_ms: int
+    used_at_ms: int = 0
+    used_by: str = ""
+
+    @property
+    def used(self) -> bool:
+        return self.used_at_ms > 0
+
+
 class Counters(_Record, frozen=True, tag="counters"):
     """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
 
@@ -315,11 +340,12 @@ class Counters(_Record, frozen=True, tag="counters"):
     next_executor_id: int = 1
     next_query_id: int = 1
     next_topic_id: int = 1
+    next_token_id: int = 1
 
 
 Record: TypeAlias = (
     Session | Broker | Executor | Query | Topic | Publication | Subscription | PendingDrop
-    | User | Counters
+    | User | JoinToken | Counters
 )
 
 CollectionName: TypeAlias = Literal[
@@ -332,6 +358,7 @@ CollectionName: TypeAlias = Literal[
     "subscriptions",
     "drops",
     "users",
+    "tokens",
     "counters",
 ]
 
@@ -346,6 +373,7 @@ COLLECTIONS: dict[str, type[msgspec.Struct]] = {
     "subscriptions": Subscription,
     "drops": PendingDrop,
     "users": User,
+    "tokens": JoinToken,
     "counters": Counters,
 }
 

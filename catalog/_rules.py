@@ -37,6 +37,7 @@ from catalog._commands import (
     AddUser,
     AlterTopic,
     CloseSession,
+    CreateToken,
     CreateTopic,
     DeleteTopic,
     FailQuery,
@@ -46,11 +47,13 @@ from catalog._commands import (
     PlaceQuery,
     ProcessExited,
     Publish,
+    RedeemToken,
     RegisterBroker,
     RegisterExecutor,
     RemoveBroker,
     RemoveExecutor,
     RemoveUser,
+    RevokeToken,
     RotateUser,
     SessionExpired,
     StartQuery,
@@ -70,6 +73,7 @@ from catalog._records import (
     CollectionName,
     Counters,
     Executor,
+    JoinToken,
     Owner,
     Party,
     PendingDrop,
@@ -95,7 +99,9 @@ from catalog.errors import (
     BrokerInUseError,
     InvalidCommandError,
     InvalidPartitionsError,
+    JoinTokenError,
     NotAuthorizedError,
+    NotFoundError,
     NotOwnerError,
     NotPublishedError,
     NotSubscribedError,
@@ -115,11 +121,14 @@ from catalog.errors import (
 if TYPE_CHECKING:
     from catalog._catalog import Catalog
 
-__all__ = ["HANDLERS", "MAX_PARTITIONS", "Txn", "describe_owner"]
+__all__ = ["HANDLERS", "MAX_PARTITIONS", "MAX_TOKEN_TTL_MS", "Txn", "describe_owner"]
 
 # Partition directories are `<name>-<partition>`; names are at most 249 characters, so four
 # digits keep a directory name under the 255-byte limit of common file systems.
 MAX_PARTITIONS = 10_000
+# A join token lives at most a week (default one hour, `tq token create --ttl`): a token that
+# lies around for longer is a credential nobody watches.
+MAX_TOKEN_TTL_MS = 7 * 86_400_000
 
 
 class Txn:
@@ -813,6 +822,62 @@ def _rotate_user(catalog: Catalog, txn: Txn, cmd: RotateUser) -> None:
     txn.created = rotated
 
 
+# -- join tokens (DESIGN §12 "Joining a host") -------------------------------------------------
+
+
+def _create_token(catalog: Catalog, txn: Txn, cmd: CreateToken) -> None:
+    _require_admin(catalog, cmd.requester)
+    if not 1000 <= cmd.ttl_ms <= MAX_TOKEN_TTL_MS:
+        raise InvalidCommandError(f"a join token lives 1 s to {MAX_TOKEN_TTL_MS // 3_600_000} h, "
+                                  f"not {cmd.ttl_ms} ms")
+    if cmd.name:
+        principal = _named(check_principal(f"executor:{cmd.name}"))
+        if catalog.user(principal) is not None:
+            raise PrincipalExistsError(f"{principal} exists already")
+    token = JoinToken(token_id=txn.allocate("next_token_id"), salt=cmd.salt, name=cmd.name,
+                      created_by=cmd.requester, created_at_ms=cmd.at_ms,
+                      expires_at_ms=cmd.at_ms + cmd.ttl_ms)
+    txn.insert("tokens", token)
+    txn.created = token
+
+
+def _token(catalog: Catalog, token_id: int) -> JoinToken:
+    token = catalog.find_token(token_id)
+    if token is None:
+        raise JoinTokenError(f"join token {token_id} was revoked")
+    return token
+
+
+def _revoke_token(catalog: Catalog, txn: Txn, cmd: RevokeToken) -> None:
+    _require_admin(catalog, cmd.requester)
+    token = catalog.find_token(cmd.token_id)
+    if token is None:
+        raise NotFoundError(f"no join token {cmd.token_id}")
+    txn.retract("tokens", token)
+
+
+def _redeem_token(catalog: Catalog, txn: Txn, cmd: RedeemToken) -> None:
+    """Once and before it expires: the check and the marking are one change, so of two
+    joiners racing with one token exactly one gets the credential."""
+    token = _token(catalog, cmd.token_id)
+    if token.used:
+        raise JoinTokenError(f"join token {token.token_id} was used already (by "
+                             f"{token.used_by}); create another with tq token create")
+    if cmd.at_ms >= token.expires_at_ms:
+        raise JoinTokenError(f"join token {token.token_id} expired; create another with "
+                             "tq token create")
+    principal = _named(check_principal(f"executor:{token.name or cmd.name}"))
+    if catalog.user(principal) is not None:
+        raise PrincipalExistsError(f"{principal} exists already: join under another name "
+                                   "(--host NAME), or remove it first (tq user remove NAME)")
+    txn.replace("tokens", token, msgspec.structs.replace(token, used_at_ms=cmd.at_ms,
+                                                         used_by=principal))
+    user = User(principal=principal, role=Role.EXECUTOR.value, generation=0,
+                created_at_ms=cmd.at_ms)
+    txn.insert("users", user)
+    txn.created = user
+
+
 HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     OpenSession: _open_session,
     CloseSession: _end_session,
@@ -838,4 +903,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     AddUser: _add_user,
     RemoveUser: _remove_user,
     RotateUser: _rotate_user,
+    CreateToken: _create_token,
+    RevokeToken: _revoke_token,
+    RedeemToken: _redeem_token,
 }

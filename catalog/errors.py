@@ -23,6 +23,7 @@ module) are drawn below.
     │   ├── MetricsUnavailableError                              querylib.server._metrics
     │   ├── ListenError                                          querylib.kafka._errors
     │   ├── NoCoordinatorError, ClusterFileError, ClusterRunningError  querylib.cluster._errors
+    │   ├── BadJoinTokenError, AdvertiseError                    querylib.cluster._errors
     │   ├── BadOptionError, BadSchemaError                       querylib.spark._errors
     │   ├── GroupRefusedError                                    querylib.api._group
     │   └── PackError                                            querylib.artifacts
@@ -89,7 +90,8 @@ Catalog's families:
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
         ├── NotAuthorizedError         the requesting principal may not do this
-        │   └── NotOwnerError          only the owner (or who manages it) may do this
+        │   ├── NotOwnerError          only the owner (or who manages it) may do this
+        │   └── JoinTokenError         a join token that is used, expired or revoked
         └── CorruptCatalogError        replayed updates do not form a valid catalog
 
 `InvalidTopicNameError` is also a `UserError`: names come from people, and the fix is theirs.
@@ -266,6 +268,11 @@ class NotOwnerError(NotAuthorizedError):
     """Only a topic's or query's owner (or an admin, with force) may do this."""
 
     kafka_error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class JoinTokenError(NotAuthorizedError):
+    """A join token that joins nobody now: used already, expired, or revoked (DESIGN §12
+    "Joining a host")."""
 
 
 class UnknownPrincipalError(NotFoundError):

@@ -33,6 +33,7 @@ from catalog import (
     FailQuery,
     InvalidCommandError,
     InvalidPartitionsError,
+    JoinToken,
     NotAuthorizedError,
     NotFoundError,
     NotOwnerError,
@@ -47,6 +48,7 @@ from catalog import (
     QueryEndedError,
     QueryRef,
     QueryState,
+    RedeemToken,
     RemoveUser,
     RotateUser,
     Session,
@@ -62,7 +64,9 @@ from catalog import (
     manages_query,
     placed_on_session,
     principal_kind,
+    token_of_principal,
 )
+from catalog import CreateToken as CreateTokenCommand
 from catalog import CreateTopic as CreateTopicCommand
 from catalog import DeleteTopic as DeleteTopicCommand
 from catalog import KillQuery as KillQueryCommand
@@ -71,6 +75,7 @@ from catalog import RegisterBroker as RegisterBrokerCommand
 from catalog import RegisterExecutor as RegisterExecutorCommand
 from catalog import RemoveBroker as RemoveBrokerCommand
 from catalog import RemoveExecutor as RemoveExecutorCommand
+from catalog import RevokeToken as RevokeTokenCommand
 from catalog import SubmitQuery as SubmitQueryCommand
 from catalog import Subscribe as SubscribeCommand
 from catalog import Unpublish as UnpublishCommand
@@ -548,6 +553,54 @@ def remove_user(state: CoordinatorState, req: m.RemoveUser, call: Call) -> m.Don
     return m.Done(version=state.catalog.version)
 
 
+# -- joining a host (DESIGN §12 "Joining a host") ----------------------------------------------
+# As for users, the core holds no key: the shell seals the token's secret and the joiner's key
+# into the replies, and fills in where joiners reach the coordinator.
+
+
+@dataclass(frozen=True, slots=True)
+class MintToken:
+    """In process only: the shell's form of `m.CreateToken`, with the random salt it drew
+    (the core draws no randomness)."""
+
+    session_id: int
+    ttl_ms: int
+    name: str
+    salt: int
+
+
+def create_token(state: CoordinatorState, req: MintToken, call: Call) -> m.TokenMinted:
+    state.renew(req.session_id, call.now)
+    change = state.apply(CreateTokenCommand(
+        salt=req.salt, name=_bounded(req.name, MAX_LABEL, "the name"), ttl_ms=req.ttl_ms,
+        requester=call.principal, at_ms=call.wall_ms), call.now, call.wall_ms)
+    assert isinstance(change.created, JoinToken)
+    return m.TokenMinted(token=change.created, sealed_secret=b"", coordinators=[],
+                         version=change.version)
+
+
+def revoke_token(state: CoordinatorState, req: m.RevokeToken, call: Call) -> m.Done:
+    state.renew(req.session_id, call.now)
+    state.apply(RevokeTokenCommand(token_id=req.token_id, requester=call.principal),
+                call.now, call.wall_ms)
+    return m.Done(version=state.catalog.version)
+
+
+def join_cluster(state: CoordinatorState, req: m.JoinCluster, call: Call) -> m.JoinBundle:
+    """The holder of a join token redeems it: once, before it expires (the catalog's rule;
+    one change, so of two racing joiners one wins), for a new executor principal."""
+    token_id = token_of_principal(call.principal)
+    if token_id is None:
+        raise NotAuthorizedError(f"{call.principal} holds no join token; joining takes one "
+                                 "(tq token create, then tq executor --join TOKEN)")
+    change = state.apply(RedeemToken(token_id=token_id,
+                                     name=_bounded(req.name, MAX_LABEL, "the name"),
+                                     at_ms=call.wall_ms), call.now, call.wall_ms)
+    assert isinstance(change.created, User)
+    return m.JoinBundle(principal=change.created.principal, sealed_key=b"", coordinators=[],
+                        namespace=_namespace(), version=change.version)
+
+
 HANDLERS: dict[type, Handler] = {
     m.OpenSession: open_session,
     m.Heartbeat: heartbeat,
@@ -575,9 +628,12 @@ HANDLERS: dict[type, Handler] = {
     m.AddUser: add_user,
     m.RotateUser: rotate_user,
     m.RemoveUser: remove_user,
+    m.RevokeToken: revoke_token,
+    m.JoinCluster: join_cluster,
 }
 
 # Requests of the coordinator's own components, in process; never registered with RPC.
 INTERNAL_HANDLERS: dict[type, Handler] = {
     CreateIngestTopic: create_ingest_topic,
+    MintToken: create_token,
 }

@@ -47,7 +47,7 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
                     attach: Attach | None = None,
                     amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
                     kafka: Any = None, fallback: bool = False,
-                    name: str = "tq coordinator") -> int:
+                    name: str = "tq coordinator", advertise: str | None = None) -> int:
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
     `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
     `attach(coordinator)` returns the coroutine function that stops what it started, run
@@ -55,11 +55,13 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
     coordinator stops too, with its exit code). `kafka` (a querylib.kafka.KafkaConfig) opens
     the Kafka listener of its broker: the cluster's group coordinator. `fallback`: a taken port of
     `listen` (or the broker's) is replaced by a free one (`Coordinator.moved`). `name` starts
-    the lines it prints. ClusterRunningError when a cluster runs under this TQ_HOME."""
+    the lines it prints. `advertise`: the host other hosts reach it at when it listens on a
+    wildcard (join tokens name it). ClusterRunningError when a cluster runs under this TQ_HOME."""
     claim = claim_cluster_file(home)
     try:
         return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
-                                  home, on_ready, attach, amend, kafka, fallback, name))
+                                  home, on_ready, attach, amend, kafka, fallback, name,
+                                  advertise))
     finally:
         claim.release()
 
@@ -82,13 +84,14 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  attach: Attach | None,
                  amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
                  kafka: Any = None, fallback: bool = False,
-                 name: str = "tq coordinator") -> int:
+                 name: str = "tq coordinator", advertise: str | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     coordinator = Coordinator(data_dir, secret, listen=listen, broker_listen=broker_listen,
-                              config=config, kafka=kafka, fallback=fallback)
+                              config=config, kafka=kafka, fallback=fallback,
+                              advertise=advertise)
     wrote = False
     detach: Callable[[], Awaitable[None]] | None = None
     ended: asyncio.Future[int] | None = None

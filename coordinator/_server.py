@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -42,7 +43,9 @@ from catalog import (
     Topic,
     UnknownSessionError,
     is_executor,
+    join_principal,
     known_principal,
+    token_of_principal,
 )
 from querylib._pidlock import PidLock
 from querylib.cluster import hold_data_dir
@@ -81,7 +84,7 @@ from ._events import (
     Tick,
     WriteCheckpoint,
 )
-from ._handlers import HANDLERS
+from ._handlers import HANDLERS, MintToken
 from ._journal import Recovered, read_catalog
 from ._namespace import settle_namespace
 from ._state import CoordinatorConfig, CoordinatorState
@@ -150,7 +153,7 @@ class Coordinator:
                  listen: str = "tcp://127.0.0.1:7400", broker_listen: str | None = None,
                  host: str | None = None, config: CoordinatorConfig | None = None,
                  tick_interval: float = 0.05, kafka: Any = None,
-                 fallback: bool = False) -> None:
+                 fallback: bool = False, advertise: str | None = None) -> None:
         self.data_dir = os.fspath(data_dir)
         self.broker_dir = os.path.join(self.data_dir, "broker")
         self.listen = listen
@@ -161,6 +164,9 @@ class Coordinator:
         self.fallback = fallback
         self.moved: dict[str, str] = {}
         self.host = host or socket.gethostname()
+        # The host others reach this coordinator and its catalog broker at, when they are
+        # bound to a wildcard (default: this host name's address; DESIGN §9 "Starting").
+        self.advertise = advertise
         self.config = config or CoordinatorConfig()
         self.tick_interval = tick_interval
         self.kafka_config = kafka  # a querylib.kafka.KafkaConfig: the group coordinator
@@ -173,7 +179,8 @@ class Coordinator:
         # (DESIGN §12). A client with another secret is told so (an executor then stops, not
         # retries).
         self.keys = MasterKeyring(secret, valid=self._generation, principals=self._principals)
-        self._broker_keys = MasterKeyring(secret, audience=BROKER, valid=self._generation,
+        self._broker_keys = MasterKeyring(secret, audience=BROKER,
+                                          valid=self._broker_generation,
                                           principals=self._principals)
         self._rpc = RpcServer(self.keys, limits=RPC_LIMITS)
         self.request_stats = self._rpc.stats  # what it served (the metrics read it)
@@ -197,6 +204,7 @@ class Coordinator:
         self._rpc.register(m.UploadArtifact, self._upload)
         self._rpc.register(m.FetchArtifact, self._fetch)
         self._rpc.register(m.ResolvePrincipal, self._resolve_principal)
+        self._rpc.register_direct(m.CreateToken, self._create_token)
         self._rpc.register(m.GetGroups, self._groups)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -249,8 +257,9 @@ class Coordinator:
                            sum(len(u) for u in recovered.compensation.values()))
             await self.writer.append_now(recovered.compensation, _wall_ms())
         kafka_address = await self._open_kafka()
-        self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint), _wall_ms(),
-                             kafka_address=kafka_address, curve_key=self.broker.public_key))
+        self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint, self.advertise),
+                             _wall_ms(), kafka_address=kafka_address,
+                             curve_key=self.broker.public_key))
         await self.writer.drain()
         if self._kafka_view is not None:
             self._kafka_view.registered()
@@ -470,6 +479,23 @@ class Coordinator:
             assert key is not None and asker is not None
             reply = msgspec.structs.replace(_with_key(reply, seal(asker, key)),
                                             coordinator_key=self.public_key)
+        elif isinstance(reply, m.TokenMinted):
+            # The token's secret is the key of join:ID at its salt: derived, never stored.
+            key = self.keys.key(join_principal(reply.token.token_id), reply.token.salt)
+            asker = self.keys.key(token.principal)
+            assert key is not None and asker is not None
+            reply = msgspec.structs.replace(reply, sealed_secret=seal(asker, key),
+                                            coordinators=self.advertised_endpoints,
+                                            coordinator_key=self.public_key)
+        elif isinstance(reply, m.JoinBundle):
+            # Sealed with the token's key, in a reply signed with it: only the token's holder
+            # reads it, and it knows only the holder of the cluster secret could have made it.
+            key = self.keys.key(reply.principal, 0)
+            asker = self.keys.key(token.principal)
+            assert key is not None and asker is not None
+            reply = msgspec.structs.replace(reply, sealed_key=seal(asker, key),
+                                            coordinators=self.advertised_endpoints,
+                                            coordinator_key=self.public_key)
         token.answer(reply, instruction.error)
 
     def _kill(self, instruction: KillProcesses) -> None:
@@ -522,7 +548,7 @@ class Coordinator:
 
     def _generation(self, principal: str) -> int | None:
         """The keyrings' view of the catalog: the principal's key generation, or None when it
-        may hold no credential now."""
+        may hold no credential now. A join token's holder's is the token's salt."""
         if principal == ADMIN:
             return 0
         if self.state is None:
@@ -531,11 +557,30 @@ class Coordinator:
         if not known_principal(catalog, principal):
             return None
         user = catalog.user(principal)
-        return 0 if user is None else user.generation
+        if user is not None:
+            return user.generation
+        token_id = token_of_principal(principal)
+        token = None if token_id is None else catalog.find_token(token_id)
+        return 0 if token is None else token.salt
+
+    def _broker_generation(self, principal: str) -> int | None:
+        """As `_generation`, for brokers: a join token's holder is nobody there."""
+        return None if principal.startswith("join:") else self._generation(principal)
+
+    def _create_token(self, request: m.CreateToken, ctx: Context) -> asyncio.Future[Any]:
+        """An admin mints a join token: the core gets it with the random salt drawn here."""
+        return self._serve(MintToken(request.session_id, request.ttl_ms, request.name,
+                                     secrets.randbits(62) + 1), ctx)
+
+    @property
+    def advertised_endpoints(self) -> list[str]:
+        """Where other hosts reach this coordinator (join tokens name them)."""
+        return [] if self.endpoint is None else [_advertised(self.endpoint, self.advertise)]
 
     def _principals(self) -> Iterator[str]:
         """Every principal that may hold a credential now (a CURVE server's keyring derives
-        their public keys): the admin, users and executors, queries that have not ended."""
+        their public keys): the admin, users and executors, queries that have not ended, and
+        join tokens not used yet (a joining host connects as `join:ID`)."""
         yield ADMIN
         if self.state is None:
             return
@@ -545,6 +590,10 @@ class Coordinator:
         for query in catalog.queries:
             if not query.ended:
                 yield f"query:{query.query_id}"
+        now = _wall_ms()
+        for token in catalog.tokens:
+            if not token.used and token.expires_at_ms > now:
+                yield join_principal(token.token_id)
 
     def _drop(self, instruction: DropPartitions) -> None:
         peer = self._peers.get(instruction.session_id)
@@ -651,13 +700,16 @@ def _reason(exc: AddressError) -> str:
     return getattr(cause, "strerror", None) or str(cause or exc)
 
 
-def _advertised(endpoint: str) -> str:
-    """An endpoint others can connect to: a wildcard bind becomes this host's address."""
+def _advertised(endpoint: str, advertise: str | None = None) -> str:
+    """An endpoint others can connect to: a wildcard bind becomes `advertise`, else this
+    host's address."""
     for wildcard in ("0.0.0.0", "*"):
         if f"//{wildcard}:" in endpoint:
-            try:
-                address = socket.gethostbyname(socket.gethostname())
-            except OSError:
-                address = "127.0.0.1"
+            address = advertise
+            if not address:
+                try:
+                    address = socket.gethostbyname(socket.gethostname())
+                except OSError:
+                    address = "127.0.0.1"
             return endpoint.replace(f"//{wildcard}:", f"//{address}:")
     return endpoint

@@ -50,7 +50,7 @@ from catalog import (
 )
 from querylib.cluster._errors import QueryFailedError
 from querylib.cluster._format import CHECKPOINT_TOPIC
-from querylib.cluster.messages import HostLoad, QueryInfo
+from querylib.cluster.messages import HostLoad, JoinCluster, QueryInfo
 
 from ._drops import DropTracker, WaitForDrops
 from ._events import (
@@ -309,6 +309,10 @@ class CoordinatorState:
     def _check_holder(self, request: Any, principal: str) -> None:
         """A session is used only by the principal that opened it: naming another's session
         id gets nothing of it (DESIGN §12)."""
+        if principal.startswith("join:") and not isinstance(request, JoinCluster):
+            # A join token's holder may redeem it, nothing else (DESIGN §12).
+            raise NotAuthorizedError(f"{principal} may only join (tq executor --join); it "
+                                     "may not open sessions or ask anything else")
         session_id = getattr(request, "session_id", None)
         if session_id is None:
             return

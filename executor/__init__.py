@@ -19,6 +19,7 @@ The building blocks, each usable on its own (the `tq executor` agent wires them 
     _host_broker.py HostBroker: one of the host's brokers with its endpoints, catalog view,
                     keyring, exit feed and remembered id and ports
     _shard.py       the host's other brokers, one process each (`--brokers N`)
+    _join.py        a host that joined with a token: redeeming it, and what it keeps
     _ready_child.py a `tq executor` child that says when it is ready (tq up's, a shard)
     _agent_state.py AgentState: the agent's pure core (slots, sessions, the dying set, kills
                     during a spawn, which exits and failures to report)

@@ -147,7 +147,7 @@ class ExecutorAgent:
                  endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
                  keep_work_dirs: int = 50,
                  artifact_ttl: float = 7 * 86400.0, brokers: int = 1,
-                 shard_args: Sequence[str] | None = None) -> None:
+                 shard_args: Sequence[str] | None = None, advertise: str | None = None) -> None:
         self.coordinator = coordinator
         self.secret = Credential.of(secret)  # our own credential: executor:NAME, or admin
         self.secret_file = str(Path(secret_file).resolve())
@@ -168,6 +168,7 @@ class ExecutorAgent:
         self._killing_all: asyncio.Task[Any] | None = None
         self.host = host or socket.gethostname()
         self.broker_listen = broker_listen
+        self.advertise = advertise  # the host its brokers register when bound to a wildcard
         self.lease = lease
         self.grace = grace
         self.connector_config = connector
@@ -182,7 +183,8 @@ class ExecutorAgent:
         # Broker 0: the broker, its endpoints, catalog view, keyring and exit feed.
         self.host_broker = HostBroker(self.data_dir, self.secret, listen=broker_listen,
                                       connector=connector, kafka=kafka,
-                                      required=endpoints_required, fallback=endpoint_fallback)
+                                      required=endpoints_required, fallback=endpoint_fallback,
+                                      advertise=advertise)
         if brokers < 1:
             raise ValueError(f"an executor runs at least one broker, not {brokers}")
         self.brokers = brokers
@@ -316,6 +318,7 @@ class ExecutorAgent:
         argv = ["--coordinator", self.coordinator, "--credentials", self.secret_file,
                 "--data", str(self.data_dir.resolve()), "--host", self.host,
                 "--broker-listen", f"{host}:0", "--lease", str(self.lease),
+                *(["--advertise", self.advertise] if self.advertise else []),
                 *(["--verbose"] if logger.isEnabledFor(logging.INFO) else []),
                 *self.shard_args]
         for k in range(len(self.shards) + 1, self.brokers):

@@ -10,6 +10,10 @@ agent runs one in its own process (broker 0, on `<data>`); each shard process (`
     await host.stop_serving()                          # endpoints and catalog view
     await host.close()                                 # then the broker
 
+Bound to a wildcard (0.0.0.0), it registers `advertise` (a host: the agent's `--advertise`, by
+default the address this host reaches the coordinator from) with the bound port, never the
+wildcard (DESIGN §6 "Advertised addresses"); `address` is what it registers.
+
 On start it opens the broker on `<dir>/broker`, on the address it had in the last run where
 "any free port" was asked and that address is free (`_broker_id.py`), and its endpoints
 (connector endpoint, Kafka listener) likewise. `attach` registers the broker under its
@@ -29,7 +33,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from querylib.cluster import AsyncCluster
+from querylib.cluster import AsyncCluster, advertise_endpoint, advertised_host, is_wildcard
 from querylib.rpc import BROKER, Credential, RemoteKeyring
 from querylib.server import BrokerEndpoints
 from querylib.server.broker import BrokerServer
@@ -64,10 +68,11 @@ class HostBroker:
     def __init__(self, data_dir: str | os.PathLike[str], secret: Credential, *,
                  listen: str = "tcp://127.0.0.1:0", connector: EndpointConfig | None = None,
                  kafka: Any = None, required: bool = True,
-                 fallback: Collection[str] = ()) -> None:
+                 fallback: Collection[str] = (), advertise: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.secret = secret
         self.listen = listen
+        self.advertise = advertise
         self.connector_config = connector
         self.kafka_config = kafka
         self.required = required
@@ -81,7 +86,8 @@ class HostBroker:
         self.broker: BrokerServer | None = None
         self.endpoints: BrokerEndpoints | None = None
         self.exit_feed: QueryExitFeed | None = None
-        self.address = ""
+        self.address = ""  # what others connect to (registered in the catalog)
+        self.bound = ""  # what the broker is bound to
         self.broker_id: int | None = None
         self.cluster: AsyncCluster | None = None
         self._attached = asyncio.Event()
@@ -96,8 +102,14 @@ class HostBroker:
             # Its CURVE keypair (when it listens beyond loopback) derives from our key.
             self.broker = BrokerServer(self.data_dir / "broker", self.keys,
                                        directory=self.topics, server_key=self.secret.key)
-            self.address = await self.broker.start(
+            self.bound = await self.broker.start(
                 self.listen, prefer=preferred_listen(self.listen, previous.broker))
+            host, _, _ = self.bound.removeprefix("tcp://").rpartition(":")
+            if self.advertise or is_wildcard(host):
+                self.address = advertise_endpoint(self.bound, advertised_host(
+                    host, advertise=self.advertise))
+            else:
+                self.address = self.bound
             self.exit_feed = QueryExitFeed(self.broker)
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
             # The connector cookie and the Kafka cluster id derive from the key we hold (the
@@ -108,7 +120,7 @@ class HostBroker:
                 fallback=self.fallback,
                 previous={"connector": previous.connector, "kafka": previous.kafka}).start()
             await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
-                self.address, self.connector_address or "", self.kafka_address or ""))
+                self.bound, self.connector_address or "", self.kafka_address or ""))
         except BaseException:
             await self.close()
             raise

@@ -169,15 +169,17 @@ class ShardProcess:
 
 async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data_dir: str,
                       *, host: str, listen: str, lease: float, kafka: Any,
-                      ready_fd: int | None, stop: asyncio.Event, metrics: bool = False) -> None:
+                      ready_fd: int | None, stop: asyncio.Event, metrics: bool = False,
+                      advertise: str | None = None) -> None:
     """Run shard `k`'s broker until `stop` is set (see the module docstring). `metrics`:
     serve its /metrics on a free loopback port, named in the ready line, for the agent to
-    merge into its own."""
+    merge into its own. `advertise`: the host its broker registers when bound to a
+    wildcard address."""
     credential = Credential.of(secret)
     directory = shard_dir(data_dir, k)
     directory.mkdir(parents=True, exist_ok=True)
     lock = hold_data_dir(directory)
-    broker = HostBroker(directory, credential, listen=listen, kafka=kafka)
+    broker = HostBroker(directory, credential, listen=listen, kafka=kafka, advertise=advertise)
     drops = _Drops(broker)
     cluster: AsyncCluster | None = None
     served: tuple[str, Callable[[], None]] | None = None

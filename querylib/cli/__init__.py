@@ -34,12 +34,13 @@ _COMMAND_MODULES = [
     "querylib.cli._submit",
     "querylib.cli._query",
     "querylib.cli._user",
+    "querylib.cli._token",
 ]
 
 
 # How `tq --help` groups the commands, in this order.
 GROUPS = {
-    "cluster": ["up", "coordinator", "executor", "user"],
+    "cluster": ["up", "coordinator", "executor", "user", "token"],
     "queries": ["submit", "status", "logs", "kill"],
     "topics": ["topics", "topic", "produce", "consume", "ingest"],
     "tools": ["demo", "catalog", "log", "broker", "kafka"],
@@ -49,12 +50,16 @@ GROUPS = {
 EXAMPLES = {
     "up": "tq up --data ./tq-data        # then, in another shell: tq status",
     "coordinator": "tq coordinator --data ./coord --listen tcp://0.0.0.0:7400",
-    "executor": "tq executor --coordinator tcp://head:7400 --credentials exec.cred --slots 8",
+    "executor": "tq executor --join TOKEN --data /var/lib/tq   # TOKEN: tq token create",
     "user": "tq user add alice -o alice.cred",
     "user add": "tq user add alice -o alice.cred",
     "user rotate": "tq user rotate alice -o alice.cred",
     "user remove": "tq user remove alice",
     "user list": "tq user list --json",
+    "token": "tq token create --ttl 30m      # then on the new host: tq executor --join TOKEN",
+    "token create": "tq token create --ttl 30m --name gpu-1",
+    "token list": "tq token list --json",
+    "token revoke": "tq token revoke 3",
     "submit": "tq submit my_query.py --processes 2 --name clicks --wait",
     "status": "tq status          # or: tq status 12 (one query)",
     "logs": "tq logs 12 --follow",

@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-listen", metavar="ADDR",
                         help="endpoint of the embedded broker serving the catalog topics "
                         "(default: the --listen port + 1)")
+    parser.add_argument("--advertise", metavar="HOST",
+                        help="the address other hosts reach this host at, when --listen (or "
+                        "--broker-listen, --kafka-host) is 0.0.0.0; join tokens name it "
+                        "(default: the address of this host's name)")
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
     parser.add_argument("--recovery-lease", type=float, default=10.0, metavar="SECONDS",
@@ -119,5 +123,15 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_coordinator(data, args.listen, secret, secret_file,
                            broker_listen=args.broker_listen, config=config, on_ready=ready,
-                           attach=attach, amend=amend, kafka=kafka_config(args))
+                           attach=attach, amend=amend, kafka=_kafka(args),
+                           advertise=args.advertise)
+
+
+def _kafka(args: argparse.Namespace) -> Any:
+    """The group coordinator's Kafka listener; on a wildcard it advertises --advertise."""
+    kafka: Any = kafka_config(args)
+    if kafka is not None and args.advertise and not kafka.advertised_host \
+            and kafka.host in ("0.0.0.0", "::", ""):
+        kafka = dataclasses.replace(kafka, advertised_host=args.advertise)
+    return kafka
 

@@ -50,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: $TQ_CREDENTIALS, else the secret file cluster.json names, "
                         "else $TQ_HOME/secret)")
     add_coordinator_key_option(parser)
+    parser.add_argument("--join", metavar="TOKEN", help="join the cluster with a one-time "
+                        "token (`tq token create` on the coordinator's host): the executor's "
+                        "credential and the coordinator's address are kept in --data, so later "
+                        "starts need no token (nor --coordinator or --credentials); default "
+                        "$TQ_JOIN_TOKEN")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
     parser.add_argument("--slots", type=int, help="process slots: query processes run at "
                         "once (default: 4 per core, at least 8)")
@@ -57,8 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "process each (broker 0 in this one, the others its children), its "
                         "partitions spread over them (default: one per core)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")
-    parser.add_argument("--broker-listen", default="tcp://127.0.0.1:0", metavar="ADDR",
-                        help="endpoint of this host's broker (default: a free local port)")
+    parser.add_argument("--broker-listen", metavar="ADDR",
+                        help="endpoint of this host's broker (default: a free port on "
+                        "127.0.0.1; on every interface, tcp://0.0.0.0:0, for a host that "
+                        "joined with a token)")
+    parser.add_argument("--advertise", metavar="HOST",
+                        help="the address other hosts reach this host at, registered for its "
+                        "brokers (and its Kafka listener) when they listen on 0.0.0.0 "
+                        "(default: this host's address towards the coordinator)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     parser.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
@@ -97,12 +108,85 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     raise_fd_limit()
-    found = discover(args.coordinator, secret_file=args.secret_file,
-                     coordinator_key=args.coordinator_key)
-    if found.coordinator_key:  # its shards and query processes reach the coordinator so too
-        os.environ["TQ_COORDINATOR_KEY"] = found.coordinator_key
     data = args.data or str(tq_home() / "executor")
-    return asyncio.run(_serve(args, found.address, found.secret, found.secret_file, data))
+    joined = _joined(args, data)
+    if joined is not None:
+        address, secret, secret_file = joined.coordinators[0], joined.credential, \
+            joined.credential_file
+        coordinator_key = (args.coordinator_key or os.environ.get("TQ_COORDINATOR_KEY")
+                           or joined.credential.coordinator_key)
+        if coordinator_key:
+            from querylib.rpc import remember_server_key
+
+            for where in joined.coordinators:
+                remember_server_key(where, coordinator_key)
+    else:
+        found = discover(args.coordinator, secret_file=args.secret_file,
+                         coordinator_key=args.coordinator_key)
+        address, secret, secret_file = found.address, found.secret, found.secret_file
+        coordinator_key = found.coordinator_key
+    if coordinator_key:  # its shards and query processes reach the coordinator so too
+        os.environ["TQ_COORDINATOR_KEY"] = coordinator_key
+    if args.broker_listen is None:  # a joined host serves other hosts
+        args.broker_listen = "tcp://0.0.0.0:0" if joined is not None else "tcp://127.0.0.1:0"
+    args.advertise = _advertise(args, address, joined)
+    return asyncio.run(_serve(args, address, secret, secret_file, data))
+
+
+def _joined(args: argparse.Namespace, data: str) -> Any:
+    """The credential and coordinators of a host that joined with a token: redeemed now
+    (`--join`), or kept in `data` by an earlier join; None for a host that did not join."""
+    import socket
+
+    from executor._join import join_host, joined_host
+
+    if args.shard is not None or args.coordinator is not None or args.secret_file is not None:
+        if args.join:  # $TQ_JOIN_TOKEN is for hosts that join, not for these
+            from catalog import UserError
+
+            raise UserError("--join takes no --coordinator or --credentials: the token says "
+                            "where the coordinator is and gets the credential")
+        return None
+    token = args.join or os.environ.get("TQ_JOIN_TOKEN", "").strip()
+    joined = joined_host(data)
+    if joined is not None or not token:
+        if joined is not None and token:
+            print(f"tq executor: joined already as {joined.credential.principal} "
+                  f"({joined.credential_file}); the token is not used", file=sys.stderr)
+        return joined
+    joined = asyncio.run(join_host(token, data, args.host or socket.gethostname()))
+    print(f"tq executor: joined as {joined.credential.principal} (credential in "
+          f"{joined.credential_file}; later starts need no token)", file=sys.stderr, flush=True)
+    return joined
+
+
+def _advertise(args: argparse.Namespace, coordinator: str, joined: Any) -> str | None:
+    """The host this executor's brokers (and Kafka listener) register when they listen on a
+    wildcard: --advertise, else the address this host reaches the coordinator from
+    (DESIGN §6 "Advertised addresses"); None when nothing listens on a wildcard."""
+    from querylib.cluster import advertised_host, is_wildcard
+
+    broker_host = args.broker_listen.removeprefix("tcp://").rpartition(":")[0]
+    wildcard = is_wildcard(broker_host) or (
+        kafka_config(args) is not None and is_wildcard(args.kafka_host)
+        and not args.advertised_host)
+    if args.advertise or not wildcard:
+        return args.advertise or None
+    local = getattr(joined, "local_address", None)
+    return advertised_host("0.0.0.0", advertise=local, toward=coordinator)
+
+
+def _kafka(args: argparse.Namespace) -> Any:
+    """The Kafka listener's config; on a wildcard it advertises --advertise."""
+    import dataclasses
+
+    from querylib.cluster import is_wildcard
+
+    kafka: Any = kafka_config(args)
+    if kafka is not None and args.advertise and not kafka.advertised_host \
+            and is_wildcard(kafka.host):
+        kafka = dataclasses.replace(kafka, advertised_host=args.advertise)
+    return kafka
 
 
 async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_file: str,
@@ -126,7 +210,7 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
                           host=args.host, broker_listen=args.broker_listen,
                           grace=args.grace, lease=args.lease,
                           connector=connector_config(args),
-                          kafka=kafka_config(args),
+                          kafka=_kafka(args), advertise=args.advertise,
                           endpoints_required=not args.endpoints_optional,
                           endpoint_fallback=[n for n in args.endpoint_fallback.split(",") if n],
                           brokers=brokers, shard_args=_shard_args(args))
@@ -192,8 +276,9 @@ async def _serve_shard(args: argparse.Namespace, address: str, secret: Any, data
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await serve_shard(args.shard, address, secret, data, host=args.host or socket.gethostname(),
-                      listen=args.broker_listen, lease=args.lease, kafka=kafka_config(args),
-                      ready_fd=args.ready_fd, stop=stop, metrics=args.metrics_port >= 0)
+                      listen=args.broker_listen, lease=args.lease, kafka=_kafka(args),
+                      ready_fd=args.ready_fd, stop=stop, metrics=args.metrics_port >= 0,
+                      advertise=args.advertise)
     return 0
 
 

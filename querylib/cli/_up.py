@@ -52,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", help="data directory (default $TQ_HOME)")
     parser.add_argument("--listen", help=f"coordinator endpoint; its catalog broker takes the "
                         f"next port (default {_LISTEN}, or free ports when those are taken)")
+    parser.add_argument("--advertise", metavar="HOST",
+                        help="the address other hosts reach this one at: the executor's "
+                        "brokers then listen on every interface and register HOST, and with "
+                        "--listen tcp://0.0.0.0:PORT the coordinator and its catalog broker "
+                        "too (join tokens name it)")
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
     parser.add_argument("--slots", type=int, help="the executor's process slots "
@@ -144,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
                            secret_file, attach=attach, amend=amend,
                            config=CoordinatorConfig(namespace=namespace_of(args)),
                            kafka=_group_coordinator(args), fallback=args.listen is None,
-                           name="tq up")
+                           name="tq up", advertise=args.advertise)
 
 
 def ready_lines(coordinator: Any, executor: Any, data: str, found_through: str,

@@ -80,6 +80,8 @@ def child_args(args: argparse.Namespace, coordinator: str, secret_file: str, dat
         argv += ["--brokers", str(args.brokers)]
     if args.verbose:
         argv.append("--verbose")
+    if getattr(args, "advertise", None):  # reachable from other hosts (DESIGN §6)
+        argv += ["--advertise", args.advertise, "--broker-listen", "tcp://0.0.0.0:0"]
     return argv + options_argv(args, options)
 
 

@@ -9,6 +9,8 @@
     find_query / wait_for_query_end   a query's record, now or once it ended
     wait_for_exits                    ... once every process of it reported its exit
     resolve_query                     a query by id or name (a name: its newest query)
+    parse_token / redeem      join tokens: the string a new host joins with, and redeeming it
+    advertised_host           what a server bound to 0.0.0.0 tells other hosts to connect to
     _messages                 the coordinator's RPC messages (also used by the coordinator)
 
 Names are loaded on first use (PEP 562): a query process registering (the start barrier) needs
@@ -28,6 +30,12 @@ from querylib._lazy import lazy_exports
 # Names are loaded on first use (PEP 562, querylib/_lazy.py): a query process imports only
 # what it touches.
 if TYPE_CHECKING:
+    from ._advertise import (
+        advertise_endpoint,
+        advertised_host,
+        is_wildcard,
+        local_address_toward,
+    )
     from ._blocking import Cluster
     from ._connection import (
         ClusterInfo,
@@ -42,6 +50,8 @@ if TYPE_CHECKING:
         write_cluster_file,
     )
     from ._errors import (
+        AdvertiseError,
+        BadJoinTokenError,
         ClusterFileError,
         ClusterRunningError,
         DataDirInUseError,
@@ -58,6 +68,13 @@ if TYPE_CHECKING:
         Diff,
         Snapshot,
         read_collections,
+    )
+    from ._join import (
+        Joined,
+        ParsedToken,
+        format_token,
+        parse_token,
+        redeem,
     )
     from ._queries import find_query, resolve_query, wait_for_exits, wait_for_query_end
     from ._session import AsyncCluster, default_peer

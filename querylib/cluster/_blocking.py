@@ -174,6 +174,12 @@ class Cluster:
     def remove_user(self, principal: str) -> None:
         self._call(self._async.remove_user(principal))
 
+    def create_token(self, ttl_ms: int = 3_600_000, name: str = "") -> tuple[Any, str]:
+        return self._call(self._async.create_token(ttl_ms, name))
+
+    def revoke_token(self, token_id: int) -> None:
+        self._call(self._async.revoke_token(token_id))
+
     def upload_artifact(self, digest: str, pack: bytes) -> str:
         return self._call(self._async.upload_artifact(digest, pack))
 

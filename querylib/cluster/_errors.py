@@ -18,7 +18,8 @@ from __future__ import annotations
 from catalog.errors import QueryEndedError, TqError, UserError
 from querylib.errors import DataDirInUseError
 
-__all__ = ["ClusterFileError", "ClusterRunningError", "DataDirInUseError", "NoCoordinatorError",
+__all__ = ["AdvertiseError", "BadJoinTokenError", "ClusterFileError", "ClusterRunningError",
+           "DataDirInUseError", "NoCoordinatorError",
            "QueryFailedError", "QueryTimeoutError", "SessionLostError"]
 
 START_HINT = "start one with `tq coordinator` (or `tq up`)"
@@ -30,6 +31,15 @@ class NoCoordinatorError(UserError):
 
 class ClusterFileError(UserError):
     """The connection file is unreadable or malformed; the message names it."""
+
+
+class BadJoinTokenError(UserError):
+    """A join token that is not one (mangled when copied), or that no coordinator it names
+    accepts (wrong, or revoked)."""
+
+
+class AdvertiseError(UserError):
+    """A server bound to a wildcard with no address to tell others (say --advertise HOST)."""
 
 
 class ClusterRunningError(UserError):

@@ -411,6 +411,21 @@ class AsyncCluster:
     async def remove_user(self, principal: str) -> None:
         await self.request(m.RemoveUser(session_id=self._session(), principal=principal))
 
+    async def create_token(self, ttl_ms: int = 3_600_000, name: str = "") -> tuple[Any, str]:
+        """Mint a one-time join token (admins only; DESIGN §12 "Joining a host"): its catalog
+        record and the string a new host joins with (`tq executor --join`)."""
+        from ._join import format_token
+
+        reply = await self.request(m.CreateToken(session_id=self._session(), ttl_ms=ttl_ms,
+                                                 name=name))
+        secret = unseal(self.secret.key, reply.sealed_secret)
+        return reply.token, format_token(reply.coordinators, reply.token.token_id, secret,
+                                          reply.coordinator_key)
+
+    async def revoke_token(self, token_id: int) -> None:
+        """Remove a join token (admins only): it joins nobody any more."""
+        await self.request(m.RevokeToken(session_id=self._session(), token_id=token_id))
+
     async def resolve_principal(self, principal: str) -> bytes | None:
         """`principal`'s broker key, or None if it does not exist (executors only: their
         broker's keyring asks this)."""

@@ -37,6 +37,10 @@ Client -> coordinator requests (reply in brackets):
     coord.user.remove       RemoveUser         [Done]            admins: its key stops working
     coord.principal.key     ResolvePrincipal   [PrincipalKey]    executors: a principal's broker
                                                                  key, for their broker's keyring
+    coord.token.create      CreateToken        [TokenMinted]     admins: a one-time join token
+    coord.token.revoke      RevokeToken        [Done]            admins: it joins nobody any more
+    coord.join              JoinCluster        [JoinBundle]      a join token's holder (join:ID,
+                                                                 no session): redeem it once
 Coordinator -> executor notify:
     coord.spawn.processes   SpawnProcesses                       start these processes of a query
     coord.kill.processes    KillProcesses                        terminate what is left of a query
@@ -47,35 +51,48 @@ from __future__ import annotations
 
 import msgspec
 
-from catalog import Broker, Executor, Query, Resources, SessionKind, Topic, TopicKind, User
+from catalog import (
+    Broker,
+    Executor,
+    JoinToken,
+    Query,
+    Resources,
+    SessionKind,
+    Topic,
+    TopicKind,
+    User,
+)
 from querylib.rpc import Notify, Reply, Request
 
 __all__ = [
     "ARTIFACT_CHUNK_BYTES",
     "AddUser",
+    "AlterTopic",
     "ArtifactStored",
     "AwaitStart",
     "BrokerInfo",
     "CatalogInfo",
     "CheckpointRef",
     "CloseSession",
+    "CreateToken",
     "CreateTopic",
     "DeleteTopic",
-    "AlterTopic",
-    "DropPartitions",
     "Done",
+    "DropPartitions",
     "ExecutorInfo",
     "FetchArtifact",
     "GetCatalogInfo",
     "GetGroups",
     "GetLoads",
-    "HostLoad",
-    "Heartbeat",
-    "KillProcesses",
-    "KillQuery",
     "GroupInfo",
     "GroupOffset",
     "Groups",
+    "Heartbeat",
+    "HostLoad",
+    "JoinBundle",
+    "JoinCluster",
+    "KillProcesses",
+    "KillQuery",
     "Loads",
     "LookupTopic",
     "OpenSession",
@@ -93,15 +110,17 @@ __all__ = [
     "ReportPartitionsDropped",
     "ReportSpawnFailed",
     "ResolvePrincipal",
+    "RevokeToken",
     "RotateUser",
     "SessionOpened",
     "SpawnProcesses",
     "SubmitQuery",
     "Subscribe",
+    "TokenMinted",
     "TopicInfo",
     "Unpublish",
-    "UploadArtifact",
     "Unsubscribe",
+    "UploadArtifact",
     "UserCredential",
 ]
 
@@ -512,6 +531,52 @@ class ResolvePrincipal(Request[PrincipalKey], tag="coord.principal.key"):
     session_id: int
     principal: str
     curve_key: bytes = b""
+
+
+# --------------------------------------------------------------------------- joining a host
+
+
+class TokenMinted(Reply, tag="coord.token.create.reply"):
+    """A new join token: its record, its secret (the key of `join:ID`) sealed with the
+    requester's key, and the addresses joiners reach the coordinator at (DESIGN §12 "Joining
+    a host")."""
+
+    token: JoinToken
+    sealed_secret: bytes
+    coordinators: list[str]
+    version: int
+    coordinator_key: str = ""  # its CURVE public key, when it is a CURVE server (DESIGN §2)
+
+
+class CreateToken(Request[TokenMinted], tag="coord.token.create"):
+    session_id: int
+    ttl_ms: int = 3_600_000
+    name: str = ""  # the executor name the joiner gets ("": its host name)
+
+
+class RevokeToken(Request[Done], tag="coord.token.revoke"):
+    session_id: int
+    token_id: int
+
+
+class JoinBundle(Reply, tag="coord.join.reply"):
+    """What a joining host gets for its token: its executor principal and key (sealed with
+    the token's key, in a reply signed with it), every coordinator address, and the cluster's
+    settings. New fields get defaults, so older joiners still decode it."""
+
+    principal: str
+    sealed_key: bytes
+    coordinators: list[str]
+    namespace: str = ""
+    version: int = 0
+    coordinator_key: str = ""  # its CURVE public key, when it is a CURVE server (DESIGN §2)
+
+
+class JoinCluster(Request[JoinBundle], tag="coord.join"):
+    """Redeem the join token the sender authenticated with (principal `join:ID`); needs no
+    session. `name`: the executor name asked for (the joiner's host name)."""
+
+    name: str
 
 
 # --------------------------------------------------------------------------- artifacts

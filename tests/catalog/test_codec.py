@@ -11,6 +11,7 @@ from catalog import (
     Catalog,
     CatalogDecodeError,
     CorruptCatalogError,
+    CreateToken,
     DeleteTopic,
     PrincipalRef,
     Publication,
@@ -68,6 +69,7 @@ def full_catalog() -> Catalog:
     catalog.apply(DeleteTopic(topic_id=gone.topic_id, requester=SessionRef(client.session_id)))
     add_user(catalog, "user:alice")
     create_topic(catalog, "alices", PrincipalRef("user:alice"), broker.broker_id)
+    catalog.apply(CreateToken(salt=7, name="", ttl_ms=60_000, requester="admin", at_ms=1))
     assert all(len(catalog.collection(name)) for name in COLLECTIONS)
     return catalog
 

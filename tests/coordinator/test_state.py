@@ -46,7 +46,8 @@ def test_bootstrap_registers_the_broker_and_creates_every_catalog_topic() -> Non
     assert d.state.catalog_broker == "tcp://127.0.0.1:7401"
     topics = d.state.catalog_topics()
     assert set(topics) == {"sessions", "brokers", "executors", "queries", "topics",
-                           "publications", "subscriptions", "drops", "users", "counters"}
+                           "publications", "subscriptions", "drops", "users", "tokens",
+                           "counters"}
     for name, topic in topics.items():
         assert topic.short_name == catalog_topic(name)
         assert topic.owner == SYSTEM and topic.internal

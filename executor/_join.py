@@ -1,0 +1,74 @@
+"""What a host that joined with a token keeps (DESIGN §6 "Joining a host"): its credential and
+where the coordinator is, in its data directory, so later starts need no token.
+
+    <data>/credential        the executor's credential (JSON, mode 0600, `write_credential`)
+    <data>/coordinator.json  {"coordinators": [...], "namespace": ...}: where to find it
+
+    joined = await join_host(token, data_dir, name)   # redeem the token, write both files
+    found = joined_host(data_dir)                     # a later start: None if never joined
+
+Must not: start brokers or register anything (the agent does, with what this returns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from querylib.cluster import ParsedToken, parse_token, redeem
+from querylib.rpc import Credential, SecretFileError, load_credential, write_credential
+
+__all__ = ["CREDENTIAL_FILE", "COORDINATOR_FILE", "JoinedHost", "join_host", "joined_host"]
+
+CREDENTIAL_FILE = "credential"
+COORDINATOR_FILE = "coordinator.json"
+_MAX_COORDINATOR_FILE = 65536
+
+
+@dataclass(frozen=True)
+class JoinedHost:
+    """A joined host's credential (and its file) and the coordinators' addresses."""
+
+    credential: Credential
+    credential_file: str
+    coordinators: tuple[str, ...]
+    local_address: str | None = None  # this host's address towards the coordinator (a join)
+
+
+def joined_host(data_dir: str | os.PathLike[str]) -> JoinedHost | None:
+    """The credential and coordinators a join left in `data_dir`, or None if it holds none
+    (SecretFileError when they are there but damaged or readable by others)."""
+    data = Path(data_dir)
+    where = data / COORDINATOR_FILE
+    if not (data / CREDENTIAL_FILE).exists() and not where.exists():
+        return None
+    credential = load_credential(data / CREDENTIAL_FILE)
+    try:
+        text = where.read_bytes()[:_MAX_COORDINATOR_FILE]
+        coordinators = tuple(str(a) for a in json.loads(text)["coordinators"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SecretFileError(f"{where} does not say where the coordinator is ({exc}); join "
+                              "again with a new token (tq token create)") from None
+    if not coordinators:
+        raise SecretFileError(f"{where} names no coordinator")
+    return JoinedHost(credential, str(data / CREDENTIAL_FILE), coordinators)
+
+
+async def join_host(token: str | ParsedToken, data_dir: str | os.PathLike[str],
+                    name: str) -> JoinedHost:
+    """Redeem `token` for executor `name` and keep what it gave in `data_dir`."""
+    parsed = parse_token(token) if isinstance(token, str) else token
+    joined = await redeem(parsed, name)
+    data = Path(data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    write_credential(data / CREDENTIAL_FILE, joined.credential,
+                     coordinator=joined.coordinators[0], coordinator_key=joined.coordinator_key)
+    where = data / COORDINATOR_FILE
+    tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"coordinators": list(joined.coordinators),
+                               "namespace": joined.namespace}) + "\n")
+    os.replace(tmp, where)
+    return JoinedHost(joined.credential, str(data / CREDENTIAL_FILE), joined.coordinators,
+                      joined.local_address)
