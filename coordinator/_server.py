@@ -580,7 +580,8 @@ class Coordinator:
     def _principals(self) -> Iterator[str]:
         """Every principal that may hold a credential now (a CURVE server's keyring derives
         their public keys): the admin, users and executors, queries that have not ended, and
-        join tokens not used yet (a joining host connects as `join:ID`)."""
+        join tokens (a joining host connects as `join:ID`; one used or expired is admitted to
+        be told so, as over PLAIN)."""
         yield ADMIN
         if self.state is None:
             return
@@ -590,10 +591,8 @@ class Coordinator:
         for query in catalog.queries:
             if not query.ended:
                 yield f"query:{query.query_id}"
-        now = _wall_ms()
         for token in catalog.tokens:
-            if not token.used and token.expires_at_ms > now:
-                yield join_principal(token.token_id)
+            yield join_principal(token.token_id)
 
     def _drop(self, instruction: DropPartitions) -> None:
         peer = self._peers.get(instruction.session_id)

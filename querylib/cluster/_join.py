@@ -133,9 +133,9 @@ async def redeem(token: str | ParsedToken, name: str, *, timeout: float = 10.0) 
         finally:
             await client.close()
         key = unseal(parsed.secret, reply.sealed_key)
-        return Joined(Credential(check_principal(reply.principal), key),
+        coordinator_key = reply.coordinator_key or parsed.coordinator_key
+        return Joined(Credential(check_principal(reply.principal), key, coordinator_key),
                       tuple(reply.coordinators) or parsed.coordinators, reply.namespace,
-                      local_address_toward(address),
-                      reply.coordinator_key or parsed.coordinator_key)
+                      local_address_toward(address), coordinator_key)
     raise BadJoinTokenError(f"no coordinator named in the join token answered "
                             f"({', '.join(parsed.coordinators)}): {failure}")

@@ -118,7 +118,9 @@ def test_a_host_joins_with_a_token_and_no_address_options(
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "expired" in done.stderr, done.stderr
     valid = coordinator.token()
-    wrong = valid[:-4] + ("AAAA" if not valid.endswith("AAAA") else "BBBB")
+    parts = valid.split(".")  # prefix, addresses, id, secret[, the coordinator's CURVE key]
+    parts[3] = parts[3][:-4] + ("AAAA" if not parts[3].endswith("AAAA") else "BBBB")
+    wrong = ".".join(parts)
     done = subprocess.run(_join(hosts, "b", wrong, home_b), env=tq_env(home_b), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "refused join token" in done.stderr, done.stderr
