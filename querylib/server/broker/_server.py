@@ -91,6 +91,7 @@ from querylib.rpc import (
     RequestStats,
     RpcServer,
     error_body,
+    payload_digest,
 )
 
 from ._appender import AppendLane
@@ -203,16 +204,18 @@ def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
     return batches
 
 
-def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tuple[bytes, int]:
-    """Whole batches from `offset` and the offset after the last of them (thread side)."""
+def _read(log: PartitionLog, offset: int, max_bytes: int,
+          end_offset: int) -> tuple[bytes, int, bytes]:
+    """Whole batches from `offset`, the offset after the last of them, and the digest their
+    push is signed with (`payload_digest`: hashed here, on a read thread, not on the loop)."""
     data = log.read(offset, max_bytes, end_offset=end_offset)
     pos, last = 0, -1
     while pos < len(data):
         last = pos
         pos += 12 + _LENGTH.unpack_from(data, pos)[1]
     if last < 0:
-        return data, offset
-    return data, read_header(data, last).next_offset
+        return data, offset, payload_digest(data)
+    return data, read_header(data, last).next_offset, payload_digest(data)
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -271,7 +274,12 @@ class BrokerServer:
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint: str | None = None
-        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0}
+        # push_digests: payload digests computed for deliveries (one per payload however many
+        # subscribers it is pushed to)
+        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0, "push_digests": 0}
+        # Payloads pushed (or about to be) in this loop iteration -> their digest, by identity
+        # (the payload is kept, so its id is not reused); emptied when the iteration ends.
+        self._digests: dict[int, tuple[bytes, bytes]] = {}
         self._visible_listeners: list[Callable[[PartitionId], None]] = []
         self.directory: TopicDirectory = directory or OpenDirectory()
         self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
@@ -714,7 +722,7 @@ class BrokerServer:
             peer = self._peers.get(d.session)
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
-            self._rpc.notify(peer, message, payload=[d.data])
+            self._rpc.notify(peer, message, payload=[d.data], digests=[self._digest_of(d.data)])
             traffic = self._traffic(d.partition)
             traffic[1] += len(d.data)
             traffic[2] += d.next_offset - d.offset
@@ -724,6 +732,23 @@ class BrokerServer:
             self.counters["delivery_failed"] += 1
             self._broken.add(key)
             self._feed(DropSubscription(d.session, d.sub_id, exc))
+
+    def _digest_of(self, data: bytes) -> bytes:
+        """The `payload_digest` of `data`, hashed once however many subscribers it goes to:
+        tail deliveries of a batch share its stored bytes, a read's digest came with it."""
+        found = self._digests.get(id(data))
+        if found is not None and found[0] is data:
+            return found[1]
+        digest = payload_digest(data)
+        self.counters["push_digests"] += 1
+        self._remember_digest(data, digest)
+        return digest
+
+    def _remember_digest(self, data: bytes, digest: bytes) -> None:
+        if not self._digests:
+            assert self._loop is not None
+            self._loop.call_soon(self._digests.clear)
+        self._digests[id(data)] = (data, digest)
 
     def _notify(self, session: str, message: Any) -> None:
         peer = self._peers.get(session)
@@ -740,7 +765,7 @@ class BrokerServer:
         future = self._loop.run_in_executor(self._read_pool, _read, log, instr.offset,
                                             instr.max_bytes, instr.end_offset)
 
-        def done(f: asyncio.Future[tuple[bytes, int]]) -> None:
+        def done(f: asyncio.Future[tuple[bytes, int, bytes]]) -> None:
             if f.cancelled():
                 return
             exc = f.exception()
@@ -749,7 +774,9 @@ class BrokerServer:
                     logger.error("broker: read of %s failed: %r", instr.partition, exc)
                 self._feed(ReadFailed(instr.serial, instr.offset, exc))
             else:
-                data, next_offset = f.result()
+                data, next_offset, digest = f.result()
+                self.counters["push_digests"] += 1
+                self._remember_digest(data, digest)
                 self._feed(ReadCompleted(instr.serial, instr.offset, data, next_offset))
 
         future.add_done_callback(done)
