@@ -270,6 +270,16 @@ class RpcServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    @staticmethod
+    def shared_payload(data: Buffer) -> Buffer:
+        """`data` as one zmq frame for a payload `notify` pushes to many peers: each send
+        hands zmq a reference to the same buffer (no copy, and pyzmq's release of a zero-copy
+        buffer happens once, after the last peer's copy went out, rather than once a peer).
+        Below zmq's copy threshold zmq copies anyway: `data` is returned as it is."""
+        if len(data) < zmq.COPY_THRESHOLD:
+            return data
+        return zmq.Frame(data, copy=False)
+
     def notify(self, peer: bytes, message: Notify, payload: Iterable[Buffer] = (),
                digests: Sequence[bytes] | None = None) -> None:
         """Push `message` to the client with ROUTER identity `peer`, without waiting.

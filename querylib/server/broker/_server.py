@@ -277,9 +277,10 @@ class BrokerServer:
         # push_digests: payload digests computed for deliveries (one per payload however many
         # subscribers it is pushed to)
         self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0, "push_digests": 0}
-        # Payloads pushed (or about to be) in this loop iteration -> their digest, by identity
-        # (the payload is kept, so its id is not reused); emptied when the iteration ends.
-        self._digests: dict[int, tuple[bytes, bytes]] = {}
+        # Payloads pushed (or about to be) in this loop iteration -> (payload, its digest, the
+        # frame its pushes share or None yet), by identity (the payload is kept, so its id is
+        # not reused); emptied when the iteration ends.
+        self._digests: dict[int, tuple[bytes, bytes, Any]] = {}
         self._visible_listeners: list[Callable[[PartitionId], None]] = []
         self.directory: TopicDirectory = directory or OpenDirectory()
         self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
@@ -722,7 +723,8 @@ class BrokerServer:
             peer = self._peers.get(d.session)
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
-            self._rpc.notify(peer, message, payload=[d.data], digests=[self._digest_of(d.data)])
+            frame, digest = self._shared(d.data)
+            self._rpc.notify(peer, message, payload=[frame], digests=[digest])
             traffic = self._traffic(d.partition)
             traffic[1] += len(d.data)
             traffic[2] += d.next_offset - d.offset
@@ -733,22 +735,28 @@ class BrokerServer:
             self._broken.add(key)
             self._feed(DropSubscription(d.session, d.sub_id, exc))
 
-    def _digest_of(self, data: bytes) -> bytes:
-        """The `payload_digest` of `data`, hashed once however many subscribers it goes to:
-        tail deliveries of a batch share its stored bytes, a read's digest came with it."""
+    def _shared(self, data: bytes) -> tuple[Any, bytes]:
+        """`data` as the payload frame every push of it carries (`RpcServer.shared_payload`)
+        and its `payload_digest`, made once however many subscribers it goes to: tail
+        deliveries of a batch share its stored bytes, a read's digest came with it."""
         found = self._digests.get(id(data))
         if found is not None and found[0] is data:
-            return found[1]
+            frame = found[2]
+            if frame is None:
+                frame = self._rpc.shared_payload(data)
+                self._digests[id(data)] = (data, found[1], frame)
+            return frame, found[1]
         digest = payload_digest(data)
         self.counters["push_digests"] += 1
-        self._remember_digest(data, digest)
-        return digest
+        frame = self._rpc.shared_payload(data)
+        self._remember_digest(data, digest, frame)
+        return frame, digest
 
-    def _remember_digest(self, data: bytes, digest: bytes) -> None:
+    def _remember_digest(self, data: bytes, digest: bytes, frame: Any = None) -> None:
         if not self._digests:
             assert self._loop is not None
             self._loop.call_soon(self._digests.clear)
-        self._digests[id(data)] = (data, digest)
+        self._digests[id(data)] = (data, digest, frame)
 
     def _notify(self, session: str, message: Any) -> None:
         peer = self._peers.get(session)
