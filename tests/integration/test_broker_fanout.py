@@ -1,7 +1,7 @@
 """One partition pushed to many subscribers (issue 17's fan-out): a broker on loopback (in a
 thread of this process, real sockets and files). Every subscriber gets every batch once and
 in order, and a payload pushed to all of them is hashed once for its signatures (each push
-is still signed for its own subscriber: DESIGN §2 "What is signed")."""
+is still signed for its own subscriber: DESIGN §2 "Messages and signing")."""
 
 from __future__ import annotations
 
