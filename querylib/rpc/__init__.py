@@ -94,7 +94,7 @@ if TYPE_CHECKING:
     )
     from ._secret import default_secret_path, load_or_create_secret, load_secret
     from ._server import Context, Handler, RpcServer
-    from ._signer import Signer
+    from ._signer import Signer, payload_digest
     from ._stats import LATENCY_BUCKETS, RequestStats, TypeStats
     from ._tracker import RequestTracker
 

@@ -7,8 +7,9 @@ shell strips before calling `decode`):
 
     signature  32 bytes, keyed BLAKE3 (`Signer`, with the key of the principal the header
                names, for the audience of the server: `_credentials`) over the frame count and
-               lengths (8-byte little-endian each) followed by every other frame; the lengths
-               bind the frame boundaries, so bytes cannot be moved between frames
+               lengths (8-byte little-endian each), the header and body frames, and the
+               BLAKE3-256 digest of each payload frame; the lengths bind the frame
+               boundaries, so bytes cannot be moved between frames
     header     `Header`, MessagePack array, naming the sender's principal
     body       the message struct (or `ErrorBody`), MessagePack
     payload    raw bytes (record batches), never copied into the body
@@ -272,14 +273,18 @@ class Codec:
         return self._encode(Kind.ERROR, request_id, body, 0.0, to, now, ())
 
     def notify(self, message: Notify, *, to: bytes = b"", now: float,
-               payload: Iterable[Buffer] = ()) -> list[Buffer]:
-        """Frames of a one-way message (`to`: the recipient session, server side only)."""
+               payload: Iterable[Buffer] = (),
+               digests: Sequence[bytes] | None = None) -> list[Buffer]:
+        """Frames of a one-way message (`to`: the recipient session, server side only).
+        `digests`: `payload_digest` of each payload frame, when the caller has them (one
+        payload pushed to many peers is hashed once, not once a copy)."""
         if not isinstance(message, Notify):
             raise TypeError(f"{type(message).__name__} is not a Notify")
-        return self._encode(Kind.NOTIFY, 0, message, 0.0, to, now, payload)
+        return self._encode(Kind.NOTIFY, 0, message, 0.0, to, now, payload, digests)
 
     def _encode(self, kind: Kind, request_id: int, body: Message | ErrorBody, ttl: float,
-                to: bytes, now: float, payload: Iterable[Buffer]) -> list[Buffer]:
+                to: bytes, now: float, payload: Iterable[Buffer],
+                digests: Sequence[bytes] | None = None) -> list[Buffer]:
         tag = body.rpc_tag if isinstance(body, Message) else ""  # "": an ErrorBody
         if tag is None:
             raise TypeError(f"{type(body).__name__} has no tag: declare it with "
@@ -306,7 +311,7 @@ class Codec:
                 f"{type(body).__name__} with {len(frames)} frames and {sum(lengths)} bytes is "
                 f"over the limits ({limits.max_frames} frames, {limits.max_message_bytes} "
                 f"bytes, body {limits.max_body_bytes})")
-        frames[0] = signer._sign(body_frames, lengths)
+        frames[0] = signer._sign(body_frames, lengths, digests)
         return frames
 
     # -- decoding --------------------------------------------------------------------------

@@ -48,7 +48,7 @@ import hmac
 import inspect
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, cast
 
 import zmq
@@ -293,10 +293,22 @@ class RpcServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def notify(self, peer: bytes, message: Notify, payload: Iterable[Buffer] = ()) -> None:
+    @staticmethod
+    def shared_payload(data: Buffer) -> Buffer:
+        """`data` as one zmq frame for a payload `notify` pushes to many peers: each send
+        hands zmq a reference to the same buffer (no copy, and pyzmq's release of a zero-copy
+        buffer happens once, after the last peer's copy went out, rather than once a peer).
+        Below zmq's copy threshold zmq copies anyway: `data` is returned as it is."""
+        if len(data) < zmq.COPY_THRESHOLD:
+            return data
+        return zmq.Frame(data, copy=False)
+
+    def notify(self, peer: bytes, message: Notify, payload: Iterable[Buffer] = (),
+               digests: Sequence[bytes] | None = None) -> None:
         """Push `message` to the client with ROUTER identity `peer`, without waiting.
 
         Call it from the server's event loop (a handler, or a task of the same loop).
+        `digests`: `payload_digest` of each payload frame, if known (`Codec.notify`).
 
         Raises PeerUnreachableError if no such client is connected (or it never sent us
         anything), PeerBusyError if its queue is full (it stopped reading; retriable).
@@ -306,7 +318,8 @@ class RpcServer:
         session = self._peers.get(peer)
         if session is None:
             raise PeerUnreachableError(f"no client with identity {peer.hex()} has spoken to us")
-        frames = self._codec.notify(message, to=session, now=time.time(), payload=payload)
+        frames = self._codec.notify(message, to=session, now=time.time(), payload=payload,
+                                    digests=digests)
         try:
             self._pump.send([peer, *frames])
         except zmq.Again as exc:

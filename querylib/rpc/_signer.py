@@ -1,5 +1,11 @@
 """The frame MAC: keyed BLAKE3 over an RPC message's frames (DESIGN §2).
 
+What is signed: the frame count and lengths, the header and body frames as they are, and
+each payload frame (record batches) by its BLAKE3-256 digest (`payload_digest`). Hashing a
+payload first lets a sender pushing one payload to many peers (a broker fanning a batch out
+to its subscribers, each signed with its own key) hash it once and sign each copy's small
+header, body and digest; a receiver hashes what it got and checks the same MAC.
+
 Pure: one key in, signatures out. `_codec` decides which signer checks which message
 (`_credentials` derives the keys).
 """
@@ -15,7 +21,7 @@ import blake3
 
 from ._errors import SecretFileError
 
-__all__ = ["MAC_KEY_CONTEXT", "Signer"]
+__all__ = ["DIGEST_BYTES", "MAC_KEY_CONTEXT", "Signer", "payload_digest"]
 
 Buffer = Any  # bytes, bytearray, memoryview: anything with the buffer protocol, C-contiguous
 
@@ -26,6 +32,16 @@ def _nbytes(frame: Buffer) -> int:
 
 # BLAKE3 derive_key context for the frame MAC's key (never reuse it for another purpose).
 MAC_KEY_CONTEXT = "tq 2026-11 rpc frame MAC"
+
+# Frames signed as they are: the header and the body; every later one by its digest.
+_PLAIN_FRAMES = 2
+DIGEST_BYTES = 32
+
+
+def payload_digest(frame: Buffer) -> bytes:
+    """BLAKE3-256 of a payload frame: what the MAC covers in its place. The blake3 package
+    releases the GIL while hashing a large frame, so a thread may compute it."""
+    return blake3.blake3(frame).digest()
 
 
 class Signer:
@@ -50,17 +66,31 @@ class Signer:
         self._packers: dict[int, struct.Struct] = {}
 
     def sign(self, frames: Sequence[Buffer]) -> bytes:
-        """The signature of `frames` (everything after the signature frame)."""
+        """The signature of `frames` (everything after the signature frame: header, body,
+        payload frames)."""
         return self._sign(frames, [_nbytes(f) for f in frames])
 
-    def _sign(self, frames: Sequence[Buffer], lengths: list[int]) -> bytes:
+    def _sign(self, frames: Sequence[Buffer], lengths: list[int],
+              digests: Sequence[bytes] | None = None) -> bytes:
+        """The MAC over the count and `lengths`, the first two frames, and the digest of each
+        later frame (`digests`: those digests, when the caller has them already; a wrong one
+        only makes a signature the receiver refuses, since it hashes what it gets)."""
         count = len(lengths)
         packer = self._packers.get(count)
         if packer is None:
             packer = self._packers[count] = struct.Struct(f"<{count + 1}Q")
         mac = blake3.blake3(packer.pack(count, *lengths), key=self._key)
-        for frame in frames:
+        for frame in frames[:_PLAIN_FRAMES]:
             mac.update(frame)
+        if digests is None:
+            for frame in frames[_PLAIN_FRAMES:]:
+                mac.update(blake3.blake3(frame).digest())
+        else:
+            if len(digests) != count - _PLAIN_FRAMES:
+                raise ValueError(f"{len(digests)} digests for {count - _PLAIN_FRAMES} payload "
+                                 f"frames")
+            for digest in digests:
+                mac.update(digest)
         return mac.digest()
 
     def verify(self, signature: Buffer, frames: Sequence[Buffer]) -> bool:

@@ -91,6 +91,7 @@ from querylib.rpc import (
     RequestStats,
     RpcServer,
     error_body,
+    payload_digest,
 )
 
 from ._appender import AppendLane
@@ -203,16 +204,18 @@ def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
     return batches
 
 
-def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> tuple[bytes, int]:
-    """Whole batches from `offset` and the offset after the last of them (thread side)."""
+def _read(log: PartitionLog, offset: int, max_bytes: int,
+          end_offset: int) -> tuple[bytes, int, bytes]:
+    """Whole batches from `offset`, the offset after the last of them, and the digest their
+    push is signed with (`payload_digest`: hashed here, on a read thread, not on the loop)."""
     data = log.read(offset, max_bytes, end_offset=end_offset)
     pos, last = 0, -1
     while pos < len(data):
         last = pos
         pos += 12 + _LENGTH.unpack_from(data, pos)[1]
     if last < 0:
-        return data, offset
-    return data, read_header(data, last).next_offset
+        return data, offset, payload_digest(data)
+    return data, read_header(data, last).next_offset, payload_digest(data)
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -275,7 +278,13 @@ class BrokerServer:
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint: str | None = None
-        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0}
+        # push_digests: payload digests computed for deliveries (one per payload however many
+        # subscribers it is pushed to)
+        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0, "push_digests": 0}
+        # Payloads pushed (or about to be) in this loop iteration -> (payload, its digest, the
+        # frame its pushes share or None yet), by identity (the payload is kept, so its id is
+        # not reused); emptied when the iteration ends.
+        self._digests: dict[int, tuple[bytes, bytes, Any]] = {}
         self._visible_listeners: list[Callable[[PartitionId], None]] = []
         self.directory: TopicDirectory = directory or OpenDirectory()
         self._tasks: set[asyncio.Task[None]] = set()  # directory questions, partition opens
@@ -724,7 +733,8 @@ class BrokerServer:
             peer = self._peers.get(d.session)
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
-            self._rpc.notify(peer, message, payload=[d.data])
+            frame, digest = self._shared(d.data)
+            self._rpc.notify(peer, message, payload=[frame], digests=[digest])
             traffic = self._traffic(d.partition)
             traffic[1] += len(d.data)
             traffic[2] += d.next_offset - d.offset
@@ -734,6 +744,29 @@ class BrokerServer:
             self.counters["delivery_failed"] += 1
             self._broken.add(key)
             self._feed(DropSubscription(d.session, d.sub_id, exc))
+
+    def _shared(self, data: bytes) -> tuple[Any, bytes]:
+        """`data` as the payload frame every push of it carries (`RpcServer.shared_payload`)
+        and its `payload_digest`, made once however many subscribers it goes to: tail
+        deliveries of a batch share its stored bytes, a read's digest came with it."""
+        found = self._digests.get(id(data))
+        if found is not None and found[0] is data:
+            frame = found[2]
+            if frame is None:
+                frame = self._rpc.shared_payload(data)
+                self._digests[id(data)] = (data, found[1], frame)
+            return frame, found[1]
+        digest = payload_digest(data)
+        self.counters["push_digests"] += 1
+        frame = self._rpc.shared_payload(data)
+        self._remember_digest(data, digest, frame)
+        return frame, digest
+
+    def _remember_digest(self, data: bytes, digest: bytes, frame: Any = None) -> None:
+        if not self._digests:
+            assert self._loop is not None
+            self._loop.call_soon(self._digests.clear)
+        self._digests[id(data)] = (data, digest, frame)
 
     def _notify(self, session: str, message: Any) -> None:
         peer = self._peers.get(session)
@@ -750,7 +783,7 @@ class BrokerServer:
         future = self._loop.run_in_executor(self._read_pool, _read, log, instr.offset,
                                             instr.max_bytes, instr.end_offset)
 
-        def done(f: asyncio.Future[tuple[bytes, int]]) -> None:
+        def done(f: asyncio.Future[tuple[bytes, int, bytes]]) -> None:
             if f.cancelled():
                 return
             exc = f.exception()
@@ -759,7 +792,9 @@ class BrokerServer:
                     logger.error("broker: read of %s failed: %r", instr.partition, exc)
                 self._feed(ReadFailed(instr.serial, instr.offset, exc))
             else:
-                data, next_offset = f.result()
+                data, next_offset, digest = f.result()
+                self.counters["push_digests"] += 1
+                self._remember_digest(data, digest)
                 self._feed(ReadCompleted(instr.serial, instr.offset, data, next_offset))
 
         future.add_done_callback(done)

@@ -39,7 +39,7 @@ from querylib.rpc import (
     principal_key,
 )
 from querylib.rpc._codec import SIGNATURE_BYTES
-from querylib.rpc._signer import MAC_KEY_CONTEXT
+from querylib.rpc._signer import MAC_KEY_CONTEXT, payload_digest
 
 from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
 
@@ -93,6 +93,39 @@ def test_error_and_notify_round_trip() -> None:
     assert up.header.kind == Kind.NOTIFY and up.body == Credit(10)
 
 
+def test_a_payload_pushed_to_many_is_hashed_once_and_each_copy_still_verifies() -> None:
+    """A server pushing one payload to several clients passes its digest in; each push is
+    signed with its own client's key over header, body and that digest, verifies there, and
+    is refused once its payload bytes (or the digest a buggy sender passed) do not match."""
+    payload = bytes(range(256)) * 300
+    digest = payload_digest(payload)
+    alice = Codec(Credential("user:alice", principal_key(SECRET, "user:alice")),
+                  role="client")
+    bob = Codec(Credential("user:bob", principal_key(SECRET, "user:bob")), role="client")
+    server = Codec(role="server", keyring=MasterKeyring(SECRET))
+    for client in (alice, bob):
+        heard(server, client)
+        frames = server.notify(Delivery(1), to=client.session, now=NOW, payload=[payload],
+                               digests=[digest])
+        assert bytes(client.decode(list(frames), NOW).payload[0]) == payload
+        # The same push with one payload byte changed: refused.
+        tampered = server.notify(Delivery(2), to=client.session, now=NOW, payload=[payload],
+                                 digests=[digest])
+        altered = bytearray(payload)
+        altered[1000] ^= 1
+        with pytest.raises(BadSignatureError):
+            client.decode([*tampered[:3], bytes(altered)], NOW)
+        # A digest that is not the payload's makes a push no one accepts.
+        wrong = server.notify(Delivery(3), to=client.session, now=NOW, payload=[payload],
+                              digests=[payload_digest(bytes(altered))])
+        with pytest.raises(BadSignatureError):
+            client.decode(list(wrong), NOW)
+    # Signed with a digest or hashing the payload itself: the same signature.
+    signer = Signer(SECRET)
+    frames = [b"header", b"body", payload]
+    assert signer._sign(frames, [6, 4, len(payload)], [digest]) == signer.sign(frames)
+
+
 def test_wire_layout_is_the_documented_one() -> None:
     client, _ = pair()
     frames = client.request(1, Ping(b"hi"), ttl=1.0, now=NOW, payload=[b"p"])
@@ -101,11 +134,11 @@ def test_wire_layout_is_the_documented_one() -> None:
                                               b"", "admin"]
     assert msgspec.msgpack.decode(body) == {"type": "rpc.ping", "data": b"hi"}
     assert payload == b"p"
-    # Keyed BLAKE3 over the frame count and lengths, then the frames, with a key derived from
-    # the secret.
+    # Keyed BLAKE3 over the frame count and lengths, the header and body, then each payload
+    # frame's BLAKE3 digest, with a key derived from the secret.
     mac = blake3.blake3(key=blake3.blake3(SECRET, derive_key_context=MAC_KEY_CONTEXT).digest())
     mac.update(struct.pack("<4Q", 3, len(header), len(body), 1))
-    for frame in (header, body, payload):
+    for frame in (header, body, blake3.blake3(payload).digest()):
         mac.update(frame)
     assert signature == mac.digest()
 
@@ -115,8 +148,10 @@ def test_wire_layout_is_the_documented_one() -> None:
 def test_signer_is_keyed_blake3(key: bytes, frames: list[bytes]) -> None:
     mac = blake3.blake3(key=blake3.blake3(key, derive_key_context=MAC_KEY_CONTEXT).digest())
     mac.update(struct.pack(f"<{len(frames) + 1}Q", len(frames), *map(len, frames)))
-    for frame in frames:
+    for frame in frames[:2]:  # header and body as they are
         mac.update(frame)
+    for frame in frames[2:]:  # payload frames by their digests
+        mac.update(blake3.blake3(frame).digest())
     signer = Signer(key)
     assert signer.sign(frames) == mac.digest()
     assert signer.verify(mac.digest(), frames)
