@@ -27,15 +27,21 @@ Goal: >= 200 MB/s for the tuned consumer. Needs confluent-kafka (the `test` extr
 - kafka_transactional_produce: a transactional producer against plain idempotent produce
   (the same `tq kafka` listener, same run): per round, confluent-kafka produces
   TQ_BENCH_TXN_RECORDS (default 500,000) 100-byte records, idempotent (acks=all) and
-  transactional (commits every 10,000 records), alternated. min/median/max of records/s;
-  goal: transactional >= 0.8x idempotent (medians).
+  transactional (commits every TQ_BENCH_TXN_PER_COMMIT records, default 10,000),
+  alternated. min/median/max of records/s; goal: transactional >= 0.8x idempotent (medians).
+  transaction_ms splits a transaction's cycle: "enqueue" (handing its records to the client)
+  and "commit" (commit_transaction: the client sends the records it still holds, waits for
+  their acks, then EndTxn). Idempotent produce pays neither wait: its requests stay
+  pipelined, while a transaction's cycle leaves the partition idle from its last ack to its
+  next transaction's first batch (EndTxn, begin, AddPartitionsToTxn, the client's linger).
 
 - kafka_tq_up: the same through `tq up`'s own Kafka listener (the executor broker's: topics
   auto-created in the catalog, groups and transactions coordinated by the coordinator's broker,
   markers crossing brokers) against a bare `tq kafka` listener on a data dir, alternated, same
   run: per round TQ_BENCH_UP_RECORDS (default 300,000) 100-byte records produced and consumed
   on each, then produced in transactions through `tq up`. min/median/max of records/s; goal:
-  `tq up` >= 0.9x the bare listener (medians), transactional >= 0.8x idempotent.
+  `tq up` >= 0.9x the bare listener (medians), transactional >= 0.8x idempotent
+  (tq_up_transaction_ms: as transaction_ms above).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -257,10 +264,17 @@ def sasl_cost(rounds: int = 3) -> dict[str, Any]:
 TXN_RECORDS_PER_COMMIT = 10_000
 
 
+def _records_per_commit() -> int:
+    return int(os.environ.get("TQ_BENCH_TXN_PER_COMMIT", str(TXN_RECORDS_PER_COMMIT)))
+
+
 def _produce_rate(config: dict[str, Any], topic: str, records: int, *,
-                  transactional: bool) -> float:
+                  transactional: bool, cycle: dict[str, list[float]] | None = None) -> float:
     """Records/s of `records` 100-byte records, idempotent or in transactions, timed after
-    a first record has gone through."""
+    a first record has gone through. With `cycle`, each transaction's milliseconds are added
+    to its lists: "enqueue" (handing its records to the client) and "commit"
+    (commit_transaction: the client sends what it has not yet, waits for the acks, then
+    EndTxn), where the time a transaction costs beyond idempotent produce goes."""
     from confluent_kafka import Producer
 
     settings = {**config, "linger.ms": 5, "batch.num.messages": 10_000,
@@ -279,18 +293,30 @@ def _produce_rate(config: dict[str, Any], topic: str, records: int, *,
     if transactional:
         producer.commit_transaction(60)
     assert producer.flush(60) == 0, "the first record was not sent"
+    per_commit = _records_per_commit()
     start = time.perf_counter()
     sent = 0
     while sent < records:
-        count = min(TXN_RECORDS_PER_COMMIT, records - sent)
+        count = min(per_commit, records - sent)
         if transactional:
             producer.begin_transaction()
+        began = time.perf_counter()
         _send(producer, topic, count)
         sent += count
         if transactional:
+            queued = time.perf_counter()
             producer.commit_transaction(60)
+            if cycle is not None:
+                cycle.setdefault("enqueue", []).append((queued - began) * 1000)
+                cycle.setdefault("commit", []).append((time.perf_counter() - queued) * 1000)
     assert producer.flush(120) == 0, "records left unsent"
     return records / (time.perf_counter() - start)
+
+
+def _ms_spread(cycle: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """min / median / max milliseconds of each part of a transaction's cycle."""
+    return {part: {"min": round(min(v), 2), "median": round(statistics.median(v), 2),
+                   "max": round(max(v), 2)} for part, v in cycle.items() if v}
 
 
 def transactional_cost(rounds: int = 3) -> dict[str, Any]:
@@ -304,14 +330,17 @@ def transactional_cost(rounds: int = 3) -> dict[str, Any]:
     try:
         config = {"bootstrap.servers": f"127.0.0.1:{port}"}
         rates: dict[str, list[float]] = {"idempotent": [], "transactional": []}
+        cycle: dict[str, list[float]] = {}
         for round_ in range(rounds):
             for name in rates:
                 rates[name].append(_produce_rate(config, f"{name}-{round_}", records,
-                                                 transactional=name == "transactional"))
+                                                 transactional=name == "transactional",
+                                                 cycle=cycle))
         plain, txn = spread(rates["idempotent"]), spread(rates["transactional"])
         return {"case": "kafka_transactional_produce",
                 "figures": {"rounds": rounds, "records": records,
-                            "records_per_commit": TXN_RECORDS_PER_COMMIT,
+                            "records_per_commit": _records_per_commit(),
+                            "transaction_ms": _ms_spread(cycle),
                             "transactional_records_per_s": txn,
                             "idempotent_records_per_s": plain,
                             "load_avg_1m": round(os.getloadavg()[0], 2)},
@@ -404,6 +433,7 @@ def up_cost(rounds: int = 3) -> dict[str, Any]:
         rates: dict[str, list[float]] = {f"{n}_{w}": [] for n in configs
                                          for w in ("produce", "consume")}
         rates |= {"tq_up_idempotent": [], "tq_up_transactional": []}
+        cycle: dict[str, list[float]] = {}
         for round_ in range(rounds):
             for name, config in configs.items():
                 produced, consumed = _produce_consume(config, f"up-{round_}", records)
@@ -412,9 +442,11 @@ def up_cost(rounds: int = 3) -> dict[str, Any]:
             for kind in ("idempotent", "transactional"):
                 rates[f"tq_up_{kind}"].append(_produce_rate(
                     configs["tq_up"], f"up-{kind}-{round_}", records,
-                    transactional=kind == "transactional"))
+                    transactional=kind == "transactional", cycle=cycle))
         figures: dict[str, Any] = {k: spread(v) for k, v in rates.items()}
         figures |= {"rounds": rounds, "records": records,
+                    "records_per_commit": _records_per_commit(),
+                    "tq_up_transaction_ms": _ms_spread(cycle),
                     "load_avg_1m": round(os.getloadavg()[0], 2)}
 
         def ratio(a: str, b: str) -> float:

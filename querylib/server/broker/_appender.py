@@ -8,13 +8,15 @@ lands in the page cache), and the lane writes inline on the loop instead, except
 may roll the segment: the roll fsyncs the sealed segment (a gigabyte of page cache takes
 hundreds of milliseconds, which would stall every partition of the broker), so that commit goes
 to the executor and the partition's later appends queue behind it, in order (DESIGN §5 "Fair
-service"). Each outcome comes back as an `AppendCompleted` or `AppendFailed` stimulus. Queued
-appends are written together with `append_batches` (one write and at most one fsync per
-commit, as Kafka's log does with a produce request's batches); a commit is synced when any of
-its appends asks for it (an `Append` with `sync=False` is answered once written: the OS has
-it, and the next synced commit of the log makes it durable). Under the "interval" flush
-policy, and under "always" after appends not synced, the lane also schedules the flush the log
-asks for and reports `DurableAdvanced`.
+service"). An append not synced (`sync=False`) waits for no disk either: an idle lane of any
+policy writes it on the loop the same way (the transaction coordinator's Ongoing records
+skip the thread hop). Each outcome comes back as an `AppendCompleted` or `AppendFailed`
+stimulus. Queued appends are written together with `append_batches` (one write and at most
+one fsync per commit, as Kafka's log does with a produce request's batches); a commit is
+synced when any of its appends asks for it (an `Append` with `sync=False` is answered once
+written: the OS has it, and the next synced commit of the log makes it durable). Under the
+"interval" flush policy, and under "always" after appends not synced, the lane also
+schedules the flush the log asks for and reports `DurableAdvanced`.
 
 The lane owns its task and its timer; it decides nothing about acknowledgements (the core does)
 and never touches sockets.
@@ -91,12 +93,15 @@ class AppendLane:
         if self._closed:
             self._report(AppendFailed(self.pid, ticket, TqError("the broker is shutting down")))
             return
-        if (self._inline and self._task is None and not self._queue
+        if ((self._inline or not sync) and self._task is None and not self._queue
                 and not self.log.may_roll(len(batch))):
-            # Idle and writing inline: append now rather than one loop iteration later (a
-            # burst arriving while a commit is written still queues behind it and goes as one).
+            # Idle and waiting for no disk (writing inline, or an append not synced): append
+            # now rather than one loop iteration (or a thread hop) later (a burst arriving
+            # while a commit is written still queues behind it and goes as one).
             for stimulus in self._append([(ticket, batch, sync)]):
                 self._report(stimulus)
+            if not self._inline:  # "always"/"interval": its flush is due later
+                self._schedule_flush(asyncio.get_running_loop())
             return
         self._queue.append((ticket, batch, sync))
         self._kick()

@@ -165,3 +165,39 @@ def test_an_inline_append_that_rolls_its_segment_runs_off_the_loop(tmp_path):
     assert [(s.ticket, s.base_offset, s.next_offset) for s in seen if s.partition[0] == "a"] \
         == [(1, 0, 1), (2, 1, 31), (3, 31, 32)]
     assert all(isinstance(s, AppendCompleted) for s in seen)
+
+
+def test_an_append_not_synced_is_written_on_the_loop_under_always_and_keeps_its_order(
+        tmp_path):
+    """Under "always" an append not synced waits for no disk: an idle lane writes it at once,
+    on the loop, rather than through the executor (the thread hop cost the transaction
+    coordinator's AddPartitionsToTxn most of its time); one submitted while a synced commit is
+    under way queues behind it, in order. (That the flush interval then makes it durable:
+    test_an_append_not_synced_is_flushed_by_itself_after_the_interval.)"""
+    async def run(log: PartitionLog) -> tuple[list, list, int, list]:
+        seen: list = []
+        held = HeldExecutor()
+        lane = AppendLane(("t", 0), log, held, seen.append)
+        lane.submit(1, batch(2), False)    # idle, not synced: written now
+        first = list(seen)
+        lane.submit(2, batch(1))           # synced: to the executor
+        lane.submit(3, batch(1), False)    # behind it, in order
+        await asyncio.sleep(0)             # the lane's task hands the commit over
+        before = list(seen)
+        ran = held.run_all()
+        async with asyncio.timeout(10):
+            while len(seen) < 3:
+                await asyncio.sleep(0.005)
+        await lane.close()
+        return first, before, ran, seen
+
+    config = LogConfig(flush="always", flush_interval_ms=60_000)
+    with PartitionLog.open(tmp_path / "t-0", config) as log:
+        first, before, ran, seen = asyncio.run(run(log))
+        assert log.flushed_end_offset == 4  # the synced commit covers the first append
+    assert [(s.ticket, s.base_offset, s.next_offset, s.durable_end) for s in first] == \
+        [(1, 0, 2, 0)]
+    assert [s.ticket for s in before] == [1]
+    assert ran == 1  # the synced commit, 2 and 3 together
+    assert [(s.ticket, s.base_offset, s.next_offset, s.durable_end) for s in seen] == \
+        [(1, 0, 2, 0), (2, 2, 3, 0), (3, 3, 4, 4)]
