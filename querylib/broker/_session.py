@@ -237,10 +237,12 @@ class BrokerLink(SessionLink):
     def __init__(self, address: str, secret: bytes | Credential, *, lease: float = 10.0,
                  timeout: float = 30.0, limits: Limits | None = None,
                  locate: Locate | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT,
+                 session: str | None = None) -> None:
         keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
         super().__init__(principal=Credential.of(secret).principal, lease=lease,
-                         timeout=timeout, reconnect_timeout=reconnect_timeout)
+                         timeout=timeout, reconnect_timeout=reconnect_timeout,
+                         session=session)
         self.address = address
         self.moves = 0  # how many times the broker was found at another address
         self._secret = secret  # every client of this link signs with it, wherever it moves
