@@ -10,9 +10,9 @@ is registered as an ingest topic, with every partition on this broker, when the 
 create it (a connector stream, a Kafka producer with auto-creation): the endpoint that creates
 it is the one that will write it. The core, not this module, admits or refuses each writer.
 
-It is also the connector endpoint's `Locate` (`locate_ingest`): which broker of this host
-holds a partition of an ingest topic, and its address (the last one known while its shard
-restarts), so the endpoint writes it there.
+It is also the connector endpoint's `Locate` (`locate`): which other broker holds a partition
+and its address (the last one known while a shard restarts), so the endpoint writes it there
+(as anonymous: that broker admits it or not).
 
 It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the catalog's
 `brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
@@ -34,7 +34,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from catalog import (
-    INGEST,
     Broker,
     Executor,
     Record,
@@ -263,15 +262,15 @@ class CatalogTopics:
 
     # -- the connector endpoint's routes (querylib.server.connector.Locate) --------------------
 
-    async def locate_ingest(self, topic: str, partition: int) -> Remote | None:
-        """Where a partition of `topic` lives, if that is another broker of the catalog and
-        the topic an ingest topic (anyone may write it); else None: this broker decides (it
-        creates an unknown topic, refuses a partition that is not its own)."""
-        cluster, broker_id = await self._session()
+    async def locate(self, topic: str, partition: int) -> Remote | None:
+        """Where a partition of `topic` lives, if the catalog places it on another broker;
+        else None: this broker decides (it creates an unknown topic, refuses a partition that
+        does not exist)."""
+        _, broker_id = await self._session()
         known = [t for t in self._views["topics"]
                  if isinstance(t, Topic) and t.short_name == topic]
         found = known[0] if known else await self._lookup(topic)
-        if found is None or found.owner != INGEST or not 0 <= partition < found.partitions:
+        if found is None or not 0 <= partition < found.partitions:
             return None
         where = found.locations[partition]
         if where == broker_id:

@@ -103,7 +103,7 @@ class HostBroker:
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret.key, connector=self.connector_config,
                 kafka=self.kafka_config, kafka_cluster=self.topics, required=self.required,
-                fallback=self.fallback, locate=self.topics.locate_ingest, credential=self.secret,
+                fallback=self.fallback, locate=self.topics.locate, credential=self.secret,
                 previous={"connector": previous.connector, "kafka": previous.kafka}).start()
             await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
                 self.address, self.connector_address or "", self.kafka_address or ""))

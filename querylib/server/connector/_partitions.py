@@ -9,11 +9,11 @@
     found = await partitions.scan(("events", 3), producer_id, start)
 
 One interface, two transports, as for any broker client (`SessionLink`): a session of the
-in-process door (`BrokerPort.link`, as "anonymous"), or a `BrokerLink` over broker RPC to the
-broker the catalog places the partition on, as the executor's own principal. That principal
-writes only what the connector could write as anonymous: `locate` (the host's catalog view)
-routes a partition elsewhere only for an ingest topic (writers "*"), and the producer opens
-that topic's incarnation (topic id and creation time) only.
+in-process door (`BrokerPort.link`), or a `BrokerLink` over broker RPC to the broker the catalog
+places the partition on (`locate`: the host's catalog view), authenticated with the executor's
+credential. Both write as "anonymous", as connectors do (over RPC a downgrade the broker grants
+its client, DESIGN §12), so the broker hosting the partition admits a stream exactly as broker 0
+would: ingest topics only. The producer opens the topic's incarnation the catalog named.
 
 The scan of a partition for a stream's last appended message reads a remote partition through
 a subscription of its own (querylib's subscriber path: subscribe at an offset with credit,
@@ -61,7 +61,7 @@ _FIRST_WINDOW = 4096  # offsets; backward scans grow it x4 per step (as `last_ap
 
 @dataclass(frozen=True)
 class Remote:
-    """A partition of an ingest topic on another broker of this host."""
+    """A partition on another broker of this host."""
 
     broker_id: int
     address: str  # its broker's RPC address
@@ -96,7 +96,8 @@ class Partitions:
         if route is None:
             return self.port.link("anonymous", lease=lease, session=session)
         assert self._credential is not None
-        return BrokerLink(route.address, self._credential, lease=lease, session=session)
+        return BrokerLink(route.address, self._credential, lease=lease, session=session,
+                          principal="anonymous")
 
     async def info(self, pid: PartitionId) -> PartitionInfo | None:
         """The partition as its broker has it, None if that broker does not host it."""
