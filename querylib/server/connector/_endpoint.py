@@ -27,9 +27,10 @@ label, hex, so a client that can read the secret file computes the same), else e
 topic's writers rule (ingest topics only; `__` topics are tq's own), its placement (under an
 executor the catalog; a new topic is registered as ingest when `auto_create` is on), and its
 stream not ended. A refusal refuses the stream, with the broker's message. Under an executor
-with several brokers (`tq executor --brokers N`), `locate` routes a partition of an ingest
-topic that the catalog placed on another broker of the host there, through broker RPC as the
-executor's principal (`_partitions.py`); its checkpoints stay here.
+with several brokers (`tq executor --brokers N`), `locate` routes a partition the catalog placed
+on another broker there, through broker RPC with the executor's credential, still as
+"anonymous" (`_partitions.py`), so that broker admits the stream as this one would; the
+checkpoints stay here.
 
 It must not decide what the broker decides (admission, durability, frontiers, credit windows
 of broker sessions): it asks the broker hosting each partition and waits for the answers.
