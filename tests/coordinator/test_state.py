@@ -557,17 +557,6 @@ def test_a_hosts_partitions_spread_over_its_brokers() -> None:
     assert own.locations == brokers * 2
 
 
-def test_an_ingest_topic_spreads_over_a_hosts_brokers_too() -> None:
-    # The connector endpoint writes a shard's partitions through broker RPC (issue 17), so an
-    # ingest topic (tq topic create, tq produce --create) is placed as any topic.
-    d = Driver()
-    _, brokers, _ = _sharded_host(d, "host-a", shards=1)
-    client = d.session(lease_ms=10_000)
-    topic = d.call(m.CreateTopic(session_id=client, name="fed", partitions=4,
-                                 ingest=True)).topic
-    assert sorted(topic.locations) == sorted(2 * brokers)
-
-
 def test_a_shard_that_is_down_is_left_out_of_placement() -> None:
     d = Driver()
     _, brokers, _ = _sharded_host(d, "host-a", shards=1, lease_ms=10_000)
