@@ -10,6 +10,10 @@ is registered as an ingest topic, with every partition on this broker, when the 
 create it (a connector stream, a Kafka producer with auto-creation): the endpoint that creates
 it is the one that will write it. The core, not this module, admits or refuses each writer.
 
+It is also the connector endpoint's `Locate` (`locate`): which other broker holds a partition
+and its address (the last one known while a shard restarts), so the endpoint writes it there
+(as anonymous: that broker admits it or not).
+
 It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the catalog's
 `brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
 too: it is the group coordinator FindCoordinator names, and librdkafka drops a broker
@@ -40,9 +44,11 @@ from catalog import (
     UnknownTopicError,
     UserError,
 )
+from querylib.broker import BrokerUnavailableError
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.kafka import CoordinatorNotAvailableError
 from querylib.server.broker import TopicAccess, catalog_access
+from querylib.server.connector import Remote
 from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
 
 __all__ = ["CatalogTopics"]
@@ -67,6 +73,7 @@ class CatalogTopics:
         self._learn: Callable[[TopicAccess], None] | None = None
         self._forget: Callable[[str], None] | None = None
         self._told: set[str] = set()  # topics whose rule the broker was told from the view
+        self._addresses: dict[int, str] = {}  # broker id -> its last known address
 
     def attach(self, cluster: AsyncCluster, broker_id: int, *, follow: bool = False) -> None:
         """Answer from now on, for broker `broker_id`, following the catalog's topics (the
@@ -252,6 +259,30 @@ class CatalogTopics:
         found = await self._lookup(topic.short)
         return (found is not None and 0 <= partition < found.partitions
                 and found.locations[partition] == broker_id)
+
+    # -- the connector endpoint's routes (querylib.server.connector.Locate) --------------------
+
+    async def locate(self, topic: str, partition: int) -> Remote | None:
+        """Where a partition of `topic` lives, if the catalog places it on another broker;
+        else None: this broker decides (it creates an unknown topic, refuses a partition that
+        does not exist)."""
+        _, broker_id = await self._session()
+        known = [t for t in self._views["topics"]
+                 if isinstance(t, Topic) and t.short_name == topic]
+        found = known[0] if known else await self._lookup(topic)
+        if found is None or not 0 <= partition < found.partitions:
+            return None
+        where = found.locations[partition]
+        if where == broker_id:
+            return None
+        for broker in self._views["brokers"]:
+            if isinstance(broker, Broker) and broker.address:
+                self._addresses[broker.broker_id] = broker.address
+        address = self._addresses.get(where)
+        if address is None:
+            raise BrokerUnavailableError(f"partition {partition} of {topic!r} lives on broker "
+                                         f"{where}, which is not registered now; retry")
+        return Remote(where, address, found.topic_id, found.created_at_ms)
 
     # -- the broker's directory (querylib.broker.TopicDirectory) --------------------------------
 

@@ -117,7 +117,7 @@ class HostBroker:
             self.endpoints = await BrokerEndpoints(
                 self.broker, self.secret.key, connector=self.connector_config,
                 kafka=self.kafka_config, kafka_cluster=self.topics, required=self.required,
-                fallback=self.fallback,
+                fallback=self.fallback, locate=self.topics.locate, credential=self.secret,
                 previous={"connector": previous.connector, "kafka": previous.kafka}).start()
             await asyncio.to_thread(remember_endpoints, self.data_dir, Endpoints(
                 self.bound, self.connector_address or "", self.kafka_address or ""))
@@ -147,7 +147,9 @@ class HostBroker:
         self.broker_id = broker.broker_id
         await self.topics.close()  # a previous session's catalog view
         self.topics.attach(cluster, broker.broker_id,
-                           follow=self.endpoints is not None and self.endpoints.kafka is not None)
+                           follow=self.endpoints is not None and (
+                               self.endpoints.kafka is not None
+                               or self.endpoints.connector is not None))
         if self.exit_feed is not None:
             self.exit_feed.attach(cluster)
         self.cluster = cluster

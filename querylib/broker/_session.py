@@ -232,15 +232,19 @@ class SessionLink:
 
 class BrokerLink(SessionLink):
     """One broker session over one RpcClient (replaced when the broker moves), writing as the
-    principal of `secret` (our credential; a bare cluster secret is the admin's)."""
+    principal of `secret` (our credential; a bare cluster secret is the admin's), or with
+    `principal="anonymous"` as anonymous: a downgrade the broker grants (DESIGN §12; the
+    session stays ours), which the connector endpoint uses to write its host's other brokers."""
 
     def __init__(self, address: str, secret: bytes | Credential, *, lease: float = 10.0,
                  timeout: float = 30.0, limits: Limits | None = None,
                  locate: Locate | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT,
+                 session: str | None = None, principal: str | None = None) -> None:
         keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
-        super().__init__(principal=Credential.of(secret).principal, lease=lease,
-                         timeout=timeout, reconnect_timeout=reconnect_timeout)
+        super().__init__(principal=principal or Credential.of(secret).principal, lease=lease,
+                         timeout=timeout, reconnect_timeout=reconnect_timeout,
+                         session=session)
         self.address = address
         self.moves = 0  # how many times the broker was found at another address
         self._secret = secret  # every client of this link signs with it, wherever it moves

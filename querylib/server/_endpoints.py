@@ -67,10 +67,15 @@ class BrokerEndpoints:
                  connector: EndpointConfig | None = None, kafka: Any = None,
                  kafka_cluster: Any = None, required: bool = True,
                  previous: Mapping[str, str] | None = None,
-                 fallback: Collection[str] = ()) -> None:
+                 fallback: Collection[str] = (), locate: Any = None,
+                 credential: Any = None) -> None:
         """`previous`: {"connector": HOST:PORT, "kafka": HOST:PORT} of the last run;
-        `fallback`: the names ("connector", "kafka") whose taken port is replaced."""
+        `fallback`: the names ("connector", "kafka") whose taken port is replaced;
+        `locate` and `credential`: the connector endpoint reaches the host's other brokers
+        (`querylib.server.connector.Partitions`)."""
         self.server = server
+        self.locate = locate
+        self.credential = credential
         self.secret = secret
         self.connector_config = connector
         self.kafka_config = kafka
@@ -120,7 +125,8 @@ class BrokerEndpoints:
 
         candidates = self._candidates(config, "connector")
         for candidate in candidates:
-            endpoint = ConnectorEndpoint(self.server.port, candidate, secret=self.secret)
+            endpoint = ConnectorEndpoint(self.server.port, candidate, secret=self.secret,
+                                         locate=self.locate, credential=self.credential)
             try:
                 host, port = await endpoint.start()
             except OSError as exc:

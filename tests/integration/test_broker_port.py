@@ -26,7 +26,7 @@ from querylib.broker.messages import OpenSessionRequest
 from querylib.records import encode_batch, read_header
 from querylib.records._types import CONTROL_BIT
 from querylib.rpc import Credential, SecretRejectedError, principal_key
-from querylib.server.broker import BrokerServer
+from querylib.server.broker import BrokerServer, TopicAccess
 
 SECRET = os.urandom(32)
 
@@ -185,3 +185,54 @@ def test_batches_issued_back_to_back_are_stored_in_order_without_a_loop_hop(
 
     expected = [b"%d" % i for i in range(50)]
     assert asyncio.run(main()) == {"rpc": expected, "port": expected}
+
+
+class _AliceOwnsMine:
+    """Topic "mine" is user:alice's; every other topic is open to anyone."""
+
+    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
+        return TopicAccess(topic, "user:alice" if topic == "mine" else "*")
+
+    def watch(self, learn: object, forget: object) -> None:
+        pass
+
+
+def test_a_client_may_write_as_anonymous_and_its_session_stays_its_own(tmp_path: Path) -> None:
+    """A downgrade (the connector endpoint writes a shard's partitions so, DESIGN §12): alice's
+    session opened as anonymous writes as anonymous (not her own topic), and stays alice's:
+    bob cannot use it. Claiming anyone else is still ignored."""
+    async def main() -> tuple[str, str]:
+        server = BrokerServer(tmp_path, SECRET, directory=_AliceOwnsMine())
+        address = await server.start()
+        alice_key = Credential("user:alice", principal_key(SECRET, "user:alice"))
+        alice = BrokerLink(address, alice_key, timeout=10, principal="anonymous")
+        bob = BrokerLink(address, Credential("user:bob", principal_key(SECRET, "user:bob")),
+                         timeout=10)
+        claims = BrokerLink(address, alice_key, timeout=10, principal="admin")
+        try:
+            for link in (alice, bob, claims):
+                await link.start()
+            await alice.request(OpenProducerRequest(session=alice.session, topic="open",
+                                                    partition=0, create=True))
+            await alice.request(ProduceRequest(session=alice.session, topic="open",
+                                               partition=0),
+                                payload=[encode_batch([(0, None, b"anonymous", ())])])
+            with pytest.raises(TopicAuthorizationError):
+                await alice.request(OpenProducerRequest(session=alice.session, topic="mine",
+                                                        partition=0, create=True))
+            with pytest.raises(PrincipalError, match="belongs to another principal"):
+                await bob.request(ProduceRequest(session=alice.session, topic="open",
+                                                 partition=0),
+                                  payload=[encode_batch([(0, None, b"bob's", ())])])
+            with pytest.raises(PrincipalError, match="belongs to another principal"):
+                await bob.request(OpenSessionRequest(session=alice.session, lease=5.0,
+                                                     principal="anonymous"))
+            await alice.reopen(alice.generation)  # renewing it is alice's
+            return (server.state.sessions[alice.session].principal,
+                    server.state.sessions[claims.session].principal)
+        finally:
+            for link in (alice, bob, claims):
+                await link.close(clean=False)
+            await server.close()
+
+    assert asyncio.run(main()) == ("anonymous", "user:alice")

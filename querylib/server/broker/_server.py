@@ -151,7 +151,7 @@ from ._events import (
 from ._frontier import SavedCohort, query_of_cohort
 from ._state import BrokerState
 from ._txn_index import TxnHistory
-from ._write_access import ADMIN, SYSTEM, admits
+from ._write_access import ADMIN, ANONYMOUS, SYSTEM, admits
 
 # What a producer sends without waiting for answers, and must see appended in that order.
 _IN_ARRIVAL_ORDER = (ProduceRequest, ProduceBatchesRequest, AdvanceRequest, EndStreamRequest)
@@ -292,6 +292,9 @@ class BrokerServer:
         # Sessions opened through the port: RPC clients may not name them (they write as
         # tq's own writers, and some have well-known ids).
         self._local: set[str] = set()
+        # Sessions an RPC client opened as anonymous (a downgrade): session -> that client's
+        # principal, the only one that may use them.
+        self._downgraded: dict[str, str] = {}
         self.port = BrokerPort(self)
         self._register()
 
@@ -628,6 +631,7 @@ class BrokerServer:
     def _session_expired(self, instr: SessionExpired) -> None:
         self._peers.pop(instr.session, None)
         self._local.discard(instr.session)
+        self._downgraded.pop(instr.session, None)
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self._loop is not None
@@ -820,7 +824,11 @@ class BrokerServer:
             if type(request) is ProduceRequest:
                 pass  # the usual request (one per batch): none of the checks below is its
             elif isinstance(request, OpenSessionRequest):
-                request = msgspec.structs.replace(request, principal=principal or "")
+                # Itself, or anonymous: a downgrade is never an escalation (DESIGN §12).
+                if request.principal == ANONYMOUS and principal:
+                    self._downgraded[request.session] = principal
+                else:
+                    request = msgspec.structs.replace(request, principal=principal or "")
             elif isinstance(request, ListSubscriptions) and principal != ADMIN:
                 request = msgspec.structs.replace(request, principal=principal or "?")
             elif isinstance(request, DeleteRecordsRequest) and principal != ADMIN and not (
@@ -845,7 +853,12 @@ class BrokerServer:
             raise PrincipalError("that session belongs to the broker's own process; open one "
                                  "of your own")
         session = self.state.sessions.get(session_id)
-        if session is not None and session.principal != principal:
+        if session is None:
+            return
+        holder = session.principal
+        if holder == ANONYMOUS:
+            holder = self._downgraded.get(session_id, ANONYMOUS)
+        if holder != principal:
             raise PrincipalError(f"session {session_id!r} belongs to another principal")
 
     def _serve_now(self, request: Any, ctx: Context) -> asyncio.Future[Any]:
@@ -875,8 +888,13 @@ class BrokerServer:
             if remote and req.principal == SYSTEM:
                 raise PrincipalError("the system principal is tq's own writers in the broker's "
                                      "process; an RPC client cannot claim it")
-            opened = await self._call(peer, req.session, lambda t: OpenSession(
-                t, req.session, req.lease, req.principal))
+            try:
+                opened = await self._call(peer, req.session, lambda t: OpenSession(
+                    t, req.session, req.lease, req.principal))
+            except BaseException:
+                if req.session not in self.state.sessions:
+                    self._downgraded.pop(req.session, None)
+                raise
             if not remote:
                 self._local.add(req.session)
             return opened

@@ -189,7 +189,7 @@ class PeerConnection:
         if sink is None:
             assert self.instance is not None
             key = (*self.instance, sid)
-            sink = StreamSink(self, self.endpoint.port, key, source_id(*key),
+            sink = StreamSink(self, self.endpoint.partitions, key, source_id(*key),
                               self.endpoint.resolve, self.endpoint.save, self.account,
                               lease=self.config.lease,
                               max_batch_records=self.config.max_batch_records,

@@ -26,10 +26,14 @@ label, hex, so a client that can read the secret file computes the same), else e
 (connectors are not authenticated yet), so the broker's core admits it as any writer: the
 topic's writers rule (ingest topics only; `__` topics are tq's own), its placement (under an
 executor the catalog; a new topic is registered as ingest when `auto_create` is on), and its
-stream not ended. A refusal refuses the stream, with the broker's message.
+stream not ended. A refusal refuses the stream, with the broker's message. Under an executor
+with several brokers (`tq executor --brokers N`), `locate` routes a partition the catalog placed
+on another broker there, through broker RPC with the executor's credential, still as
+"anonymous" (`_partitions.py`), so that broker admits the stream as this one would; the
+checkpoints stay here.
 
 It must not decide what the broker decides (admission, durability, frontiers, credit windows
-of broker sessions): it asks the broker through its `BrokerPort` and waits for the answers.
+of broker sessions): it asks the broker hosting each partition and waits for the answers.
 """
 
 from __future__ import annotations
@@ -43,13 +47,16 @@ from typing import Any
 
 from catalog.errors import TqError, UserError
 from querylib._tcp import Connection, TcpListener
+from querylib.broker import UnknownPartitionError
 from querylib.connector._dialect import Dialect
 from querylib.connector._records import broker_topic, parse_stream_name, source_id
 from querylib.connector._wire import DEFAULT_MAX_FRAME_SIZE
+from querylib.rpc import Credential
 from querylib.server.broker import BrokerPort
 
 from ._connection import PeerConnection
-from ._offsets import OffsetStore, StreamKey, StreamProgress, last_appended
+from ._offsets import OffsetStore, StreamKey, StreamProgress
+from ._partitions import Locate, Partitions
 from ._sink import StreamSink
 
 __all__ = ["DEFAULT_CONNECTOR_PORT", "ConnectorEndpoint", "EndpointConfig", "derive_cookie"]
@@ -90,12 +97,15 @@ class EndpointConfig:
 
 class ConnectorEndpoint:
     """Serves the connector protocol for the partitions of one in-process broker, through its
-    `BrokerPort`."""
+    `BrokerPort`, and with `locate` and `credential` those of the other brokers of its host
+    (`Partitions`)."""
 
     def __init__(self, port: BrokerPort, config: EndpointConfig | None = None, *,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, locate: Locate | None = None,
+                 credential: Credential | None = None) -> None:
         self.config = config = config or EndpointConfig()
         self.port = port
+        self.partitions = Partitions(port, locate=locate, credential=credential)
         if config.cookie is not None:
             cookie = config.cookie
         else:
@@ -224,7 +234,9 @@ class ConnectorEndpoint:
         broker admitted the stream to (so it hosts it)."""
         topic, partition = parse_stream_name(name)
         pid = (broker_topic(topic), partition)
-        self.port.info(pid)  # UnknownPartitionError if the broker did not open it for us
+        hosted = await self.partitions.info(pid)
+        if hosted is None:  # the broker did not open it for us
+            raise UnknownPartitionError(f"partition {partition} of {pid[0]!r} is not hosted")
         progress = self.store.get(sink.key)
         if progress is not None and (progress.topic, progress.partition) == pid:
             if not progress.verified:
@@ -240,7 +252,7 @@ class ConnectorEndpoint:
         else:
             # The stream moved to another partition, where it may have written before.
             found = await self._scan(pid, sink.source_id, 0)
-        offset = found[1] if found else self.port.info(pid).log_end
+        offset = found[1] if found else hosted.log_end
         progress = StreamProgress(name, pid[0], pid[1], found[0] if found else None, offset,
                                   True)
         self.store.put(sink.key, progress)
@@ -251,10 +263,10 @@ class ConnectorEndpoint:
         """Check a checkpointed point against the data partition (it lags, and the data may
         have lost its tail)."""
         pid = (progress.topic, progress.partition)
-        if not self.port.hosts(pid):
+        info = await self.partitions.info(pid)
+        if info is None:
             progress.processed, progress.offset = None, 0
         else:
-            info = self.port.info(pid)
             if progress.offset > info.log_end:
                 # The log is shorter than when we checkpointed: what we acknowledged is gone.
                 logger.warning("connector stream %s: %s-%d ends at %d below its checkpoint %d",
@@ -273,6 +285,4 @@ class ConnectorEndpoint:
 
     async def _scan(self, pid: tuple[str, int], producer_id: int,
                     start: int) -> tuple[int, int] | None:
-        log = self.port.log(pid)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, last_appended, log, producer_id, start)
+        return await self.partitions.scan(pid, producer_id, start)

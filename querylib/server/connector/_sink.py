@@ -16,9 +16,12 @@ Every operation carries the credits of the frames it stands for; they go back to
 operation in flight per stream, a failure can never leave a gap behind a later success.
 
 The sink decides nothing about the protocol: it tells its connection (`SinkOwner`) what happened
-and the connection answers the connector. No socket I/O here; broker calls go through a session
-of the broker's public door (`BrokerPort.link`), as "anonymous": connectors are not
-authenticated yet.
+and the connection answers the connector. No socket I/O here; broker calls go through a broker
+session `Partitions` opens where the partition lives (`_partitions.py`): the in-process broker's
+door (`BrokerPort.link`, as "anonymous": connectors are not authenticated yet), or broker RPC to
+another broker of the host. A failed call to a remote broker leaves it unknown whether the
+append became durable (its answer may be what was lost): the session is closed (after what it
+carried) and the stream's point is checked against the data again at the next NOTIFY.
 """
 
 from __future__ import annotations
@@ -37,15 +40,16 @@ from querylib.broker import (
     EndStreamRequest,
     OpenProducerRequest,
     ProduceRequest,
+    SessionLink,
     StreamEndedError,
     UnknownBrokerSessionError,
 )
 from querylib.connector._errors import ConnectorProtocolError
 from querylib.connector._events import MessageFlags
 from querylib.connector._records import broker_topic, encode_messages, parse_stream_name
-from querylib.server.broker import BrokerPort, PortLink
 
 from ._offsets import StreamKey, StreamProgress
+from ._partitions import Partitions, Remote
 
 __all__ = ["AdvanceOp", "DataOp", "EndOp", "Message", "OpenOp", "SinkOwner", "StreamSink"]
 
@@ -106,19 +110,20 @@ class StreamSink:
     """The broker-side state of one stream of one connection, and its operation queue.
     `create`: a partition (and, under a catalog, an ingest topic) may be created for it."""
 
-    def __init__(self, owner: SinkOwner, port: BrokerPort, key: StreamKey, source_id: int,
+    def __init__(self, owner: SinkOwner, partitions: Partitions, key: StreamKey, source_id: int,
                  resolve: Resolve, save: Callable[[StreamKey, StreamProgress], None],
                  account: Callable[[int], None], *, lease: float, max_batch_records: int,
                  max_batch_bytes: int, create: bool = True) -> None:
         self.owner = owner
-        self.port = port
+        self.partitions = partitions
         self.key = key
         self.stream_id = key[2]
         self.source_id = source_id
         self.session = f"tq.connector.{source_id:016x}"
         self.create = create
-        self.link: PortLink | None = None
+        self.link: SessionLink | None = None
         self.target: tuple[str, int] | None = None  # the partition its stream name maps to
+        self.route: Remote | None = None  # where it lives (None: the in-process broker)
         self._resolve = resolve
         self._save = save
         self._account = account  # reports bytes of messages taken (+) and let go (-)
@@ -233,7 +238,12 @@ class StreamSink:
             except TqError as exc:
                 self.producing = False
                 credits = self._halt(op)
-                if isinstance(exc, UnknownBrokerSessionError):
+                if self.route is not None:
+                    # Perhaps appended with its answer lost: check the data at the next NOTIFY.
+                    if self.progress is not None:
+                        self.progress.verified = False
+                    await self._close_link()
+                elif isinstance(exc, UnknownBrokerSessionError):
                     await self._close_link()  # a new session for the next operation
                 self.owner.failed(self, credits, exc)
             except Exception as exc:
@@ -272,7 +282,7 @@ class StreamSink:
         assert self.target is not None
         return self.target
 
-    def _link(self) -> PortLink:
+    def _link(self) -> SessionLink:
         assert self.link is not None
         return self.link
 
@@ -280,8 +290,8 @@ class StreamSink:
         """A live session with a producer on the stream's partition: opened (created, if the
         stream may create it) as the broker's core admits it."""
         if self.link is None:
-            link = self.link = self.port.link("anonymous", lease=self._lease,
-                                              session=self.session)
+            link = self.link = self.partitions.link(self.route, lease=self._lease,
+                                                    session=self.session)
             link.on_reopen.append(self._forgotten)
             self.producing = False
             try:
@@ -290,10 +300,12 @@ class StreamSink:
                 self.link = None
                 raise
         if not self.producing:
-            link, (topic, partition) = self._link(), self._pid()
+            link, (topic, partition), route = self._link(), self._pid(), self.route
             opened = await link.request(OpenProducerRequest(
                 session=link.session, topic=topic, partition=partition, create=self.create,
-                create_topic=self.create))
+                create_topic=self.create and route is None,
+                topic_id=0 if route is None else route.topic_id,
+                topic_created_ms=0 if route is None else route.created_ms))
             self.producing = True
             self.frontier = opened.frontier
             self.epoch = max(self.epoch, opened.frontier)
@@ -302,6 +314,10 @@ class StreamSink:
         try:
             topic, partition = parse_stream_name(op.name)
             target = (broker_topic(topic), partition)
+            route = await self.partitions.route(target)
+            if route != self.route:
+                self.route = route
+                await self._close_link()  # another broker: a session there
             if target != self.target:
                 self.target = target
                 self.producing = False  # a new partition (or the first NOTIFY)
