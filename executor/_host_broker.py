@@ -166,26 +166,24 @@ class HostBroker:
 
     async def _fetch_key(self, principal: str) -> bytes | None:
         """A principal's broker key, from the coordinator (waits for a session, bounded)."""
-        try:
-            await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
-        except TimeoutError:
-            return None
-        cluster = self.cluster
-        if cluster is None or cluster.lost:
-            return None
-        return await cluster.resolve_principal(principal)
+        cluster = await self._session()
+        return None if cluster is None else await cluster.resolve_principal(principal)
 
     async def _fetch_curve(self, public: bytes) -> tuple[str, bytes] | None:
         """Whose CURVE key `public` is, and that principal's broker key, from the coordinator
         (waits for a session, bounded)."""
+        cluster = await self._session()
+        return None if cluster is None else await cluster.resolve_curve_key(public)
+
+    async def _session(self) -> AsyncCluster | None:
+        """The coordinator session keys are asked through, once attached (waiting at most
+        _KEY_WAIT); None without a live one."""
         try:
             await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
         except TimeoutError:
             return None
         cluster = self.cluster
-        if cluster is None or cluster.lost:
-            return None
-        return await cluster.resolve_curve_key(public)
+        return None if cluster is None or cluster.lost else cluster
 
     async def stop_serving(self) -> None:
         """Close the endpoints and the catalog view (the broker still runs). Idempotent."""
