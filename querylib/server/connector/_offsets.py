@@ -37,7 +37,8 @@ from querylib.log import PartitionLog
 from querylib.records import decode_batch, encode_batch, read_header
 from querylib.server.broker import BrokerPort, PortLink
 
-__all__ = ["OFFSETS_TOPIC", "OffsetStore", "StreamKey", "StreamProgress", "last_appended"]
+__all__ = ["OFFSETS_TOPIC", "OffsetStore", "StreamKey", "StreamProgress", "backward_windows",
+           "last_appended"]
 
 logger = logging.getLogger("querylib.connector")
 
@@ -96,15 +97,24 @@ def _batches(log: PartitionLog, start: int, end: int) -> Iterator[tuple[bytes, i
             offset = next_offset
 
 
-def last_appended(log: PartitionLog, producer_id: int, start: int) -> tuple[int, int] | None:
-    """(last message id, offset after its batch) of the last data batch written by
-    `producer_id` at or after offset `start`, or None. Blocking; scans backwards from the end in
-    growing windows, so a recent batch costs a small read however long the log is."""
-    low = max(start, log.log_start_offset)
-    high = log.log_end_offset
+def backward_windows(low: int, high: int) -> Iterator[tuple[int, int]]:
+    """The offset windows [lo, hi) a scan for the last of something between `low` and `high`
+    reads, newest first, each 4x the one before: a recent find costs a small read however
+    long the partition is. The local scan (`last_appended`) and a remote one (a shard's
+    partition, `_partitions.py`) walk the same windows."""
     window = _FIRST_WINDOW
     while high > low:
         lo = max(low, high - window)
+        yield lo, high
+        high = lo
+        window *= 4
+
+
+def last_appended(log: PartitionLog, producer_id: int, start: int) -> tuple[int, int] | None:
+    """(last message id, offset after its batch) of the last data batch written by
+    `producer_id` at or after offset `start`, or None. Blocking; scans backwards from the end
+    (`backward_windows`)."""
+    for lo, high in backward_windows(max(start, log.log_start_offset), log.log_end_offset):
         # Base offsets only: the matching batches are read again one by one, so memory stays
         # at one read however many of them the window holds.
         found = [
@@ -118,8 +128,6 @@ def last_appended(log: PartitionLog, producer_id: int, start: int) -> tuple[int,
             mid = last_message_id(decode_batch(data[:size]))
             if mid is not None:
                 return mid, next_offset
-        high = lo
-        window *= 4
     return None
 
 

@@ -16,9 +16,9 @@ its client, DESIGN §12), so the broker hosting the partition admits a stream ex
 would: ingest topics only. The producer opens the topic's incarnation the catalog named.
 
 The scan of a partition for a stream's last appended message reads a remote partition through
-a subscription of its own (querylib's subscriber path: subscribe at an offset with credit,
-deliveries of whole batches), backwards in growing windows as `last_appended` reads a local
-log. Checkpoints (`__connector_offsets`) stay on the in-process broker (`OffsetStore`).
+querylib's subscriber core (`SubscriberCore`: subscribe at an offset, credit, whole batches),
+in the windows `backward_windows` gives, as `last_appended` reads a local log. Checkpoints
+(`__connector_offsets`) stay on the in-process broker (`OffsetStore`).
 
 Must not: decide admission (the broker hosting the partition does), or write anything itself.
 """
@@ -26,38 +26,22 @@ Must not: decide admission (the broker hosting the partition does), or write any
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from catalog.errors import TqError
-from querylib.broker import (
-    BrokerLink,
-    PartitionInfo,
-    SessionLink,
-    UnknownPartitionError,
-)
-from querylib.broker.messages import (
-    CreditNotify,
-    Delivery,
-    ListPartitions,
-    SubscribeRequest,
-    SubscriptionEnded,
-    UnsubscribeRequest,
-)
+from querylib.broker import BrokerLink, Chunk, PartitionInfo, SessionLink, SubscriberCore
+from querylib.broker.messages import ListPartitions
 from querylib.connector._records import header_of, last_message_id
 from querylib.records import decode_batch, read_header
-from querylib.rpc import Credential, Notification, error_from_body
+from querylib.rpc import Credential
 from querylib.server.broker import BrokerPort
 
-from ._offsets import last_appended
+from ._offsets import backward_windows, last_appended
 
 __all__ = ["Locate", "Partitions", "Remote"]
 
 PartitionId = tuple[str, int]
-
-_FIRST_WINDOW = 4096  # offsets; backward scans grow it x4 per step (as `last_appended`)
-
 
 @dataclass(frozen=True)
 class Remote:
@@ -125,37 +109,20 @@ class Partitions:
 
 
 class _Reader:
-    """Reads one remote partition through a session of its own (closed on exit)."""
+    """Reads one remote partition through a session of its own (closed on exit), with
+    querylib's subscriber core (subscribe at an offset, credit, deliveries of whole batches,
+    resubscribing after a reconnect)."""
 
     def __init__(self, link: BrokerLink, pid: PartitionId) -> None:
         self.link = link
         self.pid = pid
-        self._ids = itertools.count(1)
-        self._queue: asyncio.Queue[Notification | TqError] = asyncio.Queue()
-        self._sub = 0
 
     async def __aenter__(self) -> _Reader:
-        self.link.on_notify(Delivery, self._delivered)
-        self.link.on_notify(SubscriptionEnded, self._ended)
         await self.link.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.link.close()
-
-    def _delivered(self, note: Notification) -> None:
-        message = note.message
-        assert isinstance(message, Delivery)
-        if message.sub_id == self._sub:
-            self._queue.put_nowait(note)
-
-    def _ended(self, note: Notification) -> None:
-        message = note.message
-        assert isinstance(message, SubscriptionEnded)
-        if message.sub_id == self._sub:
-            error = error_from_body(message.error)
-            self._queue.put_nowait(error if isinstance(error, TqError)
-                                   else UnknownPartitionError(str(error)))
 
     async def info(self) -> PartitionInfo | None:
         listed = await self.link.request(ListPartitions(topic=self.pid[0]))
@@ -168,15 +135,10 @@ class _Reader:
         info = await self.info()
         if info is None:
             return None
-        low, high = max(start, info.log_start), info.log_end
-        window = _FIRST_WINDOW
-        while high > low:
-            lo = max(low, high - window)
+        for lo, high in backward_windows(max(start, info.log_start), info.log_end):
             found = await self._window(lo, high, producer_id)
             if found is not None:
                 return found
-            high = lo
-            window *= 4
         return None
 
     async def _window(self, lo: int, high: int, producer_id: int) -> tuple[int, int] | None:
@@ -184,24 +146,19 @@ class _Reader:
         `high - 1` that holds a point of reference (as `last_appended` reads a log), reading
         the window forwards through one subscription."""
         assert self.link.opened is not None
-        credit = self.link.opened.max_credit
-        self._sub = sub_id = next(self._ids)
-        self._queue = asyncio.Queue()
-        await self.link.request(SubscribeRequest(
-            session=self.link.session, sub_id=sub_id, topic=self.pid[0],
-            partition=self.pid[1], start=lo, credit=credit))
+        topic, partition = self.pid
+        chunks: asyncio.Queue[Chunk | TqError] = asyncio.Queue()
+        core = SubscriberCore(self.link, topic, [partition], {partition: lo},
+                              credit=self.link.opened.max_credit, sink=chunks.put_nowait)
+        await core.open()
         found = None
-        unacknowledged = 0
         try:
             position = lo
             while position < high:
-                got = await asyncio.wait_for(self._queue.get(), self.link.timeout)
-                if isinstance(got, TqError):
-                    raise got
-                delivery = got.message
-                assert isinstance(delivery, Delivery)
-                data = got.payload[0]
-                position = delivery.next_offset
+                chunk = await asyncio.wait_for(chunks.get(), self.link.timeout)
+                if isinstance(chunk, TqError):
+                    raise chunk
+                data, position = chunk.data, chunk.next_offset
                 pos = 0
                 while pos < len(data):
                     size, producer, next_offset, control = header_of(data, pos)
@@ -212,13 +169,7 @@ class _Reader:
                         if mid is not None:
                             found = (mid, next_offset)
                     pos += size
-                unacknowledged += len(data)
-                if unacknowledged * 2 >= credit:
-                    await self.link.notify(CreditNotify(session=self.link.session,
-                                                        sub_id=sub_id, nbytes=unacknowledged))
-                    unacknowledged = 0
+                core.consumed(partition, len(data))
         finally:
-            self._sub = 0
-            await self.link.request(UnsubscribeRequest(session=self.link.session,
-                                                       sub_id=sub_id))
+            await core.close()
         return found
