@@ -151,7 +151,7 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         return m.SessionOpened(session_id=req.resume, lease_ms=lease_ms,
                                version=state.catalog.version, resumed=True,
                                catalog_broker=state.catalog_broker, namespace=_namespace(),
-                               catalog_broker_key=state.catalog_broker_key)
+                           catalog_broker_key=state.catalog_broker_key)
     peer = req.peer[:200]  # for people to read: bounded, never parsed
     binding = None
     if req.kind == SessionKind.QUERY:
@@ -177,7 +177,7 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
     return m.SessionOpened(session_id=session_id, lease_ms=lease_ms,
                            version=state.catalog.version, resumed=False,
                            catalog_broker=state.catalog_broker, namespace=_namespace(),
-                               catalog_broker_key=state.catalog_broker_key)
+                           catalog_broker_key=state.catalog_broker_key)
 
 
 def _namespace() -> str:

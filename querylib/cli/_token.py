@@ -67,6 +67,7 @@ def parse_ttl(text: str) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     from querylib.cluster import parse_token
+    from querylib.rpc import leaves_host
 
     with connect(args, session=True) as cluster:
         record, token = cluster.create_token(parse_ttl(args.ttl), args.name)
@@ -75,21 +76,11 @@ def _create(args: argparse.Namespace) -> int:
     expires = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(record.expires_at_ms / 1000))
     print(f"join token {record.token_id} (once, until {expires}): on the new host run\n"
           f"  tq executor --join {token} --data DIR", file=sys.stderr)
-    if all(_loopback(address) for address in parsed.coordinators):
+    if not any(leaves_host(address) for address in parsed.coordinators):
         print(f"note: it names {', '.join(parsed.coordinators)}, which only this host "
               "reaches; start the coordinator with --listen tcp://0.0.0.0:PORT --advertise "
               "HOST for other hosts", file=sys.stderr)
     return 0
-
-
-def _loopback(address: str) -> bool:
-    import ipaddress
-
-    host = address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _revoke(args: argparse.Namespace) -> int:
