@@ -16,6 +16,7 @@ from querylib.errors import CorruptRecordError
 from querylib.log import LogConfig, PartitionLog
 from querylib.server.broker._appender import AppendLane
 from querylib.server.broker._events import AppendCompleted, AppendFailed, DurableAdvanced
+from tests.conftest import wait_for_async
 
 
 def batch(n: int) -> bytes:
@@ -33,9 +34,7 @@ async def run_lane(log: PartitionLog, batches: list[bytes], *, until: int,
         lane = AppendLane(("t", 0), log, pool, seen.append, inline=inline)
         for ticket, data in enumerate(batches, 1):
             lane.submit(ticket, data)
-        async with asyncio.timeout(10):  # a condition with a deadline
-            while len(seen) < until:
-                await asyncio.sleep(0.005)
+        await wait_for_async(lambda: len(seen) >= until, what="the lane's reports")
         await lane.close()
     return seen
 
@@ -75,9 +74,7 @@ def test_an_append_not_synced_lands_without_an_fsync_and_the_next_synced_one_cov
                     await asyncio.sleep(0.005)
             assert log.flushed_end_offset == 0  # written, no fsync
             lane.submit(2, batch(1))
-            async with asyncio.timeout(10):
-                while len(seen) < 2:
-                    await asyncio.sleep(0.005)
+            await wait_for_async(lambda: len(seen) >= 2, what="the lane's reports")
             await lane.close()
         return seen
 
@@ -99,9 +96,7 @@ def test_an_append_not_synced_is_flushed_by_itself_after_the_interval(tmp_path):
             with ThreadPoolExecutor(2) as pool:
                 lane = AppendLane(("t", 0), log, pool, seen.append)
                 lane.submit(1, batch(1), False)
-                async with asyncio.timeout(10):
-                    while len(seen) < 2:
-                        await asyncio.sleep(0.005)
+                await wait_for_async(lambda: len(seen) >= 2, what="the lane's reports")
                 await lane.close()
             return seen
 
@@ -148,9 +143,7 @@ def test_an_inline_append_that_rolls_its_segment_runs_off_the_loop(tmp_path):
         await asyncio.sleep(0)         # the lane's task starts and hands the roll over
         before = list(seen)
         ran = held.run_all()
-        async with asyncio.timeout(10):
-            while len(seen) < 4:
-                await asyncio.sleep(0.005)
+        await wait_for_async(lambda: len(seen) >= 4, what="the lane's reports")
         await a.close()
         await b.close()
         return before, ran, seen
@@ -185,9 +178,7 @@ def test_an_append_not_synced_is_written_on_the_loop_under_always_and_keeps_its_
         await asyncio.sleep(0)             # the lane's task hands the commit over
         before = list(seen)
         ran = held.run_all()
-        async with asyncio.timeout(10):
-            while len(seen) < 3:
-                await asyncio.sleep(0.005)
+        await wait_for_async(lambda: len(seen) >= 3, what="the lane's reports")
         await lane.close()
         return first, before, ran, seen
 
