@@ -49,6 +49,8 @@ Coordinator -> executor notify:
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from catalog import (
@@ -66,6 +68,7 @@ from querylib.rpc import Notify, Reply, Request
 
 __all__ = [
     "ARTIFACT_CHUNK_BYTES",
+    "CURVE_KEY_PATTERN",
     "AddUser",
     "AlterTopic",
     "ArtifactStored",
@@ -377,6 +380,11 @@ class Unsubscribe(Request[Done], tag="coord.unsubscribe"):
 
 # --------------------------------------------------------------------------- brokers, executors
 
+CURVE_KEY_PATTERN = r"\A(?:[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40})?\Z"
+"""A CURVE public key as ZeroMQ takes it (40 characters of Z85), or "" for a PLAIN server."""
+
+CurveKey = Annotated[str, msgspec.Meta(pattern=CURVE_KEY_PATTERN)]
+
 
 class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
     """A broker came up; it leaves with the session. `broker_id` re-joins under an old id."""
@@ -386,7 +394,7 @@ class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
     address: str
     broker_id: int | None = None
     kafka_address: str = ""  # HOST:PORT of the broker's Kafka listener, "" for none
-    curve_key: str = ""  # the broker's CURVE public key (Z85), "" for a PLAIN server
+    curve_key: CurveKey = ""  # the broker's CURVE public key (Z85), "" for a PLAIN server
 
 
 class RemoveBroker(Request[Done], tag="coord.broker.remove"):

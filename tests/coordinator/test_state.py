@@ -580,4 +580,3 @@ def test_an_executor_names_only_registered_brokers_as_its_shards() -> None:
     with pytest.raises(InvalidCommandError):
         d.call(m.RegisterExecutor(session_id=session, host="h", broker_id=own,
                                   resources=RESOURCES, shards=(own,)))
-
