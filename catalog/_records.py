@@ -249,6 +249,17 @@ class Topic(_Record, frozen=True, tag="topic"):
     # name: retention.ms, retention.bytes, segment.bytes (TOPIC_CONFIGS); others are the
     # broker's. Empty in older catalogs.
     configs: tuple[tuple[str, str], ...] = ()
+    # Replication (DESIGN §5 "Replication"), all three empty for a topic of one replica (and in
+    # older catalogs). Partition i is stored by the brokers `replicas[i]` (preferred leader
+    # first); `locations[i]` is its leader, one of `isr[i]`, the replicas holding every
+    # acknowledged record; `leader_epochs[i]` grows by one at every change of its leader.
+    replicas: tuple[tuple[int, ...], ...] = ()
+    isr: tuple[tuple[int, ...], ...] = ()
+    leader_epochs: tuple[int, ...] = ()
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.replicas[0]) if self.replicas else 1
 
     @property
     def topic_name(self) -> TopicName:

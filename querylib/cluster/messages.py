@@ -17,6 +17,7 @@ Client -> coordinator requests (reply in brackets):
     coord.topic.create      CreateTopic        [TopicInfo]
     coord.topic.delete      DeleteTopic        [Done]
     coord.topic.alter       AlterTopic         [TopicInfo]
+    coord.partition.alter   AlterPartition     [TopicInfo]       a leader changes its ISR
     coord.topic.dropped     ReportPartitionsDropped [Done]       a broker dropped a deleted topic
     coord.publish           Publish            [TopicInfo]
     coord.unpublish         Unpublish          [Done]
@@ -70,6 +71,7 @@ __all__ = [
     "ARTIFACT_CHUNK_BYTES",
     "CURVE_KEY_PATTERN",
     "AddUser",
+    "AlterPartition",
     "AlterTopic",
     "ArtifactStored",
     "AwaitStart",
@@ -312,6 +314,21 @@ class CreateTopic(Request[TopicInfo], tag="coord.topic.create"):
     kind: TopicKind = TopicKind.STREAM
     ingest: bool = False
     locations: tuple[int, ...] | None = None
+
+
+class AlterPartition(Request[TopicInfo], tag="coord.partition.alter"):
+    """A replicated partition's leader changes its in-sync replicas (Kafka's AlterPartition,
+    KIP-497): sent by the session holding broker `broker_id`, the leader of `partition` at
+    `leader_epoch`, believing the ISR to be `expected_isr`; applied only if all three still
+    hold (else FencedLeaderEpochError or a retriable refusal with the topic as it is)."""
+
+    session_id: int
+    topic_id: int
+    partition: int
+    broker_id: int
+    leader_epoch: int
+    expected_isr: tuple[int, ...]
+    isr: tuple[int, ...]
 
 
 class DeleteTopic(Request[Done], tag="coord.topic.delete"):
