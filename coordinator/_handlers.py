@@ -257,8 +257,7 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         if not 1 <= req.partitions <= 10_000:
             raise InvalidCommandError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
         locations = place_partitions(state.catalog, party, req.partitions,
-                                     state.placement_cursor, state.catalog_broker_id,
-                                     ingest=req.ingest)
+                                     state.placement_cursor, state.catalog_broker_id)
         state.placement_cursor += req.partitions
     # A client session's topic is its principal's: a reconnected script still owns it.
     owner = INGEST if req.ingest else (PrincipalRef(call.principal)
@@ -317,8 +316,7 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
             locations = tuple(req.locations)
         elif req.partitions <= 10_000:
             locations = place_partitions(state.catalog, party, added, state.placement_cursor,
-                                         state.catalog_broker_id,
-                                         ingest=topic.owner == INGEST)
+                                         state.catalog_broker_id)
             state.placement_cursor += added
     configs = tuple(sorted((_bounded(k, MAX_LABEL, "a config name"),
                             None if v is None else _bounded(v, MAX_LABEL, "a config value"))

@@ -31,7 +31,7 @@ __all__ = ["free_slots", "host_brokers", "place_kafka_partitions", "place_partit
 
 
 def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
-                     catalog_broker: int | None, *, ingest: bool = False) -> tuple[int, ...]:
+                     catalog_broker: int | None) -> tuple[int, ...]:
     """A broker id for each partition.
 
     A query's partition i goes to the host of the executor running its process i mod n (a
@@ -39,9 +39,9 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
     in turn (`host_brokers`: an executor with `--brokers N` runs N, one process each). Anyone
     else's are spread round-robin over the executors' brokers, then over other brokers; the
     coordinator's own broker (which serves the catalog) hosts data only when there is no other
-    broker. An `ingest` topic (anyone may write it: connectors, Kafka clients) goes to the
-    executors' first brokers only, whose process has the connector endpoint, which writes
-    only partitions of its own broker.
+    broker. An ingest topic (anyone may write it) spreads the same way: the connector endpoint
+    writes a partition on another broker of its host through broker RPC, and Kafka clients
+    reach each broker's own listener.
     """
     if isinstance(party, QueryRef):
         query = catalog.query(party.query_id)
@@ -57,7 +57,7 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
                 placed.append(hosts[process][turn % len(hosts[process])])
             return tuple(placed)
     executors = sorted({b for e in catalog.executors if isinstance(e, Executor)
-                        for b in ((e.broker_id,) if ingest else host_brokers(catalog, e))})
+                        for b in host_brokers(catalog, e)})
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers
         if isinstance(b, Broker) and b.broker_id != catalog_broker)

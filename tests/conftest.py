@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -71,6 +72,20 @@ def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def broker_dirs(executor_data: Path) -> list[Path]:
+    """An executor's broker data dirs: broker 0's (`<data>/broker`), then each shard's
+    (`<data>/broker-<k>/broker`), DESIGN §5 "The broker"."""
+    return [executor_data / "broker", *sorted(executor_data.glob("broker-*/broker"))]
+
+
+def partition_dir(executor_data: Path, name: str) -> Path | None:
+    """The directory of partition `name` ("topic-0") under whichever of an executor's brokers
+    holds it, None when none does (placement spreads a topic over a host's brokers)."""
+    found = [d / name for d in broker_dirs(executor_data) if (d / name).is_dir()]
+    assert len(found) <= 1, f"partition {name} is on several brokers: {found}"
+    return found[0] if found else None
 
 
 def free_port() -> int:

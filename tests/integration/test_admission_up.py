@@ -26,7 +26,7 @@ from querylib.rpc import (
     load_secret,
     principal_key,
 )
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, partition_dir, wait_for
 from tests.integration._up_endpoints import UpWithEndpoints
 from tests.querylib.server.kafka._support import WireClient, make_request
 
@@ -320,5 +320,5 @@ def test_rpc_clients_drop_nothing_and_create_only_what_the_catalog_places(
 
     asyncio.run(attempt())
     assert _values(up, "owned") == before
-    broker_dir = up.home / "executor" / "broker"
-    assert not (broker_dir / "owned-1").exists() and not (broker_dir / "owned-7").exists()
+    executor = up.home / "executor"
+    assert partition_dir(executor, "owned-1") is None and partition_dir(executor, "owned-7") is None

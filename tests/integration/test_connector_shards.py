@@ -18,7 +18,7 @@ from catalog import Executor
 from querylib.broker import list_partitions
 from querylib.cluster import Cluster
 from querylib.rpc import load_or_create_secret
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.integration._up import Up
 from tests.integration.test_executor_shards import _brokers, _executor, _gone, _shard, _topic
 
@@ -113,3 +113,58 @@ def test_a_connector_reaches_both_brokers_partitions_of_one_topic(tmp_path: Path
             done = up.tq(*_ingest(up, f"fed:{partition}", source)[3:])
             assert done.returncode == 0, done.stderr
             assert _values(up, "fed", partition) == lines
+
+
+def test_an_ingest_topic_spreads_over_the_hosts_brokers_and_every_way_in_reaches_them(
+        tmp_path: Path) -> None:
+    """An ingest topic placed by the coordinator (no `locations`) spreads over the host's
+    brokers like any topic, and both ways in that write ingest topics, the connector endpoint
+    and Kafka producers, reach every partition: each record is read back once."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    lines = [f"fed {i}" for i in range(200)]
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"{line}\n" for line in lines))
+    with Up(tmp_path / "home", "--brokers", "2", "--connector-port", "0",
+            "--kafka-port", str(free_port())) as up:
+        executor = _executor(up)
+        with Cluster.connect(up.info["coordinator"],
+                             secret_file=up.info["secret_file"]) as cluster:
+            cluster.create_topic("spread", 4, ingest=True)
+        assert set(_topic(up, "spread").locations) == {executor.broker_id, *executor.shards}
+        producer = confluent_kafka.Producer({"bootstrap.servers": up.info["kafka"],
+                                             "acks": "all", "enable.idempotence": True})
+        for partition in range(4):
+            for i in range(50):
+                producer.produce("spread", value=f"kafka {partition} {i}".encode(),
+                                 partition=partition)
+        assert producer.flush(30) == 0
+        for partition in range(4):
+            done = up.tq(*_ingest(up, f"spread:{partition}", source)[3:])
+            assert done.returncode == 0, done.stderr
+        for partition in range(4):  # read back through each partition's Kafka listener
+            assert _kafka_values(up, "spread", partition, 50 + len(lines)) == [
+                f"kafka {partition} {i}" for i in range(50)] + lines
+
+
+def _kafka_values(up: Up, topic: str, partition: int, count: int) -> list[str]:
+    """The first `count` values of a partition, read by a Kafka consumer (Fetch on the
+    partition's broker, as Metadata names it); fails if fewer come within the deadline."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": up.info["kafka"],
+                                         "group.id": f"read-{topic}-{partition}",
+                                         "enable.auto.commit": False})
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, partition, 0)])
+        values: list[str] = []
+
+        def more() -> bool:
+            for message in consumer.consume(num_messages=count - len(values), timeout=0.5):
+                assert message.error() is None, message.error()
+                values.append(message.value().decode())
+            return len(values) >= count
+
+        wait_for(more, timeout=60, what=f"{count} records of {topic}:{partition}")
+        return values
+    finally:
+        consumer.close()

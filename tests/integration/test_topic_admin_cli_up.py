@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import partition_dir, wait_for
 from tests.integration._up import Up
 
 pytestmark = pytest.mark.timeout(180)
@@ -81,8 +81,9 @@ def test_delete_records_moves_the_log_start(up: Up) -> None:
     (partition,) = _describe(up, "trimmed")["partitions"]
     assert (partition["start"], partition["end"]) == (cut, end)
     assert [r["value"] for r in _records(up, "trimmed")] == ["r4", "r5"]
-    wait_for(lambda: (up.home / "executor" / "broker" / "trimmed-0" /
-                      "log-start-offset-checkpoint").exists(), timeout=10,
+    directory = partition_dir(up.home / "executor", "trimmed-0")
+    assert directory is not None
+    wait_for(lambda: (directory / "log-start-offset-checkpoint").exists(), timeout=10,
              what="the log start offset on disk")
     _ok(up.tq("topic", "delete-records", "trimmed", "--partition", "0", "--before", "end"))
     assert _describe(up, "trimmed")["partitions"][0]["start"] == end

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from querylib.records import ControlType, control_of, decode_batch, read_header
-from tests.conftest import Processes, wait_for
+from tests.conftest import Processes, partition_dir, wait_for
 from tests.coordinator._cluster import ROOT, tq_env
 from tests.integration._up import Up
 
@@ -155,7 +155,9 @@ def test_publisher_and_subscriber_survive_a_restart_of_tq_up(
         err = up.stop()
         squatter.close()
     assert "Traceback" not in err, err
-    controls = _controls(home / "executor" / "broker" / "restarts-0")
+    directory = partition_dir(home / "executor", "restarts-0")
+    assert directory is not None
+    controls = _controls(directory)
     assert controls[-1:] == ["end"] and controls.count("end") == 1
     assert "reopen" not in controls  # the publisher rejoined its stream, never reopened it
 

@@ -16,6 +16,7 @@ import pytest
 from catalog import Broker, UnknownTopicError
 from querylib.kafka import ApiKey, ErrorCode
 from tests.conftest import free_port, wait_for
+from tests.conftest import partition_dir as find_partition_dir
 from tests.integration._up_endpoints import UpWithEndpoints
 from tests.querylib.server.kafka._support import WireClient, make_request
 
@@ -83,8 +84,9 @@ def catalog_topic(up: UpWithEndpoints, name: str):
         return cluster.lookup_topic(name).topic
 
 
-def partition_dir(up: UpWithEndpoints, topic: str, partition: int) -> Path:
-    return up.home / "executor" / "broker" / f"{topic}-{partition}"
+def partition_dir(up: UpWithEndpoints, topic: str, partition: int) -> Path | None:
+    """The partition's directory under whichever of the host's brokers holds it."""
+    return find_partition_dir(up.home / "executor", f"{topic}-{partition}")
 
 
 def test_confluent_create_partitions_grows_the_topic_everywhere(up: UpWithEndpoints) -> None:
@@ -142,6 +144,7 @@ def test_confluent_incremental_alter_configs_is_kept_and_applied(up: UpWithEndpo
     # The broker rolls segments of 1000 bytes and keeps about 2000 bytes: old ones go.
     produce(up, "retained", 30, size=300)
     directory = partition_dir(up, "retained", 0)
+    assert directory is not None
     wait_for(lambda: "00000000000000000000.log" not in {p.name for p in directory.iterdir()},
              timeout=30, what="retention to remove the first segment")
     assert read_first(up, "retained", 0)[0] > 0
@@ -176,14 +179,15 @@ def test_delete_records_and_delete_topics_through_tq_up(up: UpWithEndpoints) -> 
         partition = kafka.TopicPartition("short-lived", 0)
         assert client.delete_records({partition: 3})[partition]["low_watermark"] == 3
         assert read_first(up, "short-lived", 0) == (3, b"3-" + b"x" * 10)
-        assert (partition_dir(up, "short-lived", 0) / "log-start-offset-checkpoint").exists()
+        directory = partition_dir(up, "short-lived", 0)
+        assert directory and (directory / "log-start-offset-checkpoint").exists()
     finally:
         client.close()
     admin = AdminClient({"bootstrap.servers": bootstrap(up)})
     admin.delete_topics(["short-lived"], operation_timeout=30)["short-lived"].result(30)
     with pytest.raises(UnknownTopicError):
         catalog_topic(up, "short-lived")
-    wait_for(lambda: not partition_dir(up, "short-lived", 0).exists(), timeout=30,
+    wait_for(lambda: partition_dir(up, "short-lived", 0) is None, timeout=30,
              what="the broker to drop the deleted topic's files")
 
 
