@@ -21,6 +21,7 @@ import msgspec
 from catalog._records import Owner, Party, Record, Resources, SessionKind, TopicKind, Update
 
 __all__ = [
+    "AlterPartition",
     "AlterTopic",
     "Change",
     "CloseSession",
@@ -193,7 +194,9 @@ class FailQuery(_Command, frozen=True, tag="fail_query"):
 
 class CreateTopic(_Command, frozen=True, tag="create_topic"):
     """Creates a Topic. `name` is any accepted spelling; the catalog stores the canonical one.
-    `locations[i]` is the broker that hosts partition i; each must be up."""
+    `locations[i]` is the broker that hosts partition i; each must be up. A replicated topic
+    names `replicas[i]` too (at least two distinct brokers each, all up, `locations[i]` first:
+    its leader); each starts in sync, at leader epoch 0."""
 
     name: str
     partitions: int
@@ -203,6 +206,7 @@ class CreateTopic(_Command, frozen=True, tag="create_topic"):
     locations: tuple[int, ...]
     at_ms: int
     creator: str = ""  # the principal asking; an ingest topic's creator may delete it
+    replicas: tuple[tuple[int, ...], ...] = ()
 
 
 class DeleteTopic(_Command, frozen=True, tag="delete_topic"):
@@ -230,6 +234,23 @@ class AlterTopic(_Command, frozen=True, tag="alter_topic"):
     locations: tuple[int, ...] = ()
     configs: tuple[tuple[str, str | None], ...] = ()
     principal: str = "admin"
+    replicas: tuple[tuple[int, ...], ...] = ()  # of the new partitions, for a replicated topic
+
+
+class AlterPartition(_Command, frozen=True, tag="alter_partition"):
+    """The leader of a replicated partition changes its in-sync replicas (Kafka's
+    AlterPartition, KIP-497): `session_id` holds broker `broker_id`, which must lead
+    `partition` at `leader_epoch` (else FencedLeaderEpochError) and state the catalog's ISR
+    as `expected_isr` (else StaleIsrError: it acted on an old view). The new `isr` keeps the
+    leader and adds only registered replicas."""
+
+    session_id: int
+    topic_id: int
+    partition: int
+    broker_id: int
+    leader_epoch: int
+    expected_isr: tuple[int, ...]
+    isr: tuple[int, ...]
 
 
 class AddUser(_Command, frozen=True, tag="add_user"):
@@ -343,6 +364,7 @@ Command: TypeAlias = (
     | CreateTopic
     | DeleteTopic
     | AlterTopic
+    | AlterPartition
     | PartitionsDropped
     | Publish
     | Unpublish

@@ -185,11 +185,31 @@ def _check_topics(catalog: Catalog) -> None:
             raise _fail(f"{topic!r} has inconsistent partitions")
         if any(not 1 <= b < counters.next_broker_id for b in topic.locations):
             raise _fail(f"{topic!r} is located on a broker id never assigned")
+        _check_replication(topic, counters.next_broker_id)
         owner = topic.owner
         if isinstance(owner, QueryRef) and not 1 <= owner.query_id < counters.next_query_id:
             raise _fail(f"{topic!r} is owned by a query id never assigned")
         if isinstance(owner, SessionRef) and not 1 <= owner.session_id < counters.next_session_id:
             raise _fail(f"{topic!r} is owned by a session id never assigned")
+
+
+def _check_replication(topic: Topic, next_broker_id: int) -> None:
+    """A replicated topic (DESIGN §5 "Replication"): per partition two or more distinct
+    replicas (as many for every partition), an ISR of replicas in replica order holding the
+    leader (`locations`), a leader epoch; a topic of one replica has none of the three."""
+    per_partition = (topic.replicas, topic.isr, topic.leader_epochs)
+    if not any(per_partition):
+        return
+    if topic.internal or any(len(field) != topic.partitions for field in per_partition):
+        raise _fail(f"{topic!r} has replication state that does not match its partitions")
+    factor = len(topic.replicas[0])
+    for leader, replicas, isr, epoch in zip(topic.locations, *per_partition, strict=True):
+        if len(replicas) != factor or factor < 2 or len(set(replicas)) != factor \
+                or any(not 1 <= b < next_broker_id for b in replicas):
+            raise _fail(f"{topic!r} has replicas {replicas}: not {factor} distinct brokers")
+        if leader not in isr or tuple(b for b in replicas if b in isr) != isr or epoch < 0:
+            raise _fail(f"{topic!r}: ISR {isr} is not the leader {leader} and other replicas "
+                        f"of {replicas} in their order, or epoch {epoch} is negative")
 
 
 def _check_tokens(catalog: Catalog) -> None:

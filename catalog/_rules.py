@@ -35,6 +35,7 @@ from catalog._access import (
 )
 from catalog._commands import (
     AddUser,
+    AlterPartition,
     AlterTopic,
     CloseSession,
     CreateToken,
@@ -97,8 +98,10 @@ from catalog.errors import (
     AlreadySubscribedError,
     BrokerExistsError,
     BrokerInUseError,
+    FencedLeaderEpochError,
     InvalidCommandError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     JoinTokenError,
     NotAuthorizedError,
     NotFoundError,
@@ -111,6 +114,7 @@ from catalog.errors import (
     QueryStateError,
     RecordTypeMismatchError,
     ReservedTopicNameError,
+    StaleIsrError,
     TopicBeingDroppedError,
     TopicExistsError,
     UnknownBrokerError,
@@ -425,6 +429,7 @@ def _end_session(catalog: Catalog, txn: Txn, cmd: CloseSession | SessionExpired)
     ]
     _lose_executors(catalog, txn, executors, cmd.at_ms)
     txn.retract_all("brokers", brokers)
+    _elect_leaders(catalog, txn, gone_brokers)
     party = SessionRef(session.session_id)
     txn.retract_all("publications", catalog.publications_of(party))
     txn.retract_all("subscriptions", catalog.subscriptions_of(party))
@@ -463,6 +468,32 @@ def _remove_broker(catalog: Catalog, txn: Txn, cmd: RemoveBroker) -> None:
             f"broker {broker.broker_id} still serves executor {', '.join(map(str, users))}"
         )
     txn.retract("brokers", broker)
+    _elect_leaders(catalog, txn, {broker.broker_id})
+
+
+def _elect_leaders(catalog: Catalog, txn: Txn, gone: set[int]) -> None:
+    """The controller's part when brokers leave (DESIGN §5 "Replication"), in the change that
+    removes them: each replicated partition they led moves to the first other member of its
+    ISR, in replica order, at the next leader epoch; they leave every ISR. A partition whose
+    ISR has no other member keeps its leader and ISR (no unclean election: it is offline
+    until that broker returns, holding every acknowledged record)."""
+    if not gone:
+        return
+    for topic in list(catalog.topics):
+        assert isinstance(topic, Topic)
+        if not topic.replicas or not any(gone.intersection(isr) for isr in topic.isr):
+            continue
+        locations, isrs, epochs = list(topic.locations), list(topic.isr), list(topic.leader_epochs)
+        for i, isr in enumerate(topic.isr):
+            staying = tuple(b for b in isr if b not in gone)
+            if not staying:
+                continue
+            if locations[i] in gone:
+                locations[i] = staying[0]
+                epochs[i] += 1
+            isrs[i] = staying
+        txn.replace("topics", topic, msgspec.structs.replace(
+            topic, locations=tuple(locations), isr=tuple(isrs), leader_epochs=tuple(epochs)))
 
 
 def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> None:
@@ -512,13 +543,15 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
         )
     for broker_id in sorted(set(cmd.locations)):
         catalog.broker(broker_id)
+    _check_replicas(catalog, cmd.replicas, cmd.locations, None if name.internal else ())
     _require_live(catalog, cmd.owner)
     if catalog.find_topic(name.full) is not None:
         raise TopicExistsError(f"topic {name.short!r} exists already")
     # An earlier incarnation's files on one of these brokers go first: the partition
     # directories are named by the topic, so the drop would take the new topic's data too.
+    hosting = set(cmd.locations).union(*cmd.replicas)
     dropping = sorted({d.broker_id for d in catalog.pending_drops()
-                       if d.name == name.full and d.broker_id in cmd.locations})
+                       if d.name == name.full and d.broker_id in hosting})
     if dropping:
         raise TopicBeingDroppedError(
             f"topic {name.short!r} was deleted and broker {dropping[0]} has not dropped its old "
@@ -535,6 +568,9 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
         internal=name.internal,
         created_at_ms=cmd.at_ms,
         creator=cmd.creator,
+        replicas=cmd.replicas,
+        isr=cmd.replicas,
+        leader_epochs=(0,) * len(cmd.replicas),
     )
     txn.insert("topics", topic)
     txn.created = topic
@@ -555,7 +591,8 @@ def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
     # this same change so that neither a crash nor a broker that is down loses a drop.
     hosted: dict[int, list[int]] = {}
     for partition, broker_id in enumerate(topic.locations):
-        hosted.setdefault(broker_id, []).append(partition)
+        for holder in topic.replicas[partition] if topic.replicas else (broker_id,):
+            hosted.setdefault(holder, []).append(partition)
     for broker_id, partitions in sorted(hosted.items()):
         txn.insert("drops", PendingDrop(topic_id=topic.topic_id, name=topic.name,
                                         broker_id=broker_id, partitions=tuple(partitions)))
@@ -570,6 +607,7 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
         raise NotOwnerError(f"topic {topic.short_name!r} is owned by "
                             f"{describe_owner(topic.owner)}; {cmd.principal} may not alter it")
     locations = topic.locations
+    grown: dict[str, Any] = {}
     if cmd.partitions is not None and cmd.partitions != topic.partitions:
         if cmd.partitions < topic.partitions:
             raise InvalidPartitionsError(
@@ -584,8 +622,16 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
                 f"{cmd.partitions - topic.partitions} new partitions")
         for broker_id in sorted(set(cmd.locations)):
             catalog.broker(broker_id)
+        if bool(cmd.replicas) != bool(topic.replicas) or (
+                topic.replicas and len(cmd.replicas[0]) != topic.replication_factor):
+            raise InvalidReplicationFactorError(
+                f"topic {topic.short_name!r} has {topic.replication_factor} replicas per "
+                f"partition; its new partitions must have as many")
+        _check_replicas(catalog, cmd.replicas, cmd.locations, ())
         locations = topic.locations + tuple(cmd.locations)
-    elif cmd.locations:
+        grown = {"replicas": topic.replicas + cmd.replicas, "isr": topic.isr + cmd.replicas,
+                 "leader_epochs": topic.leader_epochs + (0,) * len(cmd.replicas)}
+    elif cmd.locations or cmd.replicas:
         raise InvalidPartitionsError("locations given without new partitions")
     configs = dict(topic.configs)
     for name, value in cmd.configs:
@@ -596,7 +642,70 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
         else:
             configs[name] = check_topic_config(name, value)
     altered = msgspec.structs.replace(topic, partitions=len(locations), locations=locations,
-                                      configs=tuple(sorted(configs.items())))
+                                      configs=tuple(sorted(configs.items())), **grown)
+    if altered != topic:
+        txn.replace("topics", topic, altered)
+    txn.created = altered
+
+
+def _check_replicas(catalog: Catalog, replicas: tuple[tuple[int, ...], ...],
+                    locations: tuple[int, ...], allowed: tuple[()] | None) -> None:
+    """`replicas` (none, or one set per partition of `locations`) are placeable: each set at
+    least two distinct registered brokers, all sets alike in size, led by the partition's
+    location. `allowed` None: a system topic, which stays unreplicated."""
+    if not replicas:
+        return
+    if allowed is None:
+        raise InvalidReplicationFactorError("system topics have one replica")
+    if len(replicas) != len(locations):
+        raise InvalidReplicationFactorError(
+            f"{len(replicas)} replica sets given for {len(locations)} partitions")
+    factor = len(replicas[0])
+    for partition, (brokers, leader) in enumerate(zip(replicas, locations, strict=True)):
+        if len(brokers) != factor or factor < 2 or len(set(brokers)) != factor:
+            raise InvalidReplicationFactorError(
+                f"partition {partition} has replicas {list(brokers)}: each partition needs "
+                f"the same number (2 or more) of distinct brokers")
+        if brokers[0] != leader:
+            raise InvalidReplicationFactorError(
+                f"partition {partition}'s replicas {list(brokers)} do not start with its "
+                f"leader, broker {leader}")
+    for broker_id in sorted(set().union(*replicas)):
+        catalog.broker(broker_id)
+
+
+def _alter_partition(catalog: Catalog, txn: Txn, cmd: AlterPartition) -> None:
+    topic = catalog.topic(cmd.topic_id)
+    if not topic.replicas:
+        raise InvalidCommandError(f"topic {topic.short_name!r} is not replicated")
+    if not 0 <= cmd.partition < topic.partitions:
+        raise InvalidPartitionsError(
+            f"topic {topic.short_name!r} has no partition {cmd.partition}")
+    broker = catalog.broker(cmd.broker_id)
+    if broker.session_id is None or broker.session_id != cmd.session_id:
+        raise NotAuthorizedError(
+            f"session {cmd.session_id} does not hold broker {cmd.broker_id}")
+    i = cmd.partition
+    if topic.locations[i] != cmd.broker_id or topic.leader_epochs[i] != cmd.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"broker {cmd.broker_id} at epoch {cmd.leader_epoch} does not lead partition {i} "
+            f"of {topic.short_name!r}: broker {topic.locations[i]} does, at epoch "
+            f"{topic.leader_epochs[i]}")
+    if tuple(cmd.expected_isr) != topic.isr[i]:
+        raise StaleIsrError(
+            f"partition {i} of {topic.short_name!r} has in-sync replicas "
+            f"{list(topic.isr[i])}, not {list(cmd.expected_isr)}")
+    replicas = topic.replicas[i]
+    wanted = set(cmd.isr)
+    if cmd.broker_id not in wanted or not wanted <= set(replicas) or len(wanted) != len(cmd.isr):
+        raise InvalidCommandError(
+            f"in-sync replicas {list(cmd.isr)} of partition {i} must be distinct replicas "
+            f"{list(replicas)} including the leader {cmd.broker_id}")
+    for added in sorted(wanted - set(topic.isr[i])):
+        catalog.broker(added)  # a broker that is not registered does not join
+    isrs = list(topic.isr)
+    isrs[i] = tuple(b for b in replicas if b in wanted)  # in replica order, as kept
+    altered = msgspec.structs.replace(topic, isr=tuple(isrs))
     if altered != topic:
         txn.replace("topics", topic, altered)
     txn.created = altered
@@ -895,6 +1004,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     CreateTopic: _create_topic,
     DeleteTopic: _delete_topic,
     AlterTopic: _alter_topic,
+    AlterPartition: _alter_partition,
     PartitionsDropped: _partitions_dropped,
     Publish: _publish,
     Unpublish: _unpublish,

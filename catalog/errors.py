@@ -75,6 +75,7 @@ Catalog's families:
     └── CatalogError               a catalog command broke an invariant (exit code 2)
         ├── InvalidCommandError        fields that contradict each other (counts, placement)
         │   ├── InvalidPartitionsError a partition count outside 1..MAX_PARTITIONS
+        │   ├── InvalidReplicationFactorError replicas that are too many, too few or not apart
         │   └── InvalidConfigError     a topic config tq does not set, or out of bounds
         ├── InvalidTopicNameError      not NAME, TENANT/NS/NAME or persistent://TENANT/NS/NAME
         │   └── ReservedTopicNameError a `__` name asked for by someone other than the system
@@ -86,6 +87,7 @@ Catalog's families:
         ├── ConflictError              the request contradicts the current state
         │   ├── TopicExistsError, BrokerExistsError, BrokerInUseError
         │   ├── TopicBeingDroppedError (retriable)
+        │   ├── FencedLeaderEpochError, StaleIsrError (retriable): a leader's old view
         │   ├── AlreadyPublishedError, AlreadySubscribedError, PrincipalExistsError
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
@@ -146,6 +148,13 @@ class InvalidPartitionsError(InvalidCommandError):
     (or to shrink: a topic's partitions only grow)."""
 
     kafka_error_code = 37  # INVALID_PARTITIONS
+
+
+class InvalidReplicationFactorError(InvalidCommandError):
+    """Replicas that cannot be placed: more than there are hosts, fewer than one, the same
+    broker twice, or not starting with the partition's leader."""
+
+    kafka_error_code = 38  # INVALID_REPLICATION_FACTOR
 
 
 class InvalidConfigError(InvalidCommandError):
@@ -217,6 +226,21 @@ class TopicBeingDroppedError(ConflictError):
     """A topic of this name was deleted and a broker the new one would live on has not dropped
     the old partitions yet: creating it there now could mix old files with new. Retry."""
 
+    retriable = True
+
+
+class FencedLeaderEpochError(ConflictError):
+    """A broker acted as a partition's leader at an epoch that is not the catalog's: another
+    broker leads it now (or this one again, at a newer epoch)."""
+
+    kafka_error_code = 74  # FENCED_LEADER_EPOCH
+
+
+class StaleIsrError(ConflictError):
+    """A leader asked to change its in-sync replicas from a set that is no longer the
+    catalog's; it re-reads the partition and decides again."""
+
+    kafka_error_code = 108  # INVALID_UPDATE_VERSION
     retriable = True
 
 

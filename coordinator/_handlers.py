@@ -66,6 +66,7 @@ from catalog import (
     principal_kind,
     token_of_principal,
 )
+from catalog import AlterPartition as AlterPartitionCommand
 from catalog import CreateToken as CreateTokenCommand
 from catalog import CreateTopic as CreateTopicCommand
 from catalog import DeleteTopic as DeleteTopicCommand
@@ -113,7 +114,7 @@ def _party(state: CoordinatorState, session_id: int, call: Call) -> Party:
 
 def _topic_info(state: CoordinatorState, topic: Topic) -> m.TopicInfo:
     brokers, keys = {}, {}
-    for broker_id in sorted(set(topic.locations)):
+    for broker_id in sorted(set(topic.locations).union(*topic.replicas)):
         try:
             broker = state.catalog.broker(broker_id)
         except NotFoundError:
@@ -339,6 +340,18 @@ def report_partitions_dropped(state: CoordinatorState, req: m.ReportPartitionsDr
         state.apply(PartitionsDropped(topic_id=req.topic_id, broker_id=req.broker_id),
                     call.now, call.wall_ms)
     return m.Done(version=state.catalog.version)
+
+
+def alter_partition(state: CoordinatorState, req: m.AlterPartition, call: Call) -> m.TopicInfo:
+    """A replicated partition's leader changes its ISR (DESIGN §5 "Replication"); the catalog
+    checks that the session holds the leading broker at its epoch and saw the ISR as it is."""
+    state.renew(req.session_id, call.now)
+    change = state.apply(AlterPartitionCommand(
+        session_id=req.session_id, topic_id=req.topic_id, partition=req.partition,
+        broker_id=req.broker_id, leader_epoch=req.leader_epoch,
+        expected_isr=tuple(req.expected_isr), isr=tuple(req.isr)), call.now, call.wall_ms)
+    assert isinstance(change.created, Topic)
+    return _topic_info(state, change.created)
 
 
 def _process(state: CoordinatorState, session_id: int) -> int | None:
@@ -610,6 +623,7 @@ HANDLERS: dict[type, Handler] = {
     m.DeleteTopic: delete_topic,
     m.AlterTopic: alter_topic,
     m.ReportPartitionsDropped: report_partitions_dropped,
+    m.AlterPartition: alter_partition,
     m.Publish: publish,
     m.Unpublish: unpublish,
     m.Subscribe: subscribe,

@@ -19,6 +19,7 @@ from catalog import (
     Catalog,
     Executor,
     InvalidCommandError,
+    InvalidReplicationFactorError,
     NotFoundError,
     Owner,
     Query,
@@ -26,8 +27,9 @@ from catalog import (
 )
 from querylib.cluster.messages import HostLoad
 
-__all__ = ["free_slots", "host_brokers", "place_kafka_partitions", "place_partitions",
-           "place_processes", "total_slots", "used_slots"]
+__all__ = ["default_replication_factor", "free_slots", "host_brokers", "place_kafka_partitions",
+           "place_partitions", "place_processes", "place_replicas", "total_slots",
+           "used_slots"]
 
 
 def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
@@ -66,6 +68,45 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
             raise InvalidCommandError("no broker is registered to host the topic")
         candidates = [catalog_broker]
     return tuple(candidates[(start + i) % len(candidates)] for i in range(partitions))
+
+
+def default_replication_factor(catalog: Catalog) -> int:
+    """1 where there is one executor host, else min(3, hosts): replicas go to distinct hosts,
+    since a host's brokers share its fate (DESIGN §5 "Replication")."""
+    hosts = sum(1 for e in catalog.executors if isinstance(e, Executor))
+    return 1 if hosts <= 1 else min(3, hosts)
+
+
+def place_replicas(catalog: Catalog, leaders: tuple[int, ...],
+                   factor: int, start: int) -> tuple[tuple[int, ...], ...]:
+    """`factor` replicas for each partition led by `leaders[i]` (as `place_partitions` chose),
+    on as many distinct executor hosts: the leader's, then the next hosts in executor order,
+    each host's brokers taken in turn, so followers spread as leaders do. Empty for one
+    replica; InvalidReplicationFactorError when there are fewer hosts than replicas."""
+    if factor == 1:
+        return ()
+    hosts = [host_brokers(catalog, e) for e in
+             sorted((e for e in catalog.executors if isinstance(e, Executor)),
+                    key=lambda e: e.executor_id)]
+    if not 1 <= factor <= len(hosts):
+        raise InvalidReplicationFactorError(
+            f"replication factor {factor} needs as many executor hosts; "
+            f"{len(hosts)} {'is' if len(hosts) == 1 else 'are'} registered")
+    host_of = {b: h for h, brokers in enumerate(hosts) for b in brokers}
+    turns = [start] * len(hosts)
+    placed = []
+    for leader in leaders:
+        if leader not in host_of:
+            raise InvalidReplicationFactorError(
+                f"broker {leader} is no executor's: replicas are placed on executor hosts")
+        first = host_of[leader]
+        replicas = [leader]
+        for k in range(1, factor):
+            host = (first + k) % len(hosts)
+            replicas.append(hosts[host][turns[host] % len(hosts[host])])
+            turns[host] += 1
+        placed.append(tuple(replicas))
+    return tuple(placed)
 
 
 def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,

@@ -11,17 +11,21 @@ from catalog import (
     Catalog,
     ConflictError,
     InvalidCommandError,
+    NotAuthorizedError,
     NotOwnerError,
+    PrincipalRef,
     QueryRef,
     QueryState,
     SessionKind,
     SessionRef,
     TopicExistsError,
+    TopicKind,
     UnknownBrokerError,
     UnknownSessionError,
     UnknownTopicError,
     catalog_topic,
 )
+from catalog import CreateTopic as CreateTopicCommand
 from coordinator import (
     Bootstrap,
     Checkpointed,
@@ -580,3 +584,33 @@ def test_an_executor_names_only_registered_brokers_as_its_shards() -> None:
     with pytest.raises(InvalidCommandError):
         d.call(m.RegisterExecutor(session_id=session, host="h", broker_id=own,
                                   resources=RESOURCES, shards=(own,)))
+
+
+def test_a_replicated_partitions_leader_alters_its_isr_and_a_lost_leader_is_replaced() -> None:
+    d = Driver()
+    hosts = [d.host(f"h{i}") for i in range(3)]
+    (sa, a, _), (sb, b, _), (sc, c, _) = hosts
+    client = d.session()
+    d.state.apply(CreateTopicCommand(
+        name="r", partitions=1, record_type="bytes", kind=TopicKind.STREAM,
+        owner=PrincipalRef("admin"), locations=(a,), at_ms=d.wall, replicas=((a, b, c),)),
+        d.now, d.wall)
+    d.commit()
+    info = d.call(m.LookupTopic(name="r"))
+    assert set(info.brokers) == {a, b, c}  # every replica's address, not only the leader's
+    shrunk = d.call(m.AlterPartition(session_id=sa, topic_id=info.topic.topic_id, partition=0,
+                                     broker_id=a, leader_epoch=0, expected_isr=(a, b, c),
+                                     isr=(a, c)))
+    assert shrunk.topic.isr == ((a, c),)
+    with pytest.raises(NotAuthorizedError):  # b's session does not hold broker a
+        d.call(m.AlterPartition(session_id=sb, topic_id=info.topic.topic_id, partition=0,
+                                broker_id=a, leader_epoch=0, expected_isr=(a, c), isr=(a,)))
+    # The leader's host goes silent: its lease expires and the controller moves leadership.
+    for _ in range(30):
+        d.call(m.Heartbeat(session_id=sb))
+        d.call(m.Heartbeat(session_id=sc))
+        d.call(m.Heartbeat(session_id=client))
+        d.tick(0.1)
+        d.commit()
+    moved = d.call(m.LookupTopic(name="r")).topic
+    assert (moved.locations, moved.isr, moved.leader_epochs) == ((c,), ((c,),), (1,))
