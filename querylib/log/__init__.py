@@ -64,13 +64,6 @@ read-only segment reader of `_reader`, which neither locks nor recovers anything
     batch_span(buf, pos) -> Span | None; batch_size(buf, pos) -> int | None; pread_exact(...)
     walk_to_end(fd, position, size); segment_batches(fd, size); transactions(segments)
 
-Replicated partitions (`_epochs`): the first offset each leader epoch wrote, kept beside the
-log in `leader-epoch-checkpoint` (Kafka's format), and where a follower's log parts from its
-leader's (KIP-101/279):
-    cache = LeaderEpochCache.load(path); cache.assign(epoch, start_offset)
-    cache.end_offset_for(epoch, log_end) -> (epoch, end)   # OffsetForLeaderEpoch
-    truncation_point(leader_epoch, leader_end, cache, log_end, hw) -> (offset, done)
-
 Thread-safety: one writer (writer methods are serialized by a lock); `read`, `read_slice`,
 `offset_for_timestamp` and the offset properties may run on other threads during appends,
 rolls, flushes and retention. `truncate_to` must not race readers. Details in `_log`.
@@ -92,12 +85,6 @@ from querylib.log._config import (
 )
 from querylib.log._damage import Damage, segment_damage
 from querylib.log._dump import dump_segment
-from querylib.log._epochs import (
-    LEADER_EPOCH_FILE,
-    EpochEntry,
-    LeaderEpochCache,
-    truncation_point,
-)
 from querylib.log._log import FileSlice, PartitionLog, SegmentInfo, corrupt_data_error
 from querylib.log._reader import (
     SegmentBatch,
@@ -114,10 +101,6 @@ from querylib.log._reader import (
 from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
-    "LEADER_EPOCH_FILE",
-    "EpochEntry",
-    "LeaderEpochCache",
-    "truncation_point",
     "SegmentBatch",
     "SegmentFile",
     "Span",
