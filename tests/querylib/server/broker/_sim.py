@@ -21,6 +21,7 @@ from querylib.server.broker._events import (
     OpenPartition,
     PartitionId,
     PartitionOpened,
+    ProposeIsr,
     Read,
     ReadCompleted,
     Reply,
@@ -94,6 +95,7 @@ class Sim:
         self.expired: list[str] = []
         self.asks: list[ResolveTopic] = []     # questions for the directory, unanswered
         self.opens: list[OpenPartition] = []   # partitions to open, not opened yet
+        self.proposals: list[ProposeIsr] = []  # ISR changes the core asked for
         self.max_batch = 0
         self.now = 0.0
 
@@ -200,6 +202,8 @@ class Sim:
             assert instr.partition not in self.state.partitions, "opening an open partition"
             assert all(o.partition != instr.partition for o in self.opens), "opened twice"
             self.opens.append(instr)
+        elif isinstance(instr, ProposeIsr):
+            self.proposals.append(instr)
         else:  # pragma: no cover
             raise AssertionError(f"unexpected instruction {instr}")
 
