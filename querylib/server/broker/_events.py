@@ -326,13 +326,24 @@ class ReplicaFetched(msgspec.Struct, frozen=True):
     leader_epoch: int
 
 
+class ReplicaAppended(msgspec.Struct, frozen=True):
+    """A follower appended its leader's batches: its log now ends at `log_end`, durable to
+    `durable_end`, and the leader's high watermark was `high_watermark` (the follower's own is
+    never past its log end)."""
+
+    partition: PartitionId
+    log_end: int
+    durable_end: int
+    high_watermark: int
+
+
 Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
     | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
     | PartitionOpenFailed | CohortsSaved | CohortsSaveFailed | AppendCompleted
     | AppendFailed | DurableAdvanced | LogStartAdvanced | ReadCompleted | ReadFailed
-    | SetReplicaRole | ReplicaFetched
+    | SetReplicaRole | ReplicaFetched | ReplicaAppended
 )
 
 # --------------------------------------------------------------------------- instructions

@@ -94,6 +94,7 @@ from ._events import (
     QueryExits,
     ReadCompleted,
     ReadFailed,
+    ReplicaAppended,
     ReplicaFetched,
     Reply,
     SessionExpired,
@@ -202,6 +203,7 @@ class BrokerState:
             ReadFailed: subs.read_failed,
             SetReplicaRole: self._set_replica_role,
             ReplicaFetched: self._replica_fetched,
+            ReplicaAppended: self._replica_appended,
         }
         # Replication: the roles the shell set (kept for partitions not open yet), the
         # partitions this broker leads, and the ISR last proposed for each (not again).
@@ -825,6 +827,17 @@ class BrokerState:
                               now_ms=int(self.now * 1000))
         out = self._make_durable(part, leader.high_watermark)
         return [Reply(ev.token, leader.high_watermark), *out]
+
+    def _replica_appended(self, ev: ReplicaAppended) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        if part is None or not part.follower:
+            return []  # its role changed meanwhile: the next role's fetches tell
+        part.log_end = ev.log_end
+        part.durable_end = ev.durable_end
+        # Its own high watermark: the leader's, never past what it holds durably.
+        part.visible_end = max(part.visible_end, min(ev.high_watermark, ev.durable_end,
+                                                     ev.log_end))
+        return []
 
     def _propose_isr(self, part: PartitionState) -> list[Instruction]:
         leader: LeaderReplication = part.replication
