@@ -32,6 +32,8 @@ Follower broker -> leader broker (only a broker of the cluster, for a replica it
     broker.replica.fetch    ReplicaFetchRequest  [ReplicaData]     + one payload frame: the
                                                                    leader's stored batches from
                                                                    fetch_offset, unchanged
+    broker.replica.epoch_end EpochEndRequest     [EpochEnd]        OffsetForLeaderEpoch: where
+                                                                   an epoch ended on the leader
 Client -> broker notify:
     broker.credit           CreditNotify                           more bytes for a subscription
 Broker -> client notifies:
@@ -48,6 +50,8 @@ import msgspec
 from querylib.rpc._messages import ErrorBody, Notify, Reply, Request
 
 __all__ = [
+    "EpochEnd",
+    "EpochEndRequest",
     "ReplicaData",
     "ReplicaFetchRequest",
     "StartAt",
@@ -377,3 +381,21 @@ class ReplicaFetchRequest(Request[ReplicaData], tag="broker.replica.fetch"):
     leader_epoch: int
     replica: int
     max_bytes: int = 1024 * 1024
+
+
+class EpochEnd(Reply, tag="broker.replica.epoch_end.reply"):
+    """The largest leader epoch <= the one asked for in the leader's log, and the offset where
+    it ended (the next epoch's start, or the log end); (-1, -1) when the log has none."""
+
+    leader_epoch: int
+    end_offset: int
+
+
+class EpochEndRequest(Request[EpochEnd], tag="broker.replica.epoch_end"):
+    """A (re)joining follower asks its leader where `leader_epoch` (its log's latest) ended,
+    and truncates its log there (KIP-101/279) before fetching."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    replica: int

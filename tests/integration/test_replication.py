@@ -34,11 +34,15 @@ class Cluster:
         await self.set_roles(leader=leader, epoch=epoch)
 
     async def set_roles(self, *, leader: int, epoch: int, isr=(1, 2, 3)) -> None:
+        await self.set_roles_on((1, 2, 3), leader=leader, epoch=epoch, isr=isr)
+
+    async def set_roles_on(self, brokers, *, leader: int, epoch: int, isr=(1, 2, 3)) -> None:
         role = PartitionRole(topic_id=1, partition=0, leader_id=leader, leader_epoch=epoch,
                              replicas=(1, 2, 3), isr=tuple(isr),
                              leader_address=self.addresses[leader - 1])
-        for broker_id, server in enumerate(self.servers, 1):
-            await server.set_replica_role("t", 0, role, broker_id=broker_id)
+        for broker_id in brokers:
+            await self.servers[broker_id - 1].set_replica_role("t", 0, role,
+                                                               broker_id=broker_id)
 
     def log(self, broker_id: int):
         return self.servers[broker_id - 1].partition_log(PID)
@@ -116,6 +120,89 @@ def test_a_follower_refuses_a_producer(tmp_path):
                 await link.request(OpenProducerRequest(session=link.session, topic="t",
                                                        partition=0))
             assert raised.value.kafka_error_code == 6
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_follower_with_a_divergent_tail_truncates_to_the_leaders_log(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link = await producer(cluster.addresses[0])
+            for value in (b"a", b"b"):
+                await asyncio.wait_for(produce(link, value), 30)
+            for server in cluster.servers[1:]:
+                server.hold_replica_fetches(True)
+            unacked = produce(link, b"c, never acknowledged")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 3, timeout=30,
+                                 what="the leader appended c")
+            # Broker 1 is deposed (as the controller would): broker 2 leads at epoch 2.
+            await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
+            link2 = await producer(cluster.addresses[1])
+            assert (await asyncio.wait_for(produce(link2, b"d"), 30)).base_offset == 2
+            data = cluster.log(2).read(0, 1 << 20)
+            for broker in (1, 3):
+                await wait_for_async(
+                    lambda b=broker: cluster.log(b).read(0, 1 << 20) == data, timeout=30,
+                    what=f"broker {broker} converged on the leader's log")
+            with pytest.raises(TqError) as raised:
+                await asyncio.wait_for(unacked, 30)  # never acknowledged, and told so
+            assert raised.value.kafka_error_code == 6
+            await link.close(clean=False)
+            await link2.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_follower_catches_up_from_its_log_end(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"before"), 30)
+            await cluster.servers[2].close()
+            # Out of the ISR while away (the controller's change), so the leader acks without it.
+            await cluster.set_roles_on((1, 2), leader=1, epoch=1, isr=(1, 2))
+            for i in range(3):
+                await asyncio.wait_for(produce(link, b"while away %d" % i), 30)
+            cluster.servers[2] = BrokerServer(tmp_path / "b3", SECRET,
+                                              log_config=LogConfig(flush="always"))
+            await cluster.servers[2].start()
+            await cluster.set_roles_on((3,), leader=1, epoch=1, isr=(1, 2))
+            data = cluster.log(1).read(0, 1 << 20)
+            await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
+                                 what="the restarted follower caught up")
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_subscriber_never_sees_records_above_the_high_watermark(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"acked"), 30)
+            cluster.servers[2].hold_replica_fetches(True)
+            held = produce(link, b"above the high watermark")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
+                                 what="the leader appended it")
+            port = cluster.servers[0].port
+            info = port.info(PID)
+            assert info.high_watermark == 1 and info.log_end == 1
+            cluster.servers[2].hold_replica_fetches(False)
+            await asyncio.wait_for(held, 30)
+            assert port.info(PID).high_watermark == 2
             await link.close()
         finally:
             await cluster.close()

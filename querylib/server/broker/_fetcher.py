@@ -17,12 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from catalog.errors import TqError
-from querylib.broker.messages import ReplicaFetchRequest
+from querylib.broker.messages import EpochEndRequest, ReplicaFetchRequest
 from querylib.log import PartitionLog
 from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
 from ._events import PartitionId, ReplicaAppended, Stimulus
-from ._replication import PartitionRole
+from ._replication import PartitionRole, follower_truncation_offset, scan_epochs
 
 __all__ = ["ReplicaFetcher"]
 
@@ -49,8 +49,11 @@ class ReplicaFetcher:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.held = False  # tests pause a follower's fetches (`hold`)
+        self._joining: set[PartitionId] = set()  # to truncate (KIP-279) before fetching
 
     def follow(self, pid: PartitionId, role: PartitionRole) -> None:
+        if self.partitions.get(pid) != role:
+            self._joining.add(pid)
         self.partitions[pid] = role
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
@@ -97,6 +100,9 @@ class ReplicaFetcher:
 
     async def _fetch(self, client: RpcClient, pid: PartitionId, role: PartitionRole) -> bool:
         log = self._log_of(pid)
+        if pid in self._joining:
+            await self._truncate(client, pid, log)
+            self._joining.discard(pid)
         request = ReplicaFetchRequest(pid[0], pid[1], log.log_end_offset, role.leader_epoch,
                                       self.broker_id, self._max_bytes)
         reply, frames = await client.exchange(request)
@@ -108,3 +114,22 @@ class ReplicaFetcher:
             self._report(ReplicaAppended(pid, log.log_end_offset, log.durable_end_offset,
                                          reply.high_watermark))
         return bool(data)
+
+    async def _truncate(self, client: RpcClient, pid: PartitionId, log: PartitionLog) -> None:
+        """Truncate a (re)joining follower's log where its latest epoch ended on the leader:
+        a tail it wrote as an older epoch's leader, never acknowledged, goes (KIP-101/279)."""
+        loop = asyncio.get_running_loop()
+        cache = await loop.run_in_executor(
+            self._executor, scan_epochs, lambda offset: log.read(offset, 1 << 20),
+            log.log_start_offset)
+        if cache.latest_epoch < 0:
+            return  # an empty log: nothing to truncate
+        answer = await client.request(EpochEndRequest(pid[0], pid[1], cache.latest_epoch,
+                                                      self.broker_id))
+        end = log.log_end_offset
+        offset = max(follower_truncation_offset((answer.leader_epoch, answer.end_offset),
+                                                own_end=end), log.log_start_offset)
+        if offset < end:
+            logger.info("replica %s: truncating %d..%d (leader %s ended epoch %d at %d)",
+                        pid, offset, end, self.address, answer.leader_epoch, answer.end_offset)
+            await loop.run_in_executor(self._executor, log.truncate_to, offset)

@@ -18,6 +18,8 @@ as these rules say).
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from querylib.broker._errors import (
@@ -29,7 +31,10 @@ from querylib.broker._errors import (
 # Kafka's `leader-epoch-checkpoint` file: a version line, a count line, then "epoch offset".
 CHECKPOINT_NAME = "leader-epoch-checkpoint"
 _CHECKPOINT_VERSION = 0
-UNDEFINED = (-1, -1)  # OffsetForLeaderEpoch's answer for an epoch older than any known
+UNDEFINED = (-1, -1)
+_PREFIX = struct.Struct(">qii")  # a stored batch's baseOffset, batchLength, leader epoch
+_LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, 23 bytes into a batch
+_LAST_DELTA_END = 27  # OffsetForLeaderEpoch's answer for an epoch older than any known
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,32 @@ class LeaderEpochCache:
                 raise ValueError(f"leader epoch checkpoint line {line!r} is not 'epoch offset'")
             entries.append((int(parts[0]), int(parts[1])))
         return cls(tuple(entries))
+
+
+def epochs_of(data: bytes | memoryview, cache: LeaderEpochCache) -> int | None:
+    """Add the leader epochs of the stored batches in `data` (whole batches, as a log read
+    returns them) to `cache`; returns the offset after the last batch (None: no batch)."""
+    pos, end = 0, None
+    while len(data) - pos >= _LAST_DELTA_END:
+        base, length, epoch = _PREFIX.unpack_from(data, pos)
+        if epoch >= 0 and epoch >= cache.latest_epoch:
+            cache.assign(epoch, base)
+        end = base + _LAST_DELTA.unpack_from(data, pos + 23)[0] + 1
+        pos += length + 12
+    return end
+
+
+def scan_epochs(read: Callable[[int], bytes], start: int) -> LeaderEpochCache:
+    """The leader epoch cache of a log, from its batch headers: `read(offset)` returns whole
+    stored batches from `offset` (b"" at the end)."""
+    cache = LeaderEpochCache()
+    offset = start
+    while data := read(offset):
+        end = epochs_of(data, cache)
+        if end is None or end <= offset:
+            break
+        offset = end
+    return cache
 
 
 def follower_truncation_offset(leader_answer: tuple[int, int], *, own_end: int) -> int:

@@ -52,6 +52,8 @@ from querylib.broker.messages import (
     DropPartitionRequest,
     EndStreamRequest,
     EnsurePartition,
+    EpochEnd,
+    EpochEndRequest,
     HeartbeatRequest,
     Incarnation,
     ListPartitions,
@@ -157,7 +159,7 @@ from ._events import (
 )
 from ._fetcher import ReplicaFetcher
 from ._frontier import SavedCohort, query_of_cohort
-from ._replication import PartitionRole
+from ._replication import PartitionRole, scan_epochs
 from ._state import BrokerState
 from ._txn_index import TxnHistory
 from ._write_access import ADMIN, ANONYMOUS, SYSTEM, admits
@@ -314,6 +316,7 @@ class BrokerServer:
             secret if isinstance(secret, bytes) else None)
         self._replica_roles: dict[PartitionId, PartitionRole] = {}
         self._fetchers: dict[str, ReplicaFetcher] = {}
+        self._leading: set[PartitionId] = set()
         self.may_replicate: Callable[[str], bool] = lambda principal: principal == ADMIN
         self.on_isr_proposal: Callable[[ProposeIsr], object] = lambda instr: logger.info(
             "broker: no one takes ISR proposals here: %s", instr)
@@ -443,6 +446,10 @@ class BrokerServer:
         leads = role is not None and role.is_leader(broker_id)
         self._lanes[pid].leader_epoch = role.leader_epoch if leads and role is not None else 0
         self._feed(SetReplicaRole(pid, role, broker_id, min_insync))
+        if leads:
+            self._leading.add(pid)
+        else:
+            self._leading.discard(pid)
         if role is None:
             return
         self._replica_roles[pid] = role
@@ -463,6 +470,26 @@ class BrokerServer:
         """Pause (True) or resume this broker's fetches as a follower (tests)."""
         for fetcher in self._fetchers.values():
             fetcher.hold(held)
+
+    async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
+        """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
+        this leader's log (from its batch headers)."""
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        if not self.may_replicate(ctx.principal or ""):
+            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
+                                 "of the cluster do")
+        pid = validate_partition(req.topic, req.partition)
+        role = self._replica_roles.get(pid)
+        if pid not in self._leading or role is None or not role.is_follower(req.replica):
+            raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
+        log = self._lanes[pid].log
+        assert self._loop is not None
+        cache = await self._loop.run_in_executor(
+            self._read_pool, scan_epochs, lambda offset: log.read(offset, 1 << 20),
+            log.log_start_offset)
+        epoch, end = cache.end_offset_for(req.leader_epoch, log_end=log.log_end_offset)
+        return EpochEnd(epoch, end)
 
     async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
         if self._closing:
@@ -1203,6 +1230,7 @@ class BrokerServer:
             self._rpc.register_direct(request_type, self._serve_now)
 
         self._rpc.register(ReplicaFetchRequest, self._replica_fetch)
+        self._rpc.register(EpochEndRequest, self._epoch_end)
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:

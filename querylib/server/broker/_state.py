@@ -798,13 +798,14 @@ class BrokerState:
         role = ev.role
         now_ms = int(self.now * 1000)
         if role is None or not role.is_leader(ev.broker_id):
+            deposed = part.replication is not None
             part.replication = None
             part.follower = role is not None
             self._led.discard(pid)
             if role is None:
                 del self._roles[pid]
                 return self._make_durable(part, part.durable_end)
-            return []
+            return self._deposed(part) if deposed else []
         part.follower = False
         leader = part.replication
         if leader is not None and leader.role.leader_epoch == role.leader_epoch:
@@ -815,6 +816,22 @@ class BrokerState:
                 lag_max_ms=int(self.limits.replica_lag_time_max * 1000))
         self._led.add(pid)
         return self._make_durable(part, self._high_watermark(part))
+
+    def _deposed(self, part: PartitionState) -> list[Instruction]:
+        """This broker no longer leads `part`: what waits for its high watermark may never be
+        acknowledged (the new leader may truncate it away), so its writers hear so now and
+        write to the new leader."""
+        error = NotLeaderOrFollowerError(
+            f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
+        out: list[Instruction] = []
+        for entry in (*part.unflushed, *part.inflight):
+            self._refund(entry)
+            entry.cost = 0
+            if entry.token is not None:
+                out.append(Fail(entry.token, error))
+            out += [Fail(token, error) for token, _ in entry.waiters]
+            entry.token, entry.waiters = None, []
+        return out
 
     def _replica_fetched(self, ev: ReplicaFetched) -> list[Instruction]:
         part = self.partitions.get(ev.partition)
@@ -832,8 +849,9 @@ class BrokerState:
         part = self.partitions.get(ev.partition)
         if part is None or not part.follower:
             return []  # its role changed meanwhile: the next role's fetches tell
-        part.log_end = ev.log_end
+        part.log_end = ev.log_end  # lower after a truncation (KIP-279)
         part.durable_end = ev.durable_end
+        part.visible_end = min(part.visible_end, ev.log_end)
         # Its own high watermark: the leader's, never past what it holds durably.
         part.visible_end = max(part.visible_end, min(ev.high_watermark, ev.durable_end,
                                                      ev.log_end))

@@ -171,3 +171,20 @@ def test_min_insync_replicas_refuses_a_produce_to_a_small_isr() -> None:
     assert raised.value.kafka_error_code == 19
     assert NotLeaderOrFollowerError.kafka_error_code == 6
     assert FencedLeaderEpochError.kafka_error_code == 74
+
+
+def test_scan_epochs_builds_the_cache_from_stored_batch_headers(tmp_path) -> None:
+    from querylib.log import PartitionLog
+    from querylib.server.broker._replication import scan_epochs
+    from tests.querylib.log._batches import make_batch
+
+    log = PartitionLog.open(tmp_path / "t-0")
+    try:
+        log.append_batches([make_batch(2, seed=0)], leader_epoch=1)
+        log.append_batches([make_batch(3, seed=1)], leader_epoch=1)
+        log.append_batches([make_batch(1, seed=2)], leader_epoch=4)
+        cache = scan_epochs(lambda offset: log.read(offset, 100), log.log_start_offset)
+        assert cache.entries == ((1, 0), (4, 5))
+        assert cache.end_offset_for(3, log_end=log.log_end_offset) == (1, 5)
+    finally:
+        log.close()

@@ -124,3 +124,14 @@ def test_a_lagging_follower_is_proposed_out_and_back_in():
     sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
     out = sim.feed(Tick(7.5, 7500))
     assert [i.isr for i in out if isinstance(i, ProposeIsr)] == [(1, 2, 3)]
+
+
+def test_a_deposed_leader_fails_the_produces_still_waiting_for_the_high_watermark():
+    sim = leading()
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P)
+    sim.feed(Produce("b", "p", P, fake_batch(1, b"y")))  # still in flight
+    sim.feed(SetReplicaRole(P, role(leader=2, epoch=3), broker_id=1))
+    assert isinstance(sim.replies["a"], NotLeaderOrFollowerError)
+    assert isinstance(sim.replies["b"], NotLeaderOrFollowerError)
+    sim.complete_append(P)  # its append completes later: answered once only
