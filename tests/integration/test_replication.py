@@ -208,3 +208,55 @@ def test_a_subscriber_never_sees_records_above_the_high_watermark(tmp_path):
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_follower_that_stops_fetching_is_proposed_out_of_the_isr_and_back(tmp_path):
+    from querylib.server.broker._state import BrokerLimits
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        cluster.servers[0] = BrokerServer(tmp_path / "b1", SECRET,
+                                          limits=BrokerLimits(replica_lag_time_max=0.3),
+                                          log_config=LogConfig(flush="always"))
+        proposals: list = []
+        cluster.servers[0].on_isr_proposal = proposals.append
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"a"), 30)
+            cluster.servers[2].hold_replica_fetches(True)
+            produce(link, b"b")
+            await wait_for_async(lambda: any(p.isr == (1, 2) for p in proposals), timeout=30,
+                                 what="follower 3 proposed out")
+            # The coordinator accepts (AlterPartition): the new role comes back.
+            await cluster.set_roles(leader=1, epoch=1, isr=(1, 2))
+            cluster.servers[2].hold_replica_fetches(False)
+            await wait_for_async(lambda: any(p.isr == (1, 2, 3) for p in proposals),
+                                 timeout=30, what="follower 3 proposed back in")
+            await link.close(clean=False)
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_min_insync_replicas_refuses_a_produce_to_a_small_isr(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            role = PartitionRole(topic_id=1, partition=0, leader_id=1, leader_epoch=1,
+                                 replicas=(1, 2, 3), isr=(1,))
+            await cluster.servers[0].set_replica_role("t", 0, role, broker_id=1, min_insync=2)
+            link = BrokerLink(cluster.addresses[0], SECRET, timeout=10)
+            await link.start()
+            with pytest.raises(TqError) as raised:
+                await link.request(OpenProducerRequest(session=link.session, topic="t",
+                                                       partition=0))
+            assert raised.value.kafka_error_code == 19
+            assert cluster.log(1).log_end_offset == 0
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
