@@ -33,6 +33,7 @@ Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,8 @@ from ._replication import LeaderReplication
 from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
 
+_EPOCH = struct.Struct(">i")  # a stored batch's partitionLeaderEpoch, 12 bytes in
+
 
 def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
     from querylib.records import frontier_batch
@@ -170,6 +173,7 @@ class BrokerState:
         self._next_ticket = 1
         self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
         self.admission = Admission(self.partitions, limits)
+        self._stamp = stamp
         self.subscriptions = subs = Subscriptions(self.partitions, self.sessions, limits,
                                                   self.counters, stamp)
         self.cohorts = cohorts = Cohorts(self.partitions, limits, self._released)
@@ -728,6 +732,10 @@ class BrokerState:
         if part.replication is not None:
             if entry.written:  # on a replicated partition, answered at the high watermark
                 entry.written = False
+            # Tail deliveries hand out the bytes as the log stores them: the leader's epoch.
+            stored = bytearray(entry.stored_bytes(self._stamp))
+            _EPOCH.pack_into(stored, 12, part.replication.role.leader_epoch)
+            entry.stored = bytes(stored)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
             out += self._answer_written(entry)

@@ -140,6 +140,10 @@ class Sim:
         header = read_header(instr.batch)
         nxt = base + header.last_offset_delta + 1
         stored = base.to_bytes(8, "big", signed=True) + instr.batch[8:]
+        leader = self.state.partitions[pid].replication
+        if leader is not None:  # the lane of a replicated partition's leader stamps its epoch
+            stored = (stored[:12] + leader.role.leader_epoch.to_bytes(4, "big", signed=True)
+                      + stored[16:])
         self.logs[pid].append((base, nxt, stored))
         if self.auto_durable:
             self.durable[pid] = nxt
