@@ -10,6 +10,9 @@ re-exports the partition, topic and producer-sequence ones).
     │   ├── InvalidTopicError        a topic name the broker cannot host
     │   ├── StaleIncarnationError    the partition here belongs to a newer topic of that name
     │   ├── TopicAuthorizationError  the topic's writers rule does not admit the principal
+    │   ├── NotLeaderOrFollowerError this broker does not lead the replicated partition (now)
+    │   ├── FencedLeaderEpochError   a request named a leader epoch older than the partition's
+    │   ├── NotEnoughReplicasError   fewer in-sync replicas than the topic's min.insync.replicas
     │   └── StreamEndedError         the partition's stream ended; its owner may reopen it
     ├── ProtocolError
     │   └── BrokerProtocolError      the client broke the broker's rules (state, credit, limits)
@@ -41,8 +44,11 @@ __all__ = [
     "BrokerUnavailableError",
     "CreditExceededError",
     "DuplicateSequenceError",
+    "FencedLeaderEpochError",
     "InvalidProducerEpochError",
     "InvalidTopicError",
+    "NotEnoughReplicasError",
+    "NotLeaderOrFollowerError",
     "NotProducerError",
     "OutOfOrderSequenceError",
     "PartitionBusyError",
@@ -76,6 +82,30 @@ class TopicAuthorizationError(UserError):
     written by that query, a `__` topic by tq itself; ingest topics admit anyone."""
 
     kafka_error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class NotLeaderOrFollowerError(UserError):
+    """The broker is not the leader of the replicated partition at the epoch asked for (or not
+    one of its replicas): locate its leader in the catalog again and retry there."""
+
+    kafka_error_code = 6  # NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class FencedLeaderEpochError(UserError):
+    """The request named a leader epoch older than the partition's current one: its sender
+    learns the newer role (the catalog) and retries."""
+
+    kafka_error_code = 74  # FENCED_LEADER_EPOCH
+    retriable = True
+
+
+class NotEnoughReplicasError(UserError):
+    """The partition has fewer in-sync replicas than the topic's min.insync.replicas, so the
+    produce was refused and nothing appended."""
+
+    kafka_error_code = 19  # NOT_ENOUGH_REPLICAS
+    retriable = True
 
 
 class StreamEndedError(UserError):

@@ -28,6 +28,12 @@ Client -> broker requests (reply in brackets):
     broker.end              EndStreamRequest     [Done]
     broker.subscribe        SubscribeRequest     [Subscribed]
     broker.unsubscribe      UnsubscribeRequest   [Done]
+Follower broker -> leader broker (only a broker of the cluster, for a replica it holds):
+    broker.replica.fetch    ReplicaFetchRequest  [ReplicaData]     + one payload frame: the
+                                                                   leader's stored batches from
+                                                                   fetch_offset, unchanged
+    broker.replica.epoch_end EpochEndRequest     [EpochEnd]        OffsetForLeaderEpoch: where
+                                                                   an epoch ended on the leader
 Client -> broker notify:
     broker.credit           CreditNotify                           more bytes for a subscription
 Broker -> client notifies:
@@ -44,6 +50,10 @@ import msgspec
 from querylib.rpc._messages import ErrorBody, Notify, Reply, Request
 
 __all__ = [
+    "EpochEnd",
+    "EpochEndRequest",
+    "ReplicaData",
+    "ReplicaFetchRequest",
     "StartAt",
     "AdvanceRequest",
     "DeleteRecordsRequest",
@@ -349,3 +359,43 @@ class SubscriptionEnded(Notify, tag="broker.sub.closed"):
     topic: str
     partition: int
     error: ErrorBody
+
+
+class ReplicaData(Reply, tag="broker.replica.data"):
+    """The leader's answer to a follower's fetch: its high watermark, log start and log end;
+    the batches travel as one payload frame (empty when the follower is at the end)."""
+
+    high_watermark: int
+    log_start: int
+    log_end: int
+
+
+class ReplicaFetchRequest(Request[ReplicaData], tag="broker.replica.fetch"):
+    """Follower `replica` of a replicated partition, which it follows at `leader_epoch`, asks
+    its leader for the batches from `fetch_offset` (its log end: the leader records it as the
+    follower's), at most `max_bytes` (but at least one batch)."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    leader_epoch: int
+    replica: int
+    max_bytes: int = 1024 * 1024
+
+
+class EpochEnd(Reply, tag="broker.replica.epoch_end.reply"):
+    """The largest leader epoch <= the one asked for in the leader's log, and the offset where
+    it ended (the next epoch's start, or the log end); (-1, -1) when the log has none."""
+
+    leader_epoch: int
+    end_offset: int
+
+
+class EpochEndRequest(Request[EpochEnd], tag="broker.replica.epoch_end"):
+    """A (re)joining follower asks its leader where `leader_epoch` (its log's latest) ended,
+    and truncates its log there (KIP-101/279) before fetching."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    replica: int

@@ -21,6 +21,8 @@ open), and for a damaged segment `<base>.damage` and `<base>.log.corrupt-<positi
     log.flush(); log.flush_if_due(now); log.flush_due_in(now)
     log.apply_retention(now_ms=None) -> int   # segments removed
     log.truncate_to(offset) -> int            # new log end offset
+    log.append_batches(batches, leader_epoch=E)  # a replicated partition's leader stamps E
+    log.append_replica(data) -> int           # a follower: the leader's stored bytes, unchanged
     log.segments -> list[SegmentInfo]; log.size_in_bytes
     log.close()                               # seals, leaves the clean-shutdown marker
 
@@ -35,8 +37,10 @@ open), and for a damaged segment `<base>.damage` and `<base>.log.corrupt-<positi
 
 Appends: each batch is checked (header bounds, magic 2, CRC-32C, records with deltas 0..n-1)
 before anything is written; a bad one raises a RecordError and leaves the log untouched. The
-log stamps the base offset and leader epoch 0 (tq has no leader election; Kafka's broker
-overwrites the epoch too) in the 16 bytes before the CRC'd part, and writes the rest as given.
+log stamps the base offset and leader epoch (0, or a replicated partition's leader's; Kafka's
+broker overwrites the epoch too) in the 16 bytes before the CRC'd part, and writes the rest as
+given. A follower's `append_replica` keeps the leader's offsets and epochs: each batch checked
+the same way and starting where the log ends (no gap, no overlap).
 
 Durability: `flush` "always" fsyncs before append returns (`append_batches(sync=False)`: with
 the next synced append, or flush_interval_ms later through `flush_if_due`), "interval" at most

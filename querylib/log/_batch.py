@@ -34,10 +34,10 @@ from querylib.records import (
     verify_batch,
 )
 
-# tq has one writer per partition and no leader election, so every batch carries leader epoch
-# 0, as on a Kafka partition whose leader never changed. The log stamps it on append (outside
-# the CRC, like the base offset, and as Kafka's broker does); recovery rejects any other value,
-# which catches damage to the only header bytes that no checksum or offset check covers.
+# A partition of one replica has no leader election, so its batches carry leader epoch 0, as
+# on a Kafka partition whose leader never changed; a replicated partition's leader stamps its
+# epoch (DESIGN §5 "Replication"). The log stamps it on append (outside the CRC, like the base
+# offset, and as Kafka's broker does); recovery rejects a negative one.
 LEADER_EPOCH = 0
 
 # baseOffset, batchLength, partitionLeaderEpoch: the 16 bytes the log rewrites on append.
@@ -98,9 +98,9 @@ def _verify_split(batch: SplitBatch) -> BatchHeader:
     return header
 
 
-def stamp_prefix(base_offset: int, header: BatchHeader) -> bytes:
+def stamp_prefix(base_offset: int, header: BatchHeader, leader_epoch: int = LEADER_EPOCH) -> bytes:
     """The first 16 bytes of the batch as stored: our base offset and leader epoch."""
-    return _PREFIX.pack(base_offset, header.batch_length, LEADER_EPOCH)
+    return _PREFIX.pack(base_offset, header.batch_length, leader_epoch)
 
 
 def stored_batch(batch: Batch, base_offset: int) -> bytes:

@@ -245,7 +245,7 @@ class SegmentWalk:
             verify_batch(buf, off)
         except RecordError as exc:
             return header, f"batch at {pos}: {describe(exc)}"
-        if header.partition_leader_epoch != LEADER_EPOCH:
+        if header.partition_leader_epoch < LEADER_EPOCH:
             return header, f"batch at {pos}: leader epoch {header.partition_leader_epoch}"
         if header.last_offset_delta < 0:
             return header, f"batch at {pos}: lastOffsetDelta {header.last_offset_delta}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import struct
 import threading
 import time
 from bisect import bisect_right
@@ -35,13 +36,16 @@ from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
 from querylib.errors import (
     CorruptDataError,
+    CorruptRecordError,
     LogClosedError,
     LogLockedError,
     OffsetOutOfRangeError,
     QuarantinedDataError,
     RecordError,
+    TruncatedRecordError,
 )
 from querylib.log._batch import (
+    LEADER_EPOCH,
     PREFIX_SIZE,
     Span,
     check_batch,
@@ -285,14 +289,19 @@ class PartitionLog:
         """
         return self.append_batches((batch,))[0]
 
-    def append_batches(self, batches: Sequence[Buffer], *, sync: bool = True) -> list[int]:
+    def append_batches(self, batches: Sequence[Buffer], *, sync: bool = True,
+                       leader_epoch: int = LEADER_EPOCH) -> list[int]:
         """Append several batches with one write (per segment) and at most one fsync; return
         their base offsets. All are validated before any is written: one bad batch raises its
         RecordError and none is appended.
 
         `sync=False` under the "always" policy: no fsync now; the batches are written (the OS
         has them) and become durable with the next synced append of this log (the fsync
-        covers the file) or flush_interval_ms later (`flush_if_due`), whichever comes first."""
+        covers the file) or flush_interval_ms later (`flush_if_due`), whichever comes first.
+
+        `leader_epoch`: the epoch stamped on each batch (a replicated partition's leader's)."""
+        if leader_epoch < 0:
+            raise ValueError(f"leader epoch {leader_epoch} is negative")
         views = [b if type(b) is SplitBatch else memoryview(b).cast("B") for b in batches]
         headers = [check_batch(v) for v in views]
         if not views:
@@ -300,12 +309,74 @@ class PartitionLog:
         with self._writer:
             self._check_writable()
             try:
-                return self._append_checked(views, headers, sync)
+                return self._append_checked(views, headers, sync, leader_epoch)
             except OSError as exc:
                 raise self._fail("append", exc) from exc
 
+    def append_replica(self, data: bytes | bytearray | memoryview, *, sync: bool = True) -> int:
+        """Append a follower's copy of its leader's stored batches (`data`, as the leader's
+        `read` served them): offsets and leader epochs kept, bytes unchanged, so the replicas
+        are byte-identical. Every batch is checked (header, CRC-32C, an epoch >= 0) and must
+        start where the log (then the batch before it) ends: a gap or an overlap raises a
+        RecordError and nothing is appended. Returns the new log end offset."""
+        view = memoryview(data).cast("B")
+        with self._writer:
+            self._check_writable()
+            expected = self._next_offset
+            batches: list[tuple[memoryview, BatchHeader]] = []
+            pos = 0
+            while pos < len(view):
+                if len(view) - pos < PREFIX_SIZE:
+                    raise TruncatedRecordError(
+                        f"replicated data ends {len(view) - pos} bytes into a batch header")
+                length = struct.unpack_from(">i", view, pos + 8)[0] + 12
+                batch = view[pos:pos + length]
+                header = check_batch(batch)
+                if header.base_offset != expected:
+                    raise CorruptRecordError(
+                        f"replicated batch at offset {header.base_offset}, the log ends at"
+                        f" {expected}: a gap or an overlap")
+                if header.partition_leader_epoch < 0:
+                    raise CorruptRecordError(
+                        f"replicated batch at offset {header.base_offset} has leader epoch"
+                        f" {header.partition_leader_epoch}")
+                batches.append((batch, header))
+                expected = header.next_offset
+                pos += length
+            if not batches:
+                return self._next_offset
+            try:
+                self._append_replicated(batches, sync)
+            except OSError as exc:
+                raise self._fail("append", exc) from exc
+            return self._next_offset
+
+    def _append_replicated(self, batches: list[tuple[memoryview, BatchHeader]], sync: bool) -> None:
+        segment = self._view[1][-1]
+        limit = self.config.segment_bytes
+        run: list[PendingBatch] = []
+        run_size = segment.size
+        for view, header in batches:
+            if run_size and (run_size + header.size > limit
+                             or header.next_offset - 1 - segment.base_offset > INT32_MAX):
+                if run:
+                    self._write_run(segment, run)
+                    run = []
+                segment = self._roll()
+                run_size = 0
+            run.append(PendingBatch(header.base_offset, header, bytes(view[:PREFIX_SIZE]),
+                                    view[PREFIX_SIZE:]))
+            run_size += header.size
+        self._write_run(segment, run)
+        policy = self.config.flush
+        if (policy is FlushPolicy.ALWAYS and sync) or (
+            policy is FlushPolicy.INTERVAL and self._flush_overdue(time.monotonic())
+        ):
+            self._flush_locked()
+
     def _append_checked(
-        self, views: list[memoryview | SplitBatch], headers: list[BatchHeader], sync: bool
+        self, views: list[memoryview | SplitBatch], headers: list[BatchHeader], sync: bool,
+        leader_epoch: int = LEADER_EPOCH,
     ) -> list[int]:
         segment = self._view[1][-1]
         limit = self.config.segment_bytes
@@ -323,10 +394,10 @@ class PartitionLog:
                 segment = self._roll()
                 run_size = 0
             if type(view) is SplitBatch:
-                run.append(PendingBatch(offset, header, stamp_prefix(offset, header),
+                run.append(PendingBatch(offset, header, stamp_prefix(offset, header, leader_epoch),
                                         memoryview(view.head)[PREFIX_SIZE:], view.body))
             else:
-                run.append(PendingBatch(offset, header, stamp_prefix(offset, header),
+                run.append(PendingBatch(offset, header, stamp_prefix(offset, header, leader_epoch),
                                         view[PREFIX_SIZE:]))
             offsets.append(offset)
             run_size += header.size

@@ -86,6 +86,8 @@ class AppendLane:
         self._last_retention = time.monotonic()
         self._segments = log.segment_count  # at the last retention check
         self._closed = False
+        # The epoch stamped on each batch: a replicated partition's leader's (0 otherwise).
+        self.leader_epoch = 0
 
     def submit(self, ticket: int, batch: Any, sync: bool = True) -> None:
         """Queue an append; its outcome is reported later, in submission order. `sync=False`:
@@ -212,8 +214,8 @@ class AppendLane:
         ends: list[int] | None = None
         sync = any(s for _, _, s in commit)
         try:
-            bases: list[int | TqError] = list(log.append_batches([b for _, b, _ in commit],
-                                                                 sync=sync))
+            bases: list[int | TqError] = list(log.append_batches(
+                [b for _, b, _ in commit], sync=sync, leader_epoch=self.leader_epoch))
             # Appended back to back: each batch ends where the next begins, the last at the
             # log's end (no header read again per batch).
             ends = [*bases[1:], log.log_end_offset]  # type: ignore[list-item]
@@ -223,7 +225,8 @@ class AppendLane:
             bases = []
             for _, batch, _ in commit:
                 try:
-                    bases.append(log.append_batches((batch,), sync=sync)[0])
+                    bases.append(log.append_batches((batch,), sync=sync,
+                                                    leader_epoch=self.leader_epoch)[0])
                 except TqError as exc:
                     bases.append(exc)
         except TqError as exc:

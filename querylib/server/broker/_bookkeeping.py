@@ -44,6 +44,9 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     # and a minute for its coordinator) is aborted by the broker itself: a producer id that
     # writes transactional batches no coordinator will end cannot hold the stable end back.
     max_transaction_seconds: float = 960.0
+    # A follower whose fetches have not reached its leader's log end for this long is
+    # proposed out of the ISR (Kafka's replica.lag.time.max.ms).
+    replica_lag_time_max: float = 30.0
 
 
 class Pending(msgspec.Struct):
@@ -111,6 +114,13 @@ class PartitionState(msgspec.Struct):
     marked_epochs: dict[int, int] = msgspec.field(default_factory=dict)
     # producer id -> (when the broker aborts its open transaction itself, its epoch)
     txn_deadlines: dict[int, tuple[float, int]] = msgspec.field(default_factory=dict)
+    # Replication (DESIGN §5 "Replication"): the log's durable end as last reported; on a
+    # replicated partition this broker leads, its `LeaderReplication` (the high watermark
+    # gates acks and visibility after durability); `follower`: another broker leads it.
+    durable_end: int = 0
+    replication: Any = None
+    follower: bool = False
+    min_insync: int = 1
 
     @property
     def stable_end(self) -> int:

@@ -303,12 +303,47 @@ class ReadFailed(msgspec.Struct, frozen=True):
     error: BaseException  # what the read raised (an executor future's exception())
 
 
+class SetReplicaRole(msgspec.Struct, frozen=True):
+    """This broker's role on a replicated partition (`role`: a `PartitionRole`; None: the
+    partition has one replica, as before), as the catalog says; `broker_id` is this broker's
+    id; `min_insync`: the topic's min.insync.replicas. Sent again whenever the role changes."""
+
+    partition: PartitionId
+    role: Any
+    broker_id: int
+    min_insync: int = 1
+
+
+class ReplicaFetched(msgspec.Struct, frozen=True):
+    """Follower `replica`, at leader epoch `leader_epoch`, fetches the partition from
+    `fetch_offset` (its log end). Answered with the leader's high watermark after it (the shell
+    reads the bytes), or NotLeaderOrFollower / FencedLeaderEpoch."""
+
+    token: Any
+    partition: PartitionId
+    replica: int
+    fetch_offset: int
+    leader_epoch: int
+
+
+class ReplicaAppended(msgspec.Struct, frozen=True):
+    """A follower appended its leader's batches: its log now ends at `log_end`, durable to
+    `durable_end`, and the leader's high watermark was `high_watermark` (the follower's own is
+    never past its log end)."""
+
+    partition: PartitionId
+    log_end: int
+    durable_end: int
+    high_watermark: int
+
+
 Stimulus = (
     Tick | OpenSession | Heartbeat | CloseSession | OpenProducer | Produce | AdvanceFrontier
     | EndStream | Subscribe | GrantCredit | Unsubscribe | DropSubscription | DropPartition
     | QueryExits | TopicAccess | TopicForgotten | TopicResolved | PartitionOpened
     | PartitionOpenFailed | CohortsSaved | CohortsSaveFailed | AppendCompleted
     | AppendFailed | DurableAdvanced | LogStartAdvanced | ReadCompleted | ReadFailed
+    | SetReplicaRole | ReplicaFetched | ReplicaAppended
 )
 
 # --------------------------------------------------------------------------- instructions
@@ -406,7 +441,17 @@ class OpenPartition(msgspec.Struct, frozen=True):
     incarnation: Any = None
 
 
+class ProposeIsr(msgspec.Struct, frozen=True):
+    """Ask the coordinator to set the ISR of `partition` (led at `leader_epoch`, whose ISR is
+    now `expected_isr`) to `isr` (AlterPartition). Only the role that comes back changes it."""
+
+    partition: PartitionId
+    leader_epoch: int
+    expected_isr: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
 Instruction = (
     Reply | Fail | Append | Read | Deliver | SubscriptionClosed | SaveCohorts | SessionExpired
-    | ResolveTopic | OpenPartition
+    | ResolveTopic | OpenPartition | ProposeIsr
 )

@@ -37,6 +37,7 @@ from querylib._memory import keep_freed_memory
 from querylib.broker._errors import (
     BrokerClosedError,
     BrokerProtocolError,
+    NotLeaderOrFollowerError,
     PrincipalError,
     TopicAuthorizationError,
     UnknownPartitionError,
@@ -51,6 +52,8 @@ from querylib.broker.messages import (
     DropPartitionRequest,
     EndStreamRequest,
     EnsurePartition,
+    EpochEnd,
+    EpochEndRequest,
     HeartbeatRequest,
     Incarnation,
     ListPartitions,
@@ -65,6 +68,8 @@ from querylib.broker.messages import (
     ProducedBatches,
     ProduceRequest,
     ProducerOpened,
+    ReplicaData,
+    ReplicaFetchRequest,
     SessionOpened,
     Subscribed,
     SubscribeRequest,
@@ -82,6 +87,7 @@ from querylib.rpc import (
     BROKER,
     AddressError,
     Context,
+    Credential,
     ErrorBody,
     InternalServerError,
     Keyring,
@@ -131,14 +137,17 @@ from ._events import (
     PartitionOpened,
     PartitionOpenFailed,
     Produce,
+    ProposeIsr,
     QueryExits,
     Read,
     ReadCompleted,
     ReadFailed,
+    ReplicaFetched,
     Reply,
     ResolveTopic,
     SaveCohorts,
     SessionExpired,
+    SetReplicaRole,
     Stimulus,
     Subscribe,
     SubscriptionClosed,
@@ -148,7 +157,9 @@ from ._events import (
     TopicResolved,
     Unsubscribe,
 )
+from ._fetcher import ReplicaFetcher
 from ._frontier import SavedCohort, query_of_cohort
+from ._replication import PartitionRole, scan_epochs
 from ._state import BrokerState
 from ._txn_index import TxnHistory
 from ._write_access import ADMIN, ANONYMOUS, SYSTEM, admits
@@ -295,6 +306,20 @@ class BrokerServer:
         # Sessions an RPC client opened as anonymous (a downgrade): session -> that client's
         # principal, the only one that may use them.
         self._downgraded: dict[str, str] = {}
+        # Replication (DESIGN §5 "Replication"): the role this broker has per replicated
+        # partition, a fetcher per leader it follows, who may fetch as a follower (a broker
+        # of the cluster: the admin's secret here; an executor passes its catalog's rule) and
+        # where ISR proposals go (an executor: AlterPartition through its coordinator session).
+        # What a follower signs its fetches with: the cluster secret (a broker given a keyring,
+        # e.g. an executor's, is told its credential by whoever sets its roles).
+        self.replica_credential: bytes | Credential | None = (
+            secret if isinstance(secret, bytes) else None)
+        self._replica_roles: dict[PartitionId, PartitionRole] = {}
+        self._fetchers: dict[str, ReplicaFetcher] = {}
+        self._leading: set[PartitionId] = set()
+        self.may_replicate: Callable[[str], bool] = lambda principal: principal == ADMIN
+        self.on_isr_proposal: Callable[[ProposeIsr], object] = lambda instr: logger.info(
+            "broker: no one takes ISR proposals here: %s", instr)
         self.port = BrokerPort(self)
         self._register()
 
@@ -339,6 +364,9 @@ class BrokerServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fetcher in list(self._fetchers.values()):
+            await fetcher.close()
+        self._fetchers.clear()
         await self._rpc.close()
         for lane in list(self._lanes.values()):
             await lane.close()
@@ -403,6 +431,92 @@ class BrokerServer:
                                    log.durable_end_offset, opened.frontier, opened.ended,
                                    cohorts, opened.producers, opened.epoch,
                                    opened.epoch_since, *opened.transactions))
+
+    # -- replication -------------------------------------------------------------------------
+
+    async def set_replica_role(self, topic: str, partition: int, role: PartitionRole | None, *,
+                               broker_id: int, min_insync: int = 1) -> None:
+        """This broker's role (broker `broker_id`) on a replicated partition, as the catalog
+        says (None: the partition has one replica). The partition is opened here if it is not
+        (a replica holds a log); a follower fetches from `role.leader_address`."""
+        pid = await self._ensure(topic, partition, True)
+        old = self._replica_roles.pop(pid, None)
+        if old is not None and old.leader_address in self._fetchers:
+            self._fetchers[old.leader_address].unfollow(pid)
+        leads = role is not None and role.is_leader(broker_id)
+        self._lanes[pid].leader_epoch = role.leader_epoch if leads and role is not None else 0
+        self._feed(SetReplicaRole(pid, role, broker_id, min_insync))
+        if leads:
+            self._leading.add(pid)
+        else:
+            self._leading.discard(pid)
+        if role is None:
+            return
+        self._replica_roles[pid] = role
+        if not leads:
+            if not role.leader_address:
+                raise ValueError(f"a follower of {pid} needs its leader's address")
+            fetcher = self._fetchers.get(role.leader_address)
+            if fetcher is None:
+                if self.replica_credential is None:
+                    raise ValueError("a follower needs replica_credential to fetch with")
+                fetcher = self._fetchers[role.leader_address] = ReplicaFetcher(
+                    role.leader_address, self.replica_credential, broker_id=broker_id,
+                    log_of=lambda p: self._lanes[p].log, executor=self._append_pool,
+                    report=self._feed)
+            fetcher.follow(pid, role)
+
+    def hold_replica_fetches(self, held: bool) -> None:
+        """Pause (True) or resume this broker's fetches as a follower (tests)."""
+        for fetcher in self._fetchers.values():
+            fetcher.hold(held)
+
+    async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
+        """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
+        this leader's log (from its batch headers)."""
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        if not self.may_replicate(ctx.principal or ""):
+            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
+                                 "of the cluster do")
+        pid = validate_partition(req.topic, req.partition)
+        role = self._replica_roles.get(pid)
+        if pid not in self._leading or role is None or not role.is_follower(req.replica):
+            raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
+        log = self._lanes[pid].log
+        assert self._loop is not None
+        cache = await self._loop.run_in_executor(
+            self._read_pool, scan_epochs, lambda offset: log.read(offset, 1 << 20),
+            log.log_start_offset)
+        epoch, end = cache.end_offset_for(req.leader_epoch, log_end=log.log_end_offset)
+        return EpochEnd(epoch, end)
+
+    async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
+        if self._closing:
+            raise BrokerClosedError("the broker is closed")
+        if not self.may_replicate(ctx.principal or ""):
+            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
+                                 "of the cluster do")
+        pid = validate_partition(req.topic, req.partition)
+        if not 0 < req.max_bytes <= self.state.limits.max_read_bytes * 8:
+            raise BrokerProtocolError(f"a replica fetch of {req.max_bytes} bytes")
+        lane = self._lanes.get(pid)
+        if lane is None:
+            raise NotLeaderOrFollowerError(f"this broker does not lead {pid}")
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._feed(ReplicaFetched(future, pid, req.replica, req.fetch_offset,
+                                  req.leader_epoch))
+        high_watermark = await future
+        log = lane.log
+        end = log.log_end_offset
+        data = b""
+        if req.fetch_offset < end:
+            assert self._loop is not None
+            data = await self._loop.run_in_executor(
+                self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,
+                                                  end_offset=end))
+        ctx.attach(data)
+        return ReplicaData(high_watermark, log.log_start_offset, end)
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 
@@ -601,6 +715,7 @@ class BrokerServer:
             SubscriptionClosed: self._subscription_closed,
             SaveCohorts: lambda instr: self._savers[instr.partition].submit(instr),
             SessionExpired: self._session_expired,
+            ProposeIsr: lambda instr: self.on_isr_proposal(instr),
         }, on_bug=self._bug, invariants=self.state.check_invariants, after=self._after,
             # Tuples, not text: formatting would cost every batch a microsecond.
             slim={Produce: lambda s: ("Produce", s.session, s.partition, len(s.batch)),
@@ -1113,6 +1228,9 @@ class BrokerServer:
         # checks, fed as they arrive, without a task per request.
         for request_type in _IN_ARRIVAL_ORDER:
             self._rpc.register_direct(request_type, self._serve_now)
+
+        self._rpc.register(ReplicaFetchRequest, self._replica_fetch)
+        self._rpc.register(EpochEndRequest, self._epoch_end)
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:

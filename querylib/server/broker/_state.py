@@ -33,6 +33,7 @@ Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,7 @@ from querylib.broker._errors import (
     BrokerProtocolError,
     CreditExceededError,
     InvalidProducerEpochError,
+    NotLeaderOrFollowerError,
     NotProducerError,
     PartitionBusyError,
     PrincipalError,
@@ -89,11 +91,15 @@ from ._events import (
     PartitionOpened,
     PartitionOpenFailed,
     Produce,
+    ProposeIsr,
     QueryExits,
     ReadCompleted,
     ReadFailed,
+    ReplicaAppended,
+    ReplicaFetched,
     Reply,
     SessionExpired,
+    SetReplicaRole,
     Stimulus,
     Subscribe,
     Tick,
@@ -110,8 +116,11 @@ from ._frontier import (
     StreamReopened,
 )
 from ._idempotence import BatchMark, ProducerStateTable, last_sequence
+from ._replication import LeaderReplication
 from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
+
+_EPOCH = struct.Struct(">i")  # a stored batch's partitionLeaderEpoch, 12 bytes in
 
 
 def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
@@ -164,6 +173,7 @@ class BrokerState:
         self._next_ticket = 1
         self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
         self.admission = Admission(self.partitions, limits)
+        self._stamp = stamp
         self.subscriptions = subs = Subscriptions(self.partitions, self.sessions, limits,
                                                   self.counters, stamp)
         self.cohorts = cohorts = Cohorts(self.partitions, limits, self._released)
@@ -195,7 +205,15 @@ class BrokerState:
             LogStartAdvanced: self._log_start_advanced,
             ReadCompleted: subs.read_completed,
             ReadFailed: subs.read_failed,
+            SetReplicaRole: self._set_replica_role,
+            ReplicaFetched: self._replica_fetched,
+            ReplicaAppended: self._replica_appended,
         }
+        # Replication: the roles the shell set (kept for partitions not open yet), the
+        # partitions this broker leads, and the ISR last proposed for each (not again).
+        self._roles: dict[PartitionId, SetReplicaRole] = {}
+        self._led: set[PartitionId] = set()
+        self._proposed: dict[PartitionId, tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ entry point
 
@@ -263,6 +281,8 @@ class BrokerState:
             out += self._end_session(session)
         for pid in list(self._txn_partitions):
             out += self._abort_stale_transactions(pid)
+        for pid in self._led:
+            out += self._propose_isr(self.partitions[pid])
         return out
 
     def _abort_stale_transactions(self, pid: PartitionId) -> list[Instruction]:
@@ -368,7 +388,11 @@ class BrokerState:
             part.txn_deadlines[producer_id] = (self.now + self.limits.max_transaction_seconds, 0)
         if part.txn_deadlines:
             self._txn_partitions.add(ev.partition)
-        return self._again(self.admission.partition_ready(ev.partition))
+        part.durable_end = end
+        out: list[Instruction] = []
+        if (role := self._roles.get(ev.partition)) is not None:
+            out += self._set_replica_role(role)
+        return out + self._again(self.admission.partition_ready(ev.partition))
 
     def _drop_partition(self, ev: DropPartition) -> list[Instruction]:
         """Forget the partition (its topic was deleted). Refused while an append or a disk
@@ -411,7 +435,11 @@ class BrokerState:
 
     def _subscribe(self, ev: Subscribe) -> list[Instruction]:
         session = self._live(ev.session)
-        return self.subscriptions.subscribe(session, self._partition(ev.partition), ev)
+        part = self._partition(ev.partition)
+        if part.follower:
+            raise NotLeaderOrFollowerError(
+                f"partition {ev.partition[1]} of {ev.partition[0]!r} is led by another broker")
+        return self.subscriptions.subscribe(session, part, ev)
 
     def _grant(self, ev: GrantCredit) -> list[Instruction]:
         return self.subscriptions.grant(ev, self.now)
@@ -427,6 +455,8 @@ class BrokerState:
         if pid not in session.producing:
             raise NotProducerError(f"session {session_id!r} has not opened a producer on "
                                    f"partition {pid[1]} of {pid[0]!r}")
+        if part.follower or part.replication is not None:
+            self._check_leader(part)
         if part.frontier.ended:  # never with a producer joined; checked all the same
             raise StreamEndedError(f"the stream of partition {pid[1]} of {pid[0]!r} ended")
         return session, part
@@ -440,6 +470,8 @@ class BrokerState:
         part, waiting = self.admission.admit(session, ev)
         if part is None:
             return waiting
+        if part.follower or part.replication is not None:
+            self._check_leader(part)
         if part.frontier.ended and self._stored_before_end(part, ev):
             # Its end of stream was stored, its answer lost (a reconnect): it may send again
             # what it has no answer for, and is answered as the first time. Not a writer of
@@ -488,6 +520,8 @@ class BrokerState:
     def _produce(self, ev: Produce) -> list[Instruction]:
         session = self._live(ev.session)
         part = self._partition(ev.partition)
+        if part.follower or part.replication is not None:
+            self._check_leader(part)
         resending = ev.partition in session.resending
         if not resending and ev.partition not in session.producing:
             raise NotProducerError(f"session {ev.session!r} has not opened a producer on "
@@ -694,6 +728,15 @@ class BrokerState:
         part.log_end = ev.next_offset
         part.unflushed.append(entry)
         out = self.subscriptions.retention(part, ev.log_start)
+        part.durable_end = ev.durable_end
+        if part.replication is not None:
+            if entry.written:  # on a replicated partition, answered at the high watermark
+                entry.written = False
+            # Tail deliveries hand out the bytes as the log stores them: the leader's epoch.
+            stored = bytearray(entry.stored_bytes(self._stamp))
+            _EPOCH.pack_into(stored, 12, part.replication.role.leader_epoch)
+            entry.stored = bytes(stored)
+            return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
             out += self._answer_written(entry)
         return out + self._make_durable(part, ev.durable_end)
@@ -728,7 +771,107 @@ class BrokerState:
         return [] if part is None else self.subscriptions.retention(part, ev.log_start)
 
     def _durable_advanced(self, ev: DurableAdvanced) -> list[Instruction]:
-        return self._make_durable(self.partitions[ev.partition], ev.durable_end)
+        part = self.partitions[ev.partition]
+        part.durable_end = ev.durable_end
+        if part.replication is not None:
+            return self._make_durable(part, self._high_watermark(part))
+        return self._make_durable(part, ev.durable_end)
+
+    # ------------------------------------------------------------------ replication
+
+    @staticmethod
+    def _high_watermark(part: PartitionState) -> int:
+        """The end acks and readers wait for on a partition this broker leads: the high
+        watermark over the ISR, the leader's own durable end included."""
+        leader: LeaderReplication = part.replication
+        leader.durable(part.durable_end)
+        return leader.high_watermark
+
+    @staticmethod
+    def _check_leader(part: PartitionState) -> None:
+        pid = part.id
+        if part.follower:
+            raise NotLeaderOrFollowerError(
+                f"partition {pid[1]} of {pid[0]!r} is led by another broker")
+        part.replication.check_min_insync(part.min_insync)
+
+    def _set_replica_role(self, ev: SetReplicaRole) -> list[Instruction]:
+        pid = ev.partition
+        self._roles[pid] = ev
+        part = self.partitions.get(pid)
+        if part is None:
+            return []  # applied when it opens
+        part.min_insync = ev.min_insync
+        self._proposed.pop(pid, None)
+        role = ev.role
+        now_ms = int(self.now * 1000)
+        if role is None or not role.is_leader(ev.broker_id):
+            deposed = part.replication is not None
+            part.replication = None
+            part.follower = role is not None
+            self._led.discard(pid)
+            if role is None:
+                del self._roles[pid]
+                return self._make_durable(part, part.durable_end)
+            return self._deposed(part) if deposed else []
+        part.follower = False
+        leader = part.replication
+        if leader is not None and leader.role.leader_epoch == role.leader_epoch:
+            leader.set_role(role, now_ms=now_ms)
+        else:
+            part.replication = LeaderReplication(
+                role, own_id=ev.broker_id, now_ms=now_ms,
+                lag_max_ms=int(self.limits.replica_lag_time_max * 1000))
+        self._led.add(pid)
+        return self._make_durable(part, self._high_watermark(part))
+
+    def _deposed(self, part: PartitionState) -> list[Instruction]:
+        """This broker no longer leads `part`: what waits for its high watermark may never be
+        acknowledged (the new leader may truncate it away), so its writers hear so now and
+        write to the new leader."""
+        error = NotLeaderOrFollowerError(
+            f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
+        out: list[Instruction] = []
+        for entry in (*part.unflushed, *part.inflight):
+            self._refund(entry)
+            entry.cost = 0
+            if entry.token is not None:
+                out.append(Fail(entry.token, error))
+            out += [Fail(token, error) for token, _ in entry.waiters]
+            entry.token, entry.waiters = None, []
+        return out
+
+    def _replica_fetched(self, ev: ReplicaFetched) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        if part is None or part.replication is None:
+            raise NotLeaderOrFollowerError(
+                f"this broker does not lead partition {ev.partition[1]} of {ev.partition[0]!r}")
+        leader: LeaderReplication = part.replication
+        leader.follower_fetch(ev.replica, fetch_offset=ev.fetch_offset,
+                              leader_epoch=ev.leader_epoch, leader_end=part.log_end,
+                              now_ms=int(self.now * 1000))
+        out = self._make_durable(part, leader.high_watermark)
+        return [Reply(ev.token, leader.high_watermark), *out]
+
+    def _replica_appended(self, ev: ReplicaAppended) -> list[Instruction]:
+        part = self.partitions.get(ev.partition)
+        if part is None or not part.follower:
+            return []  # its role changed meanwhile: the next role's fetches tell
+        part.log_end = ev.log_end  # lower after a truncation (KIP-279)
+        part.durable_end = ev.durable_end
+        part.visible_end = min(part.visible_end, ev.log_end)
+        # Its own high watermark: the leader's, never past what it holds durably.
+        part.visible_end = max(part.visible_end, min(ev.high_watermark, ev.durable_end,
+                                                     ev.log_end))
+        return []
+
+    def _propose_isr(self, part: PartitionState) -> list[Instruction]:
+        leader: LeaderReplication = part.replication
+        isr = leader.isr_proposal(now_ms=int(self.now * 1000))
+        if isr is None or self._proposed.get(part.id) == isr:
+            return []
+        self._proposed[part.id] = isr
+        return [ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
 
     def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:
         """Acknowledge every append now durable, then show those batches to subscribers."""

@@ -21,6 +21,7 @@ from querylib.server.broker._events import (
     OpenPartition,
     PartitionId,
     PartitionOpened,
+    ProposeIsr,
     Read,
     ReadCompleted,
     Reply,
@@ -94,6 +95,7 @@ class Sim:
         self.expired: list[str] = []
         self.asks: list[ResolveTopic] = []     # questions for the directory, unanswered
         self.opens: list[OpenPartition] = []   # partitions to open, not opened yet
+        self.proposals: list[ProposeIsr] = []  # ISR changes the core asked for
         self.max_batch = 0
         self.now = 0.0
 
@@ -138,6 +140,10 @@ class Sim:
         header = read_header(instr.batch)
         nxt = base + header.last_offset_delta + 1
         stored = base.to_bytes(8, "big", signed=True) + instr.batch[8:]
+        leader = self.state.partitions[pid].replication
+        if leader is not None:  # the lane of a replicated partition's leader stamps its epoch
+            stored = (stored[:12] + leader.role.leader_epoch.to_bytes(4, "big", signed=True)
+                      + stored[16:])
         self.logs[pid].append((base, nxt, stored))
         if self.auto_durable:
             self.durable[pid] = nxt
@@ -200,6 +206,8 @@ class Sim:
             assert instr.partition not in self.state.partitions, "opening an open partition"
             assert all(o.partition != instr.partition for o in self.opens), "opened twice"
             self.opens.append(instr)
+        elif isinstance(instr, ProposeIsr):
+            self.proposals.append(instr)
         else:  # pragma: no cover
             raise AssertionError(f"unexpected instruction {instr}")
 

@@ -1,0 +1,279 @@
+"""The replication rules of the broker's core (DESIGN §5 "Replication"), sans I/O, as
+Admission, Subscriptions and Cohorts are: what a broker's role on a replicated partition is,
+the leader epoch cache (Kafka's `leader-epoch-checkpoint`), where a follower truncates when it
+(re)joins (KIP-101/279), and the leader's view of its followers: their fetched ends, the high
+watermark, the ISR changes to propose and min.insync.replicas.
+
+`PartitionRole` is what the catalog says about one replicated partition (leader, leader epoch,
+replicas, ISR) and, for a follower, where its leader listens. `LeaderReplication` is the
+leader's bookkeeping for one partition: `follower_fetch` records a follower's fetch offset (its
+log end) and answers a new high watermark, `durable` does the same for the leader's own durable
+end, `isr_proposal` says which ISR to ask the coordinator for (a follower that has not reached
+the leader's log end for `lag_max_ms` leaves; a replica that reached the high watermark joins),
+and `set_role` takes the catalog's answer: only a new role changes the ISR.
+
+Must not: do I/O, read clocks (times are given), or touch logs (the shell truncates and appends
+as these rules say).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from querylib.broker._errors import (
+    FencedLeaderEpochError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+)
+
+# Kafka's `leader-epoch-checkpoint` file: a version line, a count line, then "epoch offset".
+CHECKPOINT_NAME = "leader-epoch-checkpoint"
+_CHECKPOINT_VERSION = 0
+UNDEFINED = (-1, -1)
+_PREFIX = struct.Struct(">qii")  # a stored batch's baseOffset, batchLength, leader epoch
+_LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, 23 bytes into a batch
+_LAST_DELTA_END = 27  # OffsetForLeaderEpoch's answer for an epoch older than any known
+
+
+@dataclass(frozen=True)
+class PartitionRole:
+    """What the catalog says about one replicated partition. `leader_address` and
+    `leader_curve_key` tell a follower where to fetch (empty on the leader itself)."""
+
+    topic_id: int
+    partition: int
+    leader_id: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader_address: str = ""
+    leader_curve_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.leader_epoch < 0 or self.partition < 0:
+            raise ValueError(f"a role needs a leader epoch and partition >= 0: {self}")
+        if len(set(self.replicas)) != len(self.replicas) or len(set(self.isr)) != len(self.isr):
+            raise ValueError(f"replicas and ISR name each broker once: {self}")
+        if self.leader_id not in self.replicas:
+            raise ValueError(f"leader {self.leader_id} is not a replica: {self}")
+        if not set(self.isr) <= set(self.replicas):
+            raise ValueError(f"ISR {self.isr} is not within replicas {self.replicas}")
+        if self.leader_id not in self.isr:
+            raise ValueError(f"leader {self.leader_id} is not in its ISR {self.isr}")
+
+    def is_leader(self, broker_id: int) -> bool:
+        return broker_id == self.leader_id
+
+    def is_follower(self, broker_id: int) -> bool:
+        return broker_id != self.leader_id and broker_id in self.replicas
+
+
+class LeaderEpochCache:
+    """Leader epoch -> the first offset written at that epoch, growing with both, as Kafka's
+    LeaderEpochFileCache. Answers OffsetForLeaderEpoch and truncates with its log."""
+
+    def __init__(self, entries: tuple[tuple[int, int], ...] = ()) -> None:
+        self._entries: list[tuple[int, int]] = []
+        for epoch, start in entries:
+            self.assign(epoch, start)
+
+    @property
+    def entries(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._entries)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._entries[-1][0] if self._entries else -1
+
+    def assign(self, epoch: int, start_offset: int) -> None:
+        """The first batch of `epoch` lands at `start_offset` (a known epoch keeps its start)."""
+        if epoch < 0 or start_offset < 0:
+            raise ValueError(f"epoch {epoch} at offset {start_offset}: both must be >= 0")
+        if self._entries:
+            last_epoch, last_start = self._entries[-1]
+            if epoch == last_epoch:
+                return
+            if epoch < last_epoch or start_offset < last_start:
+                raise ValueError(
+                    f"epoch {epoch} at {start_offset} after epoch {last_epoch} at {last_start}:"
+                    " epochs and their offsets only grow")
+        self._entries.append((epoch, start_offset))
+
+    def end_offset_for(self, epoch: int, *, log_end: int) -> tuple[int, int]:
+        """(the largest known epoch <= `epoch`, the offset where it ended): the next epoch's
+        start, or `log_end` for the latest. UNDEFINED below the first known epoch."""
+        found = -1
+        for i, (known, _start) in enumerate(self._entries):
+            if known <= epoch:
+                found = i
+        if found < 0:
+            return UNDEFINED
+        if found + 1 < len(self._entries):
+            return self._entries[found][0], self._entries[found + 1][1]
+        return self._entries[found][0], log_end
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """The log was truncated to `end_offset`: forget epochs that start at or after it."""
+        self._entries = [(e, s) for e, s in self._entries if s < end_offset]
+
+    def dumps(self) -> str:
+        lines = [str(_CHECKPOINT_VERSION), str(len(self._entries))]
+        lines += [f"{epoch} {start}" for epoch, start in self._entries]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def loads(cls, text: str) -> LeaderEpochCache:
+        """A checkpoint as `dumps` writes it; an empty file is an empty cache. Damage (another
+        version, a wrong count, epochs or offsets that do not grow) raises ValueError."""
+        if not text:
+            return cls()
+        lines = text.splitlines()
+        if len(lines) < 2 or lines[0] != str(_CHECKPOINT_VERSION):
+            raise ValueError(f"not a version {_CHECKPOINT_VERSION} leader epoch checkpoint")
+        count = int(lines[1])
+        if count != len(lines) - 2:
+            raise ValueError(
+                f"leader epoch checkpoint says {count} entries, holds {len(lines) - 2}")
+        entries = []
+        for line in lines[2:]:
+            parts = line.split(" ")
+            if len(parts) != 2:
+                raise ValueError(f"leader epoch checkpoint line {line!r} is not 'epoch offset'")
+            entries.append((int(parts[0]), int(parts[1])))
+        return cls(tuple(entries))
+
+
+def epochs_of(data: bytes | memoryview, cache: LeaderEpochCache) -> int | None:
+    """Add the leader epochs of the stored batches in `data` (whole batches, as a log read
+    returns them) to `cache`; returns the offset after the last batch (None: no batch)."""
+    pos, end = 0, None
+    while len(data) - pos >= _LAST_DELTA_END:
+        base, length, epoch = _PREFIX.unpack_from(data, pos)
+        if epoch >= 0 and epoch >= cache.latest_epoch:
+            cache.assign(epoch, base)
+        end = base + _LAST_DELTA.unpack_from(data, pos + 23)[0] + 1
+        pos += length + 12
+    return end
+
+
+def scan_epochs(read: Callable[[int], bytes], start: int) -> LeaderEpochCache:
+    """The leader epoch cache of a log, from its batch headers: `read(offset)` returns whole
+    stored batches from `offset` (b"" at the end)."""
+    cache = LeaderEpochCache()
+    offset = start
+    while data := read(offset):
+        end = epochs_of(data, cache)
+        if end is None or end <= offset:
+            break
+        offset = end
+    return cache
+
+
+def follower_truncation_offset(leader_answer: tuple[int, int], *, own_end: int) -> int:
+    """Where a follower truncates its log on (re)joining (KIP-279): at the end the leader gave
+    for the follower's latest epoch, or its own end if that is less; everything when the leader
+    knows no epoch that old (UNDEFINED)."""
+    if leader_answer == UNDEFINED:
+        return 0
+    return min(leader_answer[1], own_end)
+
+
+@dataclass
+class _Follower:
+    fetched: int = 0  # its log end, as its last fetch said
+    caught_up_ms: int = 0  # when its fetch last reached the leader's log end
+
+
+@dataclass
+class LeaderReplication:
+    """The leader's bookkeeping for one replicated partition it leads."""
+
+    role: PartitionRole
+    own_id: int
+    lag_max_ms: int
+    now_ms: int
+    high_watermark: int = 0
+    _durable: int = 0
+    _followers: dict[int, _Follower] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.role.is_leader(self.own_id):
+            raise ValueError(f"broker {self.own_id} does not lead {self.role}")
+        self.set_role(self.role, now_ms=self.now_ms)
+
+    def set_role(self, role: PartitionRole, *, now_ms: int) -> None:
+        """The catalog's role, again or changed (an ISR the coordinator accepted). A follower
+        new to the ISR counts as caught up now."""
+        if not role.is_leader(self.own_id):
+            raise ValueError(f"broker {self.own_id} does not lead {role}")
+        old_isr = set(self.role.isr) if self._followers else set()
+        self.role = role
+        for replica in role.replicas:
+            if replica == self.own_id:
+                continue
+            follower = self._followers.setdefault(replica, _Follower(caught_up_ms=now_ms))
+            if replica in role.isr and replica not in old_isr:
+                follower.caught_up_ms = now_ms
+        for gone in set(self._followers) - set(role.replicas):
+            del self._followers[gone]
+        self._advance()
+
+    def durable(self, end: int) -> int | None:
+        """The leader's own durable log end is `end`: the new high watermark, or None."""
+        self._durable = max(self._durable, end)
+        return self._advance()
+
+    def follower_fetch(self, replica: int, *, fetch_offset: int, leader_epoch: int,
+                       leader_end: int, now_ms: int) -> int | None:
+        """A ReplicaFetch from `replica` at `fetch_offset` (its log end), naming
+        `leader_epoch`, while the leader's log ends at `leader_end`: fenced when the epochs
+        disagree; the new high watermark, or None."""
+        if leader_epoch < self.role.leader_epoch:
+            raise FencedLeaderEpochError(
+                f"leader epoch {leader_epoch} is older than {self.role.leader_epoch}")
+        if leader_epoch > self.role.leader_epoch:
+            raise NotLeaderOrFollowerError(
+                f"leader epoch {leader_epoch} is newer than this leader's {self.role.leader_epoch}")
+        if not self.role.is_follower(replica):
+            raise NotLeaderOrFollowerError(f"broker {replica} is not a follower of {self.role}")
+        follower = self._followers[replica]
+        follower.fetched = max(follower.fetched, fetch_offset)
+        if fetch_offset >= leader_end:
+            follower.caught_up_ms = max(follower.caught_up_ms, now_ms)
+        return self._advance()
+
+    def isr_proposal(self, *, now_ms: int) -> tuple[int, ...] | None:
+        """The ISR to ask the coordinator for, or None when the current one stands: without the
+        ISR followers not caught up for longer than the lag time, with the replicas whose fetch
+        reached the high watermark."""
+        isr = []
+        for replica in self.role.replicas:
+            if replica == self.own_id:
+                isr.append(replica)
+                continue
+            follower = self._followers[replica]
+            if replica in self.role.isr:
+                if now_ms - follower.caught_up_ms <= self.lag_max_ms:
+                    isr.append(replica)
+            elif follower.fetched >= self.high_watermark:
+                isr.append(replica)
+        proposal = tuple(isr)
+        return None if set(proposal) == set(self.role.isr) else proposal
+
+    def check_min_insync(self, min_insync: int) -> None:
+        """Refuse a produce while the ISR is smaller than the topic's min.insync.replicas."""
+        if len(self.role.isr) < min_insync:
+            raise NotEnoughReplicasError(
+                f"partition {self.role.partition} has {len(self.role.isr)} in-sync replicas,"
+                f" min.insync.replicas is {min_insync}")
+
+    def _advance(self) -> int | None:
+        ends = [self._durable]
+        ends += [self._followers[r].fetched for r in self.role.isr if r != self.own_id]
+        hw = min(min(ends), self._durable)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            return hw
+        return None

@@ -1,0 +1,262 @@
+"""Replicated partitions on three real brokers over real ZeroMQ on loopback (DESIGN §5
+"Replication"): a leader and two followers, their roles set through the broker's seam
+(`BrokerServer.set_replica_role`), as an executor sets them from the catalog."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import TqError
+from querylib.broker import BrokerLink, OpenProducerRequest, ProduceRequest
+from querylib.broker.messages import Produced
+from querylib.log import LogConfig
+from querylib.records import encode_batch, iter_batches
+from querylib.server.broker import BrokerServer
+from querylib.server.broker._replication import PartitionRole
+from tests.conftest import wait_for_async
+
+SECRET = os.urandom(32)
+PID = ("t", 0)
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.servers = [BrokerServer(tmp_path / f"b{i}", SECRET,
+                                     log_config=LogConfig(flush="always")) for i in (1, 2, 3)]
+        self.addresses: list[str] = []
+
+    async def start(self, *, leader: int = 1, epoch: int = 1) -> None:
+        self.addresses = [await s.start() for s in self.servers]
+        await self.set_roles(leader=leader, epoch=epoch)
+
+    async def set_roles(self, *, leader: int, epoch: int, isr=(1, 2, 3)) -> None:
+        await self.set_roles_on((1, 2, 3), leader=leader, epoch=epoch, isr=isr)
+
+    async def set_roles_on(self, brokers, *, leader: int, epoch: int, isr=(1, 2, 3)) -> None:
+        role = PartitionRole(topic_id=1, partition=0, leader_id=leader, leader_epoch=epoch,
+                             replicas=(1, 2, 3), isr=tuple(isr),
+                             leader_address=self.addresses[leader - 1])
+        for broker_id in brokers:
+            await self.servers[broker_id - 1].set_replica_role("t", 0, role,
+                                                               broker_id=broker_id)
+
+    def log(self, broker_id: int):
+        return self.servers[broker_id - 1].partition_log(PID)
+
+    async def close(self) -> None:
+        for server in self.servers:
+            await server.close()
+
+
+async def producer(address: str) -> BrokerLink:
+    link = BrokerLink(address, SECRET, timeout=10)
+    await link.start()
+    await link.request(OpenProducerRequest(session=link.session, topic="t", partition=0))
+    return link
+
+
+def produce(link: BrokerLink, value: bytes) -> asyncio.Task[Produced]:
+    return asyncio.ensure_future(link.request(
+        ProduceRequest(session=link.session, topic="t", partition=0),
+        payload=[encode_batch([(1, None, value, ())])]))
+
+
+def test_followers_hold_byte_identical_logs_with_the_leader_epoch_stamped(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(epoch=4)
+        try:
+            link = await producer(cluster.addresses[0])
+            for i in range(5):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+            data = cluster.log(1).read(0, 1 << 20)
+            for follower in (2, 3):
+                await wait_for_async(lambda f=follower: cluster.log(f).log_end_offset == 5,
+                                     timeout=30, what="the follower caught up")
+                assert cluster.log(follower).read(0, 1 << 20) == data
+            epochs = {b.partition_leader_epoch for b in iter_batches(data)}
+            assert epochs == {4}
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_produce_is_answered_only_once_every_follower_fetched_it(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            cluster.servers[2].hold_replica_fetches(True)
+            ack = produce(link, b"held")
+            leader = cluster.servers[0].state.partitions[PID].replication
+            await wait_for_async(lambda: leader._followers[2].fetched >= 1, timeout=30,
+                                 what="follower 2 fetched past the record")
+            assert not ack.done()  # follower 3 has not fetched it
+            assert cluster.servers[0].state.partition_info(PID).high_watermark == 0
+            cluster.servers[2].hold_replica_fetches(False)
+            assert (await asyncio.wait_for(ack, 30)).next_offset == 1
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_follower_refuses_a_producer(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = BrokerLink(cluster.addresses[1], SECRET, timeout=10)
+            await link.start()
+            with pytest.raises(TqError) as raised:
+                await link.request(OpenProducerRequest(session=link.session, topic="t",
+                                                       partition=0))
+            assert raised.value.kafka_error_code == 6
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_follower_with_a_divergent_tail_truncates_to_the_leaders_log(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link = await producer(cluster.addresses[0])
+            for value in (b"a", b"b"):
+                await asyncio.wait_for(produce(link, value), 30)
+            for server in cluster.servers[1:]:
+                server.hold_replica_fetches(True)
+            unacked = produce(link, b"c, never acknowledged")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 3, timeout=30,
+                                 what="the leader appended c")
+            # Broker 1 is deposed (as the controller would): broker 2 leads at epoch 2.
+            await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
+            link2 = await producer(cluster.addresses[1])
+            assert (await asyncio.wait_for(produce(link2, b"d"), 30)).base_offset == 2
+            data = cluster.log(2).read(0, 1 << 20)
+            for broker in (1, 3):
+                await wait_for_async(
+                    lambda b=broker: cluster.log(b).read(0, 1 << 20) == data, timeout=30,
+                    what=f"broker {broker} converged on the leader's log")
+            with pytest.raises(TqError) as raised:
+                await asyncio.wait_for(unacked, 30)  # never acknowledged, and told so
+            assert raised.value.kafka_error_code == 6
+            await link.close(clean=False)
+            await link2.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_follower_catches_up_from_its_log_end(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"before"), 30)
+            await cluster.servers[2].close()
+            # Out of the ISR while away (the controller's change), so the leader acks without it.
+            await cluster.set_roles_on((1, 2), leader=1, epoch=1, isr=(1, 2))
+            for i in range(3):
+                await asyncio.wait_for(produce(link, b"while away %d" % i), 30)
+            cluster.servers[2] = BrokerServer(tmp_path / "b3", SECRET,
+                                              log_config=LogConfig(flush="always"))
+            await cluster.servers[2].start()
+            await cluster.set_roles_on((3,), leader=1, epoch=1, isr=(1, 2))
+            data = cluster.log(1).read(0, 1 << 20)
+            await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
+                                 what="the restarted follower caught up")
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_subscriber_never_sees_records_above_the_high_watermark(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"acked"), 30)
+            cluster.servers[2].hold_replica_fetches(True)
+            held = produce(link, b"above the high watermark")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
+                                 what="the leader appended it")
+            port = cluster.servers[0].port
+            info = port.info(PID)
+            assert info.high_watermark == 1 and info.log_end == 1
+            cluster.servers[2].hold_replica_fetches(False)
+            await asyncio.wait_for(held, 30)
+            assert port.info(PID).high_watermark == 2
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_follower_that_stops_fetching_is_proposed_out_of_the_isr_and_back(tmp_path):
+    from querylib.server.broker._state import BrokerLimits
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        cluster.servers[0] = BrokerServer(tmp_path / "b1", SECRET,
+                                          limits=BrokerLimits(replica_lag_time_max=0.3),
+                                          log_config=LogConfig(flush="always"))
+        proposals: list = []
+        cluster.servers[0].on_isr_proposal = proposals.append
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"a"), 30)
+            cluster.servers[2].hold_replica_fetches(True)
+            produce(link, b"b")
+            await wait_for_async(lambda: any(p.isr == (1, 2) for p in proposals), timeout=30,
+                                 what="follower 3 proposed out")
+            # The coordinator accepts (AlterPartition): the new role comes back.
+            await cluster.set_roles(leader=1, epoch=1, isr=(1, 2))
+            cluster.servers[2].hold_replica_fetches(False)
+            await wait_for_async(lambda: any(p.isr == (1, 2, 3) for p in proposals),
+                                 timeout=30, what="follower 3 proposed back in")
+            await link.close(clean=False)
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_min_insync_replicas_refuses_a_produce_to_a_small_isr(tmp_path):
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            role = PartitionRole(topic_id=1, partition=0, leader_id=1, leader_epoch=1,
+                                 replicas=(1, 2, 3), isr=(1,))
+            await cluster.servers[0].set_replica_role("t", 0, role, broker_id=1, min_insync=2)
+            link = BrokerLink(cluster.addresses[0], SECRET, timeout=10)
+            await link.start()
+            with pytest.raises(TqError) as raised:
+                await link.request(OpenProducerRequest(session=link.session, topic="t",
+                                                       partition=0))
+            assert raised.value.kafka_error_code == 19
+            assert cluster.log(1).log_end_offset == 0
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())

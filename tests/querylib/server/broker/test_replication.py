@@ -1,0 +1,190 @@
+"""The replication rules of the broker core (`_replication.py`, sans I/O): roles, the leader
+epoch cache and its checkpoint, the follower's truncation point, the high watermark over the
+ISR, ISR change proposals and min.insync.replicas (DESIGN §5 "Replication")."""
+
+from __future__ import annotations
+
+import pytest
+
+from querylib.broker._errors import (
+    FencedLeaderEpochError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+)
+from querylib.server.broker._replication import (
+    LeaderEpochCache,
+    LeaderReplication,
+    PartitionRole,
+    follower_truncation_offset,
+)
+
+
+def role(leader: int = 1, epoch: int = 3, replicas=(1, 2, 3), isr=(1, 2, 3)) -> PartitionRole:
+    return PartitionRole(
+        topic_id=7, partition=0, leader_id=leader, leader_epoch=epoch,
+        replicas=tuple(replicas), isr=tuple(isr),
+    )
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+
+def test_role_says_who_leads_and_checks_its_shape() -> None:
+    r = role()
+    assert r.is_leader(1) and not r.is_leader(2)
+    assert r.is_follower(2) and not r.is_follower(9)
+    with pytest.raises(ValueError):
+        role(leader=9)  # a leader outside its replicas
+    with pytest.raises(ValueError):
+        role(isr=(1, 4))  # an ISR member outside the replicas
+    with pytest.raises(ValueError):
+        role(isr=(2, 3))  # the leader outside its ISR
+    with pytest.raises(ValueError):
+        role(epoch=-1)
+    with pytest.raises(ValueError):
+        role(replicas=(1, 1, 2), isr=(1,))
+
+
+# --- leader epoch cache --------------------------------------------------------------------
+
+
+def test_epoch_cache_answers_the_end_offset_of_an_epoch_as_offset_for_leader_epoch() -> None:
+    cache = LeaderEpochCache()
+    cache.assign(0, 0)
+    cache.assign(0, 5)  # the same epoch again: its start stays
+    cache.assign(2, 10)
+    cache.assign(5, 30)
+    assert cache.latest_epoch == 5
+    assert cache.end_offset_for(0, log_end=40) == (0, 10)
+    assert cache.end_offset_for(1, log_end=40) == (0, 10)  # no epoch 1: the one below it
+    assert cache.end_offset_for(2, log_end=40) == (2, 30)
+    assert cache.end_offset_for(5, log_end=40) == (5, 40)  # the latest epoch ends at the log end
+    assert cache.end_offset_for(9, log_end=40) == (5, 40)
+    with pytest.raises(ValueError):
+        cache.assign(4, 50)  # epochs only grow
+
+
+def test_epoch_cache_before_its_first_epoch_is_undefined() -> None:
+    cache = LeaderEpochCache()
+    assert cache.end_offset_for(3, log_end=0) == (-1, -1)
+    cache.assign(4, 10)
+    assert cache.end_offset_for(3, log_end=20) == (-1, -1)
+
+
+def test_epoch_cache_truncates_with_the_log() -> None:
+    cache = LeaderEpochCache()
+    cache.assign(1, 0)
+    cache.assign(2, 10)
+    cache.assign(3, 20)
+    cache.truncate_from_end(15)
+    assert cache.entries == ((1, 0), (2, 10))
+    cache.truncate_from_end(10)
+    assert cache.entries == ((1, 0),)
+    cache.assign(4, 10)
+    assert cache.entries == ((1, 0), (4, 10))
+
+
+def test_epoch_checkpoint_round_trips_in_kafkas_format_and_refuses_damage() -> None:
+    cache = LeaderEpochCache()
+    cache.assign(1, 0)
+    cache.assign(3, 42)
+    text = cache.dumps()
+    assert text == "0\n2\n1 0\n3 42\n"
+    assert LeaderEpochCache.loads(text).entries == ((1, 0), (3, 42))
+    assert LeaderEpochCache.loads("").entries == ()
+    for bad in ("1\n0\n", "0\n2\n1 0\n", "0\n1\nx 0\n", "0\n2\n3 0\n1 5\n",
+                "0\n2\n1 5\n3 2\n", "0\n1\n-1 0\n"):
+        with pytest.raises(ValueError):
+            LeaderEpochCache.loads(bad)
+
+
+def test_follower_truncates_to_the_least_of_its_end_and_the_leaders_epoch_end() -> None:
+    assert follower_truncation_offset((3, 20), own_end=25) == 20  # divergent tail
+    assert follower_truncation_offset((3, 20), own_end=12) == 12  # behind: keep all
+    assert follower_truncation_offset((-1, -1), own_end=12) == 0  # leader knows no older epoch
+
+
+# --- the leader's view ---------------------------------------------------------------------
+
+
+def test_high_watermark_is_the_least_log_end_over_the_isr() -> None:
+    leader = LeaderReplication(role(), own_id=1, lag_max_ms=30_000, now_ms=0)
+    assert leader.high_watermark == 0
+    assert leader.durable(10) is None  # followers hold nothing yet
+    assert leader.follower_fetch(2, fetch_offset=10, leader_epoch=3, leader_end=10,
+                                 now_ms=1) is None
+    assert leader.follower_fetch(3, fetch_offset=6, leader_epoch=3, leader_end=10,
+                                 now_ms=1) == 6
+    assert leader.high_watermark == 6
+    assert leader.follower_fetch(3, fetch_offset=12, leader_epoch=3, leader_end=10,
+                                 now_ms=2) == 10  # never past the leader's durable end
+    assert leader.follower_fetch(2, fetch_offset=12, leader_epoch=3, leader_end=12,
+                                 now_ms=2) is None  # the leader's own durable end is 10
+    assert leader.durable(12) == 12
+    assert leader.follower_fetch(3, fetch_offset=4, leader_epoch=3, leader_end=12,
+                                 now_ms=3) is None  # never moves back
+
+
+def test_single_replica_role_has_hw_equal_to_durable_end() -> None:
+    leader = LeaderReplication(role(replicas=(1,), isr=(1,)), own_id=1, lag_max_ms=1, now_ms=0)
+    assert leader.durable(5) == 5
+
+
+def test_replica_fetch_is_fenced_by_epoch_and_membership() -> None:
+    leader = LeaderReplication(role(), own_id=1, lag_max_ms=30_000, now_ms=0)
+    with pytest.raises(FencedLeaderEpochError):
+        leader.follower_fetch(2, fetch_offset=0, leader_epoch=2, leader_end=0, now_ms=1)
+    with pytest.raises(NotLeaderOrFollowerError):
+        leader.follower_fetch(2, fetch_offset=0, leader_epoch=4, leader_end=0, now_ms=1)
+    with pytest.raises(NotLeaderOrFollowerError):
+        leader.follower_fetch(9, fetch_offset=0, leader_epoch=3, leader_end=0, now_ms=1)
+    with pytest.raises(NotLeaderOrFollowerError):
+        leader.follower_fetch(1, fetch_offset=0, leader_epoch=3, leader_end=0, now_ms=1)
+    with pytest.raises(ValueError):
+        LeaderReplication(role(), own_id=2, lag_max_ms=1, now_ms=0)  # not the leader
+
+
+def test_isr_shrinks_for_a_follower_lagging_past_the_lag_time_and_grows_once_caught_up() -> None:
+    leader = LeaderReplication(role(), own_id=1, lag_max_ms=100, now_ms=0)
+    leader.durable(10)
+    leader.follower_fetch(2, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=50)
+    leader.follower_fetch(3, fetch_offset=4, leader_epoch=3, leader_end=10, now_ms=50)
+    assert leader.isr_proposal(now_ms=100) is None  # within the lag time
+    leader.follower_fetch(2, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=150)
+    assert leader.isr_proposal(now_ms=101) == (1, 2)  # 3 caught up last at 0
+    # Only the new role (the catalog's answer) changes the ISR.
+    assert leader.role.isr == (1, 2, 3)
+    leader.set_role(role(isr=(1, 2)), now_ms=160)
+    assert leader.high_watermark == 10
+    assert leader.isr_proposal(now_ms=170) is None
+    leader.follower_fetch(3, fetch_offset=9, leader_epoch=3, leader_end=10, now_ms=170)
+    assert leader.isr_proposal(now_ms=171) is None  # below the high watermark
+    leader.follower_fetch(3, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=180)
+    assert leader.isr_proposal(now_ms=181) == (1, 2, 3)
+
+
+def test_min_insync_replicas_refuses_a_produce_to_a_small_isr() -> None:
+    leader = LeaderReplication(role(isr=(1,)), own_id=1, lag_max_ms=100, now_ms=0)
+    leader.check_min_insync(1)
+    with pytest.raises(NotEnoughReplicasError) as raised:
+        leader.check_min_insync(2)
+    assert raised.value.kafka_error_code == 19
+    assert NotLeaderOrFollowerError.kafka_error_code == 6
+    assert FencedLeaderEpochError.kafka_error_code == 74
+
+
+def test_scan_epochs_builds_the_cache_from_stored_batch_headers(tmp_path) -> None:
+    from querylib.log import PartitionLog
+    from querylib.server.broker._replication import scan_epochs
+    from tests.querylib.log._batches import make_batch
+
+    log = PartitionLog.open(tmp_path / "t-0")
+    try:
+        log.append_batches([make_batch(2, seed=0)], leader_epoch=1)
+        log.append_batches([make_batch(3, seed=1)], leader_epoch=1)
+        log.append_batches([make_batch(1, seed=2)], leader_epoch=4)
+        cache = scan_epochs(lambda offset: log.read(offset, 100), log.log_start_offset)
+        assert cache.entries == ((1, 0), (4, 5))
+        assert cache.end_offset_for(3, log_end=log.log_end_offset) == (1, 5)
+    finally:
+        log.close()

@@ -1,0 +1,140 @@
+"""BrokerState on a replicated partition (DESIGN §5 "Replication"): the high watermark gates
+acks and subscriber visibility after durability; a follower refuses producers and readers;
+min.insync.replicas; followers' fetches fenced by epoch and membership; ISR proposals."""
+
+from __future__ import annotations
+
+from querylib.broker._errors import (
+    FencedLeaderEpochError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+)
+from querylib.broker.messages import Produced, Subscribed
+from querylib.server.broker._events import (
+    Deliver,
+    OpenProducer,
+    OpenSession,
+    Produce,
+    ProposeIsr,
+    ReplicaFetched,
+    SetReplicaRole,
+    Subscribe,
+    Tick,
+)
+from querylib.server.broker._replication import PartitionRole
+from querylib.server.broker._state import BrokerLimits
+
+from ._sim import Sim, fake_batch
+
+P = ("t", 0)
+
+
+def role(leader: int = 1, epoch: int = 2, isr=(1, 2, 3)) -> PartitionRole:
+    return PartitionRole(topic_id=1, partition=0, leader_id=leader, leader_epoch=epoch,
+                         replicas=(1, 2, 3), isr=tuple(isr))
+
+
+def leading(isr=(1, 2, 3), min_insync: int = 1, limits: BrokerLimits | None = None) -> Sim:
+    sim = Sim(limits)
+    sim.open_partition(P)
+    sim.feed(SetReplicaRole(P, role(isr=isr), broker_id=1, min_insync=min_insync))
+    sim.feed(OpenSession("o-p", "p", 10.0))
+    sim.feed(OpenProducer("op-p", "p", P))
+    return sim
+
+
+def test_a_produce_is_answered_once_every_in_sync_replica_fetched_it():
+    sim = leading()
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P)
+    assert "a" not in sim.replies  # durable on the leader only
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=1, leader_epoch=2))
+    assert sim.replies["f2"] == 0 and "a" not in sim.replies  # the high watermark it had
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
+    assert sim.replies["a"] == Produced(base_offset=0, next_offset=1)
+    assert sim.state.partition_info(P).high_watermark == 1
+
+
+def test_a_subscriber_sees_nothing_above_the_high_watermark():
+    sim = leading(isr=(1, 2))
+    sim.feed(OpenSession("o-s", "s", 10.0))
+    sim.track("s", 1, 10_000)
+    sim.feed(Subscribe("sub", "s", 1, P, "earliest", 10_000))
+    assert isinstance(sim.replies["sub"], Subscribed)
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    out = sim.complete_append(P)
+    assert not [i for i in out if isinstance(i, Deliver)]
+    out = sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=1, leader_epoch=2))
+    delivered = [i for i in out if isinstance(i, Deliver)]
+    assert delivered
+    # The bytes as the leader's log stores them: its leader epoch stamped, as on disk.
+    assert int.from_bytes(delivered[0].data[12:16], "big") == 2
+
+
+def test_a_follower_refuses_producers_and_readers():
+    sim = Sim()
+    sim.open_partition(P)
+    sim.feed(SetReplicaRole(P, role(), broker_id=2))
+    sim.feed(OpenSession("o-p", "p", 10.0))
+    sim.feed(OpenProducer("op-p", "p", P))
+    assert isinstance(sim.replies["op-p"], NotLeaderOrFollowerError)
+    sim.feed(Subscribe("sub", "p", 1, P, "earliest", 10_000))
+    assert isinstance(sim.replies["sub"], NotLeaderOrFollowerError)
+
+
+def test_a_producer_opened_before_the_leader_lost_its_role_is_refused():
+    sim = leading()
+    sim.feed(SetReplicaRole(P, role(leader=2, epoch=3), broker_id=1))
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    assert isinstance(sim.replies["a"], NotLeaderOrFollowerError)
+    assert not sim.appends[P]
+
+
+def test_min_insync_replicas_refuses_a_produce_and_appends_nothing():
+    sim = leading(isr=(1,), min_insync=2)
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    assert isinstance(sim.replies["a"], NotEnoughReplicasError)
+    assert not sim.appends[P]
+
+
+def test_replica_fetches_are_fenced_by_epoch_and_membership():
+    sim = leading()
+    sim.feed(ReplicaFetched("old", P, replica=2, fetch_offset=0, leader_epoch=1))
+    assert isinstance(sim.replies["old"], FencedLeaderEpochError)
+    sim.feed(ReplicaFetched("who", P, replica=7, fetch_offset=0, leader_epoch=2))
+    assert isinstance(sim.replies["who"], NotLeaderOrFollowerError)
+    plain = Sim()
+    plain.open_partition(P)
+    plain.feed(ReplicaFetched("none", P, replica=2, fetch_offset=0, leader_epoch=2))
+    assert isinstance(plain.replies["none"], NotLeaderOrFollowerError)
+
+
+def test_a_lagging_follower_is_proposed_out_and_back_in():
+    sim = leading(limits=BrokerLimits(replica_lag_time_max=5.0))
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P)
+    sim.feed(Tick(1.0, 1000))
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=1, leader_epoch=2))
+    out = sim.feed(Tick(4.0, 4000))
+    assert not [i for i in out if isinstance(i, ProposeIsr)]
+    out = sim.feed(Tick(6.0, 6000))
+    assert [i.isr for i in out if isinstance(i, ProposeIsr)] == [(1, 2)]
+    assert sim.replies.get("a") is None  # the ISR changes only with the new role
+    sim.feed(SetReplicaRole(P, role(isr=(1, 2)), broker_id=1))
+    assert sim.replies["a"] == Produced(base_offset=0, next_offset=1)
+    sim.feed(Tick(7.0, 7000))
+    sim.feed(ReplicaFetched("f2b", P, replica=2, fetch_offset=1, leader_epoch=2))
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
+    out = sim.feed(Tick(7.5, 7500))
+    assert [i.isr for i in out if isinstance(i, ProposeIsr)] == [(1, 2, 3)]
+
+
+def test_a_deposed_leader_fails_the_produces_still_waiting_for_the_high_watermark():
+    sim = leading()
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P)
+    sim.feed(Produce("b", "p", P, fake_batch(1, b"y")))  # still in flight
+    sim.feed(SetReplicaRole(P, role(leader=2, epoch=3), broker_id=1))
+    assert isinstance(sim.replies["a"], NotLeaderOrFollowerError)
+    assert isinstance(sim.replies["b"], NotLeaderOrFollowerError)
+    sim.complete_append(P)  # its append completes later: answered once only
