@@ -230,10 +230,12 @@ class TopicBeingDroppedError(ConflictError):
 
 
 class FencedLeaderEpochError(ConflictError):
-    """A broker acted as a partition's leader at an epoch that is not the catalog's: another
-    broker leads it now (or this one again, at a newer epoch)."""
+    """A request named a partition's leader epoch that is not the current one: its sender (a
+    broker acting as leader, a follower, a client) learns the newer role from the catalog and
+    retries. Raised by the catalog (AlterPartition) and by brokers."""
 
     kafka_error_code = 74  # FENCED_LEADER_EPOCH
+    retriable = True
 
 
 class StaleIsrError(ConflictError):

@@ -11,7 +11,7 @@ re-exports the partition, topic and producer-sequence ones).
     │   ├── StaleIncarnationError    the partition here belongs to a newer topic of that name
     │   ├── TopicAuthorizationError  the topic's writers rule does not admit the principal
     │   ├── NotLeaderOrFollowerError this broker does not lead the replicated partition (now)
-    │   ├── FencedLeaderEpochError   a request named a leader epoch older than the partition's
+    │   ├── (FencedLeaderEpochError: the catalog's, a ConflictError; re-exported here)
     │   ├── NotEnoughReplicasError   fewer in-sync replicas than the topic's min.insync.replicas
     │   └── StreamEndedError         the partition's stream ended; its owner may reopen it
     ├── ProtocolError
@@ -35,7 +35,7 @@ The classes carry traits; clients branch on them (`retriable`), never on message
 
 from __future__ import annotations
 
-from catalog.errors import ProtocolError, TqError, UserError
+from catalog.errors import FencedLeaderEpochError, ProtocolError, TqError, UserError
 
 __all__ = [
     "BatchTooLargeError",
@@ -89,14 +89,6 @@ class NotLeaderOrFollowerError(UserError):
     one of its replicas): locate its leader in the catalog again and retry there."""
 
     kafka_error_code = 6  # NOT_LEADER_OR_FOLLOWER
-    retriable = True
-
-
-class FencedLeaderEpochError(UserError):
-    """The request named a leader epoch older than the partition's current one: its sender
-    learns the newer role (the catalog) and retries."""
-
-    kafka_error_code = 74  # FENCED_LEADER_EPOCH
     retriable = True
 
 
