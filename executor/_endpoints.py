@@ -14,6 +14,11 @@ It is also the connector endpoint's `Locate` (`locate`): which other broker hold
 and its address (the last one known while a shard restarts), so the endpoint writes it there
 (as anonymous: that broker admits it or not).
 
+It tells the broker its role on each replicated partition it holds a replica of (DESIGN §5
+"Replication", `watch_replicas`): leader or follower at the catalog's leader epoch, the ISR,
+and for a follower its leader's address and CURVE key, from the `topics` and `brokers` it
+follows, whenever what it would tell changes; in order, one change at a time.
+
 It is also the Kafka listener's `KafkaCluster`: for Metadata it follows the catalog's
 `brokers` too. Every broker registered with a Kafka address is listed, the coordinator's own
 too: it is the group coordinator FindCoordinator names, and librdkafka drops a broker
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from catalog import (
     Broker,
@@ -47,11 +52,15 @@ from catalog import (
 from querylib.broker import BrokerUnavailableError
 from querylib.cluster import AsyncCluster, Snapshot
 from querylib.kafka import CoordinatorNotAvailableError
-from querylib.server.broker import TopicAccess, catalog_access
+from querylib.server.broker import PartitionRole, TopicAccess, catalog_access
 from querylib.server.connector import Remote
 from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
 
-__all__ = ["CatalogTopics"]
+__all__ = ["CatalogTopics", "RoleSink"]
+
+# Where a broker's role on a replicated partition goes: (topic, partition, role,
+# min.insync.replicas).
+RoleSink = Callable[[str, int, "PartitionRole | None", int], Awaitable[None]]
 
 logger = logging.getLogger("executor")
 
@@ -74,6 +83,13 @@ class CatalogTopics:
         self._forget: Callable[[str], None] | None = None
         self._told: set[str] = set()  # topics whose rule the broker was told from the view
         self._addresses: dict[int, str] = {}  # broker id -> its last known address
+        # Replication: where roles go, what each replica of ours was last told, and the
+        # changes not told yet (told in order by one task).
+        self._set_role: RoleSink | None = None
+        self._roles: dict[tuple[str, int], tuple[PartitionRole, int]] = {}
+        self._role_changes: asyncio.Queue[tuple[str, int, PartitionRole | None, int]] = \
+            asyncio.Queue()
+        self._telling: asyncio.Task[None] | None = None
 
     def attach(self, cluster: AsyncCluster, broker_id: int, *, follow: bool = False) -> None:
         """Answer from now on, for broker `broker_id`, following the catalog's topics (the
@@ -81,7 +97,8 @@ class CatalogTopics:
         listener, and the host's brokers its topics spread over)."""
         self.cluster, self.broker_id = cluster, broker_id
         self._attached.set()
-        collections = ["topics", "brokers", "executors"] if follow else ["topics"]
+        # The brokers too always: a follower fetches from its leader's address.
+        collections = ["topics", "brokers", "executors"] if follow else ["topics", "brokers"]
         self._following = asyncio.get_running_loop().create_task(
             self._follow_all(collections), name="catalog view of the executor's broker")
 
@@ -90,11 +107,24 @@ class CatalogTopics:
         """The broker's callbacks for rules that change (`TopicDirectory`)."""
         self._learn, self._forget = learn, forget
 
+    def watch_replicas(self, set_role: RoleSink) -> None:
+        """Where this broker's roles on replicated partitions go: `set_role(topic, partition,
+        role, min_insync)`, awaited one at a time."""
+        self._set_role = set_role
+
+    def topic_named(self, name: str) -> Topic | None:
+        """The followed view's topic of this short name."""
+        for topic in self._views["topics"]:
+            if isinstance(topic, Topic) and topic.short_name == name:
+                return topic
+        return None
+
     async def close(self) -> None:
-        if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
-            self._following = None
+        for task in (self._following, self._telling):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._following = self._telling = None
 
     async def _follow_all(self, collections: list[str]) -> None:
         await asyncio.gather(*(self._follow(name) for name in collections))
@@ -122,6 +152,8 @@ class CatalogTopics:
                                     touched.add(record.short_name)
                         if collection == "topics":
                             self._tell(touched)
+                        if collection in ("topics", "brokers"):
+                            self._replica_roles()
             except TqError as exc:  # the coordinator is away or restarting: follow again
                 logger.warning("catalog view of %s: %s; following again", collection, exc)
                 await asyncio.sleep(_RETRY_FOLLOW)
@@ -142,6 +174,50 @@ class CatalogTopics:
             else:
                 self._told.add(name)
                 self._learn(catalog_access(topic, self.broker_id))
+
+    def _replica_roles(self) -> None:
+        """Queue the roles of this broker's replicas that changed in the view."""
+        if self._set_role is None or self.broker_id is None:
+            return
+        me = self.broker_id
+        brokers = {b.broker_id: b for b in self._views["brokers"] if isinstance(b, Broker)}
+        wanted: dict[tuple[str, int], tuple[PartitionRole, int]] = {}
+        for topic in self._views["topics"]:
+            if not isinstance(topic, Topic) or not topic.replicas:
+                continue
+            min_insync = int(topic.config("min.insync.replicas") or 1)
+            for i, replicas in enumerate(topic.replicas):
+                if me not in replicas:
+                    continue
+                leader = topic.locations[i]
+                found = brokers.get(leader)
+                if leader != me and found is None:
+                    continue  # its leader is away: keep the last role until it is back
+                wanted[(topic.short_name, i)] = (PartitionRole(
+                    topic_id=topic.topic_id, partition=i, leader_id=leader,
+                    leader_epoch=topic.leader_epochs[i], replicas=replicas,
+                    isr=topic.isr[i],
+                    leader_address=found.address if leader != me and found else "",
+                    leader_curve_key=(found.curve_key or None) if leader != me and found
+                    else None), min_insync)
+        for key in [k for k in self._roles if k not in wanted]:
+            del self._roles[key]  # a deleted topic: its partitions go with its drop
+        for key, role in wanted.items():
+            if self._roles.get(key) != role:
+                self._roles[key] = role
+                self._role_changes.put_nowait((*key, *role))
+        if self._telling is None and not self._role_changes.empty():
+            self._telling = asyncio.get_running_loop().create_task(
+                self._tell_roles(), name="replica roles of the executor's broker")
+
+    async def _tell_roles(self) -> None:
+        assert self._set_role is not None
+        while True:
+            topic, partition, role, min_insync = await self._role_changes.get()
+            try:
+                await self._set_role(topic, partition, role, min_insync)
+            except (TqError, ValueError, OSError) as exc:
+                logger.warning("replica role of %s-%d: %s", topic, partition, exc)
 
     async def _session(self) -> tuple[AsyncCluster, int]:
         try:

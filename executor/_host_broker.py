@@ -28,15 +28,17 @@ coordinator do).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from catalog import PrincipalKind, TqError, principal_kind
 from querylib.cluster import AsyncCluster, advertise_endpoint, advertised_host, is_wildcard
 from querylib.rpc import BROKER, Credential, RemoteKeyring
 from querylib.server import BrokerEndpoints
-from querylib.server.broker import BrokerServer
+from querylib.server.broker import BrokerServer, PartitionRole, ProposeIsr
 
 from ._broker_id import (
     Endpoints,
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from querylib.server.connector import EndpointConfig
 
 __all__ = ["HostBroker"]
+
+logger = logging.getLogger("executor")
 
 _KEY_WAIT = 30.0  # seconds a key request waits for a session with the coordinator
 
@@ -92,6 +96,7 @@ class HostBroker:
         self.cluster: AsyncCluster | None = None
         self._attached = asyncio.Event()
         self._closed = False
+        self._proposals: set[asyncio.Task[None]] = set()
 
     async def start(self) -> HostBroker:
         """Open the broker and its endpoints (on failure, what opened is closed)."""
@@ -111,6 +116,13 @@ class HostBroker:
             else:
                 self.address = self.bound
             self.exit_feed = QueryExitFeed(self.broker)
+            # Replication (DESIGN §5 "Replication"): a follower fetches with our credential;
+            # only the cluster's brokers (executor principals, an admin's) may fetch from us;
+            # the roles come from the catalog and ISR proposals go back to it.
+            self.broker.replica_credential = self.secret
+            self.broker.may_replicate = _is_broker_principal
+            self.broker.on_isr_proposal = self._propose_isr
+            self.topics.watch_replicas(self._set_role)
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
             # The connector cookie and the Kafka cluster id derive from the key we hold (the
             # cluster secret for an admin's executor, as in tq up).
@@ -156,6 +168,33 @@ class HostBroker:
         self._attached.set()
         return broker.broker_id
 
+    async def _set_role(self, topic: str, partition: int, role: PartitionRole | None,
+                        min_insync: int) -> None:
+        if self.broker is not None and self.broker_id is not None:
+            await self.broker.set_replica_role(topic, partition, role,
+                                               broker_id=self.broker_id,
+                                               min_insync=min_insync)
+
+    def _propose_isr(self, proposal: ProposeIsr) -> None:
+        """Send a leader's ISR proposal to the controller (AlterPartition). Refused or lost,
+        it changes nothing: the leader proposes again from the role the catalog gives it."""
+        topic = self.topics.topic_named(proposal.partition[0])
+        cluster, broker_id = self.cluster, self.broker_id
+        if topic is None or cluster is None or broker_id is None:
+            return
+
+        async def send() -> None:
+            try:
+                await cluster.alter_partition(
+                    topic.topic_id, proposal.partition[1], broker_id, proposal.leader_epoch,
+                    proposal.expected_isr, proposal.isr)
+            except TqError as exc:
+                logger.info("ISR of %s-%d not changed: %s", *proposal.partition, exc)
+
+        task = asyncio.get_running_loop().create_task(send(), name="AlterPartition")
+        self._proposals.add(task)
+        task.add_done_callback(self._proposals.discard)
+
     async def detach(self) -> None:
         """The session is gone: key requests wait for the next one; stop following."""
         self._attached.clear()
@@ -199,3 +238,12 @@ class HostBroker:
         if self.broker is not None and not self._closed:
             self._closed = True
             await self.broker.close()
+
+
+def _is_broker_principal(principal: str) -> bool:
+    """Who may fetch a replica from this host's brokers: another host's broker, which signs
+    with its executor's credential (an executor principal, or an admin's as under tq up)."""
+    try:
+        return principal_kind(principal) in (PrincipalKind.EXECUTOR, PrincipalKind.ADMIN)
+    except TqError:
+        return False

@@ -297,6 +297,16 @@ class AsyncCluster:
         await self.request(m.ReportPartitionsDropped(session_id=self._session(),
                                                      topic_id=topic_id, broker_id=broker_id))
 
+    async def alter_partition(self, topic_id: int, partition: int, broker_id: int,
+                              leader_epoch: int, expected_isr: tuple[int, ...],
+                              isr: tuple[int, ...]) -> m.TopicInfo:
+        """A replicated partition's leader (broker `broker_id`, this session's) asks for a new
+        ISR (DESIGN §5 "Replication"); the topic as it is after."""
+        return await self.request(m.AlterPartition(
+            session_id=self._session(), topic_id=topic_id, partition=partition,
+            broker_id=broker_id, leader_epoch=leader_epoch, expected_isr=expected_isr,
+            isr=isr))
+
     async def publish(self, name: str) -> m.TopicInfo:
         return await self.request(m.Publish(session_id=self._session(), name=name))
 

@@ -9,6 +9,8 @@ messages are `querylib.broker`; everything outside this package comes in through
     _admission.py       Admission, composed by the core: writers rules, partitions to open
     _subscriptions.py   Subscriptions, composed by the core: credit, catch-up, tail, retention
     _cohorts.py         Cohorts, composed by the core: process exits, pending cohorts
+    _replication.py     a replicated partition's rules: roles, leader epochs, high watermark
+    _fetcher.py     ReplicaFetcher: a follower's fetches from one leader
     _write_access.py  principals and topics' writers rules (who may write what)
     _frontier.py    PartitionFrontier: the minimum over live producers, cohorts
     _idempotence.py the table of idempotent producers (a batch sent again is stored once)
@@ -30,8 +32,9 @@ if TYPE_CHECKING:
     from ._bookkeeping import BrokerLimits
     from ._door import BrokerPort, OpenDirectory, PortLink, TopicDirectory
     from ._drop import drop_hosted, drop_partitions
-    from ._events import TopicAccess
+    from ._events import ProposeIsr, TopicAccess
     from ._frontier import PartitionFrontier
+    from ._replication import PartitionRole
     from ._server import BrokerServer
     from ._state import BrokerState
     from ._write_access import catalog_access, writers_of
