@@ -12,9 +12,10 @@ import pytest
 
 from catalog.errors import TqError
 from querylib.broker import BrokerLink, OpenProducerRequest, ProduceRequest
-from querylib.broker.messages import Produced
+from querylib.broker.messages import Produced, ReplicaFetchRequest
 from querylib.log import LogConfig
 from querylib.records import encode_batch, iter_batches
+from querylib.rpc import BROKER, RpcClient
 from querylib.server.broker import BrokerServer
 from querylib.server.broker._replication import PartitionRole
 from tests.conftest import wait_for_async
@@ -257,6 +258,34 @@ def test_min_insync_replicas_refuses_a_produce_to_a_small_isr(tmp_path):
             assert cluster.log(1).log_end_offset == 0
             await link.close()
         finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_fetch_beyond_the_leaders_log_end_is_refused(tmp_path):
+    # A replica claiming records the leader never wrote (a tail it did not truncate) must not
+    # count towards the high watermark: the leader answers OFFSET_OUT_OF_RANGE (Kafka's rule).
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        client = RpcClient(cluster.addresses[0], SECRET, audience=BROKER, timeout=10)
+        try:
+            cluster.servers[2].hold_replica_fetches(True)
+            link = await producer(cluster.addresses[0])
+            pending = produce(link, b"held")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 1)
+            await client.connect()
+            with pytest.raises(TqError) as raised:
+                await client.request(ReplicaFetchRequest("t", 0, fetch_offset=5,
+                                                         leader_epoch=1, replica=3))
+            assert raised.value.kafka_error_code == 1
+            assert not pending.done()
+            cluster.servers[2].hold_replica_fetches(False)
+            assert (await pending).base_offset == 0
+            await link.close()
+        finally:
+            await client.close()
             await cluster.close()
 
     asyncio.run(main())

@@ -183,7 +183,9 @@ def follower_truncation_offset(leader_answer: tuple[int, int], *, own_end: int) 
 @dataclass
 class _Follower:
     fetched: int = 0  # its log end, as its last fetch said
-    caught_up_ms: int = 0  # when its fetch last reached the leader's log end
+    caught_up_ms: int = 0  # the last time its log end reached the leader's
+    last_fetch_ms: int = 0  # when its previous fetch came
+    last_fetch_leader_end: int = 0  # the leader's log end then
 
 
 @dataclass
@@ -240,8 +242,15 @@ class LeaderReplication:
             raise NotLeaderOrFollowerError(f"broker {replica} is not a follower of {self.role}")
         follower = self._followers[replica]
         follower.fetched = max(follower.fetched, fetch_offset)
+        # Kafka's lastCaughtUpTime: caught up now if the fetch reached the leader's end, else
+        # caught up at the previous fetch if it reached the end the leader had then (under a
+        # steady stream no fetch ever reaches the end as it is when the fetch arrives).
         if fetch_offset >= leader_end:
             follower.caught_up_ms = max(follower.caught_up_ms, now_ms)
+        elif fetch_offset >= follower.last_fetch_leader_end:
+            follower.caught_up_ms = max(follower.caught_up_ms, follower.last_fetch_ms)
+        follower.last_fetch_ms = now_ms
+        follower.last_fetch_leader_end = leader_end
         return self._advance()
 
     def isr_proposal(self, *, now_ms: int) -> tuple[int, ...] | None:

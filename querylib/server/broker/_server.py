@@ -503,6 +503,13 @@ class BrokerServer:
         lane = self._lanes.get(pid)
         if lane is None:
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid}")
+        if not 0 <= req.fetch_offset <= lane.log.log_end_offset:
+            # Records this log never held (a tail the replica did not truncate) must not count
+            # towards the high watermark (Kafka: OFFSET_OUT_OF_RANGE). Checked against the
+            # log itself: the core hears of an append after the lane wrote it.
+            raise OffsetOutOfRangeError(f"replica {req.replica} fetches {pid} at "
+                                        f"{req.fetch_offset}, the log ends at "
+                                        f"{lane.log.log_end_offset}")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._feed(ReplicaFetched(future, pid, req.replica, req.fetch_offset,
                                   req.leader_epoch))

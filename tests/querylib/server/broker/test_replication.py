@@ -163,6 +163,31 @@ def test_isr_shrinks_for_a_follower_lagging_past_the_lag_time_and_grows_once_cau
     assert leader.isr_proposal(now_ms=181) == (1, 2, 3)
 
 
+def test_a_follower_keeping_up_with_a_steady_stream_stays_in_the_isr() -> None:
+    # The leader's log grows between every two fetches, so no fetch ever reaches the leader's
+    # end at the time it arrives; each reaches the end the leader had at the follower's
+    # previous fetch, so the follower was caught up then (Kafka's lastCaughtUpTime rule) and
+    # must not be proposed out of the ISR however long the stream lasts.
+    leader = LeaderReplication(role(), own_id=1, lag_max_ms=100, now_ms=0)
+    end = 10
+    for now in range(0, 1000, 50):
+        for follower in (2, 3):
+            leader.follower_fetch(follower, fetch_offset=end - 10, leader_epoch=3,
+                                  leader_end=end, now_ms=now)
+        end += 10
+        leader.durable(end)
+        assert leader.isr_proposal(now_ms=now) is None
+    # A follower that stops advancing is still proposed out after the lag time.
+    stuck = end
+    for now in range(1000, 1300, 50):
+        leader.follower_fetch(2, fetch_offset=end - 10, leader_epoch=3, leader_end=end,
+                              now_ms=now)
+        leader.follower_fetch(3, fetch_offset=stuck, leader_epoch=3, leader_end=end, now_ms=now)
+        end += 10
+        leader.durable(end)
+    assert leader.isr_proposal(now_ms=1300) == (1, 2)
+
+
 def test_min_insync_replicas_refuses_a_produce_to_a_small_isr() -> None:
     leader = LeaderReplication(role(isr=(1,)), own_id=1, lag_max_ms=100, now_ms=0)
     leader.check_min_insync(1)
