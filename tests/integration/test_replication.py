@@ -289,3 +289,34 @@ def test_a_fetch_beyond_the_leaders_log_end_is_refused(tmp_path):
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_follower_ahead_of_its_leader_at_the_same_epoch_truncates_and_converges(tmp_path):
+    # The leader's log ends below the follower's at the same epoch (a leader restarted having
+    # lost an unflushed tail, its role not set again): its fetch is refused as out of range,
+    # and the follower truncates where the leader's epoch ends before fetching again, instead
+    # of asking for the same offset forever.
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"a"), 30)
+            await wait_for_async(lambda: cluster.log(3).log_end_offset == 1, timeout=30,
+                                 what="follower 3 has a")
+            cluster.servers[2].hold_replica_fetches(True)
+            stored = cluster.log(1).read(0, 1 << 20)  # a's batch as stored (epoch 1)
+            cluster.log(3).append_replica((1).to_bytes(8, "big") + stored[8:])  # a tail at 1
+            assert cluster.log(3).log_end_offset == 2
+            cluster.servers[2].hold_replica_fetches(False)
+            await wait_for_async(lambda: cluster.log(3).log_end_offset == 1, timeout=30,
+                                 what="follower 3 cut the tail the leader does not have")
+            await asyncio.wait_for(produce(link, b"b"), 30)
+            data = cluster.log(1).read(0, 1 << 20)
+            await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
+                                 what="follower 3 converged on the leader's log")
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())

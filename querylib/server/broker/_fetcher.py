@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 
 from catalog.errors import TqError
 from querylib.broker.messages import EpochEndRequest, ReplicaFetchRequest
+from querylib.errors import OffsetOutOfRangeError
 from querylib.log import PartitionLog
 from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
@@ -86,6 +87,12 @@ class ReplicaFetcher:
                     for pid, role in list(self.partitions.items()):
                         try:
                             progressed |= await self._fetch(client, pid, role)
+                        except OffsetOutOfRangeError as exc:
+                            # The leader's log ends below ours at this epoch (it lost an
+                            # unflushed tail, say): truncate again before the next fetch.
+                            self._joining.add(pid)
+                            logger.info("replica fetch of %s from %s: %s; truncating again",
+                                        pid, self.address, exc)
                         except (TqError, RpcError) as exc:
                             logger.info("replica fetch of %s from %s: %s", pid, self.address,
                                         exc)
