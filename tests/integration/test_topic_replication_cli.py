@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import querylib
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 
@@ -39,8 +40,8 @@ def _hosts(home: Path) -> dict[int, int]:
             for b in (e["broker_id"], *e.get("shards", ()))}
 
 
-def test_replicated_topic_is_created_described_and_fails_over(processes: Processes,
-                                                              tmp_path: Path) -> None:
+def test_replicated_topic_is_created_described_and_fails_over(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     CoordinatorProcess(processes, tmp_path).start()
     agents = {}
     for i in range(3):
@@ -65,6 +66,17 @@ def test_replicated_topic_is_created_described_and_fails_over(processes: Process
     assert "replication factor 3" in text and "ISR" in text
     refused = tq(tmp_path, "topic", "create", "many", "--replication-factor", "4")
     assert refused.returncode != 0 and "replication factor 4" in refused.stderr
+
+    # ctx.publish(..., replication=N) creates the topic with N replicas; an existing topic
+    # keeps its own.
+    for key, value in tq_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    with querylib.connect() as ctx:
+        with ctx.publish("twice", replication=2):
+            pass
+        with ctx.publish("twice", replication=3):
+            pass
+    assert _describe(tmp_path, "twice")["replication_factor"] == 2
 
     # The leader of partition 0 goes: its executor's lease expires, the next replica leads.
     gone = parts[0]["broker"]
