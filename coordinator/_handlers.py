@@ -297,6 +297,7 @@ class CreateIngestTopic:
 
     name: str
     partitions: int
+    replication_factor: int | None = None  # None: the default (DESIGN §5 "Replication")
 
 
 def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
@@ -305,11 +306,18 @@ def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
         raise InvalidPartitionsError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
     locations = place_kafka_partitions(state.catalog, req.partitions, state.placement_cursor,
                                        state.catalog_broker_id)
+    factor = req.replication_factor
+    if factor is None:
+        factor = 1 if TopicName.parse(req.name).internal \
+            else default_replication_factor(state.catalog)
+    if factor < 1:
+        raise InvalidReplicationFactorError(f"replication factor {factor}: at least 1")
+    replicas = place_replicas(state.catalog, locations, factor, state.placement_cursor)
     state.placement_cursor += req.partitions
     change = state.apply(CreateTopicCommand(
         name=req.name, partitions=req.partitions, record_type="bytes", kind=TopicKind.STREAM,
-        owner=INGEST, locations=locations,
-        at_ms=call.wall_ms, creator=call.principal), call.now, call.wall_ms)
+        owner=INGEST, locations=locations, at_ms=call.wall_ms, creator=call.principal,
+        replicas=replicas), call.now, call.wall_ms)
     assert isinstance(change.created, Topic)
     return _topic_info(state, change.created)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import querylib
-from tests.conftest import Processes, wait_for
+from tests.conftest import Processes, free_port, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,3 +89,42 @@ def test_replicated_topic_is_created_described_and_fails_over(
     assert moved["broker"] == parts[0]["replicas"][1] and moved["leader_epoch"] == 1
     assert moved["isr"] == [b for b in parts[0]["replicas"] if b != gone]
     assert moved["replicas"] == parts[0]["replicas"]
+
+
+def test_kafka_clients_see_and_create_replicated_topics(processes: Processes,
+                                                        tmp_path: Path) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    CoordinatorProcess(processes, tmp_path).start()
+    ports = [free_port() for _ in range(3)]
+    for i, port in enumerate(ports):
+        processes.python(
+            "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
+            "--slots", "1", "--kafka-port", str(port), env=tq_env(tmp_path), cwd=ROOT,
+            stderr=subprocess.DEVNULL)
+    host = wait_for(lambda: len(set((h := _hosts(tmp_path)).values())) == 3 and h,
+                    timeout=60, interval=0.2, what="three executors to register")
+    _ok(tq(tmp_path, "topic", "create", "r", "--partitions", "2", "--replication-factor", "3"))
+    described = {p["partition"]: p for p in _describe(tmp_path, "r")["partitions"]}
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{ports[0]}"})
+    meta = admin.list_topics("r", timeout=30).topics["r"]
+    assert meta.error is None and sorted(meta.partitions) == [0, 1]
+    for index, part in meta.partitions.items():
+        assert part.leader == described[index]["broker"]
+        assert part.replicas == described[index]["replicas"]
+        assert part.isrs == described[index]["isr"]
+
+    futures = admin.create_topics([NewTopic("k3", 2, replication_factor=3),
+                                   NewTopic("k9", 1, replication_factor=9)],
+                                  operation_timeout=30)
+    futures["k3"].result(timeout=60)
+    with pytest.raises(KafkaException) as refused:
+        futures["k9"].result(timeout=60)
+    assert refused.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+    created = _describe(tmp_path, "k3")
+    assert created["replication_factor"] == 3
+    assert all(len({host[b] for b in p["replicas"]}) == 3 for p in created["partitions"])
+    futures = admin.create_topics([NewTopic("kd", 1)], operation_timeout=30)  # the default
+    futures["kd"].result(timeout=60)
+    assert _describe(tmp_path, "kd")["replication_factor"] == 3
