@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_options(describe)
     describe.set_defaults(func=_describe_topic)
     alter = topic_sub.add_parser(
-        "alter", help="set a topic's retention and segment size",
+        "alter", help="set a topic's retention, segment size and min.insync.replicas",
         description="Set (or with --reset, remove) the Kafka topic configs tq keeps per topic, "
         "in the catalog: every broker hosting the topic applies them, now and after restarts "
         "(Kafka clients: IncrementalAlterConfigs). Unset ones are the broker's. -1: no limit.",
@@ -127,7 +127,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # `tq topic alter` flags and the Kafka topic config each sets (catalog.TOPIC_CONFIGS).
 _CONFIG_FLAGS = {"--retention-ms": "retention.ms", "--retention-bytes": "retention.bytes",
-                 "--segment-bytes": "segment.bytes"}
+                 "--segment-bytes": "segment.bytes",
+                 "--min-insync-replicas": "min.insync.replicas"}
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -254,7 +255,7 @@ def _alter_topic(args: argparse.Namespace) -> int:
             configs[config] = str(value)
     if not configs:
         raise InvalidCommandError("nothing to alter: give --retention-ms, --retention-bytes, "
-                                  "--segment-bytes or --reset")
+                                  "--segment-bytes, --min-insync-replicas or --reset")
     with connect(args, session=True) as cluster:
         topic = cluster.alter_topic(args.name, configs=configs).topic
     own = ", ".join(f"{k}={v}" for k, v in topic.configs) or "the broker's for every config"

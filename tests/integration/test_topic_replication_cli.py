@@ -64,6 +64,9 @@ def test_replicated_topic_is_created_described_and_fails_over(
     assert len({p["broker"] for p in parts}) == 3  # leaders spread over the hosts
     text = _ok(tq(tmp_path, "topic", "describe", "r", "--timeout", "2"))
     assert "replication factor 3" in text and "ISR" in text
+    said = _ok(tq(tmp_path, "topic", "alter", "r", "--min-insync-replicas", "2"))
+    assert "min.insync.replicas=2" in said
+    assert _describe(tmp_path, "r")["configs"] == {"min.insync.replicas": "2"}
     refused = tq(tmp_path, "topic", "create", "many", "--replication-factor", "4")
     assert refused.returncode != 0 and "replication factor 4" in refused.stderr
 
