@@ -402,6 +402,9 @@ TOPIC_CONFIGS: dict[str, tuple[int, int]] = {
     "retention.ms": (-1, 2**63 - 1),
     "retention.bytes": (-1, 2**63 - 1),
     "segment.bytes": (14, 2**31 - 1),
+    # How many in-sync replicas must hold a record before acks=all / a flush is answered
+    # (DESIGN §5 "Replication"); the brokers enforce it.
+    "min.insync.replicas": (1, 2**31 - 1),
 }
 
 

@@ -33,6 +33,7 @@ from catalog import (
     FailQuery,
     InvalidCommandError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     JoinToken,
     NotAuthorizedError,
     NotFoundError,
@@ -86,7 +87,13 @@ from querylib.cluster._errors import QueryFailedError
 
 from ._drops import WaitForDrops
 from ._leases import bound_peer
-from ._placement import place_kafka_partitions, place_partitions, place_processes
+from ._placement import (
+    default_replication_factor,
+    place_kafka_partitions,
+    place_partitions,
+    place_processes,
+    place_replicas,
+)
 from ._state import Call, CoordinatorState, WaitForStart, WaitForTopic
 
 __all__ = ["HANDLERS"]
@@ -253,12 +260,22 @@ def lookup_topic(state: CoordinatorState, req: m.LookupTopic, call: Call) -> m.T
 
 def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.TopicInfo:
     party = _party(state, req.session_id, call)
+    factor = req.replication_factor
+    if factor is not None and (factor < 1 or factor > 1 and req.locations is not None):
+        raise InvalidReplicationFactorError(
+            f"replication factor {factor}: at least 1, and 1 when the locations are given")
     locations = req.locations
+    replicas: tuple[tuple[int, ...], ...] = ()
     if locations is None:
         if not 1 <= req.partitions <= 10_000:
             raise InvalidCommandError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
         locations = place_partitions(state.catalog, party, req.partitions,
                                      state.placement_cursor, state.catalog_broker_id)
+        if factor is None:
+            factor = 1 if TopicName.parse(req.name).internal \
+                else default_replication_factor(state.catalog)
+        replicas = place_replicas(state.catalog, tuple(locations), factor,
+                                  state.placement_cursor)
         state.placement_cursor += req.partitions
     # A client session's topic is its principal's: a reconnected script still owns it.
     owner = INGEST if req.ingest else (PrincipalRef(call.principal)
@@ -267,7 +284,7 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         name=req.name, partitions=req.partitions,
         record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
         owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
-        creator=call.principal), call.now, call.wall_ms)
+        creator=call.principal, replicas=replicas), call.now, call.wall_ms)
     assert isinstance(change.created, Topic)
     return _topic_info(state, change.created)
 
@@ -280,6 +297,7 @@ class CreateIngestTopic:
 
     name: str
     partitions: int
+    replication_factor: int | None = None  # None: the default (DESIGN §5 "Replication")
 
 
 def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
@@ -288,11 +306,18 @@ def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
         raise InvalidPartitionsError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
     locations = place_kafka_partitions(state.catalog, req.partitions, state.placement_cursor,
                                        state.catalog_broker_id)
+    factor = req.replication_factor
+    if factor is None:
+        factor = 1 if TopicName.parse(req.name).internal \
+            else default_replication_factor(state.catalog)
+    if factor < 1:
+        raise InvalidReplicationFactorError(f"replication factor {factor}: at least 1")
+    replicas = place_replicas(state.catalog, locations, factor, state.placement_cursor)
     state.placement_cursor += req.partitions
     change = state.apply(CreateTopicCommand(
         name=req.name, partitions=req.partitions, record_type="bytes", kind=TopicKind.STREAM,
-        owner=INGEST, locations=locations,
-        at_ms=call.wall_ms, creator=call.principal), call.now, call.wall_ms)
+        owner=INGEST, locations=locations, at_ms=call.wall_ms, creator=call.principal,
+        replicas=replicas), call.now, call.wall_ms)
     assert isinstance(change.created, Topic)
     return _topic_info(state, change.created)
 
@@ -311,6 +336,7 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, 0, req.session_id)
     locations: tuple[int, ...] = ()
+    replicas: tuple[tuple[int, ...], ...] = ()
     if req.partitions is not None and req.partitions > topic.partitions:
         added = req.partitions - topic.partitions
         if req.locations is not None:
@@ -318,13 +344,17 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
         elif req.partitions <= 10_000:
             locations = place_partitions(state.catalog, party, added, state.placement_cursor,
                                          state.catalog_broker_id)
+            # A replicated topic's new partitions are copied as many times as its others.
+            replicas = place_replicas(state.catalog, locations, topic.replication_factor,
+                                      state.placement_cursor)
             state.placement_cursor += added
     configs = tuple(sorted((_bounded(k, MAX_LABEL, "a config name"),
                             None if v is None else _bounded(v, MAX_LABEL, "a config value"))
                            for k, v in req.configs.items()))
     change = state.apply(AlterTopic(topic_id=topic.topic_id, partitions=req.partitions,
                                     locations=locations, configs=configs,
-                                    principal=call.principal), call.now, call.wall_ms)
+                                    principal=call.principal, replicas=replicas),
+                         call.now, call.wall_ms)
     assert isinstance(change.created, Topic)
     return _topic_info(state, change.created)
 

@@ -31,10 +31,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from catalog import Broker, Catalog, SessionKind, Topic, TopicName
+from catalog import Broker, Catalog, Executor, SessionKind, Topic, TopicName
 from querylib.cluster import messages as m
 from querylib.kafka import PolicyViolationError
-from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
+from querylib.server.kafka import BrokerInfo, TopicInfo, catalog_topic_info
 
 __all__ = ["CatalogView", "previous_port"]
 
@@ -43,7 +43,7 @@ class CatalogView:
     """The coordinator's catalog as its broker's Kafka listener sees it."""
 
     def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None],
-                 create: Callable[[str, int], Awaitable[Topic]],
+                 create: Callable[[str, int, int | None], Awaitable[Topic]],
                  serve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
         self._catalog = catalog
         self._broker_id = broker_id
@@ -76,19 +76,28 @@ class CatalogView:
             # This broker holds only the system's own topics: no data topic is led here.
             listening = {b.node_id for b in self.kafka_brokers()} - {self._broker_id()}
             topics = [t for t in catalog.topics if isinstance(t, Topic)]
-            return [_topic_info(t) for t in sorted(topics, key=lambda t: t.name)
+            return [self._topic_info(t) for t in sorted(topics, key=lambda t: t.name)
                     if set(t.locations) <= listening]
         found = []
         for name in names:
             topic = catalog.find_topic(name)
             if topic is not None:
-                found.append(_topic_info(topic, name))
+                found.append(self._topic_info(topic, name))
         return found
 
-    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+    async def create_kafka_topic(self, name: TopicName, partitions: int,
+                                 replication_factor: int | None = None) -> TopicInfo:
         """Created by the coordinator's core (in process, as the catalog's owner), placed on
         the brokers with a Kafka listener, never on this one (it holds no data topic)."""
-        return _topic_info(await self._create(name.short, partitions))
+        return self._topic_info(await self._create(name.short, partitions,
+                                                   replication_factor))
+
+    def _topic_info(self, topic: Topic, name: str | None = None) -> TopicInfo:
+        registered = {b.broker_id for b in self._catalog().brokers if isinstance(b, Broker)}
+        return catalog_topic_info(topic, name, registered)
+
+    def executor_hosts(self) -> int:
+        return sum(1 for e in self._catalog().executors if isinstance(e, Executor))
 
     def controller(self) -> int | None:
         return None  # this broker is the controller every listener names
@@ -140,10 +149,3 @@ def previous_port(catalog: Catalog, advertised: str) -> int | None:
             if host == advertised and port.isdigit() and 0 < int(port) < 65536:
                 return int(port)
     return None
-
-
-def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
-    return TopicInfo(name or topic.short_name,
-                     tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal, configs=topic.configs,
-                     topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))

@@ -39,7 +39,8 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
     A query's partition i goes to the host of the executor running its process i mod n (a
     per-worker partition lands on its worker's host), and there to one of that host's brokers
     in turn (`host_brokers`: an executor with `--brokers N` runs N, one process each). Anyone
-    else's are spread round-robin over the executors' brokers, then over other brokers; the
+    else's are spread round-robin over the executor hosts and each host's brokers in turn
+    (host a's first broker, host b's first, ..., host a's second), else over other brokers; the
     coordinator's own broker (which serves the catalog) hosts data only when there is no other
     broker. An ingest topic (anyone may write it) spreads the same way: the connector endpoint
     writes a partition on another broker of its host through broker RPC, and Kafka clients
@@ -58,8 +59,13 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
                 turns[executor] = turn + 1
                 placed.append(hosts[process][turn % len(hosts[process])])
             return tuple(placed)
-    executors = sorted({b for e in catalog.executors if isinstance(e, Executor)
-                        for b in host_brokers(catalog, e)})
+    # Round-robin over the hosts first (a host's brokers share its fate), then over each
+    # host's brokers: host a's first, host b's first, ..., host a's second, ...
+    hosts = [host_brokers(catalog, e) for e in
+             sorted((e for e in catalog.executors if isinstance(e, Executor)),
+                    key=lambda e: e.executor_id)]
+    executors = [brokers[k] for k in range(max(map(len, hosts), default=0))
+                 for brokers in hosts if k < len(brokers)]
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers
         if isinstance(b, Broker) and b.broker_id != catalog_broker)

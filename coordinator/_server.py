@@ -400,7 +400,8 @@ class Coordinator:
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
         return self._ask_core(request, ctx.peer, ctx.principal)
 
-    async def create_ingest_topic(self, name: str, partitions: int) -> Topic:
+    async def create_ingest_topic(self, name: str, partitions: int,
+                                  replication_factor: int | None = None) -> Topic:
         """Create an ingest topic for a Kafka client of this coordinator's broker (DESIGN §8):
         the core's in-process request, answered once the catalog change is durable. The
         creator is "system": the coordinator's own listener asked."""
@@ -408,7 +409,8 @@ class Coordinator:
 
         if self.failure is not None:
             raise StorageError("the coordinator cannot write its catalog and is stopping")
-        reply = await self._ask_core(CreateIngestTopic(name, partitions), b"", SYSTEM_PRINCIPAL)
+        reply = await self._ask_core(CreateIngestTopic(name, partitions, replication_factor),
+                                     b"", SYSTEM_PRINCIPAL)
         return reply.topic
 
     def _ask_core(self, request: Any, peer: bytes, principal: str) -> asyncio.Future[Any]:

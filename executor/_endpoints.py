@@ -54,7 +54,7 @@ from querylib.cluster import AsyncCluster, Snapshot
 from querylib.kafka import CoordinatorNotAvailableError
 from querylib.server.broker import PartitionRole, TopicAccess, catalog_access
 from querylib.server.connector import Remote
-from querylib.server.kafka import BrokerInfo, PartitionInfo, TopicInfo, kafka_topic_id
+from querylib.server.kafka import BrokerInfo, TopicInfo, catalog_topic_info
 
 __all__ = ["CatalogTopics", "RoleSink"]
 
@@ -259,6 +259,9 @@ class CatalogTopics:
                 return broker.broker_id
         return None
 
+    def executor_hosts(self) -> int:
+        return sum(1 for e in self._views["executors"] if isinstance(e, Executor))
+
     def broker_address(self, node_id: int) -> str | None:
         for broker in self._views["brokers"]:
             if isinstance(broker, Broker) and broker.broker_id == node_id:
@@ -293,10 +296,17 @@ class CatalogTopics:
         except UnknownTopicError:
             return None
 
-    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+    async def create_kafka_topic(self, name: TopicName, partitions: int,
+                                 replication_factor: int | None = None) -> TopicInfo:
         """Spread over this host's brokers that are up (`tq executor --brokers N`), starting
-        with this one: a Kafka client finds each partition's leader in Metadata."""
+        with this one: a Kafka client finds each partition's leader in Metadata. A replicated
+        topic (or the default factor: DESIGN §5 "Replication") is placed by the coordinator,
+        over the executor hosts."""
         cluster, broker_id = await self._session()
+        if replication_factor != 1:
+            return _topic_info((await cluster.create_topic(
+                name.short, partitions, ingest=True,
+                replication_factor=replication_factor)).topic)
         brokers = self.host_brokers(broker_id)
         info = await cluster.create_topic(
             name.short, partitions, ingest=True,
@@ -389,8 +399,6 @@ def _broker_info(broker: Broker) -> BrokerInfo | None:
 
 
 def _topic_info(topic: Topic, name: str | None = None) -> TopicInfo:
-    """A catalog topic as Kafka's Metadata shows it: each partition led by its broker."""
-    return TopicInfo(name or topic.short_name,
-                     tuple(PartitionInfo(i, b) for i, b in enumerate(topic.locations)),
-                     internal=topic.internal, configs=topic.configs,
-                     topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))
+    """A catalog topic as Kafka's Metadata shows it: each partition led by its broker (with
+    its replicas, ISR and leader epoch when replicated)."""
+    return catalog_topic_info(topic, name)

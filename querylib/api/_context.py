@@ -60,9 +60,12 @@ class Context:
 
     def publish(self, name: str, *, partition: Partitioning = PerWorker,
                 kind: TopicKind | str = TopicKind.STREAM, serde: str | Serde = "msgpack",
-                record_type: str | None = None) -> Publisher:
+                record_type: str | None = None, replication: int | None = None) -> Publisher:
         """Create or join topic `name` and return this worker's Publisher. Merge and Hash
-        publications are collective: every worker of the query must publish them."""
+        publications are collective: every worker of the query must publish them.
+        `replication`: copies of each partition when this creates the topic (None: the
+        cluster's default, 1 with one executor host, else min(3, hosts)); an existing topic
+        keeps its own."""
         from ._publisher import Publisher
         from .serdes import resolve, type_tag
 
@@ -70,7 +73,8 @@ class Context:
         env = self.runtime.env
         kind = TopicKind(kind)
         partitions = partition_count(partition, env.processes, env.workers)
-        info = self.runtime.join_topic(name, partitions, type_tag(codec, record_type), kind)
+        info = self.runtime.join_topic(name, partitions, type_tag(codec, record_type), kind,
+                                       replication)
         epoch = self.runtime.add_publication(info.topic.name)
         info = msgspec.structs.replace(info, epoch=epoch)
         try:

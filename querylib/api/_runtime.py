@@ -71,14 +71,15 @@ class Runtime:
     # -- topics --------------------------------------------------------------------------------
 
     def join_topic(self, name: str, partitions: int, record_type: str,
-                   kind: TopicKind) -> TopicInfo:
-        """The topic `name`, created if missing; refuses one of another shape or type."""
+                   kind: TopicKind, replication: int | None = None) -> TopicInfo:
+        """The topic `name`, created if missing (with `replication` copies of each partition,
+        None: the coordinator's default); refuses one of another shape or type."""
         try:
             info = self.cluster.lookup_topic(name)
         except UnknownTopicError:
             try:
                 info = self.cluster.create_topic(name, partitions, record_type=record_type,
-                                                 kind=kind)
+                                                 kind=kind, replication_factor=replication)
             except TopicExistsError:  # another worker or process was first
                 info = self.cluster.lookup_topic(name)
         topic = info.topic

@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: tq topic create events --partitions 4 --record-type json")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, metavar="N",
+                        help="copies of each partition, on as many executor hosts (default: "
+                        "1 with one executor host, else min(3, hosts))")
     create.add_argument("--record-type", default="bytes", metavar="TAG",
                         help="serde, or serde/record_type: bytes (default), json, msgpack, "
                         "e.g. json/Reading")
@@ -84,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_options(describe)
     describe.set_defaults(func=_describe_topic)
     alter = topic_sub.add_parser(
-        "alter", help="set a topic's retention and segment size",
+        "alter", help="set a topic's retention, segment size and min.insync.replicas",
         description="Set (or with --reset, remove) the Kafka topic configs tq keeps per topic, "
         "in the catalog: every broker hosting the topic applies them, now and after restarts "
         "(Kafka clients: IncrementalAlterConfigs). Unset ones are the broker's. -1: no limit.",
@@ -124,7 +127,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # `tq topic alter` flags and the Kafka topic config each sets (catalog.TOPIC_CONFIGS).
 _CONFIG_FLAGS = {"--retention-ms": "retention.ms", "--retention-bytes": "retention.bytes",
-                 "--segment-bytes": "segment.bytes"}
+                 "--segment-bytes": "segment.bytes",
+                 "--min-insync-replicas": "min.insync.replicas"}
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -154,7 +158,8 @@ def _create_topic(args: argparse.Namespace) -> int:
     with connect(args, session=True) as cluster:
         try:
             info = cluster.create_topic(args.name, args.partitions,
-                                        record_type=args.record_type, ingest=True)
+                                        record_type=args.record_type, ingest=True,
+                                        replication_factor=args.replication_factor)
         except TopicExistsError as exc:
             if not args.if_not_exists:
                 raise TopicExistsError(f"{exc}; --if-not-exists accepts it, `tq topic "
@@ -163,7 +168,8 @@ def _create_topic(args: argparse.Namespace) -> int:
             print(f"topic {topic.short_name} exists already: {topic.partitions} partitions, "
                   f"{topic.record_type}, owner {describe(topic.owner)}", file=sys.stderr)
             return 0
-    print(f"topic {info.topic.short_name}: {info.topic.partitions} partitions", file=sys.stderr)
+    print(f"topic {info.topic.short_name}: {info.topic.partitions} partitions, replication "
+          f"factor {info.topic.replication_factor}", file=sys.stderr)
     return 0
 
 
@@ -184,26 +190,34 @@ def _describe_topic(args: argparse.Namespace) -> int:
     parts = []
     for p, broker in enumerate(topic.locations):
         info = infos.get(p)
+        # A topic of one replica has it on its leader, in sync, at leader epoch 0.
+        replicas = topic.replicas[p] if topic.replicas else (broker,)
         parts.append({"partition": p, "broker": broker, "address": addresses[p] or None,
                       "start": info and info.log_start, "end": info and info.log_end,
                       "bytes": info and info.size, "frontier": info and info.frontier,
-                      "ended": info and info.ended, "epoch": info and info.epoch})
+                      "ended": info and info.ended, "epoch": info and info.epoch,
+                      "replicas": list(replicas),
+                      "isr": list(topic.isr[p] if topic.isr else replicas),
+                      "leader_epoch": topic.leader_epochs[p] if topic.leader_epochs else 0,
+                      "offline_replicas": [b for b in replicas if b not in found.brokers]})
     if args.json:
         sys.stdout.write(json.dumps({
             "name": topic.short_name, "topic_id": topic.topic_id, "kind": topic.kind.value,
             "serde": serde, "record_type": record_type, "tag": topic.record_type,
             "owner": describe(topic.owner), "internal": topic.internal,
             "created_ms": topic.created_at_ms, "configs": dict(topic.configs),
-            "partitions": parts}) + "\n")
+            "replication_factor": topic.replication_factor, "partitions": parts}) + "\n")
         return 0
     total = sum(p["bytes"] or 0 for p in parts)
     out = [f"topic {topic.short_name} (id {topic.topic_id}): kind {topic.kind.value}, serde "
            f"{serde}, record type {record_type or '-'}, owner {describe(topic.owner)}, "
            f"{topic.partitions} partition{'s' if topic.partitions > 1 else ''}, "
-           f"{human_bytes(total)}"]
+           f"replication factor {topic.replication_factor}, {human_bytes(total)}"]
     if topic.configs:
         out[0] += ", " + ", ".join(f"{k}={v}" for k, v in topic.configs)
     cells = [["PARTITION", "START", "END", "BYTES", "FRONTIER", "BROKER"]]
+    if topic.replicas:  # the leader is BROKER; who else holds it and who is in sync
+        cells[0] += ["REPLICAS", "ISR", "LEADER EPOCH"]
     for part in parts:
         unknown = part["end"] is None
         frontier = "ended" if part["ended"] else str(part["frontier"])
@@ -212,7 +226,9 @@ def _describe_topic(args: argparse.Namespace) -> int:
         cells.append([str(part["partition"]), "-" if unknown else str(part["start"]),
                       "-" if unknown else str(part["end"]),
                       "-" if unknown else str(part["bytes"]), "-" if unknown else frontier,
-                      f"{part['broker']} ({part['address'] or 'down'})"])
+                      f"{part['broker']} ({part['address'] or 'down'})"]
+                     + ([",".join(map(str, part["replicas"])), ",".join(map(str, part["isr"])),
+                         str(part["leader_epoch"])] if topic.replicas else []))
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in cells]
@@ -239,7 +255,7 @@ def _alter_topic(args: argparse.Namespace) -> int:
             configs[config] = str(value)
     if not configs:
         raise InvalidCommandError("nothing to alter: give --retention-ms, --retention-bytes, "
-                                  "--segment-bytes or --reset")
+                                  "--segment-bytes, --min-insync-replicas or --reset")
     with connect(args, session=True) as cluster:
         topic = cluster.alter_topic(args.name, configs=configs).topic
     own = ", ".join(f"{k}={v}" for k, v in topic.configs) or "the broker's for every config"

@@ -114,10 +114,12 @@ class Cluster:
 
     def create_topic(self, name: str, partitions: int = 1, *, record_type: str = "bytes",
                      kind: TopicKind | str = TopicKind.STREAM, ingest: bool = False,
-                     locations: tuple[int, ...] | None = None) -> m.TopicInfo:
+                     locations: tuple[int, ...] | None = None,
+                     replication_factor: int | None = None) -> m.TopicInfo:
         return self._call(self._async.create_topic(name, partitions, record_type=record_type,
                                                    kind=kind, ingest=ingest,
-                                                   locations=locations))
+                                                   locations=locations,
+                                                   replication_factor=replication_factor))
 
     def delete_topic(self, name: str, *, force: bool = False) -> None:
         self._call(self._async.delete_topic(name, force=force))

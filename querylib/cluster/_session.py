@@ -272,10 +272,14 @@ class AsyncCluster:
 
     async def create_topic(self, name: str, partitions: int = 1, *, record_type: str = "bytes",
                            kind: TopicKind | str = TopicKind.STREAM, ingest: bool = False,
-                           locations: tuple[int, ...] | None = None) -> m.TopicInfo:
+                           locations: tuple[int, ...] | None = None,
+                           replication_factor: int | None = None) -> m.TopicInfo:
+        """Create a topic; `replication_factor` None is the coordinator's default (1 with one
+        executor host, else min(3, hosts); DESIGN §5 "Replication")."""
         return await self.request(m.CreateTopic(
             session_id=self._session(), name=name, partitions=partitions,
-            record_type=record_type, kind=TopicKind(kind), ingest=ingest, locations=locations))
+            record_type=record_type, kind=TopicKind(kind), ingest=ingest, locations=locations,
+            replication_factor=replication_factor))
 
     async def delete_topic(self, name: str, *, force: bool = False) -> None:
         """Delete the topic. The coordinator has the brokers hosting it drop its partitions

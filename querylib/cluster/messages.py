@@ -305,7 +305,9 @@ class LookupTopic(Request[TopicInfo], tag="coord.topic.lookup"):
 
 class CreateTopic(Request[TopicInfo], tag="coord.topic.create"):
     """Create a topic owned by the session's party (or by `ingest`, fed from outside).
-    `locations` (broker id per partition) defaults to the coordinator's placement."""
+    `locations` (broker id per partition) defaults to the coordinator's placement.
+    `replication_factor` (None: 1 with one executor host, else min(3, hosts)) copies each
+    partition on as many executor hosts (DESIGN §5 "Replication"); not with `locations`."""
 
     session_id: int
     name: str
@@ -314,6 +316,7 @@ class CreateTopic(Request[TopicInfo], tag="coord.topic.create"):
     kind: TopicKind = TopicKind.STREAM
     ingest: bool = False
     locations: tuple[int, ...] | None = None
+    replication_factor: int | None = None
 
 
 class AlterPartition(Request[TopicInfo], tag="coord.partition.alter"):

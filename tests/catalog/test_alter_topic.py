@@ -90,3 +90,15 @@ def test_who_may_alter_a_topic() -> None:
     system = create_topic(catalog, "__own", SYSTEM, a)
     with pytest.raises(NotOwnerError):
         catalog.apply(AlterTopic(topic_id=system.topic_id, configs=grow, principal="admin"))
+
+
+def test_min_insync_replicas_is_a_topic_config() -> None:
+    catalog, a, _ = _catalog()
+    topic = create_topic(catalog, "acked", PrincipalRef("admin"), a)
+    altered = catalog.apply(AlterTopic(topic_id=topic.topic_id, principal="admin",
+                                       configs=(("min.insync.replicas", "2"),))).created
+    assert isinstance(altered, Topic) and altered.config("min.insync.replicas") == "2"
+    for value in ("0", "-1", str(2**31)):
+        with pytest.raises(InvalidConfigError):
+            catalog.apply(AlterTopic(topic_id=topic.topic_id, principal="admin",
+                                     configs=(("min.insync.replicas", value),)))

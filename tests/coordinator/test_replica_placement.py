@@ -85,3 +85,13 @@ def test_more_replicas_than_hosts_is_refused() -> None:
     _host(catalog, "h1", brokers=3)
     with pytest.raises(InvalidReplicationFactorError, match="3 needs as many executor hosts"):
         place_replicas(catalog, (1,), 3, 0)
+
+
+def test_leaders_spread_over_hosts_first_then_over_each_hosts_brokers() -> None:
+    catalog = Catalog()
+    executors = [_host(catalog, f"h{i}", brokers=2) for i in range(3)]
+    leaders = place_partitions(catalog, INGEST, 6, 0, None)
+    host_of = {b: e.executor_id for e in executors for b in (e.broker_id, *e.shards)}
+    # Consecutive partitions on consecutive hosts, and every broker leads one.
+    assert [host_of[b] for b in leaders] == [e.executor_id for e in executors] * 2
+    assert sorted(leaders) == sorted(host_of)

@@ -11,6 +11,7 @@ from catalog import (
     Catalog,
     ConflictError,
     InvalidCommandError,
+    InvalidReplicationFactorError,
     NotAuthorizedError,
     NotOwnerError,
     PrincipalRef,
@@ -614,3 +615,41 @@ def test_a_replicated_partitions_leader_alters_its_isr_and_a_lost_leader_is_repl
         d.commit()
     moved = d.call(m.LookupTopic(name="r")).topic
     assert (moved.locations, moved.isr, moved.leader_epochs) == ((c,), ((c,),), (1,))
+
+
+def test_create_topic_places_replicas_on_distinct_hosts_by_the_default_or_asked_factor() -> None:
+    d = Driver()
+    hosts = [d.host(f"h{i}") for i in range(4)]
+    host_of = {broker: i for i, (_, broker, _) in enumerate(hosts)}
+    client = d.session()
+    default = d.call(m.CreateTopic(session_id=client, name="d", partitions=4)).topic
+    assert default.replication_factor == 3  # min(3, executor hosts)
+    two = d.call(m.CreateTopic(session_id=client, name="two", partitions=4,
+                               replication_factor=2)).topic
+    for topic, factor in ((default, 3), (two, 2)):
+        assert topic.isr == topic.replicas and topic.leader_epochs == (0,) * 4
+        for leader, replicas in zip(topic.locations, topic.replicas, strict=True):
+            assert replicas[0] == leader and len({host_of[b] for b in replicas}) == factor
+    assert len(set(default.locations)) == 4  # leaders spread over the hosts
+    one = d.call(m.CreateTopic(session_id=client, name="one", replication_factor=1)).topic
+    assert one.replicas == () and one.replication_factor == 1
+    for bad in (0, 5, -1):
+        with pytest.raises(InvalidReplicationFactorError):
+            d.call(m.CreateTopic(session_id=client, name="bad", replication_factor=bad))
+    with pytest.raises(InvalidReplicationFactorError):  # explicit leaders name no replicas
+        d.call(m.CreateTopic(session_id=client, name="bad", locations=(hosts[0][1],),
+                             replication_factor=2))
+    grown = d.call(m.AlterTopic(session_id=client, name="two", partitions=6)).topic
+    assert grown.replication_factor == 2 and len(grown.replicas) == 6
+    assert grown.isr[4:] == grown.replicas[4:] and grown.leader_epochs[4:] == (0, 0)
+    assert all(len({host_of[b] for b in r}) == 2 for r in grown.replicas)
+
+
+def test_one_executor_host_makes_unreplicated_topics_by_default() -> None:
+    d = Driver()
+    d.host("h0")
+    client = d.session()
+    topic = d.call(m.CreateTopic(session_id=client, name="t", partitions=2)).topic
+    assert topic.replicas == () and topic.replication_factor == 1
+    with pytest.raises(InvalidReplicationFactorError):
+        d.call(m.CreateTopic(session_id=client, name="u", replication_factor=2))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         PartitionOffsets,
         PartitionRead,
         TopicInfo,
+        catalog_topic_info,
         kafka_topic_id,
     )
     from ._broker_backend import (

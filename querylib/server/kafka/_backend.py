@@ -15,11 +15,11 @@ Declarations only: no I/O here.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from catalog import TopicName
+from catalog import Topic, TopicName
 
 from ._fetch import SizedChunk
 
@@ -67,6 +67,13 @@ class BrokerInfo:
 class PartitionInfo:
     index: int
     leader: int  # node id of the broker hosting the partition
+    # A replicated partition's (DESIGN §5 "Replication"): every replica's broker, the in-sync
+    # ones, its leader epoch and the replicas whose broker is not registered. Empty / -1 for a
+    # partition of one replica (its leader alone; epoch -1: clients skip epoch validation).
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    leader_epoch: int = -1
+    offline: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,26 @@ class TopicInfo:
         if self.topic_id is not None:
             return self.topic_id
         return kafka_topic_id(TopicName.parse(self.name).full)
+
+
+def catalog_topic_info(topic: Topic, name: str | None = None,
+                       registered: Container[int] | None = None) -> TopicInfo:
+    """A catalog topic as Kafka's Metadata shows it: each partition led by its broker, with
+    its replicas, ISR and leader epoch when replicated (offline: replicas whose broker is not
+    in `registered`, when given)."""
+    partitions = []
+    for i, leader in enumerate(topic.locations):
+        if not topic.replicas:
+            partitions.append(PartitionInfo(i, leader))
+            continue
+        replicas = topic.replicas[i]
+        offline = () if registered is None else tuple(b for b in replicas
+                                                        if b not in registered)
+        partitions.append(PartitionInfo(i, leader, replicas, topic.isr[i],
+                                        topic.leader_epochs[i], offline))
+    return TopicInfo(name or topic.short_name, tuple(partitions), internal=topic.internal,
+                     configs=topic.configs,
+                     topic_id=kafka_topic_id(topic.name, topic.topic_id, topic.created_at_ms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +224,13 @@ class KafkaBackend(Protocol):
         ...
 
     async def create_topic(self, name: str, partitions: int | None = None, *,
-                           validate_only: bool = False) -> TopicInfo | None:
-        """Create an ingest topic (the backend's default partition count when None); with
+                           validate_only: bool = False,
+                           replication_factor: int | None = None) -> TopicInfo | None:
+        """Create an ingest topic (the backend's default partition count when None) with
+        `replication_factor` copies of each partition (None: the cluster's default); with
         `validate_only`, check everything creating it would and create nothing (None).
-        TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError."""
+        TopicExistsError, InvalidTopicNameError, ReservedTopicNameError, InvalidPartitionsError,
+        InvalidReplicationFactorError."""
         ...
 
     async def delete_topic(self, name: str, principal: str) -> None:

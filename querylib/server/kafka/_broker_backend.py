@@ -61,6 +61,7 @@ from typing import Any, Protocol
 from catalog import ANONYMOUS, TOPIC_CONFIGS, TopicName, check_topic_config
 from catalog.errors import (
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     ReservedTopicNameError,
     StorageError,
     TopicExistsError,
@@ -182,13 +183,21 @@ class KafkaCluster(Protocol):
         """The named topics that exist (all when None); InvalidTopicNameError for bad names."""
         ...
 
-    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+    async def create_kafka_topic(self, name: TopicName, partitions: int,
+                                 replication_factor: int | None = None) -> TopicInfo:
         """Create an ingest topic, through the catalog's owner (the coordinator), placed on
-        brokers with a Kafka listener (an executor's: all on itself); TopicExistsError."""
+        brokers with a Kafka listener (an executor's: all on itself, unless replicated), each
+        partition copied `replication_factor` times (None: the cluster's default);
+        TopicExistsError, InvalidReplicationFactorError."""
         ...
 
     def controller(self) -> int | None:
         """The broker every listener names as the controller (None: this one)."""
+        ...
+
+    def executor_hosts(self) -> int:
+        """How many executor hosts there are, as last known: a topic has at most as many
+        replicas (DESIGN §5 "Replication")."""
         ...
 
     async def delete_kafka_topic(self, name: TopicName) -> None:
@@ -247,7 +256,12 @@ class StandaloneCluster:
                                        internal=parsed.internal))
         return found
 
-    async def create_kafka_topic(self, name: TopicName, partitions: int) -> TopicInfo:
+    async def create_kafka_topic(self, name: TopicName, partitions: int,
+                                 replication_factor: int | None = None) -> TopicInfo:
+        if replication_factor not in (None, 1):
+            raise InvalidReplicationFactorError(
+                f"topic {name.short!r}: a broker alone keeps one replica of each partition, "
+                f"not {replication_factor}")
         if name.short in self._counts():
             raise TopicExistsError(f"topic {name.short!r} exists already")
         for index in range(partitions):
@@ -269,6 +283,9 @@ class StandaloneCluster:
 
     async def placed_here(self, topic: TopicName, partition: int) -> bool:
         return False  # hosted partitions are found before this is asked
+
+    def executor_hosts(self) -> int:
+        return 1  # a broker alone keeps one replica of each partition
 
     async def group_coordinator(self) -> BrokerInfo | None:
         return None  # a broker alone coordinates its own groups
@@ -484,7 +501,8 @@ class BrokerBackend:
         return await self.cluster.kafka_topics(names)
 
     async def create_topic(self, name: str, partitions: int | None = None, *,
-                           validate_only: bool = False) -> TopicInfo | None:
+                           validate_only: bool = False,
+                           replication_factor: int | None = None) -> TopicInfo | None:
         topic = TopicName.parse(name)
         if topic.internal:
             raise ReservedTopicNameError(f"topic {name!r}: names starting with '__' are "
@@ -493,12 +511,18 @@ class BrokerBackend:
         if not 1 <= count <= MAX_PARTITIONS:
             raise InvalidPartitionsError(
                 f"topic {name!r}: {count} partitions, expected 1..{MAX_PARTITIONS}")
+        hosts = self.cluster.executor_hosts()
+        if replication_factor is not None and not 1 <= replication_factor <= max(1, hosts):
+            raise InvalidReplicationFactorError(
+                f"topic {name!r}: replication factor {replication_factor}; -1 (the default) "
+                f"or 1..{max(1, hosts)}: each replica on its own executor host, and "
+                f"{hosts} {'is' if hosts == 1 else 'are'} registered")
         await self._known()
         if validate_only:
             if await self.cluster.kafka_topics([topic.short]):
                 raise TopicExistsError(f"topic {topic.short!r} exists already")
             return None
-        return await self.cluster.create_kafka_topic(topic, count)
+        return await self.cluster.create_kafka_topic(topic, count, replication_factor)
 
     async def _authorize_topic(self, topic: TopicName, principal: str) -> None:
         """Kafka's DELETE and ALTER on a topic: its writers' (the owner, anyone for an ingest

@@ -157,10 +157,11 @@ class DataHandlers:
     @staticmethod
     def _topic_metadata(topic: TopicInfo) -> dict[str, Any]:
         partitions = [
-            # Leader epoch -1: clients then skip epoch validation (OffsetForLeaderEpoch).
+            # A partition of one replica has leader epoch -1: clients then skip epoch
+            # validation (OffsetForLeaderEpoch); a replicated one has its catalog epoch.
             {"error_code": ErrorCode.none, "partition_index": p.index, "leader_id": p.leader,
-             "leader_epoch": -1, "replica_nodes": (p.leader,), "isr_nodes": (p.leader,),
-             "offline_replicas": ()}
+             "leader_epoch": p.leader_epoch, "replica_nodes": p.replicas or (p.leader,),
+             "isr_nodes": p.isr or (p.leader,), "offline_replicas": p.offline}
             for p in topic.partitions]
         return {"error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.kafka_id,
                 "is_internal": topic.internal, "partitions": partitions}
@@ -355,17 +356,20 @@ class DataHandlers:
             code, message = ErrorCode.none, None
             created: TopicInfo | None = None
             try:
-                if topic.replication_factor not in (-1, 1):
-                    code = ErrorCode.invalid_replication_factor
-                    message = "tq keeps one replica of each partition"
-                elif topic.assignments:
-                    code, message = ErrorCode.invalid_request, "manual assignments unsupported"
+                if topic.assignments:
+                    code = ErrorCode.invalid_replica_assignment
+                    message = ("tq places replicas itself: give a replication factor, not "
+                               "replica assignments")
                 else:
                     # validate_only checks all that creating would (name, partitions,
-                    # existence) and creates nothing, as Kafka's.
+                    # existence) and creates nothing, as Kafka's. Replication factor -1: the
+                    # cluster's default (DESIGN §5 "Replication").
                     partitions = None if topic.num_partitions == -1 else topic.num_partitions
+                    factor = None if topic.replication_factor == -1 \
+                        else topic.replication_factor
                     created = await self.backend.create_topic(
-                        topic.name, partitions, validate_only=request.validate_only)
+                        topic.name, partitions, validate_only=request.validate_only,
+                        replication_factor=factor)
             except TqError as exc:
                 code, message = error_code_of(exc), str(exc)
             # v5+ describe the topic created (-1 and no configs when none was; the configs
@@ -374,7 +378,9 @@ class DataHandlers:
             results.append({
                 "name": topic.name, "error_code": code, "error_message": message,
                 "num_partitions": -1 if created is None else len(created.partitions),
-                "replication_factor": -1 if created is None else 1, "configs": None,
+                "replication_factor": -1 if created is None else max(
+                    1, *(len(p.replicas) for p in created.partitions)),
+                "configs": None,
                 "topic_id": _NO_TOPIC_ID if created is None else created.kafka_id})
         return build_response(ApiKey.CREATE_TOPICS, ctx.api_version,
                               {"throttle_time": 0, "topics": results})

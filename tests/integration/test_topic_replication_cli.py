@@ -1,0 +1,133 @@
+"""`tq topic create --replication-factor N` and `tq topic describe` against a real coordinator
+and three `tq executor` processes (three executor hosts, DESIGN §5 "Replication"): replicas on
+distinct hosts, all in sync at epoch 0; too many refused; and when a leader's executor is
+SIGKILLed its lease expires and the controller moves leadership to the next in-sync replica
+at the next epoch, as `tq topic describe` then shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import querylib
+from tests.conftest import Processes, free_port, wait_for
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def _describe(home: Path, name: str) -> dict:
+    return json.loads(_ok(tq(home, "topic", "describe", name, "--json", "--timeout", "2")))
+
+
+def _hosts(home: Path) -> dict[int, int]:
+    """broker id -> executor id, for every broker of the registered executors (their own and
+    their shards)."""
+    done = tq(home, "status", "--json")
+    if done.returncode != 0:
+        return {}
+    return {b: e["executor_id"] for e in json.loads(done.stdout)["executors"]
+            for b in (e["broker_id"], *e.get("shards", ()))}
+
+
+def test_replicated_topic_is_created_described_and_fails_over(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    CoordinatorProcess(processes, tmp_path).start()
+    agents = {}
+    for i in range(3):
+        agents[i] = processes.python(
+            "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
+            "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
+            stderr=subprocess.DEVNULL)
+    host = wait_for(lambda: len(set((h := _hosts(tmp_path)).values())) == 3 and h,
+                    timeout=60, interval=0.2, what="three executors to register")
+    said = _ok(tq(tmp_path, "topic", "create", "r", "--partitions", "3",
+                  "--replication-factor", "3"))
+    assert "replication factor 3" in said
+    described = _describe(tmp_path, "r")
+    assert described["replication_factor"] == 3
+    parts = described["partitions"]
+    for part in parts:
+        assert len({host[b] for b in part["replicas"]}) == 3  # one on each host
+        assert part["isr"] == part["replicas"] and part["leader_epoch"] == 0
+        assert part["broker"] == part["replicas"][0]
+    assert len({p["broker"] for p in parts}) == 3  # leaders spread over the hosts
+    text = _ok(tq(tmp_path, "topic", "describe", "r", "--timeout", "2"))
+    assert "replication factor 3" in text and "ISR" in text
+    said = _ok(tq(tmp_path, "topic", "alter", "r", "--min-insync-replicas", "2"))
+    assert "min.insync.replicas=2" in said
+    assert _describe(tmp_path, "r")["configs"] == {"min.insync.replicas": "2"}
+    refused = tq(tmp_path, "topic", "create", "many", "--replication-factor", "4")
+    assert refused.returncode != 0 and "replication factor 4" in refused.stderr
+
+    # ctx.publish(..., replication=N) creates the topic with N replicas; an existing topic
+    # keeps its own.
+    for key, value in tq_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    with querylib.connect() as ctx:
+        with ctx.publish("twice", replication=2):
+            pass
+        with ctx.publish("twice", replication=3):
+            pass
+    assert _describe(tmp_path, "twice")["replication_factor"] == 2
+
+    # The leader of partition 0 goes: its executor's lease expires, the next replica leads.
+    gone = parts[0]["broker"]
+    agent = next(a for i, a in agents.items() if host[gone] == host[int(
+        (tmp_path / f"executor{i}" / "broker.id").read_text().strip())])
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait(timeout=10)
+    moved = wait_for(lambda: (p := _describe(tmp_path, "r")["partitions"][0])["broker"] != gone
+                     and p, timeout=60, interval=0.2, what="partition 0's leadership to move")
+    assert moved["broker"] == parts[0]["replicas"][1] and moved["leader_epoch"] == 1
+    assert moved["isr"] == [b for b in parts[0]["replicas"] if b != gone]
+    assert moved["replicas"] == parts[0]["replicas"]
+
+
+def test_kafka_clients_see_and_create_replicated_topics(processes: Processes,
+                                                        tmp_path: Path) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    CoordinatorProcess(processes, tmp_path).start()
+    ports = [free_port() for _ in range(3)]
+    for i, port in enumerate(ports):
+        processes.python(
+            "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
+            "--slots", "1", "--kafka-port", str(port), env=tq_env(tmp_path), cwd=ROOT,
+            stderr=subprocess.DEVNULL)
+    host = wait_for(lambda: len(set((h := _hosts(tmp_path)).values())) == 3 and h,
+                    timeout=60, interval=0.2, what="three executors to register")
+    _ok(tq(tmp_path, "topic", "create", "r", "--partitions", "2", "--replication-factor", "3"))
+    described = {p["partition"]: p for p in _describe(tmp_path, "r")["partitions"]}
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{ports[0]}"})
+    meta = admin.list_topics("r", timeout=30).topics["r"]
+    assert meta.error is None and sorted(meta.partitions) == [0, 1]
+    for index, part in meta.partitions.items():
+        assert part.leader == described[index]["broker"]
+        assert part.replicas == described[index]["replicas"]
+        assert part.isrs == described[index]["isr"]
+
+    futures = admin.create_topics([NewTopic("k3", 2, replication_factor=3),
+                                   NewTopic("k9", 1, replication_factor=9)],
+                                  operation_timeout=30)
+    futures["k3"].result(timeout=60)
+    with pytest.raises(KafkaException) as refused:
+        futures["k9"].result(timeout=60)
+    assert refused.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+    created = _describe(tmp_path, "k3")
+    assert created["replication_factor"] == 3
+    assert all(len({host[b] for b in p["replicas"]}) == 3 for p in created["partitions"])
+    futures = admin.create_topics([NewTopic("kd", 1)], operation_timeout=30)  # the default
+    futures["kd"].result(timeout=60)
+    assert _describe(tmp_path, "kd")["replication_factor"] == 3
