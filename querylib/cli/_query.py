@@ -174,6 +174,7 @@ def _create_topic(args: argparse.Namespace) -> int:
 
 
 def _describe_topic(args: argparse.Namespace) -> int:
+    from catalog import TqError
     from querylib.cli._records_text import serde_of
     from querylib.cluster import TopicRoute, partition_infos
 
@@ -184,7 +185,11 @@ def _describe_topic(args: argparse.Namespace) -> int:
     addresses = tuple(found.brokers.get(b, "") for b in topic.locations)
     route = TopicRoute(name=topic.short_name, partitions=topic.partitions,
                        addresses=addresses, ingest=False, record_type=topic.record_type)
-    infos = partition_infos(route, secret, timeout=args.timeout)
+    try:
+        infos = partition_infos(route, secret, timeout=args.timeout)
+        silent = ""
+    except TqError as exc:  # what the catalog says stands on its own: offsets unknown
+        infos, silent = {}, str(exc)
     serde = serde_of(topic.record_type)
     record_type = topic.record_type.partition("/")[2] or None
     parts = []
@@ -233,7 +238,7 @@ def _describe_topic(args: argparse.Namespace) -> int:
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in cells]
     if any(p["end"] is None for p in parts):
-        out.append("(-: its broker did not answer)")
+        out.append(f"(-: its broker did not answer{': ' + silent if silent else ''})")
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 
