@@ -8,7 +8,14 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}, or {"name", "skippe
   forced PLAIN, alternated round by round in this run, min/median/max of each, and the load
   average. Goal: CURVE >= 0.7x PLAIN (medians). Needs root and `ip netns`: skipped, saying
   why, otherwise.
-  (Rows comparing replication factors come with replicated partitions.)
+- replication_rf3_vs_rf1: the same persisted pub->sub records/s through a partition
+  replicated on three brokers (a leader and two followers fetching from it, DESIGN §5
+  "Replication": the producer is answered and the subscriber served only below the high
+  watermark, once both followers have the records) against one broker alone, alternated round
+  by round, min/median/max and the load average. The three brokers are processes on this
+  machine's loopback, their roles set as an executor sets them from the catalog: what is
+  measured is the replication protocol's cost on the two cores the brokers, the producer and
+  the subscriber share, not a network. Goal: RF 3 >= 0.5x RF 1 (medians).
 
 The namespaces are created here and deleted in a finally; nothing touches the host's network.
 Each side is a process started with `ip netns exec` (this module's `_child`); the pub->sub
@@ -169,19 +176,88 @@ def curve_vs_plain(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, An
     }
 
 
+def _measure_replicated(work: str, secret_file: str, replicas: int, batches: int) -> float:
+    """Records/s of one pub->sub run through the leader of `replicas` fresh brokers on
+    loopback (one: a broker alone, the unreplicated path)."""
+    brokers: list[subprocess.Popen[str]] = []
+    try:
+        role = {"replicas": list(range(1, replicas + 1)), "leader_address": ""}
+        address = ""
+        for broker_id in range(1, replicas + 1):
+            data = tempfile.mkdtemp(prefix=f"tq-bench-rf-{broker_id}-", dir=work)
+            spec = json.dumps({**role, "broker_id": broker_id}) if replicas > 1 else ""
+            brokers.append(subprocess.Popen(
+                [sys.executable, "-m", __name__, "broker", data, "tcp://127.0.0.1:0",
+                 secret_file, "plain", spec], stdout=subprocess.PIPE, text=True))
+            ready = _line(brokers[-1], 60)
+            if broker_id == 1:
+                address = ready["address"]
+                role["leader_address"] = address
+        pubsub = subprocess.Popen([sys.executable, "-m", __name__, "pubsub", address, "",
+                                   secret_file, str(batches)], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            result = _line(pubsub, 600)
+            pubsub.wait(60)
+        finally:
+            if pubsub.poll() is None:
+                pubsub.kill()
+                pubsub.wait(30)
+    finally:
+        for broker in brokers:
+            broker.terminate()
+        for broker in brokers:
+            broker.wait(30)
+    return float(result["records"]) / max(float(result["seconds"]), 1e-9)
+
+
+def rf3_vs_rf1(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
+    work = tempfile.mkdtemp(prefix="tq-bench-rf-")
+    secret_file = os.path.join(work, "secret")
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    rates: dict[int, list[float]] = {1: [], 3: []}
+    loads = []
+    try:
+        for n in range(rounds):
+            for replicas in ((1, 3) if n % 2 == 0 else (3, 1)):
+                rates[replicas].append(_measure_replicated(work, secret_file, replicas,
+                                                           batches))
+                loads.append(os.getloadavg()[0])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    one, three = _spread(rates[1]), _spread(rates[3])
+    return {
+        "name": "replication_rf3_vs_rf1",
+        "figures": {"rf3_records_per_s": three, "rounds": rounds, "records": batches * 1000,
+                    "record_bytes": 100, "flush": "never",
+                    "loadavg_1m": {"min": round(min(loads), 2), "max": round(max(loads), 2)},
+                    "note": "three broker processes on loopback (a leader, two followers); "
+                            "rounds alternated"},
+        "baseline": {"rf1_records_per_s": one},
+        "ratio": round(three["median"] / max(one["median"], 1), 3),
+        "goal": ">= 0.5x RF 1 (medians)",
+    }
+
+
 def run() -> Iterator[dict[str, Any]]:
     yield curve_vs_plain()
+    yield rf3_vs_rf1()
 
 
 # -- the children, run inside a namespace -----------------------------------------------------
 
 
-def _serve_broker(data: str, listen: str, secret_file: str, mode: str) -> None:
+def _serve_broker(data: str, listen: str, secret_file: str, mode: str,
+                  replica: str = "") -> None:
+    """A broker; with `replica` (JSON: broker_id, replicas, leader_address), one replica of
+    the bench's partition, led by broker 1 at epoch 1."""
     import asyncio
     import signal
 
     from querylib.rpc import load_credential
-    from querylib.server.broker import BrokerServer
+    from querylib.server.broker import BrokerServer, PartitionRole
 
     secret = load_credential(secret_file).key
 
@@ -192,6 +268,13 @@ def _serve_broker(data: str, listen: str, secret_file: str, mode: str) -> None:
         server = BrokerServer(data, secret, curve=mode == "curve")
         try:
             address = await server.start(listen)
+            if replica:
+                spec = json.loads(replica)
+                replicas = tuple(spec["replicas"])
+                await server.set_replica_role("bench", 0, PartitionRole(
+                    topic_id=1, partition=0, leader_id=1, leader_epoch=1, replicas=replicas,
+                    isr=replicas, leader_address=spec["leader_address"]),
+                    broker_id=spec["broker_id"])
             print(json.dumps({"address": address, "key": server.public_key}), flush=True)
             await stop.wait()
         finally:
@@ -203,7 +286,8 @@ def _serve_broker(data: str, listen: str, secret_file: str, mode: str) -> None:
 def _with_key(target: Any, key: str, address: str, *args: Any) -> None:
     from querylib.rpc import remember_server_key
 
-    remember_server_key(address, key)
+    if key:  # a CURVE server's ("" for a PLAIN one)
+        remember_server_key(address, key)
     target(address, *args)
 
 
@@ -233,7 +317,7 @@ def _pubsub(address: str, key: str, secret_file: str, batches: int) -> None:
 
 def _child(argv: list[str]) -> None:
     if argv[0] == "broker":
-        _serve_broker(*argv[1:5])
+        _serve_broker(*argv[1:6])
     elif argv[0] == "pubsub":
         _pubsub(argv[1], argv[2], argv[3], int(argv[4]))
     else:
