@@ -17,6 +17,7 @@ module) are drawn below.
     │   ├── SecretFileError, SecretRejectedError, AddressError  querylib.rpc._errors
     │   ├── UnknownPartitionError, PartitionNotHereError, PartitionBusyError,
     │   │   InvalidTopicError, StaleIncarnationError, TopicAuthorizationError,
+    │   │   NotLeaderOrFollowerError, NotEnoughReplicasError,
     │   │   StreamEndedError                                     querylib.broker._errors
     │   ├── EndpointUnavailableError                             querylib.server._endpoints
     │   ├── ConsoleUnavailableError                              querylib.server.console._serve
