@@ -133,6 +133,15 @@ def _measure(hosts: _Hosts, work: str, secret_file: str, curve: bool,
     return float(result["records"]) / max(float(result["seconds"]), 1e-9)
 
 
+def _new_secret(work: str) -> str:
+    """A fresh cluster secret file in `work` (mode 0600) for one bench row; its path."""
+    path = os.path.join(work, "secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    return path
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"min": round(min(values)), "median": round(statistics.median(values)),
             "max": round(max(values))}
@@ -144,10 +153,7 @@ def curve_vs_plain(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, An
     if missing:
         return {"name": name, "skipped": missing}
     work = tempfile.mkdtemp(prefix="tq-bench-repl-")
-    secret_file = os.path.join(work, "secret")
-    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
+    secret_file = _new_secret(work)
     hosts = _Hosts()
     rates: dict[str, list[float]] = {"plain": [], "curve": []}
     loads = []
@@ -213,10 +219,7 @@ def _measure_replicated(work: str, secret_file: str, replicas: int, batches: int
 
 def rf3_vs_rf1(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="tq-bench-rf-")
-    secret_file = os.path.join(work, "secret")
-    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
+    secret_file = _new_secret(work)
     rates: dict[int, list[float]] = {1: [], 3: []}
     loads = []
     try:

@@ -471,15 +471,20 @@ class BrokerServer:
         for fetcher in self._fetchers.values():
             fetcher.hold(held)
 
-    async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
-        """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
-        this leader's log (from its batch headers)."""
+    def _replica_request(self, topic: str, partition: int, ctx: Context) -> PartitionId:
+        """The partition a replica's request names, once its sender may replicate: a broker
+        of the cluster (`may_replicate`), to an open broker."""
         if self._closing:
             raise BrokerClosedError("the broker is closed")
         if not self.may_replicate(ctx.principal or ""):
             raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
                                  "of the cluster do")
-        pid = validate_partition(req.topic, req.partition)
+        return validate_partition(topic, partition)
+
+    async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
+        """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
+        this leader's log (from its batch headers)."""
+        pid = self._replica_request(req.topic, req.partition, ctx)
         role = self._replica_roles.get(pid)
         if pid not in self._leading or role is None or not role.is_follower(req.replica):
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
@@ -492,12 +497,7 @@ class BrokerServer:
         return EpochEnd(epoch, end)
 
     async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
-        if self._closing:
-            raise BrokerClosedError("the broker is closed")
-        if not self.may_replicate(ctx.principal or ""):
-            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
-                                 "of the cluster do")
-        pid = validate_partition(req.topic, req.partition)
+        pid = self._replica_request(req.topic, req.partition, ctx)
         if not 0 < req.max_bytes <= self.state.limits.max_read_bytes * 8:
             raise BrokerProtocolError(f"a replica fetch of {req.max_bytes} bytes")
         lane = self._lanes.get(pid)
