@@ -89,6 +89,7 @@ from querylib.log._config import (
 )
 from querylib.log._damage import Damage, segment_damage
 from querylib.log._dump import dump_segment
+from querylib.log._epochs import LeaderEpochCache
 from querylib.log._log import FileSlice, PartitionLog, SegmentInfo, corrupt_data_error
 from querylib.log._reader import (
     SegmentBatch,
@@ -105,6 +106,7 @@ from querylib.log._reader import (
 from querylib.log._scan import data_records, record_at_timestamp
 
 __all__ = [
+    "LeaderEpochCache",
     "SegmentBatch",
     "SegmentFile",
     "Span",

@@ -42,6 +42,8 @@ BOOT_ID_FILE = "boot-id"
 # The log start offset DeleteRecords advanced past the first segment's base (Kafka keeps it in
 # log-start-offset-checkpoint per log dir); absent until a DeleteRecords.
 LOG_START_FILE = "log-start-offset-checkpoint"
+# Leader epoch -> its first offset, as Kafka's file of that name in the partition directory.
+EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
 LOCK_FILE = ".lock"
 
 # Kafka's offset index stores positions and relative offsets as int32.

@@ -55,6 +55,7 @@ from querylib.log._batch import (
 )
 from querylib.log._config import (
     CLEAN_SHUTDOWN_FILE,
+    EPOCH_CHECKPOINT_FILE,
     INT32_MAX,
     LOCK_FILE,
     LOG_START_FILE,
@@ -63,6 +64,12 @@ from querylib.log._config import (
     LogConfig,
 )
 from querylib.log._damage import Damage
+from querylib.log._epochs import (
+    LeaderEpochCache,
+    read_epoch_checkpoint,
+    scan_epochs,
+    write_epoch_checkpoint,
+)
 from querylib.log._recovery import (
     fsync_dir,
     load_segments,
@@ -199,6 +206,8 @@ class PartitionLog:
         # clean close, or an unclean one on the same boot. Else what was appended without an
         # fsync (`sync=False`, or the "never" policy) may have been lost.
         self.writes_kept = True
+        # Leader epoch -> its first offset (`leader-epoch-checkpoint`), loaded by `open`.
+        self._epochs = LeaderEpochCache()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None) -> PartitionLog:
@@ -223,7 +232,58 @@ class PartitionLog:
             raise
         log = cls(path, config, lock_fd, segments)
         log.writes_kept = kept
+        try:
+            log._load_epochs()
+        except OSError as exc:
+            log.close()
+            raise StorageError(f"{path}: cannot write {EPOCH_CHECKPOINT_FILE}: {exc}") from exc
         return log
+
+    def _load_epochs(self) -> None:
+        """Load the leader epoch checkpoint and fit it to the log: epochs starting at or past
+        the log end never reached it (the file is written before a new epoch's first batch),
+        the first one starts at the log start. A missing or damaged file is rebuilt from the
+        batch headers."""
+        try:
+            cache = read_epoch_checkpoint(self.path)
+        except (OSError, ValueError) as exc:
+            logger.warning("%s: %s unreadable (%s); rebuilding it from the batch headers",
+                           self.path, EPOCH_CHECKPOINT_FILE, exc)
+            cache = None
+        if cache is not None:
+            changed = cache.truncate_from_end(self._next_offset)
+            changed = cache.truncate_from_start(self.log_start_offset) or changed
+        elif self._next_offset > self.log_start_offset:
+            try:
+                cache = scan_epochs(lambda offset: self.read(offset, 1 << 20),
+                                    self.log_start_offset)
+            except RecordError as exc:  # damage: over-truncation is safe, a wrong epoch is not
+                logger.warning("%s: cannot rebuild %s (%s); its epochs stay unknown",
+                               self.path, EPOCH_CHECKPOINT_FILE, exc)
+                return
+            changed = True
+        else:
+            return
+        self._epochs = cache
+        if changed:
+            write_epoch_checkpoint(self.path, cache)
+
+    @property
+    def leader_epochs(self) -> LeaderEpochCache:
+        """Leader epoch -> the first offset written at it (safe from any thread: a snapshot)."""
+        return self._epochs.copy()
+
+    def _note_epochs(self, epochs: Sequence[tuple[int, int]]) -> None:
+        """Add (epoch, start) pairs of batches about to be written; the checkpoint is
+        rewritten first when one starts a new epoch (writer lock held)."""
+        cache = self._epochs
+        changed = False
+        for epoch, start in epochs:
+            if cache.needs(epoch):
+                cache.assign(epoch, start)
+                changed = True
+        if changed:
+            write_epoch_checkpoint(self.path, cache)
 
     # ---- offsets --------------------------------------------------------------------------
 
@@ -309,6 +369,8 @@ class PartitionLog:
         with self._writer:
             self._check_writable()
             try:
+                if self._epochs.needs(leader_epoch):
+                    self._note_epochs(((leader_epoch, self._next_offset),))
                 return self._append_checked(views, headers, sync, leader_epoch)
             except OSError as exc:
                 raise self._fail("append", exc) from exc
@@ -346,6 +408,8 @@ class PartitionLog:
             if not batches:
                 return self._next_offset
             try:
+                self._note_epochs([(h.partition_leader_epoch, h.base_offset)
+                                   for _b, h in batches])
                 self._append_replicated(batches, sync)
             except OSError as exc:
                 raise self._fail("append", exc) from exc
@@ -633,6 +697,8 @@ class PartitionLog:
             try:
                 write_checkpoint(self.path, offset, file=LOG_START_FILE)
                 self._start = offset
+                if self._epochs.truncate_from_start(offset):
+                    write_epoch_checkpoint(self.path, self._epochs)
                 segments = self._view[1]
                 count = 0
                 while count < len(segments) - 1 and segments[count + 1].base_offset <= offset:
@@ -653,6 +719,8 @@ class PartitionLog:
         for segment in removed:
             segment.delete()
         fsync_dir(self.path)
+        if self._epochs.truncate_from_start(self.log_start_offset):
+            write_epoch_checkpoint(self.path, self._epochs)
         logger.info("%s: retention removed %d segment(s); log starts at %d",
                     self.path, count, self.log_start_offset)
 
@@ -691,6 +759,8 @@ class PartitionLog:
             write_checkpoint(self.path, active.base_offset)
             self._recovery_point = active.base_offset
         fsync_dir(self.path)
+        if self._epochs.truncate_from_end(self._next_offset):
+            write_epoch_checkpoint(self.path, self._epochs)
 
     # ---- closing ----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from querylib.log import PartitionLog
 from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
 from ._events import PartitionId, ReplicaAppended, Stimulus
-from ._replication import PartitionRole, follower_truncation_offset, scan_epochs
+from ._replication import PartitionRole, follower_truncation
 
 __all__ = ["ReplicaFetcher"]
 
@@ -123,20 +123,25 @@ class ReplicaFetcher:
         return bool(data)
 
     async def _truncate(self, client: RpcClient, pid: PartitionId, log: PartitionLog) -> None:
-        """Truncate a (re)joining follower's log where its latest epoch ended on the leader:
-        a tail it wrote as an older epoch's leader, never acknowledged, goes (KIP-101/279)."""
+        """Truncate a (re)joining follower's log where it parts from the leader's: a tail it
+        wrote as an older epoch's leader, never acknowledged, goes (KIP-101/279). Each round
+        asks the leader where the follower's latest epoch ended; it ends when both hold the
+        epoch answered, so at most once per epoch the follower knows."""
         loop = asyncio.get_running_loop()
-        cache = await loop.run_in_executor(
-            self._executor, scan_epochs, lambda offset: log.read(offset, 1 << 20),
-            log.log_start_offset)
-        if cache.latest_epoch < 0:
-            return  # an empty log: nothing to truncate
-        answer = await client.request(EpochEndRequest(pid[0], pid[1], cache.latest_epoch,
-                                                      self.broker_id))
-        end = log.log_end_offset
-        offset = max(follower_truncation_offset((answer.leader_epoch, answer.end_offset),
-                                                own_end=end), log.log_start_offset)
-        if offset < end:
-            logger.info("replica %s: truncating %d..%d (leader %s ended epoch %d at %d)",
-                        pid, offset, end, self.address, answer.leader_epoch, answer.end_offset)
-            await loop.run_in_executor(self._executor, log.truncate_to, offset)
+        for _round in range(len(log.leader_epochs.entries)):
+            own = log.leader_epochs
+            if own.latest_epoch < 0:
+                return  # an empty log: nothing to truncate
+            answer = await client.request(EpochEndRequest(pid[0], pid[1], own.latest_epoch,
+                                                          self.broker_id))
+            end = log.log_end_offset
+            offset, final = follower_truncation((answer.leader_epoch, answer.end_offset), own,
+                                                log_end=end)
+            offset = max(offset, log.log_start_offset)
+            if offset < end:
+                logger.info("replica %s: truncating %d..%d (leader %s ended epoch %d at %d)",
+                            pid, offset, end, self.address, answer.leader_epoch,
+                            answer.end_offset)
+                await loop.run_in_executor(self._executor, log.truncate_to, offset)
+            if final:
+                return

@@ -1,7 +1,7 @@
 """The replication rules of the broker's core (DESIGN §5 "Replication"), sans I/O, as
 Admission, Subscriptions and Cohorts are: what a broker's role on a replicated partition is,
-the leader epoch cache (Kafka's `leader-epoch-checkpoint`), where a follower truncates when it
-(re)joins (KIP-101/279), and the leader's view of its followers: their fetched ends, the high
+where a follower truncates when it (re)joins (KIP-101/279; the leader epochs are the log's,
+`PartitionLog.leader_epochs`), and the leader's view of its followers: their fetched ends, the high
 watermark, the ISR changes to propose and min.insync.replicas.
 
 `PartitionRole` is what the catalog says about one replicated partition (leader, leader epoch,
@@ -18,8 +18,6 @@ as these rules say).
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from querylib.broker._errors import (
@@ -27,14 +25,7 @@ from querylib.broker._errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
 )
-
-# Kafka's `leader-epoch-checkpoint` file: a version line, a count line, then "epoch offset".
-CHECKPOINT_NAME = "leader-epoch-checkpoint"
-_CHECKPOINT_VERSION = 0
-UNDEFINED = (-1, -1)
-_PREFIX = struct.Struct(">qii")  # a stored batch's baseOffset, batchLength, leader epoch
-_LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, 23 bytes into a batch
-_LAST_DELTA_END = 27  # OffsetForLeaderEpoch's answer for an epoch older than any known
+from querylib.log import LeaderEpochCache
 
 
 @dataclass(frozen=True)
@@ -70,114 +61,23 @@ class PartitionRole:
         return broker_id != self.leader_id and broker_id in self.replicas
 
 
-class LeaderEpochCache:
-    """Leader epoch -> the first offset written at that epoch, growing with both, as Kafka's
-    LeaderEpochFileCache. Answers OffsetForLeaderEpoch and truncates with its log."""
+def follower_truncation(leader_answer: tuple[int, int], own: LeaderEpochCache, *,
+                        log_end: int) -> tuple[int, bool]:
+    """Where a (re)joining follower truncates (KIP-101/279), given the leader's answer to
+    OffsetForLeaderEpoch for the follower's latest epoch (the largest epoch it knows up to
+    that one, and where it ended there) and the follower's own epochs: (offset, final).
 
-    def __init__(self, entries: tuple[tuple[int, int], ...] = ()) -> None:
-        self._entries: list[tuple[int, int]] = []
-        for epoch, start in entries:
-            self.assign(epoch, start)
-
-    @property
-    def entries(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self._entries)
-
-    @property
-    def latest_epoch(self) -> int:
-        return self._entries[-1][0] if self._entries else -1
-
-    def assign(self, epoch: int, start_offset: int) -> None:
-        """The first batch of `epoch` lands at `start_offset` (a known epoch keeps its start)."""
-        if epoch < 0 or start_offset < 0:
-            raise ValueError(f"epoch {epoch} at offset {start_offset}: both must be >= 0")
-        if self._entries:
-            last_epoch, last_start = self._entries[-1]
-            if epoch == last_epoch:
-                return
-            if epoch < last_epoch or start_offset < last_start:
-                raise ValueError(
-                    f"epoch {epoch} at {start_offset} after epoch {last_epoch} at {last_start}:"
-                    " epochs and their offsets only grow")
-        self._entries.append((epoch, start_offset))
-
-    def end_offset_for(self, epoch: int, *, log_end: int) -> tuple[int, int]:
-        """(the largest known epoch <= `epoch`, the offset where it ended): the next epoch's
-        start, or `log_end` for the latest. UNDEFINED below the first known epoch."""
-        found = -1
-        for i, (known, _start) in enumerate(self._entries):
-            if known <= epoch:
-                found = i
-        if found < 0:
-            return UNDEFINED
-        if found + 1 < len(self._entries):
-            return self._entries[found][0], self._entries[found + 1][1]
-        return self._entries[found][0], log_end
-
-    def truncate_from_end(self, end_offset: int) -> None:
-        """The log was truncated to `end_offset`: forget epochs that start at or after it."""
-        self._entries = [(e, s) for e, s in self._entries if s < end_offset]
-
-    def dumps(self) -> str:
-        lines = [str(_CHECKPOINT_VERSION), str(len(self._entries))]
-        lines += [f"{epoch} {start}" for epoch, start in self._entries]
-        return "\n".join(lines) + "\n"
-
-    @classmethod
-    def loads(cls, text: str) -> LeaderEpochCache:
-        """A checkpoint as `dumps` writes it; an empty file is an empty cache. Damage (another
-        version, a wrong count, epochs or offsets that do not grow) raises ValueError."""
-        if not text:
-            return cls()
-        lines = text.splitlines()
-        if len(lines) < 2 or lines[0] != str(_CHECKPOINT_VERSION):
-            raise ValueError(f"not a version {_CHECKPOINT_VERSION} leader epoch checkpoint")
-        count = int(lines[1])
-        if count != len(lines) - 2:
-            raise ValueError(
-                f"leader epoch checkpoint says {count} entries, holds {len(lines) - 2}")
-        entries = []
-        for line in lines[2:]:
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"leader epoch checkpoint line {line!r} is not 'epoch offset'")
-            entries.append((int(parts[0]), int(parts[1])))
-        return cls(tuple(entries))
-
-
-def epochs_of(data: bytes | memoryview, cache: LeaderEpochCache) -> int | None:
-    """Add the leader epochs of the stored batches in `data` (whole batches, as a log read
-    returns them) to `cache`; returns the offset after the last batch (None: no batch)."""
-    pos, end = 0, None
-    while len(data) - pos >= _LAST_DELTA_END:
-        base, length, epoch = _PREFIX.unpack_from(data, pos)
-        if epoch >= 0 and epoch >= cache.latest_epoch:
-            cache.assign(epoch, base)
-        end = base + _LAST_DELTA.unpack_from(data, pos + 23)[0] + 1
-        pos += length + 12
-    return end
-
-
-def scan_epochs(read: Callable[[int], bytes], start: int) -> LeaderEpochCache:
-    """The leader epoch cache of a log, from its batch headers: `read(offset)` returns whole
-    stored batches from `offset` (b"" at the end)."""
-    cache = LeaderEpochCache()
-    offset = start
-    while data := read(offset):
-        end = epochs_of(data, cache)
-        if end is None or end <= offset:
-            break
-        offset = end
-    return cache
-
-
-def follower_truncation_offset(leader_answer: tuple[int, int], *, own_end: int) -> int:
-    """Where a follower truncates its log on (re)joining (KIP-279): at the end the leader gave
-    for the follower's latest epoch, or its own end if that is less; everything when the leader
-    knows no epoch that old (UNDEFINED)."""
-    if leader_answer == UNDEFINED:
-        return 0
-    return min(leader_answer[1], own_end)
+    Where both logs hold the answered epoch, they part at the lesser of its two ends: final.
+    Where the follower lacks it, its records from its next epoch on are not the leader's: it
+    truncates there and asks again for its new latest epoch (not final). Everything goes when
+    the leader knows no epoch that old, or the follower none as old as the leader's."""
+    if leader_answer == LeaderEpochCache.UNDEFINED:
+        return 0, True
+    epoch, leader_end = leader_answer
+    own_epoch, own_end = own.end_offset_for(epoch, log_end=log_end)
+    if own_epoch < 0:
+        return 0, True
+    return min(leader_end, own_end), own_epoch == epoch
 
 
 @dataclass

@@ -159,7 +159,7 @@ from ._events import (
 )
 from ._fetcher import ReplicaFetcher
 from ._frontier import SavedCohort, query_of_cohort
-from ._replication import PartitionRole, scan_epochs
+from ._replication import PartitionRole
 from ._state import BrokerState
 from ._txn_index import TxnHistory
 from ._write_access import ADMIN, ANONYMOUS, SYSTEM, admits
@@ -483,17 +483,14 @@ class BrokerServer:
 
     async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
         """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
-        this leader's log (from its batch headers)."""
+        this leader's log (its leader epoch cache)."""
         pid = self._replica_request(req.topic, req.partition, ctx)
         role = self._replica_roles.get(pid)
         if pid not in self._leading or role is None or not role.is_follower(req.replica):
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
         log = self._lanes[pid].log
-        assert self._loop is not None
-        cache = await self._loop.run_in_executor(
-            self._read_pool, scan_epochs, lambda offset: log.read(offset, 1 << 20),
-            log.log_start_offset)
-        epoch, end = cache.end_offset_for(req.leader_epoch, log_end=log.log_end_offset)
+        epoch, end = log.leader_epochs.end_offset_for(req.leader_epoch,
+                                                      log_end=log.log_end_offset)
         return EpochEnd(epoch, end)
 
     async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:

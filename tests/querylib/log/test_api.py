@@ -18,8 +18,9 @@ from querylib.log import (
 
 def test_public_names():
     assert sorted(querylib.log.__all__) == [
-        "Damage", "FileSlice", "Finding", "FlushPolicy", "LogConfig", "PartitionLog",
-        "SegmentBatch", "SegmentFile", "SegmentInfo", "Span", "Unreadable", "appended_batch",
+        "Damage", "FileSlice", "Finding", "FlushPolicy",
+        "LeaderEpochCache", "LogConfig", "PartitionLog", "SegmentBatch", "SegmentFile",
+        "SegmentInfo", "Span", "Unreadable", "appended_batch",
         "batch_size", "batch_span", "check_partition", "corrupt_data_error",
         "data_records", "dump_segment",
         "find_partition_dirs", "list_segments", "parse_partition_dir", "parse_segment_name",

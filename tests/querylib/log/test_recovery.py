@@ -235,13 +235,15 @@ def test_leftover_files_are_removed(tmp_path):
     _write(tmp_path / "t-0", batches)
     path = tmp_path / "t-0"
     for name in ("00000000000000000500.index", "00000000000000000500.timeindex",
-                 "recovery-point-offset-checkpoint.tmp", "00000000000000000000.log.deleted"):
+                 "recovery-point-offset-checkpoint.tmp", "leader-epoch-checkpoint.tmp",
+                 "00000000000000000000.log.deleted"):
         open(path / name, "wb").write(b"x")
     open(path / "notes.txt", "wb").write(b"kept")
     with PartitionLog.open(path, CONFIG) as log:
         bases = [s.base_offset for s in log.segments]
     assert sorted(os.listdir(path)) == sorted(
-        [".lock", "boot-id", "clean-shutdown", "recovery-point-offset-checkpoint", "notes.txt"]
+        [".lock", "boot-id", "clean-shutdown", "recovery-point-offset-checkpoint", "notes.txt",
+         "leader-epoch-checkpoint"]
         + [f"{b:020d}{s}" for b in bases for s in (".log", ".index", ".timeindex")])
 
 

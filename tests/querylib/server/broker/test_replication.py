@@ -1,5 +1,5 @@
-"""The replication rules of the broker core (`_replication.py`, sans I/O): roles, the leader
-epoch cache and its checkpoint, the follower's truncation point, the high watermark over the
+"""The replication rules of the broker core (`_replication.py`, sans I/O): roles, the
+follower's truncation point, the high watermark over the
 ISR, ISR change proposals and min.insync.replicas (DESIGN §5 "Replication")."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from querylib.broker._errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
 )
+from querylib.log import LeaderEpochCache
 from querylib.server.broker._replication import (
-    LeaderEpochCache,
     LeaderReplication,
     PartitionRole,
-    follower_truncation_offset,
+    follower_truncation,
 )
 
 
@@ -45,63 +45,23 @@ def test_role_says_who_leads_and_checks_its_shape() -> None:
         role(replicas=(1, 1, 2), isr=(1,))
 
 
-# --- leader epoch cache --------------------------------------------------------------------
-
-
-def test_epoch_cache_answers_the_end_offset_of_an_epoch_as_offset_for_leader_epoch() -> None:
-    cache = LeaderEpochCache()
-    cache.assign(0, 0)
-    cache.assign(0, 5)  # the same epoch again: its start stays
-    cache.assign(2, 10)
-    cache.assign(5, 30)
-    assert cache.latest_epoch == 5
-    assert cache.end_offset_for(0, log_end=40) == (0, 10)
-    assert cache.end_offset_for(1, log_end=40) == (0, 10)  # no epoch 1: the one below it
-    assert cache.end_offset_for(2, log_end=40) == (2, 30)
-    assert cache.end_offset_for(5, log_end=40) == (5, 40)  # the latest epoch ends at the log end
-    assert cache.end_offset_for(9, log_end=40) == (5, 40)
-    with pytest.raises(ValueError):
-        cache.assign(4, 50)  # epochs only grow
-
-
-def test_epoch_cache_before_its_first_epoch_is_undefined() -> None:
-    cache = LeaderEpochCache()
-    assert cache.end_offset_for(3, log_end=0) == (-1, -1)
-    cache.assign(4, 10)
-    assert cache.end_offset_for(3, log_end=20) == (-1, -1)
-
-
-def test_epoch_cache_truncates_with_the_log() -> None:
-    cache = LeaderEpochCache()
-    cache.assign(1, 0)
-    cache.assign(2, 10)
-    cache.assign(3, 20)
-    cache.truncate_from_end(15)
-    assert cache.entries == ((1, 0), (2, 10))
-    cache.truncate_from_end(10)
-    assert cache.entries == ((1, 0),)
-    cache.assign(4, 10)
-    assert cache.entries == ((1, 0), (4, 10))
-
-
-def test_epoch_checkpoint_round_trips_in_kafkas_format_and_refuses_damage() -> None:
-    cache = LeaderEpochCache()
-    cache.assign(1, 0)
-    cache.assign(3, 42)
-    text = cache.dumps()
-    assert text == "0\n2\n1 0\n3 42\n"
-    assert LeaderEpochCache.loads(text).entries == ((1, 0), (3, 42))
-    assert LeaderEpochCache.loads("").entries == ()
-    for bad in ("1\n0\n", "0\n2\n1 0\n", "0\n1\nx 0\n", "0\n2\n3 0\n1 5\n",
-                "0\n2\n1 5\n3 2\n", "0\n1\n-1 0\n"):
-        with pytest.raises(ValueError):
-            LeaderEpochCache.loads(bad)
-
-
 def test_follower_truncates_to_the_least_of_its_end_and_the_leaders_epoch_end() -> None:
-    assert follower_truncation_offset((3, 20), own_end=25) == 20  # divergent tail
-    assert follower_truncation_offset((3, 20), own_end=12) == 12  # behind: keep all
-    assert follower_truncation_offset((-1, -1), own_end=12) == 0  # leader knows no older epoch
+    own = LeaderEpochCache(((0, 0), (3, 10)))
+    assert follower_truncation((3, 20), own, log_end=25) == (20, True)  # divergent tail
+    assert follower_truncation((3, 20), own, log_end=12) == (12, True)  # behind: keep all
+    assert follower_truncation((-1, -1), own, log_end=12) == (0, True)  # no older epoch there
+
+
+def test_follower_missing_the_leaders_epoch_truncates_where_its_own_next_epoch_began() -> None:
+    """KIP-279: the follower led epoch 2 from offset 50 and never heard of epoch 1, which
+    the leader wrote from 40 to 60. Its records from 50 are not the leader's: it truncates
+    there, asks again for epoch 0, and only then knows where the logs part (40)."""
+    own = LeaderEpochCache(((0, 0), (2, 50)))
+    assert follower_truncation((1, 60), own, log_end=80) == (50, False)
+    own.truncate_from_end(50)
+    assert follower_truncation((0, 40), own, log_end=50) == (40, True)
+    # every epoch the follower has is newer than the leader's answer: nothing is common
+    assert follower_truncation((1, 60), LeaderEpochCache(((2, 0),)), log_end=80) == (0, True)
 
 
 # --- the leader's view ---------------------------------------------------------------------
@@ -196,20 +156,3 @@ def test_min_insync_replicas_refuses_a_produce_to_a_small_isr() -> None:
     assert raised.value.kafka_error_code == 19
     assert NotLeaderOrFollowerError.kafka_error_code == 6
     assert FencedLeaderEpochError.kafka_error_code == 74
-
-
-def test_scan_epochs_builds_the_cache_from_stored_batch_headers(tmp_path) -> None:
-    from querylib.log import PartitionLog
-    from querylib.server.broker._replication import scan_epochs
-    from tests.querylib.log._batches import make_batch
-
-    log = PartitionLog.open(tmp_path / "t-0")
-    try:
-        log.append_batches([make_batch(2, seed=0)], leader_epoch=1)
-        log.append_batches([make_batch(3, seed=1)], leader_epoch=1)
-        log.append_batches([make_batch(1, seed=2)], leader_epoch=4)
-        cache = scan_epochs(lambda offset: log.read(offset, 100), log.log_start_offset)
-        assert cache.entries == ((1, 0), (4, 5))
-        assert cache.end_offset_for(3, log_end=log.log_end_offset) == (1, 5)
-    finally:
-        log.close()
