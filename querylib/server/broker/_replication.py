@@ -96,6 +96,7 @@ class LeaderReplication:
     own_id: int
     lag_max_ms: int
     now_ms: int
+    epoch_start: int = 0  # the leader's log end when it took this epoch
     high_watermark: int = 0
     _durable: int = 0
     _followers: dict[int, _Follower] = field(default_factory=dict)
@@ -156,7 +157,8 @@ class LeaderReplication:
     def isr_proposal(self, *, now_ms: int) -> tuple[int, ...] | None:
         """The ISR to ask the coordinator for, or None when the current one stands: without the
         ISR followers not caught up for longer than the lag time, with the replicas whose fetch
-        reached the high watermark."""
+        reached the high watermark and the start of this leader's epoch (a new leader's high
+        watermark may lag what the last one acknowledged)."""
         isr = []
         for replica in self.role.replicas:
             if replica == self.own_id:
@@ -166,7 +168,7 @@ class LeaderReplication:
             if replica in self.role.isr:
                 if now_ms - follower.caught_up_ms <= self.lag_max_ms:
                     isr.append(replica)
-            elif follower.fetched >= self.high_watermark:
+            elif follower.fetched >= max(self.high_watermark, self.epoch_start):
                 isr.append(replica)
         proposal = tuple(isr)
         return None if set(proposal) == set(self.role.isr) else proposal

@@ -820,7 +820,7 @@ class BrokerState:
             leader.set_role(role, now_ms=now_ms)
         else:
             part.replication = LeaderReplication(
-                role, own_id=ev.broker_id, now_ms=now_ms,
+                role, own_id=ev.broker_id, now_ms=now_ms, epoch_start=part.log_end,
                 lag_max_ms=int(self.limits.replica_lag_time_max * 1000))
         self._led.add(pid)
         return self._make_durable(part, self._high_watermark(part))

@@ -123,6 +123,20 @@ def test_isr_shrinks_for_a_follower_lagging_past_the_lag_time_and_grows_once_cau
     assert leader.isr_proposal(now_ms=181) == (1, 2, 3)
 
 
+def test_a_replica_joins_the_isr_only_past_the_start_of_the_leaders_epoch() -> None:
+    """Kafka's rule: a new leader's high watermark may lag what the old leader acknowledged
+    (its ISR follower has not fetched yet), so reaching the high watermark is not enough: an
+    out-of-sync replica must also hold every record from before this epoch began."""
+    leader = LeaderReplication(role(isr=(1, 2)), own_id=1, lag_max_ms=100, now_ms=0,
+                               epoch_start=10)
+    leader.durable(10)
+    assert leader.high_watermark == 0  # 2, in the ISR, has not fetched at this epoch
+    leader.follower_fetch(3, fetch_offset=5, leader_epoch=3, leader_end=10, now_ms=1)
+    assert leader.isr_proposal(now_ms=2) is None  # 5 >= the high watermark, < the epoch start
+    leader.follower_fetch(3, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=3)
+    assert leader.isr_proposal(now_ms=4) == (1, 2, 3)
+
+
 def test_a_follower_keeping_up_with_a_steady_stream_stays_in_the_isr() -> None:
     # The leader's log grows between every two fetches, so no fetch ever reaches the leader's
     # end at the time it arrives; each reaches the end the leader had at the follower's
