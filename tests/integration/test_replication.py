@@ -12,7 +12,7 @@ import pytest
 
 from catalog.errors import TqError
 from querylib.broker import BrokerLink, OpenProducerRequest, ProduceRequest
-from querylib.broker.messages import Produced, ReplicaFetchRequest
+from querylib.broker.messages import AdvanceRequest, EndStreamRequest, Produced, ReplicaFetchRequest
 from querylib.log import LogConfig
 from querylib.records import encode_batch, iter_batches
 from querylib.rpc import BROKER, RpcClient
@@ -316,6 +316,51 @@ def test_a_follower_ahead_of_its_leader_at_the_same_epoch_truncates_and_converge
             await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
                                  what="follower 3 converged on the leader's log")
             await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_promoted_follower_knows_the_producers_frontier_and_end_its_log_holds(tmp_path):
+    """A follower appends its leader's batches without judging them, so when it is promoted
+    it must learn what they say before it serves: a producer's batch resent to the new leader
+    is the same batch (not appended twice), and the frontier and end of stream stand."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link = await producer(cluster.addresses[0])
+            producer_id = 1 << 62 | 12345
+            batches = [encode_batch([(1, None, b"v%d" % i, ())], producer_id=producer_id,
+                                    producer_epoch=0, base_sequence=i) for i in range(3)]
+            for batch in batches:
+                await asyncio.wait_for(link.request(
+                    ProduceRequest(session=link.session, topic="t", partition=0),
+                    payload=[batch]), 30)
+            await link.request(AdvanceRequest(session=link.session, topic="t", partition=0,
+                                              frontier=7))
+            await link.request(EndStreamRequest(session=link.session, topic="t", partition=0))
+            end = cluster.log(1).log_end_offset
+            await wait_for_async(lambda: cluster.log(2).log_end_offset == end, timeout=30,
+                                 what="follower 2 holds everything")
+            await link.close(clean=False)
+            await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
+            info = cluster.servers[1].state.partition_info(PID)
+            assert (info.frontier, info.ended) == (7, True)
+            # The producer comes back to the new leader and resends its last batch, as a
+            # producer whose answer was lost does: the same offsets, nothing appended.
+            link2 = BrokerLink(cluster.addresses[1], SECRET, timeout=10)
+            await link2.start()
+            await link2.request(OpenProducerRequest(
+                session=link2.session, topic="t", partition=0, rejoin=True, producer_id=producer_id,
+                last_sequence=2, ending=True))
+            again = await asyncio.wait_for(link2.request(
+                ProduceRequest(session=link2.session, topic="t", partition=0),
+                payload=[batches[2]]), 30)
+            assert again.base_offset == 2
+            assert cluster.log(2).log_end_offset == end
+            await link2.close()
         finally:
             await cluster.close()
 

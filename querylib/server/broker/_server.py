@@ -444,6 +444,8 @@ class BrokerServer:
         if old is not None and old.leader_address in self._fetchers:
             self._fetchers[old.leader_address].unfollow(pid)
         leads = role is not None and role.is_leader(broker_id)
+        if leads and old is not None and not old.is_leader(broker_id):
+            await self._reopen(pid)
         self._lanes[pid].leader_epoch = role.leader_epoch if leads and role is not None else 0
         self._feed(SetReplicaRole(pid, role, broker_id, min_insync))
         if leads:
@@ -465,6 +467,19 @@ class BrokerServer:
                     log_of=lambda p: self._lanes[p].log, executor=self._append_pool,
                     report=self._feed)
             fetcher.follow(pid, role)
+
+    async def _reopen(self, pid: PartitionId) -> None:
+        """Open a promoted follower's partition again: it appended its leader's batches as they
+        came, without judging them, so what they say (producers' sequences, the frontier, the
+        end of stream, open transactions, cohorts) is learnt from its log, as on a restart,
+        before it leads. The partition serves nobody as a follower, so nothing is in flight."""
+        lock = self._opening.setdefault(pid, asyncio.Lock())
+        async with lock:
+            self._opening[pid] = lock
+            incarnation = self._incarnations.get(pid)
+            await self._forget(pid, lambda: None)
+            await self._open(pid, incarnation)
+        self._opening.pop(pid, None)
 
     def hold_replica_fetches(self, held: bool) -> None:
         """Pause (True) or resume this broker's fetches as a follower (tests)."""
