@@ -373,7 +373,8 @@ class ReplicaData(Reply, tag="broker.replica.data"):
 class ReplicaFetchRequest(Request[ReplicaData], tag="broker.replica.fetch"):
     """Follower `replica` of a replicated partition, which it follows at `leader_epoch`, asks
     its leader for the batches from `fetch_offset` (its log end: the leader records it as the
-    follower's), at most `max_bytes` (but at least one batch)."""
+    follower's), at most `max_bytes` (but at least one batch). At the leader's log end the
+    leader answers after its next append, or `max_wait_ms` later (0: at once)."""
 
     topic: str
     partition: int
@@ -381,6 +382,7 @@ class ReplicaFetchRequest(Request[ReplicaData], tag="broker.replica.fetch"):
     leader_epoch: int
     replica: int
     max_bytes: int = 1024 * 1024
+    max_wait_ms: int = 0
 
 
 class EpochEnd(Reply, tag="broker.replica.epoch_end.reply"):

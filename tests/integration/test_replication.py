@@ -365,3 +365,42 @@ def test_a_promoted_follower_knows_the_producers_frontier_and_end_its_log_holds(
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_caught_up_followers_fetch_waits_at_the_log_end_for_the_next_append(tmp_path):
+    """Kafka's replica.fetch.wait.max.ms: a fetch at the leader's log end is answered by the
+    next append (with its batch), not at once and empty, so followers neither poll an idle
+    leader nor lag a busy one by a polling interval; with no append, when its wait is over."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        client = RpcClient(cluster.addresses[0], SECRET, audience=BROKER, timeout=60)
+        try:
+            cluster.servers[2].hold_replica_fetches(True)  # this test fetches as replica 3
+            await client.connect()
+            waiting = asyncio.ensure_future(client.exchange(ReplicaFetchRequest(
+                "t", 0, fetch_offset=0, leader_epoch=1, replica=3, max_wait_ms=30_000)))
+            leader = cluster.servers[0].state.partitions[PID]
+            await wait_for_async(lambda: leader.replica_waits, timeout=30,
+                                 what="the fetch waits at the leader")
+            assert not waiting.done()
+            link = await producer(cluster.addresses[0])
+            pending = produce(link, b"first")
+            _reply, frames = await asyncio.wait_for(waiting, 30)
+            assert [r.value for b in iter_batches(b"".join(bytes(f) for f in frames))
+                    for r in b.records] == [b"first"]
+            # No append: answered empty once the wait is over.
+            _reply, frames = await client.exchange(ReplicaFetchRequest(
+                "t", 0, fetch_offset=1, leader_epoch=1, replica=3, max_wait_ms=200))
+            assert b"".join(bytes(f) for f in frames) == b""
+            with pytest.raises(TqError):  # a wait beyond the limit is refused
+                await client.exchange(ReplicaFetchRequest(
+                    "t", 0, fetch_offset=1, leader_epoch=1, replica=3, max_wait_ms=10**9))
+            cluster.servers[2].hold_replica_fetches(False)
+            assert (await asyncio.wait_for(pending, 30)).base_offset == 0
+            await link.close()
+        finally:
+            await client.close()
+            await cluster.close()
+
+    asyncio.run(main())

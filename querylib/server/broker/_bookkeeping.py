@@ -121,6 +121,8 @@ class PartitionState(msgspec.Struct):
     replication: Any = None
     follower: bool = False
     min_insync: int = 1
+    # Followers' fetches waiting at the log end for its next append: (token, deadline).
+    replica_waits: list[tuple[Any, float]] = msgspec.field(default_factory=list)
 
     @property
     def stable_end(self) -> int:

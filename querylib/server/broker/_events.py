@@ -317,13 +317,15 @@ class SetReplicaRole(msgspec.Struct, frozen=True):
 class ReplicaFetched(msgspec.Struct, frozen=True):
     """Follower `replica`, at leader epoch `leader_epoch`, fetches the partition from
     `fetch_offset` (its log end). Answered with the leader's high watermark after it (the shell
-    reads the bytes), or NotLeaderOrFollower / FencedLeaderEpoch."""
+    reads the bytes), or NotLeaderOrFollower / FencedLeaderEpoch. At the log end, after the
+    next append, or `max_wait` seconds later (0: at once)."""
 
     token: Any
     partition: PartitionId
     replica: int
     fetch_offset: int
     leader_epoch: int
+    max_wait: float = 0.0
 
 
 class ReplicaAppended(msgspec.Struct, frozen=True):

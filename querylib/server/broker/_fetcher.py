@@ -1,11 +1,13 @@
-"""A follower broker's fetcher (DESIGN §5 "Replication"): one task and one RPC link per leader
-broker, fetching every partition this broker follows there. Each round asks the leader for
-each partition's batches from the follower's log end (`ReplicaFetchRequest`, naming the leader
-epoch it follows), appends what comes unchanged (`PartitionLog.append_replica`: offsets and
-epochs kept, CRC checked, no gap) and reports the new ends and the leader's high watermark to
-the core (`ReplicaAppended`). A round that brought nothing waits `idle_wait` before the next.
+"""A follower broker's fetcher (DESIGN §5 "Replication"): one RPC link per leader broker and
+one task per partition this broker follows there. Each asks the leader for the partition's
+batches from the follower's log end (`ReplicaFetchRequest`, naming the leader epoch it
+follows), appends what comes unchanged (`PartitionLog.append_replica`: offsets and epochs
+kept, CRC checked, no gap) and reports the new ends and the leader's high watermark to the
+core (`ReplicaAppended`). A fetch at the leader's log end waits there up to `max_wait` for the
+next append (Kafka's replica.fetch.wait.max.ms), so a caught-up follower neither polls nor
+lags: it has a new batch as soon as the leader wrote it.
 
-Owns its RpcClient and task; decides nothing the core decides (the leader records the
+Owns its RpcClient and tasks; decides nothing the core decides (the leader records the
 follower's end from the fetch itself).
 """
 
@@ -36,7 +38,7 @@ class ReplicaFetcher:
     def __init__(self, address: str, secret: bytes | Credential, *, broker_id: int,
                  log_of: Callable[[PartitionId], PartitionLog], executor: Executor,
                  report: Callable[[Stimulus], None], max_bytes: int = 1024 * 1024,
-                 idle_wait: float = 0.01, timeout: float = 5.0) -> None:
+                 max_wait: float = 0.5, retry_wait: float = 0.1, timeout: float = 5.0) -> None:
         self.address = address
         self.broker_id = broker_id
         self.partitions: dict[PartitionId, PartitionRole] = {}
@@ -45,74 +47,93 @@ class ReplicaFetcher:
         self._executor = executor
         self._report = report
         self._max_bytes = max_bytes
-        self._idle_wait = idle_wait
+        self._max_wait_ms = int(max_wait * 1000)
+        self._retry_wait = retry_wait
         self._timeout = timeout
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self.held = False  # tests pause a follower's fetches (`hold`)
+        self._client: RpcClient | None = None
+        self._connecting = asyncio.Lock()
+        self._tasks: dict[PartitionId, asyncio.Task[None]] = {}
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self._joining: set[PartitionId] = set()  # to truncate (KIP-279) before fetching
 
+    @property
+    def held(self) -> bool:
+        """Whether fetches are paused (tests: `hold`)."""
+        return not self._resumed.is_set()
+
     def follow(self, pid: PartitionId, role: PartitionRole) -> None:
-        if self.partitions.get(pid) != role:
+        """Fetch `pid` as `role` says; at a new leader epoch, truncate first (KIP-279)."""
+        old = self.partitions.get(pid)
+        if old is None or old.leader_epoch != role.leader_epoch:
             self._joining.add(pid)
         self.partitions[pid] = role
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"replica fetcher of {self.address}")
-        self._wake.set()
+        if pid not in self._tasks:
+            self._tasks[pid] = asyncio.get_running_loop().create_task(
+                self._run(pid), name=f"replica fetcher of {pid} from {self.address}")
 
     def unfollow(self, pid: PartitionId) -> None:
+        """Stop fetching `pid`: its task ends once its fetch in flight (at most `max_wait`
+        at the leader) comes back, and appends nothing more."""
         self.partitions.pop(pid, None)
 
     def hold(self, held: bool) -> None:
-        self.held = held
-        self._wake.set()
+        """Pause (True) or resume fetching; a fetch in flight when paused appends nothing."""
+        if held:
+            self._resumed.clear()
+        else:
+            self._resumed.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
-    async def _run(self) -> None:
-        client = RpcClient(self.address, self._secret, audience=BROKER, timeout=self._timeout)
-        await client.connect()
+    async def _connected(self) -> RpcClient:
+        async with self._connecting:
+            if self._client is None:
+                client = RpcClient(self.address, self._secret, audience=BROKER,
+                                   timeout=self._timeout + self._max_wait_ms / 1000)
+                await client.connect()
+                self._client = client
+            return self._client
+
+    async def _run(self, pid: PartitionId) -> None:
         try:
-            while True:
-                progressed = False
-                if not self.held:
-                    for pid, role in list(self.partitions.items()):
-                        try:
-                            progressed |= await self._fetch(client, pid, role)
-                        except OffsetOutOfRangeError as exc:
-                            # The leader's log ends below ours at this epoch (it lost an
-                            # unflushed tail, say): truncate again before the next fetch.
-                            self._joining.add(pid)
-                            logger.info("replica fetch of %s from %s: %s; truncating again",
-                                        pid, self.address, exc)
-                        except (TqError, RpcError) as exc:
-                            logger.info("replica fetch of %s from %s: %s", pid, self.address,
-                                        exc)
-                if not progressed:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), self._idle_wait)
-                    except TimeoutError:
-                        pass
+            while (role := self.partitions.get(pid)) is not None:
+                if self.held:
+                    await self._resumed.wait()
+                    continue
+                try:
+                    await self._fetch(await self._connected(), pid, role)
+                except OffsetOutOfRangeError as exc:
+                    # The leader's log ends below ours at this epoch (it lost an unflushed
+                    # tail, say): truncate again before the next fetch.
+                    self._joining.add(pid)
+                    logger.info("replica fetch of %s from %s: %s; truncating again",
+                                pid, self.address, exc)
+                except (TqError, RpcError) as exc:
+                    logger.info("replica fetch of %s from %s: %s", pid, self.address, exc)
+                    await asyncio.sleep(self._retry_wait)
         finally:
-            await client.close()
+            if self._tasks.get(pid) is asyncio.current_task():
+                del self._tasks[pid]
 
-    async def _fetch(self, client: RpcClient, pid: PartitionId, role: PartitionRole) -> bool:
+    async def _fetch(self, client: RpcClient, pid: PartitionId, role: PartitionRole) -> None:
         log = self._log_of(pid)
         if pid in self._joining:
             await self._truncate(client, pid, log)
             self._joining.discard(pid)
         request = ReplicaFetchRequest(pid[0], pid[1], log.log_end_offset, role.leader_epoch,
-                                      self.broker_id, self._max_bytes)
+                                      self.broker_id, self._max_bytes, self._max_wait_ms)
         reply, frames = await client.exchange(request)
+        if self.held or self.partitions.get(pid) is not role:
+            return  # paused, or its role changed meanwhile: the next fetch tells
         data = b"".join(bytes(f) for f in frames)
         if data:
             loop = asyncio.get_running_loop()
@@ -120,7 +141,6 @@ class ReplicaFetcher:
         if self.partitions.get(pid) is role:
             self._report(ReplicaAppended(pid, log.log_end_offset, log.durable_end_offset,
                                          reply.high_watermark))
-        return bool(data)
 
     async def _truncate(self, client: RpcClient, pid: PartitionId, log: PartitionLog) -> None:
         """Truncate a (re)joining follower's log where it parts from the leader's: a tail it

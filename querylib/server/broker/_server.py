@@ -175,6 +175,7 @@ __all__ = ["BrokerServer", "server_limits"]
 logger = logging.getLogger("querylib.broker")
 
 _LENGTH = struct.Struct(">qi")  # baseOffset, batchLength
+_MAX_REPLICA_WAIT_MS = 30_000  # a follower's fetch waits at most this long for an append
 RECV_HWM = 32  # messages zmq queues per client connection before it stops reading it
 _FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's batch
 
@@ -512,6 +513,9 @@ class BrokerServer:
         pid = self._replica_request(req.topic, req.partition, ctx)
         if not 0 < req.max_bytes <= self.state.limits.max_read_bytes * 8:
             raise BrokerProtocolError(f"a replica fetch of {req.max_bytes} bytes")
+        if not 0 <= req.max_wait_ms <= _MAX_REPLICA_WAIT_MS:
+            raise BrokerProtocolError(f"a replica fetch waiting {req.max_wait_ms} ms (at most "
+                                      f"{_MAX_REPLICA_WAIT_MS})")
         lane = self._lanes.get(pid)
         if lane is None:
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid}")
@@ -524,7 +528,7 @@ class BrokerServer:
                                         f"{lane.log.log_end_offset}")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._feed(ReplicaFetched(future, pid, req.replica, req.fetch_offset,
-                                  req.leader_epoch))
+                                  req.leader_epoch, req.max_wait_ms / 1000))
         high_watermark = await future
         log = lane.log
         end = log.log_end_offset

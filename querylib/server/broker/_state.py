@@ -282,7 +282,9 @@ class BrokerState:
         for pid in list(self._txn_partitions):
             out += self._abort_stale_transactions(pid)
         for pid in self._led:
-            out += self._propose_isr(self.partitions[pid])
+            part = self.partitions[pid]
+            out += self._answer_replica_waits(part, self.now)
+            out += self._propose_isr(part)
         return out
 
     def _abort_stale_transactions(self, pid: PartitionId) -> list[Instruction]:
@@ -408,6 +410,7 @@ class BrokerState:
         gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
                                      f"{ev.partition[0]!r} was deleted")
         out = self.subscriptions.close_partition(part, gone)
+        out += [Fail(token, gone) for token, _ in part.replica_waits]
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
             session.resending.discard(ev.partition)
@@ -736,6 +739,7 @@ class BrokerState:
             stored = bytearray(entry.stored_bytes(self._stamp))
             _EPOCH.pack_into(stored, 12, part.replication.role.leader_epoch)
             entry.stored = bytes(stored)
+            out += self._answer_replica_waits(part)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
             out += self._answer_written(entry)
@@ -812,7 +816,8 @@ class BrokerState:
             self._led.discard(pid)
             if role is None:
                 del self._roles[pid]
-                return self._make_durable(part, part.durable_end)
+                waits = self._answer_replica_waits(part)
+                return waits + self._make_durable(part, part.durable_end)
             return self._deposed(part) if deposed else []
         part.follower = False
         leader = part.replication
@@ -831,7 +836,8 @@ class BrokerState:
         write to the new leader."""
         error = NotLeaderOrFollowerError(
             f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
-        out: list[Instruction] = []
+        out: list[Instruction] = [Fail(token, error) for token, _ in part.replica_waits]
+        part.replica_waits = []
         for entry in (*part.unflushed, *part.inflight):
             self._refund(entry)
             entry.cost = 0
@@ -851,7 +857,25 @@ class BrokerState:
                               leader_epoch=ev.leader_epoch, leader_end=part.log_end,
                               now_ms=int(self.now * 1000))
         out = self._make_durable(part, leader.high_watermark)
+        if ev.max_wait > 0 and ev.fetch_offset >= part.log_end:
+            part.replica_waits.append((ev.token, self.now + ev.max_wait))
+            return out
         return [Reply(ev.token, leader.high_watermark), *out]
+
+    @staticmethod
+    def _answer_replica_waits(part: PartitionState, now: float | None = None
+                              ) -> list[Instruction]:
+        """Answer the followers' fetches waiting on `part` (with `now`: those whose wait is
+        over) with the high watermark; the shell sends what the log holds from their offset."""
+        if not part.replica_waits:
+            return []
+        hw = part.replication.high_watermark if part.replication is not None else 0
+        if now is None:
+            due, part.replica_waits = part.replica_waits, []
+        else:
+            due = [w for w in part.replica_waits if w[1] <= now]
+            part.replica_waits = [w for w in part.replica_waits if w[1] > now]
+        return [Reply(token, hw) for token, _ in due]
 
     def _replica_appended(self, ev: ReplicaAppended) -> list[Instruction]:
         part = self.partitions.get(ev.partition)
