@@ -313,11 +313,13 @@ class CatalogTopics:
             locations=tuple(brokers[i % len(brokers)] for i in range(partitions)))
         return _topic_info(info.topic)
 
-    def host_brokers(self, broker_id: int) -> tuple[int, ...]:
+    def host_brokers(self, broker_id: int, *, kafka: bool = True) -> tuple[int, ...]:
         """This broker first, then the other brokers of its host's executor that are
-        registered and have a Kafka listener, as last known (followed with `follow`)."""
+        registered and (with `kafka`) have a Kafka listener, as last known (followed with
+        `follow`)."""
         listening = {b.broker_id for b in self._views["brokers"]
-                     if isinstance(b, Broker) and _broker_info(b) is not None}
+                     if isinstance(b, Broker) and (_broker_info(b) is not None if kafka
+                                                   else bool(b.address))}
         for executor in self._views["executors"]:
             if isinstance(executor, Executor):
                 host = (executor.broker_id, *executor.shards)
@@ -352,10 +354,21 @@ class CatalogTopics:
         """Where a partition of `topic` lives, if the catalog places it on another broker;
         else None: this broker decides (it creates an unknown topic, refuses a partition that
         does not exist)."""
-        _, broker_id = await self._session()
+        cluster, broker_id = await self._session()
         known = [t for t in self._views["topics"]
                  if isinstance(t, Topic) and t.short_name == topic]
         found = known[0] if known else await self._lookup(topic)
+        if found is None and partition >= 0:
+            # A stream into a topic nobody created registers it, spread over this host's
+            # brokers as any topic is (the endpoint reaches each through broker RPC).
+            brokers = self.host_brokers(broker_id, kafka=False)
+            try:
+                found = (await cluster.create_topic(
+                    topic, partition + 1, ingest=True,
+                    locations=tuple(brokers[i % len(brokers)]
+                                    for i in range(partition + 1)))).topic
+            except TopicExistsError:  # another stream created it meanwhile
+                found = await self._lookup(topic)
         if found is None or not 0 <= partition < found.partitions:
             return None
         where = found.locations[partition]

@@ -146,6 +146,23 @@ def test_an_ingest_topic_spreads_over_the_hosts_brokers_and_every_way_in_reaches
                 f"kafka {partition} {i}" for i in range(50)] + lines
 
 
+def test_a_topic_a_stream_creates_spreads_over_the_hosts_brokers(tmp_path: Path) -> None:
+    """A stream into a topic nobody created registers it (an ingest topic, partitions up to
+    the stream's): its partitions spread over the host's brokers as any topic's do, rather
+    than all landing on the broker the connector endpoint runs with."""
+    lines = [f"auto {i}" for i in range(300)]
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"{line}\n" for line in lines))
+    with Up(tmp_path / "home", "--brokers", "2", "--connector-port", "0") as up:
+        executor = _executor(up)
+        done = up.tq(*_ingest(up, "auto:1", source)[3:])
+        assert done.returncode == 0, done.stderr
+        topic = _topic(up, "auto")
+        assert topic.partitions == 2
+        assert set(topic.locations) == {executor.broker_id, *executor.shards}
+        assert _values(up, "auto", 1) == lines
+
+
 def _kafka_values(up: Up, topic: str, partition: int, count: int) -> list[str]:
     """The first `count` values of a partition, read by a Kafka consumer (Fetch on the
     partition's broker, as Metadata names it); fails if fewer come within the deadline."""
