@@ -13,10 +13,7 @@ they are deleted in a finally.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -26,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests._netns import Hosts, netns_hosts
 from tests.conftest import Processes, free_port, wait_for
 from tests.coordinator._cluster import ROOT, tq_env
 
@@ -49,72 +47,10 @@ SLEEPER = textwrap.dedent('''
 ''')
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def _netns_works() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    probe = f"tqprobe{uuid.uuid4().hex[:6]}"
-    try:
-        _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError):
-        return False
-    _ip("netns", "del", probe)
-    return True
-
-
-class Hosts:
-    """Namespaces `c` (coordinator, with the bridge), `a` and `b`, on SUBNET.0/24."""
-
-    def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.ns = {name: f"tq{name}{tag}" for name in "cab"}
-        self.address = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
-        self.link = {name: f"tq{name}{tag}" for name in "ab"}  # the bridge side, in `c`
-        self.created: list[str] = []
-
-    def create(self) -> Hosts:
-        c = self.ns["c"]
-        for ns in self.ns.values():
-            _ip("netns", "add", ns)
-            self.created.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", c, "link", "add", "br0", "type", "bridge")
-        _ip("-n", c, "addr", "add", f"{self.address['c']}/24", "dev", "br0")
-        _ip("-n", c, "link", "set", "br0", "up")
-        for name in "ab":
-            ns, outer = self.ns[name], self.link[name]
-            _ip("-n", c, "link", "add", outer, "type", "veth", "peer", "name", "eth0",
-                "netns", ns)
-            _ip("-n", c, "link", "set", outer, "master", "br0")
-            _ip("-n", c, "link", "set", outer, "up")
-            _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-        return self
-
-    def set_link(self, name: str, up: bool) -> None:
-        _ip("-n", self.ns["c"], "link", "set", self.link[name], "up" if up else "down")
-
-    def argv(self, host: str, *args: str) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[host], sys.executable, *args]
-
-    def delete(self) -> None:
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def hosts(processes: Processes) -> Iterator[Hosts]:
-    if not _netns_works():
-        pytest.skip("needs root and working `ip netns`")
-    made = Hosts()
-    try:
-        yield made.create()
-    finally:
-        processes.stop_all()  # before the namespaces go: nothing may be left inside them
-        made.delete()
+    with netns_hosts(processes.stop_all, "cab", subnet=SUBNET) as made:
+        yield made
 
 
 class Cluster:
