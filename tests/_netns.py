@@ -15,6 +15,7 @@ network).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,10 +23,15 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["Hosts", "ip", "netns_hosts", "netns_works"]
+from tests.conftest import Processes, free_port, wait_for
+from tests.coordinator._cluster import ROOT, tq_env
+
+__all__ = ["Cluster", "Hosts", "ip", "netns_hosts", "netns_works"]
 
 
 def ip(*args: str) -> None:
@@ -102,3 +108,63 @@ def netns_hosts(stop_all: object, names: str = "cab", *,
     finally:
         stop_all()  # type: ignore[operator]
         made.delete()
+
+
+class Cluster:
+    """The coordinator (on host `c`) and executors of `hosts`, and `tq` commands run on
+    host `c`."""
+
+    def __init__(self, hosts: Hosts, processes: Processes, home: Path, *,
+                 lease: float = 2.0) -> None:
+        self.hosts, self.processes, self.home, self.lease = hosts, processes, home, lease
+        self.env = tq_env(home)
+        self.port = free_port()
+        self.coordinator = f"tcp://{hosts.address['c']}:{self.port}"
+        processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
+                                   str(home / "coordinator"), "--listen", self.coordinator,
+                                   "--broker-listen", f"tcp://{hosts.address['c']}:"
+                                   f"{free_port()}"),
+                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+        wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
+                 what="the coordinator to start")
+
+    def executor(self, host: str, *options: str,
+                 log: Path | None = None) -> subprocess.Popen[Any]:
+        """`tq executor` on `host` (data in HOME/executor-HOST), `options` added; its stderr
+        appended to `log`, else a pipe."""
+        stderr: Any = subprocess.PIPE if log is None else log.open("a")
+        return self.processes.start(
+            self.hosts.argv(host, "-m", "querylib.cli", "executor", "--coordinator",
+                            self.coordinator, "--data", str(self.home / f"executor-{host}"),
+                            "--host", f"host-{host}", "--slots", "2", "--lease", str(self.lease),
+                            "--grace", "1", "--broker-listen",
+                            f"tcp://{self.hosts.address[host]}:{free_port()}", *options),
+            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+    def tq(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.hosts.argv("c", "-m", "querylib.cli", *args,
+                                              "--coordinator", self.coordinator),
+                              env=self.env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+
+    def status(self) -> dict[str, Any]:
+        done = self.tq("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def executors(self) -> dict[str, int]:
+        """host name -> executor id, of the executors registered now."""
+        return {e["host"]: e["executor_id"] for e in self.status()["executors"]}
+
+    def query(self, query_id: int) -> dict[str, Any]:
+        done = self.tq("status", str(query_id), "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def submit(self, program: Path, executors: list[int], *args: str) -> int:
+        pins = [arg for e in executors for arg in ("--executor", str(e))]
+        done = self.tq("submit", str(program), "--processes", str(len(executors)), *pins,
+                       "--", *args)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[0])

@@ -13,19 +13,17 @@ they are deleted in a finally.
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests._netns import Hosts, netns_hosts
-from tests.conftest import Processes, free_port, wait_for
-from tests.coordinator._cluster import ROOT, tq_env
+from tests._netns import Cluster, Hosts, netns_hosts
+from tests.conftest import Processes, wait_for
+from tests.coordinator._cluster import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,61 +51,6 @@ def hosts(processes: Processes) -> Iterator[Hosts]:
         yield made
 
 
-class Cluster:
-    """The coordinator and executors of `hosts`, and `tq` commands run on host `c`."""
-
-    def __init__(self, hosts: Hosts, processes: Processes, home: Path) -> None:
-        self.hosts, self.processes, self.home = hosts, processes, home
-        self.env = tq_env(home)
-        self.port = free_port()
-        self.coordinator = f"tcp://{hosts.address['c']}:{self.port}"
-        processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
-                                   str(home / "coordinator"), "--listen", self.coordinator,
-                                   "--broker-listen", f"tcp://{hosts.address['c']}:"
-                                   f"{free_port()}"),
-                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
-        wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
-                 what="the coordinator to start")
-
-    def executor(self, host: str) -> subprocess.Popen[Any]:
-        return self.processes.start(
-            self.hosts.argv(host, "-m", "querylib.cli", "executor", "--coordinator",
-                            self.coordinator, "--data", str(self.home / f"executor-{host}"),
-                            "--host", f"host-{host}", "--slots", "2", "--lease", str(LEASE),
-                            "--grace", "1", "--broker-listen",
-                            f"tcp://{self.hosts.address[host]}:{free_port()}"),
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-
-    def tq(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.hosts.argv("c", "-m", "querylib.cli", *args,
-                                              "--coordinator", self.coordinator),
-                              env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-
-    def status(self) -> dict[str, Any]:
-        done = self.tq("status", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def executors(self) -> dict[str, int]:
-        """host name -> executor id, of the executors registered now."""
-        return {e["host"]: e["executor_id"] for e in self.status()["executors"]}
-
-    def query(self, query_id: int) -> dict[str, Any]:
-        done = self.tq("status", str(query_id), "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def submit(self, program: Path, executors: list[int], *args: str) -> int:
-        pins = [arg for e in executors for arg in ("--executor", str(e))]
-        done = self.tq("submit", str(program), "--processes", str(len(executors)), *pins,
-                       "--", *args)
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.split()[0])
-
-
 def _pids(folder: Path, count: int) -> dict[int, int]:
     """executor id -> pid of the processes that wrote their marker into `folder`."""
     names = wait_for(lambda: len(found := list(folder.iterdir())) >= count and found,
@@ -124,7 +67,7 @@ def _gone(pid: int) -> bool:
 
 def test_a_query_across_two_hosts_survives_a_cut_link_cleanly(
         hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
-    cluster = Cluster(hosts, processes, tmp_path)
+    cluster = Cluster(hosts, processes, tmp_path, lease=LEASE)
     cluster.executor("a")
     cut = cluster.executor("b")
     ids = wait_for(lambda: len(e := cluster.executors()) == 2 and e, timeout=60,
@@ -211,7 +154,7 @@ def test_links_between_hosts_are_curve(hosts: Hosts, processes: Processes,
     capturing = processes.start(hosts.argv("c", str(script), str(capture), str(stop),
                                            str(ready)), cwd=ROOT)
     wait_for(ready.exists, timeout=30, what="the capture to start")
-    cluster = Cluster(hosts, processes, tmp_path)
+    cluster = Cluster(hosts, processes, tmp_path, lease=LEASE)
     cluster.executor("a")
     ids = wait_for(lambda: len(e := cluster.executors()) == 1 and e, timeout=60,
                    interval=0.2, what="the executor to register")

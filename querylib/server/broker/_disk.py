@@ -44,9 +44,10 @@ from ._idempotence import last_sequence
 from ._txn_index import TxnHistory, read_history, write_history
 
 __all__ = ["OpenedPartition", "find_partitions", "keep_transaction_history", "open_partition",
-           "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
-           "recover_producers", "remove_partition_dir", "set_aside", "stale_incarnation",
-           "transaction_history", "validate_partition", "write_incarnation"]
+           "partition_path", "producers_between", "purge_deleted", "read_incarnation",
+           "recover_frontier", "recover_producers", "remove_partition_dir", "set_aside",
+           "stale_incarnation", "transaction_history", "validate_partition",
+           "write_incarnation"]
 
 _DELETED = ".deleted-"  # prefix of a partition directory on its way out
 _ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
@@ -301,6 +302,21 @@ def recover_producers(log: PartitionLog, scan_bytes: int) -> tuple[ProducerMark,
     """The idempotent producers' batches in the last `scan_bytes` (at least) of the log, oldest
     first: (producer id, epoch, first sequence, last sequence, base offset, next offset)."""
     return _scan_tail(log, scan_bytes)[0]
+
+
+def producers_between(log: PartitionLog, lo: int, hi: int) -> tuple[ProducerMark, ...]:
+    """The idempotent producers' data batches stored in [lo, hi), oldest first (as
+    `recover_producers`): what a follower appended from its leader."""
+    marks: list[ProducerMark] = []
+    for data, pos, header in _walk_whole(log, lo, hi):
+        if header.producer_id < 0 or header.base_sequence < 0:
+            continue
+        if data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
+            continue
+        marks.append((header.producer_id, header.producer_epoch, header.base_sequence,
+                      last_sequence(header.base_sequence, header.last_offset_delta),
+                      header.base_offset, header.next_offset))
+    return tuple(marks)
 
 
 def _scan_tail(log: PartitionLog,

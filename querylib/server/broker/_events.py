@@ -335,6 +335,12 @@ class ReplicaAppended(msgspec.Struct, frozen=True):
     log_end: int
     durable_end: int
     high_watermark: int
+    # The idempotent producers' batches appended, oldest first (as PartitionOpened's), so a
+    # follower that becomes leader answers a batch sent again instead of appending it twice;
+    # with `relearn`, those of its whole tail after (re)joining, which replace what it knew
+    # (a truncated tail's batches are gone).
+    producers: tuple[tuple[int, int, int, int, int, int], ...] = ()
+    relearn: bool = False
 
 
 Stimulus = (

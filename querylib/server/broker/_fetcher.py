@@ -2,8 +2,9 @@
 broker, fetching every partition this broker follows there. Each round asks the leader for
 each partition's batches from the follower's log end (`ReplicaFetchRequest`, naming the leader
 epoch it follows), appends what comes unchanged (`PartitionLog.append_replica`: offsets and
-epochs kept, CRC checked, no gap) and reports the new ends and the leader's high watermark to
-the core (`ReplicaAppended`). A round that brought nothing waits `idle_wait` before the next.
+epochs kept, CRC checked, no gap) and reports the new ends, the leader's high watermark and the
+idempotent producers' batches appended to the core (`ReplicaAppended`). A round that brought
+nothing waits `idle_wait` before the next.
 
 Owns its RpcClient and task; decides nothing the core decides (the leader records the
 follower's end from the fetch itself).
@@ -22,6 +23,7 @@ from querylib.errors import OffsetOutOfRangeError
 from querylib.log import PartitionLog
 from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
+from ._disk import ProducerMark, producers_between, recover_producers
 from ._events import PartitionId, ReplicaAppended, Stimulus
 from ._replication import PartitionRole, follower_truncation_offset, scan_epochs
 
@@ -36,7 +38,8 @@ class ReplicaFetcher:
     def __init__(self, address: str, secret: bytes | Credential, *, broker_id: int,
                  log_of: Callable[[PartitionId], PartitionLog], executor: Executor,
                  report: Callable[[Stimulus], None], max_bytes: int = 1024 * 1024,
-                 idle_wait: float = 0.01, timeout: float = 5.0) -> None:
+                 idle_wait: float = 0.01, timeout: float = 5.0,
+                 producer_scan_bytes: int = 32 * 1024 * 1024) -> None:
         self.address = address
         self.broker_id = broker_id
         self.partitions: dict[PartitionId, PartitionRole] = {}
@@ -47,6 +50,7 @@ class ReplicaFetcher:
         self._max_bytes = max_bytes
         self._idle_wait = idle_wait
         self._timeout = timeout
+        self._producer_scan_bytes = producer_scan_bytes
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.held = False  # tests pause a follower's fetches (`hold`)
@@ -107,19 +111,33 @@ class ReplicaFetcher:
 
     async def _fetch(self, client: RpcClient, pid: PartitionId, role: PartitionRole) -> bool:
         log = self._log_of(pid)
-        if pid in self._joining:
+        loop = asyncio.get_running_loop()
+        relearn = pid in self._joining
+        if relearn:
             await self._truncate(client, pid, log)
             self._joining.discard(pid)
-        request = ReplicaFetchRequest(pid[0], pid[1], log.log_end_offset, role.leader_epoch,
+        start = log.log_end_offset
+        request = ReplicaFetchRequest(pid[0], pid[1], start, role.leader_epoch,
                                       self.broker_id, self._max_bytes)
         reply, frames = await client.exchange(request)
         data = b"".join(bytes(f) for f in frames)
         if data:
-            loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, log.append_replica, data)
+        # The idempotent producers the core must know should it lead: the batches appended,
+        # or after (re)joining every one of the tail (what it knew may have been truncated).
+        producers: tuple[ProducerMark, ...] = ()
+        if relearn:
+            producers = await loop.run_in_executor(self._executor, recover_producers, log,
+                                                   self._producer_scan_bytes)
+        elif data:
+            producers = await loop.run_in_executor(self._executor, producers_between, log,
+                                                   start, log.log_end_offset)
         if self.partitions.get(pid) is role:
             self._report(ReplicaAppended(pid, log.log_end_offset, log.durable_end_offset,
-                                         reply.high_watermark))
+                                         reply.high_watermark, producers=producers,
+                                         relearn=relearn))
+        else:
+            self._joining.add(pid)  # the core did not hear: relearn when next fetching
         return bool(data)
 
     async def _truncate(self, client: RpcClient, pid: PartitionId, log: PartitionLog) -> None:

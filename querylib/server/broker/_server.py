@@ -463,7 +463,8 @@ class BrokerServer:
                 fetcher = self._fetchers[role.leader_address] = ReplicaFetcher(
                     role.leader_address, self.replica_credential, broker_id=broker_id,
                     log_of=lambda p: self._lanes[p].log, executor=self._append_pool,
-                    report=self._feed)
+                    report=self._feed,
+                    producer_scan_bytes=self.state.limits.producer_scan_bytes)
             fetcher.follow(pid, role)
 
     def hold_replica_fetches(self, held: bool) -> None:

@@ -858,6 +858,9 @@ class BrokerState:
         if part is None or not part.follower:
             return []  # its role changed meanwhile: the next role's fetches tell
         part.log_end = ev.log_end  # lower after a truncation (KIP-279)
+        if ev.relearn:
+            part.producers = ProducerStateTable(max_producers=self.limits.max_producer_ids)
+        part.producers.learn_all(ev.producers)
         part.durable_end = ev.durable_end
         part.visible_end = min(part.visible_end, ev.log_end)
         # Its own high watermark: the leader's, never past what it holds durably.
