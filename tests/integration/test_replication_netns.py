@@ -82,10 +82,11 @@ CLIENT = textwrap.dedent('''
     if not follow:
         # Pinned: to one broker, never anywhere else; a record a second at most waiting for
         # its acknowledgement, then the next is sent anyway, through a producer of its own
-        # (at most 50 waiting), so the broker keeps being written to while it cannot answer.
+        # (at most 50 waiting), so the broker keeps being written to while it cannot answer;
+        # no more once one failed (the broker refuses: it leads no more).
         import threading
         address, incarnation = locate(), incarnation_of(cluster.lookup_topic(topic))
-        lock, waiting = threading.Lock(), []
+        lock, waiting, refused = threading.Lock(), [], threading.Event()
 
         def write(value):
             outcome = "acked"
@@ -97,12 +98,13 @@ CLIENT = textwrap.dedent('''
                     producer.flush()
             except Exception as exc:
                 outcome = f"failed {type(exc).__name__}: {exc}"
+                refused.set()
             with lock:
                 log.write(f"{outcome.split(' ')[0]} {value} {time.time()} {outcome}\\n")
 
         i = 0
-        while running() and len([t for t in waiting if t.is_alive()]) < 50:
-            value = f"{prefix}{i}"
+        while running() and not refused.is_set() and sum(t.is_alive() for t in waiting) < 50:
+            value = f"{prefix}{i:06d}"  # fixed width: no value inside another
             with lock:
                 log.write(f"send {value} {time.time()}\\n")
             thread = threading.Thread(target=write, args=(value,), daemon=True)
@@ -118,7 +120,7 @@ CLIENT = textwrap.dedent('''
 
     producer, i = None, 0
     while running():
-        value = f"{prefix}{i}"
+        value = f"{prefix}{i:06d}"  # fixed width: no value inside another
         try:
             if producer is None:
                 info = cluster.lookup_topic(topic)
@@ -171,7 +173,7 @@ class Replicated:
                  timeout=30, interval=0.2, what="three in-sync replicas")
 
     def start(self, host: str) -> subprocess.Popen[Any]:
-        return self.cluster.executor(host, "--brokers", "1",
+        return self.cluster.executor(host, "--brokers", "1", "--verbose",
                                      log=self.home / f"executor-{host}.log")
 
     def partition(self) -> dict[str, Any]:
@@ -244,10 +246,15 @@ class Replicated:
 
 
 def _once_in_order(read: list[tuple[int, str]]) -> list[str]:
+    """The values read, checked: each offset once and growing, each value once, and each
+    publisher's values in the order it sent them (it sends one after the other)."""
     offsets = [o for o, _ in read]
     assert offsets == sorted(set(offsets)), "offsets delivered twice or out of order"
     values = [v for _, v in read]
     assert len(values) == len(set(values)), "a record delivered twice"
+    for prefix in {v[0] for v in values}:
+        numbers = [int(v[1:]) for v in values if v[0] == prefix]
+        assert numbers == sorted(numbers), f"publisher {prefix}'s records out of order"
     return values
 
 
@@ -306,8 +313,9 @@ def test_a_cut_off_leader_acknowledges_nothing_it_cannot_replicate(
     assert cluster.host_of(moved["broker"]) != cut
     wait_for(lambda: len([t for t in cluster.acked("pub").values() if t > cut_at]) >= 50,
              timeout=60, interval=0.2, what="the new leader to acknowledge records")
-    wait_for(lambda: [t for t in cluster.sent("pinned").values() if t > cut_at], timeout=30,
-             interval=0.2, what="the publisher on the cut host to write while cut")
+    wait_for(lambda: any(v.encode() in (cluster.log_bytes(cut) or b"")
+                         for v, t in cluster.sent("pinned").items() if t > cut_at),
+             timeout=30, interval=0.2, what="the cut leader to append a write it cannot replicate")
     unreplicable = {v for v, t in cluster.sent("pinned").items() if t > cut_at}
 
     hosts.set_link(cut, up=True)
