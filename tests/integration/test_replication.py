@@ -359,4 +359,3 @@ def test_a_new_leader_knows_the_idempotent_producers_it_replicated(tmp_path):
             await cluster.close()
 
     asyncio.run(main())
-
