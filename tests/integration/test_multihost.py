@@ -13,21 +13,17 @@ they are deleted in a finally.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import Processes, free_port, wait_for
-from tests.coordinator._cluster import ROOT, tq_env
+from tests._netns import Cluster, Hosts, netns_hosts
+from tests.conftest import Processes, wait_for
+from tests.coordinator._cluster import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,127 +45,10 @@ SLEEPER = textwrap.dedent('''
 ''')
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def _netns_works() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    probe = f"tqprobe{uuid.uuid4().hex[:6]}"
-    try:
-        _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError):
-        return False
-    _ip("netns", "del", probe)
-    return True
-
-
-class Hosts:
-    """Namespaces `c` (coordinator, with the bridge), `a` and `b`, on SUBNET.0/24."""
-
-    def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.ns = {name: f"tq{name}{tag}" for name in "cab"}
-        self.address = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
-        self.link = {name: f"tq{name}{tag}" for name in "ab"}  # the bridge side, in `c`
-        self.created: list[str] = []
-
-    def create(self) -> Hosts:
-        c = self.ns["c"]
-        for ns in self.ns.values():
-            _ip("netns", "add", ns)
-            self.created.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", c, "link", "add", "br0", "type", "bridge")
-        _ip("-n", c, "addr", "add", f"{self.address['c']}/24", "dev", "br0")
-        _ip("-n", c, "link", "set", "br0", "up")
-        for name in "ab":
-            ns, outer = self.ns[name], self.link[name]
-            _ip("-n", c, "link", "add", outer, "type", "veth", "peer", "name", "eth0",
-                "netns", ns)
-            _ip("-n", c, "link", "set", outer, "master", "br0")
-            _ip("-n", c, "link", "set", outer, "up")
-            _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-        return self
-
-    def set_link(self, name: str, up: bool) -> None:
-        _ip("-n", self.ns["c"], "link", "set", self.link[name], "up" if up else "down")
-
-    def argv(self, host: str, *args: str) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[host], sys.executable, *args]
-
-    def delete(self) -> None:
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def hosts(processes: Processes) -> Iterator[Hosts]:
-    if not _netns_works():
-        pytest.skip("needs root and working `ip netns`")
-    made = Hosts()
-    try:
-        yield made.create()
-    finally:
-        processes.stop_all()  # before the namespaces go: nothing may be left inside them
-        made.delete()
-
-
-class Cluster:
-    """The coordinator and executors of `hosts`, and `tq` commands run on host `c`."""
-
-    def __init__(self, hosts: Hosts, processes: Processes, home: Path) -> None:
-        self.hosts, self.processes, self.home = hosts, processes, home
-        self.env = tq_env(home)
-        self.port = free_port()
-        self.coordinator = f"tcp://{hosts.address['c']}:{self.port}"
-        processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
-                                   str(home / "coordinator"), "--listen", self.coordinator,
-                                   "--broker-listen", f"tcp://{hosts.address['c']}:"
-                                   f"{free_port()}"),
-                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
-        wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
-                 what="the coordinator to start")
-
-    def executor(self, host: str) -> subprocess.Popen[Any]:
-        return self.processes.start(
-            self.hosts.argv(host, "-m", "querylib.cli", "executor", "--coordinator",
-                            self.coordinator, "--data", str(self.home / f"executor-{host}"),
-                            "--host", f"host-{host}", "--slots", "2", "--lease", str(LEASE),
-                            "--grace", "1", "--broker-listen",
-                            f"tcp://{self.hosts.address[host]}:{free_port()}"),
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-
-    def tq(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.hosts.argv("c", "-m", "querylib.cli", *args,
-                                              "--coordinator", self.coordinator),
-                              env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-
-    def status(self) -> dict[str, Any]:
-        done = self.tq("status", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def executors(self) -> dict[str, int]:
-        """host name -> executor id, of the executors registered now."""
-        return {e["host"]: e["executor_id"] for e in self.status()["executors"]}
-
-    def query(self, query_id: int) -> dict[str, Any]:
-        done = self.tq("status", str(query_id), "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def submit(self, program: Path, executors: list[int], *args: str) -> int:
-        pins = [arg for e in executors for arg in ("--executor", str(e))]
-        done = self.tq("submit", str(program), "--processes", str(len(executors)), *pins,
-                       "--", *args)
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.split()[0])
+    with netns_hosts(processes.stop_all, "cab", subnet=SUBNET) as made:
+        yield made
 
 
 def _pids(folder: Path, count: int) -> dict[int, int]:
@@ -188,7 +67,7 @@ def _gone(pid: int) -> bool:
 
 def test_a_query_across_two_hosts_survives_a_cut_link_cleanly(
         hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
-    cluster = Cluster(hosts, processes, tmp_path)
+    cluster = Cluster(hosts, processes, tmp_path, lease=LEASE)
     cluster.executor("a")
     cut = cluster.executor("b")
     ids = wait_for(lambda: len(e := cluster.executors()) == 2 and e, timeout=60,
@@ -275,7 +154,7 @@ def test_links_between_hosts_are_curve(hosts: Hosts, processes: Processes,
     capturing = processes.start(hosts.argv("c", str(script), str(capture), str(stop),
                                            str(ready)), cwd=ROOT)
     wait_for(ready.exists, timeout=30, what="the capture to start")
-    cluster = Cluster(hosts, processes, tmp_path)
+    cluster = Cluster(hosts, processes, tmp_path, lease=LEASE)
     cluster.executor("a")
     ids = wait_for(lambda: len(e := cluster.executors()) == 1 and e, timeout=60,
                    interval=0.2, what="the executor to register")

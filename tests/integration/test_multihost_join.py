@@ -6,7 +6,7 @@ at a's routable address (never 0.0.0.0 or loopback) and runs a query whose outpu
 on host c reads from that broker. The same token is refused on host `b`, as are an expired
 and a wrong one, and none of them registers anything.
 
-The namespaces are test_multihost.py's (`Hosts`, the `hosts` fixture).
+The namespaces are test_multihost.py's `hosts` fixture (tests/_netns.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._netns import Hosts
 from tests.conftest import Processes, free_port, wait_for
 from tests.coordinator._cluster import ROOT, tq_env
 from tests.integration import test_multihost
-from tests.integration.test_multihost import Hosts
 
 hosts = test_multihost.hosts  # the fixture: namespaces c, a and b
 

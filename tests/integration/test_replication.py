@@ -404,3 +404,42 @@ def test_a_caught_up_followers_fetch_waits_at_the_log_end_for_the_next_append(tm
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_new_leader_knows_the_idempotent_producers_it_replicated(tmp_path):
+    """A producer that lost its leader sends its unanswered batch again to the new one, which
+    replicated it already: answered with the offsets it has, not appended twice (promoted, the
+    follower learnt the producer's sequence numbers from its log)."""
+    producer_id = 1 << 62
+
+    def batch(seq: int, value: bytes) -> bytes:
+        return encode_batch([(1, None, value, ())], producer_id=producer_id, producer_epoch=0,
+                            base_sequence=seq)
+
+    async def send(link: BrokerLink, payload: bytes) -> Produced:
+        return await asyncio.wait_for(link.request(
+            ProduceRequest(session=link.session, topic="t", partition=0),
+            payload=[payload]), 30)
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link = await producer(cluster.addresses[0])
+            assert (await send(link, batch(0, b"a"))).base_offset == 0
+            assert (await send(link, batch(1, b"b"))).base_offset == 1
+            # Broker 1 is deposed: broker 2, which fetched both, leads at epoch 2.
+            await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
+            link2 = await producer(cluster.addresses[1])
+            again = await send(link2, batch(1, b"b"))
+            assert (again.base_offset, again.next_offset) == (1, 2)
+            assert (await send(link2, batch(2, b"c"))).base_offset == 2
+            values = [r.value for b in iter_batches(cluster.log(2).read(0, 1 << 20))
+                      for r in b.records]
+            assert values == [b"a", b"b", b"c"]
+            await link.close(clean=False)
+            await link2.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
