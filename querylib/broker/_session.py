@@ -50,6 +50,8 @@ from querylib.rpc import (
 from ._errors import (
     BrokerClosedError,
     BrokerUnavailableError,
+    FencedLeaderEpochError,
+    NotLeaderOrFollowerError,
     NotProducerError,
     UnknownBrokerSessionError,
 )
@@ -120,7 +122,7 @@ class SessionLink:
         # (the same session reopened; presumed lapsed once unheard for a lease).
         self.keeper = LeaseKeeper(
             lambda: self.where, lease=lease, renew=self._renew, verdict=_verdict,
-            reopen=self._open, retry=lost_connection, relocate=self._relocate,
+            reopen=self._open, retry=self.lost, relocate=self._relocate,
             give_up_after=reconnect_timeout, give_up=self._give_up,
             attempt_timeout=min(timeout, ATTEMPT_TIMEOUT), min_period=0.05,
             min_renew_timeout=1.0, backoff=Backoff(_BACKOFF_MIN, _BACKOFF_MAX))
@@ -154,6 +156,24 @@ class SessionLink:
     def where(self) -> str:
         """The broker, as log lines and errors name it."""
         return f"broker session {self.session}"
+
+    @property
+    def relocatable(self) -> bool:
+        """Whether the link may find its partition's broker elsewhere (a `BrokerLink` given
+        `locate`)."""
+        return False
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether a failed call is to be sent again once the session is reopened: a lost
+        connection (`lost_connection`) or, on a link that may relocate, a broker that no
+        longer leads the partition (NotLeaderOrFollower, FencedLeaderEpoch: the leader moved
+        while this one lives). Reopening then asks `locate` (the catalog) after each refused
+        attempt and moves to the new leader once the catalog names it, for at most
+        `reconnect_timeout` (DESIGN §5 "Replication")."""
+        if lost_connection(exc):
+            return True
+        return self.relocatable and isinstance(
+            exc, NotLeaderOrFollowerError | FencedLeaderEpochError)
 
     @property
     def closed(self) -> bool:
@@ -256,6 +276,10 @@ class BrokerLink(SessionLink):
     @property
     def where(self) -> str:
         return f"broker at {self.address}"
+
+    @property
+    def relocatable(self) -> bool:
+        return self._locate is not None
 
     def _new_client(self, address: str) -> RpcClient:
         client = RpcClient(address, self._secret, audience=BROKER, limits=self._limits,

@@ -29,7 +29,7 @@ from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import Notification, error_from_body
 
 from ._errors import UnknownPartitionError
-from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
 from ._stream import (
     Data,
     EndOfStream,
@@ -235,7 +235,7 @@ class SubscriberCore:
                 except TqError as exc:
                     if self.link.closed or self.link.failure is not None:
                         return  # closing, or the link gave up (and said so)
-                    if not lost_connection(exc):
+                    if not self.link.lost(exc):
                         self._sink(exc)
                         return
                     logger.info("%s-%d: resubscribe: %s", self.topic, sub.partition, exc)
@@ -257,7 +257,7 @@ class SubscriberCore:
             try:
                 await self._subscribe(sub)
             except TqError as exc:
-                if lost_connection(exc):
+                if self.link.lost(exc):
                     raise
                 self._sink(exc)
 

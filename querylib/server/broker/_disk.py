@@ -43,10 +43,11 @@ from ._events import PartitionId
 from ._idempotence import last_sequence
 from ._txn_index import TxnHistory, read_history, write_history
 
-__all__ = ["OpenedPartition", "find_partitions", "keep_transaction_history", "open_partition",
+__all__ = ["OpenedPartition", "RecoveredState", "find_partitions", "keep_transaction_history",
+           "open_partition",
            "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
            "recover_producers", "remove_partition_dir", "set_aside", "stale_incarnation",
-           "transaction_history", "validate_partition", "write_incarnation"]
+           "recover_state", "transaction_history", "validate_partition", "write_incarnation"]
 
 _DELETED = ".deleted-"  # prefix of a partition directory on its way out
 _ORPHANED = ".orphaned-"  # prefix of an older incarnation's directory, kept for the operator
@@ -234,6 +235,26 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
         raise
     return OpenedPartition(log, frontier, ended, held, producers, epoch=epoch,
                            epoch_since=since, transactions=transactions)
+
+
+@dataclass(frozen=True)
+class RecoveredState:
+    """What a follower promoted to leader learns again from its log, which it wrote with its
+    leader's batches: the frontier (its epoch, and since when) and the idempotent producers'
+    batches, as at open."""
+
+    frontier: int
+    ended: bool
+    epoch: int
+    epoch_since: int
+    producers: tuple[ProducerMark, ...]
+
+
+def recover_state(log: PartitionLog, producer_scan_bytes: int) -> RecoveredState:
+    """`RecoveredState` of an open log (blocking)."""
+    frontier, ended, epoch, since = recover_frontier(log)
+    producers, _ = _scan_tail(log, producer_scan_bytes)
+    return RecoveredState(frontier, ended, epoch, since, producers)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,

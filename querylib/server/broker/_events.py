@@ -312,6 +312,9 @@ class SetReplicaRole(msgspec.Struct, frozen=True):
     role: Any
     broker_id: int
     min_insync: int = 1
+    # A follower promoted to leader: its frontier and producers, read again from its log
+    # (a `RecoveredState`), which its replica appends did not teach the core.
+    recovered: Any = None
 
 
 class ReplicaFetched(msgspec.Struct, frozen=True):

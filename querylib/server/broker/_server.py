@@ -110,6 +110,7 @@ from ._disk import (
     open_partition,
     partition_path,
     purge_deleted,
+    recover_state,
     remove_partition_dir,
     set_aside,
     stale_incarnation,
@@ -444,8 +445,15 @@ class BrokerServer:
         if old is not None and old.leader_address in self._fetchers:
             self._fetchers[old.leader_address].unfollow(pid)
         leads = role is not None and role.is_leader(broker_id)
+        recovered = None
+        if leads and old is not None and not old.is_leader(broker_id):
+            # Promoted: the idempotent producers and the frontier of what it replicated, so
+            # a producer sending again what it already holds is answered, not appended twice.
+            recovered = await asyncio.get_running_loop().run_in_executor(
+                self._append_pool, recover_state, self._lanes[pid].log,
+                self.state.limits.producer_scan_bytes)
         self._lanes[pid].leader_epoch = role.leader_epoch if leads and role is not None else 0
-        self._feed(SetReplicaRole(pid, role, broker_id, min_insync))
+        self._feed(SetReplicaRole(pid, role, broker_id, min_insync, recovered))
         if leads:
             self._leading.add(pid)
         else:

@@ -814,6 +814,8 @@ class BrokerState:
                 del self._roles[pid]
                 return self._make_durable(part, part.durable_end)
             return self._deposed(part) if deposed else []
+        if part.follower and ev.recovered is not None:
+            self._promoted(part, ev.recovered)
         part.follower = False
         leader = part.replication
         if leader is not None and leader.role.leader_epoch == role.leader_epoch:
@@ -824,6 +826,19 @@ class BrokerState:
                 lag_max_ms=int(self.limits.replica_lag_time_max * 1000))
         self._led.add(pid)
         return self._make_durable(part, self._high_watermark(part))
+
+    def _promoted(self, part: PartitionState, recovered: Any) -> None:
+        """A follower becomes leader: its frontier and idempotent producers are those of the
+        log it replicated (`RecoveredState`), so a producer sending again what the old leader
+        had sent on is answered with its offsets, not appended twice."""
+        part.frontier = PartitionFrontier(recovered.frontier, ended=recovered.ended,
+                                          max_cohorts=self.limits.max_cohorts,
+                                          epoch=recovered.epoch)
+        part.epoch_since = recovered.epoch_since
+        part.visible_frontier, part.visible_ended = recovered.frontier, recovered.ended
+        part.visible_epoch = recovered.epoch
+        part.producers = ProducerStateTable(max_producers=self.limits.max_producer_ids)
+        part.producers.learn_all(recovered.producers)
 
     def _deposed(self, part: PartitionState) -> list[Instruction]:
         """This broker no longer leads `part`: what waits for its high watermark may never be
