@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from querylib.broker import AsyncProducer
+from querylib.broker import AsyncProducer, AsyncSubscriber, Data
 from querylib.records import iter_batches
 from tests.conftest import wait_for_async
 from tests.integration.test_replication import SECRET, Cluster
@@ -57,6 +57,52 @@ def test_a_producer_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
             expected = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)] + \
                 [b"c%d" % i for i in range(5)]
             assert _values(cluster, 2) == expected
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_subscriber_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
+    """A subscriber of the old leader hears it was deposed and resumes after its last record
+    on the new leader: every record once, in order."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        leader = {"id": 1}
+
+        async def locate() -> str:
+            return cluster.addresses[leader["id"] - 1]
+
+        try:
+            producer = await AsyncProducer(cluster.addresses[0], "t", 0, secret=SECRET,
+                                           timeout=10, batch_records=1, locate=locate,
+                                           reconnect_timeout=30).start()
+            subscriber = await AsyncSubscriber(cluster.addresses[0], "t", 0, secret=SECRET,
+                                               timeout=10, locate=locate,
+                                               reconnect_timeout=30).start()
+            seen: list[bytes] = []
+
+            async def read_until(count: int) -> None:
+                while len(seen) < count:
+                    event = await asyncio.wait_for(subscriber.next_event(), 60)
+                    if isinstance(event, Data):
+                        seen.extend(r.value for r in event.records)
+
+            for i in range(5):
+                await producer.send(b"a%d" % i)
+            await producer.flush()
+            await read_until(5)
+            leader["id"] = 2
+            await cluster.set_roles(leader=2, epoch=2)
+            for i in range(5):
+                await producer.send(b"c%d" % i)
+            await producer.flush()
+            await read_until(10)
+            assert seen == [b"a%d" % i for i in range(5)] + [b"c%d" % i for i in range(5)]
+            assert subscriber.link.address == cluster.addresses[1]
+            await subscriber.close()
+            await producer.close(end=False)
         finally:
             await cluster.close()
 

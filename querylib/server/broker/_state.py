@@ -843,10 +843,12 @@ class BrokerState:
     def _deposed(self, part: PartitionState) -> list[Instruction]:
         """This broker no longer leads `part`: what waits for its high watermark may never be
         acknowledged (the new leader may truncate it away), so its writers hear so now and
-        write to the new leader."""
+        write to the new leader; its subscribers too, and resume there after their last
+        record."""
         error = NotLeaderOrFollowerError(
             f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
-        out: list[Instruction] = []
+        out: list[Instruction] = self.subscriptions.close_partition(part, NotLeaderOrFollowerError(
+            f"partition {part.id[1]} of {part.id[0]!r} has a new leader; read there"))
         for entry in (*part.unflushed, *part.inflight):
             self._refund(entry)
             entry.cost = 0
