@@ -496,13 +496,17 @@ class BrokerServer:
         role = self._replica_roles.get(pid)
         if pid not in self._leading or role is None or not role.is_follower(req.replica):
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
+        return EpochEnd(*await self.epoch_end(pid, req.leader_epoch))
+
+    async def epoch_end(self, pid: PartitionId, leader_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch on a partition this broker holds: (the largest epoch at most
+        `leader_epoch` in its log, the offset where it ended), from its batch headers."""
         log = self._lanes[pid].log
         assert self._loop is not None
         cache = await self._loop.run_in_executor(
             self._read_pool, scan_epochs, lambda offset: log.read(offset, 1 << 20),
             log.log_start_offset)
-        epoch, end = cache.end_offset_for(req.leader_epoch, log_end=log.log_end_offset)
-        return EpochEnd(epoch, end)
+        return cache.end_offset_for(leader_epoch, log_end=log.log_end_offset)
 
     async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
         pid = self._replica_request(req.topic, req.partition, ctx)
