@@ -158,21 +158,23 @@ class SessionLink:
         return f"broker session {self.session}"
 
     @property
-    def relocatable(self) -> bool:
-        """Whether the link may find its partition's broker elsewhere (a `BrokerLink` given
-        `locate`)."""
+    def follows_leaders(self) -> bool:
+        """Whether a broker that does not lead the partition (now) is waited for: a remote
+        one (`BrokerLink`) may be about to take the role the catalog gave it, or be followed
+        to the new leader through `locate`. A broker in this process is not."""
         return False
 
     def lost(self, exc: BaseException) -> bool:
         """Whether a failed call is to be sent again once the session is reopened: a lost
-        connection (`lost_connection`) or, on a link that may relocate, a broker that no
-        longer leads the partition (NotLeaderOrFollower, FencedLeaderEpoch: the leader moved
-        while this one lives). Reopening then asks `locate` (the catalog) after each refused
-        attempt and moves to the new leader once the catalog names it, for at most
-        `reconnect_timeout` (DESIGN §5 "Replication")."""
+        connection (`lost_connection`) or, on a link that follows leaders, a broker that
+        does not lead the partition (NotLeaderOrFollower, FencedLeaderEpoch: the leader moved
+        while this one lives, or this one has not taken the role the catalog gave it yet).
+        Reopening then asks `locate` (the catalog), if given, after each refused attempt and
+        moves to the leader it names, for at most `reconnect_timeout` (DESIGN §5
+        "Replication")."""
         if lost_connection(exc):
             return True
-        return self.relocatable and isinstance(
+        return self.follows_leaders and isinstance(
             exc, NotLeaderOrFollowerError | FencedLeaderEpochError)
 
     @property
@@ -278,8 +280,8 @@ class BrokerLink(SessionLink):
         return f"broker at {self.address}"
 
     @property
-    def relocatable(self) -> bool:
-        return self._locate is not None
+    def follows_leaders(self) -> bool:
+        return True
 
     def _new_client(self, address: str) -> RpcClient:
         client = RpcClient(address, self._secret, audience=BROKER, limits=self._limits,

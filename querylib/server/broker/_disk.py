@@ -248,13 +248,16 @@ class RecoveredState:
     epoch: int
     epoch_since: int
     producers: tuple[ProducerMark, ...]
+    log_end: int
+    durable_end: int
 
 
 def recover_state(log: PartitionLog, producer_scan_bytes: int) -> RecoveredState:
     """`RecoveredState` of an open log (blocking)."""
     frontier, ended, epoch, since = recover_frontier(log)
     producers, _ = _scan_tail(log, producer_scan_bytes)
-    return RecoveredState(frontier, ended, epoch, since, producers)
+    return RecoveredState(frontier, ended, epoch, since, producers, log.log_end_offset,
+                          log.durable_end_offset)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,

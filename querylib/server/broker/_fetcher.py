@@ -51,6 +51,9 @@ class ReplicaFetcher:
         self._wake = asyncio.Event()
         self.held = False  # tests pause a follower's fetches (`hold`)
         self._joining: set[PartitionId] = set()  # to truncate (KIP-279) before fetching
+        self._fetching: PartitionId | None = None  # the partition of the round in progress
+        self._settled = asyncio.Event()  # set whenever no partition's round is in progress
+        self._settled.set()
 
     def follow(self, pid: PartitionId, role: PartitionRole) -> None:
         if self.partitions.get(pid) != role:
@@ -63,6 +66,12 @@ class ReplicaFetcher:
 
     def unfollow(self, pid: PartitionId) -> None:
         self.partitions.pop(pid, None)
+
+    async def settled(self, pid: PartitionId) -> None:
+        """Wait until no fetch of `pid` is in progress (unfollowed: none starts again), so
+        its log is no longer written by this fetcher."""
+        while self._fetching == pid:
+            await self._settled.wait()
 
     def hold(self, held: bool) -> None:
         self.held = held
@@ -106,6 +115,16 @@ class ReplicaFetcher:
             await client.close()
 
     async def _fetch(self, client: RpcClient, pid: PartitionId, role: PartitionRole) -> bool:
+        self._fetching = pid
+        self._settled.clear()
+        try:
+            return await self._fetch_once(client, pid, role)
+        finally:
+            self._fetching = None
+            self._settled.set()
+
+    async def _fetch_once(self, client: RpcClient, pid: PartitionId,
+                          role: PartitionRole) -> bool:
         log = self._log_of(pid)
         if pid in self._joining:
             await self._truncate(client, pid, log)

@@ -442,13 +442,17 @@ class BrokerServer:
         (a replica holds a log); a follower fetches from `role.leader_address`."""
         pid = await self._ensure(topic, partition, True)
         old = self._replica_roles.pop(pid, None)
-        if old is not None and old.leader_address in self._fetchers:
-            self._fetchers[old.leader_address].unfollow(pid)
+        fetcher = None if old is None else self._fetchers.get(old.leader_address)
+        if fetcher is not None:
+            fetcher.unfollow(pid)
         leads = role is not None and role.is_leader(broker_id)
         recovered = None
         if leads and old is not None and not old.is_leader(broker_id):
             # Promoted: the idempotent producers and the frontier of what it replicated, so
-            # a producer sending again what it already holds is answered, not appended twice.
+            # a producer sending again what it already holds is answered, not appended twice
+            # (read once the fetcher no longer appends to it).
+            if fetcher is not None:
+                await fetcher.settled(pid)
             recovered = await asyncio.get_running_loop().run_in_executor(
                 self._append_pool, recover_state, self._lanes[pid].log,
                 self.state.limits.producer_scan_bytes)

@@ -862,6 +862,11 @@ class BrokerState:
         part.visible_epoch = recovered.epoch
         part.producers = ProducerStateTable(max_producers=self.limits.max_producer_ids)
         part.producers.learn_all(recovered.producers)
+        # The log as the fetcher left it (its last append's report is dropped once the role
+        # changed): nothing else wrote it, it is the truth.
+        part.log_end = recovered.log_end
+        part.durable_end = min(recovered.durable_end, recovered.log_end)
+        part.visible_end = min(part.visible_end, part.durable_end)
 
     def _deposed(self, part: PartitionState) -> list[Instruction]:
         """This broker no longer leads `part`: what waits for its high watermark may never be
