@@ -17,8 +17,8 @@ module) are drawn below.
     │   ├── SecretFileError, SecretRejectedError, AddressError  querylib.rpc._errors
     │   ├── UnknownPartitionError, PartitionNotHereError, PartitionBusyError,
     │   │   InvalidTopicError, StaleIncarnationError, TopicAuthorizationError,
-    │   │   NotLeaderOrFollowerError, NotEnoughReplicasError,
-    │   │   StreamEndedError                                     querylib.broker._errors
+    │   │   NotLeaderOrFollowerError, UnknownLeaderEpochError,
+    │   │   NotEnoughReplicasError, StreamEndedError             querylib.broker._errors
     │   ├── EndpointUnavailableError                             querylib.server._endpoints
     │   ├── ConsoleUnavailableError                              querylib.server.console._serve
     │   ├── MetricsUnavailableError                              querylib.server._metrics

@@ -189,6 +189,19 @@ def address_of(info: TopicInfo, partition: int) -> str:
                                 f"broker {broker_id}, which is not up") from None
 
 
+def readers_of(info: TopicInfo, partitions: list[int]) -> list[tuple[str, list[int]]]:
+    """The partitions one reader each follows, with its broker's address: those of one
+    broker together; each partition of a replicated topic alone, since leaders move one
+    partition at a time and a reader follows its partition's leader through the catalog
+    (DESIGN §5 "Replication")."""
+    if info.topic.replicas:
+        return [(address_of(info, p), [p]) for p in partitions]
+    by_address: dict[str, list[int]] = {}
+    for p in partitions:
+        by_address.setdefault(address_of(info, p), []).append(p)
+    return list(by_address.items())
+
+
 def incarnation_of(info: TopicInfo) -> Incarnation:
     """Which topic of its name `info` is, for the brokers (DESIGN §4 "Topic incarnations")."""
     from querylib.broker import Incarnation

@@ -51,7 +51,7 @@ from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
 from querylib.records import Record as RawRecord
 
 from ._events import Data, EndOfStream, Progress, Record, Snapshot
-from ._runtime import Runtime, address_of, incarnation_of
+from ._runtime import Runtime, incarnation_of, readers_of
 from .serdes import PICKLE, Serde, decode_value, decode_values, resolve, type_tag
 
 if TYPE_CHECKING:  # the group client pulls in the Kafka codecs: loaded only for a group
@@ -211,10 +211,7 @@ class Subscription:
         added = []
         for topic, parts in sorted(assignment.items()):
             info = self._infos[topic]
-            by_address: dict[str, list[int]] = {}
-            for p in parts:
-                by_address.setdefault(address_of(info, p), []).append(p)
-            for address, mine in by_address.items():
+            for address, mine in readers_of(info, parts):
                 start: dict[int, Any] = {}
                 for p in mine:
                     found = starts.get((topic, p))
@@ -300,13 +297,11 @@ class Subscription:
 
     def _add_sources(self, info: TopicInfo, partitions: list[int] | None, start: Start) -> None:
         wanted = list(range(info.topic.partitions)) if partitions is None else partitions
-        by_address: dict[str, list[int]] = {}
         for p in wanted:
             if not 0 <= p < info.topic.partitions:
                 raise UserError(f"topic {info.topic.short_name!r} has partitions 0.."
                                 f"{info.topic.partitions - 1}, not {p}")
-            by_address.setdefault(address_of(info, p), []).append(p)
-        for address, parts in by_address.items():
+        for address, parts in readers_of(info, wanted):
             src_start: Any = start
             if isinstance(start, dict):
                 src_start = {p: start[p] for p in parts if p in start}

@@ -12,6 +12,7 @@ re-exports the partition, topic and producer-sequence ones).
     │   ├── TopicAuthorizationError  the topic's writers rule does not admit the principal
     │   ├── NotLeaderOrFollowerError this broker does not lead the replicated partition (now)
     │   ├── (FencedLeaderEpochError: the catalog's, a ConflictError; re-exported here)
+    │   ├── UnknownLeaderEpochError  a leader epoch newer than the broker knows (yet)
     │   ├── NotEnoughReplicasError   fewer in-sync replicas than the topic's min.insync.replicas
     │   └── StreamEndedError         the partition's stream ended; its owner may reopen it
     ├── ProtocolError
@@ -58,6 +59,7 @@ __all__ = [
     "StreamEndedError",
     "TopicAuthorizationError",
     "UnknownBrokerSessionError",
+    "UnknownLeaderEpochError",
     "UnknownPartitionError",
 ]
 
@@ -89,6 +91,14 @@ class NotLeaderOrFollowerError(UserError):
     one of its replicas): locate its leader in the catalog again and retry there."""
 
     kafka_error_code = 6  # NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class UnknownLeaderEpochError(UserError):
+    """A request named a leader epoch newer than this broker's role: the catalog moved on and
+    the broker has not heard yet; the client retries (Kafka's UNKNOWN_LEADER_EPOCH)."""
+
+    kafka_error_code = 76  # UNKNOWN_LEADER_EPOCH
     retriable = True
 
 

@@ -58,7 +58,6 @@ from ._session import (
     LinkSource,
     Locate,
     SessionLink,
-    lost_connection,
 )
 from ._stream import Headers, encode_records
 from .messages import (
@@ -239,8 +238,8 @@ class ProducerCore:
                     frontier=self._acked_frontier))
                 frontier = self._acked_frontier
         except TqError as exc:
-            if lost_connection(exc):
-                raise  # the link tries again
+            if self.link.lost(exc):
+                raise  # the link tries again (elsewhere, when the leader moved)
             self._fail_all(exc)
             return
         for out in list(self._outstanding):
@@ -402,7 +401,7 @@ class ProducerCore:
         except TqError as exc:
             if out.done.done() or attempt != out.attempt:
                 return  # sent again since: that attempt answers
-            if not lost_connection(exc) or self.link.closed:
+            if not self.link.lost(exc) or self.link.closed:
                 self._resolve(out, error=exc)
                 return
             try:

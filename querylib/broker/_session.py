@@ -50,6 +50,8 @@ from querylib.rpc import (
 from ._errors import (
     BrokerClosedError,
     BrokerUnavailableError,
+    FencedLeaderEpochError,
+    NotLeaderOrFollowerError,
     NotProducerError,
     UnknownBrokerSessionError,
 )
@@ -120,7 +122,7 @@ class SessionLink:
         # (the same session reopened; presumed lapsed once unheard for a lease).
         self.keeper = LeaseKeeper(
             lambda: self.where, lease=lease, renew=self._renew, verdict=_verdict,
-            reopen=self._open, retry=lost_connection, relocate=self._relocate,
+            reopen=self._open, retry=self.lost, relocate=self._relocate,
             give_up_after=reconnect_timeout, give_up=self._give_up,
             attempt_timeout=min(timeout, ATTEMPT_TIMEOUT), min_period=0.05,
             min_renew_timeout=1.0, backoff=Backoff(_BACKOFF_MIN, _BACKOFF_MAX))
@@ -154,6 +156,26 @@ class SessionLink:
     def where(self) -> str:
         """The broker, as log lines and errors name it."""
         return f"broker session {self.session}"
+
+    @property
+    def follows_leaders(self) -> bool:
+        """Whether a broker that does not lead the partition (now) is waited for: a remote
+        one (`BrokerLink`) may be about to take the role the catalog gave it, or be followed
+        to the new leader through `locate`. A broker in this process is not."""
+        return False
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether a failed call is to be sent again once the session is reopened: a lost
+        connection (`lost_connection`) or, on a link that follows leaders, a broker that
+        does not lead the partition (NotLeaderOrFollower, FencedLeaderEpoch: the leader moved
+        while this one lives, or this one has not taken the role the catalog gave it yet).
+        Reopening then asks `locate` (the catalog), if given, after each refused attempt and
+        moves to the leader it names, for at most `reconnect_timeout` (DESIGN §5
+        "Replication")."""
+        if lost_connection(exc):
+            return True
+        return self.follows_leaders and isinstance(
+            exc, NotLeaderOrFollowerError | FencedLeaderEpochError)
 
     @property
     def closed(self) -> bool:
@@ -256,6 +278,10 @@ class BrokerLink(SessionLink):
     @property
     def where(self) -> str:
         return f"broker at {self.address}"
+
+    @property
+    def follows_leaders(self) -> bool:
+        return True
 
     def _new_client(self, address: str) -> RpcClient:
         client = RpcClient(address, self._secret, audience=BROKER, limits=self._limits,

@@ -29,7 +29,7 @@ from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import Notification, error_from_body
 
 from ._errors import UnknownPartitionError
-from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate, lost_connection
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
 from ._stream import (
     Data,
     EndOfStream,
@@ -129,7 +129,18 @@ class SubscriberCore:
         self.link.on_reopen.append(self._resubscribe_all)
         self.link.on_failure.append(self._sink)
         for sub in self.subs.values():
-            await self._subscribe(sub, first=True)
+            # Until the broker answered it (here, or a reopen below subscribed every partition).
+            while sub.confirmed == 0 or sub.confirmed != sub.sub_id:
+                generation = self.link.generation
+                try:
+                    await self._subscribe(sub, first=True)
+                    break
+                except TqError as exc:
+                    # A replica that has not taken the leadership the catalog gave it yet, or
+                    # a leader that moved: the link waits (and follows `locate`).
+                    if not self.link.lost(exc) or self.link.closed:
+                        raise
+                await self.link.reopen(generation)  # subscribes every partition again
 
     async def _subscribe(self, sub: _PartitionSub, *, first: bool = False) -> None:
         start = sub.start if sub.received is None else sub.received
@@ -235,7 +246,7 @@ class SubscriberCore:
                 except TqError as exc:
                     if self.link.closed or self.link.failure is not None:
                         return  # closing, or the link gave up (and said so)
-                    if not lost_connection(exc):
+                    if not self.link.lost(exc):
                         self._sink(exc)
                         return
                     logger.info("%s-%d: resubscribe: %s", self.topic, sub.partition, exc)
@@ -257,7 +268,7 @@ class SubscriberCore:
             try:
                 await self._subscribe(sub)
             except TqError as exc:
-                if lost_connection(exc):
+                if self.link.lost(exc):
                     raise
                 self._sink(exc)
 

@@ -142,6 +142,17 @@ class BrokerPort:
         return [state.partition_info(p) for p in sorted(state.partitions)
                 if not topic or p[0] == topic]
 
+    def leader_epoch(self, pid: PartitionId, current_leader_epoch: int = -1) -> int:
+        """The leader epoch this broker leads a hosted partition at (-1: one replica), checked
+        against a client's (`BrokerState.leader_epoch`: NotLeaderOrFollower on a follower,
+        FencedLeaderEpoch / UnknownLeaderEpoch for an older / newer epoch)."""
+        return self._server.state.leader_epoch(pid, current_leader_epoch)
+
+    async def epoch_end(self, pid: PartitionId, leader_epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) of `leader_epoch` in the hosted partition's log (Kafka's
+        OffsetForLeaderEpoch)."""
+        return await self._server.epoch_end(pid, leader_epoch)
+
     def info(self, pid: PartitionId) -> PartitionInfo:
         """What subscribers may see of a hosted partition: its range up to the visible end
         (Kafka's high watermark) and the frontier there. UnknownPartitionError if not hosted."""

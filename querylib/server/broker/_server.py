@@ -442,8 +442,9 @@ class BrokerServer:
         (a replica holds a log); a follower fetches from `role.leader_address`."""
         pid = await self._ensure(topic, partition, True)
         old = self._replica_roles.pop(pid, None)
-        if old is not None and old.leader_address in self._fetchers:
-            self._fetchers[old.leader_address].unfollow(pid)
+        fetcher = None if old is None else self._fetchers.get(old.leader_address)
+        if fetcher is not None:
+            fetcher.unfollow(pid)
         leads = role is not None and role.is_leader(broker_id)
         if leads and old is not None and not old.is_leader(broker_id):
             await self._reopen(pid)
@@ -504,10 +505,13 @@ class BrokerServer:
         role = self._replica_roles.get(pid)
         if pid not in self._leading or role is None or not role.is_follower(req.replica):
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
+        return EpochEnd(*await self.epoch_end(pid, req.leader_epoch))
+
+    async def epoch_end(self, pid: PartitionId, leader_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch on a partition this broker holds: (the largest epoch at most
+        `leader_epoch` in its log, the offset where it ended), from its leader epoch cache."""
         log = self._lanes[pid].log
-        epoch, end = log.leader_epochs.end_offset_for(req.leader_epoch,
-                                                      log_end=log.log_end_offset)
-        return EpochEnd(epoch, end)
+        return log.leader_epochs.end_offset_for(leader_epoch, log_end=log.log_end_offset)
 
     async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
         pid = self._replica_request(req.topic, req.partition, ctx)

@@ -37,7 +37,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from catalog.errors import TqError
+from catalog.errors import FencedLeaderEpochError, TqError
 from querylib.broker._credit import CreditWindow
 from querylib.broker._errors import (
     BatchTooLargeError,
@@ -50,6 +50,7 @@ from querylib.broker._errors import (
     PrincipalError,
     StreamEndedError,
     UnknownBrokerSessionError,
+    UnknownLeaderEpochError,
     UnknownPartitionError,
 )
 from querylib.broker.messages import Done, PartitionInfo, Produced, ProducerOpened, SessionOpened
@@ -247,6 +248,28 @@ class BrokerState:
                              log_end=part.stable_end, frontier=part.visible_frontier,
                              ended=part.visible_ended, epoch=part.visible_epoch,
                              high_watermark=part.visible_end)
+
+    def leader_epoch(self, pid: PartitionId, current_leader_epoch: int = -1) -> int:
+        """The leader epoch this broker leads `pid` at (-1: a partition of one replica),
+        checked against a Kafka client's `current_leader_epoch` (-1: none): NotLeaderOrFollower
+        on a follower, FencedLeaderEpoch for an older epoch, UnknownLeaderEpoch for a newer."""
+        self._partition(pid)
+        role_set = self._roles.get(pid)
+        if role_set is None:
+            return -1
+        role = role_set.role
+        if not role.is_leader(role_set.broker_id):
+            raise NotLeaderOrFollowerError(
+                f"partition {pid[1]} of {pid[0]!r} is led by broker {role.leader_id}")
+        epoch: int = role.leader_epoch
+        if 0 <= current_leader_epoch < epoch:
+            raise FencedLeaderEpochError(f"partition {pid[1]} of {pid[0]!r} is at leader epoch "
+                                         f"{epoch}, not {current_leader_epoch}")
+        if current_leader_epoch > epoch:
+            raise UnknownLeaderEpochError(f"partition {pid[1]} of {pid[0]!r} is at leader "
+                                          f"epoch {epoch} here, not yet "
+                                          f"{current_leader_epoch}")
+        return epoch
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -833,11 +856,14 @@ class BrokerState:
     def _deposed(self, part: PartitionState) -> list[Instruction]:
         """This broker no longer leads `part`: what waits for its high watermark may never be
         acknowledged (the new leader may truncate it away), so its writers hear so now and
-        write to the new leader."""
+        write to the new leader; its subscribers too, and resume there after their last
+        record."""
         error = NotLeaderOrFollowerError(
             f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
         out: list[Instruction] = [Fail(token, error) for token, _ in part.replica_waits]
         part.replica_waits = []
+        out += self.subscriptions.close_partition(part, NotLeaderOrFollowerError(
+            f"partition {part.id[1]} of {part.id[0]!r} has a new leader; read there"))
         for entry in (*part.unflushed, *part.inflight):
             self._refund(entry)
             entry.cost = 0

@@ -287,24 +287,34 @@ class KafkaBackend(Protocol):
 
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *,
-        committed: bool = False,
+        committed: bool = False, leader_epoch: int = -1,
     ) -> PartitionRead:
         """Stored batches from the one holding `offset`, up to `max_bytes` (at least one batch
         when there is one), none past the high watermark (`committed`: the last stable
         offset, and the read's `aborted` transactions filled in). OffsetOutOfRangeError
-        outside log start .. high watermark."""
+        outside log start .. high watermark. `leader_epoch`, on this and the offset lookups:
+        the client's current_leader_epoch (-1: none); a replicated partition this broker does
+        not lead is NotLeaderOrFollowerError, one at another epoch FencedLeaderEpochError
+        (older) or UnknownLeaderEpochError (newer)."""
         ...
 
-    async def offsets(self, topic: str, partition: int) -> PartitionOffsets: ...
+    async def offsets(self, topic: str, partition: int, *,
+                      leader_epoch: int = -1) -> PartitionOffsets: ...
 
     async def offset_for_timestamp(
-        self, topic: str, partition: int, timestamp_ms: int
+        self, topic: str, partition: int, timestamp_ms: int, *, leader_epoch: int = -1
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`."""
         ...
 
+    async def epoch_end(self, topic: str, partition: int, epoch: int, *,
+                        leader_epoch: int = -1) -> tuple[int, int]:
+        """OffsetForLeaderEpoch on the partition's leader: (the largest leader epoch at most
+        `epoch` in its log, the offset where it ended; its log end for the current epoch)."""
+        ...
+
     async def offset_of_max_timestamp(
-        self, topic: str, partition: int
+        self, topic: str, partition: int, *, leader_epoch: int = -1
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with the largest timestamp below the high
         watermark (ListOffsets MAX_TIMESTAMP), None when there is none."""

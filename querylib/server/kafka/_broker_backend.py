@@ -614,12 +614,15 @@ class BrokerBackend:
                 f"watermark is {high_watermark}")
         return await self.port.delete_records(pid, offset)
 
-    async def _hosted(self, topic: str, partition: int) -> PartitionId:
+    async def _hosted(self, topic: str, partition: int, leader_epoch: int = -1) -> PartitionId:
         """The broker's id of a partition this broker serves to readers, opened if the
-        cluster places it here; NotLeaderError / UnknownPartitionError otherwise."""
+        cluster places it here; NotLeaderError / UnknownPartitionError otherwise. A replicated
+        partition is served by its leader only, at the client's `leader_epoch` if it names
+        one (`BrokerPort.leader_epoch`)."""
         name = TopicName.parse(topic)
         pid = (name.short, partition)
         if self.port.hosts(pid):
+            self.port.leader_epoch(pid, leader_epoch)
             return pid
         if not await self.cluster.placed_here(name, partition):
             known = await self.cluster.kafka_topics([name.short])
@@ -688,8 +691,9 @@ class BrokerBackend:
         return PartitionOffsets(info.log_start, high, info.log_end)
 
     async def read(self, topic: str, partition: int, offset: int,
-                   max_bytes: int, *, committed: bool = False) -> PartitionRead:
-        pid = await self._hosted(topic, partition)
+                   max_bytes: int, *, committed: bool = False,
+                   leader_epoch: int = -1) -> PartitionRead:
+        pid = await self._hosted(topic, partition, leader_epoch)
         offsets = self._offsets(pid)
         if not offsets.log_start_offset <= offset <= offsets.high_watermark:
             raise OffsetOutOfRangeError(
@@ -717,18 +721,28 @@ class BrokerBackend:
                 chunk.close()
         return read
 
-    async def offsets(self, topic: str, partition: int) -> PartitionOffsets:
-        return self._offsets(await self._hosted(topic, partition))
+    async def offsets(self, topic: str, partition: int, *,
+                      leader_epoch: int = -1) -> PartitionOffsets:
+        return self._offsets(await self._hosted(topic, partition, leader_epoch))
 
-    async def offset_for_timestamp(self, topic: str, partition: int,
-                                   timestamp_ms: int) -> tuple[int, int] | None:
-        pid = await self._hosted(topic, partition)
+    async def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int, *,
+                                   leader_epoch: int = -1) -> tuple[int, int] | None:
+        pid = await self._hosted(topic, partition, leader_epoch)
         return record_at_timestamp(self.port.log(pid), timestamp_ms,
                                    self._offsets(pid).high_watermark)
 
-    async def offset_of_max_timestamp(self, topic: str,
-                                      partition: int) -> tuple[int, int] | None:
-        pid = await self._hosted(topic, partition)
+    async def epoch_end(self, topic: str, partition: int, epoch: int, *,
+                        leader_epoch: int = -1) -> tuple[int, int]:
+        pid = await self._hosted(topic, partition, leader_epoch)
+        if self.port.leader_epoch(pid) < 0:
+            # One replica: every batch is of epoch 0 (no leader stamps it), as Kafka answers
+            # a log without epochs: unknown epoch, unknown offset.
+            return -1, -1
+        return await self.port.epoch_end(pid, epoch)
+
+    async def offset_of_max_timestamp(self, topic: str, partition: int, *,
+                                      leader_epoch: int = -1) -> tuple[int, int] | None:
+        pid = await self._hosted(topic, partition, leader_epoch)
         log = self.port.log(pid)
         largest = max((s.largest_timestamp for s in log.segments), default=-1)
         if largest < 0:

@@ -18,6 +18,7 @@ from typing import Any
 
 from catalog.errors import TopicExistsError, TqError
 from querylib.broker import BatchTooLargeError
+from querylib.broker._errors import NotLeaderOrFollowerError
 from querylib.errors import InvalidRecordError
 from querylib.kafka._apis import SUPPORTED_VERSIONS, ApiKey, build_response, is_flexible, millis
 from querylib.kafka._errors import ErrorCode, InvalidRequiredAcksError, error_code_of
@@ -268,13 +269,16 @@ class DataHandlers:
                     entry.error_code = ErrorCode.unknown_topic_id
                     failed = True
                     continue
+                epoch = getattr(p, "current_leader_epoch", -1)  # v9+
                 try:
                     if total and total >= budget:
-                        offsets = await self.backend.offsets(name, p.partition)
+                        offsets = await self.backend.offsets(name, p.partition,
+                                                             leader_epoch=epoch)
                     else:
                         limit = min(p.partition_max_bytes, budget - total)
                         read = await self.backend.read(name, p.partition, p.fetch_offset,
-                                                       max(limit, 0), committed=committed)
+                                                       max(limit, 0), committed=committed,
+                                                       leader_epoch=epoch)
                         offsets = read.offsets
                         entry.aborted = read.aborted
                         if total and read.size > budget - total:
@@ -306,21 +310,23 @@ class DataHandlers:
                 entry: dict[str, Any] = {"partition_index": p.partition_index,
                                          "error_code": ErrorCode.none, "timestamp": -1,
                                          "offset": -1, "leader_epoch": -1}
+                epoch = getattr(p, "current_leader_epoch", -1)  # v4+
                 try:
                     if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL):
-                        offsets = await self.backend.offsets(topic.name, p.partition_index)
+                        offsets = await self.backend.offsets(topic.name, p.partition_index,
+                                                             leader_epoch=epoch)
                         latest = (offsets.last_stable_offset if committed
                                   else offsets.high_watermark)
                         entry["offset"] = (latest if p.timestamp == LATEST
                                            else offsets.log_start_offset)
                     elif p.timestamp == MAX_TIMESTAMP:
                         found = await self.backend.offset_of_max_timestamp(
-                            topic.name, p.partition_index)
+                            topic.name, p.partition_index, leader_epoch=epoch)
                         if found is not None:
                             entry["offset"], entry["timestamp"] = found
                     else:
                         found = await self.backend.offset_for_timestamp(
-                            topic.name, p.partition_index, p.timestamp)
+                            topic.name, p.partition_index, p.timestamp, leader_epoch=epoch)
                         if found is not None:
                             entry["offset"], entry["timestamp"] = found
                 except TqError as exc:
@@ -328,6 +334,33 @@ class DataHandlers:
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return build_response(ApiKey.LIST_OFFSETS, ctx.api_version,
+                              {"throttle_time": 0, "topics": topics})
+
+    # ---- OffsetForLeaderEpoch ------------------------------------------------------------------
+
+    async def offset_for_leader_epoch(self, ctx: RequestContext, request: Any) -> Any:
+        """Where each asked leader epoch ended on the partition's leader: a consumer validates
+        its position after the leader changed (KIP-320) and truncates what the new leader
+        never had. A replica_id other than a consumer's (-1) is refused: followers fetch over
+        broker RPC, never this way."""
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry: dict[str, Any] = {"error_code": ErrorCode.none,
+                                         "partition": p.partition, "leader_epoch": -1,
+                                         "end_offset": -1}
+                try:
+                    if getattr(request, "replica_id", -1) != -1:
+                        raise NotLeaderOrFollowerError("replicas fetch over broker RPC")
+                    entry["leader_epoch"], entry["end_offset"] = await self.backend.epoch_end(
+                        topic.topic, p.partition, p.leader_epoch,
+                        leader_epoch=p.current_leader_epoch)
+                except TqError as exc:
+                    entry["error_code"] = error_code_of(exc)
+                partitions.append(entry)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return build_response(ApiKey.OFFSET_FOR_LEADER_EPOCH, ctx.api_version,
                               {"throttle_time": 0, "topics": topics})
 
     async def init_producer_id(self, ctx: RequestContext, request: Any) -> Any:

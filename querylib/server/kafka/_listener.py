@@ -328,6 +328,7 @@ class KafkaListener:
             ApiKey.PRODUCE: self._data.produce,
             ApiKey.FETCH: self._data.fetch,
             ApiKey.LIST_OFFSETS: self._data.list_offsets,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self._data.offset_for_leader_epoch,
             ApiKey.METADATA: self._data.metadata,
             ApiKey.OFFSET_COMMIT: g.offset_commit,
             ApiKey.OFFSET_FETCH: g.offset_fetch,

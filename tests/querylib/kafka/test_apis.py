@@ -97,6 +97,7 @@ def _minimal(api_key: int) -> dict:
         ApiKey.API_VERSIONS: {"client_software_name": "t", "client_software_version": "1"},
         ApiKey.CREATE_TOPICS: {"topics": [], "timeout": 1000},
         ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 1000},
+        ApiKey.OFFSET_FOR_LEADER_EPOCH: {"replica_id": -1, "topics": []},
         ApiKey.DESCRIBE_CONFIGS: {"resources": []},
         ApiKey.DELETE_TOPICS: {"topic_names": [], "timeout": 1000},
         ApiKey.DELETE_RECORDS: {"topics": [], "timeout": 1000},
@@ -137,7 +138,7 @@ FIRST_FLEXIBLE = {
     ApiKey.JOIN_GROUP: 6, ApiKey.HEARTBEAT: 4, ApiKey.LEAVE_GROUP: 4, ApiKey.SYNC_GROUP: 4,
     ApiKey.DESCRIBE_GROUPS: 5, ApiKey.LIST_GROUPS: 3, ApiKey.API_VERSIONS: 3,
     ApiKey.CREATE_TOPICS: 5, ApiKey.INIT_PRODUCER_ID: 2, ApiKey.DESCRIBE_CONFIGS: 4,
-    ApiKey.SASL_AUTHENTICATE: 2, ApiKey.DESCRIBE_CLUSTER: 0,
+    ApiKey.SASL_AUTHENTICATE: 2, ApiKey.DESCRIBE_CLUSTER: 0, ApiKey.OFFSET_FOR_LEADER_EPOCH: 4,
 }
 
 
