@@ -1,0 +1,183 @@
+"""Coordinator failover on a real etcd: the election, guarded catalog commits, standby replay."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from catalog import Catalog, OpenSession, SessionKind
+from coordinator._failover import (
+    EtcdCatalog,
+    NotActiveError,
+    ReadCatalog,
+    parse_etcd_urls,
+)
+from tests.catalog._helpers import add_user, host
+
+from ._etcd import etcd_server, needs_etcd
+
+pytestmark = [needs_etcd, pytest.mark.timeout(60)]
+
+
+def test_parse_etcd_urls() -> None:
+    assert parse_etcd_urls("http://a:2379, b:2380") == [("a", 2379), ("b", 2380)]
+    for bad in ("", "a", "a:x", "a:0", ":2379"):
+        with pytest.raises(ValueError):
+            parse_etcd_urls(bad)
+
+
+def _commits(catalog: Catalog, count: int) -> list[list[tuple[int, list]]]:
+    """`count` commits of one change each, made on `catalog`."""
+    out = []
+    for i in range(count):
+        change = catalog.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"p{i}", at_ms=i))
+        out.append([(change.version, list(change.updates))])
+    return out
+
+
+def _same(a: Catalog, b: Catalog) -> None:
+    assert dict((n, sorted(map(repr, c))) for n, c in a.collections()) == \
+        dict((n, sorted(map(repr, c))) for n, c in b.collections())
+    assert a.version == b.version
+
+
+async def _etcd(address: str, lease: float = 2.0) -> EtcdCatalog:
+    etcd = EtcdCatalog(address, "test", lease=lease)
+    await etcd.connect()
+    return etcd
+
+
+def test_one_active_and_the_standby_takes_over_when_it_resigns(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        a, b = await _etcd(address), await _etcd(address)
+        term = await a.campaign("a:1")
+        assert term > 0 and await b.active() == "a:1"
+        standby = asyncio.ensure_future(b.campaign("b:1"))
+        done, _ = await asyncio.wait([standby], timeout=0.5)
+        assert not done  # a holds it: b waits
+        await a.close()  # revokes the lease: the key goes at once
+        assert await asyncio.wait_for(standby, 10) > term
+        assert await b.active() == "b:1"
+        await b.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_deposed_active_cannot_write(tmp_path: Path) -> None:
+    """The lease expires (a stalled or cut-off coordinator): its key goes, another is active,
+    and the old one's guarded append is refused and it knows it is no longer active."""
+    async def run(address: str) -> None:
+        a, b = await _etcd(address, lease=1), await _etcd(address, lease=1)
+        await a.campaign("a:1")
+        assert a._keeper is not None
+        a._keeper.cancel()  # stops renewing, as a process that hangs would
+        await asyncio.gather(a._keeper, return_exceptions=True)
+        a.lost.clear()
+        await asyncio.wait_for(b.campaign("b:1"), 20)
+        catalog = Catalog()
+        with pytest.raises(NotActiveError):
+            await a.append(_commits(catalog, 1)[0])
+        assert a.lost.is_set()
+        assert (await b.read()).version == 0  # nothing of a's got in
+        await a.close(resign=False)
+        await b.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_the_keeper_says_lost_when_the_lease_is_gone(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        a = await _etcd(address, lease=1)
+        await a.campaign("a:1")
+        assert a._lease is not None
+        await a.client.revoke_lease(a._lease)  # as etcd does when the lease expires
+        await asyncio.wait_for(a.lost.wait(), 10)
+        await a.close(resign=False)
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_standby_replays_and_follows_the_catalog_across_checkpoints(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        source = Catalog()
+        add_user(source, "user:alice")
+        host(source)
+        active, standby = await _etcd(address), await _etcd(address)
+        await active.campaign("a:1")
+        await active.append([(source.version, source.snapshot())])  # the catalog so far
+        for commit in _commits(source, 5):
+            await active.append(commit)
+
+        read = await standby.read()
+        replica = Catalog.replay(read.updates)
+        _same(source, replica)
+
+        applied: list[int] = []
+
+        def apply(commits: list) -> None:
+            for version, updates in commits:
+                replica._write(list(updates))
+                replica._counters = max((r for c, r, d in updates
+                                         if c == "counters" and d > 0),
+                                        key=lambda r: r.version)
+                applied.append(version)
+
+        def reread(fresh: ReadCatalog) -> None:
+            raise AssertionError("no compaction here")
+
+        following = asyncio.ensure_future(standby.follow(read, apply, reread))
+        for commit in _commits(source, 3):
+            await active.append(commit)
+        await active.checkpoint(source.version, source.snapshot())
+        for commit in _commits(source, 2):
+            await active.append(commit)
+        deadline = asyncio.get_running_loop().time() + 10
+        while replica.version != source.version:
+            assert asyncio.get_running_loop().time() < deadline, applied
+            await asyncio.sleep(0.01)
+        _same(source, replica)
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+        # etcd holds the checkpoint and the commits after it, no more.
+        logs = await active.client.get_prefix(active.prefix + b"catalog/")
+        assert len(logs) == 2
+        again = await standby.read()
+        _same(source, Catalog.replay(again.updates))
+        await active.close()
+        await standby.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_checkpoint_larger_than_an_etcd_request_is_split(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        source = Catalog()
+        for i in range(30):
+            source.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"{i}" + "x" * 60_000,
+                                     at_ms=i))
+        active = await _etcd(address)
+        await active.campaign("a:1")
+        await active.checkpoint(source.version, source.snapshot())
+        chunks = await active.client.get_prefix(active.prefix + b"checkpoint/")
+        assert len(chunks) > 1
+        _same(source, Catalog.replay((await active.read()).updates))
+        await active.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_malformed_commit_is_a_clear_corruption() -> None:
+    from catalog import CorruptCatalogError
+    from coordinator._failover import _decode
+
+    for bad in (b"", b"\x91\x92\x01\x91\x93\xa5nope!\xc4\x00\x01", b"\xc1"):
+        with pytest.raises(CorruptCatalogError):
+            _decode(bad)
