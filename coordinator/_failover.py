@@ -235,6 +235,12 @@ class EtcdCatalog:
                 logger.error("coordinator: lost the etcd lease (term %d): not active", self.term)
             self.lost.set()
 
+    async def announce(self, address: str) -> None:
+        """Say where this active coordinator serves (its key keeps its term and lease)."""
+        assert self._lease is not None
+        await self._guarded(self.client.transactions.put(self.active_key, address.encode(),
+                                                         lease=self._lease))
+
     # -- guarded writes -------------------------------------------------------------------------
 
     async def _guarded(self, *ops: object) -> None:
@@ -253,7 +259,12 @@ class EtcdCatalog:
         when another coordinator is active; ValueError when the commit is too large."""
         value = _encode(commits)
         if len(value) > CHUNK_BYTES:
-            raise ValueError(f"a catalog commit of {len(value)} bytes exceeds {CHUNK_BYTES}")
+            if len(commits) == 1:
+                raise ValueError(f"a catalog change of {len(value)} bytes exceeds {CHUNK_BYTES}")
+            half = len(commits) // 2  # a group commit: its changes in two keys, in order
+            await self.append(commits[:half])
+            await self.append(commits[half:])
+            return
         await self._guarded(self.client.transactions.put(self._log_key(commits[-1][0]), value))
 
     async def checkpoint(self, version: int, snapshot: Sequence[Update]) -> None:

@@ -181,3 +181,40 @@ def test_a_malformed_commit_is_a_clear_corruption() -> None:
     for bad in (b"", b"\x91\x92\x01\x91\x93\xa5nope!\xc4\x00\x01", b"\xc1"):
         with pytest.raises(CorruptCatalogError):
             _decode(bad)
+
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def _collections(catalog: Catalog) -> dict[str, list[str]]:
+    return {name: sorted(map(repr, c)) for name, c in catalog.collections()}
+
+
+def test_an_active_coordinator_writes_every_commit_to_etcd_before_answering(
+        tmp_path: Path) -> None:
+    from coordinator import Coordinator
+    from querylib.cluster import AsyncCluster
+
+    async def run(address: str) -> None:
+        coordinator = Coordinator(tmp_path / "a", SECRET, listen="tcp://127.0.0.1:0",
+                                  broker_listen="tcp://127.0.0.1:0", etcd=address,
+                                  cluster="t")
+        await coordinator.start()
+        standby = EtcdCatalog(address, "t", lease=2)
+        await standby.connect()
+        try:
+            assert coordinator.endpoint is not None and coordinator.state is not None
+            assert await standby.active() == coordinator.endpoint
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=5.0) as client:
+                info = await client.create_topic("numbers", 2)
+                # Answered: etcd has it already.
+                read = await standby.read()
+                assert read.version >= info.version
+                assert _collections(Catalog.replay(read.updates)) == \
+                    _collections(coordinator.state.catalog)
+        finally:
+            await standby.close()
+            await coordinator.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
