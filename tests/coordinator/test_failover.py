@@ -15,6 +15,7 @@ from coordinator._failover import (
     parse_etcd_urls,
 )
 from tests.catalog._helpers import add_user, host
+from tests.conftest import Processes
 
 from ._etcd import etcd_server, needs_etcd
 
@@ -218,3 +219,40 @@ def test_an_active_coordinator_writes_every_commit_to_etcd_before_answering(
 
     with etcd_server(tmp_path / "etcd") as address:
         asyncio.run(run(address))
+
+
+def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
+        tmp_path: Path, processes: Processes) -> None:
+    """Two `tq coordinator --etcd` processes, one real etcd: SIGKILL the active one; the
+    standby serves, with the catalog identical to what the killed one had acknowledged."""
+    import shutil as _shutil
+
+    from querylib.cluster import Cluster
+    from querylib.rpc import load_secret
+    from tests.coordinator._cluster import CoordinatorProcess
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    home_a.mkdir()
+    home_b.mkdir()
+    with etcd_server(tmp_path / "etcd") as address:
+        options = ("--etcd", address, "--cluster-name", "t", "--active-lease", "2")
+        active = CoordinatorProcess(processes, home_a, extra=options).start()
+        secret = load_secret(home_a / "secret")
+        _shutil.copy(home_a / "secret", home_b / "secret")
+        standby = CoordinatorProcess(processes, home_b, extra=(*options, "--standby"))
+        standby.start(wait=False)
+        with Cluster(active.address, secret) as client:
+            for name in ("alpha", "beta", "gamma"):
+                client.create_topic(name, 2)
+            client.add_user("user:alice")
+            before = client.snapshot("topics", "users")
+        assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
+        active.kill()
+        standby.wait_serving(timeout=60)
+        with Cluster(standby.address, secret) as client:
+            after = client.snapshot("topics", "users")
+            client.create_topic("delta", 1)  # it serves changes too
+        for name in ("topics", "users"):
+            assert sorted(map(repr, after[name].records)) == \
+                sorted(map(repr, before[name].records)), name
+        assert standby.stop() == 0
