@@ -120,7 +120,9 @@ class AsyncCluster:
                  resume: int | None = None, query_id: int | None = None,
                  process: int | None = None, source: str = "",
                  presume_lost: bool = False, coordinator_key: str = "") -> None:
-        self.address = address
+        # Several coordinators (failover, DESIGN §3): "a,b,c"; `start` finds the active one.
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
         self.secret = Credential.of(secret)  # who we are (a bare secret: the admin)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -139,9 +141,9 @@ class AsyncCluster:
                                            query_id=query_id, process=process)
         # CURVE when the coordinator's public key is known: given, remembered for its address
         # (`discover`), or TQ_COORDINATOR_KEY (DESIGN §2 "Handshake").
-        self.client = RpcClient(address, secret, timeout=timeout,
-                                server_key=coordinator_key
-                                or os.environ.get(COORDINATOR_KEY_ENV) or None)
+        self._server_key = coordinator_key or os.environ.get(COORDINATOR_KEY_ENV) or None
+        self.client = RpcClient(self.address, secret, timeout=timeout,
+                                server_key=self._server_key)
         self.session_id: int | None = None
         self.catalog_broker = ""
         self.version = 0  # the newest catalog version a reply mentioned
@@ -163,7 +165,10 @@ class AsyncCluster:
     async def start(self) -> AsyncCluster:
         """Connect, and open (or resume) the session. NoCoordinatorError if nobody answers
         within `connect_timeout`."""
-        await self.client.connect()
+        if len(self.addresses) > 1:
+            await self._find_active()
+        else:
+            await self.client.connect()
         self._started = True
         try:
             if self._wants_session:
@@ -187,6 +192,36 @@ class AsyncCluster:
             await self.client.close()
             raise
         return self
+
+    async def _find_active(self) -> None:
+        """Ask every coordinator at once; the first that answers is the active one (a standby
+        does not listen until it takes over). NoCoordinatorError when none answers."""
+        probes = [RpcClient(a, self.secret, timeout=self.timeout, server_key=self._server_key)
+                  for a in self.addresses]
+        asks = {asyncio.ensure_future(self._probe(p)): p for p in probes}
+        found: RpcClient | None = None
+        try:
+            pending = set(asks)
+            while pending and found is None:
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                found = next((asks[d] for d in done if not d.cancelled()
+                              and d.exception() is None), None)
+        finally:
+            for ask, probe in asks.items():
+                ask.cancel()
+                if probe is not found:
+                    await probe.close()
+        if found is None:
+            raise NoCoordinatorError(f"no coordinator answers at any of {self.addresses} "
+                                     f"(from {self.source}) within {self.connect_timeout:g}s; "
+                                     f"{START_HINT}")
+        await self.client.close()
+        self.client, self.address = found, found.address
+
+    async def _probe(self, probe: RpcClient) -> m.CatalogInfo:
+        await probe.connect()
+        return await probe.request(m.GetCatalogInfo(), timeout=self.connect_timeout)
 
     async def _first(self, request: Request[R]) -> R:
         try:

@@ -229,7 +229,7 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
 
     from querylib.cluster import Cluster
     from querylib.rpc import load_secret
-    from tests.coordinator._cluster import CoordinatorProcess
+    from tests.coordinator._cluster import CoordinatorProcess, tq
 
     home_a, home_b = tmp_path / "a", tmp_path / "b"
     home_a.mkdir()
@@ -241,7 +241,8 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
         _shutil.copy(home_a / "secret", home_b / "secret")
         standby = CoordinatorProcess(processes, home_b, extra=(*options, "--standby"))
         standby.start(wait=False)
-        with Cluster(active.address, secret) as client:
+        with Cluster(f"{active.address},{standby.address}", secret) as client:
+            assert client.address == active.address  # the standby does not answer
             for name in ("alpha", "beta", "gamma"):
                 client.create_topic(name, 2)
             client.add_user("user:alice")
@@ -249,9 +250,14 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
         assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
         active.kill()
         standby.wait_serving(timeout=60)
-        with Cluster(standby.address, secret) as client:
+        both = f"{active.address},{standby.address}"
+        with Cluster(both, secret, connect_timeout=30) as client:  # finds the active one
+            assert client.address == standby.address
             after = client.snapshot("topics", "users")
             client.create_topic("delta", 1)  # it serves changes too
+        described = tq(home_b, "topic", "describe", "alpha", "--coordinator", both)
+        assert described.returncode == 0, described.stderr
+        assert "alpha" in described.stdout
         for name in ("topics", "users"):
             assert sorted(map(repr, after[name].records)) == \
                 sorted(map(repr, before[name].records)), name
