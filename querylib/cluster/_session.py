@@ -55,6 +55,7 @@ from querylib.rpc import (
     Request,
     RpcClient,
     RpcError,
+    SecretRejectedError,
     remember_server_key,
     unseal,
 )
@@ -219,9 +220,15 @@ class AsyncCluster:
         await self.client.close()
         self.client, self.address = found, found.address
 
-    async def _probe(self, probe: RpcClient) -> m.CatalogInfo:
+    async def _probe(self, probe: RpcClient) -> None:
+        """Returns once `probe`'s coordinator answers, an error included (a query process may
+        not ask GetCatalogInfo before its session: the refusal still says who is active)."""
         await probe.connect()
-        return await probe.request(m.GetCatalogInfo(), timeout=self.connect_timeout)
+        try:
+            await probe.request(m.GetCatalogInfo(), timeout=self.connect_timeout)
+        except TqError as exc:
+            if isinstance(exc, DeadlineExceededError | SecretRejectedError):
+                raise
 
     async def _first(self, request: Request[R]) -> R:
         try:
@@ -267,8 +274,15 @@ class AsyncCluster:
         """Send any coordinator request; raises SessionLostError once the session is gone."""
         if self._lost is not None:
             raise self._lost
+        client = self.client
         try:
-            reply = await self.client.request(request, timeout=timeout)
+            try:
+                reply = await client.request(request, timeout=timeout)
+            except ClientClosedError:
+                if self._closed or self.client is client:
+                    raise
+                # Failover switched coordinators under this request: ask the active one.
+                reply = await self.client.request(request, timeout=timeout)
         except UnknownSessionError as exc:
             if getattr(request, "session_id", None) == self.session_id is not None:
                 self._lose(exc)
@@ -532,9 +546,17 @@ class AsyncCluster:
     async def _renew(self, timeout: float) -> None:
         load = None if self.load_source is None else self.load_source()
         assert self.session_id is not None  # renewed once opened
-        await self.client.request(m.Heartbeat(session_id=self.session_id,
-                                              lease_ms=int(self.lease * 1000), load=load),
-                                  timeout=timeout)
+        beat = m.Heartbeat(session_id=self.session_id, lease_ms=int(self.lease * 1000),
+                           load=load)
+        try:
+            await self.client.request(beat, timeout=timeout)
+        except DeadlineExceededError:
+            if len(self.addresses) < 2:
+                raise
+            # Failover: another coordinator may be active now and hold our session (recovered,
+            # on its recovery lease): find it and renew there.
+            await self._find_active()
+            await self.client.request(beat, timeout=timeout)
 
     def _lapsed(self, cause: BaseException | None) -> None:
         if cause is not None:  # the coordinator's word (else: unheard for a lease, presumed)

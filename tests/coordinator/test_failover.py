@@ -262,3 +262,74 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
             assert sorted(map(repr, after[name].records)) == \
                 sorted(map(repr, before[name].records)), name
         assert standby.stop() == 0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=True, reason="open: a query process given a list of coordinator "
+                   "addresses (TQ_COORDINATOR a,b) does not register; with the executor on "
+                   "one address the sessions resume at the standby but the queries cannot "
+                   "report to it (H52 report)")
+def test_an_executor_and_its_running_query_go_on_across_a_takeover(
+        tmp_path: Path, processes: Processes) -> None:
+    """An executor and a query publishing to a subscriber query, both given both coordinator
+    addresses: SIGKILL the active coordinator; the standby takes over, every session comes
+    back as itself, and the queries finish with every record delivered once."""
+    import shutil as _shutil
+    import sys
+
+    import querylib
+    from catalog import Session
+    from querylib.cluster import Cluster, find_query
+    from querylib.rpc import load_secret
+    from tests.conftest import wait_for
+    from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq_env
+    from tests.faults import test_query_faults as flows
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    home_a.mkdir()
+    home_b.mkdir()
+    with etcd_server(tmp_path / "etcd") as address:
+        options = ("--etcd", address, "--cluster-name", "t", "--active-lease", "2")
+        active = CoordinatorProcess(processes, home_a, extra=options).start()
+        _shutil.copy(home_a / "secret", home_b / "secret")
+        secret = load_secret(home_a / "secret")
+        standby = CoordinatorProcess(processes, home_b, extra=(*options, "--standby"))
+        standby.start(wait=False)
+        both = f"{active.address},{standby.address}"
+        processes.python("-m", "querylib.cli", "executor", "--coordinator", both,
+                         "--data", str(home_a / "executor"), "--slots", "4", "--lease", "10",
+                         "--grace", "1", env=tq_env(home_a), cwd=ROOT,
+                         stderr=(tmp_path / "executor.err").open("wb"))
+        folder = tmp_path / "run"
+        folder.mkdir()
+        here = [flows, sys.modules[__name__]]
+
+        def sessions(cluster: Cluster) -> dict[int, Session]:
+            return {s.session_id: s for s, _ in cluster.snapshot("sessions")["sessions"].records}
+
+        with Cluster(both, secret, lease=10.0) as cluster:
+            wait_for(lambda: cluster.snapshot("executors")["executors"].records, timeout=30,
+                     interval=0.1, what="the executor to register")
+            reader = querylib.submit(flows._count_received, args=("flow", str(folder)),
+                                     by_value=here, name="reader", cluster=cluster)
+            writer = querylib.submit(flows._publish_until_stopped, args=("flow", str(folder)),
+                                     by_value=here, name="writer", cluster=cluster)
+            wait_for(lambda: (folder / "publishing").exists(), timeout=60,
+                     what="the writer to be publishing")
+            with Cluster(both, secret, session=False) as reading:
+                before = sessions(reading)
+
+            active.kill()
+            standby.wait_serving(timeout=60)
+
+            with Cluster(both, secret, session=False) as reading:
+                after = wait_for(lambda: (s := sessions(reading)) == before and s, timeout=30,
+                                 interval=0.2, what="the sessions to resume")
+                assert after == before
+                assert find_query(reading, writer.query_id).state.value == "running"
+            (folder / "stop").touch()
+            assert writer.wait(timeout=60).state.value == "finished"
+            assert reader.wait(timeout=60).state.value == "finished"
+        sent = int((folder / "sent").read_text())
+        distinct, highest, twice = map(int, (folder / "received").read_text().split())
+        assert (distinct, highest, twice) == (sent, sent - 1, 0)
