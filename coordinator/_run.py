@@ -32,6 +32,7 @@ from querylib.cluster import (
     write_cluster_file,
 )
 
+from ._failover import NotActiveError
 from ._server import Coordinator
 from ._state import CoordinatorConfig
 
@@ -47,7 +48,8 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
                     attach: Attach | None = None,
                     amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
                     kafka: Any = None, fallback: bool = False,
-                    name: str = "tq coordinator", advertise: str | None = None) -> int:
+                    name: str = "tq coordinator", advertise: str | None = None,
+                    etcd: str | None = None, cluster: str = "tq") -> int:
     """Serve until SIGINT or SIGTERM. Writes `$TQ_HOME/cluster.json` once listening (and once
     `attach` returned: `tq up` starts its executor there; `amend` adds what it opened).
     `attach(coordinator)` returns the coroutine function that stops what it started, run
@@ -56,12 +58,14 @@ def run_coordinator(data_dir: str, listen: str, secret: bytes, secret_file: str,
     the Kafka listener of its broker: the cluster's group coordinator. `fallback`: a taken port of
     `listen` (or the broker's) is replaced by a free one (`Coordinator.moved`). `name` starts
     the lines it prints. `advertise`: the host other hosts reach it at when it listens on a
-    wildcard (join tokens name it). ClusterRunningError when a cluster runs under this TQ_HOME."""
+    wildcard (join tokens name it). `etcd`: failover (the etcd members, `cluster` the key
+    prefix): it waits until elected before it serves. ClusterRunningError when a cluster runs
+    under this TQ_HOME."""
     claim = claim_cluster_file(home)
     try:
         return asyncio.run(_serve(data_dir, listen, secret, secret_file, broker_listen, config,
                                   home, on_ready, attach, amend, kafka, fallback, name,
-                                  advertise))
+                                  advertise, etcd, cluster))
     finally:
         claim.release()
 
@@ -84,20 +88,33 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
                  attach: Attach | None,
                  amend: Callable[[ClusterInfo], ClusterInfo] | None = None,
                  kafka: Any = None, fallback: bool = False,
-                 name: str = "tq coordinator", advertise: str | None = None) -> int:
+                 name: str = "tq coordinator", advertise: str | None = None,
+                 etcd: str | None = None, cluster: str = "tq") -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     coordinator = Coordinator(data_dir, secret, listen=listen, broker_listen=broker_listen,
                               config=config, kafka=kafka, fallback=fallback,
-                              advertise=advertise)
+                              advertise=advertise, etcd=etcd, cluster=cluster)
     wrote = False
     detach: Callable[[], Awaitable[None]] | None = None
     ended: asyncio.Future[int] | None = None
     recovery: asyncio.Task[None] | None = None
     try:
-        endpoint = await coordinator.start()
+        if etcd:
+            print(f"{name}: campaigning in etcd ({etcd}); serves once active, a standby "
+                  f"until then", file=sys.stderr, flush=True)
+        # A standby waits in start() until elected: SIGINT/SIGTERM stop it there too.
+        starting = loop.create_task(coordinator.start(), name="coordinator start")
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 0
+        endpoint = starting.result()
         recovery = _report_recovery(coordinator, name)
         if attach is not None:
             attached = await attach(coordinator)
@@ -125,6 +142,10 @@ async def _serve(data_dir: str, listen: str, secret: bytes, secret_file: str,
             task.cancel()
         if ended is not None and ended.done() and not stopped.done():
             return ended.result()
+        if isinstance(coordinator.failure, NotActiveError):
+            print(f"tq coordinator: stopping: {coordinator.failure}", file=sys.stderr,
+                  flush=True)
+            return NotActiveError.exit_code
         if coordinator.failure is not None:
             print(f"tq coordinator: stopping: cannot write the catalog: {coordinator.failure}",
                   file=sys.stderr, flush=True)

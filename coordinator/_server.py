@@ -38,10 +38,13 @@ import msgspec
 from catalog import (
     ADMIN,
     SYSTEM_PRINCIPAL,
+    Catalog,
     NotAuthorizedError,
     StorageError,
     Topic,
     UnknownSessionError,
+    Update,
+    consolidate_updates,
     is_executor,
     join_principal,
     known_principal,
@@ -84,8 +87,9 @@ from ._events import (
     Tick,
     WriteCheckpoint,
 )
+from ._failover import EtcdCatalog, NotActiveError
 from ._handlers import HANDLERS, MintToken
-from ._journal import Recovered, read_catalog
+from ._journal import Recovered, TimedUpdate, read_catalog
 from ._namespace import settle_namespace
 from ._state import CoordinatorConfig, CoordinatorState
 from ._writer import CatalogWriter
@@ -153,8 +157,15 @@ class Coordinator:
                  listen: str = "tcp://127.0.0.1:7400", broker_listen: str | None = None,
                  host: str | None = None, config: CoordinatorConfig | None = None,
                  tick_interval: float = 0.05, kafka: Any = None,
-                 fallback: bool = False, advertise: str | None = None) -> None:
+                 fallback: bool = False, advertise: str | None = None,
+                 etcd: str | None = None, cluster: str = "tq") -> None:
         self.data_dir = os.fspath(data_dir)
+        # Failover (DESIGN §3 "Coordinator failover"): with etcd it serves only once elected.
+        self.failover: EtcdCatalog | None = None
+        if etcd:
+            self.failover = EtcdCatalog(etcd, cluster, lease=(config or CoordinatorConfig())
+                                        .active_lease_ms / 1000)
+        self._lost: asyncio.Task[None] | None = None
         self.broker_dir = os.path.join(self.data_dir, "broker")
         self.listen = listen
         self.broker_listen = broker_listen or _next_port(listen)
@@ -233,6 +244,12 @@ class Coordinator:
         self.namespace = settle_namespace(self.data_dir, self.config.namespace)
         self.recovered = recovered = await loop.run_in_executor(None, read_catalog,
                                                                 self.broker_dir)
+        taken_over: dict[str, list[TimedUpdate]] = {}
+        if self.failover is not None:
+            await self.failover.connect()
+            await self.failover.campaign(self.listen)  # waits while another is active
+            recovered, taken_over = await self._take_over(recovered)
+            self.recovered = recovered
         checkpoint = recovered.checkpoint
         self.state = CoordinatorState(
             recovered.catalog, config=self.config, now=loop.time(),
@@ -249,13 +266,18 @@ class Coordinator:
         self.broker_endpoint = await self._start_broker()
         self.writer = CatalogWriter(self.broker.port, on_committed=self._on_committed,
                                     on_failed=self._on_failed,
-                                    on_checkpointed=self._on_checkpointed)
+                                    on_checkpointed=self._on_checkpointed,
+                                    replica=self.failover)
         await self.writer.start(recovered.catalog.version)
         if recovered.compensation:
             logger.warning("coordinator: taking back %d updates of a change that did not "
                            "commit before the crash",
                            sum(len(u) for u in recovered.compensation.values()))
             await self.writer.append_now(recovered.compensation, _wall_ms())
+        if taken_over:  # the local catalog topics catch up with etcd's: counters last
+            counters = taken_over.pop("counters", [])
+            await self.writer.append_now(taken_over, _wall_ms())
+            await self.writer.append_now({"counters": counters}, _wall_ms())
         kafka_address = await self._open_kafka()
         self._feed(Bootstrap(self.host, _advertised(self.broker_endpoint, self.advertise),
                              _wall_ms(), kafka_address=kafka_address,
@@ -266,6 +288,9 @@ class Coordinator:
         if self.failure is not None:
             raise StorageError(f"cannot write the catalog topics: {self.failure}")
         self.endpoint = await self._start_rpc()
+        if self.failover is not None:
+            await self.failover.announce(_advertised(self.endpoint, self.advertise))
+            self._lost = loop.create_task(self._stop_when_deposed(), name="etcd deposed")
         self._ticker = loop.create_task(self._tick_forever(), name="coordinator ticks")
         self.recovery_seconds = time.perf_counter() - started
         logger.info("coordinator on %s (catalog broker %s, version %d, %d sessions) in %.2fs",
@@ -316,6 +341,10 @@ class Coordinator:
             await self.writer.close()
         if self.broker is not None:
             await self.broker.close()
+        if self._lost is not None:
+            self._lost.cancel()
+        if self.failover is not None:
+            await self.failover.close()  # resigns: a standby takes over at once
         if self._data_lock is not None:
             self._data_lock.release()
 
@@ -663,6 +692,40 @@ class Coordinator:
         session = self.state.catalog.find_session(session_id)
         if session is None or session.principal != principal:
             raise NotAuthorizedError(f"session {session_id} belongs to another principal")
+
+    # -- failover -------------------------------------------------------------------------------
+
+    async def _take_over(self, local: Recovered) -> tuple[Recovered, dict[str, list[TimedUpdate]]]:
+        """Elected: the catalog is etcd's. Returns it, and what the local catalog topics lack
+        of it (appended at etcd's version before anything else). An empty etcd is seeded with
+        the local catalog (the first coordinator of a cluster that turns failover on)."""
+        assert self.failover is not None
+        held = await self.failover.read()
+        if held.version == 0 and not held.updates:
+            if local.catalog.version:
+                await self.failover.checkpoint(local.catalog.version, local.catalog.snapshot())
+            return local, {}
+        if local.catalog.version > held.version:
+            raise StorageError(
+                f"the catalog topics in {self.broker_dir} are at version "
+                f"{local.catalog.version}, ahead of etcd's {held.version} (changes never "
+                f"acknowledged): move that directory aside to take over from etcd")
+        catalog = Catalog.replay(held.updates)
+        missing = consolidate_updates([*catalog.snapshot(), *(
+            Update(c, r, -d) for c, r, d in local.catalog.snapshot())])
+        per: dict[str, list[TimedUpdate]] = {}
+        for collection, record, diff in missing:
+            per.setdefault(collection, []).append(TimedUpdate(held.version, record, diff))
+        logger.warning("coordinator: taking over at catalog version %d (local topics at %d, "
+                       "%d updates behind)", held.version, local.catalog.version, len(missing))
+        return dataclasses.replace(local, catalog=catalog,
+                                   since_checkpoint=local.since_checkpoint + len(missing)), per
+
+    async def _stop_when_deposed(self) -> None:
+        assert self.failover is not None
+        await self.failover.lost.wait()
+        self._on_failed(NotActiveError("lost the etcd lease: another coordinator may be "
+                                       "active"))
 
     # -- from the writer -----------------------------------------------------------------------
 

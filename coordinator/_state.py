@@ -84,6 +84,8 @@ class CoordinatorConfig:
     max_lease_ms: int = 300_000
     # The lease every session gets after a restart, until its holder renews with its own.
     recovery_lease_ms: int = 10_000
+    # The active coordinator's etcd lease (failover): a standby takes over within it.
+    active_lease_ms: int = 5_000
     max_wait_ms: int = 300_000
     max_waiters: int = 10_000
     max_sessions: int = 100_000

@@ -46,11 +46,12 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from catalog import COLLECTIONS, StorageError, catalog_topic
+from catalog import COLLECTIONS, CollectionName, StorageError, Update, catalog_topic
 from querylib.broker import AsyncProducer, Produced
 from querylib.server.broker import BrokerPort
 
 from ._events import Persist, WriteCheckpoint
+from ._failover import EtcdCatalog
 from ._journal import (
     CHECKPOINT_TOPIC,
     CheckpointEntry,
@@ -72,8 +73,10 @@ class CatalogWriter:
     def __init__(self, port: BrokerPort, *, on_committed: Callable[[int], None],
                  on_failed: Callable[[BaseException], None],
                  on_checkpointed: Callable[[int, dict[str, int]], None] | None = None,
-                 lease: float = 10.0, sweep_interval: float = 1.0) -> None:
+                 lease: float = 10.0, sweep_interval: float = 1.0,
+                 replica: EtcdCatalog | None = None) -> None:
         self.port = port
+        self.replica = replica  # etcd, when standbys follow: each commit goes there too
         self._lease = lease
         self._cores: dict[str, AsyncProducer] = {}
         self._on_committed = on_committed
@@ -160,6 +163,9 @@ class CatalogWriter:
                     if commit:
                         del self._queue[:checkpoint]
                         await self._write_commit(cast("list[Persist]", commit))  # no checkpoint
+                        if self.replica is not None:  # before it is answered (DESIGN §3)
+                            await self.replica.append([(c.version, list(c.updates))
+                                                       for c in cast("list[Persist]", commit)])
                     else:
                         item = self._queue.pop(0)
                         assert isinstance(item, WriteCheckpoint)  # what ended the commit
@@ -215,6 +221,11 @@ class CatalogWriter:
         if await (await self._index.send_batch(encode_checkpoint(entry, wall_ms))) is None:
             await self._index.flush()
             raise StorageError(f"appending to {CHECKPOINT_TOPIC} failed")
+        if self.replica is not None:  # etcd keeps this checkpoint and the commits after it
+            await self.replica.checkpoint(checkpoint.version, [
+                Update(cast("CollectionName", collection), record, count)
+                for collection, records in checkpoint.contents.items()
+                for record, count in records])
         self.statistics["checkpoints"] += 1
         if self._on_checkpointed is not None:
             self._on_checkpointed(checkpoint.version, offsets)

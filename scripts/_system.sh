@@ -19,3 +19,13 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
         echo "scripts/test: chromium not found and not root; the browser tests will skip" >&2
     fi
 fi
+# etcd is the consensus store coordinator failover runs on (DESIGN §3 "Coordinator failover").
+if ! command -v etcd >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/test: installing etcd-server (Debian package) for the failover tests" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; } \
+            >/dev/null 2>&1 || echo "scripts/test: could not install etcd-server; its tests will skip" >&2
+    else
+        echo "scripts/test: etcd not found and not root; the failover tests will skip" >&2
+    fi
+fi

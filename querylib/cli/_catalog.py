@@ -26,8 +26,9 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.
                         waits_for: str = "the coordinator") -> None:
     """The options every coordinator client command shares."""
     parser.add_argument("--coordinator", metavar="ADDR",
-                        help="the coordinator's endpoint (default: $TQ_COORDINATOR, else "
-                        "$TQ_HOME/cluster.json)")
+                        help="the coordinator's endpoint, or every coordinator's, comma-"
+                        "separated (failover: the active one answers); default "
+                        "$TQ_COORDINATOR, else $TQ_HOME/cluster.json")
     parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
                         help="who you are: a credential file from `tq user add`, or the "
                         "cluster secret (its holder is the admin); default $TQ_CREDENTIALS, "

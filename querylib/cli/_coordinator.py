@@ -48,6 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="checkpoint the catalog topics after N updates (or half the "
                         "catalog's size, if more), so late followers and recovery read little "
                         "history (default 4096)")
+    parser.add_argument("--etcd", metavar="HOST:PORT[,...]",
+                        help="failover (DESIGN §3): the etcd members; the coordinator serves "
+                        "only while it holds the active lease there, replicates every catalog "
+                        "commit to etcd, and otherwise waits as a standby to take over")
+    parser.add_argument("--standby", action="store_true",
+                        help="with --etcd: say so (every coordinator given --etcd campaigns; "
+                        "one that finds another active waits as a standby)")
+    parser.add_argument("--cluster-name", default="tq", metavar="NAME",
+                        help="with --etcd: the cluster's keys are under /tq/NAME/ (default tq)")
+    parser.add_argument("--active-lease", type=float, default=5.0, metavar="SECONDS",
+                        help="with --etcd: the active coordinator's etcd lease; a standby "
+                        "takes over within it of the active one's death (default 5)")
     add_kafka_options(parser, default_port=0)
     add_namespace_options(parser)
     add_console_options(parser)
@@ -86,7 +98,11 @@ def _run(args: argparse.Namespace) -> int:
     data = args.data or str(tq_home() / "coordinator")
     config = CoordinatorConfig(recovery_lease_ms=int(args.recovery_lease * 1000),
                                checkpoint_updates=max(1, args.checkpoint_updates),
-                               namespace=namespace_of(args))
+                               namespace=namespace_of(args),
+                               active_lease_ms=int(args.active_lease * 1000))
+    if args.standby and not args.etcd:
+        print("tq coordinator: --standby needs --etcd", file=sys.stderr)
+        return 2
 
     consoles: list[Any] = []
 
@@ -124,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
     return run_coordinator(data, args.listen, secret, secret_file,
                            broker_listen=args.broker_listen, config=config, on_ready=ready,
                            attach=attach, amend=amend, kafka=_kafka(args),
-                           advertise=args.advertise)
+                           advertise=args.advertise, etcd=args.etcd,
+                           cluster=args.cluster_name)
 
 
 def _kafka(args: argparse.Namespace) -> Any:

@@ -246,8 +246,8 @@ def discover(coordinator: str | None = None, *, secret_file: str | None = None,
     credential = load_credential(secret_file)
     key = (coordinator_key or os.environ.get(COORDINATOR_KEY_ENV) or credential.coordinator_key
            or _key_in_cluster_file(info, coordinator, home))
-    if not key and credential.principal == ADMIN and (curve_forced()
-                                                      or leaves_host(coordinator)):
+    if not key and credential.principal == ADMIN and (
+            curve_forced() or any(leaves_host(a) for a in coordinator.split(","))):
         key = coordinator_public_key(credential.key)  # the admin holds what it derives from
     if key:
         remember_server_key(coordinator, key)

@@ -55,6 +55,7 @@ from querylib.rpc import (
     Request,
     RpcClient,
     RpcError,
+    SecretRejectedError,
     remember_server_key,
     unseal,
 )
@@ -120,7 +121,9 @@ class AsyncCluster:
                  resume: int | None = None, query_id: int | None = None,
                  process: int | None = None, source: str = "",
                  presume_lost: bool = False, coordinator_key: str = "") -> None:
-        self.address = address
+        # Several coordinators (failover, DESIGN §3): "a,b,c"; `start` finds the active one.
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
         self.secret = Credential.of(secret)  # who we are (a bare secret: the admin)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -139,9 +142,9 @@ class AsyncCluster:
                                            query_id=query_id, process=process)
         # CURVE when the coordinator's public key is known: given, remembered for its address
         # (`discover`), or TQ_COORDINATOR_KEY (DESIGN §2 "Handshake").
-        self.client = RpcClient(address, secret, timeout=timeout,
-                                server_key=coordinator_key
-                                or os.environ.get(COORDINATOR_KEY_ENV) or None)
+        self._server_key = coordinator_key or os.environ.get(COORDINATOR_KEY_ENV) or None
+        self.client = RpcClient(self.address, secret, timeout=timeout,
+                                server_key=self._server_key)
         self.session_id: int | None = None
         self.catalog_broker = ""
         self.version = 0  # the newest catalog version a reply mentioned
@@ -163,7 +166,10 @@ class AsyncCluster:
     async def start(self) -> AsyncCluster:
         """Connect, and open (or resume) the session. NoCoordinatorError if nobody answers
         within `connect_timeout`."""
-        await self.client.connect()
+        if len(self.addresses) > 1:
+            await self._find_active()
+        else:
+            await self.client.connect()
         self._started = True
         try:
             if self._wants_session:
@@ -187,6 +193,42 @@ class AsyncCluster:
             await self.client.close()
             raise
         return self
+
+    async def _find_active(self) -> None:
+        """Ask every coordinator at once; the first that answers is the active one (a standby
+        does not listen until it takes over). NoCoordinatorError when none answers."""
+        probes = [RpcClient(a, self.secret, timeout=self.timeout, server_key=self._server_key)
+                  for a in self.addresses]
+        asks = {asyncio.ensure_future(self._probe(p)): p for p in probes}
+        found: RpcClient | None = None
+        try:
+            pending = set(asks)
+            while pending and found is None:
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                found = next((asks[d] for d in done if not d.cancelled()
+                              and d.exception() is None), None)
+        finally:
+            for ask, probe in asks.items():
+                ask.cancel()
+                if probe is not found:
+                    await probe.close()
+        if found is None:
+            raise NoCoordinatorError(f"no coordinator answers at any of {self.addresses} "
+                                     f"(from {self.source}) within {self.connect_timeout:g}s; "
+                                     f"{START_HINT}")
+        await self.client.close()
+        self.client, self.address = found, found.address
+
+    async def _probe(self, probe: RpcClient) -> None:
+        """Returns once `probe`'s coordinator answers, an error included (a query process may
+        not ask GetCatalogInfo before its session: the refusal still says who is active)."""
+        await probe.connect()
+        try:
+            await probe.request(m.GetCatalogInfo(), timeout=self.connect_timeout)
+        except TqError as exc:
+            if isinstance(exc, DeadlineExceededError | SecretRejectedError):
+                raise
 
     async def _first(self, request: Request[R]) -> R:
         try:
@@ -232,8 +274,15 @@ class AsyncCluster:
         """Send any coordinator request; raises SessionLostError once the session is gone."""
         if self._lost is not None:
             raise self._lost
+        client = self.client
         try:
-            reply = await self.client.request(request, timeout=timeout)
+            try:
+                reply = await client.request(request, timeout=timeout)
+            except ClientClosedError:
+                if self._closed or self.client is client:
+                    raise
+                # Failover switched coordinators under this request: ask the active one.
+                reply = await self.client.request(request, timeout=timeout)
         except UnknownSessionError as exc:
             if getattr(request, "session_id", None) == self.session_id is not None:
                 self._lose(exc)
@@ -497,9 +546,17 @@ class AsyncCluster:
     async def _renew(self, timeout: float) -> None:
         load = None if self.load_source is None else self.load_source()
         assert self.session_id is not None  # renewed once opened
-        await self.client.request(m.Heartbeat(session_id=self.session_id,
-                                              lease_ms=int(self.lease * 1000), load=load),
-                                  timeout=timeout)
+        beat = m.Heartbeat(session_id=self.session_id, lease_ms=int(self.lease * 1000),
+                           load=load)
+        try:
+            await self.client.request(beat, timeout=timeout)
+        except DeadlineExceededError:
+            if len(self.addresses) < 2:
+                raise
+            # Failover: another coordinator may be active now and hold our session (recovered,
+            # on its recovery lease): find it and renew there.
+            await self._find_active()
+            await self.client.request(beat, timeout=timeout)
 
     def _lapsed(self, cause: BaseException | None) -> None:
         if cause is not None:  # the coordinator's word (else: unheard for a lease, presumed)

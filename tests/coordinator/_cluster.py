@@ -52,8 +52,9 @@ class CoordinatorProcess:
     """`tq coordinator` on fixed free ports, so a restart comes back at the same addresses."""
 
     def __init__(self, processes: Processes, home: Path, *, recovery_lease: float = 10.0,
-                 checkpoint_updates: int = 4096) -> None:
+                 checkpoint_updates: int = 4096, extra: tuple[str, ...] = ()) -> None:
         self.processes = processes
+        self.extra = extra  # more `tq coordinator` options (--etcd ...)
         self.home = home
         self.data = home / "coordinator"
         self.port = free_port()
@@ -66,13 +67,21 @@ class CoordinatorProcess:
     def address(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def start(self) -> CoordinatorProcess:
+    def start(self, *, wait: bool = True) -> CoordinatorProcess:
+        """Start it; with `wait`, until it serves (wrote cluster.json)."""
         self.proc = self.processes.python(
             "-m", "querylib.cli", "coordinator", "--data", str(self.data),
             "--listen", self.address, "--broker-listen", f"tcp://127.0.0.1:{self.broker_port}",
             "--recovery-lease", str(self.recovery_lease),
-            "--checkpoint-updates", str(self.checkpoint_updates),
+            "--checkpoint-updates", str(self.checkpoint_updates), *self.extra,
             env=tq_env(self.home), cwd=ROOT, stderr=subprocess.PIPE)
+        if wait:
+            self.wait_serving()
+        return self
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Until it serves: it wrote cluster.json (a standby does once it took over)."""
+        assert self.proc is not None
         pid = self.proc.pid
 
         def ready() -> bool:
@@ -83,8 +92,7 @@ class CoordinatorProcess:
             except (OSError, ValueError, KeyError):
                 return False
 
-        wait_for(ready, timeout=30, what="the coordinator to write cluster.json")
-        return self
+        wait_for(ready, timeout=timeout, what="the coordinator to write cluster.json")
 
     def kill(self) -> None:
         """SIGKILL: no clean shutdown, cluster.json stays behind."""

@@ -1,0 +1,335 @@
+"""Coordinator failover on a real etcd: the election, guarded catalog commits, standby replay."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from catalog import Catalog, OpenSession, SessionKind
+from coordinator._failover import (
+    EtcdCatalog,
+    NotActiveError,
+    ReadCatalog,
+    parse_etcd_urls,
+)
+from tests.catalog._helpers import add_user, host
+from tests.conftest import Processes
+
+from ._etcd import etcd_server, needs_etcd
+
+pytestmark = [needs_etcd, pytest.mark.timeout(60)]
+
+
+def test_parse_etcd_urls() -> None:
+    assert parse_etcd_urls("http://a:2379, b:2380") == [("a", 2379), ("b", 2380)]
+    for bad in ("", "a", "a:x", "a:0", ":2379"):
+        with pytest.raises(ValueError):
+            parse_etcd_urls(bad)
+
+
+def _commits(catalog: Catalog, count: int) -> list[list[tuple[int, list]]]:
+    """`count` commits of one change each, made on `catalog`."""
+    out = []
+    for i in range(count):
+        change = catalog.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"p{i}", at_ms=i))
+        out.append([(change.version, list(change.updates))])
+    return out
+
+
+def _same(a: Catalog, b: Catalog) -> None:
+    assert dict((n, sorted(map(repr, c))) for n, c in a.collections()) == \
+        dict((n, sorted(map(repr, c))) for n, c in b.collections())
+    assert a.version == b.version
+
+
+async def _etcd(address: str, lease: float = 2.0) -> EtcdCatalog:
+    etcd = EtcdCatalog(address, "test", lease=lease)
+    await etcd.connect()
+    return etcd
+
+
+def test_one_active_and_the_standby_takes_over_when_it_resigns(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        a, b = await _etcd(address), await _etcd(address)
+        term = await a.campaign("a:1")
+        assert term > 0 and await b.active() == "a:1"
+        standby = asyncio.ensure_future(b.campaign("b:1"))
+        done, _ = await asyncio.wait([standby], timeout=0.5)
+        assert not done  # a holds it: b waits
+        await a.close()  # revokes the lease: the key goes at once
+        assert await asyncio.wait_for(standby, 10) > term
+        assert await b.active() == "b:1"
+        await b.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_deposed_active_cannot_write(tmp_path: Path) -> None:
+    """The lease expires (a stalled or cut-off coordinator): its key goes, another is active,
+    and the old one's guarded append is refused and it knows it is no longer active."""
+    async def run(address: str) -> None:
+        a, b = await _etcd(address, lease=1), await _etcd(address, lease=1)
+        await a.campaign("a:1")
+        assert a._keeper is not None
+        a._keeper.cancel()  # stops renewing, as a process that hangs would
+        await asyncio.gather(a._keeper, return_exceptions=True)
+        a.lost.clear()
+        await asyncio.wait_for(b.campaign("b:1"), 20)
+        catalog = Catalog()
+        with pytest.raises(NotActiveError):
+            await a.append(_commits(catalog, 1)[0])
+        assert a.lost.is_set()
+        assert (await b.read()).version == 0  # nothing of a's got in
+        await a.close(resign=False)
+        await b.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_the_keeper_says_lost_when_the_lease_is_gone(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        a = await _etcd(address, lease=1)
+        await a.campaign("a:1")
+        assert a._lease is not None
+        await a.client.revoke_lease(a._lease)  # as etcd does when the lease expires
+        await asyncio.wait_for(a.lost.wait(), 10)
+        await a.close(resign=False)
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_standby_replays_and_follows_the_catalog_across_checkpoints(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        source = Catalog()
+        add_user(source, "user:alice")
+        host(source)
+        active, standby = await _etcd(address), await _etcd(address)
+        await active.campaign("a:1")
+        await active.append([(source.version, source.snapshot())])  # the catalog so far
+        for commit in _commits(source, 5):
+            await active.append(commit)
+
+        read = await standby.read()
+        replica = Catalog.replay(read.updates)
+        _same(source, replica)
+
+        applied: list[int] = []
+
+        def apply(commits: list) -> None:
+            for version, updates in commits:
+                replica._write(list(updates))
+                replica._counters = max((r for c, r, d in updates
+                                         if c == "counters" and d > 0),
+                                        key=lambda r: r.version)
+                applied.append(version)
+
+        def reread(fresh: ReadCatalog) -> None:
+            raise AssertionError("no compaction here")
+
+        following = asyncio.ensure_future(standby.follow(read, apply, reread))
+        for commit in _commits(source, 3):
+            await active.append(commit)
+        await active.checkpoint(source.version, source.snapshot())
+        for commit in _commits(source, 2):
+            await active.append(commit)
+        deadline = asyncio.get_running_loop().time() + 10
+        while replica.version != source.version:
+            assert asyncio.get_running_loop().time() < deadline, applied
+            await asyncio.sleep(0.01)
+        _same(source, replica)
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+        # etcd holds the checkpoint and the commits after it, no more.
+        logs = await active.client.get_prefix(active.prefix + b"catalog/")
+        assert len(logs) == 2
+        again = await standby.read()
+        _same(source, Catalog.replay(again.updates))
+        await active.close()
+        await standby.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_checkpoint_larger_than_an_etcd_request_is_split(tmp_path: Path) -> None:
+    async def run(address: str) -> None:
+        source = Catalog()
+        for i in range(30):
+            source.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"{i}" + "x" * 60_000,
+                                     at_ms=i))
+        active = await _etcd(address)
+        await active.campaign("a:1")
+        await active.checkpoint(source.version, source.snapshot())
+        chunks = await active.client.get_prefix(active.prefix + b"checkpoint/")
+        assert len(chunks) > 1
+        _same(source, Catalog.replay((await active.read()).updates))
+        await active.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_malformed_commit_is_a_clear_corruption() -> None:
+    from catalog import CorruptCatalogError
+    from coordinator._failover import _decode
+
+    for bad in (b"", b"\x91\x92\x01\x91\x93\xa5nope!\xc4\x00\x01", b"\xc1"):
+        with pytest.raises(CorruptCatalogError):
+            _decode(bad)
+
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def _collections(catalog: Catalog) -> dict[str, list[str]]:
+    return {name: sorted(map(repr, c)) for name, c in catalog.collections()}
+
+
+def test_an_active_coordinator_writes_every_commit_to_etcd_before_answering(
+        tmp_path: Path) -> None:
+    from coordinator import Coordinator
+    from querylib.cluster import AsyncCluster
+
+    async def run(address: str) -> None:
+        coordinator = Coordinator(tmp_path / "a", SECRET, listen="tcp://127.0.0.1:0",
+                                  broker_listen="tcp://127.0.0.1:0", etcd=address,
+                                  cluster="t")
+        await coordinator.start()
+        standby = EtcdCatalog(address, "t", lease=2)
+        await standby.connect()
+        try:
+            assert coordinator.endpoint is not None and coordinator.state is not None
+            assert await standby.active() == coordinator.endpoint
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=5.0) as client:
+                info = await client.create_topic("numbers", 2)
+                # Answered: etcd has it already.
+                read = await standby.read()
+                assert read.version >= info.version
+                assert _collections(Catalog.replay(read.updates)) == \
+                    _collections(coordinator.state.catalog)
+        finally:
+            await standby.close()
+            await coordinator.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
+        tmp_path: Path, processes: Processes) -> None:
+    """Two `tq coordinator --etcd` processes, one real etcd: SIGKILL the active one; the
+    standby serves, with the catalog identical to what the killed one had acknowledged."""
+    import shutil as _shutil
+
+    from querylib.cluster import Cluster
+    from querylib.rpc import load_secret
+    from tests.coordinator._cluster import CoordinatorProcess, tq
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    home_a.mkdir()
+    home_b.mkdir()
+    with etcd_server(tmp_path / "etcd") as address:
+        options = ("--etcd", address, "--cluster-name", "t", "--active-lease", "2")
+        active = CoordinatorProcess(processes, home_a, extra=options).start()
+        secret = load_secret(home_a / "secret")
+        _shutil.copy(home_a / "secret", home_b / "secret")
+        standby = CoordinatorProcess(processes, home_b, extra=(*options, "--standby"))
+        standby.start(wait=False)
+        with Cluster(f"{active.address},{standby.address}", secret) as client:
+            assert client.address == active.address  # the standby does not answer
+            for name in ("alpha", "beta", "gamma"):
+                client.create_topic(name, 2)
+            client.add_user("user:alice")
+            before = client.snapshot("topics", "users")
+        assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
+        active.kill()
+        standby.wait_serving(timeout=60)
+        both = f"{active.address},{standby.address}"
+        with Cluster(both, secret, connect_timeout=30) as client:  # finds the active one
+            assert client.address == standby.address
+            after = client.snapshot("topics", "users")
+            client.create_topic("delta", 1)  # it serves changes too
+        described = tq(home_b, "topic", "describe", "alpha", "--coordinator", both)
+        assert described.returncode == 0, described.stderr
+        assert "alpha" in described.stdout
+        for name in ("topics", "users"):
+            assert sorted(map(repr, after[name].records)) == \
+                sorted(map(repr, before[name].records)), name
+        assert standby.stop() == 0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=True, reason="open: a query process given a list of coordinator "
+                   "addresses (TQ_COORDINATOR a,b) does not register; with the executor on "
+                   "one address the sessions resume at the standby but the queries cannot "
+                   "report to it (H52 report)")
+def test_an_executor_and_its_running_query_go_on_across_a_takeover(
+        tmp_path: Path, processes: Processes) -> None:
+    """An executor and a query publishing to a subscriber query, both given both coordinator
+    addresses: SIGKILL the active coordinator; the standby takes over, every session comes
+    back as itself, and the queries finish with every record delivered once."""
+    import shutil as _shutil
+    import sys
+
+    import querylib
+    from catalog import Session
+    from querylib.cluster import Cluster, find_query
+    from querylib.rpc import load_secret
+    from tests.conftest import wait_for
+    from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq_env
+    from tests.faults import test_query_faults as flows
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    home_a.mkdir()
+    home_b.mkdir()
+    with etcd_server(tmp_path / "etcd") as address:
+        options = ("--etcd", address, "--cluster-name", "t", "--active-lease", "2")
+        active = CoordinatorProcess(processes, home_a, extra=options).start()
+        _shutil.copy(home_a / "secret", home_b / "secret")
+        secret = load_secret(home_a / "secret")
+        standby = CoordinatorProcess(processes, home_b, extra=(*options, "--standby"))
+        standby.start(wait=False)
+        both = f"{active.address},{standby.address}"
+        processes.python("-m", "querylib.cli", "executor", "--coordinator", both,
+                         "--data", str(home_a / "executor"), "--slots", "4", "--lease", "10",
+                         "--grace", "1", env=tq_env(home_a), cwd=ROOT,
+                         stderr=(tmp_path / "executor.err").open("wb"))
+        folder = tmp_path / "run"
+        folder.mkdir()
+        here = [flows, sys.modules[__name__]]
+
+        def sessions(cluster: Cluster) -> dict[int, Session]:
+            return {s.session_id: s for s, _ in cluster.snapshot("sessions")["sessions"].records}
+
+        with Cluster(both, secret, lease=10.0) as cluster:
+            wait_for(lambda: cluster.snapshot("executors")["executors"].records, timeout=30,
+                     interval=0.1, what="the executor to register")
+            reader = querylib.submit(flows._count_received, args=("flow", str(folder)),
+                                     by_value=here, name="reader", cluster=cluster)
+            writer = querylib.submit(flows._publish_until_stopped, args=("flow", str(folder)),
+                                     by_value=here, name="writer", cluster=cluster)
+            wait_for(lambda: (folder / "publishing").exists(), timeout=60,
+                     what="the writer to be publishing")
+            with Cluster(both, secret, session=False) as reading:
+                before = sessions(reading)
+
+            active.kill()
+            standby.wait_serving(timeout=60)
+
+            with Cluster(both, secret, session=False) as reading:
+                after = wait_for(lambda: (s := sessions(reading)) == before and s, timeout=30,
+                                 interval=0.2, what="the sessions to resume")
+                assert after == before
+                assert find_query(reading, writer.query_id).state.value == "running"
+            (folder / "stop").touch()
+            assert writer.wait(timeout=60).state.value == "finished"
+            assert reader.wait(timeout=60).state.value == "finished"
+        sent = int((folder / "sent").read_text())
+        distinct, highest, twice = map(int, (folder / "received").read_text().split())
+        assert (distinct, highest, twice) == (sent, sent - 1, 0)
