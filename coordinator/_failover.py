@@ -32,10 +32,9 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
-import aetcd
-import aetcd.exceptions
 import msgspec
 
 from catalog import (
@@ -48,6 +47,9 @@ from catalog import (
     encode_record,
 )
 
+if TYPE_CHECKING:
+    import aetcd
+
 __all__ = ["CHUNK_BYTES", "Commit", "EtcdCatalog", "NotActiveError", "ReadCatalog",
            "parse_etcd_urls"]
 
@@ -55,6 +57,17 @@ logger = logging.getLogger("coordinator")
 
 # etcd refuses requests over 1.5 MiB (--max-request-bytes): keep every value well under it.
 CHUNK_BYTES = 1024 * 1024
+
+
+def _etcd() -> ModuleType:
+    """The etcd client library, imported when first used: it pulls in gRPC (about half a
+    second), which a coordinator without `--etcd` never needs."""
+    import aetcd
+    import aetcd.exceptions
+    import aetcd.utils
+
+    return aetcd
+
 
 Commit = tuple[int, list[Update]]  # (version, its updates)
 _Wire = list[tuple[int, list[tuple[str, bytes, int]]]]
@@ -136,10 +149,10 @@ class EtcdCatalog:
         """Connect to the first etcd member that answers."""
         errors = []
         for host, port in self.endpoints:
-            client = aetcd.Client(host, port, timeout=max(1, int(timeout)))
+            client = _etcd().Client(host, port, timeout=max(1, int(timeout)))
             try:
                 await client.status()
-            except aetcd.exceptions.ClientError as exc:
+            except _etcd().exceptions.ClientError as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 await client.close()
                 continue
@@ -161,7 +174,7 @@ class EtcdCatalog:
             await asyncio.gather(self._keeper, return_exceptions=True)
         if self._client is not None:
             if resign and self._lease is not None:
-                with contextlib.suppress(aetcd.exceptions.ClientError):
+                with contextlib.suppress(_etcd().exceptions.ClientError):
                     await self._client.revoke_lease(self._lease)
             await self._client.close()
             self._client = None
@@ -224,7 +237,7 @@ class EtcdCatalog:
                 try:
                     reply = await asyncio.wait_for(self.client.refresh_lease(self._lease),
                                                    timeout=max(0.0, self._expires - asked))
-                except (aetcd.exceptions.ClientError, TimeoutError) as exc:
+                except (_etcd().exceptions.ClientError, TimeoutError) as exc:
                     logger.warning("coordinator: renewing the etcd lease: %s", exc)
                     continue
                 if reply is None or reply.TTL <= 0:
@@ -298,8 +311,8 @@ class EtcdCatalog:
         _, (marked, chunks, commits, active) = await client.transaction(
             compare=[], failure=[], success=[
             t.get(self.prefix + b"checkpointed"),
-            t.get(checkpoint, aetcd.utils.prefix_range_end(checkpoint)),
-            t.get(logs, aetcd.utils.prefix_range_end(logs)),
+            t.get(checkpoint, _etcd().utils.prefix_range_end(checkpoint)),
+            t.get(logs, _etcd().utils.prefix_range_end(logs)),
             t.get(self.active_key)])
         # The Txn's revision (every key read carries its header); nothing written yet: 0.
         revision = next((kv.header.revision for _, kv in (*marked, *chunks, *commits, *active)),
@@ -340,7 +353,7 @@ class EtcdCatalog:
                         if (done := apply(commits)) is not None:
                             await done
                 return
-            except aetcd.exceptions.RevisionCompactedError:
+            except _etcd().exceptions.RevisionCompactedError:
                 fresh = await self.read()
                 version, revision = fresh.version, fresh.revision
                 if (done := reread(fresh)) is not None:
