@@ -52,6 +52,8 @@ module) are drawn below.
     ├── ConnectorError             a connector client gave up (RewindError, StreamRefusedError)
     │                                                            querylib.connector._client
     ├── ExecutorError              what a host agent could not do    executor._errors
+    ├── NotActiveError             this coordinator is not (or no longer) the active one
+    │                                                            coordinator._failover
     ├── BrokerUnavailableError                                   querylib.broker._errors
     ├── SessionLostError, QueryTimeoutError                      querylib.cluster._errors
     ├── BrokerUnreachableError, JavaNotFoundError                querylib.spark._errors
@@ -60,11 +62,11 @@ module) are drawn below.
 
 Foreign exceptions are translated once, where they enter, with `raise ... from exc`: zmq's in the
 RPC transport (querylib.rpc), msgspec's in the codecs that decode (catalog's, the RPC codec, the
-journal and the files that hold msgspec), kio's in the Kafka codecs (querylib.kafka's request and
-`__consumer_offsets` codecs, and the clients' response decoding), struct's in the record and
-connector codecs, and OSError where files or sockets are opened (the log, the executor's
-artifacts and processes, secrets, cluster files, the listeners). Code between the edges sees
-TqErrors only.
+journal, the catalog's commits in etcd and the files that hold msgspec), kio's in the Kafka
+codecs (querylib.kafka's request and `__consumer_offsets` codecs, and the clients' response
+decoding), struct's in the record and connector codecs, and OSError where files or sockets are
+opened (the log, the executor's artifacts and processes, secrets, cluster files, the
+listeners). Code between the edges sees TqErrors only.
 
 Catalog's families:
 

@@ -66,6 +66,15 @@ def produce(link: BrokerLink, value: bytes) -> asyncio.Task[Produced]:
         payload=[encode_batch([(1, None, value, ())])]))
 
 
+def _stored(cluster: Cluster, broker_id: int) -> bytes | None:
+    """What a replica's log holds now; None while its fetcher truncates it (a log is not
+    read while it is truncated: `PartitionLog.truncate_to`), so a wait asks again."""
+    try:
+        return cluster.log(broker_id).read(0, 1 << 20)
+    except TqError:
+        return None
+
+
 def test_followers_hold_byte_identical_logs_with_the_leader_epoch_stamped(tmp_path):
     async def main() -> None:
         cluster = Cluster(tmp_path)
@@ -148,7 +157,7 @@ def test_a_follower_with_a_divergent_tail_truncates_to_the_leaders_log(tmp_path)
             data = cluster.log(2).read(0, 1 << 20)
             for broker in (1, 3):
                 await wait_for_async(
-                    lambda b=broker: cluster.log(b).read(0, 1 << 20) == data, timeout=30,
+                    lambda b=broker: _stored(cluster, b) == data, timeout=30,
                     what=f"broker {broker} converged on the leader's log")
             with pytest.raises(TqError) as raised:
                 await asyncio.wait_for(unacked, 30)  # never acknowledged, and told so
@@ -178,7 +187,7 @@ def test_a_restarted_follower_catches_up_from_its_log_end(tmp_path):
             await cluster.servers[2].start()
             await cluster.set_roles_on((3,), leader=1, epoch=1, isr=(1, 2))
             data = cluster.log(1).read(0, 1 << 20)
-            await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
+            await wait_for_async(lambda: _stored(cluster, 3) == data, timeout=30,
                                  what="the restarted follower caught up")
             await link.close()
         finally:
@@ -313,7 +322,7 @@ def test_a_follower_ahead_of_its_leader_at_the_same_epoch_truncates_and_converge
                                  what="follower 3 cut the tail the leader does not have")
             await asyncio.wait_for(produce(link, b"b"), 30)
             data = cluster.log(1).read(0, 1 << 20)
-            await wait_for_async(lambda: cluster.log(3).read(0, 1 << 20) == data, timeout=30,
+            await wait_for_async(lambda: _stored(cluster, 3) == data, timeout=30,
                                  what="follower 3 converged on the leader's log")
             await link.close()
         finally:
