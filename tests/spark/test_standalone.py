@@ -47,7 +47,7 @@ def _alive_workers(web_ui: str) -> int:
     try:
         with urllib.request.urlopen(f"{web_ui}/json/", timeout=5) as answer:
             state = json.load(answer)
-    except OSError:
+    except (OSError, ValueError):  # not up yet, or a page the master has not filled yet
         return 0
     return sum(w["state"] == "ALIVE" for w in state["workers"])
 
