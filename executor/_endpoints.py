@@ -66,6 +66,7 @@ logger = logging.getLogger("executor")
 
 _ATTACH_TIMEOUT = 30.0
 _RETRY_FOLLOW = 1.0  # seconds before following a collection again after an error
+_RETRY_ROLE = 1.0  # seconds before telling the broker again a role it failed to take
 
 
 class CatalogTopics:
@@ -217,7 +218,17 @@ class CatalogTopics:
             try:
                 await self._set_role(topic, partition, role, min_insync)
             except (TqError, ValueError, OSError) as exc:
-                logger.warning("replica role of %s-%d: %s", topic, partition, exc)
+                # Told again later, unless a newer role came meanwhile: no change of the
+                # catalog may come to retry it, and the replica would stay as it was.
+                logger.warning("replica role of %s-%d: %s; telling it again in %.0fs", topic,
+                               partition, exc, _RETRY_ROLE)
+                asyncio.get_running_loop().call_later(
+                    _RETRY_ROLE, self._tell_again, (topic, partition), role, min_insync)
+
+    def _tell_again(self, key: tuple[str, int], role: PartitionRole | None,
+                    min_insync: int) -> None:
+        if role is not None and self._roles.get(key) == (role, min_insync):
+            self._role_changes.put_nowait((*key, role, min_insync))
 
     async def _session(self) -> tuple[AsyncCluster, int]:
         try:

@@ -177,7 +177,8 @@ class HostBroker:
 
     def _propose_isr(self, proposal: ProposeIsr) -> None:
         """Send a leader's ISR proposal to the controller (AlterPartition). Refused or lost,
-        it changes nothing: the leader proposes again from the role the catalog gives it."""
+        it changes nothing: the leader proposes again from the role the catalog gives it, or
+        the same again `BrokerLimits.isr_proposal_retry` later."""
         topic = self.topics.topic_named(proposal.partition[0])
         cluster, broker_id = self.cluster, self.broker_id
         if topic is None or cluster is None or broker_id is None:

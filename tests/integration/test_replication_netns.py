@@ -29,7 +29,7 @@ import signal
 import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,17 @@ class Replicated:
     def errors(self) -> str:
         return "\n".join(p.read_text()[-2000:] for p in self.logs.glob("*.err"))
 
+    def wait(self, condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
+        """wait_for(condition), failing with the tails of the executors' logs (which say
+        what the brokers did: roles, ISR proposals, fetches refused)."""
+        try:
+            return wait_for(condition, timeout=timeout, interval=0.2, what=what)
+        except AssertionError as exc:
+            tails = "\n".join(f"--- executor-{h}.log\n" + "\n".join(
+                (self.home / f"executor-{h}.log").read_text().splitlines()[-40:])
+                for h in EXECUTORS if (self.home / f"executor-{h}.log").exists())
+            raise AssertionError(f"{exc}\n{tails}") from None
+
     def log_bytes(self, host: str) -> bytes | None:
         directory = partition_dir(self.data(host), f"{TOPIC}-0")
         if directory is None:
@@ -263,7 +274,7 @@ def test_the_leaders_host_killed_under_a_steady_publisher_and_subscriber(
     cluster = Replicated(hosts, processes, tmp_path)
     subscriber = cluster.client("c", "sub", "subscribe")
     publisher = cluster.client("c", "pub", "publish", "p", "follow")
-    wait_for(lambda: len(cluster.acked("pub")) >= 100, timeout=60, interval=0.2,
+    cluster.wait(lambda: len(cluster.acked("pub")) >= 100, timeout=60,
              what="100 records acknowledged")
 
     before = cluster.partition()
@@ -271,20 +282,20 @@ def test_the_leaders_host_killed_under_a_steady_publisher_and_subscriber(
     killed_at = time.time()
     os.killpg(cluster.agents[victim].pid, signal.SIGKILL)
     cluster.agents[victim].wait(timeout=10)
-    served = wait_for(lambda: _acked_since(cluster, "pub", killed_at), timeout=60,
-                      interval=0.2, what="an acknowledgement from a new leader")
+    served = cluster.wait(lambda: _acked_since(cluster, "pub", killed_at), timeout=60,
+                      what="an acknowledgement from a new leader")
     moved = cluster.partition()
     assert moved["broker"] != before["broker"]
     assert moved["leader_epoch"] == before["leader_epoch"] + 1
     print(f"\nnew leader serving {min(served) - killed_at:.2f} s after the SIGKILL "
           f"(lease {LEASE} s)")
-    wait_for(lambda: len(_acked_since(cluster, "pub", killed_at)) >= 100,
-             timeout=60, interval=0.2, what="100 records acknowledged by the new leader")
+    cluster.wait(lambda: len(_acked_since(cluster, "pub", killed_at)) >= 100,
+             timeout=60, what="100 records acknowledged by the new leader")
 
     cluster.stop_clients(publisher)
     acked = cluster.acked("pub")
-    wait_for(lambda: set(acked) <= {v for _, v in cluster.read("sub")}, timeout=60,
-             interval=0.2, what="the subscriber to get every acknowledged record")
+    cluster.wait(lambda: set(acked) <= {v for _, v in cluster.read("sub")}, timeout=60,
+             what="the subscriber to get every acknowledged record")
     cluster.stop_clients(subscriber)
     read = _once_in_order(cluster.read("sub"))
     assert set(read) <= set(cluster.sent("pub"))
@@ -309,24 +320,24 @@ def test_a_cut_off_leader_acknowledges_nothing_it_cannot_replicate(
     cut = cluster.host_of(before["broker"])
     # A publisher on the leader's own host, writing to that broker only.
     pinned = cluster.client(cut, "pinned", "publish", "q", "pinned")
-    wait_for(lambda: len(cluster.acked("pub")) >= 50 and len(cluster.acked("pinned")) >= 20,
-             timeout=60, interval=0.2, what="both publishers acknowledged")
+    cluster.wait(lambda: len(cluster.acked("pub")) >= 50 and len(cluster.acked("pinned")) >= 20,
+             timeout=60, what="both publishers acknowledged")
 
     hosts.set_link(cut, up=False)
     cut_at = time.time()
-    moved = wait_for(lambda: (p := cluster.partition())["broker"] != before["broker"] and p,
-                     timeout=60, interval=0.2, what="a new leader elected")
+    moved = cluster.wait(lambda: (p := cluster.partition())["broker"] != before["broker"] and p,
+                     timeout=60, what="a new leader elected")
     assert moved["leader_epoch"] == before["leader_epoch"] + 1
     assert cluster.host_of(moved["broker"]) != cut
-    wait_for(lambda: len([t for t in cluster.acked("pub").values() if t > cut_at]) >= 50,
-             timeout=60, interval=0.2, what="the new leader to acknowledge records")
-    wait_for(lambda: any(v.encode() in (cluster.log_bytes(cut) or b"")
+    cluster.wait(lambda: len([t for t in cluster.acked("pub").values() if t > cut_at]) >= 50,
+             timeout=60, what="the new leader to acknowledge records")
+    cluster.wait(lambda: any(v.encode() in (cluster.log_bytes(cut) or b"")
                          for v, t in cluster.sent("pinned").items() if t > cut_at),
-             timeout=30, interval=0.2, what="the cut leader to append a write it cannot replicate")
+             timeout=30, what="the cut leader to append a write it cannot replicate")
     unreplicable = {v for v, t in cluster.sent("pinned").items() if t > cut_at}
 
     hosts.set_link(cut, up=True)
-    wait_for(lambda: len(cluster.partition()["isr"]) == 3, timeout=60, interval=0.2,
+    cluster.wait(lambda: len(cluster.partition()["isr"]) == 3, timeout=60,
              what="the old leader back in the ISR")
     cluster.stop_clients(publisher, pinned)
     acked = cluster.acked("pub") | cluster.acked("pinned")
@@ -335,8 +346,8 @@ def test_a_cut_off_leader_acknowledges_nothing_it_cannot_replicate(
     data = cluster.identical_replicas()
     for value in unreplicable:
         assert value.encode() not in data
-    wait_for(lambda: set(acked) <= {v for _, v in cluster.read("sub")}, timeout=60,
-             interval=0.2, what="the subscriber to get every acknowledged record")
+    cluster.wait(lambda: set(acked) <= {v for _, v in cluster.read("sub")}, timeout=60,
+             what="the subscriber to get every acknowledged record")
     cluster.stop_clients(subscriber)
     read = _once_in_order(cluster.read("sub"))
     stored = cluster.everything()
@@ -351,7 +362,7 @@ def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
         hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
     cluster = Replicated(hosts, processes, tmp_path)
     publisher = cluster.client("c", "pub", "publish", "p", "follow")
-    wait_for(lambda: len(cluster.acked("pub")) >= 100, timeout=60, interval=0.2,
+    cluster.wait(lambda: len(cluster.acked("pub")) >= 100, timeout=60,
              what="100 records acknowledged")
     before = cluster.partition()
     (lost, *_) = [h for h in EXECUTORS if h != cluster.host_of(before["broker"])]
@@ -363,14 +374,14 @@ def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
     shutil.rmtree(data)  # the disk is gone; the host's broker id is its configuration
     data.mkdir()
     (data / "broker.id").write_text(broker_id)
-    wait_for(lambda: len(cluster.partition()["isr"]) == 2, timeout=30, interval=0.2,
+    cluster.wait(lambda: len(cluster.partition()["isr"]) == 2, timeout=30,
              what="the stopped follower out of the ISR")
     count = len(cluster.acked("pub"))
-    wait_for(lambda: len(cluster.acked("pub")) >= count + 50, timeout=60, interval=0.2,
+    cluster.wait(lambda: len(cluster.acked("pub")) >= count + 50, timeout=60,
              what="records acknowledged without it")
 
     cluster.agents[lost] = cluster.start(lost)
-    wait_for(lambda: len(cluster.partition()["isr"]) == 3, timeout=60, interval=0.2,
+    cluster.wait(lambda: len(cluster.partition()["isr"]) == 3, timeout=60,
              what="the rebuilt follower back in the ISR")
     cluster.stop_clients(publisher)
     acked = cluster.acked("pub")

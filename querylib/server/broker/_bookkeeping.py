@@ -47,6 +47,9 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     # A follower whose fetches have not reached its leader's log end for this long is
     # proposed out of the ISR (Kafka's replica.lag.time.max.ms).
     replica_lag_time_max: float = 30.0
+    # An ISR proposal answered by no new role this long (refused because the controller saw
+    # another ISR, or its reply lost) is proposed again.
+    isr_proposal_retry: float = 2.0
 
 
 class Pending(msgspec.Struct):

@@ -211,10 +211,11 @@ class BrokerState:
             ReplicaAppended: self._replica_appended,
         }
         # Replication: the roles the shell set (kept for partitions not open yet), the
-        # partitions this broker leads, and the ISR last proposed for each (not again).
+        # partitions this broker leads, and the ISR last proposed for each with when (not
+        # again until a new role or `isr_proposal_retry` later).
         self._roles: dict[PartitionId, SetReplicaRole] = {}
         self._led: set[PartitionId] = set()
-        self._proposed: dict[PartitionId, tuple[int, ...]] = {}
+        self._proposed: dict[PartitionId, tuple[tuple[int, ...], float]] = {}
 
     # ------------------------------------------------------------------ entry point
 
@@ -918,9 +919,13 @@ class BrokerState:
     def _propose_isr(self, part: PartitionState) -> list[Instruction]:
         leader: LeaderReplication = part.replication
         isr = leader.isr_proposal(now_ms=int(self.now * 1000))
-        if isr is None or self._proposed.get(part.id) == isr:
+        if isr is None:
             return []
-        self._proposed[part.id] = isr
+        last = self._proposed.get(part.id)
+        if last is not None and last[0] == isr \
+                and self.now - last[1] < self.limits.isr_proposal_retry:
+            return []
+        self._proposed[part.id] = (isr, self.now)
         return [ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
 
     def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:

@@ -138,3 +138,19 @@ def test_a_deposed_leader_fails_the_produces_still_waiting_for_the_high_watermar
     assert isinstance(sim.replies["a"], NotLeaderOrFollowerError)
     assert isinstance(sim.replies["b"], NotLeaderOrFollowerError)
     sim.complete_append(P)  # its append completes later: answered once only
+
+
+def test_an_isr_proposal_no_role_answered_is_proposed_again():
+    # Refused (the controller saw another ISR, a lost reply, a timeout): no new role comes, and
+    # the follower must not stay out of the ISR for good.
+    sim = leading(isr=(1, 2), limits=BrokerLimits(replica_lag_time_max=5.0))
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=0, leader_epoch=2))
+    out = sim.feed(Tick(1.0, 1000))
+    assert [i.isr for i in out if isinstance(i, ProposeIsr)] == [(1, 2, 3)]
+    out = sim.feed(Tick(1.5, 1500))
+    assert not [i for i in out if isinstance(i, ProposeIsr)]  # not every tick
+    out = sim.feed(Tick(3.5, 3500))
+    assert [i.isr for i in out if isinstance(i, ProposeIsr)] == [(1, 2, 3)]
+    sim.feed(SetReplicaRole(P, role(isr=(1, 2, 3)), broker_id=1))
+    out = sim.feed(Tick(4.0, 4000))
+    assert not [i for i in out if isinstance(i, ProposeIsr)]

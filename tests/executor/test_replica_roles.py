@@ -1,0 +1,55 @@
+"""The executor's catalog view tells its broker the roles of its replicas (DESIGN §5
+"Replication"): a role the broker could not take (an error while opening the partition, say) is
+told again, not dropped: no later change of the catalog may come to retry it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import executor._endpoints as endpoints
+from catalog import INGEST, Broker, Topic, TopicKind
+from catalog.errors import TqError
+from executor._endpoints import CatalogTopics
+from querylib.server.broker import PartitionRole
+
+
+def _view() -> CatalogTopics:
+    topics = CatalogTopics()
+    topics.broker_id = 2
+    leader = Broker(broker_id=1, host="a", address="tcp://10.0.0.1:7000", session_id=5)
+    topic = Topic(topic_id=9, name="persistent://public/default/t", partitions=1,
+                  record_type="bytes", kind=TopicKind.STREAM, owner=INGEST, locations=(1,),
+                  internal=False, created_at_ms=0, replicas=((1, 2, 3),), isr=((1, 2, 3),),
+                  leader_epochs=(4,))
+    topics._views["brokers"][leader] = 1
+    topics._views["topics"][topic] = 1
+    return topics
+
+
+def test_a_role_the_broker_failed_to_take_is_told_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(endpoints, "_RETRY_ROLE", 0.01)
+    asyncio.run(_told_again())
+
+
+async def _told_again() -> None:
+    topics = _view()
+    told: list[PartitionRole | None] = []
+    done = asyncio.Event()
+
+    async def set_role(topic: str, partition: int, role: PartitionRole | None,
+                       min_insync: int) -> None:
+        told.append(role)
+        if len(told) == 1:
+            raise TqError("the partition could not be opened")
+        done.set()
+
+    topics.watch_replicas(set_role)
+    topics._replica_roles()
+    await asyncio.wait_for(done.wait(), 10)
+    assert len(told) == 2 and told[0] == told[1]
+    assert told[1] is not None and told[1].leader_address == "tcp://10.0.0.1:7000"
+    await topics.close()
+
