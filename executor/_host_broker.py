@@ -119,9 +119,9 @@ class HostBroker:
             # Replication (DESIGN §5 "Replication"): a follower fetches with our credential;
             # only the cluster's brokers (executor principals, an admin's) may fetch from us;
             # the roles come from the catalog and ISR proposals go back to it.
-            self.broker.replica_credential = self.secret
-            self.broker.may_replicate = _is_broker_principal
-            self.broker.on_isr_proposal = self._propose_isr
+            self.broker.replication.credential = self.secret
+            self.broker.replication.may_replicate = _is_broker_principal
+            self.broker.replication.on_isr_proposal = self._propose_isr
             self.topics.watch_replicas(self._set_role)
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
             # The connector cookie and the Kafka cluster id derive from the key we hold (the
@@ -171,7 +171,7 @@ class HostBroker:
     async def _set_role(self, topic: str, partition: int, role: PartitionRole | None,
                         min_insync: int) -> None:
         if self.broker is not None and self.broker_id is not None:
-            await self.broker.set_replica_role(topic, partition, role,
+            await self.broker.replication.set_role(topic, partition, role,
                                                broker_id=self.broker_id,
                                                min_insync=min_insync)
 

@@ -274,7 +274,7 @@ def _serve_broker(data: str, listen: str, secret_file: str, mode: str,
             if replica:
                 spec = json.loads(replica)
                 replicas = tuple(spec["replicas"])
-                await server.set_replica_role("bench", 0, PartitionRole(
+                await server.replication.set_role("bench", 0, PartitionRole(
                     topic_id=1, partition=0, leader_id=1, leader_epoch=1, replicas=replicas,
                     isr=replicas, leader_address=spec["leader_address"]),
                     broker_id=spec["broker_id"])

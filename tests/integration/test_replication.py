@@ -1,6 +1,6 @@
 """Replicated partitions on three real brokers over real ZeroMQ on loopback (DESIGN §5
 "Replication"): a leader and two followers, their roles set through the broker's seam
-(`BrokerServer.set_replica_role`), as an executor sets them from the catalog."""
+(`BrokerServer.replication.set_role`), as an executor sets them from the catalog."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Cluster:
                              replicas=(1, 2, 3), isr=tuple(isr),
                              leader_address=self.addresses[leader - 1])
         for broker_id in brokers:
-            await self.servers[broker_id - 1].set_replica_role("t", 0, role,
+            await self.servers[broker_id - 1].replication.set_role("t", 0, role,
                                                                broker_id=broker_id)
 
     def log(self, broker_id: int):
@@ -103,14 +103,14 @@ def test_a_produce_is_answered_only_once_every_follower_fetched_it(tmp_path):
         await cluster.start()
         try:
             link = await producer(cluster.addresses[0])
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             ack = produce(link, b"held")
             leader = cluster.servers[0].state.partitions[PID].replication
             await wait_for_async(lambda: leader._followers[2].fetched >= 1, timeout=30,
                                  what="follower 2 fetched past the record")
             assert not ack.done()  # follower 3 has not fetched it
             assert cluster.servers[0].state.partition_info(PID).high_watermark == 0
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             assert (await asyncio.wait_for(ack, 30)).next_offset == 1
             await link.close()
         finally:
@@ -146,7 +146,7 @@ def test_a_follower_with_a_divergent_tail_truncates_to_the_leaders_log(tmp_path)
             for value in (b"a", b"b"):
                 await asyncio.wait_for(produce(link, value), 30)
             for server in cluster.servers[1:]:
-                server.hold_replica_fetches(True)
+                server.replication.hold(True)
             unacked = produce(link, b"c, never acknowledged")
             await wait_for_async(lambda: cluster.log(1).log_end_offset == 3, timeout=30,
                                  what="the leader appended c")
@@ -203,14 +203,14 @@ def test_a_subscriber_never_sees_records_above_the_high_watermark(tmp_path):
         try:
             link = await producer(cluster.addresses[0])
             await asyncio.wait_for(produce(link, b"acked"), 30)
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             held = produce(link, b"above the high watermark")
             await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
                                  what="the leader appended it")
             port = cluster.servers[0].port
             info = port.info(PID)
             assert info.high_watermark == 1 and info.log_end == 1
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             await asyncio.wait_for(held, 30)
             assert port.info(PID).high_watermark == 2
             await link.close()
@@ -229,18 +229,18 @@ def test_a_follower_that_stops_fetching_is_proposed_out_of_the_isr_and_back(tmp_
                                           limits=BrokerLimits(replica_lag_time_max=0.3),
                                           log_config=LogConfig(flush="always"))
         proposals: list = []
-        cluster.servers[0].on_isr_proposal = proposals.append
+        cluster.servers[0].replication.on_isr_proposal = proposals.append
         await cluster.start()
         try:
             link = await producer(cluster.addresses[0])
             await asyncio.wait_for(produce(link, b"a"), 30)
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             produce(link, b"b")
             await wait_for_async(lambda: any(p.isr == (1, 2) for p in proposals), timeout=30,
                                  what="follower 3 proposed out")
             # The coordinator accepts (AlterPartition): the new role comes back.
             await cluster.set_roles(leader=1, epoch=1, isr=(1, 2))
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             await wait_for_async(lambda: any(p.isr == (1, 2, 3) for p in proposals),
                                  timeout=30, what="follower 3 proposed back in")
             await link.close(clean=False)
@@ -257,7 +257,7 @@ def test_min_insync_replicas_refuses_a_produce_to_a_small_isr(tmp_path):
         try:
             role = PartitionRole(topic_id=1, partition=0, leader_id=1, leader_epoch=1,
                                  replicas=(1, 2, 3), isr=(1,))
-            await cluster.servers[0].set_replica_role("t", 0, role, broker_id=1, min_insync=2)
+            await cluster.servers[0].replication.set_role("t", 0, role, broker_id=1, min_insync=2)
             link = BrokerLink(cluster.addresses[0], SECRET, timeout=10)
             await link.start()
             with pytest.raises(TqError) as raised:
@@ -280,7 +280,7 @@ def test_a_fetch_beyond_the_leaders_log_end_is_refused(tmp_path):
         await cluster.start()
         client = RpcClient(cluster.addresses[0], SECRET, audience=BROKER, timeout=10)
         try:
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             link = await producer(cluster.addresses[0])
             pending = produce(link, b"held")
             await wait_for_async(lambda: cluster.log(1).log_end_offset == 1)
@@ -290,7 +290,7 @@ def test_a_fetch_beyond_the_leaders_log_end_is_refused(tmp_path):
                                                          leader_epoch=1, replica=3))
             assert raised.value.kafka_error_code == 1
             assert not pending.done()
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             assert (await pending).base_offset == 0
             await link.close()
         finally:
@@ -313,11 +313,11 @@ def test_a_follower_ahead_of_its_leader_at_the_same_epoch_truncates_and_converge
             await asyncio.wait_for(produce(link, b"a"), 30)
             await wait_for_async(lambda: cluster.log(3).log_end_offset == 1, timeout=30,
                                  what="follower 3 has a")
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             stored = cluster.log(1).read(0, 1 << 20)  # a's batch as stored (epoch 1)
             cluster.log(3).append_replica((1).to_bytes(8, "big") + stored[8:])  # a tail at 1
             assert cluster.log(3).log_end_offset == 2
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             await wait_for_async(lambda: cluster.log(3).log_end_offset == 1, timeout=30,
                                  what="follower 3 cut the tail the leader does not have")
             await asyncio.wait_for(produce(link, b"b"), 30)
@@ -385,7 +385,7 @@ def test_a_caught_up_followers_fetch_waits_at_the_log_end_for_the_next_append(tm
         await cluster.start()
         client = RpcClient(cluster.addresses[0], SECRET, audience=BROKER, timeout=60)
         try:
-            cluster.servers[2].hold_replica_fetches(True)  # this test fetches as replica 3
+            cluster.servers[2].replication.hold(True)  # this test fetches as replica 3
             await client.connect()
             waiting = asyncio.ensure_future(client.exchange(ReplicaFetchRequest(
                 "t", 0, fetch_offset=0, leader_epoch=1, replica=3, max_wait_ms=30_000)))
@@ -405,7 +405,7 @@ def test_a_caught_up_followers_fetch_waits_at_the_log_end_for_the_next_append(tm
             with pytest.raises(TqError):  # a wait beyond the limit is refused
                 await client.exchange(ReplicaFetchRequest(
                     "t", 0, fetch_offset=1, leader_epoch=1, replica=3, max_wait_ms=10**9))
-            cluster.servers[2].hold_replica_fetches(False)
+            cluster.servers[2].replication.hold(False)
             assert (await asyncio.wait_for(pending, 30)).base_offset == 0
             await link.close()
         finally:

@@ -1,11 +1,14 @@
 """Clients follow a leader that moved while the old one lives (DESIGN §5 "Replication",
 issue 19): three real brokers over real ZeroMQ, roles set through the broker's seam
-(`BrokerServer.set_replica_role`) as an executor sets them from the catalog; the producer's
+(`BrokerServer.replication.set_role`) as an executor sets them from the catalog; the producer's
 `locate` stands for the catalog."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from querylib.broker import AsyncProducer, AsyncSubscriber, Data
 from querylib.kafka._apis import ApiKey
@@ -22,36 +25,59 @@ def _values(cluster: Cluster, broker_id: int) -> list[bytes]:
     return [r.value for b in iter_batches(data) if not b.is_control for r in b.records]
 
 
+class Moving:
+    """The three brokers of `Cluster`, broker 1 leading; `locate` answers the leader of now
+    (the catalog's part), `move` makes another broker the leader."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.leader = 1
+
+    async def locate(self) -> str:
+        return self.cluster.addresses[self.leader - 1]
+
+    async def move(self, leader: int, epoch: int, **roles: object) -> None:
+        self.leader = leader
+        await self.cluster.set_roles(leader=leader, epoch=epoch, **roles)
+
+    async def producer(self) -> AsyncProducer:
+        """A producer of partition 0, one record a batch, that follows the leader."""
+        return await AsyncProducer(self.cluster.addresses[0], "t", 0, secret=SECRET,
+                                   timeout=10, batch_records=1, locate=self.locate,
+                                   reconnect_timeout=30).start()
+
+
+@contextlib.asynccontextmanager
+async def moving(tmp_path: Path) -> AsyncIterator[Moving]:
+    cluster = Cluster(tmp_path)
+    await cluster.start()
+    try:
+        yield Moving(cluster)
+    finally:
+        await cluster.close()
+
+
 def test_a_producer_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
     """Records in flight when the leader is deposed are sent again to the new leader with
     their sequences: every acknowledged record once, in order, nothing duplicated though the
     new leader already held some of them."""
     async def main() -> None:
-        cluster = Cluster(tmp_path)
-        await cluster.start()
-        leader = {"id": 1}
-
-        async def locate() -> str:
-            return cluster.addresses[leader["id"] - 1]
-
-        try:
-            producer = await AsyncProducer(cluster.addresses[0], "t", 0, secret=SECRET,
-                                           timeout=10, batch_records=1, locate=locate,
-                                           reconnect_timeout=30).start()
+        async with moving(tmp_path) as moves:
+            cluster = moves.cluster
+            producer = await moves.producer()
             for i in range(5):
                 await producer.send(b"a%d" % i)
             await producer.flush()
             # Broker 3 stops fetching: what follows reaches broker 2 but is not acknowledged.
-            cluster.servers[2].hold_replica_fetches(True)
+            cluster.servers[2].replication.hold(True)
             for i in range(5):
                 await producer.send(b"b%d" % i)
             await wait_for_async(lambda: cluster.log(2).log_end_offset >= 10, timeout=30,
                                  what="broker 2 fetched the unacknowledged records")
             flushed = asyncio.ensure_future(producer.flush())
             # The controller moves leadership to broker 2; broker 1 lives on as a follower.
-            leader["id"] = 2
-            await cluster.set_roles(leader=2, epoch=2, isr=(1, 2))
-            cluster.servers[2].hold_replica_fetches(False)
+            await moves.move(2, 2, isr=(1, 2))
+            cluster.servers[2].replication.hold(False)
             await asyncio.wait_for(flushed, 60)
             for i in range(5):
                 await producer.send(b"c%d" % i)
@@ -60,8 +86,6 @@ def test_a_producer_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
             expected = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)] + \
                 [b"c%d" % i for i in range(5)]
             assert _values(cluster, 2) == expected
-        finally:
-            await cluster.close()
 
     asyncio.run(main())
 
@@ -70,19 +94,11 @@ def test_a_subscriber_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
     """A subscriber of the old leader hears it was deposed and resumes after its last record
     on the new leader: every record once, in order."""
     async def main() -> None:
-        cluster = Cluster(tmp_path)
-        await cluster.start()
-        leader = {"id": 1}
-
-        async def locate() -> str:
-            return cluster.addresses[leader["id"] - 1]
-
-        try:
-            producer = await AsyncProducer(cluster.addresses[0], "t", 0, secret=SECRET,
-                                           timeout=10, batch_records=1, locate=locate,
-                                           reconnect_timeout=30).start()
+        async with moving(tmp_path) as moves:
+            cluster = moves.cluster
+            producer = await moves.producer()
             subscriber = await AsyncSubscriber(cluster.addresses[0], "t", 0, secret=SECRET,
-                                               timeout=10, locate=locate,
+                                               timeout=10, locate=moves.locate,
                                                reconnect_timeout=30).start()
             seen: list[bytes] = []
 
@@ -96,8 +112,7 @@ def test_a_subscriber_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
                 await producer.send(b"a%d" % i)
             await producer.flush()
             await read_until(5)
-            leader["id"] = 2
-            await cluster.set_roles(leader=2, epoch=2)
+            await moves.move(2, 2)
             for i in range(5):
                 await producer.send(b"c%d" % i)
             await producer.flush()
@@ -106,8 +121,6 @@ def test_a_subscriber_follows_a_leader_moved_while_the_old_one_lives(tmp_path):
             assert subscriber.link.address == cluster.addresses[1]
             await subscriber.close()
             await producer.close(end=False)
-        finally:
-            await cluster.close()
 
     asyncio.run(main())
 

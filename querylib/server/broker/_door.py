@@ -151,7 +151,7 @@ class BrokerPort:
     async def epoch_end(self, pid: PartitionId, leader_epoch: int) -> tuple[int, int]:
         """(epoch, end offset) of `leader_epoch` in the hosted partition's log (Kafka's
         OffsetForLeaderEpoch)."""
-        return await self._server.epoch_end(pid, leader_epoch)
+        return await self._server.replication.epoch_end(pid, leader_epoch)
 
     def info(self, pid: PartitionId) -> PartitionInfo:
         """What subscribers may see of a hosted partition: its range up to the visible end

@@ -37,7 +37,6 @@ from querylib._memory import keep_freed_memory
 from querylib.broker._errors import (
     BrokerClosedError,
     BrokerProtocolError,
-    NotLeaderOrFollowerError,
     PrincipalError,
     TopicAuthorizationError,
     UnknownPartitionError,
@@ -52,7 +51,6 @@ from querylib.broker.messages import (
     DropPartitionRequest,
     EndStreamRequest,
     EnsurePartition,
-    EpochEnd,
     EpochEndRequest,
     HeartbeatRequest,
     Incarnation,
@@ -68,7 +66,6 @@ from querylib.broker.messages import (
     ProducedBatches,
     ProduceRequest,
     ProducerOpened,
-    ReplicaData,
     ReplicaFetchRequest,
     SessionOpened,
     Subscribed,
@@ -87,7 +84,6 @@ from querylib.rpc import (
     BROKER,
     AddressError,
     Context,
-    Credential,
     ErrorBody,
     InternalServerError,
     Keyring,
@@ -142,12 +138,10 @@ from ._events import (
     Read,
     ReadCompleted,
     ReadFailed,
-    ReplicaFetched,
     Reply,
     ResolveTopic,
     SaveCohorts,
     SessionExpired,
-    SetReplicaRole,
     Stimulus,
     Subscribe,
     SubscriptionClosed,
@@ -157,9 +151,8 @@ from ._events import (
     TopicResolved,
     Unsubscribe,
 )
-from ._fetcher import ReplicaFetcher
 from ._frontier import SavedCohort, query_of_cohort
-from ._replication import PartitionRole
+from ._replica_shell import ReplicaShell
 from ._state import BrokerState
 from ._txn_index import TxnHistory
 from ._write_access import ADMIN, ANONYMOUS, SYSTEM, admits
@@ -175,7 +168,6 @@ __all__ = ["BrokerServer", "server_limits"]
 logger = logging.getLogger("querylib.broker")
 
 _LENGTH = struct.Struct(">qi")  # baseOffset, batchLength
-_MAX_REPLICA_WAIT_MS = 30_000  # a follower's fetch waits at most this long for an append
 RECV_HWM = 32  # messages zmq queues per client connection before it stops reading it
 _FRAMES_ROOM = 64 * 1024  # signature, header and body frames beside a Produce's batch
 
@@ -307,20 +299,15 @@ class BrokerServer:
         # Sessions an RPC client opened as anonymous (a downgrade): session -> that client's
         # principal, the only one that may use them.
         self._downgraded: dict[str, str] = {}
-        # Replication (DESIGN §5 "Replication"): the role this broker has per replicated
-        # partition, a fetcher per leader it follows, who may fetch as a follower (a broker
-        # of the cluster: the admin's secret here; an executor passes its catalog's rule) and
-        # where ISR proposals go (an executor: AlterPartition through its coordinator session).
-        # What a follower signs its fetches with: the cluster secret (a broker given a keyring,
-        # e.g. an executor's, is told its credential by whoever sets its roles).
-        self.replica_credential: bytes | Credential | None = (
-            secret if isinstance(secret, bytes) else None)
-        self._replica_roles: dict[PartitionId, PartitionRole] = {}
-        self._fetchers: dict[str, ReplicaFetcher] = {}
-        self._leading: set[PartitionId] = set()
-        self.may_replicate: Callable[[str], bool] = lambda principal: principal == ADMIN
-        self.on_isr_proposal: Callable[[ProposeIsr], object] = lambda instr: logger.info(
-            "broker: no one takes ISR proposals here: %s", instr)
+        # Replication (DESIGN §5 "Replication"): roles, fetchers, who may fetch from it and
+        # where its ISR proposals go. A broker given the cluster secret fetches with it; one
+        # given a keyring (an executor's) is told its credential by whoever sets its roles.
+        self.replication = ReplicaShell(
+            ensure=lambda topic, partition: self._ensure(topic, partition, True),
+            reopen=self._reopen, lanes=self._lanes, feed=self._feed, limits=self.state.limits,
+            append_pool=self._append_pool, read_pool=self._read_pool,
+            closing=lambda: self._closing,
+            credential=secret if isinstance(secret, bytes) else None)
         self.port = BrokerPort(self)
         self._register()
 
@@ -365,9 +352,7 @@ class BrokerServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for fetcher in list(self._fetchers.values()):
-            await fetcher.close()
-        self._fetchers.clear()
+        await self.replication.close()
         await self._rpc.close()
         for lane in list(self._lanes.values()):
             await lane.close()
@@ -435,41 +420,6 @@ class BrokerServer:
 
     # -- replication -------------------------------------------------------------------------
 
-    async def set_replica_role(self, topic: str, partition: int, role: PartitionRole | None, *,
-                               broker_id: int, min_insync: int = 1) -> None:
-        """This broker's role (broker `broker_id`) on a replicated partition, as the catalog
-        says (None: the partition has one replica). The partition is opened here if it is not
-        (a replica holds a log); a follower fetches from `role.leader_address`."""
-        pid = await self._ensure(topic, partition, True)
-        old = self._replica_roles.pop(pid, None)
-        fetcher = None if old is None else self._fetchers.get(old.leader_address)
-        if fetcher is not None:
-            fetcher.unfollow(pid)
-        leads = role is not None and role.is_leader(broker_id)
-        if leads and old is not None and not old.is_leader(broker_id):
-            await self._reopen(pid)
-        self._lanes[pid].leader_epoch = role.leader_epoch if leads and role is not None else 0
-        self._feed(SetReplicaRole(pid, role, broker_id, min_insync))
-        if leads:
-            self._leading.add(pid)
-        else:
-            self._leading.discard(pid)
-        if role is None:
-            return
-        self._replica_roles[pid] = role
-        if not leads:
-            if not role.leader_address:
-                raise ValueError(f"a follower of {pid} needs its leader's address")
-            fetcher = self._fetchers.get(role.leader_address)
-            if fetcher is None:
-                if self.replica_credential is None:
-                    raise ValueError("a follower needs replica_credential to fetch with")
-                fetcher = self._fetchers[role.leader_address] = ReplicaFetcher(
-                    role.leader_address, self.replica_credential, broker_id=broker_id,
-                    log_of=lambda p: self._lanes[p].log, executor=self._append_pool,
-                    report=self._feed)
-            fetcher.follow(pid, role)
-
     async def _reopen(self, pid: PartitionId) -> None:
         """Open a promoted follower's partition again: it appended its leader's batches as they
         came, without judging them, so what they say (producers' sequences, the frontier, the
@@ -482,68 +432,6 @@ class BrokerServer:
             await self._forget(pid, lambda: None)
             await self._open(pid, incarnation)
         self._opening.pop(pid, None)
-
-    def hold_replica_fetches(self, held: bool) -> None:
-        """Pause (True) or resume this broker's fetches as a follower (tests)."""
-        for fetcher in self._fetchers.values():
-            fetcher.hold(held)
-
-    def _replica_request(self, topic: str, partition: int, ctx: Context) -> PartitionId:
-        """The partition a replica's request names, once its sender may replicate: a broker
-        of the cluster (`may_replicate`), to an open broker."""
-        if self._closing:
-            raise BrokerClosedError("the broker is closed")
-        if not self.may_replicate(ctx.principal or ""):
-            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
-                                 "of the cluster do")
-        return validate_partition(topic, partition)
-
-    async def _epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
-        """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
-        this leader's log (its leader epoch cache)."""
-        pid = self._replica_request(req.topic, req.partition, ctx)
-        role = self._replica_roles.get(pid)
-        if pid not in self._leading or role is None or not role.is_follower(req.replica):
-            raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
-        return EpochEnd(*await self.epoch_end(pid, req.leader_epoch))
-
-    async def epoch_end(self, pid: PartitionId, leader_epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch on a partition this broker holds: (the largest epoch at most
-        `leader_epoch` in its log, the offset where it ended), from its leader epoch cache."""
-        log = self._lanes[pid].log
-        return log.leader_epochs.end_offset_for(leader_epoch, log_end=log.log_end_offset)
-
-    async def _replica_fetch(self, req: ReplicaFetchRequest, ctx: Context) -> ReplicaData:
-        pid = self._replica_request(req.topic, req.partition, ctx)
-        if not 0 < req.max_bytes <= self.state.limits.max_read_bytes * 8:
-            raise BrokerProtocolError(f"a replica fetch of {req.max_bytes} bytes")
-        if not 0 <= req.max_wait_ms <= _MAX_REPLICA_WAIT_MS:
-            raise BrokerProtocolError(f"a replica fetch waiting {req.max_wait_ms} ms (at most "
-                                      f"{_MAX_REPLICA_WAIT_MS})")
-        lane = self._lanes.get(pid)
-        if lane is None:
-            raise NotLeaderOrFollowerError(f"this broker does not lead {pid}")
-        if not 0 <= req.fetch_offset <= lane.log.log_end_offset:
-            # Records this log never held (a tail the replica did not truncate) must not count
-            # towards the high watermark (Kafka: OFFSET_OUT_OF_RANGE). Checked against the
-            # log itself: the core hears of an append after the lane wrote it.
-            raise OffsetOutOfRangeError(f"replica {req.replica} fetches {pid} at "
-                                        f"{req.fetch_offset}, the log ends at "
-                                        f"{lane.log.log_end_offset}")
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._feed(ReplicaFetched(future, pid, req.replica, req.fetch_offset,
-                                  req.leader_epoch, req.max_wait_ms / 1000))
-        high_watermark = await future
-        log = lane.log
-        end = log.log_end_offset
-        data = b""
-        if req.fetch_offset < end:
-            assert self._loop is not None
-            data = await self._loop.run_in_executor(
-                self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,
-                                                  end_offset=end))
-        ctx.attach(data)
-        return ReplicaData(high_watermark, log.log_start_offset, end)
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 
@@ -742,7 +630,7 @@ class BrokerServer:
             SubscriptionClosed: self._subscription_closed,
             SaveCohorts: lambda instr: self._savers[instr.partition].submit(instr),
             SessionExpired: self._session_expired,
-            ProposeIsr: lambda instr: self.on_isr_proposal(instr),
+            ProposeIsr: lambda instr: self.replication.on_isr_proposal(instr),
         }, on_bug=self._bug, invariants=self.state.check_invariants, after=self._after,
             # Tuples, not text: formatting would cost every batch a microsecond.
             slim={Produce: lambda s: ("Produce", s.session, s.partition, len(s.batch)),
@@ -1256,8 +1144,8 @@ class BrokerServer:
         for request_type in _IN_ARRIVAL_ORDER:
             self._rpc.register_direct(request_type, self._serve_now)
 
-        self._rpc.register(ReplicaFetchRequest, self._replica_fetch)
-        self._rpc.register(EpochEndRequest, self._epoch_end)
+        self._rpc.register(ReplicaFetchRequest, self.replication.serve_fetch)
+        self._rpc.register(EpochEndRequest, self.replication.serve_epoch_end)
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:
