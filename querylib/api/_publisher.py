@@ -27,7 +27,7 @@ from querylib.records import DIFF_HEADER, TIME_HEADER, encode_int64
 
 from ._events import Headers, Record
 from ._partitioning import Hash, Partitioning, _PerWorker, per_worker_partition
-from ._runtime import Runtime, SharedPartitions, address_of, incarnation_of
+from ._runtime import Runtime, SharedPartitions, incarnation_of
 from .serdes import BYTES, JSON, MSGPACK, Serde
 
 __all__ = ["Publisher"]
@@ -110,7 +110,7 @@ class Publisher:
         if isinstance(partitioning, _PerWorker):
             self.partition = per_worker_partition(env.process, worker, env.processes)
             # Publishing is the owner opening its stream: it reopens one that ended.
-            self._own = Producer(address_of(info, self.partition), self.name, self.partition,
+            self._own = Producer(info.leader_address(self.partition), self.name, self.partition,
                                  secret=runtime.secret, batch_records=_BATCH_RECORDS,
                                  incarnation=incarnation_of(info),
                                  reopen=True, epoch=info.epoch,

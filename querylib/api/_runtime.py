@@ -172,21 +172,12 @@ class Runtime:
         producer or subscriber calls when its broker stops answering (a restarted broker
         whose address was taken comes back at another, registered under its id)."""
         def locate() -> str:
-            return address_of(self.cluster.lookup_topic(name), partition)
+            return self.cluster.lookup_topic(name).leader_address(partition)
 
         return locate
 
     def close(self) -> None:
         self.cluster.close()
-
-
-def address_of(info: TopicInfo, partition: int) -> str:
-    broker_id = info.topic.locations[partition]
-    try:
-        return info.brokers[broker_id]
-    except KeyError:
-        raise UnknownTopicError(f"partition {partition} of {info.topic.short_name!r} is on "
-                                f"broker {broker_id}, which is not up") from None
 
 
 def readers_of(info: TopicInfo, partitions: list[int]) -> list[tuple[str, list[int]]]:
@@ -195,10 +186,10 @@ def readers_of(info: TopicInfo, partitions: list[int]) -> list[tuple[str, list[i
     partition at a time and a reader follows its partition's leader through the catalog
     (DESIGN §5 "Replication")."""
     if info.topic.replicas:
-        return [(address_of(info, p), [p]) for p in partitions]
+        return [(info.leader_address(p), [p]) for p in partitions]
     by_address: dict[str, list[int]] = {}
     for p in partitions:
-        by_address.setdefault(address_of(info, p), []).append(p)
+        by_address.setdefault(info.leader_address(p), []).append(p)
     return list(by_address.items())
 
 
@@ -246,7 +237,7 @@ class SharedPartitions:
                 # Publishing is the owner opening its stream: it reopens one that ended.
                 for p in range(topic.partitions):
                     self.producers[p] = Producer(
-                        address_of(self.info, p), topic.short_name, p,
+                        self.info.leader_address(p), topic.short_name, p,
                         secret=self.runtime.secret, cohort=self.cohort,
                         incarnation=incarnation_of(self.info), reopen=True,
                         epoch=self.info.epoch,

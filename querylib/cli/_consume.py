@@ -95,10 +95,18 @@ def open_route(args: argparse.Namespace, *, create_partitions: int | None = None
     """The topic's TopicRoute, from the coordinator, and the secret its brokers take."""
     from querylib.cluster import Cluster, route_topic
 
-    with Cluster.connect(args.coordinator, secret_file=args.secret_file,
-                         session=create_partitions is not None,
-                         connect_timeout=args.timeout, timeout=max(args.timeout, 30.0)) as cluster:
-        route = route_topic(cluster, args.topic, create_partitions=create_partitions, wait=wait)
+    def connect(session: bool) -> Any:
+        return Cluster.connect(args.coordinator, secret_file=args.secret_file, session=session,
+                               connect_timeout=args.timeout, timeout=max(args.timeout, 30.0))
+
+    def locate(partition: int) -> str:
+        """Where the partition is led now (asked only when its broker is gone or deposed)."""
+        with connect(False) as cluster:
+            return cluster.lookup_topic(args.topic).leader_address(partition)
+
+    with connect(create_partitions is not None) as cluster:
+        route = route_topic(cluster, args.topic, create_partitions=create_partitions, wait=wait,
+                            locate=locate)
         return route, cluster.secret
 
 

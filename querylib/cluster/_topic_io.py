@@ -10,7 +10,8 @@
 The coordinator only says where partitions live; records go to and come from the brokers
 hosting them, as for queries. Several brokers are read by one thread each into one bounded
 queue; the merged frontier is the minimum over brokers, the stream ends when every broker's
-part of it has ended.
+part of it has ended. A replicated topic's partitions are read one per thread, and each
+producer and reader of one follows its partition's leader through the catalog (`locate`).
 
 Must not: print or parse arguments (the CLI does), or carry data through the coordinator.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,12 @@ class TopicRoute:
     # standalone broker, which has no catalog.
     incarnation: Any = None
     record_type: str = "bytes"  # the catalog's type tag: `serde` or `serde/record_type`
+    # A replicated topic's leaders move (DESIGN §5 "Replication"): `locate(partition)` asks
+    # the catalog where partition `partition` is led now, for a producer or reader whose
+    # broker stopped answering or was deposed. None: the addresses stand (a standalone
+    # broker, or a route with no catalog to ask).
+    replicated: bool = False
+    locate: Callable[[int], str] | None = None
 
     def by_broker(self, partitions: list[int] | None = None) -> dict[str, list[int]]:
         """The partitions to read (all by default), grouped by the broker hosting them."""
@@ -61,12 +68,31 @@ class TopicRoute:
             groups.setdefault(self.addresses[p], []).append(p)
         return groups
 
+    def readers(self, partitions: list[int] | None = None) -> list[tuple[str, list[int]]]:
+        """The partitions one reader each follows, with its broker's address: those of one
+        broker together, but each partition of a replicated topic alone (leaders move one
+        partition at a time, and a reader follows its own partition's leader)."""
+        groups = self.by_broker(partitions)
+        if not (self.replicated and self.locate is not None):
+            return list(groups.items())
+        return [(address, [p]) for address, chosen in groups.items() for p in chosen]
+
+    def locator(self, partitions: list[int]) -> Callable[[], str] | None:
+        """What a producer or reader of `partitions` asks when its broker is gone: the
+        leader of now, for a single partition of a replicated topic."""
+        locate = self.locate
+        if locate is None or not self.replicated or len(partitions) != 1:
+            return None
+        (partition,) = partitions
+        return lambda: locate(partition)
+
 
 def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None,
-                wait: float = 0.0) -> TopicRoute:
+                wait: float = 0.0,
+                locate: Callable[[int], str] | None = None) -> TopicRoute:
     """Look `name` up in the catalog (waiting up to `wait` s for it). With `create_partitions`,
     a missing topic is created as an ingest topic of that many partitions (the cluster needs
-    a session for that)."""
+    a session for that). `locate`: the route's (kept for a replicated topic only)."""
     try:
         info = cluster.lookup_topic(name, wait=wait)
     except UnknownTopicError:
@@ -80,7 +106,8 @@ def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None
                       addresses=tuple(info.brokers[b] for b in topic.locations),
                       ingest=topic.owner == INGEST,
                       incarnation=Incarnation(topic.created_at_ms, topic.topic_id),
-                      record_type=topic.record_type)
+                      record_type=topic.record_type, replicated=bool(topic.replicas),
+                      locate=locate)
 
 
 class TopicWriter:
@@ -111,7 +138,8 @@ class TopicWriter:
             # explicit reopen (the topic admits any writer).
             producer = Producer(self.route.addresses[partition], self.route.name, partition,
                                 secret=self.secret, timeout=self.timeout, reopen=True,
-                                incarnation=self.route.incarnation)
+                                incarnation=self.route.incarnation,
+                                locate=self.route.locator([partition]))
             self.producers[partition] = producer
         return producer
 
@@ -162,28 +190,29 @@ def read_topic(route: TopicRoute, secret: bytes | Credential, *,
     the catalog places on a broker but nobody wrote yet is created there, empty."""
     from querylib.broker import Subscriber
 
-    groups = route.by_broker(partitions)
-    if len(groups) == 1:
-        ((address, chosen),) = groups.items()
+    readers = route.readers(partitions)
+    if len(readers) == 1:
+        ((address, chosen),) = readers
         with Subscriber(address, route.name, chosen, secret=secret, start=start,
                         follow=follow, timeout=timeout, create=True,
-                        incarnation=route.incarnation) as sub:
+                        incarnation=route.incarnation, locate=route.locator(chosen)) as sub:
             yield from sub
         return
-    yield from _merged(route, groups, secret, start, follow, timeout)
+    yield from _merged(route, readers, secret, start, follow, timeout)
 
 
 _DONE = object()  # a broker thread's last item
 
 
-def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes | Credential,
-            start: StartAt | dict[int, StartAt], follow: bool, timeout: float) -> Iterator[Any]:
+def _merged(route: TopicRoute, readers: list[tuple[str, list[int]]],
+            secret: bytes | Credential, start: StartAt | dict[int, StartAt], follow: bool,
+            timeout: float) -> Iterator[Any]:
     from querylib.broker import EndOfStream, Progress, Subscriber
 
-    events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
+    events: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
     stop = threading.Event()
 
-    def put(item: tuple[str, Any]) -> bool:
+    def put(item: tuple[int, Any]) -> bool:
         while not stop.is_set():
             try:
                 events.put(item, timeout=0.2)  # wakes to see `stop` when the reader left
@@ -192,41 +221,43 @@ def _merged(route: TopicRoute, groups: dict[str, list[int]], secret: bytes | Cre
                 continue
         return False
 
-    def read(address: str, chosen: list[int]) -> None:
+    def read(reader: int, address: str, chosen: list[int]) -> None:
         try:
             with Subscriber(address, route.name, chosen, secret=secret, start=start,
                             follow=follow, timeout=timeout, create=True,
-                            incarnation=route.incarnation) as sub:
+                            incarnation=route.incarnation,
+                            locate=route.locator(chosen)) as sub:
                 for event in sub:
-                    if not put((address, event)):
+                    if not put((reader, event)):
                         return
         except TqError as exc:
-            put((address, exc))
-        put((address, _DONE))
+            put((reader, exc))
+        put((reader, _DONE))
 
-    threads = [threading.Thread(target=read, args=item, daemon=True,
-                                name=f"tq-consume {item[0]}") for item in groups.items()]
+    threads = [threading.Thread(target=read, args=(i, *item), daemon=True,
+                                name=f"tq-consume {item[0]} {item[1]}")
+               for i, item in enumerate(readers)]
     for thread in threads:
         thread.start()
-    frontiers: dict[str, int | None] = dict.fromkeys(groups)
-    running = set(groups)
-    ended: set[str] = set()
+    frontiers: dict[int, int | None] = dict.fromkeys(range(len(readers)))
+    running = set(range(len(readers)))
+    ended: set[int] = set()
     merged: int | None = None
     try:
         while running:
-            address, item = events.get()
+            reader, item = events.get()
             if item is _DONE:
-                running.discard(address)
+                running.discard(reader)
             elif isinstance(item, TqError):
                 raise item
             elif isinstance(item, EndOfStream):
-                ended.add(address)
-                frontiers.pop(address, None)  # an ended part holds nobody back
-                if ended == set(groups):
+                ended.add(reader)
+                frontiers.pop(reader, None)  # an ended part holds nobody back
+                if len(ended) == len(readers):
                     yield item
                     return
             elif isinstance(item, Progress):
-                frontiers[address] = item.frontier
+                frontiers[reader] = item.frontier
             else:
                 yield item
                 continue

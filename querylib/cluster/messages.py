@@ -63,6 +63,7 @@ from catalog import (
     SessionKind,
     Topic,
     TopicKind,
+    UnknownTopicError,
     User,
 )
 from querylib.rpc import Notify, Reply, Request
@@ -178,6 +179,16 @@ class TopicInfo(Reply, tag="coord.topic.info"):
     epoch: int = 0                # on Publish: the epoch the publication's writers start
     # broker id -> CURVE public key, for those of `brokers` that are CURVE servers
     broker_keys: dict[int, str] = {}
+
+    def leader_address(self, partition: int) -> str:
+        """The address of the broker leading `partition` (UnknownTopicError when it is not
+        up)."""
+        broker_id = self.topic.locations[partition]
+        try:
+            return self.brokers[broker_id]
+        except KeyError:
+            raise UnknownTopicError(f"partition {partition} of {self.topic.short_name!r} is "
+                                    f"on broker {broker_id}, which is not up") from None
 
 
 class BrokerInfo(Reply, tag="coord.broker.info"):

@@ -48,7 +48,7 @@ EXECUTORS = "abd"
 CLIENT = textwrap.dedent('''
     """publish|subscribe COORDINATOR TOPIC OUT STOP [PREFIX follow|pinned]: bounded (120 s)."""
     import os, sys, time
-    from querylib.api._runtime import address_of, incarnation_of
+    from querylib.api._runtime import incarnation_of
     from querylib.broker import Data, EndOfStream, Producer, Subscriber
     from querylib.cluster import Cluster
 
@@ -58,14 +58,14 @@ CLIENT = textwrap.dedent('''
     cluster = Cluster.connect(coordinator, session=False, connect_timeout=30, timeout=10)
 
     def locate():
-        return address_of(cluster.lookup_topic(topic), 0)
+        return cluster.lookup_topic(topic).leader_address(0)
 
     def running():
         return time.monotonic() < deadline and not os.path.exists(stop)
 
     if role == "subscribe":
         info = cluster.lookup_topic(topic)
-        with Subscriber(address_of(info, 0), topic, [0], secret=cluster.secret,
+        with Subscriber(info.leader_address(0), topic, [0], secret=cluster.secret,
                         incarnation=incarnation_of(info), locate=locate, follow=True,
                         reconnect_timeout=60, lease=CLIENT_LEASE) as sub:
             log.write("ready\\n")
@@ -124,7 +124,7 @@ CLIENT = textwrap.dedent('''
         try:
             if producer is None:
                 info = cluster.lookup_topic(topic)
-                producer = Producer(address_of(info, 0), topic, 0, secret=cluster.secret,
+                producer = Producer(info.leader_address(0), topic, 0, secret=cluster.secret,
                                     reopen=True, incarnation=incarnation_of(info),
                                     locate=locate, timeout=10,
                                     reconnect_timeout=30, linger=0, lease=CLIENT_LEASE)

@@ -131,3 +131,48 @@ def test_kafka_clients_see_and_create_replicated_topics(processes: Processes,
     futures = admin.create_topics([NewTopic("kd", 1)], operation_timeout=30)  # the default
     futures["kd"].result(timeout=60)
     assert _describe(tmp_path, "kd")["replication_factor"] == 3
+
+
+def test_tq_produce_and_consume_follow_the_leader_when_its_host_dies(
+        processes: Processes, tmp_path: Path) -> None:
+    """`tq produce` (lines from a pipe) and `tq consume --follow` on a topic of three replicas:
+    the leader's executor is SIGKILLed mid-stream; both find the new leader through the
+    catalog and go on: every line produced is consumed once, in order, and both exit 0."""
+    CoordinatorProcess(processes, tmp_path).start()
+    agents = [processes.python(
+        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
+        "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
+        stderr=subprocess.DEVNULL) for i in range(3)]
+    wait_for(lambda: len(set(_hosts(tmp_path).values())) == 3, timeout=60, interval=0.2,
+             what="three executors to register")
+    _ok(tq(tmp_path, "topic", "create", "moving", "--replication-factor", "3"))
+    before = wait_for(lambda: (p := _describe(tmp_path, "moving")["partitions"][0])["isr"]
+                      == p["replicas"] and p, timeout=60, interval=0.2,
+                      what="the replicas in sync")
+    env = tq_env(tmp_path)
+    consumed = tmp_path / "consumed"
+    consumer = processes.python("-m", "querylib.cli", "consume", "moving", "--follow",
+                                env=env, cwd=ROOT, stdout=consumed.open("w"),
+                                stderr=subprocess.PIPE, text=True)
+    producer = processes.python("-m", "querylib.cli", "produce", "moving", env=env, cwd=ROOT,
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert producer.stdin is not None
+    for i in range(100):
+        producer.stdin.write(f"a{i}\n")
+    producer.stdin.flush()
+    wait_for(lambda: consumed.read_text().count("\n") >= 100, timeout=60, interval=0.2,
+             what="the first lines consumed")
+    victim = next(a for i, a in enumerate(agents)
+                  if (tmp_path / f"executor{i}" / "broker.id").read_text().strip()
+                  == str(before["broker"]))
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+    for i in range(100):
+        producer.stdin.write(f"b{i}\n")
+    producer.stdin.close()
+    assert producer.wait(timeout=120) == 0, producer.stderr.read()  # type: ignore[union-attr]
+    assert consumer.wait(timeout=120) == 0, consumer.stderr.read()  # type: ignore[union-attr]
+    moved = _describe(tmp_path, "moving")["partitions"][0]
+    assert moved["broker"] != before["broker"]
+    lines = consumed.read_text().split()
+    assert lines == [f"a{i}" for i in range(100)] + [f"b{i}" for i in range(100)]
