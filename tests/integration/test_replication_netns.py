@@ -170,6 +170,7 @@ class Replicated:
         self.cluster = Cluster(hosts, processes, home, lease=LEASE,
                                coordinator_log=home / "coordinator.log")
         self.logs = home / "clients"
+        self.names: dict[int, str] = {}  # a client's pid -> its name
         self.logs.mkdir()
         self.script = home / "client.py"
         self.script.write_text(CLIENT)
@@ -200,13 +201,16 @@ class Replicated:
         return self.home / f"executor-{host}"
 
     def client(self, host: str, name: str, *args: str) -> subprocess.Popen[Any]:
-        """CLIENT on `host`, logging to clients/NAME.log until clients/stop exists."""
-        return self.processes.start(
+        """CLIENT on `host`, logging to clients/NAME.log until clients/NAME.stop exists (each
+        its own: a subscriber stopped with the publisher would miss the last records)."""
+        client = self.processes.start(
             self.hosts.argv(host, str(self.script), args[0], self.cluster.coordinator, TOPIC,
-                            str(self.logs / f"{name}.log"), str(self.logs / "stop"),
+                            str(self.logs / f"{name}.log"), str(self.logs / f"{name}.stop"),
                             *args[1:]),
             env=self.cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL,
             stderr=(self.logs / f"{name}.err").open("a"))
+        self.names[client.pid] = name
+        return client
 
     def lines(self, name: str) -> list[list[str]]:
         path = self.logs / f"{name}.log"
@@ -225,7 +229,8 @@ class Replicated:
         return [(int(p[1]), p[2]) for p in self.lines(name) if p[0] == "read"]
 
     def stop_clients(self, *clients: subprocess.Popen[Any]) -> None:
-        (self.logs / "stop").touch()
+        for client in clients:
+            (self.logs / f"{self.names[client.pid]}.stop").touch()
         for client in clients:
             assert client.wait(timeout=60) == 0, self.errors()
 
