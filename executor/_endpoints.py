@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from catalog import (
@@ -215,8 +216,14 @@ class CatalogTopics:
         assert self._set_role is not None
         while True:
             topic, partition, role, min_insync = await self._role_changes.get()
+            started = time.monotonic()
             try:
                 await self._set_role(topic, partition, role, min_insync)
+                if role is not None and self.broker_id is not None \
+                        and role.is_leader(self.broker_id):
+                    logger.info("replica role of %s-%d: leader at epoch %d (taken in %.3fs)",
+                                topic, partition, role.leader_epoch,
+                                time.monotonic() - started)
             except (TqError, ValueError, OSError) as exc:
                 # Told again later, unless a newer role came meanwhile: no change of the
                 # catalog may come to retry it, and the replica would stay as it was.

@@ -112,10 +112,10 @@ def netns_hosts(stop_all: object, names: str = "cab", *,
 
 class Cluster:
     """The coordinator (on host `c`) and executors of `hosts`, and `tq` commands run on
-    host `c`."""
+    host `c`; with `coordinator_log`, the coordinator logs what happens (--verbose) there."""
 
     def __init__(self, hosts: Hosts, processes: Processes, home: Path, *,
-                 lease: float = 2.0) -> None:
+                 lease: float = 2.0, coordinator_log: Path | None = None) -> None:
         self.hosts, self.processes, self.home, self.lease = hosts, processes, home, lease
         self.env = tq_env(home)
         self.port = free_port()
@@ -123,9 +123,11 @@ class Cluster:
         processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
                                    str(home / "coordinator"), "--listen", self.coordinator,
                                    "--broker-listen", f"tcp://{hosts.address['c']}:"
-                                   f"{free_port()}"),
+                                   f"{free_port()}",
+                                   *(["--verbose"] if coordinator_log else [])),
                         env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
+                        stderr=coordinator_log.open("a") if coordinator_log
+                        else subprocess.DEVNULL)
         wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
                  what="the coordinator to start")
 

@@ -114,7 +114,8 @@ class Publisher:
                                  secret=runtime.secret, batch_records=_BATCH_RECORDS,
                                  incarnation=incarnation_of(info),
                                  reopen=True, epoch=info.epoch,
-                                 locate=runtime.locator(self.name, self.partition))
+                                 locate=runtime.locator(self.name, self.partition),
+                                 watch_leader=runtime.leader_watch(info, self.partition))
         else:
             self.partition = 0
             self._shared = runtime.shared(info)

@@ -15,6 +15,7 @@ Must not: encode records (publishers do) or hold its lock across a blocking wait
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     # The broker client is loaded by the first shared publication, not at import: a query
     # process registers before it needs it (DESIGN §6 "Query process start").
     from querylib.broker import Cohort, Incarnation, Producer
+    from querylib.broker._session import WatchLeader
     from querylib.rpc import Credential
 
 __all__ = ["Runtime", "SharedPartitions"]
@@ -176,6 +178,14 @@ class Runtime:
 
         return locate
 
+    def leader_watch(self, info: TopicInfo, partition: int) -> WatchLeader | None:
+        """What a producer or subscriber of a replicated topic's partition watches to follow
+        its leader as soon as the catalog moves it (`Cluster.watch_leader`: one follower of
+        the catalog per process); None for a topic of one replica, whose broker stays."""
+        if not info.topic.replicas:
+            return None
+        return functools.partial(self.cluster.watch_leader, info.topic.short_name, partition)
+
     def close(self) -> None:
         self.cluster.close()
 
@@ -241,7 +251,8 @@ class SharedPartitions:
                         secret=self.runtime.secret, cohort=self.cohort,
                         incarnation=incarnation_of(self.info), reopen=True,
                         epoch=self.info.epoch,
-                        locate=self.runtime.locator(topic.short_name, p))
+                        locate=self.runtime.locator(topic.short_name, p),
+                        watch_leader=self.runtime.leader_watch(self.info, p))
                 # The time the topic's stream reached (an earlier run's, when it was published
                 # before): this process's workers go on from there.
                 self.joined = max(p.frontier for p in self.producers.values())

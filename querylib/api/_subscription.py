@@ -353,7 +353,9 @@ class Subscription:
                           values=not self.records and
                           source.info.topic.kind != TopicKind.COLLECTION,
                           credit=_CREDIT, incarnation=incarnation_of(source.info),
-                          locate=self.runtime.locator(name, source.partitions[0]))
+                          locate=self.runtime.locator(name, source.partitions[0]),
+                          watch_leader=self.runtime.leader_watch(source.info,
+                                                                 source.partitions[0]))
 
     def _read_stored(self, source: _Source, snapshot: dict[bytes, int]) -> tuple[int, int]:
         """Read what the broker stores now; fold records below its frontier into `snapshot`,
@@ -364,7 +366,9 @@ class Subscription:
         with Subscriber(source.address, name, source.partitions,
                         secret=self.runtime.secret, start="earliest", follow=False,
                         create=True, incarnation=incarnation_of(source.info),
-                        locate=self.runtime.locator(name, source.partitions[0])) as sub:
+                        locate=self.runtime.locator(name, source.partitions[0]),
+                        watch_leader=self.runtime.leader_watch(source.info,
+                                                               source.partitions[0])) as sub:
             for event in sub:
                 if isinstance(event, RawData):
                     stored.append(event)

@@ -11,8 +11,10 @@ the producer's lock through it while the loop waits for that lock.
 
 Both carry on across a restart of their broker (DESIGN §5 "Restarts"): given `locate`, a plain
 function returning the broker's current address (the catalog's), they also follow it to a new
-address. They give up, raising BrokerUnavailableError, after `reconnect_timeout` seconds
-without reaching it.
+address; given `watch_leader` too (`Cluster.watch_leader` bound to the topic and partition),
+they move to a new leader as soon as the catalog names it, not after a lease of silence
+(DESIGN §5 "Replication"). They give up, raising BrokerUnavailableError, after
+`reconnect_timeout` seconds without reaching it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from querylib.records import TIME_HEADER, RunBatch, encode_int64
 from querylib.rpc._bridge import LoopThread
 
 from ._producer import Claim, Cohort, Entry, ProducerCore, now_ms
-from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate, WatchLeader
 from ._stream import EndOfStream, Event, Headers, Values, encode_records
 from ._subscriber import Chunk, ChunkDecoder, SubscriberCore
 from .messages import Incarnation, StartAt
@@ -110,7 +112,8 @@ class Producer:
                  create: bool = True, cohort: Cohort | None = None,
                  incarnation: Incarnation | None = None, reopen: bool = False,
                  idempotent: bool = True, locate: Callable[[], str | None] | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0,
+                 watch_leader: WatchLeader | None = None) -> None:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.linger = linger
@@ -137,7 +140,8 @@ class Producer:
         self._closed = False
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
                                         "locate": _async_locate(locate),
-                                        "reconnect_timeout": reconnect_timeout}
+                                        "reconnect_timeout": reconnect_timeout,
+                                        "watch_leader": watch_leader}
         try:
             self.link, self.core = self._thread.call(self._open(
                 lambda: BrokerLink(address, secret, **link_options),
@@ -410,7 +414,8 @@ class Subscriber:
                  timeout: float = 30.0, create: bool = False, values: bool = False,
                  incarnation: Incarnation | None = None,
                  locate: Callable[[], str | None] | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT,
+                 watch_leader: WatchLeader | None = None) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
@@ -422,7 +427,8 @@ class Subscriber:
         self._pending: list[tuple[Event | Values | None, int, int]] = []
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
                                         "locate": _async_locate(locate),
-                                        "reconnect_timeout": reconnect_timeout}
+                                        "reconnect_timeout": reconnect_timeout,
+                                        "watch_leader": watch_leader}
         try:
             self.link, self.core = self._thread.call(self._open(
                 address, secret, topic, partitions, start, credit, link_options, create,

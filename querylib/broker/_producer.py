@@ -58,6 +58,7 @@ from ._session import (
     LinkSource,
     Locate,
     SessionLink,
+    WatchLeader,
 )
 from ._stream import Headers, encode_records
 from .messages import (
@@ -464,9 +465,10 @@ def _each_produced(reply: ProducedBatches) -> list[Produced]:
 def open_link(broker: str | LinkSource, *, secret: bytes | Credential | None,
               principal: str | None, lease: float, timeout: float,
               locate: Locate | None = None,
-              reconnect_timeout: float = RECONNECT_TIMEOUT) -> SessionLink:
+              reconnect_timeout: float = RECONNECT_TIMEOUT,
+              watch_leader: WatchLeader | None = None) -> SessionLink:
     """A (not yet started) session with `broker`: over RPC for an address, else in-process.
-    `locate` and `reconnect_timeout`: see BrokerLink."""
+    `locate`, `reconnect_timeout` and `watch_leader`: see BrokerLink."""
     if not isinstance(broker, str):
         if principal is None:
             raise UserError("an in-process producer names the principal it writes as")
@@ -475,7 +477,7 @@ def open_link(broker: str | LinkSource, *, secret: bytes | Credential | None,
         raise UserError("a producer of a broker over RPC needs a credential (`secret`)")
     # Over RPC we write as the principal our credential authenticates, whatever we state.
     return BrokerLink(broker, secret, lease=lease, timeout=timeout, locate=locate,
-                      reconnect_timeout=reconnect_timeout)
+                      reconnect_timeout=reconnect_timeout, watch_leader=watch_leader)
 
 
 class AsyncProducer:
@@ -490,7 +492,8 @@ class AsyncProducer:
     process (with the `principal` to write as: tq's own writers are "system"). `reopen`
     goes on writing a partition whose stream ended (its writers rule must admit us).
     `locate` (a coroutine function) returns the broker's current address, for when it stops
-    answering at this one (see BrokerLink).
+    answering at this one; `watch_leader` tells when the catalog moved the partition's
+    leader, to follow it at once (see BrokerLink).
     """
 
     def __init__(self, broker: str | LinkSource, topic: str, partition: int = 0, *,
@@ -500,10 +503,11 @@ class AsyncProducer:
                  create: bool = True, cohort: Cohort | None = None,
                  reopen: bool = False, incarnation: Incarnation | None = None,
                  idempotent: bool = True, locate: Locate | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT, epoch: int = 0,
+                 watch_leader: WatchLeader | None = None) -> None:
         self.link = open_link(broker, secret=secret, principal=principal, lease=lease,
                               timeout=timeout, locate=locate,
-                              reconnect_timeout=reconnect_timeout)
+                              reconnect_timeout=reconnect_timeout, watch_leader=watch_leader)
         self.core = ProducerCore(self.link, topic, partition, create=create, cohort=cohort,
                                  reopen=reopen, incarnation=incarnation,
                                  idempotent=idempotent, epoch=epoch)

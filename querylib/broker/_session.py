@@ -18,6 +18,14 @@ address of the broker, looked up by the owner) whether the broker now listens el
 moving there if so. After `reconnect_timeout` seconds without an answer it gives up for good:
 every call then raises BrokerUnavailableError, and `on_failure` callbacks are told once.
 
+Following the catalog (DESIGN §5 "Replication"): a `BrokerLink` given `watch_leader` (the
+catalog's word that the leader of its partition changed: `Cluster.watch_leader` bound to the
+topic and partition) does not wait for its lease of silence when the leader moves: on the word
+it asks `locate` at once and, when the partition is led elsewhere now, moves there (calls in
+flight on the old broker fail as a lost connection and are sent again) and reopens the session,
+its owners re-establishing what they had (a producer its unacknowledged batches, a subscriber
+its subscriptions from their last offsets).
+
 The lease itself (heartbeats every third of it, lapse, reopening with backoff, giving up) is
 kept by a `querylib._lease.LeaseKeeper`; a link gives it the broker's messages and rules.
 Runs on one asyncio loop; owns its keeper (and BrokerLink its RpcClient, a new one when the
@@ -26,6 +34,7 @@ broker moved). It decides nothing about data.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -58,7 +67,7 @@ from ._errors import (
 from .messages import CloseSessionRequest, HeartbeatRequest, OpenSessionRequest, SessionOpened
 
 __all__ = ["ATTEMPT_TIMEOUT", "RECONNECT_TIMEOUT", "BrokerLink", "LinkSource", "Locate",
-           "SessionLink", "lost_connection"]
+           "SessionLink", "WatchLeader", "lost_connection"]
 
 logger = logging.getLogger("querylib.broker")
 
@@ -72,6 +81,9 @@ ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
 
 Locate = Callable[[], Awaitable[str | None]]
+# `watch_leader(moved)`: call `moved()`, from any thread, whenever the catalog changes the
+# leader of the link's partition; returns the function that stops the watch.
+WatchLeader = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class BrokerClosingError(RpcError):
@@ -262,7 +274,8 @@ class BrokerLink(SessionLink):
                  timeout: float = 30.0, limits: Limits | None = None,
                  locate: Locate | None = None,
                  reconnect_timeout: float = RECONNECT_TIMEOUT,
-                 session: str | None = None, principal: str | None = None) -> None:
+                 session: str | None = None, principal: str | None = None,
+                 watch_leader: WatchLeader | None = None) -> None:
         keep_freed_memory()  # batches of a megabyte come and go: reuse their pages
         super().__init__(principal=principal or Credential.of(secret).principal, lease=lease,
                          timeout=timeout, reconnect_timeout=reconnect_timeout,
@@ -272,6 +285,11 @@ class BrokerLink(SessionLink):
         self._secret = secret  # every client of this link signs with it, wherever it moves
         self._limits = limits or CLIENT_LIMITS
         self._locate = locate
+        self._watch_leader = watch_leader
+        self._unwatch: Callable[[], None] | None = None
+        self._relocating = asyncio.Lock()  # one look-up and move at a time
+        self._following: set[asyncio.Task[None]] = set()  # moves the catalog's word started
+        self.catalog_moves = 0  # how many of `moves` the catalog's word started
         self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
         self.client = self._new_client(address)
 
@@ -298,9 +316,47 @@ class BrokerLink(SessionLink):
 
     async def _connect(self) -> None:
         await self.client.connect()
+        if self._watch_leader is not None and self._locate is not None \
+                and self._unwatch is None:
+            loop = asyncio.get_running_loop()
+
+            def moved() -> None:  # on the catalog's thread
+                try:
+                    loop.call_soon_threadsafe(self._leader_moved)
+                except RuntimeError:  # our loop is closed: nothing to follow any more
+                    pass
+
+            self._unwatch = self._watch_leader(moved)
 
     async def _disconnect(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+        for task in list(self._following):
+            task.cancel()
+        await asyncio.gather(*self._following, return_exceptions=True)
         await self.client.close()
+
+    def _leader_moved(self) -> None:
+        """The catalog changed our partition's leader (on the loop): follow it now."""
+        if self.closed or self.failure is not None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._follow_leader(), name=f"following the leader from {self.address}")
+        self._following.add(task)
+        task.add_done_callback(self._following.discard)
+
+    async def _follow_leader(self) -> None:
+        """Move to where the catalog says the partition is led now, if elsewhere, and reopen
+        the session there (unless a reopen under way does: it tries the new address next)."""
+        generation = self.generation
+        if not await self._relocate():
+            return
+        self.catalog_moves += 1
+        try:
+            await self.reopen(generation)
+        except TqError as exc:  # gave up, or refused: the owners hear it from their calls
+            logger.info("%s: reopening after the leader moved: %s", self.where, exc)
 
     async def _request(self, request: Request[R], *, payload: Iterable[Any] = (),
                        timeout: float | None = None) -> R:
@@ -318,6 +374,11 @@ class BrokerLink(SessionLink):
         """Ask where the broker is now; move the client there if it is elsewhere."""
         if self._locate is None:
             return False
+        async with self._relocating:
+            return await self._relocate_once()
+
+    async def _relocate_once(self) -> bool:
+        assert self._locate is not None
         try:
             address = await self._locate()
         except TqError as exc:  # the catalog is away too, or the broker is not registered yet

@@ -29,7 +29,7 @@ from querylib.errors import CorruptDataError, OffsetOutOfRangeError
 from querylib.rpc import Notification, error_from_body
 
 from ._errors import UnknownPartitionError
-from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate
+from ._session import RECONNECT_TIMEOUT, BrokerLink, Locate, WatchLeader
 from ._stream import (
     Data,
     EndOfStream,
@@ -375,13 +375,14 @@ class AsyncSubscriber:
                  credit: int = 1024 * 1024, follow: bool = True, lease: float = 10.0,
                  timeout: float = 30.0, create: bool = False,
                  incarnation: Incarnation | None = None, locate: Locate | None = None,
-                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
+                 reconnect_timeout: float = RECONNECT_TIMEOUT,
+                 watch_leader: WatchLeader | None = None) -> None:
         if isinstance(partitions, int):
             partitions = [partitions]
         if credit <= 0:
             raise UserError("credit must be a positive number of bytes")
         self.link = BrokerLink(address, secret, lease=lease, timeout=timeout, locate=locate,
-                               reconnect_timeout=reconnect_timeout)
+                               reconnect_timeout=reconnect_timeout, watch_leader=watch_leader)
         self._chunks: deque[Chunk | TqError] = deque()
         self._wakeup = asyncio.Event()
         self.core = SubscriberCore(self.link, topic, partitions, start, credit=credit,

@@ -197,6 +197,26 @@ class Cluster:
 
         return CollectionFollower(self, collection, credit=credit)
 
+    def watch_leader(self, topic: str, partition: int,
+                     moved: Callable[[], None]) -> Callable[[], None]:
+        """Call `moved()` (on this cluster's loop thread: quick, please) whenever the catalog
+        gives partition `partition` of `topic` another leader; returns the function that ends
+        the watch. Both may be called from any thread but this cluster's loop thread (see
+        AsyncCluster.watch_leader)."""
+        stop = self._call(self._watch_leader(topic, partition, moved))
+
+        def unwatch() -> None:
+            try:
+                self._bridge.soon(stop)
+            except ClientClosedError:  # closed: every watch ended with it
+                pass
+
+        return unwatch
+
+    async def _watch_leader(self, topic: str, partition: int,
+                            moved: Callable[[], None]) -> Callable[[], None]:
+        return self._async.watch_leader(topic, partition, moved)
+
     def snapshot(self, *collections: str, timeout: float = 30.0) -> dict[str, Any]:
         """A Snapshot of each collection, read concurrently (see `read_collections`)."""
         from ._follow import read_collections

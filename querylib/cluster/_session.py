@@ -32,7 +32,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from catalog import (
     Broker,
@@ -63,6 +63,9 @@ from querylib.rpc import (
 from . import messages as m
 from ._connection import COORDINATOR_KEY_ENV, discover
 from ._errors import START_HINT, NoCoordinatorError, QueryTimeoutError, SessionLostError
+
+if TYPE_CHECKING:
+    from ._leaders import LeaderWatch
 
 __all__ = ["AsyncCluster", "default_peer"]
 
@@ -152,6 +155,7 @@ class AsyncCluster:
         self._lost: SessionLostError | None = None
         # An executor's: called for each heartbeat, its HostLoad rides along (quick, please).
         self.load_source: Callable[[], m.HostLoad] | None = None
+        self._leaders: LeaderWatch | None = None  # made by the first watch_leader
         self._started = False
         self._closed = False
 
@@ -538,6 +542,19 @@ class AsyncCluster:
 
         return AsyncCollectionFollower(self, collection, credit=credit)
 
+    def watch_leader(self, topic: str, partition: int,
+                     moved: Callable[[], None]) -> Callable[[], None]:
+        """Call `moved()` (on this loop: quick, please) whenever the catalog gives partition
+        `partition` of `topic` another leader; returns the function that ends the watch (on
+        this loop). What a producer's or subscriber's `watch_leader` is bound to: it follows
+        the leader at once instead of after a lease of silence (`_leaders.LeaderWatch`: one
+        follower of the catalog's topics for every watch of this connection)."""
+        if self._leaders is None:
+            from ._leaders import LeaderWatch
+
+            self._leaders = LeaderWatch(self)
+        return self._leaders.watch(topic, partition, moved)
+
     def _wait_timeout(self, wait: float) -> float | None:
         return None if wait <= 0 else max(self.timeout, wait + 5.0)
 
@@ -577,6 +594,8 @@ class AsyncCluster:
             return
         self._closed = True
         await self.keeper.close()
+        if self._leaders is not None:
+            await self._leaders.close()
         try:
             if self.session_id is not None and self._lost is None:
                 try:

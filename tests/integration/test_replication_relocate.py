@@ -199,3 +199,58 @@ def test_the_kafka_listener_answers_as_a_replica_and_validates_leader_epochs(tmp
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_subscriber_arriving_while_the_new_leader_opens_its_partition_again_waits(tmp_path):
+    """A promoted follower opens its partition again before it leads (DESIGN §5
+    "Replication"); a client that follows the catalog can reach it in that moment, and is
+    answered once it leads, not told that the broker has no such partition."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        new_leader = cluster.servers[1]
+        gate, reopening, asked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        open_partition, ensure = new_leader._open, new_leader._ensure
+
+        async def held_open(pid, incarnation=None):  # the promotion's open, held at the gate
+            reopening.set()
+            await gate.wait()
+            await open_partition(pid, incarnation)
+
+        async def noted_ensure(topic, partition, create, incarnation=None):
+            if not create:
+                asked.set()  # the subscriber's request reached the broker
+            return await ensure(topic, partition, create, incarnation)
+
+        try:
+            producer = await AsyncProducer(cluster.addresses[0], "t", 0, secret=SECRET,
+                                           timeout=10, batch_records=1).start()
+            for i in range(3):
+                await producer.send(b"a%d" % i)
+            await producer.flush()
+            await producer.close(end=False)
+            await wait_for_async(lambda: cluster.log(2).log_end_offset >= 3, timeout=30,
+                                 what="broker 2 fetched the records")
+            new_leader._open, new_leader._ensure = held_open, noted_ensure
+            promoting = asyncio.ensure_future(cluster.set_roles(leader=2, epoch=2))
+            await asyncio.wait_for(reopening.wait(), 30)
+            subscribing = asyncio.ensure_future(AsyncSubscriber(
+                cluster.addresses[1], "t", 0, secret=SECRET, timeout=10).start())
+            await asyncio.wait_for(asked.wait(), 30)
+            for _ in range(5):  # let the broker answer it, if it answers before the open
+                await asyncio.sleep(0)
+            gate.set()
+            await asyncio.wait_for(promoting, 30)
+            subscriber = await asyncio.wait_for(subscribing, 30)
+            seen: list[bytes] = []
+            while len(seen) < 3:
+                event = await asyncio.wait_for(subscriber.next_event(), 30)
+                if isinstance(event, Data):
+                    seen.extend(r.value for r in event.records)
+            assert seen == [b"a0", b"a1", b"a2"]
+            await subscriber.close()
+        finally:
+            gate.set()
+            await cluster.close()
+
+    asyncio.run(main())

@@ -104,6 +104,8 @@ class ReplicaFetcher:
             return self._client
 
     async def _run(self, pid: PartitionId) -> None:
+        failures = 0  # in a row: the first retries come sooner (a new leader takes its role
+        # from the same catalog change as its followers, a few milliseconds apart)
         try:
             while (role := self.partitions.get(pid)) is not None:
                 if self.held:
@@ -111,6 +113,7 @@ class ReplicaFetcher:
                     continue
                 try:
                     await self._fetch(await self._connected(), pid, role)
+                    failures = 0
                 except OffsetOutOfRangeError as exc:
                     # The leader's log ends below ours at this epoch (it lost an unflushed
                     # tail, say): truncate again before the next fetch.
@@ -119,7 +122,8 @@ class ReplicaFetcher:
                                 pid, self.address, exc)
                 except (TqError, RpcError) as exc:
                     logger.info("replica fetch of %s from %s: %s", pid, self.address, exc)
-                    await asyncio.sleep(self._retry_wait)
+                    await asyncio.sleep(min(self._retry_wait, 0.01 * 2 ** failures))
+                    failures += 1
         finally:
             if self._tasks.get(pid) is asyncio.current_task():
                 del self._tasks[pid]

@@ -516,7 +516,8 @@ class BrokerServer:
         if pid in self.state.partitions and (
                 incarnation is None or self._incarnations.get(pid) == incarnation):
             return pid
-        if pid not in self.state.partitions and not create:
+        if pid not in self.state.partitions and not create and pid not in self._opening:
+            # (One being opened, a promoted follower's opened again, is waited for below.)
             raise UnknownPartitionError(f"this broker has no partition {partition} of topic "
                                         f"{topic!r}")
         lock = self._opening.setdefault(pid, asyncio.Lock())

@@ -94,3 +94,34 @@ def test_a_query_process_title_names_query_name_and_process() -> None:
     assert process_title({**env, "TQ_QUERY_NAME": "a  b\nc" + "x" * 100}) == \
         "tq query 12 a b c" + "x" * 35 + " 1/2"
     assert process_title({}) is None  # run on its own: no title of ours
+
+
+def test_the_runtime_watches_the_leaders_of_replicated_topics_only() -> None:
+    """A query's producers and subscribers of a replicated topic follow its leaders through
+    the catalog (`Runtime.leader_watch`, DESIGN §5 "Replication"); a topic of one replica
+    needs no watch (its broker stays)."""
+    from catalog import Topic, TopicKind
+    from catalog._records import SystemRef
+    from querylib.api._runtime import Runtime
+    from querylib.cluster import TopicInfo
+
+    watched: list[tuple[str, int]] = []
+
+    class Cluster:
+        def watch_leader(self, topic: str, partition: int, moved: object) -> object:
+            watched.append((topic, partition))
+            return lambda: None
+
+    def info(replicas: tuple[tuple[int, ...], ...]) -> TopicInfo:
+        topic = Topic(topic_id=1, name="persistent://public/default/t", partitions=2,
+                      record_type="bytes", kind=TopicKind.STREAM, owner=SystemRef(),
+                      locations=(1, 2), internal=False, created_at_ms=1, replicas=replicas,
+                      isr=replicas, leader_epochs=(0, 0) if replicas else ())
+        return TopicInfo(topic=topic, brokers={1: "tcp://a", 2: "tcp://b"}, version=1)
+
+    runtime = Runtime(Cluster(), QueryEnv.__new__(QueryEnv))  # type: ignore[arg-type]
+    assert runtime.leader_watch(info(()), 0) is None
+    watch = runtime.leader_watch(info(((1, 2), (2, 1))), 1)
+    assert watch is not None
+    watch(lambda: None)
+    assert watched == [("t", 1)]

@@ -1,0 +1,126 @@
+"""Clients switch to a new leader on the catalog's change, not after their broker lease of
+silence (DESIGN §5 "Replication", "Clients follow the catalog"; issue 19's "new leader serving
+within lease + 1 s"): a real coordinator and three `tq executor` processes, a topic of
+replication factor 3, a blocking producer and subscriber watching the catalog for their
+partition's leader (`Cluster.watch_leader`).
+
+The proof is by events, not timing: the leader's executor is SIGSTOPped (alive to the network:
+its sockets stay open, it answers nothing) and the clients' broker sessions have a lease, a
+request timeout and a reconnect timeout of hours. Without the catalog's word they would wait
+for the stopped broker for hours; with it they are answered by the new leader while the old one
+is still stopped."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from querylib.api._runtime import address_of, incarnation_of
+from querylib.broker import Data, Producer, Subscriber
+from querylib.cluster import Cluster
+from tests.conftest import Processes, wait_for
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+
+pytestmark = pytest.mark.timeout(240)
+
+HOURS = 4 * 3600.0  # the clients' broker lease, request timeout and reconnect timeout
+
+
+def _partition(home: Path) -> dict:
+    done = tq(home, "topic", "describe", "kept", "--json", "--timeout", "2")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["partitions"][0]
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP), as /proc says."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator = CoordinatorProcess(processes, tmp_path).start()
+    agents = [processes.python(
+        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
+        "--slots", "1", "--brokers", "1", "--lease", "1", "--grace", "1",
+        env=tq_env(tmp_path), cwd=ROOT, stderr=subprocess.DEVNULL) for i in range(3)]
+
+    def executors() -> int:
+        done = tq(tmp_path, "status", "--json")
+        return len(json.loads(done.stdout)["executors"]) if done.returncode == 0 else 0
+
+    wait_for(lambda: executors() == 3, timeout=60, interval=0.2,
+             what="three executors to register")
+    done = tq(tmp_path, "topic", "create", "kept", "--replication-factor", "3")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: len(_partition(tmp_path)["isr"] or ()) == 3, timeout=30, interval=0.2,
+             what="three in-sync replicas")
+
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    cluster = Cluster.connect(coordinator.address, session=False, timeout=10)
+    stopped: subprocess.Popen[str] | None = None
+    try:
+        info = cluster.lookup_topic("kept")
+        first = address_of(info, 0)
+        options = dict(secret=cluster.secret, incarnation=incarnation_of(info),
+                       locate=lambda: address_of(cluster.lookup_topic("kept"), 0),
+                       watch_leader=functools.partial(cluster.watch_leader, "kept", 0),
+                       lease=HOURS, timeout=HOURS, reconnect_timeout=HOURS)
+        with Producer(first, "kept", 0, reopen=True, linger=0, **options) as producer, \
+                Subscriber(first, "kept", [0], follow=True, **options) as subscriber:
+            read: list[bytes] = []
+            for i in range(10):
+                producer.send(b"before %d" % i)
+            producer.flush()
+            wait_for(lambda: _read(subscriber, read) and len(read) == 10, timeout=60,
+                     what="the subscriber to read the first ten records")
+
+            # The leader's executor stops answering anything; the clients keep waiting on it.
+            before = _partition(tmp_path)
+            (stopped,) = [a for i, a in enumerate(agents)
+                          if (tmp_path / f"executor{i}" / "broker.id").read_text().strip()
+                          == str(before["broker"])]
+            os.killpg(stopped.pid, signal.SIGSTOP)
+            flushed = threading.Event()
+
+            def publish() -> None:
+                for i in range(10):
+                    producer.send(b"after %d" % i)
+                producer.flush()
+                flushed.set()
+
+            publisher = threading.Thread(target=publish, daemon=True)
+            publisher.start()
+            # Answered by the new leader (the catalog's), with the old one still stopped.
+            wait_for(flushed.is_set, timeout=120, interval=0.1,
+                     what="the producer to be answered by the new leader")
+            wait_for(lambda: _read(subscriber, read) and len(read) == 20, timeout=120,
+                     what="the subscriber to read the new leader's records")
+            assert _stopped(stopped.pid)
+            moved = _partition(tmp_path)
+            assert moved["broker"] != before["broker"]
+            assert moved["leader_epoch"] == before["leader_epoch"] + 1
+            assert producer.link.address == subscriber.link.address != first
+            assert producer.link.address == address_of(cluster.lookup_topic("kept"), 0)
+            assert read == [b"before %d" % i for i in range(10)] + \
+                [b"after %d" % i for i in range(10)]
+            producer.close(end=False)
+    finally:
+        if stopped is not None:
+            os.killpg(stopped.pid, signal.SIGKILL)
+        cluster.close()
+
+
+def _read(subscriber: Subscriber, into: list[bytes]) -> bool:
+    """What the subscriber has now (waiting a little for it), appended to `into`."""
+    event = subscriber.next_event(timeout=0.2)
+    if isinstance(event, Data):
+        into.extend(r.value for r in event.records)
+    return True
