@@ -10,8 +10,10 @@ executor on each of hosts a, b and d (one broker each), a topic of replication f
   once healed, every acknowledged record is on every replica and in what a subscriber reads,
   exactly once, nothing written to the cut leader is served, and the replicas are
   byte-identical (a Jepsen-style check of acknowledged writes against reads).
-- A follower's executor is stopped and its data lost (everything but its broker id): once
-  restarted, its replica is fetched again from the leader, it rejoins the ISR, nothing lost.
+- A follower's host loses its whole data dir (its broker id too) while its executor is
+  stopped: restarted, it gets its broker id back from the catalog (the host's identity:
+  host name and credential), its replica is fetched again from the leader, it rejoins the
+  ISR, nothing acknowledged is lost and the replicas are byte-identical.
 
 The clients are external Python processes (CLIENT below): a publisher acknowledges one record
 at a time (send, flush) and logs each outcome with the wall-clock time; a subscriber logs each
@@ -358,7 +360,7 @@ def test_a_cut_off_leader_acknowledges_nothing_it_cannot_replicate(
           f"none of them served")
 
 
-def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
+def test_a_host_whose_data_dir_is_lost_is_rebuilt_from_the_leader(
         hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
     cluster = Replicated(hosts, processes, tmp_path)
     publisher = cluster.client("c", "pub", "publish", "p", "follow")
@@ -370,10 +372,8 @@ def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
     agent.terminate()
     assert agent.wait(timeout=30) == 0
     data = cluster.data(lost)
-    broker_id = (data / "broker.id").read_text()
-    shutil.rmtree(data)  # the disk is gone; the host's broker id is its configuration
-    data.mkdir()
-    (data / "broker.id").write_text(broker_id)
+    broker_id = int((data / "broker.id").read_text())
+    shutil.rmtree(data)  # the disk is gone, broker id and all
     cluster.wait(lambda: len(cluster.partition()["isr"]) == 2, timeout=30,
              what="the stopped follower out of the ISR")
     count = len(cluster.acked("pub"))
@@ -383,6 +383,8 @@ def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
     cluster.agents[lost] = cluster.start(lost)
     cluster.wait(lambda: len(cluster.partition()["isr"]) == 3, timeout=60,
              what="the rebuilt follower back in the ISR")
+    assert int((data / "broker.id").read_text()) == broker_id  # the host's id, given back
+    assert sorted(cluster.partition()["isr"]) == sorted(before["replicas"])
     cluster.stop_clients(publisher)
     acked = cluster.acked("pub")
     cluster.identical_replicas()
