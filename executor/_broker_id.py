@@ -30,6 +30,7 @@ from pathlib import Path
 from catalog import (
     Broker,
     BrokerExistsError,
+    NotOwnerError,
     TqError,
     UnknownBrokerError,
     default_namespace,
@@ -152,6 +153,12 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
                                                    kafka_address=kafka_address,
                                                    curve_key=curve_key, slot=slot)
             break
+        except NotOwnerError as exc:
+            if claim is not None:
+                raise
+            raise NotOwnerError(f"{exc} ({data_dir / BROKER_ID_FILE} names it): run this "
+                                "executor with that credential, or remove the file to "
+                                "register under another id") from exc
         except UnknownBrokerError:
             if claim is not None:
                 raise

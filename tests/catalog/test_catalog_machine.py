@@ -309,9 +309,11 @@ class CatalogMachine(RuleBasedStateMachine):
     def register_broker(self, data: st.DataObject, rejoin: bool) -> None:
         broker_id = self.pick(data, "Broker") if rejoin else None
         session_id = self.maybe_session(data)
+        slot = data.draw(st.integers(0, 1), label="slot")  # the agent's broker, a shard
         self.run(
             RegisterBroker(
-                host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id
+                host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id,
+                slot=slot,
             )
         )
         self.check_host_agent(session_id)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import Broker, BrokerExistsError, UnknownBrokerError
+from catalog import Broker, BrokerExistsError, NotOwnerError, UnknownBrokerError
 from executor._broker_id import (
     BROKER_ENDPOINTS_FILE,
     BROKER_ID_FILE,
@@ -33,6 +33,7 @@ class Catalog:
         self.expire_after = expire_after  # refusals before the held ids' session expires
         self.asked: list[tuple[int | None, int]] = []
         self.homes: dict[int, int] = {}  # slot -> the id last registered there
+        self.foreign: set[int] = set()  # ids another principal registered
 
     async def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
                               kafka_address: str = "", curve_key: str = "",
@@ -44,6 +45,8 @@ class Catalog:
             broker_id, self.next_id = self.next_id, self.next_id + 1
         elif broker_id >= self.next_id:
             raise UnknownBrokerError(f"broker id {broker_id} was never assigned")
+        elif broker_id in self.foreign:
+            raise NotOwnerError(f"broker {broker_id} belongs to executor:other, not us")
         elif broker_id in self.up:
             if self.expire_after == 0:
                 self.up.clear()
@@ -89,6 +92,16 @@ def test_a_claimed_id_overrides_the_remembered_one_and_is_waited_for(tmp_path: P
     assert _register(catalog, tmp_path, claim=3).broker_id == 3
     assert (tmp_path / BROKER_ID_FILE).read_text() == "3\n"
     assert [asked for asked, _ in catalog.asked] == [3, 3, 3]
+
+
+def test_a_remembered_id_of_another_principal_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    catalog = Catalog(next_id=5)
+    catalog.foreign.add(2)
+    with pytest.raises(NotOwnerError, match="belongs to executor:other.*broker.id names it.*"
+                       "remove the file"):
+        _register(catalog, tmp_path)
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "2\n"  # left for the operator
 
 
 def test_a_claimed_id_the_cluster_never_assigned_is_an_error(tmp_path: Path) -> None:
