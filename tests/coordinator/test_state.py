@@ -3,7 +3,6 @@ a change, replies held until durable, recovery and bootstrap. Time is an input."
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from catalog import (
@@ -605,14 +604,10 @@ def test_a_host_that_lost_its_data_dir_gets_its_broker_ids_back() -> None:
         _register_slots(d, "host-c", 1, slot0=brokers[0])
     d.tick(1.5)  # every lease ran out (host-a's data dir is lost meanwhile)
     assert [b.host for b in d.state.catalog.brokers] == ["coord-host"]  # its own only
-    again, back = _register_slots(d, "host-a", 2)
+    _, back = _register_slots(d, "host-a", 2)
     assert back == brokers
     _, newer = _register_slots(d, "host-a", 2)  # host-a's ids are up again: new ones
     assert not set(newer) & set(brokers + others)
-    with pytest.raises(msgspec.ValidationError):
-        msgspec.msgpack.decode(msgspec.msgpack.encode(
-            m.RegisterBroker(session_id=again[0], host="h", address="a", slot=-1)),
-            type=m.RegisterBroker)
 
 
 def test_an_executor_names_only_registered_brokers_as_its_shards() -> None:
