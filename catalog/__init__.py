@@ -94,6 +94,7 @@ from catalog._records import (
     SYSTEM,
     TOPIC_CONFIGS,
     Broker,
+    BrokerHome,
     CollectionName,
     Counters,
     Executor,
@@ -121,7 +122,7 @@ from catalog._records import (
     catalog_topic,
     check_topic_config,
 )
-from catalog._rules import MAX_PARTITIONS, describe_owner
+from catalog._rules import MAX_BROKER_SLOT, MAX_PARTITIONS, describe_owner
 from catalog.errors import (
     AlreadyPublishedError,
     AlreadySubscribedError,
@@ -172,6 +173,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "DEFAULT_TENANT",
     "INGEST",
+    "MAX_BROKER_SLOT",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME_LENGTH",
     "QUERY_TRANSITIONS",
@@ -184,6 +186,7 @@ __all__ = [
     "AlterTopic",
     "AlterPartition",
     "Broker",
+    "BrokerHome",
     "BrokerExistsError",
     "BrokerInUseError",
     "Catalog",

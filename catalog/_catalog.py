@@ -33,6 +33,7 @@ from catalog._names import TopicName
 from catalog._records import (
     COLLECTIONS,
     Broker,
+    BrokerHome,
     Counters,
     Executor,
     IngestRef,
@@ -71,6 +72,7 @@ __all__ = ["Catalog", "consolidate_updates"]
 _ID_FIELDS = {
     "sessions": "session_id",
     "brokers": "broker_id",
+    "homes": "broker_id",
     "executors": "executor_id",
     "queries": "query_id",
     "topics": "topic_id",
@@ -94,7 +96,7 @@ def consolidate_updates(updates: Iterable[Update]) -> list[Update]:
 
 
 class Catalog:
-    """The catalog: ten collections, the version, and the rules that change them."""
+    """The catalog: its collections, the version, and the rules that change them."""
 
     def __init__(self) -> None:
         self._collections: dict[str, Collection[Record]] = {
@@ -239,6 +241,15 @@ class Catalog:
     @property
     def brokers(self) -> Collection[Broker]:
         return cast("Collection[Broker]", self._collections["brokers"])
+
+    @property
+    def homes(self) -> Collection[BrokerHome]:
+        return cast("Collection[BrokerHome]", self._collections["homes"])
+
+    def find_home(self, broker_id: int) -> BrokerHome | None:
+        """Where broker `broker_id` was last registered by a session, or None."""
+        record = self._by_id["homes"].get(broker_id)
+        return record if isinstance(record, BrokerHome) else None
 
     @property
     def executors(self) -> Collection[Executor]:

@@ -89,8 +89,11 @@ class SessionExpired(_Command, frozen=True, tag="session_expired"):
 
 
 class RegisterBroker(_Command, frozen=True, tag="register_broker"):
-    """A broker came up. `broker_id=None` asks for a new id; an id the catalog assigned before
-    (and that is not up now) re-joins, keeping the partitions located there."""
+    """A broker came up. `broker_id=None` asks for an id: the one last registered on the same
+    host, by the same principal, in the same slot, when that one is down (a host that lost
+    its data dir), else a new one. An id the catalog assigned before (and that is not up now)
+    re-joins, keeping the partitions located there, when its home's principal registers it
+    (or an admin). Either way the id's home becomes (host, principal, slot)."""
 
     host: str
     address: str
@@ -98,6 +101,7 @@ class RegisterBroker(_Command, frozen=True, tag="register_broker"):
     broker_id: int | None = None
     kafka_address: str = ""  # HOST:PORT of its Kafka listener, "" for none
     curve_key: str = ""  # its CURVE public key, "" for a PLAIN server
+    slot: int = 0  # which of its host's brokers: 0 an executor's own, k its shard k
 
 
 class RemoveBroker(_Command, frozen=True, tag="remove_broker"):

@@ -40,6 +40,7 @@ __all__ = ["check_invariants"]
 _ID_LIMITS = {
     "sessions": ("session_id", "next_session_id"),
     "brokers": ("broker_id", "next_broker_id"),
+    "homes": ("broker_id", "next_broker_id"),
     "executors": ("executor_id", "next_executor_id"),
     "queries": ("query_id", "next_query_id"),
     "topics": ("topic_id", "next_topic_id"),

@@ -13,6 +13,8 @@ Collections (DESIGN §3: the thesis' five plus `sessions`, `brokers` and `counte
     sessions       Session       client, executor and query-process sessions (leases live in the
                                  coordinator; the catalog only knows which are open)
     brokers        Broker        every broker up now (a broker re-joins under its old id)
+    homes          BrokerHome    where each broker id was last registered (host, principal,
+                                 slot): a host that lost its data dir gets its id back
     executors      Executor      host agents, each with the broker it runs
     queries        Query         every query ever submitted, with its state and exit codes
     topics         Topic         name, partitions, record type tag, kind, owner, locations
@@ -44,6 +46,7 @@ __all__ = [
     "INGEST",
     "SYSTEM",
     "Broker",
+    "BrokerHome",
     "CollectionName",
     "Counters",
     "Executor",
@@ -185,6 +188,20 @@ class Broker(_Record, frozen=True, tag="broker"):
     # for a PLAIN one: clients connect with CURVE exactly when it is set. Last, with a
     # default: older catalogs load.
     curve_key: str = ""
+
+
+class BrokerHome(_Record, frozen=True, tag="broker_home"):
+    """Where broker `broker_id` was last registered by a session, kept after it leaves: its
+    host name, the principal of the session that registered it, and its slot on the host (0:
+    an executor's own broker, k: its shard k). A broker registering with no id on the same
+    host, principal and slot while this one is down gets this id back, so a host whose data
+    dir was lost comes back as the replicas the catalog names (DESIGN §6 "Executor broker
+    ids")."""
+
+    broker_id: int
+    host: str
+    principal: str
+    slot: int
 
 
 class Executor(_Record, frozen=True, tag="executor"):
@@ -343,7 +360,8 @@ class JoinToken(_Record, frozen=True, tag="join_token"):
 
 
 class Counters(_Record, frozen=True, tag="counters"):
-    """The catalog version and the next id of each kind. Ids start at 1 and are never reused."""
+    """The catalog version and the next id of each kind. Ids start at 1 and are never reused
+    (a broker id goes back only to the host it was last registered on: `BrokerHome`)."""
 
     version: int = 0
     next_session_id: int = 1
@@ -355,13 +373,14 @@ class Counters(_Record, frozen=True, tag="counters"):
 
 
 Record: TypeAlias = (
-    Session | Broker | Executor | Query | Topic | Publication | Subscription | PendingDrop
-    | User | JoinToken | Counters
+    Session | Broker | BrokerHome | Executor | Query | Topic | Publication | Subscription
+    | PendingDrop | User | JoinToken | Counters
 )
 
 CollectionName: TypeAlias = Literal[
     "sessions",
     "brokers",
+    "homes",
     "executors",
     "queries",
     "topics",
@@ -377,6 +396,7 @@ CollectionName: TypeAlias = Literal[
 COLLECTIONS: dict[str, type[msgspec.Struct]] = {
     "sessions": Session,
     "brokers": Broker,
+    "homes": BrokerHome,
     "executors": Executor,
     "queries": Query,
     "topics": Topic,

@@ -71,6 +71,7 @@ from catalog._records import (
     SYSTEM,
     TOPIC_CONFIGS,
     Broker,
+    BrokerHome,
     CollectionName,
     Counters,
     Executor,
@@ -130,6 +131,7 @@ __all__ = ["HANDLERS", "MAX_PARTITIONS", "MAX_TOKEN_TTL_MS", "Txn", "describe_ow
 # Partition directories are `<name>-<partition>`; names are at most 249 characters, so four
 # digits keep a directory name under the 255-byte limit of common file systems.
 MAX_PARTITIONS = 10_000
+MAX_BROKER_SLOT = 1023  # a host's brokers: its own (0) and its shards (1..)
 # A join token lives at most a week (default one hour, `tq token create --ttl`): a token that
 # lies around for longer is a credential nobody watches.
 MAX_TOKEN_TTL_MS = 7 * 86_400_000
@@ -438,22 +440,59 @@ def _end_session(catalog: Catalog, txn: Txn, cmd: CloseSession | SessionExpired)
 
 def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
     _require_host_agent(catalog, cmd.session_id, "a broker")
+    if not 0 <= cmd.slot <= MAX_BROKER_SLOT:
+        raise InvalidCommandError(f"a broker's slot is 0..{MAX_BROKER_SLOT}, not {cmd.slot}")
+    principal = None if cmd.session_id is None else catalog.session(cmd.session_id).principal
+    registered = {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}
     if cmd.broker_id is None:
-        broker_id = txn.allocate("next_broker_id")
+        broker_id = _home_id(catalog, cmd, principal, registered)
+        if broker_id is None:
+            broker_id = txn.allocate("next_broker_id")
     else:
         broker_id = cmd.broker_id
         if not 1 <= broker_id < txn.counters.next_broker_id:
             raise UnknownBrokerError(
                 f"broker id {broker_id} was never assigned; register without an id to get one"
             )
-        if broker_id in {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}:
+        if broker_id in registered:
             raise BrokerExistsError(f"broker {broker_id} is registered already")
+        home = catalog.find_home(broker_id)
+        if (home is not None and principal is not None and home.principal != principal
+                and not is_admin(catalog, principal)):
+            raise NotOwnerError(f"broker {broker_id} belongs to {home.principal}, not "
+                                f"{principal}")
     broker = Broker(
         broker_id=broker_id, host=cmd.host, address=cmd.address, session_id=cmd.session_id,
         kafka_address=cmd.kafka_address, curve_key=cmd.curve_key,
     )
     txn.insert("brokers", broker)
+    if principal is not None:
+        home = BrokerHome(broker_id=broker_id, host=cmd.host, principal=principal, slot=cmd.slot)
+        old = catalog.find_home(broker_id)
+        if old != home:
+            if old is not None:
+                txn.retract("homes", old)
+            txn.insert("homes", home)
     txn.created = broker
+
+
+def _home_id(catalog: Catalog, cmd: RegisterBroker, principal: str | None,
+             registered: set[int]) -> int | None:
+    """The id a broker asking for none gets back (DESIGN §6 "Executor broker ids"): the
+    lowest one last registered on its host, by its principal, in its slot, that is down now,
+    unless that id is the last in-sync replica of a partition (a broker that lost its data
+    would lead an empty log there: its acknowledged records are on no other replica, so the
+    partition stays offline for that broker to return with them, or for `--broker-id`)."""
+    if principal is None:
+        return None
+    last_in_sync = {b for topic in catalog.topics if isinstance(topic, Topic) for isr in topic.isr
+            for b in isr}
+    for home in sorted(catalog.homes, key=lambda h: h.broker_id):
+        assert isinstance(home, BrokerHome)
+        if ((home.host, home.principal, home.slot) == (cmd.host, principal, cmd.slot)
+                and home.broker_id not in registered and home.broker_id not in last_in_sync):
+            return home.broker_id
+    return None
 
 
 def _remove_broker(catalog: Catalog, txn: Txn, cmd: RemoveBroker) -> None:

@@ -443,7 +443,8 @@ def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) 
                                                                       MAX_TEXT,
                                                                       "the Kafka address"),
                                                curve_key=_bounded(req.curve_key, MAX_LABEL,
-                                                                  "the CURVE key")),
+                                                                  "the CURVE key"),
+                                               slot=req.slot),
                          call.now, call.wall_ms)
     assert isinstance(change.created, Broker)
     return m.BrokerInfo(broker=change.created, version=state.catalog.version)

@@ -325,19 +325,20 @@ def read_catalog(broker_dir: str | os.PathLike[str]) -> Recovered:
     checkpoint = _last_checkpoint(broker_dir)
     collected: dict[str, _Collected] = {}
     for collection in COLLECTIONS:
+        # A collection the checkpoint has no block for is newer than it (written by an
+        # older tq): it was empty then, so its topic, if any, holds only later changes.
+        whole = checkpoint is None or collection not in checkpoint.offsets
         log = _open(broker_dir, catalog_topic(collection))
         if log is None:
-            if checkpoint is not None:
+            if not whole:
                 raise CorruptCatalogError(f"{catalog_topic(collection)} is missing")
             collected[collection] = _Collected()
             continue
         try:
-            if checkpoint is None:
+            if whole:
                 collected[collection] = read_collection(log, collection)
             else:
-                if collection not in checkpoint.offsets:
-                    raise CorruptCatalogError(f"the checkpoint at version {checkpoint.version}"
-                                              f" has no block for {collection}")
+                assert checkpoint is not None
                 collected[collection] = read_collection(
                     log, collection, start=checkpoint.offsets[collection],
                     block=checkpoint.version)

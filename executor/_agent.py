@@ -147,7 +147,8 @@ class ExecutorAgent:
                  endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
                  keep_work_dirs: int = 50,
                  artifact_ttl: float = 7 * 86400.0, brokers: int = 1,
-                 shard_args: Sequence[str] | None = None, advertise: str | None = None) -> None:
+                 shard_args: Sequence[str] | None = None, advertise: str | None = None,
+                 broker_id: int | None = None) -> None:
         self.coordinator = coordinator
         self.secret = Credential.of(secret)  # our own credential: executor:NAME, or admin
         self.secret_file = str(Path(secret_file).resolve())
@@ -184,7 +185,7 @@ class ExecutorAgent:
         self.host_broker = HostBroker(self.data_dir, self.secret, listen=broker_listen,
                                       connector=connector, kafka=kafka,
                                       required=endpoints_required, fallback=endpoint_fallback,
-                                      advertise=advertise)
+                                      advertise=advertise, broker_id=broker_id)
         if brokers < 1:
             raise ValueError(f"an executor runs at least one broker, not {brokers}")
         self.brokers = brokers

@@ -30,6 +30,7 @@ from pathlib import Path
 from catalog import (
     Broker,
     BrokerExistsError,
+    NotOwnerError,
     TqError,
     UnknownBrokerError,
     default_namespace,
@@ -129,26 +130,40 @@ def _remember(data_dir: Path, broker_id: int) -> None:
 
 
 async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, address: str,
-                              *, kafka_address: str = "", curve_key: str = "",
-                              wait: float = 30.0) -> Broker:
-    """Register the broker under its remembered id, else under a new one (remembered then).
+                              *, kafka_address: str = "", curve_key: str = "", slot: int = 0,
+                              claim: int | None = None, wait: float = 30.0) -> Broker:
+    """Register the broker under `claim` (`tq executor --broker-id`), else its remembered id,
+    else under the one the catalog gives (remembered then): with no id asked, the id last
+    registered from this host, principal and `slot` if that is down (a host that lost its
+    data dir gets its broker id back, DESIGN §6 "Executor broker ids"), else a new one.
 
     The old registration may still be up for a while after a crash (the coordinator keeps a
     recovered session for its recovery lease): retried until it goes, for at most `wait`
-    seconds, then BrokerExistsError (two live brokers must not share an id). An id this
-    catalog never assigned (the data dir came from another cluster) is dropped for a new one.
+    seconds, then BrokerExistsError (two live brokers must not share an id). A remembered id
+    this catalog never assigned (the data dir came from another cluster) is dropped for a new
+    one; a claimed one is an error (UnknownBrokerError), as is one of another principal's
+    (NotOwnerError).
     """
-    remembered = await asyncio.to_thread(_remembered, data_dir)
+    stored = await asyncio.to_thread(_remembered, data_dir)
+    remembered = claim if claim is not None else stored
     deadline = time.monotonic() + wait
     while True:
         try:
             broker = await cluster.register_broker(host, address, broker_id=remembered,
                                                    kafka_address=kafka_address,
-                                                   curve_key=curve_key)
+                                                   curve_key=curve_key, slot=slot)
             break
+        except NotOwnerError as exc:
+            if claim is not None:
+                raise
+            raise NotOwnerError(f"{exc} ({data_dir / BROKER_ID_FILE} names it): run this "
+                                "executor with that credential, or remove the file to "
+                                "register under another id") from exc
         except UnknownBrokerError:
-            logger.warning("broker id %s in %s is unknown to this cluster; registering a new "
-                           "one", remembered, data_dir / BROKER_ID_FILE)
+            if claim is not None:
+                raise
+            logger.warning("broker id %s in %s is unknown to this cluster; registering "
+                           "without it", remembered, data_dir / BROKER_ID_FILE)
             remembered = None
         except BrokerExistsError:
             if time.monotonic() > deadline:
@@ -156,6 +171,6 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
             logger.info("broker %s is still registered (a previous run's session); waiting "
                         "for it to expire", remembered)
             await asyncio.sleep(_RETRY)
-    if broker.broker_id != remembered:
+    if broker.broker_id != stored:
         await asyncio.to_thread(_remember, data_dir, broker.broker_id)
     return broker

@@ -72,8 +72,13 @@ class HostBroker:
     def __init__(self, data_dir: str | os.PathLike[str], secret: Credential, *,
                  listen: str = "tcp://127.0.0.1:0", connector: EndpointConfig | None = None,
                  kafka: Any = None, required: bool = True,
-                 fallback: Collection[str] = (), advertise: str | None = None) -> None:
+                 fallback: Collection[str] = (), advertise: str | None = None,
+                 slot: int = 0, broker_id: int | None = None) -> None:
         self.data_dir = Path(data_dir)
+        # Which of the host's brokers (0: the agent's, k: shard k) and the id it must take
+        # (`tq executor --broker-id`, else remembered, else the catalog's: DESIGN §6).
+        self.slot = slot
+        self.claim = broker_id
         self.secret = secret
         self.listen = listen
         self.advertise = advertise
@@ -155,7 +160,8 @@ class HostBroker:
         broker = await register_remembered(cluster, self.data_dir, host, self.address,
                                            kafka_address=self.kafka_address or "",
                                            curve_key=self.broker.public_key
-                                           if self.broker is not None else "")
+                                           if self.broker is not None else "",
+                                           slot=self.slot, claim=self.claim)
         self.broker_id = broker.broker_id
         await self.topics.close()  # a previous session's catalog view
         self.topics.attach(cluster, broker.broker_id,

@@ -179,7 +179,8 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
     directory = shard_dir(data_dir, k)
     directory.mkdir(parents=True, exist_ok=True)
     lock = hold_data_dir(directory)
-    broker = HostBroker(directory, credential, listen=listen, kafka=kafka, advertise=advertise)
+    broker = HostBroker(directory, credential, listen=listen, kafka=kafka, advertise=advertise,
+                        slot=k)
     drops = _Drops(broker)
     cluster: AsyncCluster | None = None
     served: tuple[str, Callable[[], None]] | None = None

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
-                    "subscriptions", "drops", "users", "tokens", "counters")
+                    "subscriptions", "drops", "users", "tokens", "homes", "counters")
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.0,

@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "process each (broker 0 in this one, the others its children), its "
                         "partitions spread over them (default: one per core)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")
+    parser.add_argument("--broker-id", type=int, metavar="N",
+                        help="register this host's broker under id N, waiting for its old "
+                        "registration to expire (default: the id in the data dir, else the "
+                        "one this host and credential last had if it is down, else a new one)")
     parser.add_argument("--broker-listen", metavar="ADDR",
                         help="endpoint of this host's broker (default: a free port on "
                         "127.0.0.1; on every interface, tcp://0.0.0.0:0, for a host that "
@@ -196,10 +200,13 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
     if args.shard is not None:
         return await _serve_shard(args, address, secret, data)
     brokers = (os.cpu_count() or 1) if args.brokers is None else args.brokers
-    if brokers < 1:
-        from catalog import UserError
+    from catalog import MAX_BROKER_SLOT, UserError
 
-        raise UserError(f"--brokers {brokers}: an executor runs at least one broker")
+    if not 1 <= brokers <= MAX_BROKER_SLOT + 1:
+        raise UserError(f"--brokers {brokers}: an executor runs 1 to {MAX_BROKER_SLOT + 1} "
+                        "brokers")
+    if args.broker_id is not None and args.broker_id < 1:
+        raise UserError(f"--broker-id {args.broker_id}: broker ids start at 1")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -213,7 +220,8 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
                           kafka=_kafka(args), advertise=args.advertise,
                           endpoints_required=not args.endpoints_optional,
                           endpoint_fallback=[n for n in args.endpoint_fallback.split(",") if n],
-                          brokers=brokers, shard_args=_shard_args(args))
+                          brokers=brokers, shard_args=_shard_args(args),
+                          broker_id=args.broker_id)
     # start() waits for a coordinator that is not up yet: a signal must still stop it.
     starting = loop.create_task(agent.start())
     stopping = loop.create_task(stop.wait())

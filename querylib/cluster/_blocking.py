@@ -145,10 +145,11 @@ class Cluster:
         self._call(self._async.unsubscribe(name))
 
     def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
-                        kafka_address: str = "", curve_key: str = "") -> Broker:
+                        kafka_address: str = "", curve_key: str = "",
+                        slot: int = 0) -> Broker:
         return self._call(self._async.register_broker(host, address, broker_id=broker_id,
                                                       kafka_address=kafka_address,
-                                                      curve_key=curve_key))
+                                                      curve_key=curve_key, slot=slot))
 
     def register_executor(self, host: str, broker_id: int, resources: Resources,
                           shards: tuple[int, ...] = ()) -> Executor:

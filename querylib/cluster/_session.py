@@ -384,11 +384,13 @@ class AsyncCluster:
 
     async def register_broker(self, host: str, address: str, *,
                               broker_id: int | None = None, kafka_address: str = "",
-                              curve_key: str = "") -> Broker:
+                              curve_key: str = "", slot: int = 0) -> Broker:
+        """Register a broker: under `broker_id`, or with none under the id last registered
+        from this host, principal and `slot` if that one is down, else a new one."""
         reply = await self.request(m.RegisterBroker(session_id=self._session(), host=host,
                                                     address=address, broker_id=broker_id,
                                                     kafka_address=kafka_address,
-                                                    curve_key=curve_key))
+                                                    curve_key=curve_key, slot=slot))
         return reply.broker
 
     async def register_executor(self, host: str, broker_id: int, resources: Resources,

@@ -55,6 +55,7 @@ from typing import Annotated
 import msgspec
 
 from catalog import (
+    MAX_BROKER_SLOT,
     Broker,
     Executor,
     JoinToken,
@@ -418,7 +419,8 @@ CurveKey = Annotated[str, msgspec.Meta(pattern=CURVE_KEY_PATTERN)]
 
 
 class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
-    """A broker came up; it leaves with the session. `broker_id` re-joins under an old id."""
+    """A broker came up; it leaves with the session. `broker_id` re-joins under an old id
+    (its home's principal's, or an admin's)."""
 
     session_id: int
     host: str
@@ -426,6 +428,9 @@ class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
     broker_id: int | None = None
     kafka_address: str = ""  # HOST:PORT of the broker's Kafka listener, "" for none
     curve_key: CurveKey = ""  # the broker's CURVE public key (Z85), "" for a PLAIN server
+    # Which of its host's brokers (0: an executor's own, k: its shard k). With no broker_id,
+    # the id last registered from this host, principal and slot comes back if it is down.
+    slot: Annotated[int, msgspec.Meta(ge=0, le=MAX_BROKER_SLOT)] = 0
 
 
 class RemoveBroker(Request[Done], tag="coord.broker.remove"):

@@ -91,10 +91,13 @@ def test_ids_are_never_reused_even_after_compaction() -> None:
     # Recover from a compacted snapshot: nothing but the counters record says which ids went.
     recovered = Catalog.replay(catalog.snapshot())
     assert recovered == catalog
-    again_session, again_broker, again_executor = host(recovered)
+    # Another host: a broker id goes back only to its own host (test_broker_homes.py).
+    again_session, again_broker, again_executor = host(recovered, "host-b")
     assert again_session.session_id > session.session_id
     assert again_broker.broker_id > broker.broker_id
     assert again_executor.executor_id > executor.executor_id
+    # Its own host gets its id back: where it was registered survives compaction too.
+    assert host(recovered)[1].broker_id == broker.broker_id
 
 
 def test_query_lifecycle_and_exit_codes() -> None:

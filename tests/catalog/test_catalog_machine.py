@@ -141,13 +141,27 @@ class CatalogMachine(RuleBasedStateMachine):
             self.mirror[update.collection].apply([(update.record, update.diff)])
         assert self.mirror == self.contents()
         self.log.extend(change.updates)
-        rejoin = isinstance(command, RegisterBroker) and command.broker_id is not None
+        rejoin = isinstance(command, RegisterBroker) and (
+            command.broker_id is not None or self.homecoming(command, change, before))
         kind = type(change.created).__name__
         if kind in _ID_OF and not rejoin:
             new_id = getattr(change.created, _ID_OF[kind])
             assert new_id not in self.issued[kind], f"{kind} id {new_id} reused"
             self.issued[kind].add(new_id)
         return change
+
+    def homecoming(self, command: RegisterBroker, change: Change,
+                   before: dict[str, Collection]) -> bool:
+        """Whether a broker asking for no id got an old one back: only one that was down,
+        last registered on its host, by its principal, in its slot (test_broker_homes.py)."""
+        broker_id = change.created.broker_id
+        if broker_id not in self.issued["Broker"]:
+            return False
+        assert broker_id not in {b.broker_id for b in before["brokers"]}, "a live id again"
+        session = self.catalog.session(command.session_id)
+        homes = {h.broker_id: (h.host, h.principal, h.slot) for h in before["homes"]}
+        assert homes.get(broker_id) == (command.host, session.principal, command.slot)
+        return True
 
     def now(self) -> int:
         self.clock += 1
@@ -295,9 +309,11 @@ class CatalogMachine(RuleBasedStateMachine):
     def register_broker(self, data: st.DataObject, rejoin: bool) -> None:
         broker_id = self.pick(data, "Broker") if rejoin else None
         session_id = self.maybe_session(data)
+        slot = data.draw(st.integers(0, 1), label="slot")  # the agent's broker, a shard
         self.run(
             RegisterBroker(
-                host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id
+                host="h", address="tcp://h:1", session_id=session_id, broker_id=broker_id,
+                slot=slot,
             )
         )
         self.check_host_agent(session_id)

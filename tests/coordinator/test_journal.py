@@ -3,6 +3,7 @@ back by recovery, including a crash in the middle of a commit, with real partiti
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,34 @@ def test_recovery_without_a_checkpoint_skips_every_block(tmp_path: Path) -> None
     disk.commit(d.persisted[5:])
     disk.close()
     assert read_catalog(tmp_path).catalog == d.state.catalog
+
+
+def test_a_collection_newer_than_the_checkpoint_is_read_whole(tmp_path: Path) -> None:
+    """A catalog written before a collection existed (`homes`, say) has neither its topic nor
+    a block for it in its checkpoint: recovery takes it as empty, and once the upgraded
+    coordinator wrote to it, reads its topic from the start until the next checkpoint."""
+    d = _busy_driver()
+    disk = Disk(tmp_path)
+    disk.commit(d.persisted)
+    entry = disk.blocks(d.state.catalog)
+    assert not d.state.catalog.homes  # nothing was written to it
+    (disk.logs.pop("homes")).close()
+    shutil.rmtree(tmp_path / partition_dir_name(catalog_topic("homes"), 0))
+    disk.index(CheckpointEntry(version=entry.version,
+                               offsets={c: o for c, o in entry.offsets.items() if c != "homes"}))
+    written = len(d.persisted)
+    disk.close()
+    assert read_catalog(tmp_path).catalog == d.state.catalog
+    d.host("host-a")  # a broker registered by an executor session: a home
+    disk.commit(d.persisted[written:])
+    disk.close()
+    recovered = read_catalog(tmp_path)
+    assert recovered.catalog == d.state.catalog and recovered.catalog.homes
+    # A collection the checkpoint names must still be there.
+    shutil.rmtree(tmp_path / partition_dir_name(catalog_topic("users"), 0), ignore_errors=True)
+    shutil.rmtree(tmp_path / partition_dir_name(catalog_topic("topics"), 0))
+    with pytest.raises(CorruptCatalogError, match="is missing"):
+        read_catalog(tmp_path)
 
 
 def test_a_checkpoint_pointing_nowhere_is_refused(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 from catalog import (
     INGEST,
     SYSTEM,
+    BrokerExistsError,
     Catalog,
     ConflictError,
     InvalidCommandError,
@@ -52,7 +53,7 @@ def test_bootstrap_registers_the_broker_and_creates_every_catalog_topic() -> Non
     topics = d.state.catalog_topics()
     assert set(topics) == {"sessions", "brokers", "executors", "queries", "topics",
                            "publications", "subscriptions", "drops", "users", "tokens",
-                           "counters"}
+                           "homes", "counters"}
     for name, topic in topics.items():
         assert topic.short_name == catalog_topic(name)
         assert topic.owner == SYSTEM and topic.internal
@@ -572,6 +573,41 @@ def test_a_shard_that_is_down_is_left_out_of_placement() -> None:
     client = d.session(lease_ms=10_000)
     topic = d.call(m.CreateTopic(session_id=client, name="later", partitions=2)).topic
     assert topic.locations == (brokers[0], brokers[0])
+
+
+def _register_slots(d: Driver, name: str, slots: int, lease_ms: int = 1000,
+                    **ids: int) -> tuple[list[int], list[int]]:
+    """A host's brokers as `tq executor --brokers N` registers them: slot 0 on the agent's
+    session, slot k on shard k's; `ids` (slot0=..) names a broker id to claim. (Sessions,
+    broker ids.)"""
+    sessions, brokers = [], []
+    for k in range(slots):
+        session = d.session(SessionKind.EXECUTOR, lease_ms)
+        sessions.append(session)
+        brokers.append(d.call(m.RegisterBroker(
+            session_id=session, host=name, address=f"tcp://{name}:{7411 + k}", slot=k,
+            broker_id=ids.get(f"slot{k}"))).broker.broker_id)
+    return sessions, brokers
+
+
+def test_a_host_that_lost_its_data_dir_gets_its_broker_ids_back() -> None:
+    """DESIGN §6 "Executor broker ids": the ids follow the host (name, principal, slot) when
+    they are down; a live one is never handed out again; a broker that claims one (a
+    remembered id, `--broker-id`) waits for it to be down."""
+    d = Driver()
+    sessions, brokers = _register_slots(d, "host-a", 2)
+    _, others = _register_slots(d, "host-b", 2)
+    # Another agent on host-a while the first is up: new ids.
+    _, concurrent = _register_slots(d, "host-a", 1)
+    assert not set(concurrent) & set(brokers + others)
+    with pytest.raises(BrokerExistsError):
+        _register_slots(d, "host-c", 1, slot0=brokers[0])
+    d.tick(1.5)  # every lease ran out (host-a's data dir is lost meanwhile)
+    assert [b.host for b in d.state.catalog.brokers] == ["coord-host"]  # its own only
+    _, back = _register_slots(d, "host-a", 2)
+    assert back == brokers
+    _, newer = _register_slots(d, "host-a", 2)  # host-a's ids are up again: new ones
+    assert not set(newer) & set(brokers + others)
 
 
 def test_an_executor_names_only_registered_brokers_as_its_shards() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import Broker, BrokerExistsError, UnknownBrokerError
+from catalog import Broker, BrokerExistsError, NotOwnerError, UnknownBrokerError
 from executor._broker_id import (
     BROKER_ENDPOINTS_FILE,
     BROKER_ID_FILE,
@@ -22,22 +22,31 @@ from executor._broker_id import (
 
 
 class Catalog:
-    """RegisterBroker as catalog/_rules.py decides it: a new id, or a known id not up."""
+    """RegisterBroker as catalog/_rules.py decides it: a known id not up, or with none the
+    id last registered in the same slot (one host, one principal here) if it is down, else a
+    new one."""
 
     def __init__(self, next_id: int = 1, up: set[int] | None = None,
                  expire_after: int = 0) -> None:
         self.next_id = next_id
         self.up = up or set()
         self.expire_after = expire_after  # refusals before the held ids' session expires
-        self.asked: list[int | None] = []
+        self.asked: list[tuple[int | None, int]] = []
+        self.homes: dict[int, int] = {}  # slot -> the id last registered there
+        self.foreign: set[int] = set()  # ids another principal registered
 
     async def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
-                              kafka_address: str = "", curve_key: str = "") -> Broker:
-        self.asked.append(broker_id)
-        if broker_id is None:
+                              kafka_address: str = "", curve_key: str = "",
+                              slot: int = 0) -> Broker:
+        self.asked.append((broker_id, slot))
+        if broker_id is None and self.homes.get(slot, 0) not in self.up | {0}:
+            broker_id = self.homes[slot]
+        elif broker_id is None:
             broker_id, self.next_id = self.next_id, self.next_id + 1
         elif broker_id >= self.next_id:
             raise UnknownBrokerError(f"broker id {broker_id} was never assigned")
+        elif broker_id in self.foreign:
+            raise NotOwnerError(f"broker {broker_id} belongs to executor:other, not us")
         elif broker_id in self.up:
             if self.expire_after == 0:
                 self.up.clear()
@@ -45,13 +54,15 @@ class Catalog:
                 self.expire_after -= 1
             raise BrokerExistsError(f"broker {broker_id} is registered already")
         self.up.add(broker_id)
+        self.homes[slot] = broker_id
         return Broker(broker_id=broker_id, host=host, address=address, session_id=1,
                       kafka_address=kafka_address)
 
 
-def _register(catalog: Catalog, data: Path, wait: float = 30.0) -> Broker:
+def _register(catalog: Catalog, data: Path, wait: float = 30.0, *, slot: int = 0,
+              claim: int | None = None) -> Broker:
     return asyncio.run(register_remembered(catalog, data, "h", "tcp://h:1",  # type: ignore[arg-type]
-                                           wait=wait))
+                                           wait=wait, slot=slot, claim=claim))
 
 
 def test_a_new_broker_remembers_its_id_and_rejoins_under_it(tmp_path: Path) -> None:
@@ -60,14 +71,50 @@ def test_a_new_broker_remembers_its_id_and_rejoins_under_it(tmp_path: Path) -> N
     assert (tmp_path / BROKER_ID_FILE).read_text() == "3\n"
     catalog.up.clear()  # the executor stopped cleanly: its broker left the catalog
     assert _register(catalog, tmp_path).broker_id == 3
-    assert catalog.asked == [None, 3]
+    assert catalog.asked == [(None, 0), (3, 0)]
+
+
+def test_a_lost_data_dir_asks_for_no_id_in_its_slot_and_remembers_what_it_got(
+        tmp_path: Path) -> None:
+    catalog = Catalog(next_id=3)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _register(catalog, tmp_path / "a", slot=1).broker_id
+    catalog.up.clear()  # the host went down, and its disk with it
+    assert _register(catalog, tmp_path / "b", slot=1).broker_id == first
+    assert (tmp_path / "b" / BROKER_ID_FILE).read_text() == f"{first}\n"
+    assert catalog.asked == [(None, 1), (None, 1)]
+
+
+def test_a_claimed_id_overrides_the_remembered_one_and_is_waited_for(tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    catalog = Catalog(next_id=5, up={3}, expire_after=1)
+    assert _register(catalog, tmp_path, claim=3).broker_id == 3
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "3\n"
+    assert [asked for asked, _ in catalog.asked] == [3, 3, 3]
+
+
+def test_a_remembered_id_of_another_principal_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    catalog = Catalog(next_id=5)
+    catalog.foreign.add(2)
+    with pytest.raises(NotOwnerError, match="belongs to executor:other.*broker.id names it.*"
+                       "remove the file"):
+        _register(catalog, tmp_path)
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "2\n"  # left for the operator
+
+
+def test_a_claimed_id_the_cluster_never_assigned_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(UnknownBrokerError):
+        _register(Catalog(next_id=4), tmp_path, claim=9)
+    assert not (tmp_path / BROKER_ID_FILE).exists()
 
 
 def test_an_id_still_up_after_a_crash_is_waited_for(tmp_path: Path) -> None:
     (tmp_path / BROKER_ID_FILE).write_text("2\n")
     catalog = Catalog(next_id=5, up={2}, expire_after=2)
     assert _register(catalog, tmp_path).broker_id == 2
-    assert catalog.asked == [2, 2, 2, 2]
+    assert [asked for asked, _ in catalog.asked] == [2, 2, 2, 2]
 
 
 def test_an_id_that_stays_up_is_refused_after_the_wait(tmp_path: Path) -> None:

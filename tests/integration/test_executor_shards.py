@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -207,6 +208,26 @@ def test_a_restarted_up_keeps_the_shard_id_and_its_data(tmp_path: Path) -> None:
         records = [e for e in map(json.loads, read.stdout.splitlines()) if "value" in e]
         assert sorted(r["value"] for r in records) == sorted(f"v{i}" for i in range(60))
         assert on_shard <= {r["partition"] for r in records}
+
+
+def test_a_host_whose_executor_data_is_lost_gets_its_broker_ids_back(tmp_path: Path) -> None:
+    """DESIGN §6 "Executor broker ids": the executor's data dir gone (broker.id files and all),
+    the restarted executor registers its broker and its shard under the ids they had (the
+    host's name, credential and slot), so the partitions located there are served again
+    (empty: a topic of one replica lost its records with the disk)."""
+    with Up(tmp_path, "--brokers", "2") as up:
+        before = _executor(up)
+        assert len(_produce_consume(up, "homed", 20, create=True)) == 20
+    shutil.rmtree(tmp_path / "executor")
+    with Up(tmp_path, "--brokers", "2") as up:
+        after = _executor(up)
+        assert (after.broker_id, after.shards) == (before.broker_id, before.shards)
+        assert (tmp_path / "executor" / "broker.id").read_text() == f"{before.broker_id}\n"
+        read = _produce_consume(up, "homed", 40, create=False)
+        assert sorted(r["value"] for r in read) == sorted(f"v{i}" for i in range(40))
+        on_shard = {i for i, b in enumerate(_topic(up, "homed").locations)
+                    if b in after.shards}
+        assert on_shard & {r["partition"] for r in read}
 
 
 def test_a_deleted_topics_partitions_leave_the_shard_too(tmp_path: Path) -> None:

@@ -13,8 +13,11 @@ executor on each of hosts a, b and d (one broker each), a topic of replication f
   once healed, every acknowledged record is on every replica and in what a subscriber reads,
   exactly once, nothing written to the cut leader is served, and the replicas are
   byte-identical (a Jepsen-style check of acknowledged writes against reads).
-- A follower's executor is stopped and its data lost (everything but its broker id): once
-  restarted, its replica is fetched again from the leader, it rejoins the ISR, nothing lost.
+- A follower's host loses its whole data dir (its broker id too) while its executor is
+  stopped, or the leader's host dies with its disk: restarted, it gets its broker id back
+  from the catalog (the host's identity: host name and credential), its replica is fetched
+  again from the leader, it rejoins the ISR, nothing acknowledged is lost and the replicas
+  are byte-identical.
 
 The clients are external Python processes (CLIENT below): a publisher acknowledges one record
 at a time (send, flush) and logs each outcome with the wall-clock time; a subscriber logs each
@@ -408,31 +411,38 @@ def test_a_cut_off_leader_acknowledges_nothing_it_cannot_replicate(
           f"none of them served")
 
 
-def test_a_follower_whose_data_is_lost_is_rebuilt_from_the_leader(
-        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost_role", ["follower", "leader"])
+def test_a_host_whose_data_dir_is_lost_is_rebuilt_from_the_leader(
+        hosts: Hosts, processes: Processes, tmp_path: Path, lost_role: str) -> None:
     cluster = Replicated(hosts, processes, tmp_path)
     publisher = cluster.client("c", "pub", "publish", "p", "follow")
     cluster.wait(lambda: len(cluster.acked("pub")) >= 100, timeout=60,
              what="100 records acknowledged")
     before = cluster.partition()
-    (lost, *_) = [h for h in EXECUTORS if h != cluster.host_of(before["broker"])]
-    agent = cluster.agents[lost]
-    agent.terminate()
-    assert agent.wait(timeout=30) == 0
+    leader = cluster.host_of(before["broker"])
+    (lost, *_) = [leader] if lost_role == "leader" else [h for h in EXECUTORS if h != leader]
     data = cluster.data(lost)
-    broker_id = (data / "broker.id").read_text()
-    shutil.rmtree(data)  # the disk is gone; the host's broker id is its configuration
-    data.mkdir()
-    (data / "broker.id").write_text(broker_id)
+    broker_id = int((data / "broker.id").read_text())
+    agent = cluster.agents[lost]
+    if lost_role == "leader":  # its host dies, and its disk with it
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=10)
+    else:
+        agent.terminate()
+        assert agent.wait(timeout=30) == 0
+    shutil.rmtree(data)  # the disk is gone, broker id and all
     cluster.wait(lambda: len(cluster.partition()["isr"]) == 2, timeout=30,
-             what="the stopped follower out of the ISR")
+             what=f"the lost {lost_role} out of the ISR")
+    assert cluster.partition()["broker"] != broker_id
     count = len(cluster.acked("pub"))
     cluster.wait(lambda: len(cluster.acked("pub")) >= count + 50, timeout=60,
              what="records acknowledged without it")
 
     cluster.agents[lost] = cluster.start(lost)
     cluster.wait(lambda: len(cluster.partition()["isr"]) == 3, timeout=60,
-             what="the rebuilt follower back in the ISR")
+             what="the rebuilt host back in the ISR")
+    assert int((data / "broker.id").read_text()) == broker_id  # the host's id, given back
+    assert sorted(cluster.partition()["isr"]) == sorted(before["replicas"])
     cluster.stop_clients(publisher)
     acked = cluster.acked("pub")
     cluster.identical_replicas()

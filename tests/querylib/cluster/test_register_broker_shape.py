@@ -1,6 +1,7 @@
 """A broker's registration is read with its CURVE key's shape checked (querylib/cluster/
 messages.py RegisterBroker): clients connect with what the broker's record says, so a
-malformed key is refused as the message is decoded, before it reaches the catalog."""
+malformed key is refused as the message is decoded, before it reaches the catalog; so is a
+slot on its host out of 0..MAX_BROKER_SLOT."""
 
 import msgspec
 import pytest
@@ -25,3 +26,15 @@ def test_a_public_key_or_none_is_read() -> None:
     key = coordinator_public_key(b"k" * 32)
     assert _read(key).curve_key == key
     assert _read("").curve_key == ""
+
+
+@pytest.mark.parametrize(("slot", "ok"), [(0, True), (1023, True), (-1, False), (1024, False)])
+def test_a_brokers_slot_on_its_host_is_bounded_as_the_registration_is_read(slot: int,
+                                                                            ok: bool) -> None:
+    sent = msgspec.msgpack.encode(m.RegisterBroker(session_id=1, host="h",
+                                                   address="tcp://h:7411", slot=slot))
+    if ok:
+        assert msgspec.msgpack.decode(sent, type=m.RegisterBroker).slot == slot
+    else:
+        with pytest.raises(msgspec.ValidationError, match="slot"):
+            msgspec.msgpack.decode(sent, type=m.RegisterBroker)
