@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
-import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,11 +18,13 @@ ETCD = shutil.which("etcd")
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd not installed (Debian etcd-server)")
 
 
-def _answers(port: int) -> bool:
+def _healthy(port: int) -> bool:
+    """etcd's /health says true: it listens and has a leader (it accepts connections before
+    that, and a client's first request may then wait out its deadline)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+            return json.loads(reply.read()).get("health") == "true"
+    except (OSError, ValueError):
         return False
 
 
@@ -40,7 +43,8 @@ def etcd_server(data: Path) -> Iterator[str]:
          "--initial-cluster", f"tq-test=http://127.0.0.1:{peer}"],
         stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: process.poll() is not None or _answers(client), what="etcd listening")
+        wait_for(lambda: process.poll() is not None or _healthy(client), timeout=60,
+                 interval=0.05, what="etcd healthy")
         assert process.poll() is None, (data.parent / f"{data.name}.log").read_text()
         yield f"127.0.0.1:{client}"
     finally:

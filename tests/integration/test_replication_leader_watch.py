@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from querylib.api._runtime import address_of, incarnation_of
+from querylib.api._runtime import incarnation_of
 from querylib.broker import Data, Producer, Subscriber
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
@@ -68,9 +68,9 @@ def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
     stopped: subprocess.Popen[str] | None = None
     try:
         info = cluster.lookup_topic("kept")
-        first = address_of(info, 0)
+        first = info.leader_address(0)
         options = dict(secret=cluster.secret, incarnation=incarnation_of(info),
-                       locate=lambda: address_of(cluster.lookup_topic("kept"), 0),
+                       locate=lambda: cluster.lookup_topic("kept").leader_address(0),
                        watch_leader=functools.partial(cluster.watch_leader, "kept", 0),
                        lease=HOURS, timeout=HOURS, reconnect_timeout=HOURS)
         with Producer(first, "kept", 0, reopen=True, linger=0, **options) as producer, \
@@ -108,7 +108,7 @@ def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
             assert moved["broker"] != before["broker"]
             assert moved["leader_epoch"] == before["leader_epoch"] + 1
             assert producer.link.address == subscriber.link.address != first
-            assert producer.link.address == address_of(cluster.lookup_topic("kept"), 0)
+            assert producer.link.address == cluster.lookup_topic("kept").leader_address(0)
             assert read == [b"before %d" % i for i in range(10)] + \
                 [b"after %d" % i for i in range(10)]
             producer.close(end=False)
