@@ -41,7 +41,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from catalog import (
     Broker,
+    BrokerHome,
     Executor,
+    PrincipalKind,
     Record,
     Topic,
     TopicExistsError,
@@ -49,6 +51,7 @@ from catalog import (
     TqError,
     UnknownTopicError,
     UserError,
+    principal_kind,
 )
 from querylib.broker import BrokerUnavailableError
 from querylib.cluster import AsyncCluster, Snapshot
@@ -79,7 +82,7 @@ class CatalogTopics:
         self.broker_id: int | None = None
         self._attached = asyncio.Event()
         self._views: dict[str, dict[Record, int]] = {"brokers": {}, "topics": {},
-                                                     "executors": {}}
+                                                     "executors": {}, "homes": {}}
         self._following: asyncio.Task[None] | None = None
         self._learn: Callable[[TopicAccess], None] | None = None
         self._forget: Callable[[str], None] | None = None
@@ -100,7 +103,8 @@ class CatalogTopics:
         self.cluster, self.broker_id = cluster, broker_id
         self._attached.set()
         # The brokers too always: a follower fetches from its leader's address.
-        collections = ["topics", "brokers", "executors"] if follow else ["topics", "brokers"]
+        # The homes too: who registered each broker, for who may fetch as which replica.
+        collections = ["topics", "brokers", "homes"] + (["executors"] if follow else [])
         self._following = asyncio.get_running_loop().create_task(
             self._follow_all(collections), name="catalog view of the executor's broker")
 
@@ -113,6 +117,22 @@ class CatalogTopics:
         """Where this broker's roles on replicated partitions go: `set_role(topic, partition,
         role, min_insync)`, awaited one at a time."""
         self._set_role = set_role
+
+    def may_replicate(self, principal: str, replica: int) -> bool:
+        """Whether `principal` may fetch from this host's brokers as broker `replica`: the
+        admin's credential (tq up, an admin's executor) holds every broker; an executor's
+        holds those its sessions registered (the catalog's homes); nobody else any. A
+        follower's fetches move the high watermark, so the replica it names must be its own."""
+        try:
+            kind = principal_kind(principal)
+        except TqError:
+            return False
+        if kind is PrincipalKind.ADMIN:
+            return True
+        if kind is not PrincipalKind.EXECUTOR:
+            return False
+        return any(isinstance(h, BrokerHome) and h.broker_id == replica
+                   and h.principal == principal for h in self._views["homes"])
 
     def topic_named(self, name: str) -> Topic | None:
         """The followed view's topic of this short name."""

@@ -34,7 +34,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from catalog import PrincipalKind, TqError, principal_kind
+from catalog import TqError
 from querylib.cluster import AsyncCluster, advertise_endpoint, advertised_host, is_wildcard
 from querylib.rpc import BROKER, Credential, RemoteKeyring
 from querylib.server import BrokerEndpoints
@@ -122,10 +122,11 @@ class HostBroker:
                 self.address = self.bound
             self.exit_feed = QueryExitFeed(self.broker)
             # Replication (DESIGN §5 "Replication"): a follower fetches with our credential;
-            # only the cluster's brokers (executor principals, an admin's) may fetch from us;
-            # the roles come from the catalog and ISR proposals go back to it.
+            # only the cluster's brokers may fetch from us, each as the replica it is (the
+            # principal that registered it, or an admin's); the roles come from the catalog
+            # and ISR proposals go back to it.
             self.broker.replication.credential = self.secret
-            self.broker.replication.may_replicate = _is_broker_principal
+            self.broker.replication.may_replicate = self.topics.may_replicate
             self.broker.replication.on_isr_proposal = self._propose_isr
             self.topics.watch_replicas(self._set_role)
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
@@ -245,12 +246,3 @@ class HostBroker:
         if self.broker is not None and not self._closed:
             self._closed = True
             await self.broker.close()
-
-
-def _is_broker_principal(principal: str) -> bool:
-    """Who may fetch a replica from this host's brokers: another host's broker, which signs
-    with its executor's credential (an executor principal, or an admin's as under tq up)."""
-    try:
-        return principal_kind(principal) in (PrincipalKind.EXECUTOR, PrincipalKind.ADMIN)
-    except TqError:
-        return False

@@ -98,3 +98,60 @@ def test_a_wrong_executor_credential_stops_at_once(tmp_path: Path) -> None:
             env=tq_env(tmp_path / "elsewhere"), cwd=ROOT, capture_output=True, text=True,
             timeout=120)
         assert done.returncode == 2, done.stderr
+
+
+def test_executors_replicate_each_as_itself(processes: Processes, tmp_path: Path) -> None:
+    """Two executors holding executor credentials and tq up's own hold the replicas of a topic
+    of three: each follower fetches from the leader as its own broker and the ISR is full; the
+    credential of one, fetching as the other's broker, is refused (a follower's fetch moves
+    the high watermark: naming another replica would acknowledge what that one never had)."""
+    import asyncio
+
+    from querylib.broker._errors import PrincipalError
+    from querylib.broker.messages import ReplicaFetchRequest
+    from querylib.rpc import BROKER, RpcClient, load_credential
+
+    with Up(tmp_path / "home") as up:
+        (local,) = _executor_ids(up)
+        credentials = {}
+        for name in ("host-b", "host-c"):
+            credentials[name] = tmp_path / f"{name}.credential"
+            made = up.tq("user", "add", name, "--role", "executor", "-o",
+                         str(credentials[name]))
+            assert made.returncode == 0, made.stderr
+            processes.python(
+                "-m", "querylib.cli", "executor", "--coordinator", up.info["coordinator"],
+                "--credentials", str(credentials[name]), "--host", name, "--data",
+                str(tmp_path / name), "--slots", "1", env=tq_env(tmp_path / "elsewhere"),
+                cwd=ROOT, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(_executor_ids(up)) == 3, timeout=60, interval=0.2,
+                 what="both executors to register")
+        made = up.tq("topic", "create", "kept", "--replication-factor", "3")
+        assert made.returncode == 0, made.stderr
+        produced = up.tq("produce", "kept", stdin="a\nb\nc\n")
+        assert produced.returncode == 0, produced.stderr
+
+        def described() -> dict:
+            done = up.tq("topic", "describe", "kept", "--json")
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)["partitions"][0]
+
+        part = wait_for(lambda: (p := described())["isr"] == p["replicas"] and p, timeout=60,
+                        interval=0.2, what="every replica in sync")
+        status = json.loads(up.tq("status", "--json").stdout)
+        broker_of = {e["host"]: e["broker_id"] for e in status["executors"]}
+        address = {e["broker_id"]: e["broker"] for e in status["executors"]}
+
+        async def fetch_as(name: str, replica: int) -> None:
+            client = RpcClient(address[part["broker"]], load_credential(credentials[name]),
+                               audience=BROKER, timeout=30)
+            try:
+                await client.connect()
+                await client.exchange(ReplicaFetchRequest(
+                    "kept", 0, fetch_offset=0, leader_epoch=part["leader_epoch"],
+                    replica=replica, max_wait_ms=0))
+            finally:
+                await client.close()
+
+        with pytest.raises(PrincipalError):
+            asyncio.run(fetch_as("host-b", broker_of["host-c"]))

@@ -12,7 +12,14 @@ import pytest
 
 from catalog.errors import TqError
 from querylib.broker import BrokerLink, OpenProducerRequest, ProduceRequest
-from querylib.broker.messages import AdvanceRequest, EndStreamRequest, Produced, ReplicaFetchRequest
+from querylib.broker._errors import PrincipalError
+from querylib.broker.messages import (
+    AdvanceRequest,
+    EndStreamRequest,
+    EpochEndRequest,
+    Produced,
+    ReplicaFetchRequest,
+)
 from querylib.log import LogConfig
 from querylib.records import encode_batch, iter_batches
 from querylib.rpc import BROKER, RpcClient
@@ -449,6 +456,35 @@ def test_a_new_leader_knows_the_idempotent_producers_it_replicated(tmp_path):
             await link.close(clean=False)
             await link2.close()
         finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_replica_fetch_naming_a_replica_its_principal_does_not_hold_is_refused(tmp_path):
+    """The replica id in a fetch is checked against who signs it (`may_replicate(principal,
+    replica)`): a broker of the cluster that names another replica is refused, and its fetch
+    moves nothing (before, any cluster broker could claim to be any follower and so raise the
+    high watermark over records that follower never had)."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        leader = cluster.servers[0]
+        # The admin's secret signs here: say it holds broker 2 only.
+        leader.replication.may_replicate = lambda principal, replica: replica == 2
+        client = RpcClient(cluster.addresses[0], SECRET, audience=BROKER, timeout=30)
+        try:
+            await client.connect()
+            with pytest.raises(PrincipalError):
+                await client.exchange(ReplicaFetchRequest(
+                    "t", 0, fetch_offset=0, leader_epoch=1, replica=3, max_wait_ms=0))
+            with pytest.raises(PrincipalError):
+                await client.request(EpochEndRequest("t", 0, 1, 3))
+            reply, _frames = await client.exchange(ReplicaFetchRequest(
+                "t", 0, fetch_offset=0, leader_epoch=1, replica=2, max_wait_ms=0))
+            assert reply.high_watermark == 0
+        finally:
+            await client.close()
             await cluster.close()
 
     asyncio.run(main())

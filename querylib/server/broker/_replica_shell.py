@@ -6,14 +6,15 @@ one seam, called by the executor's catalog view, or by tests), runs a `ReplicaFe
 leader it follows, and serves the two requests other brokers make of a leader: the replica
 fetch (`broker.replica.fetch`: the stored bytes from the follower's log end and the high
 watermark, long-polled at the log end) and OffsetForLeaderEpoch (`broker.replica.epoch_end`),
-only to principals `may_replicate` admits and only for the partition's replicas. The leader's
+only to a principal `may_replicate` admits as the replica its request names, and only for the
+partition's replicas. The leader's
 bookkeeping (high watermark, ISR proposals, fencing) is the core's (`_replication.py`, fed as
 `SetReplicaRole` / `ReplicaFetched` / `ReplicaAppended`); its ISR proposals come out of the
 core and go to `on_isr_proposal`.
 
     replication = server.replication
     replication.credential = secret          # what a follower signs its fetches with
-    replication.may_replicate = is_broker    # who may fetch from this broker as a replica
+    replication.may_replicate = holds        # (principal, replica id): may it fetch as that
     replication.on_isr_proposal = send_alter_partition
     await replication.set_role("t", 0, role, broker_id=2, min_insync=2)
 
@@ -73,9 +74,12 @@ class ReplicaShell:
         # What a follower signs its fetches with: the cluster secret (a broker given a keyring,
         # e.g. an executor's, is told its credential by whoever sets its roles).
         self.credential = credential
-        # Who may fetch as a follower: a broker of the cluster (the admin's secret here; an
-        # executor passes its catalog's rule).
-        self.may_replicate: Callable[[str], bool] = lambda principal: principal == ADMIN
+        # Who may fetch as which follower: (principal, the replica id its request names) ->
+        # whether that principal holds that broker (the admin's secret holds all here; an
+        # executor passes its catalog's rule: the principal that registered the broker). A
+        # replica's fetches move the high watermark, so naming another replica is refused.
+        self.may_replicate: Callable[[str, int], bool] = \
+            lambda principal, replica: principal == ADMIN
         # Where ISR proposals go (an executor: AlterPartition through its coordinator session).
         self.on_isr_proposal: Callable[[ProposeIsr], object] = lambda instr: logger.info(
             "broker: no one takes ISR proposals here: %s", instr)
@@ -145,7 +149,7 @@ class ReplicaShell:
     async def serve_epoch_end(self, req: EpochEndRequest, ctx: Context) -> EpochEnd:
         """OffsetForLeaderEpoch for a (re)joining follower: where `req.leader_epoch` ended in
         this leader's log."""
-        pid = self._checked(req.topic, req.partition, ctx)
+        pid = self._checked(req.topic, req.partition, req.replica, ctx)
         role = self._roles.get(pid)
         if pid not in self._leading or role is None or not role.is_follower(req.replica):
             raise NotLeaderOrFollowerError(f"this broker does not lead {pid} for {req.replica}")
@@ -155,7 +159,7 @@ class ReplicaShell:
         """A follower's fetch: the core records its end (the high watermark may move) and
         answers, at once or, at the log end, once more is appended or `max_wait_ms` passed;
         then the stored bytes from its end are attached."""
-        pid = self._checked(req.topic, req.partition, ctx)
+        pid = self._checked(req.topic, req.partition, req.replica, ctx)
         if not 0 < req.max_bytes <= self._limits.max_read_bytes * 8:
             raise BrokerProtocolError(f"a replica fetch of {req.max_bytes} bytes")
         if not 0 <= req.max_wait_ms <= MAX_REPLICA_WAIT_MS:
@@ -186,12 +190,13 @@ class ReplicaShell:
         ctx.attach(data)
         return ReplicaData(high_watermark, log.log_start_offset, end)
 
-    def _checked(self, topic: str, partition: int, ctx: Context) -> PartitionId:
-        """The partition a replica's request names, once its sender may replicate: a broker
-        of the cluster (`may_replicate`), to an open broker."""
+    def _checked(self, topic: str, partition: int, replica: int, ctx: Context) -> PartitionId:
+        """The partition a replica's request names, once its sender may replicate as
+        `replica`: the principal that holds that broker of the cluster (`may_replicate`), to
+        an open broker."""
         if self._closing():
             raise BrokerClosedError("the broker is closed")
-        if not self.may_replicate(ctx.principal or ""):
-            raise PrincipalError(f"{ctx.principal} may not fetch as a replica: only brokers "
-                                 "of the cluster do")
+        if not self.may_replicate(ctx.principal or "", replica):
+            raise PrincipalError(f"{ctx.principal} may not fetch as replica {replica}: only "
+                                 "the broker of the cluster registered as it does")
         return validate_partition(topic, partition)
