@@ -7,7 +7,9 @@ address and the path of the secret file, never the secret: they load it where th
 file must be readable there, as on one host or a shared file system). A reading task
 subscribes to its partition from its start offset and takes the delivered chunks of whole
 batches until its stop offset, granting credit as it decodes; a writing task publishes encoded
-batches through a `Producer` and closes without ending the stream.
+batches through a `Producer` and closes without ending the stream. On a replicated topic both
+follow the partition's leader when it moves: they ask the coordinator, whose address the place
+carries, where it is led now.
 
 A writer's missing topic is created as an ingest topic (`ensure_topic`), in a short session.
 
@@ -18,11 +20,11 @@ NoCoordinatorError / BrokerUnreachableError, saying both.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from catalog import Topic, TopicName
-from catalog.errors import TopicExistsError, UnknownTopicError
+from catalog.errors import TopicExistsError, TqError, UnknownTopicError
 from querylib.broker import Incarnation, Producer, Subscriber, list_partitions
 from querylib.cluster import Cluster, NoCoordinatorError, TopicInfo, discover
 from querylib.rpc import RpcError, SecretRejectedError, load_credential, remember_server_key
@@ -48,6 +50,10 @@ class PartitionPlace:
     # The broker's CURVE public key when it is a CURVE server (another host's), else "": a
     # task, in a process of its own, connects with it (DESIGN §2 "Handshake").
     broker_key: str = ""
+    # A replicated topic's leader moves (DESIGN §5 "Replication"): a task whose broker is gone
+    # or deposed asks the coordinator at `coordinator` where the partition is led now.
+    coordinator: str = ""
+    replicated: bool = False
 
 
 def _secret_hint(secret_file: str) -> str:
@@ -128,7 +134,8 @@ class ClusterTopics:
                                          f"{broker_id}, which is not up")
         return PartitionPlace(address, self.secret_file, self.timeout,
                               (info.topic.created_at_ms, info.topic.topic_id),
-                              info.broker_keys.get(broker_id, ""))
+                              info.broker_keys.get(broker_id, ""), self.coordinator,
+                              bool(info.topic.replicas))
 
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, durable log end); (0, 0) for a partition no one has written yet."""
@@ -155,25 +162,58 @@ def _know_key(place: PartitionPlace) -> None:
     remember_server_key(place.broker, place.broker_key)
 
 
+def _locator(place: PartitionPlace, topic: str, partition: int) -> Callable[[], str] | None:
+    """What a task's producer or subscriber asks when its broker is gone or deposed: the
+    partition's leader of now, from the coordinator (a short connection, no session; the new
+    broker's CURVE key learnt with it). None for a topic of one replica: it does not move."""
+    if not (place.replicated and place.coordinator):
+        return None
+
+    def locate() -> str:
+        with Cluster(place.coordinator, load_credential(place.secret_file), session=False,
+                     timeout=place.timeout, connect_timeout=place.timeout) as cluster:
+            info = cluster.lookup_topic(topic)
+        address = info.leader_address(partition)
+        remember_server_key(address, info.broker_keys.get(info.topic.locations[partition], ""))
+        return address
+
+    return locate
+
+
+def _broker_now(place: PartitionPlace, locate: Callable[[], str] | None) -> str:
+    """The broker a task starts with: the planned one, or for a replicated topic the leader
+    of now (it may have moved since the driver planned: a streaming query plans once a
+    micro-batch, a task may run much later); the planned one when the coordinator does not
+    answer."""
+    if locate is not None:
+        try:
+            return locate()
+        except (TqError, OSError):
+            pass
+    _know_key(place)
+    return place.broker
+
+
 def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
                 stop: int) -> Generator[bytes, None, None]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
     reaches `stop`, as the hosting broker delivers them."""
     secret = load_credential(place.secret_file)
-    _know_key(place)
+    locate = _locator(place, topic, partition)
+    broker = _broker_now(place, locate)
     try:
-        subscriber = Subscriber(place.broker, topic, [partition], secret=secret, start=start,
+        subscriber = Subscriber(broker, topic, [partition], secret=secret, start=start,
                                 credit=READ_CREDIT, follow=True, timeout=place.timeout,
-                                incarnation=_incarnation(place))
+                                incarnation=_incarnation(place), locate=locate)
     except RpcError as exc:
-        raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
+        raise BrokerUnreachableError(f"broker {broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc
     with subscriber:
         while True:
             chunk = subscriber.next_chunk(timeout=place.timeout)
             if chunk is None:
                 raise BrokerUnreachableError(
-                    f"broker {place.broker} sent nothing of {topic}-{partition} for "
+                    f"broker {broker} sent nothing of {topic}-{partition} for "
                     f"{place.timeout:g}s before offset {stop}")
             data = bytes(chunk.data)
             subscriber.consumed(chunk)
@@ -185,11 +225,13 @@ def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
 def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer:
     """A producer into one partition, which it creates on the broker if needed (the
     coordinator placed it there)."""
-    _know_key(place)
+    locate = _locator(place, topic, partition)
+    broker = _broker_now(place, locate)
     try:
-        return Producer(place.broker, topic, partition,
+        return Producer(broker, topic, partition,
                         secret=load_credential(place.secret_file), create=True,
-                        timeout=place.timeout, incarnation=_incarnation(place))
+                        timeout=place.timeout, incarnation=_incarnation(place),
+                        locate=locate)
     except RpcError as exc:
-        raise BrokerUnreachableError(f"broker {place.broker} does not answer: {exc}; "
+        raise BrokerUnreachableError(f"broker {broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc
