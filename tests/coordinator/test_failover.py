@@ -265,10 +265,6 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason="open: a query process given a list of coordinator "
-                   "addresses (TQ_COORDINATOR a,b) does not register; with the executor on "
-                   "one address the sessions resume at the standby but the queries cannot "
-                   "report to it (H52 report)")
 def test_an_executor_and_its_running_query_go_on_across_a_takeover(
         tmp_path: Path, processes: Processes) -> None:
     """An executor and a query publishing to a subscriber query, both given both coordinator
