@@ -56,8 +56,13 @@ class WarmStandby:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        # Cancelled until it is done: Python 3.11's asyncio.wait_for (inside aetcd's watch
+        # creation) can swallow a cancellation that meets its result, and the follow would
+        # then go on watching while the coordinator waited for it.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.05)
+        outcome = None if task.cancelled() else task.exception()
         if isinstance(outcome, Exception):
             logger.warning("coordinator: following etcd as a standby stopped at catalog "
                            "version %d: %s", self.catalog.version, outcome)

@@ -146,6 +146,7 @@ class AsyncCluster:
         # Notify callbacks, kept here so that whichever client failover settles on (or moves
         # to) delivers them: a callback set on one RpcClient dies with it.
         self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
+        self._finding = asyncio.Lock()  # one failover search at a time (`find_active`)
         self.client = self._new_client(self.address)
         self.session_id: int | None = None
         self.catalog_broker = ""
@@ -195,6 +196,17 @@ class AsyncCluster:
             await self.client.close()
             raise
         return self
+
+    async def find_active(self) -> None:
+        """With several coordinator addresses (failover): find the active one again, after
+        the one we used stopped answering; calls in flight move to it. One search at a time:
+        a caller that waited for another's finds the client it found."""
+        if len(self.addresses) < 2 or self._closed:
+            return
+        client = self.client
+        async with self._finding:
+            if self.client is client:
+                await self._find_active()
 
     async def _find_active(self) -> None:
         """Ask every coordinator at once; the first that answers is the active one (a standby
@@ -565,7 +577,7 @@ class AsyncCluster:
                 raise
             # Failover: another coordinator may be active now and hold our session (recovered,
             # on its recovery lease): find it and renew there.
-            await self._find_active()
+            await self.find_active()
             await self.client.request(beat, timeout=timeout)
 
     def _lapsed(self, cause: BaseException | None) -> None:
