@@ -46,10 +46,10 @@ from catalog import (
     consolidate,
     decode_record,
 )
-from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.broker import AsyncSubscriber, Data, Progress
 from querylib.broker.messages import StartAt
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
-from querylib.rpc import DeadlineExceededError, remember_server_key
+from querylib.rpc import ClientClosedError, DeadlineExceededError, remember_server_key
 
 from . import messages as m
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER
@@ -355,19 +355,20 @@ class AsyncCollectionFollower:
 
 
 class CollectionFollower:
-    """Catalog events of one collection, blocking (`with` / `for`). See AsyncCollectionFollower.
-    """
+    """Catalog events of one collection, blocking (`with` / `for`): an AsyncCollectionFollower
+    run on its cluster's loop thread, so it follows a takeover as that one does. Closed
+    before its cluster is."""
 
     def __init__(self, cluster: Cluster, collection: str, *,
                  credit: int = 4 * 1024 * 1024) -> None:
         self.collection = collection
-        self.view = CollectionView(collection)
-        info = cluster.info()
-        self.view, start = _start(collection, info)
-        self._subscriber = Subscriber(info.catalog_broker, info.collections[collection], 0,
-                                      secret=cluster.secret, start=start, credit=credit,
-                                      follow=True)
-        self._ready: list[CatalogEvent] = []
+        self._call = cluster._call
+        self._follower = AsyncCollectionFollower(cluster._async, collection, credit=credit)
+        self._call(self._follower.start())
+
+    @property
+    def view(self) -> CollectionView:
+        return self._follower.view
 
     def __enter__(self) -> CollectionFollower:
         return self
@@ -377,17 +378,7 @@ class CollectionFollower:
 
     def next_event(self, timeout: float | None = None) -> CatalogEvent | None:
         """The next catalog event; None after `timeout` seconds without one."""
-        deadline = None if timeout is None else _time.monotonic() + timeout
-        while not self._ready:
-            left = None if deadline is None else max(0.0, deadline - _time.monotonic())
-            event = self._subscriber.next_event(left)
-            if event is None:
-                return None
-            self._ready.extend(self.view.feed(event))
-        ready = self._ready.pop(0)
-        if self.collection == "brokers":
-            _learn_broker_keys(ready)
-        return ready
+        return self._call(self._follower.next_event(timeout))
 
     def __iter__(self) -> Iterator[CatalogEvent]:
         while True:
@@ -402,7 +393,10 @@ class CollectionFollower:
         return event
 
     def close(self) -> None:
-        self._subscriber.close()
+        try:
+            self._call(self._follower.close())
+        except ClientClosedError:  # its cluster closed first: the follower went with its loop
+            pass
 
 
 async def read_collections(cluster: AsyncCluster, collections: Iterable[str], *,

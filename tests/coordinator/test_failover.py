@@ -229,6 +229,7 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
 
     from querylib.cluster import Cluster
     from querylib.rpc import load_secret
+    from tests.conftest import wait_for
     from tests.coordinator._cluster import CoordinatorProcess, tq
 
     home_a, home_b = tmp_path / "a", tmp_path / "b"
@@ -248,13 +249,31 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
             client.add_user("user:alice")
             before = client.snapshot("topics", "users")
         assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
+        both = f"{active.address},{standby.address}"
+        watching = Cluster(both, secret, lease=30.0)  # follows the catalog across the kill
+        follower = watching.follow("topics")
+        assert follower.snapshot(timeout=20) is not None
         active.kill()
         standby.wait_serving(timeout=60)
-        both = f"{active.address},{standby.address}"
         with Cluster(both, secret, connect_timeout=30) as client:  # finds the active one
             assert client.address == standby.address
             after = client.snapshot("topics", "users")
             client.create_topic("delta", 1)  # it serves changes too
+        # The follower starts over at the new coordinator's catalog broker (a new Snapshot)
+        # well before its link to the dead one would give up (60 s).
+        seen: set[str] = set()
+
+        def delta_seen() -> bool:
+            event = follower.next_event(timeout=0.2)
+            if event is not None:
+                records = event.records if hasattr(event, "records") else [
+                    (r, d) for r, d in event.updates if d > 0]  # type: ignore[union-attr]
+                seen.update(t.short_name for t, _ in records)
+            return "delta" in seen
+
+        wait_for(delta_seen, timeout=30, interval=0, what="the follower to see topic delta")
+        follower.close()
+        watching.close()
         described = tq(home_b, "topic", "describe", "alpha", "--coordinator", both)
         assert described.returncode == 0, described.stderr
         assert "alpha" in described.stdout
