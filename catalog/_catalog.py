@@ -21,7 +21,7 @@ Must not: read clocks, do I/O, or mutate state before a command has been fully c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
 import msgspec
@@ -133,6 +133,24 @@ class Catalog:
         self._write(changes)
         self._counters = new
         return Change(version=new.version, updates=tuple(changes), created=created)
+
+    def apply_committed(self, version: int, updates: Sequence[Update]) -> None:
+        """Apply change `version`, committed by another catalog (a standby following the active
+        coordinator's log; DESIGN §3 "Coordinator failover"): its updates as that catalog
+        emitted them, counters included. CorruptCatalogError, changing nothing, unless it is
+        the next change and applies."""
+        if version != self.version + 1:
+            raise CorruptCatalogError(f"change {version} does not follow version {self.version}")
+        counters = [r for c, r, d in updates if c == "counters" and d > 0]
+        if len(counters) != 1 or not isinstance(counters[0], Counters) \
+                or counters[0].version != version:
+            raise CorruptCatalogError(f"change {version} does not set the catalog version")
+        for collection, record, _ in updates:
+            if type(record) is not COLLECTIONS.get(collection):
+                raise CorruptCatalogError(
+                    f"a {type(record).__name__} record in collection {collection!r}")
+        self._write(list(updates))
+        self._counters = counters[0]
 
     def _write(self, updates: list[Update]) -> None:
         grouped: dict[str, list[tuple[Record, int]]] = {}

@@ -18,7 +18,8 @@ answered, so every commit a client was told of is in etcd. `checkpoint` writes t
 in chunks, then in one Txn marks it complete and deletes the log keys and chunks it replaces:
 etcd holds at most one checkpoint and the commits after it. A standby reads the checkpoint and
 the commits after it in one consistent Txn (`read`) and then watches the prefix from the next
-revision (`follow`); a watch that lost history to a compaction re-reads.
+revision (`follow`); a watch that lost history to a compaction re-reads. Once elected, it reads
+the commits its watch had not delivered yet (`commits_after`).
 
 Owns its etcd client, its lease and the keeper task; decides nothing about the catalog.
 """
@@ -332,6 +333,21 @@ class EtcdCatalog:
                     updates.extend(changes)
                     version = v
         return ReadCatalog(version, updates, revision)
+
+    async def commits_after(self, version: int) -> list[Commit] | None:
+        """Every commit after `version`, read in one Txn; None when a checkpoint past `version`
+        has replaced some of them (`read` everything then)."""
+        client = self.client
+        t = client.transactions
+        logs = self.prefix + b"catalog/"
+        _, (marked, commits) = await client.transaction(compare=[], failure=[], success=[
+            t.get(self.prefix + b"checkpointed"),
+            t.get(self._log_key(version + 1), _etcd().utils.prefix_range_end(logs))])
+        if marked and msgspec.msgpack.decode(marked[0][0])[0] > version:
+            return None
+        # A key is named by the last version of its commit: one from `version + 1` on may
+        # hold changes up to `version` too (never, with keys written as `append` writes them).
+        return [c for value, _ in commits for c in _decode(value) if c[0] > version]
 
     async def follow(self, after: ReadCatalog,
                      apply: Callable[[list[Commit]], Awaitable[None] | None],

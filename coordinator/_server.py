@@ -91,6 +91,7 @@ from ._failover import EtcdCatalog, NotActiveError
 from ._handlers import HANDLERS, MintToken
 from ._journal import Recovered, TimedUpdate, read_catalog
 from ._namespace import settle_namespace
+from ._standby import WarmStandby
 from ._state import CoordinatorConfig, CoordinatorState
 from ._writer import CatalogWriter
 
@@ -166,6 +167,7 @@ class Coordinator:
             self.failover = EtcdCatalog(etcd, cluster, lease=(config or CoordinatorConfig())
                                         .active_lease_ms / 1000)
         self._lost: asyncio.Task[None] | None = None
+        self.standby: WarmStandby | None = None  # with failover, once started
         self.broker_dir = os.path.join(self.data_dir, "broker")
         self.listen = listen
         self.broker_listen = broker_listen or _next_port(listen)
@@ -204,6 +206,7 @@ class Coordinator:
         self.broker_endpoint: str | None = None
         self.recovered: Recovered | None = None
         self.recovery_seconds = 0.0
+        self.takeover_seconds = 0.0  # with failover: elected -> serving
         self.counters = {"notify_failed": 0, "bugs": 0}
         self._kafka_view: CatalogView | None = None
         self._directory: CatalogDirectory | None = None
@@ -247,8 +250,18 @@ class Coordinator:
         taken_over: dict[str, list[TimedUpdate]] = {}
         if self.failover is not None:
             await self.failover.connect()
-            await self.failover.campaign(self.listen)  # waits while another is active
-            recovered, taken_over = await self._take_over(recovered)
+            # A warm standby: it follows the catalog while it waits.
+            self.standby = standby = WarmStandby(self.failover)
+            await standby.start()
+            logger.info("coordinator: following the catalog in etcd from version %d while "
+                        "campaigning", standby.catalog.version)
+            try:
+                await self.failover.campaign(self.listen)  # waits while another is active
+            finally:
+                await standby.close()
+            elected = time.perf_counter()
+            recovered, taken_over = await self._take_over(recovered,
+                                                          await standby.take_over())
             self.recovered = recovered
         checkpoint = recovered.checkpoint
         self.state = CoordinatorState(
@@ -293,6 +306,9 @@ class Coordinator:
             self._lost = loop.create_task(self._stop_when_deposed(), name="etcd deposed")
         self._ticker = loop.create_task(self._tick_forever(), name="coordinator ticks")
         self.recovery_seconds = time.perf_counter() - started
+        if self.failover is not None:
+            self.takeover_seconds = time.perf_counter() - elected
+            logger.info("coordinator: serving %.3fs after its election", self.takeover_seconds)
         logger.info("coordinator on %s (catalog broker %s, version %d, %d sessions) in %.2fs",
                     self.endpoint, self.broker_endpoint, self.state.catalog.version,
                     len(self.state.catalog.sessions), self.recovery_seconds)
@@ -695,29 +711,30 @@ class Coordinator:
 
     # -- failover -------------------------------------------------------------------------------
 
-    async def _take_over(self, local: Recovered) -> tuple[Recovered, dict[str, list[TimedUpdate]]]:
-        """Elected: the catalog is etcd's. Returns it, and what the local catalog topics lack
-        of it (appended at etcd's version before anything else). An empty etcd is seeded with
-        the local catalog (the first coordinator of a cluster that turns failover on)."""
+    async def _take_over(self, local: Recovered, catalog: Catalog
+                         ) -> tuple[Recovered, dict[str, list[TimedUpdate]]]:
+        """Elected, with `catalog` as etcd holds it (the warm standby's): that is the catalog.
+        Returns it, and what the local catalog topics lack of it (appended at etcd's version
+        before anything else). An empty etcd is seeded with the local catalog (the first
+        coordinator of a cluster that turns failover on)."""
         assert self.failover is not None
-        held = await self.failover.read()
-        if held.version == 0 and not held.updates:
+        held = catalog.version
+        if held == 0:
             if local.catalog.version:
                 await self.failover.checkpoint(local.catalog.version, local.catalog.snapshot())
             return local, {}
-        if local.catalog.version > held.version:
+        if local.catalog.version > held:
             raise StorageError(
                 f"the catalog topics in {self.broker_dir} are at version "
-                f"{local.catalog.version}, ahead of etcd's {held.version} (changes never "
+                f"{local.catalog.version}, ahead of etcd's {held} (changes never "
                 f"acknowledged): move that directory aside to take over from etcd")
-        catalog = Catalog.replay(held.updates)
         missing = consolidate_updates([*catalog.snapshot(), *(
             Update(c, r, -d) for c, r, d in local.catalog.snapshot())])
         per: dict[str, list[TimedUpdate]] = {}
         for collection, record, diff in missing:
-            per.setdefault(collection, []).append(TimedUpdate(held.version, record, diff))
+            per.setdefault(collection, []).append(TimedUpdate(held, record, diff))
         logger.warning("coordinator: taking over at catalog version %d (local topics at %d, "
-                       "%d updates behind)", held.version, local.catalog.version, len(missing))
+                       "%d updates behind)", held, local.catalog.version, len(missing))
         return dataclasses.replace(local, catalog=catalog,
                                    since_checkpoint=local.since_checkpoint + len(missing)), per
 

@@ -20,7 +20,7 @@ Environment of a query process (every value a string):
     TQ_PROCESS_INDEX   this process, 0-based
     TQ_PROCESS_COUNT   how many processes the query has
     TQ_WORKERS         worker threads per process
-    TQ_COORDINATOR     the coordinator's address
+    TQ_COORDINATOR     the coordinator's address (every one, comma-separated, with failover)
     TQ_PEERS           the query's processes' peer addresses, comma-separated, by index
     TQ_CREDENTIALS     its credential file (principal query:ID, key minted by the coordinator
                        for this query; DESIGN §12), never the cluster secret

@@ -46,17 +46,22 @@ from catalog import (
     consolidate,
     decode_record,
 )
-from querylib.broker import AsyncSubscriber, Data, Progress, Subscriber
+from querylib.broker import AsyncSubscriber, Data, Progress
 from querylib.broker.messages import StartAt
 from querylib.records import DIFF_HEADER, TIME_HEADER, decode_int64
-from querylib.rpc import remember_server_key
+from querylib.rpc import ClientClosedError, DeadlineExceededError, remember_server_key
 
+from . import messages as m
 from ._format import COUNT_HEADER, SNAPSHOT_HEADER
 
 if TYPE_CHECKING:
     from ._blocking import Cluster
     from ._session import AsyncCluster
     from .messages import CatalogInfo
+
+# Seconds the coordinator has to say where the catalog broker is, asked while it does not
+# answer (each reconnect attempt of the follower's link; DESIGN §3 "Coordinator failover").
+_LOCATE_TIMEOUT = 2.0
 
 __all__ = [
     "AsyncCollectionFollower",
@@ -246,17 +251,51 @@ class AsyncCollectionFollower:
         self.collection = collection
         self.credit = credit
         self.view = CollectionView(collection)
+        self.restarts = 0  # how many times the catalog broker was found elsewhere
         self._subscriber: AsyncSubscriber | None = None
         self._ready: list[CatalogEvent] = []
+        self._moved: CatalogInfo | None = None  # the coordinator names another catalog broker
+        self._moved_event = asyncio.Event()
+        self._address = ""  # the catalog broker followed
 
     async def start(self) -> AsyncCollectionFollower:
-        info = await self.cluster.info()
+        await self._follow(await self.cluster.info())
+        return self
+
+    async def _follow(self, info: CatalogInfo) -> None:
         self.view, start = _start(self.collection, info)
+        self._address = info.catalog_broker
         self._subscriber = AsyncSubscriber(
             info.catalog_broker, info.collections[self.collection], 0,
-            secret=self.cluster.secret, start=start, credit=self.credit, follow=True)
+            secret=self.cluster.secret, start=start, credit=self.credit, follow=True,
+            locate=self._locate)
         await self._subscriber.start()
-        return self
+
+    async def _locate(self) -> str | None:
+        """Asked by the subscriber's link while the catalog broker does not answer: a
+        coordinator that took over (DESIGN §3 "Coordinator failover") has its own catalog
+        broker, whose catalog topics hold the same changes at other offsets, so the follower
+        starts over there (a new Snapshot) instead of moving its subscription."""
+        try:
+            info = await self.cluster.request(m.GetCatalogInfo(), timeout=_LOCATE_TIMEOUT)
+        except DeadlineExceededError:
+            await self.cluster.find_active()  # may be another coordinator's turn
+            info = await self.cluster.request(m.GetCatalogInfo(), timeout=_LOCATE_TIMEOUT)
+        if info.catalog_broker and info.catalog_broker != self._address:
+            self._address = info.catalog_broker  # asked again meanwhile: moved already
+            self._moved = info
+            self._moved_event.set()
+        return None  # the link stays; the follower restarts
+
+    async def _restart(self) -> None:
+        info, self._moved = self._moved, None
+        self._moved_event.clear()
+        assert info is not None and self._subscriber is not None
+        old, self._subscriber = self._subscriber, None
+        await old.close()
+        self._ready.clear()
+        self.restarts += 1
+        await self._follow(info)
 
     async def __aenter__(self) -> AsyncCollectionFollower:
         return await self.start()
@@ -269,15 +308,36 @@ class AsyncCollectionFollower:
         assert self._subscriber is not None, "start the follower first"
         deadline = None if timeout is None else _time.monotonic() + timeout
         while not self._ready:
+            if self._moved is not None:
+                await self._restart()
             left = None if deadline is None else max(0.0, deadline - _time.monotonic())
-            event = await self._subscriber.next_event(left)
+            event = await self._next_or_moved(left)
             if event is None:
+                if self._moved is not None:
+                    continue
                 return None
             self._ready.extend(self.view.feed(event))
         ready = self._ready.pop(0)
         if self.collection == "brokers":
             _learn_broker_keys(ready)
         return ready
+
+    async def _next_or_moved(self, timeout: float | None) -> Any:
+        """The subscriber's next event, or None once the catalog broker was found elsewhere
+        (or after `timeout`)."""
+        assert self._subscriber is not None
+        if self._moved is not None:
+            return None
+        nexting = asyncio.ensure_future(self._subscriber.next_event(timeout))
+        moved = asyncio.ensure_future(self._moved_event.wait())
+        try:
+            await asyncio.wait({nexting, moved}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved.cancel()
+            if not nexting.done():
+                nexting.cancel()
+                await asyncio.gather(nexting, return_exceptions=True)
+        return nexting.result() if not nexting.cancelled() else None
 
     def __aiter__(self) -> AsyncIterator[CatalogEvent]:
         return self._iterate()
@@ -295,19 +355,20 @@ class AsyncCollectionFollower:
 
 
 class CollectionFollower:
-    """Catalog events of one collection, blocking (`with` / `for`). See AsyncCollectionFollower.
-    """
+    """Catalog events of one collection, blocking (`with` / `for`): an AsyncCollectionFollower
+    run on its cluster's loop thread, so it follows a takeover as that one does. Closed
+    before its cluster is."""
 
     def __init__(self, cluster: Cluster, collection: str, *,
                  credit: int = 4 * 1024 * 1024) -> None:
         self.collection = collection
-        self.view = CollectionView(collection)
-        info = cluster.info()
-        self.view, start = _start(collection, info)
-        self._subscriber = Subscriber(info.catalog_broker, info.collections[collection], 0,
-                                      secret=cluster.secret, start=start, credit=credit,
-                                      follow=True)
-        self._ready: list[CatalogEvent] = []
+        self._call = cluster._call
+        self._follower = AsyncCollectionFollower(cluster._async, collection, credit=credit)
+        self._call(self._follower.start())
+
+    @property
+    def view(self) -> CollectionView:
+        return self._follower.view
 
     def __enter__(self) -> CollectionFollower:
         return self
@@ -317,17 +378,7 @@ class CollectionFollower:
 
     def next_event(self, timeout: float | None = None) -> CatalogEvent | None:
         """The next catalog event; None after `timeout` seconds without one."""
-        deadline = None if timeout is None else _time.monotonic() + timeout
-        while not self._ready:
-            left = None if deadline is None else max(0.0, deadline - _time.monotonic())
-            event = self._subscriber.next_event(left)
-            if event is None:
-                return None
-            self._ready.extend(self.view.feed(event))
-        ready = self._ready.pop(0)
-        if self.collection == "brokers":
-            _learn_broker_keys(ready)
-        return ready
+        return self._call(self._follower.next_event(timeout))
 
     def __iter__(self) -> Iterator[CatalogEvent]:
         while True:
@@ -342,7 +393,10 @@ class CollectionFollower:
         return event
 
     def close(self) -> None:
-        self._subscriber.close()
+        try:
+            self._call(self._follower.close())
+        except ClientClosedError:  # its cluster closed first: the follower went with its loop
+            pass
 
 
 async def read_collections(cluster: AsyncCluster, collections: Iterable[str], *,

@@ -146,8 +146,11 @@ class AsyncCluster:
         # CURVE when the coordinator's public key is known: given, remembered for its address
         # (`discover`), or TQ_COORDINATOR_KEY (DESIGN §2 "Handshake").
         self._server_key = coordinator_key or os.environ.get(COORDINATOR_KEY_ENV) or None
-        self.client = RpcClient(self.address, secret, timeout=timeout,
-                                server_key=self._server_key)
+        # Notify callbacks, kept here so that whichever client failover settles on (or moves
+        # to) delivers them: a callback set on one RpcClient dies with it.
+        self._notify_callbacks: dict[type[Notify], Callable[[Any], object]] = {}
+        self._finding = asyncio.Lock()  # one failover search at a time (`find_active`)
+        self.client = self._new_client(self.address)
         self.session_id: int | None = None
         self.catalog_broker = ""
         self.version = 0  # the newest catalog version a reply mentioned
@@ -198,11 +201,21 @@ class AsyncCluster:
             raise
         return self
 
+    async def find_active(self) -> None:
+        """With several coordinator addresses (failover): find the active one again, after
+        the one we used stopped answering; calls in flight move to it. One search at a time:
+        a caller that waited for another's finds the client it found."""
+        if len(self.addresses) < 2 or self._closed:
+            return
+        client = self.client
+        async with self._finding:
+            if self.client is client:
+                await self._find_active()
+
     async def _find_active(self) -> None:
         """Ask every coordinator at once; the first that answers is the active one (a standby
         does not listen until it takes over). NoCoordinatorError when none answers."""
-        probes = [RpcClient(a, self.secret, timeout=self.timeout, server_key=self._server_key)
-                  for a in self.addresses]
+        probes = [self._new_client(a) for a in self.addresses]
         asks = {asyncio.ensure_future(self._probe(p)): p for p in probes}
         found: RpcClient | None = None
         try:
@@ -223,6 +236,13 @@ class AsyncCluster:
                                      f"{START_HINT}")
         await self.client.close()
         self.client, self.address = found, found.address
+
+    def _new_client(self, address: str) -> RpcClient:
+        client = RpcClient(address, self.secret, timeout=self.timeout,
+                           server_key=self._server_key)
+        for message_type, callback in self._notify_callbacks.items():
+            client.on_notify(message_type, callback)
+        return client
 
     async def _probe(self, probe: RpcClient) -> None:
         """Returns once `probe`'s coordinator answers, an error included (a query process may
@@ -534,7 +554,9 @@ class AsyncCluster:
 
     def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
         """Run `callback(notification)` on this loop for each notify of that type the
-        coordinator pushes (an executor's `KillProcesses`). It must be quick: hand work on."""
+        coordinator pushes (an executor's `KillProcesses`), whichever coordinator of the list
+        it is connected to now or later. It must be quick: hand work on."""
+        self._notify_callbacks[message_type] = callback
         self.client.on_notify(message_type, callback)
 
     def follow(self, collection: str, *, credit: int = 4 * 1024 * 1024) -> Any:
@@ -574,7 +596,7 @@ class AsyncCluster:
                 raise
             # Failover: another coordinator may be active now and hold our session (recovered,
             # on its recovery lease): find it and renew there.
-            await self._find_active()
+            await self.find_active()
             await self.client.request(beat, timeout=timeout)
 
     def _lapsed(self, cause: BaseException | None) -> None:

@@ -8,6 +8,7 @@ import pytest
 from catalog import (
     INGEST,
     SYSTEM,
+    AddUser,
     AlreadyPublishedError,
     BrokerExistsError,
     BrokerInUseError,
@@ -441,3 +442,34 @@ def test_catalog_topics() -> None:
         catalog_topic("nope")
     with pytest.raises(UnknownCollectionError):
         Catalog().collection("nope")
+
+
+
+def test_a_follower_applying_each_committed_change_equals_the_catalog() -> None:
+    """What a standby coordinator does with etcd's log (DESIGN §3 "Coordinator failover"):
+    the catalog read at some version, then each later change as the active one emitted it."""
+    source = Catalog()
+    add_user(source, "user:alice")
+    host(source)
+    follower = Catalog.replay(source.snapshot())
+    changes = [source.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"p{i}", at_ms=i))
+               for i in range(3)]
+    changes.append(source.apply(AddUser(principal="user:bob", role="user",
+                                        requester="admin", at_ms=5)))
+    for change in changes:
+        follower.apply_committed(change.version, change.updates)
+    assert follower.snapshot() == source.snapshot() and follower.version == source.version
+    assert follower.user("user:bob") is not None  # its indexes follow too
+
+    last = changes[-1]
+    with pytest.raises(CorruptCatalogError, match="does not follow"):
+        follower.apply_committed(source.version + 2, last.updates)
+    with pytest.raises(CorruptCatalogError, match="does not set the catalog version"):
+        follower.apply_committed(source.version + 1, last.updates)
+    (counters,) = [r for c, r, d in last.updates if c == "counters" and d > 0]
+    nobody = msgspec.structs.replace(follower.user("user:bob"), principal="user:nobody")
+    bad = [Update("users", nobody, -1), Update("counters", counters, -1),
+           Update("counters", msgspec.structs.replace(counters, version=source.version + 1), 1)]
+    with pytest.raises(CorruptCatalogError):
+        follower.apply_committed(source.version + 1, bad)
+    assert follower.snapshot() == source.snapshot()  # a refused change changes nothing

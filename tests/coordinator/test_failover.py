@@ -229,6 +229,7 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
 
     from querylib.cluster import Cluster
     from querylib.rpc import load_secret
+    from tests.conftest import wait_for
     from tests.coordinator._cluster import CoordinatorProcess, tq
 
     home_a, home_b = tmp_path / "a", tmp_path / "b"
@@ -248,13 +249,31 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
             client.add_user("user:alice")
             before = client.snapshot("topics", "users")
         assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
+        both = f"{active.address},{standby.address}"
+        watching = Cluster(both, secret, lease=30.0)  # follows the catalog across the kill
+        follower = watching.follow("topics")
+        assert follower.snapshot(timeout=20) is not None
         active.kill()
         standby.wait_serving(timeout=60)
-        both = f"{active.address},{standby.address}"
         with Cluster(both, secret, connect_timeout=30) as client:  # finds the active one
             assert client.address == standby.address
             after = client.snapshot("topics", "users")
             client.create_topic("delta", 1)  # it serves changes too
+        # The follower starts over at the new coordinator's catalog broker (a new Snapshot)
+        # well before its link to the dead one would give up (60 s).
+        seen: set[str] = set()
+
+        def delta_seen() -> bool:
+            event = follower.next_event(timeout=0.2)
+            if event is not None:
+                records = event.records if hasattr(event, "records") else [
+                    (r, d) for r, d in event.updates if d > 0]  # type: ignore[union-attr]
+                seen.update(t.short_name for t, _ in records)
+            return "delta" in seen
+
+        wait_for(delta_seen, timeout=30, interval=0, what="the follower to see topic delta")
+        follower.close()
+        watching.close()
         described = tq(home_b, "topic", "describe", "alpha", "--coordinator", both)
         assert described.returncode == 0, described.stderr
         assert "alpha" in described.stdout
@@ -265,10 +284,6 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason="open: a query process given a list of coordinator "
-                   "addresses (TQ_COORDINATOR a,b) does not register; with the executor on "
-                   "one address the sessions resume at the standby but the queries cannot "
-                   "report to it (H52 report)")
 def test_an_executor_and_its_running_query_go_on_across_a_takeover(
         tmp_path: Path, processes: Processes) -> None:
     """An executor and a query publishing to a subscriber query, both given both coordinator
@@ -333,3 +348,197 @@ def test_an_executor_and_its_running_query_go_on_across_a_takeover(
         sent = int((folder / "sent").read_text())
         distinct, highest, twice = map(int, (folder / "received").read_text().split())
         assert (distinct, highest, twice) == (sent, sent - 1, 0)
+
+
+async def _until(check, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_warm_standby_follows_and_reads_only_the_tail_at_takeover(tmp_path: Path) -> None:
+    """A standby started on an empty etcd: the seed checkpoint is a gap its watch cannot see
+    (it reads everything once more), then it follows commit by commit; at takeover it reads
+    only what the watch had not delivered, unless a checkpoint replaced some of that."""
+    from coordinator._standby import WarmStandby
+
+    async def run(address: str) -> None:
+        source = Catalog()
+        add_user(source, "user:alice")
+        host(source)
+        active, etcd = await _etcd(address), await _etcd(address)
+        standby = WarmStandby(etcd)
+        await standby.start()
+        assert standby.catalog.version == 0 and standby.reads == 1
+        await active.campaign("a:1")
+        await active.checkpoint(source.version, source.snapshot())  # as a first active seeds
+        for commit in _commits(source, 3):
+            await active.append(commit)
+        await _until(lambda: standby.catalog.version == source.version, "the gap re-read")
+        assert standby.reads == 2
+        _same(source, standby.catalog)
+        followed = standby.followed  # the commits after the seed the re-read did not cover
+        for commit in _commits(source, 4):
+            await active.append(commit)
+        await _until(lambda: standby.catalog.version == source.version, "the standby to follow")
+        assert standby.reads == 2 and standby.followed == followed + 4  # not re-read
+
+        await standby.close()  # as if the watch lagged behind the last commits
+        for commit in _commits(source, 2):
+            await active.append(commit)
+        taken = await standby.take_over()
+        assert standby.reads == 2 and standby.followed == followed + 6  # the tail, no more
+        _same(source, taken)
+
+        for commit in _commits(source, 2):
+            await active.append(commit)
+        await active.checkpoint(source.version, source.snapshot())
+        for commit in _commits(source, 2):
+            await active.append(commit)
+        again = WarmStandby(etcd)
+        again.catalog = Catalog.replay(taken.snapshot())  # behind that checkpoint
+        again.catalog.check_invariants()
+        assert again.catalog.version < source.version
+        _same(source, await again.take_over())  # the log it lacks is gone: read whole
+        assert again.reads == 1
+        await active.close()
+        await etcd.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+
+
+def test_a_standby_coordinator_takes_over_with_the_catalog_it_followed(tmp_path: Path) -> None:
+    """Two coordinators in this process: the standby follows every commit while it waits
+    and, once the active one resigns, serves the same catalog without reading it again."""
+    from coordinator import Coordinator
+    from querylib.cluster import AsyncCluster
+
+    def coordinator(name: str) -> Coordinator:
+        return Coordinator(tmp_path / name, SECRET, listen="tcp://127.0.0.1:0",
+                           broker_listen="tcp://127.0.0.1:0", etcd=address, cluster="t")
+
+    async def run() -> None:
+        active = coordinator("a")
+        await active.start()
+        standby = coordinator("b")
+        waiting = asyncio.ensure_future(standby.start())
+        try:
+            assert active.endpoint is not None and active.state is not None
+            await _until(lambda: standby.standby is not None and standby.standby.reads,
+                         "the standby to read the catalog")
+            follower = standby.standby
+            assert follower is not None
+            async with AsyncCluster(active.endpoint, SECRET, lease=5.0) as client:
+                for name in ("alpha", "beta"):
+                    await client.create_topic(name, 2)
+                await client.add_user("user:alice")
+            before = active.state.catalog
+            await _until(lambda: follower.catalog.version == before.version,
+                         "the standby to follow")
+            assert not waiting.done()  # still a standby
+            await active.close()  # resigns: the standby is elected at once
+            await asyncio.wait_for(waiting, 30)
+            assert follower.reads == 1 and follower.followed > 0  # followed, never re-read
+            assert standby.state is not None
+            after = standby.state.catalog
+            for name in ("topics", "users"):
+                assert _collections(after)[name] == _collections(before)[name], name
+        finally:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await standby.close()
+            await active.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run())
+
+
+class _Lines:
+    """A process's stderr lines, read on a thread (so its pipe never fills)."""
+
+    def __init__(self, stream) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:  # type: ignore[no-untyped-def]
+        for line in iter(stream.readline, b""):
+            self.lines.append(line.decode(errors="replace"))
+
+    def has(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+
+@pytest.mark.timeout(180)
+def test_takeover_time_after_a_sigkill_of_the_active_coordinator(
+        tmp_path: Path, processes: Processes, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGKILL the active coordinator (`--active-lease 2`), several times over: each time a
+    warm standby serves the catalog the killed one had. Prints, per run, the time from the
+    kill to the standby's RPC port accepting and to its first answer (the issue's goal: within
+    lease + 1 s; no assertion on time)."""
+    import shutil as _shutil
+    import socket
+    import time
+
+    from querylib.cluster import Cluster
+    from querylib.rpc import load_secret
+    from tests.conftest import wait_for
+    from tests.coordinator._cluster import CoordinatorProcess
+
+    lease, runs = 2.0, 4
+
+    def accepts(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.05):
+                return True
+        except OSError:
+            return False
+
+    figures = []
+    with etcd_server(tmp_path / "etcd") as address:
+        options = ("--etcd", address, "--cluster-name", "t", "--active-lease", str(lease))
+        first = tmp_path / "h0"
+        first.mkdir()
+        active = CoordinatorProcess(processes, first, extra=options).start()
+        secret = load_secret(first / "secret")
+        with Cluster(active.address, secret) as client:
+            for i in range(20):
+                client.create_topic(f"t{i}", 2)
+            client.add_user("user:alice")
+            before = client.snapshot("topics", "users")
+        for run in range(1, runs + 1):
+            home = tmp_path / f"h{run}"
+            home.mkdir()
+            _shutil.copy(first / "secret", home / "secret")
+            standby = CoordinatorProcess(processes, home, extra=(*options, "--standby", "-v"))
+            standby.start(wait=False)
+            assert standby.proc is not None
+            lines = _Lines(standby.proc.stderr)
+            wait_for(lambda lines=lines: lines.has("following the catalog in etcd"), timeout=30,
+                     what="the standby to follow the catalog")
+            killed = time.monotonic()
+            active.kill()
+            while not accepts(standby.port):  # a tight poll: ZeroMQ reconnects per 100 ms
+                assert time.monotonic() - killed < 30, "".join(lines.lines)
+                time.sleep(0.002)
+            listening = time.monotonic() - killed
+            with Cluster(standby.address, secret, session=False, connect_timeout=30) as client:
+                answered = time.monotonic() - killed
+                after = client.snapshot("topics", "users")
+            for name in ("topics", "users"):
+                assert sorted(map(repr, after[name].records)) == \
+                    sorted(map(repr, before[name].records)), name
+            wait_for(lambda lines=lines: lines.has("after its election"), timeout=10,
+                     what="the standby to say how long its takeover took")
+            (said,) = [line for line in lines.lines if "after its election" in line]
+            figures.append((listening, answered, said.split("serving ")[1].split("s ")[0]))
+            active = standby
+    with capsys.disabled():
+        print(f"\ntakeover after SIGKILL, --active-lease {lease:g} (goal: lease + 1 s):")
+        for run, (listening, answered, elected) in enumerate(figures, 1):
+            print(f"  run {run}: listening {listening:.3f} s, answering {answered:.3f} s "
+                  f"after the kill; serving {elected} s after its election")

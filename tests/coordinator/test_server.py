@@ -103,3 +103,39 @@ def test_a_restart_at_a_new_broker_address_keeps_the_catalog_readable(tmp_path: 
             await second.close()
 
     asyncio.run(main())
+
+
+def test_a_session_found_through_a_coordinator_list_gets_its_notifies(tmp_path: Path) -> None:
+    """An executor given several coordinator addresses (failover, DESIGN §3) listens for its
+    notifies before it starts; whichever address answers, SpawnProcesses reaches it."""
+    from catalog import Resources, SessionKind
+    from querylib.cluster import SpawnProcesses
+    from tests.conftest import free_port
+
+    async def main() -> None:
+        coordinator = await _start(tmp_path)
+        try:
+            assert coordinator.endpoint is not None
+            silent = f"tcp://127.0.0.1:{free_port()}"  # a standby: binds nothing yet
+            spawns: list[SpawnProcesses] = []
+            agent = AsyncCluster(f"{silent},{coordinator.endpoint}", SECRET, lease=10.0,
+                                 kind=SessionKind.EXECUTOR, connect_timeout=5.0)
+            agent.on_notify(SpawnProcesses, lambda note: spawns.append(note.message))
+            async with agent:
+                assert agent.address == coordinator.endpoint
+                broker = await agent.register_broker("host-a", "tcp://127.0.0.1:1")
+                executor = await agent.register_executor(
+                    "host-a", broker.broker_id,
+                    Resources(cores=1, memory=1 << 30, disk=1 << 30, slots=4))
+                async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as client:
+                    query = await client.submit_query("job", "file:///job.py")
+                    deadline = asyncio.get_running_loop().time() + 10
+                    while not spawns:
+                        assert asyncio.get_running_loop().time() < deadline, "no spawn came"
+                        await asyncio.sleep(0.01)
+                    assert [(s.query_id, s.executor_id) for s in spawns] == [
+                        (query.query_id, executor.executor_id)]
+        finally:
+            await coordinator.close()
+
+    asyncio.run(main())
