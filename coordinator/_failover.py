@@ -131,6 +131,7 @@ class EtcdCatalog:
         self._lease: int | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._expires = 0.0  # monotonic: our lease may have expired from then on
+        self._closing = False
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class EtcdCatalog:
     async def close(self, *, resign: bool = True) -> None:
         """Stop renewing; `resign` revokes the lease (the active key goes: a standby takes over
         at once instead of after the TTL)."""
+        self._closing = True  # the keeper's end is ours, not a lost lease
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -245,7 +247,7 @@ class EtcdCatalog:
                     break  # expired: the active key is gone
                 self._expires = asked + reply.TTL
         finally:
-            if not self.lost.is_set():
+            if not self.lost.is_set() and not self._closing:
                 logger.error("coordinator: lost the etcd lease (term %d): not active", self.term)
             self.lost.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,18 @@ def test_the_keeper_says_lost_when_the_lease_is_gone(tmp_path: Path) -> None:
 
     with etcd_server(tmp_path / "etcd") as address:
         asyncio.run(run(address))
+
+
+def test_a_clean_close_is_not_reported_as_a_lost_lease(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def run(address: str) -> None:
+        a = await _etcd(address)
+        await a.campaign("a:1")
+        await a.close()
+
+    with etcd_server(tmp_path / "etcd") as address:
+        asyncio.run(run(address))
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_a_standby_replays_and_follows_the_catalog_across_checkpoints(tmp_path: Path) -> None:
