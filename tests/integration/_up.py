@@ -60,6 +60,12 @@ class Up:
                               cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                               input=stdin)
 
+    def executor_credential(self, name: str, path: Path) -> Path:
+        """`tq user add NAME --role executor`: the credential of `executor:NAME`, at `path`."""
+        made = self.tq("user", "add", name, "--role", "executor", "-o", str(path))
+        assert made.returncode == 0, made.stderr
+        return path
+
     def submit(self, program: Path, *args: str) -> int:
         done = self.tq("submit", str(program), *args)
         assert done.returncode == 0, done.stderr

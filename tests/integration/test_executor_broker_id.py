@@ -36,12 +36,8 @@ def _argv(up: Up, credential: Path, data: Path, host: str, *extra: str) -> list[
 def test_an_executor_claims_a_broker_id_of_its_own_credential_only(
         processes: Processes, tmp_path: Path) -> None:
     with Up(tmp_path / "home") as up:
-        credentials = {}
-        for name in ("host-b", "host-c"):
-            credentials[name] = tmp_path / f"{name}.credential"
-            made = up.tq("user", "add", name, "--role", "executor", "-o",
-                         str(credentials[name]))
-            assert made.returncode == 0, made.stderr
+        credentials = {name: up.executor_credential(name, tmp_path / f"{name}.credential")
+                       for name in ("host-b", "host-c")}
         env = tq_env(tmp_path / "elsewhere")
         agent = processes.python(*_argv(up, credentials["host-b"], tmp_path / "b", "host-b"),
                                  env=env, cwd=ROOT, stderr=subprocess.DEVNULL)

@@ -113,12 +113,9 @@ def test_executors_replicate_each_as_itself(processes: Processes, tmp_path: Path
 
     with Up(tmp_path / "home") as up:
         (local,) = _executor_ids(up)
-        credentials = {}
-        for name in ("host-b", "host-c"):
-            credentials[name] = tmp_path / f"{name}.credential"
-            made = up.tq("user", "add", name, "--role", "executor", "-o",
-                         str(credentials[name]))
-            assert made.returncode == 0, made.stderr
+        credentials = {name: up.executor_credential(name, tmp_path / f"{name}.credential")
+                       for name in ("host-b", "host-c")}
+        for name in credentials:
             processes.python(
                 "-m", "querylib.cli", "executor", "--coordinator", up.info["coordinator"],
                 "--credentials", str(credentials[name]), "--host", name, "--data",

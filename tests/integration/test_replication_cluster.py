@@ -9,8 +9,6 @@ from the new leader."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Processes, partition_dir, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.coordinator._cluster import ROOT, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,13 +29,6 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout
 
 
-def _partition(home: Path, name: str) -> dict:
-    """Partition 0 as `tq topic describe` shows it (the catalog's view, even while a dead
-    leader, still in the catalog until its lease expires, cannot say its offsets)."""
-    described = json.loads(_ok(tq(home, "topic", "describe", name, "--json", "--timeout", "2")))
-    return described["partitions"][0]
-
-
 def _log_bytes(executor_data: Path, name: str) -> bytes | None:
     directory = partition_dir(executor_data, name)
     if directory is None:
@@ -46,18 +38,7 @@ def _log_bytes(executor_data: Path, name: str) -> bytes | None:
 
 def test_a_replicated_topic_keeps_every_acknowledged_record_when_its_leader_dies(
         processes: Processes, tmp_path: Path) -> None:
-    CoordinatorProcess(processes, tmp_path).start()
-    agents = [processes.python(
-        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-        "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
-        stderr=subprocess.DEVNULL) for i in range(3)]
-
-    def executors() -> int:
-        done = tq(tmp_path, "status", "--json")
-        return len(json.loads(done.stdout)["executors"]) if done.returncode == 0 else 0
-
-    wait_for(lambda: executors() == 3, timeout=60, interval=0.2,
-             what="three executors to register")
+    hosts = ThreeHosts(processes, tmp_path)
     _ok(tq(tmp_path, "topic", "create", "kept", "--replication-factor", "3"))
     lines = [f"record {i}" for i in range(RECORDS)]
     produced = subprocess.run(
@@ -72,17 +53,12 @@ def test_a_replicated_topic_keeps_every_acknowledged_record_when_its_leader_dies
     assert leader_bytes
     wait_for(lambda: len({_log_bytes(h, "kept-0") for h in homes}) == 1, timeout=30,
              what="every replica to hold the leader's bytes")
-    before = _partition(tmp_path, "kept")
-    assert before["isr"] == before["replicas"]
+    before = hosts.partition("kept")
+    assert before is not None and before["isr"] == before["replicas"]
 
     # The leader's host dies.
-    leader = before["broker"]
-    (victim,) = [i for i in range(3)
-                 if leader in _broker_ids(tmp_path / f"executor{i}")]
-    os.killpg(agents[victim].pid, signal.SIGKILL)
-    agents[victim].wait(timeout=10)
-    moved = wait_for(lambda: (p := _partition(tmp_path, "kept"))["broker"] != leader and p,
-                     timeout=60, interval=0.2, what="the leadership to move")
+    hosts.kill(before["broker"])
+    moved = hosts.wait_moved("kept", before)
     assert moved["leader_epoch"] == before["leader_epoch"] + 1
 
     read = tq(tmp_path, "consume", "kept", "--json", "--follow", timeout=120)
@@ -90,11 +66,3 @@ def test_a_replicated_topic_keeps_every_acknowledged_record_when_its_leader_dies
     values = [e["value"] for e in map(json.loads, read.stdout.splitlines()) if "value" in e]
     assert values == lines  # every acknowledged record, once, in order
 
-
-def _broker_ids(executor_data: Path) -> set[int]:
-    """The broker ids an executor's brokers remember (broker 0's and each shard's)."""
-    ids = set()
-    for path in [executor_data / "broker.id", *executor_data.glob("broker-*/broker.id")]:
-        if path.exists():
-            ids.add(int(path.read_text().strip()))
-    return ids

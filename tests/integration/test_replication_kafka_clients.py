@@ -9,10 +9,8 @@ acknowledged record once, in order."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,24 +19,18 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes, free_port, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _partition(home: Path, name: str) -> dict | None:
-    done = tq(home, "topic", "describe", name, "--json", "--timeout", "2")
-    if done.returncode != 0:
-        return None
-    return json.loads(done.stdout)["partitions"][0]
-
-
-def _hosts(home: Path) -> dict[int, int]:
-    done = tq(home, "status", "--json")
-    if done.returncode != 0:
-        return {}
-    return {b: e["executor_id"] for e in json.loads(done.stdout)["executors"]
-            for b in (e["broker_id"], *e.get("shards", ()))}
+def _read_until(poll: Callable[[], int], count: int, close: Callable[[], None]) -> None:
+    """Poll a consumer until it read `count` records (at most 90 s), then close it."""
+    try:
+        wait_for(lambda: poll() >= count, timeout=90, interval=0,
+                 what="every acknowledged record read")
+    finally:
+        close()
 
 
 class _Confluent:
@@ -73,11 +65,7 @@ class _Confluent:
                 read.append(msg.value())
             return len(read)
 
-        try:
-            wait_for(lambda: poll() >= count, timeout=90, interval=0,
-                     what="every acknowledged record read")
-        finally:
-            consumer.close()
+        _read_until(poll, count, consumer.close)
         return read
 
 
@@ -117,11 +105,7 @@ class _KafkaPython:
                 read.extend(r.value for r in records)
             return len(read)
 
-        try:
-            wait_for(lambda: poll() >= count, timeout=90, interval=0,
-                     what="every acknowledged record read")
-        finally:
-            consumer.close()
+        _read_until(poll, count, consumer.close)
         return read
 
     def close(self) -> None:
@@ -195,23 +179,12 @@ class _AioKafka:
 def test_an_idempotent_kafka_producer_and_a_consumer_follow_a_moved_leader(
         processes: Processes, tmp_path: Path,
         client: type[_Confluent | _KafkaPython | _AioKafka]) -> None:
-    CoordinatorProcess(processes, tmp_path).start()
     ports = [free_port() for _ in range(3)]
-    agents = [processes.python(
-        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-        "--slots", "1", "--brokers", "1", "--lease", "1", "--grace", "1",
-        "--kafka-port", str(port), env=tq_env(tmp_path), cwd=ROOT,
-        stderr=subprocess.DEVNULL) for i, port in enumerate(ports)]
-    wait_for(lambda: len(set(_hosts(tmp_path).values())) == 3, timeout=60, interval=0.2,
-             what="three executors to register")
-    done = tq(tmp_path, "topic", "create", "kc", "--replication-factor", "3")
-    assert done.returncode == 0, done.stderr
-    before = wait_for(lambda: (p := _partition(tmp_path, "kc")) and p["isr"] == p["replicas"]
-                      and p, timeout=60, interval=0.2, what="the replicas in sync")
+    hosts = ThreeHosts(processes, tmp_path,
+                       options=lambda i: ("--brokers", "1", "--kafka-port", str(ports[i])))
+    before = hosts.replicated("kc")
     leader = before["broker"]
-    victim = next(i for i in range(3)
-                  if (tmp_path / f"executor{i}" / "broker.id").read_text().strip()
-                  == str(leader))
+    victim = hosts.agent_of(leader)
     kafka = client(",".join(f"127.0.0.1:{p}" for p in ports))
 
     acked: list[bytes] = []
@@ -235,14 +208,13 @@ def test_an_idempotent_kafka_producer_and_a_consumer_follow_a_moved_leader(
 
     send(200)
     assert kafka.flush(60)
-    os.killpg(agents[victim].pid, signal.SIGSTOP)
+    os.killpg(victim.pid, signal.SIGSTOP)
     try:
         send(200)  # in flight to the stopped leader
-        moved = wait_for(lambda: (p := _partition(tmp_path, "kc")) and p["broker"] != leader
-                         and p, timeout=60, interval=0.2, what="the leadership to move")
+        moved = hosts.wait_moved("kc", before)
         assert moved["leader_epoch"] > before["leader_epoch"]
     finally:
-        os.killpg(agents[victim].pid, signal.SIGCONT)  # the old leader lives on, deposed
+        os.killpg(victim.pid, signal.SIGCONT)  # the old leader lives on, deposed
     send(200)
     assert kafka.flush(120)
     assert failed == []

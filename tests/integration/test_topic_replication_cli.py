@@ -7,8 +7,6 @@ at the next epoch, as `tq topic describe` then shows."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import pytest
 
 import querylib
 from tests.conftest import Processes, free_port, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.coordinator._cluster import ROOT, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,27 +29,10 @@ def _describe(home: Path, name: str) -> dict:
     return json.loads(_ok(tq(home, "topic", "describe", name, "--json", "--timeout", "2")))
 
 
-def _hosts(home: Path) -> dict[int, int]:
-    """broker id -> executor id, for every broker of the registered executors (their own and
-    their shards)."""
-    done = tq(home, "status", "--json")
-    if done.returncode != 0:
-        return {}
-    return {b: e["executor_id"] for e in json.loads(done.stdout)["executors"]
-            for b in (e["broker_id"], *e.get("shards", ()))}
-
-
 def test_replicated_topic_is_created_described_and_fails_over(
         processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    CoordinatorProcess(processes, tmp_path).start()
-    agents = {}
-    for i in range(3):
-        agents[i] = processes.python(
-            "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-            "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
-            stderr=subprocess.DEVNULL)
-    host = wait_for(lambda: len(set((h := _hosts(tmp_path)).values())) == 3 and h,
-                    timeout=60, interval=0.2, what="three executors to register")
+    hosts = ThreeHosts(processes, tmp_path)
+    host = hosts.hosts()
     said = _ok(tq(tmp_path, "topic", "create", "r", "--partitions", "3",
                   "--replication-factor", "3"))
     assert "replication factor 3" in said
@@ -83,10 +65,7 @@ def test_replicated_topic_is_created_described_and_fails_over(
 
     # The leader of partition 0 goes: its executor's lease expires, the next replica leads.
     gone = parts[0]["broker"]
-    agent = next(a for i, a in agents.items() if host[gone] == host[int(
-        (tmp_path / f"executor{i}" / "broker.id").read_text().strip())])
-    os.killpg(agent.pid, signal.SIGKILL)
-    agent.wait(timeout=10)
+    hosts.kill(gone)
     moved = wait_for(lambda: (p := _describe(tmp_path, "r")["partitions"][0])["broker"] != gone
                      and p, timeout=60, interval=0.2, what="partition 0's leadership to move")
     assert moved["broker"] == parts[0]["replicas"][1] and moved["leader_epoch"] == 1
@@ -99,15 +78,9 @@ def test_kafka_clients_see_and_create_replicated_topics(processes: Processes,
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    CoordinatorProcess(processes, tmp_path).start()
     ports = [free_port() for _ in range(3)]
-    for i, port in enumerate(ports):
-        processes.python(
-            "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-            "--slots", "1", "--kafka-port", str(port), env=tq_env(tmp_path), cwd=ROOT,
-            stderr=subprocess.DEVNULL)
-    host = wait_for(lambda: len(set((h := _hosts(tmp_path)).values())) == 3 and h,
-                    timeout=60, interval=0.2, what="three executors to register")
+    host = ThreeHosts(processes, tmp_path,
+                      options=lambda i: ("--kafka-port", str(ports[i]))).hosts()
     _ok(tq(tmp_path, "topic", "create", "r", "--partitions", "2", "--replication-factor", "3"))
     described = {p["partition"]: p for p in _describe(tmp_path, "r")["partitions"]}
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{ports[0]}"})
@@ -138,17 +111,8 @@ def test_tq_produce_and_consume_follow_the_leader_when_its_host_dies(
     """`tq produce` (lines from a pipe) and `tq consume --follow` on a topic of three replicas:
     the leader's executor is SIGKILLed mid-stream; both find the new leader through the
     catalog and go on: every line produced is consumed once, in order, and both exit 0."""
-    CoordinatorProcess(processes, tmp_path).start()
-    agents = [processes.python(
-        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-        "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
-        stderr=subprocess.DEVNULL) for i in range(3)]
-    wait_for(lambda: len(set(_hosts(tmp_path).values())) == 3, timeout=60, interval=0.2,
-             what="three executors to register")
-    _ok(tq(tmp_path, "topic", "create", "moving", "--replication-factor", "3"))
-    before = wait_for(lambda: (p := _describe(tmp_path, "moving")["partitions"][0])["isr"]
-                      == p["replicas"] and p, timeout=60, interval=0.2,
-                      what="the replicas in sync")
+    hosts = ThreeHosts(processes, tmp_path)
+    before = hosts.replicated("moving")
     env = tq_env(tmp_path)
     consumed = tmp_path / "consumed"
     consumer = processes.python("-m", "querylib.cli", "consume", "moving", "--follow",
@@ -162,17 +126,12 @@ def test_tq_produce_and_consume_follow_the_leader_when_its_host_dies(
     producer.stdin.flush()
     wait_for(lambda: consumed.read_text().count("\n") >= 100, timeout=60, interval=0.2,
              what="the first lines consumed")
-    victim = next(a for i, a in enumerate(agents)
-                  if (tmp_path / f"executor{i}" / "broker.id").read_text().strip()
-                  == str(before["broker"]))
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=10)
+    hosts.kill(before["broker"])
     for i in range(100):
         producer.stdin.write(f"b{i}\n")
     producer.stdin.close()
     assert producer.wait(timeout=120) == 0, producer.stderr.read()  # type: ignore[union-attr]
     assert consumer.wait(timeout=120) == 0, consumer.stderr.read()  # type: ignore[union-attr]
-    moved = _describe(tmp_path, "moving")["partitions"][0]
-    assert moved["broker"] != before["broker"]
+    assert _describe(tmp_path, "moving")["partitions"][0]["broker"] != before["broker"]
     lines = consumed.read_text().split()
     assert lines == [f"a{i}" for i in range(100)] + [f"b{i}" for i in range(100)]

@@ -8,9 +8,6 @@ leader, and a task reading from the old leader's address reads every record once
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,35 +15,16 @@ import pytest
 from querylib.records import encode_batch, iter_batches
 from querylib.spark._cluster import ClusterTopics, broker_read, open_producer
 from querylib.spark._options import Location
-from tests.conftest import Processes, wait_for
-from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.conftest import Processes
+from tests.integration._three_hosts import ThreeHosts
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _partition(home: Path) -> dict | None:
-    done = tq(home, "topic", "describe", "moving", "--json", "--timeout", "2")
-    return json.loads(done.stdout)["partitions"][0] if done.returncode == 0 else None
-
-
-def _executors(home: Path) -> int:
-    done = tq(home, "status", "--json")
-    return len(json.loads(done.stdout)["executors"]) if done.returncode == 0 else 0
-
-
 def test_spark_tasks_follow_the_leader_of_a_replicated_topic(processes: Processes,
                                                              tmp_path: Path) -> None:
-    CoordinatorProcess(processes, tmp_path).start()
-    agents = [processes.python(
-        "-m", "querylib.cli", "executor", "--data", str(tmp_path / f"executor{i}"),
-        "--slots", "1", "--lease", "1", "--grace", "1", env=tq_env(tmp_path), cwd=ROOT,
-        stderr=subprocess.DEVNULL) for i in range(3)]
-    wait_for(lambda: _executors(tmp_path) == 3, timeout=60, interval=0.2,
-             what="three executors to register")
-    made = tq(tmp_path, "topic", "create", "moving", "--replication-factor", "3")
-    assert made.returncode == 0, made.stderr
-    before = wait_for(lambda: (p := _partition(tmp_path)) and p["isr"] == p["replicas"] and p,
-                      timeout=60, interval=0.2, what="the replicas in sync")
+    hosts = ThreeHosts(processes, tmp_path)
+    before = hosts.replicated("moving")
     info = json.loads((tmp_path / "cluster.json").read_text())
     topics = ClusterTopics(Location(coordinator=info["coordinator"],
                                     secret_file=info["secret_file"], timeout=30))
@@ -59,16 +37,12 @@ def test_spark_tasks_follow_the_leader_of_a_replicated_topic(processes: Processe
         for i in range(100):
             producer.send_batch(encode_batch([(0, None, b"a%d" % i, ())]))
         producer.flush()
-        victim = next(a for i, a in enumerate(agents)
-                      if (tmp_path / f"executor{i}" / "broker.id").read_text().strip()
-                      == str(before["broker"]))
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(timeout=10)
+        hosts.kill(before["broker"])
         for i in range(100):
             producer.send_batch(encode_batch([(0, None, b"b%d" % i, ())]))
         producer.flush()
         producer.close(end=False)
-    assert _partition(tmp_path)["broker"] != before["broker"]
+    assert hosts.partition("moving")["broker"] != before["broker"]  # type: ignore[index]
 
     values = []
     for data in broker_read(place, "moving", 0, 0, 200):
