@@ -12,6 +12,11 @@ not asserted); the catalog it serves is the one the killed one had (sessions, ex
 queries, topics, publications, subscriptions, users: identical, so every session and both
 executors, with their ids, came back as themselves); the queries finish with every record
 delivered once.
+
+The active coordinator is cut off instead (its host's link down) while a client on its own host
+keeps creating topics through it alone: it stops serving (its etcd lease lapses: it exits 75),
+the standby takes over, and every topic it acknowledged is in the new coordinator's catalog,
+none acknowledged after the standby answered.
 """
 
 from __future__ import annotations
@@ -84,6 +89,32 @@ CATALOG = textwrap.dedent('''
             time.sleep(0.05)
     print(json.dumps({"answered": answered, "collections": {
         name: sorted(map(repr, got[name].records)) for name in names}}))
+''')
+
+
+WRITER = textwrap.dedent('''
+    """COORDINATOR SECRET OUT STOP: create topics cut000000, cut000001... one after the other
+    through COORDINATOR alone until STOP exists (60 s at most), logging each outcome with the
+    wall-clock time: "acked NAME TIME" or "failed NAME TIME ERROR"."""
+    import os, sys, time
+
+    from querylib.cluster import Cluster
+
+    coordinator, secret, out, stop = sys.argv[1:5]
+    deadline = time.monotonic() + 60
+    log = open(out, "a", buffering=1)
+    cluster = Cluster.connect(coordinator, secret_file=secret, timeout=5)
+    i = 0
+    while time.monotonic() < deadline and not os.path.exists(stop):
+        name = f"cut{i:06d}"
+        try:
+            cluster.create_topic(name, 1)
+            log.write(f"acked {name} {time.time()}\\n")
+        except Exception as exc:
+            log.write(f"failed {name} {time.time()} {type(exc).__name__}: {exc}\\n")
+            time.sleep(0.1)
+        i += 1
+    os._exit(0)  # a request still waiting for the cut coordinator is abandoned
 ''')
 
 
@@ -192,3 +223,44 @@ def test_a_standby_on_another_host_takes_over_from_a_killed_active_coordinator(
     sent = int((folder / "sent").read_text())
     distinct, highest, twice = map(int, (folder / "received").read_text().split())
     assert (distinct, highest, twice) == (sent, sent - 1, 0)
+
+
+def test_a_cut_off_active_coordinator_stops_and_acknowledges_nothing_after_the_takeover(
+        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    with etcd_server(tmp_path / "etcd", host=hosts.address["e"],
+                     wrap=["ip", "netns", "exec", hosts.ns["e"]]) as etcd:
+        cluster = Failover(hosts, processes, tmp_path, etcd)
+        executors = cluster.active.executors()
+        (tmp_path / "writer.py").write_text(WRITER)
+        log, stop = tmp_path / "writer.log", tmp_path / "writer.stop"
+        writer = processes.start(
+            hosts.argv("c", str(tmp_path / "writer.py"), cluster.active.address,
+                       str(tmp_path / "c" / "secret"), str(log), str(stop)),
+            env=cluster.active.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "writer.err").open("w"))
+
+        def acked() -> dict[str, float]:
+            lines = [line.split() for line in log.read_text().splitlines()] \
+                if log.exists() else []
+            return {p[1]: float(p[2]) for p in lines if p[0] == "acked"}
+
+        wait_for(lambda: len(acked()) >= 5, timeout=60, interval=0.2,
+                 what="topics acknowledged by the active coordinator")
+        probe = cluster.catalog("b", cluster.standby.address)
+        cut = time.time()
+        hosts.set_link("c", up=False)
+        first = cluster.read(probe)
+        # Its lease lapsed (it cannot reach etcd): it stops, saying it is no longer active.
+        assert cluster.active.process.wait(timeout=30) == 75
+        stop.touch()
+        assert writer.wait(timeout=30) == 0
+        print(f"\nstandby answering {first['answered'] - cut:.2f} s after the active "
+              f"coordinator was cut off; it acknowledged {sum(t > cut for t in acked().values())}"
+              f" topic(s) after the cut")
+        hosts.set_link("c", up=True)
+
+        done = cluster.active.tq("topics", "--json")  # through the new coordinator, from a
+        assert done.returncode == 0, done.stderr
+        assert all(name in done.stdout for name in acked())  # nothing acknowledged lost
+        assert all(when < first["answered"] for when in acked().values())
+        assert cluster.active.executors() == executors
