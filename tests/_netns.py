@@ -111,25 +111,33 @@ def netns_hosts(stop_all: object, names: str = "cab", *,
 
 
 class Cluster:
-    """The coordinator (on host `c`) and executors of `hosts`, and `tq` commands run on
-    host `c`; with `coordinator_log`, the coordinator logs what happens (--verbose) there."""
+    """A coordinator (on host `host`, `c` unless said) and executors of `hosts`, and `tq`
+    commands run on host `client` (the coordinator's host unless said); with
+    `coordinator_log`, the coordinator logs what happens (--verbose) there. `options` are more
+    `tq coordinator` options (--etcd ...); without `wait` (a standby), it is not waited for.
+    `address` is its RPC address; `coordinator`, what executors and `tq` are given: that
+    address, or a list of several coordinators a test sets."""
 
     def __init__(self, hosts: Hosts, processes: Processes, home: Path, *,
-                 lease: float = 2.0, coordinator_log: Path | None = None) -> None:
+                 lease: float = 2.0, coordinator_log: Path | None = None, host: str = "c",
+                 client: str | None = None, options: tuple[str, ...] = (),
+                 wait: bool = True) -> None:
         self.hosts, self.processes, self.home, self.lease = hosts, processes, home, lease
+        self.client = client or host
         self.env = tq_env(home)
         self.port = free_port()
-        self.coordinator = f"tcp://{hosts.address['c']}:{self.port}"
-        processes.start(hosts.argv("c", "-m", "querylib.cli", "coordinator", "--data",
-                                   str(home / "coordinator"), "--listen", self.coordinator,
-                                   "--broker-listen", f"tcp://{hosts.address['c']}:"
-                                   f"{free_port()}",
-                                   *(["--verbose"] if coordinator_log else [])),
-                        env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=coordinator_log.open("a") if coordinator_log
-                        else subprocess.DEVNULL)
-        wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
-                 what="the coordinator to start")
+        self.address = f"tcp://{hosts.address[host]}:{self.port}"
+        self.coordinator = self.address
+        self.process = processes.start(
+            hosts.argv(host, "-m", "querylib.cli", "coordinator", "--data",
+                       str(home / "coordinator"), "--listen", self.address,
+                       "--broker-listen", f"tcp://{hosts.address[host]}:{free_port()}",
+                       *(["--verbose"] if coordinator_log else []), *options),
+            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=coordinator_log.open("a") if coordinator_log else subprocess.DEVNULL)
+        if wait:
+            wait_for(lambda: (home / "cluster.json").exists(), timeout=60,
+                     what="the coordinator to start")
 
     def executor(self, host: str, *options: str,
                  log: Path | None = None) -> subprocess.Popen[Any]:
@@ -145,7 +153,7 @@ class Cluster:
             env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
 
     def tq(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.hosts.argv("c", "-m", "querylib.cli", *args,
+        return subprocess.run(self.hosts.argv(self.client, "-m", "querylib.cli", *args,
                                               "--coordinator", self.coordinator),
                               env=self.env, cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
