@@ -124,6 +124,14 @@ def hosts(processes: Processes) -> Iterator[Hosts]:
         yield made
 
 
+@pytest.fixture
+def cluster(hosts: Hosts, processes: Processes, tmp_path: Path) -> Iterator[Failover]:
+    """etcd on host e and the coordinators and executors of `Failover` (stopped after)."""
+    with etcd_server(tmp_path / "etcd", host=hosts.address["e"],
+                     wrap=["ip", "netns", "exec", hosts.ns["e"]]) as etcd:
+        yield Failover(hosts, processes, tmp_path, etcd)
+
+
 class Failover:
     """etcd on e, the active coordinator on c, the standby on s (HOME/c, HOME/s: one secret),
     the executors on a and b given both; `tq` run on host a."""
@@ -170,97 +178,91 @@ class Failover:
 
 
 def test_a_standby_on_another_host_takes_over_from_a_killed_active_coordinator(
-        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
-    with etcd_server(tmp_path / "etcd", host=hosts.address["e"],
-                     wrap=["ip", "netns", "exec", hosts.ns["e"]]) as etcd:
-        cluster = Failover(hosts, processes, tmp_path, etcd)
-        executors = cluster.active.executors()
-        folder = tmp_path / "run"
-        folder.mkdir()
-        (tmp_path / "submit_queries.py").write_text(DRIVER)
-        driver = processes.start(
-            hosts.argv("a", str(tmp_path / "submit_queries.py"), cluster.both,
-                       str(tmp_path / "c" / "secret"), str(folder)),
-            env=cluster.active.env, cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=(tmp_path / "driver.err").open("w"), text=True)
-        wait_for(lambda: driver.poll() is not None or (folder / "publishing").exists(),
-                 timeout=90, what="the writer to be publishing")
-        assert driver.poll() is None, (tmp_path / "driver.err").read_text()[-3000:]
-        before = cluster.read(cluster.catalog("b", cluster.active.address))["collections"]
-        assert len(before["executors"]) == len(EXECUTORS) and len(before["queries"]) == 2
+        cluster: Failover, hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    executors = cluster.active.executors()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (tmp_path / "submit_queries.py").write_text(DRIVER)
+    driver = processes.start(
+        hosts.argv("a", str(tmp_path / "submit_queries.py"), cluster.both,
+                   str(tmp_path / "c" / "secret"), str(folder)),
+        env=cluster.active.env, cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=(tmp_path / "driver.err").open("w"), text=True)
+    wait_for(lambda: driver.poll() is not None or (folder / "publishing").exists(),
+             timeout=90, what="the writer to be publishing")
+    assert driver.poll() is None, (tmp_path / "driver.err").read_text()[-3000:]
+    before = cluster.read(cluster.catalog("b", cluster.active.address))["collections"]
+    assert len(before["executors"]) == len(EXECUTORS) and len(before["queries"]) == 2
 
-        # Asks the standby alone, from host b, already waiting for it to answer.
-        probe = cluster.catalog("b", cluster.standby.address)
-        killed = time.time()
-        os.killpg(cluster.active.process.pid, signal.SIGKILL)
-        cluster.active.process.wait(timeout=10)
-        first = cluster.read(probe)
-        print(f"\nstandby on another host answering {first['answered'] - killed:.2f} s after "
-              f"the SIGKILL of the active coordinator (--active-lease {LEASE:g}; goal: "
-              f"lease + 1 s)")
+    # Asks the standby alone, from host b, already waiting for it to answer.
+    probe = cluster.catalog("b", cluster.standby.address)
+    killed = time.time()
+    os.killpg(cluster.active.process.pid, signal.SIGKILL)
+    cluster.active.process.wait(timeout=10)
+    first = cluster.read(probe)
+    print(f"\nstandby on another host answering {first['answered'] - killed:.2f} s after "
+          f"the SIGKILL of the active coordinator (--active-lease {LEASE:g}; goal: "
+          f"lease + 1 s)")
 
-        def same() -> dict[str, Any] | None:
-            now = cluster.read(cluster.catalog("b", cluster.both))["collections"]
-            return now if now == before else None
+    def same() -> dict[str, Any] | None:
+        now = cluster.read(cluster.catalog("b", cluster.both))["collections"]
+        return now if now == before else None
 
-        try:  # every session comes back as itself, within the recovery lease
-            after = wait_for(same, timeout=60, interval=0.5,
-                             what="the catalog to be as before the kill")
-        except AssertionError:
-            now = cluster.read(cluster.catalog("b", cluster.both))["collections"]
-            differ = {n: (before[n], now[n]) for n in KEPT if before[n] != now[n]}
-            raise AssertionError(f"differs after the takeover: {differ}") from None
-        assert after == before
-        assert cluster.active.executors() == executors  # `tq status`, through the new one
-        topics = cluster.active.tq("topics", "--json")
-        assert topics.returncode == 0, topics.stderr
-        assert "flow" in topics.stdout
+    try:  # every session comes back as itself, within the recovery lease
+        after = wait_for(same, timeout=60, interval=0.5,
+                         what="the catalog to be as before the kill")
+    except AssertionError:
+        now = cluster.read(cluster.catalog("b", cluster.both))["collections"]
+        differ = {n: (before[n], now[n]) for n in KEPT if before[n] != now[n]}
+        raise AssertionError(f"differs after the takeover: {differ}") from None
+    assert after == before
+    assert cluster.active.executors() == executors  # `tq status`, through the new one
+    topics = cluster.active.tq("topics", "--json")
+    assert topics.returncode == 0, topics.stderr
+    assert "flow" in topics.stdout
 
-        (folder / "stop").touch()
-        out, _ = driver.communicate(timeout=150)
-        assert driver.returncode == 0, (tmp_path / "driver.err").read_text()[-3000:]
-        assert out.splitlines()[-1].split() == ["finished", "finished"]
+    (folder / "stop").touch()
+    out, _ = driver.communicate(timeout=150)
+    assert driver.returncode == 0, (tmp_path / "driver.err").read_text()[-3000:]
+    assert out.splitlines()[-1].split() == ["finished", "finished"]
     sent = int((folder / "sent").read_text())
     distinct, highest, twice = map(int, (folder / "received").read_text().split())
     assert (distinct, highest, twice) == (sent, sent - 1, 0)
 
 
 def test_a_cut_off_active_coordinator_stops_and_acknowledges_nothing_after_the_takeover(
-        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
-    with etcd_server(tmp_path / "etcd", host=hosts.address["e"],
-                     wrap=["ip", "netns", "exec", hosts.ns["e"]]) as etcd:
-        cluster = Failover(hosts, processes, tmp_path, etcd)
-        executors = cluster.active.executors()
-        (tmp_path / "writer.py").write_text(WRITER)
-        log, stop = tmp_path / "writer.log", tmp_path / "writer.stop"
-        writer = processes.start(
-            hosts.argv("c", str(tmp_path / "writer.py"), cluster.active.address,
-                       str(tmp_path / "c" / "secret"), str(log), str(stop)),
-            env=cluster.active.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / "writer.err").open("w"))
+        cluster: Failover, hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    executors = cluster.active.executors()
+    (tmp_path / "writer.py").write_text(WRITER)
+    log, stop = tmp_path / "writer.log", tmp_path / "writer.stop"
+    writer = processes.start(
+        hosts.argv("c", str(tmp_path / "writer.py"), cluster.active.address,
+                   str(tmp_path / "c" / "secret"), str(log), str(stop)),
+        env=cluster.active.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "writer.err").open("w"))
 
-        def acked() -> dict[str, float]:
-            lines = [line.split() for line in log.read_text().splitlines()] \
-                if log.exists() else []
-            return {p[1]: float(p[2]) for p in lines if p[0] == "acked"}
+    def acked() -> dict[str, float]:
+        lines = [line.split() for line in log.read_text().splitlines()] \
+            if log.exists() else []
+        return {p[1]: float(p[2]) for p in lines if p[0] == "acked"}
 
-        wait_for(lambda: len(acked()) >= 5, timeout=60, interval=0.2,
-                 what="topics acknowledged by the active coordinator")
-        probe = cluster.catalog("b", cluster.standby.address)
-        cut = time.time()
-        hosts.set_link("c", up=False)
-        first = cluster.read(probe)
-        # Its lease lapsed (it cannot reach etcd): it stops, saying it is no longer active.
-        assert cluster.active.process.wait(timeout=30) == 75
-        stop.touch()
-        assert writer.wait(timeout=30) == 0
-        print(f"\nstandby answering {first['answered'] - cut:.2f} s after the active "
-              f"coordinator was cut off; it acknowledged {sum(t > cut for t in acked().values())}"
-              f" topic(s) after the cut")
-        hosts.set_link("c", up=True)
+    wait_for(lambda: len(acked()) >= 5, timeout=60, interval=0.2,
+             what="topics acknowledged by the active coordinator")
+    probe = cluster.catalog("b", cluster.standby.address)
+    cut = time.time()
+    hosts.set_link("c", up=False)
+    first = cluster.read(probe)
+    # Its lease lapsed (it cannot reach etcd): it stops, saying it is no longer active.
+    assert cluster.active.process.wait(timeout=30) == 75
+    stop.touch()
+    assert writer.wait(timeout=30) == 0
+    print(f"\nstandby answering {first['answered'] - cut:.2f} s after the active "
+          f"coordinator was cut off; it acknowledged {sum(t > cut for t in acked().values())}"
+          f" topic(s) after the cut")
+    hosts.set_link("c", up=True)
 
-        done = cluster.active.tq("topics", "--json")  # through the new coordinator, from a
-        assert done.returncode == 0, done.stderr
-        assert all(name in done.stdout for name in acked())  # nothing acknowledged lost
-        assert all(when < first["answered"] for when in acked().values())
-        assert cluster.active.executors() == executors
+    done = cluster.active.tq("topics", "--json")  # through the new coordinator, from a
+    assert done.returncode == 0, done.stderr
+    assert all(name in done.stdout for name in acked())  # nothing acknowledged lost
+    assert all(when < first["answered"] for when in acked().values())
+    assert cluster.active.executors() == executors
