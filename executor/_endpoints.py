@@ -88,6 +88,7 @@ class CatalogTopics:
         self._forget: Callable[[str], None] | None = None
         self._told: set[str] = set()  # topics whose rule the broker was told from the view
         self._addresses: dict[int, str] = {}  # broker id -> its last known address
+        self._holders: dict[int, str] = {}  # broker id -> who registered it (the homes)
         # Replication: where roles go, what each replica of ours was last told, and the
         # changes not told yet (told in order by one task).
         self._set_role: RoleSink | None = None
@@ -131,8 +132,13 @@ class CatalogTopics:
             return True
         if kind is not PrincipalKind.EXECUTOR:
             return False
-        return any(isinstance(h, BrokerHome) and h.broker_id == replica
-                   and h.principal == principal for h in self._views["homes"])
+        return self._holders.get(replica) == principal
+
+    def _index_holders(self) -> None:
+        """broker id -> the principal that registered it, from the homes view: asked on every
+        replica fetch, so looked up, not searched."""
+        self._holders = {h.broker_id: h.principal for h in self._views["homes"]
+                         if isinstance(h, BrokerHome)}
 
     def topic_named(self, name: str) -> Topic | None:
         """The followed view's topic of this short name."""
@@ -176,6 +182,8 @@ class CatalogTopics:
                             self._tell(touched)
                         if collection in ("topics", "brokers"):
                             self._replica_roles()
+                        elif collection == "homes":
+                            self._index_holders()
             except TqError as exc:  # the coordinator is away or restarting: follow again
                 logger.warning("catalog view of %s: %s; following again", collection, exc)
                 await asyncio.sleep(_RETRY_FOLLOW)

@@ -53,3 +53,19 @@ async def _told_again() -> None:
     assert told[1] is not None and told[1].leader_address == "tcp://10.0.0.1:7000"
     await topics.close()
 
+
+
+def test_only_the_principal_that_registered_a_broker_may_fetch_as_it() -> None:
+    from catalog import BrokerHome
+
+    topics = CatalogTopics()
+    for home in (BrokerHome(broker_id=1, host="a", principal="executor:a", slot=0),
+                 BrokerHome(broker_id=2, host="b", principal="executor:b", slot=0)):
+        topics._views["homes"][home] = 1
+    topics._index_holders()
+    assert topics.may_replicate("executor:a", 1)
+    assert not topics.may_replicate("executor:a", 2)  # another host's broker
+    assert not topics.may_replicate("executor:a", 3)  # no such broker
+    assert topics.may_replicate("admin", 2)
+    assert not topics.may_replicate("user:alice", 1)
+    assert not topics.may_replicate("not a principal", 1)
