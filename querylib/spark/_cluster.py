@@ -20,6 +20,7 @@ NoCoordinatorError / BrokerUnreachableError, saying both.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ from querylib.spark._errors import BrokerUnreachableError
 from querylib.spark._options import Location
 
 __all__ = ["ClusterTopics", "PartitionPlace", "broker_read", "open_producer"]
+
+logger = logging.getLogger("querylib.spark")
 
 READ_CREDIT = 8 * 1024 * 1024  # bytes a reading task lets a broker send ahead
 
@@ -188,8 +191,10 @@ def _broker_now(place: PartitionPlace, locate: Callable[[], str] | None) -> str:
     if locate is not None:
         try:
             return locate()
-        except (TqError, OSError):
-            pass
+        except (TqError, OSError) as exc:  # the planned broker may still lead: try it
+            logger.info("asking %s where the partition is led: %s; starting at the planned "
+                        "broker %s",
+                        place.coordinator, exc, place.broker)
     _know_key(place)
     return place.broker
 
