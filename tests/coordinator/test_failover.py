@@ -16,7 +16,7 @@ from coordinator._failover import (
     parse_etcd_urls,
 )
 from tests.catalog._helpers import add_user, host
-from tests.conftest import Processes
+from tests.conftest import Processes, wait_for_async
 
 from ._etcd import etcd_server, needs_etcd
 
@@ -364,13 +364,6 @@ def test_an_executor_and_its_running_query_go_on_across_a_takeover(
         assert (distinct, highest, twice) == (sent, sent - 1, 0)
 
 
-async def _until(check, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def test_a_warm_standby_follows_and_reads_only_the_tail_at_takeover(tmp_path: Path) -> None:
     """A standby started on an empty etcd: the seed checkpoint is a gap its watch cannot see
     (it reads everything once more), then it follows commit by commit; at takeover it reads
@@ -389,13 +382,15 @@ def test_a_warm_standby_follows_and_reads_only_the_tail_at_takeover(tmp_path: Pa
         await active.checkpoint(source.version, source.snapshot())  # as a first active seeds
         for commit in _commits(source, 3):
             await active.append(commit)
-        await _until(lambda: standby.catalog.version == source.version, "the gap re-read")
+        await wait_for_async(lambda: standby.catalog.version == source.version,
+                             what="the gap re-read")
         assert standby.reads == 2
         _same(source, standby.catalog)
         followed = standby.followed  # the commits after the seed the re-read did not cover
         for commit in _commits(source, 4):
             await active.append(commit)
-        await _until(lambda: standby.catalog.version == source.version, "the standby to follow")
+        await wait_for_async(lambda: standby.catalog.version == source.version,
+                             what="the standby to follow")
         assert standby.reads == 2 and standby.followed == followed + 4  # not re-read
 
         await standby.close()  # as if the watch lagged behind the last commits
@@ -440,8 +435,8 @@ def test_a_standby_coordinator_takes_over_with_the_catalog_it_followed(tmp_path:
         waiting = asyncio.ensure_future(standby.start())
         try:
             assert active.endpoint is not None and active.state is not None
-            await _until(lambda: standby.standby is not None and standby.standby.reads,
-                         "the standby to read the catalog")
+            await wait_for_async(lambda: standby.standby is not None and standby.standby.reads,
+                                 what="the standby to read the catalog")
             follower = standby.standby
             assert follower is not None
             async with AsyncCluster(active.endpoint, SECRET, lease=5.0) as client:
@@ -449,8 +444,8 @@ def test_a_standby_coordinator_takes_over_with_the_catalog_it_followed(tmp_path:
                     await client.create_topic(name, 2)
                 await client.add_user("user:alice")
             before = active.state.catalog
-            await _until(lambda: follower.catalog.version == before.version,
-                         "the standby to follow")
+            await wait_for_async(lambda: follower.catalog.version == before.version,
+                                 what="the standby to follow")
             assert not waiting.done()  # still a standby
             await active.close()  # resigns: the standby is elected at once
             await asyncio.wait_for(waiting, 30)

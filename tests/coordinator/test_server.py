@@ -11,6 +11,7 @@ import pytest
 from catalog import SessionRef, UnknownTopicError
 from coordinator import Coordinator, CoordinatorConfig
 from querylib.cluster import AsyncCluster, Diff, SessionLostError, Snapshot, read_collections
+from tests.conftest import wait_for_async
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -129,10 +130,7 @@ def test_a_session_found_through_a_coordinator_list_gets_its_notifies(tmp_path: 
                     Resources(cores=1, memory=1 << 30, disk=1 << 30, slots=4))
                 async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as client:
                     query = await client.submit_query("job", "file:///job.py")
-                    deadline = asyncio.get_running_loop().time() + 10
-                    while not spawns:
-                        assert asyncio.get_running_loop().time() < deadline, "no spawn came"
-                        await asyncio.sleep(0.01)
+                    await wait_for_async(lambda: spawns, what="a spawn")
                     assert [(s.query_id, s.executor_id) for s in spawns] == [
                         (query.query_id, executor.executor_id)]
         finally:
