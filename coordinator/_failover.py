@@ -7,6 +7,7 @@ Keys, under `/tq/<cluster>/`:
     catalog/<version:020d>     one catalog commit: [(version, [(collection, record, diff)...])...]
     checkpoint/<v:020d>/<i:06d> chunk i of the catalog at version v (each under CHUNK_BYTES)
     checkpointed               [v, chunks]: the last complete checkpoint
+    groups/...                 the group coordinator's state (`_etcd_groups.py`)
 
 Never two active: every write is a Txn guarded by `create_revision(active) == term`, so a
 coordinator that lost its lease (its key gone, or another's in its place) writes nothing more
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     import aetcd
 
 __all__ = ["CHUNK_BYTES", "Commit", "EtcdCatalog", "NotActiveError", "ReadCatalog",
-           "parse_etcd_urls"]
+           "etcd_library", "parse_etcd_urls"]
 
 logger = logging.getLogger("coordinator")
 
@@ -60,7 +61,7 @@ logger = logging.getLogger("coordinator")
 CHUNK_BYTES = 1024 * 1024
 
 
-def _etcd() -> ModuleType:
+def etcd_library() -> ModuleType:
     """The etcd client library, imported when first used: it pulls in gRPC (about half a
     second), which a coordinator without `--etcd` never needs."""
     import aetcd
@@ -151,10 +152,10 @@ class EtcdCatalog:
         """Connect to the first etcd member that answers."""
         errors = []
         for host, port in self.endpoints:
-            client = _etcd().Client(host, port, timeout=max(1, int(timeout)))
+            client = etcd_library().Client(host, port, timeout=max(1, int(timeout)))
             try:
                 await client.status()
-            except _etcd().exceptions.ClientError as exc:
+            except etcd_library().exceptions.ClientError as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 await client.close()
                 continue
@@ -177,7 +178,7 @@ class EtcdCatalog:
             await asyncio.gather(self._keeper, return_exceptions=True)
         if self._client is not None:
             if resign and self._lease is not None:
-                with contextlib.suppress(_etcd().exceptions.ClientError):
+                with contextlib.suppress(etcd_library().exceptions.ClientError):
                     await self._client.revoke_lease(self._lease)
             await self._client.close()
             self._client = None
@@ -240,7 +241,7 @@ class EtcdCatalog:
                 try:
                     reply = await asyncio.wait_for(self.client.refresh_lease(self._lease),
                                                    timeout=max(0.0, self._expires - asked))
-                except (_etcd().exceptions.ClientError, TimeoutError) as exc:
+                except (etcd_library().exceptions.ClientError, TimeoutError) as exc:
                     logger.warning("coordinator: renewing the etcd lease: %s", exc)
                     continue
                 if reply is None or reply.TTL <= 0:
@@ -254,12 +255,14 @@ class EtcdCatalog:
     async def announce(self, address: str) -> None:
         """Say where this active coordinator serves (its key keeps its term and lease)."""
         assert self._lease is not None
-        await self._guarded(self.client.transactions.put(self.active_key, address.encode(),
+        await self.guarded(self.client.transactions.put(self.active_key, address.encode(),
                                                          lease=self._lease))
 
     # -- guarded writes -------------------------------------------------------------------------
 
-    async def _guarded(self, *ops: object) -> None:
+    async def guarded(self, *ops: object) -> None:
+        """Apply etcd Txn operations `ops` only while this coordinator is the active one;
+        NotActiveError (and `lost` set) otherwise."""
         if self.term == 0 or self.lost.is_set():
             raise NotActiveError("not the active coordinator")
         client = self.client
@@ -281,7 +284,7 @@ class EtcdCatalog:
             await self.append(commits[:half])
             await self.append(commits[half:])
             return
-        await self._guarded(self.client.transactions.put(self._log_key(commits[-1][0]), value))
+        await self.guarded(self.client.transactions.put(self._log_key(commits[-1][0]), value))
 
     async def checkpoint(self, version: int, snapshot: Sequence[Update]) -> None:
         """Write the catalog at `version` (every commit up to it appended) and drop the log
@@ -297,9 +300,9 @@ class EtcdCatalog:
             size += encoded
         t = self.client.transactions
         for index, chunk in enumerate(chunks):
-            await self._guarded(t.put(self._chunk_key(version, index),
+            await self.guarded(t.put(self._chunk_key(version, index),
                                       _encode([(version, chunk)])))
-        await self._guarded(
+        await self.guarded(
             t.put(self.prefix + b"checkpointed", msgspec.msgpack.encode([version, len(chunks)])),
             t.delete(self.prefix + b"catalog/", self._log_key(version + 1)),
             t.delete(self.prefix + b"checkpoint/", self._chunk_key(version, 0)))
@@ -314,8 +317,8 @@ class EtcdCatalog:
         _, (marked, chunks, commits, active) = await client.transaction(
             compare=[], failure=[], success=[
             t.get(self.prefix + b"checkpointed"),
-            t.get(checkpoint, _etcd().utils.prefix_range_end(checkpoint)),
-            t.get(logs, _etcd().utils.prefix_range_end(logs)),
+            t.get(checkpoint, etcd_library().utils.prefix_range_end(checkpoint)),
+            t.get(logs, etcd_library().utils.prefix_range_end(logs)),
             t.get(self.active_key)])
         # The Txn's revision (every key read carries its header); nothing written yet: 0.
         revision = next((kv.header.revision for _, kv in (*marked, *chunks, *commits, *active)),
@@ -344,7 +347,7 @@ class EtcdCatalog:
         logs = self.prefix + b"catalog/"
         _, (marked, commits) = await client.transaction(compare=[], failure=[], success=[
             t.get(self.prefix + b"checkpointed"),
-            t.get(self._log_key(version + 1), _etcd().utils.prefix_range_end(logs))])
+            t.get(self._log_key(version + 1), etcd_library().utils.prefix_range_end(logs))])
         if marked and msgspec.msgpack.decode(marked[0][0])[0] > version:
             return None
         # A key is named by the last version of its commit: one from `version + 1` on may
@@ -371,7 +374,7 @@ class EtcdCatalog:
                         if (done := apply(commits)) is not None:
                             await done
                 return
-            except _etcd().exceptions.RevisionCompactedError:
+            except etcd_library().exceptions.RevisionCompactedError:
                 fresh = await self.read()
                 version, revision = fresh.version, fresh.revision
                 if (done := reread(fresh)) is not None:

@@ -270,7 +270,8 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
         if not 1 <= req.partitions <= 10_000:
             raise InvalidCommandError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
         locations = place_partitions(state.catalog, party, req.partitions,
-                                     state.placement_cursor, state.catalog_broker_id)
+                                     state.placement_cursor, state.catalog_broker_id,
+                                     spare=state.config.spare_broker)
         if factor is None:
             factor = 1 if TopicName.parse(req.name).internal \
                 else default_replication_factor(state.catalog)
@@ -305,7 +306,8 @@ def create_ingest_topic(state: CoordinatorState, req: CreateIngestTopic,
     if not 1 <= req.partitions <= 10_000:
         raise InvalidPartitionsError(f"a topic has 1 to 10000 partitions, not {req.partitions}")
     locations = place_kafka_partitions(state.catalog, req.partitions, state.placement_cursor,
-                                       state.catalog_broker_id)
+                                       state.catalog_broker_id,
+                                       spare=state.config.spare_broker)
     factor = req.replication_factor
     if factor is None:
         factor = 1 if TopicName.parse(req.name).internal \
@@ -343,7 +345,8 @@ def alter_topic(state: CoordinatorState, req: m.AlterTopic, call: Call) -> m.Top
             locations = tuple(req.locations)
         elif req.partitions <= 10_000:
             locations = place_partitions(state.catalog, party, added, state.placement_cursor,
-                                         state.catalog_broker_id)
+                                         state.catalog_broker_id,
+                                         spare=state.config.spare_broker)
             # A replicated topic's new partitions are copied as many times as its others.
             replicas = place_replicas(state.catalog, locations, topic.replication_factor,
                                       state.placement_cursor)

@@ -2,7 +2,8 @@
 (DESIGN §8 "Consumer groups").
 
 Every group's state and committed offsets live in `__consumer_offsets` of the coordinator's
-broker, whose log flushes `always`, so an OffsetCommit is answered only once it is on disk.
+broker, whose log flushes `always`, so an OffsetCommit is answered only once it is on disk, and
+with failover also in etcd (`_etcd_groups.py`), where a coordinator that takes over finds them.
 Executor brokers name this listener in FindCoordinator (they find it in the catalog's
 `brokers` collection: the broker registered without a session, with a `kafka_address`).
 
@@ -34,7 +35,7 @@ from typing import Any
 from catalog import Broker, Catalog, Executor, SessionKind, Topic, TopicName
 from querylib.cluster import messages as m
 from querylib.kafka import PolicyViolationError
-from querylib.server.kafka import BrokerInfo, TopicInfo, catalog_topic_info
+from querylib.server.kafka import BrokerInfo, GroupsReplica, TopicInfo, catalog_topic_info
 
 __all__ = ["CatalogView", "previous_port"]
 
@@ -44,8 +45,11 @@ class CatalogView:
 
     def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None],
                  create: Callable[[str, int, int | None], Awaitable[Topic]],
-                 serve: Callable[[Any], Awaitable[Any]] | None = None) -> None:
+                 serve: Callable[[Any], Awaitable[Any]] | None = None,
+                 groups: GroupsReplica | None = None) -> None:
+        """`groups`: where the group state is kept beyond this broker (etcd, with failover)."""
         self._catalog = catalog
+        self._groups = groups
         self._broker_id = broker_id
         self._create = create
         self._serve = serve  # a request of the coordinator's own, as the admin
@@ -138,6 +142,9 @@ class CatalogView:
             if isinstance(broker, Broker) and broker.broker_id == node_id:
                 return broker.address
         return None
+
+    def groups_replica(self) -> GroupsReplica | None:
+        return self._groups
 
 
 def previous_port(catalog: Catalog, advertised: str) -> int | None:

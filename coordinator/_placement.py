@@ -33,7 +33,7 @@ __all__ = ["default_replication_factor", "free_slots", "host_brokers", "place_ka
 
 
 def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
-                     catalog_broker: int | None) -> tuple[int, ...]:
+                     catalog_broker: int | None, *, spare: bool = True) -> tuple[int, ...]:
     """A broker id for each partition.
 
     A query's partition i goes to the host of the executor running its process i mod n (a
@@ -42,9 +42,10 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
     else's are spread round-robin over the executor hosts and each host's brokers in turn
     (host a's first broker, host b's first, ..., host a's second), else over other brokers; the
     coordinator's own broker (which serves the catalog) hosts data only when there is no other
-    broker. An ingest topic (anyone may write it) spreads the same way: the connector endpoint
-    writes a partition on another broker of its host through broker RPC, and Kafka clients
-    reach each broker's own listener.
+    broker, and never without `spare` (with coordinator failover: its host's disk is not where
+    a coordinator that takes over looks). An ingest topic (anyone may write it) spreads the
+    same way: the connector endpoint writes a partition on another broker of its host through
+    broker RPC, and Kafka clients reach each broker's own listener.
     """
     if isinstance(party, QueryRef):
         query = catalog.query(party.query_id)
@@ -70,6 +71,11 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
         b.broker_id for b in catalog.brokers
         if isinstance(b, Broker) and b.broker_id != catalog_broker)
     if not candidates:
+        if catalog_broker is not None and not spare:
+            raise InvalidCommandError(
+                "no executor's broker is registered to host the topic; with coordinator "
+                "failover the coordinator's own broker holds only the catalog (its host's disk "
+                "is not where a coordinator that takes over looks): start `tq executor` first")
         if catalog_broker is None:
             raise InvalidCommandError("no broker is registered to host the topic")
         candidates = [catalog_broker]
@@ -116,7 +122,8 @@ def place_replicas(catalog: Catalog, leaders: tuple[int, ...],
 
 
 def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
-                           catalog_broker: int | None) -> tuple[int, ...]:
+                           catalog_broker: int | None, *, spare: bool = True
+                           ) -> tuple[int, ...]:
     """A broker id for each partition of a topic a Kafka client creates through the
     coordinator's listener: round-robin over the brokers other than the coordinator's that have
     a Kafka listener (so every partition's leader is one Kafka clients can reach), else as
@@ -125,8 +132,8 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
                        if isinstance(b, Broker) and b.kafka_address
                        and b.broker_id != catalog_broker)
     if not listening:
-        return place_partitions(catalog, INGEST, partitions, start,
-                                catalog_broker)
+        return place_partitions(catalog, INGEST, partitions, start, catalog_broker,
+                                spare=spare)
     return tuple(listening[(start + i) % len(listening)] for i in range(partitions))
 
 

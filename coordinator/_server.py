@@ -72,6 +72,7 @@ from querylib.server.broker import BrokerServer
 
 from ._artifacts import ArtifactStore
 from ._directory import CatalogDirectory
+from ._etcd_groups import EtcdGroups
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -164,8 +165,8 @@ class Coordinator:
         # Failover (DESIGN §3 "Coordinator failover"): with etcd it serves only once elected.
         self.failover: EtcdCatalog | None = None
         if etcd:
-            self.failover = EtcdCatalog(etcd, cluster, lease=(config or CoordinatorConfig())
-                                        .active_lease_ms / 1000)
+            config = dataclasses.replace(config or CoordinatorConfig(), spare_broker=False)
+            self.failover = EtcdCatalog(etcd, cluster, lease=config.active_lease_ms / 1000)
         self._lost: asyncio.Task[None] | None = None
         self.standby: WarmStandby | None = None  # with failover, once started
         self.broker_dir = os.path.join(self.data_dir, "broker")
@@ -376,8 +377,10 @@ class Coordinator:
 
         state = self.state
         assert state is not None and self.broker is not None
+        groups = None if self.failover is None else EtcdGroups(self.failover)
         self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id,
-                                       self.create_ingest_topic, self._serve_as_admin)
+                                       self.create_ingest_topic, self._serve_as_admin,
+                                       groups=groups)
         rpc_port = self.listen.rpartition(":")[2]
         address = await self._reopen_kafka(rpc_port)
         if address:

@@ -101,6 +101,9 @@ class CoordinatorConfig:
     # The cluster's default `tenant/namespace` asked for (tq up / tq coordinator --tenant
     # --namespace): None takes the one the data dir keeps, else public/default (_namespace).
     namespace: str | None = None
+    # Whether the coordinator's own broker hosts data when no other broker is registered
+    # (`tq up`); not with failover, whose coordinator that takes over has its own (§3).
+    spare_broker: bool = True
 
     def start_timeout(self, query: Query) -> int:
         """How long `query` may take to start, in ms."""

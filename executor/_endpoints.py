@@ -314,6 +314,9 @@ class CatalogTopics:
                 return broker.address
         return None
 
+    def groups_replica(self) -> None:
+        return None  # the coordinator's listener coordinates the groups, not this one
+
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}
         if names is None:

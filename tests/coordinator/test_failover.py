@@ -45,6 +45,14 @@ def _same(a: Catalog, b: Catalog) -> None:
     assert a.version == b.version
 
 
+def _own_broker(client: object) -> tuple[int, int]:
+    """Two partitions on the coordinator's own broker, which these tests (no executor) name
+    to have topics in the catalog: with failover, placement never puts one there (DESIGN §5)."""
+    records = client.snapshot("brokers")["brokers"].records  # type: ignore[attr-defined]
+    own = next(b.broker_id for b, _ in records if b.session_id is None)
+    return own, own
+
+
 async def _etcd(address: str, lease: float = 2.0) -> EtcdCatalog:
     etcd = EtcdCatalog(address, "test", lease=lease)
     await etcd.connect()
@@ -221,7 +229,9 @@ def test_an_active_coordinator_writes_every_commit_to_etcd_before_answering(
             assert coordinator.endpoint is not None and coordinator.state is not None
             assert await standby.active() == coordinator.endpoint
             async with AsyncCluster(coordinator.endpoint, SECRET, lease=5.0) as client:
-                info = await client.create_topic("numbers", 2)
+                own = coordinator.state.catalog_broker_id
+                assert own is not None
+                info = await client.create_topic("numbers", 2, locations=(own, own))
                 # Answered: etcd has it already.
                 read = await standby.read()
                 assert read.version >= info.version
@@ -259,7 +269,7 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
         with Cluster(f"{active.address},{standby.address}", secret) as client:
             assert client.address == active.address  # the standby does not answer
             for name in ("alpha", "beta", "gamma"):
-                client.create_topic(name, 2)
+                client.create_topic(name, 2, locations=_own_broker(client))
             client.add_user("user:alice")
             before = client.snapshot("topics", "users")
         assert not (home_b / "cluster.json").exists()  # the standby does not serve yet
@@ -272,7 +282,8 @@ def test_a_standby_takes_over_when_the_active_coordinator_is_killed(
         with Cluster(both, secret, connect_timeout=30) as client:  # finds the active one
             assert client.address == standby.address
             after = client.snapshot("topics", "users")
-            client.create_topic("delta", 1)  # it serves changes too
+            client.create_topic("delta", 1,  # it serves changes too
+                                locations=_own_broker(client)[:1])
         # The follower starts over at the new coordinator's catalog broker (a new Snapshot)
         # well before its link to the dead one would give up (60 s).
         seen: set[str] = set()
@@ -440,8 +451,10 @@ def test_a_standby_coordinator_takes_over_with_the_catalog_it_followed(tmp_path:
             follower = standby.standby
             assert follower is not None
             async with AsyncCluster(active.endpoint, SECRET, lease=5.0) as client:
+                own = active.state.catalog_broker_id
+                assert own is not None
                 for name in ("alpha", "beta"):
-                    await client.create_topic(name, 2)
+                    await client.create_topic(name, 2, locations=(own, own))
                 await client.add_user("user:alice")
             before = active.state.catalog
             await wait_for_async(lambda: follower.catalog.version == before.version,
@@ -515,8 +528,9 @@ def test_takeover_time_after_a_sigkill_of_the_active_coordinator(
         active = CoordinatorProcess(processes, first, extra=options).start()
         secret = load_secret(first / "secret")
         with Cluster(active.address, secret) as client:
+            own = _own_broker(client)
             for i in range(20):
-                client.create_topic(f"t{i}", 2)
+                client.create_topic(f"t{i}", 2, locations=own)
             client.add_user("user:alice")
             before = client.snapshot("topics", "users")
         for run in range(1, runs + 1):

@@ -14,6 +14,7 @@ from catalog import (
     Broker,
     Catalog,
     Executor,
+    InvalidCommandError,
     InvalidReplicationFactorError,
     RegisterBroker,
     RegisterExecutor,
@@ -95,3 +96,19 @@ def test_leaders_spread_over_hosts_first_then_over_each_hosts_brokers() -> None:
     # Consecutive partitions on consecutive hosts, and every broker leads one.
     assert [host_of[b] for b in leaders] == [e.executor_id for e in executors] * 2
     assert sorted(leaders) == sorted(host_of)
+
+
+def test_the_coordinators_own_broker_hosts_data_only_without_failover() -> None:
+    """Alone (`tq up` before its executor registers) it takes the topic; with coordinator
+    failover (`spare=False`) it is refused, saying why: its host's disk is not where a
+    coordinator that takes over looks (DESIGN §3 "Coordinator failover")."""
+    catalog = Catalog()
+    own = catalog.apply(RegisterBroker(host="c", address="tcp://c:7401",
+                                       session_id=None)).created
+    assert isinstance(own, Broker)
+    assert place_partitions(catalog, INGEST, 2, 0, own.broker_id) == (own.broker_id,) * 2
+    with pytest.raises(InvalidCommandError, match="start `tq executor` first"):
+        place_partitions(catalog, INGEST, 2, 0, own.broker_id, spare=False)
+    executor = _host(catalog, "h1", brokers=1)
+    assert place_partitions(catalog, INGEST, 2, 0, own.broker_id, spare=False) == \
+        (executor.broker_id,) * 2

@@ -3,9 +3,9 @@ failover", §8 "Consumer groups"): two `tq coordinator --etcd` processes and a r
 executor given both addresses with its Kafka listener, and confluent-kafka consumers.
 
 After a SIGKILL of the active coordinator, the executor's listener names the new group
-coordinator (its catalog view starts over at the new coordinator's catalog broker). The
-offsets a group committed before the kill are not there any more: they were kept only in the
-killed coordinator's own `__consumer_offsets` (strict xfail, the open part)."""
+coordinator (its catalog view starts over at the new coordinator's catalog broker), and the
+group resumes there at the offsets it committed before the kill: the active coordinator kept
+them in etcd before answering the commit (coordinator/_etcd_groups.py)."""
 
 from __future__ import annotations
 
@@ -143,10 +143,6 @@ def test_a_group_is_served_by_the_new_group_coordinator(taken_over: TakenOver) -
         consumer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="open: a group's committed offsets live only in the "
-                   "__consumer_offsets of the coordinator's own broker, on its host's disk; "
-                   "a standby's broker has its own (empty) one, so a takeover loses them and "
-                   "the group starts over at auto.offset.reset (H53 report)")
 def test_committed_offsets_outlive_a_takeover(taken_over: TakenOver) -> None:
     _produce(taken_over.bootstrap, range(100, 150))
     consumer = _consumer(taken_over.bootstrap)

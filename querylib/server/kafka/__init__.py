@@ -16,7 +16,7 @@ transactions), and administer topics and groups. Its wire is `querylib.kafka`.
     _sasl.py            SASL PLAIN and SCRAM, mapped to tq principals
     _backend.py         KafkaBackend: what the endpoint needs from the broker behind it
     _broker_backend.py  BrokerBackend: a live tq broker's partitions, through its BrokerPort;
-                        KafkaCluster, KafkaConfig, StandaloneCluster
+                        GroupsReplica, KafkaCluster, KafkaConfig, StandaloneCluster
     _broker_kafka.py    BrokerKafka: a broker's listener (`--kafka-port`), opened by the broker
     _listener.py        KafkaListener: the asyncio server
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ._broker_backend import (
         OFFSETS_TOPIC,
         BrokerBackend,
+        GroupsReplica,
         KafkaCluster,
         KafkaConfig,
         StandaloneCluster,

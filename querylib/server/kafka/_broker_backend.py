@@ -114,7 +114,8 @@ from ._offsets_format import (
 )
 from ._txn import TRANSACTIONS_TOPIC, TransactionCoordinator, Txn
 
-__all__ = ["OFFSETS_TOPIC", "BrokerBackend", "KafkaCluster", "KafkaConfig", "StandaloneCluster"]
+__all__ = ["OFFSETS_TOPIC", "BrokerBackend", "GroupsReplica", "KafkaCluster", "KafkaConfig",
+           "StandaloneCluster"]
 
 logger = logging.getLogger("querylib.kafka")
 
@@ -127,6 +128,7 @@ TRANSACTIONS: PartitionId = (TRANSACTIONS_TOPIC, 0)
 _GONE = (UnknownTopicError, UnknownPartitionError)
 TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their timeout
 META_FILE = ".tq-kafka.json"
+_ADOPT_BATCH_BYTES = 1 << 20  # of a replica's group state per batch appended here
 PRODUCER_ID_BLOCK = 1000
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
 _CLUSTER_ID_LABEL = b"tq kafka cluster id v1"
@@ -166,6 +168,26 @@ class KafkaConfig:
         if self.advertised_host:
             return self.advertised_host
         return self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+
+
+class GroupsReplica(Protocol):
+    """Where a group coordinator's state is kept beyond its broker's disk (the coordinator's
+    etcd, with failover: DESIGN §3 "Coordinator failover"): what a group coordinator that takes
+    over starts from."""
+
+    async def read(self) -> dict[bytes, bytes] | None:
+        """Every `__consumer_offsets` record kept, key -> value; None when nothing was ever
+        kept (this broker's own log is then the state, and is `seed`ed)."""
+        ...
+
+    async def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Keep `records` (in order; a null value deletes its key) before a write is answered;
+        CoordinatorNotAvailableError when this is no longer the group coordinator."""
+        ...
+
+    async def seed(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Keep a whole group state for the first time."""
+        ...
 
 
 class KafkaCluster(Protocol):
@@ -221,6 +243,10 @@ class KafkaCluster(Protocol):
     def broker_address(self, node_id: int) -> str | None:
         """The RPC address of broker `node_id` (where the transaction coordinator writes its
         markers into partitions it does not host), None when unknown."""
+        ...
+
+    def groups_replica(self) -> GroupsReplica | None:
+        """Where the groups this listener coordinates are kept beyond its broker, if anywhere."""
         ...
 
 
@@ -295,6 +321,9 @@ class StandaloneCluster:
 
     def broker_address(self, node_id: int) -> str | None:
         return None  # no other broker
+
+    def groups_replica(self) -> GroupsReplica | None:
+        return None  # its groups live on its disk only
 
 
 @dataclass
@@ -392,6 +421,7 @@ class BrokerBackend:
         self._partitions: dict[PartitionId, _Partition] = {}
         self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
         self._store = GroupStore()
+        self._replica: GroupsReplica | None = None  # where the groups are kept beyond this disk
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
         self._unwatch: Any = None
@@ -410,7 +440,11 @@ class BrokerBackend:
         log = self.port.log(pid)
         end = self.port.info(pid).log_end
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._store.replay, log, end)
+        replica = self._replica = self.cluster.groups_replica()
+        latest: dict[bytes, bytes] | None = None if replica is None else {}
+        await loop.run_in_executor(None, self._store.replay, log, end, latest)
+        if replica is not None and latest is not None:
+            await self._adopt(replica, latest)
         await loop.run_in_executor(None, self._read_meta)
         try:  # made by the first transactional producer
             txn_pid = await self.port.ensure(*TRANSACTIONS, create=False)
@@ -425,6 +459,41 @@ class BrokerBackend:
             self._txns.replay(records, complete=txn_log.writes_kept)
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
+
+    async def _adopt(self, replica: GroupsReplica, local: dict[bytes, bytes]) -> None:
+        """Take the group state the replica keeps (what the group coordinator before this one
+        wrote) and make this broker's `__consumer_offsets` say the same; or, when the replica
+        never kept any, keep this log's state there."""
+        kept = await replica.read()
+        if kept is None:
+            await replica.seed(list(local.items()))
+            logger.info("__consumer_offsets: %d record(s) now kept beyond this broker",
+                        len(local))
+            return
+        changed: list[tuple[bytes, bytes | None]] = []
+        for key, value in kept.items():
+            if local.get(key) != value:
+                if key in local:  # a record the log holds otherwise: deleted first (owners
+                    changed.append((key, None))  # are first-claim-wins on replay)
+                changed.append((key, value))
+        changed.extend((key, None) for key in local if key not in kept)
+        now = self._now_ms()
+        batch: list[tuple[int, bytes, bytes | None, tuple[()]]] = []
+        size = 0
+        for key, change in changed:  # batches well under the broker's largest
+            if batch and size + len(key) + len(change or b"") > _ADOPT_BATCH_BYTES:
+                await self._system.produce(OFFSETS, encode_batch(batch), create=True)
+                batch, size = [], 0
+            batch.append((now, key, change, ()))
+            size += len(key) + len(change or b"")
+        if batch:
+            await self._system.produce(OFFSETS, encode_batch(batch), create=True)
+        self._store = GroupStore()
+        for key, value in kept.items():
+            self._store.apply(key, value)
+        logger.info("__consumer_offsets: took the kept state of %d group(s) (%d record(s) "
+                    "changed here)", len(self._store.offsets.keys() | self._store.groups.keys()),
+                    len(changed))
 
     async def _expire_transactions(self) -> None:
         """Finish the transactions being ended (at start: those a stopped broker was ending)
@@ -939,12 +1008,19 @@ class BrokerBackend:
 
     # ---- groups -------------------------------------------------------------------------------
 
+    async def _keep(self, records: Sequence[tuple[int, bytes, bytes | None]]) -> None:
+        """Append (timestamp, key, value) records to `__consumer_offsets`, answered once
+        durable there and, with a replica, once the replica has them too (the caller changes
+        the group store only then)."""
+        await self._system.produce(OFFSETS, encode_batch([(t, k, v, ()) for t, k, v in records]),
+                                   create=True)
+        if self._replica is not None:
+            await self._replica.write([(k, v) for _, k, v in records])
+
     async def store_offsets(self, group_id: str, offsets: Sequence[CommittedOffset]) -> None:
         if not offsets:
             return
-        await self._system.produce(OFFSETS, encode_batch(
-            [(c.commit_timestamp, *encode_offset(group_id, c), ()) for c in offsets]),
-            create=True)
+        await self._keep([(c.commit_timestamp, *encode_offset(group_id, c)) for c in offsets])
         self._store.committed(group_id, list(offsets))
 
     async def committed_offsets(self, group_id: str
@@ -957,26 +1033,22 @@ class BrokerBackend:
                 for group, offsets in list(self._store.offsets.items())}
 
     async def store_group(self, record: GroupRecord) -> None:
-        await self._system.produce(OFFSETS, encode_batch(
-            [(record.current_state_timestamp, *encode_group(record), ())]), create=True)
+        await self._keep([(record.current_state_timestamp, *encode_group(record))])
         self._store.groups[record.group_id] = record
 
     async def delete_offsets(self, group_id: str,
                              partitions: Sequence[tuple[str, int]]) -> None:
         if not partitions:
             return
-        await self._system.produce(OFFSETS, encode_batch(
-            [(0, offset_tombstone_key(group_id, t, p), None, ()) for t, p in partitions]),
-            create=True)
+        await self._keep([(0, offset_tombstone_key(group_id, t, p), None) for t, p in partitions])
         stored = self._store.offsets.get(group_id, {})
         for key in partitions:
             stored.pop(key, None)
 
     async def delete_group(self, group_id: str) -> None:
         committed = sorted(self._store.offsets.get(group_id, {}))
-        await self._system.produce(OFFSETS, encode_batch(
-            [(0, offset_tombstone_key(group_id, t, p), None, ()) for t, p in committed]
-            + [(0, group_tombstone_key(group_id), None, ())]), create=True)
+        await self._keep([(0, offset_tombstone_key(group_id, t, p), None) for t, p in committed]
+                         + [(0, group_tombstone_key(group_id), None)])
         self._store.offsets.pop(group_id, None)
         self._store.groups.pop(group_id, None)
 
@@ -993,8 +1065,6 @@ class BrokerBackend:
         async with self._meta_lock:
             owner = self._store.owners.get(group_id)
             if owner is None and claim:
-                await self._system.produce(OFFSETS, encode_batch(
-                    [(0, *encode_group_owner(GroupOwner(group_id, principal)), ())]),
-                    create=True)
+                await self._keep([(0, *encode_group_owner(GroupOwner(group_id, principal)))])
                 self._store.owners[group_id] = owner = principal
         return owner is None or owner == principal

@@ -14,7 +14,13 @@ from querylib.errors import CorruptDataError
 from querylib.log import PartitionLog, data_records
 
 from ._backend import CommittedOffset, GroupRecord
-from ._offsets_format import GroupOwner, GroupTombstone, OffsetTombstone, decode_offsets_record
+from ._offsets_format import (
+    GroupOwner,
+    GroupTombstone,
+    OffsetTombstone,
+    OwnerTombstone,
+    decode_offsets_record,
+)
 
 __all__ = ["GroupStore"]
 
@@ -34,10 +40,18 @@ class GroupStore:
         self.groups: dict[str, GroupRecord] = {}
         self.owners: dict[str, str] = {}  # group -> the principal it belongs to
 
-    def replay(self, log: PartitionLog, end: int | None = None) -> None:
-        """Apply every record of `log` below `end` (default: its end). Blocking reads."""
+    def replay(self, log: PartitionLog, end: int | None = None,
+               latest: dict[bytes, bytes] | None = None) -> None:
+        """Apply every record of `log` below `end` (default: its end). Blocking reads. With
+        `latest`, also keep there the last value of each key the log holds (what compaction
+        would leave; a null value deletes)."""
         for record in data_records(log, end=end, on_damage=_damaged):
             self.apply(record.key, record.value)
+            if latest is not None and record.key is not None:
+                if record.value is None:
+                    latest.pop(record.key, None)
+                else:
+                    latest[record.key] = record.value
         logger.info("replayed __consumer_offsets: %d group(s) with offsets, %d group state(s)",
                     len(self.offsets), len(self.groups))
 
@@ -55,6 +69,8 @@ class GroupStore:
             self.groups[decoded.group_id] = decoded
         elif isinstance(decoded, GroupOwner):
             self.owners.setdefault(decoded.group_id, decoded.principal)
+        elif isinstance(decoded, OwnerTombstone):
+            self.owners.pop(decoded.group_id, None)
         else:
             group_id, committed = decoded
             self.committed(group_id, [committed])

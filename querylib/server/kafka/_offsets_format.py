@@ -45,6 +45,7 @@ E = TypeVar("E", bound=Entity)
 __all__ = [
     "GroupOwner",
     "GroupTombstone",
+    "OwnerTombstone",
     "OffsetTombstone",
     "decode_offsets_record",
     "encode_group",
@@ -157,6 +158,14 @@ class GroupTombstone:
     group_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerTombstone:
+    """Takes back a group's owner record: only where a replica of the group state says it
+    was never written (a claim whose replication failed, DESIGN §3 "Coordinator failover")."""
+
+    group_id: str
+
+
 def _write(entity: Entity, version: int) -> bytes:
     buffer = io.BytesIO()
     buffer.write(_VERSION.pack(version))
@@ -215,7 +224,8 @@ def _read(cls: type[E], data: bytes, pos: int) -> E:
 
 def decode_offsets_record(
     key: bytes | None, value: bytes | None
-) -> tuple[str, CommittedOffset] | GroupRecord | GroupOwner | OffsetTombstone | GroupTombstone:
+) -> (tuple[str, CommittedOffset] | GroupRecord | GroupOwner | OffsetTombstone | GroupTombstone
+      | OwnerTombstone):
     """One record of `__consumer_offsets`: (group id, committed offset), a group, or a
     tombstone. StorageError for bytes that are none of Kafka's formats (other record kinds,
     such as transaction markers, included)."""
@@ -235,6 +245,8 @@ def decode_offsets_record(
             if value is None:
                 return GroupTombstone(g.group)
             return _decode_group_value(g.group, value)
+        if version == GROUP_OWNER_KEY_VERSION and value is None:
+            return OwnerTombstone(_read(GroupMetadataKey, key, 2).group)
         if version == GROUP_OWNER_KEY_VERSION and value is not None and len(value) >= 2:
             g = _read(GroupMetadataKey, key, 2)
             o = _read(GroupOwnerValue, value, 2)
