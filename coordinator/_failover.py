@@ -59,6 +59,9 @@ logger = logging.getLogger("coordinator")
 
 # etcd refuses requests over 1.5 MiB (--max-request-bytes): keep every value well under it.
 CHUNK_BYTES = 1024 * 1024
+# A standby reads the whole checkpoint and the commits after it in one consistent Txn, whose
+# answer is the catalog's size: far above gRPC's default 4 MiB for a large catalog.
+_CHANNEL_OPTIONS = {"grpc.max_receive_message_length": 1 << 30}
 
 
 def etcd_library() -> ModuleType:
@@ -152,7 +155,8 @@ class EtcdCatalog:
         """Connect to the first etcd member that answers."""
         errors = []
         for host, port in self.endpoints:
-            client = etcd_library().Client(host, port, timeout=max(1, int(timeout)))
+            client = etcd_library().Client(host, port, timeout=max(1, int(timeout)),
+                                           options=_CHANNEL_OPTIONS)
             try:
                 await client.status()
             except etcd_library().exceptions.ClientError as exc:

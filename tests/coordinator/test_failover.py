@@ -180,9 +180,11 @@ def test_a_standby_replays_and_follows_the_catalog_across_checkpoints(tmp_path: 
 
 
 def test_a_checkpoint_larger_than_an_etcd_request_is_split(tmp_path: Path) -> None:
+    """Written in chunks under etcd's request limit, and read back in one Txn however large:
+    here above gRPC's default 4 MiB for an answer, which a standby's read must pass."""
     async def run(address: str) -> None:
         source = Catalog()
-        for i in range(30):
+        for i in range(90):
             source.apply(OpenSession(kind=SessionKind.CLIENT, peer=f"{i}" + "x" * 60_000,
                                      at_ms=i))
         active = await _etcd(address)
