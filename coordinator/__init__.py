@@ -13,7 +13,7 @@ recovery from them.
     _directory.py  what the embedded broker's core asks about a topic (the catalog)
     _kafka.py      CatalogView: the group coordinator's Kafka listener's view of the catalog
     _failover.py   EtcdCatalog: the election and the catalog in etcd;  _standby.py the warm
-                   standby;  _etcd_groups.py the consumer groups' state in etcd
+                   standby;  _etcd_state.py Kafka groups and transactions in etcd
     _server.py     Coordinator: the asyncio shell (RPC, broker, writer, clock)
     _run.py        run_coordinator: the foreground process (`tq coordinator`, `tq up`)
 """

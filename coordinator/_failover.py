@@ -7,7 +7,7 @@ Keys, under `/tq/<cluster>/`:
     catalog/<version:020d>     one catalog commit: [(version, [(collection, record, diff)...])...]
     checkpoint/<v:020d>/<i:06d> chunk i of the catalog at version v (each under CHUNK_BYTES)
     checkpointed               [v, chunks]: the last complete checkpoint
-    groups/...                 the group coordinator's state (`_etcd_groups.py`)
+    kafka/...                  the Kafka listener's state topics (`_etcd_state.py`)
 
 Never two active: every write is a Txn guarded by `create_revision(active) == term`, so a
 coordinator that lost its lease (its key gone, or another's in its place) writes nothing more

@@ -3,7 +3,8 @@
 
 Every group's state and committed offsets live in `__consumer_offsets` of the coordinator's
 broker, whose log flushes `always`, so an OffsetCommit is answered only once it is on disk, and
-with failover also in etcd (`_etcd_groups.py`), where a coordinator that takes over finds them.
+with failover also in etcd (`_etcd_state.py`), where a coordinator that takes over finds them;
+so is `__transaction_state`.
 Executor brokers name this listener in FindCoordinator (they find it in the catalog's
 `brokers` collection: the broker registered without a session, with a `kafka_address`).
 
@@ -35,7 +36,7 @@ from typing import Any
 from catalog import Broker, Catalog, Executor, SessionKind, Topic, TopicName
 from querylib.cluster import messages as m
 from querylib.kafka import PolicyViolationError
-from querylib.server.kafka import BrokerInfo, GroupsReplica, TopicInfo, catalog_topic_info
+from querylib.server.kafka import BrokerInfo, StateReplica, TopicInfo, catalog_topic_info
 
 __all__ = ["CatalogView", "previous_port"]
 
@@ -46,10 +47,11 @@ class CatalogView:
     def __init__(self, catalog: Callable[[], Catalog], broker_id: Callable[[], int | None],
                  create: Callable[[str, int, int | None], Awaitable[Topic]],
                  serve: Callable[[Any], Awaitable[Any]] | None = None,
-                 groups: GroupsReplica | None = None) -> None:
-        """`groups`: where the group state is kept beyond this broker (etcd, with failover)."""
+                 replicas: Mapping[str, StateReplica] | None = None) -> None:
+        """`replicas`: where each state topic is kept beyond this broker (etcd, with
+        failover), by topic."""
         self._catalog = catalog
-        self._groups = groups
+        self._replicas = dict(replicas or {})
         self._broker_id = broker_id
         self._create = create
         self._serve = serve  # a request of the coordinator's own, as the admin
@@ -143,8 +145,8 @@ class CatalogView:
                 return broker.address
         return None
 
-    def groups_replica(self) -> GroupsReplica | None:
-        return self._groups
+    def state_replica(self, topic: str) -> StateReplica | None:
+        return self._replicas.get(topic)
 
 
 def previous_port(catalog: Catalog, advertised: str) -> int | None:

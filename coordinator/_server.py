@@ -72,7 +72,7 @@ from querylib.server.broker import BrokerServer
 
 from ._artifacts import ArtifactStore
 from ._directory import CatalogDirectory
-from ._etcd_groups import EtcdGroups
+from ._etcd_state import EtcdStateTopic
 from ._events import (
     Bootstrap,
     Checkpointed,
@@ -377,10 +377,14 @@ class Coordinator:
 
         state = self.state
         assert state is not None and self.broker is not None
-        groups = None if self.failover is None else EtcdGroups(self.failover)
+        from querylib.server.kafka import OFFSETS_TOPIC, TRANSACTIONS_TOPIC
+
+        failover = self.failover
+        replicas = {} if failover is None else {
+            topic: EtcdStateTopic(failover, topic) for topic in (OFFSETS_TOPIC, TRANSACTIONS_TOPIC)}
         self._kafka_view = CatalogView(lambda: state.catalog, lambda: state.catalog_broker_id,
                                        self.create_ingest_topic, self._serve_as_admin,
-                                       groups=groups)
+                                       replicas=replicas)
         rpc_port = self.listen.rpartition(":")[2]
         address = await self._reopen_kafka(rpc_port)
         if address:

@@ -314,8 +314,8 @@ class CatalogTopics:
                 return broker.address
         return None
 
-    def groups_replica(self) -> None:
-        return None  # the coordinator's listener coordinates the groups, not this one
+    def state_replica(self, topic: str) -> None:
+        return None  # the coordinator's listener coordinates groups and transactions
 
     async def kafka_topics(self, names: Sequence[str] | None) -> list[TopicInfo]:
         known = {t.name: t for t in self._views["topics"] if isinstance(t, Topic)}

@@ -5,7 +5,7 @@ executor given both addresses with its Kafka listener, and confluent-kafka consu
 After a SIGKILL of the active coordinator, the executor's listener names the new group
 coordinator (its catalog view starts over at the new coordinator's catalog broker), and the
 group resumes there at the offsets it committed before the kill: the active coordinator kept
-them in etcd before answering the commit (coordinator/_etcd_groups.py)."""
+them in etcd before answering the commit (coordinator/_etcd_state.py)."""
 
 from __future__ import annotations
 

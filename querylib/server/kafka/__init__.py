@@ -16,7 +16,7 @@ transactions), and administer topics and groups. Its wire is `querylib.kafka`.
     _sasl.py            SASL PLAIN and SCRAM, mapped to tq principals
     _backend.py         KafkaBackend: what the endpoint needs from the broker behind it
     _broker_backend.py  BrokerBackend: a live tq broker's partitions, through its BrokerPort;
-                        GroupsReplica, KafkaCluster, KafkaConfig, StandaloneCluster
+                        StateReplica, KafkaCluster, KafkaConfig, StandaloneCluster
     _broker_kafka.py    BrokerKafka: a broker's listener (`--kafka-port`), opened by the broker
     _listener.py        KafkaListener: the asyncio server
 
@@ -48,10 +48,10 @@ if TYPE_CHECKING:
     from ._broker_backend import (
         OFFSETS_TOPIC,
         BrokerBackend,
-        GroupsReplica,
         KafkaCluster,
         KafkaConfig,
         StandaloneCluster,
+        StateReplica,
     )
     from ._broker_kafka import BrokerKafka
     from ._group import GroupConfig, GroupMachine, GroupStatus
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from ._listener import KafkaListener, ListenerStats
     from ._offsets_format import decode_offsets_record, encode_group, encode_offset
     from ._producers import ProducerStateTable
+    from ._txn import TRANSACTIONS_TOPIC
 
 if not TYPE_CHECKING:  # a type checker reads the imports above, not this
     __getattr__, __dir__, __all__ = lazy_exports(__name__, globals())

@@ -114,7 +114,7 @@ from ._offsets_format import (
 )
 from ._txn import TRANSACTIONS_TOPIC, TransactionCoordinator, Txn
 
-__all__ = ["OFFSETS_TOPIC", "BrokerBackend", "GroupsReplica", "KafkaCluster", "KafkaConfig",
+__all__ = ["OFFSETS_TOPIC", "BrokerBackend", "StateReplica", "KafkaCluster", "KafkaConfig",
            "StandaloneCluster"]
 
 logger = logging.getLogger("querylib.kafka")
@@ -170,23 +170,24 @@ class KafkaConfig:
         return self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
 
 
-class GroupsReplica(Protocol):
-    """Where a group coordinator's state is kept beyond its broker's disk (the coordinator's
-    etcd, with failover: DESIGN §3 "Coordinator failover"): what a group coordinator that takes
-    over starts from."""
+class StateReplica(Protocol):
+    """Where one of the listener's state topics (`__consumer_offsets`, `__transaction_state`:
+    compacted, the last value of each key is the state) is kept beyond its broker's disk (the
+    coordinator's etcd, with failover: DESIGN §3 "Coordinator failover"): what a group and
+    transaction coordinator that takes over starts from."""
 
     async def read(self) -> dict[bytes, bytes] | None:
-        """Every `__consumer_offsets` record kept, key -> value; None when nothing was ever
-        kept (this broker's own log is then the state, and is `seed`ed)."""
+        """Every record kept, key -> value; None when nothing was ever kept (this broker's own
+        log is then the state, and is `seed`ed)."""
         ...
 
     async def write(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
         """Keep `records` (in order; a null value deletes its key) before a write is answered;
-        CoordinatorNotAvailableError when this is no longer the group coordinator."""
+        CoordinatorNotAvailableError when this is no longer the coordinator."""
         ...
 
     async def seed(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Keep a whole group state for the first time."""
+        """Keep a whole state for the first time."""
         ...
 
 
@@ -245,8 +246,9 @@ class KafkaCluster(Protocol):
         markers into partitions it does not host), None when unknown."""
         ...
 
-    def groups_replica(self) -> GroupsReplica | None:
-        """Where the groups this listener coordinates are kept beyond its broker, if anywhere."""
+    def state_replica(self, topic: str) -> StateReplica | None:
+        """Where the state topic `topic` this listener writes is kept beyond its broker, if
+        anywhere."""
         ...
 
 
@@ -322,8 +324,8 @@ class StandaloneCluster:
     def broker_address(self, node_id: int) -> str | None:
         return None  # no other broker
 
-    def groups_replica(self) -> GroupsReplica | None:
-        return None  # its groups live on its disk only
+    def state_replica(self, topic: str) -> StateReplica | None:
+        return None  # its groups and transactions live on its disk only
 
 
 @dataclass
@@ -421,7 +423,9 @@ class BrokerBackend:
         self._partitions: dict[PartitionId, _Partition] = {}
         self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
         self._store = GroupStore()
-        self._replica: GroupsReplica | None = None  # where the groups are kept beyond this disk
+        # Where `__consumer_offsets` and `__transaction_state` are kept beyond this disk.
+        self._replica: StateReplica | None = None
+        self._txn_replica: StateReplica | None = None
         self._meta_lock = asyncio.Lock()
         self._next_producer_id = self._reserved_producer_ids = 0
         self._unwatch: Any = None
@@ -440,14 +444,19 @@ class BrokerBackend:
         log = self.port.log(pid)
         end = self.port.info(pid).log_end
         loop = asyncio.get_running_loop()
-        replica = self._replica = self.cluster.groups_replica()
-        latest: dict[bytes, bytes] | None = None if replica is None else {}
+        self._replica = self.cluster.state_replica(OFFSETS_TOPIC)
+        latest: dict[bytes, bytes] | None = None if self._replica is None else {}
         await loop.run_in_executor(None, self._store.replay, log, end, latest)
-        if replica is not None and latest is not None:
-            await self._adopt(replica, latest)
+        if self._replica is not None and latest is not None:
+            kept = await self._adopt(OFFSETS, self._replica, latest)
+            if kept is not None:
+                self._store = GroupStore()
+                for key, value in kept.items():
+                    self._store.apply(key, value)
         await loop.run_in_executor(None, self._read_meta)
-        try:  # made by the first transactional producer
-            txn_pid = await self.port.ensure(*TRANSACTIONS, create=False)
+        self._txn_replica = self.cluster.state_replica(TRANSACTIONS_TOPIC)
+        try:  # made by the first transactional producer (at once, where it is kept elsewhere)
+            txn_pid = await self.port.ensure(*TRANSACTIONS, create=self._txn_replica is not None)
         except UnknownPartitionError:
             pass
         else:
@@ -456,25 +465,37 @@ class BrokerBackend:
                 None, lambda: [(r.key, r.value) for r in data_records(txn_log, end=txn_end)])
             # After a reboot that followed an unclean stop, the records answered once written
             # may be lost from its end (a process that merely died lost none).
-            self._txns.replay(records, complete=txn_log.writes_kept)
+            complete = txn_log.writes_kept
+            if self._txn_replica is not None:
+                last: dict[bytes, bytes] = {}
+                for txn_id, state in records:
+                    if txn_id is not None and state is None:
+                        last.pop(txn_id, None)
+                    elif txn_id is not None and state is not None:
+                        last[txn_id] = state
+                kept = await self._adopt(TRANSACTIONS, self._txn_replica, last)
+                if kept is not None:  # etcd lost nothing it answered
+                    records, complete = list(kept.items()), True
+            self._txns.replay(records, complete=complete)
         self._expiry = asyncio.create_task(self._expire_transactions())
         return self
 
-    async def _adopt(self, replica: GroupsReplica, local: dict[bytes, bytes]) -> None:
-        """Take the group state the replica keeps (what the group coordinator before this one
-        wrote) and make this broker's `__consumer_offsets` say the same; or, when the replica
-        never kept any, keep this log's state there."""
+    async def _adopt(self, pid: PartitionId, replica: StateReplica,
+                     local: dict[bytes, bytes]) -> dict[bytes, bytes] | None:
+        """Take the state of topic `pid` the replica keeps (what the coordinator before this
+        one wrote) and make this broker's log say the same: returns it. Or, when the replica
+        never kept any, keep this log's state (`local`: its last value of each key) there:
+        returns None."""
         kept = await replica.read()
         if kept is None:
             await replica.seed(list(local.items()))
-            logger.info("__consumer_offsets: %d record(s) now kept beyond this broker",
-                        len(local))
-            return
+            logger.info("%s: %d record(s) now kept beyond this broker", pid[0], len(local))
+            return None
         changed: list[tuple[bytes, bytes | None]] = []
         for key, value in kept.items():
             if local.get(key) != value:
-                if key in local:  # a record the log holds otherwise: deleted first (owners
-                    changed.append((key, None))  # are first-claim-wins on replay)
+                if key in local:  # a record the log holds otherwise: deleted first (group
+                    changed.append((key, None))  # owners are first-claim-wins on replay)
                 changed.append((key, value))
         changed.extend((key, None) for key in local if key not in kept)
         now = self._now_ms()
@@ -482,18 +503,15 @@ class BrokerBackend:
         size = 0
         for key, change in changed:  # batches well under the broker's largest
             if batch and size + len(key) + len(change or b"") > _ADOPT_BATCH_BYTES:
-                await self._system.produce(OFFSETS, encode_batch(batch), create=True)
+                await self._system.produce(pid, encode_batch(batch), create=True)
                 batch, size = [], 0
             batch.append((now, key, change, ()))
             size += len(key) + len(change or b"")
         if batch:
-            await self._system.produce(OFFSETS, encode_batch(batch), create=True)
-        self._store = GroupStore()
-        for key, value in kept.items():
-            self._store.apply(key, value)
-        logger.info("__consumer_offsets: took the kept state of %d group(s) (%d record(s) "
-                    "changed here)", len(self._store.offsets.keys() | self._store.groups.keys()),
-                    len(changed))
+            await self._system.produce(pid, encode_batch(batch), create=True)
+        logger.info("%s: took the kept state, %d record(s), %d changed here", pid[0],
+                    len(kept), len(changed))
+        return kept
 
     async def _expire_transactions(self) -> None:
         """Finish the transactions being ended (at start: those a stopped broker was ending)
@@ -911,6 +929,8 @@ class BrokerBackend:
         now = self._now_ms()
         await self._system.produce(TRANSACTIONS, encode_batch(
             [(now, *txn.encode(), ()) for txn in txns]), create=True, written=not durable)
+        if self._txn_replica is not None:  # durable there whatever `durable` says
+            await self._txn_replica.write([txn.encode() for txn in txns])
 
     async def write_markers(self, partitions: Sequence[tuple[str, int]], producer_id: int,
                             epoch: int, commit: bool) -> None:
