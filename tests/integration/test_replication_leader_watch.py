@@ -27,6 +27,7 @@ from querylib.broker import Data, Producer, Subscriber
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -124,3 +125,54 @@ def _read(subscriber: Subscriber, into: list[bytes]) -> bool:
     if isinstance(event, Data):
         into.extend(r.value for r in event.records)
     return True
+
+
+def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
+        processes: Processes, tmp_path: Path) -> None:
+    """`tq produce` and `tq consume --follow` on a topic of two partitions and three replicas,
+    with broker leases and timeouts of hours: partition 0's leader is SIGSTOPped between the
+    first and second half of the lines; both commands go on at the new leader while the old
+    one is still stopped, and every line is read once, in order per partition."""
+    hosts = ThreeHosts(processes, tmp_path)
+    done = tq(tmp_path, "topic", "create", "kept", "--partitions", "2",
+              "--replication-factor", "3")
+    assert done.returncode == 0, done.stderr
+    before = hosts.in_sync("kept")
+    wait_for(lambda: (p := hosts.partition("kept", 1)) and p["isr"] == p["replicas"],
+             timeout=60, interval=0.2, what="partition 1's replicas in sync")
+    patient = ("--broker-lease", str(HOURS), "--timeout", str(HOURS))
+    consumer = processes.python("-m", "querylib.cli", "consume", "kept", "--follow", "--json",
+                                *patient, env=tq_env(tmp_path), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    producer = processes.python("-m", "querylib.cli", "produce", "kept", *patient,
+                                env=tq_env(tmp_path), cwd=ROOT, text=True,
+                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert consumer.stdout is not None and producer.stdin is not None
+    printed: list[dict] = []
+    reading = threading.Thread(target=lambda: printed.extend(
+        json.loads(line) for line in consumer.stdout), daemon=True)  # type: ignore[union-attr]
+    reading.start()
+
+    def records() -> list[dict]:
+        return [r for r in list(printed) if "value" in r]
+
+    for i in range(20):  # round-robin: the even lines to partition 0, the odd ones to 1
+        producer.stdin.write(f"a{i}\n")
+    producer.stdin.flush()
+    wait_for(lambda: len(records()) == 20, timeout=60,
+             what="tq consume to print the first twenty lines")
+
+    stopped = hosts.agent_of(before["broker"])
+    os.killpg(stopped.pid, signal.SIGSTOP)
+    for i in range(20):
+        producer.stdin.write(f"b{i}\n")
+    producer.stdin.close()  # tq produce flushes, ends each partition's stream and exits
+    assert producer.wait(timeout=120) == 0
+    assert consumer.wait(timeout=120) == 0  # every partition's end of stream was read
+    reading.join(timeout=10)
+    assert _stopped(stopped.pid)  # answered by the new leader while the old one is stopped
+    assert hosts.partition("kept")["broker"] != before["broker"]  # type: ignore[index]
+    lines = [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)]
+    for partition in (0, 1):
+        assert [r["value"] for r in records() if r["partition"] == partition] == \
+            lines[partition::2]
