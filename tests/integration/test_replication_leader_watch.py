@@ -27,7 +27,7 @@ from querylib.broker import Data, Producer, Subscriber
 from querylib.cluster import Cluster
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
-from tests.integration._three_hosts import ThreeHosts
+from tests.integration._three_hosts import ThreeHosts, is_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,11 +38,6 @@ def _partition(home: Path) -> dict:
     done = tq(home, "topic", "describe", "kept", "--json", "--timeout", "2")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["partitions"][0]
-
-
-def _stopped(pid: int) -> bool:
-    """Whether process `pid` is stopped (SIGSTOP), as /proc says."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
@@ -104,7 +99,7 @@ def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
                      what="the producer to be answered by the new leader")
             wait_for(lambda: _read(subscriber, read) and len(read) == 20, timeout=120,
                      what="the subscriber to read the new leader's records")
-            assert _stopped(stopped.pid)
+            assert is_stopped(stopped.pid)
             moved = _partition(tmp_path)
             assert moved["broker"] != before["broker"]
             assert moved["leader_epoch"] == before["leader_epoch"] + 1
@@ -170,7 +165,7 @@ def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
     assert producer.wait(timeout=120) == 0
     assert consumer.wait(timeout=120) == 0  # every partition's end of stream was read
     reading.join(timeout=10)
-    assert _stopped(stopped.pid)  # answered by the new leader while the old one is stopped
+    assert is_stopped(stopped.pid)  # answered by the new leader while the old one is stopped
     assert hosts.partition("kept")["broker"] != before["broker"]  # type: ignore[index]
     lines = [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)]
     for partition in (0, 1):
