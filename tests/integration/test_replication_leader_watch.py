@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from catalog import Resources
 from querylib.api._runtime import incarnation_of
 from querylib.broker import Data, Producer, Subscriber
 from querylib.cluster import Cluster
-from tests.conftest import Processes, wait_for
+from tests.conftest import Processes, free_port, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 from tests.integration._three_hosts import ThreeHosts, is_stopped
 
@@ -171,3 +172,40 @@ def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
     for partition in (0, 1):
         assert [r["value"] for r in records() if r["partition"] == partition] == \
             lines[partition::2]
+
+
+def test_a_leader_moved_between_a_look_up_and_its_watch_is_told(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start race, over a real catalog: a client looks its leader up, the controller moves
+    the leadership (the leader's broker session ends), then the client's watch begins, its
+    follower's first snapshot already naming the new leader. The watch, naming the leader the
+    client started at, is told; one begun from the new leader is not."""
+    coordinator = CoordinatorProcess(processes, tmp_path).start()
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    hosts = [Cluster.connect(coordinator.address, session=True, timeout=10) for _ in range(2)]
+    admin = Cluster.connect(coordinator.address, session=True, timeout=10)
+    watching = Cluster.connect(coordinator.address, session=False, timeout=10)
+    try:
+        registrants = {}
+        for i, host in enumerate(hosts):  # two hosts, each a broker (none listening: the
+            # catalog is all this needs) and an executor
+            broker = host.register_broker(f"host{i}", f"tcp://127.0.0.1:{free_port()}")
+            host.register_executor(f"host{i}", broker.broker_id,
+                                   Resources(cores=1, memory=1 << 30, disk=1 << 30, slots=1))
+            registrants[broker.broker_id] = host
+        info = admin.create_topic("kept", 1, ingest=True, replication_factor=2)
+        since = info.leader(0)  # the client's look-up
+        registrants[since[1]].close()  # its broker leaves: the controller moves the leadership
+        moved = wait_for(lambda: (i := watching.lookup_topic("kept")).leader(0) != since and i,
+                         timeout=30, interval=0.05, what="the leadership to move")
+        told: list[str] = []
+        # Compared in this order, at the follower's first snapshot or as they begin.
+        watching.watch_leader("kept", 0, lambda: told.append("from the new"),
+                              since=moved.leader(0))
+        watching.watch_leader("kept", 0, lambda: told.append("from the old"), since=since)
+        wait_for(lambda: told, timeout=30, what="the watch begun at the old leader to be told")
+        assert told == ["from the old"]
+        assert moved.leader(0)[2] == since[2] + 1  # the next leader epoch
+    finally:
+        for cluster in (watching, admin, *hosts):
+            cluster.close()
