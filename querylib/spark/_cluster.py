@@ -8,8 +8,9 @@ file must be readable there, as on one host or a shared file system). A reading 
 subscribes to its partition from its start offset and takes the delivered chunks of whole
 batches until its stop offset, granting credit as it decodes; a writing task publishes encoded
 batches through a `Producer` and closes without ending the stream. On a replicated topic both
-follow the partition's leader when it moves: they ask the coordinator, whose address the place
-carries, where it is led now.
+follow the partition's leader when it moves, through the coordinator whose address the place
+carries: they watch the catalog for another leader and ask where it is led now, over one
+connection their process keeps (`_CatalogLink`, DESIGN §7 "Read path").
 
 A writer's missing topic is created as an ingest topic (`ensure_topic`), in a short session.
 
@@ -177,10 +178,13 @@ class _CatalogLink:
     """One coordinator connection (no session) in a task's process per coordinator and
     secret file, shared by the readers and producers of replicated topics open there: their
     start look-ups, their `locate`, and the catalog watch of their leaders
-    (`Cluster.watch_leader`: one follower of the catalog's topics for all of them). Opened
-    by the first, closed with the last (a writing task's producers of several partitions
-    share one; tasks one after another in a reused Python worker open one each)."""
+    (`Cluster.watch_leader`: one follower of the catalog's topics for all of them, whose
+    snapshot costs in proportion to the catalog's topics). Opened by the first; kept
+    `LINGER` seconds after the last closed, so the tasks a reused Python worker runs one
+    after another share the connection and the follower (a watch of no partition keeps it
+    between them), then closed."""
 
+    LINGER: ClassVar[float] = 30.0
     _links: ClassVar[dict[tuple[str, str], _CatalogLink]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -188,6 +192,8 @@ class _CatalogLink:
         self.key = key
         self.cluster = cluster
         self.users = 0
+        self._idle: threading.Timer | None = None  # closes the link when it fires
+        self._keep = cluster.watch_leader("", 0, lambda: None)  # no topic has that name
 
     @classmethod
     def acquire(cls, place: PartitionPlace) -> _CatalogLink:
@@ -199,6 +205,9 @@ class _CatalogLink:
                                   session=False, timeout=place.timeout,
                                   connect_timeout=place.timeout)
                 link = cls._links[key] = cls(key, cluster)
+            if link._idle is not None:
+                link._idle.cancel()
+                link._idle = None
             link.users += 1
             return link
 
@@ -206,6 +215,14 @@ class _CatalogLink:
         with self._lock:
             self.users -= 1
             if self.users > 0:
+                return
+            self._idle = threading.Timer(self.LINGER, self._expire)
+            self._idle.daemon = True
+            self._idle.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self.users > 0 or self._links.get(self.key) is not self:
                 return
             del self._links[self.key]
         self.cluster.close()

@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 
 from querylib.records import encode_batch, iter_batches
-from querylib.spark._cluster import ClusterTopics, PartitionPlace, broker_read, open_producer
+from querylib.spark._cluster import (
+    ClusterTopics,
+    PartitionPlace,
+    _CatalogLink,
+    broker_read,
+    open_producer,
+)
 from querylib.spark._options import Location
 from tests.conftest import Processes, wait_for
 from tests.integration._three_hosts import ThreeHosts, is_stopped
@@ -57,11 +63,15 @@ def test_spark_tasks_follow_the_leader_of_a_replicated_topic(processes: Processe
         producer.flush()
         producer.close(end=False)
     assert hosts.partition("moving")["broker"] != before["broker"]  # type: ignore[index]
+    # The writing task's catalog connection outlives it a while, for the next task.
+    (kept,) = [link for link in _CatalogLink._links.values() if link.key[0] == place.coordinator]
+    assert kept.users == 0
 
     values = []
     for data in broker_read(place, "moving", 0, 0, 200):
         values += [r.value for b in iter_batches(data) if not b.is_control for r in b.records]
     assert values[:200] == [b"a%d" % i for i in range(100)] + [b"b%d" % i for i in range(100)]
+    assert _CatalogLink._links[kept.key] is kept  # the reading task shared it
 
 
 def test_spark_tasks_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
