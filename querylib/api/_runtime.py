@@ -181,10 +181,12 @@ class Runtime:
     def leader_watch(self, info: TopicInfo, partition: int) -> WatchLeader | None:
         """What a producer or subscriber of a replicated topic's partition watches to follow
         its leader as soon as the catalog moves it (`Cluster.watch_leader`: one follower of
-        the catalog per process); None for a topic of one replica, whose broker stays."""
+        the catalog per process), from the leader `info` names (where the client starts);
+        None for a topic of one replica, whose broker stays."""
         if not info.topic.replicas:
             return None
-        return functools.partial(self.cluster.watch_leader, info.topic.short_name, partition)
+        return functools.partial(self.cluster.watch_leader, info.topic.short_name, partition,
+                                 since=info.leader(partition))
 
     def close(self) -> None:
         self.cluster.close()

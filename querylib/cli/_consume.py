@@ -17,12 +17,15 @@ Also home of the options `tq produce` shares (`add_topic_client_options`, `open_
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import UserError
-from querylib.cli._catalog import add_cluster_options
+from querylib.cli._catalog import add_cluster_options, connect
 from querylib.cli._records_text import (
     FORMAT_HELP,
     SERDES,
@@ -88,26 +91,37 @@ def add_topic_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", metavar="ADDR",
                         help="talk to this standalone broker directly, e.g. "
                         "tcp://127.0.0.1:7500 (no coordinator)")
+    parser.add_argument("--broker-lease", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a broker may be silent before it is presumed gone "
+                        "and looked for again (default 10; a replicated topic's moved "
+                        "leader is followed at once, from the catalog)")
 
 
+@contextlib.contextmanager
 def open_route(args: argparse.Namespace, *, create_partitions: int | None = None,
-               wait: float = 0.0) -> tuple[Any, bytes | Credential]:
-    """The topic's TopicRoute, from the coordinator, and the secret its brokers take."""
-    from querylib.cluster import Cluster, route_topic
+               wait: float = 0.0,
+               watch: bool = True) -> Iterator[tuple[Any, bytes | Credential]]:
+    """The topic's TopicRoute, from the coordinator, and the secret its brokers take, for
+    the `with` block. A replicated topic's route follows its leaders through a coordinator
+    connection kept open for the block (`Cluster.watch_leader`, one catalog follower for
+    every partition; `locate` asks it too), closed at its end; not `watch`: no route to
+    follow (the topic's description only)."""
+    from querylib.cluster import route_topic
 
-    def connect(session: bool) -> Any:
-        return Cluster.connect(args.coordinator, secret_file=args.secret_file, session=session,
-                               connect_timeout=args.timeout, timeout=max(args.timeout, 30.0))
+    with connect(args, session=create_partitions is not None) as cluster:
+        route = route_topic(cluster, args.topic, create_partitions=create_partitions, wait=wait)
+        secret = cluster.secret
+    if not (route.replicated and watch):
+        yield route, secret
+        return
+    with connect(args) as leaders:
+        def locate(partition: int) -> str:
+            """Where the partition is led now (asked when its broker is gone or deposed, or
+            the catalog named another leader)."""
+            return leaders.lookup_topic(args.topic).leader_address(partition)
 
-    def locate(partition: int) -> str:
-        """Where the partition is led now (asked only when its broker is gone or deposed)."""
-        with connect(False) as cluster:
-            return cluster.lookup_topic(args.topic).leader_address(partition)
-
-    with connect(create_partitions is not None) as cluster:
-        route = route_topic(cluster, args.topic, create_partitions=create_partitions, wait=wait,
-                            locate=locate)
-        return route, cluster.secret
+        yield dataclasses.replace(route, locate=locate, watch_leader=leaders.watch_leader), \
+            secret
 
 
 def standalone(args: argparse.Namespace) -> bool:
@@ -191,7 +205,7 @@ class _Printer:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from querylib.broker import Data, EndOfStream, Progress, Subscriber
+    from querylib.broker import Subscriber
     from querylib.cluster import last_records_start, read_topic
 
     kind, where = parse_start(args.start)
@@ -210,42 +224,47 @@ def _consume(args: argparse.Namespace) -> int:
         if kind == "last":
             raise UserError("--from -N finds the last records through the coordinator; with "
                             "--broker give an offset")
-        serde = args.serde or "bytes"
-        events: Any = Subscriber(args.broker, args.topic, args.partitions,
-                                 secret=client_secret(args), start=start,
-                                 follow=args.follow, timeout=args.timeout)
-    else:
-        route, secret = open_route(args, wait=args.wait)
-        serde = args.serde or serde_of(route.record_type)
+        with Subscriber(args.broker, args.topic, args.partitions, secret=client_secret(args),
+                        start=start, follow=args.follow, timeout=args.timeout,
+                        lease=args.broker_lease) as events:
+            return _print(args, events, args.serde or "bytes", kind, where)
+    with open_route(args, wait=args.wait) as (route, secret):
         if kind == "last":
             start = last_records_start(route, secret, where, partitions=args.partitions,
                                        timeout=args.timeout)
-        events = read_topic(route, secret, partitions=args.partitions, start=start,
-                            follow=args.follow, timeout=args.timeout)
+        found = read_topic(route, secret, partitions=args.partitions, start=start,
+                           follow=args.follow, timeout=args.timeout, lease=args.broker_lease)
+        with contextlib.closing(found):
+            return _print(args, found, args.serde or serde_of(route.record_type), kind, where)
+
+
+def _print(args: argparse.Namespace, events: Any, serde: str, kind: str, where: Any) -> int:
+    """Print the records of `events` as `args` ask (until --count of them)."""
+    from querylib.broker import Data, EndOfStream, Progress
+
     printer = _Printer(args, args.topic, serde)
     out = sys.stdout
     left = args.count
     try:
-        with _closing(events):
-            for event in events:
-                if isinstance(event, Data):
-                    if kind == "time" and (event.time is None or event.time < where):
+        for event in events:
+            if isinstance(event, Data):
+                if kind == "time" and (event.time is None or event.time < where):
+                    continue
+                for r in event.records:
+                    if kind == "timestamp" and r.timestamp < where:
                         continue
-                    for r in event.records:
-                        if kind == "timestamp" and r.timestamp < where:
-                            continue
-                        out.write(printer.line(event.partition, event.time, r.offset,
-                                               r.timestamp, r.key, r.value, r.headers))
-                        if left is not None:
-                            left -= 1
-                            if left == 0:
-                                out.flush()
-                                return 0
-                elif isinstance(event, Progress) and args.json:
-                    out.write(json.dumps({"progress": event.frontier}) + "\n")
-                elif isinstance(event, EndOfStream) and args.json:
-                    out.write(json.dumps({"end_of_stream": True}) + "\n")
-                out.flush()
+                    out.write(printer.line(event.partition, event.time, r.offset,
+                                           r.timestamp, r.key, r.value, r.headers))
+                    if left is not None:
+                        left -= 1
+                        if left == 0:
+                            out.flush()
+                            return 0
+            elif isinstance(event, Progress) and args.json:
+                out.write(json.dumps({"progress": event.frontier}) + "\n")
+            elif isinstance(event, EndOfStream) and args.json:
+                out.write(json.dumps({"end_of_stream": True}) + "\n")
+            out.flush()
     finally:
         printer.warn()
     return 0
@@ -263,8 +282,8 @@ def _consume_group(args: argparse.Namespace, kind: str, where: Any) -> int:
     if kind not in ("earliest", "latest", "offset"):
         raise UserError(f"--from {args.start!r} with --group: use earliest, latest or an "
                         "offset (where a partition with no committed offset starts)")
-    route, _ = open_route(args, wait=args.wait)
-    serde = args.serde or serde_of(route.record_type)
+    with open_route(args, wait=args.wait, watch=False) as (route, _):  # the topic's serde
+        serde = args.serde or serde_of(route.record_type)
     printer = _Printer(args, args.topic, serde)
     # The member checks the topic's serde: it gets the stored bytes and this prints them.
     raw = Serde(serde_of(route.record_type), bytes, bytes)
@@ -297,16 +316,3 @@ def _consume_group(args: argparse.Namespace, kind: str, where: Any) -> int:
             out.flush()
             printer.warn()
     return 0
-
-
-class _closing:
-    """Close a Subscriber or a generator on the way out, whichever `events` is."""
-
-    def __init__(self, events: Any) -> None:
-        self.events = events
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self.events.close()

@@ -18,11 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from catalog.errors import UserError
 from querylib.cli._consume import add_topic_client_options, open_route, standalone
 from querylib.cli._records_text import SERDES, LineEncoder, serde_of
+
+if TYPE_CHECKING:
+    from querylib.cluster import TopicRoute
+    from querylib.rpc import Credential
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +89,7 @@ def _header(text: str) -> tuple[str, bytes]:
 
 def _produce(args: argparse.Namespace) -> int:
     from querylib.cli._broker import client_secret
-    from querylib.cluster import TopicRoute, TopicWriter
+    from querylib.cluster import TopicRoute
 
     if args.partitions < 1:
         raise UserError(f"--partitions {args.partitions}: a topic has at least one partition")
@@ -97,17 +101,24 @@ def _produce(args: argparse.Namespace) -> int:
         # A standalone broker has no catalog: the partition exists once it is written.
         route = TopicRoute(name=args.topic, partitions=partition + 1,
                            addresses=(args.broker,) * (partition + 1), ingest=True)
-        secret = client_secret(args)
         args.partition = partition
-    else:
-        route, secret = open_route(args, create_partitions=args.partitions if args.create
-                                   else None)
+        return _write(args, route, client_secret(args), headers)
+    with open_route(args, create_partitions=args.partitions if args.create
+                    else None) as (route, secret):
+        return _write(args, route, secret, headers)
+
+
+def _write(args: argparse.Namespace, route: TopicRoute, secret: bytes | Credential,
+           headers: tuple[tuple[str, bytes], ...]) -> int:
+    """Send the lines of args.file to `route`'s topic, as `args` ask."""
+    from querylib.cluster import TopicWriter
+
     sep = args.key_separator.encode() if args.key_separator else None
     encoder = LineEncoder(args.serde or serde_of(route.record_type), route.name,
                           "stdin" if args.file == "-" else args.file)
     count = 0
     time = args.time
-    with TopicWriter(route, secret, timeout=args.timeout) as writer:
+    with TopicWriter(route, secret, timeout=args.timeout, lease=args.broker_lease) as writer:
         for value in _lines(args.file):
             key = None
             if sep is not None and sep in value:

@@ -198,13 +198,13 @@ class Cluster:
 
         return CollectionFollower(self, collection, credit=credit)
 
-    def watch_leader(self, topic: str, partition: int,
-                     moved: Callable[[], None]) -> Callable[[], None]:
+    def watch_leader(self, topic: str, partition: int, moved: Callable[[], None], *,
+                     since: tuple[int, int, int] | None = None) -> Callable[[], None]:
         """Call `moved()` (on this cluster's loop thread: quick, please) whenever the catalog
-        gives partition `partition` of `topic` another leader; returns the function that ends
-        the watch. Both may be called from any thread but this cluster's loop thread (see
-        AsyncCluster.watch_leader)."""
-        stop = self._call(self._watch_leader(topic, partition, moved))
+        names another leader of partition `partition` of `topic` than its client knows
+        (`since` at first: see AsyncCluster.watch_leader); returns the function that ends
+        the watch. Both may be called from any thread but this cluster's loop thread."""
+        stop = self._call(self._watch_leader(topic, partition, moved, since))
 
         def unwatch() -> None:
             try:
@@ -214,9 +214,9 @@ class Cluster:
 
         return unwatch
 
-    async def _watch_leader(self, topic: str, partition: int,
-                            moved: Callable[[], None]) -> Callable[[], None]:
-        return self._async.watch_leader(topic, partition, moved)
+    async def _watch_leader(self, topic: str, partition: int, moved: Callable[[], None],
+                            since: tuple[int, int, int] | None) -> Callable[[], None]:
+        return self._async.watch_leader(topic, partition, moved, since=since)
 
     def snapshot(self, *collections: str, timeout: float = 30.0) -> dict[str, Any]:
         """A Snapshot of each collection, read concurrently (see `read_collections`)."""

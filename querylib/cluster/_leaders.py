@@ -5,8 +5,8 @@ A broker link notices on its own that its broker died only after a lease of sile
 default), though the controller may have moved the partition's leadership long before (an
 executor's lease, 2 s in a test). So a link that knows its topic and partition (a producer's,
 a subscriber's) watches the catalog: `watch(topic, partition, moved)` calls `moved()` whenever
-the partition's leader (its broker, its leader epoch, its topic's incarnation) changes from what
-it was when the watch began; the link then asks `locate` and moves (querylib/broker/_session.py).
+the partition's leader (its broker, its leader epoch, its topic's incarnation) is another than
+the one the link knows; the link then asks `locate` and moves (querylib/broker/_session.py).
 
 Cost, for a process with clients of many topics: one follower of the catalog's `topics`
 collection per cluster connection, however many partitions are watched (a subscriber of one
@@ -15,10 +15,15 @@ watch and stopped when the last one ends; the view of topics it keeps is the col
 size, as an executor's. A catalog change costs each watching process one delivery, and a
 leader change each of its links of that partition one look-up.
 
-A leader that moves while the follower starts (between a link's look-up and the snapshot) is
-not told: that link notices as before (a refusal from the old leader, or its lease). Runs on
-the cluster's loop: `watch` and the function it returns are called there; `moved` callbacks
-run there and must be quick (a link hands the word to its own loop).
+A leader that moves while a watch starts (after the client looked its leader up, before the
+follower's view holds the change) is told too: a watch names the leader its client started at
+(`since`, `leader_of` the TopicInfo its address came from), and each watcher is compared with
+the view on its own (when it begins, if the view is there, and at every snapshot and change),
+not only with what the view held before; a leader older than the one a watcher knows (a view
+that lags the client's look-up) is no news. A watch naming no leader is told once at its first
+comparison (the client checks with one look-up). Runs on the cluster's loop: `watch` and the
+function it returns are called there; `moved` callbacks run there and must be quick (a link
+hands the word to its own loop).
 Must not: decide where a client goes (its `locate` asks the catalog), or write anything.
 """
 
@@ -33,11 +38,12 @@ from typing import TYPE_CHECKING
 from catalog import Record, Topic, TqError
 
 from ._follow import Snapshot
+from .messages import partition_leader
 
 if TYPE_CHECKING:
     from ._session import AsyncCluster
 
-__all__ = ["LeaderWatch"]
+__all__ = ["Leader", "LeaderWatch", "leader_of"]
 
 logger = logging.getLogger("querylib.cluster")
 
@@ -47,13 +53,42 @@ _RETRY_FOLLOW = 1.0  # seconds before following the catalog again after an error
 Leader = tuple[int, int, int]
 
 
+def leader_of(topic: Topic, partition: int) -> Leader | None:
+    """Partition `partition`'s leader in `topic` (None: no such partition)."""
+    if not 0 <= partition < len(topic.locations):
+        return None
+    return partition_leader(topic, partition)
+
+
+def _older(leader: Leader | None, than: Leader | None) -> bool:
+    """Whether `leader` comes before `than` (an earlier incarnation, or an earlier epoch of
+    the same one): a view that has not caught up with a client's look-up yet."""
+    if leader is None or than is None:
+        return False
+    return (leader[0], leader[2]) < (than[0], than[2])
+
+
+class _Unknown:
+    """A watcher's leader before its first comparison when its watch named none."""
+
+
+_UNKNOWN = _Unknown()
+
+
+class _Watcher:
+    __slots__ = ("known", "moved")
+
+    def __init__(self, moved: Callable[[], None], known: Leader | None | _Unknown) -> None:
+        self.moved = moved
+        self.known = known
+
+
 class LeaderWatch:
     """The leaders of the partitions watched through one cluster connection."""
 
     def __init__(self, cluster: AsyncCluster) -> None:
         self._cluster = cluster
-        self._watchers: dict[tuple[str, int], dict[int, Callable[[], None]]] = {}
-        self._leaders: dict[tuple[str, int], Leader | None] = {}  # as last told
+        self._watchers: dict[tuple[str, int], dict[int, _Watcher]] = {}
         # The followed view of the collection, by short name (a name's topic deleted and
         # created again may show both until the change that does it is complete).
         self._topics: dict[str, dict[Topic, int]] = {}
@@ -66,14 +101,18 @@ class LeaderWatch:
         """Whether the catalog is being followed (some partition is watched)."""
         return self._task is not None
 
-    def watch(self, topic: str, partition: int, moved: Callable[[], None]) -> Callable[[], None]:
-        """Call `moved()` whenever partition `partition` of `topic` gets another leader; returns
-        the function that ends this watch."""
+    def watch(self, topic: str, partition: int, moved: Callable[[], None], *,
+              since: Leader | None = None) -> Callable[[], None]:
+        """Call `moved()` whenever partition `partition` of `topic` gets another leader than
+        the one its client knows: `since` at first (`leader_of` the topic its client looked
+        up; not given: unknown, so told at the first comparison); returns the function that
+        ends this watch."""
         key = (topic, partition)
         watch_id = next(self._ids)
-        self._watchers.setdefault(key, {})[watch_id] = moved
-        if key not in self._leaders and self._snapshot:
-            self._leaders[key] = self._leader(key)
+        watcher = _Watcher(moved, _UNKNOWN if since is None else since)
+        self._watchers.setdefault(key, {})[watch_id] = watcher
+        if self._snapshot:  # the view may already be past what the client looked up
+            asyncio.get_running_loop().call_soon(self._compare, key, watch_id)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._follow(), name="catalog leaders of watched partitions")
@@ -84,7 +123,6 @@ class LeaderWatch:
                 return
             if not watchers:
                 del self._watchers[key]
-                self._leaders.pop(key, None)
             if not self._watchers and self._task is not None:
                 self._task.cancel()
                 self._task = None
@@ -111,8 +149,8 @@ class LeaderWatch:
                             touched = None
                         else:
                             touched = self._count(event.updates)
-                        self._changed(touched, first=not self._snapshot)
                         self._snapshot = True
+                        self._changed(touched)
             except TqError as exc:  # the coordinator is away or restarting: follow again
                 logger.info("catalog leaders: %s; following again", exc)
                 await asyncio.sleep(_RETRY_FOLLOW)
@@ -135,30 +173,32 @@ class LeaderWatch:
                     del self._topics[name]
         return touched
 
-    def _changed(self, touched: set[str] | None, *, first: bool) -> None:
-        """Tell the watchers of each partition of a `touched` topic (None: any) whose leader is
-        not the one last told (on the first snapshot, only learn them)."""
+    def _changed(self, touched: set[str] | None) -> None:
+        """Compare the watchers of each partition of a `touched` topic (None: any) with the
+        view."""
         for key, watchers in list(self._watchers.items()):
-            if touched is not None and key[0] not in touched:
-                continue
-            leader = self._leader(key)
-            if first or key not in self._leaders:
-                self._leaders[key] = leader
-                continue
-            if leader == self._leaders[key]:
-                continue
-            self._leaders[key] = leader
-            logger.info("catalog: the leader of %s-%d is now %s", *key, leader)
-            for moved in list(watchers.values()):
-                moved()
+            if touched is None or key[0] in touched:
+                for watch_id in list(watchers):
+                    self._compare(key, watch_id)
+
+    def _compare(self, key: tuple[str, int], watch_id: int) -> None:
+        """Tell one watcher if the view names another leader than the one it knows."""
+        watcher = self._watchers.get(key, {}).get(watch_id)
+        if watcher is None or not self._snapshot:
+            return
+        leader = self._leader(key)
+        known = watcher.known
+        if not isinstance(known, _Unknown) and (leader == known or _older(leader, known)):
+            return
+        watcher.known = leader
+        logger.info("catalog: the leader of %s-%d is now %s", *key, leader)
+        watcher.moved()
 
     def _leader(self, key: tuple[str, int]) -> Leader | None:
         best: Leader | None = None
         name, partition = key
         for topic in self._topics.get(name, {}):  # the newest incarnation, if two
-            if partition < len(topic.locations):
-                epoch = topic.leader_epochs[partition] if topic.leader_epochs else 0
-                found = topic.topic_id, topic.locations[partition], epoch
-                if best is None or found > best:
-                    best = found
+            found = leader_of(topic, partition)
+            if found is not None and (best is None or found > best):
+                best = found
         return best

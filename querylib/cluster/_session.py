@@ -566,10 +566,12 @@ class AsyncCluster:
 
         return AsyncCollectionFollower(self, collection, credit=credit)
 
-    def watch_leader(self, topic: str, partition: int,
-                     moved: Callable[[], None]) -> Callable[[], None]:
-        """Call `moved()` (on this loop: quick, please) whenever the catalog gives partition
-        `partition` of `topic` another leader; returns the function that ends the watch (on
+    def watch_leader(self, topic: str, partition: int, moved: Callable[[], None], *,
+                     since: tuple[int, int, int] | None = None) -> Callable[[], None]:
+        """Call `moved()` (on this loop: quick, please) whenever the catalog names another
+        leader of partition `partition` of `topic` than its client knows: `since` at first
+        (`TopicInfo.leader(partition)` of the look-up its address came from; None: unknown,
+        told at once when the catalog is read); returns the function that ends the watch (on
         this loop). What a producer's or subscriber's `watch_leader` is bound to: it follows
         the leader at once instead of after a lease of silence (`_leaders.LeaderWatch`: one
         follower of the catalog's topics for every watch of this connection)."""
@@ -577,7 +579,7 @@ class AsyncCluster:
             from ._leaders import LeaderWatch
 
             self._leaders = LeaderWatch(self)
-        return self._leaders.watch(topic, partition, moved)
+        return self._leaders.watch(topic, partition, moved, since=since)
 
     def _wait_timeout(self, wait: float) -> float | None:
         return None if wait <= 0 else max(self.timeout, wait + 5.0)

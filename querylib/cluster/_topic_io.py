@@ -11,17 +11,21 @@ The coordinator only says where partitions live; records go to and come from the
 hosting them, as for queries. Several brokers are read by one thread each into one bounded
 queue; the merged frontier is the minimum over brokers, the stream ends when every broker's
 part of it has ended. A replicated topic's partitions are read one per thread, and each
-producer and reader of one follows its partition's leader through the catalog (`locate`).
+producer and reader of one follows its partition's leader through the catalog: it asks
+`locate` when its broker refuses or goes silent, and, given the route's `watch_leader`
+(`Cluster.watch_leader` of a connection kept open while it runs), as soon as the catalog
+names another leader, as querylib's clients do (DESIGN §5 "Replication").
 
 Must not: print or parse arguments (the CLI does), or carry data through the coordinator.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +60,11 @@ class TopicRoute:
     # broker, or a route with no catalog to ask).
     replicated: bool = False
     locate: Callable[[int], str] | None = None
+    # The leader of each partition as the look-up found it (TopicInfo.leader: topic id,
+    # broker id, leader epoch), and `watch_leader(topic, partition, moved, since=)`
+    # (`Cluster.watch_leader`) to follow the catalog's changes of them; None: not watched.
+    leaders: tuple[tuple[int, int, int], ...] = ()
+    watch_leader: Callable[..., Callable[[], None]] | None = None
 
     def by_broker(self, partitions: list[int] | None = None) -> dict[str, list[int]]:
         """The partitions to read (all by default), grouped by the broker hosting them."""
@@ -86,13 +95,25 @@ class TopicRoute:
         (partition,) = partitions
         return lambda: locate(partition)
 
+    def watcher(self, partitions: list[int]) -> Callable[[Callable[[], None]],
+                                                        Callable[[], None]] | None:
+        """What a producer or reader of `partitions` watches to move as soon as the catalog
+        names another leader (querylib.broker's `watch_leader`), from the leader the route
+        found: for a single partition of a replicated topic followed through `locate`."""
+        watch = self.watch_leader
+        if watch is None or self.locator(partitions) is None or not self.leaders:
+            return None
+        (partition,) = partitions
+        return functools.partial(watch, self.name, partition, since=self.leaders[partition])
+
 
 def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None,
-                wait: float = 0.0,
-                locate: Callable[[int], str] | None = None) -> TopicRoute:
+                wait: float = 0.0, locate: Callable[[int], str] | None = None,
+                watch_leader: Callable[..., Callable[[], None]] | None = None) -> TopicRoute:
     """Look `name` up in the catalog (waiting up to `wait` s for it). With `create_partitions`,
     a missing topic is created as an ingest topic of that many partitions (the cluster needs
-    a session for that). `locate`: the route's (kept for a replicated topic only)."""
+    a session for that). `locate`: the route's (kept for a replicated topic only), as is
+    `watch_leader` (a cluster's, open while the route is used)."""
     try:
         info = cluster.lookup_topic(name, wait=wait)
     except UnknownTopicError:
@@ -102,28 +123,34 @@ def route_topic(cluster: Any, name: str, *, create_partitions: int | None = None
     from querylib.broker import Incarnation
 
     topic = info.topic
+    replicated = bool(topic.replicas)
     return TopicRoute(name=topic.short_name, partitions=topic.partitions,
                       addresses=tuple(info.brokers[b] for b in topic.locations),
                       ingest=topic.owner == INGEST,
                       incarnation=Incarnation(topic.created_at_ms, topic.topic_id),
-                      record_type=topic.record_type, replicated=bool(topic.replicas),
-                      locate=locate)
+                      record_type=topic.record_type, replicated=replicated, locate=locate,
+                      leaders=tuple(info.leader(p) for p in range(topic.partitions))
+                      if replicated else (),
+                      watch_leader=watch_leader if replicated else None)
 
 
 class TopicWriter:
     """Records into a topic: one broker producer per partition written, opened on first use.
 
     A record goes to `partition` when given, else to the hash of its key (CRC-32, stable
-    across runs), else round-robin. Only ingest topics are fed from outside a query."""
+    across runs), else round-robin. Only ingest topics are fed from outside a query.
+    `lease`: the producers' broker sessions' (seconds unheard before a broker is presumed
+    gone)."""
 
     def __init__(self, route: TopicRoute, secret: bytes | Credential, *,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, lease: float = 10.0) -> None:
         if not route.ingest:
             raise UserError(f"topic {route.name!r} is owned by a query; only ingest topics "
                             f"are fed from outside (tq topic create makes one)")
         self.route = route
         self.secret = secret
         self.timeout = timeout
+        self.lease = lease
         self.producers: dict[int, Any] = {}
         self.counts: dict[int, int] = {}
         self._next = 0
@@ -138,8 +165,9 @@ class TopicWriter:
             # explicit reopen (the topic admits any writer).
             producer = Producer(self.route.addresses[partition], self.route.name, partition,
                                 secret=self.secret, timeout=self.timeout, reopen=True,
-                                incarnation=self.route.incarnation,
-                                locate=self.route.locator([partition]))
+                                incarnation=self.route.incarnation, lease=self.lease,
+                                locate=self.route.locator([partition]),
+                                watch_leader=self.route.watcher([partition]))
             self.producers[partition] = producer
         return producer
 
@@ -183,22 +211,24 @@ class TopicWriter:
 def read_topic(route: TopicRoute, secret: bytes | Credential, *,
                partitions: list[int] | None = None,
                start: StartAt | dict[int, StartAt] = "earliest", follow: bool = False,
-               timeout: float = 30.0) -> Iterator[Any]:
+               timeout: float = 30.0, lease: float = 10.0) -> Generator[Any, None, None]:
     """Events (`Data`, `Progress`, `EndOfStream` of querylib.broker) of the chosen partitions.
     Without `follow` it stops at the end of what was stored when it started; with it, at the
     end of stream. Progress is the merged frontier (the minimum over the brokers). A partition
-    the catalog places on a broker but nobody wrote yet is created there, empty."""
+    the catalog places on a broker but nobody wrote yet is created there, empty. `lease`:
+    the subscribers' broker sessions'."""
     from querylib.broker import Subscriber
 
     readers = route.readers(partitions)
     if len(readers) == 1:
         ((address, chosen),) = readers
         with Subscriber(address, route.name, chosen, secret=secret, start=start,
-                        follow=follow, timeout=timeout, create=True,
-                        incarnation=route.incarnation, locate=route.locator(chosen)) as sub:
+                        follow=follow, timeout=timeout, lease=lease, create=True,
+                        incarnation=route.incarnation, locate=route.locator(chosen),
+                        watch_leader=route.watcher(chosen)) as sub:
             yield from sub
         return
-    yield from _merged(route, readers, secret, start, follow, timeout)
+    yield from _merged(route, readers, secret, start, follow, timeout, lease)
 
 
 _DONE = object()  # a broker thread's last item
@@ -206,7 +236,7 @@ _DONE = object()  # a broker thread's last item
 
 def _merged(route: TopicRoute, readers: list[tuple[str, list[int]]],
             secret: bytes | Credential, start: StartAt | dict[int, StartAt], follow: bool,
-            timeout: float) -> Iterator[Any]:
+            timeout: float, lease: float) -> Iterator[Any]:
     from querylib.broker import EndOfStream, Progress, Subscriber
 
     events: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=_MERGE_QUEUE)
@@ -224,9 +254,9 @@ def _merged(route: TopicRoute, readers: list[tuple[str, list[int]]],
     def read(reader: int, address: str, chosen: list[int]) -> None:
         try:
             with Subscriber(address, route.name, chosen, secret=secret, start=start,
-                            follow=follow, timeout=timeout, create=True,
-                            incarnation=route.incarnation,
-                            locate=route.locator(chosen)) as sub:
+                            follow=follow, timeout=timeout, lease=lease, create=True,
+                            incarnation=route.incarnation, locate=route.locator(chosen),
+                            watch_leader=route.watcher(chosen)) as sub:
                 for event in sub:
                     if not put((reader, event)):
                         return

@@ -129,6 +129,7 @@ __all__ = [
     "Unsubscribe",
     "UploadArtifact",
     "UserCredential",
+    "partition_leader",
 ]
 
 
@@ -173,6 +174,12 @@ class CatalogInfo(Reply, tag="coord.info.reply"):
     catalog_broker_key: str = ""  # its CURVE public key, "" when it is a PLAIN server
 
 
+def partition_leader(topic: Topic, partition: int) -> tuple[int, int, int]:
+    """Partition `partition`'s leader in `topic`: (topic id, broker id, leader epoch)."""
+    epochs = topic.leader_epochs
+    return topic.topic_id, topic.locations[partition], epochs[partition] if epochs else 0
+
+
 class TopicInfo(Reply, tag="coord.topic.info"):
     topic: Topic
     brokers: dict[int, str]       # broker id -> address, for every partition location
@@ -180,6 +187,11 @@ class TopicInfo(Reply, tag="coord.topic.info"):
     epoch: int = 0                # on Publish: the epoch the publication's writers start
     # broker id -> CURVE public key, for those of `brokers` that are CURVE servers
     broker_keys: dict[int, str] = {}
+
+    def leader(self, partition: int) -> tuple[int, int, int]:
+        """Partition `partition`'s leader as the catalog names it: (topic id, broker id,
+        leader epoch), what a watch of its leader starts from (`Cluster.watch_leader`)."""
+        return partition_leader(self.topic, partition)
 
     def leader_address(self, partition: int) -> str:
         """The address of the broker leading `partition` (UnknownTopicError when it is not

@@ -8,8 +8,9 @@ file must be readable there, as on one host or a shared file system). A reading 
 subscribes to its partition from its start offset and takes the delivered chunks of whole
 batches until its stop offset, granting credit as it decodes; a writing task publishes encoded
 batches through a `Producer` and closes without ending the stream. On a replicated topic both
-follow the partition's leader when it moves: they ask the coordinator, whose address the place
-carries, where it is led now.
+follow the partition's leader when it moves, through the coordinator whose address the place
+carries: they watch the catalog for another leader and ask where it is led now, over one
+connection their process keeps (`_CatalogLink`, DESIGN §7 "Read path").
 
 A writer's missing topic is created as an ingest topic (`ensure_topic`), in a short session.
 
@@ -20,9 +21,13 @@ NoCoordinatorError / BrokerUnreachableError, saying both.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from catalog import Topic, TopicName
 from catalog.errors import TopicExistsError, TqError, UnknownTopicError
@@ -57,6 +62,10 @@ class PartitionPlace:
     # or deposed asks the coordinator at `coordinator` where the partition is led now.
     coordinator: str = ""
     replicated: bool = False
+    # How long the task's broker sessions may go unheard before the broker is presumed gone
+    # (seconds; querylib's default). A replicated topic's task does not wait for it when the
+    # catalog moves the leader.
+    lease: float = 10.0
 
 
 def _secret_hint(secret_file: str) -> str:
@@ -165,13 +174,122 @@ def _know_key(place: PartitionPlace) -> None:
     remember_server_key(place.broker, place.broker_key)
 
 
-def _locator(place: PartitionPlace, topic: str, partition: int) -> Callable[[], str] | None:
-    """What a task's producer or subscriber asks when its broker is gone or deposed: the
-    partition's leader of now, from the coordinator (a short connection, no session; the new
-    broker's CURVE key learnt with it). None for a topic of one replica: it does not move."""
-    if not (place.replicated and place.coordinator):
-        return None
+class _CatalogLink:
+    """One coordinator connection (no session) in a task's process per coordinator and
+    secret file, shared by the readers and producers of replicated topics open there: their
+    start look-ups, their `locate`, and the catalog watch of their leaders
+    (`Cluster.watch_leader`: one follower of the catalog's topics for all of them, whose
+    snapshot costs in proportion to the catalog's topics). Opened by the first; kept
+    `LINGER` seconds after the last closed, so the tasks a reused Python worker runs one
+    after another share the connection and the follower (a watch of no partition keeps it
+    between them), then closed."""
 
+    LINGER: ClassVar[float] = 30.0
+    _links: ClassVar[dict[tuple[str, str], _CatalogLink]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, key: tuple[str, str], cluster: Cluster) -> None:
+        self.key = key
+        self.cluster = cluster
+        self.users = 0
+        self._idle: threading.Timer | None = None  # closes the link when it fires
+        self._keep = cluster.watch_leader("", 0, lambda: None)  # no topic has that name
+
+    @classmethod
+    def acquire(cls, place: PartitionPlace) -> _CatalogLink:
+        key = (place.coordinator, place.secret_file)
+        with cls._lock:
+            link = cls._links.get(key)
+            if link is None:
+                cluster = Cluster(place.coordinator, load_credential(place.secret_file),
+                                  session=False, timeout=place.timeout,
+                                  connect_timeout=place.timeout)
+                link = cls._links[key] = cls(key, cluster)
+            if link._idle is not None:
+                link._idle.cancel()
+                link._idle = None
+            link.users += 1
+            return link
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._idle = threading.Timer(self.LINGER, self._expire)
+            self._idle.daemon = True
+            self._idle.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self.users > 0 or self._links.get(self.key) is not self:
+                return
+            del self._links[self.key]
+        self.cluster.close()
+
+    def leader(self, topic: str, partition: int) -> tuple[str, TopicInfo]:
+        """Where the partition is led now (its broker's CURVE key learnt with it)."""
+        info = self.cluster.lookup_topic(topic)
+        address = info.leader_address(partition)
+        remember_server_key(address, info.broker_keys.get(info.topic.locations[partition], ""))
+        return address, info
+
+
+@dataclass
+class _Route:
+    """Where a task's producer or reader starts, and how it follows a moving leader."""
+
+    broker: str
+    locate: Callable[[], str] | None = None
+    # `watch_leader(moved)`: the catalog's word that the leader moved (querylib.broker's)
+    watch_leader: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+    link: _CatalogLink | None = None
+
+    def close(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            link.release()
+
+
+def _route(place: PartitionPlace, topic: str, partition: int) -> _Route:
+    """The broker a task starts with: the planned one, or for a replicated topic the leader
+    of now (it may have moved since the driver planned: a streaming query plans once a
+    micro-batch, a task may run much later), which it follows through the catalog: asking
+    where the partition is led when its broker is gone or deposed (`locate`), and as soon as
+    the catalog names another leader (`watch_leader`, from the one it started at). The
+    planned broker when the coordinator does not answer; then `locate` asks on a short
+    connection of its own each time, and nothing is watched."""
+    if not (place.replicated and place.coordinator):
+        _know_key(place)
+        return _Route(place.broker)
+    try:
+        link = _CatalogLink.acquire(place)
+    except (TqError, OSError) as exc:
+        logger.info("asking %s where the partition is led: %s; starting at the planned "
+                    "broker %s", place.coordinator, exc, place.broker)
+        _know_key(place)
+        return _Route(place.broker, locate=_locator(place, topic, partition))
+    route = _Route(place.broker, link=link,
+                   locate=lambda: link.leader(topic, partition)[0])
+    short = TopicName.parse(topic).short
+    since = None  # unknown: the watch has the link look again once it reads the catalog
+    try:
+        route.broker, info = link.leader(topic, partition)
+        since = info.leader(partition)
+    except (TqError, OSError) as exc:  # the planned broker may still lead: try it
+        logger.info("asking %s where the partition is led: %s; starting at the planned "
+                    "broker %s", place.coordinator, exc, place.broker)
+        _know_key(place)
+    route.watch_leader = functools.partial(link.cluster.watch_leader, short, partition,
+                                           since=since)
+    return route
+
+
+def _locator(place: PartitionPlace, topic: str, partition: int) -> Callable[[], str]:
+    """What a task's producer or reader asks when its broker is gone or deposed and no
+    coordinator connection could be kept: the partition's leader of now, from the
+    coordinator (a short connection, no session; the new broker's CURVE key learnt with
+    it)."""
     def locate() -> str:
         with Cluster(place.coordinator, load_credential(place.secret_file), session=False,
                      timeout=place.timeout, connect_timeout=place.timeout) as cluster:
@@ -183,37 +301,26 @@ def _locator(place: PartitionPlace, topic: str, partition: int) -> Callable[[], 
     return locate
 
 
-def _broker_now(place: PartitionPlace, locate: Callable[[], str] | None) -> str:
-    """The broker a task starts with: the planned one, or for a replicated topic the leader
-    of now (it may have moved since the driver planned: a streaming query plans once a
-    micro-batch, a task may run much later); the planned one when the coordinator does not
-    answer."""
-    if locate is not None:
-        try:
-            return locate()
-        except (TqError, OSError) as exc:  # the planned broker may still lead: try it
-            logger.info("asking %s where the partition is led: %s; starting at the planned "
-                        "broker %s",
-                        place.coordinator, exc, place.broker)
-    _know_key(place)
-    return place.broker
-
-
 def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
                 stop: int) -> Generator[bytes, None, None]:
     """Buffers of whole batches of one partition from the batch holding `start` until one
     reaches `stop`, as the hosting broker delivers them."""
     secret = load_credential(place.secret_file)
-    locate = _locator(place, topic, partition)
-    broker = _broker_now(place, locate)
+    route = _route(place, topic, partition)
+    broker = route.broker
     try:
         subscriber = Subscriber(broker, topic, [partition], secret=secret, start=start,
                                 credit=READ_CREDIT, follow=True, timeout=place.timeout,
-                                incarnation=_incarnation(place), locate=locate)
+                                lease=place.lease, incarnation=_incarnation(place),
+                                locate=route.locate, watch_leader=route.watch_leader)
     except RpcError as exc:
+        route.close()
         raise BrokerUnreachableError(f"broker {broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc
-    with subscriber:
+    except BaseException:
+        route.close()
+        raise
+    with contextlib.closing(route), subscriber:
         while True:
             chunk = subscriber.next_chunk(timeout=place.timeout)
             if chunk is None:
@@ -229,14 +336,33 @@ def broker_read(place: PartitionPlace, topic: str, partition: int, start: int,
 
 def open_producer(place: PartitionPlace, topic: str, partition: int) -> Producer:
     """A producer into one partition, which it creates on the broker if needed (the
-    coordinator placed it there)."""
-    locate = _locator(place, topic, partition)
-    broker = _broker_now(place, locate)
+    coordinator placed it there); on a replicated topic it follows the leader, the catalog
+    connection it shares closed with it."""
+    route = _route(place, topic, partition)
     try:
-        return Producer(broker, topic, partition,
-                        secret=load_credential(place.secret_file), create=True,
-                        timeout=place.timeout, incarnation=_incarnation(place),
-                        locate=locate)
+        return _TaskProducer(route, topic, partition,
+                             secret=load_credential(place.secret_file), create=True,
+                             timeout=place.timeout, lease=place.lease,
+                             incarnation=_incarnation(place))
     except RpcError as exc:
-        raise BrokerUnreachableError(f"broker {broker} does not answer: {exc}; "
+        route.close()
+        raise BrokerUnreachableError(f"broker {route.broker} does not answer: {exc}; "
                                      f"{_secret_hint(place.secret_file)}") from exc
+    except BaseException:
+        route.close()
+        raise
+
+
+class _TaskProducer(Producer):
+    """A task's Producer, which gives its catalog connection back when it closes."""
+
+    def __init__(self, route: _Route, topic: str, partition: int, **options: Any) -> None:
+        super().__init__(route.broker, topic, partition, locate=route.locate,
+                         watch_leader=route.watch_leader, **options)
+        self._route = route
+
+    def close(self, *, end: bool = True) -> None:
+        try:
+            super().close(end=end)
+        finally:
+            self._route.close()

@@ -86,6 +86,11 @@ class ThreeHosts:
         return moved
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP), as /proc says."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def _broker_ids(executor_data: Path) -> set[int]:
     """The broker ids an executor's brokers remember (broker 0's and each shard's)."""
     ids = set()

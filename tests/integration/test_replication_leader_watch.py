@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from catalog import Resources
 from querylib.api._runtime import incarnation_of
 from querylib.broker import Data, Producer, Subscriber
 from querylib.cluster import Cluster
-from tests.conftest import Processes, wait_for
+from tests.conftest import Processes, free_port, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts, is_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,11 +39,6 @@ def _partition(home: Path) -> dict:
     done = tq(home, "topic", "describe", "kept", "--json", "--timeout", "2")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["partitions"][0]
-
-
-def _stopped(pid: int) -> bool:
-    """Whether process `pid` is stopped (SIGSTOP), as /proc says."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
@@ -103,7 +100,7 @@ def test_clients_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
                      what="the producer to be answered by the new leader")
             wait_for(lambda: _read(subscriber, read) and len(read) == 20, timeout=120,
                      what="the subscriber to read the new leader's records")
-            assert _stopped(stopped.pid)
+            assert is_stopped(stopped.pid)
             moved = _partition(tmp_path)
             assert moved["broker"] != before["broker"]
             assert moved["leader_epoch"] == before["leader_epoch"] + 1
@@ -124,3 +121,91 @@ def _read(subscriber: Subscriber, into: list[bytes]) -> bool:
     if isinstance(event, Data):
         into.extend(r.value for r in event.records)
     return True
+
+
+def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
+        processes: Processes, tmp_path: Path) -> None:
+    """`tq produce` and `tq consume --follow` on a topic of two partitions and three replicas,
+    with broker leases and timeouts of hours: partition 0's leader is SIGSTOPped between the
+    first and second half of the lines; both commands go on at the new leader while the old
+    one is still stopped, and every line is read once, in order per partition."""
+    hosts = ThreeHosts(processes, tmp_path)
+    done = tq(tmp_path, "topic", "create", "kept", "--partitions", "2",
+              "--replication-factor", "3")
+    assert done.returncode == 0, done.stderr
+    before = hosts.in_sync("kept")
+    wait_for(lambda: (p := hosts.partition("kept", 1)) and p["isr"] == p["replicas"],
+             timeout=60, interval=0.2, what="partition 1's replicas in sync")
+    patient = ("--broker-lease", str(HOURS), "--timeout", str(HOURS))
+    consumer = processes.python("-m", "querylib.cli", "consume", "kept", "--follow", "--json",
+                                *patient, env=tq_env(tmp_path), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    producer = processes.python("-m", "querylib.cli", "produce", "kept", *patient,
+                                env=tq_env(tmp_path), cwd=ROOT, text=True,
+                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert consumer.stdout is not None and producer.stdin is not None
+    printed: list[dict] = []
+    reading = threading.Thread(target=lambda: printed.extend(
+        json.loads(line) for line in consumer.stdout), daemon=True)  # type: ignore[union-attr]
+    reading.start()
+
+    def records() -> list[dict]:
+        return [r for r in list(printed) if "value" in r]
+
+    for i in range(20):  # round-robin: the even lines to partition 0, the odd ones to 1
+        producer.stdin.write(f"a{i}\n")
+    producer.stdin.flush()
+    wait_for(lambda: len(records()) == 20, timeout=60,
+             what="tq consume to print the first twenty lines")
+
+    stopped = hosts.agent_of(before["broker"])
+    os.killpg(stopped.pid, signal.SIGSTOP)
+    for i in range(20):
+        producer.stdin.write(f"b{i}\n")
+    producer.stdin.close()  # tq produce flushes, ends each partition's stream and exits
+    assert producer.wait(timeout=120) == 0
+    assert consumer.wait(timeout=120) == 0  # every partition's end of stream was read
+    reading.join(timeout=10)
+    assert is_stopped(stopped.pid)  # answered by the new leader while the old one is stopped
+    assert hosts.partition("kept")["broker"] != before["broker"]  # type: ignore[index]
+    lines = [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)]
+    for partition in (0, 1):
+        assert [r["value"] for r in records() if r["partition"] == partition] == \
+            lines[partition::2]
+
+
+def test_a_leader_moved_between_a_look_up_and_its_watch_is_told(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start race, over a real catalog: a client looks its leader up, the controller moves
+    the leadership (the leader's broker session ends), then the client's watch begins, its
+    follower's first snapshot already naming the new leader. The watch, naming the leader the
+    client started at, is told; one begun from the new leader is not."""
+    coordinator = CoordinatorProcess(processes, tmp_path).start()
+    monkeypatch.setenv("TQ_HOME", str(tmp_path))
+    hosts = [Cluster.connect(coordinator.address, session=True, timeout=10) for _ in range(2)]
+    admin = Cluster.connect(coordinator.address, session=True, timeout=10)
+    watching = Cluster.connect(coordinator.address, session=False, timeout=10)
+    try:
+        registrants = {}
+        for i, host in enumerate(hosts):  # two hosts, each a broker (none listening: the
+            # catalog is all this needs) and an executor
+            broker = host.register_broker(f"host{i}", f"tcp://127.0.0.1:{free_port()}")
+            host.register_executor(f"host{i}", broker.broker_id,
+                                   Resources(cores=1, memory=1 << 30, disk=1 << 30, slots=1))
+            registrants[broker.broker_id] = host
+        info = admin.create_topic("kept", 1, ingest=True, replication_factor=2)
+        since = info.leader(0)  # the client's look-up
+        registrants[since[1]].close()  # its broker leaves: the controller moves the leadership
+        moved = wait_for(lambda: (i := watching.lookup_topic("kept")).leader(0) != since and i,
+                         timeout=30, interval=0.05, what="the leadership to move")
+        told: list[str] = []
+        # Compared in this order, at the follower's first snapshot or as they begin.
+        watching.watch_leader("kept", 0, lambda: told.append("from the new"),
+                              since=moved.leader(0))
+        watching.watch_leader("kept", 0, lambda: told.append("from the old"), since=since)
+        wait_for(lambda: told, timeout=30, what="the watch begun at the old leader to be told")
+        assert told == ["from the old"]
+        assert moved.leader(0)[2] == since[2] + 1  # the next leader epoch
+    finally:
+        for cluster in (watching, admin, *hosts):
+            cluster.close()

@@ -99,17 +99,18 @@ def test_a_query_process_title_names_query_name_and_process() -> None:
 def test_the_runtime_watches_the_leaders_of_replicated_topics_only() -> None:
     """A query's producers and subscribers of a replicated topic follow its leaders through
     the catalog (`Runtime.leader_watch`, DESIGN §5 "Replication"); a topic of one replica
-    needs no watch (its broker stays)."""
+    needs no watch (its broker stays). A watch starts from the leader the client was given."""
     from catalog import Topic, TopicKind
     from catalog._records import SystemRef
     from querylib.api._runtime import Runtime
     from querylib.cluster import TopicInfo
 
-    watched: list[tuple[str, int]] = []
+    watched: list[tuple[str, int, object]] = []
 
     class Cluster:
-        def watch_leader(self, topic: str, partition: int, moved: object) -> object:
-            watched.append((topic, partition))
+        def watch_leader(self, topic: str, partition: int, moved: object, *,
+                         since: object = None) -> object:
+            watched.append((topic, partition, since))
             return lambda: None
 
     def info(replicas: tuple[tuple[int, ...], ...]) -> TopicInfo:
@@ -124,4 +125,4 @@ def test_the_runtime_watches_the_leaders_of_replicated_topics_only() -> None:
     watch = runtime.leader_watch(info(((1, 2), (2, 1))), 1)
     assert watch is not None
     watch(lambda: None)
-    assert watched == [("t", 1)]
+    assert watched == [("t", 1, (1, 2, 0))]  # topic 1, broker 2, epoch 0

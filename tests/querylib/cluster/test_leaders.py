@@ -62,14 +62,14 @@ def test_a_watcher_is_told_when_its_partitions_leader_changes_and_only_then() ->
         cluster = _Cluster()
         watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
         told: list[str] = []
-        stop = watch.watch("kept", 0, lambda: told.append("p0"))
-        watch.watch("kept", 1, lambda: told.append("p1"))
+        stop = watch.watch("kept", 0, lambda: told.append("p0"), since=(7, 1, 0))
+        watch.watch("kept", 1, lambda: told.append("p1"), since=(7, 2, 0))
         await _settle()
         assert watch.following and cluster.follows == 1  # one follower for every watch
         first = _topic(1, 0)
         cluster.events.put_nowait(Snapshot("topics", 1, [(first, 1)]))
         await _settle()
-        assert told == []  # the snapshot only teaches where the leaders are
+        assert told == []  # the snapshot names the leaders the clients started at
 
         shrunk = _topic(1, 0, isr=(1, 2))  # the ISR shrinks: the leader stays
         cluster.events.put_nowait(Diff("topics", 2, [(first, -1), (shrunk, 1)]))
@@ -106,11 +106,11 @@ def test_a_watch_begun_after_the_snapshot_starts_from_the_view() -> None:
         cluster.events.put_nowait(Snapshot("topics", 1, [(first, 1)]))
         await _settle()
         told: list[int] = []
-        watch.watch("kept", 0, lambda: told.append(0))
+        watch.watch("kept", 0, lambda: told.append(0), since=(7, 1, 0))
         unrelated = _topic(5, 0, topic_id=9, name="unrelated")
         cluster.events.put_nowait(Diff("topics", 2, [(unrelated, 1)]))
         await _settle()
-        assert told == []  # the leader it started from (the view's) has not changed
+        assert told == []  # the leader it started from (the view's too) has not changed
         moved = _topic(3, 1)
         cluster.events.put_nowait(Diff("topics", 3, [(first, -1), (moved, 1)]))
         await _settle()
@@ -136,6 +136,89 @@ def test_the_follower_stops_with_the_last_watch() -> None:
         watch.watch("kept", 0, lambda: None)  # and starts again with a new one
         await _settle()
         assert watch.following and cluster.follows == 2
+        await watch.close()
+
+    asyncio.run(main())
+
+
+def test_a_leader_moved_before_the_snapshot_is_told_to_a_watch_begun_before_it() -> None:
+    """The start race: the client looked its leader up (broker 1, epoch 0), the controller
+    moved it, then the follower's first snapshot came, already naming broker 2."""
+    async def main() -> None:
+        cluster = _Cluster()
+        watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
+        told: list[str] = []
+        watch.watch("kept", 0, lambda: told.append("p0"), since=(7, 1, 0))
+        watch.watch("kept", 1, lambda: told.append("p1"), since=(7, 2, 0))
+        await _settle()
+        cluster.events.put_nowait(Snapshot("topics", 3, [(_topic(2, 1, isr=(2,)), 1)]))
+        await _settle()
+        assert told == ["p0"]  # partition 1 stayed where its client found it
+        await watch.close()
+
+    asyncio.run(main())
+
+
+def test_a_watch_begun_after_the_view_moved_on_is_told_at_once() -> None:
+    """The view already holds a leader newer than the one the client looked up."""
+    async def main() -> None:
+        cluster = _Cluster()
+        watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
+        watch.watch("other", 0, lambda: None)
+        cluster.events.put_nowait(Snapshot("topics", 3, [(_topic(2, 1, isr=(2,)), 1)]))
+        await _settle()
+        told: list[int] = []
+        watch.watch("kept", 0, lambda: told.append(0), since=(7, 1, 0))
+        await _settle()
+        assert told == [0]
+        await watch.close()
+
+    asyncio.run(main())
+
+
+def test_a_view_behind_the_clients_look_up_is_no_news() -> None:
+    """The client looked up epoch 1 (broker 2) before the view caught up from epoch 0: neither
+    the older view nor its catching up tells it anything."""
+    async def main() -> None:
+        cluster = _Cluster()
+        watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
+        told: list[int] = []
+        watch.watch("kept", 0, lambda: told.append(0), since=(7, 2, 1))
+        first = _topic(1, 0)
+        cluster.events.put_nowait(Snapshot("topics", 1, [(first, 1)]))
+        await _settle()
+        moved = _topic(2, 1, isr=(2,))
+        cluster.events.put_nowait(Diff("topics", 2, [(first, -1), (moved, 1)]))
+        await _settle()
+        assert told == []
+        back = _topic(1, 2)
+        cluster.events.put_nowait(Diff("topics", 3, [(moved, -1), (back, 1)]))
+        await _settle()
+        assert told == [0]
+        await watch.close()
+
+    asyncio.run(main())
+
+
+def test_a_watch_naming_no_leader_is_told_once_at_its_first_comparison() -> None:
+    """Without `since` a watcher cannot know whether the view moved past its client: it is
+    told once (its link checks with a look-up), then only of changes."""
+    async def main() -> None:
+        cluster = _Cluster()
+        watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
+        told: list[str] = []
+        watch.watch("kept", 0, lambda: told.append("early"))
+        first = _topic(1, 0)
+        cluster.events.put_nowait(Snapshot("topics", 1, [(first, 1)]))
+        await _settle()
+        assert told == ["early"]
+        watch.watch("kept", 0, lambda: told.append("late"))
+        await _settle()
+        assert told == ["early", "late"]
+        shrunk = _topic(1, 0, isr=(1, 2))
+        cluster.events.put_nowait(Diff("topics", 2, [(first, -1), (shrunk, 1)]))
+        await _settle()
+        assert told == ["early", "late"]
         await watch.close()
 
     asyncio.run(main())
