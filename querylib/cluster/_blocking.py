@@ -218,6 +218,23 @@ class Cluster:
                             since: tuple[int, int, int] | None) -> Callable[[], None]:
         return self._async.watch_leader(topic, partition, moved, since=since)
 
+    def hold_leaders(self) -> Callable[[], None]:
+        """Keep following the catalog's leaders while no partition is watched (see
+        AsyncCluster.hold_leaders); returns the function that lets go (from any thread but
+        this cluster's loop thread)."""
+        release = self._call(self._hold_leaders())
+
+        def let_go() -> None:
+            try:
+                self._bridge.soon(release)
+            except ClientClosedError:  # closed: nothing is followed any more
+                pass
+
+        return let_go
+
+    async def _hold_leaders(self) -> Callable[[], None]:
+        return self._async.hold_leaders()
+
     def snapshot(self, *collections: str, timeout: float = 30.0) -> dict[str, Any]:
         """A Snapshot of each collection, read concurrently (see `read_collections`)."""
         from ._follow import read_collections

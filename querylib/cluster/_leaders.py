@@ -95,6 +95,7 @@ class LeaderWatch:
         self._ids = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self._snapshot = False  # the view holds the collection (a snapshot came)
+        self._holds = 0  # `hold`s: follow on while nothing is watched
 
     @property
     def following(self) -> bool:
@@ -113,9 +114,7 @@ class LeaderWatch:
         self._watchers.setdefault(key, {})[watch_id] = watcher
         if self._snapshot:  # the view may already be past what the client looked up
             asyncio.get_running_loop().call_soon(self._compare, key, watch_id)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._follow(), name="catalog leaders of watched partitions")
+        self._start()
 
         def stop() -> None:
             watchers = self._watchers.get(key)
@@ -123,13 +122,38 @@ class LeaderWatch:
                 return
             if not watchers:
                 del self._watchers[key]
-            if not self._watchers and self._task is not None:
-                self._task.cancel()
-                self._task = None
-                self._topics.clear()
-                self._snapshot = False
+            self._stop_when_idle()
 
         return stop
+
+    def hold(self) -> Callable[[], None]:
+        """Follow the catalog from now on even while no partition is watched, until the
+        returned function is called: for a process whose clients come and go (Spark tasks a
+        worker runs one after another), so each does not pay for a new snapshot."""
+        self._holds += 1
+        self._start()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._holds -= 1
+                self._stop_when_idle()
+
+        return release
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._follow(), name="catalog leaders of watched partitions")
+
+    def _stop_when_idle(self) -> None:
+        if not self._watchers and not self._holds and self._task is not None:
+            self._task.cancel()
+            self._task = None
+            self._topics.clear()
+            self._snapshot = False
 
     async def close(self) -> None:
         self._watchers.clear()

@@ -575,11 +575,19 @@ class AsyncCluster:
         this loop). What a producer's or subscriber's `watch_leader` is bound to: it follows
         the leader at once instead of after a lease of silence (`_leaders.LeaderWatch`: one
         follower of the catalog's topics for every watch of this connection)."""
+        return self._leader_watch().watch(topic, partition, moved, since=since)
+
+    def hold_leaders(self) -> Callable[[], None]:
+        """Keep following the catalog's leaders while no partition is watched (see
+        `LeaderWatch.hold`); returns the function that lets go (on this loop)."""
+        return self._leader_watch().hold()
+
+    def _leader_watch(self) -> LeaderWatch:
         if self._leaders is None:
             from ._leaders import LeaderWatch
 
             self._leaders = LeaderWatch(self)
-        return self._leaders.watch(topic, partition, moved, since=since)
+        return self._leaders
 
     def _wait_timeout(self, wait: float) -> float | None:
         return None if wait <= 0 else max(self.timeout, wait + 5.0)

@@ -181,8 +181,7 @@ class _CatalogLink:
     (`Cluster.watch_leader`: one follower of the catalog's topics for all of them, whose
     snapshot costs in proportion to the catalog's topics). Opened by the first; kept
     `LINGER` seconds after the last closed, so the tasks a reused Python worker runs one
-    after another share the connection and the follower (a watch of no partition keeps it
-    between them), then closed."""
+    after another share the connection and the follower (held between them), then closed."""
 
     LINGER: ClassVar[float] = 30.0
     _links: ClassVar[dict[tuple[str, str], _CatalogLink]] = {}
@@ -193,7 +192,7 @@ class _CatalogLink:
         self.cluster = cluster
         self.users = 0
         self._idle: threading.Timer | None = None  # closes the link when it fires
-        self._keep = cluster.watch_leader("", 0, lambda: None)  # no topic has that name
+        cluster.hold_leaders()  # the follower outlives each task's watches: closed with it
 
     @classmethod
     def acquire(cls, place: PartitionPlace) -> _CatalogLink:

@@ -141,6 +141,31 @@ def test_the_follower_stops_with_the_last_watch() -> None:
     asyncio.run(main())
 
 
+def test_a_hold_keeps_the_follower_between_watches() -> None:
+    """As Spark tasks a worker runs one after another: the follower (and its view) outlives
+    each task's watch while held, and the next watch starts from the view at once."""
+    async def main() -> None:
+        cluster = _Cluster()
+        watch = LeaderWatch(cluster)  # type: ignore[arg-type]  # a fake cluster
+        release = watch.hold()
+        await _settle()
+        assert watch.following and cluster.follows == 1  # held: followed with no watch
+        cluster.events.put_nowait(Snapshot("topics", 1, [(_topic(2, 1), 1)]))
+        await _settle()
+        told: list[str] = []
+        watch.watch("kept", 0, lambda: told.append("first"), since=(7, 2, 1))()
+        assert watch.following
+        watch.watch("kept", 0, lambda: told.append("stale"), since=(7, 1, 0))
+        await _settle()
+        assert told == ["stale"] and cluster.follows == 1  # the same follower's view
+        release()
+        release()  # twice: nothing more
+        assert watch.following  # a watch is still open
+        await watch.close()
+
+    asyncio.run(main())
+
+
 def test_a_leader_moved_before_the_snapshot_is_told_to_a_watch_begun_before_it() -> None:
     """The start race: the client looked its leader up (broker 1, epoch 0), the controller
     moved it, then the follower's first snapshot came, already naming broker 2."""
