@@ -764,9 +764,9 @@ class BrokerState:
             if entry.written:  # on a replicated partition, answered at the high watermark
                 entry.written = False
             # Tail deliveries hand out the bytes as the log stores them: the leader's epoch.
-            stored = bytearray(entry.stored_bytes(self._stamp))
-            _EPOCH.pack_into(stored, 12, part.replication.role.leader_epoch)
-            entry.stored = bytes(stored)
+            stored = entry.stored_bytes(self._stamp)
+            entry.stored = b"".join((stored[:12], _EPOCH.pack(part.replication.role.leader_epoch),
+                                     memoryview(stored)[16:]))  # one copy
             out += self._answer_replica_waits(part)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:

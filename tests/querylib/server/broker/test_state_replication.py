@@ -200,3 +200,20 @@ def test_a_replica_fetch_from_memory_takes_at_most_held_batches():
         sim.complete_append(P)
     sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
     assert len(sim.replies["f2"].batches) == HELD_BATCHES
+
+
+def test_a_run_the_high_watermark_uncovers_goes_to_a_tailing_subscriber_as_one_delivery():
+    # The followers' fetches move the high watermark several batches at a time: such a run
+    # goes as one delivery (as a read of the log would), big batches included.
+    sim = leading(isr=(1, 2))
+    sim.feed(OpenSession("o-s", "s", 10.0))
+    sim.track("s", 1, 4 * 1024 * 1024)
+    sim.feed(Subscribe("sub", "s", 1, P, "earliest", 4 * 1024 * 1024))
+    payloads = [bytes([n]) * 100_000 for n in range(3)]
+    for n, payload in enumerate(payloads):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, payload)))
+        sim.complete_append(P)
+    out = sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=3, leader_epoch=2))
+    delivered = [i for i in out if isinstance(i, Deliver)]
+    assert [(d.offset, d.next_offset) for d in delivered] == [(0, 3)]
+    assert [delivered[0].data.count(p) for p in payloads] == [1, 1, 1]
