@@ -217,3 +217,20 @@ def test_a_run_the_high_watermark_uncovers_goes_to_a_tailing_subscriber_as_one_d
     delivered = [i for i in out if isinstance(i, Deliver)]
     assert [(d.offset, d.next_offset) for d in delivered] == [(0, 3)]
     assert [delivered[0].data.count(p) for p in payloads] == [1, 1, 1]
+
+
+def test_a_batch_in_flight_when_the_leader_took_its_epoch_is_read_from_the_log():
+    # The append lane may have written it with the old epoch: only the log knows which.
+    sim = Sim()
+    sim.open_partition(P)
+    sim.feed(OpenSession("o-p", "p", 10.0))
+    sim.feed(OpenProducer("op-p", "p", P))
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.feed(SetReplicaRole(P, role(), broker_id=1))
+    sim.complete_append(P)
+    sim.feed(Produce("b", "p", P, fake_batch(1, b"y")))
+    sim.complete_append(P)
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
+    assert sim.replies["f2"].batches is None
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
+    assert len(sim.replies["f3"].batches) == 1
