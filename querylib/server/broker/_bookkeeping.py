@@ -125,7 +125,8 @@ class PartitionState(msgspec.Struct):
     follower: bool = False
     min_insync: int = 1
     # Followers' fetches waiting at the log end for its next append: (token, deadline).
-    replica_waits: list[tuple[Any, float]] = msgspec.field(default_factory=list)
+    # Followers' fetches waiting at the log end: (token, deadline, fetch offset, max bytes).
+    replica_waits: list[tuple[Any, float, int, int]] = msgspec.field(default_factory=list)
 
     @property
     def stable_end(self) -> int:

@@ -316,9 +316,9 @@ class SetReplicaRole(msgspec.Struct, frozen=True):
 
 class ReplicaFetched(msgspec.Struct, frozen=True):
     """Follower `replica`, at leader epoch `leader_epoch`, fetches the partition from
-    `fetch_offset` (its log end). Answered with the leader's high watermark after it (the shell
-    reads the bytes), or NotLeaderOrFollower / FencedLeaderEpoch. At the log end, after the
-    next append, or `max_wait` seconds later (0: at once)."""
+    `fetch_offset` (its log end), at most `max_bytes` (at least one batch). Answered with a
+    `ReplicaAnswer` after it, or NotLeaderOrFollower / FencedLeaderEpoch. At the log end, after
+    the next append, or `max_wait` seconds later (0: at once)."""
 
     token: Any
     partition: PartitionId
@@ -326,6 +326,18 @@ class ReplicaFetched(msgspec.Struct, frozen=True):
     fetch_offset: int
     leader_epoch: int
     max_wait: float = 0.0
+    max_bytes: int = 1024 * 1024
+
+
+class ReplicaAnswer(msgspec.Struct, frozen=True):
+    """The answer to a `ReplicaFetched`: the leader's high watermark after it and, when the
+    batches from its offset are still held in memory (appended, above the high watermark:
+    the usual case for an in-sync follower), those batches as the log stores them, whole,
+    at most the fetch's max_bytes but at least one; None: the shell reads them from the
+    log."""
+
+    high_watermark: int
+    batches: tuple[bytes, ...] | None
 
 
 class ReplicaAppended(msgspec.Struct, frozen=True):

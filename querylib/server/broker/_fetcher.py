@@ -138,7 +138,7 @@ class ReplicaFetcher:
         reply, frames = await client.exchange(request)
         if self.held or self.partitions.get(pid) is not role:
             return  # paused, or its role changed meanwhile: the next fetch tells
-        data = b"".join(bytes(f) for f in frames)
+        data = b"".join(frames)  # a batch a frame, or one run of them: one copy
         if data:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, log.append_replica, data)

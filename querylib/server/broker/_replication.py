@@ -97,6 +97,9 @@ class LeaderReplication:
     lag_max_ms: int
     now_ms: int
     epoch_start: int = 0  # the leader's log end when it took this epoch
+    # The core's first append ticket after the append lane took this epoch: appends from it on
+    # are stored with this epoch stamped (those already in flight may carry the old one).
+    first_ticket: int = 0
     high_watermark: int = 0
     _durable: int = 0
     _followers: dict[int, _Follower] = field(default_factory=dict)

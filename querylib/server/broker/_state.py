@@ -96,6 +96,7 @@ from ._events import (
     QueryExits,
     ReadCompleted,
     ReadFailed,
+    ReplicaAnswer,
     ReplicaAppended,
     ReplicaFetched,
     Reply,
@@ -122,6 +123,9 @@ from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
 
 _EPOCH = struct.Struct(">i")  # a stored batch's partitionLeaderEpoch, 12 bytes in
+# The most batches a replica fetch is answered with from memory: one payload frame each, well
+# within the RPC's max_frames (64 by default, its header, body and signature included).
+HELD_BATCHES = 32
 
 
 def _encode_frontier(frontier: int, timestamp: int, epoch: int = 0) -> bytes:
@@ -434,7 +438,7 @@ class BrokerState:
         gone = UnknownPartitionError(f"partition {ev.partition[1]} of topic "
                                      f"{ev.partition[0]!r} was deleted")
         out = self.subscriptions.close_partition(part, gone)
-        out += [Fail(token, gone) for token, _ in part.replica_waits]
+        out += [Fail(wait[0], gone) for wait in part.replica_waits]
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
             session.resending.discard(ev.partition)
@@ -760,9 +764,9 @@ class BrokerState:
             if entry.written:  # on a replicated partition, answered at the high watermark
                 entry.written = False
             # Tail deliveries hand out the bytes as the log stores them: the leader's epoch.
-            stored = bytearray(entry.stored_bytes(self._stamp))
-            _EPOCH.pack_into(stored, 12, part.replication.role.leader_epoch)
-            entry.stored = bytes(stored)
+            stored = entry.stored_bytes(self._stamp)
+            entry.stored = b"".join((stored[:12], _EPOCH.pack(part.replication.role.leader_epoch),
+                                     memoryview(stored)[16:]))  # one copy
             out += self._answer_replica_waits(part)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
@@ -850,6 +854,7 @@ class BrokerState:
         else:
             part.replication = LeaderReplication(
                 role, own_id=ev.broker_id, now_ms=now_ms, epoch_start=part.log_end,
+                first_ticket=self._next_ticket,
                 lag_max_ms=int(self.limits.replica_lag_time_max * 1000))
         self._led.add(pid)
         return self._make_durable(part, self._high_watermark(part))
@@ -861,7 +866,7 @@ class BrokerState:
         record."""
         error = NotLeaderOrFollowerError(
             f"partition {part.id[1]} of {part.id[0]!r} has a new leader; write there")
-        out: list[Instruction] = [Fail(token, error) for token, _ in part.replica_waits]
+        out: list[Instruction] = [Fail(wait[0], error) for wait in part.replica_waits]
         part.replica_waits = []
         out += self.subscriptions.close_partition(part, NotLeaderOrFollowerError(
             f"partition {part.id[1]} of {part.id[0]!r} has a new leader; read there"))
@@ -885,15 +890,18 @@ class BrokerState:
                               now_ms=int(self.now * 1000))
         out = self._make_durable(part, leader.high_watermark)
         if ev.max_wait > 0 and ev.fetch_offset >= part.log_end:
-            part.replica_waits.append((ev.token, self.now + ev.max_wait))
+            part.replica_waits.append((ev.token, self.now + ev.max_wait, ev.fetch_offset,
+                                       ev.max_bytes))
             return out
-        return [Reply(ev.token, leader.high_watermark), *out]
+        answer = ReplicaAnswer(leader.high_watermark,
+                               self._held_batches(part, ev.fetch_offset, ev.max_bytes))
+        return [Reply(ev.token, answer), *out]
 
-    @staticmethod
-    def _answer_replica_waits(part: PartitionState, now: float | None = None
+    @classmethod
+    def _answer_replica_waits(cls, part: PartitionState, now: float | None = None
                               ) -> list[Instruction]:
         """Answer the followers' fetches waiting on `part` (with `now`: those whose wait is
-        over) with the high watermark; the shell sends what the log holds from their offset."""
+        over) with the high watermark and the batches appended since, when held."""
         if not part.replica_waits:
             return []
         hw = part.replication.high_watermark if part.replication is not None else 0
@@ -902,7 +910,43 @@ class BrokerState:
         else:
             due = [w for w in part.replica_waits if w[1] <= now]
             part.replica_waits = [w for w in part.replica_waits if w[1] > now]
-        return [Reply(token, hw) for token, _ in due]
+        return [Reply(token, ReplicaAnswer(hw, cls._held_batches(part, offset, max_bytes)))
+                for token, _, offset, max_bytes in due]
+
+    @staticmethod
+    def _held_batches(part: PartitionState, offset: int, max_bytes: int
+                      ) -> tuple[bytes, ...] | None:
+        """The appended batches from `offset` as the log stores them, while this leader still
+        holds them (`unflushed`: everything above the high watermark, where an in-sync
+        follower fetches), at most `max_bytes` and HELD_BATCHES (a frame each in the reply,
+        within the RPC's max_frames) but at least one, so the fetch needs no read
+        of the log; None when they are not all held back to back from `offset` (a lagging
+        or rejoining follower: the shell reads the log). O(batches held) at worst; a caught-up
+        follower's offset is found within the last few."""
+        if part.replication is None or offset >= part.log_end:
+            return ()
+        first_ticket = part.replication.first_ticket
+        held = part.unflushed
+        if not held or offset < held[0].base:
+            return None
+        start = len(held) - 1
+        while start > 0 and held[start].base > offset:
+            start -= 1
+        if held[start].base != offset:
+            return None
+        batches: list[bytes] = []
+        size, expected = 0, offset
+        for i in range(start, len(held)):
+            entry = held[i]
+            stored = entry.stored
+            if stored is None or entry.base != expected or entry.ticket < first_ticket:
+                return None
+            if batches and (size + len(stored) > max_bytes or len(batches) == HELD_BATCHES):
+                break
+            batches.append(stored)
+            size += len(stored)
+            expected = entry.next
+        return tuple(batches)
 
     def _replica_appended(self, ev: ReplicaAppended) -> list[Instruction]:
         part = self.partitions.get(ev.partition)

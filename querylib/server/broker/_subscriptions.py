@@ -62,6 +62,10 @@ __all__ = ["Subscriptions", "aborted_between", "without_aborted_in"]
 
 # Consecutive batches up to this many bytes in all go to a tailing subscriber as one delivery
 # (their bytes joined: a copy, cheap for small batches; big ones go one a delivery, uncopied).
+# On a replicated partition, up to the limits' max_read_bytes (as a read of the log): there
+# batches become visible in runs, several a follower's fetch, and one message and MAC a run
+# rather than a batch saves more, on the broker and the subscriber, than the join costs (one
+# copy a run, shared by every subscription it goes to).
 _TAIL_MERGE_BYTES = 64 * 1024
 
 
@@ -234,7 +238,8 @@ class Subscriptions:
     def tail(self, part: PartitionState, newly: list[Pending]) -> list[Instruction]:
         """Hand batches that just became visible to subscriptions waiting at the tail, straight
         from memory; one stored copy is shared by all of them. Consecutive batches go in one
-        delivery while they fit the subscription's credit and _TAIL_MERGE_BYTES (one message,
+        delivery while they fit the subscription's credit and _TAIL_MERGE_BYTES, on a
+        replicated partition max_read_bytes (one message,
         one MAC, rather than one each; their bytes joined once for every subscription sent
         that run). A subscription
         that runs out of credit part way reads the rest from disk later."""
@@ -242,6 +247,8 @@ class Subscriptions:
         stable = part.stable_end
         subs = self.by_serial
         joined: dict[tuple[int, int], Any] = {}  # (first, after last) index in newly -> bytes
+        merge = _TAIL_MERGE_BYTES if part.replication is None else max(
+            _TAIL_MERGE_BYTES, self._limits.max_read_bytes)
         for serial in list(part.tailing):
             sub = subs[serial]
             head = size = room = 0
@@ -259,7 +266,7 @@ class Subscriptions:
                     data = b""  # an aborted transaction's: its offsets, none of its records
                 else:
                     data = entry.stored_bytes(self._stamp)
-                if run and (size + len(data) > room or size + len(data) > _TAIL_MERGE_BYTES):
+                if run and (size + len(data) > room or size + len(data) > merge):
                     out.append(self._tail_run(sub, part, newly, head, i, run, joined))
                     run, size = [], 0
                 if not run:

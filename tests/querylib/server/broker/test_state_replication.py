@@ -22,7 +22,7 @@ from querylib.server.broker._events import (
     Tick,
 )
 from querylib.server.broker._replication import PartitionRole
-from querylib.server.broker._state import BrokerLimits
+from querylib.server.broker._state import HELD_BATCHES, BrokerLimits
 
 from ._sim import Sim, fake_batch
 
@@ -49,7 +49,7 @@ def test_a_produce_is_answered_once_every_in_sync_replica_fetched_it():
     sim.complete_append(P)
     assert "a" not in sim.replies  # durable on the leader only
     sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=1, leader_epoch=2))
-    assert sim.replies["f2"] == 0 and "a" not in sim.replies  # the high watermark it had
+    assert sim.replies["f2"].high_watermark == 0 and "a" not in sim.replies  # as it was
     sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
     assert sim.replies["a"] == Produced(base_offset=0, next_offset=1)
     assert sim.state.partition_info(P).high_watermark == 1
@@ -154,3 +154,83 @@ def test_an_isr_proposal_no_role_answered_is_proposed_again():
     sim.feed(SetReplicaRole(P, role(isr=(1, 2, 3)), broker_id=1))
     out = sim.feed(Tick(4.0, 4000))
     assert not [i for i in out if isinstance(i, ProposeIsr)]
+
+
+def test_a_replica_fetch_of_recent_batches_is_answered_from_memory():
+    # Batches above the high watermark are still held (unflushed): a follower's fetch gets
+    # them as stored, its leader epoch stamped, without a read of the log.
+    sim = leading()
+    for token, value in (("a", b"x"), ("b", b"y"), ("c", b"z")):
+        sim.feed(Produce(token, "p", P, fake_batch(1, value)))
+        sim.complete_append(P)
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
+    answer = sim.replies["f2"]
+    assert answer.high_watermark == 0 and answer.batches is not None
+    assert len(answer.batches) == 3
+    assert all(int.from_bytes(b[12:16], "big") == 2 for b in answer.batches)
+    assert [int.from_bytes(b[:8], "big") for b in answer.batches] == [0, 1, 2]
+    # At most max_bytes, but at least one batch; from where the fetch asks.
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2, max_bytes=1))
+    assert sim.replies["f3"].batches == answer.batches[1:2]
+    # Below what is still held (the high watermark passed it): read from the log.
+    sim.feed(ReplicaFetched("f2b", P, replica=2, fetch_offset=2, leader_epoch=2))
+    sim.feed(ReplicaFetched("f3b", P, replica=3, fetch_offset=3, leader_epoch=2))
+    sim.feed(ReplicaFetched("f2c", P, replica=2, fetch_offset=0, leader_epoch=2))
+    assert sim.replies["f2c"].high_watermark == 2 and sim.replies["f2c"].batches is None
+
+
+def test_a_waiting_replica_fetch_is_answered_with_the_next_batch_from_memory():
+    sim = leading()
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2, max_wait=0.5))
+    assert "f2" not in sim.replies
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P)
+    answer = sim.replies["f2"]
+    assert answer.high_watermark == 0 and len(answer.batches) == 1
+    # Its wait over with nothing appended: answered with nothing.
+    sim.feed(ReplicaFetched("f2b", P, replica=2, fetch_offset=1, leader_epoch=2, max_wait=0.5))
+    sim.feed(Tick(1.0, 1000))
+    assert sim.replies["f2b"].batches == ()
+
+
+def test_a_replica_fetch_from_memory_takes_at_most_held_batches():
+    sim = leading()
+    for n in range(HELD_BATCHES + 5):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, b"x")))
+        sim.complete_append(P)
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
+    assert len(sim.replies["f2"].batches) == HELD_BATCHES
+
+
+def test_a_run_the_high_watermark_uncovers_goes_to_a_tailing_subscriber_as_one_delivery():
+    # The followers' fetches move the high watermark several batches at a time: such a run
+    # goes as one delivery (as a read of the log would), big batches included.
+    sim = leading(isr=(1, 2))
+    sim.feed(OpenSession("o-s", "s", 10.0))
+    sim.track("s", 1, 4 * 1024 * 1024)
+    sim.feed(Subscribe("sub", "s", 1, P, "earliest", 4 * 1024 * 1024))
+    payloads = [bytes([n]) * 100_000 for n in range(3)]
+    for n, payload in enumerate(payloads):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, payload)))
+        sim.complete_append(P)
+    out = sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=3, leader_epoch=2))
+    delivered = [i for i in out if isinstance(i, Deliver)]
+    assert [(d.offset, d.next_offset) for d in delivered] == [(0, 3)]
+    assert [delivered[0].data.count(p) for p in payloads] == [1, 1, 1]
+
+
+def test_a_batch_in_flight_when_the_leader_took_its_epoch_is_read_from_the_log():
+    # The append lane may have written it with the old epoch: only the log knows which.
+    sim = Sim()
+    sim.open_partition(P)
+    sim.feed(OpenSession("o-p", "p", 10.0))
+    sim.feed(OpenProducer("op-p", "p", P))
+    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
+    sim.feed(SetReplicaRole(P, role(), broker_id=1))
+    sim.complete_append(P)
+    sim.feed(Produce("b", "p", P, fake_batch(1, b"y")))
+    sim.complete_append(P)
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
+    assert sim.replies["f2"].batches is None
+    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
+    assert len(sim.replies["f3"].batches) == 1
