@@ -1,0 +1,134 @@
+"""A host gone for good, decommissioned (DESIGN §5 "Decommissioning a broker"), with real
+processes: a coordinator and four `tq executor` hosts on loopback; an RF 3 topic under a
+publisher (`tq produce` fed line by line); one follower host SIGKILLed for good mid-stream;
+`tq broker decommission` its broker. Every partition is back to three replicas, all in sync,
+none on the dead broker; every acknowledged record is on every replica (the logs are
+byte-identical) and a subscriber reads each one once. Bad requests get one clear line and
+change nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Processes, partition_dir, wait_for
+from tests.coordinator._cluster import ROOT, tq, tq_env
+from tests.integration._three_hosts import ThreeHosts, broker_ids
+
+pytestmark = pytest.mark.timeout(300)
+
+PARTITIONS = 3  # led by three of the four hosts: the fourth holds only followers
+RECORDS = 4000
+
+
+def _log_bytes(executor_data: Path, name: str) -> bytes | None:
+    directory = partition_dir(executor_data, name)
+    if directory is None:
+        return None
+    return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+
+def _partitions(hosts: ThreeHosts, topic: str) -> list[dict[str, Any]] | None:
+    done = tq(hosts.home, "topic", "describe", topic, "--json", "--timeout", "2")
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)["partitions"]  # type: ignore[no-any-return]
+
+
+def _decommission(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return tq(home, "broker", "decommission", *args, "--timeout", "10", timeout=60)
+
+
+def test_a_dead_hosts_replicas_move_to_live_hosts_and_nothing_acknowledged_is_lost(
+        processes: Processes, tmp_path: Path) -> None:
+    hosts = ThreeHosts(processes, tmp_path, hosts=4, options=lambda i: ("--brokers", "1"))
+    created = tq(tmp_path, "topic", "create", "kept", "--partitions", str(PARTITIONS),
+                 "--replication-factor", "3")
+    assert created.returncode == 0, created.stderr
+    wait_for(lambda: (parts := _partitions(hosts, "kept"))
+             and all(p["isr"] == p["replicas"] for p in parts),
+             timeout=60, interval=0.2, what="every replica in sync")
+    before = _partitions(hosts, "kept")
+    assert before is not None
+    # The host leading nothing dies for good, so the publisher (`tq produce`, which follows
+    # a moved leader only once its broker refuses it) keeps its leaders; leadership moving on
+    # a host's death is test_replication_cluster's.
+    leaders = {p["broker"] for p in before}
+    (dead,) = {b for p in before for b in p["replicas"]} - leaders
+
+    lines = [f"record {i}" for i in range(RECORDS)]
+    publisher = processes.python(
+        "-m", "querylib.cli", "produce", "kept", stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=tq_env(tmp_path),
+        cwd=ROOT)
+    assert publisher.stdin is not None
+    publisher.stdin.write("".join(f"{line}\n" for line in lines[:RECORDS // 2]))
+    publisher.stdin.flush()
+
+    hosts.kill(dead)
+    wait_for(lambda: (parts := _partitions(hosts, "kept"))
+             and all(dead not in p["isr"] for p in parts),
+             timeout=60, interval=0.2, what="the dead broker to leave every ISR")
+
+    # Bad requests: one line each, nothing changes.
+    refused = _decommission(tmp_path, "999")
+    assert refused.returncode != 0 and "no broker 999" in refused.stderr, refused.stderr
+    status = json.loads(tq(tmp_path, "status", "--json").stdout)
+    (own,) = [b["broker_id"] for b in status["brokers"] if b["session_id"] is None]
+    refused = _decommission(tmp_path, str(own), "--force")
+    assert refused.returncode != 0 and "coordinator's own broker" in refused.stderr
+    live = next(b for p in before for b in p["replicas"] if b != dead)
+    refused = _decommission(tmp_path, str(live))
+    assert refused.returncode != 0 and "--force" in refused.stderr, refused.stderr
+    added = tq(tmp_path, "user", "add", "alice", "-o", str(tmp_path / "alice.cred"))
+    assert added.returncode == 0, added.stderr
+    refused = _decommission(tmp_path, str(dead), "--credentials", str(tmp_path / "alice.cred"))
+    assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert _partitions(hosts, "kept") is not None
+
+    # The publisher goes on; the dead broker is decommissioned under it.
+    publisher.stdin.write("".join(f"{line}\n" for line in lines[RECORDS // 2:]))
+    publisher.stdin.flush()
+    done = _decommission(tmp_path, str(dead), "--json")
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["retired"] and reply["stuck"] == []
+    held = [p["partition"] for p in before if dead in p["replicas"]]
+    assert sorted(m["partition"] for m in reply["moved"]) == held
+    publisher.stdin.close()
+    assert publisher.wait(timeout=180) == 0, publisher.stderr.read() if publisher.stderr else ""
+
+    # Back to three replicas each, all in sync, none on the dead broker (tq topic describe).
+    after: list[dict[str, Any]] = wait_for(
+        lambda: (parts := _partitions(hosts, "kept"))
+        and all(len(p["replicas"]) == 3 and p["isr"] == p["replicas"] for p in parts) and parts,
+        timeout=90, interval=0.2, what="the new replicas to join the ISR")
+    assert all(dead not in p["replicas"] for p in after)
+    assert {m["to"] for m in reply["moved"]} <= {b for p in after for b in p["replicas"]}
+
+    # Every replica holds the same bytes: every acknowledged record is on each of them.
+    data = {b: hosts.data(i) for i in range(4) for b in broker_ids(hosts.data(i))}
+    def identical(name: str, replicas: list[int]) -> bool:
+        return len({_log_bytes(data[b], name) for b in replicas}) == 1
+
+    for part in after:
+        name = f"kept-{part['partition']}"
+        wait_for(lambda n=name, r=part["replicas"]: identical(n, r),  # type: ignore[misc]
+                 timeout=30, what=f"every replica of {name} to hold its leader's bytes")
+        assert _log_bytes(data[part["replicas"][0]], name)
+
+    # A subscriber reads every record once.
+    read = tq(tmp_path, "consume", "kept", "--json", "--follow", timeout=120)
+    assert read.returncode == 0, read.stderr
+    values = [e["value"] for e in map(json.loads, read.stdout.splitlines()) if "value" in e]
+    assert Counter(values) == Counter(lines)
+
+    # Twice is refused; the retired id never comes back.
+    again = _decommission(tmp_path, str(dead))
+    assert again.returncode != 0 and "decommissioned already" in again.stderr, again.stderr
