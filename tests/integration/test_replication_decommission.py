@@ -132,3 +132,12 @@ def test_a_dead_hosts_replicas_move_to_live_hosts_and_nothing_acknowledged_is_lo
     # Twice is refused; the retired id never comes back.
     again = _decommission(tmp_path, str(dead))
     assert again.returncode != 0 and "decommissioned already" in again.stderr, again.stderr
+
+    # Draining a live broker with --force when no host is free to take its replicas (three
+    # live hosts, three replicas each): nothing moves, each partition says why, exit code 1.
+    live = after[0]["replicas"][0]
+    stuck = _decommission(tmp_path, str(live), "--force")
+    assert stuck.returncode == 1, stuck.stderr
+    assert stuck.stdout.count("no live executor host") == PARTITIONS, stuck.stdout
+    now = _partitions(hosts, "kept")
+    assert now is not None and [p["replicas"] for p in now] == [p["replicas"] for p in after]
