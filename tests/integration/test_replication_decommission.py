@@ -141,3 +141,17 @@ def test_a_dead_hosts_replicas_move_to_live_hosts_and_nothing_acknowledged_is_lo
     assert stuck.stdout.count("no live executor host") == PARTITIONS, stuck.stdout
     now = _partitions(hosts, "kept")
     assert now is not None and [p["replicas"] for p in now] == [p["replicas"] for p in after]
+
+    # The dead host comes back after all: its remembered id is retired, so it registers
+    # under a new one, and nothing is placed on the old id again.
+    (i,) = [i for i in range(4) if dead in broker_ids(hosts.data(i))]
+    processes.python("-m", "querylib.cli", "executor", "--data", str(hosts.data(i)),
+                     "--slots", "1", "--lease", "1", "--grace", "1", "--brokers", "1",
+                     env=tq_env(tmp_path), cwd=ROOT, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len(set(hosts.hosts().values())) == 4 and dead not in hosts.hosts(),
+             timeout=60, interval=0.2, what="the host back under a new broker id")
+    assert dead not in broker_ids(hosts.data(i))
+    created = tq(tmp_path, "topic", "create", "later", "--partitions", "8")
+    assert created.returncode == 0, created.stderr
+    later = _partitions(hosts, "later")
+    assert later is not None and all(dead not in p["replicas"] for p in later)
