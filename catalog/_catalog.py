@@ -269,6 +269,11 @@ class Catalog:
         record = self._by_id["homes"].get(broker_id)
         return record if isinstance(record, BrokerHome) else None
 
+    def retired_brokers(self) -> set[int]:
+        """The decommissioned broker ids (DESIGN §5 "Decommissioning a broker"). O(homes),
+        one home per broker id ever registered by an executor: a few hundred at most."""
+        return {h.broker_id for h in self.homes if isinstance(h, BrokerHome) and h.retired}
+
     @property
     def executors(self) -> Collection[Executor]:
         return cast("Collection[Executor]", self._collections["executors"])

@@ -27,6 +27,7 @@ __all__ = [
     "CloseSession",
     "Command",
     "CreateTopic",
+    "DecommissionBroker",
     "DeleteTopic",
     "FailQuery",
     "KillQuery",
@@ -108,6 +109,22 @@ class RemoveBroker(_Command, frozen=True, tag="remove_broker"):
     """A broker left cleanly. Refused while an executor still names it."""
 
     broker_id: int
+
+
+class DecommissionBroker(_Command, frozen=True, tag="decommission_broker"):
+    """An admin (`requester`) takes broker `broker_id` out of service for good (DESIGN §5
+    "Decommissioning a broker"). Each move `(topic_id, partition, replacement)` puts
+    `replacement` (registered, on no replica of it yet) in the partition's replicas in place
+    of the broker, which leaves its ISR; where it led, the first other member of the ISR
+    leads at the next epoch. A partition whose only in-sync replica it is cannot move (no
+    unclean election). Once it holds no replica and locates no partition, its home is
+    retired: its id is never placed on, handed out or registered again. A registered (live)
+    broker only with `force`; never the coordinator's own."""
+
+    broker_id: int
+    requester: str
+    force: bool = False
+    moves: tuple[tuple[int, int, int], ...] = ()
 
 
 class RegisterExecutor(_Command, frozen=True, tag="register_executor"):
@@ -357,6 +374,7 @@ Command: TypeAlias = (
     | SessionExpired
     | RegisterBroker
     | RemoveBroker
+    | DecommissionBroker
     | RegisterExecutor
     | RemoveExecutor
     | SubmitQuery

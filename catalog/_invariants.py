@@ -169,6 +169,7 @@ def _check_query(catalog: Catalog, query: Query, registered: set[int]) -> None:
 def _check_topics(catalog: Catalog) -> None:
     names: set[str] = set()
     counters = catalog.counters
+    retired = catalog.retired_brokers()
     for topic in catalog.topics:
         assert isinstance(topic, Topic)
         try:
@@ -187,6 +188,8 @@ def _check_topics(catalog: Catalog) -> None:
         if any(not 1 <= b < counters.next_broker_id for b in topic.locations):
             raise _fail(f"{topic!r} is located on a broker id never assigned")
         _check_replication(topic, counters.next_broker_id)
+        if retired.intersection(set(topic.locations).union(*topic.replicas)):
+            raise _fail(f"{topic!r} is placed on a decommissioned broker")
         owner = topic.owner
         if isinstance(owner, QueryRef) and not 1 <= owner.query_id < counters.next_query_id:
             raise _fail(f"{topic!r} is owned by a query id never assigned")

@@ -190,7 +190,7 @@ class Broker(_Record, frozen=True, tag="broker"):
     curve_key: str = ""
 
 
-class BrokerHome(_Record, frozen=True, tag="broker_home"):
+class BrokerHome(_Record, frozen=True, tag="broker_home", omit_defaults=True):
     """Where broker `broker_id` was last registered by a session, kept after it leaves: its
     host name, the principal of the session that registered it, and its slot on the host (0:
     an executor's own broker, k: its shard k). A broker registering with no id on the same
@@ -202,6 +202,10 @@ class BrokerHome(_Record, frozen=True, tag="broker_home"):
     host: str
     principal: str
     slot: int
+    # Decommissioned (`tq broker decommission`, DESIGN §5 "Decommissioning a broker"): the id
+    # holds no replica and names no broker any more; placement never uses it. Last, with a
+    # default left out of the encoding: older catalogs load and other homes keep their bytes.
+    retired: bool = False
 
 
 class Executor(_Record, frozen=True, tag="executor"):

@@ -40,6 +40,7 @@ from catalog._commands import (
     CloseSession,
     CreateToken,
     CreateTopic,
+    DecommissionBroker,
     DeleteTopic,
     FailQuery,
     KillQuery,
@@ -99,6 +100,7 @@ from catalog.errors import (
     AlreadySubscribedError,
     BrokerExistsError,
     BrokerInUseError,
+    BrokerRetiredError,
     FencedLeaderEpochError,
     InvalidCommandError,
     InvalidPartitionsError,
@@ -457,6 +459,9 @@ def _register_broker(catalog: Catalog, txn: Txn, cmd: RegisterBroker) -> None:
         if broker_id in registered:
             raise BrokerExistsError(f"broker {broker_id} is registered already")
         home = catalog.find_home(broker_id)
+        if home is not None and home.retired:
+            raise BrokerRetiredError(f"broker {broker_id} was decommissioned; register without "
+                                     "an id to get a new one")
         if (home is not None and principal is not None and home.principal != principal
                 and not is_admin(catalog, principal)):
             raise NotOwnerError(f"broker {broker_id} belongs to {home.principal}, not "
@@ -490,7 +495,8 @@ def _home_id(catalog: Catalog, cmd: RegisterBroker, principal: str | None,
     for home in sorted(catalog.homes, key=lambda h: h.broker_id):
         assert isinstance(home, BrokerHome)
         if ((home.host, home.principal, home.slot) == (cmd.host, principal, cmd.slot)
-                and home.broker_id not in registered and home.broker_id not in last_in_sync):
+                and home.broker_id not in registered and home.broker_id not in last_in_sync
+                and not home.retired):
             return home.broker_id
     return None
 
@@ -533,6 +539,84 @@ def _elect_leaders(catalog: Catalog, txn: Txn, gone: set[int]) -> None:
             isrs[i] = staying
         txn.replace("topics", topic, msgspec.structs.replace(
             topic, locations=tuple(locations), isr=tuple(isrs), leader_epochs=tuple(epochs)))
+
+
+def _decommission_broker(catalog: Catalog, txn: Txn, cmd: DecommissionBroker) -> None:
+    """DESIGN §5 "Decommissioning a broker": the moves the coordinator chose, each checked;
+    the broker retired once nothing stays on it. A move refused refuses the whole command."""
+    if not is_admin(catalog, cmd.requester):
+        raise NotAuthorizedError(f"decommissioning a broker takes the admin role; "
+                                 f"{cmd.requester} has not")
+    gone = cmd.broker_id
+    if not 1 <= gone < txn.counters.next_broker_id:
+        raise UnknownBrokerError(f"no broker {gone}: that id was never assigned (tq catalog "
+                                 "homes lists the executors' broker ids)")
+    live = next((b for b in catalog.brokers if isinstance(b, Broker) and b.broker_id == gone),
+                None)
+    if live is not None and live.session_id is None:
+        raise InvalidCommandError(f"broker {gone} is the coordinator's own broker: it holds "
+                                  "the catalog and is never decommissioned")
+    home = catalog.find_home(gone)
+    if home is None:
+        raise UnknownBrokerError(f"no broker {gone} of an executor: only an executor's "
+                                 "brokers are decommissioned (tq catalog homes lists them)")
+    if home.retired:
+        raise BrokerRetiredError(f"broker {gone} was decommissioned already")
+    if live is not None and not cmd.force:
+        raise BrokerInUseError(
+            f"broker {gone} is up (host {live.host}): stop its executor for good first, or "
+            f"drain it while it runs with --force (its replicas move, it takes no new ones)")
+    retired = catalog.retired_brokers()
+    changed: dict[int, tuple[Topic, list[tuple[int, ...]], list[tuple[int, ...]], list[int],
+                             list[int]]] = {}
+    seen: set[tuple[int, int]] = set()
+    for topic_id, partition, replacement in cmd.moves:
+        if topic_id not in changed:
+            topic = catalog.topic(topic_id)
+            changed[topic_id] = (topic, list(topic.replicas), list(topic.isr),
+                                 list(topic.locations), list(topic.leader_epochs))
+        topic, replicas, isrs, locations, epochs = changed[topic_id]
+        where = f"partition {partition} of {topic.short_name!r}"
+        if not 0 <= partition < topic.partitions:
+            raise InvalidPartitionsError(f"topic {topic.short_name!r} has no partition "
+                                         f"{partition}")
+        if (topic_id, partition) in seen:
+            raise InvalidCommandError(f"{where} is moved twice")
+        seen.add((topic_id, partition))
+        if not topic.replicas or gone not in replicas[partition]:
+            raise InvalidCommandError(f"broker {gone} is no replica of {where}")
+        if replacement in replicas[partition]:
+            raise InvalidCommandError(f"broker {replacement} is a replica of {where} already")
+        catalog.broker(replacement)  # registered now (UnknownBrokerError otherwise)
+        if replacement in retired:
+            raise BrokerRetiredError(f"broker {replacement} was decommissioned")
+        rest = tuple(b for b in isrs[partition] if b != gone)
+        if not rest:
+            raise InvalidCommandError(
+                f"broker {gone} is the only in-sync replica of {where}: its acknowledged "
+                "records are on no other replica (no unclean election)")
+        # The new replica goes last and out of the ISR: it starts empty and fetches from the
+        # leader, which adds it once it caught up (as a rebuilt lost disk).
+        replicas[partition] = tuple(b for b in replicas[partition] if b != gone) + (replacement,)
+        isrs[partition] = rest
+        if locations[partition] == gone:
+            locations[partition] = rest[0]
+            epochs[partition] += 1
+    for topic, replicas, isrs, locations, epochs in changed.values():
+        txn.replace("topics", topic, msgspec.structs.replace(
+            topic, replicas=tuple(replicas), isr=tuple(isrs), locations=tuple(locations),
+            leader_epochs=tuple(epochs)))
+    after = [(t.locations, t.replicas) for t in catalog.topics
+             if isinstance(t, Topic) and t.topic_id not in changed]
+    after += [(tuple(locations), tuple(replicas))
+              for _, replicas, _, locations, _ in changed.values()]
+    if any(gone in locations or any(gone in r for r in replicas)
+           for locations, replicas in after):
+        return  # something stays on it: not retired (the coordinator's reply says why)
+    txn.replace("homes", home, msgspec.structs.replace(home, retired=True))
+    if live is None:
+        # Its disk is gone with it: drops of deleted topics waiting for it never come.
+        txn.retract_all("drops", catalog.pending_drops(gone))
 
 
 def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> None:
@@ -580,8 +664,7 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
         raise InvalidPartitionsError(
             f"{len(cmd.locations)} partition locations given for {cmd.partitions} partitions"
         )
-    for broker_id in sorted(set(cmd.locations)):
-        catalog.broker(broker_id)
+    _require_in_service(catalog, cmd.locations)
     _check_replicas(catalog, cmd.replicas, cmd.locations, None if name.internal else ())
     _require_live(catalog, cmd.owner)
     if catalog.find_topic(name.full) is not None:
@@ -659,8 +742,7 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
             raise InvalidPartitionsError(
                 f"{len(cmd.locations)} locations given for "
                 f"{cmd.partitions - topic.partitions} new partitions")
-        for broker_id in sorted(set(cmd.locations)):
-            catalog.broker(broker_id)
+        _require_in_service(catalog, cmd.locations)
         if bool(cmd.replicas) != bool(topic.replicas) or (
                 topic.replicas and len(cmd.replicas[0]) != topic.replication_factor):
             raise InvalidReplicationFactorError(
@@ -709,8 +791,18 @@ def _check_replicas(catalog: Catalog, replicas: tuple[tuple[int, ...], ...],
             raise InvalidReplicationFactorError(
                 f"partition {partition}'s replicas {list(brokers)} do not start with its "
                 f"leader, broker {leader}")
-    for broker_id in sorted(set().union(*replicas)):
-        catalog.broker(broker_id)
+    _require_in_service(catalog, set().union(*replicas))
+
+
+def _require_in_service(catalog: Catalog, brokers: Iterable[int]) -> None:
+    """Each broker is registered and not decommissioned: a new partition or replica may go
+    there."""
+    retired = catalog.retired_brokers()
+    for broker_id in sorted(set(brokers)):
+        catalog.broker(broker_id)  # UnknownBrokerError when it is not registered
+        if broker_id in retired:
+            raise BrokerRetiredError(f"broker {broker_id} was decommissioned: nothing is "
+                                     "placed on it")
 
 
 def _alter_partition(catalog: Catalog, txn: Txn, cmd: AlterPartition) -> None:
@@ -1032,6 +1124,7 @@ HANDLERS: dict[type, Callable[[Catalog, Txn, Any], None]] = {
     SessionExpired: _end_session,
     RegisterBroker: _register_broker,
     RemoveBroker: _remove_broker,
+    DecommissionBroker: _decommission_broker,
     RegisterExecutor: _register_executor,
     RemoveExecutor: _remove_executor,
     SubmitQuery: _submit_query,

@@ -83,7 +83,8 @@ Catalog's families:
         ├── InvalidTopicNameError      not NAME, TENANT/NS/NAME or persistent://TENANT/NS/NAME
         │   └── ReservedTopicNameError a `__` name asked for by someone other than the system
         ├── NotFoundError              an id or name the catalog does not hold
-        │   ├── UnknownSessionError (a coordinator session), UnknownBrokerError,
+        │   ├── UnknownSessionError (a coordinator session), UnknownBrokerError
+        │   │   └── BrokerRetiredError  a decommissioned broker id
         │   ├── UnknownExecutorError, UnknownQueryError, UnknownTopicError,
         │   ├── UnknownCollectionError, UnknownPrincipalError
         │   └── NotPublishedError, NotSubscribedError
@@ -186,6 +187,12 @@ class UnknownSessionError(NotFoundError):
 
 class UnknownBrokerError(NotFoundError):
     """No registered broker with this id."""
+
+
+class BrokerRetiredError(UnknownBrokerError):
+    """The broker id was decommissioned (DESIGN §5 "Decommissioning a broker"): it names no
+    broker any more, so it is neither registered nor decommissioned again. An
+    UnknownBrokerError, so an executor remembering it registers under a new id."""
 
 
 class UnknownExecutorError(NotFoundError):

@@ -70,6 +70,7 @@ from catalog import (
 from catalog import AlterPartition as AlterPartitionCommand
 from catalog import CreateToken as CreateTokenCommand
 from catalog import CreateTopic as CreateTopicCommand
+from catalog import DecommissionBroker as DecommissionBrokerCommand
 from catalog import DeleteTopic as DeleteTopicCommand
 from catalog import KillQuery as KillQueryCommand
 from catalog import Publish as PublishCommand
@@ -93,6 +94,7 @@ from ._placement import (
     place_partitions,
     place_processes,
     place_replicas,
+    plan_decommission,
 )
 from ._state import Call, CoordinatorState, WaitForStart, WaitForTopic
 
@@ -462,6 +464,29 @@ def remove_broker(state: CoordinatorState, req: m.RemoveBroker, call: Call) -> m
     return m.Done(version=state.catalog.version)
 
 
+def decommission_broker(state: CoordinatorState, req: m.DecommissionBroker,
+                        call: Call) -> m.Decommissioned:
+    """DESIGN §5 "Decommissioning a broker": placement chooses where each replica goes, the
+    catalog checks and applies it in one change (the plan and the change see one catalog:
+    nothing runs between them), and the reply says what moved and what could not."""
+    state.renew(req.session_id, call.now)
+    if req.broker_id == state.catalog_broker_id:
+        raise InvalidCommandError(f"broker {req.broker_id} is the coordinator's own broker: "
+                                  "it holds the catalog and is never decommissioned")
+    plan = plan_decommission(state.catalog, req.broker_id)
+    change = state.apply(DecommissionBrokerCommand(
+        broker_id=req.broker_id, requester=call.principal, force=req.force,
+        moves=plan.moves), call.now, call.wall_ms)
+    home = state.catalog.find_home(req.broker_id)
+    return m.Decommissioned(
+        broker_id=req.broker_id,
+        moved=[m.PartitionMove(topic=state.catalog.topic(t).short_name, partition=p, to=to)
+               for t, p, to in plan.moves],
+        stuck=[m.PartitionStuck(topic=state.catalog.topic(t).short_name, partition=p,
+                                reason=why) for t, p, why in plan.stuck],
+        retired=home is not None and home.retired, version=change.version)
+
+
 def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
                       call: Call) -> m.ExecutorInfo:
     state.renew(req.session_id, call.now)
@@ -664,6 +689,7 @@ HANDLERS: dict[type, Handler] = {
     m.Unsubscribe: unsubscribe,
     m.RegisterBroker: register_broker,
     m.RemoveBroker: remove_broker,
+    m.DecommissionBroker: decommission_broker,
     m.RegisterExecutor: register_executor,
     m.RemoveExecutor: remove_executor,
     m.SubmitQuery: submit_query,

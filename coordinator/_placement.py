@@ -11,7 +11,9 @@ Must not: change the catalog, read clocks, do I/O.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from catalog import (
     INGEST,
@@ -24,12 +26,13 @@ from catalog import (
     Owner,
     Query,
     QueryRef,
+    Topic,
 )
 from querylib.cluster.messages import HostLoad
 
-__all__ = ["default_replication_factor", "free_slots", "host_brokers", "place_kafka_partitions",
-           "place_partitions", "place_processes", "place_replicas", "total_slots",
-           "used_slots"]
+__all__ = ["DecommissionPlan", "default_replication_factor", "free_slots", "host_brokers",
+           "place_kafka_partitions", "place_partitions", "place_processes", "place_replicas",
+           "plan_decommission", "total_slots", "used_slots"]
 
 
 def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int,
@@ -67,9 +70,11 @@ def place_partitions(catalog: Catalog, party: Owner, partitions: int, start: int
                     key=lambda e: e.executor_id)]
     executors = [brokers[k] for k in range(max(map(len, hosts), default=0))
                  for brokers in hosts if k < len(brokers)]
+    retired = catalog.retired_brokers()
     candidates = executors or sorted(
         b.broker_id for b in catalog.brokers
-        if isinstance(b, Broker) and b.broker_id != catalog_broker)
+        if isinstance(b, Broker) and b.broker_id != catalog_broker
+        and b.broker_id not in retired)
     if not candidates:
         if catalog_broker is not None and not spare:
             raise InvalidCommandError(
@@ -128,9 +133,10 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
     coordinator's listener: round-robin over the brokers other than the coordinator's that have
     a Kafka listener (so every partition's leader is one Kafka clients can reach), else as
     `place_partitions` places any topic."""
+    retired = catalog.retired_brokers()
     listening = sorted(b.broker_id for b in catalog.brokers
                        if isinstance(b, Broker) and b.kafka_address
-                       and b.broker_id != catalog_broker)
+                       and b.broker_id != catalog_broker and b.broker_id not in retired)
     if not listening:
         return place_partitions(catalog, INGEST, partitions, start, catalog_broker,
                                 spare=spare)
@@ -138,10 +144,67 @@ def place_kafka_partitions(catalog: Catalog, partitions: int, start: int,
 
 
 def host_brokers(catalog: Catalog, executor: Executor) -> tuple[int, ...]:
-    """An executor's brokers that are registered now: its own first, then its shards (one
-    whose process is restarting is left out until it registers again)."""
+    """An executor's brokers that may take partitions now: its own first, then its shards
+    (one whose process is restarting is left out until it registers again), none that was
+    decommissioned (DESIGN §5 "Decommissioning a broker")."""
     live = {b.broker_id for b in catalog.brokers if isinstance(b, Broker)}
-    return (executor.broker_id,) + tuple(s for s in executor.shards if s in live)
+    retired = catalog.retired_brokers()
+    return tuple(b for b in (executor.broker_id, *executor.shards)
+                 if b not in retired and (b == executor.broker_id or b in live))
+
+
+@dataclass(frozen=True, slots=True)
+class DecommissionPlan:
+    """Where a decommissioned broker's replicas go: `moves` (topic id, partition, the broker
+    taking its place), for the catalog's DecommissionBroker, and `stuck` (topic id,
+    partition, why it cannot move), for the operator."""
+
+    moves: tuple[tuple[int, int, int], ...]
+    stuck: tuple[tuple[int, int, str], ...]
+
+
+def plan_decommission(catalog: Catalog, broker_id: int) -> DecommissionPlan:
+    """For each partition with a replica on `broker_id` (DESIGN §5 "Decommissioning a
+    broker"): a live broker of an executor host holding no replica of it, the least loaded
+    (fewest replicas and unreplicated partitions, then the lowest id), counting the moves
+    chosen before it, so moves spread as placement does. A partition cannot move when it
+    has one replica (its only copy is there), when `broker_id` is its only in-sync replica
+    (no unclean election), or when every live host holds a replica of it already."""
+    load: Counter[int] = Counter()
+    for topic in catalog.topics:
+        assert isinstance(topic, Topic)
+        for i, leader in enumerate(topic.locations):
+            load.update(topic.replicas[i] if topic.replicas else (leader,))
+    hosts = [host_brokers(catalog, e) for e in
+             sorted((e for e in catalog.executors if isinstance(e, Executor)),
+                    key=lambda e: e.executor_id)]
+    moves, stuck = [], []
+    for topic in sorted((t for t in catalog.topics if isinstance(t, Topic)),
+                        key=lambda t: t.topic_id):
+        for i, leader in enumerate(topic.locations):
+            if not topic.replicas:
+                if leader == broker_id:
+                    stuck.append((topic.topic_id, i, f"it has one replica, on broker "
+                                  f"{broker_id}: nothing holds a copy to rebuild it from"))
+                continue
+            replicas = topic.replicas[i]
+            if broker_id not in replicas:
+                continue
+            if not any(b != broker_id for b in topic.isr[i]):
+                stuck.append((topic.topic_id, i, f"broker {broker_id} is its only in-sync "
+                              "replica: its acknowledged records are on no other (no unclean "
+                              "election); bring the broker back, or delete the topic"))
+                continue
+            free = [b for brokers in hosts if not set(brokers).intersection(replicas)
+                    for b in brokers]
+            if not free:
+                stuck.append((topic.topic_id, i, "no live executor host without a replica of "
+                              f"it ({len(hosts)} registered): start another executor"))
+                continue
+            chosen = min(free, key=lambda b: (load[b], b))
+            load[chosen] += 1
+            moves.append((topic.topic_id, i, chosen))
+    return DecommissionPlan(tuple(moves), tuple(stuck))
 
 
 def _brokers_of(catalog: Catalog, executor_id: int) -> tuple[int, ...]:

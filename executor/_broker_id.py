@@ -140,9 +140,9 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
     The old registration may still be up for a while after a crash (the coordinator keeps a
     recovered session for its recovery lease): retried until it goes, for at most `wait`
     seconds, then BrokerExistsError (two live brokers must not share an id). A remembered id
-    this catalog never assigned (the data dir came from another cluster) is dropped for a new
-    one; a claimed one is an error (UnknownBrokerError), as is one of another principal's
-    (NotOwnerError).
+    this catalog never assigned (the data dir came from another cluster) or decommissioned
+    (the host came back after all) is dropped for a new one; a claimed one is an error
+    (UnknownBrokerError), as is one of another principal's (NotOwnerError).
     """
     stored = await asyncio.to_thread(_remembered, data_dir)
     remembered = claim if claim is not None else stored
@@ -159,11 +159,11 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
             raise NotOwnerError(f"{exc} ({data_dir / BROKER_ID_FILE} names it): run this "
                                 "executor with that credential, or remove the file to "
                                 "register under another id") from exc
-        except UnknownBrokerError:
+        except UnknownBrokerError as exc:  # never assigned here, or decommissioned
             if claim is not None:
                 raise
-            logger.warning("broker id %s in %s is unknown to this cluster; registering "
-                           "without it", remembered, data_dir / BROKER_ID_FILE)
+            logger.warning("broker id %s in %s: %s; registering without it", remembered,
+                           data_dir / BROKER_ID_FILE, exc)
             remembered = None
         except BrokerExistsError:
             if time.monotonic() > deadline:

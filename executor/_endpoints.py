@@ -217,8 +217,8 @@ class CatalogTopics:
                 continue
             min_insync = int(topic.config("min.insync.replicas") or 1)
             for i, replicas in enumerate(topic.replicas):
-                if me not in replicas:
-                    continue
+                if me not in replicas and (topic.short_name, i) not in self._roles:
+                    continue  # a replica it never held; one it held hears it holds none
                 leader = topic.locations[i]
                 found = brokers.get(leader)
                 if leader != me and found is None:

@@ -79,6 +79,7 @@ EXAMPLES = {
     "log check": "tq log check --data ./tq-data      # while tq up is stopped",
     "log repair": "tq log repair ./tq-data/executor/broker/nums-0",
     "broker": "tq broker --data ./broker-data --listen tcp://127.0.0.1:7500",
+    "broker decommission": "tq broker decommission 4   # broker 4's host is gone for good",
     "kafka": "tq kafka --data ./tq-data/executor/broker --port 9092",
 }
 

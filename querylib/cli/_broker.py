@@ -1,5 +1,7 @@
 """`tq broker`: run a standalone broker in the foreground (development, tests), optionally
-with its connector endpoint (`--connector-port`) and Kafka listener (`--kafka-port`).
+with its connector endpoint (`--connector-port`) and Kafka listener (`--kafka-port`); and
+`tq broker decommission ID [--force]`, an admin's request to the coordinator to move every
+replica off a cluster's broker and retire it (DESIGN §5 "Decommissioning a broker").
 
 A thin adapter over `querylib.broker.run_broker`; also home of the options every broker client
 command shares (`--broker`, `--secret-file`) and of the endpoint options `tq executor` and
@@ -18,8 +20,10 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    broker = sub.add_parser("broker", help="run a standalone broker (development, tests)")
-    broker.add_argument("--data", required=True, help="data directory holding the partitions")
+    broker = sub.add_parser("broker", help="run a standalone broker (development, tests); "
+                            "decommission a cluster's broker")
+    broker.add_argument("--data", help="data directory holding the partitions (required to "
+                        "run one)")
     broker.add_argument("--listen", default="tcp://127.0.0.1:7500",
                         help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:7500)")
     broker.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
@@ -36,6 +40,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_connector_options(broker, default_port=None)
     add_kafka_options(broker, default_port=None)
     broker.set_defaults(func=_run)
+    commands = broker.add_subparsers(dest="broker_command", metavar="ACTION")
+    decommission = commands.add_parser(
+        "decommission", help="move every replica off a broker gone for good and retire it "
+        "(admins)",
+        description="Move each replica broker ID holds to a live broker of an executor host "
+        "holding none of that partition (the new replica fetches from the leader and joins "
+        "the in-sync replicas once caught up), electing a leader from the other in-sync "
+        "replicas where ID led. Once ID holds nothing it is retired: placement never uses "
+        "it and its id never registers again. Partitions that cannot move are listed with "
+        "why (exit code 1).")
+    decommission.add_argument("broker_id", type=int, metavar="ID",
+                              help="the broker's id (tq topic describe, tq catalog homes)")
+    decommission.add_argument("--force", action="store_true",
+                              help="decommission a broker that is up: drain it (its "
+                              "replicas move, it takes no new ones)")
+    decommission.add_argument("--json", action="store_true",
+                              help="what moved and what could not, as one JSON object")
+    from querylib.cli._catalog import add_cluster_options
+
+    add_cluster_options(decommission)
+    decommission.set_defaults(func=_decommission)
+
+
+def _decommission(args: argparse.Namespace) -> int:
+    import json
+
+    import msgspec
+
+    from querylib.cli._catalog import connect
+
+    with connect(args, session=True) as cluster:
+        done = cluster.decommission_broker(args.broker_id, force=args.force)
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(done)))
+        return 0 if done.retired else 1
+    for move in done.moved:
+        print(f"{move.topic}-{move.partition}: moved to broker {move.to}")
+    for stuck in done.stuck:
+        print(f"{stuck.topic}-{stuck.partition}: stays on broker {done.broker_id}: "
+              f"{stuck.reason}")
+    moved = f"{len(done.moved)} replica{'s' * (len(done.moved) != 1)} moved"
+    if done.retired:
+        print(f"broker {done.broker_id} decommissioned ({moved}): it is retired, nothing "
+              "is placed on it again; the new replicas catch up from their leaders",
+              file=sys.stderr)
+        return 0
+    print(f"broker {done.broker_id} not retired ({moved}, {len(done.stuck)} could not): "
+          "run this again once they can", file=sys.stderr)
+    return 1
 
 
 def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
@@ -243,6 +296,10 @@ def _run(args: argparse.Namespace) -> int:
     from querylib.rpc import default_secret_path, load_or_create_secret
     from querylib.server import run_broker
 
+    if args.data is None:
+        from catalog.errors import UserError
+
+        raise UserError("tq broker: --data DIR is required to run a standalone broker")
     raise_fd_limit()
     secret = load_or_create_secret(args.secret_file or default_secret_path())
     config = LogConfig(segment_bytes=args.segment_bytes, retention_bytes=args.retention_bytes,

@@ -180,6 +180,9 @@ class Cluster:
     def create_token(self, ttl_ms: int = 3_600_000, name: str = "") -> tuple[Any, str]:
         return self._call(self._async.create_token(ttl_ms, name))
 
+    def decommission_broker(self, broker_id: int, *, force: bool = False) -> Any:
+        return self._call(self._async.decommission_broker(broker_id, force=force))
+
     def revoke_token(self, token_id: int) -> None:
         self._call(self._async.revoke_token(token_id))
 

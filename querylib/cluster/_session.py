@@ -511,6 +511,14 @@ class AsyncCluster:
         return reply.token, format_token(reply.coordinators, reply.token.token_id, secret,
                                           reply.coordinator_key)
 
+    async def decommission_broker(self, broker_id: int, *,
+                                  force: bool = False) -> m.Decommissioned:
+        """Move every replica off broker `broker_id` to live brokers and retire it (admins
+        only; a broker that is up only with `force`; DESIGN §5 "Decommissioning a broker"):
+        what moved, what could not and why."""
+        return await self.request(m.DecommissionBroker(session_id=self._session(),
+                                                       broker_id=broker_id, force=force))
+
     async def revoke_token(self, token_id: int) -> None:
         """Remove a join token (admins only): it joins nobody any more."""
         await self.request(m.RevokeToken(session_id=self._session(), token_id=token_id))

@@ -25,6 +25,8 @@ Client -> coordinator requests (reply in brackets):
     coord.unsubscribe       Unsubscribe        [Done]
     coord.broker.register   RegisterBroker     [BrokerInfo]
     coord.broker.remove     RemoveBroker       [Done]
+    coord.broker.decommission DecommissionBroker [Decommissioned] admins: move a broker's
+                                                                 replicas to live ones, retire it
     coord.executor.register RegisterExecutor   [ExecutorInfo]
     coord.executor.remove   RemoveExecutor     [Done]
     coord.query.submit      SubmitQuery        [QueryInfo]
@@ -83,6 +85,8 @@ __all__ = [
     "CloseSession",
     "CreateToken",
     "CreateTopic",
+    "Decommissioned",
+    "DecommissionBroker",
     "DeleteTopic",
     "Done",
     "DropPartitions",
@@ -103,6 +107,8 @@ __all__ = [
     "Loads",
     "LookupTopic",
     "OpenSession",
+    "PartitionMove",
+    "PartitionStuck",
     "PrincipalKey",
     "ProcessLoad",
     "Publish",
@@ -448,6 +454,43 @@ class RegisterBroker(Request[BrokerInfo], tag="coord.broker.register"):
 class RemoveBroker(Request[Done], tag="coord.broker.remove"):
     session_id: int
     broker_id: int
+
+
+class PartitionMove(msgspec.Struct, frozen=True):
+    """A decommissioned broker's replica of `topic`'s `partition` went to broker `to`."""
+
+    topic: str  # the short name
+    partition: int
+    to: int
+
+
+class PartitionStuck(msgspec.Struct, frozen=True):
+    """A decommissioned broker's partition that could not move, and why."""
+
+    topic: str  # the short name
+    partition: int
+    reason: str
+
+
+class Decommissioned(Reply, tag="coord.broker.decommission.reply"):
+    """What `DecommissionBroker` did: the replicas it moved, those it could not (the broker
+    is `retired` only when none is left), at catalog `version` (DESIGN §5 "Decommissioning
+    a broker")."""
+
+    broker_id: int
+    moved: list[PartitionMove]
+    stuck: list[PartitionStuck]
+    retired: bool
+    version: int
+
+
+class DecommissionBroker(Request[Decommissioned], tag="coord.broker.decommission"):
+    """Admins: move every replica off broker `broker_id` to live brokers and retire it; a
+    broker that is up only with `force` (it is drained, then takes nothing new)."""
+
+    session_id: int
+    broker_id: int
+    force: bool = False
 
 
 class RegisterExecutor(Request[ExecutorInfo], tag="coord.executor.register"):

@@ -34,6 +34,7 @@ from catalog import (
     Command,
     CorruptCatalogError,
     CreateTopic,
+    DecommissionBroker,
     DeleteTopic,
     Executor,
     FailQuery,
@@ -161,7 +162,12 @@ class CatalogMachine(RuleBasedStateMachine):
         session = self.catalog.session(command.session_id)
         homes = {h.broker_id: (h.host, h.principal, h.slot) for h in before["homes"]}
         assert homes.get(broker_id) == (command.host, session.principal, command.slot)
+        assert broker_id not in self.retired(before), "a decommissioned id handed out again"
         return True
+
+    @staticmethod
+    def retired(contents: dict[str, Collection]) -> set[int]:
+        return {h.broker_id for h in contents["homes"] if h.retired}
 
     def now(self) -> int:
         self.clock += 1
@@ -323,6 +329,31 @@ class CatalogMachine(RuleBasedStateMachine):
         session = [s for s in self.catalog.sessions if s.session_id == session_id]
         if session and self.user_role(session[0].principal) not in ("executor", "admin"):
             assert isinstance(self.last_error, NotAuthorizedError)
+
+    @rule(data=st.data(), force=st.booleans())
+    def decommission_broker(self, data: st.DataObject, force: bool) -> None:
+        """Only an admin; a live broker only with force, never the coordinator's own; an id
+        only once; retired only when nothing is placed on it, and then never registered."""
+        broker_id = self.pick(data, "Broker")
+        requester = self.principal(data)
+        before = self.contents()
+        live = {b.broker_id: b for b in before["brokers"]}
+        change = self.run(DecommissionBroker(broker_id=broker_id, requester=requester,
+                                             force=force))
+        if change is None:
+            return
+        assert self.user_role(requester) == "admin"
+        assert broker_id not in self.retired(before)
+        assert broker_id in {h.broker_id for h in before["homes"]}
+        if broker_id in live:
+            assert force and live[broker_id].session_id is not None
+        placed = {b for t in before["topics"] for b in t.locations}
+        assert (broker_id in self.retired(self.contents())) == (broker_id not in placed)
+        if broker_id in self.retired(self.contents()) and broker_id not in live:
+            session = self.maybe_session(data)
+            self.run(RegisterBroker(host="h", address="tcp://h:1", session_id=session,
+                                    broker_id=broker_id))
+            assert self.last_error is not None, "a decommissioned id registered again"
 
     @rule(data=st.data())
     def remove_broker(self, data: st.DataObject) -> None:

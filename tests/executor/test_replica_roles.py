@@ -69,3 +69,41 @@ def test_only_the_principal_that_registered_a_broker_may_fetch_as_it() -> None:
     assert topics.may_replicate("admin", 2)
     assert not topics.may_replicate("user:alice", 1)
     assert not topics.may_replicate("not a principal", 1)
+
+
+def test_a_broker_taken_out_of_the_replicas_is_told_a_role_that_does_not_name_it() -> None:
+    """Decommissioned while up (DESIGN §5 "Decommissioning a broker"): the broker must hear
+    that it neither leads nor follows any more, not keep its last role (a leader would keep
+    its producers waiting for followers that fetch elsewhere now)."""
+    asyncio.run(_drained())
+
+
+async def _drained() -> None:
+    import msgspec
+
+    topics = _view()
+    topics.broker_id = 1  # the leader
+    told: list[PartitionRole | None] = []
+    changed = asyncio.Event()
+
+    async def set_role(topic: str, partition: int, role: PartitionRole | None,
+                       min_insync: int) -> None:
+        told.append(role)
+        changed.set()
+
+    topics.watch_replicas(set_role)
+    topics._replica_roles()
+    await asyncio.wait_for(changed.wait(), 10)
+    changed.clear()
+    (topic,) = [t for t in topics._views["topics"] if isinstance(t, Topic)]
+    other = Broker(broker_id=2, host="b", address="tcp://10.0.0.2:7000", session_id=6)
+    topics._views["brokers"][other] = 1
+    del topics._views["topics"][topic]
+    topics._views["topics"][msgspec.structs.replace(
+        topic, locations=(2,), replicas=((2, 3, 4),), isr=((2, 3),), leader_epochs=(5,))] = 1
+    topics._replica_roles()
+    await asyncio.wait_for(changed.wait(), 10)
+    last = told[-1]
+    assert last is not None and 1 not in last.replicas and last.leader_id == 2
+    assert last.leader_epoch == 5
+    await topics.close()

@@ -1,6 +1,7 @@
 """Three executor hosts on loopback for the replicated-topic tests (DESIGN §5 "Replication"):
 a real `tq coordinator` and three `tq executor` processes under one home, each with its own
-data dir (`executor0..2`), a 1 s lease so a killed one's leadership moves fast.
+data dir (`executor0..2`), a 1 s lease so a killed one's leadership moves fast (`hosts=N`
+for another number of them).
 
     hosts = ThreeHosts(processes, tmp_path)
     before = hosts.replicated("kept")              # created with 3 replicas, all in sync
@@ -23,18 +24,19 @@ from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 
 
 class ThreeHosts:
-    """The coordinator and three executors; `options(i)` adds to executor i's command line."""
+    """The coordinator and three executors (or `hosts`); `options(i)` adds to executor i's
+    command line."""
 
     def __init__(self, processes: Processes, home: Path, *,
-                 options: Callable[[int], Sequence[str]] = lambda i: ()) -> None:
+                 options: Callable[[int], Sequence[str]] = lambda i: (), hosts: int = 3) -> None:
         self.home = home
         CoordinatorProcess(processes, home).start()
         self.agents = [processes.python(
             "-m", "querylib.cli", "executor", "--data", str(self.data(i)), "--slots", "1",
             "--lease", "1", "--grace", "1", *options(i), env=tq_env(home), cwd=ROOT,
-            stderr=subprocess.DEVNULL) for i in range(3)]
-        wait_for(lambda: len(set(self.hosts().values())) == 3, timeout=60, interval=0.2,
-                 what="three executors to register")
+            stderr=subprocess.DEVNULL) for i in range(hosts)]
+        wait_for(lambda: len(set(self.hosts().values())) == hosts, timeout=60, interval=0.2,
+                 what=f"{hosts} executors to register")
 
     def data(self, i: int) -> Path:
         return self.home / f"executor{i}"
@@ -69,7 +71,7 @@ class ThreeHosts:
 
     def agent_of(self, broker_id: int) -> subprocess.Popen[Any]:
         """The executor process whose brokers (its own or a shard) include `broker_id`."""
-        (i,) = [i for i in range(3) if broker_id in _broker_ids(self.data(i))]
+        (i,) = [i for i in range(len(self.agents)) if broker_id in broker_ids(self.data(i))]
         return self.agents[i]
 
     def kill(self, broker_id: int) -> None:
@@ -91,7 +93,7 @@ def is_stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def _broker_ids(executor_data: Path) -> set[int]:
+def broker_ids(executor_data: Path) -> set[int]:
     """The broker ids an executor's brokers remember (broker 0's and each shard's)."""
     ids = set()
     for path in [executor_data / "broker.id", *executor_data.glob("broker-*/broker.id")]:

@@ -488,3 +488,34 @@ def test_a_replica_fetch_naming_a_replica_its_principal_does_not_hold_is_refused
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_leader_drained_out_of_the_replicas_fails_its_waits_and_fetches_from_nobody(tmp_path):
+    """A broker decommissioned while up (DESIGN §5 "Decommissioning a broker") is told a role
+    that does not name it: a produce waiting for its high watermark fails as on a deposed
+    leader, and it does not fetch from the new leader (which would refuse it forever)."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link = await producer(cluster.addresses[0])
+            await asyncio.wait_for(produce(link, b"a"), 30)
+            for server in cluster.servers[1:]:
+                server.replication.hold(True)
+            unacked = produce(link, b"b, never acknowledged")
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
+                                 what="the leader appended b")
+            drained = PartitionRole(topic_id=1, partition=0, leader_id=2, leader_epoch=2,
+                                    replicas=(2, 3), isr=(2, 3),
+                                    leader_address=cluster.addresses[1])
+            await cluster.servers[0].replication.set_role("t", 0, drained, broker_id=1)
+            with pytest.raises(TqError) as raised:
+                await asyncio.wait_for(unacked, 30)
+            assert raised.value.kafka_error_code == 6
+            assert all(PID not in f.partitions
+                       for f in cluster.servers[0].replication._fetchers.values())
+            await link.close(clean=False)
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())

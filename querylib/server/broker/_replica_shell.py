@@ -103,8 +103,9 @@ class ReplicaShell:
     async def set_role(self, topic: str, partition: int, role: PartitionRole | None, *,
                        broker_id: int, min_insync: int = 1) -> None:
         """This broker's role (broker `broker_id`) on a replicated partition, as the catalog
-        says (None: the partition has one replica). The partition is opened here if it is not
-        (a replica holds a log); a follower fetches from `role.leader_address`; a follower
+        says (None: the partition has one replica; one not naming it: no replica any more).
+        The partition is opened here if it is not (a replica holds a log); a follower fetches
+        from `role.leader_address`; a follower
         promoted to leader opens its partition again first (it appended its leader's batches
         unjudged: producers' sequences, frontier and end of stream come from its log)."""
         pid = await self._ensure(topic, partition)
@@ -124,7 +125,10 @@ class ReplicaShell:
         if role is None:
             return
         self._roles[pid] = role
-        if not leads:
+        # A role that does not name this broker: it was taken out of the replicas while up
+        # (decommissioned, DESIGN §5 "Decommissioning a broker"). It refuses producers and
+        # subscribers as a follower does, but fetches from nobody: the leader would refuse it.
+        if not leads and broker_id in role.replicas:
             self._follow(pid, role, broker_id)
 
     def _follow(self, pid: PartitionId, role: PartitionRole, broker_id: int) -> None:
