@@ -519,3 +519,47 @@ def test_a_leader_drained_out_of_the_replicas_fails_its_waits_and_fetches_from_n
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_follower_promoted_while_it_appends_reopens_its_log_once_the_append_is_done(
+        tmp_path):
+    """The catalog promotes a follower whose fetcher is writing its log on the pool at that
+    moment: the promotion (which closes the log and opens it again, to learn what the
+    appended batches say) waits for the append instead of closing the log under it (before:
+    it was reopened without the batch the pool went on writing into the old one; or, under
+    load, LogLockedError while the old one was still held)."""
+    import threading
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            log = cluster.log(2)
+            entered, release = threading.Event(), threading.Event()
+            append = log.append_replica
+
+            def slow_append(data: bytes) -> object:
+                entered.set()
+                release.wait(60)
+                return append(data)
+
+            log.append_replica = slow_append  # type: ignore[method-assign]
+            link = await producer(cluster.addresses[0])
+            acked = produce(link, b"v")
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, entered.wait, 30)
+            promote = asyncio.ensure_future(
+                cluster.set_roles_on((2,), leader=2, epoch=2, isr=(1, 2, 3)))
+            for _ in range(20):  # the promotion gets as far as it can without the append
+                await asyncio.sleep(0)
+            assert not promote.done()
+            release.set()
+            await asyncio.wait_for(promote, 30)
+            assert cluster.log(2).log_end_offset == 1  # appended, then reopened with it
+            acked.cancel()
+            await link.close()
+        finally:
+            release.set()
+            await cluster.close()
+
+    asyncio.run(main())

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import Any
 
 from catalog.errors import TqError
 from querylib.broker.messages import EpochEndRequest, ReplicaFetchRequest
@@ -56,6 +57,7 @@ class ReplicaFetcher:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._joining: set[PartitionId] = set()  # to truncate (KIP-279) before fetching
+        self._writing: set[PartitionId] = set()  # whose log a pool thread writes now
 
     @property
     def held(self) -> bool:
@@ -72,10 +74,20 @@ class ReplicaFetcher:
             self._tasks[pid] = asyncio.get_running_loop().create_task(
                 self._run(pid), name=f"replica fetcher of {pid} from {self.address}")
 
-    def unfollow(self, pid: PartitionId) -> None:
-        """Stop fetching `pid`: its task ends once its fetch in flight (at most `max_wait`
-        at the leader) comes back, and appends nothing more."""
+    async def unfollow(self, pid: PartitionId) -> None:
+        """Stop fetching `pid`; returns once nothing of it is under way, so its log may be
+        closed or opened again: a fetch waiting at the leader is abandoned (a dead leader's
+        would wait out the RPC timeout), a write to the log on the pool (an append, a
+        truncation) finishes first (its thread would go on writing a log being closed)."""
         self.partitions.pop(pid, None)
+        task = self._tasks.get(pid)
+        if task is not None:
+            await self._stop(pid, task)
+
+    async def _stop(self, pid: PartitionId, task: asyncio.Task[None]) -> None:
+        if pid not in self._writing:
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     def hold(self, held: bool) -> None:
         """Pause (True) or resume fetching; a fetch in flight when paused appends nothing."""
@@ -85,10 +97,9 @@ class ReplicaFetcher:
             self._resumed.set()
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop every partition's fetching (see `unfollow`) and the link."""
+        self.partitions.clear()
+        await asyncio.gather(*(self._stop(pid, task) for pid, task in list(self._tasks.items())))
         self._tasks.clear()
         if self._client is not None:
             await self._client.close()
@@ -140,18 +151,25 @@ class ReplicaFetcher:
             return  # paused, or its role changed meanwhile: the next fetch tells
         data = b"".join(frames)  # a batch a frame, or one run of them: one copy
         if data:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, log.append_replica, data)
+            await self._write(pid, log.append_replica, data)
         if self.partitions.get(pid) is role:
             self._report(ReplicaAppended(pid, log.log_end_offset, log.durable_end_offset,
                                          reply.high_watermark))
+
+    async def _write(self, pid: PartitionId, write: Callable[[Any], object], arg: Any) -> None:
+        """`write(arg)` to `pid`'s log on the pool; `unfollow` waits for it instead of
+        cancelling the task (the thread would go on regardless)."""
+        self._writing.add(pid)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, write, arg)
+        finally:
+            self._writing.discard(pid)
 
     async def _truncate(self, client: RpcClient, pid: PartitionId, log: PartitionLog) -> None:
         """Truncate a (re)joining follower's log where it parts from the leader's: a tail it
         wrote as an older epoch's leader, never acknowledged, goes (KIP-101/279). Each round
         asks the leader where the follower's latest epoch ended; it ends when both hold the
         epoch answered, so at most once per epoch the follower knows."""
-        loop = asyncio.get_running_loop()
         for _round in range(len(log.leader_epochs.entries)):
             own = log.leader_epochs
             if own.latest_epoch < 0:
@@ -166,6 +184,6 @@ class ReplicaFetcher:
                 logger.info("replica %s: truncating %d..%d (leader %s ended epoch %d at %d)",
                             pid, offset, end, self.address, answer.leader_epoch,
                             answer.end_offset)
-                await loop.run_in_executor(self._executor, log.truncate_to, offset)
+                await self._write(pid, log.truncate_to, offset)
             if final:
                 return

@@ -112,7 +112,7 @@ class ReplicaShell:
         old = self._roles.pop(pid, None)
         fetcher = None if old is None else self._fetchers.get(old.leader_address)
         if fetcher is not None:
-            fetcher.unfollow(pid)
+            await fetcher.unfollow(pid)  # nothing in flight writes its log any more
         leads = role is not None and role.is_leader(broker_id)
         if leads and old is not None and not old.is_leader(broker_id):
             await self._reopen(pid)
