@@ -88,8 +88,29 @@ def test_kept_reads_stay_within_their_bound_least_recently_used_dropped_first(tm
         assert cache.bytes == 3 * size and len(cache) == 3
         cache.put(PID, 0, _read(log, 0, 1 << 20, end))  # bigger than the bound: not kept
         assert cache.get(PID, 0, log, 1 << 20, end) is None
-        assert cache.bytes == 2 * size
+        assert cache.bytes == 3 * size
         cache.forget(PID)
         assert (cache.bytes, len(cache)) == (0, 0)
+    finally:
+        log.close()
+
+
+def test_a_kept_read_much_shorter_than_asked_for_reads_the_disk_instead(tmp_path):
+    """Readers at one offset with little credit and with much do not cut each other's reads
+    down: a one-batch read does not answer a read of a megabyte while more is stored, and
+    both lengths stay kept, each answering its like."""
+    log = _log(tmp_path, batches=10)
+    try:
+        end = log.log_end_offset
+        short, full = _read(log, 0, 1, end), _read(log, 0, 1 << 20, end)
+        cache = ReadCache(1 << 20)
+        cache.put(PID, 0, short)
+        assert cache.get(PID, 0, log, 1 << 20, end) is None
+        assert cache.get(PID, 0, log, 1 << 20, short.next_offset) is short  # all there was
+        assert cache.get(PID, 0, log, 2 * len(short.data), end) is short  # half of it
+        cache.put(PID, 0, full)
+        assert cache.get(PID, 0, log, 1 << 20, end) is full
+        assert cache.get(PID, 0, log, 1, end) is short
+        assert len(cache) == 2 and cache.bytes == len(short.data) + len(full.data)
     finally:
         log.close()
