@@ -17,7 +17,10 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
   every broker process (the executor's and its shards') in cores.
 - scaling_subscribers: one producer and 1, 8 and 64 subscribers of one partition (async
   subscribers, in 4 processes at most); the producer's acknowledged records/s and the
-  records delivered in total per second.
+  records delivered in total per second; the CPU seconds of the broker (while the producer
+  sent, and until every subscriber read everything), the producer and the subscribers, and
+  per delivered record the broker's and the subscribers' (on 2 cores the subscribers'
+  processes take the CPU the broker and the producer would use).
 - scaling_probe_beside_bulk: a probe writing 1,000 records/s (one per millisecond, stamped
   with its creation time) on its own topic, its latency to a subscriber alone and then beside
   a bulk producer and subscriber at full speed on another topic of the same broker; p50 and
@@ -74,12 +77,13 @@ def _producer(address: str, secret: bytes, topic: str, partitions: list[int], ba
     try:
         batch = _batch(n=size)
         queue.put("ready")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for i in range(batches):
             producers[i % len(producers)].send_batch(batch)
         for producer in producers:
             producer.flush()
-        queue.put({"records": batches * size, "seconds": time.perf_counter() - start})
+        queue.put({"records": batches * size, "seconds": time.perf_counter() - start,
+                   "cpu_seconds": time.process_time() - cpu})
     finally:
         for producer in producers:
             producer.close()
@@ -158,12 +162,12 @@ async def _subscribe_all(address: str, secret: bytes, topics: list[str], records
                 seen += len(event.records)
         return seen
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     seen = await asyncio.gather(*(read(sub) for sub in subs))
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     for sub in subs:
         await sub.close()
-    queue.put({"records": sum(seen), "seconds": seconds})
+    queue.put({"records": sum(seen), "seconds": seconds, "cpu_seconds": cpu})
 
 
 def _paced_probe(address: str, secret: bytes, topic: str, seconds: float, queue: Any) -> None:
@@ -508,13 +512,26 @@ def subscribers(batches: int = 2000) -> dict[str, Any]:
             cluster.start(_producer, cluster.address, cluster.secret, topic, [0], batches,
                           BATCH_RECORDS, writer)
             assert cluster.get(writer, 120) == "ready"
+            broker_cpu = _cpu_seconds(cluster.broker.pid)
             produced = cluster.get(writer)
+            broker_cpu_producing = _cpu_seconds(cluster.broker.pid) - broker_cpu
             delivered = [cluster.get(readers) for _ in range(groups)]
+            broker_cpu = _cpu_seconds(cluster.broker.pid) - broker_cpu
+            records = sum(d["records"] for d in delivered)
             figures[f"subscribers_{count}"] = {
                 "producer_records_per_s": round(produced["records"] / produced["seconds"]),
                 "delivered_records_per_s": round(
-                    sum(d["records"] for d in delivered)
-                    / max(max(d["seconds"] for d in delivered), 1e-9))}
+                    records / max(max(d["seconds"] for d in delivered), 1e-9)),
+                # Where the CPU went (seconds; the subscribers' and producer's from when they
+                # started reading or sending): the broker's is the part tq's server controls.
+                "cpu_s": {"broker_while_producing": round(broker_cpu_producing, 2),
+                          "broker": round(broker_cpu, 2),
+                          "producer": round(produced["cpu_seconds"], 2),
+                          "subscribers": round(sum(d["cpu_seconds"] for d in delivered), 2)},
+                "broker_cpu_us_per_delivered_record": round(
+                    broker_cpu / max(records, 1) * 1e6, 4),
+                "subscriber_cpu_us_per_record": round(
+                    sum(d["cpu_seconds"] for d in delivered) / max(records, 1) * 1e6, 4)}
     finally:
         cluster.close()
     one = figures["subscribers_1"]["producer_records_per_s"]

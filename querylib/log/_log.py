@@ -208,6 +208,9 @@ class PartitionLog:
         self.writes_kept = True
         # Leader epoch -> its first offset (`leader-epoch-checkpoint`), loaded by `open`.
         self._epochs = LeaderEpochCache()
+        # How many times `truncate_to` ran: bytes read before one may be gone or replaced, so
+        # whoever keeps a read (the broker's shared reads) keeps this count with it.
+        self.truncations = 0
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None) -> PartitionLog:
@@ -741,6 +744,7 @@ class PartitionLog:
             return self._next_offset
 
     def _truncate_locked(self, offset: int) -> None:
+        self.truncations += 1  # first: a read sampling the count after this sees the change
         bases, segments = self._view
         keep = bisect_right(bases, offset)
         dropped = segments[keep:]

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from querylib.broker import list_partitions
 from querylib.log import LogConfig
@@ -99,14 +100,14 @@ def python() -> str:
 
 
 @contextmanager
-def broker_on_thread(data_dir: str, secret: bytes, config: LogConfig
+def broker_on_thread(data_dir: str, secret: bytes, config: LogConfig, **options: Any
                      ) -> Iterator[tuple[str, BrokerServer]]:
-    """A BrokerServer on a loop of its own thread in this process: its address and itself;
-    closed, and the loop stopped, on exit."""
+    """A BrokerServer (given `options`) on a loop of its own thread in this process: its
+    address and itself; closed, and the loop stopped, on exit."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = BrokerServer(data_dir, secret, log_config=config)
+    server = BrokerServer(data_dir, secret, log_config=config, **options)
     try:
         endpoint = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
         yield endpoint, server

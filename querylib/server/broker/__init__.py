@@ -19,6 +19,7 @@ messages are `querylib.broker`; everything outside this package comes in through
     _door.py        BrokerPort: the in-process door (PortLink sessions, reads, directories)
     _disk.py        partitions on disk, recovery of frontiers
     _appender.py    one partition's ordered appends, group commit, off the event loop
+    _read_cache.py  ReadCache: recent catch-up reads, shared by subscriptions at one offset
     _drop.py        drop_hosted / drop_partitions: a deleted topic's partitions leave
 """
 

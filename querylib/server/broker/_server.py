@@ -152,6 +152,7 @@ from ._events import (
     Unsubscribe,
 )
 from ._frontier import SavedCohort, query_of_cohort
+from ._read_cache import ReadCache, SharedRead
 from ._replica_shell import ReplicaShell
 from ._state import BrokerState
 from ._txn_index import TxnHistory
@@ -208,18 +209,19 @@ def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
     return batches
 
 
-def _read(log: PartitionLog, offset: int, max_bytes: int,
-          end_offset: int) -> tuple[bytes, int, bytes]:
-    """Whole batches from `offset`, the offset after the last of them, and the digest their
-    push is signed with (`payload_digest`: hashed here, on a read thread, not on the loop)."""
+def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> SharedRead:
+    """Whole batches from `offset`, with the offset after the last of them, how many there
+    are and the digest their push is signed with (`payload_digest`: hashed here, on a read
+    thread, not on the loop)."""
+    truncations = log.truncations  # sampled before reading (see ReadCache)
     data = log.read(offset, max_bytes, end_offset=end_offset)
-    pos, last = 0, -1
+    pos, last, batches = 0, -1, 0
     while pos < len(data):
         last = pos
+        batches += 1
         pos += 12 + _LENGTH.unpack_from(data, pos)[1]
-    if last < 0:
-        return data, offset, payload_digest(data)
-    return data, read_header(data, last).next_offset, payload_digest(data)
+    next_offset = offset if last < 0 else read_header(data, last).next_offset
+    return SharedRead(log, truncations, data, next_offset, batches, payload_digest(data))
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -249,10 +251,13 @@ class BrokerServer:
                  rpc_limits: Limits | None = None, max_partitions: int = 10_000,
                  tick_interval: float = 0.1, append_threads: int = 4,
                  read_threads: int = 4, directory: TopicDirectory | None = None,
-                 server_key: bytes | None = None, curve: bool | None = None) -> None:
+                 server_key: bytes | None = None, curve: bool | None = None,
+                 read_cache_bytes: int = 32 * 1024 * 1024) -> None:
         """`server_key`: what its CURVE keypair derives from when it listens beyond loopback
         (the key its runner holds; default: the cluster secret of a master keyring); `curve`
-        forces CURVE on (True) or off (False: a benchmark's baseline) instead."""
+        forces CURVE on (True) or off (False: a benchmark's baseline) instead.
+        `read_cache_bytes`: the most its recent catch-up reads, shared by subscriptions
+        reading at the same offset, may hold (`ReadCache`)."""
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
@@ -284,7 +289,14 @@ class BrokerServer:
         self.endpoint: str | None = None
         # push_digests: payload digests computed for deliveries (one per payload however many
         # subscribers it is pushed to)
-        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0, "push_digests": 0}
+        # log_reads: catch-up reads of the disk; shared_reads: catch-up reads answered by
+        # another's read (kept, or in flight at the same offset) instead
+        self.counters: dict[str, int] = {"delivery_failed": 0, "bugs": 0, "push_digests": 0,
+                                         "log_reads": 0, "shared_reads": 0}
+        self.read_cache = ReadCache(read_cache_bytes)
+        # Catch-up reads of the disk under way, by (partition, offset) -> the reads at the
+        # same offset asked meanwhile, answered by it where it serves them.
+        self._reading: dict[tuple[PartitionId, int], list[Read]] = {}
         # Payloads pushed (or about to be) in this loop iteration -> (payload, its digest, the
         # frame its pushes share or None yet), by identity (the payload is kept, so its id is
         # not reused); emptied when the iteration ends.
@@ -594,6 +606,7 @@ class BrokerServer:
         await future
         loop = asyncio.get_running_loop()
         lane = self._lanes.pop(pid, None)
+        self.read_cache.forget(pid)
         if lane is not None:
             await lane.close()
             await loop.run_in_executor(self._append_pool, lane.log.close)
@@ -813,26 +826,63 @@ class BrokerServer:
             self.counters["delivery_failed"] += 1
 
     def _read(self, instr: Read) -> None:
+        """A subscription's catch-up read: answered by a kept read at the same offset, or by
+        the read of the disk under way there, or by a read of its own (`ReadCache`)."""
         assert self._loop is not None
-        log = self._lanes[instr.partition].log
+        pid, key = instr.partition, (instr.partition, instr.offset)
+        lane = self._lanes.get(pid)
+        if lane is None:  # closed since the core asked: the subscription is gone with it
+            self._feed(ReadFailed(instr.serial, instr.offset, StorageError(
+                f"partition {pid} closed")))
+            return
+        log = lane.log
+        kept = self.read_cache.get(pid, instr.offset, log, instr.max_bytes, instr.end_offset)
+        if kept is not None:
+            # Answered on the loop's next turn, as a read of the disk would be: a subscription
+            # with much credit gets one delivery a turn, not its whole credit's worth in one
+            # (DESIGN §5 "Fair service").
+            self.counters["shared_reads"] += 1
+            self._loop.call_soon(self._read_done, instr, kept)
+            return
+        waiting = self._reading.get(key)
+        if waiting is not None:
+            waiting.append(instr)
+            return
+        self._reading[key] = []
+        self.counters["log_reads"] += 1
         future = self._loop.run_in_executor(self._read_pool, _read, log, instr.offset,
                                             instr.max_bytes, instr.end_offset)
 
-        def done(f: asyncio.Future[tuple[bytes, int, bytes]]) -> None:
+        def done(f: asyncio.Future[SharedRead]) -> None:
+            waiters = self._reading.pop(key, [])
             if f.cancelled():
                 return
             exc = f.exception()
             if exc is not None:
                 if not isinstance(exc, TqError):
-                    logger.error("broker: read of %s failed: %r", instr.partition, exc)
+                    logger.error("broker: read of %s failed: %r", pid, exc)
                 self._feed(ReadFailed(instr.serial, instr.offset, exc))
-            else:
-                data, next_offset, digest = f.result()
-                self.counters["push_digests"] += 1
-                self._remember_digest(data, digest)
-                self._feed(ReadCompleted(instr.serial, instr.offset, data, next_offset))
+                for waiter in waiters:
+                    self._read(waiter)  # each fails (or not) by itself
+                return
+            read = f.result()
+            self.counters["push_digests"] += 1
+            self.read_cache.put(pid, instr.offset, read)
+            self._read_done(instr, read)
+            for waiter in waiters:
+                if read.serves(log, waiter.offset, waiter.max_bytes, waiter.end_offset):
+                    self.counters["shared_reads"] += 1
+                    self._read_done(waiter, read)
+                else:
+                    self._read(waiter)  # it asked for less than this read holds
 
         future.add_done_callback(done)
+
+    def _read_done(self, instr: Read, read: SharedRead) -> None:
+        if read.frame is None:
+            read.frame = self._rpc.shared_payload(read.data)
+        self._remember_digest(read.data, read.digest, read.frame)
+        self._feed(ReadCompleted(instr.serial, instr.offset, read.data, read.next_offset))
 
     # -- requests: one door, for RPC clients and the in-process port ------------------------
 
