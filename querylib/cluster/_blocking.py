@@ -13,6 +13,7 @@ lease run out.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -207,15 +208,7 @@ class Cluster:
         names another leader of partition `partition` of `topic` than its client knows
         (`since` at first: see AsyncCluster.watch_leader); returns the function that ends
         the watch. Both may be called from any thread but this cluster's loop thread."""
-        stop = self._call(self._watch_leader(topic, partition, moved, since))
-
-        def unwatch() -> None:
-            try:
-                self._bridge.soon(stop)
-            except ClientClosedError:  # closed: every watch ended with it
-                pass
-
-        return unwatch
+        return self._later(self._call(self._watch_leader(topic, partition, moved, since)))
 
     async def _watch_leader(self, topic: str, partition: int, moved: Callable[[], None],
                             since: tuple[int, int, int] | None) -> Callable[[], None]:
@@ -225,18 +218,19 @@ class Cluster:
         """Keep following the catalog's leaders while no partition is watched (see
         AsyncCluster.hold_leaders); returns the function that lets go (from any thread but
         this cluster's loop thread)."""
-        release = self._call(self._hold_leaders())
-
-        def let_go() -> None:
-            try:
-                self._bridge.soon(release)
-            except ClientClosedError:  # closed: nothing is followed any more
-                pass
-
-        return let_go
+        return self._later(self._call(self._hold_leaders()))
 
     async def _hold_leaders(self) -> Callable[[], None]:
         return self._async.hold_leaders()
+
+    def _later(self, end: Callable[[], None]) -> Callable[[], None]:
+        """`end` (a function of this cluster's loop) as one any other thread may call: run
+        there soon; nothing once the cluster is closed (which ended everything)."""
+        def call() -> None:
+            with contextlib.suppress(ClientClosedError):
+                self._bridge.soon(end)
+
+        return call
 
     def snapshot(self, *collections: str, timeout: float = 30.0) -> dict[str, Any]:
         """A Snapshot of each collection, read concurrently (see `read_collections`)."""

@@ -10,6 +10,7 @@ from catalog import (
     Executor,
     OpenSession,
     Owner,
+    PrincipalRef,
     Query,
     RegisterBroker,
     RegisterExecutor,
@@ -102,4 +103,27 @@ def create_topic(
         )
     ).created
     assert isinstance(topic, Topic)
+    return topic
+
+
+def hosts(count: int) -> tuple[Catalog, list[Session], list[int]]:
+    """A catalog with `count` executor hosts: their sessions and broker ids."""
+    catalog = Catalog()
+    sessions, brokers = [], []
+    for i in range(count):
+        session, broker, _ = host(catalog, f"host-{i}")
+        sessions.append(session)
+        brokers.append(broker.broker_id)
+    return catalog, sessions, brokers
+
+
+def create_replicated(catalog: Catalog, replicas: tuple[tuple[int, ...], ...],
+                      name: str = "t") -> Topic:
+    """An admin's topic with a partition on each replica set, led by its first broker."""
+    topic = catalog.apply(CreateTopic(
+        name=name, partitions=len(replicas), record_type="bytes", kind=TopicKind.STREAM,
+        owner=PrincipalRef("admin"), locations=tuple(r[0] for r in replicas), at_ms=4,
+        replicas=replicas)).created
+    assert isinstance(topic, Topic)
+    catalog.check_invariants()
     return topic

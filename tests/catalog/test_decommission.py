@@ -16,40 +16,17 @@ from catalog import (
     Catalog,
     CloseSession,
     CorruptCatalogError,
-    CreateTopic,
     DecommissionBroker,
     InvalidCommandError,
     NotAuthorizedError,
     PrincipalRef,
     RegisterBroker,
-    Session,
-    Topic,
-    TopicKind,
     UnknownBrokerError,
     Update,
 )
-from tests.catalog._helpers import add_user, host, open_session
+from tests.catalog._helpers import add_user, create_replicated, hosts, open_session
 
 OWNER = PrincipalRef("admin")
-
-
-def _cluster(hosts: int = 4) -> tuple[Catalog, list[Session], list[int]]:
-    catalog = Catalog()
-    sessions, brokers = [], []
-    for i in range(hosts):
-        session, broker, _ = host(catalog, f"host-{i}")
-        sessions.append(session)
-        brokers.append(broker.broker_id)
-    return catalog, sessions, brokers
-
-
-def _create(catalog: Catalog, replicas: tuple[tuple[int, ...], ...], name: str = "t") -> Topic:
-    topic = catalog.apply(CreateTopic(
-        name=name, partitions=len(replicas), record_type="bytes", kind=TopicKind.STREAM,
-        owner=OWNER, locations=tuple(r[0] for r in replicas), at_ms=4,
-        replicas=replicas)).created
-    assert isinstance(topic, Topic)
-    return topic
 
 
 def _decommission(catalog: Catalog, broker: int, moves: tuple[tuple[int, int, int], ...],
@@ -60,8 +37,8 @@ def _decommission(catalog: Catalog, broker: int, moves: tuple[tuple[int, int, in
 
 
 def test_a_dead_brokers_replicas_move_and_it_is_retired() -> None:
-    catalog, sessions, (a, b, c, d) = _cluster()
-    topic = _create(catalog, ((a, b, c), (b, c, a)))
+    catalog, sessions, (a, b, c, d) = hosts(4)
+    topic = create_replicated(catalog, ((a, b, c), (b, c, a)))
     catalog.apply(CloseSession(session_id=sessions[2].session_id, at_ms=5))  # c's host dies
     assert catalog.topic(topic.topic_id).isr == ((a, b), (b, a))
     _decommission(catalog, c, ((topic.topic_id, 0, d), (topic.topic_id, 1, d)))
@@ -76,8 +53,8 @@ def test_a_dead_brokers_replicas_move_and_it_is_retired() -> None:
 
 
 def test_a_live_leader_is_decommissioned_only_with_force_and_a_leader_is_elected_first() -> None:
-    catalog, _, (a, b, c, d) = _cluster()
-    topic = _create(catalog, ((a, b, c),))
+    catalog, _, (a, b, c, d) = hosts(4)
+    topic = create_replicated(catalog, ((a, b, c),))
     with pytest.raises(BrokerInUseError, match="--force"):
         catalog.apply(DecommissionBroker(broker_id=a, requester="admin",
                                          moves=((topic.topic_id, 0, d),)))
@@ -90,9 +67,9 @@ def test_a_live_leader_is_decommissioned_only_with_force_and_a_leader_is_elected
 
 
 def test_the_only_in_sync_replica_does_not_move_and_the_broker_is_not_retired() -> None:
-    catalog, sessions, (a, b, c, d) = _cluster()
-    topic = _create(catalog, ((a, b),), "offline")
-    kept = _create(catalog, ((c, a),), "kept")
+    catalog, sessions, (a, b, c, d) = hosts(4)
+    topic = create_replicated(catalog, ((a, b),), "offline")
+    kept = create_replicated(catalog, ((c, a),), "kept")
     catalog.apply(CloseSession(session_id=sessions[1].session_id, at_ms=5))  # b leaves the ISR
     catalog.apply(CloseSession(session_id=sessions[0].session_id, at_ms=5))  # a: last in sync
     assert catalog.topic(topic.topic_id).isr == ((a,),)
@@ -110,8 +87,8 @@ def test_the_only_in_sync_replica_does_not_move_and_the_broker_is_not_retired() 
 @pytest.mark.parametrize("why", ["not a replica", "no such partition", "already a replica",
                                  "not registered", "twice"])
 def test_a_move_that_does_not_fit_is_refused_and_changes_nothing(why: str) -> None:
-    catalog, sessions, (a, b, c, d) = _cluster()
-    topic = _create(catalog, ((a, b), (c, a)))
+    catalog, sessions, (a, b, c, d) = hosts(4)
+    topic = create_replicated(catalog, ((a, b), (c, a)))
     catalog.apply(CloseSession(session_id=sessions[1].session_id, at_ms=5))
     moves = {"not a replica": ((topic.topic_id, 1, d),),
              "no such partition": ((topic.topic_id, 5, d),),
@@ -125,7 +102,7 @@ def test_a_move_that_does_not_fit_is_refused_and_changes_nothing(why: str) -> No
 
 
 def test_bad_requests_get_clear_errors() -> None:
-    catalog, sessions, (a, b, _c, _d) = _cluster()
+    catalog, sessions, (a, b, _c, _d) = hosts(4)
     add_user(catalog, "user:alice")
     catalog.apply(CloseSession(session_id=sessions[1].session_id, at_ms=5))
     with pytest.raises(NotAuthorizedError, match="admin"):
@@ -145,7 +122,7 @@ def test_bad_requests_get_clear_errors() -> None:
 
 
 def test_a_retired_id_is_never_registered_again_nor_handed_out() -> None:
-    catalog, sessions, (_a, b, _c, _d) = _cluster()
+    catalog, sessions, (_a, b, _c, _d) = hosts(4)
     catalog.apply(CloseSession(session_id=sessions[1].session_id, at_ms=5))
     _decommission(catalog, b, ())
     session = open_session(catalog, principal="admin")
@@ -160,8 +137,8 @@ def test_a_retired_id_is_never_registered_again_nor_handed_out() -> None:
 
 
 def test_the_invariants_refuse_a_retired_broker_holding_a_replica() -> None:
-    catalog, sessions, (a, b, c, _d) = _cluster()
-    topic = _create(catalog, ((a, c),))
+    catalog, sessions, (a, b, c, _d) = hosts(4)
+    topic = create_replicated(catalog, ((a, c),))
     catalog.apply(CloseSession(session_id=sessions[1].session_id, at_ms=5))
     _decommission(catalog, b, ())
     stored = catalog.topic(topic.topic_id)

@@ -32,29 +32,9 @@ from catalog import (
     UnknownBrokerError,
     Update,
 )
-from tests.catalog._helpers import host
+from tests.catalog._helpers import create_replicated, hosts
 
 OWNER = PrincipalRef("admin")
-
-
-def _cluster(hosts: int = 3) -> tuple[Catalog, list[Session], list[int]]:
-    catalog = Catalog()
-    sessions, brokers = [], []
-    for i in range(hosts):
-        session, broker, _ = host(catalog, f"host-{i}")
-        sessions.append(session)
-        brokers.append(broker.broker_id)
-    return catalog, sessions, brokers
-
-
-def _create(catalog: Catalog, replicas: tuple[tuple[int, ...], ...], name: str = "t") -> Topic:
-    topic = catalog.apply(CreateTopic(
-        name=name, partitions=len(replicas), record_type="bytes", kind=TopicKind.STREAM,
-        owner=OWNER, locations=tuple(r[0] for r in replicas), at_ms=4,
-        replicas=replicas)).created
-    assert isinstance(topic, Topic)
-    catalog.check_invariants()
-    return topic
 
 
 def _alter(catalog: Catalog, session: Session, topic: Topic, partition: int, broker: int,
@@ -71,8 +51,8 @@ def _alter(catalog: Catalog, session: Session, topic: Topic, partition: int, bro
 
 
 def test_a_replicated_topic_starts_with_every_replica_in_sync_at_epoch_zero() -> None:
-    catalog, _, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b, c), (b, c, a)))
+    catalog, _, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b, c), (b, c, a)))
     assert topic.locations == (a, b)
     assert topic.isr == topic.replicas == ((a, b, c), (b, c, a))
     assert topic.leader_epochs == (0, 0) and topic.replication_factor == 3
@@ -86,13 +66,13 @@ def test_a_replicated_topic_starts_with_every_replica_in_sync_at_epoch_zero() ->
     ((1, 2), (1, 2, 3)),  # sets of different sizes
 ])
 def test_replicas_that_cannot_be_placed_are_refused(replicas: tuple[tuple[int, ...], ...]) -> None:
-    catalog, _, _ = _cluster()
+    catalog, _, _ = hosts(3)
     with pytest.raises(InvalidReplicationFactorError):
         catalog.apply(CreateTopic(
             name="t", partitions=len(replicas), record_type="bytes", kind=TopicKind.STREAM,
             owner=OWNER, locations=(1,) * len(replicas), at_ms=4, replicas=replicas))
     with pytest.raises(UnknownBrokerError):
-        _create(catalog, ((1, 99),))
+        create_replicated(catalog, ((1, 99),))
     with pytest.raises(InvalidReplicationFactorError):  # system topics stay unreplicated
         catalog.apply(CreateTopic(
             name="__sys", partitions=1, record_type="bytes", kind=TopicKind.STREAM,
@@ -101,8 +81,8 @@ def test_replicas_that_cannot_be_placed_are_refused(replicas: tuple[tuple[int, .
 
 
 def test_the_invariants_refuse_an_isr_without_its_leader() -> None:
-    catalog, _, (a, b, _c) = _cluster()
-    topic = _create(catalog, ((a, b),))
+    catalog, _, (a, b, _c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b),))
     records = {f: getattr(topic, f) for f in topic.__struct_fields__}
     with pytest.raises(CorruptCatalogError):  # a catalog read back from disk is checked
         Catalog.replay([u for u in catalog.snapshot() if u.collection != "topics"]
@@ -110,8 +90,8 @@ def test_the_invariants_refuse_an_isr_without_its_leader() -> None:
 
 
 def test_a_grown_replicated_topic_gives_its_new_partitions_replicas_too() -> None:
-    catalog, _, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b),))
+    catalog, _, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b),))
     grown = catalog.apply(AlterTopic(topic_id=topic.topic_id, partitions=2, locations=(c,),
                                      replicas=((c, a),), principal="admin")).created
     assert isinstance(grown, Topic)
@@ -124,8 +104,8 @@ def test_a_grown_replicated_topic_gives_its_new_partitions_replicas_too() -> Non
 
 
 def test_the_leader_shrinks_and_grows_its_isr_with_a_compare_and_set() -> None:
-    catalog, sessions, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b, c),))
+    catalog, sessions, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b, c),))
     assert _alter(catalog, sessions[0], topic, 0, a, (a, c)).isr == ((a, c),)
     # Acting on the old view (it still believed b in sync) is refused, and changes nothing.
     with pytest.raises(StaleIsrError):
@@ -135,8 +115,8 @@ def test_the_leader_shrinks_and_grows_its_isr_with_a_compare_and_set() -> None:
 
 
 def test_only_the_leader_at_its_epoch_through_its_own_session_changes_the_isr() -> None:
-    catalog, sessions, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b, c),))
+    catalog, sessions, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b, c),))
     with pytest.raises(NotAuthorizedError):  # another host's session
         _alter(catalog, sessions[1], topic, 0, a, (a, b))
     with pytest.raises(FencedLeaderEpochError):  # a follower
@@ -151,8 +131,8 @@ def test_only_the_leader_at_its_epoch_through_its_own_session_changes_the_isr() 
 
 
 def test_a_leaving_leader_hands_each_partition_to_the_next_in_sync_replica() -> None:
-    catalog, sessions, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b, c), (b, a, c), (c, b, a)))
+    catalog, sessions, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b, c), (b, a, c), (c, b, a)))
     _alter(catalog, sessions[1], topic, 1, b, (b, c))  # a fell behind on partition 1
     catalog.apply(CloseSession(session_id=sessions[0].session_id, at_ms=9))
     catalog.check_invariants()
@@ -164,8 +144,8 @@ def test_a_leaving_leader_hands_each_partition_to_the_next_in_sync_replica() -> 
 
 
 def test_a_partition_with_no_other_in_sync_replica_stays_offline_with_its_leader() -> None:
-    catalog, sessions, (a, b, _c) = _cluster()
-    topic = _create(catalog, ((a, b),))
+    catalog, sessions, (a, b, _c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b),))
     _alter(catalog, sessions[0], topic, 0, a, (a,))  # b fell behind
     catalog.apply(CloseSession(session_id=sessions[0].session_id, at_ms=9))
     kept = catalog.topic(topic.topic_id)
@@ -174,11 +154,11 @@ def test_a_partition_with_no_other_in_sync_replica_stays_offline_with_its_leader
 
 
 def test_a_broker_removed_cleanly_leaves_its_isrs_too() -> None:
-    catalog, sessions, (a,) = _cluster(1)
+    catalog, sessions, (a,) = hosts(1)
     extra = catalog.apply(RegisterBroker(host="host-x", address="tcp://host-x:7411",
                                          session_id=sessions[0].session_id)).created
     assert isinstance(extra, Broker)
-    topic = _create(catalog, ((extra.broker_id, a),))
+    topic = create_replicated(catalog, ((extra.broker_id, a),))
     catalog.apply(RemoveBroker(broker_id=extra.broker_id))
     catalog.check_invariants()
     moved = catalog.topic(topic.topic_id)
@@ -186,8 +166,8 @@ def test_a_broker_removed_cleanly_leaves_its_isrs_too() -> None:
 
 
 def test_deleting_a_replicated_topic_drops_it_on_every_replica() -> None:
-    catalog, _, (a, b, c) = _cluster()
-    topic = _create(catalog, ((a, b), (b, c)))
+    catalog, _, (a, b, c) = hosts(3)
+    topic = create_replicated(catalog, ((a, b), (b, c)))
     catalog.apply(DeleteTopic(topic_id=topic.topic_id, requester=OWNER, principal="admin"))
     drops = {d.broker_id: d.partitions for d in catalog.pending_drops()}
     assert drops == {a: (0,), b: (0, 1), c: (1,)}
