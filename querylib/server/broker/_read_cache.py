@@ -23,15 +23,20 @@ Must not: read the disk, hash, or decide what a subscription is sent (the core d
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from querylib.log import PartitionLog
+from querylib.records import read_header
+from querylib.rpc import payload_digest
 
 from ._events import PartitionId
 
-__all__ = ["PER_OFFSET", "ReadCache", "SharedRead"]
+__all__ = ["PER_OFFSET", "ReadCache", "SharedRead", "read_shared"]
+
+_LENGTH = struct.Struct(">qi")  # a batch's baseOffset, batchLength
 
 PER_OFFSET = 3  # reads of different lengths kept at one offset
 
@@ -107,3 +112,18 @@ class ReadCache:
         """Drop every read of partition `pid` (it closed)."""
         for key in [k for k in self._reads if k[0] == pid]:
             self.bytes -= sum(len(r.data) for r in self._reads.pop(key))
+
+
+def read_shared(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> SharedRead:
+    """A catch-up read on a read thread: whole batches from `offset`, with the offset after
+    the last of them, how many there are and the digest their push is signed with
+    (`payload_digest`: hashed here, not on the loop)."""
+    truncations = log.truncations  # sampled before reading (see ReadCache)
+    data = log.read(offset, max_bytes, end_offset=end_offset)
+    pos, last, batches = 0, -1, 0
+    while pos < len(data):
+        last = pos
+        batches += 1
+        pos += 12 + _LENGTH.unpack_from(data, pos)[1]
+    next_offset = offset if last < 0 else read_header(data, last).next_offset
+    return SharedRead(log, truncations, data, next_offset, batches, payload_digest(data))

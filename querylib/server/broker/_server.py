@@ -79,7 +79,7 @@ from querylib.broker.messages import (
 from querylib.driver import Driver
 from querylib.errors import OffsetOutOfRangeError
 from querylib.log import FlushPolicy, LogConfig, PartitionLog, appended_batch
-from querylib.records import SplitBatch, read_header
+from querylib.records import SplitBatch
 from querylib.rpc import (
     BROKER,
     AddressError,
@@ -152,7 +152,7 @@ from ._events import (
     Unsubscribe,
 )
 from ._frontier import SavedCohort, query_of_cohort
-from ._read_cache import ReadCache, SharedRead
+from ._read_cache import ReadCache, SharedRead, read_shared
 from ._replica_shell import ReplicaShell
 from ._state import BrokerState
 from ._txn_index import TxnHistory
@@ -207,21 +207,6 @@ def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
         raise BrokerProtocolError(f"a produce of batches does not hold the {count} whole "
                                   f"batches it names ({end} bytes)")
     return batches
-
-
-def _read(log: PartitionLog, offset: int, max_bytes: int, end_offset: int) -> SharedRead:
-    """Whole batches from `offset`, with the offset after the last of them, how many there
-    are and the digest their push is signed with (`payload_digest`: hashed here, on a read
-    thread, not on the loop)."""
-    truncations = log.truncations  # sampled before reading (see ReadCache)
-    data = log.read(offset, max_bytes, end_offset=end_offset)
-    pos, last, batches = 0, -1, 0
-    while pos < len(data):
-        last = pos
-        batches += 1
-        pos += 12 + _LENGTH.unpack_from(data, pos)[1]
-    next_offset = offset if last < 0 else read_header(data, last).next_offset
-    return SharedRead(log, truncations, data, next_offset, batches, payload_digest(data))
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
@@ -850,7 +835,7 @@ class BrokerServer:
             return
         self._reading[key] = []
         self.counters["log_reads"] += 1
-        future = self._loop.run_in_executor(self._read_pool, _read, log, instr.offset,
+        future = self._loop.run_in_executor(self._read_pool, read_shared, log, instr.offset,
                                             instr.max_bytes, instr.end_offset)
 
         def done(f: asyncio.Future[SharedRead]) -> None:
