@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from querylib.broker._stream import encode_records
 from querylib.log import PartitionLog
-from querylib.server.broker._read_cache import ReadCache
-from querylib.server.broker._server import _read
+from querylib.server.broker._read_cache import ReadCache, read_shared
 
 PID = ("t", 0)
 
@@ -23,7 +22,7 @@ def test_a_kept_read_answers_a_read_the_log_would_answer_the_same(tmp_path):
     log = _log(tmp_path)
     try:
         end = log.log_end_offset
-        read = _read(log, 0, 1 << 20, end)
+        read = read_shared(log, 0, 1 << 20, end)
         assert (read.batches, read.next_offset) == (5, 5)
         cache = ReadCache(1 << 20)
         cache.put(PID, 0, read)
@@ -45,7 +44,7 @@ def test_a_kept_read_answers_a_read_the_log_would_answer_the_same(tmp_path):
 def test_a_kept_read_of_one_batch_answers_any_size_as_the_log_does(tmp_path):
     log = _log(tmp_path)
     try:
-        read = _read(log, 2, 1, log.log_end_offset)
+        read = read_shared(log, 2, 1, log.log_end_offset)
         assert (read.batches, read.next_offset) == (1, 3)
         cache = ReadCache(1 << 20)
         cache.put(PID, 2, read)
@@ -59,15 +58,15 @@ def test_truncation_and_deleted_records_void_kept_reads(tmp_path):
     try:
         end = log.log_end_offset
         cache = ReadCache(1 << 20)
-        cache.put(PID, 0, _read(log, 0, 1 << 20, end))
-        cache.put(PID, 4, _read(log, 4, 1 << 20, end))
+        cache.put(PID, 0, read_shared(log, 0, 1 << 20, end))
+        cache.put(PID, 4, read_shared(log, 4, 1 << 20, end))
         log.delete_records(3)
         assert cache.get(PID, 0, log, 1 << 20, end) is None  # below the log start now
         assert cache.get(PID, 4, log, 1 << 20, end) is not None
         log.truncate_to(4)
         log.append(encode_records([(None, b"other", (), 0, None)]))
         assert cache.get(PID, 4, log, 1 << 20, end) is None  # offset 4 holds other bytes
-        assert _read(log, 4, 1 << 20, end).data != b""
+        assert read_shared(log, 4, 1 << 20, end).data != b""
     finally:
         log.close()
 
@@ -76,7 +75,7 @@ def test_kept_reads_stay_within_their_bound_least_recently_used_dropped_first(tm
     log = _log(tmp_path, batches=10)
     try:
         end = log.log_end_offset
-        reads = [_read(log, i, 1, end) for i in range(10)]  # one batch each
+        reads = [read_shared(log, i, 1, end) for i in range(10)]  # one batch each
         size = len(reads[0].data)
         cache = ReadCache(3 * size)
         for i in range(3):
@@ -86,7 +85,7 @@ def test_kept_reads_stay_within_their_bound_least_recently_used_dropped_first(tm
         assert cache.get(PID, 1, log, 1, end) is None  # the least recently used went
         assert [cache.get(PID, i, log, 1, end) is not None for i in (0, 2, 3)] == [True] * 3
         assert cache.bytes == 3 * size and len(cache) == 3
-        cache.put(PID, 0, _read(log, 0, 1 << 20, end))  # bigger than the bound: not kept
+        cache.put(PID, 0, read_shared(log, 0, 1 << 20, end))  # bigger than the bound: not kept
         assert cache.get(PID, 0, log, 1 << 20, end) is None
         assert cache.bytes == 3 * size
         cache.forget(PID)
@@ -102,7 +101,7 @@ def test_a_kept_read_much_shorter_than_asked_for_reads_the_disk_instead(tmp_path
     log = _log(tmp_path, batches=10)
     try:
         end = log.log_end_offset
-        short, full = _read(log, 0, 1, end), _read(log, 0, 1 << 20, end)
+        short, full = read_shared(log, 0, 1, end), read_shared(log, 0, 1 << 20, end)
         cache = ReadCache(1 << 20)
         cache.put(PID, 0, short)
         assert cache.get(PID, 0, log, 1 << 20, end) is None
