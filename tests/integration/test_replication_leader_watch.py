@@ -137,12 +137,19 @@ def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
     wait_for(lambda: (p := hosts.partition("kept", 1)) and p["isr"] == p["replicas"],
              timeout=60, interval=0.2, what="partition 1's replicas in sync")
     patient = ("--broker-lease", str(HOURS), "--timeout", str(HOURS))
+    errors = {name: (tmp_path / f"{name}.err").open("w") for name in ("consume", "produce")}
+
+    def said(name: str) -> str:
+        return f"tq {name} failed: {(tmp_path / f'{name}.err').read_text()[-2000:]}"
+
     consumer = processes.python("-m", "querylib.cli", "consume", "kept", "--follow", "--json",
                                 *patient, env=tq_env(tmp_path), cwd=ROOT, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=errors["consume"])
     producer = processes.python("-m", "querylib.cli", "produce", "kept", *patient,
                                 env=tq_env(tmp_path), cwd=ROOT, text=True,
-                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                stdin=subprocess.PIPE, stderr=errors["produce"])
+    for file in errors.values():
+        file.close()  # the children hold their own descriptors
     assert consumer.stdout is not None and producer.stdin is not None
     printed: list[dict] = []
     reading = threading.Thread(target=lambda: printed.extend(
@@ -163,8 +170,8 @@ def test_tq_produce_and_consume_follow_a_leader_the_catalog_moved(
     for i in range(20):
         producer.stdin.write(f"b{i}\n")
     producer.stdin.close()  # tq produce flushes, ends each partition's stream and exits
-    assert producer.wait(timeout=120) == 0
-    assert consumer.wait(timeout=120) == 0  # every partition's end of stream was read
+    assert producer.wait(timeout=120) == 0, said("produce")
+    assert consumer.wait(timeout=120) == 0, said("consume")  # every end of stream was read
     reading.join(timeout=10)
     assert is_stopped(stopped.pid)  # answered by the new leader while the old one is stopped
     assert hosts.partition("kept")["broker"] != before["broker"]  # type: ignore[index]

@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from catalog.errors import StorageError, TqError, UnknownTopicError, UserError
+from querylib._keyed_lock import KeyedLock
 from querylib._memory import keep_freed_memory
 from querylib.broker._errors import (
     BrokerClosedError,
@@ -262,7 +263,7 @@ class BrokerServer:
         # metrics read them; two additions per batch)
         self.traffic: dict[PartitionId, list[int]] = {}
         self._savers: dict[PartitionId, CohortSaver] = {}
-        self._opening: dict[PartitionId, asyncio.Lock] = {}
+        self._opening: KeyedLock[PartitionId] = KeyedLock()
         # The topic incarnation each open partition's directory records (None: none).
         self._incarnations: dict[PartitionId, Incarnation | None] = {}
         self._peers: dict[str, bytes] = {}  # broker session -> ROUTER identity of its client
@@ -422,13 +423,10 @@ class BrokerServer:
         came, without judging them, so what they say (producers' sequences, the frontier, the
         end of stream, open transactions, cohorts) is learnt from its log, as on a restart,
         before it leads. The partition serves nobody as a follower, so nothing is in flight."""
-        lock = self._opening.setdefault(pid, asyncio.Lock())
-        async with lock:
-            self._opening[pid] = lock
+        async with self._opening.hold(pid):
             incarnation = self._incarnations.get(pid)
             await self._forget(pid, lambda: None)
             await self._open(pid, incarnation)
-        self._opening.pop(pid, None)
 
     # -- what BrokerPort and the executor use ---------------------------------------------------
 
@@ -517,9 +515,7 @@ class BrokerServer:
             # (One being opened, a promoted follower's opened again, is waited for below.)
             raise UnknownPartitionError(f"this broker has no partition {partition} of topic "
                                         f"{topic!r}")
-        lock = self._opening.setdefault(pid, asyncio.Lock())
-        async with lock:
-            self._opening[pid] = lock  # an open that held it before us may have let it go
+        async with self._opening.hold(pid):
             if pid in self.state.partitions and incarnation is not None:
                 await self._check_incarnation(pid, incarnation)
             if pid not in self.state.partitions:
@@ -530,7 +526,6 @@ class BrokerServer:
                     raise UserError(f"this broker hosts its maximum of {self.max_partitions} "
                                     "partitions")
                 await self._open(pid, incarnation)
-        self._opening.pop(pid, None)
         return pid
 
     async def _may_create(self, topic: str, partition: int) -> None:
@@ -547,12 +542,9 @@ class BrokerServer:
     async def _settle_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """Check an open partition against the incarnation a writer names, under its opening
         lock (it may be set aside: then it is no longer hosted)."""
-        lock = self._opening.setdefault(pid, asyncio.Lock())
-        async with lock:
-            self._opening[pid] = lock
+        async with self._opening.hold(pid):
             if pid in self.state.partitions:
                 await self._check_incarnation(pid, incarnation)
-        self._opening.pop(pid, None)
 
     async def _check_incarnation(self, pid: PartitionId, incarnation: Incarnation) -> None:
         """An open partition asked for as `incarnation` (under its opening lock): take it as
@@ -578,9 +570,7 @@ class BrokerServer:
         pid = validate_partition(topic, partition)
         # Under the partition's opening lock: an open asked for meanwhile (the topic created
         # again) waits and then finds no directory, so a new topic never sees old records.
-        lock = self._opening.setdefault(pid, asyncio.Lock())
-        async with lock:
-            self._opening[pid] = lock  # an open that held it before us may have let it go
+        async with self._opening.hold(pid):
             await self._forget(pid, lambda: remove_partition_dir(self.data_dir, pid))
 
     async def _forget(self, pid: PartitionId, then: Callable[[], object]) -> None:

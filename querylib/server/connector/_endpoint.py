@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from catalog.errors import TqError, UserError
+from querylib._keyed_lock import KeyedLock
 from querylib._tcp import Connection, TcpListener
 from querylib.broker import UnknownPartitionError
 from querylib.connector._dialect import Dialect
@@ -123,7 +124,7 @@ class ConnectorEndpoint:
             "append_failures": 0, "streams_refused": 0, "fenced": 0}
         self._peers: set[PeerConnection] = set()
         self._live: dict[tuple[str, str], PeerConnection] = {}
-        self._admitting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._admitting: KeyedLock[tuple[str, str]] = KeyedLock()
         self._tcp: TcpListener | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.address: tuple[str, int] | None = None
@@ -204,8 +205,7 @@ class ConnectorEndpoint:
     async def admit(self, peer: PeerConnection, key: tuple[str, str]) -> dict[int, int | None]:
         """Make `peer` the live connection of (program, instance); return where each stream
         this instance has history of stands (checked against the data)."""
-        lock = self._admitting.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._admitting.hold(key):
             old = self._live.get(key)
             if old is not None and old is not peer:
                 self.counters["fenced"] += 1
@@ -222,7 +222,6 @@ class ConnectorEndpoint:
     def release(self, peer: PeerConnection) -> None:
         if peer.instance is not None and self._live.get(peer.instance) is peer:
             del self._live[peer.instance]
-            self._admitting.pop(peer.instance, None)
         for sink in peer.sinks.values():
             self.store.touch(sink.key)
 

@@ -106,3 +106,62 @@ def test_a_directory_recording_no_topic_is_taken_as_the_one_asked_for(tmp_path):
 
     asyncio.run(scenario())
     assert json.loads((tmp_path / "x-0" / "topic.json").read_text())["topic_id"] == 7
+
+
+def test_writers_naming_an_incarnation_record_it_one_at_a_time(tmp_path, monkeypatch):
+    """A partition reopened (a promoted follower) while a subscriber naming its incarnation
+    waits for it; in the loop turn the reopen ends, a second writer arrives. Seen on main:
+    both wrote topic.json through the same temporary file at once, and one failed
+    (FileNotFoundError renaming topic.json.tmp)."""
+    import threading
+
+    from querylib.server.broker import _server
+
+    writing = [0]
+    most = [0]
+    guard = threading.Lock()
+    real_write = _server.write_incarnation
+
+    def write(*args):
+        with guard:
+            writing[0] += 1
+            most[0] = max(most[0], writing[0])
+        try:
+            real_write(*args)
+        finally:
+            with guard:
+                writing[0] -= 1
+
+    monkeypatch.setattr(_server, "write_incarnation", write)
+
+    async def scenario() -> None:
+        server = BrokerServer(tmp_path, SECRET, log_config=LogConfig())
+        await server.start("tcp://127.0.0.1:0")
+        try:
+            pid = await server.ensure_partition("x", 0, create=True)  # no catalog
+            real_open = server._open
+            arrive = asyncio.Event()
+
+            async def reopened(*args):
+                await real_open(*args)
+                arrive.set()  # the late writer's wake-up is queued before the waiter's
+
+            server._open = reopened  # type: ignore[method-assign]
+
+            async def late() -> None:
+                await arrive.wait()
+                await server.ensure_partition("x", 0, create=True, topic_id=7,
+                                              topic_created_ms=70)
+
+            reopen = asyncio.create_task(server._reopen(pid))
+            later = asyncio.create_task(late())
+            await asyncio.sleep(0)
+            waiting = asyncio.create_task(server.ensure_partition(
+                "x", 0, create=True, topic_id=7, topic_created_ms=70))
+            await asyncio.gather(reopen, later, waiting)
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+    assert most[0] == 1
+    assert json.loads((tmp_path / "x-0" / "topic.json").read_text())["topic_id"] == 7
