@@ -80,6 +80,7 @@ class ClusterTopics:
         self.secret = found.secret
         self.secret_file = found.secret_file
         self.timeout = location.timeout
+        self.lease = location.lease
         try:
             self.cluster = Cluster(found.address, found.secret, session=False, source=found.source,
                                    timeout=self.timeout, connect_timeout=self.timeout)
@@ -147,7 +148,7 @@ class ClusterTopics:
         return PartitionPlace(address, self.secret_file, self.timeout,
                               (info.topic.created_at_ms, info.topic.topic_id),
                               info.broker_keys.get(broker_id, ""), self.coordinator,
-                              bool(info.topic.replicas))
+                              bool(info.topic.replicas), self.lease)
 
     def offset_range(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, durable log end); (0, 0) for a partition no one has written yet."""

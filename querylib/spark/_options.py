@@ -58,7 +58,7 @@ EARLIEST = -2  # Kafka's sentinels in JSON offset maps
 LATEST = -1
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 
-_LOCATION_OPTIONS = ("path", "datadir", "coordinator", "secretfile", "timeout")
+_LOCATION_OPTIONS = ("path", "datadir", "coordinator", "secretfile", "timeout", "brokerlease")
 _READ_OPTIONS = frozenset((
     "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
     "maxoffsetspertrigger", "maxrecordsperpartition", "minpartitions", "failondataloss",
@@ -79,6 +79,8 @@ class Location:
     coordinator: str | None = None
     secret_file: str | None = None
     timeout: float = 30.0
+    # How long a task's broker may be silent before it is presumed gone (querylib's default).
+    lease: float = 10.0
 
     def describe(self) -> str:
         return f"data dir {self.data_dir}" if self.data_dir else (
@@ -293,13 +295,20 @@ def _location(options: Mapping[str, str]) -> Location:
     if data_dir and coordinator:
         raise BadOptionError("give either path/dataDir (a local data dir) or coordinator, "
                              "not both")
-    timeout = options.get("timeout", "30")
+    return Location(data_dir=data_dir or None, coordinator=coordinator or None,
+                    secret_file=options.get("secretfile") or None,
+                    timeout=_seconds(options, "timeout", "30", 3600),
+                    lease=_seconds(options, "brokerlease", "10", 86400))
+
+
+def _seconds(options: Mapping[str, str], key: str, default: str, most: int) -> float:
+    text = options.get(key, default)
     try:
-        seconds = float(timeout)
+        seconds = float(text)
     except ValueError:
         seconds = 0.0
-    if not 0 < seconds <= 3600:
-        raise BadOptionError(f"option timeout: {timeout[:40]!r} is not a number of seconds in "
-                             "(0, 3600]")
-    return Location(data_dir=data_dir or None, coordinator=coordinator or None,
-                    secret_file=options.get("secretfile") or None, timeout=seconds)
+    if not 0 < seconds <= most:  # NaN fails too
+        name = "brokerLease" if key == "brokerlease" else key
+        raise BadOptionError(f"option {name}: {text[:40]!r} is not a number of seconds in "
+                             f"(0, {most}]")
+    return seconds

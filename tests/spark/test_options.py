@@ -75,6 +75,10 @@ def test_stream_limits() -> None:
     ({"subscribe": "a", "startingOffset": "latest"}, False, "unknown option 'startingoffset'"),
     ({"subscribe": "a", "path": "/d", "coordinator": "tcp://h:1"}, False, "not both"),
     ({"subscribe": "a", "path": "/d", "dataDir": "/e"}, False, "different directories"),
+    ({"subscribe": "a", "timeout": "0"}, False, r"option timeout: '0' is not a number of "
+                                                r"seconds in \(0, 3600\]"),
+    ({"subscribe": "a", "brokerLease": "nan"}, False, "option brokerLease: 'nan' is not"),
+    ({"subscribe": "a", "brokerLease": "-1"}, False, r"seconds in \(0, 86400\]"),
 ])
 def test_bad_options_say_what_to_do(options: dict, streaming: bool, says: str) -> None:
     with pytest.raises(BadOptionError, match=says) as info:
@@ -87,6 +91,13 @@ def test_bad_topic_names_are_user_errors() -> None:
         read(subscribe="a b")
     with pytest.raises(InvalidTopicNameError):
         parse_write_options({"topic": "x/y"})
+
+
+def test_timeout_and_broker_lease() -> None:
+    assert read(subscribe="a").location == Location(timeout=30.0, lease=10.0)
+    opts = read(subscribe="a", coordinator="tcp://h:1", timeout="5", brokerLease="3600")
+    assert (opts.location.timeout, opts.location.lease) == (5.0, 3600.0)
+    assert parse_write_options({"topic": "t", "BROKERLEASE": "2.5"}).location.lease == 2.5
 
 
 def test_write_options() -> None:

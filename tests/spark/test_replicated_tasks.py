@@ -9,7 +9,6 @@ the place.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -26,21 +25,24 @@ from querylib.spark._cluster import (
     broker_read,
     open_producer,
 )
-from querylib.spark._options import Location
+from querylib.spark._options import parse_read_options
 from tests.conftest import Processes, wait_for
 from tests.integration._three_hosts import ThreeHosts, is_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
 
-HOURS = 4 * 3600.0  # a silent broker's tasks' lease and timeout in the SIGSTOP proof
+HOURS = 4 * 3600.0  # a silent broker's tasks' lease in the SIGSTOP proof (their timeout: an hour)
 
 
-def _plan(home: Path, topic: str) -> PartitionPlace:
-    """Partition 0's place, as the driver plans it: the leader of now."""
+def _plan(home: Path, topic: str, **options: str) -> PartitionPlace:
+    """Partition 0's place, as the driver plans it (with the source's `options`, e.g.
+    timeout and brokerLease): the leader of now."""
     info = json.loads((home / "cluster.json").read_text())
-    topics = ClusterTopics(Location(coordinator=info["coordinator"],
-                                    secret_file=info["secret_file"], timeout=30))
+    location = parse_read_options({"subscribe": topic, "coordinator": info["coordinator"],
+                                   "secretFile": info["secret_file"], "timeout": "30",
+                                   **options}, streaming=False).location
+    topics = ClusterTopics(location)
     try:
         return topics.place(topic, 0)
     finally:
@@ -76,13 +78,14 @@ def test_spark_tasks_follow_the_leader_of_a_replicated_topic(processes: Processe
 
 def test_spark_tasks_follow_a_leader_the_catalog_moved_while_the_old_one_is_silent(
         processes: Processes, tmp_path: Path) -> None:
-    """A reading and a writing task, their broker lease and timeout hours long: the leader's
-    executor is SIGSTOPped (its sockets open, answering nothing); both go on at the new
-    leader the catalog names while the old one is still stopped: the catalog's word, not
-    their lease, moved them."""
+    """A reading and a writing task, their broker lease (option brokerLease) hours long and
+    their timeout an hour: the leader's executor is SIGSTOPped (its sockets open, answering
+    nothing); both go on at the new leader the catalog names while the old one is still
+    stopped: the catalog's word, not their lease, moved them."""
     hosts = ThreeHosts(processes, tmp_path)
     before = hosts.replicated("silent")
-    place = dataclasses.replace(_plan(tmp_path, "silent"), lease=HOURS, timeout=HOURS)
+    place = _plan(tmp_path, "silent", timeout="3600", brokerLease=str(HOURS))
+    assert (place.lease, place.timeout) == (HOURS, 3600.0)
     values: list[bytes] = []
 
     def read() -> None:
