@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from querylib.cli._args import seconds
+
 if TYPE_CHECKING:
     from querylib.kafka import ListenerLimits
     from querylib.server.connector import EndpointConfig
@@ -276,7 +278,7 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--credentials", "--secret-file", dest="secret_file", metavar="FILE",
                         help="who you are: a credential file from `tq user add`, or the cluster "
                         "secret (default $TQ_CREDENTIALS, else $TQ_HOME/secret)")
-    parser.add_argument("--timeout", type=float, default=30.0,
+    parser.add_argument("--timeout", type=seconds, default=30.0,
                         help="seconds to wait for the broker (default 30)")
 
 

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from querylib.cli._args import seconds
+
 COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
                     "subscriptions", "drops", "users", "tokens", "homes", "counters")
 
@@ -34,7 +36,7 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, timeout: float = 10.
                         "cluster secret (its holder is the admin); default $TQ_CREDENTIALS, "
                         "else the secret file cluster.json names, else $TQ_HOME/secret")
     add_coordinator_key_option(parser)
-    parser.add_argument("--timeout", type=float, default=timeout,
+    parser.add_argument("--timeout", type=seconds, default=timeout,
                         help=f"seconds to wait for {waits_for} (default {timeout:g})")
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import UserError
+from querylib.cli._args import seconds, seconds_or_zero
 from querylib.cli._catalog import add_cluster_options, connect
 from querylib.cli._records_text import (
     FORMAT_HELP,
@@ -63,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="stop after N records")
     consume.add_argument("--follow", action="store_true",
                          help="keep printing new records until end-of-stream")
-    consume.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+    consume.add_argument("--wait", type=seconds_or_zero, default=0.0, metavar="SECONDS",
                          help="wait this long for a topic that does not exist yet (default 0)")
     consume.add_argument("--json", action="store_true",
                          help="one JSON object per line: partition, offset, timestamp, time, "
@@ -91,7 +92,7 @@ def add_topic_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", metavar="ADDR",
                         help="talk to this standalone broker directly, e.g. "
                         "tcp://127.0.0.1:7500 (no coordinator)")
-    parser.add_argument("--broker-lease", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--broker-lease", type=seconds, default=10.0, metavar="SECONDS",
                         help="how long a broker may be silent before it is presumed gone "
                         "and looked for again (default 10; a replicated topic's moved "
                         "leader is followed at once, from the catalog)")

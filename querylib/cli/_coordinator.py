@@ -16,6 +16,7 @@ import logging
 import sys
 from typing import Any
 
+from querylib.cli._args import seconds
 from querylib.cli._broker import add_kafka_options, kafka_config
 from querylib.cli._console import add_console_options, console_line, start_console
 
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: the address of this host's name)")
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
-    parser.add_argument("--recovery-lease", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--recovery-lease", type=seconds, default=10.0, metavar="SECONDS",
                         help="after a restart, how long sessions have to come back before "
                         "they expire (default 10)")
     parser.add_argument("--checkpoint-updates", type=int, default=4096, metavar="N",
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one that finds another active waits as a standby)")
     parser.add_argument("--cluster-name", default="tq", metavar="NAME",
                         help="with --etcd: the cluster's keys are under /tq/NAME/ (default tq)")
-    parser.add_argument("--active-lease", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--active-lease", type=seconds, default=5.0, metavar="SECONDS",
                         help="with --etcd: the active coordinator's etcd lease; a standby "
                         "takes over within it of the active one's death (default 5)")
     add_kafka_options(parser, default_port=0)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from querylib.cli._args import seconds
+
 _PIPE_EVERY = 2.0  # seconds between progress lines when the output is not a terminal
 _WINDOWS_SHOWN = 4
 
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "(default 400)")
     demo.add_argument("--window", type=int, default=1,
                       help="counting window, seconds of event time (default 1)")
-    demo.add_argument("--timeout", type=float, default=900.0,
+    demo.add_argument("--timeout", type=seconds, default=900.0,
                       help="give up after this many seconds (default 900)")
     demo.add_argument("--listen", help="coordinator endpoint (default: tq up's, "
                       "tcp://127.0.0.1:7400, or free ports when those are taken)")

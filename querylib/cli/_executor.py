@@ -26,6 +26,7 @@ import signal
 import sys
 from typing import Any
 
+from querylib.cli._args import seconds, seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,
@@ -74,9 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the address other hosts reach this host at, registered for its "
                         "brokers (and its Kafka listener) when they listen on 0.0.0.0 "
                         "(default: this host's address towards the coordinator)")
-    parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=seconds_or_zero, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
-    parser.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--lease", type=seconds, default=10.0, metavar="SECONDS",
                         help="session lease: unheard by the coordinator this long, the agent "
                         "kills its processes and rejoins with a new session (default 10)")
     add_connector_options(parser, default_port=None)

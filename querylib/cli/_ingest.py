@@ -15,6 +15,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from querylib.cli._args import seconds
+
 if TYPE_CHECKING:
     import ssl
 
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="speak TLS to the endpoint, trusting the certificates in FILE (PEM)")
     p.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret)")
     p.add_argument("--no-end", action="store_true", help="do not end the stream at end of input")
-    p.add_argument("--timeout", type=float, default=30.0,
+    p.add_argument("--timeout", type=seconds, default=30.0,
                    help="seconds without an answer before reconnecting (default 30)")
     p.set_defaults(func=_ingest)
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from querylib.cli._args import seconds
 from querylib.cli._catalog import add_cluster_options, connect, describe, human_bytes
 
 
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: tq kill clicks")
     kill.add_argument("query", help="the query's id or name (a name: its newest query)")
     kill.add_argument("--reason", default="killed by tq kill")
-    kill.add_argument("--wait-timeout", type=float, default=60.0, metavar="SECONDS",
+    kill.add_argument("--wait-timeout", type=seconds, default=60.0, metavar="SECONDS",
                       help="how long to wait for the processes to be gone (default 60)")
     add_cluster_options(kill)
     kill.set_defaults(func=_kill)

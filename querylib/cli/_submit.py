@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from querylib.cli._args import seconds
 from querylib.cli._catalog import add_cluster_options, connect
 
 
@@ -44,7 +45,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="print the query's output until it ends; exit 0 if it "
                         "finished, 1 if not, 130 on Ctrl-C (the query runs on)")
-    parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
+    parser.add_argument("--start-timeout", type=seconds, metavar="SECONDS",
                         help="fail the query unless every process has started this long "
                         "after submission, waiting for free slots included (default: the "
                         "coordinator's, 60)")

@@ -27,6 +27,7 @@ import os
 import sys
 from typing import Any
 
+from querylib.cli._args import seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,
@@ -63,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(a slot runs one query process; default: 4 per core, at least 8)")
     parser.add_argument("--brokers", type=int, metavar="N", help="the executor's brokers, one "
                         "process each, its partitions spread over them (default: one per core)")
-    parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=seconds_or_zero, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     add_connector_options(parser, default_port=_CONNECTOR_PORT)
     add_kafka_options(parser, default_port=_KAFKA_PORT)
