@@ -55,8 +55,8 @@ from querylib.bench._pubsub import (
     _batch,
     _Cluster,
     _count_records,
+    _parsing_pull,
     _percentiles,
-    _raw_pull,
     raw_zmq,
 )
 
@@ -334,10 +334,6 @@ def _trickle_readers(address: str, secret: bytes, topics: list[str], records: in
     """A subscriber per topic, each reading `records` records (or until 60 s of silence)."""
     asyncio.run(_subscribe_all(address, secret, topics, records, queue, credit=256 * 1024,
                                silence=60.0))
-
-
-def _parsing_pull(port: int, batches: int, queue: Any) -> None:
-    _raw_pull(port, batches, queue, parse=True)
 
 
 # -- rows -----------------------------------------------------------------------------------
