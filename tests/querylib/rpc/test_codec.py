@@ -18,6 +18,7 @@ from querylib.rpc import (
     Codec,
     Credential,
     DeadlineExceededError,
+    Entry,
     ErrorBody,
     Header,
     Kind,
@@ -38,10 +39,10 @@ from querylib.rpc import (
     kafka_password,
     principal_key,
 )
-from querylib.rpc._codec import SIGNATURE_BYTES
+from querylib.rpc._codec import SIGNATURE_BYTES, split_batches
 from querylib.rpc._signer import MAC_KEY_CONTEXT, payload_digest
 
-from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
+from ._support import SECRET, Credit, Delivery, Fetch, FetchReply, ShelfEmptyError
 
 NOW = 1_700_000_000.0
 
@@ -465,3 +466,99 @@ def test_a_remote_keyring_refetches_a_key_at_most_once_per_interval() -> None:
         assert not MasterKeyring(SECRET).refetch("user:alice")
 
     asyncio.run(test())
+
+
+# -- BATCH messages: several requests, or replies, under one signature ---------------------
+
+
+def test_a_batch_carries_several_requests_and_their_replies_under_one_signature() -> None:
+    client, server = pair()
+    entries = [client.request_entry(i, Fetch(i), ttl=2.0) for i in range(1, 6)]
+    frames = client.batch(entries, now=NOW)
+    assert len(frames) == 3  # signature, header, body: one message for all five
+    header = msgspec.msgpack.decode(frames[1])
+    assert header[0] == Kind.BATCH and header[5] == 1  # one sequence number for the batch
+    got = server.decode_all(frames, NOW)
+    assert [(m.header.kind, m.header.id, m.header.ttl, m.body) for m in got] == \
+        [(Kind.REQUEST, i, 2.0, Fetch(i)) for i in range(1, 6)]
+    assert all(m.header.session == client.session and m.header.principal == "admin"
+               for m in got)
+    # Replies and errors come back together, in whatever order the server has them.
+    back = server.batch([server.reply_entry(3, FetchReply(3)),
+                         server.error_entry(1, ShelfEmptyError("shelf 1 is empty")),
+                         server.reply_entry(2, FetchReply(2))], to=client.session, now=NOW)
+    replies = client.decode_all(back, NOW)
+    assert [(m.header.kind, m.header.id) for m in replies] == \
+        [(Kind.REPLY, 3), (Kind.ERROR, 1), (Kind.REPLY, 2)]
+    assert replies[1].body.type.endswith("ShelfEmptyError")
+    # A lone entry goes as a plain message, which `decode` reads as it always did.
+    assert server.decode(client.single(client.request_entry(9, Ping(b"x"), ttl=1.0),
+                                       now=NOW), NOW).body == Ping(b"x")
+
+
+def test_a_batch_is_refused_where_one_message_is_expected() -> None:
+    client, server = pair()
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(UnknownMessageTypeError):
+        server.decode(frames, NOW)
+
+
+def test_a_bad_entry_of_a_batch_gets_its_own_error_and_its_siblings_decode() -> None:
+    client, server = pair()
+    good = client.request_entry(1, Fetch(1), ttl=1.0)
+    unknown = Entry(int(Kind.REQUEST), 2, "no.such.tag", 1.0, msgspec.Raw(b"\x80"))
+    undecodable = Entry(int(Kind.REQUEST), 3, Fetch.rpc_tag, 1.0, msgspec.Raw(b"\x81\xa1x\x01"))
+    no_ttl = Entry(int(Kind.REQUEST), 4, Ping.rpc_tag, 0.0, msgspec.Raw(b"\x80"))
+    reply = Entry(int(Kind.REPLY), 5, Pong.rpc_tag, 0.0, msgspec.Raw(b"\x80"))
+    got = server.decode_all(client.batch([good, unknown, undecodable, no_ttl, reply],
+                                         now=NOW), NOW)
+    assert got[0].body == Fetch(1)
+    errors = got[1:]
+    assert [type(e) for e in errors] == [UnknownMessageTypeError, MalformedMessageError,
+                                         MalformedMessageError, UnknownMessageTypeError]
+    assert [e.header.id for e in errors] == [2, 3, 4, 5]  # each can be answered
+    assert [e.reason for e in errors] == ["unknown_type", "bad_body", "bad_header",
+                                          "unexpected_kind"]
+
+
+def test_an_oversized_or_malformed_batch_is_refused_with_a_clear_error() -> None:
+    limits = Limits(max_batch=3)
+    client, server = pair(limits)
+    with pytest.raises(ValueError, match="1 to 3"):
+        client.batch([client.request_entry(i, Ping(), ttl=1.0) for i in range(4)], now=NOW)
+    big = Codec(SECRET, role="client", session=client.session)  # a sender with wider bounds
+    big._seq = 10
+    got = server.decode_all(big.batch([big.request_entry(i, Ping(), ttl=1.0)
+                                       for i in range(1, 5)], now=NOW), NOW)
+    assert all(isinstance(e, MessageTooLargeError) and e.reason == "batch_too_large"
+               and "a batch of 4 messages; at most 3" in str(e) for e in got)
+    assert [e.header.id for e in got] == [1, 2, 3, 4]
+    # A body that is no list of entries: refused whole, nothing to answer.
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode_all(resign([b"", frames[1], b"\x92\x01\x02"]), NOW)
+    assert info.value.reason == "bad_batch" and info.value.header is None
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(MalformedMessageError, match="payload"):
+        server.decode_all(resign([b"", frames[1], frames[2], b"payload"]), NOW)
+
+
+def test_a_replayed_batch_is_refused_whole() -> None:
+    client, server = pair()
+    frames = client.batch([client.request_entry(i, Ping(), ttl=1.0) for i in (1, 2)],
+                          now=NOW)
+    assert len(server.decode_all(frames, NOW)) == 2
+    with pytest.raises(ReplayedMessageError):
+        server.decode_all(list(frames), NOW)
+    tampered = list(frames)
+    tampered[2] = bytes(tampered[2]).replace(b"\x01", b"\x02", 1)
+    with pytest.raises(BadSignatureError):
+        server.decode_all(tampered, NOW)
+
+
+def test_split_batches_keeps_order_within_the_bounds() -> None:
+    limits = Limits(max_batch=3, max_batch_bytes=10)
+    entries = [Entry(0, i, "t", 1.0, msgspec.Raw(b"x" * size))
+               for i, size in enumerate([4, 4, 4, 1, 1, 1, 1, 30, 1])]
+    runs = [[e.id for e in run] for run in split_batches(entries, limits)]
+    assert runs == [[0, 1], [2, 3, 4], [5, 6], [7], [8]]
