@@ -197,7 +197,7 @@ class RpcClient:
         self._sock = sock
         self._watch = watch
         self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
-        self._pump = FramePump(sock, self._loop, small_frames=3, limits=self.limits,
+        self._pump = FramePump(sock, self._loop, small_frames=1, limits=self.limits,
                                on_message=self._on_message, on_drop=self._on_drop)
         return self
 

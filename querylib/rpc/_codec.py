@@ -1,18 +1,23 @@
 """Sans-I/O core of the RPC layer: frames in, typed messages out, and back; signing; replays.
 
 A message on the wire (the ROUTER side also sees the peer's identity frame in front, which the
-shell strips before calling `decode`):
+shell strips before calling `decode`) is one envelope frame, then its payload frames:
 
-    [signature][header][body][payload...]
+    [signature | header length | header | body][payload...]
 
     signature  32 bytes, keyed BLAKE3 (`Signer`, with the key of the principal the header
-               names, for the audience of the server: `_credentials`) over the frame count and
-               lengths (8-byte little-endian each), the header and body frames, and the
-               BLAKE3-256 digest of each payload frame; the lengths bind the frame
-               boundaries, so bytes cannot be moved between frames
+               names, for the audience of the server: `_credentials`) over the count and
+               lengths (8-byte little-endian each) of header, body and payload frames, the
+               header and body, and the BLAKE3-256 digest of each payload frame; the lengths
+               bind the boundaries, so bytes cannot be moved between header, body and payload
+    header length  2 bytes, little-endian
     header     `Header`, MessagePack array, naming the sender's principal
-    body       the message struct (or `ErrorBody`), MessagePack
+    body       the message struct (or `ErrorBody`), MessagePack: the rest of the frame
     payload    raw bytes (record batches), never copied into the body
+
+One frame rather than three for what every message has: zmq sends, queues and receives per
+frame, and a small request is all envelope. The body is copied once into the envelope; big
+data belongs in payload frames, which are never copied.
 
 A BATCH message (header kind 4) carries several requests (client->server) or several replies
 and errors (server->client) without payload: its body is a MessagePack array of `Entry`
@@ -90,8 +95,8 @@ from ._messages import (
 )
 from ._signer import Signer, _nbytes
 
-__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec", "Incoming", "Limits",
-           "ReplayGuard", "Signer"]
+__all__ = ["ENVELOPE_OVERHEAD", "MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec",
+           "Incoming", "Limits", "ReplayGuard", "Signer", "envelope", "open_envelope"]
 
 # What a BATCH message's body decodes to.
 _ENTRIES = msgspec.msgpack.Decoder(list[Entry])
@@ -99,6 +104,8 @@ _ENTRIES = msgspec.msgpack.Decoder(list[Entry])
 _MAX_PRINCIPAL = 80  # catalog's bound on a principal's length
 
 SIGNATURE_BYTES = 32
+_HEADER_LENGTH = 2  # bytes of the envelope's header length
+ENVELOPE_OVERHEAD = SIGNATURE_BYTES + _HEADER_LENGTH
 SESSION_BYTES = 16
 MAX_TTL = 7 * 24 * 3600.0  # a week: longer "deadlines" are bugs, and NaN/inf are hostile
 _MiB = 1024 * 1024
@@ -117,8 +124,8 @@ class Limits:
                         they legitimately receive (a broker: its largest batch; the
                         coordinator: one upload chunk), so oversized unsigned input is never
                         buffered whole
-    max_frames          signature + header + body + payload frames
-    max_header_bytes    the header frame
+    max_frames          envelope + payload frames
+    max_header_bytes    the header (below 64 KiB: its length takes 2 bytes)
     max_body_bytes      the MessagePack body; big data belongs in payload frames
     max_batch           messages in one BATCH message, sent and received (a received batch
                         of more gets each of its requests refused with MessageTooLargeError)
@@ -377,21 +384,19 @@ class Codec:
                                            "authentic message, or it was forgotten")
             signer = sender[1]
         self._seq += 1
-        frames = [b"", self._encoder.encode(Header(int(kind), request_id, tag, ttl,
-                                                   self.session, self._seq, now, to,
-                                                   self.principal)),
-                  body, *payload]
-        body_frames = frames[1:]
-        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in body_frames]  # _nbytes
+        header = self._encoder.encode(Header(int(kind), request_id, tag, ttl, self.session,
+                                             self._seq, now, to, self.principal))
+        signed = [header, body, *payload]
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in signed]  # _nbytes
         limits = self.limits
-        if len(frames) > limits.max_frames or sum(lengths) + SIGNATURE_BYTES > \
+        if len(signed) - 1 > limits.max_frames or sum(lengths) + ENVELOPE_OVERHEAD > \
                 limits.max_message_bytes or lengths[1] > limits.max_body_bytes:
             raise MessageTooLargeError(
-                f"{what} with {len(frames)} frames and {sum(lengths)} bytes is "
+                f"{what} with {len(signed) - 1} frames and {sum(lengths)} bytes is "
                 f"over the limits ({limits.max_frames} frames, {limits.max_message_bytes} "
                 f"bytes, body {limits.max_body_bytes})")
-        frames[0] = signer._sign(body_frames, lengths, digests)
-        return frames
+        signed[1] = envelope(signer._sign(signed, lengths, digests), header, body)
+        return signed[1:]
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -454,23 +459,30 @@ class Codec:
         after the signature."""
         limits = self.limits
         count = len(frames)
-        if count < 3:
-            raise MalformedMessageError(f"{count} frames; at least 3 needed", reason="malformed")
+        if count < 1:
+            raise MalformedMessageError("no frames", reason="malformed")
         if count > limits.max_frames:
             raise MessageTooLargeError(f"{count} frames; at most {limits.max_frames}",
                                        reason="too_many_frames")
-        rest = frames[1:]
-        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in rest]  # _nbytes
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in frames]  # _nbytes
         total = sum(lengths)
         if total > self._receive_bytes:
             raise MessageTooLargeError(f"{total} bytes; at most {self._receive_bytes}")
-        signature = frames[0]
-        if _nbytes(signature) != SIGNATURE_BYTES:
-            raise BadSignatureError("no signature frame", reason="unsigned")
+        first = lengths[0]
+        if first < ENVELOPE_OVERHEAD:
+            raise BadSignatureError("no envelope (signature and header length)",
+                                    reason="unsigned")
+        whole = memoryview(frames[0])
+        signature = whole[:SIGNATURE_BYTES]
+        header_bytes = int.from_bytes(whole[SIGNATURE_BYTES:ENVELOPE_OVERHEAD], "little")
         # The header names whose key signs the message, so it is parsed before the signature
         # is checked: bounded in size, decoded into a fixed struct, trusted for nothing else.
-        if lengths[0] > limits.max_header_bytes:
-            raise MalformedMessageError(f"header of {lengths[0]} bytes", reason="bad_header")
+        if header_bytes > limits.max_header_bytes or \
+                ENVELOPE_OVERHEAD + header_bytes > first:
+            raise MalformedMessageError(f"header of {header_bytes} bytes", reason="bad_header")
+        body_at = ENVELOPE_OVERHEAD + header_bytes
+        rest = [whole[ENVELOPE_OVERHEAD:body_at], whole[body_at:], *frames[1:]]
+        lengths[0:1] = [header_bytes, first - body_at]
         try:
             header = self._header_decoder.decode(rest[0])
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
@@ -579,3 +591,18 @@ def split_batches(entries: Sequence[Entry], limits: Limits) -> Iterator[list[Ent
         held += length
     if chunk:
         yield chunk
+
+
+def envelope(signature: Buffer, header: Buffer, body: Buffer) -> bytes:
+    """The first frame of a message: its signature, its header's length, header and body."""
+    return b"".join((signature, _nbytes(header).to_bytes(_HEADER_LENGTH, "little"), header,
+                     body))
+
+
+def open_envelope(frame: Buffer) -> tuple[Buffer, Buffer, Buffer]:
+    """(signature, header, body) of an envelope frame, as views; for tools and tests that
+    take messages apart (`Codec.decode` checks what this trusts)."""
+    whole = memoryview(frame)
+    header_at = SIGNATURE_BYTES + _HEADER_LENGTH
+    body_at = header_at + int.from_bytes(whole[SIGNATURE_BYTES:header_at], "little")
+    return whole[:SIGNATURE_BYTES], whole[header_at:body_at], whole[body_at:]

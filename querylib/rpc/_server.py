@@ -271,7 +271,7 @@ class RpcServer:
         self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
         # Fair: peers take turns by bytes, so a bulk producer's backlog does not hold up a
         # small request of another client (DESIGN §5 "Fair service").
-        self._pump = FramePump(sock, loop, small_frames=4, fair=True,
+        self._pump = FramePump(sock, loop, small_frames=2, fair=True,
                                limits=self.limits, on_message=self._on_message,
                                on_drop=self._on_drop, on_send_error=self._send_failed)
         return self.endpoint

@@ -34,6 +34,7 @@ from querylib.rpc import (
     Signer,
     UnsupportedRequestError,
 )
+from querylib.rpc._codec import envelope, open_envelope
 from tests.conftest import wait_for_async
 from tests.querylib.rpc._support import (
     SECRET,
@@ -634,10 +635,11 @@ def test_a_bad_oversized_or_replayed_batch_is_refused_and_the_server_keeps_servi
                 assert all(m.header.kind == Kind.ERROR and "a batch of 5 messages; at most 4"
                            in m.body.message for m in refused)
                 # Undecodable as a batch: dropped, counted, the server keeps serving.
-                header = codec.batch([codec.request_entry(20, Ping(), ttl=5.0)] * 2,
-                                     now=time.time())[1]
+                _, header, _ = open_envelope(codec.batch(
+                    [codec.request_entry(20, Ping(), ttl=5.0)] * 2, now=time.time())[0])
                 body = b"\x92\x01\x02"
-                raw.send_multipart([Signer(SECRET).sign([header, body]), header, body])
+                raw.send_multipart([envelope(Signer(SECRET).sign([header, body]), header,
+                                             body)])
                 await wait_for_async(lambda: server.counters.get("bad_batch") == 1,
                                      what="the bad batch counted")
                 assert await client.request(Ping(b"on")) == Pong(b"on")
