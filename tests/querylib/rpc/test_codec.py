@@ -529,6 +529,19 @@ def test_a_batch_carries_several_requests_and_their_replies_under_one_signature(
                                        now=NOW), NOW).body == Ping(b"x")
 
 
+def test_batch_wire_layout_is_the_documented_one() -> None:
+    client, _ = pair()
+    frames = client.batch([client.request_entry(7, Ping(b"a"), ttl=1.5),
+                           client.request_entry(8, Fetch(3), ttl=2.0)], now=NOW)
+    _, header, body = split(frames)
+    assert msgspec.msgpack.decode(header) == [4, 0, "", 0.0, client.session, 1, NOW, b"",
+                                              "admin"]
+    # A MessagePack array of entries: [kind, id, tag, ttl, body embedded as it is].
+    assert msgspec.msgpack.decode(body) == [
+        [0, 7, "rpc.ping", 1.5, {"type": "rpc.ping", "data": b"a"}],
+        [0, 8, "test.fetch", 2.0, {"type": "test.fetch", "token": 3, "fail": ""}]]
+
+
 def test_a_batch_is_refused_where_one_message_is_expected() -> None:
     client, server = pair()
     frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
