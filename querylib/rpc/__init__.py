@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         error_from_body,
     )
     from ._messages import (
+        Entry,
         ErrorBody,
         Header,
         Kind,

@@ -11,6 +11,15 @@ tracking and deadlines are the sans-I/O `RequestTracker` behind one loop timer; 
 only moves frames, resolves futures and counts what it drops (replies nobody waits for, bad
 messages).
 
+Requests without payload issued in one loop turn travel together: each is encoded when it is
+issued (so a request over the limits fails its caller alone) and queued, and at the end of
+the turn the queue goes out as one BATCH message (`_flush`; more past `Limits.max_batch`
+and `max_batch_bytes`, a lone request as a plain message). The server answers those ready
+together in one message too. Anything else sent (a request with payload, a notify) sends the
+queue first, so requests reach the server in the order they were issued; while zmq's queue
+to the server is full, what is sent waits in `_backlog`, in order, and calls run out at their
+deadlines.
+
 It connects with the PLAIN credential of its principal for the server's audience (DESIGN §2
 "Handshake") and watches how each connection's handshake ends: a server that refuses the
 credential fails every call in flight, and every call until a handshake succeeds, with
@@ -24,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import zmq
 
-from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
+from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits, split_batches
 from ._credentials import COORDINATOR, Credential, handshake_token
 from ._curve import client_keypair, server_key_of
 from ._errors import (
@@ -42,7 +52,7 @@ from ._errors import (
     UnexpectedReplyError,
     error_from_body,
 )
-from ._messages import ErrorBody, Kind, Notify, Reply, Request
+from ._messages import Entry, ErrorBody, Kind, Notify, Reply, Request
 from ._shell import (
     HANDSHAKE_FAILED_AUTH,
     HANDSHAKE_SUCCEEDED,
@@ -113,6 +123,13 @@ class RpcClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: FramePump | None = None
         self._watch: HandshakeWatch | None = None
+        # Requests (their entries) issued this loop turn, sent together at its end.
+        self._outbox: list[Entry] = []
+        self._flush_scheduled = False
+        # Messages zmq had no room for, oldest first, each with the requests it carries;
+        # `_drain_backlog` sends them as room comes.
+        self._backlog: deque[tuple[list[Buffer], list[int]]] = deque()
+        self._backlog_task: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -180,7 +197,7 @@ class RpcClient:
         self._sock = sock
         self._watch = watch
         self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
-        self._pump = FramePump(sock, self._loop, small_frames=3, limits=self.limits,
+        self._pump = FramePump(sock, self._loop, small_frames=1, limits=self.limits,
                                on_message=self._on_message, on_drop=self._on_drop)
         return self
 
@@ -194,6 +211,10 @@ class RpcClient:
                 future.set_exception(ClientClosedError(f"client of {self.address} closed"))
         if self._reconnect is not None:
             self._reconnect.cancel()
+        self._outbox.clear()
+        self._backlog.clear()
+        if self._backlog_task is not None:
+            self._backlog_task.cancel()
         if self._pump is not None:
             self._pump.close()
         if self._watch is not None:
@@ -240,12 +261,17 @@ class RpcClient:
         pending = self._pending
         assert pending is not None
         request_id = pending.next_id()
+        payload = payload if isinstance(payload, (list, tuple)) else list(payload)
         try:
             future: asyncio.Future[Incoming | None] = loop.create_future()
             pending.track(request_id, deadline, future)
-            frames = self._codec.request(request_id, request, ttl=deadline - loop.time(),
-                                         now=time.time(), payload=payload)
-            await self._send(pump, frames, deadline)
+            if payload:
+                frames = self._codec.request(request_id, request, ttl=deadline - loop.time(),
+                                             now=time.time(), payload=payload)
+                await self._send(pump, frames, deadline, [request_id])
+            else:
+                self._queue_request(self._codec.request_entry(request_id, request,
+                                                              ttl=deadline - loop.time()))
             incoming = await future
         finally:
             pending.forget(request_id)
@@ -266,7 +292,7 @@ class RpcClient:
         if self._refusal is not None:
             raise SecretRejectedError(self._refusal)
         frames = self._codec.notify(message, now=time.time(), payload=payload)
-        await self._send(pump, frames, loop.time() + self.timeout)
+        await self._send(pump, frames, loop.time() + self.timeout, [])
 
     # -- internals -------------------------------------------------------------------------
 
@@ -281,7 +307,73 @@ class RpcClient:
         return DeadlineExceededError(f"{type(request).rpc_tag} to {self.address}: no reply "
                                      f"within {timeout:g}s")
 
-    async def _send(self, pump: FramePump, frames: list[Buffer], deadline: float) -> None:
+    def _queue_request(self, entry: Entry) -> None:
+        """Send a request's entry at the end of this loop turn, with the others issued in it."""
+        self._outbox.append(entry)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the requests queued: one BATCH message (more past the batch bounds)."""
+        self._flush_scheduled = False
+        entries, self._outbox = self._outbox, []
+        if self._closed or not entries:
+            return
+        now = time.time()
+        for chunk in split_batches(entries, self.limits):
+            frames = (self._codec.single(chunk[0], now=now) if len(chunk) == 1
+                      else self._codec.batch(chunk, now=now))
+            self._send_now(frames, [entry.id for entry in chunk])
+
+    def _send_now(self, frames: list[Buffer], ids: Sequence[int]) -> None:
+        """Send or, while zmq has no room (or older messages wait for it), hold in order."""
+        assert self._pump is not None
+        if not self._backlog:
+            try:
+                self._pump.send(frames)
+                return
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as exc:
+                self._fail(ids, RpcError(f"send to {self.address} failed: {exc}"))
+                return
+        self._backlog.append((frames, list(ids)))
+        if self._backlog_task is None:
+            assert self._loop is not None
+            self._backlog_task = self._loop.create_task(self._drain_backlog())
+
+    async def _drain_backlog(self) -> None:
+        """Send the held messages in order as zmq makes room (their calls' deadlines bound
+        how long their callers wait)."""
+        pump = self._pump
+        assert pump is not None
+        try:
+            while self._backlog:
+                frames, ids = self._backlog[0]
+                try:
+                    await pump.send_wait(frames)
+                except zmq.ZMQError as exc:
+                    self._fail(ids, RpcError(f"send to {self.address} failed: {exc}"))
+                self._backlog.popleft()
+        finally:
+            self._backlog_task = None
+
+    def _fail(self, ids: Iterable[int], exc: Exception) -> None:
+        assert self._pending is not None
+        for request_id in ids:
+            future = self._pending.forget(request_id)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+
+    async def _send(self, pump: FramePump, frames: list[Buffer], deadline: float,
+                    ids: Sequence[int]) -> None:
+        if self._outbox:
+            self._flush()  # requests issued before this message go out before it
+        if self._backlog:
+            self._send_now(frames, ids)  # behind the messages waiting for room
+            return
         try:
             pump.send(frames)
             return
@@ -311,19 +403,27 @@ class RpcClient:
 
     def _dispatch(self, parts: list[Any]) -> None:
         try:
-            incoming = self._codec.decode(parts, time.time())
+            messages = self._codec.decode_all(parts, time.time())
         except RpcProtocolError as exc:
             self._drops[exc.reason] += 1
             return
-        if incoming.header.kind == Kind.NOTIFY:
-            self._deliver(Notification(cast(Notify, incoming.body), incoming.payload))
-            return
-        assert self._pending is not None  # set by start(), before any message
-        future = self._pending.forget(incoming.header.id)
-        if future is None:
-            self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
-        elif not future.done():
-            future.set_result(incoming)
+        pending = self._pending
+        assert pending is not None  # set by start(), before any message
+        for incoming in messages:
+            if isinstance(incoming, RpcProtocolError):  # one bad reply of a batch
+                self._drops[incoming.reason] += 1
+                header = incoming.header
+                if header is not None:
+                    self._fail([header.id], incoming)
+                continue
+            if incoming.header.kind == Kind.NOTIFY:
+                self._deliver(Notification(cast(Notify, incoming.body), incoming.payload))
+                continue
+            future = pending.forget(incoming.header.id)
+            if future is None:
+                self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
+            elif not future.done():
+                future.set_result(incoming)
 
     def _on_handshake(self, event: int, value: int) -> None:
         """How a connection's handshake ended (HandshakeWatch)."""

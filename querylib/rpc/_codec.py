@@ -1,18 +1,31 @@
 """Sans-I/O core of the RPC layer: frames in, typed messages out, and back; signing; replays.
 
 A message on the wire (the ROUTER side also sees the peer's identity frame in front, which the
-shell strips before calling `decode`):
+shell strips before calling `decode`) is one envelope frame, then its payload frames:
 
-    [signature][header][body][payload...]
+    [signature | header length | header | body][payload...]
 
     signature  32 bytes, keyed BLAKE3 (`Signer`, with the key of the principal the header
-               names, for the audience of the server: `_credentials`) over the frame count and
-               lengths (8-byte little-endian each), the header and body frames, and the
-               BLAKE3-256 digest of each payload frame; the lengths bind the frame
-               boundaries, so bytes cannot be moved between frames
+               names, for the audience of the server: `_credentials`) over the count and
+               lengths (8-byte little-endian each) of header, body and payload frames, the
+               header and body, and the BLAKE3-256 digest of each payload frame; the lengths
+               bind the boundaries, so bytes cannot be moved between header, body and payload
+    header length  2 bytes, little-endian
     header     `Header`, MessagePack array, naming the sender's principal
-    body       the message struct (or `ErrorBody`), MessagePack
+    body       the message struct (or `ErrorBody`), MessagePack: the rest of the frame
     payload    raw bytes (record batches), never copied into the body
+
+One frame rather than three for what every message has: zmq sends, queues and receives per
+frame, and a small request is all envelope. The body is copied once into the envelope; big
+data belongs in payload frames, which are never copied.
+
+A BATCH message (header kind 4) carries several requests (client->server) or several replies
+and errors (server->client) without payload: its body is a MessagePack array of `Entry`
+(kind, id, tag, ttl, body), so one signature, one header, one replay check and one zmq send
+serve them all. A client coalesces the requests it issues in one loop turn into one batch; a
+server answers the replies ready together in one batch per client. Each entry is decoded on
+its own: a bad one is answered with its own error and its siblings are served. The batch is
+one message to the replay guard, so a replayed batch is refused whole.
 
 Replay guard. The secret authenticates, but a captured message re-sent as-is would verify.
 Each endpoint picks a random 16-byte session id when it starts and numbers its messages 1, 2,
@@ -49,7 +62,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,19 +77,35 @@ from ._errors import (
     MessageTooLargeError,
     PeerUnreachableError,
     ReplayedMessageError,
+    RpcProtocolError,
     UnknownMessageTypeError,
     UnknownPrincipalKeyError,
     error_body,
 )
-from ._messages import ErrorBody, Header, Kind, Message, Notify, Reply, Request, message_type
+from ._messages import (
+    Entry,
+    ErrorBody,
+    Header,
+    Kind,
+    Message,
+    Notify,
+    Reply,
+    Request,
+    message_type,
+)
 from ._signer import Signer, _nbytes
 
-__all__ = ["MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec", "Incoming", "Limits",
-           "ReplayGuard", "Signer"]
+__all__ = ["ENVELOPE_OVERHEAD", "MAX_TTL", "SESSION_BYTES", "SIGNATURE_BYTES", "Codec",
+           "Incoming", "Limits", "ReplayGuard", "Signer", "envelope", "open_envelope"]
+
+# What a BATCH message's body decodes to.
+_ENTRIES = msgspec.msgpack.Decoder(list[Entry])
 
 _MAX_PRINCIPAL = 80  # catalog's bound on a principal's length
 
 SIGNATURE_BYTES = 32
+_HEADER_LENGTH = 2  # bytes of the envelope's header length
+ENVELOPE_OVERHEAD = SIGNATURE_BYTES + _HEADER_LENGTH
 SESSION_BYTES = 16
 MAX_TTL = 7 * 24 * 3600.0  # a week: longer "deadlines" are bugs, and NaN/inf are hostile
 _MiB = 1024 * 1024
@@ -95,9 +124,13 @@ class Limits:
                         they legitimately receive (a broker: its largest batch; the
                         coordinator: one upload chunk), so oversized unsigned input is never
                         buffered whole
-    max_frames          signature + header + body + payload frames
-    max_header_bytes    the header frame
+    max_frames          envelope + payload frames
+    max_header_bytes    the header (below 64 KiB: its length takes 2 bytes)
     max_body_bytes      the MessagePack body; big data belongs in payload frames
+    max_batch           messages in one BATCH message, sent and received (a received batch
+                        of more gets each of its requests refused with MessageTooLargeError)
+    max_batch_bytes     bodies a sender coalesces into one BATCH message; a body this large
+                        or larger travels in a batch of its own
     max_in_flight       client: requests awaiting replies (more callers wait for a slot)
     max_handlers        server: handler tasks running at once (more get ServerBusyError)
     hwm                 ZMQ send high-water mark, in messages (and receive, unless recv_hwm)
@@ -114,6 +147,8 @@ class Limits:
     max_frames: int = 64
     max_header_bytes: int = 512
     max_body_bytes: int = 16 * _MiB
+    max_batch: int = 256
+    max_batch_bytes: int = 256 * 1024
     max_in_flight: int = 1024
     max_handlers: int = 4096
     hwm: int = 1000
@@ -191,8 +226,13 @@ class Incoming:
 
 
 _ACCEPTED = {
-    "server": frozenset({Kind.REQUEST, Kind.NOTIFY}),
-    "client": frozenset({Kind.REPLY, Kind.ERROR, Kind.NOTIFY}),
+    "server": frozenset({Kind.REQUEST, Kind.NOTIFY, Kind.BATCH}),
+    "client": frozenset({Kind.REPLY, Kind.ERROR, Kind.NOTIFY, Kind.BATCH}),
+}
+# What a BATCH message may hold, by the role receiving it.
+_ENTRY_KINDS = {
+    "server": frozenset({Kind.REQUEST}),
+    "client": frozenset({Kind.REPLY, Kind.ERROR}),
 }
 _BODY_BASE: dict[int, type[Message]] = {Kind.REQUEST: Request, Kind.REPLY: Reply,
                                          Kind.NOTIFY: Notify}
@@ -241,6 +281,7 @@ class Codec:
         self._guard = ReplayGuard(limits.replay_window, limits.max_clock_skew,
                                   limits.max_sessions)
         self._accepted = _ACCEPTED[role]
+        self._entry_kinds = _ENTRY_KINDS[role]
         self._encoder = msgspec.msgpack.Encoder()
         self._header_decoder = msgspec.msgpack.Decoder(Header)
         self._error_decoder = msgspec.msgpack.Decoder(ErrorBody)
@@ -282,13 +323,58 @@ class Codec:
             raise TypeError(f"{type(message).__name__} is not a Notify")
         return self._encode(Kind.NOTIFY, 0, message, 0.0, to, now, payload, digests)
 
+    def request_entry(self, request_id: int, message: Request, *, ttl: float) -> Entry:
+        """`message` as an entry of a BATCH message (`batch`), its body encoded now (so a
+        request over the limits fails its caller, not its batch)."""
+        if not isinstance(message, Request):
+            raise TypeError(f"{type(message).__name__} is not a Request")
+        return self._entry(Kind.REQUEST, request_id, message, ttl)
+
+    def reply_entry(self, request_id: int, message: Reply) -> Entry:
+        """The reply to request `request_id` as an entry of a BATCH message."""
+        if not isinstance(message, Reply):
+            raise TypeError(f"{type(message).__name__} is not a Reply")
+        return self._entry(Kind.REPLY, request_id, message, 0.0)
+
+    def error_entry(self, request_id: int, exc: TqError | ErrorBody) -> Entry:
+        """An error reply to request `request_id` as an entry of a BATCH message."""
+        body = exc if isinstance(exc, ErrorBody) else error_body(exc)
+        return self._entry(Kind.ERROR, request_id, body, 0.0)
+
+    def _entry(self, kind: Kind, request_id: int, body: Message | ErrorBody,
+               ttl: float) -> Entry:
+        tag = _tag_of(body)
+        encoded = self._encoder.encode(body)
+        if len(encoded) > self.limits.max_body_bytes:
+            raise MessageTooLargeError(f"{type(body).__name__} of {len(encoded)} bytes is over "
+                                       f"the body limit ({self.limits.max_body_bytes})")
+        return Entry(int(kind), request_id, tag, ttl, msgspec.Raw(encoded))
+
+    def batch(self, entries: Sequence[Entry], *, to: bytes = b"", now: float) -> list[Buffer]:
+        """Frames of one BATCH message carrying `entries` (`to`: the recipient session,
+        server side only). At most `Limits.max_batch` entries."""
+        if not 0 < len(entries) <= self.limits.max_batch:
+            raise ValueError(f"a batch holds 1 to {self.limits.max_batch} messages, "
+                             f"not {len(entries)}")
+        return self._frame(Kind.BATCH, 0, "", 0.0, to, now,
+                           self._encoder.encode(entries), (), None, "batch")
+
+    def single(self, entry: Entry, *, to: bytes = b"", now: float) -> list[Buffer]:
+        """Frames of `entry` sent alone, as a plain message of its kind (a batch of one
+        would cost the same and say less)."""
+        return self._frame(Kind(entry.kind), entry.id, entry.tag, entry.ttl, to, now,
+                           bytes(entry.body), (), None, entry.tag or "error")
+
     def _encode(self, kind: Kind, request_id: int, body: Message | ErrorBody, ttl: float,
                 to: bytes, now: float, payload: Iterable[Buffer],
                 digests: Sequence[bytes] | None = None) -> list[Buffer]:
-        tag = body.rpc_tag if isinstance(body, Message) else ""  # "": an ErrorBody
-        if tag is None:
-            raise TypeError(f"{type(body).__name__} has no tag: declare it with "
-                            f"class {type(body).__name__}(..., tag='...') to send it")
+        return self._frame(kind, request_id, _tag_of(body), ttl, to, now,
+                           self._encoder.encode(body), payload, digests, type(body).__name__)
+
+    def _frame(self, kind: Kind, request_id: int, tag: str, ttl: float, to: bytes, now: float,
+               body: bytes, payload: Iterable[Buffer], digests: Sequence[bytes] | None,
+               what: str) -> list[Buffer]:
+        """Header, sign and bound one message whose body is encoded already."""
         if self.role == "client":
             signer = self._signer
         else:
@@ -298,21 +384,19 @@ class Codec:
                                            "authentic message, or it was forgotten")
             signer = sender[1]
         self._seq += 1
-        encode = self._encoder.encode
-        frames = [b"", encode(Header(int(kind), request_id, tag, ttl, self.session, self._seq,
-                                     now, to, self.principal)),
-                  encode(body), *payload]
-        body_frames = frames[1:]
-        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in body_frames]  # _nbytes
+        header = self._encoder.encode(Header(int(kind), request_id, tag, ttl, self.session,
+                                             self._seq, now, to, self.principal))
+        signed = [header, body, *payload]
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in signed]  # _nbytes
         limits = self.limits
-        if len(frames) > limits.max_frames or sum(lengths) + SIGNATURE_BYTES > \
+        if len(signed) - 1 > limits.max_frames or sum(lengths) + ENVELOPE_OVERHEAD > \
                 limits.max_message_bytes or lengths[1] > limits.max_body_bytes:
             raise MessageTooLargeError(
-                f"{type(body).__name__} with {len(frames)} frames and {sum(lengths)} bytes is "
+                f"{what} with {len(signed) - 1} frames and {sum(lengths)} bytes is "
                 f"over the limits ({limits.max_frames} frames, {limits.max_message_bytes} "
                 f"bytes, body {limits.max_body_bytes})")
-        frames[0] = signer._sign(body_frames, lengths, digests)
-        return frames
+        signed[1] = envelope(signer._sign(signed, lengths, digests), header, body)
+        return signed[1:]
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -321,27 +405,84 @@ class Codec:
 
         Checks run cheapest first and the signature before anything is parsed, so unsigned
         input costs one MAC at most. When the error carries `.header`, the message was
-        authentic and the caller may answer it.
+        authentic and the caller may answer it. A BATCH message is refused here: receivers
+        that take batches call `decode_all`.
         """
+        header, rest = self._verify(frames, now)
+        if header.kind == Kind.BATCH:
+            raise UnknownMessageTypeError("a batch where one message was expected",
+                                          reason="unexpected_kind")
+        return self._body(header, rest)
+
+    def decode_all(self, frames: Sequence[Buffer], now: float
+                   ) -> list[Incoming | RpcProtocolError]:
+        """Verify `frames` and decode every message they carry: one, or each entry of a
+        BATCH message. A fault of the whole message raises, as `decode`; an entry that does
+        not decode comes back as its error, carrying the entry's `.header` so that it can be
+        answered while its siblings are served."""
+        header, rest = self._verify(frames, now)
+        if header.kind != Kind.BATCH:
+            return [self._body(header, rest)]
+        try:
+            entries = _ENTRIES.decode(rest[1])
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+            raise MalformedMessageError(f"undecodable batch: {exc}", reason="bad_batch") \
+                from exc
+        if len(rest) > 2:
+            raise MalformedMessageError("a batch with payload frames", reason="bad_batch")
+        too_many = len(entries) > self.limits.max_batch
+        out: list[Incoming | RpcProtocolError] = []
+        for entry in entries:
+            entry_header = Header(entry.kind, entry.id, entry.tag, entry.ttl, header.session,
+                                  header.seq, header.sent_at, header.to, header.principal)
+            try:
+                if too_many:
+                    raise MessageTooLargeError(
+                        f"a batch of {len(entries)} messages; at most {self.limits.max_batch}",
+                        reason="batch_too_large", header=entry_header)
+                if entry.kind not in self._entry_kinds:
+                    raise UnknownMessageTypeError(
+                        f"a {self.role} does not accept kind {entry.kind} in a batch",
+                        reason="unexpected_kind", header=entry_header)
+                if entry.kind == Kind.REQUEST and not 0.0 < entry.ttl <= MAX_TTL:
+                    raise MalformedMessageError(
+                        f"request ttl {entry.ttl!r} outside (0, {MAX_TTL:g}]",
+                        reason="bad_header", header=entry_header)
+                out.append(Incoming(entry_header,
+                                    self._decode_body(entry_header, entry.body), []))
+            except RpcProtocolError as exc:
+                out.append(exc)
+        return out
+
+    def _verify(self, frames: Sequence[Buffer], now: float) -> tuple[Header, Sequence[Buffer]]:
+        """Check `frames` whole (limits, signature, replay, kind): the header and the frames
+        after the signature."""
         limits = self.limits
         count = len(frames)
-        if count < 3:
-            raise MalformedMessageError(f"{count} frames; at least 3 needed", reason="malformed")
+        if count < 1:
+            raise MalformedMessageError("no frames", reason="malformed")
         if count > limits.max_frames:
             raise MessageTooLargeError(f"{count} frames; at most {limits.max_frames}",
                                        reason="too_many_frames")
-        rest = frames[1:]
-        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in rest]  # _nbytes
+        lengths = [f.nbytes if type(f) is memoryview else len(f) for f in frames]  # _nbytes
         total = sum(lengths)
         if total > self._receive_bytes:
             raise MessageTooLargeError(f"{total} bytes; at most {self._receive_bytes}")
-        signature = frames[0]
-        if _nbytes(signature) != SIGNATURE_BYTES:
-            raise BadSignatureError("no signature frame", reason="unsigned")
+        first = lengths[0]
+        if first < ENVELOPE_OVERHEAD:
+            raise BadSignatureError("no envelope (signature and header length)",
+                                    reason="unsigned")
+        whole = memoryview(frames[0])
+        signature = whole[:SIGNATURE_BYTES]
+        header_bytes = int.from_bytes(whole[SIGNATURE_BYTES:ENVELOPE_OVERHEAD], "little")
         # The header names whose key signs the message, so it is parsed before the signature
         # is checked: bounded in size, decoded into a fixed struct, trusted for nothing else.
-        if lengths[0] > limits.max_header_bytes:
-            raise MalformedMessageError(f"header of {lengths[0]} bytes", reason="bad_header")
+        if header_bytes > limits.max_header_bytes or \
+                ENVELOPE_OVERHEAD + header_bytes > first:
+            raise MalformedMessageError(f"header of {header_bytes} bytes", reason="bad_header")
+        body_at = ENVELOPE_OVERHEAD + header_bytes
+        rest = [whole[ENVELOPE_OVERHEAD:body_at], whole[body_at:], *frames[1:]]
+        lengths[0:1] = [header_bytes, first - body_at]
         try:
             header = self._header_decoder.decode(rest[0])
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
@@ -377,6 +518,14 @@ class Codec:
         if lengths[1] > limits.max_body_bytes:
             raise MessageTooLargeError(f"body of {lengths[1]} bytes; at most "
                                        f"{limits.max_body_bytes}", header=header)
+        return header, rest
+
+    def _body(self, header: Header, rest: Sequence[Buffer]) -> Incoming:
+        return Incoming(header, self._decode_body(header, rest[1]), list(rest[2:]))
+
+    def _decode_body(self, header: Header, body: Buffer) -> Message | ErrorBody:
+        """The body `header` announces, decoded from `body`."""
+        kind = header.kind
         if kind == Kind.ERROR:
             decoder = self._error_decoder
         else:
@@ -386,11 +535,11 @@ class Codec:
                                               f"{header.tag[:64]!r}", header=header)
             decoder = cls.rpc_decoder
         try:
-            body = decoder.decode(rest[1])
+            decoded: Message | ErrorBody = decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise MalformedMessageError(f"undecodable {header.tag[:64]!r} body: {exc}",
                                         reason="bad_body", header=header) from exc
-        return Incoming(header, body, list(rest[2:]))
+        return decoded
 
     def _server_signer(self, header: Header, known: tuple[str, Signer] | None) -> Signer:
         """The signer of the principal `header` names (`known`: what its session is known as,
@@ -418,3 +567,42 @@ class Codec:
         senders[session] = (principal, signer)
         if len(senders) > self.limits.max_sessions:
             senders.popitem(last=False)
+
+
+def _tag_of(body: Message | ErrorBody) -> str:
+    tag = body.rpc_tag if isinstance(body, Message) else ""  # "": an ErrorBody
+    if tag is None:
+        raise TypeError(f"{type(body).__name__} has no tag: declare it with "
+                        f"class {type(body).__name__}(..., tag='...') to send it")
+    return tag
+
+
+def split_batches(entries: Sequence[Entry], limits: Limits) -> Iterator[list[Entry]]:
+    """`entries` in order, in runs that fit one BATCH message: at most `limits.max_batch`
+    entries and, unless one alone is larger, `limits.max_batch_bytes` bytes of bodies."""
+    chunk: list[Entry] = []
+    held = 0
+    for entry in entries:
+        length = len(entry.body)
+        if chunk and (len(chunk) >= limits.max_batch or held + length > limits.max_batch_bytes):
+            yield chunk
+            chunk, held = [], 0
+        chunk.append(entry)
+        held += length
+    if chunk:
+        yield chunk
+
+
+def envelope(signature: Buffer, header: Buffer, body: Buffer) -> bytes:
+    """The first frame of a message: its signature, its header's length, header and body."""
+    return b"".join((signature, _nbytes(header).to_bytes(_HEADER_LENGTH, "little"), header,
+                     body))
+
+
+def open_envelope(frame: Buffer) -> tuple[Buffer, Buffer, Buffer]:
+    """(signature, header, body) of an envelope frame, as views; for tools and tests that
+    take messages apart (`Codec.decode` checks what this trusts)."""
+    whole = memoryview(frame)
+    header_at = SIGNATURE_BYTES + _HEADER_LENGTH
+    body_at = header_at + int.from_bytes(whole[SIGNATURE_BYTES:header_at], "little")
+    return whole[:SIGNATURE_BYTES], whole[header_at:body_at], whole[body_at:]

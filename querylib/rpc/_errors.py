@@ -107,7 +107,7 @@ class MessageTooLargeError(RpcProtocolError):
 
 
 class BadSignatureError(RpcProtocolError):
-    """No signature frame of the right length, or a signature that does not verify."""
+    """No envelope long enough to hold a signature, or a signature that does not verify."""
 
     reason = "bad_signature"
 

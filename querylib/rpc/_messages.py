@@ -29,6 +29,7 @@ import msgspec
 from catalog.errors import TqError
 
 __all__ = [
+    "Entry",
     "ErrorBody",
     "Header",
     "Kind",
@@ -49,6 +50,7 @@ class Kind(enum.IntEnum):
     REPLY = 1
     ERROR = 2
     NOTIFY = 3
+    BATCH = 4  # several requests, or several replies and errors, in one message (`Entry`)
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True):
@@ -78,6 +80,26 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     sent_at: float
     to: bytes = b""
     principal: str = ""
+
+
+class Entry(msgspec.Struct, array_like=True, frozen=True):
+    """One request, reply or error inside the body of a BATCH message, whose body is a
+    MessagePack array of these. The batch's header says who sent it, when, in which session
+    with which sequence number (one replay check and one MAC for all its entries); each entry
+    has the fields of `Header` that differ between messages:
+
+    kind      Kind.REQUEST (client->server), or Kind.REPLY / Kind.ERROR (server->client)
+    id        the request id, as `Header.id`
+    tag       the body's type tag ("" for an error body), as `Header.tag`
+    ttl       a request's seconds to its deadline, as `Header.ttl` (0 for replies)
+    body      the message struct (or `ErrorBody`), MessagePack, embedded as it is
+    """
+
+    kind: int
+    id: int
+    tag: str
+    ttl: float
+    body: msgspec.Raw
 
 
 class ErrorBody(msgspec.Struct, array_like=True, frozen=True):

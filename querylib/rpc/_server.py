@@ -19,6 +19,10 @@ returns a future of the reply (or raises a TqError); the reply is sent when the 
 resolves, with no task per request (the future is cancelled at the deadline instead). A future
 already resolved when the handler returns is answered on the spot: no deadline to track, no
 callback through the loop. Ping is served that way.
+Requests may come several to a message (a BATCH, `_codec`): each is served as if it came
+alone, and a bad one is answered with its own error. Replies without payload are not sent one
+by one: those ready in one loop turn go to each client together, as one BATCH message
+(`_queue_reply`), so a reply waits for no sibling that is not ready, only for the turn to end.
 A handler raising a TqError answers the client with it; anything else is a bug: logged with
 its traceback and answered with InternalServerError.
 
@@ -57,7 +61,7 @@ from zmq.utils import z85
 from catalog import InvalidCommandError, check_principal
 from catalog.errors import TqError
 
-from ._codec import Buffer, Codec, Incoming, Limits
+from ._codec import Buffer, Codec, Incoming, Limits, split_batches
 from ._credentials import COORDINATOR, Keyring, MasterKeyring, handshake_token
 from ._curve import curve_forced, leaves_host, server_keypair
 from ._errors import (
@@ -70,7 +74,7 @@ from ._errors import (
     UnknownPrincipalKeyError,
     UnsupportedRequestError,
 )
-from ._messages import Header, Kind, Message, Notify, Ping, Pong, Reply, Request
+from ._messages import Entry, Header, Kind, Message, Notify, Ping, Pong, Reply, Request
 from ._shell import DeadlineTimer, DropCounters, FramePump, log, new_socket
 from ._stats import RequestStats
 from ._zap import Verdict, admit_through, stop_admitting
@@ -174,6 +178,10 @@ class RpcServer:
         # Handler tasks, and the futures of direct handlers, running now.
         self._tasks: set[asyncio.Future[Any]] = set()
         self._peers: dict[bytes, bytes] = {}  # ROUTER identity -> session, for notify()
+        # Replies and errors without payload waiting for the end of this loop turn, by
+        # (ROUTER identity, session): sent as one BATCH message each (`_flush_replies`).
+        self._replies: dict[tuple[bytes, bytes], list[Entry]] = {}
+        self._flush_scheduled = False
         self._drops = DropCounters()
         self.endpoint: str | None = None
         self._closed = False
@@ -263,7 +271,7 @@ class RpcServer:
         self._deadlines = DeadlineTimer(loop, self.limits.max_handlers, _cancel_expired)
         # Fair: peers take turns by bytes, so a bulk producer's backlog does not hold up a
         # small request of another client (DESIGN §5 "Fair service").
-        self._pump = FramePump(sock, loop, small_frames=4, fair=True,
+        self._pump = FramePump(sock, loop, small_frames=2, fair=True,
                                limits=self.limits, on_message=self._on_message,
                                on_drop=self._on_drop, on_send_error=self._send_failed)
         return self.endpoint
@@ -320,6 +328,8 @@ class RpcServer:
             raise PeerUnreachableError(f"no client with identity {peer.hex()} has spoken to us")
         frames = self._codec.notify(message, to=session, now=time.time(), payload=payload,
                                     digests=digests)
+        if self._replies:
+            self._flush_replies()  # replies queued before this push go out before it
         try:
             self._pump.send([peer, *frames])
         except zmq.Again as exc:
@@ -406,7 +416,7 @@ class RpcServer:
     def _dispatch(self, parts: list[Any]) -> None:
         peer = parts[0]
         try:
-            incoming = self._codec.decode(parts[1:], time.time())
+            messages = self._codec.decode_all(parts[1:], time.time())
         except UnknownPrincipalKeyError as exc:
             if self.keyring.resolves and not self._closed:
                 self._park(exc.principal, parts)
@@ -419,6 +429,17 @@ class RpcServer:
             if header is not None and header.kind == Kind.REQUEST:
                 self._send_error(peer, header, exc)
             return
+        for incoming in messages:
+            if isinstance(incoming, RpcProtocolError):  # one bad entry of a batch
+                self._drops[incoming.reason] += 1
+                header = incoming.header
+                if header is not None and header.kind == Kind.REQUEST:
+                    self._send_error(peer, header, incoming)
+                continue
+            self._serve(peer, incoming)
+
+    def _serve(self, peer: bytes, incoming: Incoming) -> None:
+        """Start serving one authentic message of `peer`."""
         header = incoming.header
         if self._peers.get(peer) != header.session:
             self._remember_peer(peer, header.session)
@@ -621,15 +642,54 @@ class RpcServer:
     def _send_reply(self, peer: bytes, header: Header, reply: Reply,
                     payload: list[Buffer]) -> None:
         try:
+            if not payload:
+                self._queue_reply(peer, header.session, self._codec.reply_entry(header.id,
+                                                                                reply))
+                return
             frames = self._codec.reply(header.id, reply, to=header.session, now=time.time(),
                                        payload=payload)
         except RpcProtocolError as exc:  # the reply itself is over the limits
             self._send_error(peer, header, InternalServerError(f"reply not sendable: {exc}"))
             return
+        if self._replies:
+            self._flush_replies()  # what was answered before goes out before
         self._send(peer, frames)
 
     def _send_error(self, peer: bytes, header: Header, exc: TqError) -> None:
-        self._send(peer, self._codec.error(header.id, exc, to=header.session, now=time.time()))
+        self._queue_reply(peer, header.session, self._codec.error_entry(header.id, exc))
+
+    def _queue_reply(self, peer: bytes, session: bytes, entry: Entry) -> None:
+        """Hold a reply until this loop turn ends, to go with the others ready by then."""
+        if self._closed or self._pump is None:
+            return
+        queued = self._replies.get((peer, session))
+        if queued is None:
+            self._replies[peer, session] = [entry]
+        else:
+            queued.append(entry)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_replies)
+
+    def _flush_replies(self) -> None:
+        """Send the queued replies: to each client one BATCH message (more past the batch
+        bounds; a lone reply as a plain message)."""
+        self._flush_scheduled = False
+        replies, self._replies = self._replies, {}
+        if self._closed:
+            return
+        limits = self.limits
+        now = time.time()
+        for (peer, session), entries in replies.items():
+            for chunk in split_batches(entries, limits):
+                try:
+                    frames = (self._codec.single(chunk[0], to=session, now=now)
+                              if len(chunk) == 1
+                              else self._codec.batch(chunk, to=session, now=now))
+                except PeerUnreachableError:  # its session was forgotten meanwhile
+                    self._drops["unroutable"] += 1
+                    break
+                self._send(peer, frames)
 
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         if self._closed or self._pump is None:

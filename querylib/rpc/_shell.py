@@ -17,8 +17,8 @@ another's messages or the loop (DESIGN §5 "Fair service").
 Receiving enforces the frame-count and size limits while reading, so an oversized message is
 consumed and dropped part by part instead of accumulated (zmq has buffered each part by then:
 ZMQ_MAXMSGSIZE, set from `Limits.max_message_bytes`, is what bounds a part before it is
-buffered). The first `small_frames` parts (identity, signature, header, body) are copied into
-bytes when they are small (a part of unsigned garbage is not copied just to be dropped);
+buffered). The first `small_frames` parts (a ROUTER's identity frame, the envelope) are copied
+into bytes when they are small (a part of unsigned garbage is not copied just to be dropped);
 payload parts stay zmq-owned buffers (zero-copy memoryviews).
 
 `HandshakeWatch` reads a socket's monitor (zmq's socket events) the same way, for the outcome
@@ -184,7 +184,7 @@ class FramePump:
         self._loop = loop
         self._small = small_frames
         # Parts we accept: the codec's limit plus the ROUTER identity frame when there is one.
-        self._max_parts = limits.max_frames + (small_frames - 3)
+        self._max_parts = limits.max_frames + (small_frames - 1)
         self._max_bytes = limits.receive_bytes
         self._on_message = on_message
         self._on_drop = on_drop

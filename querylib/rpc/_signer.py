@@ -1,7 +1,8 @@
 """The frame MAC: keyed BLAKE3 over an RPC message's frames (DESIGN §2).
 
-What is signed: the frame count and lengths, the header and body frames as they are, and
-each payload frame (record batches) by its BLAKE3-256 digest (`payload_digest`). Hashing a
+What is signed: the count and lengths of the header, the body and the payload frames, the
+header and body as they are (both travel in the message's first frame, its envelope: `_codec`),
+and each payload frame (record batches) by its BLAKE3-256 digest (`payload_digest`). Hashing a
 payload first lets a sender pushing one payload to many peers (a broker fanning a batch out
 to its subscribers, each signed with its own key) hash it once and sign each copy's small
 header, body and digest; a receiver hashes what it got and checks the same MAC.
@@ -66,8 +67,8 @@ class Signer:
         self._packers: dict[int, struct.Struct] = {}
 
     def sign(self, frames: Sequence[Buffer]) -> bytes:
-        """The signature of `frames` (everything after the signature frame: header, body,
-        payload frames)."""
+        """The signature of `frames` (what a message carries besides its signature: header,
+        body, payload frames)."""
         return self._sign(frames, [_nbytes(f) for f in frames])
 
     def _sign(self, frames: Sequence[Buffer], lengths: list[int],

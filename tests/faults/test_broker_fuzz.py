@@ -34,6 +34,7 @@ from querylib.rpc import (
     audience_key,
     error_from_body,
 )
+from querylib.rpc._codec import envelope, open_envelope
 from querylib.rpc._errors import InternalServerError
 from tests.conftest import Processes, free_port
 from tests.integration._broker_helpers import secret_file, start_broker
@@ -87,8 +88,11 @@ class Hostile:
         return True
 
     def signed(self, frames: list) -> list:
-        """Re-sign (possibly mutated) frames after the signature: an authenticated peer."""
-        return [self.signer.sign(frames[1:]), *frames[1:]]
+        """Re-sign (possibly mutated) frames: an authenticated peer. The envelope's header and
+        body (as its header length splits them) and the payload frames keep their bytes."""
+        _, header, body = open_envelope(frames[0] if frames else b"")
+        parts = [bytes(header), bytes(body), *frames[1:]]
+        return [envelope(self.signer.sign(parts), parts[0], parts[1]), *frames[1:]]
 
     def request(self, message, payload=()) -> list:
         return self.codec.request(next(self.ids), message, ttl=5.0, now=time.time(),
@@ -263,14 +267,14 @@ def test_wrong_secret_and_oversized_frames_are_dropped(broker, good, hostile):
     finally:
         stranger.close()
     # Too many frames, and a batch over the broker's maximum (authentic, so answered).
-    hostile.send(hostile.signed([b"", *hostile.request(Ping(b"x"))[1:], *[b"p"] * 100]))
+    hostile.send(hostile.signed([*hostile.request(Ping(b"x")), *[b"p"] * 100]))
     big = hostile.request(m.ProduceRequest(session="fuzz", topic="t", partition=0),
                           [b"\0" * (9 * 1024 * 1024)])
     hostile.send(big)
     # A frame over zmq's maximum message size: zmq drops that connection, not the server.
     giant = Hostile(address, secret)
     try:
-        giant.offer(giant.signed([b"", *giant.request(Ping(b"x"))[1:], bytes(97 * 2**20)]))
+        giant.offer(giant.signed([*giant.request(Ping(b"x")), bytes(97 * 2**20)]))
     finally:
         giant.close()
     hostile.drain(wait=1.0)

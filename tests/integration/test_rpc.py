@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 import zmq
 
@@ -17,7 +18,9 @@ from querylib.rpc import (
     ClientClosedError,
     Codec,
     DeadlineExceededError,
+    Entry,
     InternalServerError,
+    Kind,
     Limits,
     PeerBusyError,
     PeerUnreachableError,
@@ -28,8 +31,10 @@ from querylib.rpc import (
     RpcServer,
     SecretRejectedError,
     ServerBusyError,
+    Signer,
     UnsupportedRequestError,
 )
+from querylib.rpc._codec import envelope, open_envelope
 from tests.conftest import wait_for_async
 from tests.querylib.rpc._support import (
     SECRET,
@@ -491,4 +496,153 @@ def test_a_direct_handler_answered_at_once_replies_in_order_and_is_counted() -> 
             assert stats.count == 6
             assert stats.errors == {"ShelfEmptyError": 1, "InternalServerError": 1}  # the bug
             assert not server._tasks  # nothing was left running
+    run(test)
+
+
+# -- several requests per message (BATCH, DESIGN §2) ----------------------------------------
+
+
+def _count_messages(endpoint: RpcServer | RpcClient) -> list[int]:
+    """Count the zmq messages `endpoint` receives from now on (its one receive callback,
+    wrapped before the frame pump takes it): one entry per message, its frame count."""
+    seen: list[int] = []
+    receive = endpoint._on_message
+
+    def counting(parts: list[Any]) -> None:
+        seen.append(len(parts))
+        receive(parts)
+
+    endpoint._on_message = counting  # type: ignore[method-assign]
+    return seen
+
+
+def test_calls_issued_together_travel_in_one_message_each_way_answered_in_any_order() -> None:
+    """64 requests issued in one loop turn reach the server as one message and their replies,
+    ready together, come back as one; replies released one by one in reverse order reach
+    their own callers; a request with payload keeps its place behind those issued before."""
+    async def test() -> None:
+        handlers = Handlers()
+        server = RpcServer(SECRET)
+        handlers.install(server)
+        server.register_direct(Ping, lambda request, ctx: _answered(Pong(request.data)))
+        received = _count_messages(server)
+        await server.start("tcp://127.0.0.1:0")
+        assert server.endpoint is not None
+        client = RpcClient(server.endpoint, SECRET, timeout=10.0)
+        replies = _count_messages(client)
+        await client.connect()
+        try:
+            assert await client.request(Ping(b"first")) == Pong(b"first")  # connected
+            received.clear()
+            replies.clear()
+            pongs = await asyncio.gather(*(client.request(Ping(bytes([i]))) for i in range(64)))
+            assert pongs == [Pong(bytes([i])) for i in range(64)]
+            assert len(received) == 1 and len(replies) == 1
+            # Gated handlers answer in reverse order, each reply in a message of its own.
+            for token in range(8):
+                handlers.gate(token)
+            calls = [asyncio.create_task(client.request(Fetch(t))) for t in range(8)]
+            await wait_for_async(lambda: len(handlers.started) == 8, what="all in flight")
+            for token in reversed(range(8)):
+                handlers.gates[token].set()
+                await wait_for_async(lambda t=token: calls[t].done(), what=f"reply {token}")
+                assert [c.done() for c in calls] == [t >= token for t in range(8)]
+            assert [c.result() for c in calls] == [FetchReply(t) for t in range(8)]
+            # Order kept: the batch issued before a request with payload reaches the server
+            # before it.
+            order: list[int] = []
+            server.register_direct(Fetch, lambda request, ctx: _answered(
+                FetchReply(request.token), order.append(request.token)))
+            got = await asyncio.gather(client.request(Fetch(1)), client.request(Fetch(2)),
+                                       client.exchange(Fetch(3), payload=[b"p"]),
+                                       client.request(Fetch(4)))
+            assert order == [1, 2, 3, 4] and got[2][0] == FetchReply(3)
+            assert server.counters == {} and client.counters == {}
+        finally:
+            await client.close()
+            await server.close()
+    run(test)
+
+
+def _answered(reply: Any, *effects: object) -> asyncio.Future[Any]:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_result(reply)
+    return future
+
+
+def test_a_slow_request_in_a_batch_does_not_delay_its_siblings() -> None:
+    async def test() -> None:
+        handlers = Handlers()
+        server = RpcServer(SECRET)
+        handlers.install(server)
+        received = _count_messages(server)
+        await server.start("tcp://127.0.0.1:0")
+        assert server.endpoint is not None
+        async with RpcClient(server.endpoint, SECRET, timeout=10.0) as client:
+            assert await client.request(Ping()) == Pong()
+            received.clear()
+            slow = handlers.gate(0)
+            calls = [asyncio.create_task(client.request(Fetch(t))) for t in range(6)]
+            await asyncio.gather(*calls[1:])  # answered while 0 waits for its gate
+            assert len(received) == 1  # all six came in one message
+            assert not calls[0].done()
+            slow.set()
+            assert await calls[0] == FetchReply(0)
+        await server.close()
+    run(test)
+
+
+def test_a_bad_oversized_or_replayed_batch_is_refused_and_the_server_keeps_serving() -> None:
+    """A raw peer holding the secret sends batches: a bad entry gets its own error while its
+    siblings are answered; a batch over the count bound gets each request refused; an
+    undecodable batch is dropped and counted; a replayed one is refused whole. A well-behaved
+    client is served throughout."""
+    async def test() -> None:
+        limits = Limits(max_batch=4)
+        async with served(limits) as (server, client, _):
+            codec = Codec(SECRET, role="client")  # its own, wider bounds
+            raw = authenticate(zmq.Context.instance().socket(zmq.DEALER), SECRET)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.connect(server.endpoint)
+
+            async def answers() -> list[Any]:
+                await wait_for_async(lambda: raw.poll(0), what="the server's answer")
+                return codec.decode_all(raw.recv_multipart(), time.time())
+
+            try:
+                bad = Entry(int(Kind.REQUEST), 2, Fetch.rpc_tag, 5.0,
+                            msgspec.Raw(b"\x81\xa1x\x01"))
+                frames = codec.batch([codec.request_entry(1, Ping(b"a"), ttl=5.0), bad,
+                                      codec.request_entry(3, Ping(b"c"), ttl=5.0)],
+                                     now=time.time())
+                raw.send_multipart(frames)
+                got = {m.header.id: m for m in await answers()}
+                assert got[1].body == Pong(b"a") and got[3].body == Pong(b"c")
+                assert got[2].header.kind == Kind.ERROR
+                assert "undecodable 'test.fetch' body" in got[2].body.message
+                # Replayed: refused whole, nothing answered, counted.
+                raw.send_multipart(frames)
+                await wait_for_async(lambda: server.counters.get("replayed") == 1,
+                                     what="the replay refused")
+                assert await client.request(Ping(b"still")) == Pong(b"still")
+                assert not raw.poll(0)
+                # Over the bound: every request refused with a clear error.
+                raw.send_multipart(codec.batch([codec.request_entry(i, Ping(), ttl=5.0)
+                                                for i in range(10, 15)], now=time.time()))
+                refused = await answers()
+                refused += await answers()  # the server's own batches hold 4 at most
+                assert sorted(m.header.id for m in refused) == list(range(10, 15))
+                assert all(m.header.kind == Kind.ERROR and "a batch of 5 messages; at most 4"
+                           in m.body.message for m in refused)
+                # Undecodable as a batch: dropped, counted, the server keeps serving.
+                _, header, _ = open_envelope(codec.batch(
+                    [codec.request_entry(20, Ping(), ttl=5.0)] * 2, now=time.time())[0])
+                body = b"\x92\x01\x02"
+                raw.send_multipart([envelope(Signer(SECRET).sign([header, body]), header,
+                                             body)])
+                await wait_for_async(lambda: server.counters.get("bad_batch") == 1,
+                                     what="the bad batch counted")
+                assert await client.request(Ping(b"on")) == Pong(b"on")
+            finally:
+                raw.close(0)
     run(test)

@@ -36,6 +36,7 @@ from querylib.rpc import (
     handshake_token,
     message_type,
 )
+from querylib.rpc._codec import envelope, open_envelope
 from tests.conftest import wait_for
 from tests.querylib.rpc._support import SECRET, Fetch, FetchReply, ServerThread, authenticate
 
@@ -85,14 +86,15 @@ def env() -> Iterator[Env]:
 
 
 def signed(header: Header, body: bytes) -> list[bytes]:
-    frames = [msgspec.msgpack.encode(header), body]
-    return [Signer(SECRET).sign(frames), *frames]
+    encoded = msgspec.msgpack.encode(header)
+    return [envelope(Signer(SECRET).sign([encoded, body]), encoded, body)]
 
 
 def fresh_header(env: Env, **changes: object) -> Header:
     """A valid request header from the insider's session, with `changes` applied."""
     frames = env.insider.request(1, Ping(), ttl=5.0, now=time.time())
-    return msgspec.structs.replace(msgspec.msgpack.decode(frames[1], type=Header), **changes)
+    return msgspec.structs.replace(msgspec.msgpack.decode(open_envelope(frames[0])[1],
+                                                          type=Header), **changes)
 
 
 frames_st = st.lists(st.binary(max_size=64), min_size=1, max_size=12)
@@ -162,8 +164,7 @@ def attack(env: Env, kind: str, *args: object) -> None:
             assume(False)
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
-        frames = [raw_header, b"\x80"]
-        env.send([Signer(SECRET).sign(frames), *frames])
+        env.send([envelope(Signer(SECRET).sign([raw_header, b"\x80"]), raw_header, b"\x80")])
     elif kind == "replay":
         ping = env.insider.request(13, Ping(args[0]), ttl=5.0, now=time.time())  # type: ignore[arg-type]
         env.raw.send_multipart(ping)  # the genuine one is answered, not dropped

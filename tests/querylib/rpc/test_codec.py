@@ -18,6 +18,7 @@ from querylib.rpc import (
     Codec,
     Credential,
     DeadlineExceededError,
+    Entry,
     ErrorBody,
     Header,
     Kind,
@@ -38,10 +39,16 @@ from querylib.rpc import (
     kafka_password,
     principal_key,
 )
-from querylib.rpc._codec import SIGNATURE_BYTES
+from querylib.rpc._codec import (
+    ENVELOPE_OVERHEAD,
+    SIGNATURE_BYTES,
+    envelope,
+    open_envelope,
+    split_batches,
+)
 from querylib.rpc._signer import MAC_KEY_CONTEXT, payload_digest
 
-from ._support import SECRET, Credit, Delivery, Fetch, FetchReply
+from ._support import SECRET, Credit, Delivery, Fetch, FetchReply, ShelfEmptyError
 
 NOW = 1_700_000_000.0
 
@@ -57,16 +64,27 @@ def heard(server: Codec, client: Codec) -> None:
     server.decode(client.notify(Credit(1), now=NOW), NOW)
 
 
-def resign(frames: list, secret: bytes = SECRET) -> list:
-    """The same frames with a fresh, valid signature (as an insider could make)."""
-    return [Signer(secret).sign(frames[1:]), *frames[1:]]
+def split(frames: list) -> list:
+    """A message's parts as bytes: signature, header, body, then the payload frames."""
+    return [*(bytes(part) for part in open_envelope(frames[0])), *frames[1:]]
+
+
+def join(parts: list) -> list:
+    """The wire frames of parts laid out as `split` gives them."""
+    return [envelope(parts[0], parts[1], parts[2]), *parts[3:]]
+
+
+def resign(parts: list, secret: bytes = SECRET) -> list:
+    """Wire frames of parts (laid out as `split` gives them) with a fresh, valid signature
+    (as an insider could make)."""
+    return join([Signer(secret).sign(parts[1:]), *parts[1:]])
 
 
 def test_request_reply_round_trip_with_payload() -> None:
     client, server = pair()
     payload = [b"", b"x", bytes(range(256)) * 400, memoryview(b"view")]
     frames = client.request(7, Fetch(token=3), ttl=2.5, now=NOW, payload=payload)
-    assert len(frames) == 3 + len(payload)
+    assert len(frames) == 1 + len(payload)  # the envelope, then the payload frames
     incoming = server.decode(frames, NOW)
     assert incoming.body == Fetch(token=3)
     assert incoming.header.kind == Kind.REQUEST and incoming.header.id == 7
@@ -114,7 +132,7 @@ def test_a_payload_pushed_to_many_is_hashed_once_and_each_copy_still_verifies() 
         altered = bytearray(payload)
         altered[1000] ^= 1
         with pytest.raises(BadSignatureError):
-            client.decode([*tampered[:3], bytes(altered)], NOW)
+            client.decode([tampered[0], bytes(altered)], NOW)
         # A digest that is not the payload's makes a push no one accepts.
         wrong = server.notify(Delivery(3), to=client.session, now=NOW, payload=[payload],
                               digests=[payload_digest(bytes(altered))])
@@ -129,7 +147,12 @@ def test_a_payload_pushed_to_many_is_hashed_once_and_each_copy_still_verifies() 
 def test_wire_layout_is_the_documented_one() -> None:
     client, _ = pair()
     frames = client.request(1, Ping(b"hi"), ttl=1.0, now=NOW, payload=[b"p"])
-    signature, header, body, payload = frames
+    assert len(frames) == 2
+    first, payload = frames
+    # The envelope: signature, the header's length (2 bytes, little-endian), header, body.
+    signature, header_length = first[:SIGNATURE_BYTES], first[SIGNATURE_BYTES:ENVELOPE_OVERHEAD]
+    header_end = ENVELOPE_OVERHEAD + int.from_bytes(header_length, "little")
+    header, body = first[ENVELOPE_OVERHEAD:header_end], first[header_end:]
     assert msgspec.msgpack.decode(header) == [0, 1, "rpc.ping", 1.0, client.session, 1, NOW,
                                               b"", "admin"]
     assert msgspec.msgpack.decode(body) == {"type": "rpc.ping", "data": b"hi"}
@@ -176,9 +199,13 @@ def test_any_altered_byte_breaks_the_signature(data: st.DataObject) -> None:
 def test_bytes_moved_between_frames_break_the_signature() -> None:
     client, server = pair()
     frames = client.request(1, Ping(), ttl=1.0, now=NOW, payload=[b"ab", b"cd"])
-    moved = [*frames[:3], b"abc", b"d"]  # same concatenation, other boundaries
+    moved = [frames[0], b"abc", b"d"]  # same concatenation, other boundaries
     with pytest.raises(BadSignatureError):
         server.decode(moved, NOW)
+    signature, header, body, *_ = split(frames)
+    into_body = [envelope(signature, header, body + b"a"), b"b", b"cd"]
+    with pytest.raises(BadSignatureError):
+        server.decode(into_body, NOW)
 
 
 def test_wrong_secret_and_unsigned_are_refused() -> None:
@@ -189,24 +216,31 @@ def test_wrong_secret_and_unsigned_are_refused() -> None:
     assert info.value.reason == "bad_signature" and info.value.header is None
     frames = Codec(SECRET, role="client").request(1, Ping(), ttl=1.0, now=NOW)
     with pytest.raises(BadSignatureError) as info:
-        server.decode([b"", *frames[1:]], NOW)
+        server.decode([frames[0][:ENVELOPE_OVERHEAD - 1]], NOW)
     assert info.value.reason == "unsigned"
+    _, header, body = split(frames)
+    with pytest.raises(BadSignatureError) as info:
+        server.decode(join([b"\0" * SIGNATURE_BYTES, header, body]), NOW)
+    assert info.value.reason == "bad_signature"
 
 
 def test_frame_count_and_size_limits() -> None:
     limits = Limits(max_frames=5, max_message_bytes=1000, max_body_bytes=100)
     client, server = pair(limits)
     with pytest.raises(MalformedMessageError):
-        server.decode([b"x" * SIGNATURE_BYTES, b"h"], NOW)
+        server.decode([], NOW)
+    with pytest.raises(MalformedMessageError) as info:  # a header longer than the frame
+        server.decode([b"x" * SIGNATURE_BYTES + b"\x10\x00" + b"h"], NOW)
+    assert info.value.reason == "bad_header"
     with pytest.raises(MessageTooLargeError) as info:
         server.decode([b"x"] * 6, NOW)
     assert info.value.reason == "too_many_frames"
     with pytest.raises(MessageTooLargeError) as info:
-        server.decode([b"x" * 32, b"h", b"b", b"p" * 1000], NOW)
+        server.decode([envelope(b"x" * 32, b"h", b"b"), b"p" * 1000], NOW)
     assert info.value.reason == "too_large"
     # The sender refuses to build what the receiver would refuse.
     with pytest.raises(MessageTooLargeError):
-        client.request(1, Ping(), ttl=1.0, now=NOW, payload=[b"p"] * 3)
+        client.request(1, Ping(), ttl=1.0, now=NOW, payload=[b"p"] * 5)
     with pytest.raises(MessageTooLargeError):
         client.request(1, Ping(b"d" * 200), ttl=1.0, now=NOW)
 
@@ -221,22 +255,22 @@ def test_signed_but_undecodable_header_is_malformed_without_header() -> None:
 def test_signed_header_with_invalid_utf8_is_malformed_not_a_crash() -> None:
     # msgspec raises UnicodeDecodeError (not DecodeError) for a str field holding bad UTF-8.
     client, server = pair()
-    frames = client.request(5, Ping(), ttl=1.0, now=NOW)
+    _, header, body = split(client.request(5, Ping(), ttl=1.0, now=NOW))
     tag = b"rpc.ping"
-    assert frames[1].count(tag) == 1
-    bad_header = frames[1].replace(tag, b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8")
+    assert header.count(tag) == 1
+    bad_header = header.replace(tag, b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8")
     with pytest.raises(MalformedMessageError) as info:
-        server.decode(resign([b"", bad_header, frames[2]]), NOW)
+        server.decode(resign([b"", bad_header, body]), NOW)
     assert info.value.reason == "bad_header"
 
 
 def test_unknown_tag_and_bad_body_carry_the_header_so_they_get_an_answer() -> None:
     client, server = pair()
-    frames = client.request(5, Ping(), ttl=1.0, now=NOW)
-    header = msgspec.msgpack.decode(frames[1], type=Header)
+    _, header_bytes, body = split(client.request(5, Ping(), ttl=1.0, now=NOW))
+    header = msgspec.msgpack.decode(header_bytes, type=Header)
     unknown = msgspec.structs.replace(header, tag="no.such.tag")
     with pytest.raises(UnknownMessageTypeError) as info:
-        server.decode(resign([b"", msgspec.msgpack.encode(unknown), frames[2]]), NOW)
+        server.decode(resign([b"", msgspec.msgpack.encode(unknown), body]), NOW)
     assert info.value.reason == "unknown_type" and info.value.header.id == 5
 
     bad = msgspec.structs.replace(header, seq=header.seq + 1)
@@ -264,10 +298,10 @@ def test_each_side_accepts_only_its_kinds() -> None:
 @pytest.mark.parametrize("ttl", [0.0, -1.0, float("nan"), float("inf"), 1e12])
 def test_request_ttl_outside_bounds_is_refused(ttl: float) -> None:
     client, server = pair()
-    frames = client.request(1, Ping(), ttl=1.0, now=NOW)
-    header = msgspec.structs.replace(msgspec.msgpack.decode(frames[1], type=Header), ttl=ttl)
+    _, header_bytes, body = split(client.request(1, Ping(), ttl=1.0, now=NOW))
+    header = msgspec.structs.replace(msgspec.msgpack.decode(header_bytes, type=Header), ttl=ttl)
     with pytest.raises(MalformedMessageError) as info:
-        server.decode(resign([b"", msgspec.msgpack.encode(header), frames[2]]), NOW)
+        server.decode(resign([b"", msgspec.msgpack.encode(header), body]), NOW)
     assert info.value.reason == "bad_header" and info.value.header is not None
 
 
@@ -465,3 +499,112 @@ def test_a_remote_keyring_refetches_a_key_at_most_once_per_interval() -> None:
         assert not MasterKeyring(SECRET).refetch("user:alice")
 
     asyncio.run(test())
+
+
+# -- BATCH messages: several requests, or replies, under one signature ---------------------
+
+
+def test_a_batch_carries_several_requests_and_their_replies_under_one_signature() -> None:
+    client, server = pair()
+    entries = [client.request_entry(i, Fetch(i), ttl=2.0) for i in range(1, 6)]
+    frames = client.batch(entries, now=NOW)
+    assert len(frames) == 1  # one envelope (signature, header, body) for all five
+    header = msgspec.msgpack.decode(split(frames)[1])
+    assert header[0] == Kind.BATCH and header[5] == 1  # one sequence number for the batch
+    got = server.decode_all(frames, NOW)
+    assert [(m.header.kind, m.header.id, m.header.ttl, m.body) for m in got] == \
+        [(Kind.REQUEST, i, 2.0, Fetch(i)) for i in range(1, 6)]
+    assert all(m.header.session == client.session and m.header.principal == "admin"
+               for m in got)
+    # Replies and errors come back together, in whatever order the server has them.
+    back = server.batch([server.reply_entry(3, FetchReply(3)),
+                         server.error_entry(1, ShelfEmptyError("shelf 1 is empty")),
+                         server.reply_entry(2, FetchReply(2))], to=client.session, now=NOW)
+    replies = client.decode_all(back, NOW)
+    assert [(m.header.kind, m.header.id) for m in replies] == \
+        [(Kind.REPLY, 3), (Kind.ERROR, 1), (Kind.REPLY, 2)]
+    assert replies[1].body.type.endswith("ShelfEmptyError")
+    # A lone entry goes as a plain message, which `decode` reads as it always did.
+    assert server.decode(client.single(client.request_entry(9, Ping(b"x"), ttl=1.0),
+                                       now=NOW), NOW).body == Ping(b"x")
+
+
+def test_batch_wire_layout_is_the_documented_one() -> None:
+    client, _ = pair()
+    frames = client.batch([client.request_entry(7, Ping(b"a"), ttl=1.5),
+                           client.request_entry(8, Fetch(3), ttl=2.0)], now=NOW)
+    _, header, body = split(frames)
+    assert msgspec.msgpack.decode(header) == [4, 0, "", 0.0, client.session, 1, NOW, b"",
+                                              "admin"]
+    # A MessagePack array of entries: [kind, id, tag, ttl, body embedded as it is].
+    assert msgspec.msgpack.decode(body) == [
+        [0, 7, "rpc.ping", 1.5, {"type": "rpc.ping", "data": b"a"}],
+        [0, 8, "test.fetch", 2.0, {"type": "test.fetch", "token": 3, "fail": ""}]]
+
+
+def test_a_batch_is_refused_where_one_message_is_expected() -> None:
+    client, server = pair()
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(UnknownMessageTypeError):
+        server.decode(frames, NOW)
+
+
+def test_a_bad_entry_of_a_batch_gets_its_own_error_and_its_siblings_decode() -> None:
+    client, server = pair()
+    good = client.request_entry(1, Fetch(1), ttl=1.0)
+    unknown = Entry(int(Kind.REQUEST), 2, "no.such.tag", 1.0, msgspec.Raw(b"\x80"))
+    undecodable = Entry(int(Kind.REQUEST), 3, Fetch.rpc_tag, 1.0, msgspec.Raw(b"\x81\xa1x\x01"))
+    no_ttl = Entry(int(Kind.REQUEST), 4, Ping.rpc_tag, 0.0, msgspec.Raw(b"\x80"))
+    reply = Entry(int(Kind.REPLY), 5, Pong.rpc_tag, 0.0, msgspec.Raw(b"\x80"))
+    got = server.decode_all(client.batch([good, unknown, undecodable, no_ttl, reply],
+                                         now=NOW), NOW)
+    assert got[0].body == Fetch(1)
+    errors = got[1:]
+    assert [type(e) for e in errors] == [UnknownMessageTypeError, MalformedMessageError,
+                                         MalformedMessageError, UnknownMessageTypeError]
+    assert [e.header.id for e in errors] == [2, 3, 4, 5]  # each can be answered
+    assert [e.reason for e in errors] == ["unknown_type", "bad_body", "bad_header",
+                                          "unexpected_kind"]
+
+
+def test_an_oversized_or_malformed_batch_is_refused_with_a_clear_error() -> None:
+    limits = Limits(max_batch=3)
+    client, server = pair(limits)
+    with pytest.raises(ValueError, match="1 to 3"):
+        client.batch([client.request_entry(i, Ping(), ttl=1.0) for i in range(4)], now=NOW)
+    big = Codec(SECRET, role="client", session=client.session)  # a sender with wider bounds
+    big._seq = 10
+    got = server.decode_all(big.batch([big.request_entry(i, Ping(), ttl=1.0)
+                                       for i in range(1, 5)], now=NOW), NOW)
+    assert all(isinstance(e, MessageTooLargeError) and e.reason == "batch_too_large"
+               and "a batch of 4 messages; at most 3" in str(e) for e in got)
+    assert [e.header.id for e in got] == [1, 2, 3, 4]
+    # A body that is no list of entries: refused whole, nothing to answer.
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(MalformedMessageError) as info:
+        server.decode_all(resign([b"", split(frames)[1], b"\x92\x01\x02"]), NOW)
+    assert info.value.reason == "bad_batch" and info.value.header is None
+    frames = client.batch([client.request_entry(1, Ping(), ttl=1.0)] * 2, now=NOW)
+    with pytest.raises(MalformedMessageError, match="payload"):
+        server.decode_all(resign([*split(frames), b"payload"]), NOW)
+
+
+def test_a_replayed_batch_is_refused_whole() -> None:
+    client, server = pair()
+    frames = client.batch([client.request_entry(i, Ping(), ttl=1.0) for i in (1, 2)],
+                          now=NOW)
+    assert len(server.decode_all(frames, NOW)) == 2
+    with pytest.raises(ReplayedMessageError):
+        server.decode_all(list(frames), NOW)
+    signature, header, body = split(frames)
+    tampered = join([signature, header, body.replace(b"\x01", b"\x02", 1)])
+    with pytest.raises(BadSignatureError):
+        server.decode_all(tampered, NOW)
+
+
+def test_split_batches_keeps_order_within_the_bounds() -> None:
+    limits = Limits(max_batch=3, max_batch_bytes=10)
+    entries = [Entry(0, i, "t", 1.0, msgspec.Raw(b"x" * size))
+               for i, size in enumerate([4, 4, 4, 1, 1, 1, 1, 30, 1])]
+    runs = [[e.id for e in run] for run in split_batches(entries, limits)]
+    assert runs == [[0, 1], [2, 3, 4], [5, 6], [7], [8]]
