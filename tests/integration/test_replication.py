@@ -104,6 +104,29 @@ def test_followers_hold_byte_identical_logs_with_the_leader_epoch_stamped(tmp_pa
     asyncio.run(main())
 
 
+def test_the_leader_hashes_each_held_batch_once_for_both_followers(tmp_path):
+    """Both followers fetch each batch while the leader still holds it (above the high
+    watermark); the reply to each is signed with the batch's digest, computed once for the
+    two (DESIGN §5 "Replication"), and verifies at both: their logs are the leader's."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            for i in range(6):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+            data = cluster.log(1).read(0, 1 << 20)
+            for follower in (2, 3):
+                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
+                                     timeout=30, what="the follower holds the leader's log")
+            assert cluster.servers[0].replication.digests.hashed == 6
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
 def test_a_produce_is_answered_only_once_every_follower_fetched_it(tmp_path):
     async def main() -> None:
         cluster = Cluster(tmp_path)

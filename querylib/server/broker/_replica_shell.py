@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 
@@ -38,7 +37,7 @@ from querylib.broker._errors import (
 from querylib.broker.messages import EpochEnd, EpochEndRequest, ReplicaData, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
 from querylib.rpc import Context, Credential
-from querylib.rpc._signer import payload_digest
+from querylib.rpc._signer import DigestCache
 
 from ._appender import AppendLane
 from ._bookkeeping import BrokerLimits
@@ -60,9 +59,10 @@ __all__ = ["ReplicaShell"]
 logger = logging.getLogger("querylib.broker")
 
 MAX_REPLICA_WAIT_MS = 30_000  # a follower's fetch waits at most this long for an append
-# Digests of held batches kept for the next follower's fetch, the oldest dropped first; each
-# keeps its batch alive until dropped, so they are bounded by the bytes of those batches.
-_KEPT_DIGEST_BYTES = 16 * 1024 * 1024
+# Digests of held batches kept for the next follower's fetch (`DigestCache`: each keeps its
+# batch alive until dropped, so they are bounded by the bytes and count of those batches).
+KEPT_DIGEST_BYTES = 16 * 1024 * 1024
+KEPT_DIGESTS = 4096
 
 
 class ReplicaShell:
@@ -97,11 +97,9 @@ class ReplicaShell:
             "broker: no one takes ISR proposals here: %s", instr)
         self._roles: dict[PartitionId, PartitionRole] = {}
         self._fetchers: dict[str, ReplicaFetcher] = {}
-        # The payload digests of the held batches last sent to followers, by identity (the
-        # batch kept with it, so its id is not reused): every follower fetches the same
-        # batches, hashed once for all of them.
-        self._digests: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
-        self._digested = 0  # bytes of the batches `_digests` keeps
+        # The payload digests of the held batches last sent to followers: every follower
+        # fetches the same batch objects, each hashed once for all of them.
+        self.digests = DigestCache(KEPT_DIGEST_BYTES, KEPT_DIGESTS)
         self._leading: set[PartitionId] = set()
 
     async def close(self) -> None:
@@ -206,26 +204,13 @@ class ReplicaShell:
         if answer.batches is not None:
             # Still held by the core, as stored: no read (nor a hop to the read pool), and
             # each batch goes out as its own frame, not copied into one.
-            ctx.attach(*answer.batches, digests=[self._digest(b) for b in answer.batches])
+            digest = self.digests.digest
+            ctx.attach(*answer.batches, digests=[digest(b) for b in answer.batches])
         elif req.fetch_offset < end:
             ctx.attach(await loop.run_in_executor(
                 self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,
                                                   end_offset=end)))
         return ReplicaData(answer.high_watermark, log.log_start_offset, end)
-
-    def _digest(self, batch: bytes) -> bytes:
-        kept = self._digests.get(id(batch))
-        if kept is not None and kept[0] is batch:
-            return kept[1]
-        digest = payload_digest(batch)
-        if kept is not None:  # another batch at a reused id: replaced
-            self._digested -= len(kept[0])
-        self._digests[id(batch)] = (batch, digest)
-        self._digested += len(batch)
-        while self._digested > _KEPT_DIGEST_BYTES and len(self._digests) > 1:
-            _, (dropped, _) = self._digests.popitem(last=False)
-            self._digested -= len(dropped)
-        return digest
 
     def _checked(self, topic: str, partition: int, replica: int, ctx: Context) -> PartitionId:
         """The partition a replica's request names, once its sender may replicate as
