@@ -71,6 +71,13 @@ class DigestCache:
     def __len__(self) -> int:
         return len(self._frames)
 
+    def kept(self, frame: Buffer) -> bytes | None:
+        """The digest of this very frame if kept (nothing is hashed), else None."""
+        if type(frame) is not bytes:
+            return None
+        kept = self._frames.get(id(frame))
+        return None if kept is None else kept[1]
+
     def digest(self, frame: Buffer) -> bytes:
         """`payload_digest(frame)`, hashed only if this very frame was not seen lately."""
         if type(frame) is not bytes:

@@ -127,6 +127,45 @@ def test_the_leader_hashes_each_held_batch_once_for_both_followers(tmp_path):
     asyncio.run(main())
 
 
+def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_path):
+    """A subscriber at the leader's tail gets each batch once the high watermark passes it:
+    the same stored bytes the followers fetched, already hashed for them, so the push is
+    signed with that digest (no second hash: `push_digests` stays 0) and verifies."""
+    from querylib.broker import Data, Subscriber
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        sub = None
+        try:
+            sub = await asyncio.to_thread(Subscriber, cluster.addresses[0], "t", 0,
+                                          secret=SECRET)
+            link = await producer(cluster.addresses[0])
+            for i in range(5):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+
+            def read() -> list[bytes]:
+                got: list[bytes] = []
+                while len(got) < 5:
+                    event = sub.next_event(timeout=30)
+                    assert event is not None, f"only {len(got)} records arrived"
+                    if isinstance(event, Data):
+                        got += [bytes(r.value or b"") for r in event.records]
+                return got
+
+            assert await asyncio.to_thread(read) == [b"v%d" % i for i in range(5)]
+            leader = cluster.servers[0]
+            assert leader.replication.digests.hashed == 5
+            assert leader.counters["push_digests"] == 0
+            await link.close()
+        finally:
+            if sub is not None:
+                await asyncio.to_thread(sub.close)
+            await cluster.close()
+
+    asyncio.run(main())
+
+
 def test_a_produce_is_answered_only_once_every_follower_fetched_it(tmp_path):
     async def main() -> None:
         cluster = Cluster(tmp_path)

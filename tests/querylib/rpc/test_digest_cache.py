@@ -17,6 +17,10 @@ def test_a_kept_frame_is_hashed_once_for_every_peer_it_goes_to() -> None:
     batch = b"held batch" * 100
     assert [cache.digest(batch) for _ in range(3)] == [payload_digest(batch)] * 3
     assert cache.hashed == 1 and len(cache) == 1 and cache.kept_bytes == len(batch)
+    # `kept` answers only for this very frame, hashing nothing
+    assert cache.kept(batch) == payload_digest(batch)
+    assert cache.kept(bytes(bytearray(batch))) is None
+    assert cache.kept(bytearray(batch)) is None and cache.hashed == 1
 
 
 def test_an_offset_truncated_and_written_again_never_gets_the_old_digest() -> None:
