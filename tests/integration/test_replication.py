@@ -32,9 +32,9 @@ PID = ("t", 0)
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, flush: str = "always") -> None:
         self.servers = [BrokerServer(tmp_path / f"b{i}", SECRET,
-                                     log_config=LogConfig(flush="always")) for i in (1, 2, 3)]
+                                     log_config=LogConfig(flush=flush)) for i in (1, 2, 3)]
         self.addresses: list[str] = []
 
     async def start(self, *, leader: int = 1, epoch: int = 1) -> None:
@@ -161,6 +161,42 @@ def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_p
         finally:
             if sub is not None:
                 await asyncio.to_thread(sub.close)
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("flush", ["never", "always"])
+def test_a_follower_appends_on_its_loop_only_when_no_append_waits_for_the_disk(tmp_path, flush):
+    """As the leader's append lane does (DESIGN §5 "Fair service"): under the "never" flush
+    policy a follower appends what it fetched on its event loop (the page cache takes it; no
+    thread hop per fetch), and its log is the leader's; under "always" (an fsync per append)
+    every append goes to the append pool, off the loop."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path, flush=flush)
+        pooled: list[str] = []
+        for server in cluster.servers[1:]:
+            pool = server.replication._append_pool
+            submit = pool.submit
+
+            def counted(fn, *args, submit=submit, **kwargs):
+                pooled.append(getattr(fn, "__name__", repr(fn)))
+                return submit(fn, *args, **kwargs)
+
+            pool.submit = counted  # type: ignore[method-assign]
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            for i in range(5):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+            data = cluster.log(1).read(0, 1 << 20)
+            for follower in (2, 3):
+                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
+                                     timeout=30, what="the follower holds the leader's log")
+            appends = pooled.count("append_replica")
+            assert appends == 0 if flush == "never" else appends >= 2
+            await link.close()
+        finally:
             await cluster.close()
 
     asyncio.run(main())
