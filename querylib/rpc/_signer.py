@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import blake3
@@ -47,10 +47,8 @@ def payload_digest(frame: Buffer) -> bytes:
 
 class DigestCache:
     """The `payload_digest` of frames sent more than once (a leader's held batch, fetched by
-    each of its followers, then pushed to its subscribers), each hashed once, and what to send
-    of each (`share(frame)`, made once: e.g. `RpcServer.shared_payload`, one zmq frame every
-    send references, released once). Bounded: at most `max_bytes` of frames and `max_frames`
-    of them, the oldest dropped first; a frame over `max_bytes` is hashed, not kept.
+    each of its followers), each hashed once. Bounded: at most `max_bytes` of frames and
+    `max_frames` of them, the oldest dropped first; a frame over `max_bytes` is hashed, not kept.
 
     Keyed by the frame object itself, never by what it stands for (an offset: truncated and
     written again, it holds other bytes): the cache holds each frame it keeps a digest of, so
@@ -59,57 +57,48 @@ class DigestCache:
     its receiver refuses (it hashes what it gets), never one it accepts.
     """
 
-    __slots__ = ("_frames", "_share", "hashed", "kept_bytes", "max_bytes", "max_frames")
+    __slots__ = ("_frames", "hashed", "kept_bytes", "max_bytes", "max_frames")
 
-    def __init__(self, max_bytes: int, max_frames: int,
-                 share: Callable[[bytes], Any] | None = None) -> None:
+    def __init__(self, max_bytes: int, max_frames: int) -> None:
         if max_bytes < 0 or max_frames < 1:
             raise ValueError(f"a digest cache of {max_bytes} bytes, {max_frames} frames")
         self.max_bytes = max_bytes
         self.max_frames = max_frames
-        self._share = share
-        # id(frame) -> (frame, what to send of it, its digest)
-        self._frames: OrderedDict[int, tuple[bytes, Any, bytes]] = OrderedDict()
+        self._frames: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
         self.kept_bytes = 0  # of the frames kept
         self.hashed = 0  # frames hashed, for tests and stats
 
     def __len__(self) -> int:
         return len(self._frames)
 
-    def kept(self, frame: Buffer) -> tuple[Any, bytes] | None:
-        """What to send of this very frame and its digest, if kept (nothing is hashed)."""
+    def kept(self, frame: Buffer) -> bytes | None:
+        """The digest of this very frame if kept (nothing is hashed), else None."""
         if type(frame) is not bytes:
             return None
         kept = self._frames.get(id(frame))
-        return None if kept is None else (kept[1], kept[2])
+        return None if kept is None else kept[1]
 
     def digest(self, frame: Buffer) -> bytes:
         """`payload_digest(frame)`, hashed only if this very frame was not seen lately."""
-        return self.entry(frame)[1]
-
-    def entry(self, frame: Buffer) -> tuple[Any, bytes]:
-        """What to send of `frame` (`share(frame)`, or `frame`) and its `payload_digest`,
-        made only if this very frame was not seen lately."""
         if type(frame) is not bytes:
             self.hashed += 1
-            return frame, payload_digest(frame)
+            return payload_digest(frame)
         kept = self._frames.get(id(frame))
         if kept is not None:  # the frame it holds is alive, so it is `frame`
-            return kept[1], kept[2]
+            return kept[1]
         self.hashed += 1
         digest = payload_digest(frame)
-        sent = frame if self._share is None else self._share(frame)
         size = len(frame)
         if size > self.max_bytes:
-            return sent, digest
+            return digest
         frames = self._frames
         while frames and (self.kept_bytes + size > self.max_bytes
                           or len(frames) >= self.max_frames):
-            _, (dropped, _, _) = frames.popitem(last=False)
+            _, (dropped, _) = frames.popitem(last=False)
             self.kept_bytes -= len(dropped)
-        frames[id(frame)] = (frame, sent, digest)
+        frames[id(frame)] = (frame, digest)
         self.kept_bytes += size
-        return sent, digest
+        return digest
 
 
 class Signer:

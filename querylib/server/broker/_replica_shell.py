@@ -36,7 +36,7 @@ from querylib.broker._errors import (
 )
 from querylib.broker.messages import EpochEnd, EpochEndRequest, ReplicaData, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
-from querylib.rpc import Context, Credential, RpcServer
+from querylib.rpc import Context, Credential
 from querylib.rpc._signer import DigestCache
 
 from ._appender import AppendLane
@@ -97,10 +97,9 @@ class ReplicaShell:
             "broker: no one takes ISR proposals here: %s", instr)
         self._roles: dict[PartitionId, PartitionRole] = {}
         self._fetchers: dict[str, ReplicaFetcher] = {}
-        # The payload digests of the held batches last sent to followers, and their zmq
-        # frames: every follower fetches the same batch objects, each hashed once and made
-        # one frame for all of them (and for the subscribers the batch goes to next).
-        self.digests = DigestCache(KEPT_DIGEST_BYTES, KEPT_DIGESTS, RpcServer.shared_payload)
+        # The payload digests of the held batches last sent to followers: every follower
+        # fetches the same batch objects, each hashed once for all of them.
+        self.digests = DigestCache(KEPT_DIGEST_BYTES, KEPT_DIGESTS)
         self._leading: set[PartitionId] = set()
 
     async def close(self) -> None:
@@ -205,9 +204,8 @@ class ReplicaShell:
         if answer.batches is not None:
             # Still held by the core, as stored: no read (nor a hop to the read pool), and
             # each batch goes out as its own frame, not copied into one.
-            entries = [self.digests.entry(b) for b in answer.batches]
-            ctx.attach(*(frame for frame, _ in entries),
-                       digests=[digest for _, digest in entries])
+            digest = self.digests.digest
+            ctx.attach(*answer.batches, digests=[digest(b) for b in answer.batches])
         elif req.fetch_offset < end:
             ctx.attach(await loop.run_in_executor(
                 self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,
