@@ -15,7 +15,10 @@ Rows (each {"name", "figures", "baseline", "ratio", "goal"}, or {"name", "skippe
   by round, min/median/max and the load average. The three brokers are processes on this
   machine's loopback, their roles set as an executor sets them from the catalog: what is
   measured is the replication protocol's cost on the two cores the brokers, the producer and
-  the subscriber share, not a network. Goal: RF 3 >= 0.5x RF 1 (medians).
+  the subscriber share, not a network. Goal: RF 3 >= 0.5x RF 1 (medians). Beside the rates,
+  the steadier figure: each broker's CPU seconds per million records (psutil, from the
+  pub->sub start to its result: the leader, each follower, the broker alone), less swayed by
+  whatever else shares the cores than a rate is; RF_ROUNDS rounds of each.
 
 The namespaces are created here and deleted in a finally; nothing touches the host's network.
 Each side is a process started with `ip netns exec` (this module's `_child`); the pub->sub
@@ -41,6 +44,7 @@ from typing import Any
 SUBNET = "10.198.9"
 BATCHES = 2000  # of 1000 records: 2 million per measurement
 ROUNDS = 3
+RF_ROUNDS = 7  # rf3_vs_rf1's rounds take seconds each: more of them steady its medians
 
 
 def _ip(*args: str) -> None:
@@ -182,9 +186,19 @@ def curve_vs_plain(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, An
     }
 
 
-def _measure_replicated(work: str, secret_file: str, replicas: int, batches: int) -> float:
+def _cpu_seconds(procs: list[subprocess.Popen[str]]) -> list[float]:
+    """The CPU seconds (user + system) each of `procs` has used so far."""
+    import psutil
+
+    times = [psutil.Process(proc.pid).cpu_times() for proc in procs]
+    return [t.user + t.system for t in times]
+
+
+def _measure_replicated(work: str, secret_file: str, replicas: int,
+                        batches: int) -> tuple[float, list[float]]:
     """Records/s of one pub->sub run through the leader of `replicas` fresh brokers on
-    loopback (one: a broker alone, the unreplicated path)."""
+    loopback (one: a broker alone, the unreplicated path), and each broker's CPU seconds
+    per million records over the run (the leader first)."""
     brokers: list[subprocess.Popen[str]] = []
     try:
         role = {"replicas": list(range(1, replicas + 1)), "leader_address": ""}
@@ -199,11 +213,13 @@ def _measure_replicated(work: str, secret_file: str, replicas: int, batches: int
             if broker_id == 1:
                 address = ready["address"]
                 role["leader_address"] = address
+        before = _cpu_seconds(brokers)
         pubsub = subprocess.Popen([sys.executable, "-m", __name__, "pubsub", address, "",
                                    secret_file, str(batches)], stdout=subprocess.PIPE,
                                   text=True)
         try:
             result = _line(pubsub, 600)
+            after = _cpu_seconds(brokers)
             pubsub.wait(60)
         finally:
             if pubsub.poll() is None:
@@ -214,19 +230,33 @@ def _measure_replicated(work: str, secret_file: str, replicas: int, batches: int
             broker.terminate()
         for broker in brokers:
             broker.wait(30)
-    return float(result["records"]) / max(float(result["seconds"]), 1e-9)
+    records = float(result["records"])
+    spent = [a - b for a, b in zip(after, before, strict=True)]
+    per_million = [seconds / max(records, 1.0) * 1e6 for seconds in spent]
+    return records / max(float(result["seconds"]), 1e-9), per_million
 
 
-def rf3_vs_rf1(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
+def _cpu_spread(values: list[float]) -> dict[str, float]:
+    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3),
+            "max": round(max(values), 3)}
+
+
+def rf3_vs_rf1(rounds: int = RF_ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="tq-bench-rf-")
     secret_file = _new_secret(work)
     rates: dict[int, list[float]] = {1: [], 3: []}
+    cpu: dict[str, list[float]] = {"rf1_broker": [], "rf3_leader": [], "rf3_follower": []}
     loads = []
     try:
         for n in range(rounds):
             for replicas in ((1, 3) if n % 2 == 0 else (3, 1)):
-                rates[replicas].append(_measure_replicated(work, secret_file, replicas,
-                                                           batches))
+                rate, per_million = _measure_replicated(work, secret_file, replicas, batches)
+                rates[replicas].append(rate)
+                if replicas == 1:
+                    cpu["rf1_broker"].append(per_million[0])
+                else:
+                    cpu["rf3_leader"].append(per_million[0])
+                    cpu["rf3_follower"] += per_million[1:]
                 loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -235,6 +265,7 @@ def rf3_vs_rf1(rounds: int = ROUNDS, batches: int = BATCHES) -> dict[str, Any]:
         "name": "replication_rf3_vs_rf1",
         "figures": {"rf3_records_per_s": three, "rounds": rounds, "records": batches * 1000,
                     "record_bytes": 100, "flush": "never",
+                    "cpu_s_per_million_records": {k: _cpu_spread(v) for k, v in cpu.items()},
                     "loadavg_1m": {"min": round(min(loads), 2), "max": round(max(loads), 2)},
                     "note": "three broker processes on loopback (a leader, two followers); "
                             "rounds alternated"},

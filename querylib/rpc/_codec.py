@@ -301,11 +301,13 @@ class Codec:
         return self._encode(Kind.REQUEST, request_id, message, ttl, b"", now, payload)
 
     def reply(self, request_id: int, message: Reply, *, to: bytes, now: float,
-              payload: Iterable[Buffer] = ()) -> list[Buffer]:
-        """Frames of the reply to request `request_id` of session `to`."""
+              payload: Iterable[Buffer] = (),
+              digests: Sequence[bytes] | None = None) -> list[Buffer]:
+        """Frames of the reply to request `request_id` of session `to` (`digests`: as for
+        `notify`)."""
         if not isinstance(message, Reply):
             raise TypeError(f"{type(message).__name__} is not a Reply")
-        return self._encode(Kind.REPLY, request_id, message, 0.0, to, now, payload)
+        return self._encode(Kind.REPLY, request_id, message, 0.0, to, now, payload, digests)
 
     def error(self, request_id: int, exc: TqError | ErrorBody, *, to: bytes,
               now: float) -> list[Buffer]:

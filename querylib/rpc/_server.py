@@ -101,8 +101,8 @@ class Context:
     server      the server, e.g. to notify this peer later
     """
 
-    __slots__ = ("deadline", "expired", "payload", "peer", "principal", "reply_payload",
-                 "request_id", "server", "session")
+    __slots__ = ("deadline", "expired", "payload", "peer", "principal", "reply_digests",
+                 "reply_payload", "request_id", "server", "session")
 
     def __init__(self, server: RpcServer, peer: bytes, header: Header, payload: list[Buffer],
                  deadline: float) -> None:
@@ -115,10 +115,20 @@ class Context:
         self.deadline = deadline
         self.expired = False  # set when the server cancels the handler at the deadline
         self.reply_payload: list[Buffer] = []
+        # `payload_digest` of each frame attached, while every one came with it
+        self.reply_digests: list[bytes] | None = []
 
-    def attach(self, *frames: Buffer) -> None:
-        """Send these raw frames after the reply's body (not copied: do not mutate them)."""
+    def attach(self, *frames: Buffer, digests: Sequence[bytes] | None = None) -> None:
+        """Send these raw frames after the reply's body (not copied: do not mutate them).
+        `digests`: their `payload_digest`s, when the caller has them (a frame sent to several
+        peers is hashed once); a wrong one only makes a reply its receiver refuses."""
         self.reply_payload.extend(frames)
+        if digests is None or self.reply_digests is None:
+            self.reply_digests = None
+        else:
+            if len(digests) != len(frames):
+                raise ValueError(f"{len(digests)} digests for {len(frames)} frames")
+            self.reply_digests.extend(digests)
 
     def remaining(self) -> float:
         """Seconds until the deadline (negative once past)."""
@@ -556,7 +566,7 @@ class RpcServer:
                 f"handler of {header.tag} returned {type(reply).__name__}, "
                 f"not {expected.__name__}"))
             return
-        self._send_reply(ctx.peer, header, reply, ctx.reply_payload)
+        self._send_reply(ctx.peer, header, reply, ctx.reply_payload, ctx.reply_digests)
 
     def _serve_direct(self, incoming: Incoming, ctx: Context) -> None:
         """Run a direct handler now; its future's outcome is answered as a task's would be
@@ -623,7 +633,8 @@ class RpcServer:
                 f"handler of {header.tag} returned {type(reply).__name__}, "
                 f"not {expected.__name__}"))
             return
-        self._send_reply(ctx.peer, header, cast(Reply, reply), ctx.reply_payload)
+        self._send_reply(ctx.peer, header, cast(Reply, reply), ctx.reply_payload,
+                         ctx.reply_digests)
 
     async def _serve_notify(self, handler: Handler, incoming: Incoming, ctx: Context) -> None:
         began = time.perf_counter()
@@ -640,14 +651,14 @@ class RpcServer:
             self.stats.record(incoming.header.tag, time.perf_counter() - began, error)
 
     def _send_reply(self, peer: bytes, header: Header, reply: Reply,
-                    payload: list[Buffer]) -> None:
+                    payload: list[Buffer], digests: list[bytes] | None = None) -> None:
         try:
             if not payload:
                 self._queue_reply(peer, header.session, self._codec.reply_entry(header.id,
                                                                                 reply))
                 return
             frames = self._codec.reply(header.id, reply, to=header.session, now=time.time(),
-                                       payload=payload)
+                                       payload=payload, digests=digests or None)
         except RpcProtocolError as exc:  # the reply itself is over the limits
             self._send_error(peer, header, InternalServerError(f"reply not sendable: {exc}"))
             return

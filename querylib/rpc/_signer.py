@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import blake3
 
 from ._errors import SecretFileError
 
-__all__ = ["DIGEST_BYTES", "MAC_KEY_CONTEXT", "Signer", "payload_digest"]
+__all__ = ["DIGEST_BYTES", "MAC_KEY_CONTEXT", "DigestCache", "Signer", "payload_digest"]
 
 Buffer = Any  # bytes, bytearray, memoryview: anything with the buffer protocol, C-contiguous
 
@@ -43,6 +44,62 @@ def payload_digest(frame: Buffer) -> bytes:
     """BLAKE3-256 of a payload frame: what the MAC covers in its place. The blake3 package
     releases the GIL while hashing a large frame, so a thread may compute it."""
     return blake3.blake3(frame).digest()
+
+
+class DigestCache:
+    """The `payload_digest` of frames sent more than once (a leader's held batch, fetched by
+    each of its followers), each hashed once. Bounded: at most `max_bytes` of frames and
+    `max_frames` of them, the oldest dropped first; a frame over `max_bytes` is hashed, not kept.
+
+    Keyed by the frame object itself, never by what it stands for (an offset: truncated and
+    written again, it holds other bytes): the cache holds each frame it keeps a digest of, so
+    no other object can take its id meanwhile, and only `bytes` (immutable) are kept; any
+    other buffer (it may change) is hashed every time. A wrong digest could only make a reply
+    its receiver refuses (it hashes what it gets), never one it accepts.
+    """
+
+    __slots__ = ("_frames", "hashed", "kept_bytes", "max_bytes", "max_frames")
+
+    def __init__(self, max_bytes: int, max_frames: int) -> None:
+        if max_bytes < 0 or max_frames < 1:
+            raise ValueError(f"a digest cache of {max_bytes} bytes, {max_frames} frames")
+        self.max_bytes = max_bytes
+        self.max_frames = max_frames
+        self._frames: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
+        self.kept_bytes = 0  # of the frames kept
+        self.hashed = 0  # frames hashed, for tests and stats
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def kept(self, frame: Buffer) -> bytes | None:
+        """The digest of this very frame if kept (nothing is hashed), else None."""
+        if type(frame) is not bytes:
+            return None
+        kept = self._frames.get(id(frame))
+        return None if kept is None else kept[1]
+
+    def digest(self, frame: Buffer) -> bytes:
+        """`payload_digest(frame)`, hashed only if this very frame was not seen lately."""
+        if type(frame) is not bytes:
+            self.hashed += 1
+            return payload_digest(frame)
+        kept = self._frames.get(id(frame))
+        if kept is not None:  # the frame it holds is alive, so it is `frame`
+            return kept[1]
+        self.hashed += 1
+        digest = payload_digest(frame)
+        size = len(frame)
+        if size > self.max_bytes:
+            return digest
+        frames = self._frames
+        while frames and (self.kept_bytes + size > self.max_bytes
+                          or len(frames) >= self.max_frames):
+            _, (dropped, _) = frames.popitem(last=False)
+            self.kept_bytes -= len(dropped)
+        frames[id(frame)] = (frame, digest)
+        self.kept_bytes += size
+        return digest
 
 
 class Signer:

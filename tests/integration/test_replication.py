@@ -32,9 +32,9 @@ PID = ("t", 0)
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, flush: str = "always") -> None:
         self.servers = [BrokerServer(tmp_path / f"b{i}", SECRET,
-                                     log_config=LogConfig(flush="always")) for i in (1, 2, 3)]
+                                     log_config=LogConfig(flush=flush)) for i in (1, 2, 3)]
         self.addresses: list[str] = []
 
     async def start(self, *, leader: int = 1, epoch: int = 1) -> None:
@@ -97,6 +97,104 @@ def test_followers_hold_byte_identical_logs_with_the_leader_epoch_stamped(tmp_pa
                 assert cluster.log(follower).read(0, 1 << 20) == data
             epochs = {b.partition_leader_epoch for b in iter_batches(data)}
             assert epochs == {4}
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_the_leader_hashes_each_held_batch_once_for_both_followers(tmp_path):
+    """Both followers fetch each batch while the leader still holds it (above the high
+    watermark); the reply to each is signed with the batch's digest, computed once for the
+    two (DESIGN §5 "Replication"), and verifies at both: their logs are the leader's."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            for i in range(6):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+            data = cluster.log(1).read(0, 1 << 20)
+            for follower in (2, 3):
+                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
+                                     timeout=30, what="the follower holds the leader's log")
+            assert cluster.servers[0].replication.digests.hashed == 6
+            await link.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_path):
+    """A subscriber at the leader's tail gets each batch once the high watermark passes it:
+    the same stored bytes the followers fetched, already hashed for them, so the push is
+    signed with that digest (no second hash: `push_digests` stays 0) and verifies."""
+    from querylib.broker import Data, Subscriber
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        sub = None
+        try:
+            sub = await asyncio.to_thread(Subscriber, cluster.addresses[0], "t", 0,
+                                          secret=SECRET)
+            link = await producer(cluster.addresses[0])
+            for i in range(5):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+
+            def read() -> list[bytes]:
+                got: list[bytes] = []
+                while len(got) < 5:
+                    event = sub.next_event(timeout=30)
+                    assert event is not None, f"only {len(got)} records arrived"
+                    if isinstance(event, Data):
+                        got += [bytes(r.value or b"") for r in event.records]
+                return got
+
+            assert await asyncio.to_thread(read) == [b"v%d" % i for i in range(5)]
+            leader = cluster.servers[0]
+            assert leader.replication.digests.hashed == 5
+            assert leader.counters["push_digests"] == 0
+            await link.close()
+        finally:
+            if sub is not None:
+                await asyncio.to_thread(sub.close)
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("flush", ["never", "always"])
+def test_a_follower_appends_on_its_loop_only_when_no_append_waits_for_the_disk(tmp_path, flush):
+    """As the leader's append lane does (DESIGN §5 "Fair service"): under the "never" flush
+    policy a follower appends what it fetched on its event loop (the page cache takes it; no
+    thread hop per fetch), and its log is the leader's; under "always" (an fsync per append)
+    every append goes to the append pool, off the loop."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path, flush=flush)
+        pooled: list[str] = []
+        for server in cluster.servers[1:]:
+            pool = server.replication._append_pool
+            submit = pool.submit
+
+            def counted(fn, *args, submit=submit, **kwargs):
+                pooled.append(getattr(fn, "__name__", repr(fn)))
+                return submit(fn, *args, **kwargs)
+
+            pool.submit = counted  # type: ignore[method-assign]
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            for i in range(5):
+                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+            data = cluster.log(1).read(0, 1 << 20)
+            for follower in (2, 3):
+                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
+                                     timeout=30, what="the follower holds the leader's log")
+            appends = pooled.count("append_replica")
+            assert appends == 0 if flush == "never" else appends >= 2
             await link.close()
         finally:
             await cluster.close()

@@ -33,6 +33,7 @@ from querylib.rpc import (
     ServerBusyError,
     Signer,
     UnsupportedRequestError,
+    payload_digest,
 )
 from querylib.rpc._codec import envelope, open_envelope
 from tests.conftest import wait_for_async
@@ -645,4 +646,43 @@ def test_a_bad_oversized_or_replayed_batch_is_refused_and_the_server_keeps_servi
                 assert await client.request(Ping(b"on")) == Pong(b"on")
             finally:
                 raw.close(0)
+    run(test)
+
+
+def test_a_reply_signed_with_given_payload_digests_verifies_and_a_wrong_one_is_refused() -> None:
+    """A handler that has its payload frames' digests already (a frame sent to several peers
+    is hashed once, DESIGN §2) attaches them with the frames: the reply verifies at the
+    client as one the server hashed itself; frames attached without digests make the server
+    hash them all; a digest of other bytes only makes a reply the client refuses (the MAC
+    covers what the client hashes of what it got), and a count that does not match the
+    frames is the handler's bug."""
+    async def test() -> None:
+        async with served() as (server, client, _handlers):
+            big = bytes(range(256)) * 1024  # zero-copy sized
+
+            async def handler(request: Fetch, ctx: Any) -> FetchReply:
+                frames = [b"batch-1", big]
+                if request.fail == "digests":
+                    ctx.attach(*frames, digests=[payload_digest(f) for f in frames])
+                elif request.fail == "mixed":
+                    ctx.attach(frames[0], digests=[payload_digest(frames[0])])
+                    ctx.attach(frames[1])
+                elif request.fail == "wrong":
+                    ctx.attach(*frames, digests=[payload_digest(b"other"),
+                                                 payload_digest(big)])
+                elif request.fail == "count":
+                    ctx.attach(*frames, digests=[payload_digest(big)])
+                return FetchReply(request.token)
+
+            server.register(Fetch, handler)
+            for mode in ("digests", "mixed"):
+                reply, back = await client.exchange(Fetch(1, fail=mode))
+                assert reply == FetchReply(1)
+                assert [bytes(f) for f in back] == [b"batch-1", big]
+            with pytest.raises(DeadlineExceededError):
+                await client.request(Fetch(2, fail="wrong"), timeout=1.0)
+            assert client.counters.get("bad_signature") == 1
+            with pytest.raises(InternalServerError, match="2 frames"):
+                await client.request(Fetch(3, fail="count"))
+            assert await client.request(Fetch(4, fail="digests")) == FetchReply(4)
     run(test)

@@ -22,7 +22,7 @@ from typing import Any
 from catalog.errors import TqError
 from querylib.broker.messages import EpochEndRequest, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
-from querylib.log import PartitionLog
+from querylib.log import FlushPolicy, PartitionLog
 from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
 from ._events import PartitionId, ReplicaAppended, Stimulus
@@ -149,9 +149,18 @@ class ReplicaFetcher:
         reply, frames = await client.exchange(request)
         if self.held or self.partitions.get(pid) is not role:
             return  # paused, or its role changed meanwhile: the next fetch tells
-        data = b"".join(frames)  # a batch a frame, or one run of them: one copy
-        if data:
-            await self._write(pid, log.append_replica, data)
+        # A batch a frame, or one run of them: one frame is appended as it came, several
+        # joined (one copy).
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        if len(data):
+            if log.config.flush is FlushPolicy.NEVER and not log.may_roll(len(data)):
+                # As the leader's append lane does: no append waits for the disk under
+                # "never" (the page cache takes it), so it is written here, without a thread
+                # hop each way per fetch; one that may roll the segment (the roll fsyncs the
+                # segment it seals) goes to the pool.
+                log.append_replica(data)
+            else:
+                await self._write(pid, log.append_replica, data)
         if self.partitions.get(pid) is role:
             self._report(ReplicaAppended(pid, log.log_end_offset, log.durable_end_offset,
                                          reply.high_watermark))

@@ -37,6 +37,7 @@ from querylib.broker._errors import (
 from querylib.broker.messages import EpochEnd, EpochEndRequest, ReplicaData, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
 from querylib.rpc import Context, Credential
+from querylib.rpc._signer import DigestCache
 
 from ._appender import AppendLane
 from ._bookkeeping import BrokerLimits
@@ -58,6 +59,10 @@ __all__ = ["ReplicaShell"]
 logger = logging.getLogger("querylib.broker")
 
 MAX_REPLICA_WAIT_MS = 30_000  # a follower's fetch waits at most this long for an append
+# Digests of held batches kept for the next follower's fetch (`DigestCache`: each keeps its
+# batch alive until dropped, so they are bounded by the bytes and count of those batches).
+KEPT_DIGEST_BYTES = 16 * 1024 * 1024
+KEPT_DIGESTS = 4096
 
 
 class ReplicaShell:
@@ -92,6 +97,9 @@ class ReplicaShell:
             "broker: no one takes ISR proposals here: %s", instr)
         self._roles: dict[PartitionId, PartitionRole] = {}
         self._fetchers: dict[str, ReplicaFetcher] = {}
+        # The payload digests of the held batches last sent to followers: every follower
+        # fetches the same batch objects, each hashed once for all of them.
+        self.digests = DigestCache(KEPT_DIGEST_BYTES, KEPT_DIGESTS)
         self._leading: set[PartitionId] = set()
 
     async def close(self) -> None:
@@ -196,7 +204,8 @@ class ReplicaShell:
         if answer.batches is not None:
             # Still held by the core, as stored: no read (nor a hop to the read pool), and
             # each batch goes out as its own frame, not copied into one.
-            ctx.attach(*answer.batches)
+            digest = self.digests.digest
+            ctx.attach(*answer.batches, digests=[digest(b) for b in answer.batches])
         elif req.fetch_offset < end:
             ctx.attach(await loop.run_in_executor(
                 self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,
