@@ -45,6 +45,29 @@ def counted_wakes(client: Any) -> Iterator[list[int]]:
         loop.call_soon_threadsafe = real
 
 
+def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_path) -> None:
+    """While its sender is scheduled or running, batches added to the outbox are taken by it
+    without another wake; an idle sender is woken by the next batch (none is left behind)."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Producer(endpoint, "wake", secret=SECRET, linger=0.0005) as producer:
+            with counted_wakes(producer) as wakes:
+                for i in range(50):
+                    producer.send_batch(batch(b"%04d" % i))
+                assert wakes[0] == 1
+            producer.flush()
+            assert producer.core.acked_batches == 50
+            producer.send_batch(batch(b"last"))  # the sender went idle: this one wakes it
+            producer.flush()
+            assert producer.core.acked_batches == 51
+        with Subscriber(endpoint, "wake", 0, secret=SECRET) as sub:
+            values: list[bytes] = []
+            while len(values) < 51:
+                event = sub.next_event(timeout=30)
+                assert event is not None
+                values += [r.value or b"" for r in getattr(event, "records", [])]
+        assert values == [b"%04d" % i for i in range(50)] + [b"last"]
+
+
 def test_a_subscriber_wakes_its_loop_once_for_chunks_consumed_while_it_is_busy(tmp_path) -> None:
     """Consumed chunks return credit from the loop thread: those consumed before it ran take
     one wake between them, and the credit they return still lets the broker send on."""

@@ -195,36 +195,3 @@ def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tm
         assert acked == 3
         assert last == Produced(base_offset=2, next_offset=4)
 
-
-def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_path) -> None:
-    """Each batch used to cross to the producer's loop thread with a wake of its own (a
-    write to the loop's self-pipe and a thread switch per batch, ~30% of a producer's CPU
-    with 8 partitions): while its sender is scheduled or running, batches added to the
-    outbox are taken by it without another wake; an idle sender is woken by the next batch."""
-    with broker(str(tmp_path)) as (endpoint, _):
-        with Producer(endpoint, "wake", secret=SECRET, linger=0.0005) as producer:
-            loop = producer._thread.loop
-            wakes = 0
-            real = loop.call_soon_threadsafe
-
-            def counting(*args: object, **options: object) -> object:
-                nonlocal wakes
-                wakes += 1
-                return real(*args, **options)  # type: ignore[arg-type]
-
-            gate = threading.Event()
-            producer._thread.soon(gate.wait, 30)  # the loop thread is busy meanwhile
-            loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-            try:
-                for i in range(50):
-                    producer.send_batch(batch(str(i).encode()))
-                assert wakes == 1
-            finally:
-                gate.set()
-                loop.call_soon_threadsafe = real  # type: ignore[method-assign]
-            producer.flush()
-            assert producer.core.acked_batches == 50
-            producer.send_batch(batch(b"after"))  # the sender went idle: this one wakes it
-            producer.flush()
-            assert producer.core.acked_batches == 51
-        assert values_of(endpoint, "wake", 51) == [str(i).encode() for i in range(50)] + [b"after"]
