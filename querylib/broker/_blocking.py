@@ -439,11 +439,6 @@ class Subscriber:
         self._closed = False
         self._finished = False
         self._pending: list[tuple[Event | Values | None, int, int]] = []
-        # Bytes consumed per partition, not yet told to the core (which grants credit): taken
-        # by one loop callback, scheduled when the first is added (one wake per idle spell of
-        # the loop thread, not one per chunk).
-        self._consumed_lock = threading.Lock()
-        self._consumed: dict[int, int] = {}
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
                                         "locate": _async_locate(locate),
                                         "reconnect_timeout": reconnect_timeout,
@@ -508,21 +503,7 @@ class Subscriber:
     def consumed(self, chunk: Chunk) -> None:
         """Mark a chunk processed: credit returns to the broker, positions move on."""
         self.decoder.positions[chunk.partition] = chunk.next_offset
-        self._consume(chunk.partition, len(chunk.data))
-
-    def _consume(self, partition: int, nbytes: int) -> None:
-        with self._consumed_lock:
-            waiting = self._consumed
-            wake = not waiting
-            if wake:
-                self._thread.soon(self._tell_consumed)  # ClientClosedError once closed
-            waiting[partition] = waiting.get(partition, 0) + nbytes
-
-    def _tell_consumed(self) -> None:
-        with self._consumed_lock:
-            consumed, self._consumed = self._consumed, {}
-        for partition, nbytes in consumed.items():
-            self.core.consumed(partition, nbytes)
+        self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
 
     def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None after `timeout` seconds, or at the end of a non-follow read."""
@@ -537,7 +518,7 @@ class Subscriber:
             if chunk is None:
                 return None
             items = list(self.decoder.decode(chunk))
-            self._consume(chunk.partition, len(chunk.data))
+            self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
             items.reverse()
             self._pending = items
 

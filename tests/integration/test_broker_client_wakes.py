@@ -1,6 +1,7 @@
-"""The blocking clients cross to their loop thread once per idle spell, not once per batch
+"""The blocking Producer crosses to its loop thread once per idle spell, not once per batch
 (issue 17: a wake is a write to the loop's self-pipe and a thread switch, a large part of a
-busy client's CPU): a broker on loopback in a thread of this process, real sockets and files."""
+busy producer's CPU): a broker on loopback in a thread of this process, real sockets and
+files."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Any
 from querylib.broker import Producer, Subscriber
 from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
-from tests.conftest import wait_for
 
 from ._broker_helpers import broker_on_thread
 
@@ -66,33 +66,3 @@ def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_pat
                 assert event is not None
                 values += [r.value or b"" for r in getattr(event, "records", [])]
         assert values == [b"%04d" % i for i in range(50)] + [b"last"]
-
-
-def test_a_subscriber_wakes_its_loop_once_for_chunks_consumed_while_it_is_busy(tmp_path) -> None:
-    """Consumed chunks return credit from the loop thread: those consumed before it ran take
-    one wake between them, and the credit they return still lets the broker send on."""
-    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
-        with Subscriber(endpoint, "c", 0, secret=SECRET, create=True,
-                        credit=64 * 1024) as sub, \
-                Producer(endpoint, "c", secret=SECRET) as producer:
-            for i in range(20):  # each acknowledged before the next: one delivery each
-                producer.send_batch(batch(b"%04d" % i + bytes(1000)))
-                producer.flush()
-            wait_for(lambda: sub._queue.qsize() >= 20, timeout=30)
-            offset = 0
-            with counted_wakes(sub) as wakes:
-                for _ in range(20):
-                    chunk = sub.next_chunk(timeout=30)
-                    assert chunk is not None and chunk.offset == offset
-                    offset = chunk.next_offset
-                    sub.consumed(chunk)
-                assert wakes[0] == 1
-            assert offset == 20
-            for i in range(20, 300):  # 300 KB more than the 64 KB credit: grants must flow
-                producer.send_batch(batch(b"%04d" % i + bytes(1000)))
-            producer.flush()
-            while offset < 300:
-                chunk = sub.next_chunk(timeout=30)
-                assert chunk is not None and chunk.offset == offset
-                offset = chunk.next_offset
-                sub.consumed(chunk)
