@@ -65,12 +65,9 @@ _COPY_LIMIT = 64 * 1024
 
 # Messages, and bytes, handled per loop callback before yielding, so handler tasks, timers,
 # other sockets and disk reads run while a burst is drained: a burst of large messages (a
-# bulk producer's 100 KB batches) ends after 256 KiB (three of them), not after 64. A
-# megabyte a turn held a broker's loop for 1.7-6.7 ms (median, beside a bulk stream on the
-# loaded 2-core machine; 0.7-1.0 ms with 256 KiB) and a probe beside it waited longer (DESIGN
-# §5 "Fair service"), for no CPU per record that could be told apart (issue 17).
+# bulk producer's 100 KB batches) ends after about a megabyte, not after 64 of them.
 RECV_BURST = 64
-RECV_BURST_BYTES = 256 * 1024
+RECV_BURST_BYTES = 1024 * 1024
 
 # Bytes received between two reads of ZMQ_EVENTS inside a burst. Reading it has zmq process
 # its commands, among them "this peer has a message now": only then does its fair queue take

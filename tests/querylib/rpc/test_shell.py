@@ -159,39 +159,6 @@ def test_a_receive_burst_is_bounded_in_bytes(fair: bool) -> None:
     asyncio.run(asyncio.wait_for(test(), 30))
 
 
-@pytest.mark.parametrize("fair", [False, True])
-def test_a_bulk_stream_holds_the_loop_for_at_most_three_of_its_batches(fair: bool) -> None:
-    """A bulk producer's 100 KB batches (scaling_probe_beside_bulk's) are served at most three
-    per loop callback: then the loop turns (timers, the zmq fd, other sockets), where a
-    megabyte a turn held it ten batches (beside a bulk stream on the loaded 2-core machine:
-    turns of 1.7-6.7 ms at the median, a probe's latency up with them; DESIGN §5 "Fair
-    service")."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, _probe = _fair_pair(context, "fair-bulk-turn")
-        order: list[str] = []
-
-        def on_message(parts: list[Any]) -> None:
-            order.append("message")
-            if len(order) == 1:
-                loop.call_soon(order.append, "other work")
-
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=fair,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            for _ in range(30):
-                bulk.send(bytes(100 * 1024))
-            await wait_for_async(lambda: len(order) == 31, what="every message")
-            assert order.index("other work") <= 3
-        finally:
-            pump.close()
-            for sock in (router, bulk, _probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
-
-
 def test_peers_are_served_by_bytes_not_by_messages() -> None:
     """With `fair`, a ROUTER's peers take turns by bytes (deficit round robin), each peer's
     messages in the order it sent them: a backlog of small messages queued beside a bulk
