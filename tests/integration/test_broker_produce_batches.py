@@ -194,4 +194,3 @@ def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tm
         last, acked = asyncio.run(main())
         assert acked == 3
         assert last == Produced(base_offset=2, next_offset=4)
-
