@@ -13,8 +13,9 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
 - scaling_partitions_shards: the same shape against a real `tq up`, once with `--brokers 1`
   and once with `--brokers 2` (the executor's broker work on two processes, DESIGN §5): the
   topic's partitions spread over the executor's brokers, each producer writes each of its
-  partitions on the broker the catalog locates it on; the aggregate records/s, and the CPU of
-  every broker process (the executor's and its shards') in cores.
+  partitions on the broker the catalog locates it on; the aggregate records/s, the CPU of
+  every broker process (the executor's and its shards') in cores, and the brokers' and the
+  producers' CPU per 1,000 records (the producers' is what keeps 2 cores from 2 brokers).
 - scaling_subscribers: one producer and 1, 8 and 64 subscribers of one partition (async
   subscribers, in 4 processes at most); the producer's acknowledged records/s and the
   records delivered in total per second; the CPU seconds of the broker (while the producer
@@ -104,12 +105,13 @@ def _located_producer(coordinator: str, secret_file: str, topic: str, partitions
     try:
         batch = _batch(n=size)
         queue.put("ready")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for i in range(batches):
             producers[i % len(producers)].send_batch(batch)
         for producer in producers:
             producer.flush()
-        queue.put({"records": batches * size, "seconds": time.perf_counter() - start})
+        queue.put({"records": batches * size, "seconds": time.perf_counter() - start,
+                   "cpu_seconds": time.process_time() - cpu})
     finally:
         for producer in producers:
             producer.close()
@@ -455,7 +457,8 @@ def _spread_up(up: Any, mp: Any, topic: str, partitions: int, producers: int, ba
         pids = _broker_pids(up)
         cpu, wall = sum(map(_cpu_seconds, pids)), time.perf_counter()
         done = [_get(queue, children, 600) for queue in queues]
-        cores = (sum(map(_cpu_seconds, pids)) - cpu) / max(time.perf_counter() - wall, 1e-9)
+        broker_cpu = sum(map(_cpu_seconds, pids)) - cpu
+        cores = broker_cpu / max(time.perf_counter() - wall, 1e-9)
     finally:
         for child in children:
             child.join(30)
@@ -463,9 +466,13 @@ def _spread_up(up: Any, mp: Any, topic: str, partitions: int, producers: int, ba
                 child.kill()
     records = sum(d["records"] for d in done)
     seconds = max(d["seconds"] for d in done)
+    producer_cpu = sum(d["cpu_seconds"] for d in done)
     return {"records_per_s": round(records / max(seconds, 1e-9)),
             "broker_cores": round(cores, 2), "records": records,
-            "brokers_used": len(set(info.topic.locations))}
+            "brokers_used": len(set(info.topic.locations)),
+            # CPU per 1,000-record batch: what each side costs whatever else the machine runs
+            "broker_cpu_us_per_1k_records": round(broker_cpu / max(records, 1) * 1e9, 1),
+            "producer_cpu_us_per_1k_records": round(producer_cpu / max(records, 1) * 1e9, 1)}
 
 
 def partitions_shards(batches: int = 4000) -> dict[str, Any]:

@@ -1,0 +1,68 @@
+"""The blocking Producer crosses to its loop thread once per idle spell, not once per batch
+(issue 17: a wake is a write to the loop's self-pipe and a thread switch, a large part of a
+busy producer's CPU): a broker on loopback in a thread of this process, real sockets and
+files."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from querylib.broker import Producer, Subscriber
+from querylib.broker._stream import encode_records
+from querylib.log import LogConfig
+
+from ._broker_helpers import broker_on_thread
+
+SECRET = os.urandom(32)
+
+
+def batch(value: bytes) -> bytes:
+    return encode_records([(None, value, (), 0, None)])
+
+
+@contextmanager
+def counted_wakes(client: Any) -> Iterator[list[int]]:
+    """While inside: the client's loop thread is held busy and its wakes are counted."""
+    loop = client._thread.loop
+    real = loop.call_soon_threadsafe
+    wakes = [0]
+
+    def counting(*args: Any, **options: Any) -> Any:
+        wakes[0] += 1
+        return real(*args, **options)
+
+    gate = threading.Event()
+    client._thread.soon(gate.wait, 30)
+    loop.call_soon_threadsafe = counting
+    try:
+        yield wakes
+    finally:
+        gate.set()
+        loop.call_soon_threadsafe = real
+
+
+def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_path) -> None:
+    """While its sender is scheduled or running, batches added to the outbox are taken by it
+    without another wake; an idle sender is woken by the next batch (none is left behind)."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Producer(endpoint, "wake", secret=SECRET, linger=0.0005) as producer:
+            with counted_wakes(producer) as wakes:
+                for i in range(50):
+                    producer.send_batch(batch(b"%04d" % i))
+                assert wakes[0] == 1
+            producer.flush()
+            assert producer.core.acked_batches == 50
+            producer.send_batch(batch(b"last"))  # the sender went idle: this one wakes it
+            producer.flush()
+            assert producer.core.acked_batches == 51
+        with Subscriber(endpoint, "wake", 0, secret=SECRET) as sub:
+            values: list[bytes] = []
+            while len(values) < 51:
+                event = sub.next_event(timeout=30)
+                assert event is not None
+                values += [r.value or b"" for r in getattr(event, "records", [])]
+        assert values == [b"%04d" % i for i in range(50)] + [b"last"]
