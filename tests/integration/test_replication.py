@@ -73,6 +73,19 @@ def produce(link: BrokerLink, value: bytes) -> asyncio.Task[Produced]:
         payload=[encode_batch([(1, None, value, ())])]))
 
 
+async def produce_replicated(cluster: Cluster, count: int) -> tuple[BrokerLink, bytes]:
+    """`count` records produced at the leader (broker 1) one at a time, and waited for until
+    both followers hold the leader's log; the open link and that log's bytes."""
+    link = await producer(cluster.addresses[0])
+    for i in range(count):
+        assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
+    data = cluster.log(1).read(0, 1 << 20)
+    for follower in (2, 3):
+        await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
+                             timeout=30, what="the follower holds the leader's log")
+    return link, data
+
+
 def _stored(cluster: Cluster, broker_id: int) -> bytes | None:
     """What a replica's log holds now; None while its fetcher truncates it (a log is not
     read while it is truncated: `PartitionLog.truncate_to`), so a wait asks again."""
@@ -87,14 +100,7 @@ def test_followers_hold_byte_identical_logs_with_the_leader_epoch_stamped(tmp_pa
         cluster = Cluster(tmp_path)
         await cluster.start(epoch=4)
         try:
-            link = await producer(cluster.addresses[0])
-            for i in range(5):
-                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
-            data = cluster.log(1).read(0, 1 << 20)
-            for follower in (2, 3):
-                await wait_for_async(lambda f=follower: cluster.log(f).log_end_offset == 5,
-                                     timeout=30, what="the follower caught up")
-                assert cluster.log(follower).read(0, 1 << 20) == data
+            link, data = await produce_replicated(cluster, 5)  # byte-identical on all three
             epochs = {b.partition_leader_epoch for b in iter_batches(data)}
             assert epochs == {4}
             await link.close()
@@ -112,13 +118,7 @@ def test_the_leader_hashes_each_held_batch_once_for_both_followers(tmp_path):
         cluster = Cluster(tmp_path)
         await cluster.start()
         try:
-            link = await producer(cluster.addresses[0])
-            for i in range(6):
-                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
-            data = cluster.log(1).read(0, 1 << 20)
-            for follower in (2, 3):
-                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
-                                     timeout=30, what="the follower holds the leader's log")
+            link, _ = await produce_replicated(cluster, 6)
             assert cluster.servers[0].replication.digests.hashed == 6
             await link.close()
         finally:
@@ -186,13 +186,7 @@ def test_a_follower_appends_on_its_loop_only_when_no_append_waits_for_the_disk(t
             pool.submit = counted  # type: ignore[method-assign]
         await cluster.start()
         try:
-            link = await producer(cluster.addresses[0])
-            for i in range(5):
-                assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
-            data = cluster.log(1).read(0, 1 << 20)
-            for follower in (2, 3):
-                await wait_for_async(lambda f=follower: _stored(cluster, f) == data,
-                                     timeout=30, what="the follower holds the leader's log")
+            link, _ = await produce_replicated(cluster, 5)
             appends = pooled.count("append_replica")
             assert appends == 0 if flush == "never" else appends >= 2
             await link.close()
