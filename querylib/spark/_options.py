@@ -298,17 +298,17 @@ def _location(options: Mapping[str, str]) -> Location:
     return Location(data_dir=data_dir or None, coordinator=coordinator or None,
                     secret_file=options.get("secretfile") or None,
                     timeout=_seconds(options, "timeout", "30", 3600),
-                    lease=_seconds(options, "brokerlease", "10", 86400))
+                    lease=_seconds(options, "brokerLease", "10", 86400))
 
 
-def _seconds(options: Mapping[str, str], key: str, default: str, most: int) -> float:
-    text = options.get(key, default)
+def _seconds(options: Mapping[str, str], name: str, default: str, most: int) -> float:
+    """Option `name` (looked up lower-cased, as every option is) in seconds, in (0, most]."""
+    text = options.get(name.lower(), default)
     try:
         seconds = float(text)
     except ValueError:
         seconds = 0.0
     if not 0 < seconds <= most:  # NaN fails too
-        name = "brokerLease" if key == "brokerlease" else key
         raise BadOptionError(f"option {name}: {text[:40]!r} is not a number of seconds in "
                              f"(0, {most}]")
     return seconds
