@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
-__all__ = ["MAX_SECONDS", "seconds", "seconds_or_zero"]
+__all__ = ["MAX_COUNT", "MAX_SECONDS", "integer", "port", "port_or_none", "seconds",
+           "seconds_or_zero"]
 
 MAX_SECONDS = 86400.0  # a day: longer timeouts and leases are mistakes (and overflow timers)
+MAX_COUNT = 2**31 - 1  # Kafka's INT32: counts, sizes and ids past it cannot be sent anyway
 
 
 def _seconds(text: str, *, zero: bool) -> float:
@@ -32,3 +35,41 @@ def seconds(text: str) -> float:
 def seconds_or_zero(text: str) -> float:
     """A duration in seconds, 0 (which the option gives a meaning) up to a day."""
     return _seconds(text, zero=True)
+
+
+def _whole(text: str) -> int | None:
+    try:
+        return int(text, 10)
+    except ValueError:
+        return None
+
+
+def integer(low: int, high: int = MAX_COUNT) -> Callable[[str], int]:
+    """A whole number from `low` to `high`."""
+    def check(text: str) -> int:
+        value = _whole(text)
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text[:40]!r} is not a whole number from {low} to {high}")
+        return value
+
+    check.__name__ = f"integer({low}, {high})"
+    return check
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 meaning any free one."""
+    value = _whole(text)
+    if value is None or not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0-65535, 0: any free "
+                                         f"port)")
+    return value
+
+
+def port_or_none(text: str) -> int:
+    """A TCP port, 0 meaning any free one and -1 none: the endpoint is not opened."""
+    value = _whole(text)
+    if value is None or not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port (0-65535, 0: any free "
+                                         f"port, -1: none)")
+    return value

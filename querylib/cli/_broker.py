@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from querylib.cli._args import seconds
+from querylib.cli._args import integer, port_or_none, seconds
 
 if TYPE_CHECKING:
     from querylib.kafka import ListenerLimits
@@ -33,11 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     broker.add_argument("--flush", choices=["never", "interval", "always"], default="never",
                         help="when appends are fsynced before they are acknowledged "
                         "(default never: the OS writes back, as Kafka's default)")
-    broker.add_argument("--flush-interval-ms", type=int, default=1000,
+    broker.add_argument("--flush-interval-ms", type=integer(0), default=1000,
                         help="with --flush interval: fsync at most this long after an append")
     broker.add_argument("--segment-bytes", type=int, default=1024 * 1024 * 1024,
                         help="roll a segment at this size (default 1 GiB)")
-    broker.add_argument("--retention-bytes", type=int, default=-1,
+    broker.add_argument("--retention-bytes", type=integer(-1, 2**63 - 1), default=-1,
                         help="keep at most this many bytes per partition (-1: no limit)")
     add_connector_options(broker, default_port=None)
     add_kafka_options(broker, default_port=None)
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "replicas where ID led. Once ID holds nothing it is retired: placement never uses "
         "it and its id never registers again. Partitions that cannot move are listed with "
         "why (exit code 1).")
-    decommission.add_argument("broker_id", type=int, metavar="ID",
+    decommission.add_argument("broker_id", type=integer(1), metavar="ID",
                               help="the broker's id (tq topic describe, tq catalog homes)")
     decommission.add_argument("--force", action="store_true",
                               help="decommission a broker that is up: drain it (its "
@@ -96,7 +96,7 @@ def _decommission(args: argparse.Namespace) -> int:
 def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
     """The connector endpoint's options; `default_port` None: no endpoint unless asked."""
     shown = "none" if default_port is None else str(default_port)
-    parser.add_argument("--connector-port", type=int, default=default_port, metavar="PORT",
+    parser.add_argument("--connector-port", type=port_or_none, default=default_port, metavar="PORT",
                         help="open the connector endpoint (external sources push streams) on "
                         f"this TCP port; 0: any free port, -1: none (default {shown})")
     parser.add_argument("--connector-host", default="127.0.0.1", metavar="HOST",
@@ -104,7 +104,7 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
     parser.add_argument("--connector-cookie", metavar="COOKIE",
                         help="cookie connectors must present (default: derived from the "
                         "cluster secret, as `tq ingest` derives it)")
-    parser.add_argument("--connector-credits", type=int, default=1024, metavar="K",
+    parser.add_argument("--connector-credits", type=integer(1), default=1024, metavar="K",
                         help="frames a connector connection may have unacknowledged "
                         "(default 1024)")
     _add_tls_options(parser, "--connector-tls", "the connector endpoint")
@@ -114,7 +114,7 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
 def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
     """The Kafka listener's options; `default_port` None: no listener unless asked."""
     shown = "none" if default_port is None else str(default_port)
-    parser.add_argument("--kafka-port", type=int, default=default_port, metavar="PORT",
+    parser.add_argument("--kafka-port", type=port_or_none, default=default_port, metavar="PORT",
                         help="open a Kafka-protocol listener (kcat, confluent-kafka, ...) on this "
                         f"TCP port; 0: any free port, -1: none (default {shown})")
     parser.add_argument("--kafka-host", default="127.0.0.1", metavar="HOST",
@@ -136,7 +136,8 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
                         help="create a topic a Kafka client asks Metadata for or produces to "
                         "when it does not exist (Kafka's auto.create.topics.enable; default on; "
                         "clients may still decline with allow.auto.create.topics=false)")
-    parser.add_argument("--kafka-group-initial-delay-ms", type=int, default=3000, metavar="MS",
+    parser.add_argument("--kafka-group-initial-delay-ms", type=integer(0), default=3000,
+                        metavar="MS",
                         help="a new consumer group's first assignment waits this long for more "
                         "members, again as each joins, up to the rebalance timeout (Kafka's "
                         "group.initial.rebalance.delay.ms; default 3000)")
@@ -202,13 +203,13 @@ def _exposed(host: str, insecure: bool, flag: str, needs: str) -> None:
 
 def add_kafka_limit_options(parser: argparse.ArgumentParser) -> None:
     """Bounds on what Kafka clients may hold (querylib.kafka.ListenerLimits)."""
-    parser.add_argument("--kafka-idle-ms", type=int, default=600_000, metavar="MS",
+    parser.add_argument("--kafka-idle-ms", type=integer(1), default=600_000, metavar="MS",
                         help="close a Kafka connection idle this long (Kafka's "
                         "connections.max.idle.ms; default 600000, 10 minutes)")
-    parser.add_argument("--kafka-max-connections", type=int, metavar="N",
+    parser.add_argument("--kafka-max-connections", type=integer(1), metavar="N",
                         help="Kafka connections held at once (default: what the open-files "
                         "limit allows, minus a reserve)")
-    parser.add_argument("--kafka-max-connections-per-ip", type=int, metavar="N",
+    parser.add_argument("--kafka-max-connections-per-ip", type=integer(1), metavar="N",
                         help="Kafka connections from one client address (default: no "
                         "separate limit)")
 
@@ -242,9 +243,6 @@ def kafka_config(args: argparse.Namespace) -> object | None:
     if not sasl:
         _exposed(args.kafka_host, args.insecure, "--kafka-host",
                  "require authentication with --kafka-sasl (and TLS with --kafka-tls-cert)")
-    if args.kafka_group_initial_delay_ms < 0:
-        raise UserError(f"--kafka-group-initial-delay-ms {args.kafka_group_initial_delay_ms}: "
-                        "a delay is 0 or more milliseconds")
     from querylib.server.kafka import GroupConfig
 
     return KafkaConfig(host=args.kafka_host, port=args.kafka_port,

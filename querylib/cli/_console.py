@@ -12,13 +12,14 @@ import sys
 from typing import Any
 
 from catalog.errors import UserError
+from querylib.cli._args import port_or_none
 
 # querylib.server.console.DEFAULT_CONSOLE_PORT, spelled out so `tq --help` does not import it.
 _CONSOLE_PORT = 7480
 
 
 def add_console_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--console-port", type=int, default=None, metavar="PORT",
+    parser.add_argument("--console-port", type=port_or_none, default=None, metavar="PORT",
                         help=f"the web console's port (default $TQ_CONSOLE_PORT, else "
                         f"{_CONSOLE_PORT} or a free one when it is taken; -1: no console)")
     parser.add_argument("--console-host", default="127.0.0.1", metavar="HOST",
@@ -60,7 +61,7 @@ def start_console(args: argparse.Namespace, coordinator: Any, secret: bytes,
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     """`--metrics-port` / `--metrics-host`: where a process without a console serves /metrics."""
-    parser.add_argument("--metrics-port", type=int, default=-1, metavar="PORT",
+    parser.add_argument("--metrics-port", type=port_or_none, default=-1, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (default "
                         "-1: none; 0: any free port)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",

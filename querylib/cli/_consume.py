@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import UserError
-from querylib.cli._args import seconds, seconds_or_zero
+from querylib.cli._args import integer, seconds, seconds_or_zero
 from querylib.cli._catalog import add_cluster_options, connect
 from querylib.cli._records_text import (
     FORMAT_HELP,
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  tq consume nums --group readers", formatter_class=_Raw)
     consume.add_argument("topic")
     add_topic_client_options(consume)
-    consume.add_argument("--partition", type=int, action="append", dest="partitions",
+    consume.add_argument("--partition", type=integer(0), action="append", dest="partitions",
                          help="partition to read (repeatable; default all)")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
                          help="earliest (default), latest, an offset, -N (the last N records "

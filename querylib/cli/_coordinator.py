@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Any
 
-from querylib.cli._args import seconds
+from querylib.cli._args import integer, seconds
 from querylib.cli._broker import add_kafka_options, kafka_config
 from querylib.cli._console import add_console_options, console_line, start_console
 
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--recovery-lease", type=seconds, default=10.0, metavar="SECONDS",
                         help="after a restart, how long sessions have to come back before "
                         "they expire (default 10)")
-    parser.add_argument("--checkpoint-updates", type=int, default=4096, metavar="N",
+    parser.add_argument("--checkpoint-updates", type=integer(1), default=4096, metavar="N",
                         help="checkpoint the catalog topics after N updates (or half the "
                         "catalog's size, if more), so late followers and recovery read little "
                         "history (default 4096)")

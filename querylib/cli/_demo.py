@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from querylib.cli._args import seconds
+from querylib.cli._args import integer, seconds
 
 _PIPE_EVERY = 2.0  # seconds between progress lines when the output is not a terminal
 _WINDOWS_SHOWN = 4
@@ -30,11 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "window of event time into topic page_counts; show them live, check the counts, stop "
         "the cluster. A data dir made by an earlier tq demo is cleared first.")
     demo.add_argument("--data", default="tq-data", help="data directory (default ./tq-data)")
-    demo.add_argument("--events", type=int, default=6000, help="click events (default 6000)")
+    demo.add_argument("--events", type=integer(1), default=6000, help="click events (default 6000)")
     demo.add_argument("--rate", type=float, default=400.0,
                       help="events per second of wall-clock time; 0: as fast as possible "
                       "(default 400)")
-    demo.add_argument("--window", type=int, default=1,
+    demo.add_argument("--window", type=integer(1), default=1,
                       help="counting window, seconds of event time (default 1)")
     demo.add_argument("--timeout", type=seconds, default=900.0,
                       help="give up after this many seconds (default 900)")

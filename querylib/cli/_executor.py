@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Any
 
-from querylib.cli._args import seconds, seconds_or_zero
+from querylib.cli._args import integer, seconds, seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,
@@ -57,13 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "starts need no token (nor --coordinator or --credentials); default "
                         "$TQ_JOIN_TOKEN")
     parser.add_argument("--data", help="data directory (default $TQ_HOME/executor)")
-    parser.add_argument("--slots", type=int, help="process slots: query processes run at "
+    parser.add_argument("--slots", type=integer(1), help="process slots: query processes run at "
                         "once (default: 4 per core, at least 8)")
-    parser.add_argument("--brokers", type=int, metavar="N", help="this host's brokers, one "
+    parser.add_argument("--brokers", type=integer(1), metavar="N", help="this host's brokers, one "
                         "process each (broker 0 in this one, the others its children), its "
                         "partitions spread over them (default: one per core)")
     parser.add_argument("--host", help="host name to register (default: this host's name)")
-    parser.add_argument("--broker-id", type=int, metavar="N",
+    parser.add_argument("--broker-id", type=integer(1), metavar="N",
                         help="register this host's broker under id N, waiting for its old "
                         "registration to expire (default: the id in the data dir, else the "
                         "one this host and credential last had if it is down, else a new one)")

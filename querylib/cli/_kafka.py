@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 
+from querylib.cli._args import integer, port
 from querylib.cli._broker import add_kafka_limit_options, kafka_limits
 
 
@@ -23,16 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     kafka.add_argument("--data", required=True, help="data directory holding the partitions")
     kafka.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default 127.0.0.1)")
-    kafka.add_argument("--port", type=int, default=9092, help="port to bind (default 9092)")
+    kafka.add_argument("--port", type=port, default=9092, help="port to bind (default 9092)")
     kafka.add_argument("--advertised-host",
                        help="host name clients are told to connect to (default: --host)")
     kafka.add_argument("--no-auto-create", action="store_true",
                        help="refuse to create topics that producers or Metadata name")
-    kafka.add_argument("--partitions", type=int, default=1,
+    kafka.add_argument("--partitions", type=integer(1), default=1,
                        help="partitions of auto-created topics (default 1)")
     kafka.add_argument("--flush", choices=["never", "interval", "always"], default="never",
                        help="when appends are fsynced before acks=all is answered")
-    kafka.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
+    kafka.add_argument("--max-frame-bytes", type=integer(1), default=100 * 1024 * 1024,
                        help="largest request accepted (default 100 MiB)")
     add_kafka_limit_options(kafka)
     kafka.add_argument("-v", "--verbose", action="store_true", help="log connections")

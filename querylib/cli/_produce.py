@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
 from catalog.errors import UserError
+from querylib.cli._args import integer
 from querylib.cli._consume import add_topic_client_options, open_route, standalone
 from querylib.cli._records_text import SERDES, LineEncoder, serde_of
 
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     produce.add_argument("file", nargs="?", default="-",
                          help="file of lines to send (default -, stdin)")
     add_topic_client_options(produce)
-    produce.add_argument("--partition", type=int,
+    produce.add_argument("--partition", type=integer(0),
                          help="send every line to this partition (default: by key, else "
                          "round-robin; 0 with --broker)")
     produce.add_argument("--key-separator", metavar="SEP",
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="logical time of every record (default: line number, from 0)")
     produce.add_argument("--create", action="store_true",
                          help="create the topic (owned by ingest) if it does not exist")
-    produce.add_argument("--partitions", type=int, default=1, metavar="N",
+    produce.add_argument("--partitions", type=integer(1), default=1, metavar="N",
                          help="partitions of a topic made by --create (default 1)")
     produce.add_argument("-H", "--header", action="append", default=[], metavar="K=V",
                          dest="headers", help="a header on every record (repeatable)")

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from querylib.cli._args import seconds
+from querylib.cli._args import integer, seconds
 from querylib.cli._catalog import add_cluster_options, connect, describe, human_bytes
 
 
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     logs.add_argument("query", help="the query's id or name (a name: its newest query)")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing new lines until the query ends")
-    logs.add_argument("--tail", type=int, metavar="N",
+    logs.add_argument("--tail", type=integer(0), metavar="N",
                       help="start with the last N lines only")
     logs.add_argument("-t", "--timestamps", action="store_true",
                       help="prefix each line with when it was written (UTC)")
@@ -57,8 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Create a topic fed from outside (tq produce, tq ingest, Kafka clients).",
         epilog="example: tq topic create events --partitions 4 --record-type json")
     create.add_argument("name")
-    create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, metavar="N",
+    create.add_argument("--partitions", type=integer(1), default=1)
+    create.add_argument("--replication-factor", type=integer(1), metavar="N",
                         help="copies of each partition, on as many executor hosts (default: "
                         "1 with one executor host, else min(3, hosts))")
     create.add_argument("--record-type", default="bytes", metavar="TAG",
@@ -109,7 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "partitions they had; new subscriptions and Spark reads see all.",
         epilog="example: tq topic add-partitions events 2")
     grow.add_argument("name")
-    grow.add_argument("count", type=int, metavar="N", help="how many partitions to add")
+    grow.add_argument("count", type=integer(1), metavar="N", help="how many partitions to add")
     add_cluster_options(grow)
     grow.set_defaults(func=_add_partitions)
     trim = topic_sub.add_parser(
@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "writers and the admin may.",
         epilog="example: tq topic delete-records events --partition 0 --before 1000")
     trim.add_argument("name")
-    trim.add_argument("--partition", type=int, required=True, metavar="P")
+    trim.add_argument("--partition", type=integer(0), required=True, metavar="P")
     trim.add_argument("--before", required=True, metavar="OFFSET",
                       help="the first offset kept, or 'end' for every record so far")
     add_cluster_options(trim)

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any
 
-from querylib.cli._args import seconds_or_zero
+from querylib.cli._args import integer, port_or_none, seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,
@@ -60,15 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "too (join tokens name it)")
     parser.add_argument("--secret-file", help="cluster secret (default $TQ_HOME/secret, "
                         "created if missing)")
-    parser.add_argument("--slots", type=int, help="the executor's process slots "
+    parser.add_argument("--slots", type=integer(1), help="the executor's process slots "
                         "(a slot runs one query process; default: 4 per core, at least 8)")
-    parser.add_argument("--brokers", type=int, metavar="N", help="the executor's brokers, one "
-                        "process each, its partitions spread over them (default: one per core)")
+    parser.add_argument("--brokers", type=integer(1), metavar="N",
+                        help="the executor's brokers, one process each, its partitions spread "
+                        "over them (default: one per core)")
     parser.add_argument("--grace", type=seconds_or_zero, default=5.0, metavar="SECONDS",
                         help="after SIGTERM, how long a killed process has before SIGKILL")
     add_connector_options(parser, default_port=_CONNECTOR_PORT)
     add_kafka_options(parser, default_port=_KAFKA_PORT)
-    parser.add_argument("--coordinator-kafka-port", type=int, default=0, metavar="PORT",
+    parser.add_argument("--coordinator-kafka-port", type=port_or_none, default=0, metavar="PORT",
                         help="Kafka listener of the coordinator's broker, the group "
                         "coordinator of every consumer group (FindCoordinator names it); "
                         "0: any free port (default), -1: none")
