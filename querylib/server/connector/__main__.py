@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from querylib.cli._args import integer, port, seconds
 from querylib.log import LogConfig
 from querylib.server._connector_main import run_connector_broker
 
@@ -27,12 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True)
     parser.add_argument("--listen", default="tcp://127.0.0.1:7500")
     parser.add_argument("--connector-host", default="127.0.0.1")
-    parser.add_argument("--connector-port", type=int, default=7600)
+    parser.add_argument("--connector-port", type=port, default=7600)
     parser.add_argument("--connector-cookie")
     parser.add_argument("--secret-file")
     parser.add_argument("--flush", choices=["never", "interval", "always"], default="never")
-    parser.add_argument("--credits", type=int, default=1024)
-    parser.add_argument("--checkpoint-interval", type=float, default=1.0)
+    parser.add_argument("--credits", type=integer(1), default=1024)
+    parser.add_argument("--checkpoint-interval", type=seconds, default=1.0)
     args = parser.parse_args(argv)
     secret = load_or_create_secret(args.secret_file or default_secret_path())
     config = EndpointConfig(host=args.connector_host, port=args.connector_port,

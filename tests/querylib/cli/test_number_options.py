@@ -109,3 +109,17 @@ def test_a_positional_count_out_of_range_is_refused(before: list[str], value: st
         build_parser().parse_args([*before, value])
     assert info.value.code == 2
     assert "is not a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "value"), [("--connector-port", "70000"),
+                                               ("--credits", "0"),
+                                               ("--checkpoint-interval", "nan"),
+                                               ("--checkpoint-interval", "-1")])
+def test_the_standalone_connector_broker_checks_its_options(option: str, value: str,
+                                                            capsys) -> None:
+    from querylib.server.connector.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--data", "d", f"{option}={value}"])
+    assert info.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
