@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 
 import zmq
 
-from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits, split_batches
+from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Credential, handshake_token
 from ._curve import client_keypair, server_key_of
 from ._errors import (
@@ -322,10 +322,8 @@ class RpcClient:
         if self._closed or not entries:
             return
         now = time.time()
-        for chunk in split_batches(entries, self.limits):
-            frames = (self._codec.single(chunk[0], now=now) if len(chunk) == 1
-                      else self._codec.batch(chunk, now=now))
-            self._send_now(frames, [entry.id for entry in chunk])
+        for run, frames in self._codec.messages(entries, now=now):
+            self._send_now(frames, [entry.id for entry in run])
 
     def _send_now(self, frames: list[Buffer], ids: Sequence[int]) -> None:
         """Send or, while zmq has no room (or older messages wait for it), hold in order."""

@@ -361,6 +361,14 @@ class Codec:
         return self._frame(Kind.BATCH, 0, "", 0.0, to, now,
                            self._encoder.encode(entries), (), None, "batch")
 
+    def messages(self, entries: Sequence[Entry], *, to: bytes = b"",
+                 now: float) -> Iterator[tuple[list[Entry], list[Buffer]]]:
+        """`entries` in order as few messages as the batch bounds allow: each run of entries
+        with its frames, a BATCH message or, for a run of one, a plain one."""
+        for run in split_batches(entries, self.limits):
+            yield run, (self.single(run[0], to=to, now=now) if len(run) == 1
+                        else self.batch(run, to=to, now=now))
+
     def single(self, entry: Entry, *, to: bytes = b"", now: float) -> list[Buffer]:
         """Frames of `entry` sent alone, as a plain message of its kind (a batch of one
         would cost the same and say less)."""

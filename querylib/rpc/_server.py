@@ -61,7 +61,7 @@ from zmq.utils import z85
 from catalog import InvalidCommandError, check_principal
 from catalog.errors import TqError
 
-from ._codec import Buffer, Codec, Incoming, Limits, split_batches
+from ._codec import Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Keyring, MasterKeyring, handshake_token
 from ._curve import curve_forced, leaves_host, server_keypair
 from ._errors import (
@@ -689,18 +689,13 @@ class RpcServer:
         replies, self._replies = self._replies, {}
         if self._closed:
             return
-        limits = self.limits
         now = time.time()
         for (peer, session), entries in replies.items():
-            for chunk in split_batches(entries, limits):
-                try:
-                    frames = (self._codec.single(chunk[0], to=session, now=now)
-                              if len(chunk) == 1
-                              else self._codec.batch(chunk, to=session, now=now))
-                except PeerUnreachableError:  # its session was forgotten meanwhile
-                    self._drops["unroutable"] += 1
-                    break
-                self._send(peer, frames)
+            try:
+                for _, frames in self._codec.messages(entries, to=session, now=now):
+                    self._send(peer, frames)
+            except PeerUnreachableError:  # its session was forgotten meanwhile
+                self._drops["unroutable"] += 1
 
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         if self._closed or self._pump is None:

@@ -608,3 +608,14 @@ def test_split_batches_keeps_order_within_the_bounds() -> None:
                for i, size in enumerate([4, 4, 4, 1, 1, 1, 1, 30, 1])]
     runs = [[e.id for e in run] for run in split_batches(entries, limits)]
     assert runs == [[0, 1], [2, 3, 4], [5, 6], [7], [8]]
+
+
+def test_messages_sends_runs_as_batches_and_a_run_of_one_plainly() -> None:
+    client, server = pair(Limits(max_batch=2))
+    entries = [client.request_entry(i, Fetch(i), ttl=2.0) for i in range(1, 6)]
+    sent = list(client.messages(entries, now=NOW))
+    assert [[e.id for e in run] for run, _ in sent] == [[1, 2], [3, 4], [5]]
+    kinds = [msgspec.msgpack.decode(split(frames)[1])[0] for _, frames in sent]
+    assert kinds == [Kind.BATCH, Kind.BATCH, Kind.REQUEST]
+    got = [m for _, frames in sent for m in server.decode_all(frames, NOW)]
+    assert [m.body for m in got] == [Fetch(i) for i in range(1, 6)]
