@@ -42,12 +42,15 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer", "Subscriber"]
 
-# A Producer's outbox: batches waiting for its loop. Past two it takes more only while they are
-# small (up to this many, and bytes): those that pile up while earlier ones are in flight leave
-# together, as one ProduceBatchesRequest (joined into one frame: a copy, cheap for small ones),
-# which is how small batches amortise a request. Big batches go one a request, uncopied.
+# A Producer's outbox: batches waiting for its loop, at least two, up to _GROUP_BATCHES of them
+# or _OUTBOX_BYTES. Small ones that pile up while earlier ones are in flight leave together (up
+# to _GROUP_BYTES), as one ProduceBatchesRequest (joined into one frame: a copy, cheap for small
+# ones), which is how small batches amortise a request. Big batches go one a request, uncopied.
 _GROUP_BATCHES = 256
 _GROUP_BYTES = 64 * 1024
+# Big batches wait up to this many bytes; a caller blocked on a full outbox is woken once it is
+# half empty, not at every batch the loop takes (each wake is a thread switch, on each side).
+_OUTBOX_BYTES = 1024 * 1024
 
 
 def _async_locate(locate: Callable[[], str | None] | None) -> Locate | None:
@@ -140,6 +143,7 @@ class Producer:
         # self-pipe and a thread switch: a third of a busy producer's CPU when it was per batch).
         self._sender_wanted = False
         self._failure: BaseException | None = None
+        self._blocked = False  # a caller waits for room in the outbox, not yet woken
         self._linger_armed = False
         self._closed = False
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
@@ -258,8 +262,7 @@ class Producer:
         """Encode what is pending on this thread and queue it for the loop; blocks while the
         outbox is full (the broker's window is exhausted)."""
         with self._lock:
-            while self._outbox_full_locked() and self._failure is None:
-                self._lock.wait(0.5)
+            self._wait_for_room_locked()
             self._raise_failure()
             if self._pending or self._runs.count:
                 self._enqueue_locked()
@@ -329,7 +332,9 @@ class Producer:
             with self._lock:
                 for _ in group:
                     self._outbox_bytes -= len(self._outbox.popleft()[0])
-                self._lock.notify_all()
+                if self._blocked and self._outbox_low_locked():
+                    self._blocked = False  # once: until a caller blocks again
+                    self._lock.notify_all()
 
     def _group_locked(self) -> list[tuple[Any, Claim | None]]:
         """The batches at the head of the outbox that go in one request: as many as wait, up
@@ -346,12 +351,23 @@ class Producer:
         return group
 
     def _outbox_full_locked(self) -> bool:
-        """Whether a caller waits before adding a batch: two wait, and either many more
-        or more than _GROUP_BYTES (the producer's backpressure; under it the small batches
-        that pile up while the window or the in-flight limit holds them go as one request;
-        big ones wait two at a time, as they always did)."""
+        """Whether a caller waits before adding a batch: two wait, and either _GROUP_BATCHES
+        or _OUTBOX_BYTES (the producer's backpressure; under it the small batches that pile
+        up while the window or the in-flight limit holds them go as one request)."""
         return len(self._outbox) >= 2 and (len(self._outbox) >= _GROUP_BATCHES
-                                           or self._outbox_bytes >= _GROUP_BYTES)
+                                           or self._outbox_bytes >= _OUTBOX_BYTES)
+
+    def _wait_for_room_locked(self) -> None:
+        """Block while the outbox is full (the broker's window is exhausted, the backpressure)
+        until the loop has taken half of it, or a batch failed."""
+        while self._outbox_full_locked() and self._failure is None:
+            self._blocked = True
+            self._lock.wait(0.5)
+
+    def _outbox_low_locked(self) -> bool:
+        """Whether callers waiting on a full outbox are woken: it is half empty."""
+        return len(self._outbox) <= 1 or (len(self._outbox) <= _GROUP_BATCHES // 2
+                                          and self._outbox_bytes <= _OUTBOX_BYTES // 2)
 
     def _put_locked(self, batch: Any, claim: Claim | None) -> None:
         self._outbox.append((batch, claim))
@@ -364,8 +380,7 @@ class Producer:
     def send_batch(self, batch: bytes) -> None:
         """Send an already encoded RecordBatch (after the records pending before it)."""
         with self._lock:
-            while self._outbox_full_locked() and self._failure is None:
-                self._lock.wait(0.5)
+            self._wait_for_room_locked()
             self._raise_failure()
             if self._pending or self._runs.count:
                 self._enqueue_locked()

@@ -66,3 +66,35 @@ def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_pat
                 assert event is not None
                 values += [r.value or b"" for r in getattr(event, "records", [])]
         assert values == [b"%04d" % i for i in range(50)] + [b"last"]
+
+
+def test_a_caller_blocked_on_a_full_outbox_is_woken_once_it_is_half_empty(tmp_path) -> None:
+    """Backpressure without a thread switch per batch: a caller that filled the outbox with
+    big batches sleeps until the loop has taken half of it, not until it took one; every
+    batch is still stored, in order."""
+    big = [encode_records([(None, b"%04d" % i + bytes(100_000), (), 0, None)])
+           for i in range(60)]
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Producer(endpoint, "half", secret=SECRET, linger=0.0005) as producer:
+            wakes = [0]
+            real = producer._lock.notify_all
+
+            def counting() -> None:
+                wakes[0] += 1
+                real()
+
+            producer._lock.notify_all = counting  # type: ignore[method-assign]
+            for one in big:
+                producer.send_batch(one)
+            producer.flush()
+            assert producer.core.acked_batches == 60
+            # Woken at most once per half outbox (about five of these batches); it was once
+            # per batch taken.
+            assert wakes[0] <= 60 // 4, wakes[0]
+        with Subscriber(endpoint, "half", 0, secret=SECRET) as sub:
+            values: list[bytes] = []
+            while len(values) < 60:
+                event = sub.next_event(timeout=30)
+                assert event is not None
+                values += [(r.value or b"")[:4] for r in getattr(event, "records", [])]
+        assert values == [b"%04d" % i for i in range(60)]
