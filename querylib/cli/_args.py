@@ -7,8 +7,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["MAX_COUNT", "MAX_SECONDS", "integer", "port", "port_or_none", "seconds",
-           "seconds_or_zero"]
+__all__ = ["MAX_COUNT", "MAX_SECONDS", "integer", "per_second", "port", "port_or_none",
+           "seconds", "seconds_or_zero"]
 
 MAX_SECONDS = 86400.0  # a day: longer timeouts and leases are mistakes (and overflow timers)
 MAX_COUNT = 2**31 - 1  # Kafka's INT32: counts, sizes and ids past it cannot be sent anyway
@@ -35,6 +35,17 @@ def seconds(text: str) -> float:
 def seconds_or_zero(text: str) -> float:
     """A duration in seconds, 0 (which the option gives a meaning) up to a day."""
     return _seconds(text, zero=True)
+
+
+def per_second(text: str) -> float:
+    """A rate: a finite number of events per second, 0 (as fast as possible) up to a billion."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= 1e9:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a rate (0 <= per second <= 1e9)")
+    return value
 
 
 def _whole(text: str) -> int | None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from querylib.cli._args import integer, seconds
+from querylib.cli._args import integer, per_second, seconds
 
 _PIPE_EVERY = 2.0  # seconds between progress lines when the output is not a terminal
 _WINDOWS_SHOWN = 4
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the cluster. A data dir made by an earlier tq demo is cleared first.")
     demo.add_argument("--data", default="tq-data", help="data directory (default ./tq-data)")
     demo.add_argument("--events", type=integer(1), default=6000, help="click events (default 6000)")
-    demo.add_argument("--rate", type=float, default=400.0,
+    demo.add_argument("--rate", type=per_second, default=400.0,
                       help="events per second of wall-clock time; 0: as fast as possible "
                       "(default 400)")
     demo.add_argument("--window", type=integer(1), default=1,
@@ -44,11 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from catalog.errors import UserError
     from querylib.examples.demo import DemoOptions, run_demo
 
-    if args.events < 1 or args.rate < 0 or args.window < 1 or args.timeout <= 0:
-        raise UserError("--events and --window are >= 1, --rate >= 0, --timeout > 0")
     view = DemoView(sys.stdout)
     options = DemoOptions(data=Path(args.data), events=args.events, rate=args.rate,
                           window=args.window, timeout=args.timeout, listen=args.listen)

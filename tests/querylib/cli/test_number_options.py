@@ -123,3 +123,9 @@ def test_the_standalone_connector_broker_checks_its_options(option: str, value: 
         main(["--data", "d", f"{option}={value}"])
     assert info.value.code == 2
     assert f"argument {option}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "fast"])
+def test_a_rate_out_of_range_is_refused(value: str, capsys) -> None:
+    assert "is not a rate" in _refused(["demo"], "--rate", value, capsys)
+    assert _parse(["demo"], "--rate", "0").rate == 0
