@@ -357,13 +357,15 @@ class FramePump:
         up to its deficit, until RECV_BURST messages or RECV_BURST_BYTES are served."""
         served = count = round_left = checked = 0
         # zmq said EAGAIN: it is asked again (ZMQ_EVENTS, cheaper than a raised EAGAIN) once
-        # FAIR_QUEUE_BYTES more are served, so a peer arriving meanwhile is taken in soon.
-        drained = False
+        # FAIR_QUEUE_BYTES more are served, or a message over FAIR_SMALL (a few microseconds
+        # against the hundreds a large message costs its handler), so a peer arriving
+        # meanwhile is served after the large message in hand, not after the next one.
+        drained = large = False
         waiting, turns, deficit = self._waiting, self._turns, self._deficit
         while served < RECV_BURST_BYTES and count < RECV_BURST and not self._closed:
             if not round_left:  # a round begins: newcomers join its end
-                if drained and served - checked >= FAIR_QUEUE_BYTES:
-                    checked = served
+                if drained and (large or served - checked >= FAIR_QUEUE_BYTES):
+                    checked, large = served, False
                     drained = not _get(self._sock, _EVENTS) & _POLLIN
                 if not drained:
                     more_bytes, more, drained = self._receive_ahead(RECV_BURST - count)
@@ -382,6 +384,7 @@ class FramePump:
                 self.waiting_bytes -= size
                 served += size
                 count += 1
+                large = large or size > FAIR_SMALL
                 self._on_message(parts)
             if self._closed:
                 self.waiting_bytes = 0  # close() forgot what waits
