@@ -230,9 +230,12 @@ class FramePump:
         Buffers of zmq.COPY_THRESHOLD bytes or more are handed to zmq without a copy: the
         caller must not mutate them afterwards. zmq queues the rest of a multipart message
         once its first part is accepted, so Again can only come from the first part.
+        What `send_soon` holds goes out before: on a fair pump (a ROUTER, whose first part is
+        the peer) only what it holds for the same peer, so a push to one peer does not wait
+        for replies held for others (each peer's messages keep their order).
         """
         if self._held:
-            self._flush()  # what was queued before goes out before
+            self._flush(frames[0] if self._fair else None)
         sock = self._sock
         last = len(frames) - 1
         try:
@@ -246,7 +249,7 @@ class FramePump:
         """Like `send`, for a message whose sender does not wait to hear how it went (a
         server's reply): inside `on_message` it is held until the burst being handled ends,
         so a burst's replies wake zmq's I/O thread once rather than once each (order is kept:
-        a `send` first sends what is held). A failure goes to `on_send_error`."""
+        a `send` first sends what is held for its peer). A failure goes to `on_send_error`."""
         held = self._held
         if held is not None:
             held.append(frames)
@@ -256,11 +259,19 @@ class FramePump:
         except zmq.ZMQError as exc:
             self._send_failed(exc)
 
-    def _flush(self) -> None:
+    def _flush(self, peer: Any = None) -> None:
+        """Send what is held: all of it, or (`peer`) what is held for that peer."""
         held = self._held
         if not held:
             return
-        self._held = []
+        if peer is None:
+            self._held = []
+        else:
+            mine = [frames for frames in held if frames[0] == peer]
+            if not mine:
+                return
+            self._held = [frames for frames in held if frames[0] != peer]
+            held = mine
         for frames in held:
             try:
                 self.send(frames)

@@ -131,6 +131,53 @@ def test_a_peer_arriving_behind_a_backlog_is_served_within_a_turn(fair: bool) ->
     asyncio.run(asyncio.wait_for(test(), 30))
 
 
+def test_a_fair_pump_sends_a_push_to_one_peer_before_replies_held_for_another() -> None:
+    """With `fair` (a ROUTER: a message's first part is its peer), a `send` during a burst
+    first sends what is held for the same peer only: a push to one peer (a probe's delivery)
+    does not wait for the replies held for another (a bulk producer's acknowledgements), which
+    go when the burst ends; each peer still sees its messages in the order they were sent."""
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        context: zmq.Context[Any] = zmq.Context()
+        router, bulk, probe = _fair_pair(context, "fair-push")
+        held_after_push: list[list[Any]] = []
+        pump: FramePump | None = None
+
+        def on_message(parts: list[Any]) -> None:
+            assert pump is not None and parts[0] == b"bulk"
+            pump.send_soon([b"bulk", b"ack 1"])
+            pump.send_soon([b"probe", b"reply"])
+            pump.send_soon([b"bulk", b"ack 2"])
+            pump.send([b"probe", b"push"])  # sends the probe's reply first, not the acks
+            held_after_push.append(list(pump._held or []))
+            pump.send([b"bulk", b"push"])  # after its own acks
+
+        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
+                         on_message=on_message, on_drop=lambda reason: None)
+        try:
+            bulk.send(b"go")
+            received: dict[bytes, list[bytes]] = {b"bulk": [], b"probe": []}
+
+            def arrived() -> bool:
+                for name, sock in ((b"bulk", bulk), (b"probe", probe)):
+                    while True:
+                        try:
+                            received[name].append(sock.recv(zmq.DONTWAIT))
+                        except zmq.Again:
+                            break
+                return len(received[b"bulk"]) == 3 and len(received[b"probe"]) == 2
+            await wait_for_async(arrived, what="every message")
+            assert held_after_push == [[[b"bulk", b"ack 1"], [b"bulk", b"ack 2"]]]
+            assert received == {b"bulk": [b"ack 1", b"ack 2", b"push"],
+                                b"probe": [b"reply", b"push"]}
+        finally:
+            pump.close()
+            for sock in (router, bulk, probe):
+                sock.close(0)
+            context.term()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
 def test_a_fair_pump_serves_a_newcomer_after_the_large_message_in_hand() -> None:
     """With `fair`, a peer whose small message arrives while a large message of another
     peer is handled is served next, before the next large message: the pump asks zmq for
