@@ -454,6 +454,8 @@ class Subscriber:
         self._closed = False
         self._finished = False
         self._pending: list[tuple[Event | Values | None, int, int]] = []
+        # The last chunk `next_event` decoded, whose credit is not back yet: (partition, bytes).
+        self._credit_due: tuple[int, int] | None = None
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
                                         "locate": _async_locate(locate),
                                         "reconnect_timeout": reconnect_timeout,
@@ -521,7 +523,13 @@ class Subscriber:
         self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
 
     def next_event(self, timeout: float | None = None) -> Event | Values | None:
-        """The next event; None after `timeout` seconds, or at the end of a non-follow read."""
+        """The next event; None after `timeout` seconds, or at the end of a non-follow read.
+
+        A chunk's credit goes back when the application asks for the next event (it has
+        handled this one), and always before waiting: handing an event out wakes no loop
+        thread (a wake there, on a busy machine, can put a thread switch between a record's
+        arrival and the application, issue 17)."""
+        self._return_credit()
         while True:
             while self._pending:
                 event = self.decoder.take(self._pending.pop())
@@ -529,13 +537,20 @@ class Subscriber:
                     return event
             if self.decoder.done():
                 return None
+            self._return_credit()  # a chunk of no events: nothing is held while waiting
             chunk = self.next_chunk(timeout)
             if chunk is None:
                 return None
             items = list(self.decoder.decode(chunk))
-            self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
+            self._credit_due = (chunk.partition, len(chunk.data))
             items.reverse()
             self._pending = items
+
+    def _return_credit(self) -> None:
+        if self._credit_due is not None:
+            partition, nbytes = self._credit_due
+            self._credit_due = None
+            self._thread.soon(self.core.consumed, partition, nbytes)
 
     def __iter__(self) -> Iterator[Event | Values]:
         while not self._finished:

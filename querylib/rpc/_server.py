@@ -339,7 +339,7 @@ class RpcServer:
         frames = self._codec.notify(message, to=session, now=time.time(), payload=payload,
                                     digests=digests)
         if self._replies:
-            self._flush_replies()  # replies queued before this push go out before it
+            self._flush_replies(peer)  # its replies queued before this push go out before it
         try:
             self._pump.send([peer, *frames])
         except zmq.Again as exc:
@@ -663,7 +663,7 @@ class RpcServer:
             self._send_error(peer, header, InternalServerError(f"reply not sendable: {exc}"))
             return
         if self._replies:
-            self._flush_replies()  # what was answered before goes out before
+            self._flush_replies(peer)  # what was answered to it before goes out before
         self._send(peer, frames)
 
     def _send_error(self, peer: bytes, header: Header, exc: TqError) -> None:
@@ -682,18 +682,24 @@ class RpcServer:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_replies)
 
-    def _flush_replies(self) -> None:
+    def _flush_replies(self, peer: bytes | None = None) -> None:
         """Send the queued replies: to each client one BATCH message (more past the batch
-        bounds; a lone reply as a plain message)."""
-        self._flush_scheduled = False
-        replies, self._replies = self._replies, {}
+        bounds; a lone reply as a plain message). `peer`: only those to that client (a
+        message to it is about to go; the others wait for the turn's end, DESIGN §5 "Fair
+        service")."""
+        if peer is None:
+            self._flush_scheduled = False
+            replies, self._replies = self._replies, {}
+        else:
+            replies = {key: self._replies.pop(key) for key in
+                       [key for key in self._replies if key[0] == peer]}
         if self._closed:
             return
         now = time.time()
-        for (peer, session), entries in replies.items():
+        for (to, session), entries in replies.items():
             try:
                 for _, frames in self._codec.messages(entries, to=session, now=now):
-                    self._send(peer, frames)
+                    self._send(to, frames)
             except PeerUnreachableError:  # its session was forgotten meanwhile
                 self._drops["unroutable"] += 1
 

@@ -230,9 +230,12 @@ class FramePump:
         Buffers of zmq.COPY_THRESHOLD bytes or more are handed to zmq without a copy: the
         caller must not mutate them afterwards. zmq queues the rest of a multipart message
         once its first part is accepted, so Again can only come from the first part.
+        What `send_soon` holds goes out before: on a fair pump (a ROUTER, whose first part is
+        the peer) only what it holds for the same peer, so a push to one peer does not wait
+        for replies held for others (each peer's messages keep their order).
         """
         if self._held:
-            self._flush()  # what was queued before goes out before
+            self._flush(frames[0] if self._fair else None)
         sock = self._sock
         last = len(frames) - 1
         try:
@@ -246,7 +249,7 @@ class FramePump:
         """Like `send`, for a message whose sender does not wait to hear how it went (a
         server's reply): inside `on_message` it is held until the burst being handled ends,
         so a burst's replies wake zmq's I/O thread once rather than once each (order is kept:
-        a `send` first sends what is held). A failure goes to `on_send_error`."""
+        a `send` first sends what is held for its peer). A failure goes to `on_send_error`."""
         held = self._held
         if held is not None:
             held.append(frames)
@@ -256,11 +259,19 @@ class FramePump:
         except zmq.ZMQError as exc:
             self._send_failed(exc)
 
-    def _flush(self) -> None:
+    def _flush(self, peer: Any = None) -> None:
+        """Send what is held: all of it, or (`peer`) what is held for that peer."""
         held = self._held
         if not held:
             return
-        self._held = []
+        if peer is None:
+            self._held = []
+        else:
+            mine = [frames for frames in held if frames[0] == peer]
+            if not mine:
+                return
+            self._held = [frames for frames in held if frames[0] != peer]
+            held = mine
         for frames in held:
             try:
                 self.send(frames)
@@ -357,13 +368,15 @@ class FramePump:
         up to its deficit, until RECV_BURST messages or RECV_BURST_BYTES are served."""
         served = count = round_left = checked = 0
         # zmq said EAGAIN: it is asked again (ZMQ_EVENTS, cheaper than a raised EAGAIN) once
-        # FAIR_QUEUE_BYTES more are served, so a peer arriving meanwhile is taken in soon.
-        drained = False
+        # FAIR_QUEUE_BYTES more are served, or a message over FAIR_SMALL (a few microseconds
+        # against the hundreds a large message costs its handler), so a peer arriving
+        # meanwhile is served after the large message in hand, not after the next one.
+        drained = large = False
         waiting, turns, deficit = self._waiting, self._turns, self._deficit
         while served < RECV_BURST_BYTES and count < RECV_BURST and not self._closed:
             if not round_left:  # a round begins: newcomers join its end
-                if drained and served - checked >= FAIR_QUEUE_BYTES:
-                    checked = served
+                if drained and (large or served - checked >= FAIR_QUEUE_BYTES):
+                    checked, large = served, False
                     drained = not _get(self._sock, _EVENTS) & _POLLIN
                 if not drained:
                     more_bytes, more, drained = self._receive_ahead(RECV_BURST - count)
@@ -382,6 +395,7 @@ class FramePump:
                 self.waiting_bytes -= size
                 served += size
                 count += 1
+                large = large or size > FAIR_SMALL
                 self._on_message(parts)
             if self._closed:
                 self.waiting_bytes = 0  # close() forgot what waits

@@ -14,6 +14,7 @@ from typing import Any
 from querylib.broker import Producer, Subscriber
 from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
+from tests.conftest import wait_for
 
 from ._broker_helpers import broker_on_thread
 
@@ -98,3 +99,32 @@ def test_a_caller_blocked_on_a_full_outbox_is_woken_once_it_is_half_empty(tmp_pa
                 assert event is not None
                 values += [(r.value or b"")[:4] for r in getattr(event, "records", [])]
         assert values == [b"%04d" % i for i in range(60)]
+
+
+def test_a_subscriber_hands_out_an_event_before_it_returns_the_credit(tmp_path) -> None:
+    """`next_event` hands a delivered chunk's event to the application without waking its
+    loop thread (a wake between a record's arrival and the application: issue 17's probe);
+    the chunk's credit goes back when the application asks for the next event, before it
+    waits, so a subscriber with a window of a few batches still reads a long stream."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Subscriber(endpoint, "credit", 0, secret=SECRET, create=True,
+                        credit=256) as sub, \
+                Producer(endpoint, "credit", secret=SECRET, linger=0.0) as producer:
+            producer.send_batch(batch(b"first"))
+            producer.flush()
+            wait_for(lambda: not sub._queue.empty(), what="the first delivery")
+            with counted_wakes(sub) as wakes:
+                event = sub.next_event(timeout=0)
+                assert [r.value for r in getattr(event, "records", [])] == [b"first"]
+                assert wakes[0] == 0
+                assert sub.next_event(timeout=0) is None  # nothing more: credit goes back
+                assert wakes[0] == 1
+            wait_for(lambda: sub.core.subs[0].unconsumed == 0, what="the credit returned")
+            for i in range(200):  # ~70 bytes each: many times the window
+                producer.send_batch(batch(b"%04d" % i))
+            values: list[bytes] = []
+            while len(values) < 200:
+                event = sub.next_event(timeout=30)
+                assert event is not None
+                values += [r.value or b"" for r in getattr(event, "records", [])]
+            assert values == [b"%04d" % i for i in range(200)]

@@ -209,6 +209,33 @@ def test_client_notifies_reach_the_server_in_order() -> None:
     run(test)
 
 
+def test_a_push_sends_the_replies_held_for_its_own_client_only() -> None:
+    """A push first sends the replies held (until the loop turn ends) for the client it goes
+    to, so that client sees them in order; replies held for other clients stay held, and go
+    with the turn's others: a probe's delivery waits for no bulk producer's replies."""
+    async def test() -> None:
+        async with served() as (server, first, _handlers):
+            assert server.endpoint is not None
+            second = RpcClient(server.endpoint, SECRET, timeout=10.0)
+            await second.connect()
+            try:
+                for client in (first, second):
+                    assert await client.request(Ping(b"1")) == Pong(b"1")
+                peer_of = {session: peer for peer, session in server._peers.items()}
+                one, two = peer_of[first.session], peer_of[second.session]
+                codec = server._codec
+                server._queue_reply(one, first.session, codec.reply_entry(10**9, Pong(b"7")))
+                server._queue_reply(two, second.session, codec.reply_entry(10**9, Pong(b"8")))
+                server.notify(two, Delivery(1))
+                assert list(server._replies) == [(one, first.session)]
+                note = await second.notifications.get()
+                assert note.message == Delivery(1)
+                await wait_for_async(lambda: not server._replies, what="the turn's replies")
+            finally:
+                await second.close()
+    run(test)
+
+
 def test_notify_queue_overflow_is_counted() -> None:
     async def test() -> None:
         async with served(Limits(notify_queue=3)) as (_, client, _handlers):
