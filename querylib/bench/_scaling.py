@@ -613,6 +613,9 @@ def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
             assert cluster.get(results, 120) == "ready"
             latencies = cluster.get(results)["latencies"]
             figures["beside_bulk" if beside else "alone"] = _percentiles(latencies)
+            if beside:  # what the bulk stream got meanwhile: fairness must not starve it
+                figures["bulk_records_per_s"] = round(cluster.get(side)["records"]
+                                                      / (seconds + 4))
     finally:
         cluster.close()
     return {"name": "scaling_probe_beside_bulk", "figures": figures,
