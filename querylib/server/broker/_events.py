@@ -400,14 +400,16 @@ class Read(msgspec.Struct, frozen=True):
 
 
 class Deliver(msgspec.Struct, frozen=True):
-    """Push stored batch bytes [offset, next_offset) to subscription `sub_id` of `session`."""
+    """Push stored batch bytes [offset, next_offset) to subscription `sub_id` of `session`:
+    `data` is one payload frame, or a tuple of them (a replicated partition's run: each
+    batch's stored bytes as its own frame, in offset order, none empty)."""
 
     session: str
     sub_id: int
     partition: PartitionId
     offset: int
     next_offset: int
-    data: bytes
+    data: bytes | tuple[bytes, ...]
 
 
 class SubscriptionClosed(msgspec.Struct, frozen=True):

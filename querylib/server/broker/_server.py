@@ -756,10 +756,17 @@ class BrokerServer:
             peer = self._peers.get(d.session)
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
-            frame, digest = self._shared(d.data)
-            self._rpc.notify(peer, message, payload=[frame], digests=[digest])
+            if isinstance(d.data, tuple):  # a replicated run: a frame a batch, hashed once
+                shared = [self._shared(data) for data in d.data]
+                self._rpc.notify(peer, message, payload=[f for f, _ in shared],
+                                 digests=[digest for _, digest in shared])
+                size = sum(len(data) for data in d.data)
+            else:
+                frame, digest = self._shared(d.data)
+                self._rpc.notify(peer, message, payload=[frame], digests=[digest])
+                size = len(d.data)
             traffic = self._traffic(d.partition)
-            traffic[1] += len(d.data)
+            traffic[1] += size
             traffic[2] += d.next_offset - d.offset
         except (PeerBusyError, PeerUnreachableError) as exc:
             # Delivering out of order or with a hole is never an option: end the subscription;
