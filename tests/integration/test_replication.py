@@ -131,8 +131,9 @@ def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_p
     """Batches held above the high watermark (both followers paused) become visible at once
     when the followers catch up: they go to a tailing subscriber as one delivery of a payload
     frame a batch, the stored bytes the followers fetched, signed with their digests (no
-    join, no second hash: `push_digests` stays 0, each batch hashed once), and the subscriber
-    takes them in order."""
+    join, no second hash: `push_digests` stays 0, each batch hashed once) and sent as the
+    same zero-copy zmq frame (made once a batch for both followers and the subscriber: the
+    batches are over zmq's copy threshold), and the subscriber takes them in order."""
     from querylib.broker import Data, Subscriber
 
     async def main() -> None:
@@ -145,7 +146,8 @@ def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_p
             link = await producer(cluster.addresses[0])
             for follower in cluster.servers[1:]:
                 follower.replication.hold(True)
-            sent = [produce(link, b"v%d" % i) for i in range(5)]
+            values = [bytes([i]) * 100_000 for i in range(5)]
+            sent = [produce(link, value) for value in values]
             await wait_for_async(lambda: cluster.log(1).log_end_offset == 5, timeout=30,
                                  what="the leader appended the five batches")
             for follower in cluster.servers[1:]:
@@ -162,9 +164,10 @@ def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_p
                         got += [bytes(r.value or b"") for r in event.records]
                 return got
 
-            assert await asyncio.to_thread(read) == [b"v%d" % i for i in range(5)]
+            assert await asyncio.to_thread(read) == values
             leader = cluster.servers[0]
             assert leader.replication.digests.hashed == 5
+            assert leader.replication.digests.shared == 5
             assert leader.counters["push_digests"] == 0
             await link.close()
         finally:

@@ -786,12 +786,15 @@ class BrokerServer:
                 frame = self._rpc.shared_payload(data)
                 self._digests[id(data)] = (data, found[1], frame)
             return frame, found[1]
-        # A replicated batch at the tail: its followers fetched these very bytes, hashed then.
-        digest = self.replication.digests.kept(data)
-        if digest is None:
+        # A replicated batch at the tail: its followers fetched these very bytes, hashed then
+        # and sent as one zero-copy frame, which the subscribers' pushes share too.
+        replicas = self.replication.digests
+        if replicas.kept(data) is not None:
+            frame, digest = replicas.sendable(data, self._rpc.shared_payload)
+        else:
             digest = payload_digest(data)
             self.counters["push_digests"] += 1
-        frame = self._rpc.shared_payload(data)
+            frame = self._rpc.shared_payload(data)
         self._remember_digest(data, digest, frame)
         return frame, digest
 
