@@ -256,7 +256,9 @@ class CohortsSaveFailed(msgspec.Struct, frozen=True):
 
 class AppendCompleted(msgspec.Struct, frozen=True):
     """The append for `ticket` landed at [base_offset, next_offset). The log's start and durable
-    end are reported as they stood right after it (retention and flushes move them)."""
+    end are reported as they stood right after it (retention and flushes move them). `more`:
+    another completion of the same commit (one write) follows at once, so a replicated
+    partition's leader answers its followers' waiting fetches after the last, with them all."""
 
     partition: PartitionId
     ticket: int
@@ -264,6 +266,7 @@ class AppendCompleted(msgspec.Struct, frozen=True):
     next_offset: int
     log_start: int
     durable_end: int
+    more: bool = False
 
 
 class AppendFailed(msgspec.Struct, frozen=True):

@@ -766,7 +766,8 @@ class BrokerState:
             # them: base offset and the leader's epoch, stamped in one copy of the batch.
             entry.stored = self._stamp(entry.batch, entry.base,
                                        part.replication.role.leader_epoch)
-            out += self._answer_replica_waits(part)
+            if not ev.more:  # the followers' waiting fetches take the whole commit at once
+                out += self._answer_replica_waits(part)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
             out += self._answer_written(entry)

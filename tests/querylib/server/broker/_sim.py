@@ -133,7 +133,7 @@ class Sim:
         log = self.logs[pid]
         return log[-1][1] if log else 0
 
-    def complete_append(self, pid: PartitionId) -> list:
+    def complete_append(self, pid: PartitionId, *, more: bool = False) -> list:
         queue = self.appends[pid]
         if not queue:
             return []
@@ -149,7 +149,8 @@ class Sim:
         self.logs[pid].append((base, nxt, stored))
         if self.auto_durable:
             self.durable[pid] = nxt
-        return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid]))
+        return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid],
+                                         more))
 
     def controls(self, pid: PartitionId) -> list:
         """Complete every append asked on `pid`, then its control marks in log order

@@ -193,6 +193,22 @@ def test_a_waiting_replica_fetch_is_answered_with_the_next_batch_from_memory():
     assert sim.replies["f2b"].batches == ()
 
 
+def test_a_waiting_replica_fetch_is_answered_once_with_a_whole_commit():
+    # The lane appends a commit's batches with one write and reports them back to back: the
+    # waiting fetches are answered after the last, with all of them, not with the first alone
+    # (which would leave the rest to one more fetch each follower).
+    sim = leading()
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2, max_wait=0.5))
+    for n in range(3):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P, more=True)
+    sim.complete_append(P, more=True)
+    assert "f2" not in sim.replies
+    sim.complete_append(P)
+    answer = sim.replies["f2"]
+    assert answer.high_watermark == 0 and len(answer.batches) == 3
+
+
 def test_a_replica_fetch_from_memory_takes_at_most_held_batches():
     sim = leading()
     for n in range(HELD_BATCHES + 5):
