@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSubscriber", "Chunk", "SubscriberCore", "decode_chunk"]
 
 logger = logging.getLogger("querylib.broker")
+
+_BASE_OFFSET = struct.Struct(">q")  # a stored batch's first field
 
 
 class Chunk(msgspec.Struct, frozen=True):
@@ -184,19 +187,19 @@ class SubscriberCore:
             # reply says where the subscription starts (bounded by the credit we granted).
             sub.early = [*(sub.early or []), note]
             return
-        if message.offset != sub.received or len(note.payload) != 1:
+        starts = _frame_starts(message, note.payload)
+        if message.offset != sub.received or starts is None:
             # Cannot happen with a correct broker; never hand on a gap or a duplicate.
             logger.warning("%s-%d: delivery at %d, expected %s: resubscribing", self.topic,
                            sub.partition, message.offset, sub.received)
             self._spawn(self._unsubscribe(sub.sub_id))  # the broker still feeds the old one
             self._resubscribe_soon(sub)
             return
-        data = note.payload[0]
         sub.received = message.next_offset
-        sub.unconsumed += len(data)
-        sub.delivered += len(data)
-        self._sink(Chunk(sub.partition, message.offset, message.next_offset, sub.skip_below,
-                         data))
+        for i, data in enumerate(note.payload):  # a chunk a frame, each contiguous with the last
+            sub.unconsumed += len(data)
+            sub.delivered += len(data)
+            self._sink(Chunk(sub.partition, starts[i], starts[i + 1], sub.skip_below, data))
 
     def _on_ended(self, note: Notification) -> None:
         message: SubscriptionEnded = note.message  # type: ignore[assignment]  # routed by type
@@ -360,6 +363,24 @@ class ChunkDecoder:
 
 def decode_chunk(chunk: Chunk) -> Iterator[Data | PartitionMark]:
     return events_of(chunk.data, chunk.partition, skip_below=chunk.skip_below)
+
+
+def _frame_starts(message: Delivery, payload: Sequence[Any]) -> list[int] | None:
+    """The offset each payload frame of a delivery starts at, then its `next_offset`: the
+    first frame starts at `offset`, each later one (a replicated partition's run: a whole
+    batch or more a frame, none empty) at its first batch's base offset, strictly increasing
+    within the delivery's range; None if they are not so (a broker's bug)."""
+    if not payload:
+        return None
+    starts = [message.offset]
+    for frame in payload[1:]:
+        if len(frame) < 8:
+            return None
+        base = _BASE_OFFSET.unpack_from(frame)[0]
+        if not starts[-1] < base < message.next_offset:
+            return None
+        starts.append(base)
+    return [*starts, message.next_offset]
 
 
 class AsyncSubscriber:

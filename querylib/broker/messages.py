@@ -37,7 +37,7 @@ Follower broker -> leader broker (only a broker of the cluster, for a replica it
 Client -> broker notify:
     broker.credit           CreditNotify                           more bytes for a subscription
 Broker -> client notifies:
-    broker.delivery         Delivery                               + one payload frame: batches
+    broker.delivery         Delivery                               + payload frames: batches
     broker.sub.closed       SubscriptionEnded                      the subscription stopped
 """
 
@@ -344,8 +344,10 @@ class CreditNotify(Notify, tag="broker.credit"):
 
 
 class Delivery(Notify, tag="broker.delivery"):
-    """Followed by one payload frame: the stored bytes of whole batches, starting with the batch
-    that holds `offset`; `next_offset` is the offset after the last of them."""
+    """Followed by one payload frame or more: the stored bytes of whole batches, starting with
+    the batch that holds `offset`; `next_offset` is the offset after the last of them. A
+    later frame (a replicated partition's leader sends a run that way: a batch a frame, the
+    bytes its followers fetched, hashed once) starts with a whole batch at its base offset."""
 
     sub_id: int
     topic: str

@@ -113,12 +113,14 @@ def stored_batch(batch: Batch, base_offset: int) -> bytes:
     return stamp_prefix(base_offset, check_batch(view)) + bytes(view[PREFIX_SIZE:])
 
 
-def appended_batch(batch: Batch, base_offset: int) -> bytes:
-    """`stored_batch` of a batch this log appended at `base_offset`, so checked then (and
-    unchanged since: producer bytes are never written to): the same bytes, without checking
+def appended_batch(batch: Batch, base_offset: int, leader_epoch: int | None = None) -> bytes:
+    """`stored_batch` of a batch this log appended at `base_offset` (and `leader_epoch`, a
+    replicated partition's leader's; None: LEADER_EPOCH), so checked then (and unchanged
+    since: producer bytes are never written to): the same bytes, in one copy, without checking
     them a second time (a CRC pass per batch a broker hands subscribers from memory)."""
     head = batch_head(batch)
-    prefix = _PREFIX.pack(base_offset, _LENGTH.unpack_from(head, 8)[0], LEADER_EPOCH)
+    prefix = _PREFIX.pack(base_offset, _LENGTH.unpack_from(head, 8)[0],
+                          LEADER_EPOCH if leader_epoch is None else leader_epoch)
     if type(batch) is SplitBatch:
         return b"".join((prefix, memoryview(head)[PREFIX_SIZE:], batch.body))
     return b"".join((prefix, memoryview(batch).cast("B")[PREFIX_SIZE:]))  # one copy, not two

@@ -84,6 +84,7 @@ from querylib.records import BatchHeader, SplitBatch, decode_batch
 logger = logging.getLogger("querylib.log")
 
 Buffer = bytes | bytearray | memoryview | SplitBatch  # a SplitBatch: header and records apart
+Bytes = bytes | bytearray | memoryview
 
 
 class SegmentInfo(NamedTuple):
@@ -378,36 +379,40 @@ class PartitionLog:
             except OSError as exc:
                 raise self._fail("append", exc) from exc
 
-    def append_replica(self, data: bytes | bytearray | memoryview, *, sync: bool = True) -> int:
+    def append_replica(self, data: Bytes | Sequence[Bytes], *, sync: bool = True) -> int:
         """Append a follower's copy of its leader's stored batches (`data`, as the leader's
-        `read` served them): offsets and leader epochs kept, bytes unchanged, so the replicas
-        are byte-identical. Every batch is checked (header, CRC-32C, an epoch >= 0) and must
-        start where the log (then the batch before it) ends: a gap or an overlap raises a
-        RecordError and nothing is appended. Returns the new log end offset."""
-        view = memoryview(data).cast("B")
+        `read` served them, or a sequence of such buffers, each of whole batches: the frames
+        of a fetch's reply, appended without joining them first): offsets and leader epochs
+        kept, bytes unchanged, so the replicas are byte-identical. Every batch is checked
+        (header, CRC-32C, an epoch >= 0) and must start where the log (then the batch before
+        it) ends: a gap or an overlap raises a RecordError and nothing is appended. Returns the
+        new log end offset."""
+        frames = data if isinstance(data, (list, tuple)) else (data,)
         with self._writer:
             self._check_writable()
             expected = self._next_offset
             batches: list[tuple[memoryview, BatchHeader]] = []
-            pos = 0
-            while pos < len(view):
-                if len(view) - pos < PREFIX_SIZE:
-                    raise TruncatedRecordError(
-                        f"replicated data ends {len(view) - pos} bytes into a batch header")
-                length = struct.unpack_from(">i", view, pos + 8)[0] + 12
-                batch = view[pos:pos + length]
-                header = check_batch(batch)
-                if header.base_offset != expected:
-                    raise CorruptRecordError(
-                        f"replicated batch at offset {header.base_offset}, the log ends at"
-                        f" {expected}: a gap or an overlap")
-                if header.partition_leader_epoch < 0:
-                    raise CorruptRecordError(
-                        f"replicated batch at offset {header.base_offset} has leader epoch"
-                        f" {header.partition_leader_epoch}")
-                batches.append((batch, header))
-                expected = header.next_offset
-                pos += length
+            for frame in frames:
+                view = memoryview(frame).cast("B")
+                pos = 0
+                while pos < len(view):
+                    if len(view) - pos < PREFIX_SIZE:
+                        raise TruncatedRecordError(
+                            f"replicated data ends {len(view) - pos} bytes into a batch header")
+                    length = struct.unpack_from(">i", view, pos + 8)[0] + 12
+                    batch = view[pos:pos + length]
+                    header = check_batch(batch)
+                    if header.base_offset != expected:
+                        raise CorruptRecordError(
+                            f"replicated batch at offset {header.base_offset}, the log ends at"
+                            f" {expected}: a gap or an overlap")
+                    if header.partition_leader_epoch < 0:
+                        raise CorruptRecordError(
+                            f"replicated batch at offset {header.base_offset} has leader epoch"
+                            f" {header.partition_leader_epoch}")
+                    batches.append((batch, header))
+                    expected = header.next_offset
+                    pos += length
             if not batches:
                 return self._next_offset
             try:

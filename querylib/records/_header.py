@@ -41,6 +41,7 @@ MAX_BATCH_SIZE = 64 * 1024 * 1024  # no batch we accept is larger than this (Kaf
 
 _PREFIX = struct.Struct(">qi4xb")  # baseOffset, batchLength, (partitionLeaderEpoch skipped) magic
 _OFFSET = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")  # partitionLeaderEpoch, 12 bytes in
 PRODUCER_OFFSET = 43  # producerId, producerEpoch, baseSequence: 14 bytes from here
 _PRODUCER = struct.Struct(">qhi")
 _CRC = struct.Struct(">I")
@@ -104,12 +105,18 @@ def batch_head(batch: Batch) -> bytes | bytearray | memoryview:
     return batch.head if type(batch) is SplitBatch else batch
 
 
-def stamp_base_offset(batch: Batch, base_offset: int) -> bytes:
-    """Return the batch with its baseOffset field replaced. The CRC stays valid (it starts at
-    attributes), so the batch is never re-encoded."""
+def stamp_base_offset(batch: Batch, base_offset: int, leader_epoch: int | None = None) -> bytes:
+    """Return the batch with its baseOffset field replaced and, given `leader_epoch`, its
+    partitionLeaderEpoch too, in one copy of the batch. The CRC stays valid (it starts at
+    attributes, after both), so the batch is never re-encoded."""
+    head = memoryview(batch.head if type(batch) is SplitBatch else batch)
+    if leader_epoch is None:
+        parts: tuple[bytes | memoryview, ...] = (_OFFSET.pack(base_offset), head[8:])
+    else:
+        parts = (_OFFSET.pack(base_offset), head[8:12], _EPOCH.pack(leader_epoch), head[16:])
     if type(batch) is SplitBatch:
-        return b"".join((_OFFSET.pack(base_offset), memoryview(batch.head)[8:], batch.body))
-    return _OFFSET.pack(base_offset) + bytes(memoryview(batch)[8:])
+        parts = (*parts, batch.body)
+    return b"".join(parts)
 
 
 def stamp_producer(batch: bytes | bytearray | memoryview, producer_id: int, producer_epoch: int,

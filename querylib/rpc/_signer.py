@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import blake3
@@ -58,16 +58,18 @@ class DigestCache:
     its receiver refuses (it hashes what it gets), never one it accepts.
     """
 
-    __slots__ = ("_frames", "hashed", "kept_bytes", "max_bytes", "max_frames")
+    __slots__ = ("_frames", "hashed", "kept_bytes", "max_bytes", "max_frames", "shared")
 
     def __init__(self, max_bytes: int, max_frames: int) -> None:
         if max_bytes < 0 or max_frames < 1:
             raise ValueError(f"a digest cache of {max_bytes} bytes, {max_frames} frames")
         self.max_bytes = max_bytes
         self.max_frames = max_frames
-        self._frames: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
+        # id -> (the frame, its digest, the frame as `share` made it for sending, if asked)
+        self._frames: OrderedDict[int, tuple[bytes, bytes, Any]] = OrderedDict()
         self.kept_bytes = 0  # of the frames kept
         self.hashed = 0  # frames hashed, for tests and stats
+        self.shared = 0  # frames `share` made, for tests and stats
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -87,19 +89,45 @@ class DigestCache:
         kept = self._frames.get(id(frame))
         if kept is not None:  # the frame it holds is alive, so it is `frame`
             return kept[1]
+        digest = self._hash(frame)
+        self._keep(frame, digest, None)
+        return digest
+
+    def sendable(self, frame: Buffer, share: Callable[[Buffer], Any]) -> tuple[Any, bytes]:
+        """(`share(frame)`, `payload_digest(frame)`), each made once while the frame is kept:
+        `share` wraps it for sending to many peers (a zero-copy zmq frame each send refers
+        to, `RpcServer.shared_payload`), so a held batch is one such frame for every follower
+        and subscriber it goes to."""
+        if type(frame) is not bytes:
+            self.shared += 1
+            return share(frame), self.digest(frame)
+        kept = self._frames.get(id(frame))
+        if kept is not None and kept[2] is not None:
+            return kept[2], kept[1]
+        digest = kept[1] if kept is not None else self._hash(frame)
+        self.shared += 1
+        sendable = share(frame)
+        if kept is not None:
+            self._frames[id(frame)] = (frame, digest, sendable)
+        else:
+            self._keep(frame, digest, sendable)
+        return sendable, digest
+
+    def _hash(self, frame: Buffer) -> bytes:
         self.hashed += 1
-        digest = payload_digest(frame)
+        return payload_digest(frame)
+
+    def _keep(self, frame: bytes, digest: bytes, sendable: Any) -> None:
         size = len(frame)
         if size > self.max_bytes:
-            return digest
+            return
         frames = self._frames
         while frames and (self.kept_bytes + size > self.max_bytes
                           or len(frames) >= self.max_frames):
-            _, (dropped, _) = frames.popitem(last=False)
+            _, (dropped, _, _) = frames.popitem(last=False)
             self.kept_bytes -= len(dropped)
-        frames[id(frame)] = (frame, digest)
+        frames[id(frame)] = (frame, digest, sendable)
         self.kept_bytes += size
-        return digest
 
 
 class Signer:

@@ -127,6 +127,57 @@ def test_the_leader_hashes_each_held_batch_once_for_both_followers(tmp_path):
     asyncio.run(main())
 
 
+def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_path):
+    """Batches held above the high watermark (both followers paused) become visible at once
+    when the followers catch up: they go to a tailing subscriber as one delivery of a payload
+    frame a batch, the stored bytes the followers fetched, signed with their digests (no
+    join, no second hash: `push_digests` stays 0, each batch hashed once) and sent as the
+    same zero-copy zmq frame (made once a batch for both followers and the subscriber: the
+    batches are over zmq's copy threshold), and the subscriber takes them in order."""
+    from querylib.broker import Data, Subscriber
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        sub = None
+        try:
+            sub = await asyncio.to_thread(Subscriber, cluster.addresses[0], "t", 0,
+                                          secret=SECRET)
+            link = await producer(cluster.addresses[0])
+            for follower in cluster.servers[1:]:
+                follower.replication.hold(True)
+            values = [bytes([i]) * 100_000 for i in range(5)]
+            sent = [produce(link, value) for value in values]
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 5, timeout=30,
+                                 what="the leader appended the five batches")
+            for follower in cluster.servers[1:]:
+                follower.replication.hold(False)
+            done = await asyncio.wait_for(asyncio.gather(*sent), 30)
+            assert [p.base_offset for p in done] == [0, 1, 2, 3, 4]
+
+            def read() -> list[bytes]:
+                got: list[bytes] = []
+                while len(got) < 5:
+                    event = sub.next_event(timeout=30)
+                    assert event is not None, f"only {len(got)} records arrived"
+                    if isinstance(event, Data):
+                        got += [bytes(r.value or b"") for r in event.records]
+                return got
+
+            assert await asyncio.to_thread(read) == values
+            leader = cluster.servers[0]
+            assert leader.replication.digests.hashed == 5
+            assert leader.replication.digests.shared == 5
+            assert leader.counters["push_digests"] == 0
+            await link.close()
+        finally:
+            if sub is not None:
+                await asyncio.to_thread(sub.close)
+            await cluster.close()
+
+    asyncio.run(main())
+
+
 def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_path):
     """A subscriber at the leader's tail gets each batch once the high watermark passes it:
     the same stored bytes the followers fetched, already hashed for them, so the push is

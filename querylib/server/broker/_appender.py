@@ -244,7 +244,7 @@ class AppendLane:
                                                                   strict=True)):
                 # every batch was appended (else `ends` is None): its base is an offset
                 out.append(AppendCompleted(pid, ticket, cast(int, base), nxt, start,
-                                           durable if i == last else before))
+                                           durable if i == last else before, i != last))
             return out
         for (ticket, batch, _), base in zip(commit, bases, strict=True):
             if isinstance(base, TqError):

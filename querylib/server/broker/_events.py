@@ -256,7 +256,9 @@ class CohortsSaveFailed(msgspec.Struct, frozen=True):
 
 class AppendCompleted(msgspec.Struct, frozen=True):
     """The append for `ticket` landed at [base_offset, next_offset). The log's start and durable
-    end are reported as they stood right after it (retention and flushes move them)."""
+    end are reported as they stood right after it (retention and flushes move them). `more`:
+    another completion of the same commit (one write) follows at once, so a replicated
+    partition's leader answers its followers' waiting fetches after the last, with them all."""
 
     partition: PartitionId
     ticket: int
@@ -264,6 +266,7 @@ class AppendCompleted(msgspec.Struct, frozen=True):
     next_offset: int
     log_start: int
     durable_end: int
+    more: bool = False
 
 
 class AppendFailed(msgspec.Struct, frozen=True):
@@ -400,14 +403,16 @@ class Read(msgspec.Struct, frozen=True):
 
 
 class Deliver(msgspec.Struct, frozen=True):
-    """Push stored batch bytes [offset, next_offset) to subscription `sub_id` of `session`."""
+    """Push stored batch bytes [offset, next_offset) to subscription `sub_id` of `session`:
+    `data` is one payload frame, or a tuple of them (a replicated partition's run: each
+    batch's stored bytes as its own frame, in offset order, none empty)."""
 
     session: str
     sub_id: int
     partition: PartitionId
     offset: int
     next_offset: int
-    data: bytes
+    data: bytes | tuple[bytes, ...]
 
 
 class SubscriptionClosed(msgspec.Struct, frozen=True):

@@ -149,11 +149,11 @@ class ReplicaFetcher:
         reply, frames = await client.exchange(request)
         if self.held or self.partitions.get(pid) is not role:
             return  # paused, or its role changed meanwhile: the next fetch tells
-        # A batch a frame, or one run of them: one frame is appended as it came, several
-        # joined (one copy).
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        if len(data):
-            if log.config.flush is FlushPolicy.NEVER and not log.may_roll(len(data)):
+        # A batch a frame, or one run of them: appended as they came, never joined (a copy).
+        data = frames[0] if len(frames) == 1 else frames
+        size = sum(len(frame) for frame in frames)
+        if size:
+            if log.config.flush is FlushPolicy.NEVER and not log.may_roll(size):
                 # As the leader's append lane does: no append waits for the disk under
                 # "never" (the page cache takes it), so it is written here, without a thread
                 # hop each way per fetch; one that may roll the segment (the roll fsyncs the

@@ -36,7 +36,7 @@ from querylib.broker._errors import (
 )
 from querylib.broker.messages import EpochEnd, EpochEndRequest, ReplicaData, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
-from querylib.rpc import Context, Credential
+from querylib.rpc import Context, Credential, RpcServer
 from querylib.rpc._signer import DigestCache
 
 from ._appender import AppendLane
@@ -203,9 +203,12 @@ class ReplicaShell:
         end = log.log_end_offset
         if answer.batches is not None:
             # Still held by the core, as stored: no read (nor a hop to the read pool), and
-            # each batch goes out as its own frame, not copied into one.
-            digest = self.digests.digest
-            ctx.attach(*answer.batches, digests=[digest(b) for b in answer.batches])
+            # each batch goes out as its own frame, not copied into one: one zero-copy zmq
+            # frame and one digest a batch, shared by both followers and the subscribers.
+            sendable = self.digests.sendable
+            share = RpcServer.shared_payload
+            sent = [sendable(batch, share) for batch in answer.batches]
+            ctx.attach(*[frame for frame, _ in sent], digests=[digest for _, digest in sent])
         elif req.fetch_offset < end:
             ctx.attach(await loop.run_in_executor(
                 self._read_pool, lambda: log.read(req.fetch_offset, req.max_bytes,

@@ -756,10 +756,17 @@ class BrokerServer:
             peer = self._peers.get(d.session)
             if peer is None:
                 raise PeerUnreachableError(f"no address known for session {d.session!r}")
-            frame, digest = self._shared(d.data)
-            self._rpc.notify(peer, message, payload=[frame], digests=[digest])
+            if isinstance(d.data, tuple):  # a replicated run: a frame a batch, hashed once
+                shared = [self._shared(data) for data in d.data]
+                self._rpc.notify(peer, message, payload=[f for f, _ in shared],
+                                 digests=[digest for _, digest in shared])
+                size = sum(len(data) for data in d.data)
+            else:
+                frame, digest = self._shared(d.data)
+                self._rpc.notify(peer, message, payload=[frame], digests=[digest])
+                size = len(d.data)
             traffic = self._traffic(d.partition)
-            traffic[1] += len(d.data)
+            traffic[1] += size
             traffic[2] += d.next_offset - d.offset
         except (PeerBusyError, PeerUnreachableError) as exc:
             # Delivering out of order or with a hole is never an option: end the subscription;
@@ -779,12 +786,15 @@ class BrokerServer:
                 frame = self._rpc.shared_payload(data)
                 self._digests[id(data)] = (data, found[1], frame)
             return frame, found[1]
-        # A replicated batch at the tail: its followers fetched these very bytes, hashed then.
-        digest = self.replication.digests.kept(data)
-        if digest is None:
+        # A replicated batch at the tail: its followers fetched these very bytes, hashed then
+        # and sent as one zero-copy frame, which the subscribers' pushes share too.
+        replicas = self.replication.digests
+        if replicas.kept(data) is not None:
+            frame, digest = replicas.sendable(data, self._rpc.shared_payload)
+        else:
             digest = payload_digest(data)
             self.counters["push_digests"] += 1
-        frame = self._rpc.shared_payload(data)
+            frame = self._rpc.shared_payload(data)
         self._remember_digest(data, digest, frame)
         return frame, digest
 

@@ -33,7 +33,6 @@ Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +121,6 @@ from ._replication import LeaderReplication
 from ._subscriptions import Subscriptions
 from ._write_access import ADMIN, SYSTEM, check_principal
 
-_EPOCH = struct.Struct(">i")  # a stored batch's partitionLeaderEpoch, 12 bytes in
 # The most batches a replica fetch is answered with from memory: one payload frame each, well
 # within the RPC's max_frames (64 by default, its header, body and signature included).
 HELD_BATCHES = 32
@@ -161,10 +159,11 @@ class BrokerState:
                  encode_end: Callable[[int], bytes] = _encode_end,
                  encode_reopen: Callable[[int, int], bytes] = _encode_reopen,
                  encode_abort: Callable[[int, int, int], bytes] = _encode_abort,
-                 stamp: Callable[[Any, int], bytes] = stamp_base_offset) -> None:
-        """`stamp(batch, base_offset)` must return a batch exactly as the log stores it (the
-        log may rewrite more than the base offset, e.g. the leader epoch): tail deliveries
-        hand out those bytes instead of reading them back."""
+                 stamp: Callable[..., bytes] = stamp_base_offset) -> None:
+        """`stamp(batch, base_offset[, leader_epoch])` must return a batch exactly as the log
+        stores it (the log may rewrite more than the base offset, e.g. the leader epoch; a
+        replicated partition's leader passes its epoch): tail deliveries and followers'
+        fetches hand out those bytes instead of reading them back."""
         self.limits = limits = limits or BrokerLimits()
         self._encode_frontier = encode_frontier
         self._encode_end = encode_end
@@ -763,11 +762,12 @@ class BrokerState:
         if part.replication is not None:
             if entry.written:  # on a replicated partition, answered at the high watermark
                 entry.written = False
-            # Tail deliveries hand out the bytes as the log stores them: the leader's epoch.
-            stored = entry.stored_bytes(self._stamp)
-            entry.stored = b"".join((stored[:12], _EPOCH.pack(part.replication.role.leader_epoch),
-                                     memoryview(stored)[16:]))  # one copy
-            out += self._answer_replica_waits(part)
+            # Tail deliveries and followers' fetches hand out the bytes as the log stores
+            # them: base offset and the leader's epoch, stamped in one copy of the batch.
+            entry.stored = self._stamp(entry.batch, entry.base,
+                                       part.replication.role.leader_epoch)
+            if not ev.more:  # the followers' waiting fetches take the whole commit at once
+                out += self._answer_replica_waits(part)
             return out + self._make_durable(part, self._high_watermark(part))
         if entry.written:
             out += self._answer_written(entry)

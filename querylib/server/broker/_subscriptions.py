@@ -62,11 +62,15 @@ __all__ = ["Subscriptions", "aborted_between", "without_aborted_in"]
 
 # Consecutive batches up to this many bytes in all go to a tailing subscriber as one delivery
 # (their bytes joined: a copy, cheap for small batches; big ones go one a delivery, uncopied).
-# On a replicated partition, up to the limits' max_read_bytes (as a read of the log): there
-# batches become visible in runs, several a follower's fetch, and one message and MAC a run
-# rather than a batch saves more, on the broker and the subscriber, than the join costs (one
-# copy a run, shared by every subscription it goes to).
+# On a replicated partition, up to the limits' max_read_bytes (as a read of the log) and
+# TAIL_FRAMES batches: there batches become visible in runs, several a follower's fetch, and
+# one message and MAC a run rather than a batch saves, on the broker and the subscriber; the
+# run is not joined but goes as one payload frame a batch, the very stored bytes the
+# followers fetched, so their digests (`DigestCache`) sign it too: no copy and no hash.
 _TAIL_MERGE_BYTES = 64 * 1024
+# The most batches (payload frames) a delivery of a replicated run carries: well within the
+# RPC's max_frames (64 by default, header, body and signature included), as HELD_BATCHES.
+TAIL_FRAMES = 32
 
 
 def aborted_between(part: PartitionState, start: int,
@@ -247,8 +251,10 @@ class Subscriptions:
         stable = part.stable_end
         subs = self.by_serial
         joined: dict[tuple[int, int], Any] = {}  # (first, after last) index in newly -> bytes
-        merge = _TAIL_MERGE_BYTES if part.replication is None else max(
-            _TAIL_MERGE_BYTES, self._limits.max_read_bytes)
+        replicated = part.replication is not None
+        merge = max(_TAIL_MERGE_BYTES, self._limits.max_read_bytes) if replicated \
+            else _TAIL_MERGE_BYTES
+        most = TAIL_FRAMES if replicated else len(newly)
         for serial in list(part.tailing):
             sub = subs[serial]
             head = size = room = 0
@@ -266,8 +272,10 @@ class Subscriptions:
                     data = b""  # an aborted transaction's: its offsets, none of its records
                 else:
                     data = entry.stored_bytes(self._stamp)
-                if run and (size + len(data) > room or size + len(data) > merge):
-                    out.append(self._tail_run(sub, part, newly, head, i, run, joined))
+                if run and (size + len(data) > room or size + len(data) > merge
+                            or len(run) == most):
+                    out.append(self._tail_run(sub, part, newly, head, i, run, joined,
+                                              replicated))
                     run, size = [], 0
                 if not run:
                     # A run stays within the credit it starts with; only a delivery of one
@@ -279,16 +287,21 @@ class Subscriptions:
                 sub.next_offset = entry.next
             if run:
                 out.append(self._tail_run(sub, part, newly, head, head + len(run), run,
-                                          joined))
+                                          joined, replicated))
             out += self._pump(sub)
         return out
 
     @staticmethod
     def _tail_run(sub: Subscription, part: PartitionState, newly: list[Pending], first: int,
-                  after: int, run: list[Any], joined: dict[tuple[int, int], Any]) -> Deliver:
-        """One delivery of newly[first:after] (their stored bytes `run`) to `sub`."""
+                  after: int, run: list[Any], joined: dict[tuple[int, int], Any],
+                  framed: bool = False) -> Deliver:
+        """One delivery of newly[first:after] (their stored bytes `run`) to `sub`: `framed`,
+        a frame a batch (an aborted transaction's empty ones left out), else joined."""
+        data: Any
         if len(run) == 1:
             data = run[0]
+        elif framed:
+            data = tuple(b for b in run if b) or b""
         else:
             data = joined.get((first, after))
             if data is None:

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from querylib.log import LeaderEpochCache, PartitionLog
+from querylib.log import LeaderEpochCache, PartitionLog, appended_batch
 from querylib.log._config import EPOCH_CHECKPOINT_FILE
 from querylib.log._epochs import scan_epochs
 from tests.querylib.log._batches import make_batch
@@ -55,6 +55,15 @@ def test_replicated_batches_bring_their_epochs(tmp_path) -> None:
         assert follower.leader_epochs.entries == ((0, 0), (2, 2), (3, 4))
     with PartitionLog.open(tmp_path / "follower-0") as follower:
         assert follower.leader_epochs.entries == ((0, 0), (2, 2), (3, 4))
+
+
+def test_appended_batch_at_an_epoch_is_what_the_log_stores(tmp_path) -> None:
+    # What a leader hands its followers and subscribers from memory equals what it reads.
+    batch = make_batch(3, seed=4)
+    with PartitionLog.open(tmp_path / "leader-0") as leader:
+        leader.append_batches([make_batch(2, seed=0)], leader_epoch=6)
+        leader.append_batches([batch], leader_epoch=6)
+        assert appended_batch(batch, 2, 6) == bytes(leader.read(2, 1 << 20))
 
 
 def test_truncation_forgets_the_epochs_it_removes_on_disk_too(tmp_path) -> None:

@@ -55,6 +55,24 @@ def test_follower_appends_the_leaders_bytes_unchanged(leader, follower):
     assert follower.log_end_offset == leader.log_end_offset
 
 
+def test_follower_appends_the_frames_of_a_fetch_without_joining_them(tmp_path, leader,
+                                                                     follower):
+    # A leader answers from memory with a batch a frame (or a read of several): the follower
+    # takes the frames as they came; each holds whole batches, and all are checked first.
+    for seed in range(4):
+        leader.append_batches([make_batch(seed + 1, seed=seed)], leader_epoch=2)
+    data = leader.read(0, 1 << 20)
+    batches = split_batches(data)
+    frames = [batches[0], memoryview(batches[1] + batches[2]), bytearray(batches[3])]
+    assert follower.append_replica(frames) == leader.log_end_offset
+    assert follower.read(0, 1 << 20) == data
+    torn = [batches[0][:30], batches[0][30:]]  # a batch split across frames: refused
+    with PartitionLog.open(tmp_path / "other" / "t-0") as other:
+        with pytest.raises(RecordError):
+            other.append_replica(torn)
+        assert other.log_end_offset == 0
+
+
 def test_follower_refuses_a_gap_an_overlap_and_a_damaged_batch(leader, follower):
     leader.append_batches([make_batch(2, seed=0)], leader_epoch=1)
     leader.append_batches([make_batch(2, seed=1)], leader_epoch=1)

@@ -136,6 +136,20 @@ def test_stamp_base_offset_keeps_the_crc_valid() -> None:
     assert [r.offset for r in decode_batch(stamped).records] == [1000, 1001, 1002]
 
 
+def test_stamp_base_offset_stamps_the_leader_epoch_too_when_given() -> None:
+    # A replicated partition's leader makes its stored bytes in one call (one copy).
+    raw = encode_batch([(0, b"k", b"v" * 300, ())] * 40)
+    stamped = stamp_base_offset(raw, 77, 5)
+    header = verify_batch(stamped)
+    assert (header.base_offset, header.partition_leader_epoch) == (77, 5)
+    assert stamped[16:] == raw[16:] and stamped[8:12] == raw[8:12]
+    from querylib.records import stamp_producer_split
+
+    split = stamp_producer_split(raw, 3, 0, 0)
+    assert stamp_base_offset(split, 77, 5) == stamp_base_offset(bytes(split), 77, 5)
+    assert verify_batch(stamp_base_offset(split, 77, 5)).partition_leader_epoch == 5
+
+
 def test_verify_batch_checks_crc_and_presence() -> None:
     raw = encode_batch([(0, None, b"value", ())])
     mutated = raw[:-2] + b"X" + raw[-1:]  # the last value byte (headersCount follows)

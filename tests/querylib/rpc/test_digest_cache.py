@@ -100,3 +100,28 @@ def test_every_digest_is_the_digest_of_the_frame_given(ops, max_bytes, max_frame
         frame = slots[slot]
         assert cache.digest(frame) == payload_digest(frame)
         assert cache.kept_bytes <= max_bytes and len(cache) <= max_frames
+
+
+def test_a_kept_frame_is_made_sendable_once_for_every_peer_it_goes_to() -> None:
+    # A held batch fetched by both followers and pushed to a subscriber: one shared send
+    # wrapper (a zero-copy zmq frame) and one hash for all of them.
+    cache = DigestCache(1 << 20, 16)
+    batch = b"held batch" * 100
+    made: list[bytes] = []
+
+    def share(frame: bytes) -> object:
+        made.append(frame)
+        return ("sendable", len(made))
+
+    assert cache.digest(batch) == payload_digest(batch)
+    got = [cache.sendable(batch, share) for _ in range(3)]
+    assert got == [(("sendable", 1), payload_digest(batch))] * 3
+    assert cache.hashed == 1 and cache.shared == 1 and made == [batch]
+    other = b"another batch" * 10  # never hashed before: hashed and shared, once
+    assert cache.sendable(other, share) == cache.sendable(other, share)
+    assert cache.hashed == 2 and cache.shared == 2
+    # A buffer that may change is made sendable (and hashed) every time, never kept.
+    buffer = bytearray(b"x" * 64)
+    cache.sendable(buffer, share)
+    cache.sendable(buffer, share)
+    assert cache.shared == 4 and cache.hashed == 4 and len(cache) == 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from querylib.records._header import HEADER, HEADER_SIZE, LOG_OVERHEAD, read_header
 from querylib.server.broker._events import (
     Append,
@@ -131,7 +133,7 @@ class Sim:
         log = self.logs[pid]
         return log[-1][1] if log else 0
 
-    def complete_append(self, pid: PartitionId) -> list:
+    def complete_append(self, pid: PartitionId, *, more: bool = False) -> list:
         queue = self.appends[pid]
         if not queue:
             return []
@@ -147,7 +149,8 @@ class Sim:
         self.logs[pid].append((base, nxt, stored))
         if self.auto_durable:
             self.durable[pid] = nxt
-        return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid]))
+        return self.feed(AppendCompleted(pid, instr.ticket, base, nxt, 0, self.durable[pid],
+                                         more))
 
     def controls(self, pid: PartitionId) -> list:
         """Complete every append asked on `pid`, then its control marks in log order
@@ -212,6 +215,11 @@ class Sim:
             raise AssertionError(f"unexpected instruction {instr}")
 
     def _check_delivery(self, d: Deliver) -> None:
+        if type(d.data) is tuple:  # a frame a batch: each a whole one, none empty
+            for frame in d.data:
+                assert frame and read_header(frame).size == len(frame), "a frame not one batch"
+            d = msgspec.structs.replace(d, data=b"".join(d.data))
+        assert type(d.data) is not tuple
         track = self.subs[(d.session, d.sub_id)]
         assert not track.closed
         if track.next_offset is not None:

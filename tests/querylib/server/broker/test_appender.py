@@ -51,6 +51,23 @@ def test_appends_complete_in_order_and_a_bad_batch_fails_alone(tmp_path, inline)
     assert isinstance(seen[2].error, CorruptRecordError)
 
 
+def test_a_commit_says_which_completions_more_of_it_follow(tmp_path):
+    # Submitted together, the batches are one commit (one write): every completion but the
+    # last says `more`, so a replicated leader answers its followers once, with them all.
+    async def main() -> list:
+        with PartitionLog.open(tmp_path / "t-0", LogConfig()) as log:
+            seen: list = []
+            with ThreadPoolExecutor(2) as pool:
+                lane = AppendLane(("t", 0), log, pool, seen.append)
+                lane.submit_many([(n, batch(1), True) for n in (1, 2, 3)])
+                await wait_for_async(lambda: len(seen) >= 3, what="the lane's reports")
+                await lane.close()
+            return seen
+
+    seen = asyncio.run(main())
+    assert [(s.ticket, s.more) for s in seen] == [(1, True), (2, True), (3, False)]
+
+
 def test_interval_policy_flushes_after_the_last_append(tmp_path):
     config = LogConfig(flush="interval", flush_interval_ms=20)
     with PartitionLog.open(tmp_path / "t-0", config) as log:

@@ -193,6 +193,22 @@ def test_a_waiting_replica_fetch_is_answered_with_the_next_batch_from_memory():
     assert sim.replies["f2b"].batches == ()
 
 
+def test_a_waiting_replica_fetch_is_answered_once_with_a_whole_commit():
+    # The lane appends a commit's batches with one write and reports them back to back: the
+    # waiting fetches are answered after the last, with all of them, not with the first alone
+    # (which would leave the rest to one more fetch each follower).
+    sim = leading()
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2, max_wait=0.5))
+    for n in range(3):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, b"x")))
+    sim.complete_append(P, more=True)
+    sim.complete_append(P, more=True)
+    assert "f2" not in sim.replies
+    sim.complete_append(P)
+    answer = sim.replies["f2"]
+    assert answer.high_watermark == 0 and len(answer.batches) == 3
+
+
 def test_a_replica_fetch_from_memory_takes_at_most_held_batches():
     sim = leading()
     for n in range(HELD_BATCHES + 5):
@@ -204,7 +220,9 @@ def test_a_replica_fetch_from_memory_takes_at_most_held_batches():
 
 def test_a_run_the_high_watermark_uncovers_goes_to_a_tailing_subscriber_as_one_delivery():
     # The followers' fetches move the high watermark several batches at a time: such a run
-    # goes as one delivery (as a read of the log would), big batches included.
+    # goes as one delivery (as a read of the log would), big batches included, each batch a
+    # payload frame of its own: the very stored bytes the followers fetched (hashed once for
+    # them, DigestCache), never joined into a copy that would need a hash of its own.
     sim = leading(isr=(1, 2))
     sim.feed(OpenSession("o-s", "s", 10.0))
     sim.track("s", 1, 4 * 1024 * 1024)
@@ -213,24 +231,29 @@ def test_a_run_the_high_watermark_uncovers_goes_to_a_tailing_subscriber_as_one_d
     for n, payload in enumerate(payloads):
         sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, payload)))
         sim.complete_append(P)
-    out = sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=3, leader_epoch=2))
+    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
+    fetched = sim.replies["f2"].batches
+    out = sim.feed(ReplicaFetched("f2b", P, replica=2, fetch_offset=3, leader_epoch=2))
     delivered = [i for i in out if isinstance(i, Deliver)]
     assert [(d.offset, d.next_offset) for d in delivered] == [(0, 3)]
-    assert [delivered[0].data.count(p) for p in payloads] == [1, 1, 1]
+    frames = delivered[0].data
+    assert isinstance(frames, tuple) and len(frames) == 3
+    assert all(frame is batch for frame, batch in zip(frames, fetched, strict=True))
+    assert [frame.count(p) for frame, p in zip(frames, payloads, strict=True)] == [1, 1, 1]
 
 
-def test_a_batch_in_flight_when_the_leader_took_its_epoch_is_read_from_the_log():
-    # The append lane may have written it with the old epoch: only the log knows which.
-    sim = Sim()
-    sim.open_partition(P)
-    sim.feed(OpenSession("o-p", "p", 10.0))
-    sim.feed(OpenProducer("op-p", "p", P))
-    sim.feed(Produce("a", "p", P, fake_batch(1, b"x")))
-    sim.feed(SetReplicaRole(P, role(), broker_id=1))
-    sim.complete_append(P)
-    sim.feed(Produce("b", "p", P, fake_batch(1, b"y")))
-    sim.complete_append(P)
-    sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=0, leader_epoch=2))
-    assert sim.replies["f2"].batches is None
-    sim.feed(ReplicaFetched("f3", P, replica=3, fetch_offset=1, leader_epoch=2))
-    assert len(sim.replies["f3"].batches) == 1
+def test_a_tail_delivery_of_a_replicated_run_takes_at_most_held_batches_frames():
+    # A frame a batch: a run stays within the RPC's max_frames, the rest in the next delivery.
+    sim = leading(isr=(1, 2))
+    sim.feed(OpenSession("o-s", "s", 10.0))
+    sim.track("s", 1, 4 * 1024 * 1024)
+    sim.feed(Subscribe("sub", "s", 1, P, "earliest", 4 * 1024 * 1024))
+    count = HELD_BATCHES + 3
+    for n in range(count):
+        sim.feed(Produce(f"p{n}", "p", P, fake_batch(1, b"x")))
+        sim.complete_append(P)
+    out = sim.feed(ReplicaFetched("f2", P, replica=2, fetch_offset=count, leader_epoch=2))
+    delivered = [i for i in out if isinstance(i, Deliver)]
+    assert [(d.offset, d.next_offset) for d in delivered] == \
+        [(0, HELD_BATCHES), (HELD_BATCHES, count)]
+    assert [len(d.data) for d in delivered] == [HELD_BATCHES, 3]
