@@ -289,7 +289,8 @@ class Replicated:
         """Why what the subscriber read is not a prefix of what `tq consume` read: where they
         part (offset and value on each side), each replica's log end and leader epochs (epoch
         -> first offset), the catalog's partition, and the leadership moves the logs tell."""
-        at = next((i for i, (r, s) in enumerate(zip(read, stored)) if r != s),
+        at = next((i for i, (r, s) in enumerate(zip(read, stored, strict=False))
+                   if r != s),
                   min(len(read), len(stored)))
         near = slice(max(0, at - 3), at + 4)
         lines = [f"read and stored part at index {at} ({len(read)} read, {len(stored)} stored)",
