@@ -976,15 +976,19 @@ class BrokerState:
 
     def _propose_isr(self, part: PartitionState) -> list[Instruction]:
         leader: LeaderReplication = part.replication
+        before = leader.high_watermark
         isr = leader.isr_proposal(now_ms=int(self.now * 1000))
+        # A replica proposed before and proposed no more is waited for no more.
+        out = [] if leader.high_watermark == before else \
+            self._make_durable(part, leader.high_watermark)
         if isr is None:
-            return []
+            return out
         last = self._proposed.get(part.id)
         if last is not None and last[0] == isr \
                 and self.now - last[1] < self.limits.isr_proposal_retry:
-            return []
+            return out
         self._proposed[part.id] = (isr, self.now)
-        return [ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
+        return [*out, ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
 
     def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:
         """Acknowledge every append now durable, then show those batches to subscribers."""
