@@ -370,6 +370,74 @@ def test_a_subscriber_never_sees_records_above_the_high_watermark(tmp_path):
     asyncio.run(main())
 
 
+def test_a_promoted_follower_shows_readers_nothing_above_the_high_watermark(tmp_path):
+    """A follower holds a record its leader appended and never acknowledged: the other
+    follower lacks it. Promoted (its leader cut off), it shows readers only what its ISR holds,
+    its log end is not its high watermark: had it served that record and then lost the
+    leadership to the other follower, a record readers were served would be gone, and what
+    they read no prefix of what is stored (issue 19's cut-off leader check). A reader resuming
+    above its high watermark, as one that read everything the old leader acknowledged does,
+    waits there; once the ISR holds the record, readers get it."""
+    from querylib.broker import Data, Subscriber
+    from querylib.server.kafka import BrokerBackend, KafkaConfig
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        subs: list[Subscriber] = []
+        try:
+            link, _ = await produce_replicated(cluster, 1)
+            follower = cluster.servers[1].state.partitions
+            await wait_for_async(lambda: follower[PID].visible_end == 1, timeout=30,
+                                 what="follower 2 learnt the high watermark 1")
+            cluster.servers[2].replication.hold(True)  # broker 3 fetches no more
+            unacked = produce(link, b"never acknowledged")
+            await wait_for_async(lambda: cluster.log(2).log_end_offset == 2, timeout=30,
+                                 what="follower 2 fetched the record")
+            # Broker 1 is cut off: the controller moves the leadership to broker 2 at epoch 2,
+            # ISR (2, 3); broker 3 has not taken its new role yet.
+            await cluster.set_roles_on((1, 2), leader=2, epoch=2, isr=(2, 3))
+            with pytest.raises(TqError):
+                await asyncio.wait_for(unacked, 30)
+            await link.close(clean=False)
+            port = cluster.servers[1].port
+            assert port.info(PID).high_watermark == 1  # broker 3 lacks offset 1
+            # A Kafka consumer there reads nothing above it, and is not out of range.
+            kafka = BrokerBackend(port, KafkaConfig())
+            assert [(r.offsets.high_watermark, r.chunks) for r in [
+                await kafka.read("t", 0, o, 1 << 20) for o in (1, 2)]] == [(1, []), (1, [])]
+            for start in ("earliest", 2):
+                subs.append(await asyncio.to_thread(
+                    Subscriber, cluster.addresses[1], "t", 0, secret=SECRET, start=start))
+            # Broker 3 takes its role and fetches: the record is on the whole ISR.
+            await cluster.set_roles_on((3,), leader=2, epoch=2, isr=(2, 3))
+            cluster.servers[2].replication.hold(False)
+            await wait_for_async(lambda: port.info(PID).high_watermark == 2, timeout=30,
+                                 what="the high watermark over the new ISR")
+            link2 = await producer(cluster.addresses[1])
+            assert (await asyncio.wait_for(produce(link2, b"after"), 30)).base_offset == 2
+            await link2.close()
+
+            def read(sub: Subscriber, count: int) -> list[tuple[int, bytes]]:
+                got: list[tuple[int, bytes]] = []
+                while len(got) < count:
+                    event = sub.next_event(timeout=30)
+                    assert event is not None, f"only {got} arrived"
+                    if isinstance(event, Data):
+                        got += [(r.offset, bytes(r.value or b"")) for r in event.records]
+                return got
+
+            assert await asyncio.to_thread(read, subs[0], 3) == [
+                (0, b"v0"), (1, b"never acknowledged"), (2, b"after")]
+            assert await asyncio.to_thread(read, subs[1], 1) == [(2, b"after")]
+        finally:
+            for sub in subs:
+                await asyncio.to_thread(sub.close)
+            await cluster.close()
+
+    asyncio.run(main())
+
+
 def test_a_follower_that_stops_fetching_is_proposed_out_of_the_isr_and_back(tmp_path):
     from querylib.server.broker._state import BrokerLimits
 

@@ -95,6 +95,10 @@ class PartitionState(msgspec.Struct):
     visible_frontier: int       # the frontier in force at visible_end
     visible_ended: bool
     visible_epoch: int = 0      # the epoch of visible_frontier
+    # Where the three above hold once visible_end reaches it: opened, they are the log end's,
+    # which visible_end may be below (a durable end, or a promoted follower's high watermark,
+    # below it), so a reader starting at visible_end is told them only from there on.
+    known_end: int = 0
     epoch_since: int = 0        # the offset from which visible_epoch is known to hold
     inflight: deque[Pending] = msgspec.field(default_factory=deque)   # Append sent, not completed
     unflushed: deque[Pending] = msgspec.field(default_factory=deque)  # completed, not yet durable

@@ -9,8 +9,9 @@ replicas, ISR) and, for a follower, where its leader listens. `LeaderReplication
 leader's bookkeeping for one partition: `follower_fetch` records a follower's fetch offset (its
 log end) and answers a new high watermark, `durable` does the same for the leader's own durable
 end, `isr_proposal` says which ISR to ask the coordinator for (a follower that has not reached
-the leader's log end for `lag_max_ms` leaves; a replica that reached the high watermark joins),
-and `set_role` takes the catalog's answer: only a new role changes the ISR.
+the leader's log end for `lag_max_ms` leaves; a replica that reached the high watermark joins,
+and counts towards the high watermark from the proposal on: Kafka's maximal ISR), and
+`set_role` takes the catalog's answer: only a new role changes the ISR.
 
 Must not: do I/O, read clocks (times are given), or touch logs (the shell truncates and appends
 as these rules say).
@@ -103,6 +104,10 @@ class LeaderReplication:
     high_watermark: int = 0
     _durable: int = 0
     _followers: dict[int, _Follower] = field(default_factory=dict)
+    # Replicas last proposed into the ISR, until a role with another ISR answers (Kafka's
+    # maximal ISR, KIP-497): the catalog may name them in sync, and elect one, before this
+    # leader hears so, so the high watermark waits for them as for the ISR meanwhile.
+    _joining: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.role.is_leader(self.own_id):
@@ -115,6 +120,8 @@ class LeaderReplication:
         if not role.is_leader(self.own_id):
             raise ValueError(f"broker {self.own_id} does not lead {role}")
         old_isr = set(self.role.isr) if self._followers else set()
+        if set(role.isr) != set(self.role.isr):
+            self._joining = frozenset()  # the catalog answered: taken in, or not
         self.role = role
         for replica in role.replicas:
             if replica == self.own_id:
@@ -171,9 +178,14 @@ class LeaderReplication:
             if replica in self.role.isr:
                 if now_ms - follower.caught_up_ms <= self.lag_max_ms:
                     isr.append(replica)
-            elif follower.fetched >= max(self.high_watermark, self.epoch_start):
+            elif follower.fetched >= max(self.high_watermark, self.epoch_start) \
+                    and now_ms - follower.caught_up_ms <= self.lag_max_ms:
                 isr.append(replica)
         proposal = tuple(isr)
+        joining = frozenset(proposal) - set(self.role.isr)
+        if joining != self._joining:
+            self._joining = joining
+            self._advance()  # one proposed no more (it stopped fetching) is waited for no more
         return None if set(proposal) == set(self.role.isr) else proposal
 
     def check_min_insync(self, min_insync: int) -> None:
@@ -185,7 +197,8 @@ class LeaderReplication:
 
     def _advance(self) -> int | None:
         ends = [self._durable]
-        ends += [self._followers[r].fetched for r in self.role.isr if r != self.own_id]
+        ends += [self._followers[r].fetched for r in {*self.role.isr, *self._joining}
+                 if r != self.own_id]
         hw = min(min(ends), self._durable)
         if hw > self.high_watermark:
             self.high_watermark = hw

@@ -218,6 +218,9 @@ class BrokerState:
         # again until a new role or `isr_proposal_retry` later).
         self._roles: dict[PartitionId, SetReplicaRole] = {}
         self._led: set[PartitionId] = set()
+        # The high watermark a follower knew when its partition was dropped to be opened
+        # again (a promoted follower's reopen): its log end is not what readers may see.
+        self._follower_marks: dict[PartitionId, int] = {}
         self._proposed: dict[PartitionId, tuple[tuple[int, ...], float]] = {}
 
     # ------------------------------------------------------------------ entry point
@@ -399,8 +402,15 @@ class BrokerState:
         if ev.partition in self.partitions:
             raise RuntimeError(f"partition {ev.partition} opened twice")
         end = min(ev.durable_end, ev.log_end)
+        # A replica shows readers what its high watermark covers, not its log end: a promoted
+        # follower holds records its old leader never acknowledged, which the rest of its ISR
+        # may lack (its high watermark moves past them once they hold them).
+        mark = self._follower_marks.pop(ev.partition, None)
+        role = self._roles.get(ev.partition)
+        visible = end if mark is None or role is None or role.role is None else min(end, mark)
         self.partitions[ev.partition] = PartitionState(
-            id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=end,
+            id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=visible,
+            known_end=ev.log_end,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
                                        max_cohorts=self.limits.max_cohorts,
                                        cohorts=ev.cohorts, epoch=ev.epoch),
@@ -419,7 +429,7 @@ class BrokerState:
             self._txn_partitions.add(ev.partition)
         part.durable_end = end
         out: list[Instruction] = []
-        if (role := self._roles.get(ev.partition)) is not None:
+        if role is not None:
             out += self._set_replica_role(role)
         return out + self._again(self.admission.partition_ready(ev.partition))
 
@@ -438,6 +448,10 @@ class BrokerState:
                                      f"{ev.partition[0]!r} was deleted")
         out = self.subscriptions.close_partition(part, gone)
         out += [Fail(wait[0], gone) for wait in part.replica_waits]
+        if part.follower:
+            self._follower_marks[ev.partition] = part.visible_end
+        else:
+            self._follower_marks.pop(ev.partition, None)
         for session in self.sessions.values():
             session.producing.discard(ev.partition)  # their next produce: unknown partition
             session.resending.discard(ev.partition)
@@ -962,15 +976,19 @@ class BrokerState:
 
     def _propose_isr(self, part: PartitionState) -> list[Instruction]:
         leader: LeaderReplication = part.replication
+        before = leader.high_watermark
         isr = leader.isr_proposal(now_ms=int(self.now * 1000))
+        # A replica proposed before and proposed no more is waited for no more.
+        out = [] if leader.high_watermark == before else \
+            self._make_durable(part, leader.high_watermark)
         if isr is None:
-            return []
+            return out
         last = self._proposed.get(part.id)
         if last is not None and last[0] == isr \
                 and self.now - last[1] < self.limits.isr_proposal_retry:
-            return []
+            return out
         self._proposed[part.id] = (isr, self.now)
-        return [ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
+        return [*out, ProposeIsr(part.id, leader.role.leader_epoch, leader.role.isr, isr)]
 
     def _make_durable(self, part: PartitionState, durable_end: int) -> list[Instruction]:
         """Acknowledge every append now durable, then show those batches to subscribers."""

@@ -141,11 +141,13 @@ class Subscriptions:
             offset = part.log_start
         elif ev.start == "latest":
             offset = part.stable_end
-        elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.visible_end:
+        elif isinstance(ev.start, int) and part.log_start <= ev.start <= part.log_end:
+            # Up to the log end, as Kafka's fetch: above the visible end (a new leader's high
+            # watermark may lag its predecessor's, where a reader resumes) it waits there.
             offset = ev.start
         else:
             raise OffsetOutOfRangeError(f"offset {ev.start!r} is outside the partition's range "
-                                        f"{part.log_start}..{part.visible_end}")
+                                        f"{part.log_start}..{part.log_end}")
         serial = self._next_serial
         self._next_serial += 1
         sub = Subscription(serial, session.id, ev.sub_id, part.id, offset,
@@ -153,7 +155,7 @@ class Subscriptions:
         self.by_serial[serial] = sub
         part.subs[serial] = sub
         session.subs[ev.sub_id] = serial
-        at_end = offset == part.visible_end
+        at_end = offset == part.visible_end >= part.known_end
         # The epoch in force at `offset`, when known: the current one from where it is known
         # to hold (DESIGN §5 "Epochs"); before that the reader learns it from the log.
         epoch = part.visible_epoch if offset >= part.epoch_since else 0

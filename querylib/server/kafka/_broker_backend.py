@@ -782,10 +782,13 @@ class BrokerBackend:
                    leader_epoch: int = -1) -> PartitionRead:
         pid = await self._hosted(topic, partition, leader_epoch)
         offsets = self._offsets(pid)
-        if not offsets.log_start_offset <= offset <= offsets.high_watermark:
+        # Out of range past the log end, as Kafka's: above the high watermark (a new leader's
+        # may lag its predecessor's, where a consumer goes on) nothing is read yet.
+        log_end = max(offsets.high_watermark, self.port.log(pid).log_end_offset)
+        if not offsets.log_start_offset <= offset <= log_end:
             raise OffsetOutOfRangeError(
                 f"offset {offset} of {topic}-{partition} is outside "
-                f"{offsets.log_start_offset}..{offsets.high_watermark}")
+                f"{offsets.log_start_offset}..{log_end}")
         read = PartitionRead(offsets)
         end = offsets.last_stable_offset if committed else offsets.high_watermark
         if committed:

@@ -137,6 +137,50 @@ def test_a_replica_joins_the_isr_only_past_the_start_of_the_leaders_epoch() -> N
     assert leader.isr_proposal(now_ms=4) == (1, 2, 3)
 
 
+def test_a_replica_proposed_into_the_isr_counts_towards_the_high_watermark_at_once() -> None:
+    """Kafka's maximal ISR (KIP-497): the catalog may take a proposed replica into the ISR,
+    and elect it when the leader goes, before the leader hears so; had the high watermark
+    passed records it lacks meanwhile, they would be acknowledged and then lost. So from the
+    proposal on the high watermark waits for it too, until a role with another ISR answers
+    (taken in, or not), or it has not caught up for the lag time (no longer proposed)."""
+    leader = LeaderReplication(role(isr=(1, 2)), own_id=1, lag_max_ms=100, now_ms=0)
+    leader.durable(10)
+    leader.follower_fetch(2, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=1)
+    leader.follower_fetch(3, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=1)
+    assert leader.high_watermark == 10
+    assert leader.isr_proposal(now_ms=2) == (1, 2, 3)
+    leader.durable(20)
+    assert leader.follower_fetch(2, fetch_offset=20, leader_epoch=3, leader_end=20,
+                                 now_ms=3) is None  # 3 holds 10 only
+    assert leader.high_watermark == 10
+    leader.set_role(role(isr=(1, 2)), now_ms=4)  # the same role, told again: still waiting
+    assert leader.high_watermark == 10
+    assert leader.follower_fetch(3, fetch_offset=20, leader_epoch=3, leader_end=20,
+                                 now_ms=5) == 20
+    leader.set_role(role(isr=(1, 2, 3)), now_ms=6)  # taken in
+
+    # Proposed, then answered by a role whose ISR does not hold it (refused as stale: the
+    # catalog had taken 2 out meanwhile): it counts no more.
+    leader = LeaderReplication(role(isr=(1, 2)), own_id=1, lag_max_ms=100, now_ms=0)
+    leader.durable(10)
+    leader.follower_fetch(3, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=1)
+    assert leader.isr_proposal(now_ms=2) == (1, 2, 3)
+    leader.set_role(role(isr=(1,)), now_ms=3)
+    assert leader.durable(20) == 20
+
+    # Proposed, then silent for the lag time: no longer proposed, no longer waited for.
+    leader = LeaderReplication(role(isr=(1, 2)), own_id=1, lag_max_ms=100, now_ms=0)
+    leader.durable(10)
+    leader.follower_fetch(2, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=1)
+    leader.follower_fetch(3, fetch_offset=10, leader_epoch=3, leader_end=10, now_ms=1)
+    assert leader.isr_proposal(now_ms=2) == (1, 2, 3)
+    leader.durable(20)
+    assert leader.follower_fetch(2, fetch_offset=20, leader_epoch=3, leader_end=20,
+                                 now_ms=150) is None
+    assert leader.isr_proposal(now_ms=200) is None
+    assert leader.high_watermark == 20
+
+
 def test_a_follower_keeping_up_with_a_steady_stream_stays_in_the_isr() -> None:
     # The leader's log grows between every two fetches, so no fetch ever reaches the leader's
     # end at the time it arrives; each reaches the end the leader had at the follower's
