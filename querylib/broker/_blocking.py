@@ -454,8 +454,6 @@ class Subscriber:
         self._closed = False
         self._finished = False
         self._pending: list[tuple[Event | Values | None, int, int]] = []
-        # The last chunk `next_event` decoded, whose credit is not back yet: (partition, bytes).
-        self._credit_due: tuple[int, int] | None = None
         link_options: dict[str, Any] = {"lease": lease, "timeout": timeout,
                                         "locate": _async_locate(locate),
                                         "reconnect_timeout": reconnect_timeout,
@@ -525,11 +523,9 @@ class Subscriber:
     def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None after `timeout` seconds, or at the end of a non-follow read.
 
-        A chunk's credit goes back when the application asks for the next event (it has
-        handled this one), and always before waiting: handing an event out wakes no loop
-        thread (a wake there, on a busy machine, can put a thread switch between a record's
-        arrival and the application, issue 17)."""
-        self._return_credit()
+        A chunk's credit goes back as it is decoded, before its events are handed out: the
+        broker counts a subscriber's lag from it (the console, `tq topic describe`), so a
+        reader that took every record shows none, whether or not it asks again."""
         while True:
             while self._pending:
                 event = self.decoder.take(self._pending.pop())
@@ -537,20 +533,13 @@ class Subscriber:
                     return event
             if self.decoder.done():
                 return None
-            self._return_credit()  # a chunk of no events: nothing is held while waiting
             chunk = self.next_chunk(timeout)
             if chunk is None:
                 return None
             items = list(self.decoder.decode(chunk))
-            self._credit_due = (chunk.partition, len(chunk.data))
+            self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
             items.reverse()
             self._pending = items
-
-    def _return_credit(self) -> None:
-        if self._credit_due is not None:
-            partition, nbytes = self._credit_due
-            self._credit_due = None
-            self._thread.soon(self.core.consumed, partition, nbytes)
 
     def __iter__(self) -> Iterator[Event | Values]:
         while not self._finished:
