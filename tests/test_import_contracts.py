@@ -19,7 +19,8 @@ BROKER = ROOT / "querylib" / "server" / "broker"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("catalog",)),
     ("foundations", ("querylib.errors", "querylib._lazy", "querylib._pidlock",
-                     "querylib._parent", "querylib._memory", "querylib._tcp", "querylib._lease",
+                     "querylib._argtypes", "querylib._parent", "querylib._memory",
+                     "querylib._tcp", "querylib._lease",
                      "querylib.driver", "querylib.artifacts")),
     ("wire formats", ("querylib.records", "querylib.rpc", "querylib._kio",
                       "querylib._kio_shape")),

@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from querylib.cli._args import integer, port_or_none, seconds
+from querylib._argtypes import integer, port_or_none, seconds
 
 if TYPE_CHECKING:
     from querylib.kafka import ListenerLimits

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from querylib.cli._args import seconds
+from querylib._argtypes import seconds
 
 COLLECTION_NAMES = ("sessions", "brokers", "executors", "queries", "topics", "publications",
                     "subscriptions", "drops", "users", "tokens", "homes", "counters")

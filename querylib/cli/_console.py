@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from catalog.errors import UserError
-from querylib.cli._args import port_or_none
+from querylib._argtypes import port_or_none
 
 # querylib.server.console.DEFAULT_CONSOLE_PORT, spelled out so `tq --help` does not import it.
 _CONSOLE_PORT = 7480

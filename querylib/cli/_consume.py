@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import UserError
-from querylib.cli._args import integer, seconds, seconds_or_zero
+from querylib._argtypes import integer, seconds, seconds_or_zero
 from querylib.cli._catalog import add_cluster_options, connect
 from querylib.cli._records_text import (
     FORMAT_HELP,

@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Any
 
-from querylib.cli._args import integer, seconds
+from querylib._argtypes import integer, seconds
 from querylib.cli._broker import add_kafka_options, kafka_config
 from querylib.cli._console import add_console_options, console_line, start_console
 

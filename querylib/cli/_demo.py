@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from querylib.cli._args import integer, per_second, seconds
+from querylib._argtypes import integer, per_second, seconds
 
 _PIPE_EVERY = 2.0  # seconds between progress lines when the output is not a terminal
 _WINDOWS_SHOWN = 4

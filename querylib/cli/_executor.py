@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Any
 
-from querylib.cli._args import integer, seconds, seconds_or_zero
+from querylib._argtypes import integer, seconds, seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,

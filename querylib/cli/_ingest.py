@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from querylib.cli._args import seconds
+from querylib._argtypes import seconds
 
 if TYPE_CHECKING:
     import ssl

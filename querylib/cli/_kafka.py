@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from querylib.cli._args import integer, port
+from querylib._argtypes import integer, port
 from querylib.cli._broker import add_kafka_limit_options, kafka_limits
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
 from catalog.errors import UserError
-from querylib.cli._args import integer
+from querylib._argtypes import integer
 from querylib.cli._consume import add_topic_client_options, open_route, standalone
 from querylib.cli._records_text import SERDES, LineEncoder, serde_of
 

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from querylib.cli._args import integer, seconds
+from querylib._argtypes import integer, seconds
 from querylib.cli._catalog import add_cluster_options, connect, describe, human_bytes
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from querylib.cli._args import seconds
+from querylib._argtypes import seconds
 from querylib.cli._catalog import add_cluster_options, connect
 
 

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any
 
-from querylib.cli._args import integer, port_or_none, seconds_or_zero
+from querylib._argtypes import integer, port_or_none, seconds_or_zero
 from querylib.cli._broker import (
     add_connector_options,
     add_kafka_options,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from querylib.cli._args import integer, port, seconds
+from querylib._argtypes import integer, port, seconds
 from querylib.log import LogConfig
 from querylib.server._connector_main import run_connector_broker
 

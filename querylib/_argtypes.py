@@ -1,5 +1,7 @@
-"""Argument types shared by tq's commands: checked at parse time, so a bad value gets
-argparse's one-line error naming the option (exit status 2) before anything connects."""
+"""Argument types shared by tq's commands and the servers' development entry points (`python
+-m querylib.server.connector`): checked at parse time, so a bad value gets argparse's one-line
+error naming the option (exit status 2) before anything connects. A foundation: argparse and
+math only."""
 
 from __future__ import annotations
 
