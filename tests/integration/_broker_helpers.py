@@ -116,3 +116,17 @@ def broker_on_thread(data_dir: str, secret: bytes, config: LogConfig, **options:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def read_records(sub: Any, count: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of the next `count` records a blocking Subscriber hands out, waiting
+    up to 30 s for each event."""
+    from querylib.broker import Data
+
+    got: list[tuple[int, bytes]] = []
+    while len(got) < count:
+        event = sub.next_event(timeout=30)
+        assert event is not None, f"only {len(got)} records arrived: {got[-3:]}"
+        if isinstance(event, Data):
+            got += [(r.offset, bytes(r.value or b"")) for r in event.records]
+    return got

@@ -11,7 +11,7 @@ from querylib.broker import Data, Producer, Subscriber
 from querylib.broker._stream import encode_records
 from querylib.log import LogConfig
 
-from ._broker_helpers import broker_on_thread
+from ._broker_helpers import broker_on_thread, read_records
 
 SECRET = os.urandom(32)
 
@@ -82,16 +82,6 @@ def _write(endpoint: str, topic: str, values: list[bytes]) -> None:
         producer.flush()
 
 
-def _read_all(sub: Subscriber, count: int) -> list[tuple[int, bytes]]:
-    got: list[tuple[int, bytes]] = []
-    while len(got) < count:
-        event = sub.next_event(timeout=30)
-        assert event is not None, f"only {len(got)} records arrived"
-        if isinstance(event, Data):
-            got += [(r.offset, bytes(r.value or b"")) for r in event.records]
-    return got
-
-
 def test_subscribers_catching_up_at_one_position_share_one_read(tmp_path) -> None:
     """Six subscriptions from the start of a stored log: one read of the disk, hashed once,
     answers all six (the later ones from the kept read or the read under way), and each
@@ -104,7 +94,7 @@ def test_subscribers_catching_up_at_one_position_share_one_read(tmp_path) -> Non
                 for _ in range(subscribers)]
         try:
             for sub in subs:
-                assert _read_all(sub, len(values)) == list(enumerate(values))
+                assert read_records(sub, len(values)) == list(enumerate(values))
         finally:
             for sub in subs:
                 sub.close()
@@ -129,11 +119,11 @@ def test_a_slow_subscriber_holds_no_shared_reads_and_stalls_no_one(tmp_path) -> 
         try:
             first = slow.next_event(timeout=30)  # it reads once, then stops granting
             assert first is not None
-            assert _read_all(fast, len(values)) == list(enumerate(values))
+            assert read_records(fast, len(values)) == list(enumerate(values))
             assert 0 < server.read_cache.bytes <= budget
             assert server.counters["log_reads"] > len(values) * 20_000 // (256 * 1024)
             got = [(r.offset, bytes(r.value or b"")) for r in getattr(first, "records", [])]
-            got += _read_all(slow, len(values) - len(got))
+            got += read_records(slow, len(values) - len(got))
             assert got == list(enumerate(values))
             assert server.read_cache.bytes <= budget
         finally:

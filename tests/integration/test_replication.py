@@ -26,6 +26,7 @@ from querylib.rpc import BROKER, RpcClient
 from querylib.server.broker import BrokerServer
 from querylib.server.broker._replication import PartitionRole
 from tests.conftest import wait_for_async
+from tests.integration._broker_helpers import read_records
 
 SECRET = os.urandom(32)
 PID = ("t", 0)
@@ -134,7 +135,7 @@ def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_p
     join, no second hash: `push_digests` stays 0, each batch hashed once) and sent as the
     same zero-copy zmq frame (made once a batch for both followers and the subscriber: the
     batches are over zmq's copy threshold), and the subscriber takes them in order."""
-    from querylib.broker import Data, Subscriber
+    from querylib.broker import Subscriber
 
     async def main() -> None:
         cluster = Cluster(tmp_path)
@@ -155,16 +156,7 @@ def test_a_run_the_high_watermark_uncovers_reaches_the_subscriber_unjoined(tmp_p
             done = await asyncio.wait_for(asyncio.gather(*sent), 30)
             assert [p.base_offset for p in done] == [0, 1, 2, 3, 4]
 
-            def read() -> list[bytes]:
-                got: list[bytes] = []
-                while len(got) < 5:
-                    event = sub.next_event(timeout=30)
-                    assert event is not None, f"only {len(got)} records arrived"
-                    if isinstance(event, Data):
-                        got += [bytes(r.value or b"") for r in event.records]
-                return got
-
-            assert await asyncio.to_thread(read) == values
+            assert [v for _, v in await asyncio.to_thread(read_records, sub, 5)] == values
             leader = cluster.servers[0]
             assert leader.replication.digests.hashed == 5
             assert leader.replication.digests.shared == 5
@@ -182,7 +174,7 @@ def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_p
     """A subscriber at the leader's tail gets each batch once the high watermark passes it:
     the same stored bytes the followers fetched, already hashed for them, so the push is
     signed with that digest (no second hash: `push_digests` stays 0) and verifies."""
-    from querylib.broker import Data, Subscriber
+    from querylib.broker import Subscriber
 
     async def main() -> None:
         cluster = Cluster(tmp_path)
@@ -195,16 +187,8 @@ def test_a_tail_delivery_of_a_replicated_batch_reuses_the_followers_digest(tmp_p
             for i in range(5):
                 assert (await asyncio.wait_for(produce(link, b"v%d" % i), 30)).base_offset == i
 
-            def read() -> list[bytes]:
-                got: list[bytes] = []
-                while len(got) < 5:
-                    event = sub.next_event(timeout=30)
-                    assert event is not None, f"only {len(got)} records arrived"
-                    if isinstance(event, Data):
-                        got += [bytes(r.value or b"") for r in event.records]
-                return got
-
-            assert await asyncio.to_thread(read) == [b"v%d" % i for i in range(5)]
+            assert [v for _, v in await asyncio.to_thread(read_records, sub, 5)] == \
+                [b"v%d" % i for i in range(5)]
             leader = cluster.servers[0]
             assert leader.replication.digests.hashed == 5
             assert leader.counters["push_digests"] == 0
@@ -378,7 +362,7 @@ def test_a_promoted_follower_shows_readers_nothing_above_the_high_watermark(tmp_
     they read no prefix of what is stored (issue 19's cut-off leader check). A reader resuming
     above its high watermark, as one that read everything the old leader acknowledged does,
     waits there; once the ISR holds the record, readers get it."""
-    from querylib.broker import Data, Subscriber
+    from querylib.broker import Subscriber
     from querylib.server.kafka import BrokerBackend, KafkaConfig
 
     async def main() -> None:
@@ -418,18 +402,9 @@ def test_a_promoted_follower_shows_readers_nothing_above_the_high_watermark(tmp_
             assert (await asyncio.wait_for(produce(link2, b"after"), 30)).base_offset == 2
             await link2.close()
 
-            def read(sub: Subscriber, count: int) -> list[tuple[int, bytes]]:
-                got: list[tuple[int, bytes]] = []
-                while len(got) < count:
-                    event = sub.next_event(timeout=30)
-                    assert event is not None, f"only {got} arrived"
-                    if isinstance(event, Data):
-                        got += [(r.offset, bytes(r.value or b"")) for r in event.records]
-                return got
-
-            assert await asyncio.to_thread(read, subs[0], 3) == [
+            assert await asyncio.to_thread(read_records, subs[0], 3) == [
                 (0, b"v0"), (1, b"never acknowledged"), (2, b"after")]
-            assert await asyncio.to_thread(read, subs[1], 1) == [(2, b"after")]
+            assert await asyncio.to_thread(read_records, subs[1], 1) == [(2, b"after")]
         finally:
             for sub in subs:
                 await asyncio.to_thread(sub.close)
