@@ -34,7 +34,7 @@ import time as _time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from catalog.errors import TqError, UserError
 from querylib.errors import InvalidLengthError
@@ -44,6 +44,7 @@ from querylib.records import (
     Batch,
     SplitBatch,
     batch_head,
+    encode_batch,
     read_header,
     stamp_producer_split,
 )
@@ -60,7 +61,7 @@ from ._session import (
     SessionLink,
     WatchLeader,
 )
-from ._stream import Headers, encode_records
+from ._stream import Headers, with_time
 from .messages import (
     AdvanceRequest,
     Done,
@@ -75,8 +76,18 @@ from .messages import (
 
 __all__ = ["AsyncProducer", "Cohort", "ProducerCore", "new_producer_id", "open_link"]
 
-Entry = tuple[bytes | None, bytes | None, Headers, int, int | None]
+# A record waiting for its batch, as `encode_batch` takes it: (timestamp_ms, key, value,
+# headers), the logical time already among the headers (`with_time`).
+Entry = tuple[int, bytes | None, bytes | None, Headers]
 Claim = tuple[int, int, int]  # producer id, producer epoch, base sequence
+
+
+class Stamping(TypedDict, total=False):
+    """What an idempotent producer's encoder stamps on a batch (`ProducerCore.stamping`)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
 _PRODUCER_ID = struct.Struct(">q")
 
 # Stored once, offsets forgotten by the broker (DuplicateSequenceError): acknowledged.
@@ -84,7 +95,7 @@ _STORED_BEFORE = Produced(base_offset=-1, next_offset=-1)
 
 
 def now_ms() -> int:
-    return int(_time.time() * 1000)
+    return _time.time_ns() // 1_000_000
 
 
 def new_producer_id() -> int:
@@ -189,7 +200,7 @@ class ProducerCore:
                     (self._claimed - records) % SEQUENCE_MODULUS == base:
                 self._claimed -= records
 
-    def stamping(self, records: int) -> dict[str, int]:
+    def stamping(self, records: int) -> Stamping:
         """The encoder arguments (`producer_id`, `producer_epoch`, `base_sequence`) for the
         next batch of `records` records; none for a producer that is not idempotent."""
         if self.producer_id < 0:
@@ -540,8 +551,8 @@ class AsyncProducer:
         if time is not None and time < self.core.frontier:
             raise UserError(f"record time {time} is below this producer's frontier "
                             f"{self.core.frontier}")
-        self._pending.append((key, value, headers, now_ms() if timestamp is None else timestamp,
-                              time))
+        self._pending.append((now_ms() if timestamp is None else timestamp, key, value,
+                              headers if time is None else with_time(headers, time)))
         self._pending_bytes += len(value or b"") + len(key or b"") + 16
         if len(self._pending) >= self.batch_records or self._pending_bytes >= self.batch_bytes:
             await self._send_pending()
@@ -563,8 +574,7 @@ class AsyncProducer:
         if not self._pending:
             return
         entries, self._pending, self._pending_bytes = self._pending, [], 0
-        await self.core.send_batch(encode_records(entries,
-                                                  **self.core.stamping(len(entries))))
+        await self.core.send_batch(encode_batch(entries, **self.core.stamping(len(entries))))
 
     async def send_batch(self, batch: bytes) -> asyncio.Future[Produced | None]:
         """Send an already encoded batch (after the records pending before it); returns the

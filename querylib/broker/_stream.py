@@ -41,7 +41,7 @@ from querylib.records._header import ATTRIBUTES_OFFSET
 from querylib.records._types import CONTROL_BIT
 
 __all__ = ["Data", "EndOfStream", "Event", "FrontierMerge", "Progress", "Values",
-           "encode_records", "encode_runs", "events_of", "value_events_of"]
+           "encode_records", "encode_runs", "events_of", "value_events_of", "with_time"]
 
 # Batches of fewer records decode faster one record at a time than by runs (measured: 4
 # records 13 us against 23 us; 16 records 35 us against 24 us).
@@ -90,17 +90,21 @@ class EndOfStream(msgspec.Struct, frozen=True, repr_omit_defaults=True):
 Event = Data | Progress | EndOfStream
 
 
+def with_time(headers: Headers, time: int) -> Headers:
+    """`headers` with a record's logical `time` before them, as the tq.time header: how every
+    writer says what time a record belongs to."""
+    return ((TIME_HEADER, encode_int64(time)), *headers)
+
+
 def encode_records(records: Iterable[tuple[bytes | None, bytes | None, Headers, int, int | None]],
                    *, producer_id: int = -1, producer_epoch: int = -1,
                    base_sequence: int = -1) -> bytes:
     """One batch from (key, value, headers, timestamp_ms, time) tuples; `time` (the logical
     time) travels as the tq.time header, first. An idempotent producer passes its id, epoch
-    and the batch's first sequence number."""
-    entries = []
-    for key, value, headers, timestamp, time in records:
-        if time is not None:
-            headers = ((TIME_HEADER, encode_int64(time)), *headers)
-        entries.append((timestamp, key, value, headers))
+    and the batch's first sequence number. (The producers keep their pending records as
+    `encode_batch` takes them, `with_time` applied as each is sent, and skip this pass.)"""
+    entries = [(timestamp, key, value, headers if time is None else with_time(headers, time))
+               for key, value, headers, timestamp, time in records]
     return encode_batch(entries, producer_id=producer_id, producer_epoch=producer_epoch,
                         base_sequence=base_sequence)
 
@@ -110,9 +114,8 @@ def encode_runs(runs: Iterable[tuple[int, int | None, Headers, Sequence[bytes | 
     """One batch from runs of keyless values (timestamp_ms, time, headers, values), each run
     sharing its timestamp, logical time (the tq.time header, first) and headers: the same bytes
     as `encode_records` of the records one by one, several times faster."""
-    return encode_value_runs([
-        (ts, headers if time is None else ((TIME_HEADER, encode_int64(time)), *headers), values)
-        for ts, time, headers, values in runs])
+    return encode_value_runs([(ts, headers if time is None else with_time(headers, time), values)
+                              for ts, time, headers, values in runs])
 
 
 def time_of(record: Record) -> int | None:
