@@ -214,13 +214,14 @@ def _bulk(address: str, secret: bytes, topic: str, stop_after: float, queue: Any
     with Producer(address, topic, 0, secret=secret, linger=0.0005, create=True) as producer:
         batch = _batch()
         queue.put("ready")
-        end = time.perf_counter() + stop_after
+        start = time.perf_counter()
+        end = start + stop_after
         sent = 0
         while time.perf_counter() < end:
             producer.send_batch(batch)
             sent += 1
-        producer.flush()
-        queue.put({"records": sent * BATCH_RECORDS})
+        producer.flush()  # counted: the rate is of records acknowledged
+        queue.put({"records": sent * BATCH_RECORDS, "seconds": time.perf_counter() - start})
 
 
 def _bulk_reader(address: str, secret: bytes, topic: str, stop_after: float,
@@ -614,8 +615,8 @@ def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
             latencies = cluster.get(results)["latencies"]
             figures["beside_bulk" if beside else "alone"] = _percentiles(latencies)
             if beside:  # what the bulk stream got meanwhile: fairness must not starve it
-                figures["bulk_records_per_s"] = round(cluster.get(side)["records"]
-                                                      / (seconds + 4))
+                bulk = cluster.get(side)
+                figures["bulk_records_per_s"] = round(bulk["records"] / bulk["seconds"])
     finally:
         cluster.close()
     return {"name": "scaling_probe_beside_bulk", "figures": figures,
