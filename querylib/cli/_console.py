@@ -74,8 +74,6 @@ def start_metrics(args: argparse.Namespace, metrics: Any, name: str, *,
     not served. `quiet`: do not print where."""
     if args.metrics_port < 0:
         return None
-    if args.metrics_port > 65535:
-        raise UserError(f"--metrics-port {args.metrics_port} is not a port")
     from querylib.server import serve_metrics
 
     port, stop = serve_metrics(metrics, args.metrics_host, args.metrics_port, fallback=False)

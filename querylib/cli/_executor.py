@@ -206,8 +206,6 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
     if not 1 <= brokers <= MAX_BROKER_SLOT + 1:
         raise UserError(f"--brokers {brokers}: an executor runs 1 to {MAX_BROKER_SLOT + 1} "
                         "brokers")
-    if args.broker_id is not None and args.broker_id < 1:
-        raise UserError(f"--broker-id {args.broker_id}: broker ids start at 1")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
