@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -72,19 +73,53 @@ def test_send_soon_holds_replies_for_the_burst_and_keeps_their_order() -> None:
     asyncio.run(asyncio.wait_for(test(), 30))
 
 
-def _fair_pair(context: zmq.Context[Any], name: str) -> tuple[zmq.Socket[Any], ...]:
-    """A ROUTER and two DEALERs ("bulk", "probe") over inproc: a send is in the ROUTER's
-    queue, and zmq's note that the peer is readable in its mailbox, when `send` returns."""
-    limits = Limits()
-    router = new_socket(zmq.ROUTER, limits, context)
-    router.bind(f"inproc://{name}")
-    peers = []
-    for identity in (b"bulk", b"probe"):
-        dealer = new_socket(zmq.DEALER, limits, context)
+class _Fair:
+    """A ROUTER and two DEALERs ("bulk", "probe") over inproc, and the pump a test makes over
+    the ROUTER (closed with them). Over inproc a send is in the ROUTER's queue, and zmq's note
+    that the peer is readable in its mailbox, when `send` returns."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, context: zmq.Context[Any],
+                 name: str) -> None:
+        self.loop = loop
+        limits = Limits()
+        self.router = new_socket(zmq.ROUTER, limits, context)
+        self.router.bind(f"inproc://{name}")
+        self.bulk, self.probe = (self._dealer(context, name, identity)
+                                 for identity in (b"bulk", b"probe"))
+        self.pump: FramePump | None = None
+
+    @staticmethod
+    def _dealer(context: zmq.Context[Any], name: str, identity: bytes) -> zmq.Socket[Any]:
+        dealer = new_socket(zmq.DEALER, Limits(), context)
         dealer.setsockopt(zmq.IDENTITY, identity)
         dealer.connect(f"inproc://{name}")
-        peers.append(dealer)
-    return (router, *peers)
+        return dealer
+
+    def start_pump(self, on_message: Callable[[list[Any]], None], *,
+                   fair: bool = True) -> FramePump:
+        self.pump = FramePump(self.router, self.loop, small_frames=2, limits=Limits(),
+                              fair=fair, on_message=on_message, on_drop=lambda reason: None)
+        return self.pump
+
+    def close(self) -> None:
+        if self.pump is not None:
+            self.pump.close()
+        for sock in (self.router, self.bulk, self.probe):
+            sock.close(0)
+
+
+def _run_fair(name: str, test: Callable[[_Fair], Awaitable[None]]) -> None:
+    """Run `test` on a loop of its own with a fresh `_Fair` (inproc name `name`), then close
+    everything it opened; 30 s at most."""
+    async def main() -> None:
+        context: zmq.Context[Any] = zmq.Context()
+        sockets = _Fair(asyncio.get_running_loop(), context, name)
+        try:
+            await test(sockets)
+        finally:
+            sockets.close()
+            context.term()
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -93,10 +128,7 @@ def test_a_peer_arriving_behind_a_backlog_is_served_within_a_turn(fair: bool) ->
     received is served next (within one message of the backlog), not after the backlog:
     zmq adds a newly readable peer to its fair queue only when the socket processes its
     commands, which it does by itself only every 100 frames while messages keep coming."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, probe = _fair_pair(context, "fair-turns")
+    async def test(f: _Fair) -> None:
         order: list[bytes] = []
         big = bytes(200 * 1024)
 
@@ -104,31 +136,24 @@ def test_a_peer_arriving_behind_a_backlog_is_served_within_a_turn(fair: bool) ->
             body = bytes(parts[1]) if len(parts[1]) < 100 else b"bulk"
             order.append(body)
             if body == b"bulk" and order.count(b"bulk") % 10 == 1:
-                probe.send(b"probe")  # one probe every 10 bulk messages, each after the last
+                f.probe.send(b"probe")  # one probe every 10 bulk messages, each after the last
 
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=fair,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            probe.send(b"hello")  # read, then found empty: zmq takes it out of its queue
-            await wait_for_async(lambda: order == [b"hello"], what="the probe's hello")
-            for _ in range(60):
-                bulk.send(big)
-            await wait_for_async(lambda: len(order) == 67, what="every message")
-            # Each probe is sent while a bulk message is handled; at most one more bulk
-            # message is served before it (zmq's fair queue takes peers in turn), or two with
-            # `fair` (received ahead up to FAIR_HOLD_BYTES: a message arriving while that
-            # much waits is received once one more bulk message is served).
-            sent_at = [i for i, b in enumerate(order) if b == b"bulk"][::10]
-            served_at = [i for i, b in enumerate(order) if b == b"probe"]
-            assert len(sent_at) == len(served_at) == 6
-            waits = [s - t - 1 for t, s in zip(sent_at, served_at, strict=True)]
-            assert max(waits) <= (2 if fair else 1), waits
-        finally:
-            pump.close()
-            for sock in (router, bulk, probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+        f.start_pump(on_message, fair=fair)
+        f.probe.send(b"hello")  # read, then found empty: zmq takes it out of its queue
+        await wait_for_async(lambda: order == [b"hello"], what="the probe's hello")
+        for _ in range(60):
+            f.bulk.send(big)
+        await wait_for_async(lambda: len(order) == 67, what="every message")
+        # Each probe is sent while a bulk message is handled; at most one more bulk message
+        # is served before it (zmq's fair queue takes peers in turn), or two with `fair`
+        # (received ahead up to FAIR_HOLD_BYTES: a message arriving while that much waits is
+        # received once one more bulk message is served).
+        sent_at = [i for i, b in enumerate(order) if b == b"bulk"][::10]
+        served_at = [i for i, b in enumerate(order) if b == b"probe"]
+        assert len(sent_at) == len(served_at) == 6
+        waits = [s - t - 1 for t, s in zip(sent_at, served_at, strict=True)]
+        assert max(waits) <= (2 if fair else 1), waits
+    _run_fair("fair-turns", test)
 
 
 def test_a_fair_pump_sends_a_push_to_one_peer_before_replies_held_for_another() -> None:
@@ -136,15 +161,11 @@ def test_a_fair_pump_sends_a_push_to_one_peer_before_replies_held_for_another() 
     first sends what is held for the same peer only: a push to one peer (a probe's delivery)
     does not wait for the replies held for another (a bulk producer's acknowledgements), which
     go when the burst ends; each peer still sees its messages in the order they were sent."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, probe = _fair_pair(context, "fair-push")
+    async def test(f: _Fair) -> None:
         held_after_push: list[list[Any]] = []
-        pump: FramePump | None = None
 
         def on_message(parts: list[Any]) -> None:
-            assert pump is not None and parts[0] == b"bulk"
+            assert parts[0] == b"bulk"
             pump.send_soon([b"bulk", b"ack 1"])
             pump.send_soon([b"probe", b"reply"])
             pump.send_soon([b"bulk", b"ack 2"])
@@ -152,30 +173,23 @@ def test_a_fair_pump_sends_a_push_to_one_peer_before_replies_held_for_another() 
             held_after_push.append(list(pump._held or []))
             pump.send([b"bulk", b"push"])  # after its own acks
 
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            bulk.send(b"go")
-            received: dict[bytes, list[bytes]] = {b"bulk": [], b"probe": []}
+        pump = f.start_pump(on_message)
+        f.bulk.send(b"go")
+        received: dict[bytes, list[bytes]] = {b"bulk": [], b"probe": []}
 
-            def arrived() -> bool:
-                for name, sock in ((b"bulk", bulk), (b"probe", probe)):
-                    while True:
-                        try:
-                            received[name].append(sock.recv(zmq.DONTWAIT))
-                        except zmq.Again:
-                            break
-                return len(received[b"bulk"]) == 3 and len(received[b"probe"]) == 2
-            await wait_for_async(arrived, what="every message")
-            assert held_after_push == [[[b"bulk", b"ack 1"], [b"bulk", b"ack 2"]]]
-            assert received == {b"bulk": [b"ack 1", b"ack 2", b"push"],
-                                b"probe": [b"reply", b"push"]}
-        finally:
-            pump.close()
-            for sock in (router, bulk, probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+        def arrived() -> bool:
+            for name, sock in ((b"bulk", f.bulk), (b"probe", f.probe)):
+                while True:
+                    try:
+                        received[name].append(sock.recv(zmq.DONTWAIT))
+                    except zmq.Again:
+                        break
+            return len(received[b"bulk"]) == 3 and len(received[b"probe"]) == 2
+        await wait_for_async(arrived, what="every message")
+        assert held_after_push == [[[b"bulk", b"ack 1"], [b"bulk", b"ack 2"]]]
+        assert received == {b"bulk": [b"ack 1", b"ack 2", b"push"],
+                            b"probe": [b"reply", b"push"]}
+    _run_fair("fair-push", test)
 
 
 def test_a_fair_pump_serves_a_newcomer_after_the_large_message_in_hand() -> None:
@@ -184,10 +198,7 @@ def test_a_fair_pump_serves_a_newcomer_after_the_large_message_in_hand() -> None
     newly readable peers after every message over FAIR_SMALL it serves, not only every
     FAIR_QUEUE_BYTES (a bulk producer's 100 KB batches: one batch more of waiting each time,
     a third of a millisecond of broker CPU, issue 17)."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, probe = _fair_pair(context, "fair-newcomer")
+    async def test(f: _Fair) -> None:
         order: list[bytes] = []
         size = FAIR_QUEUE_BYTES * 3 // 4  # under FAIR_QUEUE_BYTES, over FAIR_SMALL
         assert size > FAIR_SMALL
@@ -196,26 +207,19 @@ def test_a_fair_pump_serves_a_newcomer_after_the_large_message_in_hand() -> None
             body = bytes(parts[1]) if len(parts[1]) < 100 else b"bulk"
             order.append(body)
             if body == b"bulk" and order.count(b"bulk") % 4 == 1:
-                probe.send(b"probe")  # while this bulk message is handled
+                f.probe.send(b"probe")  # while this bulk message is handled
 
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            probe.send(b"hello")  # read, then found empty: zmq takes it out of its queue
-            await wait_for_async(lambda: order == [b"hello"], what="the probe's hello")
-            for _ in range(20):  # under FAIR_HOLD_BYTES: all received ahead at once
-                bulk.send(bytes(size))
-            await wait_for_async(lambda: len(order) == 26, what="every message")
-            sent_at = [i for i, b in enumerate(order) if b == b"bulk"][::4]
-            served_at = [i for i, b in enumerate(order) if b == b"probe"]
-            assert len(sent_at) == len(served_at) == 5
-            assert [s - t for t, s in zip(sent_at, served_at, strict=True)] == [1] * 5, order
-        finally:
-            pump.close()
-            for sock in (router, bulk, probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+        f.start_pump(on_message)
+        f.probe.send(b"hello")  # read, then found empty: zmq takes it out of its queue
+        await wait_for_async(lambda: order == [b"hello"], what="the probe's hello")
+        for _ in range(20):  # under FAIR_HOLD_BYTES: all received ahead at once
+            f.bulk.send(bytes(size))
+        await wait_for_async(lambda: len(order) == 26, what="every message")
+        sent_at = [i for i, b in enumerate(order) if b == b"bulk"][::4]
+        served_at = [i for i, b in enumerate(order) if b == b"probe"]
+        assert len(sent_at) == len(served_at) == 5
+        assert [s - t for t, s in zip(sent_at, served_at, strict=True)] == [1] * 5, order
+    _run_fair("fair-newcomer", test)
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -224,33 +228,23 @@ def test_a_receive_burst_is_bounded_in_bytes(fair: bool) -> None:
     backlog of large messages queued, a callback scheduled while the first is handled runs
     once that many bytes are in, not after the whole burst of RECV_BURST messages, so timers,
     other sockets and disk reads get their turn beside a bulk stream."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, _probe = _fair_pair(context, "fair-bytes")
+    async def test(f: _Fair) -> None:
         order: list[str] = []
         size = 256 * 1024
 
         def on_message(parts: list[Any]) -> None:
             order.append("message")
             if len(order) == 1:
-                loop.call_soon(order.append, "other work")
+                f.loop.call_soon(order.append, "other work")
 
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=fair,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            assert RECV_BURST * size > 4 * RECV_BURST_BYTES  # the bytes bound comes first
-            for _ in range(RECV_BURST):
-                bulk.send(bytes(size))
-            await wait_for_async(lambda: len(order) == RECV_BURST + 1, what="every message")
-            per_burst = -(-RECV_BURST_BYTES // size)  # whole messages: the last one crosses
-            assert order.index("other work") == per_burst
-        finally:
-            pump.close()
-            for sock in (router, bulk, _probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+        f.start_pump(on_message, fair=fair)
+        assert RECV_BURST * size > 4 * RECV_BURST_BYTES  # the bytes bound comes first
+        for _ in range(RECV_BURST):
+            f.bulk.send(bytes(size))
+        await wait_for_async(lambda: len(order) == RECV_BURST + 1, what="every message")
+        per_burst = -(-RECV_BURST_BYTES // size)  # whole messages: the last one crosses
+        assert order.index("other work") == per_burst
+    _run_fair("fair-bytes", test)
 
 
 def test_peers_are_served_by_bytes_not_by_messages() -> None:
@@ -258,64 +252,41 @@ def test_peers_are_served_by_bytes_not_by_messages() -> None:
     messages in the order it sent them: a backlog of small messages queued beside a bulk
     peer's backlog of large ones is served before the second large one, where zmq's own
     fair queue (one message per peer in turn) would serve one small message per large one."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, probe = _fair_pair(context, "fair-bytes-turns")
+    async def test(f: _Fair) -> None:
         order: list[bytes] = []
         for i in range(30):
-            bulk.send(b"bulk %02d" % i + bytes(200 * 1024))
-            probe.send(b"probe %02d" % i)
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
-                         on_message=lambda parts: order.append(bytes(parts[1][:8]).rstrip(b"\0")),
-                         on_drop=lambda reason: None)
-        try:
-            await wait_for_async(lambda: len(order) == 60, what="every message")
-            assert [m for m in order if m.startswith(b"bulk")] == [
-                b"bulk %02d" % i for i in range(30)]
-            assert [m for m in order if m.startswith(b"probe")] == [
-                b"probe %02d" % i for i in range(30)]
-            second_bulk = order.index(b"bulk 01")
-            assert order.index(b"probe 29") < second_bulk, order
-            assert pump.waiting_bytes == 0
-        finally:
-            pump.close()
-            for sock in (router, bulk, probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+            f.bulk.send(b"bulk %02d" % i + bytes(200 * 1024))
+            f.probe.send(b"probe %02d" % i)
+        pump = f.start_pump(lambda parts: order.append(bytes(parts[1][:8]).rstrip(b"\0")))
+        await wait_for_async(lambda: len(order) == 60, what="every message")
+        assert [m for m in order if m.startswith(b"bulk")] == [
+            b"bulk %02d" % i for i in range(30)]
+        assert [m for m in order if m.startswith(b"probe")] == [
+            b"probe %02d" % i for i in range(30)]
+        second_bulk = order.index(b"bulk 01")
+        assert order.index(b"probe 29") < second_bulk, order
+        assert pump.waiting_bytes == 0
+    _run_fair("fair-bytes-turns", test)
 
 
 def test_a_fair_pump_closed_by_its_handler_stops_cleanly() -> None:
     """A handler may close a fair pump while a peer's messages are served: the drain stops
     serving, forgets what waits and raises nothing into the loop."""
-    async def test() -> None:
-        loop = asyncio.get_running_loop()
+    async def test(f: _Fair) -> None:
         errors: list[dict[str, Any]] = []
-        loop.set_exception_handler(lambda _loop, context: errors.append(context))
-        context: zmq.Context[Any] = zmq.Context()
-        router, bulk, _probe = _fair_pair(context, "fair-close")
+        f.loop.set_exception_handler(lambda _loop, context: errors.append(context))
         served: list[int] = []
-        pump: FramePump | None = None
 
         def on_message(parts: list[Any]) -> None:
-            assert pump is not None
             served.append(len(parts[1]))
             pump.close()
 
         for _ in range(3):  # over FAIR_SMALL, under FAIR_QUANTUM together: one turn
-            bulk.send(bytes(20 * 1024))
-        pump = FramePump(router, loop, small_frames=2, limits=Limits(), fair=True,
-                         on_message=on_message, on_drop=lambda reason: None)
-        try:
-            await wait_for_async(lambda: served, what="the first message")
-            for _ in range(5):
-                await asyncio.sleep(0)  # any drain scheduled runs
-            assert served == [20 * 1024]
-            assert errors == [] and pump.waiting_bytes == 0
-        finally:
-            pump.close()
-            for sock in (router, bulk, _probe):
-                sock.close(0)
-            context.term()
-    asyncio.run(asyncio.wait_for(test(), 30))
+            f.bulk.send(bytes(20 * 1024))
+        pump = f.start_pump(on_message)
+        await wait_for_async(lambda: served, what="the first message")
+        for _ in range(5):
+            await asyncio.sleep(0)  # any drain scheduled runs
+        assert served == [20 * 1024]
+        assert errors == [] and pump.waiting_bytes == 0
+    _run_fair("fair-close", test)
