@@ -25,7 +25,9 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
 - scaling_probe_beside_bulk: a probe writing 1,000 records/s (one per millisecond, stamped
   with its creation time) on its own topic, its latency to a subscriber alone and then beside
   a bulk producer and subscriber at full speed on another topic of the same broker; p50 and
-  p99 of each.
+  p99 of each. Its peer in the same windows: the same batches at the same pace over ZeroMQ
+  PUSH/PULL between two processes, the receiver decoding each (what scheduling on the shared
+  cores alone costs a paced stream, with no broker on its path).
 - scaling_control_beside_bulk: a real `tq up`; a control probe making one coordinator round
   trip (a session heartbeat) every 2 ms, alone and then beside a bulk stream through the same
   `tq up` at full speed (a publisher query sending 1,000-record batches of 100-byte records
@@ -56,6 +58,7 @@ from querylib.bench._pubsub import (
     _batch,
     _Cluster,
     _count_records,
+    _free_port,
     _parsing_pull,
     _percentiles,
     raw_zmq,
@@ -172,20 +175,65 @@ async def _subscribe_all(address: str, secret: bytes, topics: list[str], records
     queue.put({"records": sum(seen), "seconds": seconds, "cpu_seconds": cpu})
 
 
+def _paced(seconds: float, send: Any) -> None:
+    """Call `send(batch)` once a millisecond for `seconds`, each batch one record stamped with
+    its creation time (the probes' pace, tq's and its ZeroMQ peer's alike)."""
+    start = time.perf_counter()
+    for tick in range(int(seconds * 1000)):
+        due = start + tick / 1000
+        while (now := time.perf_counter()) < due:
+            time.sleep(min(due - now, 0.0005))
+        send(_batch(time.time_ns(), 1))
+
+
 def _paced_probe(address: str, secret: bytes, topic: str, seconds: float, queue: Any) -> None:
     """One record a millisecond, each stamped with its creation time."""
     from querylib.broker import Producer
 
     with Producer(address, topic, 0, secret=secret, linger=0.0, create=True) as producer:
         queue.put("ready")
-        start = time.perf_counter()
-        ticks = int(seconds * 1000)
-        for tick in range(ticks):
-            due = start + tick / 1000
-            while (now := time.perf_counter()) < due:
-                time.sleep(min(due - now, 0.0005))
-            producer.send_batch(_batch(time.time_ns(), 1))
+        _paced(seconds, producer.send_batch)
         producer.flush()
+
+
+def _zmq_paced_probe(port: int, seconds: float) -> None:
+    """The probe's ZeroMQ peer: the same batches at the same pace, PUSHed to `port`."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    _paced(seconds, sock.send)
+    sock.close(linger=-1)
+    context.term()  # waits until every batch is out
+
+
+def _zmq_probe_pull(port: int, records: int, queue: Any) -> None:
+    """PULL `records` of the ZeroMQ probe's batches, decode each as the probe's subscriber
+    does, and put their latencies (or what arrived in 120 s)."""
+    import struct
+
+    import zmq
+
+    from querylib.records import decode_batch
+
+    stamp = struct.Struct(">q")
+    context = zmq.Context()
+    sock = context.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVTIMEO, 120_000)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    queue.put("ready")
+    latencies: list[int] = []
+    try:
+        while len(latencies) < records:
+            records_in = decode_batch(sock.recv()).records
+            now = time.time_ns()
+            latencies += [now - stamp.unpack_from(r.value or b"")[0] for r in records_in]
+    except zmq.Again:
+        pass
+    sock.close(0)
+    context.term()
+    queue.put({"latencies": latencies})
 
 
 def _probe_subscriber(address: str, secret: bytes, topic: str, records: int,
@@ -591,16 +639,20 @@ def trickling_topics(topics: int = 1000, rate: float = 10.0, seconds: float = 10
 
 
 def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
-    figures = {}
+    figures: dict[str, Any] = {}
+    peer: dict[str, Any] = {}
     cluster = _Cluster()
     try:
         for beside in (False, True):
-            results = cluster.mp.Queue()
+            results, zmq_results = cluster.mp.Queue(), cluster.mp.Queue()
             probe = f"probe-{beside}"
             records = int(seconds * 1000)
             cluster.start(_probe_subscriber, cluster.address, cluster.secret, probe, records,
                           results)
             assert cluster.get(results, 120) == "ready"
+            port = _free_port()
+            cluster.start(_zmq_probe_pull, port, records, zmq_results)
+            assert cluster.get(zmq_results, 120) == "ready"
             if beside:
                 side = cluster.mp.Queue()
                 cluster.start(_bulk_reader, cluster.address, cluster.secret, "bulk",
@@ -609,17 +661,25 @@ def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
                 cluster.start(_bulk, cluster.address, cluster.secret, "bulk", seconds + 4,
                               side)
                 assert cluster.get(side, 120) == "ready"
+            # The ZeroMQ peer in the same window: what the machine's scheduling alone costs
+            # a paced stream beside that load, with no broker on its path.
+            cluster.start(_zmq_paced_probe, port, seconds)
             cluster.start(_paced_probe, cluster.address, cluster.secret, probe, seconds,
                           results)
             assert cluster.get(results, 120) == "ready"
-            latencies = cluster.get(results)["latencies"]
-            figures["beside_bulk" if beside else "alone"] = _percentiles(latencies)
+            window = "beside_bulk" if beside else "alone"
+            figures[window] = _percentiles(cluster.get(results)["latencies"])
+            peer[window] = _percentiles(cluster.get(zmq_results)["latencies"])
             if beside:  # what the bulk stream got meanwhile: fairness must not starve it
                 bulk = cluster.get(side)
                 figures["bulk_records_per_s"] = round(bulk["records"] / bulk["seconds"])
     finally:
         cluster.close()
     return {"name": "scaling_probe_beside_bulk", "figures": figures,
+            "baseline": {"zmq_push_pull": peer,
+                         "note": "the same batches at the same pace over ZeroMQ PUSH/PULL "
+                                 "between two processes, its receiver decoding each, in the "
+                                 "same windows"},
             "goal": "issue 17: beside a bulk stream p99 <= 5 ms, p50 <= 1 ms",
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
