@@ -287,3 +287,14 @@ def test_a_batch_without_times_is_one_run_of_its_records() -> None:
     data = stored(encode_records([(None, b"%d" % i, (), 5, None) for i in range(50)]))
     (run,) = events_of(data, 1)
     assert run == Data(None, decode_batch(data).records, 1)
+
+
+def test_records_without_headers_between_records_of_one_time_split_the_run() -> None:
+    timed = ((TIME_HEADER, encode_int64(4)),)
+    other = (("h", b"x"),)
+    shape = [timed, timed, (), timed, other, timed, (), (), timed, timed]
+    data = stored(encode_batch([(5, None, b"%d" % i, h) for i, h in enumerate(shape)]))
+    runs = list(events_of(data, 0))
+    assert runs == list(_reference_events(data, 0))
+    assert [(r.time, [x.offset for x in r.records]) for r in runs] == [
+        (4, [0, 1]), (None, [2]), (4, [3]), (None, [4]), (4, [5]), (None, [6, 7]), (4, [8, 9])]
