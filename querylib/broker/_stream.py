@@ -23,14 +23,16 @@ import msgspec
 
 from querylib.records import (
     TIME_HEADER,
+    UNTIMED,
     BatchHeader,
     ControlType,
     Irregular,
     Record,
+    TimeMarks,
     control_of,
-    decode_batch,
     decode_frontier,
     decode_int64,
+    decode_records,
     decode_reopen,
     encode_batch,
     encode_int64,
@@ -38,7 +40,6 @@ from querylib.records import (
     read_header,
     value_runs,
 )
-from querylib.records._decode import UNTIMED, TimeMarks
 from querylib.records._header import ATTRIBUTES_OFFSET
 from querylib.records._types import CONTROL_BIT
 
@@ -146,10 +147,9 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
     stretch of equal tq.time values, each value decoded once. Only a batch that starts below
     `skip_below` (or whose offsets go backwards) is walked record by record (`_record_runs`)."""
     for pos, end, header in _batches(data, skip_below):
-        marks = TimeMarks()
-        batch = decode_batch(data[pos:end], marks=marks)
-        if data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            for record in batch.records:
+        # (the batch alone, as decode_batch(data[pos:end]) would see it, errors included)
+        if header.attributes & CONTROL_BIT:
+            for record in decode_records(data[pos:end], 0, header):
                 kind, value = control_of(record)
                 if kind == ControlType.FRONTIER:
                     frontier, epoch = decode_frontier(value)
@@ -159,14 +159,22 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
                 elif kind == ControlType.REOPEN:
                     yield PartitionMark(partition, None, header.next_offset, reopen=True,
                                         epoch=decode_reopen(value))
-        elif not batch.records:
             continue
-        elif skip_below > header.base_offset or marks.backwards:
-            yield from _record_runs(batch.records, partition, skip_below)
-        elif not marks.timed:
-            yield Data(None, batch.records, partition)
+        marks = TimeMarks()
+        records = decode_records(data[pos:end], 0, header, marks=marks)
+        if not records:
+            continue
+        if skip_below > header.base_offset or marks.backwards:
+            yield from _record_runs(records, partition, skip_below)
+            continue
+        timed = marks.timed
+        if not timed:
+            yield Data(None, records, partition)
+        elif len(timed) == 1 and timed[0][0] == 0 and timed[0][1] == len(records):
+            raw = timed[0][2]  # one time for the whole batch
+            yield Data(None if raw is UNTIMED else decode_int64(raw), records, partition)
         else:
-            yield from _runs(batch.records, marks.timed, partition)
+            yield from _runs(records, timed, partition)
 
 
 def _runs(records: list[Record], timed: list[list[Any]], partition: int) -> Iterator[Data]:

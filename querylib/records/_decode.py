@@ -114,11 +114,35 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_cr
     (with verify_crc), BadVarintError, CompressionError (beyond max_decompressed bytes too) or
     InvalidRecordError; never anything else for any input bytes.
     """
-    header = verify_batch(buf, pos) if verify_crc else read_header(buf, pos)
+    header = read_header(buf, pos)
+    records = decode_records(buf, pos, header, verify_crc=verify_crc,
+                             max_decompressed=max_decompressed, marks=marks)
+    attributes = header.attributes
+    log_append = bool(attributes & TIMESTAMP_TYPE_BIT)
+    return RecordBatch(
+        header.base_offset, header.partition_leader_epoch, 2, header.crc,
+        _CODECS[attributes & COMPRESSION_MASK], _TIMESTAMP_TYPES[log_append],
+        bool(attributes & TRANSACTIONAL_BIT), bool(attributes & CONTROL_BIT),
+        header.last_offset_delta, header.base_timestamp, header.max_timestamp,
+        header.producer_id, header.producer_epoch, header.base_sequence, records,
+        header.batch_length)
+
+
+def decode_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, *,
+                   verify_crc: bool = True, max_decompressed: int = MAX_DECOMPRESSED_SIZE,
+                   marks: TimeMarks | None = None) -> list[Record]:
+    """The records of the batch at pos, whose header `read_header(buf, pos)` returned: what
+    `decode_batch` does, for a caller that walked the batches and has the header already
+    (the same checks in the same order, the same errors), without a RecordBatch."""
     size = header.size
     if pos + size > len(buf):
         raise TruncatedRecordError(
             f"batch at {pos}: {len(buf) - pos} bytes left, batchLength says {size}")
+    if verify_crc:
+        actual = crc32c.crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET:pos + size])
+        if actual != header.crc:
+            raise CorruptRecordError(
+                f"batch at {pos}: CRC-32C {actual:#010x}, header says {header.crc:#010x}")
     if type(buf) is not bytes:
         # The hot loop needs bytes (fast indexing, slices that are bytes): copy this batch only.
         buf = bytes(memoryview(buf)[pos:pos + size])
@@ -135,17 +159,12 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_cr
     if not 0 <= count <= (end - start) // MIN_RECORD_SIZE:
         raise InvalidLengthError(
             f"batch at {pos}: recordsCount {count} impossible in {end - start} bytes")
-    log_append = bool(attributes & TIMESTAMP_TYPE_BIT)
+    log_append = attributes & TIMESTAMP_TYPE_BIT
     records = _decode_records(buf, start, end, count, header.base_offset, header.base_timestamp,
                               marks)
     if log_append or not SAFE_TS_MIN <= header.base_timestamp <= SAFE_TS_MAX:
         records = _fix_timestamps(records, header.max_timestamp if log_append else None)
-    return RecordBatch(
-        header.base_offset, header.partition_leader_epoch, 2, header.crc, _CODECS[codec],
-        _TIMESTAMP_TYPES[log_append], bool(attributes & TRANSACTIONAL_BIT),
-        bool(attributes & CONTROL_BIT), header.last_offset_delta, header.base_timestamp,
-        header.max_timestamp, header.producer_id, header.producer_epoch, header.base_sequence,
-        records, header.batch_length)
+    return records
 
 
 def _fix_timestamps(records: list[Record], log_append_time: int | None) -> list[Record]:

@@ -36,6 +36,7 @@ from querylib.records import (
 from querylib.records._header import stamp_base_offset
 from querylib.records._varint import encode_varint
 from tests.querylib.records._build import raw_batch
+from tests.querylib.records.test_hostile import CASES as HOSTILE
 
 
 def stored(*batches: bytes) -> bytes:
@@ -298,3 +299,16 @@ def test_records_without_headers_between_records_of_one_time_split_the_run() -> 
     assert runs == list(_reference_events(data, 0))
     assert [(r.time, [x.offset for x in r.records]) for r in runs] == [
         (4, [0, 1]), (None, [2]), (4, [3]), (None, [4]), (4, [5]), (None, [6, 7]), (4, [8, 9])]
+
+
+@pytest.mark.parametrize("raw", [c[1] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+@pytest.mark.parametrize("view", [False, True])
+def test_a_hostile_batch_is_refused_by_events_of_as_by_decode_batch(raw: bytes,
+                                                                    view: bool) -> None:
+    """After a good batch: the good one's run first, then the error decode_batch raises for
+    the hostile one, word for word (the reference decodes each batch with decode_batch)."""
+    good = stored(encode_records([(None, b"v", (), 5, 1)]))
+    data = good + (stamp_base_offset(raw, 1) if len(raw) >= 8 else raw)
+    got = _outcome(events_of, memoryview(data) if view else data, 0)
+    assert got == _outcome(_reference_events, data, 0)
+    assert got[0] == list(_reference_events(good, 0))
