@@ -17,19 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from querylib.records import (
     TIME_HEADER,
+    UNTIMED,
     BatchHeader,
     ControlType,
     Irregular,
     Record,
+    TimeMarks,
     control_of,
-    decode_batch,
     decode_frontier,
     decode_int64,
+    decode_records,
     decode_reopen,
     encode_batch,
     encode_int64,
@@ -140,11 +143,16 @@ class PartitionMark(msgspec.Struct, frozen=True):
 def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
               ) -> Iterator[Data | PartitionMark]:
     """Data runs and control marks of the batches in `data`, skipping records with offsets
-    below `skip_below` (a subscription that started inside a batch)."""
+    below `skip_below` (a subscription that started inside a batch).
+
+    A batch's runs come from the `TimeMarks` its decoding leaves (`_runs`): a batch without
+    headers is one run of its record list as decoded, a batch of timed records one run per
+    stretch of equal tq.time values, each value decoded once. Only a batch that starts below
+    `skip_below` (or whose offsets go backwards) is walked record by record (`_record_runs`)."""
     for pos, end, header in _batches(data, skip_below):
-        batch = decode_batch(data[pos:end])
-        if data[pos + ATTRIBUTES_OFFSET + 1] & CONTROL_BIT:
-            for record in batch.records:
+        # (the batch alone, as decode_batch(data[pos:end]) would see it, errors included)
+        if header.attributes & CONTROL_BIT:
+            for record in decode_records(data[pos:end], 0, header):
                 kind, value = control_of(record)
                 if kind == ControlType.FRONTIER:
                     frontier, epoch = decode_frontier(value)
@@ -154,20 +162,59 @@ def events_of(data: bytes | memoryview, partition: int, *, skip_below: int = 0
                 elif kind == ControlType.REOPEN:
                     yield PartitionMark(partition, None, header.next_offset, reopen=True,
                                         epoch=decode_reopen(value))
+            continue
+        marks = TimeMarks()
+        records = decode_records(data[pos:end], 0, header, marks=marks)
+        if not records:
+            continue
+        if skip_below > header.base_offset or marks.backwards:
+            yield from _record_runs(records, partition, skip_below)
+            continue
+        timed = marks.timed
+        if not timed:
+            yield Data(None, records, partition)
+        elif len(timed) == 1 and timed[0][0] == 0 and timed[0][1] == len(records):
+            raw = timed[0][2]  # one time for the whole batch
+            yield Data(None if raw is UNTIMED else decode_int64(raw), records, partition)
         else:
-            run: list[Record] = []
-            run_time: int | None = None
-            for record in batch.records:
-                if record.offset < skip_below:
-                    continue
-                t = time_of(record)
-                if run and t != run_time:
-                    yield Data(run_time, run, partition)
-                    run = []
-                run_time = t
-                run.append(record)
-            if run:
-                yield Data(run_time, run, partition)
+            yield from _runs(records, timed, partition)
+
+
+def _runs(records: list[Record], timed: list[list[Any]], partition: int) -> Iterator[Data]:
+    """The runs of a batch's records from its TimeMarks' stretches (every record included):
+    records outside the stretches have time None, and neighbours of equal time join."""
+    run_start, run_time, at = 0, None, 0
+    for first, stop, raw in timed:
+        if first > at and run_time is not None:  # records without headers before this stretch
+            yield Data(run_time, records[run_start:at], partition)
+            run_start, run_time = at, None
+        t = None if raw is UNTIMED else decode_int64(raw)
+        if t != run_time and first > run_start:
+            yield Data(run_time, records[run_start:first], partition)
+            run_start = first
+        run_time, at = t, stop
+    if at < len(records) and run_time is not None:
+        yield Data(run_time, records[run_start:at], partition)
+        run_start, run_time = at, None
+    yield Data(run_time, records[run_start:] if run_start else records, partition)
+
+
+def _record_runs(records: list[Record], partition: int, skip_below: int) -> Iterator[Data]:
+    """The runs of a batch's records at or above `skip_below`, each record's time read on
+    its own."""
+    run: list[Record] = []
+    run_time: int | None = None
+    for record in records:
+        if record.offset < skip_below:
+            continue
+        t = time_of(record)
+        if run and t != run_time:
+            yield Data(run_time, run, partition)
+            run = []
+        run_time = t
+        run.append(record)
+    if run:
+        yield Data(run_time, run, partition)
 
 
 def _batches(data: bytes | memoryview, skip_below: int

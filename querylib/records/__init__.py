@@ -13,7 +13,8 @@ never cause an unbounded allocation.
     _runs.py         regular batches -> runs of values, without Python work per record
     _spans.py        uncompressed batches -> offsets, timestamps and the positions of keys,
                      values and headers (RecordSpans): what a column reader (Spark) copies
-    _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification)
+    _decode.py       RecordBatch v2 bytes -> RecordBatch (and CRC verification); the records
+                     alone, with where their tq.time changes (TimeMarks), for subscribers
     _compression.py  gzip, snappy (xerial and raw), lz4 frame, zstd; bounded output
     _legacy.py       legacy message sets v0/v1 (read-only)
     _segment.py      iterate the batches of a log segment or fetch response
@@ -48,7 +49,14 @@ from querylib.records._control import (
     transaction_marker_batch,
     without_aborted,
 )
-from querylib.records._decode import MIN_RECORD_SIZE, decode_batch, verify_batch
+from querylib.records._decode import (
+    MIN_RECORD_SIZE,
+    UNTIMED,
+    TimeMarks,
+    decode_batch,
+    decode_records,
+    verify_batch,
+)
 from querylib.records._encode import encode_batch
 from querylib.records._encode_runs import Run, RunBatch, encode_value_runs
 from querylib.records._header import (
@@ -118,6 +126,8 @@ __all__ = [
     "SEQUENCE_MODULUS",
     "MAX_DECOMPRESSED_SIZE",
     "TIME_HEADER",
+    "UNTIMED",
+    "TimeMarks",
     "Batch",
     "BatchHeader",
     "Compression",
@@ -132,6 +142,7 @@ __all__ = [
     "batch_head",
     "control_of",
     "decode_batch",
+    "decode_records",
     "decode_frontier",
     "decode_int64",
     "decode_reopen",

@@ -6,9 +6,16 @@ builds one `Record` per record without other calls; longer varints and records w
 take the general readers. Every length is checked against the record's own end before a slice,
 so hostile lengths never copy more than the batch holds, and the loop runs at most
 recordsCount times, itself bounded by the bytes present. Errors are RecordError subclasses only.
+
+A subscriber's `events_of` also asks for `TimeMarks`: what it needs to cut a batch's records
+into runs of equal logical time without reading each record again. Records without headers
+(the fast path) add nothing to them; records with headers add to stretches of equal tq.time
+values, kept by the general path they take anyway.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import crc32c
 
@@ -20,6 +27,7 @@ from querylib.errors import (
     TruncatedRecordError,
 )
 from querylib.records._compression import MAX_DECOMPRESSED_SIZE, decompress
+from querylib.records._control import TIME_HEADER, TIME_HEADER_PREFIX, TIME_HEADER_SIZE
 from querylib.records._header import (
     ATTRIBUTES_OFFSET,
     HEADER_SIZE,
@@ -62,6 +70,25 @@ _TIMESTAMP_TYPES = tuple(TimestampType)
 SAFE_TS_MIN, SAFE_TS_MAX = INT64_MIN + UNZIGZAG_SIZE, INT64_MAX - UNZIGZAG_SIZE
 
 
+TIME_PREFIX_SIZE = len(TIME_HEADER_PREFIX)
+# In TimeMarks.timed: records with headers but no tq.time header (their time is None).
+UNTIMED: Any = object()
+
+
+class TimeMarks:
+    """Filled in by `decode_batch(..., marks=)`: `timed` holds [start, stop, value] for each
+    stretch of consecutive records (by index) that have headers and the same first tq.time
+    header value (raw bytes, None for a null value, UNTIMED when there is none); records
+    outside every stretch have no headers. `backwards`: some offsetDelta is negative, so the
+    records' offsets are not all at or above the batch's base offset."""
+
+    __slots__ = ("backwards", "timed")
+
+    def __init__(self) -> None:
+        self.timed: list[list[Any]] = []
+        self.backwards = False
+
+
 def verify_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Check the batch at pos: header bounds, the whole batch present, CRC-32C over
     attributes..end. The records are not decoded. Returns the parsed header."""
@@ -78,18 +105,44 @@ def verify_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
 
 
 def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True,
-                 max_decompressed: int = MAX_DECOMPRESSED_SIZE) -> RecordBatch:
-    """Decode the RecordBatch v2 at pos (magic 2 only), records included.
+                 max_decompressed: int = MAX_DECOMPRESSED_SIZE,
+                 marks: TimeMarks | None = None) -> RecordBatch:
+    """Decode the RecordBatch v2 at pos (magic 2 only), records included; `marks` (empty, if
+    given) learns where the records' logical times change.
 
     Raises TruncatedRecordError, InvalidLengthError, UnsupportedMagicError, CorruptRecordError
     (with verify_crc), BadVarintError, CompressionError (beyond max_decompressed bytes too) or
     InvalidRecordError; never anything else for any input bytes.
     """
-    header = verify_batch(buf, pos) if verify_crc else read_header(buf, pos)
+    header = read_header(buf, pos)
+    records = decode_records(buf, pos, header, verify_crc=verify_crc,
+                             max_decompressed=max_decompressed, marks=marks)
+    attributes = header.attributes
+    log_append = bool(attributes & TIMESTAMP_TYPE_BIT)
+    return RecordBatch(
+        header.base_offset, header.partition_leader_epoch, 2, header.crc,
+        _CODECS[attributes & COMPRESSION_MASK], _TIMESTAMP_TYPES[log_append],
+        bool(attributes & TRANSACTIONAL_BIT), bool(attributes & CONTROL_BIT),
+        header.last_offset_delta, header.base_timestamp, header.max_timestamp,
+        header.producer_id, header.producer_epoch, header.base_sequence, records,
+        header.batch_length)
+
+
+def decode_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, *,
+                   verify_crc: bool = True, max_decompressed: int = MAX_DECOMPRESSED_SIZE,
+                   marks: TimeMarks | None = None) -> list[Record]:
+    """The records of the batch at pos, whose header `read_header(buf, pos)` returned: what
+    `decode_batch` does, for a caller that walked the batches and has the header already
+    (the same checks in the same order, the same errors), without a RecordBatch."""
     size = header.size
     if pos + size > len(buf):
         raise TruncatedRecordError(
             f"batch at {pos}: {len(buf) - pos} bytes left, batchLength says {size}")
+    if verify_crc:
+        actual = crc32c.crc32c(memoryview(buf)[pos + ATTRIBUTES_OFFSET:pos + size])
+        if actual != header.crc:
+            raise CorruptRecordError(
+                f"batch at {pos}: CRC-32C {actual:#010x}, header says {header.crc:#010x}")
     if type(buf) is not bytes:
         # The hot loop needs bytes (fast indexing, slices that are bytes): copy this batch only.
         buf = bytes(memoryview(buf)[pos:pos + size])
@@ -106,16 +159,12 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_cr
     if not 0 <= count <= (end - start) // MIN_RECORD_SIZE:
         raise InvalidLengthError(
             f"batch at {pos}: recordsCount {count} impossible in {end - start} bytes")
-    log_append = bool(attributes & TIMESTAMP_TYPE_BIT)
-    records = _decode_records(buf, start, end, count, header.base_offset, header.base_timestamp)
+    log_append = attributes & TIMESTAMP_TYPE_BIT
+    records = _decode_records(buf, start, end, count, header.base_offset, header.base_timestamp,
+                              marks)
     if log_append or not SAFE_TS_MIN <= header.base_timestamp <= SAFE_TS_MAX:
         records = _fix_timestamps(records, header.max_timestamp if log_append else None)
-    return RecordBatch(
-        header.base_offset, header.partition_leader_epoch, 2, header.crc, _CODECS[codec],
-        _TIMESTAMP_TYPES[log_append], bool(attributes & TRANSACTIONAL_BIT),
-        bool(attributes & CONTROL_BIT), header.last_offset_delta, header.base_timestamp,
-        header.max_timestamp, header.producer_id, header.producer_epoch, header.base_sequence,
-        records, header.batch_length)
+    return records
 
 
 def _fix_timestamps(records: list[Record], log_append_time: int | None) -> list[Record]:
@@ -209,7 +258,7 @@ def _header_name(raw: bytes, pos: int) -> str:
 
 
 def _decode_records(buf: bytes, pos: int, limit: int, count: int, base_offset: int,
-                    base_ts: int) -> list[Record]:
+                    base_ts: int, marks: TimeMarks | None = None) -> list[Record]:
     """Decode `count` records from buf[pos:limit], which they must fill exactly.
 
     Deliberately one long function: per-record calls would cost more than the work itself.
@@ -222,8 +271,18 @@ def _decode_records(buf: bytes, pos: int, limit: int, count: int, base_offset: i
     unzigzag = UNZIGZAG
     unzigzag2 = UNZIGZAG2
     new_record = Record
+    signs = 0  # the offsetDeltas' first bytes or'ed: bit 0 is set if one is negative (zigzag)
+    # the last tq.time header seen in its whole-record form (TIME_HEADER_PREFIX and the value,
+    # ending the record), and its headers: the next records of the same time share them
+    time_tail = None
+    time_headers: tuple[Header, ...] = ()
+    # the current stretch of TimeMarks.timed: its list, value and end (written back as it
+    # closes), so that a record that continues it costs two comparisons
+    stretch: list[Any] = [-1, -1, None]
+    stretch_time: Any = None
+    stretch_stop = -1
     try:
-        for _ in range(count):
+        for i in range(count):
             # length
             b = buf[pos]
             if b < 0x80:
@@ -254,6 +313,7 @@ def _decode_records(buf: bytes, pos: int, limit: int, count: int, base_offset: i
                     ts = wrap_int64(base_ts + delta)
             # offsetDelta
             b = buf[p]
+            signs |= b
             if b < 0x80:
                 offset = base_offset + unzigzag[b]
                 p += 1
@@ -289,6 +349,25 @@ def _decode_records(buf: bytes, pos: int, limit: int, count: int, base_offset: i
                 append(new_record(offset, ts, key, buf[p:stop]))
                 pos = end
                 continue
+            # value, then the tq.time header alone: what tq's producers write (a record the
+            # same time as the last one reuses its headers)
+            if end - stop == TIME_HEADER_SIZE and length >= 0:
+                tail = buf[stop:end]
+                if tail == time_tail or tail[:TIME_PREFIX_SIZE] == TIME_HEADER_PREFIX:
+                    if tail != time_tail:
+                        time_tail = tail
+                        time_headers = ((TIME_HEADER, tail[TIME_PREFIX_SIZE:]),)
+                    append(new_record(offset, ts, key, buf[p:stop], time_headers))
+                    pos = end
+                    if marks is not None:
+                        if stretch_stop == i and stretch_time is time_tail:
+                            stretch_stop = i + 1
+                        else:
+                            stretch[1] = stretch_stop
+                            stretch_time, stretch_stop = time_tail, i + 1
+                            stretch = [i, i + 1, time_headers[0][1]]
+                            marks.timed.append(stretch)
+                    continue
             if length >= 0:
                 if stop >= end:
                     raise InvalidLengthError(f"value length {length} at {p} runs past record")
@@ -302,11 +381,25 @@ def _decode_records(buf: bytes, pos: int, limit: int, count: int, base_offset: i
             if p != end:
                 raise InvalidRecordError(f"record ending at {end}: {end - p} bytes left "
                                          f"after its fields")
-            append(new_record(offset, ts, key, value, headers) if headers
-                   else new_record(offset, ts, key, value))
+            if headers:
+                if marks is not None:
+                    name, raw_time = headers[0]
+                    if name != TIME_HEADER:
+                        raw_time = next((v for n, v in headers if n == TIME_HEADER), UNTIMED)
+                    # (a new stretch each time: this path is rare in tq's own batches)
+                    stretch[1] = stretch_stop
+                    stretch_time, stretch_stop = None, i + 1
+                    stretch = [i, i + 1, raw_time]
+                    marks.timed.append(stretch)
+                append(new_record(offset, ts, key, value, headers))
+            else:
+                append(new_record(offset, ts, key, value))
             pos = end
     except IndexError as exc:
         raise TruncatedRecordError(f"records cut short at {pos}") from exc
     if pos != limit:
         raise InvalidRecordError(f"{limit - pos} bytes after the last of {count} records")
+    if marks is not None:
+        stretch[1] = stretch_stop
+        marks.backwards = bool(signs & 1)
     return records
