@@ -110,9 +110,6 @@ class _Slots:
         self._free = count
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    def locked(self) -> bool:
-        return self._free <= 0 or bool(self._waiters)
-
     def try_take(self) -> bool:
         if self._free <= 0 or self._waiters:
             return False
