@@ -401,6 +401,9 @@ class RpcClient:
         when a slot is free (else a task waits for one), in the order of calls: what a
         producer sending a batch per reply uses, so a request costs no task and no future.
         `on_answer` must be quick and must not block (it holds up the replies behind it)."""
+        if self._closed:  # as `request` raises it, to the callback
+            on_answer(None, ClientClosedError(f"client of {self.address} is closed"))
+            return
         _, loop = self._require_open()
         if self._refusal is not None:
             on_answer(None, SecretRejectedError(self._refusal))

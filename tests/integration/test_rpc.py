@@ -777,4 +777,6 @@ def test_send_request_waits_for_a_slot_in_order_and_fails_on_close() -> None:
             await wait_for_async(lambda: 4 in handlers.started, what="request in flight")
             await client.close()
             assert len(answers) == 4 and isinstance(answers[-1][1], ClientClosedError)
+            client.send_request(Ping(), on_answer)  # closed: said to the callback, not raised
+            assert len(answers) == 5 and isinstance(answers[-1][1], ClientClosedError)
     run(test)
