@@ -316,8 +316,17 @@ class Producer:
             self._sender = self._thread.loop.create_task(self._send_outbox())
 
     async def _send_outbox(self) -> None:
+        group: list[tuple[Any, Claim | None]] = []
         while True:
-            with self._lock:
+            # One lock round per request: the group sent last leaves the outbox, the next is
+            # taken (the lock is the condition's own: `with self._lock` costs two calls more).
+            with self._mutex:
+                if group:
+                    for _ in group:
+                        self._outbox_bytes -= len(self._outbox.popleft()[0])
+                    if self._blocked and self._outbox_low_locked():
+                        self._blocked = False  # once: until a caller blocks again
+                        self._lock.notify_all()
                 if not self._outbox:
                     # Returns without awaiting: the task is done before the loop runs the
                     # `_start_sender` a later batch schedules.
@@ -337,12 +346,6 @@ class Producer:
                     self._sender_wanted = False
                     self._lock.notify_all()
                 return
-            with self._lock:
-                for _ in group:
-                    self._outbox_bytes -= len(self._outbox.popleft()[0])
-                if self._blocked and self._outbox_low_locked():
-                    self._blocked = False  # once: until a caller blocks again
-                    self._lock.notify_all()
 
     def _group_locked(self) -> list[tuple[Any, Claim | None]]:
         """The batches at the head of the outbox that go in one request: as many as wait, up
@@ -351,6 +354,8 @@ class Producer:
         room = min(opened.max_batch_bytes, _GROUP_BYTES) if opened is not None else 0
         group = [self._outbox[0]]
         size = len(group[0][0])
+        if size >= room or len(self._outbox) == 1:
+            return group  # a big batch goes alone, uncopied
         for item in itertools.islice(self._outbox, 1, _GROUP_BATCHES):
             size += len(item[0])
             if size > room:

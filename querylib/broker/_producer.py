@@ -33,7 +33,7 @@ import threading
 import time as _time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from catalog.errors import TqError, UserError
@@ -125,7 +125,6 @@ class _Out:
     payload: Sequence[Any]
     done: asyncio.Future[Any]
     attempt: int = 0            # bumped each time it goes out
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 class ProducerCore:
@@ -157,7 +156,14 @@ class ProducerCore:
         self._claims = threading.Lock()
         self._control_cost = 64
         self._order = asyncio.Lock()  # FIFO: batches go out in the order send_batch was called
+        # Set when a sender waiting for room may go on: once a quarter of the window and of
+        # the in-flight limit are free again (`_roomy`), not at every acknowledgement, so a
+        # saturated producer sends in bursts: one wake of its sender (and of zmq's I/O
+        # thread) per burst, not per batch.
         self._room = asyncio.Event()
+        self._window_size = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reopening: set[asyncio.Task[None]] = set()  # after a lost answer (_attempt)
         self._outstanding: deque[_Out] = deque()  # in the order sent
         self._error: TqError | None = None
         self._ended = False
@@ -166,8 +172,10 @@ class ProducerCore:
         opened = self.link.opened
         assert opened is not None, "start the link first"
         self._control_cost = opened.control_cost
+        self._loop = asyncio.get_running_loop()  # asked once: 3.11 asks getpid() each time
         reply = await self.link.request(self._open_request(rejoin=False))
         self.window = CreditWindow(reply.window)
+        self._window_size = reply.window
         self.frontier = max(self.frontier, reply.frontier)
         self.joined_epoch = reply.epoch
         self._acked_frontier = self.frontier
@@ -387,49 +395,73 @@ class ProducerCore:
                 self._room.clear()
                 await self._room.wait()
             self.window.consume(cost)
-            out = _Out(request, cost, payload, asyncio.get_running_loop().create_future())
+            loop = self._loop or asyncio.get_running_loop()
+            out = _Out(request, cost, payload, loop.create_future())
             self._outstanding.append(out)
-            # Its task sends the request before it first waits (RpcClient sends at once when
-            # a slot is free; else it queues for one, first come first served), and tasks
-            # start in the order they are made: requests reach the wire in the order issued,
-            # as the broker appends in arrival order, with no hop through the loop per batch.
+            # Sent before this returns (RpcClient sends at once when a slot is free; else it
+            # queues for one, first come first served): requests reach the wire in the order
+            # issued, as the broker appends in arrival order, with no task and no hop through
+            # the loop per batch; the answer comes back to `_answered` from the receive loop.
             self._transmit(out)
             return out.done
 
     def _transmit(self, out: _Out) -> None:
         out.attempt += 1
-        task = asyncio.get_running_loop().create_task(
-            self._attempt(out, out.attempt, self.link.generation))
-        out.tasks.add(task)
-        task.add_done_callback(out.tasks.discard)
+        attempt, generation = out.attempt, self.link.generation
+        self.link.send_request(
+            out.request, lambda reply, error: self._answered(out, attempt, generation, reply,
+                                                             error),
+            payload=out.payload)
 
-    async def _attempt(self, out: _Out, attempt: int, generation: int) -> None:
-        try:
-            reply = await self.link.request(out.request, payload=out.payload)
-            if type(reply) is ProducedBatches:
-                reply = _each_produced(reply)
-        except DuplicateSequenceError:
-            reply = _STORED_BEFORE
-        except TqError as exc:
-            if out.done.done() or attempt != out.attempt:
-                return  # sent again since: that attempt answers
-            if not self.link.lost(exc) or self.link.closed:
-                self._resolve(out, error=exc)
-                return
+    def _answered(self, out: _Out, attempt: int, generation: int, reply: Any,
+                  error: BaseException | None) -> None:
+        """The answer to one attempt at `out` (on the loop, from the link's receive loop)."""
+        if error is None and type(reply) is ProducedBatches:
             try:
-                await self.link.reopen(generation)  # then _rejoin sends it again
-            except TqError as reopen_error:
-                if self.link.failure is None:  # our own rejoin was refused, or a bug
-                    self._resolve(out, error=reopen_error)
+                reply = _each_produced(reply)
+            except TqError as exc:
+                error = exc
+        if isinstance(error, DuplicateSequenceError):
+            reply, error = _STORED_BEFORE, None
+        if error is None:
+            self._resolve(out, reply)
             return
-        self._resolve(out, reply)
+        if out.done.done() or attempt != out.attempt:
+            return  # sent again since: that attempt answers
+        if not isinstance(error, TqError):  # a bug, or the loop closing: the caller hears it
+            self._resolve(out, error=TqError(f"sending to the broker failed: {error!r}"))
+            return
+        if not self.link.lost(error) or self.link.closed:
+            self._resolve(out, error=error)
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(self._reopen(out, generation))
+        self._reopening.add(task)
+        task.add_done_callback(self._reopening.discard)
+
+    async def _reopen(self, out: _Out, generation: int) -> None:
+        """The connection was lost under `out`: reopen the session (then `_rejoin` sends it
+        again, with every other request unanswered)."""
+        try:
+            await self.link.reopen(generation)
+        except TqError as reopen_error:
+            if self.link.failure is None:  # our own rejoin was refused, or a bug
+                self._resolve(out, error=reopen_error)
+
+    def _roomy(self) -> bool:
+        """Whether a sender waiting for room is woken (see `_room`)."""
+        outstanding = len(self._outstanding)
+        return not outstanding or (
+            outstanding <= self.max_in_flight - max(1, self.max_in_flight // 4)
+            and self.window.available >= self._window_size // 4)
 
     def _resolve(self, out: _Out, reply: Any = None, *, error: TqError | None = None) -> None:
         if out.done.done():
             return
         self._outstanding.remove(out)
         self.window.grant(out.cost)
-        self._room.set()
+        if self._roomy():
+            self._room.set()
         if error is not None:
             if self._error is None:
                 self._error = error

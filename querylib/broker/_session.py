@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from catalog.errors import TqError
@@ -81,9 +81,22 @@ ATTEMPT_TIMEOUT = 2.0     # seconds one attempt to reopen the session waits for 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0  # seconds between attempts, doubling
 
 Locate = Callable[[], Awaitable[str | None]]
+# `on_answer(reply, error)` of `send_request`: exactly one of them is None.
+Answer = Callable[[Any, BaseException | None], None]
 # `watch_leader(moved)`: call `moved()`, from any thread, whenever the catalog changes the
 # leader of the link's partition; returns the function that stops the watch.
 WatchLeader = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def _answer_from(task: asyncio.Task[Any],
+                 on_answer: Answer) -> None:
+    if task.cancelled():
+        return  # the loop is closing: nobody waits for the answer
+    error = task.exception()
+    if error is None:
+        on_answer(task.result(), None)
+    else:
+        on_answer(None, error)
 
 
 class BrokerClosingError(RpcError):
@@ -198,6 +211,15 @@ class SessionLink:
         if self.failure is not None:
             raise self.failure
         return await self._request(request, payload=payload, timeout=timeout)
+
+    def send_request(self, request: Request[Any], on_answer: Answer, *,
+                     payload: Sequence[Any] = ()) -> None:
+        """`request` without a coroutine: `on_answer(reply, None)` or `on_answer(None, error)`
+        once, with what `request` returns or raises (see RpcClient.send_request). Requests
+        sent this way leave in the order of the calls. Here a task runs `request`; a
+        `BrokerLink` sends at once and answers from its receive loop (no task per call)."""
+        task = asyncio.get_running_loop().create_task(self.request(request, payload=payload))
+        task.add_done_callback(lambda done: _answer_from(done, on_answer))
 
     async def notify(self, message: Notify) -> None:
         if self.failure is not None:
@@ -366,6 +388,19 @@ class BrokerLink(SessionLink):
             # A remote broker that is shutting down answers what it has in hand so; it is
             # away, as after a lost connection, and comes back (a restart), perhaps elsewhere.
             raise BrokerClosingError(str(exc)) from exc
+
+    def send_request(self, request: Request[Any], on_answer: Answer, *,
+                     payload: Sequence[Any] = ()) -> None:
+        if self.failure is not None:
+            on_answer(None, self.failure)
+            return
+
+        def answered(reply: Any, error: BaseException | None) -> None:
+            if isinstance(error, BrokerClosedError):  # as `_request` says it
+                error = BrokerClosingError(str(error))
+            on_answer(reply, error)
+
+        self.client.send_request(request, answered, payload=payload)
 
     async def _notify(self, message: Notify) -> None:
         await self.client.notify(message)

@@ -39,6 +39,8 @@ from typing import Any, TypeVar, cast
 
 import zmq
 
+from catalog.errors import TqError
+
 from ._codec import MAX_TTL, Buffer, Codec, Incoming, Limits
 from ._credentials import COORDINATOR, Credential, handshake_token
 from ._curve import client_keypair, server_key_of
@@ -64,14 +66,24 @@ from ._shell import (
     new_socket,
 )
 
-__all__ = ["Notification", "RpcClient"]
+__all__ = ["COPY_BELOW", "Notification", "RpcClient"]
 
 R = TypeVar("R", bound=Reply)
 
 NotifyCallback = Callable[["Notification"], object]
+# `on_answer(reply, error)` of `RpcClient.send_request`: exactly one of them is None.
+AnswerCallback = Callable[[Any, BaseException | None], None]
 
 # Seconds before connecting again after a failed handshake, doubling while it keeps failing.
 _RECONNECT_MIN, _RECONNECT_MAX = 0.1, 5.0
+
+# Payload frames below this size are copied into zmq, not lent to it. Lending (pyzmq's
+# zero-copy) costs more than copying a batch of up to about a megabyte: a Frame and a
+# registration with pyzmq's garbage-collector thread (two getpid calls) on our thread, and,
+# once zmq has sent it, a message from zmq's I/O thread to that collector thread, which wakes
+# to drop the reference (~10 us and a thread wake per frame; copying 100 KB takes ~2 us).
+# Copying also frees the caller's buffer at once: nothing waits for the collector.
+COPY_BELOW = 1024 * 1024
 
 
 class Notification:
@@ -85,6 +97,93 @@ class Notification:
 
     def __repr__(self) -> str:
         return f"Notification({self.message!r}, {len(self.payload)} payload frames)"
+
+
+class _Slots:
+    """Requests that may be in flight at once: a semaphore whose slot can also be taken
+    without awaiting (`try_take`), by a caller that then sends at once; waiters are served
+    first come first served (a slot freed goes to the oldest waiter)."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self._free <= 0 or self._waiters:
+            return False
+        self._free -= 1
+        return True
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # the slot is ours once it resolves (release hands it over)
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed to us as we gave up: pass it on
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # handed over: _free stays as it is
+                return
+        self._free += 1
+
+
+class _Call:
+    """A request sent by `send_request`, as its tracker entry: the reply (or the failure)
+    reaches its caller's callback as it arrives, in the receive loop, with no task and no
+    future between (each would be a loop hop per request)."""
+
+    __slots__ = ("client", "on_answer", "request_id", "request_type", "timeout", "_done")
+
+    def __init__(self, client: RpcClient, request_id: int, request_type: type[Request[Any]],
+                 timeout: float, on_answer: AnswerCallback) -> None:
+        self.client = client
+        self.request_id = request_id
+        self.request_type = request_type
+        self.timeout = timeout
+        self.on_answer = on_answer
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, incoming: Incoming | None) -> None:
+        if self._done:
+            return
+        try:
+            reply = self.client._reply_of(self.request_type, incoming, self.timeout)
+        except TqError as exc:  # the server's error, no reply in time, or an unexpected one
+            self._finish(None, exc)
+        else:
+            self._finish(reply, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._finish(None, exc)
+
+    def _finish(self, reply: Any, error: BaseException | None) -> None:
+        self._done = True
+        client = self.client
+        if client._pending is not None:
+            client._pending.forget(self.request_id)
+        client._slots.release()
+        try:
+            self.on_answer(reply, error)
+        except Exception:  # the caller's bug; the client must outlive it
+            client._drops["answer_callback_error"] += 1
+            log.exception("rpc client %s: answer callback for %s failed", client.address,
+                          self.request_type.__name__)
 
 
 class RpcClient:
@@ -109,8 +208,8 @@ class RpcClient:
         self.server_key = (server_key.encode() if isinstance(server_key, str)
                            else server_key) or server_key_of(address)
         self._context = context
-        self._pending: DeadlineTimer[asyncio.Future[Incoming | None]] | None = None
-        self._slots = asyncio.Semaphore(limits.max_in_flight)
+        self._pending: DeadlineTimer[asyncio.Future[Incoming | None] | _Call] | None = None
+        self._slots = _Slots(limits.max_in_flight)
         self._callbacks: dict[type[Notify], NotifyCallback] = {}
         self._queue: asyncio.Queue[Notification] = asyncio.Queue(limits.notify_queue)
         self._drops = DropCounters()
@@ -173,6 +272,7 @@ class RpcClient:
         if self._sock is not None or self._closed:
             raise RuntimeError("an RpcClient connects once")
         sock = new_socket(zmq.DEALER, self.limits, self._context)
+        sock.copy_threshold = COPY_BELOW  # see COPY_BELOW: lending costs more than copying
         if self.server_key is not None:
             public, secret_key = client_keypair(self._own_key)
             try:
@@ -247,14 +347,12 @@ class RpcClient:
         if self._refusal is not None:
             raise SecretRejectedError(self._refusal)
         deadline = loop.time() + timeout
-        if self._slots.locked():
+        if not self._slots.try_take():
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._slots.acquire()
+                    await self._slots.take()
             except TimeoutError:
                 raise self._expired(request, timeout) from None
-        else:
-            await self._slots.acquire()
         if self._closed:  # closed while we waited for a slot
             self._slots.release()
             raise ClientClosedError(f"client of {self.address} is closed")
@@ -276,15 +374,76 @@ class RpcClient:
         finally:
             pending.forget(request_id)
             self._slots.release()
+        reply = self._reply_of(request_type, incoming, timeout)
+        assert incoming is not None  # None raised DeadlineExceededError
+        return reply, incoming.payload
+
+    def _reply_of(self, request_type: type[Request[R]], incoming: Incoming | None,
+                  timeout: float) -> R:
+        """The reply `incoming` carries; raises the server's error, DeadlineExceededError
+        (None: no reply in time) or UnexpectedReplyError."""
         if incoming is None:
-            raise self._expired(request, timeout)
+            raise DeadlineExceededError(f"{request_type.rpc_tag} to {self.address}: no reply "
+                                        f"within {timeout:g}s")
         body = incoming.body
         if incoming.header.kind == Kind.ERROR:
             raise error_from_body(cast(ErrorBody, body), request_type.error_type)
         if not isinstance(body, request_type.reply_type):
             raise UnexpectedReplyError(f"{request_type.__name__} answered with "
                                        f"{type(body).__name__}")
-        return cast(R, body), incoming.payload  # a reply_type, checked above
+        return cast(R, body)  # a reply_type, checked above
+
+    def send_request(self, request: Request[Any], on_answer: AnswerCallback, *,
+                     payload: Sequence[Buffer] = (), timeout: float | None = None) -> None:
+        """`request` as `request` sends it, without a coroutine: `on_answer(reply, None)` or
+        `on_answer(None, error)` is called once, with what `request` would return or raise,
+        from the receive loop (or from here, when it fails at once). Sent before this returns
+        when a slot is free (else a task waits for one), in the order of calls: what a
+        producer sending a batch per reply uses, so a request costs no task and no future.
+        `on_answer` must be quick and must not block (it holds up the replies behind it)."""
+        if self._closed:  # as `request` raises it, to the callback
+            on_answer(None, ClientClosedError(f"client of {self.address} is closed"))
+            return
+        _, loop = self._require_open()
+        if self._refusal is not None:
+            on_answer(None, SecretRejectedError(self._refusal))
+            return
+        if not isinstance(request, Request):
+            raise TypeError(f"{type(request).__name__} is not a Request")
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        if not self._slots.try_take():
+            loop.create_task(self._request_later(request, on_answer, payload, timeout))
+            return
+        pending = self._pending
+        assert pending is not None
+        request_id = pending.next_id()
+        call = _Call(self, request_id, type(request), timeout, on_answer)
+        deadline = loop.time() + timeout
+        pending.track(request_id, deadline, call)
+        try:
+            if payload:
+                frames = self._codec.request(request_id, request, ttl=timeout,
+                                             now=time.time(), payload=payload)
+            else:
+                frames = None
+                self._queue_request(self._codec.request_entry(request_id, request, ttl=timeout))
+        except Exception as exc:  # over the limits: this call fails alone, as `request`'s
+            call.set_exception(exc)
+            return
+        if frames is not None:
+            if self._outbox:
+                self._flush()  # requests issued before this message go out before it
+            self._send_now(frames, [request_id])  # or held in order while zmq has no room
+
+    async def _request_later(self, request: Request[Any], on_answer: AnswerCallback,
+                             payload: Sequence[Buffer], timeout: float) -> None:
+        """`send_request` once a slot is free (all of them were taken)."""
+        try:
+            reply = await self.request(request, payload=payload, timeout=timeout)
+        except Exception as exc:
+            on_answer(None, exc)
+        else:
+            on_answer(reply, None)
 
     async def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
         """Send a one-way message (a credit grant, a heartbeat). Waits only if queues are full."""
@@ -421,7 +580,7 @@ class RpcClient:
             if future is None:
                 self._drops["unknown_reply"] += 1  # late (its deadline passed) or never asked
             elif not future.done():
-                future.set_result(incoming)
+                future.set_result(incoming)  # a _Call answers its caller here and now
 
     def _on_handshake(self, event: int, value: int) -> None:
         """How a connection's handshake ended (HandshakeWatch)."""
@@ -480,7 +639,7 @@ class RpcClient:
                         type(note.message).__name__)
 
 
-def _expire(_request_id: int, future: asyncio.Future[Incoming | None]) -> None:
+def _expire(_request_id: int, future: asyncio.Future[Incoming | None] | _Call) -> None:
     if not future.done():
         future.set_result(None)  # the caller raises DeadlineExceededError, knowing the request
 

@@ -5,14 +5,16 @@ files."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from querylib.broker import Producer, Subscriber
+from querylib.broker import AsyncProducer, Producer, Subscriber
 from querylib.broker._stream import encode_records
+from querylib.broker.messages import Produced
 from querylib.log import LogConfig
 from tests.conftest import wait_for
 
@@ -122,3 +124,86 @@ def test_a_subscriber_returns_a_chunks_credit_without_being_asked_again(tmp_path
                 assert event is not None
                 values += [r.value or b"" for r in getattr(event, "records", [])]
             assert values == [b"%04d" % i for i in range(200)]
+
+
+def test_a_batch_goes_out_and_is_answered_without_a_task_of_its_own(tmp_path) -> None:
+    """A producer's request leaves as it is issued and its answer comes back to it from the
+    receive loop: no task per batch (a task's creation and steps were a large part of a
+    busy producer's loop), and every batch is still acknowledged, in order."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        async def main() -> tuple[int, list[Any]]:
+            async with AsyncProducer(endpoint, "tasks", secret=SECRET) as producer:
+                loop = asyncio.get_running_loop()
+                real, made = loop.create_task, [0]
+
+                def counting(*args: Any, **options: Any) -> Any:
+                    made[0] += 1
+                    return real(*args, **options)
+
+                loop.create_task = counting  # type: ignore[method-assign]
+                try:
+                    acks = [await producer.core.send_batch(batch(b"%03d" % i))
+                            for i in range(100)]
+                    answers = await asyncio.gather(*acks)
+                finally:
+                    loop.create_task = real  # type: ignore[method-assign]
+                return made[0], answers
+
+        made, answers = asyncio.run(main())
+        assert answers == [Produced(base_offset=i, next_offset=i + 1) for i in range(100)]
+        assert made == 0
+
+
+def test_a_saturated_producer_wakes_its_sender_once_per_quarter_of_its_in_flight_limit(
+        tmp_path) -> None:
+    """A sender waiting for room (its in-flight limit reached) is woken once a quarter of the
+    limit is free, not at every acknowledgement: it sends in bursts, a wake per burst."""
+    in_flight, batches = 16, 300
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        async def main() -> tuple[list[int], list[Any]]:
+            async with AsyncProducer(endpoint, "burst", secret=SECRET) as producer:
+                core = producer.core
+                core.max_in_flight = in_flight
+                real, woken = core._room.wait, []
+
+                async def counting() -> bool:
+                    await real()
+                    woken.append(len(core._outstanding))  # in flight as it goes on
+                    return True
+
+                core._room.wait = counting  # type: ignore[method-assign]
+                acks = [await core.send_batch(batch(b"%03d" % i)) for i in range(batches)]
+                return woken, await asyncio.gather(*acks)
+
+        woken, answers = asyncio.run(main())
+        assert answers == [Produced(base_offset=i, next_offset=i + 1) for i in range(batches)]
+        assert woken, "the sender reached its in-flight limit"
+        assert max(woken) <= in_flight - in_flight // 4, woken
+        assert len(woken) <= batches // (in_flight // 4) + 1, woken
+
+
+def test_a_producers_payload_is_copied_into_zmq_not_lent_through_pyzmqs_collector(
+        tmp_path, monkeypatch) -> None:
+    """Batches below COPY_BELOW are copied into zmq: lending one (zero-copy) registers it
+    with pyzmq's garbage-collector thread and has zmq's I/O thread message that thread to
+    release it, which costs more than the copy (and a thread wake per batch)."""
+    from zmq.utils.garbage import gc
+
+    lent = [0]
+    real = gc.store
+
+    def counting(*args: Any, **options: Any) -> int:
+        lent[0] += 1
+        return real(*args, **options)
+
+    big = [encode_records([(None, b"%03d" % i + bytes(100_000), (), 0, None)])
+           for i in range(20)]
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Producer(endpoint, "copied", secret=SECRET, linger=0.0005) as producer:
+            monkeypatch.setattr(gc, "store", counting)
+            for one in big:
+                producer.send_batch(one)
+            producer.flush()
+            monkeypatch.setattr(gc, "store", real)
+            assert producer.core.acked_batches == 20
+    assert lent[0] == 0

@@ -52,16 +52,16 @@ def test_a_batch_appended_but_not_acknowledged_before_a_crash_is_stored_once(
         assert await first == Produced(base_offset=0, next_offset=RECORDS)
 
         # The next acknowledgement never reaches us: the broker dies right after appending.
-        real, lost = link.request, asyncio.Event()
+        real, lost = link.send_request, asyncio.Event()
 
-        async def losing_one_reply(request: Any, **options: Any) -> Any:
-            reply = await real(request, **options)
+        def losing_one_reply(request: Any, on_answer: Any, **options: Any) -> None:
             if isinstance(request, ProduceRequest) and not lost.is_set():
-                lost.set()
-                await asyncio.Event().wait()  # the reply was lost; a resend answers instead
-            return reply
+                # The reply is lost (nobody hears it); a resend answers instead.
+                real(request, lambda reply, error: lost.set(), **options)
+                return
+            real(request, on_answer, **options)
 
-        link.request = losing_one_reply  # type: ignore[method-assign]
+        link.send_request = losing_one_reply  # type: ignore[method-assign]
         second = await core.send_batch(encode_records(_entries(1), **core.stamping(RECORDS)))
         await wait_for_async(lost.is_set, timeout=30, what="the broker to append batch 1")
         assert await asyncio.to_thread(log_end) == 2 * RECORDS
@@ -75,8 +75,6 @@ def test_a_batch_appended_but_not_acknowledged_before_a_crash_is_stored_once(
         after = await third
         await core.end()
         resends = core.resent
-        for task in [t for out in list(core._outstanding) for t in out.tasks]:
-            task.cancel()
         await link.close()
         return resent, after, resends
 
@@ -165,18 +163,18 @@ def test_a_producer_whose_end_was_stored_but_not_answered_rejoins_and_is_answere
         first = await core.send_batch(encode_records(_entries(0), **core.stamping(RECORDS)))
         assert await first == Produced(base_offset=0, next_offset=RECORDS)
 
-        real = link.request
+        real = link.send_request
         unanswered: list[Any] = []
 
-        async def losing_replies(request: Any, **options: Any) -> Any:
-            reply = await real(request, **options)
+        def losing_replies(request: Any, on_answer: Any, **options: Any) -> None:
             if isinstance(request, ProduceRequest | EndStreamRequest) and \
                     link.generation == 1:
-                unanswered.append(request)
-                await asyncio.Event().wait()  # lost; the resend after the restart answers
-            return reply
+                # Lost (nobody hears it); the resend after the restart answers.
+                real(request, lambda reply, error: unanswered.append(request), **options)
+                return
+            real(request, on_answer, **options)
 
-        link.request = losing_replies  # type: ignore[method-assign]
+        link.send_request = losing_replies  # type: ignore[method-assign]
         second = await core.send_batch(encode_records(_entries(1), **core.stamping(RECORDS)))
         ending = asyncio.get_running_loop().create_task(core.end())
         await wait_for_async(lambda: len(unanswered) == 2, timeout=30,
@@ -223,21 +221,21 @@ def test_pre_built_batches_are_stamped_without_copying_their_records(processes,
         core = ProducerCore(link, "t", 0)
         await core.open()
         sent: list[Any] = []
-        real = link.request
+        real = link.send_request
 
-        async def keeping(request: Any, **options: Any) -> Any:
+        def keeping(request: Any, on_answer: Any, **options: Any) -> None:
             if isinstance(request, ProduceRequest):
                 sent.append(list(options["payload"]))
-            return await real(request, **options)
+            real(request, on_answer, **options)
 
-        link.request = keeping  # type: ignore[method-assign]
+        link.send_request = keeping  # type: ignore[method-assign]
         acks = [await (await core.send_batch(b)) for b in batches]
         # Every batch went out as a new header and a view of the caller's bytes.
         assert [len(frames) for frames in sent] == [2, 2, 2]
         assert all(frames[1].obj is b for frames, b in zip(sent, batches, strict=True))
         # The second batch again, as a producer sends it after a reconnect: stored once.
-        again = await real(ProduceRequest(session=link.session, topic="t", partition=0),
-                           payload=sent[1])
+        again = await link.request(ProduceRequest(session=link.session, topic="t",
+                                                  partition=0), payload=sent[1])
         await core.end()
         await link.close()
         return acks, again, core.producer_id

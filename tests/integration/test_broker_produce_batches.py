@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -175,17 +176,21 @@ def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tm
         async def main() -> tuple[Produced | None, int]:
             async with AsyncProducer(endpoint, "o", secret=SECRET) as producer:
                 core = producer.core
-                real, second_answered = core.link.request, asyncio.Event()
+                real, held, second_answered = core.link.send_request, [], []
 
-                async def first_answered_last(request: object, **options: object) -> object:
-                    reply = await real(request, **options)  # type: ignore[arg-type]
-                    if isinstance(request, ProduceBatchesRequest):
-                        await second_answered.wait()
-                    else:
-                        second_answered.set()
-                    return reply
+                def first_answered_last(request: Any, on_answer: Any, **options: Any) -> None:
+                    def answered(reply: Any, error: BaseException | None) -> None:
+                        if isinstance(request, ProduceBatchesRequest) and not second_answered:
+                            held.append((on_answer, reply, error))  # after the next one
+                            return
+                        on_answer(reply, error)
+                        second_answered.append(True)
+                        for answer, *outcome in held:
+                            answer(*outcome)
 
-                core.link.request = first_answered_last  # type: ignore[method-assign]
+                    real(request, answered, **options)
+
+                core.link.send_request = first_answered_last  # type: ignore[method-assign]
                 first = await core.send_batches([(batch(b"a"), None), (batch(b"b"), None)])
                 second = await core.send_batch(batch(b"c", b"d"))
                 await asyncio.gather(first, second)

@@ -713,3 +713,70 @@ def test_a_reply_signed_with_given_payload_digests_verifies_and_a_wrong_one_is_r
                 await client.request(Fetch(3, fail="count"))
             assert await client.request(Fetch(4, fail="digests")) == FetchReply(4)
     run(test)
+
+
+def _answers() -> tuple[list[tuple[Any, BaseException | None]],
+                        Callable[[Any, BaseException | None], None]]:
+    answers: list[tuple[Any, BaseException | None]] = []
+    return answers, lambda reply, error: answers.append((reply, error))
+
+
+def test_send_request_sends_at_once_and_answers_through_its_callback() -> None:
+    """`send_request` hands the request to zmq before it returns (no task, no coroutine) and
+    calls back once with the reply or the error `request` would raise; payload travels."""
+    async def test() -> None:
+        async with served() as (_, client, handlers):
+            loop = asyncio.get_running_loop()
+            real, made = loop.create_task, [0]
+
+            def counting(coro: Any, **options: Any) -> Any:
+                made[0] += coro.__qualname__.startswith("RpcClient.")  # the server's aside
+                return real(coro, **options)
+
+            loop.create_task = counting  # type: ignore[method-assign]
+            answers, on_answer = _answers()
+            client.send_request(Fetch(1), on_answer, payload=[b"batch", bytes(100_000)])
+            client.send_request(Fetch(2, fail="empty"), on_answer)
+            client.send_request(Fetch(3, fail="bug"), on_answer)
+            await wait_for_async(lambda: len(answers) == 3, what="three answers")
+            loop.create_task = real  # type: ignore[method-assign]
+            assert made[0] == 0
+            by_token = {getattr(reply, "token", None): reply for reply, _ in answers}
+            assert by_token[1] == FetchReply(1)
+            errors = [error for _, error in answers if error is not None]
+            assert sorted(type(e).__name__ for e in errors) == ["InternalServerError",
+                                                                 "ShelfEmptyError"]
+            assert client.in_flight == 0
+            assert await client.request(Ping()) == Pong()  # every slot came back
+    run(test)
+
+
+def test_send_request_waits_for_a_slot_in_order_and_fails_on_close() -> None:
+    """With every slot taken, requests sent through `send_request` wait for one, first come
+    first served with `request`'s callers; closing the client answers those in flight with
+    ClientClosedError through the callback."""
+    async def test() -> None:
+        async with served(Limits(max_in_flight=2)) as (_, client, handlers):
+            for token in range(5):
+                handlers.gate(token)
+            answers, on_answer = _answers()
+            client.send_request(Fetch(0), on_answer)
+            client.send_request(Fetch(1), on_answer)
+            waiting = asyncio.create_task(client.request(Fetch(2)))
+            await wait_for_async(lambda: len(handlers.started) == 2, what="two in flight")
+            client.send_request(Fetch(3), on_answer)  # behind `waiting`
+            handlers.gate(0).set()  # one slot frees: the older waiter takes it
+            await wait_for_async(lambda: 2 in handlers.started, what="the waiter sent")
+            assert 3 not in handlers.started
+            for token in range(1, 4):
+                handlers.gate(token).set()
+            assert await waiting == FetchReply(2)
+            await wait_for_async(lambda: len(answers) == 3, what="three answers")
+            assert sorted(reply.token for reply, _ in answers) == [0, 1, 3]
+            client.send_request(Fetch(4), on_answer)  # gated: in flight at close
+            await wait_for_async(lambda: 4 in handlers.started, what="request in flight")
+            await client.close()
+            assert len(answers) == 4 and isinstance(answers[-1][1], ClientClosedError)
+            client.send_request(Ping(), on_answer)  # closed: said to the callback, not raised
+            assert len(answers) == 5 and isinstance(answers[-1][1], ClientClosedError)
+    run(test)
