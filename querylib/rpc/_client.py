@@ -352,7 +352,7 @@ class RpcClient:
                 async with asyncio.timeout_at(deadline):
                     await self._slots.take()
             except TimeoutError:
-                raise self._expired(request, timeout) from None
+                raise self._expired(type(request), timeout) from None
         if self._closed:  # closed while we waited for a slot
             self._slots.release()
             raise ClientClosedError(f"client of {self.address} is closed")
@@ -383,8 +383,7 @@ class RpcClient:
         """The reply `incoming` carries; raises the server's error, DeadlineExceededError
         (None: no reply in time) or UnexpectedReplyError."""
         if incoming is None:
-            raise DeadlineExceededError(f"{request_type.rpc_tag} to {self.address}: no reply "
-                                        f"within {timeout:g}s")
+            raise self._expired(request_type, timeout)
         body = incoming.body
         if incoming.header.kind == Kind.ERROR:
             raise error_from_body(cast(ErrorBody, body), request_type.error_type)
@@ -462,8 +461,9 @@ class RpcClient:
             raise RuntimeError("call connect() (or use `async with`) first")
         return self._pump, self._loop
 
-    def _expired(self, request: Request[Any], timeout: float) -> DeadlineExceededError:
-        return DeadlineExceededError(f"{type(request).rpc_tag} to {self.address}: no reply "
+    def _expired(self, request_type: type[Request[Any]], timeout: float
+                 ) -> DeadlineExceededError:
+        return DeadlineExceededError(f"{request_type.rpc_tag} to {self.address}: no reply "
                                      f"within {timeout:g}s")
 
     def _queue_request(self, entry: Entry) -> None:

@@ -118,15 +118,20 @@ def broker_on_thread(data_dir: str, secret: bytes, config: LogConfig, **options:
         loop.close()
 
 
-def read_records(sub: Any, count: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of the next `count` records a blocking Subscriber hands out, waiting
-    up to 30 s for each event."""
+def next_records(sub: Any, count: int) -> list[Any]:
+    """The next `count` Records a blocking Subscriber hands out, waiting up to 30 s for each
+    event."""
     from querylib.broker import Data
 
-    got: list[tuple[int, bytes]] = []
+    got: list[Any] = []
     while len(got) < count:
         event = sub.next_event(timeout=30)
         assert event is not None, f"only {len(got)} records arrived: {got[-3:]}"
         if isinstance(event, Data):
-            got += [(r.offset, bytes(r.value or b"")) for r in event.records]
+            got += event.records
     return got
+
+
+def read_records(sub: Any, count: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of the next `count` records a blocking Subscriber hands out."""
+    return [(r.offset, bytes(r.value or b"")) for r in next_records(sub, count)]

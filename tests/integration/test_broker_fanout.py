@@ -62,13 +62,7 @@ def test_big_batches_pushed_to_many_subscribers_arrive_whole(tmp_path) -> None:
                     producer.send_batch(encode_records([(None, value, (), 0, None)]))
                 producer.flush()
             for sub in subs:
-                got: list[tuple[int, bytes]] = []
-                while len(got) < batches:
-                    event = sub.next_event(timeout=30)
-                    assert event is not None, f"only {len(got)} records arrived"
-                    if isinstance(event, Data):
-                        got += [(r.offset, bytes(r.value or b"")) for r in event.records]
-                assert got == list(enumerate(values))
+                assert read_records(sub, batches) == list(enumerate(values))
         finally:
             for sub in subs:
                 sub.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from querylib.broker import AsyncProducer, Data, Producer, Subscriber
+from querylib.broker import AsyncProducer, Producer, Subscriber
 from querylib.broker._errors import BrokerProtocolError
 from querylib.broker._stream import encode_records
 from querylib.broker.messages import ProduceBatchesRequest, Produced, ProducedBatches
@@ -22,7 +22,7 @@ from querylib.log import LogConfig
 from querylib.rpc import error_from_body
 from querylib.server.broker import BrokerServer
 
-from ._broker_helpers import broker_on_thread
+from ._broker_helpers import broker_on_thread, next_records
 
 SECRET = os.urandom(32)
 
@@ -32,14 +32,8 @@ def broker(data_dir: str) -> contextlib.AbstractContextManager[tuple[str, Broker
 
 
 def values_of(endpoint: str, topic: str, count: int) -> list[bytes]:
-    got: list[bytes] = []
     with Subscriber(endpoint, topic, 0, secret=SECRET) as sub:
-        while len(got) < count:
-            event = sub.next_event(timeout=30)
-            assert event is not None
-            if isinstance(event, Data):
-                got += [r.value or b"" for r in event.records]
-    return got
+        return [r.value or b"" for r in next_records(sub, count)]
 
 
 def batch(*values: bytes, **stamp: int) -> bytes:

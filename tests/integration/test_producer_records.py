@@ -10,12 +10,12 @@ import contextlib
 import os
 import time
 
-from querylib.broker import AsyncProducer, Data, Producer, Subscriber
+from querylib.broker import AsyncProducer, Producer, Subscriber
 from querylib.log import LogConfig
 from querylib.records import TIME_HEADER, Record, decode_int64
 from querylib.server.broker import BrokerServer
 
-from ._broker_helpers import broker_on_thread
+from ._broker_helpers import broker_on_thread, next_records
 
 SECRET = os.urandom(32)
 T0 = 1_700_000_000_000
@@ -36,14 +36,8 @@ def broker(data_dir: str) -> contextlib.AbstractContextManager[tuple[str, Broker
 
 
 def read(endpoint: str, topic: str, count: int) -> list[Record]:
-    got: list[Record] = []
     with Subscriber(endpoint, topic, 0, secret=SECRET) as sub:
-        while len(got) < count:
-            event = sub.next_event(timeout=30)
-            assert event is not None, f"only {len(got)} records arrived"
-            if isinstance(event, Data):
-                got += event.records
-    return got
+        return next_records(sub, count)
 
 
 def check(records: list[Record], before_ms: int, after_ms: int) -> None:
