@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from querylib.broker import AsyncProducer, Producer, Subscriber
+from querylib.broker._blocking import _GROUP_BYTES
 from querylib.broker._errors import BrokerProtocolError
 from querylib.broker._stream import encode_records
 from querylib.broker.messages import ProduceBatchesRequest, Produced, ProducedBatches
@@ -124,6 +125,29 @@ def test_a_producer_sends_the_batches_that_wait_in_one_request(tmp_path) -> None
         assert grouped >= 1
         assert grouped + single < 300
         assert values_of(endpoint, "w", 300) == [str(i).encode() for i in range(300)]
+
+
+def test_big_batches_that_wait_leave_together_up_to_a_bound(tmp_path) -> None:
+    """100 KB batches (1,000 records of 100 B, the benches' shape) that pile up also share a
+    request: one message, MAC and reply per group rather than per batch. A group holds at
+    most _GROUP_BYTES, so a neighbour's message never waits behind more than that much."""
+    value = bytes(100)
+    big = encode_records([(None, value, (), 0, None)] * 1000)
+    count = 40
+    with broker(str(tmp_path)) as (endpoint, server):
+        with Producer(endpoint, "big", secret=SECRET, linger=0.0005) as producer:
+            producer.core.max_in_flight = 1
+            for _ in range(count):
+                producer.send_batch(big)
+            producer.flush()
+            assert producer.core.acked_batches == count
+        grouped = produce_requests(server, "broker.produce.batches")
+        single = produce_requests(server, "broker.produce")
+        assert grouped >= 1
+        assert grouped + single < count
+        assert grouped + single >= count * len(big) // _GROUP_BYTES
+        with Subscriber(endpoint, "big", 0, secret=SECRET) as sub:
+            assert len(next_records(sub, count * 1000)) == count * 1000
 
 
 @pytest.mark.parametrize("flush", ["never", "always"])
