@@ -186,6 +186,26 @@ def test_a_tailing_subscriber_gets_one_requests_batches_in_one_delivery(tmp_path
         loop.close()
 
 
+def test_a_tailing_subscriber_gets_one_requests_big_batches_in_one_delivery(tmp_path) -> None:
+    """Two 100 KB batches of one request (the producer's group) reach a subscriber at the
+    tail as one delivery too: one message, MAC and credit step, not one a batch."""
+    big = encode_records([(None, bytes(100), (), 0, None)] * 1000)
+    with broker(str(tmp_path)) as (endpoint, _):
+        with Subscriber(endpoint, "t", 0, secret=SECRET, create=True,
+                        credit=4 * 1024 * 1024) as sub:
+            async def main() -> list[Produced]:
+                async with AsyncProducer(endpoint, "t", secret=SECRET) as producer:
+                    done = await producer.core.send_batches([(big, None), (big, None)])
+                    return await done
+
+            produced = asyncio.run(main())
+            assert [(p.base_offset, p.next_offset) for p in produced] == [(0, 1000),
+                                                                          (1000, 2000)]
+            chunk = sub.next_chunk(timeout=30)
+            assert chunk is not None
+            assert (chunk.offset, chunk.next_offset) == (0, 2000)
+
+
 def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tmp_path) -> None:
     """A ProduceBatches' one reply waits for all its batches, so a lone batch sent after it
     may be answered first (seen under load: flush() returned with last_acked 20 records

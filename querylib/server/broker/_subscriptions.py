@@ -61,13 +61,15 @@ from ._events import (
 __all__ = ["Subscriptions", "aborted_between", "without_aborted_in"]
 
 # Consecutive batches up to this many bytes in all go to a tailing subscriber as one delivery
-# (their bytes joined: a copy, cheap for small batches; big ones go one a delivery, uncopied).
+# (their bytes joined: a copy, made once for every subscription sent that run; a batch this big
+# goes alone, uncopied). As a Producer's request group (`_GROUP_BYTES`): the two 100 KB
+# batches of one request go as one message, MAC and credit step, not one each.
 # On a replicated partition, up to the limits' max_read_bytes (as a read of the log) and
 # TAIL_FRAMES batches: there batches become visible in runs, several a follower's fetch, and
 # one message and MAC a run rather than a batch saves, on the broker and the subscriber; the
 # run is not joined but goes as one payload frame a batch, the very stored bytes the
 # followers fetched, so their digests (`DigestCache`) sign it too: no copy and no hash.
-_TAIL_MERGE_BYTES = 64 * 1024
+_TAIL_MERGE_BYTES = 256 * 1024
 # The most batches (payload frames) a delivery of a replicated run carries: well within the
 # RPC's max_frames (64 by default, header, body and signature included), as HELD_BATCHES.
 TAIL_FRAMES = 32
