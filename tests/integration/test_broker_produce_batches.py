@@ -21,7 +21,7 @@ from querylib.broker.messages import ProduceBatchesRequest, Produced, ProducedBa
 from querylib.errors import RecordError
 from querylib.log import LogConfig
 from querylib.rpc import error_from_body
-from querylib.server.broker import BrokerServer
+from querylib.server.broker import BrokerLimits, BrokerServer
 
 from ._broker_helpers import broker_on_thread, next_records
 
@@ -204,6 +204,31 @@ def test_a_tailing_subscriber_gets_one_requests_big_batches_in_one_delivery(tmp_
             chunk = sub.next_chunk(timeout=30)
             assert chunk is not None
             assert (chunk.offset, chunk.next_offset) == (0, 2000)
+
+
+def test_a_request_of_several_batches_may_overshoot_the_window_as_one_batch_may(
+        tmp_path) -> None:
+    """The window may overshoot by the one request that found it open, as the producer
+    counts it: all of a request's batches are taken, not the first only. Seen with 100 KB
+    batches sent two a request: the second of a request sent with 50 KB of window left was
+    refused (CreditExceededError), and the next request's first batch then left a gap in
+    the sequence (OutOfOrderSequenceError)."""
+    big = encode_records([(None, bytes(100), (), 0, None)] * 1000)
+    window = 5 * len(big) // 2  # two requests of two: the second finds half a batch left
+    # Synced appends: the first request's bytes are still out when the second arrives.
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="always"),
+                          limits=BrokerLimits(producer_window=window)) as (endpoint, _):
+        async def main() -> list[list[Produced]]:
+            async with AsyncProducer(endpoint, "w", secret=SECRET) as producer:
+                sent = [await producer.core.send_batches([(big, None), (big, None)])
+                        for _ in range(3)]
+                return [await done for done in sent]
+
+        answers = asyncio.run(main())
+        assert [[(p.base_offset, p.next_offset) for p in a] for a in answers] == \
+            [[(i * 1000, i * 1000 + 1000), (i * 1000 + 1000, i * 1000 + 2000)]
+             for i in (0, 2, 4)]
+        assert len(values_of(endpoint, "w", 6000)) == 6000
 
 
 def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tmp_path) -> None:

@@ -93,13 +93,16 @@ class OpenProducer(msgspec.Struct, frozen=True):
 
 class Produce(msgspec.Struct, frozen=True):
     """One record batch (magic 2, base offset not yet assigned) for `partition`. `written`:
-    answer once the log has it (the OS does), not once durable by the flush policy."""
+    answer once the log has it (the OS does), not once durable by the flush policy.
+    `follows`: a later batch of one request (ProduceBatches), whose first found the producer
+    window open: the request may overshoot the window as a lone batch may, whole."""
 
     token: Any
     session: str
     partition: PartitionId
     batch: bytes
     written: bool = False
+    follows: bool = False
 
 
 class AdvanceFrontier(msgspec.Struct, frozen=True):

@@ -1066,10 +1066,10 @@ class BrokerServer:
             session, pid = req.session, (req.topic, req.partition)
             futures: list[asyncio.Future[Produced]] = []
             stimuli: list[Stimulus] = []
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 future: asyncio.Future[Produced] = loop.create_future()
                 futures.append(future)
-                stimuli.append(Produce(future, session, pid, batch))
+                stimuli.append(Produce(future, session, pid, batch, follows=i > 0))
             answer: asyncio.Future[ProducedBatches] = loop.create_future()
             waiting = [len(futures)]
 

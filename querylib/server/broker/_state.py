@@ -611,7 +611,7 @@ class BrokerState:
                 f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
                 "nothing more may be written unless a writer of the topic reopens it "
                 "explicitly")
-        self._charge(session, size)
+        self._charge(session, size, check=not ev.follows)
         append = self._append(part, batch, ev.token, session.id, size, "produced",
                               written=ev.written)
         entry = part.inflight[-1]
@@ -727,10 +727,13 @@ class BrokerState:
             raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
                                       f"{self.limits.producer_window} bytes exhausted")
 
-    def _charge(self, session: Session, cost: int) -> None:
-        # The window may overshoot by the one request that found it positive, as a
-        # subscription's credit does; then nothing more until acknowledgements return credit.
-        self._check_can_send(session)
+    def _charge(self, session: Session, cost: int, *, check: bool = True) -> None:
+        # The window may overshoot by the one request that found it positive (all of its
+        # batches: `check` is False for a ProduceBatches' later ones, as its producer counts
+        # the request), as a subscription's credit does; then nothing more until
+        # acknowledgements return credit.
+        if check:
+            self._check_can_send(session)
         session.window.consume(cost)
 
     def _refund(self, entry: Pending) -> None:
