@@ -49,7 +49,7 @@ __all__ = ["Producer", "Subscriber"]
 # ProduceBatchesRequest: joined into one frame, a copy paid once per request, against a
 # message, a MAC, a zmq hand-off on each side and a reply per batch. Small batches amortise a
 # request over hundreds, 100 KB ones over two (at 64 KiB those went one a request, and the
-# broker spent about a third more CPU per batch). The bound keeps what one request costs the
+# broker spent about 13% more CPU per batch). The bound keeps what one request costs the
 # broker's loop short: a neighbour's message waits behind it (1 MiB groups raised a probe's
 # latency beside a bulk stream).
 _GROUP_BATCHES = 256
