@@ -15,7 +15,7 @@ import pytest
 
 from querylib.broker import AsyncProducer, Producer, Subscriber
 from querylib.broker._blocking import _GROUP_BYTES
-from querylib.broker._errors import BrokerProtocolError
+from querylib.broker._errors import BrokerProtocolError, CreditExceededError
 from querylib.broker._stream import encode_records
 from querylib.broker.messages import ProduceBatchesRequest, Produced, ProducedBatches
 from querylib.errors import RecordError
@@ -26,6 +26,8 @@ from querylib.server.broker import BrokerLimits, BrokerServer
 from ._broker_helpers import broker_on_thread, next_records
 
 SECRET = os.urandom(32)
+# 1,000 records of 100 B: the benches' 100 KB batch.
+BIG = encode_records([(None, bytes(100), (), 0, None)] * 1000)
 
 
 def broker(data_dir: str) -> contextlib.AbstractContextManager[tuple[str, BrokerServer]]:
@@ -131,21 +133,19 @@ def test_big_batches_that_wait_leave_together_up_to_a_bound(tmp_path) -> None:
     """100 KB batches (1,000 records of 100 B, the benches' shape) that pile up also share a
     request: one message, MAC and reply per group rather than per batch. A group holds at
     most _GROUP_BYTES, so a neighbour's message never waits behind more than that much."""
-    value = bytes(100)
-    big = encode_records([(None, value, (), 0, None)] * 1000)
     count = 40
     with broker(str(tmp_path)) as (endpoint, server):
         with Producer(endpoint, "big", secret=SECRET, linger=0.0005) as producer:
             producer.core.max_in_flight = 1
             for _ in range(count):
-                producer.send_batch(big)
+                producer.send_batch(BIG)
             producer.flush()
             assert producer.core.acked_batches == count
         grouped = produce_requests(server, "broker.produce.batches")
         single = produce_requests(server, "broker.produce")
         assert grouped >= 1
         assert grouped + single < count
-        assert grouped + single >= count * len(big) // _GROUP_BYTES
+        assert grouped + single >= count * len(BIG) // _GROUP_BYTES
         with Subscriber(endpoint, "big", 0, secret=SECRET) as sub:
             assert len(next_records(sub, count * 1000)) == count * 1000
 
@@ -189,13 +189,12 @@ def test_a_tailing_subscriber_gets_one_requests_batches_in_one_delivery(tmp_path
 def test_a_tailing_subscriber_gets_one_requests_big_batches_in_one_delivery(tmp_path) -> None:
     """Two 100 KB batches of one request (the producer's group) reach a subscriber at the
     tail as one delivery too: one message, MAC and credit step, not one a batch."""
-    big = encode_records([(None, bytes(100), (), 0, None)] * 1000)
     with broker(str(tmp_path)) as (endpoint, _):
         with Subscriber(endpoint, "t", 0, secret=SECRET, create=True,
                         credit=4 * 1024 * 1024) as sub:
             async def main() -> list[Produced]:
                 async with AsyncProducer(endpoint, "t", secret=SECRET) as producer:
-                    done = await producer.core.send_batches([(big, None), (big, None)])
+                    done = await producer.core.send_batches([(BIG, None), (BIG, None)])
                     return await done
 
             produced = asyncio.run(main())
@@ -213,14 +212,13 @@ def test_a_request_of_several_batches_may_overshoot_the_window_as_one_batch_may(
     batches sent two a request: the second of a request sent with 50 KB of window left was
     refused (CreditExceededError), and the next request's first batch then left a gap in
     the sequence (OutOfOrderSequenceError)."""
-    big = encode_records([(None, bytes(100), (), 0, None)] * 1000)
-    window = 5 * len(big) // 2  # two requests of two: the second finds half a batch left
+    window = 5 * len(BIG) // 2  # two requests of two: the second finds half a batch left
     # Synced appends: the first request's bytes are still out when the second arrives.
     with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="always"),
                           limits=BrokerLimits(producer_window=window)) as (endpoint, _):
         async def main() -> list[list[Produced]]:
             async with AsyncProducer(endpoint, "w", secret=SECRET) as producer:
-                sent = [await producer.core.send_batches([(big, None), (big, None)])
+                sent = [await producer.core.send_batches([(BIG, None), (BIG, None)])
                         for _ in range(3)]
                 return [await done for done in sent]
 
@@ -229,6 +227,31 @@ def test_a_request_of_several_batches_may_overshoot_the_window_as_one_batch_may(
             [[(i * 1000, i * 1000 + 1000), (i * 1000 + 1000, i * 1000 + 2000)]
              for i in (0, 2, 4)]
         assert len(values_of(endpoint, "w", 6000)) == 6000
+
+
+def test_a_request_whose_first_batch_finds_the_window_closed_is_refused_whole(
+        tmp_path) -> None:
+    """The window is judged once a request, at its first batch: a request arriving with the
+    window closed has every batch refused, so a client that keeps sending cannot overshoot
+    by more than the one request that found it open (its later batches must not ride on a
+    refused first one, request after request)."""
+    window = 3 * len(BIG) // 2
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="always"),
+                          limits=BrokerLimits(producer_window=window)) as (endpoint, _):
+        async def main() -> list[ProducedBatches]:
+            async with AsyncProducer(endpoint, "x", secret=SECRET, idempotent=False) as producer:
+                link = producer.core.link
+                request = ProduceBatchesRequest(session=link.session, topic="x", partition=0,
+                                                batches=2)
+                return await asyncio.gather(*(link.request(request, payload=[BIG + BIG])
+                                              for _ in range(8)))
+
+        replies = asyncio.run(main())
+    refused = [sorted(i for i, body in r.errors
+                      if isinstance(error_from_body(body), CreditExceededError))
+               for r in replies]
+    assert [0, 1] in refused  # the window closed under this burst
+    assert all(r in ([], [0, 1]) for r in refused), refused
 
 
 def test_last_acked_is_the_furthest_answer_when_answers_complete_out_of_order(tmp_path) -> None:

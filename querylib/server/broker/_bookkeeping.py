@@ -162,3 +162,7 @@ class Session(msgspec.Struct):
     # send that again (answered as the first time), nothing new (`BrokerState._open_producer`).
     resending: set[PartitionId] = msgspec.field(default_factory=set)
     subs: dict[int, int] = msgspec.field(default_factory=dict)  # sub_id -> serial
+    # Whether the producer window was open when its last produce request's first batch came:
+    # a ProduceBatches' later batches (`Produce.follows`) are judged by it, not by the window
+    # their earlier siblings used up (the request may overshoot whole, never more).
+    window_open: bool = True

@@ -94,8 +94,8 @@ class OpenProducer(msgspec.Struct, frozen=True):
 class Produce(msgspec.Struct, frozen=True):
     """One record batch (magic 2, base offset not yet assigned) for `partition`. `written`:
     answer once the log has it (the OS does), not once durable by the flush policy.
-    `follows`: a later batch of one request (ProduceBatches), whose first found the producer
-    window open: the request may overshoot the window as a lone batch may, whole."""
+    `follows`: a later batch of one request (ProduceBatches), judged against the producer
+    window as its first batch found it: the request overshoots whole or is refused whole."""
 
     token: Any
     session: str

@@ -563,6 +563,8 @@ class BrokerState:
 
     def _produce(self, ev: Produce) -> list[Instruction]:
         session = self._live(ev.session)
+        if not ev.follows:  # a request's first batch: its siblings are judged with it
+            session.window_open = session.window.can_send()
         part = self._partition(ev.partition)
         if part.follower or part.replication is not None:
             self._check_leader(part)
@@ -611,7 +613,7 @@ class BrokerState:
                 f"the stream of partition {ev.partition[1]} of {ev.partition[0]!r} ended: "
                 "nothing more may be written unless a writer of the topic reopens it "
                 "explicitly")
-        self._charge(session, size, check=not ev.follows)
+        self._charge(session, size, session.window_open)
         append = self._append(part, batch, ev.token, session.id, size, "produced",
                               written=ev.written)
         entry = part.inflight[-1]
@@ -722,18 +724,18 @@ class BrokerState:
             while len(part.aborted) > self.limits.max_aborted_transactions:
                 part.aborted.popleft()
 
-    def _check_can_send(self, session: Session) -> None:
-        if not session.window.can_send():
+    def _check_can_send(self, session: Session, window_open: bool | None = None) -> None:
+        """CreditExceededError unless the producer window is open (now, or as `window_open`
+        says it was at the first batch of the request being judged)."""
+        if not (session.window.can_send() if window_open is None else window_open):
             raise CreditExceededError(f"session {session.id!r} sent with its producer window of "
                                       f"{self.limits.producer_window} bytes exhausted")
 
-    def _charge(self, session: Session, cost: int, *, check: bool = True) -> None:
+    def _charge(self, session: Session, cost: int, window_open: bool | None = None) -> None:
         # The window may overshoot by the one request that found it positive (all of its
-        # batches: `check` is False for a ProduceBatches' later ones, as its producer counts
-        # the request), as a subscription's credit does; then nothing more until
-        # acknowledgements return credit.
-        if check:
-            self._check_can_send(session)
+        # batches, as its producer counts it: `Session.window_open`), as a subscription's
+        # credit does; then nothing more until acknowledgements return credit.
+        self._check_can_send(session, window_open)
         session.window.consume(cost)
 
     def _refund(self, entry: Pending) -> None:
