@@ -536,7 +536,12 @@ class Subscriber:
     def consumed(self, chunk: Chunk) -> None:
         """Mark a chunk processed: credit returns to the broker, positions move on."""
         self.decoder.positions[chunk.partition] = chunk.next_offset
-        self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
+        self._return_credit(chunk)
+
+    def _return_credit(self, chunk: Chunk) -> None:
+        # Counted on this thread; the loop is woken only when a grant may be due.
+        if self.core.consumed_elsewhere(chunk.partition, len(chunk.data)):
+            self._thread.soon(self.core.take_consumed)
 
     def next_event(self, timeout: float | None = None) -> Event | Values | None:
         """The next event; None after `timeout` seconds, or at the end of a non-follow read.
@@ -555,7 +560,7 @@ class Subscriber:
             if chunk is None:
                 return None
             items = list(self.decoder.decode(chunk))
-            self._thread.soon(self.core.consumed, chunk.partition, len(chunk.data))
+            self._return_credit(chunk)
             items.reverse()
             self._pending = items
 

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import struct
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,12 @@ class SubscriberCore:
         self.initial_epochs: dict[int, int] = {}
         self._resubscribing: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # What the application consumed on its own thread (a blocking Subscriber's caller)
+        # and the loop has not taken into `unconsumed` yet, per partition; whether the loop
+        # was asked to take it (`consumed_elsewhere`).
+        self._elsewhere: dict[int, int] = {}
+        self._take_asked = False
+        self._elsewhere_lock = threading.Lock()
 
     async def open(self) -> None:
         partitions = self._requested
@@ -147,6 +154,8 @@ class SubscriberCore:
 
     async def _subscribe(self, sub: _PartitionSub, *, first: bool = False) -> None:
         start = sub.start if sub.received is None else sub.received
+        for partition, nbytes in self._take_elsewhere().items():
+            self.subs[partition].unconsumed -= nbytes  # no grant: the subscription is new
         credit = max(0, self.credit - sub.unconsumed)
         sub_id = next(self._ids)
         self._by_id.pop(sub.sub_id, None)
@@ -277,6 +286,11 @@ class SubscriberCore:
 
     # -- credit ----------------------------------------------------------------------------
 
+    def unconsumed(self, partition: int) -> int:
+        """Bytes of `partition` handed on and not consumed by the application yet."""
+        with self._elsewhere_lock:
+            return self.subs[partition].unconsumed - self._elsewhere.get(partition, 0)
+
     def consumed(self, partition: int, nbytes: int) -> None:
         """The application processed `nbytes` of this partition: maybe grant more credit.
 
@@ -292,6 +306,37 @@ class SubscriberCore:
         if room * 2 >= self.credit:
             sub.granted += room
             self._spawn(self._grant(sub.sub_id, room))
+
+    def consumed_elsewhere(self, partition: int, nbytes: int) -> bool:
+        """`consumed`, from a thread other than the loop's: counted here, and True when the
+        loop should run `take_consumed` now because a grant may be due. So a blocking
+        Subscriber's caller wakes the loop when credit is to go back, not at every chunk
+        (each wake is a self-pipe write and a thread switch, only to lower a counter).
+
+        A grant's room changes only as the application consumes (a delivery raises
+        `delivered` and `unconsumed` alike), so testing at each consumption asks for the
+        take whenever `consumed` would have granted. The loop's fields are read without its
+        lock: a read racing a delivery may test low, which only defers the take to the
+        consumption of the chunk that delivery brings; racing a take or a resubscription
+        it tests high (one wake too many)."""
+        with self._elsewhere_lock:
+            held = self._elsewhere[partition] = self._elsewhere.get(partition, 0) + nbytes
+            if self._take_asked:
+                return False
+            sub = self.subs[partition]
+            room = self.credit - (sub.granted - sub.delivered) - (sub.unconsumed - held)
+            self._take_asked = room * 2 >= self.credit
+            return self._take_asked
+
+    def take_consumed(self) -> None:
+        """On the loop: what was consumed elsewhere, as `consumed` (granting when due)."""
+        for partition, nbytes in self._take_elsewhere().items():
+            self.consumed(partition, nbytes)
+
+    def _take_elsewhere(self) -> dict[int, int]:
+        with self._elsewhere_lock:
+            taken, self._elsewhere, self._take_asked = self._elsewhere, {}, False
+        return taken
 
     async def _grant(self, sub_id: int, nbytes: int) -> None:
         try:

@@ -1,7 +1,7 @@
-"""The blocking Producer crosses to its loop thread once per idle spell, not once per batch
-(issue 17: a wake is a write to the loop's self-pipe and a thread switch, a large part of a
-busy producer's CPU): a broker on loopback in a thread of this process, real sockets and
-files."""
+"""The blocking Producer crosses to its loop thread once per idle spell, not once per batch,
+and the blocking Subscriber only when credit is due, not once per chunk (issue 17: a wake is a
+write to the loop's self-pipe and a thread switch, a large part of a busy client's CPU): a
+broker on loopback in a thread of this process, real sockets and files."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_a_subscriber_returns_a_chunks_credit_without_being_asked_again(tmp_path
             producer.flush()
             event = sub.next_event(timeout=30)
             assert [r.value for r in getattr(event, "records", [])] == [b"first"]
-            wait_for(lambda: sub.core.subs[0].unconsumed == 0, what="the credit returned")
+            wait_for(lambda: sub.core.unconsumed(0) == 0, what="the credit returned")
             for i in range(200):  # ~70 bytes each: many times the window
                 producer.send_batch(batch(b"%04d" % i))
             values: list[bytes] = []
@@ -124,6 +124,50 @@ def test_a_subscriber_returns_a_chunks_credit_without_being_asked_again(tmp_path
                 assert event is not None
                 values += [r.value or b"" for r in getattr(event, "records", [])]
             assert values == [b"%04d" % i for i in range(200)]
+
+
+def test_a_subscriber_wakes_its_loop_for_consumed_chunks_only_when_credit_is_due(
+        tmp_path) -> None:
+    """A blocking Subscriber counts what its caller consumed on the caller's thread and wakes
+    its loop thread only when that makes a grant due (half the credit free): it woke the loop
+    at every chunk, a self-pipe write and a thread switch per delivery, only for the loop to
+    lower a counter. Grants still go when due: a 256-byte credit read through many times."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Subscriber(endpoint, "consumed", 0, secret=SECRET, create=True) as sub, \
+                Producer(endpoint, "consumed", secret=SECRET, linger=0.0) as producer:
+            loop = sub._thread.loop
+            real, wakes = loop.call_soon_threadsafe, [0]
+
+            def counting(*args: Any, **options: Any) -> Any:
+                wakes[0] += 1
+                return real(*args, **options)
+
+            loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+            try:
+                for i in range(40):  # one chunk each: sent once the last was read
+                    producer.send_batch(batch(b"%03d" % i))
+                    event = sub.next_event(timeout=30)
+                    assert [r.value for r in getattr(event, "records", [])] == [b"%03d" % i]
+            finally:
+                loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+            assert wakes[0] == 0, wakes[0]  # 40 small chunks of a 1 MiB credit: none due
+            assert sub.core.unconsumed(0) == 0
+        with Subscriber(endpoint, "consumed", 0, secret=SECRET, credit=256) as small:
+            values: list[bytes] = []
+            while len(values) < 40:
+                chunk = small.next_chunk(timeout=30)
+                assert chunk is not None
+                values += [r.value or b"" for r in decode_chunk_records(chunk)]
+                small.consumed(chunk)
+            assert values == [b"%03d" % i for i in range(40)]
+
+
+def decode_chunk_records(chunk: Any) -> list[Any]:
+    from querylib.broker import Data
+    from querylib.broker._subscriber import decode_chunk
+
+    return [r for event in decode_chunk(chunk) if isinstance(event, Data)
+            for r in event.records]
 
 
 def test_a_batch_goes_out_and_is_answered_without_a_task_of_its_own(tmp_path) -> None:
