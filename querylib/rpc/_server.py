@@ -283,7 +283,8 @@ class RpcServer:
         # small request of another client (DESIGN §5 "Fair service").
         self._pump = FramePump(sock, loop, small_frames=2, fair=True,
                                limits=self.limits, on_message=self._on_message,
-                               on_drop=self._on_drop, on_send_error=self._send_failed)
+                               on_drop=self._on_drop, on_send_error=self._send_failed,
+                               on_burst_end=self._burst_ended)
         return self.endpoint
 
     async def close(self) -> None:
@@ -678,9 +679,14 @@ class RpcServer:
             self._replies[peer, session] = [entry]
         else:
             queued.append(entry)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._pump.in_burst:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_replies)
+
+    def _burst_ended(self) -> None:
+        """The pump's receive burst ends: the replies it answered go now, in this turn."""
+        if self._replies:
+            self._flush_replies()
 
     def _flush_replies(self, peer: bytes | None = None) -> None:
         """Send the queued replies: to each client one BATCH message (more past the batch

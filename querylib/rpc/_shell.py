@@ -171,7 +171,9 @@ class FramePump:
     """Feeds every message arriving on `sock` to `on_message(parts)`; sends without blocking.
 
     `on_drop(reason)` is called instead for messages over the limits. Both run inside a loop
-    callback and must not block. Use from the loop's thread only.
+    callback and must not block. `on_burst_end()` runs as a receive burst ends, before what
+    `send_soon` held goes out (a server sends the replies its burst answered then, in the
+    same loop turn). Use from the loop's thread only.
     """
 
     def __init__(self, sock: zmq.Socket[Any], loop: asyncio.AbstractEventLoop, *,
@@ -179,6 +181,7 @@ class FramePump:
                  on_message: Callable[[list[Any]], None],
                  on_drop: Callable[[str], None],
                  on_send_error: Callable[[zmq.ZMQError], None] | None = None,
+                 on_burst_end: Callable[[], None] | None = None,
                  fair: bool = False) -> None:
         self._sock = sock
         self._loop = loop
@@ -189,6 +192,7 @@ class FramePump:
         self._on_message = on_message
         self._on_drop = on_drop
         self._on_send_error = on_send_error
+        self._on_burst_end = on_burst_end
         # Messages `send_soon` holds while a burst is handled (None: not in a burst).
         self._held: list[Sequence[Any]] | None = None
         self._scheduled = False
@@ -243,7 +247,13 @@ class FramePump:
                 _send(sock, frames[i], _SNDMORE | _DONTWAIT, False, False)
             _send(sock, frames[last], _DONTWAIT, False, False)
         finally:
-            self._schedule_kick()
+            if self._held is None:  # a burst reads ZMQ_EVENTS once as it ends
+                self._schedule_kick()
+
+    @property
+    def in_burst(self) -> bool:
+        """Whether a receive burst is being handled (`send_soon` holds until it ends)."""
+        return self._held is not None
 
     def send_soon(self, frames: Sequence[Any]) -> None:
         """Like `send`, for a message whose sender does not wait to hear how it went (a
@@ -330,14 +340,20 @@ class FramePump:
             else:
                 self._serve_in_arrival_order()
         finally:
-            self._flush()
-            self._held = None
+            try:
+                if self._on_burst_end is not None and not self._closed:
+                    self._on_burst_end()
+            finally:
+                self._flush()
+                self._held = None
         if self._turns and not self._scheduled and not self._closed:
             self._scheduled = True  # messages wait for their turn: serve on after the others
             self._loop.call_soon(self._drain)
-        # Drained to EAGAIN, or the burst is exhausted and messages may be left: either way
-        # re-read ZMQ_EVENTS once others have run (it also wakes writers waiting for room).
-        self._schedule_kick()
+        # Drained to EAGAIN, or the burst is exhausted and messages may be left, and the
+        # burst's sends done: re-read ZMQ_EVENTS now (a drain it finds due runs after the
+        # callbacks already waiting; it also wakes writers waiting for room). In this turn,
+        # not a later one: a lone request then costs the loop one turn, not three.
+        self.kick()
 
     def _processed_commands(self, size: int) -> None:
         """Count `size` bytes received; every FAIR_QUEUE_BYTES, have zmq process its commands
