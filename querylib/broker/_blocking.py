@@ -24,7 +24,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from time import time_ns as _now_ns  # `send` inlines `now_ms`: a call less per record
 from typing import TYPE_CHECKING, Any
 
@@ -317,40 +317,61 @@ class Producer:
             self._thread.soon(self._start_sender)
 
     def _start_sender(self) -> None:
-        if self._sender is None or self._sender.done():
-            self._sender = self._thread.loop.create_task(self._send_outbox())
+        if self._sender is not None and not self._sender.done():
+            return  # it takes what was added
+        with self._mutex:
+            group = self._next_group_locked(())
+        # While a request can leave at once (the window open, a slot free), it leaves here,
+        # in this callback: a task, and a turn of the loop to start it, only once one waits.
+        try:
+            while group is not None and self.core.can_send_now():
+                self.core.send_now(group)
+                with self._mutex:
+                    group = self._next_group_locked(group)
+        except BaseException as exc:
+            self._sender_failed(exc)
+            return
+        if group is not None:
+            self._sender = self._thread.loop.create_task(self._send_outbox(group))
 
-    async def _send_outbox(self) -> None:
-        group: list[tuple[Any, Claim | None]] = []
-        while True:
-            # One lock round per request: the group sent last leaves the outbox, the next is
-            # taken (the lock is the condition's own: `with self._lock` costs two calls more).
-            with self._mutex:
-                if group:
-                    for _ in group:
-                        self._outbox_bytes -= len(self._outbox.popleft()[0])
-                    if self._blocked and self._outbox_low_locked():
-                        self._blocked = False  # once: until a caller blocks again
-                        self._lock.notify_all()
-                if not self._outbox:
-                    # Returns without awaiting: the task is done before the loop runs the
-                    # `_start_sender` a later batch schedules.
-                    self._sender_wanted = False
-                    return
-                group = self._group_locked()
+    async def _send_outbox(self, group: list[tuple[Any, Claim | None]] | None) -> None:
+        while group is not None:
             try:
                 if len(group) == 1:
                     await self.core.send_batch(*group[0])
                 else:  # several waiting: one request for all (one MAC, one reply)
                     await self.core.send_batches(group)
             except BaseException as exc:
-                with self._lock:
-                    self._failure = exc
-                    self._outbox.clear()
-                    self._outbox_bytes = 0
-                    self._sender_wanted = False
-                    self._lock.notify_all()
+                self._sender_failed(exc)
                 return
+            with self._mutex:
+                group = self._next_group_locked(group)
+
+    def _next_group_locked(self, sent: Sequence[Any]) -> list[tuple[Any, Claim | None]] | None:
+        """One lock round per request: the group sent last (`sent`) leaves the outbox, the
+        next is taken; None when the outbox is empty (the sender goes idle: the next batch
+        wakes it). Called under `_mutex` (the condition's own lock: `with self._lock` costs
+        two calls more)."""
+        if sent:
+            for _ in sent:
+                self._outbox_bytes -= len(self._outbox.popleft()[0])
+            if self._blocked and self._outbox_low_locked():
+                self._blocked = False  # once: until a caller blocks again
+                self._lock.notify_all()
+        if not self._outbox:
+            # The task returns without awaiting: it is done before the loop runs the
+            # `_start_sender` a later batch schedules.
+            self._sender_wanted = False
+            return None
+        return self._group_locked()
+
+    def _sender_failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failure = exc
+            self._outbox.clear()
+            self._outbox_bytes = 0
+            self._sender_wanted = False
+            self._lock.notify_all()
 
     def _group_locked(self) -> list[tuple[Any, Claim | None]]:
         """The batches at the head of the outbox that go in one request: as many as wait, up

@@ -314,6 +314,11 @@ class ProducerCore:
         `claim`, unless it carries a producer already); waits while the window is exhausted.
         Returns a future of its acknowledgement, or None if the batch failed (the failure is
         raised by a later call)."""
+        return await self._issue(*self._batch_request(batch, claim))
+
+    def _batch_request(self, batch: Batch, claim: Claim | None
+                       ) -> tuple[ProduceRequest, int, list[Any]]:
+        """`send_batch`'s request, its cost and its payload (the batch stamped)."""
         self.check()
         if self._ended:
             raise UserError("this producer has ended its stream; open a new one")
@@ -325,8 +330,8 @@ class ProducerCore:
                                      f"maximum of {opened.max_batch_bytes}")
         stamped = self.stamp(batch, claim)
         frames = [stamped.head, stamped.body] if type(stamped) is SplitBatch else [stamped]
-        return await self._issue(ProduceRequest(session=self.link.session, topic=self.topic,
-                                                partition=self.partition), len(stamped), frames)
+        return ProduceRequest(session=self.link.session, topic=self.topic,
+                              partition=self.partition), len(stamped), frames
 
     async def send_batches(self, batches: Sequence[tuple[Batch, Claim | None]]
                            ) -> asyncio.Future[Any]:
@@ -335,8 +340,13 @@ class ProducerCore:
         carries several), appended in this order; at most `max_batch_bytes` in all. The
         future resolves to the list of their acknowledgements (Produced each), or None if a
         batch failed (raised by a later call). One batch goes as `send_batch` does."""
+        return await self._issue(*self._group_request(batches))
+
+    def _group_request(self, batches: Sequence[tuple[Batch, Claim | None]]
+                       ) -> tuple[Any, int, list[Any]]:
+        """`send_batches`' request, its cost and its payload (one batch: `send_batch`'s)."""
         if len(batches) == 1:
-            return await self.send_batch(*batches[0])
+            return self._batch_request(*batches[0])
         self.check()
         if self._ended:
             raise UserError("this producer has ended its stream; open a new one")
@@ -351,9 +361,22 @@ class ProducerCore:
                 self._unclaim(batch, claim)
             raise InvalidLengthError(f"batches of {len(frame)} bytes in all exceed the "
                                      f"broker's maximum of {opened.max_batch_bytes} per request")
-        return await self._issue(ProduceBatchesRequest(
+        return ProduceBatchesRequest(
             session=self.link.session, topic=self.topic, partition=self.partition,
-            batches=len(batches)), len(frame), [frame])
+            batches=len(batches)), len(frame), [frame]
+
+    def can_send_now(self) -> bool:
+        """Whether a request issued now leaves at once: nothing waits before it, the window
+        is open, a slot is free and the link is up (then `send_now` need not wait)."""
+        return (not self._order.locked() and self.window.can_send()
+                and len(self._outstanding) < self.max_in_flight and self.link.ready.is_set())
+
+    def send_now(self, batches: Sequence[tuple[Batch, Claim | None]]) -> asyncio.Future[Any]:
+        """`send_batches` without waiting, when `can_send_now` said so (on the loop): the
+        request leaves in the caller's loop callback, with no task and no turn of the loop
+        in between (a blocking Producer's sender, woken for one batch, sends it there)."""
+        assert self.can_send_now()
+        return self._issue_now(*self._group_request(batches))
 
     async def advance(self, frontier: int) -> None:
         """Promise no more records with time < `frontier`; the broker publishes the minimum
@@ -394,16 +417,20 @@ class ProducerCore:
                     continue
                 self._room.clear()
                 await self._room.wait()
-            self.window.consume(cost)
-            loop = self._loop or asyncio.get_running_loop()
-            out = _Out(request, cost, payload, loop.create_future())
-            self._outstanding.append(out)
-            # Sent before this returns (RpcClient sends at once when a slot is free; else it
-            # queues for one, first come first served): requests reach the wire in the order
-            # issued, as the broker appends in arrival order, with no task and no hop through
-            # the loop per batch; the answer comes back to `_answered` from the receive loop.
-            self._transmit(out)
-            return out.done
+            return self._issue_now(request, cost, payload)
+
+    def _issue_now(self, request: Any, cost: int, payload: Sequence[Any]
+                   ) -> asyncio.Future[Any]:
+        self.window.consume(cost)
+        loop = self._loop or asyncio.get_running_loop()
+        out = _Out(request, cost, payload, loop.create_future())
+        self._outstanding.append(out)
+        # Sent before this returns (RpcClient sends at once when a slot is free; else it
+        # queues for one, first come first served): requests reach the wire in the order
+        # issued, as the broker appends in arrival order, with no task and no hop through
+        # the loop per batch; the answer comes back to `_answered` from the receive loop.
+        self._transmit(out)
+        return out.done
 
     def _transmit(self, out: _Out) -> None:
         out.attempt += 1

@@ -71,6 +71,43 @@ def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_pat
         assert values == [b"%04d" % i for i in range(50)] + [b"last"]
 
 
+def test_an_idle_producers_batch_leaves_in_the_callback_that_woke_its_loop(tmp_path) -> None:
+    """A batch that finds the sender idle, the window open and a slot free is sent by the
+    loop callback the caller's wake runs: no sender task (its creation, and a turn of the
+    loop to start it, per batch of a producer sending one at a time); every batch is
+    acknowledged, in order. A sender that must wait for room is still a task (the burst)."""
+    with broker_on_thread(str(tmp_path), SECRET, LogConfig(flush="never")) as (endpoint, _):
+        with Producer(endpoint, "idle", secret=SECRET, linger=0.0) as producer:
+            loop = producer._thread.loop
+            real, senders = loop.create_task, [0]
+
+            def counting(coro: Any, **options: Any) -> Any:
+                senders[0] += getattr(coro, "__name__", "") == "_send_outbox"
+                return real(coro, **options)
+
+            loop.create_task = counting  # type: ignore[method-assign]
+            try:
+                for i in range(30):  # each once the last was acknowledged: the sender idle
+                    producer.send_batch(batch(b"%03d" % i))
+                    wait_for(lambda i=i: producer.core.acked_batches == i + 1,
+                             what=f"batch {i} acknowledged")
+            finally:
+                loop.create_task = real  # type: ignore[method-assign]
+            assert senders[0] == 0
+            producer.core.max_in_flight = 1  # now every batch after the first waits for room
+            for i in range(30, 60):
+                producer.send_batch(batch(b"%03d" % i))
+            producer.flush()
+            assert producer.core.acked_batches == 60
+        with Subscriber(endpoint, "idle", 0, secret=SECRET) as sub:
+            values: list[bytes] = []
+            while len(values) < 60:
+                event = sub.next_event(timeout=30)
+                assert event is not None
+                values += [r.value or b"" for r in getattr(event, "records", [])]
+        assert values == [b"%03d" % i for i in range(60)]
+
+
 def test_a_caller_blocked_on_a_full_outbox_is_woken_once_it_is_half_empty(tmp_path) -> None:
     """Backpressure without a thread switch per batch: a caller that filled the outbox with
     big batches sleeps until the loop has taken half of it, not until it took one; every
