@@ -341,12 +341,21 @@ class ExecutorAgent:
         """HOST:PORT Kafka clients bootstrap from, if the broker has a Kafka listener."""
         return self.host_broker.kafka_address
 
+    def closing(self) -> None:
+        """The agent is about to stop (say so as soon as it is decided): its broker shards are
+        not restarted from now on. A signal to its whole process group (a terminal, a service
+        manager) stops them at once, and the agent stops its queries before it reaches them:
+        their exits were said as crashes and the shards started again."""
+        for shard in self.shards:
+            shard.stop_restarting()
+
     async def close(self) -> None:
         """Kill every process (reporting their exits while the session lasts), close the
         session, the log forwarder and the broker. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self.closing()
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)

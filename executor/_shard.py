@@ -118,7 +118,7 @@ class ShardProcess:
             assert self.proc is not None
             started = loop.time()
             code = await self.proc.wait()
-            if self._stopping:
+            if self._stopping:  # its exit is part of the agent's stop: nothing to say
                 return
             if loop.time() - started >= RESTART_STABLE:
                 delays = Backoff(RESTART_BACKOFF_MIN, RESTART_BACKOFF_MAX).delays()
@@ -127,6 +127,8 @@ class ShardProcess:
             logger.warning("broker shard %d (broker %s, pid %d) %s; restarting it in %.1fs",
                            self.k, broker, self.proc.pid, exit_text(code), delay)
             await asyncio.sleep(delay)
+            if self._stopping:
+                return
             try:
                 self.ready = await self._run_once()
             except (TqError, OSError) as exc:  # it said why on stderr; try again later
@@ -141,9 +143,15 @@ class ShardProcess:
         ready = self.ready  # replaced whole when it restarts: safe to read from any thread
         return ready.metrics if ready is not None else ""
 
+    def stop_restarting(self) -> None:
+        """The agent is stopping: an exit from now on is part of it, not said, not restarted
+        (a signal to the agent's whole process group stops the shard at once, while the agent
+        still stops its queries before it reaches `close`)."""
+        self._stopping = True
+
     async def close(self) -> None:
         """SIGTERM, SIGKILL after a deadline; no restart after this."""
-        self._stopping = True
+        self.stop_restarting()
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)

@@ -252,6 +252,7 @@ async def _serve(args: argparse.Namespace, address: str, secret: Any, secret_fil
               flush=True)
         await stop.wait()
     finally:
+        agent.closing()  # before anything that takes time: shards may be stopping already
         if stop_metrics is not None:
             await asyncio.to_thread(stop_metrics)
         metrics.close()
@@ -281,6 +282,9 @@ async def _serve_shard(args: argparse.Namespace, address: str, secret: Any, data
     from executor._shard import serve_shard
 
     stop = asyncio.Event()
+    # The agent stops its shards in its order, by SIGTERM: a terminal's Ctrl-C reaches the
+    # whole process group, and the agent handles it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await serve_shard(args.shard, address, secret, data, host=args.host or socket.gethostname(),
                       listen=args.broker_listen, lease=args.lease, kafka=_kafka(args),

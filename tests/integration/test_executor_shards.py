@@ -240,3 +240,45 @@ def test_a_deleted_topics_partitions_leave_the_shard_too(tmp_path: Path) -> None
             cluster.delete_topic("gone", force=True)  # answered once the brokers dropped it
         left = [p.name for p in tmp_path.joinpath("executor").rglob("gone-*")]
         assert left == [], left
+
+
+STUBBORN = """\
+import signal
+import sys
+import time
+from pathlib import Path
+
+import querylib
+
+
+def main(ctx):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # killed after tq up's grace instead
+    Path(sys.argv[1]).touch()
+    time.sleep(600)
+
+
+querylib.execute(main)
+"""
+
+
+def test_a_signal_to_the_whole_group_stops_the_shard_without_a_restart(tmp_path: Path) -> None:
+    """A terminal or a service manager signals tq up's whole process group: the shard exits
+    at once while the agent still waits for its queries to stop (here one ignoring SIGTERM,
+    for tq up's 2 s grace). That exit is part of the stop: it was said as a crash to restart
+    from ("exited with code 0; restarting it in 0.5s") and the shard was started again,
+    only to be stopped once the agent reached it."""
+    up = Up(tmp_path, "--brokers", "2")
+    try:
+        program = tmp_path / "stubborn.py"
+        program.write_text(STUBBORN)
+        ignoring = tmp_path / "ignoring"
+        up.submit(program, str(ignoring))
+        wait_for(ignoring.exists, timeout=60, what="the query to ignore SIGTERM")
+        shard = _shard(up)
+        assert shard is not None
+        os.killpg(up.proc.pid, signal.SIGTERM)
+        assert up.proc.wait(timeout=60) == 0
+        assert _gone(shard)
+    finally:
+        err = up.stop()
+    assert "restarting it" not in err and "restarted" not in err, err
