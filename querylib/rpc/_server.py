@@ -188,9 +188,10 @@ class RpcServer:
         # Handler tasks, and the futures of direct handlers, running now.
         self._tasks: set[asyncio.Future[Any]] = set()
         self._peers: dict[bytes, bytes] = {}  # ROUTER identity -> session, for notify()
-        # Replies and errors without payload waiting for the end of this loop turn, by
-        # (ROUTER identity, session): sent as one BATCH message each (`_flush_replies`).
-        self._replies: dict[tuple[bytes, bytes], list[Entry]] = {}
+        # Replies and errors without payload waiting for the end of this receive burst or
+        # loop turn, by ROUTER identity and then session: sent as one BATCH message each
+        # (`_flush_replies`); a push to a peer takes its own in one lookup.
+        self._replies: dict[bytes, dict[bytes, list[Entry]]] = {}
         self._flush_scheduled = False
         self._drops = DropCounters()
         self.endpoint: str | None = None
@@ -674,9 +675,11 @@ class RpcServer:
         """Hold a reply until this loop turn ends, to go with the others ready by then."""
         if self._closed or self._pump is None:
             return
-        queued = self._replies.get((peer, session))
-        if queued is None:
-            self._replies[peer, session] = [entry]
+        sessions = self._replies.get(peer)
+        if sessions is None:
+            self._replies[peer] = {session: [entry]}
+        elif (queued := sessions.get(session)) is None:
+            sessions[session] = [entry]
         else:
             queued.append(entry)
         if not self._flush_scheduled and not self._pump.in_burst:
@@ -697,17 +700,20 @@ class RpcServer:
             self._flush_scheduled = False
             replies, self._replies = self._replies, {}
         else:
-            replies = {key: self._replies.pop(key) for key in
-                       [key for key in self._replies if key[0] == peer]}
+            own = self._replies.pop(peer, None)
+            if own is None:
+                return
+            replies = {peer: own}
         if self._closed:
             return
         now = time.time()
-        for (to, session), entries in replies.items():
-            try:
-                for _, frames in self._codec.messages(entries, to=session, now=now):
-                    self._send(to, frames)
-            except PeerUnreachableError:  # its session was forgotten meanwhile
-                self._drops["unroutable"] += 1
+        for to, sessions in replies.items():
+            for session, entries in sessions.items():
+                try:
+                    for _, frames in self._codec.messages(entries, to=session, now=now):
+                        self._send(to, frames)
+                except PeerUnreachableError:  # its session was forgotten meanwhile
+                    self._drops["unroutable"] += 1
 
     def _send(self, peer: bytes, frames: list[Buffer]) -> None:
         if self._closed or self._pump is None:

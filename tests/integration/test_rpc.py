@@ -227,7 +227,8 @@ def test_a_push_sends_the_replies_held_for_its_own_client_only() -> None:
                 server._queue_reply(one, first.session, codec.reply_entry(10**9, Pong(b"7")))
                 server._queue_reply(two, second.session, codec.reply_entry(10**9, Pong(b"8")))
                 server.notify(two, Delivery(1))
-                assert list(server._replies) == [(one, first.session)]
+                assert {peer: list(held) for peer, held in server._replies.items()} == {
+                    one: [first.session]}
                 note = await second.notifications.get()
                 assert note.message == Delivery(1)
                 await wait_for_async(lambda: not server._replies, what="the turn's replies")
