@@ -25,9 +25,10 @@ Rows (each {"name", "figures", ...}; every figure from this run, nothing asserte
 - scaling_probe_beside_bulk: a probe writing 1,000 records/s (one per millisecond, stamped
   with its creation time) on its own topic, its latency to a subscriber alone and then beside
   a bulk producer and subscriber at full speed on another topic of the same broker; p50 and
-  p99 of each. Its peer in the same windows: the same batches at the same pace over ZeroMQ
-  PUSH/PULL between two processes, the receiver decoding each (what scheduling on the shared
-  cores alone costs a paced stream, with no broker on its path).
+  p99 of each, and, alone, the CPU per record of the probe's producer, broker and subscriber
+  processes (all their threads). Its peer in the same windows: the same batches at the same
+  pace over ZeroMQ PUSH/PULL between two processes, the receiver decoding each (what
+  scheduling on the shared cores alone costs a paced stream, with no broker on its path).
 - scaling_control_beside_bulk: a real `tq up`; a control probe making one coordinator round
   trip (a session heartbeat) every 2 ms, alone and then beside a bulk stream through the same
   `tq up` at full speed (a publisher query sending 1,000-record batches of 100-byte records
@@ -192,8 +193,10 @@ def _paced_probe(address: str, secret: bytes, topic: str, seconds: float, queue:
 
     with Producer(address, topic, 0, secret=secret, linger=0.0, create=True) as producer:
         queue.put("ready")
+        cpu = time.process_time()  # every thread of the process: its loop's, zmq's
         _paced(seconds, producer.send_batch)
         producer.flush()
+        queue.put({"producer_cpu_seconds": time.process_time() - cpu})
 
 
 def _zmq_paced_probe(port: int, seconds: float) -> None:
@@ -242,14 +245,17 @@ def _probe_subscriber(address: str, secret: bytes, topic: str, records: int,
     with Subscriber(address, topic, 0, secret=secret, create=True) as sub:
         queue.put("ready")
         latencies: list[int] = []
+        cpu = None
         while len(latencies) < records:
             event = sub.next_event(120)
             if event is None:
                 break
             if isinstance(event, Data):
                 now = time.time_ns()
+                cpu = cpu if cpu is not None else time.process_time()  # from the first
                 latencies += [now - stamp.unpack_from(r.value or b"")[0] for r in event.records]
-        queue.put({"latencies": latencies})
+        queue.put({"latencies": latencies,
+                   "subscriber_cpu_seconds": time.process_time() - (cpu or time.process_time())})
 
 
 def _bulk(address: str, secret: bytes, topic: str, stop_after: float, queue: Any) -> None:
@@ -663,9 +669,21 @@ def probe_beside_bulk(seconds: float = 5.0) -> dict[str, Any]:
             cluster.start(_paced_probe, cluster.address, cluster.secret, probe, seconds,
                           results)
             assert cluster.get(results, 120) == "ready"
+            broker_cpu = _cpu_seconds(cluster.broker.pid)
+            got = cluster.get(results) | cluster.get(results)  # the producer's, the reader's
+            broker_cpu = _cpu_seconds(cluster.broker.pid) - broker_cpu
             window = "beside_bulk" if beside else "alone"
-            figures[window] = _percentiles(cluster.get(results)["latencies"])
+            figures[window] = _percentiles(got["latencies"])
             peer[window] = _percentiles(cluster.get(zmq_results)["latencies"])
+            if not beside:
+                # What each of the probe's processes spends per record (all its threads),
+                # with nothing else on the broker: on cores a bulk stream keeps busy its
+                # latency follows this, not the broker's queueing (DESIGN §5 "Fair service").
+                records_seen = max(len(got["latencies"]), 1)
+                figures["alone_cpu_us_per_record"] = {
+                    "producer": round(got["producer_cpu_seconds"] / records_seen * 1e6, 1),
+                    "broker": round(broker_cpu / records_seen * 1e6, 1),
+                    "subscriber": round(got["subscriber_cpu_seconds"] / records_seen * 1e6, 1)}
             if beside:  # what the bulk stream got meanwhile: fairness must not starve it
                 bulk = cluster.get(side)
                 figures["bulk_records_per_s"] = round(bulk["records"] / bulk["seconds"])
