@@ -27,6 +27,17 @@ def batch(value: bytes) -> bytes:
     return encode_records([(None, value, (), 0, None)])
 
 
+def read_values(endpoint: str, topic: str, count: int) -> list[bytes]:
+    """The values of the first `count` records of `topic`'s partition 0, read from the start."""
+    with Subscriber(endpoint, topic, 0, secret=SECRET) as sub:
+        values: list[bytes] = []
+        while len(values) < count:
+            event = sub.next_event(timeout=30)
+            assert event is not None
+            values += [r.value or b"" for r in getattr(event, "records", [])]
+    return values
+
+
 @contextmanager
 def counted_wakes(client: Any) -> Iterator[list[int]]:
     """While inside: the client's loop thread is held busy and its wakes are counted."""
@@ -62,13 +73,7 @@ def test_a_producer_wakes_its_loop_once_for_batches_added_while_it_sends(tmp_pat
             producer.send_batch(batch(b"last"))  # the sender went idle: this one wakes it
             producer.flush()
             assert producer.core.acked_batches == 51
-        with Subscriber(endpoint, "wake", 0, secret=SECRET) as sub:
-            values: list[bytes] = []
-            while len(values) < 51:
-                event = sub.next_event(timeout=30)
-                assert event is not None
-                values += [r.value or b"" for r in getattr(event, "records", [])]
-        assert values == [b"%04d" % i for i in range(50)] + [b"last"]
+        assert read_values(endpoint, "wake", 51) == [b"%04d" % i for i in range(50)] + [b"last"]
 
 
 def test_an_idle_producers_batch_leaves_in_the_callback_that_woke_its_loop(tmp_path) -> None:
@@ -99,13 +104,7 @@ def test_an_idle_producers_batch_leaves_in_the_callback_that_woke_its_loop(tmp_p
                 producer.send_batch(batch(b"%03d" % i))
             producer.flush()
             assert producer.core.acked_batches == 60
-        with Subscriber(endpoint, "idle", 0, secret=SECRET) as sub:
-            values: list[bytes] = []
-            while len(values) < 60:
-                event = sub.next_event(timeout=30)
-                assert event is not None
-                values += [r.value or b"" for r in getattr(event, "records", [])]
-        assert values == [b"%03d" % i for i in range(60)]
+        assert read_values(endpoint, "idle", 60) == [b"%03d" % i for i in range(60)]
 
 
 def test_a_caller_blocked_on_a_full_outbox_is_woken_once_it_is_half_empty(tmp_path) -> None:
@@ -131,13 +130,8 @@ def test_a_caller_blocked_on_a_full_outbox_is_woken_once_it_is_half_empty(tmp_pa
             # Woken at most once per half outbox (about five of these batches); it was once
             # per batch taken.
             assert wakes[0] <= 60 // 4, wakes[0]
-        with Subscriber(endpoint, "half", 0, secret=SECRET) as sub:
-            values: list[bytes] = []
-            while len(values) < 60:
-                event = sub.next_event(timeout=30)
-                assert event is not None
-                values += [(r.value or b"")[:4] for r in getattr(event, "records", [])]
-        assert values == [b"%04d" % i for i in range(60)]
+        assert [v[:4] for v in read_values(endpoint, "half", 60)] == [b"%04d" % i
+                                                                     for i in range(60)]
 
 
 def test_a_subscriber_returns_a_chunks_credit_without_being_asked_again(tmp_path) -> None:
