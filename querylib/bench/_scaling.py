@@ -245,17 +245,18 @@ def _probe_subscriber(address: str, secret: bytes, topic: str, records: int,
     with Subscriber(address, topic, 0, secret=secret, create=True) as sub:
         queue.put("ready")
         latencies: list[int] = []
-        cpu = None
+        first_cpu: float | None = None  # the process's CPU time at the first record
         while len(latencies) < records:
             event = sub.next_event(120)
             if event is None:
                 break
             if isinstance(event, Data):
                 now = time.time_ns()
-                cpu = cpu if cpu is not None else time.process_time()  # from the first
+                if first_cpu is None:
+                    first_cpu = time.process_time()
                 latencies += [now - stamp.unpack_from(r.value or b"")[0] for r in event.records]
-        queue.put({"latencies": latencies,
-                   "subscriber_cpu_seconds": time.process_time() - (cpu or time.process_time())})
+        cpu = 0.0 if first_cpu is None else time.process_time() - first_cpu
+        queue.put({"latencies": latencies, "subscriber_cpu_seconds": cpu})
 
 
 def _bulk(address: str, secret: bytes, topic: str, stop_after: float, queue: Any) -> None:

@@ -336,11 +336,8 @@ class Producer:
 
     async def _send_outbox(self, group: list[tuple[Any, Claim | None]] | None) -> None:
         while group is not None:
-            try:
-                if len(group) == 1:
-                    await self.core.send_batch(*group[0])
-                else:  # several waiting: one request for all (one MAC, one reply)
-                    await self.core.send_batches(group)
+            try:  # one request for the group (one MAC, one reply; one batch as send_batch)
+                await self.core.send_batches(group)
             except BaseException as exc:
                 self._sender_failed(exc)
                 return

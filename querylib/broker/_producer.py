@@ -375,7 +375,6 @@ class ProducerCore:
         """`send_batches` without waiting, when `can_send_now` said so (on the loop): the
         request leaves in the caller's loop callback, with no task and no turn of the loop
         in between (a blocking Producer's sender, woken for one batch, sends it there)."""
-        assert self.can_send_now()
         return self._issue_now(*self._group_request(batches))
 
     async def advance(self, frontier: int) -> None:
