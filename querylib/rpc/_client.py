@@ -119,16 +119,25 @@ class _Slots:
     async def take(self) -> None:
         if self.try_take():
             return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiter = self.join()
         try:
             await waiter  # the slot is ours once it resolves (release hands it over)
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # handed to us as we gave up: pass it on
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            self.give_up(waiter)
             raise
+
+    def join(self) -> asyncio.Future[None]:
+        """Take a place in the queue now; the slot is the caller's once the future resolves
+        (it awaits it, or gives it up with `give_up`)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def give_up(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done() and not waiter.cancelled():
+            self.release()  # handed to us as we gave up: pass it on
+        elif waiter in self._waiters:
+            self._waiters.remove(waiter)
 
     def release(self) -> None:
         while self._waiters:
@@ -410,9 +419,17 @@ class RpcClient:
         if not isinstance(request, Request):
             raise TypeError(f"{type(request).__name__} is not a Request")
         timeout = self.timeout if timeout is None else _check_timeout(timeout)
-        if not self._slots.try_take():
-            loop.create_task(self._request_later(request, on_answer, payload, timeout))
-            return
+        if self._slots.try_take():
+            self._issue(request, on_answer, payload, timeout)
+        else:  # in the queue now: a call made after this one, even in this turn, goes after
+            loop.create_task(self._request_later(self._slots.join(), request, on_answer,
+                                                 payload, timeout, loop.time() + timeout))
+
+    def _issue(self, request: Request[Any], on_answer: AnswerCallback,
+               payload: Sequence[Buffer], timeout: float) -> None:
+        """`send_request`, its slot taken."""
+        loop = self._loop
+        assert loop is not None
         pending = self._pending
         assert pending is not None
         request_id = pending.next_id()
@@ -434,15 +451,33 @@ class RpcClient:
                 self._flush()  # requests issued before this message go out before it
             self._send_now(frames, [request_id])  # or held in order while zmq has no room
 
-    async def _request_later(self, request: Request[Any], on_answer: AnswerCallback,
-                             payload: Sequence[Buffer], timeout: float) -> None:
-        """`send_request` once a slot is free (all of them were taken)."""
+    async def _request_later(self, waiter: asyncio.Future[None], request: Request[Any],
+                             on_answer: AnswerCallback, payload: Sequence[Buffer],
+                             timeout: float, deadline: float) -> None:
+        """`send_request` once `waiter` hands it a slot (all of them were taken)."""
         try:
-            reply = await self.request(request, payload=payload, timeout=timeout)
-        except Exception as exc:
-            on_answer(None, exc)
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except TimeoutError:
+            self._slots.give_up(waiter)
+            on_answer(None, self._expired(type(request), timeout))
+            return
+        except BaseException:
+            self._slots.give_up(waiter)
+            raise
+        left = deadline - asyncio.get_running_loop().time()
+        failure: BaseException | None = None
+        if self._closed:  # while it waited
+            failure = ClientClosedError(f"client of {self.address} is closed")
+        elif self._refusal is not None:
+            failure = SecretRejectedError(self._refusal)
+        elif left <= 0:
+            failure = self._expired(type(request), timeout)
+        if failure is not None:
+            self._slots.release()
+            on_answer(None, failure)
         else:
-            on_answer(reply, None)
+            self._issue(request, on_answer, payload, left)
 
     async def notify(self, message: Notify, payload: Iterable[Buffer] = ()) -> None:
         """Send a one-way message (a credit grant, a heartbeat). Waits only if queues are full."""

@@ -818,3 +818,54 @@ def test_send_request_waits_for_a_slot_in_order_and_fails_on_close() -> None:
             client.send_request(Ping(), on_answer)  # closed: said to the callback, not raised
             assert len(answers) == 5 and isinstance(answers[-1][1], ClientClosedError)
     run(test)
+
+
+def test_a_request_waiting_for_a_slot_keeps_its_place_against_later_calls() -> None:
+    """A `send_request` call made while every slot is taken goes out before a later call,
+    even when a slot frees before the earlier one's wait has begun: two replies arriving in
+    one message free two slots in one loop turn, and calls made in their callbacks keep the
+    order they were made in."""
+    async def test() -> None:
+        async with served(Limits(max_in_flight=2)) as (_, client, handlers):
+            loop = asyncio.get_running_loop()
+            answers, on_answer = _answers()
+            turn_ended: list[bool] = []  # set by a callback of the turn after the first reply
+            same_turn: list[bool] = []
+
+            def first(reply: Any, error: BaseException | None) -> None:
+                on_answer(reply, error)
+                loop.call_soon(turn_ended.append, True)
+                client.send_request(Fetch(10), on_answer)  # takes the slot just freed
+                client.send_request(Fetch(11), on_answer)  # none left: waits for one
+
+            def second(reply: Any, error: BaseException | None) -> None:
+                on_answer(reply, error)
+                same_turn.append(not turn_ended)
+                client.send_request(Fetch(12), on_answer)  # made after Fetch(11)
+
+            client.send_request(Fetch(0), first)  # both go in one message, both answered
+            client.send_request(Fetch(1), second)  # at once, in one message back
+            await wait_for_async(lambda: len(answers) == 5, what="five answers")
+            assert all(error is None for _, error in answers), answers
+            assert same_turn == [True], "the two replies came in different loop turns"
+            assert handlers.arrived == [0, 1, 10, 11, 12]
+    run(test)
+
+
+def test_a_request_that_waits_for_a_slot_past_its_deadline_is_answered_expired() -> None:
+    """Its deadline runs from the call: waiting for a slot past it answers the callback with
+    DeadlineExceededError, sends nothing, and leaves the slots as they were."""
+    async def test() -> None:
+        async with served(Limits(max_in_flight=1)) as (_, client, handlers):
+            handlers.gate(0)
+            answers, on_answer = _answers()
+            client.send_request(Fetch(0), on_answer)
+            client.send_request(Fetch(1), on_answer, timeout=0.2)
+            await wait_for_async(lambda: len(answers) == 1, what="the waiting call to expire")
+            assert isinstance(answers[0][1], DeadlineExceededError)
+            handlers.gate(0).set()
+            await wait_for_async(lambda: len(answers) == 2, what="the first call's answer")
+            assert answers[1] == (FetchReply(0), None)
+            assert handlers.arrived == [0]
+            assert await client.request(Ping()) == Pong() and client.in_flight == 0
+    run(test)

@@ -103,12 +103,14 @@ class Handlers:
         self.credits: list[tuple[int, bytes]] = []
         self.peers: list[bytes] = []  # ROUTER identity of each credit's sender
         self.started: set[int] = set()
+        self.arrived: list[int] = []  # Fetch tokens, in the order their handlers started
 
     def gate(self, token: int) -> asyncio.Event:
         return self.gates.setdefault(token, asyncio.Event())
 
     async def fetch(self, request: Fetch, ctx: Context) -> Reply:
         self.started.add(request.token)
+        self.arrived.append(request.token)
         if request.token in self.gates:
             await self.gates[request.token].wait()
         if request.fail == "empty":
