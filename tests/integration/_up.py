@@ -29,9 +29,13 @@ class Up:
         self.home = home
         self.env = tq_env(home)
         slot_args = [] if slots is None else ["--slots", str(slots)]
+        # tq up's Kafka and connector endpoints default to well-known ports (moved when taken):
+        # a test takes free ones unless it names its own
+        port_args = [arg for option in ("--kafka-port", "--connector-port")
+                     if option not in extra for arg in (option, "0")]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "querylib.cli", "up", "--listen",
-             f"tcp://127.0.0.1:{free_port()}", *slot_args, "--grace", "2", *extra],
+             f"tcp://127.0.0.1:{free_port()}", *slot_args, *port_args, "--grace", "2", *extra],
             env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, start_new_session=True)
         wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
