@@ -16,8 +16,8 @@ no connection limits. `TcpListener` accepts itself:
   not lock out the others (the group coordinator's Kafka listener beside an executor's).
 - Accept failures (EMFILE, ENFILE, ENOBUFS, ENOMEM, anything else accept() raises) pause
   this listener's accepting for a moment; the connections wait in the kernel's backlog.
-- Refusals and failures are counted and logged once per interval (`RefusalLog`), never once
-  per connection.
+- Refusals and failures (failed TLS handshakes too) are counted and logged once per interval
+  (`RefusalLog`), never once per connection.
 - Idle connections are closed after `idle_timeout` seconds without activity (Kafka's
   connections.max.idle.ms): the owner marks activity (`Connection.touch`) and says when a
   connection is busy with a request (`Connection.busy`), which is never idle. One timer per
@@ -45,6 +45,7 @@ __all__ = [
     "ConnectionBudget",
     "RefusalLog",
     "TcpListener",
+    "TlsHandshakeError",
     "connection_budget",
     "fd_reserve",
     "raise_fd_limit",
@@ -60,6 +61,11 @@ LOG_INTERVAL = 10.0  # seconds between two summaries of refusals
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _MIN_RESERVE = 512
 _SHARE = 64  # connections each listener keeps for itself out of the process budget
+
+
+class TlsHandshakeError(ConnectionError):
+    """A connection to a TLS listener did not complete its handshake (`Connection.open`):
+    counted with the listener's refusals, so its handler ends quietly."""
 
 
 # ---- descriptors --------------------------------------------------------------------------
@@ -252,11 +258,26 @@ class Connection:
         assert self._sock is not None, "a connection is opened once"
         sock, self._sock = self._sock, None
         loop = asyncio.get_running_loop()
+        tls = self._listener.ssl_context
         try:
-            tls = self._listener.ssl_context
             transport, protocol = await loop.connect_accepted_socket(
                 protocol_factory, sock, ssl=tls,
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls is not None else None)
+        except OSError as exc:  # ssl.SSLError, and ConnectionAbortedError at the timeout
+            sock.close()
+            if tls is None:
+                raise
+            # A client that does not speak TLS, or not ours, or too slowly, or gone: bad
+            # input, counted with the listener's refusals rather than told one by one.
+            if isinstance(exc, ssl.SSLError):
+                reason = exc.reason or "SSL error"
+            elif isinstance(exc, ConnectionAbortedError):
+                reason = f"none within {TLS_HANDSHAKE_TIMEOUT:g}s"
+            else:
+                reason = type(exc).__name__
+            self._listener.refusals.add(f"TLS handshake failed ({reason})")
+            raise TlsHandshakeError(f"TLS handshake with {self.address} failed: {reason}") \
+                from exc
         except BaseException:
             sock.close()
             raise
@@ -471,6 +492,8 @@ class TcpListener:
         self._idle[conn] = None
         try:
             await self._handler(conn)
+        except TlsHandshakeError:
+            pass  # counted as a refusal
         finally:
             conn.ended = True
             self._idle.pop(conn, None)

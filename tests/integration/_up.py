@@ -28,6 +28,7 @@ class Up:
         up said, when an endpoint on a port `extra` names did not open."""
         self.home = home
         self.env = tq_env(home)
+        self.killed = False  # stop() had to SIGKILL it
         slot_args = [] if slots is None else ["--slots", str(slots)]
         # tq up's Kafka and connector endpoints default to well-known ports (moved when taken):
         # a test takes free ones unless it names its own
@@ -84,12 +85,14 @@ class Up:
                         interval=0.1, what=f"query {query_id} to end")
 
     def stop(self) -> str:
-        """SIGTERM (SIGKILL after 30 s); returns what tq up wrote to stderr."""
+        """SIGTERM (SIGKILL after 30 s: then `killed` is set); returns what tq up wrote to
+        stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                self.killed = True
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         err = self.proc.stderr.read()  # type: ignore[union-attr]
