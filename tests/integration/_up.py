@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import querylib
@@ -34,14 +35,17 @@ class Up:
         # a test takes free ones unless it names its own
         port_args = [arg for option in ("--kafka-port", "--connector-port")
                      if option not in extra for arg in (option, "0")]
+        # What tq up and its children log goes to a file, not a pipe: a pipe nobody reads
+        # until the end fills (64 KiB) and blocks whichever of them writes next.
+        self._stderr = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "querylib.cli", "up", "--listen",
              f"tcp://127.0.0.1:{free_port()}", *slot_args, *port_args, "--grace", "2", *extra],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
             text=True, start_new_session=True)
         wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
                  timeout=60, what="tq up to write cluster.json")
-        assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
+        assert self.proc.poll() is None, self.stderr()
         self.info = json.loads((home / "cluster.json").read_text())
         for option, name in (("--kafka-port", "kafka"), ("--connector-port", "connector")):
             if require_endpoints and option in extra \
@@ -95,9 +99,12 @@ class Up:
                 self.killed = True
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        err = self.proc.stderr.read()  # type: ignore[union-attr]
-        self.proc.stderr.close()  # type: ignore[union-attr]
-        return err
+        return self.stderr()
+
+    def stderr(self) -> str:
+        """What tq up (and its children) wrote to stderr so far."""
+        self._stderr.seek(0)
+        return self._stderr.read()
 
     def cluster(self) -> Cluster:
         """A read-only client of this cluster (no session)."""
