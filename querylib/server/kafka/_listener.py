@@ -179,7 +179,7 @@ class _Inbound(asyncio.Protocol):
         self._wake()
         # Half-closed: the responses to what it sent may still go out. Over TLS there is no
         # half-close (asyncio closes the connection whatever this says, and warns of a True).
-        return self.transport.get_extra_info("sslcontext") is None
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = self._lost = True
