@@ -548,7 +548,12 @@ def test_a_promoted_follower_knows_the_producers_frontier_and_end_its_log_holds(
                                  what="follower 2 holds everything")
             await link.close(clean=False)
             await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
-            info = cluster.servers[1].state.partition_info(PID)
+            # Told as they stand at its high watermark: once that covers its log (broker 3
+            # holds it too), the frontier and the end it holds.
+            state = cluster.servers[1].state
+            await wait_for_async(lambda: state.partition_info(PID).high_watermark == end,
+                                 timeout=30, what="the new leader's high watermark")
+            info = state.partition_info(PID)
             assert (info.frontier, info.ended) == (7, True)
             # The producer comes back to the new leader and resends its last batch, as a
             # producer whose answer was lost does: the same offsets, nothing appended.
@@ -563,6 +568,51 @@ def test_a_promoted_follower_knows_the_producers_frontier_and_end_its_log_holds(
             assert again.base_offset == 2
             assert cluster.log(2).log_end_offset == end
             await link2.close()
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_promoted_follower_tells_the_frontier_and_end_at_its_high_watermark(tmp_path):
+    """A follower holds a frontier and an end of stream its leader wrote and never
+    acknowledged (the other follower lacks them). Promoted, it shows readers its log up to its
+    high watermark only, and what it tells of the partition (`partition_info`: the frontier,
+    whether it ended) is what holds there, not at its log end; once the ISR holds the rest,
+    the frontier and the end stand."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link, _ = await produce_replicated(cluster, 1)
+            await link.request(AdvanceRequest(session=link.session, topic="t", partition=0,
+                                              frontier=3))
+            await wait_for_async(lambda: cluster.servers[1].state.partitions[PID].visible_end
+                                 == cluster.log(1).log_end_offset, timeout=30,
+                                 what="follower 2 learnt the high watermark")
+            cluster.servers[2].replication.hold(True)  # broker 3 fetches no more
+            unacked = [produce(link, b"never acknowledged")]
+            unacked.append(asyncio.ensure_future(link.request(AdvanceRequest(
+                session=link.session, topic="t", partition=0, frontier=7))))
+            unacked.append(asyncio.ensure_future(link.request(EndStreamRequest(
+                session=link.session, topic="t", partition=0))))
+            mark = cluster.servers[1].state.partitions[PID].visible_end
+            await wait_for_async(lambda: cluster.log(2).log_end_offset == mark + 3, timeout=30,
+                                 what="follower 2 fetched the record, frontier and end")
+            await cluster.set_roles_on((1, 2), leader=2, epoch=2, isr=(2, 3))
+            for request in unacked:
+                with pytest.raises(TqError):
+                    await asyncio.wait_for(request, 30)
+            await link.close(clean=False)
+            port = cluster.servers[1].port
+            info = port.info(PID)
+            assert (info.high_watermark, info.frontier, info.ended) == (mark, 3, False)
+            await cluster.set_roles_on((3,), leader=2, epoch=2, isr=(2, 3))
+            cluster.servers[2].replication.hold(False)
+            await wait_for_async(lambda: port.info(PID).high_watermark == mark + 3, timeout=30,
+                                 what="the high watermark over the new ISR")
+            info = port.info(PID)
+            assert (info.frontier, info.ended) == (7, True)
         finally:
             await cluster.close()
 

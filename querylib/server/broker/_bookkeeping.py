@@ -95,10 +95,14 @@ class PartitionState(msgspec.Struct):
     visible_frontier: int       # the frontier in force at visible_end
     visible_ended: bool
     visible_epoch: int = 0      # the epoch of visible_frontier
-    # Where the three above hold once visible_end reaches it: opened, they are the log end's,
-    # which visible_end may be below (a durable end, or a promoted follower's high watermark,
-    # below it), so a reader starting at visible_end is told them only from there on.
+    # The log end at open, which visible_end may be below (a durable end, or a promoted
+    # follower's high watermark). Opened so, the three above (and epoch_since) are as they
+    # stood at `shown_at`, the visible end then (`PartitionOpened.at_visible`), until
+    # known_end is visible and the log end's (`known_shown`) take over; else they are the log
+    # end's. A reader starting at visible_end is told the frontier only from known_end on.
     known_end: int = 0
+    shown_at: int = -1
+    known_shown: tuple[int, bool, int, int] | None = None  # (frontier, ended, epoch, since)
     epoch_since: int = 0        # the offset from which visible_epoch is known to hold
     inflight: deque[Pending] = msgspec.field(default_factory=deque)   # Append sent, not completed
     unflushed: deque[Pending] = msgspec.field(default_factory=deque)  # completed, not yet durable

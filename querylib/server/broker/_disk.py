@@ -202,13 +202,21 @@ class OpenedPartition:
     epoch: int = 0  # of `frontier`
     epoch_since: int = 0  # the offset from which `epoch` is known to hold
     transactions: TailTransactions = ((), (), ())
+    # (offset, frontier, ended, epoch, epoch_since) as they stood at the offset readers may
+    # see up to, when that is below the log end (`open_partition`'s `visible_bound`).
+    at_visible: tuple[int, int, bool, int, int] | None = None
 
 
 def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
                    incarnation: Incarnation | None = None, *,
-                   producer_scan_bytes: int = 0) -> OpenedPartition:
+                   producer_scan_bytes: int = 0,
+                   visible_bound: int | None = None) -> OpenedPartition:
     """Open (creating if missing) the log of `pid`, recover its frontier and the idempotent
     batches of its last `producer_scan_bytes`. Blocking.
+
+    Readers see the log up to its durable end, and a promoted follower's up to `visible_bound`
+    (its high watermark) too: where that is below the log end, the frontier and end of stream
+    as they stood there are recovered as well (`at_visible`).
 
     With `incarnation` (the topic the catalog names), a directory of an older incarnation is
     set aside first and a new one created; one of a newer incarnation is refused
@@ -226,6 +234,11 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
             write_incarnation(path, pid, incarnation)
             held = incarnation
         frontier, ended, epoch, since = recover_frontier(log)
+        visible = log.durable_end_offset if visible_bound is None \
+            else min(visible_bound, log.durable_end_offset)
+        at_visible = None
+        if visible < log.log_end_offset:
+            at_visible = (visible, *recover_frontier(log, visible))
         producers, _ = _scan_tail(log, producer_scan_bytes)
         history = transaction_history(log, path)
         transactions = (history.open, history.aborted, history.marked)
@@ -233,7 +246,8 @@ def open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
         log.close()
         raise
     return OpenedPartition(log, frontier, ended, held, producers, epoch=epoch,
-                           epoch_since=since, transactions=transactions)
+                           epoch_since=since, transactions=transactions,
+                           at_visible=at_visible)
 
 
 def stale_incarnation(pid: PartitionId, held: Incarnation, asked: Incarnation,
@@ -370,17 +384,19 @@ class RecoveredFrontier(NamedTuple):
     epoch_since: int = 0  # the epoch is known to hold from this offset on
 
 
-def recover_frontier(log: PartitionLog) -> RecoveredFrontier:
-    """(frontier, ended, epoch, epoch_since) as the log last recorded them: the frontier and
-    epoch of the last FRONTIER control record, or 0 and its epoch after a REOPEN record that
-    started an epoch (0, 0 if neither), whether the log ends with an END_OF_STREAM record (no
-    data, and no REOPEN, after it), and the offset of the record that told the epoch (from
-    there on it holds; epoch 0, the first, holds from the start).
+def recover_frontier(log: PartitionLog, end: int | None = None) -> RecoveredFrontier:
+    """(frontier, ended, epoch, epoch_since) as the log last recorded them (below `end`, when
+    given: as they stood there): the frontier and epoch of the last FRONTIER control record,
+    or 0 and its epoch after a REOPEN record that started an epoch (0, 0 if neither), whether
+    the log ends with an END_OF_STREAM record (no data, and no REOPEN, after it), and the
+    offset of the record that told the epoch (from there on it holds; epoch 0, the first,
+    holds from the start).
 
     Scans backwards from the end in windows of growing size (4096 offsets, then x4), each read
     forwards, so a log whose last frontier is recent costs a small read however large it is.
     """
-    start, hi = log.log_start_offset, log.log_end_offset
+    start = log.log_start_offset
+    hi = log.log_end_offset if end is None else min(end, log.log_end_offset)
     window = 4096
     ended: bool | None = None  # decided by the last batch of the log
     while hi > start:

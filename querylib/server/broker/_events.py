@@ -242,6 +242,10 @@ class PartitionOpened(msgspec.Struct, frozen=True):
     aborted_transactions: tuple[tuple[int, int, int], ...] = ()
     # (producer id, epoch of its last transaction marker): older epochs are fenced.
     marked_epochs: tuple[tuple[int, int], ...] = ()
+    # (offset, frontier, ended, epoch, epoch_since) as they stood at `offset`, below the log
+    # end, up to which readers may see (the durable end, a promoted follower's high
+    # watermark); None when that is the log end.
+    at_visible: tuple[int, int, bool, int, int] | None = None
 
 
 class CohortsSaved(msgspec.Struct, frozen=True):

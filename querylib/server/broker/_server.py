@@ -211,10 +211,11 @@ def _split_batches(payload: list[Any], count: int) -> list[memoryview]:
 
 
 def _open_partition(data_dir: str, pid: PartitionId, config: LogConfig,
-                    incarnation: Incarnation | None, scan_bytes: int
+                    incarnation: Incarnation | None, scan_bytes: int, visible_bound: int | None
                     ) -> tuple[OpenedPartition, tuple[SavedCohort, ...]]:
     """The partition's log, recovered, and the cohorts saved beside it (thread side)."""
-    opened = open_partition(data_dir, pid, config, incarnation, producer_scan_bytes=scan_bytes)
+    opened = open_partition(data_dir, pid, config, incarnation, producer_scan_bytes=scan_bytes,
+                            visible_bound=visible_bound)
     return opened, load_cohorts(partition_path(data_dir, pid))
 
 
@@ -404,7 +405,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         opened, cohorts = await loop.run_in_executor(
             self._append_pool, _open_partition, self.data_dir, pid, self.topic_log_config(pid[0]),
-            incarnation, self.state.limits.producer_scan_bytes)
+            incarnation, self.state.limits.producer_scan_bytes, self.state.follower_mark(pid))
         self._incarnations[pid] = opened.incarnation
         log = opened.log
         inline = self.log_config.flush is FlushPolicy.NEVER
@@ -414,7 +415,8 @@ class BrokerServer:
         self._feed(PartitionOpened(pid, log.log_start_offset, log.log_end_offset,
                                    log.durable_end_offset, opened.frontier, opened.ended,
                                    cohorts, opened.producers, opened.epoch,
-                                   opened.epoch_since, *opened.transactions))
+                                   opened.epoch_since, *opened.transactions,
+                                   at_visible=opened.at_visible))
 
     # -- replication -------------------------------------------------------------------------
 

@@ -247,6 +247,11 @@ class BrokerState:
         """The writers rule in force for `topic`, None while it is unknown."""
         return self.admission.rule_of(topic)
 
+    def follower_mark(self, pid: PartitionId) -> int | None:
+        """The high watermark `pid` had here as a follower, when it was dropped as one: the
+        visible end it is opened at again, if it leads now."""
+        return self._follower_marks.get(pid)
+
     def partition_info(self, pid: PartitionId) -> PartitionInfo:
         """What a client may know of a partition: its range visible to subscribers and the
         frontier in force at its end."""
@@ -408,14 +413,21 @@ class BrokerState:
         mark = self._follower_marks.pop(ev.partition, None)
         role = self._roles.get(ev.partition)
         visible = end if mark is None or role is None or role.role is None else min(end, mark)
+        # What readers are told of the partition holds at the visible end: as it stood there
+        # when the shell could tell (`at_visible`), the log end's once that is visible.
+        shown = (ev.frontier, ev.ended, ev.epoch, ev.epoch_since)
+        pending = None
+        if ev.at_visible is not None and ev.at_visible[0] == visible:
+            shown, pending = ev.at_visible[1:], shown
         self.partitions[ev.partition] = PartitionState(
             id=ev.partition, log_start=ev.log_start, log_end=ev.log_end, visible_end=visible,
-            known_end=ev.log_end,
+            known_end=ev.log_end, known_shown=pending,
+            shown_at=-1 if pending is None else visible,
             frontier=PartitionFrontier(ev.frontier, ended=ev.ended,
                                        max_cohorts=self.limits.max_cohorts,
                                        cohorts=ev.cohorts, epoch=ev.epoch),
-            visible_frontier=ev.frontier, visible_ended=ev.ended, visible_epoch=ev.epoch,
-            epoch_since=ev.epoch_since,
+            visible_frontier=shown[0], visible_ended=shown[1], visible_epoch=shown[2],
+            epoch_since=shown[3],
             producers=ProducerStateTable(max_producers=self.limits.max_producer_ids))
         part = self.partitions[ev.partition]
         part.producers.learn_all(ev.producers)
@@ -999,6 +1011,11 @@ class BrokerState:
         """Acknowledge every append now durable, then show those batches to subscribers."""
         out: list[Instruction] = []
         newly: list[Pending] = []
+        if part.known_shown is not None and durable_end >= part.known_end:
+            # The log as opened is visible whole now (what was appended since comes after it).
+            (part.visible_frontier, part.visible_ended, part.visible_epoch,
+             part.epoch_since) = part.known_shown
+            part.known_shown, part.shown_at = None, -1
         while part.unflushed and part.unflushed[0].next <= durable_end:
             entry = part.unflushed.popleft()
             newly.append(entry)

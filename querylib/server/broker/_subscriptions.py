@@ -159,8 +159,10 @@ class Subscriptions:
         session.subs[ev.sub_id] = serial
         at_end = offset == part.visible_end >= part.known_end
         # The epoch in force at `offset`, when known: the current one from where it is known
-        # to hold (DESIGN §5 "Epochs"); before that the reader learns it from the log.
-        epoch = part.visible_epoch if offset >= part.epoch_since else 0
+        # to hold (DESIGN §5 "Epochs"), up to where it was recovered; elsewhere the reader
+        # learns it from the log.
+        epoch = part.visible_epoch if offset >= part.epoch_since and (
+            part.shown_at < 0 or offset <= part.shown_at) else 0
         reply = Subscribed(offset=offset, log_start=part.log_start, log_end=part.stable_end,
                            frontier=part.visible_frontier if at_end else None,
                            ended=part.visible_ended and at_end, epoch=epoch)

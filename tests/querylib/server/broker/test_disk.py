@@ -54,10 +54,16 @@ def test_recovered_frontier_is_the_last_frontier_record(tmp_path):
         log.append(frontier_batch(9, timestamp=0))
         log.append(data(3))
         assert recover_frontier(log) == (9, False, 0, 0)
-        log.append(end_of_stream_batch(timestamp=0))
+        end_at = log.append(end_of_stream_batch(timestamp=0))
         assert recover_frontier(log) == (9, True, 0, 0)
         log.append(data())  # a producer came back after the end
         assert recover_frontier(log) == (9, False, 0, 0)
+        # As they stood below an offset (a promoted follower's high watermark): the batches
+        # at and after it do not count.
+        assert recover_frontier(log, end_at + 1) == (9, True, 0, 0)
+        assert recover_frontier(log, end_at) == (9, False, 0, 0)
+        assert recover_frontier(log, 2) == (4, False, 0, 0)
+        assert recover_frontier(log, 1) == (0, False, 0, 0)
 
 
 def test_recovery_scans_back_past_a_long_run_of_data(tmp_path):
