@@ -29,20 +29,13 @@ class Up:
         up said, when an endpoint on a port `extra` names did not open."""
         self.home = home
         self.env = tq_env(home)
-        self.killed = False  # stop() had to SIGKILL it
         slot_args = [] if slots is None else ["--slots", str(slots)]
         # tq up's Kafka and connector endpoints default to well-known ports (moved when taken):
         # a test takes free ones unless it names its own
         port_args = [arg for option in ("--kafka-port", "--connector-port")
                      if option not in extra for arg in (option, "0")]
-        # What tq up and its children log goes to a file, not a pipe: a pipe nobody reads
-        # until the end fills (64 KiB) and blocks whichever of them writes next.
-        self._stderr = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "querylib.cli", "up", "--listen",
-             f"tcp://127.0.0.1:{free_port()}", *slot_args, *port_args, "--grace", "2", *extra],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
-            text=True, start_new_session=True)
+        self._spawn("--listen", f"tcp://127.0.0.1:{free_port()}", *slot_args, *port_args,
+                    "--grace", "2", *extra)
         wait_for(lambda: (home / "cluster.json").exists() or self.proc.poll() is not None,
                  timeout=60, what="tq up to write cluster.json")
         assert self.proc.poll() is None, self.stderr()
@@ -52,6 +45,16 @@ class Up:
                     and int(extra[extra.index(option) + 1]) >= 0 and not self.info.get(name):
                 raise AssertionError(f"tq up opened no {name} endpoint on the port "
                                      f"{option} named: {self.stop()}")
+
+    def _spawn(self, *args: str) -> None:
+        """Start `tq up *args` in a session of its own. What it and its children log goes to
+        a file, not a pipe: a pipe nobody reads until the end fills (64 KiB) and blocks
+        whichever of them writes next."""
+        self.killed = False  # stop() had to SIGKILL it
+        self._stderr = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "querylib.cli", "up", *args], env=self.env, cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=self._stderr, text=True, start_new_session=True)
 
     def __enter__(self) -> Up:
         return self

@@ -57,10 +57,7 @@ class _UpDefaults(Up):
     def __init__(self, home: Path, *extra: str) -> None:
         self.home = home
         self.env = tq_env(home)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "querylib.cli", "up", "--slots", "1", "--grace", "2", *extra],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, start_new_session=True)
+        self._spawn("--slots", "1", "--grace", "2", *extra)
 
         def written() -> bool:
             if self.proc.poll() is not None:
@@ -71,7 +68,7 @@ class _UpDefaults(Up):
                 return False
 
         wait_for(written, timeout=60, what="tq up to write cluster.json")
-        assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
+        assert self.proc.poll() is None, self.stderr()
         self.info = json.loads((home / "cluster.json").read_text())
 
 
@@ -173,15 +170,9 @@ def test_a_killed_ups_cluster_file_is_replaced_and_the_restart_says_what_it_wait
         assert second.tq("topics").returncode == 0
         # The previous run's executor session does not come back (the new agent opens its
         # own): once the recovery lease has passed, tq up says so.
-        lines: list[str] = []
-
-        def said_lease_over() -> bool:
-            line = second.proc.stderr.readline()  # type: ignore[union-attr]
-            lines.append(line)
-            return "recovery lease over" in line
-
-        wait_for(said_lease_over, timeout=60, what="the end of the recovery lease")
-    said = "".join(lines)
+        wait_for(lambda: "recovery lease over" in second.stderr(), timeout=60,
+                 what="the end of the recovery lease")
+        said = second.stderr()
     assert "restarted with 1 session of the previous run (1 executor)" in said, said
     assert "waiting up to 10s (the recovery lease)" in said, said
     assert "0 sessions of the previous run came back (0 executors), 1 expired" in said, said
