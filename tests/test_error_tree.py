@@ -36,6 +36,8 @@ NOT_ERRORS = {
     "querylib.records._runs.Irregular": "the fast decoder's signal to take the general path",
     "querylib._kio_shape.ShapeMisfit": "the shape walk's signal: check_shape raises the "
                                        "caller's error from it",
+    "querylib._tcp.TlsHandshakeError": "a connection's signal to its listener: its TLS "
+                                       "handshake failed, counted as a refusal",
 }
 
 # The roots in catalog.errors that families hang from.
