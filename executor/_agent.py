@@ -67,6 +67,7 @@ from querylib.cluster import (
     SpawnProcesses,
     hold_data_dir,
 )
+from querylib.cluster.messages import CloseSession
 from querylib.driver import Driver
 from querylib.rpc import Credential, RemoteKeyring, RpcError, SecretRejectedError
 from querylib.server import BrokerEndpoints
@@ -106,7 +107,7 @@ from ._host_broker import HostBroker
 from ._logs import LogForwarder
 from ._metrics import HostLoad, LoadSampler, host_resources
 from ._query_exits import QueryExitFeed
-from ._shard import ShardProcess
+from ._shard import ShardProcess, ShardReady
 from ._slots import Slots, default_slots
 from ._spawn import SpawnSpec
 from ._supervisor import ExitReport, Supervisor
@@ -323,13 +324,25 @@ class ExecutorAgent:
                 *(["--verbose"] if logger.isEnabledFor(logging.INFO) else []),
                 *self.shard_args]
         for k in range(len(self.shards) + 1, self.brokers):
-            shard = ShardProcess(k, argv)
+            shard = ShardProcess(k, argv, on_exit=self._shard_died)
             try:
                 await shard.start()
             except BaseException:
                 await shard.close()
                 raise
             self.shards.append(shard)
+
+    async def _shard_died(self, ready: ShardReady) -> None:
+        """Close the session of a shard that died (the same principal's: the shard runs with
+        the executor's credential). Said or not, it would expire after its lease."""
+        cluster = self.cluster
+        if cluster is None or not ready.session_id:
+            return
+        try:
+            await cluster.request(CloseSession(session_id=ready.session_id), timeout=5.0)
+        except TqError as exc:  # gone already (it lapsed, or rejoined under another id)
+            logger.info("shard of broker %d: closing its session %d: %s", ready.broker_id,
+                        ready.session_id, exc)
 
     @property
     def connector_address(self) -> str | None:

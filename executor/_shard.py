@@ -21,8 +21,11 @@ pipe, as tq up's executor child does. A shard that exits before it is ready fail
 (ExecutorExitedError; it said why on stderr). One that exits later is said at WARNING and
 started again on the same data (so the same broker id and ports), after a backoff that doubles
 from `RESTART_BACKOFF_MIN` up to `RESTART_BACKOFF_MAX` seconds and resets once a run lasted
-`RESTART_STABLE` seconds; meanwhile placement leaves its broker out (its record left with its
-session) and clients of its partitions retry until it is back.
+`RESTART_STABLE` seconds. Before that the agent closes the dead shard's coordinator session
+(`on_exit`; the shard named it when ready), rather than leave it a whole lease to expire: its
+broker record leaves with it, so placement leaves its broker out, its replicated partitions
+elect leaders elsewhere, the restarted shard registers on its id at once, and clients of its
+partitions retry until it is back.
 
 Shard side, `serve_shard`: open the broker, join (retrying while the coordinator is away, as
 the agent does), report ready once, and rejoin whenever the session lapses, until SIGTERM. The
@@ -39,7 +42,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,14 +83,19 @@ class ShardReady:
     broker: str
     kafka: str
     metrics: str = ""  # its /metrics on loopback, when the agent serves metrics
+    session_id: int = 0  # its coordinator session when it registered (0: not said)
 
 
 class ShardProcess:
     """Shard `k` of this agent: its child process, restarted when it exits."""
 
-    def __init__(self, k: int, argv: Sequence[str]) -> None:
+    def __init__(self, k: int, argv: Sequence[str],
+                 on_exit: Callable[[ShardReady], Awaitable[None]] | None = None) -> None:
+        """`on_exit(ready)`: what the agent does once the shard it started (`ready`) died,
+        before it is started again (close its coordinator session)."""
         self.k = k
         self.argv = list(argv)  # `tq executor` options: coordinator, credentials, data, ...
+        self.on_exit = on_exit
         self.ready: ShardReady | None = None
         self.restarts = 0
         self.proc: asyncio.subprocess.Process | None = None
@@ -126,6 +134,8 @@ class ShardProcess:
             broker = self.ready.broker_id if self.ready is not None else "?"
             logger.warning("broker shard %d (broker %s, pid %d) %s; restarting it in %.1fs",
                            self.k, broker, self.proc.pid, exit_text(code), delay)
+            if self.on_exit is not None and self.ready is not None:
+                await self.on_exit(self.ready)
             await asyncio.sleep(delay)
             if self._stopping:
                 return
@@ -221,7 +231,8 @@ async def serve_shard(k: int, coordinator: str, secret: bytes | Credential, data
                     out.write(json.dumps({"pid": os.getpid(), "broker_id": broker_id,
                                           "broker": broker.address,
                                           "kafka": broker.kafka_address or "",
-                                          "metrics": served[0] if served else ""}) + "\n")
+                                          "metrics": served[0] if served else "",
+                                          "session_id": cluster.session_id or 0}) + "\n")
                 ready_fd = None
             lapsed = asyncio.ensure_future(cluster.wait_lapsed())
             stopping = asyncio.ensure_future(stop.wait())

@@ -195,6 +195,28 @@ def test_a_killed_shard_is_said_and_restarted_on_its_id(tmp_path: Path) -> None:
     assert "broker shard 1 (broker " in err and "was killed by SIGKILL; restarting" in err, err
 
 
+def test_a_dead_shards_session_is_closed_by_its_agent_not_left_to_expire(
+        tmp_path: Path) -> None:
+    """The agent saw its shard die: it closes the shard's coordinator session at once, so the
+    shard's broker leaves the catalog (its partitions elect leaders elsewhere) and the
+    restarted shard registers on its id without waiting a whole lease for the dead session to
+    expire (10 s before, with the shard's partitions unserved meanwhile)."""
+    up = Up(tmp_path, "--brokers", "2", "-v")  # -v: the coordinator says which sessions expire
+    try:
+        (shard_id,) = _executor(up).shards
+        old_session = _brokers(up)[shard_id].session_id
+        assert old_session is not None
+        shard = _shard(up)
+        assert shard is not None
+        shard.kill()
+        wait_for(lambda: (b := _brokers(up).get(shard_id)) is not None
+                 and b.session_id not in (None, old_session),
+                 timeout=60, interval=0.2, what="the shard to register again on its id")
+    finally:
+        err = up.stop()
+    assert f"session {old_session} expired" not in err, err[-3000:]
+
+
 def test_a_restarted_up_keeps_the_shard_id_and_its_data(tmp_path: Path) -> None:
     with Up(tmp_path, "--brokers", "2") as up:
         (shard_id,) = _executor(up).shards
