@@ -127,6 +127,16 @@ Delete = Callable[[str, str], Awaitable[None]]  # principal, topic name
 Lines = Callable[[int], AsyncIterator[list[dict[str, Any]]]]
 
 
+_closing: set[asyncio.Future[None]] = set()  # log streams' readers being closed (kept alive)
+
+
+async def _close_after(pending: asyncio.Future[Any] | None, batches: Any) -> None:
+    """Close `batches` (an async generator) once `pending` (a task running it) is done."""
+    if pending is not None:
+        await asyncio.wait({pending})
+    await batches.aclose()
+
+
 def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
               lines: Lines, *, delete: Delete | None = None,
               metrics: Callable[[], bytes] | None = None,
@@ -197,6 +207,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
 
         async def stream() -> AsyncIterator[str]:
             batches = lines(query_id)
+            pending: asyncio.Future[Any] | None = None
             try:
                 yield ": reading\n\n"
                 pending = asyncio.ensure_future(anext(batches))
@@ -212,9 +223,15 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
                     batch = pending.result()
                     pending = asyncio.ensure_future(anext(batches))
                     yield f"event: lines\ndata: {json.dumps(batch)}\n\n"
-                pending.cancel()
             finally:
-                await batches.aclose()  # type: ignore[attr-defined]
+                # The lines are closed once the task reading the next batch has left them
+                # (closing them while it runs them fails), by a task of its own: this one is
+                # being cancelled when the browser left, and would be again at each await.
+                if pending is not None:
+                    pending.cancel()
+                closing = asyncio.ensure_future(_close_after(pending, batches))
+                _closing.add(closing)
+                closing.add_done_callback(_closing.discard)
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})

@@ -3,14 +3,17 @@ its feed keeps trying to reach one while the pages are served)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from querylib.server.console import Console
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 
 @pytest.fixture
@@ -73,3 +76,37 @@ def test_a_taken_default_port_moves_and_a_named_one_is_refused() -> None:
             moved.stop()
         with pytest.raises(ConsoleUnavailableError, match="--console-port"):
             Console("tcp://127.0.0.1:9", os.urandom(32), port=taken, fallback=False).start()
+
+
+def test_a_log_stream_the_browser_left_closes_what_it_reads() -> None:
+    """A page following a query's output goes away while the stream waits for the next
+    lines: the lines it read from (subscribers of every broker's __logs) are closed. Before,
+    closing them raised "aclose(): asynchronous generator is already running" (a traceback
+    in tq up's log per page left) and they were never closed."""
+    closed = threading.Event()
+
+    async def lines(query_id: int) -> AsyncIterator[list[dict[str, Any]]]:
+        try:
+            yield [{"process": 0, "stream": "stdout", "text": "hi", "timestamp_ms": 0}]
+            await asyncio.Event().wait()  # no more lines
+            yield []
+        finally:
+            closed.set()
+
+    running = Console("tcp://127.0.0.1:9", os.urandom(32), port=free_port(), fallback=False)
+    running._lines = lines  # type: ignore[method-assign]
+    running.start()
+    try:
+        connection = _connect(running)
+        connection.request("GET", "/api/queries/7/logs")
+        reply = connection.getresponse()
+        assert reply.status == 200
+        read = b""
+        while b"event: lines" not in read:
+            chunk = reply.read1(4096)
+            assert chunk, read
+            read += chunk
+        connection.close()
+        wait_for(closed.is_set, timeout=30, what="the stream's lines to be closed")
+    finally:
+        running.stop()
