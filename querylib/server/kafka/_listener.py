@@ -568,11 +568,15 @@ class KafkaListener:
                 # the connection's reads stall behind it.)
                 await _copy_slice(out, chunk.fd, chunk.position, chunk.length)
                 continue
+            if out.transport is None or out.transport.is_closing():
+                # The client left while the answer was made (a consumer closing while its
+                # fetch waited): nothing to send it, and sendfile would refuse.
+                raise ConnectionResetError("the client closed its connection")
             # The slice owns its descriptor; the wrapper must not close it. loop.sendfile
             # seeks the wrapper when done, harmless: segments are written with O_APPEND and
             # read with pread.
             with os.fdopen(chunk.fd, "rb", buffering=0, closefd=False) as file:
-                await loop.sendfile(out.transport, file, chunk.position,  # type: ignore[arg-type]
+                await loop.sendfile(out.transport, file, chunk.position,
                                     chunk.length)
         await out.drain()
 
