@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         AddressError,
         BadSignatureError,
         ClientClosedError,
+        ConnectionLostError,
         DeadlineExceededError,
         InternalServerError,
         MalformedMessageError,

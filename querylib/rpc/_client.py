@@ -47,6 +47,7 @@ from ._curve import client_keypair, server_key_of
 from ._errors import (
     AddressError,
     ClientClosedError,
+    ConnectionLostError,
     DeadlineExceededError,
     RpcError,
     RpcProtocolError,
@@ -56,12 +57,13 @@ from ._errors import (
 )
 from ._messages import Entry, ErrorBody, Kind, Notify, Reply, Request
 from ._shell import (
+    DISCONNECTED,
     HANDSHAKE_FAILED_AUTH,
     HANDSHAKE_SUCCEEDED,
+    ConnectionWatch,
     DeadlineTimer,
     DropCounters,
     FramePump,
-    HandshakeWatch,
     log,
     new_socket,
 )
@@ -230,7 +232,10 @@ class RpcClient:
         self._sock: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: FramePump | None = None
-        self._watch: HandshakeWatch | None = None
+        self._watch: ConnectionWatch | None = None
+        # A connection whose handshake succeeded carries our requests now (DESIGN §2
+        # "Lost connections"): its drop fails them (`_lost`).
+        self._up = False
         # Requests (their entries) issued this loop turn, sent together at its end.
         self._outbox: list[Entry] = []
         self._flush_scheduled = False
@@ -249,6 +254,12 @@ class RpcClient:
     def counters(self) -> dict[str, int]:
         """Messages dropped so far, by reason."""
         return self._drops.snapshot()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection to the server is up: its handshake succeeded and, as far as
+        this client has heard, it has not dropped since."""
+        return self._up
 
     @property
     def in_flight(self) -> int:
@@ -282,6 +293,10 @@ class RpcClient:
             raise RuntimeError("an RpcClient connects once")
         sock = new_socket(zmq.DEALER, self.limits, self._context)
         sock.copy_threshold = COPY_BELOW  # see COPY_BELOW: lending costs more than copying
+        # zmq queues messages only for a connection that is up, and discards what it still
+        # holds for one that drops (else it keeps them for the next: requests failed as lost
+        # would reach the next server too). With none up, sends wait in `_backlog`.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         if self.server_key is not None:
             public, secret_key = client_keypair(self._own_key)
             try:
@@ -296,7 +311,7 @@ class RpcClient:
             sock.setsockopt(zmq.PLAIN_USERNAME, self.principal.encode())
             sock.setsockopt(zmq.PLAIN_PASSWORD, self._token)
         self._loop = asyncio.get_running_loop()
-        watch = HandshakeWatch(sock, self._loop, self._on_handshake)
+        watch = ConnectionWatch(sock, self._loop, self._on_connection)
         try:
             sock.connect(self.address)
         except zmq.ZMQError as exc:
@@ -375,7 +390,9 @@ class RpcClient:
             if payload:
                 frames = self._codec.request(request_id, request, ttl=deadline - loop.time(),
                                              now=time.time(), payload=payload)
-                await self._send(pump, frames, deadline, [request_id])
+                if self._outbox:
+                    self._flush()  # requests issued before this message go out before it
+                self._send_now(frames, [request_id])  # or held in order while zmq has no room
             else:
                 self._queue_request(self._codec.request_entry(request_id, request,
                                                               ttl=deadline - loop.time()))
@@ -406,7 +423,8 @@ class RpcClient:
         """`request` as `request` sends it, without a coroutine: `on_answer(reply, None)` or
         `on_answer(None, error)` is called once, with what `request` would return or raise,
         from the receive loop (or from here, when it fails at once). Sent before this returns
-        when a slot is free (else a task waits for one), in the order of calls: what a
+        when a slot is free and a connection up (else it waits for them), in the order of
+        calls: what a
         producer sending a batch per reply uses, so a request costs no task and no future.
         `on_answer` must be quick and must not block (it holds up the replies behind it)."""
         if self._closed:  # as `request` raises it, to the callback
@@ -485,7 +503,7 @@ class RpcClient:
         if self._refusal is not None:
             raise SecretRejectedError(self._refusal)
         frames = self._codec.notify(message, now=time.time(), payload=payload)
-        await self._send(pump, frames, loop.time() + self.timeout, [])
+        await self._send(pump, frames, loop.time() + self.timeout)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -550,7 +568,8 @@ class RpcClient:
                     self._fail(ids, RpcError(f"send to {self.address} failed: {exc}"))
                 self._backlog.popleft()
         finally:
-            self._backlog_task = None
+            if self._backlog_task is asyncio.current_task():  # not replaced by `_lost`
+                self._backlog_task = None
 
     def _fail(self, ids: Iterable[int], exc: Exception) -> None:
         assert self._pending is not None
@@ -559,12 +578,12 @@ class RpcClient:
             if future is not None and not future.done():
                 future.set_exception(exc)
 
-    async def _send(self, pump: FramePump, frames: list[Buffer], deadline: float,
-                    ids: Sequence[int]) -> None:
+    async def _send(self, pump: FramePump, frames: list[Buffer], deadline: float) -> None:
+        """Send a notify, waiting (until `deadline`) while zmq has no room for it."""
         if self._outbox:
             self._flush()  # requests issued before this message go out before it
         if self._backlog:
-            self._send_now(frames, ids)  # behind the messages waiting for room
+            self._send_now(frames, [])  # behind the messages waiting for room
             return
         try:
             pump.send(frames)
@@ -617,11 +636,17 @@ class RpcClient:
             elif not future.done():
                 future.set_result(incoming)  # a _Call answers its caller here and now
 
-    def _on_handshake(self, event: int, value: int) -> None:
-        """How a connection's handshake ended (HandshakeWatch)."""
+    def _on_connection(self, event: int, value: int) -> None:
+        """How a connection's handshake ended, or that it dropped (ConnectionWatch)."""
         if event == HANDSHAKE_SUCCEEDED:
             self._refusal = None
             self._reconnect_delay = _RECONNECT_MIN
+            self._up = True
+            return
+        if event == DISCONNECTED:
+            if self._up:  # else it never carried a request: what waits, waits for the next
+                self._up = False
+                self._lost()
             return
         # zmq gave the connection up for good (it reconnects only after network errors).
         if event == HANDSHAKE_FAILED_AUTH and value == 400:
@@ -644,6 +669,26 @@ class RpcClient:
         if self._reconnect is None and self._loop is not None:
             self._reconnect = self._loop.call_later(self._reconnect_delay, self._connect_again)
             self._reconnect_delay = min(self._reconnect_delay * 2, _RECONNECT_MAX)
+
+    def _lost(self) -> None:
+        """The connection carrying our requests dropped: the server's process died or closed
+        it. No reply to them will come, and zmq discarded what it still held for it
+        (ZMQ_IMMEDIATE), so every request issued until now fails at once, rather than at its
+        deadline, with ConnectionLostError (outcome unknown, as at a deadline); those not yet
+        handed to zmq are discarded too, so none reaches the next server behind its caller's
+        back. Requests issued from here on wait for the next connection."""
+        assert self._pending is not None
+        calls = self._pending.entries()
+        self._outbox.clear()
+        self._backlog.clear()  # notifies too: they were for the server that is gone
+        if self._backlog_task is not None:
+            self._backlog_task.cancel()
+            self._backlog_task = None
+        why = (f"the connection to {self.address} dropped before the reply came (the server "
+               "stopped, or closed it): the outcome is unknown")
+        for call in calls:  # a callback may issue requests: they go to the next connection
+            if not call.done():
+                call.set_exception(ConnectionLostError(why))
 
     def _connect_again(self) -> None:
         self._reconnect = None

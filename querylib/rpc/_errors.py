@@ -17,6 +17,7 @@
     │       └── UnexpectedReplyError    a reply of another type than the request declared
     └── RpcError                        a call did not complete
         ├── DeadlineExceededError       no reply before the deadline        (REQUEST_TIMED_OUT)
+        │   └── ConnectionLostError     the connection dropped before the reply (NETWORK_EXCEPTION)
         ├── ClientClosedError           the client was closed under the call
         ├── ServerBusyError             the server runs too many handlers already (retriable)
         ├── PeerUnreachableError        the server has no route to that client identity
@@ -42,6 +43,7 @@ __all__ = [
     "AddressError",
     "BadSignatureError",
     "ClientClosedError",
+    "ConnectionLostError",
     "DeadlineExceededError",
     "InternalServerError",
     "MalformedMessageError",
@@ -158,6 +160,15 @@ class DeadlineExceededError(RpcError):
 
     retriable = True
     kafka_error_code = 7  # REQUEST_TIMED_OUT
+
+
+class ConnectionLostError(DeadlineExceededError):
+    """The connection carrying the request dropped before its reply came (the server's
+    process died, or it closed the connection): no reply will come. As with a passed
+    deadline, whether the server acted on it is unknown; unlike one, the caller learns at
+    once, and the request will not reach the next server behind its back."""
+
+    kafka_error_code = 13  # NETWORK_EXCEPTION
 
 
 class ClientClosedError(RpcError):

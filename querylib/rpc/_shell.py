@@ -21,9 +21,10 @@ buffered). The first `small_frames` parts (a ROUTER's identity frame, the envelo
 into bytes when they are small (a part of unsigned garbage is not copied just to be dropped);
 payload parts stay zmq-owned buffers (zero-copy memoryviews).
 
-`HandshakeWatch` reads a socket's monitor (zmq's socket events) the same way, for the outcome
-of each connection's handshake (DESIGN §2 "Handshake"): a client learns there that the server
-refused its credential, which zmq reports nowhere else.
+`ConnectionWatch` reads a socket's monitor (zmq's socket events) the same way, for the outcome
+of each connection's handshake (DESIGN §2 "Handshake") and the end of each connection: a client
+learns there that the server refused its credential, or that the connection carrying its
+requests dropped, which zmq reports nowhere else.
 
 This module moves frames and keeps time. It must not decode, sign or interpret messages.
 """
@@ -487,14 +488,17 @@ class FramePump:
 HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 HANDSHAKE_FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 HANDSHAKE_FAILED_PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 _monitor_ids = itertools.count()
 
 
-class HandshakeWatch:
-    """Calls `on_event(event, value)` on the loop for each handshake outcome of `sock`'s
-    connections: HANDSHAKE_SUCCEEDED, HANDSHAKE_FAILED_AUTH (value: the ZAP status the
-    server sent, 400 for a refusal) or HANDSHAKE_FAILED_PROTOCOL. Create it before the
-    socket connects, close it before the socket closes. Use from the loop's thread only."""
+class ConnectionWatch:
+    """Calls `on_event(event, value)` on the loop, in order, for each handshake outcome of
+    `sock`'s connections, HANDSHAKE_SUCCEEDED, HANDSHAKE_FAILED_AUTH (value: the ZAP status
+    the server sent, 400 for a refusal) or HANDSHAKE_FAILED_PROTOCOL, and for each end of one
+    (DISCONNECTED: the peer closed it or it broke, whether its handshake ended or not).
+    Create it before the socket connects, close it before the socket closes. Use from the
+    loop's thread only."""
 
     def __init__(self, sock: zmq.Socket[Any], loop: asyncio.AbstractEventLoop,
                  on_event: Callable[[int, int], None]) -> None:
@@ -505,7 +509,8 @@ class HandshakeWatch:
         # pyzmq's default (named after the socket's fd) may be taken again meanwhile.
         address = f"inproc://tq-handshakes.{os.getpid()}.{next(_monitor_ids)}"
         self._monitor = sock.get_monitor_socket(
-            HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED_AUTH | HANDSHAKE_FAILED_PROTOCOL, address)
+            HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED_AUTH | HANDSHAKE_FAILED_PROTOCOL
+            | DISCONNECTED, address)
         self._fd = cast(int, self._monitor.getsockopt(zmq.FD))
         self._closed = False
         loop.add_reader(self._fd, self._drain)

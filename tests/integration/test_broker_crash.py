@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import Counter
 
-from querylib.broker import Data, EndOfStream, Subscriber
-from tests.conftest import free_port
+from querylib.broker import Data, EndOfStream, Producer, Subscriber
+from tests.conftest import free_port, wait_for
 
 from ._broker_helpers import client, data_values, secret_file, start_broker
 
@@ -72,3 +73,43 @@ def test_subscriber_resumes_from_its_positions_without_gap_or_duplicate(processe
     seen += [r.value.decode() for e in events if isinstance(e, Data) for r in e.records]
     assert seen == [f"p:{b}:{i}" for b in range(40) for i in range(25)]
     assert isinstance(events[-1], EndOfStream)
+
+
+def test_a_batch_in_flight_to_a_killed_broker_goes_to_its_successor_once_it_is_up(
+        processes, tmp_path):
+    """The dropped connection fails the batch the killed broker held at once (DESIGN §2 "Lost
+    connections"): the producer sends it again to the restarted broker, where it is stored
+    once. Its request deadline and lease are longer than the test waits, so before, only
+    they could tell it the batch was lost."""
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    data = tmp_path / "data"
+    broker = start_broker(processes, data, port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    producer = Producer(address, "t", secret=secret, create=True, timeout=600.0, lease=600.0,
+                        reconnect_timeout=120.0)
+    flushed = threading.Event()
+    try:
+        producer.send(b"before", time=0)
+        producer.flush()
+        os.killpg(broker.pid, signal.SIGSTOP)
+        producer.send(b"in flight", time=1)
+        flusher = threading.Thread(target=lambda: (producer.flush(), flushed.set()),
+                                   daemon=True)
+        flusher.start()
+        wait_for(lambda: producer.link.client.in_flight == 1, timeout=30,
+                 what="the batch sent to the stopped broker")
+        os.killpg(broker.pid, signal.SIGKILL)
+        broker.wait(timeout=10)
+        start_broker(processes, data, port, path, secret)
+        wait_for(flushed.is_set, timeout=60, what="the batch acknowledged by the new broker")
+        assert producer.core.resent >= 1
+    finally:
+        producer.close(end=False)
+    with Subscriber(address, "t", 0, secret=secret) as sub:
+        values = []
+        while len(values) < 2 and (event := sub.next_event(timeout=30)) is not None:
+            if isinstance(event, Data):
+                values += [r.value for r in event.records]
+        assert sub.next_event(timeout=0.5) is None  # and nothing more
+    assert values == [b"before", b"in flight"]

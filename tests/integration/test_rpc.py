@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -17,6 +21,7 @@ from querylib.rpc import (
     AddressError,
     ClientClosedError,
     Codec,
+    ConnectionLostError,
     DeadlineExceededError,
     Entry,
     InternalServerError,
@@ -68,6 +73,8 @@ async def served(limits: Limits | None = None,
     assert server.endpoint is not None
     client = RpcClient(server.endpoint, SECRET, limits=limits, timeout=10.0)
     await client.connect()
+    # Until then zmq takes no message (ZMQ_IMMEDIATE): requests wait in the client.
+    await wait_for_async(lambda: client.connected, what="the client's connection up")
     try:
         yield server, client, handlers
     finally:
@@ -317,23 +324,120 @@ def test_client_reconnects_to_a_restarted_server() -> None:
         first = RpcServer(SECRET)
         endpoint = await first.start(f"tcp://127.0.0.1:{_port_below_ephemeral()}")
         async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
-            assert await client.request(Ping(b"1")) == Pong(b"1")
+            assert await client.request(Ping(b"1")) == Pong(b"1") and client.connected
             await first.close()
-            second = RpcServer(SECRET)
+            # A request sent before the client hears of the drop may be lost with the
+            # connection (ConnectionLostError); one sent after waits for the next server.
+            await wait_for_async(lambda: not client.connected, what="the drop heard")
+            second = await _start_again(endpoint)
             try:
-                deadline = time.monotonic() + 10
-                while True:  # the old socket's close completes on zmq's I/O thread
-                    try:
-                        await second.start(endpoint)
-                        break
-                    except AddressError:
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(0.05)
                 assert await client.request(Ping(b"2")) == Pong(b"2")
             finally:
                 await second.close()
     run(test)
+
+
+async def _start_again(endpoint: str, handlers: Handlers | None = None) -> RpcServer:
+    """A new server on the endpoint a closed one held (with `handlers` installed)."""
+    server = RpcServer(SECRET)
+    if handlers is not None:
+        handlers.install(server)
+    deadline = time.monotonic() + 10
+    while True:  # the old socket's close completes on zmq's I/O thread
+        try:
+            await server.start(endpoint)
+            return server
+        except AddressError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def test_calls_in_flight_when_the_connection_drops_fail_at_once_as_lost() -> None:
+    """A server gone (its process died, its socket closed) answers nothing: the calls it held
+    fail when the connection drops, not at their deadlines, with ConnectionLostError (a
+    passed deadline to callers: retriable, outcome unknown). Calls made afterwards wait for
+    the next server and are answered by it."""
+    async def test() -> None:
+        handlers = Handlers()
+        first = RpcServer(SECRET)
+        handlers.install(first)
+        endpoint = await first.start(f"tcp://127.0.0.1:{_port_below_ephemeral()}")
+        async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
+            handlers.gate(1)
+            handlers.gate(2)
+            answers, on_answer = _answers()
+            call = asyncio.create_task(client.request(Fetch(1), timeout=25))
+            client.send_request(Fetch(2), on_answer, timeout=25)
+            await wait_for_async(lambda: handlers.started == {1, 2}, what="both calls held")
+            await first.close()
+            with pytest.raises(ConnectionLostError, match="outcome is unknown") as info:
+                await call
+            assert isinstance(info.value, DeadlineExceededError) and info.value.retriable
+            await wait_for_async(lambda: answers, what="the callback's answer")
+            assert isinstance(answers[0][1], ConnectionLostError)
+            assert client.in_flight == 0
+            later = asyncio.create_task(client.request(Fetch(3), timeout=25))
+            second = await _start_again(endpoint, handlers)
+            try:
+                assert await later == FetchReply(3)
+            finally:
+                await second.close()
+    run(test)
+
+
+def test_requests_queued_for_a_dropped_connection_never_reach_the_next_server() -> None:
+    """What zmq still held for a connection that dropped (not yet written to it), and what
+    the client held back for want of room, is discarded with it: those calls failed as lost,
+    and must not be carried out by the next server as well (their callers send again)."""
+    endpoint = f"tcp://127.0.0.1:{_port_below_ephemeral()}"
+    server = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, endpoint],
+                              cwd=Path(__file__).parents[2], stdout=subprocess.PIPE)
+
+    async def test() -> None:
+        async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
+            assert await client.request(Ping(b"up"), timeout=25) == Pong(b"up")
+            # Stopped, it reads nothing: the requests fill the kernel's buffers, then zmq's
+            # queue for the connection, then the client's backlog. Then it dies.
+            server.send_signal(signal.SIGSTOP)
+            answers, on_answer = _answers()
+            for token in range(300):
+                client.send_request(Fetch(token), on_answer, payload=[bytes(100_000)],
+                                    timeout=25)
+            server.kill()
+            server.wait(10)
+            await wait_for_async(lambda: len(answers) == 300, what="every call answered")
+            assert {type(error) for _, error in answers} == {ConnectionLostError}
+            handlers = Handlers()
+            second = await _start_again(endpoint, handlers)
+            try:
+                assert await client.request(Fetch(1000), timeout=25) == FetchReply(1000)
+                assert await client.request(Ping(b"x")) == Pong(b"x")
+            finally:
+                await second.close()
+            assert handlers.arrived == [1000]
+
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"up\n"
+        run(test)
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+_SERVER_PROCESS = """
+import asyncio, sys
+from querylib.rpc import RpcServer
+from tests.querylib.rpc._support import SECRET
+
+async def main():
+    server = RpcServer(SECRET)
+    await server.start(sys.argv[1])
+    print("up", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
 
 
 def _port_below_ephemeral() -> int:
