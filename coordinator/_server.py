@@ -448,9 +448,21 @@ class Coordinator:
         assert self.state is not None  # requests are served once started
         session_id = getattr(request, "session_id", None)
         if (session_id is not None and self._peers.get(session_id) != ctx.peer
-                and session_id in self.state.leases):
+                and self._holds(session_id, ctx.principal)):
             self._peers[session_id] = ctx.peer  # the client may reconnect from a new socket
         return self._ask_core(request, ctx.peer, ctx.principal)
+
+    def _holds(self, session_id: int, principal: str) -> bool:
+        """Whether `principal` opened session `session_id`, still leased: then its socket is
+        where the session's notifies go. The core refuses a request naming another's session
+        (`_check_holder`); such a request must not take the session's notifies either (an
+        executor's SpawnProcesses carry programs and sealed query keys)."""
+        state = self.state
+        assert state is not None
+        if session_id not in state.leases:
+            return False
+        session = state.catalog.find_session(session_id)
+        return session is not None and session.principal == principal
 
     async def create_ingest_topic(self, name: str, partitions: int,
                                   replication_factor: int | None = None) -> Topic:

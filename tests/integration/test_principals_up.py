@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,6 +166,45 @@ def test_a_session_is_its_principals(up: Up, users: dict[str, Path], tmp_path: P
                                       resume=alice.session_id))
     assert _running(up, query)
     up.tq("kill", str(query))
+
+
+def test_naming_anothers_session_does_not_take_its_notifies(up: Up, users: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    """The coordinator sends a session's notifies (an executor's SpawnProcesses, with the
+    program and its query's sealed key; KillProcesses, DropPartitions) to the socket that
+    last spoke for it. A request naming another principal's session is refused, and must not
+    make the asker that socket: bob, naming the executor's session again and again while
+    alice submits, would get her query's spawn and the executor never would."""
+    coordinator = up.info["coordinator"]
+    with Cluster.connect(coordinator, secret_file=str(users["bob"])) as bob:
+        executors = bob.snapshot("executors")["executors"].records
+        session = next(e.session_id for e, _ in executors if e.session_id is not None)
+        taken: list[object] = []
+        bob.on_notify(m.SpawnProcesses, taken.append)
+        bob.on_notify(m.KillProcesses, taken.append)
+        stop = threading.Event()
+        refusals: list[Exception] = []
+
+        def name_it() -> None:
+            while not stop.is_set() and len(refusals) < 2000:
+                try:
+                    bob.request(m.Heartbeat(session_id=session, lease_ms=5000))
+                except NotAuthorizedError as exc:
+                    refusals.append(exc)
+
+        naming = threading.Thread(target=name_it, daemon=True)
+        naming.start()
+        try:
+            wait_for(lambda: refusals, timeout=30, what="bob's first refusal")
+            query = _submit_as(up, users["alice"], _program(tmp_path, "sleeper.py", SLEEPER))
+            wait_for(lambda: _running(up, query), timeout=60, what="alice's query to run")
+            up.tq("kill", str(query))
+            up.ended(query)
+        finally:
+            stop.set()
+            naming.join(30)
+    assert taken == []
+    assert all("belongs to another principal" in str(exc) for exc in refusals)
 
 
 def test_topics_are_deleted_by_their_owner_and_forced_by_admins(
