@@ -10,6 +10,11 @@ one is taken it takes another and clients look it up again. And it
 keeps the cluster's default tenant/namespace in `<data>/cluster.namespace`, so a restarted
 broker names the topics on its disk as the cluster does before its session tells it again.
 
+The session that registered the broker is kept too (`<data>/broker.session`). The caller holds
+the data dir's lock, so the process that wrote it has ended (an flock ends with its process):
+a run after a crash closes that session rather than wait out its lease for the broker's id
+(DESIGN §6 "Executor broker ids").
+
     previous = remembered_endpoints(data_dir)      # what the last run bound, or empty
     remember_endpoints(data_dir, Endpoints(broker=..., connector=..., kafka=...))
     broker = await register_remembered(cluster, data_dir, host, address, kafka_address=...)
@@ -37,8 +42,10 @@ from catalog import (
     set_default_namespace,
 )
 from querylib.cluster import AsyncCluster
+from querylib.cluster.messages import CloseSession
 
-__all__ = ["BROKER_ENDPOINTS_FILE", "BROKER_ID_FILE", "NAMESPACE_FILE", "Endpoints",
+__all__ = ["BROKER_ENDPOINTS_FILE", "BROKER_ID_FILE", "BROKER_SESSION_FILE", "NAMESPACE_FILE",
+           "Endpoints",
            "follow_remembered_namespace", "preferred_listen", "register_remembered",
            "remember_endpoints", "remember_namespace", "remembered_endpoints"]
 
@@ -46,6 +53,7 @@ logger = logging.getLogger("executor")
 
 BROKER_ID_FILE = "broker.id"
 BROKER_ENDPOINTS_FILE = "broker.endpoints"
+BROKER_SESSION_FILE = "broker.session"
 NAMESPACE_FILE = "cluster.namespace"
 
 
@@ -113,20 +121,39 @@ def preferred_listen(listen: str, previous: str) -> str | None:
 _RETRY = 0.2  # seconds between attempts while the old registration is still up
 
 
-def _remembered(data_dir: Path) -> int | None:
+def _remembered(data_dir: Path, name: str = BROKER_ID_FILE) -> int | None:
     try:
-        text = (data_dir / BROKER_ID_FILE).read_text().strip()
+        text = (data_dir / name).read_text().strip()
     except FileNotFoundError:
         return None
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def _remember(data_dir: Path, broker_id: int) -> None:
-    """Write by rename, so a crash leaves the old id or the new one, never half a file."""
-    path = data_dir / BROKER_ID_FILE
+def _remember(data_dir: Path, number: int, name: str = BROKER_ID_FILE) -> None:
+    """Write by rename, so a crash leaves the old number or the new one, never half a file."""
+    path = data_dir / name
     scratch = path.with_suffix(".tmp")
-    scratch.write_text(f"{broker_id}\n")
+    scratch.write_text(f"{number}\n")
     os.replace(scratch, path)
+
+
+async def _close_predecessor(cluster: AsyncCluster, data_dir: Path) -> None:
+    """Close the session of the run that last registered this data dir's broker, if it is
+    not ours: that run has ended (we hold the dir's lock), and its session would hold the
+    broker's id until its lease ran out (10 s, or the recovery lease after a coordinator
+    restart). The coordinator closes only a session of the caller's own principal; one gone
+    already is refused, which is fine."""
+    previous = await asyncio.to_thread(_remembered, data_dir, BROKER_SESSION_FILE)
+    if previous is None or previous == cluster.session_id:
+        return
+    try:
+        await cluster.request(CloseSession(session_id=previous), timeout=5.0)
+    except TqError as exc:
+        logger.debug("session %d of %s's previous run not closed: %s", previous, data_dir,
+                     exc)
+    else:
+        logger.info("closed session %d of %s's previous run (ended: its broker id is free)",
+                    previous, data_dir)
 
 
 async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, address: str,
@@ -137,15 +164,18 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
     registered from this host, principal and `slot` if that is down (a host that lost its
     data dir gets its broker id back, DESIGN §6 "Executor broker ids"), else a new one.
 
-    The old registration may still be up for a while after a crash (the coordinator keeps a
-    recovered session for its recovery lease): retried until it goes, for at most `wait`
-    seconds, then BrokerExistsError (two live brokers must not share an id). A remembered id
+    The caller holds `data_dir`'s lock: the session that registered the broker last time
+    (`broker.session`) is closed first, its process having ended. A registration still up
+    after that (another session's: `--broker-id`, a session file lost) is retried until it
+    goes, for at most `wait` seconds, then BrokerExistsError (two live brokers must not
+    share an id). A remembered id
     this catalog never assigned (the data dir came from another cluster) or decommissioned
     (the host came back after all) is dropped for a new one; a claimed one is an error
     (UnknownBrokerError), as is one of another principal's (NotOwnerError).
     """
     stored = await asyncio.to_thread(_remembered, data_dir)
     remembered = claim if claim is not None else stored
+    await _close_predecessor(cluster, data_dir)
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -173,4 +203,6 @@ async def register_remembered(cluster: AsyncCluster, data_dir: Path, host: str, 
             await asyncio.sleep(_RETRY)
     if broker.broker_id != stored:
         await asyncio.to_thread(_remember, data_dir, broker.broker_id)
+    if cluster.session_id is not None:
+        await asyncio.to_thread(_remember, data_dir, cluster.session_id, BROKER_SESSION_FILE)
     return broker

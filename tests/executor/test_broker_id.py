@@ -9,22 +9,31 @@ from pathlib import Path
 
 import pytest
 
-from catalog import Broker, BrokerExistsError, NotOwnerError, UnknownBrokerError
+from catalog import (
+    Broker,
+    BrokerExistsError,
+    NotOwnerError,
+    UnknownBrokerError,
+    UnknownSessionError,
+)
 from executor._broker_id import (
     BROKER_ENDPOINTS_FILE,
     BROKER_ID_FILE,
+    BROKER_SESSION_FILE,
     Endpoints,
     preferred_listen,
     register_remembered,
     remember_endpoints,
     remembered_endpoints,
 )
+from querylib.cluster.messages import CloseSession
 
 
 class Catalog:
     """RegisterBroker as catalog/_rules.py decides it: a known id not up, or with none the
     id last registered in the same slot (one host, one principal here) if it is down, else a
-    new one."""
+    new one. It is also the caller's session (`session_id`, set by a test for a new run), and
+    CloseSession of a session it knows takes that session's ids down."""
 
     def __init__(self, next_id: int = 1, up: set[int] | None = None,
                  expire_after: int = 0) -> None:
@@ -34,6 +43,18 @@ class Catalog:
         self.asked: list[tuple[int | None, int]] = []
         self.homes: dict[int, int] = {}  # slot -> the id last registered there
         self.foreign: set[int] = set()  # ids another principal registered
+        self.session_id = 1
+        self.holders: dict[int, int] = {}  # broker id -> the session that registered it
+        self.closed: list[int] = []  # sessions closed by CloseSession
+
+    async def request(self, request: CloseSession, *, timeout: float) -> None:
+        held = [b for b, session in self.holders.items() if session == request.session_id]
+        if not held:
+            raise UnknownSessionError(f"no session {request.session_id}")
+        self.closed.append(request.session_id)
+        for broker_id in held:
+            del self.holders[broker_id]
+            self.up.discard(broker_id)
 
     async def register_broker(self, host: str, address: str, *, broker_id: int | None = None,
                               kafka_address: str = "", curve_key: str = "",
@@ -55,8 +76,9 @@ class Catalog:
             raise BrokerExistsError(f"broker {broker_id} is registered already")
         self.up.add(broker_id)
         self.homes[slot] = broker_id
-        return Broker(broker_id=broker_id, host=host, address=address, session_id=1,
-                      kafka_address=kafka_address)
+        self.holders[broker_id] = self.session_id
+        return Broker(broker_id=broker_id, host=host, address=address,
+                      session_id=self.session_id, kafka_address=kafka_address)
 
 
 def _register(catalog: Catalog, data: Path, wait: float = 30.0, *, slot: int = 0,
@@ -115,6 +137,33 @@ def test_an_id_still_up_after_a_crash_is_waited_for(tmp_path: Path) -> None:
     catalog = Catalog(next_id=5, up={2}, expire_after=2)
     assert _register(catalog, tmp_path).broker_id == 2
     assert [asked for asked, _ in catalog.asked] == [2, 2, 2, 2]
+
+
+def test_a_restart_closes_the_previous_runs_session_rather_than_wait_for_it(
+        tmp_path: Path) -> None:
+    """The caller holds the data dir's lock: the run that registered from it last has ended,
+    so its session (kept in broker.session) is closed and the id is taken at once (here the
+    id would stay up for good otherwise, and there is no wait)."""
+    catalog = Catalog(next_id=3, expire_after=10**9)
+    assert _register(catalog, tmp_path).broker_id == 3
+    assert (tmp_path / BROKER_SESSION_FILE).read_text() == "1\n"
+    catalog.session_id = 7  # the next run (the first was killed: id 3 is still up)
+    assert _register(catalog, tmp_path, wait=0.0).broker_id == 3
+    assert catalog.closed == [1]
+    assert (tmp_path / BROKER_SESSION_FILE).read_text() == "7\n"
+    catalog.up.clear()  # a rejoin in the same process: its own session is never closed
+    catalog.holders.clear()
+    assert _register(catalog, tmp_path, wait=0.0).broker_id == 3
+    assert catalog.closed == [1]
+
+
+def test_a_previous_session_gone_already_is_no_error_and_a_taken_id_still_waits(
+        tmp_path: Path) -> None:
+    (tmp_path / BROKER_ID_FILE).write_text("2\n")
+    (tmp_path / BROKER_SESSION_FILE).write_text("5\n")  # expired meanwhile: unknown
+    catalog = Catalog(next_id=5, up={2}, expire_after=1)  # held by another session
+    assert _register(catalog, tmp_path).broker_id == 2
+    assert catalog.closed == [] and [asked for asked, _ in catalog.asked] == [2, 2, 2]
 
 
 def test_an_id_that_stays_up_is_refused_after_the_wait(tmp_path: Path) -> None:

@@ -69,3 +69,35 @@ def test_an_executor_claims_a_broker_id_of_its_own_credential_only(
         assert (tmp_path / "b2" / "broker.id").read_text() == f"{claimed}\n"
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == 0
+
+
+def test_a_killed_executor_restarted_on_its_data_gets_its_broker_ids_back_at_once(
+        processes: Processes, tmp_path: Path) -> None:
+    """The restarted executor and its shard hold their data dirs' locks, so the run that wrote
+    them has ended: each closes that run's session (named in `broker.session`) rather than
+    wait for it to expire, and registers its remembered broker id again. Their lease here is
+    longer than the test waits: before, the ids stayed taken until it ran out."""
+    with Up(tmp_path / "home") as up:
+        credential = up.executor_credential("host-b", tmp_path / "host-b.credential")
+        env = tq_env(tmp_path / "elsewhere")
+        argv = _argv(up, credential, tmp_path / "b", "host-b", "--lease", "600")
+        argv[argv.index("--brokers") + 1] = "2"
+
+        def host_b() -> list[tuple[int, int, tuple[int, ...]]]:
+            """(executor id, broker id, shard broker ids) of host-b's executors now."""
+            done = up.tq("status", "--json")
+            return [] if done.returncode else [
+                (e["executor_id"], e["broker_id"], tuple(e["shards"]))
+                for e in json.loads(done.stdout)["executors"] if e["host"] == "host-b"]
+
+        agent = processes.python(*argv, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
+        [(old, broker, shards)] = wait_for(lambda: (found := host_b()) and found[0][2] and found,
+                                           timeout=60, interval=0.2, what="host-b to register")
+        agent.kill()  # its shard dies with it (its parent-death signal)
+        agent.wait(timeout=30)
+        processes.python(*argv, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
+        [(new, broker_again, shards_again)] = wait_for(
+            lambda: (found := host_b()) and len(found) == 1 and found[0][0] != old
+            and found[0][2] and found,
+            timeout=60, interval=0.2, what="the restarted host-b registered, alone")
+        assert (broker_again, shards_again) == (broker, shards) and new != old
