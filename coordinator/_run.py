@@ -198,8 +198,8 @@ async def _recovery_outcome(coordinator: Coordinator, name: str, lease: float,
     ended = f"; queries {_ids(failed)} ended with them" if failed and gone else ""
     executors = sum(1 for s in back if s.kind is SessionKind.EXECUTOR)
     print(f"{name}: recovery lease over: {_n(len(back), 'session')} of the previous run came "
-          f"back ({_n(executors, 'executor')}), {gone} expired{ended}", file=sys.stderr,
-          flush=True)
+          f"back ({_n(executors, 'executor')}), {gone} gone (expired, or closed by the "
+          f"executor that took over its data){ended}", file=sys.stderr, flush=True)
 
 
 def _n(count: int, noun: str) -> str:

@@ -168,14 +168,14 @@ def test_a_killed_ups_cluster_file_is_replaced_and_the_restart_says_what_it_wait
     with _UpDefaults(tmp_path, "--listen", listen) as second:
         assert second.info["pid"] == second.proc.pid != stale["pid"]
         assert second.tq("topics").returncode == 0
-        # The previous run's executor session does not come back (the new agent opens its
-        # own): once the recovery lease has passed, tq up says so.
+        # The previous run's executor session does not come back (the new agent closes it
+        # and opens its own): once the recovery lease has passed, tq up says so.
         wait_for(lambda: "recovery lease over" in second.stderr(), timeout=60,
                  what="the end of the recovery lease")
         said = second.stderr()
     assert "restarted with 1 session of the previous run (1 executor)" in said, said
     assert "waiting up to 10s (the recovery lease)" in said, said
-    assert "0 sessions of the previous run came back (0 executors), 1 expired" in said, said
+    assert "0 sessions of the previous run came back (0 executors), 1 gone" in said, said
 
 
 def test_a_second_tq_broker_on_a_data_dir_names_the_first(tmp_path: Path):
