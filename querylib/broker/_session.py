@@ -328,6 +328,7 @@ class BrokerLink(SessionLink):
                            timeout=self.timeout)
         for message_type, callback in self._notify_callbacks.items():
             client.on_notify(message_type, callback)
+        client.on_lost(self._connection_dropped)
         return client
 
     def on_notify(self, message_type: type[Notify], callback: Callable[[Any], object]) -> None:
@@ -358,6 +359,23 @@ class BrokerLink(SessionLink):
             task.cancel()
         await asyncio.gather(*self._following, return_exceptions=True)
         await self.client.close()
+
+    def _connection_dropped(self) -> None:
+        """The broker closed our connection or died (on the loop): reopen the session now,
+        rather than when a call or the lease finds it gone; a subscriber has no call in
+        flight to fail. Owners whose calls failed ask for the same reopen: it runs once."""
+        if self.closed or self.failure is not None or not self.keeper.ready.is_set():
+            return  # closing, given up, or reopening already
+        task = asyncio.get_running_loop().create_task(
+            self._reopen_after_drop(self.generation), name=f"reopening at {self.address}")
+        self._following.add(task)
+        task.add_done_callback(self._following.discard)
+
+    async def _reopen_after_drop(self, generation: int) -> None:
+        try:
+            await self.reopen(generation)
+        except TqError as exc:  # gave up, or refused: the owners hear it from their calls
+            logger.info("%s: reopening after the connection dropped: %s", self.where, exc)
 
     def _leader_moved(self) -> None:
         """The catalog changed our partition's leader (on the loop): follow it now."""

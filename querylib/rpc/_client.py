@@ -222,6 +222,7 @@ class RpcClient:
         self._pending: DeadlineTimer[asyncio.Future[Incoming | None] | _Call] | None = None
         self._slots = _Slots(limits.max_in_flight)
         self._callbacks: dict[type[Notify], NotifyCallback] = {}
+        self._on_lost: list[Callable[[], object]] = []
         self._queue: asyncio.Queue[Notification] = asyncio.Queue(limits.notify_queue)
         self._drops = DropCounters()
         # Why the server refuses our credential, from its last refusal until a handshake
@@ -286,6 +287,12 @@ class RpcClient:
         if inspect.iscoroutinefunction(callback):
             raise TypeError("the notify callback must be a plain function, not async")
         self._callbacks[message_type] = callback
+
+    def on_lost(self, callback: Callable[[], object]) -> None:
+        """Call `callback()` in the receive loop each time the connection drops (after the
+        calls it carried have failed): a holder of a session may reopen it at once, before
+        any call of its own fails. Plain and quick, as a notify callback."""
+        self._on_lost.append(callback)
 
     async def connect(self) -> RpcClient:
         """Create the socket and start receiving. zmq connects (and reconnects) by itself."""
@@ -689,6 +696,11 @@ class RpcClient:
         for call in calls:  # a callback may issue requests: they go to the next connection
             if not call.done():
                 call.set_exception(ConnectionLostError(why))
+        for callback in list(self._on_lost):
+            try:
+                callback()
+            except Exception:  # the holder's bug; the client must outlive it
+                log.exception("rpc client %s: connection-lost callback failed", self.address)
 
     def _connect_again(self) -> None:
         self._reconnect = None

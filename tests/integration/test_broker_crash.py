@@ -113,3 +113,41 @@ def test_a_batch_in_flight_to_a_killed_broker_goes_to_its_successor_once_it_is_u
                 values += [r.value for r in event.records]
         assert sub.next_event(timeout=0.5) is None  # and nothing more
     assert values == [b"before", b"in flight"]
+
+
+def test_a_subscriber_waiting_on_a_killed_broker_resumes_from_its_successor(
+        processes, tmp_path):
+    """A subscriber waiting for records has no call in flight to fail: the dropped connection
+    itself has its link reopen the session (DESIGN §2 "Lost connections"), and it subscribes
+    again at the restarted broker. Its lease here (renewed a third of it apart) is longer
+    than the test waits: before, only a renewal could tell it the broker had forgotten it."""
+    path, secret = secret_file(tmp_path)
+    port = free_port()
+    data = tmp_path / "data"
+    broker = start_broker(processes, data, port, path, secret)
+    address = f"tcp://127.0.0.1:{port}"
+    producer = Producer(address, "t", secret=secret, create=True)
+    sub = Subscriber(address, "t", 0, secret=secret, lease=600.0)
+    try:
+        producer.send(b"before", time=0)
+        producer.flush()
+        event = sub.next_event(timeout=30)
+        assert isinstance(event, Data) and [r.value for r in event.records] == [b"before"]
+        os.killpg(broker.pid, signal.SIGKILL)
+        broker.wait(timeout=10)
+        start_broker(processes, data, port, path, secret)
+        producer.send(b"after", time=1)
+        producer.flush()
+        values: list[bytes | None] = []
+
+        def read() -> bool:
+            event = sub.next_event(timeout=0.2)
+            if isinstance(event, Data):
+                values.extend(r.value for r in event.records)
+            return bool(values)
+
+        wait_for(read, timeout=60, what="the record sent after the restart")
+        assert values == [b"after"]
+    finally:
+        sub.close()
+        producer.close(end=False)

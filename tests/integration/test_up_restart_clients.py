@@ -11,6 +11,7 @@ partition's log must hold exactly one end-of-stream marker, at its end."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -93,6 +94,16 @@ def _kill(up: Up) -> None:
     (up.home / "cluster.json").unlink(missing_ok=True)  # a crashed tq up leaves it behind
 
 
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        return False
+    return True
+
+
 def _broker_address(home: Path) -> str:
     """The executor broker's RPC endpoint, as its agent remembers it."""
     return json.loads((home / "executor" / "broker.endpoints").read_text())["broker"]
@@ -125,7 +136,10 @@ def test_publisher_and_subscriber_survive_a_restart_of_tq_up(
             _kill(up)
         if fault.endswith("port-taken"):
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            squatter.bind(("127.0.0.1", int(broker.rpartition(":")[2])))
+            # The killed broker's process may still be exiting (its listener open while the
+            # kernel frees its memory; its clients already reconnecting to it).
+            wait_for(lambda: _bound(squatter, int(broker.rpartition(":")[2])), timeout=30,
+                     what="the killed broker's port to be free")
             squatter.listen()
         up = _start_up(home, before["coordinator"])
         # The endpoints came back where they were, and so did the broker if it could.
