@@ -298,12 +298,17 @@ class RpcClient:
         """Create the socket and start receiving. zmq connects (and reconnects) by itself."""
         if self._sock is not None or self._closed:
             raise RuntimeError("an RpcClient connects once")
+        self._loop = asyncio.get_running_loop()
+        self._open()
+        self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
+        return self
+
+    def _open(self) -> None:
+        """The socket to the server, with its monitor and its pump: at `connect`, and in place
+        of one whose connection dropped (`_replace`)."""
+        assert self._loop is not None
         sock = new_socket(zmq.DEALER, self.limits, self._context)
         sock.copy_threshold = COPY_BELOW  # see COPY_BELOW: lending costs more than copying
-        # zmq queues messages only for a connection that is up, and discards what it still
-        # holds for one that drops (else it keeps them for the next: requests failed as lost
-        # would reach the next server too). With none up, sends wait in `_backlog`.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
         if self.server_key is not None:
             public, secret_key = client_keypair(self._own_key)
             try:
@@ -317,7 +322,6 @@ class RpcClient:
         else:
             sock.setsockopt(zmq.PLAIN_USERNAME, self.principal.encode())
             sock.setsockopt(zmq.PLAIN_PASSWORD, self._token)
-        self._loop = asyncio.get_running_loop()
         watch = ConnectionWatch(sock, self._loop, self._on_connection)
         try:
             sock.connect(self.address)
@@ -327,10 +331,19 @@ class RpcClient:
             raise AddressError(f"cannot connect to {self.address}: {exc}") from exc
         self._sock = sock
         self._watch = watch
-        self._pending = DeadlineTimer(self._loop, self.limits.max_in_flight, _expire)
         self._pump = FramePump(sock, self._loop, small_frames=1, limits=self.limits,
                                on_message=self._on_message, on_drop=self._on_drop)
-        return self
+
+    def _replace(self) -> None:
+        """Close the socket whose connection dropped and open another. zmq would keep what it
+        still holds for the dropped connection (requests not yet written to it) and send it
+        on the next one: closed with no linger, the socket discards it. (ZMQ_IMMEDIATE would
+        discard it too, but also the replies that came with the drop, unread.)"""
+        assert self._watch is not None and self._pump is not None and self._sock is not None
+        self._watch.close()
+        self._pump.close()
+        self._sock.close(linger=0)
+        self._open()
 
     async def close(self) -> None:
         """Fail calls in flight with ClientClosedError, stop receiving, close. Idempotent."""
@@ -430,8 +443,7 @@ class RpcClient:
         """`request` as `request` sends it, without a coroutine: `on_answer(reply, None)` or
         `on_answer(None, error)` is called once, with what `request` would return or raise,
         from the receive loop (or from here, when it fails at once). Sent before this returns
-        when a slot is free and a connection up (else it waits for them), in the order of
-        calls: what a
+        when a slot is free (else a task waits for one), in the order of calls: what a
         producer sending a batch per reply uses, so a request costs no task and no future.
         `on_answer` must be quick and must not block (it holds up the replies behind it)."""
         if self._closed:  # as `request` raises it, to the callback
@@ -603,6 +615,11 @@ class RpcClient:
         try:
             async with asyncio.timeout_at(deadline):
                 await pump.send_wait(frames)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if pump is self._pump or self._closed or (current and current.cancelling()):
+                raise
+            return  # its socket was replaced (the connection dropped): it was for that one
         except TimeoutError:
             raise DeadlineExceededError(f"send to {self.address} blocked until the deadline "
                                         "(queue full)") from None
@@ -653,6 +670,9 @@ class RpcClient:
         if event == DISCONNECTED:
             if self._up:  # else it never carried a request: what waits, waits for the next
                 self._up = False
+                assert self._pump is not None
+                self._pump.drain_now()  # the replies that came before it answer their calls
+                self._replace()
                 self._lost()
             return
         # zmq gave the connection up for good (it reconnects only after network errors).
@@ -679,11 +699,11 @@ class RpcClient:
 
     def _lost(self) -> None:
         """The connection carrying our requests dropped: the server's process died or closed
-        it. No reply to them will come, and zmq discarded what it still held for it
-        (ZMQ_IMMEDIATE), so every request issued until now fails at once, rather than at its
-        deadline, with ConnectionLostError (outcome unknown, as at a deadline); those not yet
-        handed to zmq are discarded too, so none reaches the next server behind its caller's
-        back. Requests issued from here on wait for the next connection."""
+        it. Its replies are taken in and its socket replaced (`_replace`, discarding what
+        zmq still held for it), so every request issued until now and unanswered fails at
+        once, rather than at its deadline, with ConnectionLostError (outcome unknown, as at
+        a deadline); those not yet handed to zmq are discarded too, so none reaches the next
+        server behind its caller's back. Requests issued from here on go to the new socket."""
         assert self._pending is not None
         calls = self._pending.entries()
         self._outbox.clear()

@@ -330,6 +330,13 @@ class FramePump:
                 if not writer.done():
                     writer.set_result(None)
 
+    def drain_now(self) -> None:
+        """Handle every message readable now before returning, burst after burst (a client
+        whose connection dropped takes in the replies that came on it before it fails the
+        calls still unanswered)."""
+        while not self._closed and _get(self._sock, _EVENTS) & _POLLIN:
+            self._drain()
+
     def _drain(self) -> None:
         self._scheduled = False
         if self._closed:

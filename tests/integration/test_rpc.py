@@ -73,8 +73,6 @@ async def served(limits: Limits | None = None,
     assert server.endpoint is not None
     client = RpcClient(server.endpoint, SECRET, limits=limits, timeout=10.0)
     await client.connect()
-    # Until then zmq takes no message (ZMQ_IMMEDIATE): requests wait in the client.
-    await wait_for_async(lambda: client.connected, what="the client's connection up")
     try:
         yield server, client, handlers
     finally:
@@ -426,18 +424,59 @@ def test_requests_queued_for_a_dropped_connection_never_reach_the_next_server() 
 
 
 _SERVER_PROCESS = """
-import asyncio, sys
+import asyncio, os, sys
 from querylib.rpc import RpcServer
-from tests.querylib.rpc._support import SECRET
+from tests.querylib.rpc._support import SECRET, Fetch, Handlers
 
 async def main():
     server = RpcServer(SECRET)
+    handlers = Handlers()
+    handlers.install(server)
+    if len(sys.argv) > 2:  # answer that many Fetches, then crash a little later
+        fetch, last = handlers.fetch, int(sys.argv[2])
+        async def fetch_then_die(request, ctx):
+            if len(handlers.arrived) == last - 1:
+                asyncio.get_running_loop().call_later(0.3, os._exit, 0)
+            return await fetch(request, ctx)
+        server.register(Fetch, fetch_then_die)
     await server.start(sys.argv[1])
     print("up", flush=True)
     await asyncio.Event().wait()
 
 asyncio.run(main())
 """
+
+
+def test_replies_that_came_before_the_connection_dropped_answer_their_calls() -> None:
+    """The server answered, then died, while the client's loop was busy: zmq holds the
+    replies it received, and the drop is heard at the same time. The replies answer their
+    calls first; only what is still unanswered fails as lost (sent again, an answered call
+    would be carried out twice)."""
+    endpoint = f"tcp://127.0.0.1:{_port_below_ephemeral()}"
+    server = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, endpoint, "20"],
+                              cwd=Path(__file__).parents[2], stdout=subprocess.PIPE)
+
+    async def test() -> None:
+        async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
+            await wait_for_async(lambda: client.connected, what="the connection up")
+            answers, on_answer = _answers()
+            for token in range(20):
+                client.send_request(Fetch(token), on_answer, timeout=25)
+            await asyncio.sleep(0)  # the requests go out at the end of this turn
+            # Busy (blocked) while the server answers all 20 and then dies: zmq's I/O
+            # thread takes in both meanwhile.
+            server.wait(30)
+            time.sleep(0.5)
+            await wait_for_async(lambda: len(answers) == 20, what="every call answered")
+            tokens = sorted(getattr(reply, "token", -1) for reply, _ in answers)
+            assert tokens == list(range(20)), answers
+
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"up\n"
+        run(test)
+    finally:
+        server.kill()
+        server.wait(10)
 
 
 def _port_below_ephemeral() -> int:
