@@ -298,15 +298,8 @@ class AsyncCluster:
         """Send any coordinator request; raises SessionLostError once the session is gone."""
         if self._lost is not None:
             raise self._lost
-        client = self.client
         try:
-            try:
-                reply = await client.request(request, timeout=timeout)
-            except ClientClosedError:
-                if self._closed or self.client is client:
-                    raise
-                # Failover switched coordinators under this request: ask the active one.
-                reply = await self.client.request(request, timeout=timeout)
+            reply = await self._ask(request, timeout)
         except UnknownSessionError as exc:
             if getattr(request, "session_id", None) == self.session_id is not None:
                 self._lose(exc)
@@ -318,6 +311,18 @@ class AsyncCluster:
             self._seen(version)
         _learn_server_keys(reply)
         return reply
+
+    async def _ask(self, request: Request[R], timeout: float | None) -> R:
+        """`request` to the coordinator in use; sent again to the active one when failover
+        switched coordinators under it (`find_active`, asked by another caller, closed the
+        client it was on)."""
+        client = self.client
+        try:
+            return await client.request(request, timeout=timeout)
+        except ClientClosedError:
+            if self._closed or self.client is client:
+                raise
+            return await self.client.request(request, timeout=timeout)
 
     def _seen(self, version: int) -> None:
         self.version = max(self.version, version)
@@ -608,14 +613,14 @@ class AsyncCluster:
         beat = m.Heartbeat(session_id=self.session_id, lease_ms=int(self.lease * 1000),
                            load=load)
         try:
-            await self.client.request(beat, timeout=timeout)
+            await self._ask(beat, timeout)
         except DeadlineExceededError:
             if len(self.addresses) < 2:
                 raise
             # Failover: another coordinator may be active now and hold our session (recovered,
             # on its recovery lease): find it and renew there.
             await self.find_active()
-            await self.client.request(beat, timeout=timeout)
+            await self._ask(beat, timeout)
 
     def _lapsed(self, cause: BaseException | None) -> None:
         if cause is not None:  # the coordinator's word (else: unheard for a lease, presumed)
