@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -389,10 +389,8 @@ def test_requests_queued_for_a_dropped_connection_never_reach_the_next_server() 
     the client held back for want of room, is discarded with it: those calls failed as lost,
     and must not be carried out by the next server as well (their callers send again)."""
     endpoint = f"tcp://127.0.0.1:{_port_below_ephemeral()}"
-    server = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, endpoint],
-                              cwd=Path(__file__).parents[2], stdout=subprocess.PIPE)
 
-    async def test() -> None:
+    async def test(server: subprocess.Popen[bytes]) -> None:
         async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
             assert await client.request(Ping(b"up"), timeout=25) == Pong(b"up")
             # Stopped, it reads nothing: the requests fill the kernel's buffers, then zmq's
@@ -415,9 +413,19 @@ def test_requests_queued_for_a_dropped_connection_never_reach_the_next_server() 
                 await second.close()
             assert handlers.arrived == [1000]
 
+    with _server_process(endpoint) as server:
+        run(lambda: test(server))
+
+
+@contextmanager
+def _server_process(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """An RpcServer with the test handlers in a process of its own (`_SERVER_PROCESS` with
+    `args`), serving once this yields; killed after."""
+    server = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, *args],
+                              cwd=Path(__file__).parents[2], stdout=subprocess.PIPE)
     try:
         assert server.stdout is not None and server.stdout.readline() == b"up\n"
-        run(test)
+        yield server
     finally:
         server.kill()
         server.wait(10)
@@ -453,10 +461,8 @@ def test_replies_that_came_before_the_connection_dropped_answer_their_calls() ->
     calls first; only what is still unanswered fails as lost (sent again, an answered call
     would be carried out twice)."""
     endpoint = f"tcp://127.0.0.1:{_port_below_ephemeral()}"
-    server = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, endpoint, "20"],
-                              cwd=Path(__file__).parents[2], stdout=subprocess.PIPE)
 
-    async def test() -> None:
+    async def test(server: subprocess.Popen[bytes]) -> None:
         async with RpcClient(endpoint, SECRET, timeout=10.0) as client:
             await wait_for_async(lambda: client.connected, what="the connection up")
             answers, on_answer = _answers()
@@ -471,12 +477,8 @@ def test_replies_that_came_before_the_connection_dropped_answer_their_calls() ->
             tokens = sorted(getattr(reply, "token", -1) for reply, _ in answers)
             assert tokens == list(range(20)), answers
 
-    try:
-        assert server.stdout is not None and server.stdout.readline() == b"up\n"
-        run(test)
-    finally:
-        server.kill()
-        server.wait(10)
+    with _server_process(endpoint, "20") as server:
+        run(lambda: test(server))
 
 
 def _port_below_ephemeral() -> int:
