@@ -43,15 +43,18 @@ async def serve_local(
     auto_create_topics: bool = True,
     default_partitions: int = 1,
     broker_limits: BrokerLimits | None = None,
+    sasl: tuple[str, ...] = (),
 ) -> AsyncIterator[KafkaListener]:
     """Open the data directory as a broker, listen, and yield the listener (its `backend` is
-    a `BrokerBackend`); close both on exit."""
+    a `BrokerBackend`); close both on exit. `sasl`: the mechanisms clients must authenticate
+    with (none: every client is anonymous); a principal's password is
+    `await listener.backend.password(principal)`, derived from a secret made for this run."""
     # No RPC socket: the secret only keys a server that never binds.
     server = BrokerServer(data_dir, os.urandom(32), log_config=log_config, limits=broker_limits)
     config = KafkaConfig(host=host, port=port, advertised_host=advertised_host,
                          auto_create_topics=auto_create_topics,
                          default_partitions=default_partitions, limits=limits,
-                         group_config=group_config)
+                         group_config=group_config, sasl=sasl)
     try:
         await server.start(None)
         kafka = BrokerKafka(server.port, config)

@@ -55,7 +55,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from catalog import ANONYMOUS, TOPIC_CONFIGS, TopicName, check_topic_config
@@ -68,6 +68,7 @@ from catalog.errors import (
     TqError,
     UnknownTopicError,
 )
+from querylib._keyed_lock import KeyedLock
 from querylib.broker import (
     BrokerLink,
     NotProducerError,
@@ -328,11 +329,6 @@ class StandaloneCluster:
         return None  # its groups and transactions live on its disk only
 
 
-@dataclass
-class _Partition:
-    producers: ProducerStateTable = field(default_factory=ProducerStateTable)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # check, append, record: atomic
-
 
 class _Writer:
     """One broker session the backend writes through, as one principal: the producers it has
@@ -348,6 +344,16 @@ class _Writer:
     async def _forgotten(self) -> None:
         self.producing.clear()  # the broker forgot the session: open producers again
 
+    async def open(self, pid: PartitionId, *, create: bool) -> None:
+        """Open this session's producer of `pid` unless it is open: the broker refuses one
+        this principal may not write there (TopicAuthorizationError, UnknownPartitionError).
+        `create`: creating the topic (Kafka's auto-creation)."""
+        if pid not in self.producing:
+            await self.link.request(OpenProducerRequest(
+                session=self.link.session, topic=pid[0], partition=pid[1], create=create,
+                create_topic=create))
+            self.producing.add(pid)
+
     async def produce(self, pid: PartitionId, batch: bytes, *, create: bool,
                       written: bool = False) -> int:
         """Append through the broker; the base offset once durable (`written`: once the log
@@ -356,11 +362,7 @@ class _Writer:
         opened = link.opened  # set once, by the link's start
         assert opened is not None
         for attempt in (1, 2):
-            if pid not in self.producing:
-                await link.request(OpenProducerRequest(
-                    session=link.session, topic=pid[0], partition=pid[1], create=create,
-                    create_topic=create))
-                self.producing.add(pid)
+            await self.open(pid, create=create)
             async with self.window:
                 await self.window.wait_for(lambda: self.inflight < opened.producer_window)
                 self.inflight += len(batch)
@@ -420,7 +422,10 @@ class BrokerBackend:
         self._writers: OrderedDict[str, _Writer] = OrderedDict()
         self._writers_lock = asyncio.Lock()
         self._system = _Writer(port.link("system", lease=config.lease))
-        self._partitions: dict[PartitionId, _Partition] = {}
+        # Idempotent producers' sequences, of the partitions written here; a partition's
+        # check, append and record are atomic under its key of `_appending`.
+        self._producers: dict[PartitionId, ProducerStateTable] = {}
+        self._appending: KeyedLock[PartitionId] = KeyedLock()
         self._waiters: dict[PartitionId, set[asyncio.Future[None]]] = {}
         self._store = GroupStore()
         # Where `__consumer_offsets` and `__transaction_state` are kept beyond this disk.
@@ -624,8 +629,8 @@ class BrokerBackend:
             raise UnknownTopicError(f"topic {topic.short!r} not found")
         await self._authorize_topic(topic, principal)
         await self.cluster.delete_kafka_topic(topic)
-        for pid in [p for p in self._partitions if p[0] == topic.short]:
-            del self._partitions[pid]  # its idempotent producers' sequences go with it
+        for pid in [p for p in self._producers if p[0] == topic.short]:
+            del self._producers[pid]  # its idempotent producers' sequences go with it
 
     async def create_partitions(self, name: str, count: int, principal: str, *,
                                 validate_only: bool = False) -> None:
@@ -718,12 +723,6 @@ class BrokerBackend:
             raise UnknownPartitionError(f"topic {topic!r} has no partition {partition} here")
         return await self.port.ensure(name.short, partition, create=True)
 
-    def _partition(self, pid: PartitionId) -> _Partition:
-        part = self._partitions.get(pid)
-        if part is None:
-            part = self._partitions[pid] = _Partition()
-        return part
-
     async def _writer(self, principal: str) -> _Writer:
         """The broker session that writes as `principal`, opened on first use."""
         async with self._writers_lock:
@@ -748,19 +747,22 @@ class BrokerBackend:
                      acks: int, principal: str = ANONYMOUS) -> AppendResult:
         pid = (TopicName.parse(topic).short, partition)
         writer = await self._writer(principal)
-        part = self._partition(pid)
         first: int | None = None
-        async with part.lock:
+        async with self._appending.hold(pid):
+            # Opened first, so the broker refuses a principal that may not write here before
+            # a retry of someone else's batch could be acknowledged to it.
+            create = await self._creates(pid, writer)
+            await writer.open(pid, create=create)
             for batch in batches:
                 header = read_header(batch)
-                original = part.producers.check(header)
+                producers = self._producers.get(pid)
+                original = None if producers is None else producers.check(header)
                 if original is not None:
                     verify_batch(batch)  # acknowledge a retry only if it is intact
                     base = original
                 else:
-                    base = await writer.produce(pid, batch,
-                                                create=await self._creates(pid, writer))
-                    part.producers.record(header, base)
+                    base = await writer.produce(pid, batch, create=create)
+                    self._producers.setdefault(pid, ProducerStateTable()).record(header, base)
                 first = base if first is None else first
         info = self.port.info(pid)
         return AppendResult(first if first is not None else info.log_end, info.log_start)
@@ -970,11 +972,10 @@ class BrokerBackend:
                     epoch: int) -> None:
         """Append a transaction marker to a partition of this broker (opened if it is on
         disk), through its port as "system", and fence the producer's older epochs here."""
-        part = self._partition(pid)
         try:
-            async with part.lock:
+            async with self._appending.hold(pid):
                 await self._system.produce(pid, marker, create=False)
-                part.producers.fence(producer_id, epoch)
+                self._producers.setdefault(pid, ProducerStateTable()).fence(producer_id, epoch)
         except _GONE as exc:
             self._no_marker(producer_id, pid, exc)
 

@@ -264,7 +264,7 @@ class GroupService:
                               {"throttle_time": 0, "error_code": top, "members": members})
 
     async def offset_commit(self, ctx: RequestContext, request: Any) -> Any:
-        refused = await self._elsewhere(ctx, request.group_id, claim=True)
+        refused = await self._elsewhere(ctx, request.group_id)
         if not request.group_id:
             error = ErrorCode.invalid_group_id
         elif refused is not None:
@@ -296,9 +296,17 @@ class GroupService:
             results.append({"name": topic.name, "partitions": partitions})
         if commits:
             try:
-                await self.backend.store_offsets(request.group_id, commits)
+                # A commit that stores something claims a group nobody has yet (DESIGN §12);
+                # a refused one leaves it free.
+                if await self.backend.authorize_group(request.group_id, ctx.principal,
+                                                      claim=True):
+                    await self.backend.store_offsets(request.group_id, commits)
+                    code = ErrorCode.none
+                else:
+                    code = ErrorCode.group_authorization_failed
             except TqError as exc:
                 code = error_code_of(exc)
+            if code is not ErrorCode.none:
                 for topic_result in results:
                     for partition in topic_result["partitions"]:
                         if partition["error_code"] is ErrorCode.none:

@@ -445,7 +445,8 @@ class KafkaListener:
         header, offset = parse_request_header(frame, is_flexible)
         self.stats.requests += 1
         api_key, version = header.api_key, header.api_version
-        self.stats.versions[api_key, version] += 1
+        if is_supported(api_key, version):  # pairs a client makes up are not kept
+            self.stats.versions[api_key, version] += 1
         if auth.principal is None and api_key not in _BEFORE_AUTH:
             self.stats.unauthenticated += 1
             raise KafkaProtocolError(f"api key {api_key} before SASL authentication: this "

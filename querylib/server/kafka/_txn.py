@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from catalog.errors import TqError
+from querylib._keyed_lock import KeyedLock
 from querylib.kafka._errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,
@@ -153,7 +154,7 @@ class TransactionCoordinator:
                  completion_wait: float = COMPLETION_WAIT) -> None:
         self.log = log
         self.txns: dict[str, Txn] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: KeyedLock[str] = KeyedLock()  # held or waited for: per id
         self._completions: dict[str, asyncio.Task[None]] = {}
         # Completed transactions whose CompleteCommit/CompleteAbort is not recorded yet
         # (written before the id's next record, or by `recover`).
@@ -216,7 +217,7 @@ class TransactionCoordinator:
         Called on start and then every round, with `expire`. The first call deals with the
         transactional ids `replay` found suspect."""
         for transactional_id, replayed in list(self._suspect.items()):
-            async with self._lock(transactional_id):
+            async with self._locks.hold(transactional_id):
                 txn = self.txns.get(transactional_id)
                 if txn is not None and txn.epoch == replayed.epoch \
                         and txn.producer_id == replayed.producer_id:
@@ -249,7 +250,7 @@ class TransactionCoordinator:
 
     async def _record_completed(self) -> None:
         for transactional_id in list(self._unrecorded):
-            async with self._lock(transactional_id):
+            async with self._locks.hold(transactional_id):
                 if transactional_id in self._unrecorded:  # harmless if lost: written
                     await self._record(self._unrecorded[transactional_id], durable=False)
 
@@ -263,7 +264,7 @@ class TransactionCoordinator:
         return task
 
     async def _finish(self, transactional_id: str) -> None:
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self.txns[transactional_id]
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
                 await self._complete(txn, defer=True)
@@ -293,12 +294,6 @@ class TransactionCoordinator:
             await asyncio.wait([task], timeout=self.completion_wait)
         return self.txns[transactional_id].state not in (PREPARE_COMMIT, PREPARE_ABORT)
 
-    def _lock(self, transactional_id: str) -> asyncio.Lock:
-        lock = self._locks.get(transactional_id)
-        if lock is None:
-            lock = self._locks[transactional_id] = asyncio.Lock()
-        return lock
-
     # ---- requests ---------------------------------------------------------------------------
 
     async def init_producer_id(self, transactional_id: str, timeout_ms: int,
@@ -314,7 +309,7 @@ class TransactionCoordinator:
         if transactional_id in self._suspect:  # the first `recover` is about to renew it
             raise ConcurrentTransactionsError(f"transactional id {transactional_id!r} is being "
                                               "recovered")
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self.txns.get(transactional_id)
             if txn is None:
                 if len(self.txns) >= MAX_TRANSACTIONAL_IDS:
@@ -343,7 +338,7 @@ class TransactionCoordinator:
                              partitions: Sequence[tuple[str, int]], principal: str) -> None:
         if not await self._settled(transactional_id):
             self._current(transactional_id, producer_id, epoch, principal)  # raises
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             added = [p for p in partitions if p not in txn.partitions]
             if not added and txn.state == ONGOING:
@@ -360,11 +355,18 @@ class TransactionCoordinator:
             txn.partitions.extend(added)
             await self._record(txn, durable=False)
 
+    async def check(self, transactional_id: str, producer_id: int, epoch: int,
+                    principal: str) -> None:
+        """Raise what a request of this producer for its transaction is refused with now
+        (e.g. InvalidProducerIdMappingError, ProducerFencedError), changing nothing."""
+        await self._settled(transactional_id)
+        self._current(transactional_id, producer_id, epoch, principal)
+
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int,
                           group_id: str, principal: str) -> None:
         if not await self._settled(transactional_id):
             self._current(transactional_id, producer_id, epoch, principal)  # raises
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             if group_id in txn.offsets and txn.state == ONGOING:
                 return
@@ -378,7 +380,7 @@ class TransactionCoordinator:
     async def txn_offset_commit(self, transactional_id: str, producer_id: int, epoch: int,
                                 group_id: str, offsets: Sequence[CommittedOffset],
                                 principal: str) -> None:
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self._current(transactional_id, producer_id, epoch, principal).copy()
             if txn.state != ONGOING or group_id not in txn.offsets:
                 raise InvalidTxnStateError(
@@ -403,7 +405,7 @@ class TransactionCoordinator:
             if txn.state == prepare:
                 return  # a retry of the EndTxn being completed: decided
             raise ConcurrentTransactionsError(f"transaction {transactional_id!r} is being ended")
-        async with self._lock(transactional_id):
+        async with self._locks.hold(transactional_id):
             txn = self._known(transactional_id, producer_id, epoch, principal)
             done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
             if txn.state == done or (txn.state == EMPTY and not commit):
@@ -429,7 +431,7 @@ class TransactionCoordinator:
         now = self._now()
         for transactional_id, txn in list(self.txns.items()):
             if txn.state == ONGOING and now - txn.started_ms > txn.timeout_ms:
-                async with self._lock(transactional_id):
+                async with self._locks.hold(transactional_id):
                     txn = self.txns[transactional_id]
                     if txn.state == ONGOING and now - txn.started_ms > txn.timeout_ms:
                         logger.info("transaction of %r timed out after %d ms: aborting",

@@ -52,6 +52,10 @@ class TxnHandlers:
         code = await self._refusal(request.transactional_id)
         if code is None:
             try:
+                # The group is claimed (DESIGN §12) only for the transaction's own producer.
+                await self.backend.transactions.check(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    ctx.principal)
                 if not await self.backend.authorize_group(request.group_id, ctx.principal,
                                                           claim=True):
                     code = ErrorCode.group_authorization_failed
@@ -86,8 +90,9 @@ class TxnHandlers:
                                        p.committed_metadata or "")
                        for t in request.topics for p in t.partitions]
             try:
+                # AddOffsetsToTxn claimed the group, if anyone could: nothing to claim here
                 if not await self.backend.authorize_group(request.group_id, ctx.principal,
-                                                          claim=True):
+                                                          claim=False):
                     code = ErrorCode.group_authorization_failed
                 else:
                     await self.backend.transactions.txn_offset_commit(

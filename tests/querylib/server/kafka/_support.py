@@ -194,6 +194,13 @@ class WireClient:
         assert got == correlation_id
         return response
 
+    def authenticate(self, user: str, password: str) -> None:
+        """SASL PLAIN (SaslHandshake v1, then SaslAuthenticate v2), as Kafka clients do."""
+        shake = self.call(make_request(17, 1, mechanism="PLAIN"))
+        assert shake.error_code == 0, shake
+        done = self.call(make_request(36, 2, auth_bytes=f"\0{user}\0{password}".encode()))
+        assert done.error_code == 0, done
+
     def is_closed(self, timeout: float = 10.0) -> bool:
         """True once the listener has closed this connection (EOF within `timeout`)."""
         self.sock.settimeout(timeout)

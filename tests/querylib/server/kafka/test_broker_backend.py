@@ -34,7 +34,7 @@ from querylib.errors import CorruptRecordError, OffsetOutOfRangeError
 from querylib.kafka import OutOfOrderSequenceError, UnknownPartitionError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import decode_batch, encode_batch, iter_batches
-from querylib.server.broker import BrokerLimits, BrokerServer
+from querylib.server.broker import BrokerLimits, BrokerServer, TopicAccess
 from querylib.server.kafka import (
     OFFSETS_TOPIC,
     BrokerBackend,
@@ -50,10 +50,10 @@ SECRET = b"0123456789abcdef0123456789abcdef"
 
 def run(data_dir: Path, body: Callable[[BrokerBackend], Awaitable[T]], *,
         secret: bytes | None = SECRET, log_config: LogConfig | None = None,
-        limits: BrokerLimits | None = None, **config: Any) -> T:
+        limits: BrokerLimits | None = None, directory: Any = None, **config: Any) -> T:
     async def main() -> T:
         server = BrokerServer(data_dir, SECRET, log_config=log_config or LogConfig(),
-                              limits=limits)
+                              limits=limits, directory=directory)
         await server.start(None)
         backend = await BrokerBackend(server.port, KafkaConfig(port=0, **config),
                                       secret=secret).open()
@@ -198,6 +198,55 @@ def test_idempotent_retries_and_gaps(tmp_path: Path) -> None:
         assert (await backend.offsets("t", 0)).high_watermark == 3
 
     run(tmp_path, body)
+
+
+class _AliceOwnsMine:
+    """Topic "mine" is user:alice's; every other topic is open to anyone."""
+
+    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
+        return TopicAccess(topic, "user:alice" if topic == "mine" else "*")
+
+    def watch(self, learn: object, forget: object) -> None:
+        pass
+
+
+def test_a_retry_is_acknowledged_only_to_a_writer_of_the_topic(tmp_path: Path) -> None:
+    """Bob sends a batch under alice's producer id and sequence, to alice's topic: he is
+    refused as any write of his there is, not told his batch is stored at her offset."""
+    async def body(backend: BrokerBackend) -> None:
+        pid = await backend.allocate_producer_id()
+        hers = batch(b"alice", producer_id=pid, producer_epoch=0, base_sequence=0)
+        assert (await backend.append("mine", 0, [hers], acks=-1,
+                                     principal="user:alice")).base_offset == 0
+        his = batch(b"bob", producer_id=pid, producer_epoch=0, base_sequence=0)
+        with pytest.raises(TopicAuthorizationError):
+            await backend.append("mine", 0, [his], acks=-1, principal="user:bob")
+        assert (await backend.append("mine", 0, [hers], acks=-1,
+                                     principal="user:alice")).base_offset == 0  # a retry
+        assert (await backend.offsets("mine", 0)).high_watermark == 1
+
+    run(tmp_path, body, directory=_AliceOwnsMine())
+
+
+def test_refused_writes_keep_no_producer_state(tmp_path: Path) -> None:
+    """Writes refused by the broker (no such partition, tq's own topic, another's topic)
+    keep nothing per partition: what the backend holds grows with what is written, not with
+    what clients ask for."""
+    async def body(backend: BrokerBackend) -> None:
+        await backend.create_topic("t", 1)
+        one = batch(b"x", producer_id=await backend.allocate_producer_id(),
+                    producer_epoch=0, base_sequence=0)
+        for partition in range(1, 50):
+            with pytest.raises(TqError):
+                await backend.append("t", partition, [one], acks=1)
+        with pytest.raises(TopicAuthorizationError):
+            await backend.append(OFFSETS_TOPIC, 0, [one], acks=1)
+        with pytest.raises(TopicAuthorizationError):
+            await backend.append("mine", 0, [one], acks=1, principal="user:bob")
+        assert (await backend.append("t", 0, [one], acks=1)).base_offset == 0
+        assert len(backend._producers) == 1  # noqa: SLF001 (only t-0's producers)
+
+    run(tmp_path, body, directory=_AliceOwnsMine())
 
 
 def test_offset_for_timestamp(tmp_path: Path) -> None:

@@ -352,3 +352,24 @@ def test_a_coordinator_restarted_uncleanly_ends_its_transactions_under_new_produ
         await clean.recover()
         assert clean.txns["t"].state == ONGOING and clean.txns["t"].producer_id == pid
     run(main())
+
+
+def test_requests_for_transactional_ids_nobody_holds_leave_nothing_behind() -> None:
+    """Refused requests naming made-up transactional ids (a stranger's) keep no per-id state:
+    what the coordinator holds is bounded by the ids that exist, not by what clients send."""
+    async def main() -> None:
+        coordinator = TransactionCoordinator(MemoryLog())
+        await coordinator.init_producer_id("real", 60_000, "user:alice")
+        for i in range(50):
+            made_up = f"made-up-{i}"
+            with pytest.raises(InvalidProducerIdMappingError):
+                await coordinator.add_partitions(made_up, 7, 0, [("t", 0)], "user:bob")
+            with pytest.raises(InvalidProducerIdMappingError):
+                await coordinator.add_offsets(made_up, 7, 0, "g", "user:bob")
+            with pytest.raises(InvalidProducerIdMappingError):
+                await coordinator.txn_offset_commit(made_up, 7, 0, "g", [], "user:bob")
+            with pytest.raises(InvalidProducerIdMappingError):
+                await coordinator.end_txn(made_up, 7, 0, True, "user:bob")
+        assert list(coordinator.txns) == ["real"]
+        assert len(coordinator._locks) == 0  # noqa: SLF001 (nothing held now)
+    run(main())
