@@ -16,17 +16,20 @@ from querylib.broker import (
     AsyncSubscriber,
     BrokerClosedError,
     BrokerLink,
+    Chunk,
     Data,
     OpenProducerRequest,
     PrincipalError,
     ProduceRequest,
+    SubscriberCore,
     TopicAuthorizationError,
 )
-from querylib.broker.messages import OpenSessionRequest
+from querylib.broker.messages import OpenSessionRequest, SubscribeRequest
 from querylib.records import encode_batch, read_header
 from querylib.records._types import CONTROL_BIT
 from querylib.rpc import Credential, SecretRejectedError, principal_key
 from querylib.server.broker import BrokerServer, TopicAccess
+from tests.conftest import wait_for_async
 
 SECRET = os.urandom(32)
 
@@ -236,3 +239,94 @@ def test_a_client_may_write_as_anonymous_and_its_session_stays_its_own(tmp_path:
             await server.close()
 
     assert asyncio.run(main()) == ("anonymous", "user:alice")
+
+
+def test_a_subscriber_on_a_session_opened_as_anonymous_gets_its_credit(tmp_path: Path) -> None:
+    """Alice's session opened as anonymous subscribes with room for a few batches: the credit
+    it grants as it consumes is hers to grant, so it reads on past its first window (it
+    stalled once the first was spent: her grants were taken for a stranger's)."""
+    async def main() -> int:
+        server = BrokerServer(tmp_path, SECRET, directory=_AliceOwnsMine())
+        address = await server.start()
+        alice = BrokerLink(address, Credential("user:alice",
+                                               principal_key(SECRET, "user:alice")),
+                           timeout=10, principal="anonymous")
+        batches = [encode_batch([(0, None, bytes([i]) * 1000, ())]) for i in range(20)]
+        received: list[Chunk] = []
+        core = SubscriberCore(alice, "open", [0], "earliest", credit=3000,
+                              sink=lambda item: received.append(item))
+        try:
+            await alice.start()
+            await alice.request(OpenProducerRequest(session=alice.session, topic="open",
+                                                    partition=0, create=True))
+            for one in batches:
+                await alice.request(ProduceRequest(session=alice.session, topic="open",
+                                                   partition=0), payload=[one])
+            await core.open()
+            consumed = 0
+
+            def consume() -> int:
+                nonlocal consumed
+                for chunk in received[consumed:]:
+                    assert isinstance(chunk, Chunk)
+                    core.consumed(0, len(chunk.data))
+                consumed = len(received)
+                return received[-1].next_offset if received else 0
+
+            await wait_for_async(lambda: consume() >= len(batches), timeout=10)
+            return consume()
+        finally:
+            await core.close()
+            await alice.close(clean=False)
+            await server.close()
+
+    assert asyncio.run(main()) == 20
+
+
+class _SlowDirectory:
+    """Every topic open to anyone; resolving "slow" waits until the test opens `gate`."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.resolving = asyncio.Event()
+
+    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
+        if topic == "slow":
+            self.resolving.set()
+            await self.gate.wait()
+        return TopicAccess(topic, "*")
+
+    def watch(self, learn: object, forget: object) -> None:
+        pass
+
+
+def test_a_session_opened_while_anothers_request_waits_stays_its_own(tmp_path: Path) -> None:
+    """Bob subscribes in a session nobody has yet; while his request waits on the directory,
+    alice opens that session. His request is refused once it goes on, rather than subscribing
+    in alice's session and taking her deliveries to his socket."""
+    async def main() -> None:
+        directory = _SlowDirectory()
+        server = BrokerServer(tmp_path, SECRET, directory=directory)
+        address = await server.start()
+        bob = BrokerLink(address, Credential("user:bob", principal_key(SECRET, "user:bob")),
+                         timeout=10)
+        alice = BrokerLink(address, Credential("user:alice",
+                                               principal_key(SECRET, "user:alice")),
+                           timeout=10, session="alices")
+        try:
+            await bob.start()
+            taking = asyncio.ensure_future(bob.request(SubscribeRequest(
+                session="alices", sub_id=1, topic="slow", partition=0, credit=1 << 20,
+                create=True)))
+            await asyncio.wait_for(directory.resolving.wait(), 10)
+            await alice.start()
+            directory.gate.set()
+            with pytest.raises(PrincipalError, match="belongs to another principal"):
+                await taking
+            assert not server.state.sessions["alices"].subs
+        finally:
+            for link in (alice, bob):
+                await link.close(clean=False)
+            await server.close()
+
+    asyncio.run(main())

@@ -915,7 +915,7 @@ class BrokerServer:
                 # process); over RPC only the holder of the cluster secret drops data.
                 raise PrincipalError(f"{principal} may not drop partitions: only the admin may "
                                      "(under a coordinator, `tq topic delete` drops them)")
-        return await handler(request, payload, peer, remote)
+        return await handler(request, payload, peer, principal if remote else None)
 
     def _check_remote_session(self, session_id: str, principal: str | None) -> None:
         """An RPC client uses a session of its own: not one of the broker's process, not one
@@ -923,14 +923,19 @@ class BrokerServer:
         if session_id in self._local or session_id.startswith(LOCAL_SESSIONS):
             raise PrincipalError("that session belongs to the broker's own process; open one "
                                  "of your own")
+        holder = self._holder(session_id)
+        if holder is not None and holder != principal:
+            raise PrincipalError(f"session {session_id!r} belongs to another principal")
+
+    def _holder(self, session_id: str) -> str | None:
+        """The principal that opened a session (for one opened as anonymous, who asked for
+        the downgrade); None when there is no such session."""
         session = self.state.sessions.get(session_id)
         if session is None:
-            return
-        holder = session.principal
-        if holder == ANONYMOUS:
-            holder = self._downgraded.get(session_id, ANONYMOUS)
-        if holder != principal:
-            raise PrincipalError(f"session {session_id!r} belongs to another principal")
+            return None
+        if session.principal == ANONYMOUS:
+            return self._downgraded.get(session_id, ANONYMOUS)
+        return session.principal
 
     def _serve_now(self, request: Any, ctx: Context) -> asyncio.Future[Any]:
         """`_serve` for a producer's pipelined request from an RPC client (Produce, Advance,
@@ -941,12 +946,17 @@ class BrokerServer:
             raise BrokerClosedError("the broker is closed")
         if request.session:
             self._check_remote_session(request.session, ctx.principal)
-        return self._handlers[type(request)](request, ctx.payload, ctx.peer, True)
+        return self._handlers[type(request)](request, ctx.payload, ctx.peer, ctx.principal)
 
-    def _call(self, peer: bytes | None, session: str,
-              make: Callable[[Any], Stimulus]) -> asyncio.Future[Any]:
+    def _call(self, peer: bytes | None, session: str, make: Callable[[Any], Stimulus],
+              remote: str | None) -> asyncio.Future[Any]:
         """Feed the stimulus `make(future)` now; the future resolves to the core's answer (a
-        future rather than a coroutine awaiting it: one frame less on every request)."""
+        future rather than a coroutine awaiting it: one frame less on every request).
+        `remote`: the RPC client's principal (None: this process), whose session is checked
+        again here, as it is fed: a request that awaited since the door's check (the
+        directory, a partition opening) may find its session opened by another meanwhile."""
+        if remote is not None:
+            self._check_remote_session(session, remote)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._feed(make(future))
         if peer is not None and session in self.state.sessions:
@@ -955,13 +965,13 @@ class BrokerServer:
 
     def _register(self) -> None:
         async def open_session(req: OpenSessionRequest, payload: list[Any], peer: bytes | None,
-                               remote: bool) -> SessionOpened:
+                               remote: str | None) -> SessionOpened:
             if remote and req.principal == SYSTEM:
                 raise PrincipalError("the system principal is tq's own writers in the broker's "
                                      "process; an RPC client cannot claim it")
             try:
                 opened = await self._call(peer, req.session, lambda t: OpenSession(
-                    t, req.session, req.lease, req.principal))
+                    t, req.session, req.lease, req.principal), remote)
             except BaseException:
                 if req.session not in self.state.sessions:
                     self._downgraded.pop(req.session, None)
@@ -971,20 +981,21 @@ class BrokerServer:
             return opened
 
         async def heartbeat(req: HeartbeatRequest, payload: list[Any], peer: bytes | None,
-                            remote: bool) -> Done:
-            return await self._call(peer, req.session, lambda t: Heartbeat(t, req.session))
+                            remote: str | None) -> Done:
+            return await self._call(peer, req.session, lambda t: Heartbeat(t, req.session), remote)
 
         async def close_session(req: CloseSessionRequest, payload: list[Any],
-                                peer: bytes | None, remote: bool) -> Done:
-            return await self._call(peer, req.session, lambda t: CloseSession(t, req.session))
+                                peer: bytes | None, remote: str | None) -> Done:
+            return await self._call(peer, req.session,
+                                    lambda t: CloseSession(t, req.session), remote)
 
         async def list_partitions(req: ListPartitions, payload: list[Any], peer: bytes | None,
-                                  remote: bool) -> PartitionList:
+                                  remote: str | None) -> PartitionList:
             pids = sorted(p for p in self.state.partitions if not req.topic or p[0] == req.topic)
             return PartitionList([self._sized_info(p) for p in pids])
 
         async def list_subscriptions(req: ListSubscriptions, payload: list[Any],
-                                     peer: bytes | None, remote: bool) -> SubscriptionList:
+                                     peer: bytes | None, remote: str | None) -> SubscriptionList:
             found = []
             for pid, part in sorted(self.state.partitions.items()):
                 if req.topic and pid[0] != req.topic:
@@ -999,7 +1010,7 @@ class BrokerServer:
             return SubscriptionList(found)
 
         async def ensure(req: EnsurePartition, payload: list[Any], peer: bytes | None,
-                         remote: bool) -> PartitionInfo:
+                         remote: str | None) -> PartitionInfo:
             if remote and req.create:
                 await self._may_create(req.topic, req.partition)
             pid = await self._ensure(req.topic, req.partition, req.create,
@@ -1007,12 +1018,12 @@ class BrokerServer:
             return self.state.partition_info(pid)
 
         async def drop(req: DropPartitionRequest, payload: list[Any], peer: bytes | None,
-                       remote: bool) -> Done:
+                       remote: str | None) -> Done:
             await self.drop_partition(req.topic, req.partition)
             return Done()
 
         async def delete_records(req: DeleteRecordsRequest, payload: list[Any],
-                                 peer: bytes | None, remote: bool) -> PartitionInfo:
+                                 peer: bytes | None, remote: str | None) -> PartitionInfo:
             pid = validate_partition(req.topic, req.partition)
             visible = self.state.partition_info(pid).log_end  # UnknownPartitionError
             offset = visible if req.offset == -1 else req.offset
@@ -1024,7 +1035,7 @@ class BrokerServer:
             return self._sized_info(pid)
 
         async def open_producer(req: OpenProducerRequest, payload: list[Any],
-                                peer: bytes | None, remote: bool) -> ProducerOpened:
+                                peer: bytes | None, remote: str | None) -> ProducerOpened:
             pid = validate_partition(req.topic, req.partition)
             incarnation = incarnation_of(req.topic_id, req.topic_created_ms)
             if incarnation is not None and pid in self.state.partitions:
@@ -1036,10 +1047,10 @@ class BrokerServer:
                 create=req.create, create_topic=req.create_topic, reopen=req.reopen,
                 epoch=req.epoch,
                 incarnation=incarnation, producer_id=req.producer_id,
-                last_sequence=req.last_sequence, ending=req.ending))
+                last_sequence=req.last_sequence, ending=req.ending), remote)
 
         def produce(req: ProduceRequest, payload: list[Any], peer: bytes | None,
-                    remote: bool) -> asyncio.Future[Produced]:
+                    remote: str | None) -> asyncio.Future[Produced]:
             # Not a coroutine: `_serve` awaits the core's answer directly (once per batch).
             if len(payload) == 1:
                 batch = payload[0]
@@ -1058,7 +1069,7 @@ class BrokerServer:
             return future
 
         def produce_batches(req: ProduceBatchesRequest, payload: list[Any], peer: bytes | None,
-                            remote: bool) -> asyncio.Future[ProducedBatches]:
+                            remote: str | None) -> asyncio.Future[ProducedBatches]:
             """Several batches of one partition: each fed as its own Produce, in order (the
             core judges each as if it came alone), their appends written as one commit, one
             reply once all are answered."""
@@ -1100,7 +1111,7 @@ class BrokerServer:
             return answer
 
         async def write_markers(req: WriteMarkersRequest, payload: list[Any],
-                                peer: bytes | None, remote: bool) -> MarkersWritten:
+                                peer: bytes | None, remote: str | None) -> MarkersWritten:
             """One transaction marker into several partitions, each as a produce of the
             session (its producer opened there first if it is not): answered once all are
             durable, naming the partitions that do not exist; any other refusal raised once
@@ -1135,18 +1146,18 @@ class BrokerServer:
 
         # Not coroutines, as produce: `_serve_now` feeds them as they arrive.
         def advance(req: AdvanceRequest, payload: list[Any], peer: bytes | None,
-                    remote: bool) -> asyncio.Future[Done]:
+                    remote: str | None) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
             return self._call(peer, req.session,
-                              lambda t: AdvanceFrontier(t, req.session, pid, req.frontier))
+                              lambda t: AdvanceFrontier(t, req.session, pid, req.frontier), remote)
 
         def end_stream(req: EndStreamRequest, payload: list[Any], peer: bytes | None,
-                       remote: bool) -> asyncio.Future[Done]:
+                       remote: str | None) -> asyncio.Future[Done]:
             pid = (req.topic, req.partition)
-            return self._call(peer, req.session, lambda t: EndStream(t, req.session, pid))
+            return self._call(peer, req.session, lambda t: EndStream(t, req.session, pid), remote)
 
         async def subscribe(req: SubscribeRequest, payload: list[Any], peer: bytes | None,
-                            remote: bool) -> Subscribed:
+                            remote: str | None) -> Subscribed:
             if peer is None:
                 raise BrokerProtocolError("subscriptions are served over RPC, not in-process")
             if remote and req.create:
@@ -1154,12 +1165,12 @@ class BrokerServer:
             pid = await self._ensure(req.topic, req.partition, req.create,
                                      incarnation_of(req.topic_id, req.topic_created_ms))
             return await self._call(peer, req.session, lambda t: Subscribe(
-                t, req.session, req.sub_id, pid, req.start, req.credit))
+                t, req.session, req.sub_id, pid, req.start, req.credit), remote)
 
         async def unsubscribe(req: UnsubscribeRequest, payload: list[Any], peer: bytes | None,
-                              remote: bool) -> Done:
+                              remote: str | None) -> Done:
             return await self._call(peer, req.session,
-                                    lambda t: Unsubscribe(t, req.session, req.sub_id))
+                                    lambda t: Unsubscribe(t, req.session, req.sub_id), remote)
 
         self._handlers: dict[type, Callable[..., Any]] = {
             OpenSessionRequest: open_session, HeartbeatRequest: heartbeat,
@@ -1190,9 +1201,9 @@ class BrokerServer:
 
         @self._rpc.route(CreditNotify)
         async def credit(msg: CreditNotify, ctx: Context) -> None:
-            session = self.state.sessions.get(msg.session)
-            if session is not None:
-                if session.principal != ctx.principal:
+            holder = self._holder(msg.session)
+            if holder is not None:
+                if holder != ctx.principal:
                     return  # not yours: nobody else may steer its deliveries
                 self._peers[msg.session] = ctx.peer
             self._feed(GrantCredit(msg.session, msg.sub_id, msg.nbytes))
