@@ -92,6 +92,7 @@ class CatalogTopics:
         # Replication: where roles go, what each replica of ours was last told, and the
         # changes not told yet (told in order by one task).
         self._set_role: RoleSink | None = None
+        self._holds: Callable[[str, int], bool] = lambda topic, partition: False
         self._roles: dict[tuple[str, int], tuple[PartitionRole, int]] = {}
         self._role_changes: asyncio.Queue[tuple[str, int, PartitionRole | None, int]] = \
             asyncio.Queue()
@@ -114,10 +115,15 @@ class CatalogTopics:
         """The broker's callbacks for rules that change (`TopicDirectory`)."""
         self._learn, self._forget = learn, forget
 
-    def watch_replicas(self, set_role: RoleSink) -> None:
+    def watch_replicas(self, set_role: RoleSink,
+                       holds: Callable[[str, int], bool] = lambda topic, partition: False
+                       ) -> None:
         """Where this broker's roles on replicated partitions go: `set_role(topic, partition,
-        role, min_insync)`, awaited one at a time."""
+        role, min_insync)`, awaited one at a time. `holds(topic, partition)`: whether the
+        broker has the partition open (found on disk at its start, say), so a copy the
+        replicas no longer name hears so even if no role was told it since."""
         self._set_role = set_role
+        self._holds = holds
 
     def may_replicate(self, principal: str, replica: int) -> bool:
         """Whether `principal` may fetch from this host's brokers as broker `replica`: the
@@ -217,8 +223,9 @@ class CatalogTopics:
                 continue
             min_insync = int(topic.config("min.insync.replicas") or 1)
             for i, replicas in enumerate(topic.replicas):
-                if me not in replicas and (topic.short_name, i) not in self._roles:
-                    continue  # a replica it never held; one it held hears it holds none
+                if me not in replicas and (topic.short_name, i) not in self._roles \
+                        and not self._holds(topic.short_name, i):
+                    continue  # a replica it never held; one it holds hears it holds none
                 leader = topic.locations[i]
                 found = brokers.get(leader)
                 if leader != me and found is None:

@@ -128,7 +128,10 @@ class HostBroker:
             self.broker.replication.credential = self.secret
             self.broker.replication.may_replicate = self.topics.may_replicate
             self.broker.replication.on_isr_proposal = self._propose_isr
-            self.topics.watch_replicas(self._set_role)
+            port = self.broker.port
+            self.topics.watch_replicas(self._set_role,
+                                       holds=lambda topic, partition: port.hosts(
+                                           (topic, partition)))
             # The endpoints outlive sessions: `CatalogTopics` answers once a session attaches.
             # The connector cookie and the Kafka cluster id derive from the key we hold (the
             # cluster secret for an admin's executor, as in tq up).

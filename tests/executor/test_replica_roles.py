@@ -107,3 +107,32 @@ async def _drained() -> None:
     assert last is not None and 1 not in last.replicas and last.leader_id == 2
     assert last.leader_epoch == 5
     await topics.close()
+
+
+def test_a_partition_on_disk_the_catalog_no_longer_names_this_broker_for_is_told_its_role(
+        ) -> None:
+    """Restarted after it was drained (or back under a new id), the broker finds on disk a
+    copy of a partition whose replicas no longer name it: it must hear that role too, so it
+    drops the copy once the replicas named are in sync, not keep it for ever."""
+    asyncio.run(_stray())
+
+
+async def _stray() -> None:
+    topics = _view()
+    topics.broker_id = 7  # named by no replica set; nothing told yet
+    told: list[tuple[str, int, PartitionRole | None]] = []
+    changed = asyncio.Event()
+
+    async def set_role(topic: str, partition: int, role: PartitionRole | None,
+                       min_insync: int) -> None:
+        told.append((topic, partition, role))
+        changed.set()
+
+    topics.watch_replicas(set_role, holds=lambda topic, partition: (topic, partition)
+                          == ("t", 0))
+    topics._replica_roles()
+    await asyncio.wait_for(changed.wait(), 10)
+    ((topic, partition, role),) = told
+    assert (topic, partition) == ("t", 0)
+    assert role is not None and 7 not in role.replicas and role.isr == (1, 2, 3)
+    await topics.close()

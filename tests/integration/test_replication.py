@@ -741,8 +741,9 @@ def test_a_leader_drained_out_of_the_replicas_fails_its_waits_and_fetches_from_n
             unacked = produce(link, b"b, never acknowledged")
             await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
                                  what="the leader appended b")
+            # Broker 3 still catching up (out of the ISR): broker 1 keeps its copy meanwhile.
             drained = PartitionRole(topic_id=1, partition=0, leader_id=2, leader_epoch=2,
-                                    replicas=(2, 3), isr=(2, 3),
+                                    replicas=(2, 3), isr=(2,),
                                     leader_address=cluster.addresses[1])
             await cluster.servers[0].replication.set_role("t", 0, drained, broker_id=1)
             with pytest.raises(TqError) as raised:
@@ -751,6 +752,37 @@ def test_a_leader_drained_out_of_the_replicas_fails_its_waits_and_fetches_from_n
             assert all(PID not in f.partitions
                        for f in cluster.servers[0].replication._fetchers.values())
             await link.close(clean=False)
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_broker_drained_out_of_the_replicas_drops_its_copy_once_they_are_in_sync(tmp_path):
+    """Its copy is needed while a replica that took its place catches up; once every replica
+    the catalog names is in sync, the drained broker deletes its files (told again, it does not
+    make the partition anew)."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            link, _ = await produce_replicated(cluster, 3)
+            await link.close(clean=False)
+            drained = cluster.servers[2]  # broker 3: replaced by broker 4 (not running here)
+            directory = Path(drained.data_dir) / "t-0"
+            assert directory.is_dir()
+            catching_up = PartitionRole(topic_id=1, partition=0, leader_id=1, leader_epoch=1,
+                                        replicas=(1, 2, 4), isr=(1, 2),
+                                        leader_address=cluster.addresses[0])
+            await drained.replication.set_role("t", 0, catching_up, broker_id=3)
+            assert PID in drained.state.partitions and directory.is_dir()  # still needed
+            in_sync = PartitionRole(topic_id=1, partition=0, leader_id=1, leader_epoch=1,
+                                    replicas=(1, 2, 4), isr=(1, 2, 4),
+                                    leader_address=cluster.addresses[0])
+            await drained.replication.set_role("t", 0, in_sync, broker_id=3)
+            assert PID not in drained.state.partitions and not directory.exists()
+            await drained.replication.set_role("t", 0, in_sync, broker_id=3)
+            assert PID not in drained.state.partitions and not directory.exists()
         finally:
             await cluster.close()
 

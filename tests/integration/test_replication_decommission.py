@@ -5,7 +5,7 @@ SIGKILLed for good mid-stream; `tq broker decommission` its broker. Every partit
 to three replicas, all in sync, none on the dead broker; every acknowledged record is on
 every replica (the logs are byte-identical) and a subscriber reads each one once. Bad
 requests get one clear line and change nothing. The host coming back after all gets a new
-broker id."""
+broker id and deletes its copies of the partitions it held."""
 
 from __future__ import annotations
 
@@ -196,6 +196,10 @@ def test_a_dead_hosts_replicas_move_to_live_hosts_and_nothing_acknowledged_is_lo
     wait_for(lambda: len(set(hosts.hosts().values())) == 4 and dead not in hosts.hosts(),
              timeout=60, interval=0.2, what="the host back under a new broker id")
     assert dead not in broker_ids(hosts.data(i))
+    # Its copies of the partitions it held are nobody's replicas now, and the replicas named
+    # are all in sync: it deletes them rather than keep them for ever.
+    wait_for(lambda: all(partition_dir(hosts.data(i), f"kept-{p}") is None for p in held),
+             timeout=60, interval=0.2, what="the returned host to drop its old copies")
     created = tq(tmp_path, "topic", "create", "later", "--partitions", "8")
     assert created.returncode == 0, created.stderr
     later = _partitions(hosts, "later")

@@ -67,16 +67,19 @@ KEPT_DIGESTS = 4096
 
 class ReplicaShell:
     """The replication half of one `BrokerServer`. `ensure` opens a partition (creating it);
-    `reopen` opens an open one again; `lanes` are the server's append lanes; `feed` gives
-    the core a stimulus; `closing` says whether the server is closing."""
+    `reopen` opens an open one again; `drop` closes one and deletes its files; `lanes` are
+    the server's append lanes (one per open partition); `feed` gives the core a stimulus;
+    `closing` says whether the server is closing."""
 
     def __init__(self, *, ensure: Callable[[str, int], Awaitable[PartitionId]],
                  reopen: Callable[[PartitionId], Awaitable[None]],
+                 drop: Callable[[str, int], Awaitable[None]],
                  lanes: Mapping[PartitionId, AppendLane], feed: Callable[[Stimulus], None],
                  limits: BrokerLimits, append_pool: Executor, read_pool: Executor,
                  closing: Callable[[], bool], credential: bytes | Credential | None) -> None:
         self._ensure = ensure
         self._reopen = reopen
+        self._drop = drop
         self._lanes = lanes
         self._feed = feed
         self._limits = limits
@@ -115,7 +118,14 @@ class ReplicaShell:
         The partition is opened here if it is not (a replica holds a log); a follower fetches
         from `role.leader_address`; a follower
         promoted to leader opens its partition again first (it appended its leader's batches
-        unjudged: producers' sequences, frontier and end of stream come from its log)."""
+        unjudged: producers' sequences, frontier and end of stream come from its log).
+
+        A role not naming this broker (decommissioned, DESIGN §5 "Decommissioning a broker"):
+        its copy is kept while a replica named is out of the ISR (catching up), then dropped,
+        files and all; a partition not open here is left alone (not made anew)."""
+        drained = role is not None and broker_id not in role.replicas
+        if drained and validate_partition(topic, partition) not in self._lanes:
+            return  # dropped already, or never held
         pid = await self._ensure(topic, partition)
         old = self._roles.pop(pid, None)
         fetcher = None if old is None else self._fetchers.get(old.leader_address)
@@ -133,11 +143,19 @@ class ReplicaShell:
         if role is None:
             return
         self._roles[pid] = role
-        # A role that does not name this broker: it was taken out of the replicas while up
-        # (decommissioned, DESIGN §5 "Decommissioning a broker"). It refuses producers and
-        # subscribers as a follower does, but fetches from nobody: the leader would refuse it.
-        if not leads and broker_id in role.replicas:
-            self._follow(pid, role, broker_id)
+        if not drained:
+            if not leads:
+                self._follow(pid, role, broker_id)
+            return
+        # Taken out of the replicas: it refuses producers and subscribers as a follower does,
+        # but fetches from nobody (the leader would refuse it). Once every replica named is
+        # in sync, they hold all that was acknowledged: this copy is dead weight.
+        if role.isr and set(role.replicas) <= set(role.isr):
+            await self._drop(topic, partition)
+            del self._roles[pid]
+            logger.info("broker %d: dropped its copy of %s-%d: no replica of it any more, and "
+                        "the replicas named (%s) are in sync", broker_id, topic, partition,
+                        ", ".join(map(str, role.replicas)))
 
     def _follow(self, pid: PartitionId, role: PartitionRole, broker_id: int) -> None:
         if not role.leader_address:

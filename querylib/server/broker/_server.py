@@ -303,7 +303,8 @@ class BrokerServer:
         # given a keyring (an executor's) is told its credential by whoever sets its roles.
         self.replication = ReplicaShell(
             ensure=lambda topic, partition: self._ensure(topic, partition, True),
-            reopen=self._reopen, lanes=self._lanes, feed=self._feed, limits=self.state.limits,
+            reopen=self._reopen, drop=self.drop_partition, lanes=self._lanes,
+            feed=self._feed, limits=self.state.limits,
             append_pool=self._append_pool, read_pool=self._read_pool,
             closing=lambda: self._closing,
             credential=secret if isinstance(secret, bytes) else None)
