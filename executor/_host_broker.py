@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog import TqError
 from querylib.cluster import AsyncCluster, advertise_endpoint, advertised_host, is_wildcard
-from querylib.rpc import BROKER, Credential, RemoteKeyring
+from querylib.rpc import BROKER, Credential, PeerUnreachableError, RemoteKeyring
 from querylib.server import BrokerEndpoints
 from querylib.server.broker import BrokerServer, PartitionRole, ProposeIsr
 
@@ -215,25 +215,27 @@ class HostBroker:
             await self.exit_feed.close()
 
     async def _fetch_key(self, principal: str) -> bytes | None:
-        """A principal's broker key, from the coordinator (waits for a session, bounded)."""
-        cluster = await self._session()
-        return None if cluster is None else await cluster.resolve_principal(principal)
+        """A principal's broker key, from the coordinator (waits for a session, bounded); None
+        when the coordinator says it does not exist."""
+        return await (await self._session()).resolve_principal(principal)
 
     async def _fetch_curve(self, public: bytes) -> tuple[str, bytes] | None:
         """Whose CURVE key `public` is, and that principal's broker key, from the coordinator
         (waits for a session, bounded)."""
-        cluster = await self._session()
-        return None if cluster is None else await cluster.resolve_curve_key(public)
+        return await (await self._session()).resolve_curve_key(public)
 
-    async def _session(self) -> AsyncCluster | None:
+    async def _session(self) -> AsyncCluster:
         """The coordinator session keys are asked through, once attached (waiting at most
-        _KEY_WAIT); None without a live one."""
+        _KEY_WAIT). PeerUnreachableError without a live one: not knowing whether a principal
+        exists, the broker must not refuse it."""
         try:
             await asyncio.wait_for(self._attached.wait(), _KEY_WAIT)
         except TimeoutError:
-            return None
+            raise PeerUnreachableError("no coordinator session to ask for keys yet") from None
         cluster = self.cluster
-        return None if cluster is None or cluster.lost else cluster
+        if cluster is None or cluster.lost:
+            raise PeerUnreachableError("the coordinator session to ask for keys was lost")
+        return cluster
 
     async def stop_serving(self) -> None:
         """Close the endpoints and the catalog view (the broker still runs). Idempotent."""

@@ -340,8 +340,10 @@ class RemoteKeyring(Keyring):
     """Keys fetched from elsewhere (an executor's broker asks the coordinator), each kept for
     `ttl` seconds; an unknown principal is not asked for again for `negative_ttl` seconds, so a
     stream of made-up names costs one fetch each per interval at most. `fetch(principal)`
-    returns the audience key, or None when the principal does not exist. `fetch_curve(public)`
-    returns (principal, audience key) of the holder of a CURVE public key, or None; without it
+    returns the audience key, or None when the principal does not exist, and raises a TqError
+    when it cannot ask (the server then neither admits nor refuses: the peer comes again).
+    `fetch_curve(public)` returns (principal, audience key) of the holder of a CURVE public
+    key, or None; without it
     only the principals it knows connect over CURVE."""
 
     def __init__(self, fetch: Callable[[str], Awaitable[bytes | None]], *,

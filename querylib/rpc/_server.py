@@ -38,8 +38,7 @@ server (bound where other hosts reach it, or forced: `_curve`), the CURVE public
 from that key, which ZeroMQ hands the ZAP handler of our context (`_zap`), which hands it to
 `_admit` on our loop. The keyring says: admitted (200), refused (400: the principal does not
 exist, or the token or CURVE key is not its; "handshake_refused"), or nothing (a keyring
-that fetches keys cannot tell a principal that does not exist from a coordinator it cannot
-reach: "handshake_deferred";
+that fetches keys cannot ask now, the coordinator being away: "handshake_deferred";
 ZeroMQ drops the connection after HANDSHAKE_INTERVAL and the peer connects again). A key
 being fetched holds the handshake until it comes, so a peer's first connection gets in.
 """
@@ -387,31 +386,27 @@ class RpcServer:
         except (UnicodeDecodeError, InvalidCommandError):
             principal = None
         try:
-            admitted = None if principal is None else await self._check(principal, token)
+            admitted = principal is not None and await self._check(principal, token)
         except TqError as exc:  # the keyring could not ask (the coordinator is away)
             log.info("rpc server %s: cannot learn the key of %s: %s", self.endpoint,
                      principal, exc)
-            admitted = None if self.keyring.resolves else False
+            self._drops["handshake_deferred"] += 1
+            return
         except Exception:  # a bug in a keyring; the server must outlive it
             self._drops["internal_error"] += 1
             log.exception("rpc server %s: bug while checking a handshake", self.endpoint)
-            return
-        if admitted is None and principal is not None:
-            self._drops["handshake_deferred"] += 1
             return
         if not admitted:
             self._drops["handshake_refused"] += 1
         verdict(principal if admitted else None)
 
-    async def _check(self, principal: str, token: bytes) -> bool | None:
-        """Whether `token` is `principal`'s (None: the keyring cannot tell now)."""
+    async def _check(self, principal: str, token: bytes) -> bool:
+        """Whether `token` is `principal`'s (a keyring that cannot ask now raises TqError)."""
         keyring = self.keyring
         key = await keyring.key_of(principal)
         if key is not None and not _token_of(key, token) and keyring.refetch(principal):
             key = await keyring.key_of(principal)  # the key we had may be a rotated one
-        if key is None:
-            return None if keyring.resolves else False
-        return _token_of(key, token)
+        return key is not None and _token_of(key, token)
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import querylib
 from catalog import NotAuthorizedError, NotOwnerError, QueryState, Resources
 from querylib.cluster import Cluster
 from querylib.cluster import messages as m
-from querylib.rpc import SecretRejectedError
+from querylib.rpc import BROKER, BlockingClient, Ping, SecretRejectedError, load_credential
 from tests.conftest import wait_for
 from tests.integration._up import Up
 
@@ -263,3 +263,10 @@ def test_rotated_and_removed_credentials_stop_working(up: Up, tmp_path: Path) ->
     assert up.tq("user", "remove", "carol").returncode == 0
     with pytest.raises(SecretRejectedError):
         Cluster.connect(coordinator, secret_file=str(rotated), connect_timeout=5).close()
+    # The executor's broker, which asks the coordinator for keys, refuses her too, at once
+    # (it let her wait, unanswered, for ever).
+    status = json.loads(up.tq("status", "--json").stdout)
+    broker = next(b["address"] for b in status["brokers"] if b["session_id"] is not None)
+    with BlockingClient(broker, load_credential(rotated), audience=BROKER) as removed:
+        with pytest.raises(SecretRejectedError):
+            removed.request(Ping(b"carol"), timeout=20)

@@ -24,6 +24,7 @@ from querylib.rpc import (
     Credential,
     DeadlineExceededError,
     MasterKeyring,
+    PeerUnreachableError,
     Ping,
     Pong,
     RemoteKeyring,
@@ -170,6 +171,8 @@ class Keys:
         self.generations = dict(generations)
         self.asked: list[str] = []
 
+        self.away = False  # the coordinator cannot be asked
+
     def credential(self, principal: str) -> Credential:
         return Credential(principal, principal_key(SECRET, principal,
                                                    self.generations[principal]))
@@ -177,6 +180,8 @@ class Keys:
     async def fetch(self, principal: str) -> bytes | None:
         self.asked.append(principal)
         await asyncio.sleep(0.05)  # a round trip to the coordinator
+        if self.away:
+            raise PeerUnreachableError("no coordinator session to ask")
         generation = self.generations.get(principal)
         return None if generation is None else audience_key(
             principal_key(SECRET, principal, generation), BROKER)
@@ -184,9 +189,10 @@ class Keys:
 
 def test_a_remote_keyring_fetches_a_key_during_the_handshake() -> None:
     """The first connection of a principal the broker does not know yet waits in the
-    handshake for the key, and gets in: no refusal, no reconnect. An unknown principal is
-    neither admitted nor refused (the keyring cannot tell it from an unreachable coordinator):
-    its client waits, as it waited before."""
+    handshake for the key, and gets in: no refusal, no reconnect. A principal the coordinator
+    says does not exist is refused at once (a removed user's client learns so, rather than
+    retrying for ever); only while the coordinator cannot be asked is a principal neither
+    admitted nor refused: its client waits."""
     keys = Keys(**{"user:alice": 0})
     with ServerThread(RemoteKeyring(keys.fetch, audience=BROKER)) as server:
         with BlockingClient(server.endpoint, keys.credential("user:alice"),
@@ -196,9 +202,15 @@ def test_a_remote_keyring_fetches_a_key_during_the_handshake() -> None:
         assert keys.asked == ["user:alice"] and server.counters() == {}
         mallory = Credential("user:mallory", principal_key(SECRET, "user:mallory"))
         with BlockingClient(server.endpoint, mallory, audience=BROKER) as stranger:
+            with pytest.raises(SecretRejectedError):
+                stranger.request(Ping(b"m"), timeout=20)
+        assert server.counters() == {"handshake_refused": 1}
+        keys.away = True
+        bob = Credential("user:bob", principal_key(SECRET, "user:bob"))
+        with BlockingClient(server.endpoint, bob, audience=BROKER) as unknown:
             with pytest.raises(DeadlineExceededError):
-                stranger.request(Ping(b"m"), timeout=1)
-        assert server.counters() == {"handshake_deferred": 1}
+                unknown.request(Ping(b"b"), timeout=1)
+        assert server.counters() == {"handshake_refused": 1, "handshake_deferred": 1}
 
 
 def test_a_rotated_key_replaces_the_one_a_remote_keyring_cached() -> None:
