@@ -10,8 +10,11 @@ Decisions made here, and only here:
   frame's at once. So a connector that sends faster than the broker appends runs out of credit
   and waits. Credits count frames, not bytes; so that big frames cannot pile up within the
   credits, the connection also stops reading while it holds more than `max_held_bytes` of
-  messages not yet appended (TCP then holds the connector back). What one connection holds is
-  thus at most max_held_bytes + one read (256 KiB) + one frame.
+  messages not yet appended (TCP then holds the connector back). It stops reading too while
+  more than 256 KiB it was sent wait unread (every frame it sends is answered: a connector
+  that never reads would otherwise have us keep the answers without bound). What one
+  connection holds is thus at most max_held_bytes + one read (256 KiB) + one frame, and its
+  unsent answers at most 256 KiB + those to the frames of its window.
 - Where a stream resumes. At OK (draft) the points of every stream this instance has history
   of; at each NOTIFY the true point (checkpoint and data) is compared with the connector's: the
   draft gets a NACK when they differ, the released dialect gets it in NOTIFY_ACK.
@@ -58,6 +61,7 @@ __all__ = ["PeerConnection"]
 logger = logging.getLogger("querylib.connector")
 
 _READ_BYTES = 256 * 1024
+_MAX_UNSENT = 256 * 1024  # bytes written and not yet taken by the connector: reading pauses
 _BOUNDARY = int(MessageFlags.BOUNDARY)
 _EPHEMERAL = int(MessageFlags.EPHEMERAL)
 _LIVE = (ConnectionState.CONNECTED, ConnectionState.HANDSHAKE, ConnectionState.STREAMING)
@@ -122,6 +126,10 @@ class PeerConnection:
             if self.conn.state is ConnectionState.STREAMING:
                 if not self._room.is_set():
                     await self._room.wait()  # TCP holds the connector back meanwhile
+                if self.writer.transport.get_write_buffer_size() > _MAX_UNSENT:
+                    # It does not read what we answer: read nothing more until it does.
+                    self.endpoint.counters["write_waits"] += 1
+                    await self.writer.drain()
                 data = await self.reader.read(_READ_BYTES)
             else:
                 try:

@@ -121,7 +121,7 @@ class ConnectorEndpoint:
         self.store = OffsetStore(self.port, lease=config.lease)
         self.counters: dict[str, int] = {
             "connections": 0, "protocol_errors": 0, "bugs": 0, "nacks": 0,
-            "append_failures": 0, "streams_refused": 0, "fenced": 0}
+            "append_failures": 0, "streams_refused": 0, "fenced": 0, "write_waits": 0}
         self._peers: set[PeerConnection] = set()
         self._live: dict[tuple[str, str], PeerConnection] = {}
         self._admitting: KeyedLock[tuple[str, str]] = KeyedLock()

@@ -1,18 +1,21 @@
 """Bounded resources at the connector endpoint, over real sockets: its connection limits in
-total and per client address, refusals logged once per interval, and the idle timeout (a
+total and per client address, refusals logged once per interval, the idle timeout (a
 connection with nothing unacknowledged and nothing sent for that long is closed; the client
-library reconnects and goes on)."""
+library reconnects and goes on), and what a connector that never reads makes it hold."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 import pytest
 
+from querylib.connector import Accepted, BulkSourceConnection, Dialect
+from querylib.server.connector._connection import PeerConnection
 from tests.conftest import wait_for
 
-from .test_endpoint import Harness, Raw
+from .test_endpoint import COOKIE, Harness, Raw
 
 
 def connect(harness: Harness, source: str = "127.0.0.1") -> socket.socket:
@@ -108,4 +111,74 @@ def test_a_silent_socket_is_closed_by_the_idle_timeout_too(tmp_path) -> None:
         for s in socks:
             s.close()
     finally:
+        harness.close()
+
+
+def test_a_connector_that_never_reads_is_held_back_not_buffered(tmp_path) -> None:
+    # Every NOTIFY is answered with an ACK. A connector that never reads them, but sends again
+    # as soon as the endpoint has handed its credits back, must be held back by TCP once what
+    # it left unread piles up, not have the endpoint keep every ACK in memory.
+    window = 4096
+    harness = Harness(str(tmp_path / "data"), initial_credits=window)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stop = threading.Event()
+    sender: threading.Thread | None = None
+    try:
+        sock.connect(("127.0.0.1", harness.config.port))
+        conn = BulkSourceConnection(Dialect.DRAFT, program="test", instance="deaf",
+                                    cookie=COOKIE)
+        sock.sendall(conn.hello())
+        events: list = []
+        while not any(isinstance(e, Accepted) for e in events):
+            events += conn.receive_data(sock.recv(65536))
+        sock.sendall(conn.notify(1, "deaf"))
+        again = conn.notify(1, "deaf")  # re-introductions: each one answered with an ACK
+
+        async def slow_network() -> PeerConnection:
+            (peer,) = harness.endpoint._peers
+            # The kernel keeps little of what the endpoint writes to this connector.
+            peer.writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            return peer
+
+        peer = harness.call(slow_network())
+
+        async def state() -> tuple[int, int, int]:
+            return (peer.writer.transport.get_write_buffer_size(), peer.conn.credits,
+                    harness.endpoint.counters.get("write_waits", 0))
+
+        def send() -> None:
+            try:
+                while not stop.is_set():
+                    if harness.call(state())[1] == window:  # every credit handed back
+                        sock.sendall(again * window)
+            except OSError:
+                pass  # closed by the test
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        limit = 1024 * 1024
+
+        def held_back_or_piled_up() -> tuple[int, int, int] | None:
+            now = harness.call(state())
+            return now if now[0] > limit or now[2] else None
+
+        unsent, _, waits = wait_for(held_back_or_piled_up, timeout=60,
+                                    what="the endpoint to stop reading, or to pile up ACKs")
+        assert unsent <= limit and waits >= 1
+        # Everyone else is served meanwhile.
+        with harness.connector(instance="other") as other:
+            sid = other.open_stream("others")
+            other.send(sid, b"x", message_id=1)
+        assert harness.ids("others") == [1]
+    finally:
+        stop.set()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+        if sender is not None:
+            sender.join(10)
         harness.close()
