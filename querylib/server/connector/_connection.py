@@ -21,6 +21,8 @@ Decisions made here, and only here:
 - Failures. An append that fails rewinds the stream to its last durable point (draft NACK) or
   asks the connector to reconnect (released RESTART). A peer that breaks the protocol gets an
   ERROR frame and is closed; nobody else notices.
+- Ending. A connection that ends gets its last frames (an ERROR, ACKs) out within 5 s, or its
+  socket is aborted: a connector that never reads holds no descriptor past its connection.
 
 Everything runs on the broker's event loop; blocking work (log scans) happens in the endpoint.
 """
@@ -62,6 +64,7 @@ logger = logging.getLogger("querylib.connector")
 
 _READ_BYTES = 256 * 1024
 _MAX_UNSENT = 256 * 1024  # bytes written and not yet taken by the connector: reading pauses
+_CLOSE_TIMEOUT = 5.0  # seconds an ended connection's last frames get to go out
 _BOUNDARY = int(MessageFlags.BOUNDARY)
 _EPHEMERAL = int(MessageFlags.EPHEMERAL)
 _LIVE = (ConnectionState.CONNECTED, ConnectionState.HANDSHAKE, ConnectionState.STREAMING)
@@ -396,8 +399,12 @@ class PeerConnection:
         finally:
             self.writer.close()
             try:
-                await asyncio.wait_for(self.writer.wait_closed(), 5.0)
-            except (TimeoutError, ConnectionError, OSError, TqError):
+                await asyncio.wait_for(self.writer.wait_closed(), _CLOSE_TIMEOUT)
+            except TimeoutError:
+                # It does not take what is left to send (an ERROR, ACKs): drop that rather
+                # than keep the socket open for as long as the connector stays silent.
+                self.writer.transport.abort()
+            except (ConnectionError, OSError, TqError):
                 pass
             self.finished.set()
             logger.debug("connector %s: ended (%s)", self.peer, self.reason)

@@ -114,54 +114,79 @@ def test_a_silent_socket_is_closed_by_the_idle_timeout_too(tmp_path) -> None:
         harness.close()
 
 
-def test_a_connector_that_never_reads_is_held_back_not_buffered(tmp_path) -> None:
-    # Every NOTIFY is answered with an ACK. A connector that never reads them, but sends again
-    # as soon as the endpoint has handed its credits back, must be held back by TCP once what
-    # it left unread piles up, not have the endpoint keep every ACK in memory.
-    window = 4096
-    harness = Harness(str(tmp_path / "data"), initial_credits=window)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stop = threading.Event()
-    sender: threading.Thread | None = None
-    try:
-        sock.connect(("127.0.0.1", harness.config.port))
-        conn = BulkSourceConnection(Dialect.DRAFT, program="test", instance="deaf",
+class Deaf:
+    """A draft connector that never reads: it re-introduces one stream (each NOTIFY is answered
+    with an ACK) a window at a time, whenever the endpoint has handed every credit back, from a
+    thread of its own. Its socket takes little (and the endpoint's kernel keeps little of what
+    it writes to it: a slow network), so what it leaves unread soon waits at the endpoint."""
+
+    def __init__(self, harness: Harness, window: int, instance: str = "deaf") -> None:
+        self.harness = harness
+        self.window = window
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", harness.config.port))
+        conn = BulkSourceConnection(Dialect.DRAFT, program="test", instance=instance,
                                     cookie=COOKIE)
-        sock.sendall(conn.hello())
+        self.sock.sendall(conn.hello())
         events: list = []
         while not any(isinstance(e, Accepted) for e in events):
-            events += conn.receive_data(sock.recv(65536))
-        sock.sendall(conn.notify(1, "deaf"))
-        again = conn.notify(1, "deaf")  # re-introductions: each one answered with an ACK
+            events += conn.receive_data(self.sock.recv(65536))
+        self.sock.sendall(conn.notify(1, "deaf"))
+        self.again = conn.notify(1, "deaf")  # the same re-introduction, over and over
 
         async def slow_network() -> PeerConnection:
             (peer,) = harness.endpoint._peers
-            # The kernel keeps little of what the endpoint writes to this connector.
             peer.writer.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             return peer
 
-        peer = harness.call(slow_network())
+        self.peer = harness.call(slow_network())
+        self._stop = threading.Event()
+        self._sender = threading.Thread(target=self._send, daemon=True)
+        self._sender.start()
 
-        async def state() -> tuple[int, int, int]:
-            return (peer.writer.transport.get_write_buffer_size(), peer.conn.credits,
-                    harness.endpoint.counters.get("write_waits", 0))
+    async def _state(self) -> tuple[int, int, int]:
+        return (self.peer.writer.transport.get_write_buffer_size(), self.peer.conn.credits,
+                self.harness.endpoint.counters.get("write_waits", 0))
 
-        def send() -> None:
-            try:
-                while not stop.is_set():
-                    if harness.call(state())[1] == window:  # every credit handed back
-                        sock.sendall(again * window)
-            except OSError:
-                pass  # closed by the test
+    def state(self) -> tuple[int, int, int]:
+        """(bytes the endpoint holds unsent, credits it handed back, its write_waits)."""
+        return self.harness.call(self._state())
 
-        sender = threading.Thread(target=send, daemon=True)
-        sender.start()
+    def _send(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.state()[1] == self.window:  # every credit handed back
+                    self.sock.sendall(self.again * self.window)
+        except OSError:
+            pass  # closed by the test
+
+    def stop_sending(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a sendall blocked in the thread
+        except OSError:
+            pass
+        self.sock.close()
+        self._sender.join(10)
+
+
+def test_a_connector_that_never_reads_is_held_back_not_buffered(tmp_path) -> None:
+    # Every NOTIFY is answered with an ACK. A connector that never reads them, but sends again
+    # as soon as the endpoint has handed its credits back, must be held back by TCP once what
+    # it left unread piles up, not have the endpoint keep every ACK in memory.
+    harness = Harness(str(tmp_path / "data"), initial_credits=4096)
+    deaf: Deaf | None = None
+    try:
+        deaf = Deaf(harness, 4096)
         limit = 1024 * 1024
 
         def held_back_or_piled_up() -> tuple[int, int, int] | None:
-            now = harness.call(state())
+            now = deaf.state()
             return now if now[0] > limit or now[2] else None
 
         unsent, _, waits = wait_for(held_back_or_piled_up, timeout=60,
@@ -173,12 +198,30 @@ def test_a_connector_that_never_reads_is_held_back_not_buffered(tmp_path) -> Non
             other.send(sid, b"x", message_id=1)
         assert harness.ids("others") == [1]
     finally:
-        stop.set()
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
-        if sender is not None:
-            sender.join(10)
+        if deaf is not None:
+            deaf.close()
+        harness.close()
+
+
+def test_an_ended_connection_that_is_never_read_lets_go_of_its_socket(tmp_path) -> None:
+    # The endpoint ends a connection (here: fenced by a new connection of its instance) whose
+    # connector reads nothing: what it still had to send cannot go out, and the socket (a
+    # descriptor the listener's limits no longer count) must not stay open for as long as
+    # the connector stays silent.
+    harness = Harness(str(tmp_path / "data"), initial_credits=4096)
+    deaf: Deaf | None = None
+    try:
+        deaf = Deaf(harness, 4096)
+        wait_for(lambda: deaf.state()[0] > 0, timeout=60, what="answers waiting unsent")
+        deaf.stop_sending()
+        server_side = deaf.peer.writer.get_extra_info("socket")
+        successor = Raw(harness, instance="deaf")
+        successor.handshake()  # fences the deaf connection
+        wait_for(lambda: harness.stats()["live_connections"] == 1, what="the fenced one ended")
+        wait_for(lambda: server_side.fileno() == -1, timeout=15,
+                 what="the endpoint to close the fenced connection's socket")
+        successor.close()
+    finally:
+        if deaf is not None:
+            deaf.close()
         harness.close()
