@@ -117,7 +117,10 @@ class Adapter:
         raise NotImplementedError
 
     # worker -> connector
-    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None]) -> Frame:
+    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None],
+           max_frame_size: int) -> Frame:
+        """OK granting `initial_credits`, with as many of `resume_points` as one frame of
+        `max_frame_size` holds (the others are the NOTIFYs' business)."""
         raise NotImplementedError
 
     def resume_points(self, frame: Any) -> tuple[tuple[int, int | None], ...]:
@@ -188,9 +191,11 @@ class DraftAdapter(Adapter):
             frame.stream_id, frame.message_id, flags, frame.event_time, None, frame.payload
         )
 
-    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None]) -> Frame:
+    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None],
+           max_frame_size: int) -> Frame:
         points = tuple((sid, self.to_point(p)) for sid, p in resume_points.items())
-        return draft.Ok(initial_credits, points)
+        # tag:u8 initial_credits:u32, then 16 bytes a point
+        return draft.Ok(initial_credits, points[:max(0, (max_frame_size - 5) // 16)])
 
     def resume_points(self, frame: Any) -> tuple[tuple[int, int | None], ...]:
         return tuple((sid, self.from_point(p)) for sid, p in frame.points_of_reference)
@@ -247,7 +252,8 @@ class ReleasedAdapter(Adapter):
             frame.stream_id, frame.message_id, flags, event_time, frame.key or None, frame.payload
         )
 
-    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None]) -> Frame:
+    def ok(self, initial_credits: int, resume_points: Mapping[int, int | None],
+           max_frame_size: int) -> Frame:
         for processed in resume_points.values():
             _checkpoint(processed)  # validated alike in both dialects; sent with NOTIFY_ACK
         return released.Ok(initial_credits)

@@ -224,14 +224,16 @@ class WorkerConnection(Session):
         """Answer `Hello` with OK: grant `initial_credits`; `resume_points` maps stream id ->
         last processed message id (None: nothing) for streams this worker has history of.
 
-        The draft sends the points in OK and drops duplicates from them; the released dialect
-        sends them per stream in `accept_stream`, so pass the same number there too.
+        The draft sends the points in OK (as many as one frame holds, in the mapping's order:
+        a connector that was not told a stream's point learns it from the NACK a NOTIFY with
+        another point gets) and drops duplicates from all of them; the released dialect sends
+        them per stream in `accept_stream`, so pass the same number there too.
         """
         adapter = self._require_adapter()
         resume = dict(resume_points or {})
         for sid in resume:
             require_id(sid, "stream id")
-        data = self._send(adapter.ok(initial_credits, resume))
+        data = self._send(adapter.ok(initial_credits, resume, self._max_frame_size))
         self._credits.grant(initial_credits)
         self._rewind.update(resume)
         return data

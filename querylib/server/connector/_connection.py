@@ -16,8 +16,9 @@ Decisions made here, and only here:
   connection holds is thus at most max_held_bytes + one read (256 KiB) + one frame, and its
   unsent answers at most 256 KiB + those to the frames of its window.
 - Where a stream resumes. At OK (draft) the points of every stream this instance has history
-  of; at each NOTIFY the true point (checkpoint and data) is compared with the connector's: the
-  draft gets a NACK when they differ, the released dialect gets it in NOTIFY_ACK.
+  of, as many as one frame holds; at each NOTIFY the true point (checkpoint and data) is
+  compared with the connector's: the draft gets a NACK when they differ (so a stream left out
+  of OK learns its point there), the released dialect gets it in NOTIFY_ACK.
 - Failures. An append that fails rewinds the stream to its last durable point (draft NACK) or
   asks the connector to reconnect (released RESTART). A peer that breaks the protocol gets an
   ERROR frame and is closed; nobody else notices.

@@ -208,6 +208,16 @@ def test_resume_point_seeds_duplicate_detection(dialect):
     assert kinds(events) == ["MessageDropped", "MessageReceived"]
 
 
+def test_draft_ok_carries_the_points_one_frame_holds_and_drops_duplicates_of_all():
+    conn = handshaken(Dialect.DRAFT, max_frame_size=5 + 16 * 3)  # room for three points
+    data = conn.accept(100, {sid: 10 for sid in range(5)})
+    (ok,) = draft.FrameDecoder().receive_data(data)
+    assert ok.points_of_reference == ((0, 11), (1, 11), (2, 11))
+    feed(conn, notify(Dialect.DRAFT, 4, point=11))  # told nothing, it knew its point
+    events = feed(conn, message(Dialect.DRAFT, 4, 10), message(Dialect.DRAFT, 4, 11))
+    assert kinds(events) == ["MessageDropped", "MessageReceived"]
+
+
 def conn_point(dialect, processed):
     return processed + 1 if dialect is Dialect.DRAFT else processed
 

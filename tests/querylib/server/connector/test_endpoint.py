@@ -485,6 +485,27 @@ def test_a_draft_connector_that_forgot_its_point_is_told_by_a_nack(harness):
     assert raw.of(Nacked)[0].processed == 19
 
 
+def test_an_instance_with_more_streams_than_an_ok_frame_holds_still_connects(tmp_path):
+    # A draft OK carries the point of every stream the instance has history of, 16 bytes each;
+    # the streams that do not fit one frame learn theirs at their NOTIFY, from a NACK.
+    h = Harness(str(tmp_path / "d"), max_frame_size=1024)  # room for 63 points
+    try:
+        with h.connector(instance="many") as conn:
+            for sid in range(100):
+                conn.open_stream("many", stream_id=sid)
+                conn.send(sid, b"x", message_id=sid)
+        raw = Raw(h, instance="many")
+        told = dict(raw.handshake().resume_points)
+        assert 0 < len(told) <= 63 and all(told[sid] == sid for sid in told)
+        left_out = next(sid for sid in range(100) if sid not in told)
+        raw.send(raw.conn.notify(left_out, "many"))  # "from the start"
+        raw.until(lambda ev: raw.of(Nacked), "NACK")
+        assert raw.of(Nacked)[0].processed == left_out
+        assert h.stats()["bugs"] == 0
+    finally:
+        h.close()
+
+
 # -- refusals, fencing, bad peers ---------------------------------------------------------------
 
 
