@@ -28,6 +28,9 @@ class BrokerLimits(msgspec.Struct, frozen=True):
     min_lease: float = 1.0
     max_lease: float = 300.0
     max_sessions: int = 10_000
+    # Sessions of one principal (not tq's own, nor the admin's): one user, or the connector
+    # streams writing as anonymous, leave the rest room.
+    max_sessions_per_principal: int = 2_500
     max_subscriptions_per_session: int = 1024
     max_partitions_per_producer: int = 1024
     max_cohorts: int = 64                       # cohorts remembered per partition

@@ -33,6 +33,7 @@ Rules it enforces (tests in tests/querylib/server/broker/test_state.py):
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -174,6 +175,7 @@ class BrokerState:
         self.wall_ms = 0
         self.partitions: dict[PartitionId, PartitionState] = {}
         self.sessions: dict[str, Session] = {}
+        self._sessions_of: Counter[str] = Counter()  # live sessions per principal
         self._next_ticket = 1
         self.counters: dict[str, int] = {"stale_grants": 0, "stale_reads": 0}
         self.admission = Admission(self.partitions, limits)
@@ -350,9 +352,15 @@ class BrokerState:
             if len(self.sessions) >= lim.max_sessions:
                 raise BrokerProtocolError(f"the broker holds its maximum of {lim.max_sessions} "
                                           "sessions")
+            if principal not in (SYSTEM, ADMIN) and \
+                    self._sessions_of[principal] >= lim.max_sessions_per_principal:
+                raise BrokerProtocolError(
+                    f"the broker holds its maximum of {lim.max_sessions_per_principal} "
+                    f"sessions of {principal}")
             session = Session(ev.session, lease, self.now + lease,
                                CreditWindow(lim.producer_window), principal=principal)
             self.sessions[ev.session] = session
+            self._sessions_of[principal] += 1
         elif session.principal != principal:
             raise PrincipalError(f"session {ev.session!r} writes as {session.principal}; a live "
                                  "session keeps its principal")
@@ -385,6 +393,9 @@ class BrokerState:
         """The session is gone: its producers stop holding frontiers back (without ending the
         streams) and its subscriptions stop."""
         del self.sessions[session.id]
+        self._sessions_of[session.principal] -= 1
+        if not self._sessions_of[session.principal]:
+            del self._sessions_of[session.principal]
         out: list[Instruction] = []
         for pid in sorted(session.producing):
             part = self.partitions[pid]

@@ -23,6 +23,7 @@ from querylib.broker._errors import (
 from querylib.broker.messages import Produced, ProducerOpened
 from querylib.errors import StorageError
 from querylib.server.broker._events import (
+    CloseSession,
     EndStream,
     OpenProducer,
     OpenSession,
@@ -309,3 +310,25 @@ def test_every_answer_is_what_the_rules_say(ops: list) -> None:
             assert isinstance(sim.replies[token], Produced)
         assert sim.state.partition_info(P).ended == ended
         assert set(sim.state.partitions[P].frontier.producers) == producing
+
+
+def test_one_principal_cannot_take_every_session() -> None:
+    """Sessions are bounded per principal too (below the broker's total), so one user, or
+    every connector stream writing as anonymous, cannot leave the broker none for the rest;
+    tq's own principals and the admin are bounded by the total only. A closed session gives
+    its place back."""
+    sim = Sim(BrokerLimits(max_sessions=8, max_sessions_per_principal=3))
+    for i in range(4):
+        sim.feed(OpenSession(f"bob{i}", f"b{i}", 10.0, "user:bob"))
+    assert isinstance(sim.replies["bob3"], BrokerProtocolError)
+    assert "user:bob" in str(sim.replies["bob3"])
+    sim.feed(OpenSession("renew", "b0", 10.0, "user:bob"))  # a renewal is no new session
+    assert not isinstance(sim.replies["renew"], Exception)
+    sim.feed(OpenSession("alice", "a", 10.0, "user:alice"))
+    assert not isinstance(sim.replies["alice"], Exception)
+    for i in range(4):
+        sim.feed(OpenSession(f"admin{i}", f"s{i}", 10.0, "admin"))
+        assert not isinstance(sim.replies[f"admin{i}"], Exception)
+    sim.feed(CloseSession("close", "b0"))
+    sim.feed(OpenSession("bob-again", "b9", 10.0, "user:bob"))
+    assert not isinstance(sim.replies["bob-again"], Exception)
