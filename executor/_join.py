@@ -1,7 +1,7 @@
 """What a host that joined with a token keeps (DESIGN §6 "Joining a host"): its credential and
 where the coordinator is, in its data directory, so later starts need no token.
 
-    <data>/credential        the executor's credential (JSON, mode 0600, `write_credential`)
+    <data>/credential        the executor's credential (JSON, mode 0600, `CredentialFile`)
     <data>/coordinator.json  {"coordinators": [...], "namespace": ...}: where to find it
 
     joined = await join_host(token, data_dir, name)   # redeem the token, write both files
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from querylib.cluster import ParsedToken, parse_token, redeem
-from querylib.rpc import Credential, SecretFileError, load_credential, write_credential
+from querylib.rpc import Credential, CredentialFile, SecretFileError, load_credential
 
 __all__ = ["CREDENTIAL_FILE", "COORDINATOR_FILE", "JoinedHost", "join_host", "joined_host"]
 
@@ -60,11 +60,18 @@ async def join_host(token: str | ParsedToken, data_dir: str | os.PathLike[str],
                     name: str) -> JoinedHost:
     """Redeem `token` for executor `name` and keep what it gave in `data_dir`."""
     parsed = parse_token(token) if isinstance(token, str) else token
-    joined = await redeem(parsed, name)
+    # The folder and the credential's file first: a token is redeemed once, so a data dir
+    # that cannot hold what it gives must be found out before (CredentialFile).
     data = Path(data_dir)
-    data.mkdir(parents=True, exist_ok=True)
-    write_credential(data / CREDENTIAL_FILE, joined.credential,
-                     coordinator=joined.coordinators[0], coordinator_key=joined.coordinator_key)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SecretFileError(f"cannot use {data} as the data directory: {exc.strerror}; "
+                              "the join token was not used") from exc
+    with CredentialFile(data / CREDENTIAL_FILE) as file:
+        joined = await redeem(parsed, name)
+        file.write(joined.credential, coordinator=joined.coordinators[0],
+                   coordinator_key=joined.coordinator_key)
     where = data / COORDINATOR_FILE
     tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"coordinators": list(joined.coordinators),

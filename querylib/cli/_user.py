@@ -68,12 +68,22 @@ def principal_of(name: str, role: str | None = None) -> str:
     return f"executor:{name}" if role == "executor" else f"user:{name}"
 
 
-def _write(cluster: Any, credential: Any, output: str | None) -> int:
-    from querylib.rpc import kafka_password, write_credential
+def _credential_file(principal: str, output: str | None) -> Any:
+    """The file a new key of `principal` goes to, made before the coordinator mints the key:
+    refused then, the cluster is unchanged (querylib.rpc.CredentialFile)."""
+    from catalog import check_principal
+    from querylib.rpc import CredentialFile
 
-    path = output or f"{credential.principal.partition(':')[2]}.credential"
-    write_credential(path, credential, coordinator=cluster.address,
-                     coordinator_key=credential.coordinator_key)
+    check_principal(principal)  # its name makes the default path: no '/' in it
+    return CredentialFile(output or f"{principal.partition(':')[2]}.credential")
+
+
+def _write(cluster: Any, credential: Any, file: Any) -> int:
+    from querylib.rpc import kafka_password
+
+    file.write(credential, coordinator=cluster.address,
+               coordinator_key=credential.coordinator_key)
+    path = file.path
     print(f"{credential.principal}: credential written to {path} (use it with --credentials "
           f"{path} or TQ_CREDENTIALS={path})")
     name = credential.principal.partition(":")[2]
@@ -86,8 +96,9 @@ def _write(cluster: Any, credential: Any, output: str | None) -> int:
 def _add(args: argparse.Namespace) -> int:
     role = args.role or "user"
     principal = principal_of(args.name, role)
-    with connect(args, session=True) as cluster:
-        return _write(cluster, cluster.add_user(principal, role), args.output)
+    with _credential_file(principal, args.output) as file, \
+            connect(args, session=True) as cluster:
+        return _write(cluster, cluster.add_user(principal, role), file)
 
 
 def _existing(cluster: Any, name: str, timeout: float) -> str:
@@ -109,7 +120,8 @@ def _existing(cluster: Any, name: str, timeout: float) -> str:
 def _rotate(args: argparse.Namespace) -> int:
     with connect(args, session=True) as cluster:
         principal = _existing(cluster, args.name, args.timeout)
-        return _write(cluster, cluster.rotate_user(principal), args.output)
+        with _credential_file(principal, args.output) as file:
+            return _write(cluster, cluster.rotate_user(principal), file)
 
 
 def _remove(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         BROKER,
         COORDINATOR,
         Credential,
+        CredentialFile,
         Keyring,
         MasterKeyring,
         RemoteKeyring,

@@ -59,6 +59,7 @@ __all__ = [
     "BROKER",
     "COORDINATOR",
     "Credential",
+    "CredentialFile",
     "Keyring",
     "MasterKeyring",
     "RemoteKeyring",
@@ -171,27 +172,76 @@ def write_credential(path: str | os.PathLike[str], credential: Credential, *,
     """Write `credential` to a new private file (mode 0600, by rename); refuses to replace one
     that exists, so a credential is never lost by a typo. `coordinator_key`: the coordinator's
     CURVE public key, when it is a CURVE server."""
-    path = Path(path)
-    body = {"principal": credential.principal, "key": credential.key.hex()}
-    if coordinator:
-        body["coordinator"] = coordinator
-    if coordinator_key:
-        body["coordinator_key"] = coordinator_key
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
-    except FileExistsError:
-        raise SecretFileError(f"{path} exists already; choose another file") from None
-    except OSError as exc:
-        raise SecretFileError(f"cannot write credential file {path}: {exc.strerror}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+    with CredentialFile(path) as file:
+        file.write(credential, coordinator=coordinator, coordinator_key=coordinator_key)
+
+
+class CredentialFile:
+    """A new credential file, made before the credential it will hold exists.
+
+        with CredentialFile(path) as file:         # SecretFileError: path exists, no folder...
+            credential = mint_it()                 # tq user add|rotate, a join token redeemed
+            file.write(credential)
+
+    The coordinator mints a key once (adding a user, rotating one, redeeming a join token), so
+    a file that cannot be written is found out before asking: found out after, the key was
+    lost, with the cluster changed (a user no credential proves, a rotation whose old key has
+    stopped working, a token used up). Making it opens a private temporary file (0600) beside
+    `path`, which `write` fills and links to `path`; leaving without writing removes it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(
+            f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        if os.path.lexists(self.path):
+            raise SecretFileError(f"{self.path} exists already; choose another file")
+        try:
+            self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                           0o600)
+        except OSError as exc:
+            raise SecretFileError(f"cannot write credential file {self.path}: "
+                                  f"{exc.strerror}") from exc
+        self._kept = False
+
+    def write(self, credential: Credential, *, coordinator: str = "",
+              coordinator_key: str = "") -> None:
+        """Fill the file with `credential` and put it in place. A file that appeared at
+        `path` meanwhile is not replaced: the credential stays in the temporary file, and the
+        error says where."""
+        assert self._fd is not None, "a credential file is written once"
+        body = {"principal": credential.principal, "key": credential.key.hex()}
+        if coordinator:
+            body["coordinator"] = coordinator
+        if coordinator_key:
+            body["coordinator_key"] = coordinator_key
+        fd, self._fd = self._fd, None
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(body, f)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(self._tmp, self.path)
+        except FileExistsError:
+            self._kept = True
+            raise SecretFileError(f"{self.path} was made meanwhile; the credential is in "
+                                  f"{self._tmp}") from None
+        except OSError as exc:
+            raise SecretFileError(f"cannot write credential file {self.path}: "
+                                  f"{exc.strerror}") from exc
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if not self._kept:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> CredentialFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _seal_stream(key: bytes, nonce: bytes, length: int) -> bytes:

@@ -176,6 +176,23 @@ def test_expired_revoked_wrong_and_mangled_tokens_are_refused(tmp_path: Path) ->
             assert not (tmp_path / name / "credential").exists()
 
 
+def test_a_data_dir_that_cannot_hold_the_credential_leaves_the_token_unused(
+        tmp_path: Path) -> None:
+    """The credential a join gets is written into the data dir. A data dir that cannot hold
+    it (a file where the folder should be) is one line, before the token is redeemed: redeemed
+    first, the token was used up and the executor principal made, its key lost."""
+    with Up(tmp_path / "home") as up:
+        token = _create(up)
+        (token_id,) = _tokens(up)
+        (tmp_path / "host-f").write_text("not a folder\n")
+        done = _join(tmp_path, token, "host-f")
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert str(tmp_path / "host-f") in done.stderr
+        assert _tokens(up)[token_id]["state"] != "used"
+        assert "executor:host-f" not in _users(up)
+
+
 def test_two_joiners_racing_with_one_token_one_wins(processes: Processes,
                                                     tmp_path: Path) -> None:
     with Up(tmp_path / "home") as up:

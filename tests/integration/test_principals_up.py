@@ -270,3 +270,35 @@ def test_rotated_and_removed_credentials_stop_working(up: Up, tmp_path: Path) ->
     with BlockingClient(broker, load_credential(rotated), audience=BROKER) as removed:
         with pytest.raises(SecretRejectedError):
             removed.request(Ping(b"carol"), timeout=20)
+
+
+def test_a_credential_file_that_cannot_be_written_changes_nothing(up: Up,
+                                                                   tmp_path: Path) -> None:
+    """`tq user add|rotate` write the key they get into a new file. A path that exists or
+    cannot be written is refused before the cluster changes: refused after, the key was lost,
+    a user added that no credential anywhere proves, or a rotation that stopped the old key
+    with the new one nowhere."""
+    taken = tmp_path / "taken.credential"
+    taken.write_text("someone else's\n")
+    unwritable = [taken, tmp_path / "no-such-folder" / "erin.credential"]
+    for path in unwritable:
+        refused = up.tq("user", "add", "erin", "-o", str(path))
+        assert refused.returncode == 2, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert str(path) in refused.stderr
+    assert "user:erin" not in up.tq("user", "list").stdout
+    assert taken.read_text() == "someone else's\n"
+
+    path = tmp_path / "erin.credential"
+    made = up.tq("user", "add", "erin", "-o", str(path))
+    assert made.returncode == 0, made.stderr
+    for bad in unwritable:
+        refused = up.tq("user", "rotate", "erin", "-o", str(bad))
+        assert refused.returncode == 2, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    # Not rotated: the credential erin holds still works.
+    Cluster.connect(up.info["coordinator"], secret_file=str(path), connect_timeout=10).close()
+    listed = [json.loads(line) for line in up.tq("user", "list", "--json").stdout.splitlines()]
+    assert [u["generation"] for u in listed if u["principal"] == "user:erin"] == [0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["erin.credential",
+                                                          "taken.credential"]
