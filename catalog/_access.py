@@ -48,6 +48,7 @@ __all__ = [
     "known_principal",
     "manages_query",
     "may_delete_topic",
+    "may_read_program",
     "may_take_over",
     "owner_active",
     "owner_principal",
@@ -123,6 +124,17 @@ def _owners_of(catalog: Catalog, query: Query) -> list[str]:
 def manages_query(catalog: Catalog, principal: str, query: Query) -> bool:
     """May kill it: an admin, the query itself, or a principal on its chain of submitters."""
     return is_admin(catalog, principal) or principal in _owners_of(catalog, query)
+
+
+def may_read_program(catalog: Catalog, principal: str, program: str) -> bool:
+    """May fetch the program pack `program` (`sha256:<hex>`; its code and, for a submitted
+    function, the pickled arguments): a host agent, which runs queries (admins too), or who
+    manages a query of that program. Naming it (the catalog shows every query's) is not
+    enough. O(queries); packs are fetched once per query and host."""
+    if is_executor(catalog, principal):
+        return True
+    return any(query.program == program and manages_query(catalog, principal, query)
+               for query in catalog.queries if isinstance(query, Query))
 
 
 def party_principal(catalog: Catalog, party: Party) -> str | None:

@@ -48,6 +48,7 @@ from catalog import (
     is_executor,
     join_principal,
     known_principal,
+    may_read_program,
     token_of_principal,
 )
 from querylib._pidlock import PidLock
@@ -716,6 +717,11 @@ class Coordinator:
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)
+        assert self.state is not None
+        if not may_read_program(self.state.catalog, ctx.principal, f"sha256:{request.sha256}"):
+            raise NotAuthorizedError(f"{ctx.principal} may not read program pack "
+                                     f"sha256:{request.sha256[:64]}: only the executors and "
+                                     "whoever manages a query of it do")
         loop = asyncio.get_running_loop()
         blob = await loop.run_in_executor(None, self.artifacts.load, request.sha256)
         ctx.attach(blob)

@@ -302,3 +302,23 @@ def test_a_credential_file_that_cannot_be_written_changes_nothing(up: Up,
     assert [u["generation"] for u in listed if u["principal"] == "user:erin"] == [0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["erin.credential",
                                                           "taken.credential"]
+
+
+def test_a_program_pack_is_read_by_who_runs_or_manages_its_query(up: Up, users: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """A query's program pack (its code, and for querylib.submit the pickled arguments) is
+    fetched by the executors that run it, its submitter and admins. Anyone may read the
+    catalog, which names the pack's digest: bob, asking for it by that digest, got alice's
+    program whole."""
+    program = _program(tmp_path, "sleeper.py", SLEEPER + "\nALICES_TOKEN = 'xyzzy-4711'\n")
+    query = _submit_as(up, users["alice"], program)
+    wait_for(lambda: _running(up, query), timeout=60, what="alice's query to run")
+    digest = up.query(query).program.removeprefix("sha256:")
+    coordinator = up.info["coordinator"]
+    with Cluster.connect(coordinator, secret_file=str(users["bob"])) as bob:
+        with pytest.raises(NotAuthorizedError, match="user:bob may not read program pack"):
+            bob._call(bob._async.fetch_artifact(digest))
+    for secret_file in (str(users["alice"]), up.info["secret_file"]):
+        with Cluster.connect(coordinator, secret_file=secret_file) as reader:
+            assert b"xyzzy-4711" in reader._call(reader._async.fetch_artifact(digest))
+    up.tq("kill", str(query))
