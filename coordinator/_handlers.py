@@ -225,7 +225,10 @@ def _check_binding(state: CoordinatorState, req: m.OpenSession,
 
 def heartbeat(state: CoordinatorState, req: m.Heartbeat, call: Call) -> m.Renewed:
     lease_ms = state.renew(req.session_id, call.now, req.lease_ms)
-    if req.load is not None:
+    # Kept for placement and tq status: an executor's only. Any session's would let a user
+    # make the coordinator hold a message's worth per session it opens.
+    if req.load is not None and state.catalog.session(req.session_id).kind \
+            is SessionKind.EXECUTOR:
         state.loads[req.session_id] = req.load
     return m.Renewed(lease_ms=lease_ms, version=state.catalog.version)
 

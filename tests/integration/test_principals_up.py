@@ -322,3 +322,41 @@ def test_a_program_pack_is_read_by_who_runs_or_manages_its_query(up: Up, users: 
         with Cluster.connect(coordinator, secret_file=secret_file) as reader:
             assert b"xyzzy-4711" in reader._call(reader._async.fetch_artifact(digest))
     up.tq("kill", str(query))
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
+
+
+def test_only_executors_leave_their_load_with_the_coordinator(up: Up,
+                                                              users: dict[str, Path]) -> None:
+    """An executor's heartbeat carries its host's load, which the coordinator keeps for
+    placement and tq status. Any session's heartbeat may carry one: kept too, a user's 160
+    sessions each sending a 0.7 MiB load (its per-process list made up) had the coordinator
+    hold ~150 MiB more for nothing, and more sessions more, until it ran out of memory."""
+    load = m.HostLoad(sampled_at_ms=0, cpu_percent=0.0, memory_used=0, memory_available=0,
+                      disk_free=0, running=0, per_process=tuple(
+                          m.ProcessLoad(query_id=0, process=0, pid=0, rss=0, cpu_percent=0.0,
+                                        processes=0) for _ in range(10_000)))
+    coordinator = up.proc.pid  # tq up serves the coordinator in its own process
+    with Cluster.connect(up.info["coordinator"], secret_file=str(users["bob"])) as bob:
+        # As many from one session first: the coordinator's driver keeps its last 32
+        # stimuli (for the log of a bug), and its allocator keeps what they took.
+        for _ in range(40):
+            bob.request(m.Heartbeat(session_id=bob.session_id, load=load))
+        before = _rss_mib(coordinator)
+        opened = []
+        try:
+            for _ in range(160):
+                session = bob.request(m.OpenSession(kind="client", peer="bob", lease_ms=60_000))
+                opened.append(session.session_id)
+                bob.request(m.Heartbeat(session_id=session.session_id, load=load))
+            grown = _rss_mib(coordinator) - before
+        finally:
+            for session_id in opened:
+                bob.request(m.CloseSession(session_id=session_id))
+    assert grown < 48, f"the coordinator grew by {grown} MiB"
+    # The executor's own load is kept still.
+    with up.cluster() as reader:
+        wait_for(reader.loads, timeout=30, interval=0.2, what="the executor's load")
