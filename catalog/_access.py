@@ -49,6 +49,7 @@ __all__ = [
     "manages_query",
     "may_delete_topic",
     "may_read_program",
+    "may_run_program",
     "may_take_over",
     "owner_active",
     "owner_principal",
@@ -124,6 +125,19 @@ def _owners_of(catalog: Catalog, query: Query) -> list[str]:
 def manages_query(catalog: Catalog, principal: str, query: Query) -> bool:
     """May kill it: an admin, the query itself, or a principal on its chain of submitters."""
     return is_admin(catalog, principal) or principal in _owners_of(catalog, query)
+
+
+def may_run_program(catalog: Catalog, principal: str, program: str, *,
+                    uploaded: bool) -> bool:
+    """May submit a query of `program`. A file or URL (`file://`, `http(s)://`) is read on
+    the executor's host, as its OS user: the admin's to name. Anyone else runs a pack
+    (`sha256:<hex>`) it `uploaded`, or one it may read already (`may_read_program`): not one
+    named by a digest the catalog shows, which would run another's code as its query and
+    make it readable."""
+    if is_admin(catalog, principal):
+        return True
+    return program.startswith("sha256:") and (
+        uploaded or may_read_program(catalog, principal, program))
 
 
 def may_read_program(catalog: Catalog, principal: str, program: str) -> bool:

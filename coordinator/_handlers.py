@@ -63,6 +63,7 @@ from catalog import (
     default_namespace,
     is_executor,
     manages_query,
+    may_run_program,
     placed_on_session,
     principal_kind,
     token_of_principal,
@@ -523,6 +524,12 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
         raise NotAuthorizedError(f"{call.principal} runs queries; it does not submit them")
     _bounded(req.name, MAX_LABEL, "the query name")
     _bounded(req.program, MAX_TEXT, "the program")
+    if not may_run_program(state.catalog, call.principal, req.program,
+                           uploaded=call.principal in state.uploads.get(req.program, ())):
+        raise NotAuthorizedError(
+            f"{call.principal} may not run program {req.program[:200]!r}: only the admin names "
+            "files and URLs on the executors' hosts; upload a program pack (tq submit does) "
+            "and run that")
     _bounded("".join(req.args), MAX_ARGS_CHARS, "the arguments")
     if not 1 <= req.processes <= 10_000:
         raise InvalidCommandError(f"a query has 1 to 10000 processes, not {req.processes}")

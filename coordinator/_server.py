@@ -713,6 +713,8 @@ class Coordinator:
         held = await loop.run_in_executor(
             None, self.artifacts.receive, request.sha256, str(request.session_id),
             request.offset, request.size, ctx.payload)
+        if held == request.size and self.state is not None:  # stored whole, digest checked
+            self.state.uploaded(f"sha256:{request.sha256}", ctx.principal)
         return m.ArtifactStored(sha256=request.sha256, size=held)
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:

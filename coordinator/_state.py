@@ -16,7 +16,7 @@ Respond, KillProcesses and SessionEnded, feeds back Committed, and owns every ta
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,8 @@ from ._placement import free_slots, place_processes, total_slots, used_slots
 from ._waiters import Waiter, Waiters
 
 __all__ = ["Call", "CoordinatorConfig", "CoordinatorState", "WaitForStart", "WaitForTopic"]
+
+MAX_UPLOADS_KEPT = 4096  # packs whose uploaders are remembered (a submit follows its upload)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ class CoordinatorState:
         self.start_deadlines: dict[int, float] = {}  # pending/submitted query -> when it fails
         self.start_waiters: dict[int, list[Any]] = {}  # such a query -> tokens to answer
         self.loads: dict[int, HostLoad] = {}  # executor session -> its latest heartbeat load
+        # Program packs uploaded since this coordinator started -> who uploaded them (a user
+        # runs what it uploaded: `may_run_program`); the most recent MAX_UPLOADS_KEPT.
+        self.uploads: OrderedDict[str, set[str]] = OrderedDict()
         self.drops = DropTracker()  # deleted topics' partitions: who to tell, who waits
         self.checkpoint = checkpoint  # the latest durable checkpoint
         self.since_checkpoint = since_checkpoint  # updates appended after it
@@ -271,6 +276,13 @@ class CoordinatorState:
             self._out.append(instruction)
         else:
             self._held.append((version, instruction))
+
+    def uploaded(self, program: str, principal: str) -> None:
+        """`principal` uploaded the pack `program` (`sha256:<hex>`) whole."""
+        self.uploads.setdefault(program, set()).add(principal)
+        self.uploads.move_to_end(program)
+        while len(self.uploads) > MAX_UPLOADS_KEPT:
+            self.uploads.popitem(last=False)
 
     def renew(self, session_id: int, now: float, lease_ms: int | None = None) -> int:
         """Check the session is open and extend its lease; returns the lease in ms."""

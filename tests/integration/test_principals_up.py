@@ -360,3 +360,33 @@ def test_only_executors_leave_their_load_with_the_coordinator(up: Up,
     # The executor's own load is kept still.
     with up.cluster() as reader:
         wait_for(reader.loads, timeout=30, interval=0.2, what="the executor's load")
+
+
+def test_a_user_runs_only_programs_it_uploaded_or_may_read(up: Up, users: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """A query's program may be a file or URL on the executor's host: the executor reads it
+    there, as its own OS user. That is the operators' (the admin's) to name. bob named a
+    file only the host should read and read its first line in his query's log (a SyntaxError
+    shows it); naming alice's uploaded pack by its digest (the catalog shows it) ran her
+    program as his query and let him fetch it whole."""
+    secret = tmp_path / "host-only.txt"
+    secret.write_text("the password is hunter2\n")
+    coordinator = up.info["coordinator"]
+    alices = _submit_as(up, users["alice"], _program(
+        tmp_path, "alices.py", SLEEPER + "\nALICES_TOKEN = 'plugh-0815'\n"))
+    digest = up.query(alices).program
+    with Cluster.connect(coordinator, secret_file=str(users["bob"])) as bob:
+        for program in (secret.as_uri(), "http://127.0.0.1:9/job.py", digest):
+            with pytest.raises(NotAuthorizedError, match="may not run program"):
+                bob.submit_query("peek", program)
+        mine = bob.upload_artifact(*_packed(_program(tmp_path, "bobs.py", SLEEPER)))
+        query = bob.submit_query("mine", mine)  # what he uploaded himself, he runs
+        bob.kill_query(query.query_id, "done")
+    up.tq("kill", str(alices))
+
+
+def _packed(program: Path) -> tuple[str, bytes]:
+    from querylib.artifacts import pack_path, sha256_hex
+
+    pack = pack_path(program, max_bytes=1 << 20)
+    return sha256_hex(pack), pack
