@@ -4,8 +4,12 @@ content-addressed, written once by rename so a reader never sees half a pack.
 Packs arrive in chunks (`UploadArtifact`, at most ARTIFACT_CHUNK_BYTES each, so no message to
 the coordinator is big: DESIGN §2 "Limits"), appended in order to
 `.incoming-<sha256>-<upload>` (one upload per session); the last chunk's arrival checks the
-whole file against the digest and renames it into place. Incoming files left by uploads
-nobody finished are removed when they are an hour old.
+whole file against the digest and renames it into place. A session uploads one pack at a
+time: starting one removes what its unfinished others left. Incoming files left by uploads
+nobody finished are removed when they are an hour old, and so are stored packs no live query
+runs, an hour after they were stored (`prune`, as each upload starts; a pack uploaded again is
+stored anew). How much a user may hold of packs no query runs yet is the coordinator's to
+bound (it knows who uploaded what).
 
 Uploads are hostile input: the digest must be 64 hex digits, the bytes must hash to it, a
 pack is bounded in size, chunks must come in order. Must not: unpack or run anything (the
@@ -18,7 +22,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from catalog import InvalidCommandError, NotFoundError, StorageError
@@ -62,7 +66,7 @@ class ArtifactStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if offset == 0:
-                self._remove_stale()
+                self._remove_stale(upload)
             elif not incoming.exists() or incoming.stat().st_size != offset:
                 raise InvalidCommandError(f"upload chunk at offset {offset} does not follow "
                                           "what was received; upload the pack again")
@@ -89,18 +93,48 @@ class ArtifactStore:
         target = self.directory / digest
         if target.exists():
             incoming.unlink()
+            os.utime(target)  # stored anew: `prune` counts its hour from now
         else:
             os.replace(incoming, target)
         return size
 
-    def _remove_stale(self) -> None:
+    def _remove_stale(self, upload: str) -> None:
+        """Before `upload` (a session) starts a pack: remove the incoming files of its other
+        uploads, and everyone's an hour old."""
         cutoff = time.time() - STALE_UPLOAD_SECONDS
         for path in self.directory.glob(f"{_INCOMING}*"):
             try:
-                if path.stat().st_mtime < cutoff:
+                if path.name.endswith(f"-{upload}") or path.stat().st_mtime < cutoff:
                     path.unlink()
             except FileNotFoundError:
                 pass
+
+    def prune(self, keep: Collection[str]) -> list[str]:
+        """Remove the stored packs not in `keep` (digests: those live queries run) stored
+        more than an hour ago; the digests removed."""
+        cutoff = time.time() - STALE_UPLOAD_SECONDS
+        removed = []
+        try:
+            paths = list(self.directory.iterdir())
+        except FileNotFoundError:
+            return removed
+        for path in paths:
+            if not _DIGEST.fullmatch(path.name) or path.name in keep:
+                continue
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(path.name)
+            except FileNotFoundError:
+                pass
+        return sorted(removed)
+
+    def size_of(self, digest: str) -> int | None:
+        """The stored pack's size in bytes, None when it is not stored."""
+        try:
+            return (self.directory / _checked(digest)).stat().st_size
+        except FileNotFoundError:
+            return None
 
     def load(self, digest: str) -> bytes:
         """The pack `digest`; NotFoundError if nobody uploaded it."""

@@ -39,6 +39,7 @@ from catalog import (
     ADMIN,
     SYSTEM_PRINCIPAL,
     Catalog,
+    ConflictError,
     NotAuthorizedError,
     StorageError,
     Topic,
@@ -710,12 +711,38 @@ class Coordinator:
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)
         loop = asyncio.get_running_loop()
+        if request.offset == 0:
+            await self._room_for_upload(request.sha256, request.size, ctx.principal)
         held = await loop.run_in_executor(
             None, self.artifacts.receive, request.sha256, str(request.session_id),
             request.offset, request.size, ctx.payload)
         if held == request.size and self.state is not None:  # stored whole, digest checked
             self.state.uploaded(f"sha256:{request.sha256}", ctx.principal)
         return m.ArtifactStored(sha256=request.sha256, size=held)
+
+    async def _room_for_upload(self, digest: str, size: int, principal: str) -> None:
+        """As a pack's upload starts: remove the stored packs no live query runs an hour after
+        they were stored, then refuse the upload if it would take `principal` (not an admin
+        nor an executor) past its room for packs no query runs."""
+        assert self.state is not None
+        catalog, uploads = self.state.catalog, self.state.uploads
+        running = {q.program.removeprefix("sha256:") for q in catalog.queries if not q.ended}
+        loop = asyncio.get_running_loop()
+        for gone in await loop.run_in_executor(None, self.artifacts.prune, running):
+            uploads.pop(f"sha256:{gone}", None)
+        if is_executor(catalog, principal):  # admins too
+            return
+        held = 0
+        for program, uploaders in uploads.items():
+            unclaimed = program.removeprefix("sha256:")
+            if principal in uploaders and unclaimed not in running and unclaimed != digest:
+                held += await loop.run_in_executor(None, self.artifacts.size_of, unclaimed) or 0
+        room = self.state.config.max_unclaimed_upload_bytes
+        if held + size > room:
+            raise ConflictError(
+                f"{principal} holds {held} bytes of uploaded program packs no query runs; with "
+                f"this one ({size} bytes) that is more than the {room} allowed: submit a query "
+                "of them, or wait an hour for them to be removed")
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)

@@ -106,6 +106,9 @@ class CoordinatorConfig:
     # Whether the coordinator's own broker hosts data when no other broker is registered
     # (`tq up`); not with failover, whose coordinator that takes over has its own (§3).
     spare_broker: bool = True
+    # Bytes of uploaded program packs no live query runs that one user may hold (admins and
+    # executors excepted): four of the biggest; a query of one gives its room back.
+    max_unclaimed_upload_bytes: int = 4 * 64 * 1024 * 1024
 
     def start_timeout(self, query: Query) -> int:
         """How long `query` may take to start, in ms."""

@@ -1,0 +1,104 @@
+"""What the coordinator's store of program packs (DESIGN §6 "Programs and spawning") may hold:
+one unfinished upload per session, a bounded amount of packs no query runs per user, and packs
+no live query runs only for an hour after they were stored. A user filled its disk before,
+one 64 MiB pack (or unfinished upload) after another."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog import ConflictError, Resources, SessionKind
+from coordinator import Coordinator, CoordinatorConfig
+from coordinator._artifacts import ArtifactStore
+from querylib.cluster import AsyncCluster
+from querylib.cluster import messages as m
+
+SECRET = os.urandom(32)
+CHUNK = m.ARTIFACT_CHUNK_BYTES
+
+
+def _pack(n: int, size: int = 1000) -> tuple[str, bytes]:
+    data = n.to_bytes(4, "big") * (size // 4)
+    return hashlib.sha256(data).hexdigest(), data
+
+
+async def _coordinator(data: Path, **config: object) -> Coordinator:
+    coordinator = Coordinator(data, SECRET, listen="tcp://127.0.0.1:0",
+                              broker_listen="tcp://127.0.0.1:0",
+                              config=CoordinatorConfig(**config))  # type: ignore[arg-type]
+    await coordinator.start()
+    return coordinator
+
+
+def test_a_session_holds_one_unfinished_upload(tmp_path: Path) -> None:
+    """A session that starts upload after upload, finishing none, holds one file's worth."""
+    async def main() -> list[str]:
+        coordinator = await _coordinator(tmp_path)
+        try:
+            assert coordinator.endpoint is not None
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+                for n in range(5):
+                    digest, pack = _pack(n, 2 * CHUNK)
+                    await admin.client.request(m.UploadArtifact(
+                        session_id=admin._session(), sha256=digest, offset=0,
+                        size=len(pack)), payload=[pack[:CHUNK]])
+            return sorted(p.name for p in (tmp_path / "artifacts").iterdir())
+        finally:
+            await coordinator.close()
+
+    held = asyncio.run(main())
+    assert len(held) == 1 and held[0].startswith(".incoming-"), held
+
+
+def test_a_user_holds_a_bounded_amount_of_packs_no_query_runs(tmp_path: Path) -> None:
+    """Past its room for packs no live query runs, a user's next upload is refused with what
+    to do; a query of one of them gives the room back. The admin is not bounded."""
+    async def main() -> None:
+        coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
+        try:
+            assert coordinator.endpoint is not None
+            agent = AsyncCluster(coordinator.endpoint, SECRET, lease=10.0,
+                                 kind=SessionKind.EXECUTOR)
+            async with agent, AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+                broker = await agent.register_broker("host-a", "tcp://127.0.0.1:1")
+                await agent.register_executor("host-a", broker.broker_id, Resources(
+                    cores=1, memory=1 << 30, disk=1 << 30, slots=4))
+                bob = await admin.add_user("user:bob", "user")
+                async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as user:
+                    sources = [await user.upload_artifact(*_pack(n)) for n in range(3)]
+                    with pytest.raises(ConflictError, match="no query runs"):
+                        await user.upload_artifact(*_pack(3))
+                    await user.submit_query("runs", sources[0])
+                    await user.upload_artifact(*_pack(3))
+                for n in range(10, 15):
+                    await admin.upload_artifact(*_pack(n))
+        finally:
+            await coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_packs_no_live_query_runs_are_removed_an_hour_after_they_were_stored(
+        tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    digests = []
+    for n in range(3):
+        digest, pack = _pack(n)
+        assert store.receive(digest, "1", 0, len(pack), [pack]) == len(pack)
+        digests.append(digest)
+    old = time.time() - 2 * 3600
+    for digest in digests[:2]:
+        os.utime(tmp_path / digest, (old, old))
+    assert store.prune(keep={digests[0]}) == [digests[1]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([digests[0], digests[2]])
+    # Uploaded again: stored anew (its hour starts again).
+    digest, pack = _pack(0)
+    os.utime(tmp_path / digest, (old, old))
+    store.receive(digest, "2", 0, len(pack), [pack])
+    assert store.prune(keep=set()) == []
