@@ -290,7 +290,11 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         if body is None:
             return PlainTextResponse("a login form is at most 4 KiB", status_code=413)
         # A urlencoded form (what login.html posts), parsed here: no multipart dependency.
-        form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        try:
+            form = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        except ValueError:  # more fields than that: not a login form
+            return PlainTextResponse("a login form has a principal and a password",
+                                     status_code=400)
         principal = form.get("principal", [""])[0].strip()
         password = form.get("password", [""])[0]
         if principal and "admin" != principal and ":" not in principal:

@@ -110,3 +110,17 @@ def test_a_log_stream_the_browser_left_closes_what_it_reads() -> None:
         wait_for(closed.is_set, timeout=30, what="the stream's lines to be closed")
     finally:
         running.stop()
+
+
+def test_a_login_form_of_more_fields_than_it_has_is_refused_with_a_reason(
+        console: Console) -> None:
+    """A form of nine fields (the limit the parser is given is eight): refused as bad input,
+    not answered with a 500 and a traceback in tq up's log."""
+    connection = _connect(console)
+    connection.request("POST", "/login", body="&".join(f"f{i}=x" for i in range(9)).encode(),
+                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+    reply = connection.getresponse()
+    assert reply.status == 400
+    assert b"principal and a password" in reply.read()
+    connection.close()
+
