@@ -18,12 +18,13 @@
                               rights, or HTTP basic authentication with a principal and its
                               password, for scrapers)
 
-Access (`Access`): bound to a loopback address, reading needs no login; bound elsewhere,
-everything but the login page and the static files does. Actions (kill, delete) always need
-a login, and run
-as its principal through the coordinator, which authorizes them as it does the CLI's. A login
-is a random cookie (HttpOnly, SameSite=Strict); actions also need the header
-`X-Tq-Console: 1`, which no cross-site form can send.
+Access (`Access`): bound to a loopback address, reading needs no login from a request that
+names a loopback host (not from another site's page whose name resolves to 127.0.0.1: DNS
+rebinding); bound elsewhere, everything but the login page and the static files does.
+Actions (kill, delete) always need a login, and run as its principal through the
+coordinator, which authorizes them as it does the CLI's. A login is a random cookie
+(HttpOnly, SameSite=Strict); actions also need the header `X-Tq-Console: 1`, which no
+cross-site form can send.
 
 Must not: act as anyone but the logged-in principal, or block its event loop on the cluster.
 """
@@ -33,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import ipaddress
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -59,7 +61,7 @@ from catalog.errors import NotAuthorizedError, TqError
 
 from ._model import ClusterModel
 
-__all__ = ["Access", "Changes", "build_app"]
+__all__ = ["Access", "Changes", "build_app", "is_loopback"]
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "tq_console"
@@ -118,7 +120,10 @@ class Access:
         return None if cookie is None else self.logins.get(cookie)
 
     def may_read(self, request: Request) -> bool:
-        return self.loopback or self.principal(request) is not None
+        # Without a login only a page of a loopback name reads: a page of another site whose
+        # name its owner made resolve to 127.0.0.1 (DNS rebinding) names its own host.
+        return (self.loopback and _names_loopback(request)) \
+            or self.principal(request) is not None
 
 
 Kill = Callable[[str, int], Awaitable[Any]]  # principal, query id -> the query after
@@ -343,6 +348,23 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is this host's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _names_loopback(request: Request) -> bool:
+    """Whether the request's Host header names a loopback host."""
+    try:
+        name = urlsplit("//" + request.headers.get("host", "")).hostname
+    except ValueError:  # not a host at all ("[::1")
+        return False
+    return name is not None and is_loopback(name)
 
 
 def _basic_auth_ok(access: Access, request: Request) -> bool:

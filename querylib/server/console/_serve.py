@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import hmac
-import ipaddress
 import logging
 import socket
 import threading
@@ -29,7 +28,7 @@ from catalog.errors import UserError
 from querylib.cluster import AsyncCluster
 from querylib.rpc import Credential, kafka_password, principal_key
 
-from ._app import Access, Changes, build_app
+from ._app import Access, Changes, build_app, is_loopback
 from ._feed import Feed
 from ._logs import query_lines
 from ._model import ClusterModel
@@ -64,7 +63,7 @@ class Console:
         # function of the coordinator's loop (called there through `_on_owner`)
         self.groups = groups
         self.max_connections = max_connections
-        self.access = Access(loopback=_is_loopback(host), check_password=self._password_ok)
+        self.access = Access(loopback=is_loopback(host), check_password=self._password_ok)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
         self._thread: threading.Thread | None = None
@@ -221,10 +220,3 @@ class Console:
             raise UserError(f"{principal} is not a principal of this cluster any more")
         return AsyncCluster(self.coordinator, Credential(principal, key),
                             peer=f"tq console ({principal})")
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -124,3 +124,25 @@ def test_a_login_form_of_more_fields_than_it_has_is_refused_with_a_reason(
     assert b"principal and a password" in reply.read()
     connection.close()
 
+
+def test_a_loopback_console_serves_reads_only_to_pages_of_a_loopback_name(
+        console: Console) -> None:
+    """Reading needs no login on loopback, for requests that name a loopback host: a page of
+    another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) names its own
+    host, and must not read the cluster through the browser."""
+    def call(path: str, host: str) -> int:
+        connection = _connect(console)
+        connection.request("GET", path, headers={"Host": host})
+        status = connection.getresponse().status
+        connection.close()
+        return status
+
+    port = console.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}",
+                 f"127.0.0.2:{port}"):
+        assert call("/api/state", host) == 200, host
+    for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.nip.io:{port}",
+                 f"localhost.attacker.example:{port}", ""):
+        assert call("/api/state", host) == 401, host
+        assert call("/api/events", host) == 401, host
+        assert call("/", host) == 303, host
