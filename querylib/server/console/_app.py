@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     FileResponse,
     JSONResponse,
@@ -291,7 +291,10 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         return FileResponse(STATIC / "login.html")
 
     async def login(request: Request) -> Response:
-        body = await _bounded_body(request, MAX_FORM_BYTES)
+        try:
+            body = await _bounded_body(request, MAX_FORM_BYTES)
+        except ClientDisconnect:  # gone before its form came (or closed for being slow)
+            return Response(status_code=400)
         if body is None:
             return PlainTextResponse("a login form is at most 4 KiB", status_code=413)
         # A urlencoded form (what login.html posts), parsed here: no multipart dependency.

@@ -16,12 +16,14 @@ import asyncio
 import errno
 import hmac
 import logging
+import math
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from catalog import ADMIN, User
 from catalog.errors import UserError
@@ -37,6 +39,7 @@ __all__ = ["DEFAULT_CONSOLE_PORT", "Console", "ConsoleUnavailableError"]
 
 DEFAULT_CONSOLE_PORT = 7480
 MAX_CONNECTIONS = 256  # open HTTP connections (an event stream holds one): past it, 503
+REQUEST_TIMEOUT = 10.0  # seconds for a request to arrive, head and body: past it, closed
 logger = logging.getLogger("querylib.console")
 
 
@@ -51,7 +54,8 @@ class Console:
                  port: int = DEFAULT_CONSOLE_PORT, fallback: bool = True,
                  metrics: Any = None,
                  groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.coordinator = coordinator
         self.secret = secret
         self.host = host
@@ -63,6 +67,7 @@ class Console:
         # function of the coordinator's loop (called there through `_on_owner`)
         self.groups = groups
         self.max_connections = max_connections
+        self.request_timeout = request_timeout
         self.access = Access(loopback=is_loopback(host), check_password=self._password_ok)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
@@ -154,7 +159,8 @@ class Console:
                                 # bounded: past these, 503 (and idle connections close)
                                 # uvicorn counts the arriving connection among the open
                                 limit_concurrency=self.max_connections + 1,
-                                timeout_keep_alive=30,
+                                http=_timed_http(self.request_timeout),
+                                timeout_keep_alive=math.ceil(self.request_timeout),
                                 h11_max_incomplete_event_size=16 * 1024)
         self._server = server = uvicorn.Server(config)
         feeding = asyncio.create_task(self._feed(feed))
@@ -220,3 +226,41 @@ class Console:
             raise UserError(f"{principal} is not a principal of this cluster any more")
         return AsyncCluster(self.coordinator, Credential(principal, key),
                             peer=f"tq console ({principal})")
+
+
+class _TimedHttp(H11Protocol):
+    """uvicorn's HTTP/1.1 with a time for each request to arrive in: its head and body within
+    `request_timeout` seconds of the connection's start or of the previous response, or the
+    connection closes. uvicorn itself times out only a connection idle after a response, and
+    no longer once a byte came: connections that send nothing, or a byte now and then, would
+    hold every place `limit_concurrency` counts, for good."""
+
+    request_timeout = REQUEST_TIMEOUT
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_request()
+
+    def on_response_complete(self) -> None:
+        self._await_request()  # first: a pipelined request may start in there
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _await_request(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(self.request_timeout, self._late, self.cycle)
+
+    def _late(self, answered: object) -> None:
+        # no request since `answered` (None: since the start), or its body is still coming
+        if self.cycle is answered or self.cycle.more_body:
+            self.transport.close()
+
+
+def _timed_http(request_timeout: float) -> type[_TimedHttp]:
+    return type("TimedHttp", (_TimedHttp,), {"request_timeout": request_timeout})

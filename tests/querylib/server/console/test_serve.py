@@ -146,3 +146,46 @@ def test_a_loopback_console_serves_reads_only_to_pages_of_a_loopback_name(
         assert call("/api/state", host) == 401, host
         assert call("/api/events", host) == 401, host
         assert call("/", host) == 303, host
+
+
+def test_connections_that_never_finish_a_request_do_not_hold_the_places_for_long(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Connections that send nothing, half a request head, or a login form a few bytes at a
+    time hold every place the limit allows: they are closed once the time for a request has
+    passed, and the console serves the others again (before, it answered 503 for good, to
+    anyone, logged in or not), and a login whose form never came logs no traceback."""
+    import socket
+
+    running = Console("tcp://127.0.0.1:9", os.urandom(32), port=free_port(), fallback=False,
+                      max_connections=3, request_timeout=1.0).start()
+    assert running._server is not None
+    served = running._server.server_state  # what uvicorn counts against the limit
+    hogs = []
+    try:
+        hogs.append(socket.create_connection(("127.0.0.1", running.port)))
+        hogs[0].sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+                        b"Content-Type: application/x-www-form-urlencoded\r\n\r\nprincipal=")
+        wait_for(lambda: len(served.tasks) == 1, what="the login to wait for its form")
+        hogs.append(socket.create_connection(("127.0.0.1", running.port)))
+        hogs[1].sendall(b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        hogs.append(socket.create_connection(("127.0.0.1", running.port)))
+        wait_for(lambda: len(served.connections) == 3, what="the console to hold them all")
+
+        def state() -> int:
+            connection = _connect(running)
+            connection.request("GET", "/api/state")
+            status = connection.getresponse().status
+            connection.close()
+            return status
+
+        assert state() == 503
+        wait_for(lambda: state() == 200, timeout=30, interval=0.2,
+                 what="the console to serve again")
+        for hog in hogs:  # closed by the console
+            hog.settimeout(30)
+            assert hog.recv(4096) == b""
+    finally:
+        for hog in hogs:
+            hog.close()
+        running.stop()
+    assert "Traceback" not in capfd.readouterr().err
