@@ -245,3 +245,18 @@ def test_deleting_a_topic_needs_a_login_and_the_principals_right(up: Up,
     assert status == 200, body
     wait_for(lambda: all(t["name"] != name for t in admin.state()["topics"]), timeout=30,
              what="the topic to leave the console")
+
+
+def test_a_query_id_no_query_can_have_is_refused_as_bad_input(up: Up) -> None:
+    """A kill naming a query id past 64 bits: refused as bad input, not answered with a 500
+    and a traceback in tq up's log (the coordinator's messages cannot carry it)."""
+    admin = Browserless(up.info["console"])
+    assert admin.login("admin", kafka_password(load_secret(up.info["secret_file"])))
+    tracebacks = up.stderr().count("Traceback")
+    for ref in (str(2**64), "9" * 30):
+        status, _, body = admin.call(f"/api/queries/{ref}/kill", method="POST", data={},
+                                     headers={"X-Tq-Console": "1"})
+        assert status == 400, body
+        assert "query id" in json.loads(body)["error"]
+    assert admin.state()["me"] == "admin"  # and it serves on
+    assert up.stderr().count("Traceback") == tracebacks

@@ -68,6 +68,8 @@ COOKIE = "tq_console"
 ACTION_HEADER = "x-tq-console"
 MAX_LOGINS = 1024  # logins held at once; the oldest goes first
 MAX_FORM_BYTES = 4096
+MAX_QUERY_ID = 2**63 - 1  # what the coordinator's messages carry
+BAD_QUERY_ID = f"a query id is a whole number from 0 to {MAX_QUERY_ID}"
 
 
 class Changes:
@@ -205,10 +207,9 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         refused = refuse_reader(request)
         if refused is not None:
             return refused
-        try:
-            query_id = int(request.path_params["query_id"])
-        except ValueError:
-            return JSONResponse({"error": "a query id is a number"}, status_code=400)
+        query_id = _query_id(request)
+        if query_id is None:
+            return JSONResponse({"error": BAD_QUERY_ID}, status_code=400)
 
         async def stream() -> AsyncIterator[str]:
             batches = lines(query_id)
@@ -269,10 +270,9 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         if refused is not None:
             return refused
         principal = access.principal(request) or ""
-        try:
-            query_id = int(request.path_params["query_id"])
-        except ValueError:
-            return JSONResponse({"error": "a query id is a number"}, status_code=400)
+        query_id = _query_id(request)
+        if query_id is None:
+            return JSONResponse({"error": BAD_QUERY_ID}, status_code=400)
         try:
             query = await kill(principal, query_id)
         except TqError as exc:
@@ -338,6 +338,15 @@ def _state(model: ClusterModel, access: Access, request: Request) -> dict[str, A
     view = model.view()
     view["me"] = access.principal(request)
     return view
+
+
+def _query_id(request: Request) -> int | None:
+    """The query id the path names, or None when no query can have it."""
+    text = request.path_params["query_id"]
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    query_id = int(text)
+    return query_id if query_id <= MAX_QUERY_ID else None
 
 
 async def _bounded_body(request: Request, limit: int) -> bytes | None:
