@@ -114,7 +114,8 @@ def broker_topic(topic: TopicName) -> str:
 
 
 def source_id(program: str, instance: str, stream_id: int) -> int:
-    """A stable, non-negative 63-bit id of one connector stream (the batches' producerId)."""
+    """A stable, non-negative 63-bit id of one connector stream (the batches' producerId).
+    The worker refuses names holding NUL at HELLO, so the text hashed names one stream only."""
     digest = hashlib.blake2b(f"{program}\0{instance}\0{stream_id}".encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big") >> 1
 

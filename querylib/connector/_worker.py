@@ -27,9 +27,10 @@ ERROR) and no RESTART (`restart` sends ERROR, which also makes a connector recon
 released dialect has no NACK (`nack` raises LocalProtocolError: use `restart`).
 
 Checks done here, each answered with an ERROR frame naming the problem: exact version and
-cookie, the connection and stream state tables, credit (a NOTIFY or MESSAGE without credit),
-streams never introduced or already ended, the maximum frame size, reserved draft flag bits, and
-a bound on the number of streams. (A first frame of neither dialect gets no reply: its framing
+cookie, program and instance names without NUL (tq's stream ids join them with it), the
+connection and stream state tables, credit (a NOTIFY or MESSAGE without credit), streams never
+introduced or already ended, the maximum frame size, reserved draft flag bits, and a bound on
+the number of streams. (A first frame of neither dialect gets no reply: its framing
 is unknown.) Duplicates (message id <= the last id seen on the stream,
 except draft EPHEMERAL messages) are dropped and reported as `MessageDropped`.
 """
@@ -46,6 +47,7 @@ from ._errors import (
     BadCookieError,
     CreditExhaustedError,
     DialectError,
+    HandshakeError,
     LocalProtocolError,
     TooManyStreamsError,
     VersionMismatchError,
@@ -77,6 +79,17 @@ DEFAULT_MAX_STREAMS = 65536  # per connection; each stream costs the connector a
 
 def _as_bytes(value: bytes | str) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def _source_name(data: bytes, what: str) -> str:
+    """A HELLO's program or instance name. NUL separates them in the id of each stream of the
+    instance (`_records.source_id`, the producerId of its batches), so a name holding one could
+    give two instances the same ids: refused (every id of a valid name stays what it was)."""
+    name = text(data, what)
+    if "\0" in name:
+        raise HandshakeError(f"{what} {name[:80]!r} contains a NUL character; choose one "
+                             "without")
+    return name
 
 
 class WorkerConnection(Session):
@@ -149,8 +162,8 @@ class WorkerConnection(Session):
     def _on_hello(self, frame: Any, events: list[Event]) -> None:
         if not hmac.compare_digest(frame.cookie, self._cookie):
             raise BadCookieError("bad cookie")  # never echo either cookie
-        program = text(frame.program_name, "program name")
-        instance = text(frame.instance_name, "instance name")
+        program = _source_name(frame.program_name, "program name")
+        instance = _source_name(frame.instance_name, "instance name")
         assert self._adapter is not None
         events.append(Hello(self._adapter.dialect, frame.version.decode(), program, instance))
 

@@ -13,6 +13,7 @@ from querylib.connector import (
     Dialect,
     DialectError,
     DropReason,
+    HandshakeError,
     Hello,
     LocalProtocolError,
     MalformedFrameError,
@@ -111,6 +112,17 @@ def test_bad_cookie_is_refused_without_echoing_cookies(dialect):
     assert isinstance(failed.error, BadCookieError)
     reason = error_reason(dialect, failed.reply)
     assert "cookie" in reason and "guess" not in reason and COOKIE.decode() not in reason
+
+
+@BOTH
+@pytest.mark.parametrize("names", [(b"a\0b", b"c"), (b"a", b"b\0c"), (b"\0", b"")])
+def test_names_holding_nul_are_refused_at_hello(dialect, names):
+    # tq's stream ids join program and instance with NUL (`source_id`): ambiguous with one.
+    mod = module(dialect)
+    frame = mod.Hello(mod.VERSION.encode(), COOKIE, *names)
+    failed = failure(feed(worker(), frame))
+    assert isinstance(failed.error, HandshakeError)
+    assert "NUL" in error_reason(dialect, failed.reply)
 
 
 def test_a_worker_limited_to_one_dialect_refuses_the_other():

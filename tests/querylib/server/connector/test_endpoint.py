@@ -140,9 +140,9 @@ class Raw:
     """A connector speaking through a real socket, frame by frame, for the protocol's edges."""
 
     def __init__(self, harness: Harness, dialect: str = "draft", *, cookie: bytes = COOKIE,
-                 instance: str = "raw") -> None:
+                 program: str = "test", instance: str = "raw") -> None:
         self.sock = socket.create_connection(("127.0.0.1", harness.config.port), timeout=10)
-        self.conn = BulkSourceConnection(Dialect(dialect), program="test", instance=instance,
+        self.conn = BulkSourceConnection(Dialect(dialect), program=program, instance=instance,
                                          cookie=cookie)
         self.events: list = []
         self.closed = False
@@ -570,6 +570,28 @@ def test_bad_peers_get_an_error_and_the_others_go_on(harness):
     good.close()
     assert [r.value for r in harness.records("good")] == [b"before", b"after"]
     assert harness.stats()["protocol_errors"] >= 3 and harness.stats()["bugs"] == 0
+
+
+@BOTH
+def test_names_that_could_share_a_stream_id_are_refused_at_hello(harness, dialect):
+    """A stream's id (the batches' producerId, and its broker session) hashes program NUL
+    instance NUL stream id (`source_id`): with NUL in a name, ("a\0b", "c") and ("a", "b\0c")
+    would be one stream, sharing a session, and each would count the other's records as its
+    own on resume. Such names get an ERROR at HELLO; valid ones keep their ids."""
+    assert source_id("a\0b", "c", 1) == source_id("a", "b\0c", 1)
+    for program, instance in (("a\0b", "c"), ("a", "b\0c")):
+        raw = Raw(harness, dialect, program=program, instance=instance)
+        raw.send(raw.conn.hello())
+        raw.until(lambda ev, raw=raw: raw.of(Accepted) or raw.of(PeerError), "OK or ERROR")
+        assert not raw.of(Accepted), f"{program!r}/{instance!r} was accepted"
+        assert "NUL" in raw.of(PeerError)[0].reason
+        raw.until(lambda ev, raw=raw: raw.closed, "a close")
+    assert harness.stats()["protocol_errors"] == 2
+    with harness.connector(dialect, program="a", instance="b") as conn:
+        sid = conn.open_stream("valid")
+        conn.send(sid, b"x", message_id=0)
+    (batch,) = [b for b in harness.batches("valid") if not b.is_control]
+    assert batch.producer_id == source_id("a", "b", sid)
 
 
 def test_closing_the_endpoint_ends_every_connection(tmp_path):
