@@ -13,7 +13,10 @@ in-process door (`BrokerPort.link`), or a `BrokerLink` over broker RPC to the br
 places the partition on (`locate`: the host's catalog view), authenticated with the executor's
 credential. Both write as "anonymous", as connectors do (over RPC a downgrade the broker grants
 its client, DESIGN §12), so the broker hosting the partition admits a stream exactly as broker 0
-would: ingest topics only. The producer opens the topic's incarnation the catalog named.
+would: ingest topics only. The producer opens the topic's incarnation the catalog named. A
+stream's session id there is keyed with the credential's key (`remote_session`): stable for the
+executor, so a restarted endpoint reopens it, and unknown to other principals, which could
+otherwise open it first and keep the stream out.
 
 The scan of a partition for a stream's last appended message reads a remote partition through
 querylib's subscriber core (`SubscriberCore`: subscribe at an offset, credit, whole batches),
@@ -26,6 +29,8 @@ Must not: decide admission (the broker hosting the partition does), or write any
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -42,6 +47,7 @@ from ._offsets import backward_windows, last_appended
 __all__ = ["Locate", "Partitions", "Remote"]
 
 PartitionId = tuple[str, int]
+_SESSION_LABEL = b"tq connector session v1\0"  # keyed ids of streams' sessions elsewhere
 
 @dataclass(frozen=True)
 class Remote:
@@ -76,12 +82,23 @@ class Partitions:
         return await self._locate(*pid)
 
     def link(self, route: Remote | None, *, session: str, lease: float) -> SessionLink:
-        """A (not yet started) broker session for writing a partition at `route`."""
+        """A (not yet started) broker session for writing a partition at `route`. `session`
+        names the stream's session: the same name for the same stream, so a restarted
+        endpoint reopens it (see `remote_session` for its id on another broker)."""
         if route is None:
             return self.port.link("anonymous", lease=lease, session=session)
         assert self._credential is not None
-        return BrokerLink(route.address, self._credential, lease=lease, session=session,
-                          principal="anonymous")
+        return BrokerLink(route.address, self._credential, lease=lease,
+                          session=self.remote_session(session), principal="anonymous")
+
+    def remote_session(self, session: str) -> str:
+        """The id of session `session` on another broker. In process an id is out of RPC
+        clients' reach (`LOCAL_SESSIONS`); over RPC, a principal that opened a predictable id
+        first would hold it and keep the stream out, so it is keyed with the credential's key:
+        the same for this executor across restarts, unguessable by anyone else."""
+        assert self._credential is not None
+        mac = hmac.new(self._credential.key, _SESSION_LABEL + session.encode(), hashlib.sha256)
+        return f"tq.connector.{mac.hexdigest()[:32]}"
 
     async def info(self, pid: PartitionId) -> PartitionInfo | None:
         """The partition as its broker has it, None if that broker does not host it."""
