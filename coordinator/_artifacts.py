@@ -113,7 +113,7 @@ class ArtifactStore:
         """Remove the stored packs not in `keep` (digests: those live queries run) stored
         more than an hour ago; the digests removed."""
         cutoff = time.time() - STALE_UPLOAD_SECONDS
-        removed = []
+        removed: list[str] = []
         try:
             paths = list(self.directory.iterdir())
         except FileNotFoundError:

@@ -736,7 +736,8 @@ class Coordinator:
         for program, uploaders in uploads.items():
             unclaimed = program.removeprefix("sha256:")
             if principal in uploaders and unclaimed not in running and unclaimed != digest:
-                held += await loop.run_in_executor(None, self.artifacts.size_of, unclaimed) or 0
+                stored = await loop.run_in_executor(None, self.artifacts.size_of, unclaimed)
+                held += stored or 0
         room = self.state.config.max_unclaimed_upload_bytes
         if held + size > room:
             raise ConflictError(
