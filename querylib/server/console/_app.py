@@ -70,6 +70,7 @@ MAX_LOGINS = 1024  # logins held at once; the oldest goes first
 MAX_FORM_BYTES = 4096
 MAX_QUERY_ID = 2**63 - 1  # what the coordinator's messages carry
 BAD_QUERY_ID = f"a query id is a whole number from 0 to {MAX_QUERY_ID}"
+CROSS_SITE = "a page of another site may not log in or out here"
 
 
 class Changes:
@@ -291,6 +292,8 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         return FileResponse(STATIC / "login.html")
 
     async def login(request: Request) -> Response:
+        if not _same_origin(request):
+            return PlainTextResponse(CROSS_SITE, status_code=403)
         try:
             body = await _bounded_body(request, MAX_FORM_BYTES)
         except ClientDisconnect:  # gone before its form came (or closed for being slow)
@@ -312,6 +315,8 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
         return _logged_in(access.login(principal))
 
     async def logout(request: Request) -> Response:
+        if not _same_origin(request):
+            return PlainTextResponse(CROSS_SITE, status_code=403)
         cookie = request.cookies.get(COOKIE)
         if cookie is not None:
             access.logins.pop(cookie, None)
@@ -338,6 +343,20 @@ def _state(model: ClusterModel, access: Access, request: Request) -> dict[str, A
     view = model.view()
     view["me"] = access.principal(request)
     return view
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a form post comes from a page of the console itself: a browser names the
+    posting page's origin (another site's page would log the browser in as whoever it chose,
+    or out); a client that names none is not a page."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    try:
+        posted_from = urlsplit(origin).netloc.lower()
+    except ValueError:
+        return False
+    return bool(posted_from) and posted_from == request.headers.get("host", "").lower()
 
 
 def _query_id(request: Request) -> int | None:

@@ -189,3 +189,34 @@ def test_connections_that_never_finish_a_request_do_not_hold_the_places_for_long
             hog.close()
         running.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_login_or_logout_posted_by_another_sites_page_is_refused(console: Console) -> None:
+    """A page of another site can post a form to the console: it must not log the browser in
+    (as whoever the page chose) nor out. Browsers name the posting page's origin; a client
+    that names none (curl, a script) is not a page and logs in as before."""
+    from querylib.rpc import Credential, kafka_password
+
+    form = f"principal=admin&password={kafka_password(Credential('admin', console.secret))}"
+    port = console.port
+
+    def post(path: str, origin: str | None) -> tuple[int, str | None]:
+        connection = _connect(console)
+        headers = {"Content-Type": "application/x-www-form-urlencoded",
+                   "Host": f"127.0.0.1:{port}"}
+        if origin is not None:
+            headers["Origin"] = origin
+        connection.request("POST", path, body=form.encode(), headers=headers)
+        reply = connection.getresponse()
+        outcome = reply.status, reply.getheader("set-cookie")
+        connection.close()
+        return outcome
+
+    for origin in ("http://attacker.example", f"http://localhost:{port}", "null"):
+        status, cookie = post("/login", origin)
+        assert status == 403 and cookie is None, origin
+        assert post("/logout", origin)[0] == 403, origin
+    for origin in (f"http://127.0.0.1:{port}", None):
+        status, cookie = post("/login", origin)
+        assert status == 303 and cookie is not None and "tq_console=" in cookie, origin
+        assert post("/logout", origin)[0] == 303, origin
