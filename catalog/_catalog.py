@@ -21,6 +21,7 @@ Must not: read clocks, do I/O, or mutate state before a command has been fully c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
@@ -106,6 +107,7 @@ class Catalog:
         self._by_id: dict[str, dict[int, Record]] = {name: {} for name in _ID_FIELDS}
         self._topic_by_name: dict[str, Topic] = {}
         self._users: dict[str, User] = {}
+        self._sessions_of: Counter[str] = Counter()  # open sessions per principal
 
     # -- changing it ----------------------------------------------------------------------------
 
@@ -181,10 +183,16 @@ class Catalog:
             index[key] = record
             if isinstance(record, Topic):
                 self._topic_by_name[record.name] = record
+            elif isinstance(record, Session):
+                self._sessions_of[record.principal] += 1
         elif index.get(key) == record:
             del index[key]
             if isinstance(record, Topic) and self._topic_by_name.get(record.name) == record:
                 del self._topic_by_name[record.name]
+            elif isinstance(record, Session):
+                self._sessions_of[record.principal] -= 1
+                if not self._sessions_of[record.principal]:
+                    del self._sessions_of[record.principal]
 
     # -- rebuilding it --------------------------------------------------------------------------
 
@@ -314,6 +322,10 @@ class Catalog:
     def find_session(self, session_id: int) -> Session | None:
         record = self._by_id["sessions"].get(session_id)
         return record if isinstance(record, Session) else None
+
+    def sessions_of(self, principal: str) -> int:
+        """How many open sessions `principal` holds (O(1): indexed)."""
+        return self._sessions_of[principal]
 
     def find_executor(self, executor_id: int) -> Executor | None:
         record = self._by_id["executors"].get(executor_id)

@@ -174,9 +174,7 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
         raise NotAuthorizedError(f"{call.principal} may not open an executor session: that "
                                  "takes an executor credential (tq user add NAME --role "
                                  "executor)")
-    if len(state.catalog.sessions) >= state.config.max_sessions:
-        raise ConflictError(f"{len(state.catalog.sessions)} sessions are open, the most this "
-                            "coordinator allows; close some (or wait for their leases)")
+    _check_room(state, call.principal)
     change = state.apply(OpenSession(kind=req.kind, peer=peer, at_ms=call.wall_ms,
                                      principal=call.principal), call.now, call.wall_ms)
     assert isinstance(change.created, Session)
@@ -189,6 +187,26 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
                            version=state.catalog.version, resumed=False,
                            catalog_broker=state.catalog_broker, namespace=_namespace(),
                            catalog_broker_key=state.catalog_broker_key)
+
+
+def _check_room(state: CoordinatorState, principal: str) -> None:
+    """Room for one more session of `principal`. The admin and executors (admin-role users
+    too) are trusted and bounded by the total only; anyone else holds at most
+    `max_sessions_per_principal`, and all of them together stop that much short of the
+    total, so users never lock the admin and executors out."""
+    config = state.config
+    share = config.max_sessions_per_principal
+    trusted = is_executor(state.catalog, principal)
+    total = len(state.catalog.sessions)
+    if total >= (config.max_sessions if trusted else config.max_sessions - share):
+        kept = "" if trusted else f" users (it keeps {share} for the admin and executors)"
+        raise ConflictError(f"{total} sessions are open, the most this coordinator allows"
+                            f"{kept}; close some (or wait for their leases)")
+    held = state.catalog.sessions_of(principal)
+    if not trusted and held >= share:
+        raise ConflictError(f"{principal} holds {held} sessions, the most one principal may "
+                            f"(max_sessions_per_principal {share}); close some (or wait for "
+                            "their leases)")
 
 
 def _namespace() -> str:

@@ -91,6 +91,10 @@ class CoordinatorConfig:
     max_wait_ms: int = 300_000
     max_waiters: int = 10_000
     max_sessions: int = 100_000
+    # Sessions of one principal other than the admin and executors (admin-role users too):
+    # one user opening sessions in a loop leaves the others room. All such principals
+    # together stop this much short of max_sessions, kept for the admin and executors.
+    max_sessions_per_principal: int = 10_000
     # Checkpoint once this many updates were appended since the last one, or half the
     # catalog's size if that is more: a late follower then reads at most about one catalog
     # size of history, and checkpoints cost O(1) per update, amortized.

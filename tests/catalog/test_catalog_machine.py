@@ -751,12 +751,21 @@ class CatalogMachine(RuleBasedStateMachine):
         names = [t.name for t in topics.values()]
         assert len(names) == len(set(names))
         assert catalog.version == self.changes
+        # The per-principal count the coordinator bounds sessions by (DESIGN §12).
+        held: dict[str, int] = {}
+        for session in catalog.sessions:
+            held[session.principal] = held.get(session.principal, 0) + 1
+        for principal in {*held, "admin", "user:alice", "query:1"}:
+            assert catalog.sessions_of(principal) == held.get(principal, 0)
 
     def teardown(self) -> None:
         # Each step already checked replay(snapshot before + its updates) == the catalog after;
         # here the whole history is replayed from empty, as the coordinator recovers.
         replayed = Catalog.replay(self.log)
         assert replayed == self.catalog
+        for session in self.catalog.sessions:
+            assert replayed.sessions_of(session.principal) == \
+                self.catalog.sessions_of(session.principal)
         assert replayed.counters == self.catalog.counters
         assert Catalog.replay(self.catalog.snapshot()) == self.catalog
         for name, collection in self.catalog.collections():

@@ -67,9 +67,9 @@ class Driver:
                 self.checkpoints.append(instruction)
         return out
 
-    def send(self, request: Any, *, peer: bytes = b"peer") -> int:
+    def send(self, request: Any, *, peer: bytes = b"peer", principal: str = "admin") -> int:
         token = next(self.tokens)
-        self.feed(Received(token, request, self.now, self.wall, peer))
+        self.feed(Received(token, request, self.now, self.wall, peer, principal))
         return token
 
     def commit(self) -> list[Instruction]:
@@ -85,16 +85,17 @@ class Driver:
             raise respond.error
         return respond.reply
 
-    def call(self, request: Any) -> Any:
-        token = self.send(request)
+    def call(self, request: Any, *, principal: str = "admin") -> Any:
+        token = self.send(request, principal=principal)
         self.commit()
         return self.answer(token)
 
     # -- builders ----------------------------------------------------------------------------
 
-    def session(self, kind: SessionKind = SessionKind.CLIENT, lease_ms: int = 1000,
-                **binding: Any) -> int:
-        reply = self.call(m.OpenSession(kind=kind, peer="test", lease_ms=lease_ms, **binding))
+    def session(self, kind: SessionKind = SessionKind.CLIENT, lease_ms: int = 1000, *,
+                principal: str = "admin", **binding: Any) -> int:
+        reply = self.call(m.OpenSession(kind=kind, peer="test", lease_ms=lease_ms, **binding),
+                          principal=principal)
         return reply.session_id
 
     def host(self, name: str = "host-a", lease_ms: int = 1000,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import SessionRef, UnknownTopicError
+from catalog import ConflictError, SessionRef, UnknownTopicError
 from coordinator import Coordinator, CoordinatorConfig
 from querylib.cluster import AsyncCluster, Diff, SessionLostError, Snapshot, read_collections
 from tests.conftest import wait_for_async
@@ -134,6 +134,37 @@ def test_a_session_found_through_a_coordinator_list_gets_its_notifies(tmp_path: 
                     assert [(s.query_id, s.executor_id) for s in spawns] == [
                         (query.query_id, executor.executor_id)]
         finally:
+            await coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_one_users_sessions_leave_room_for_the_rest(tmp_path: Path) -> None:
+    """Over real sockets, as users connect: past its own bound a user is refused a session
+    in one line naming the bound, while another user and the admin still get theirs; closing
+    one gives its place back."""
+    async def main() -> None:
+        coordinator = await _start(tmp_path, config=CoordinatorConfig(
+            max_sessions_per_principal=2))
+        address = coordinator.endpoint
+        assert address is not None
+        opened: list[AsyncCluster] = []
+        try:
+            async with AsyncCluster(address, SECRET) as admin:
+                bob = await admin.add_user("user:bob")
+                alice = await admin.add_user("user:alice")
+                for _ in range(2):
+                    opened.append(await AsyncCluster(address, bob).start())
+                with pytest.raises(ConflictError, match=r"user:bob holds 2 sessions, the most "
+                                   r"one principal may \(max_sessions_per_principal 2\)"):
+                    await AsyncCluster(address, bob).start()
+                opened.append(await AsyncCluster(address, alice).start())
+                opened.append(await AsyncCluster(address, SECRET).start())
+                await opened.pop(0).close()
+                opened.append(await AsyncCluster(address, bob).start())
+        finally:
+            for cluster in opened:
+                await cluster.close()
             await coordinator.close()
 
     asyncio.run(main())

@@ -418,6 +418,64 @@ def test_sessions_and_strings_are_bounded() -> None:
         d.call(m.SubmitQuery(session_id=session, name="q", program="p", args=("a" * 70_000,)))
 
 
+def test_one_principal_cannot_take_every_session() -> None:
+    """Sessions are bounded per principal too, well below the total: one user opening
+    sessions in a loop took all 100,000 and locked everyone out, executors included. The
+    admin and executors (admin-role users too) are trusted and bounded by the total only. A
+    closed or expired session gives its place back, and a restart counts what it recovers."""
+    d = Driver(config=CoordinatorConfig(max_sessions=30, max_sessions_per_principal=3))
+    admin = d.session(lease_ms=60_000)
+    for name, role in (("user:bob", "user"), ("user:alice", "user"),
+                       ("user:root", "admin"), ("executor:host-b", "executor")):
+        d.call(m.AddUser(session_id=admin, principal=name, role=role))
+    bob = [d.session(lease_ms=60_000, principal="user:bob") for _ in range(3)]
+    with pytest.raises(ConflictError, match="user:bob holds 3 sessions, the most one "
+                                            "principal may"):
+        d.session(principal="user:bob")
+    # Resuming one it holds is no new session.
+    d.call(m.OpenSession(lease_ms=60_000, resume=bob[0]), principal="user:bob")
+    d.session(principal="user:alice")
+    for _ in range(4):
+        d.session(lease_ms=60_000)
+        d.session(lease_ms=60_000, principal="user:root")
+        d.session(SessionKind.EXECUTOR, lease_ms=60_000, principal="executor:host-b")
+    d.call(m.CloseSession(session_id=bob[0]), principal="user:bob")
+    short = d.session(lease_ms=1000, principal="user:bob")
+    with pytest.raises(ConflictError, match="user:bob"):
+        d.session(principal="user:bob")
+    d.tick(2.0)  # `short` expires
+    d.commit()
+    assert d.state.catalog.find_session(short) is None
+    d.session(lease_ms=60_000, principal="user:bob")
+    # A restarted coordinator counts the sessions it recovered.
+    again = Driver(CoordinatorState(Catalog.replay(d.state.catalog.snapshot()), config=(
+        CoordinatorConfig(max_sessions=30, max_sessions_per_principal=3,
+                          recovery_lease_ms=60_000)), now=d.now), now=d.now)
+    with pytest.raises(ConflictError, match="user:bob"):
+        again.session(principal="user:bob")
+    again.session(principal="user:alice")
+
+
+def test_users_together_leave_the_admin_and_executors_room() -> None:
+    """Many users, each within its own bound, could still fill the total; they stop one
+    principal's share short of it, which stays for the admin and executors."""
+    d = Driver(config=CoordinatorConfig(max_sessions=8, max_sessions_per_principal=3))
+    admin = d.session(lease_ms=60_000)
+    for name, role in (("user:bob", "user"), ("user:alice", "user"),
+                       ("executor:host-b", "executor")):
+        d.call(m.AddUser(session_id=admin, principal=name, role=role))
+    for _ in range(3):
+        d.session(lease_ms=60_000, principal="user:bob")
+    d.session(lease_ms=60_000, principal="user:alice")
+    with pytest.raises(ConflictError, match="5 sessions are open, the most this coordinator "
+                                            "allows users"):
+        d.session(principal="user:alice")
+    for _ in range(3):
+        d.session(SessionKind.EXECUTOR, lease_ms=60_000, principal="executor:host-b")
+    with pytest.raises(ConflictError, match="8 sessions are open"):
+        d.session()
+
+
 def test_catalog_errors_answer_the_request_and_change_nothing() -> None:
     d = Driver()
     session = d.session()
