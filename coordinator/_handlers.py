@@ -107,6 +107,11 @@ Handler = Callable[[CoordinatorState, Any, Call], Any]
 MAX_LABEL = 256  # host names, record types, query names
 MAX_TEXT = 4096  # addresses, programs
 MAX_ARGS_CHARS = 64 * 1024
+# Counted too, not only joined: an empty argument costs a byte on the wire but a string object
+# (~50 bytes) in the catalog, in every follower's copy and in every process's argv, so a
+# message of empty ones would have made millions. 4096 is far more than a command line needs
+# (programs take their data from topics, querylib.submit pickles its arguments).
+MAX_ARGS = 4096
 
 
 def _bounded(text: str, limit: int, what: str) -> str:
@@ -548,6 +553,8 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
             f"{call.principal} may not run program {req.program[:200]!r}: only the admin names "
             "files and URLs on the executors' hosts; upload a program pack (tq submit does) "
             "and run that")
+    if len(req.args) > MAX_ARGS:
+        raise InvalidCommandError(f"the query has {len(req.args)} arguments; at most {MAX_ARGS}")
     _bounded("".join(req.args), MAX_ARGS_CHARS, "the arguments")
     if not 1 <= req.processes <= 10_000:
         raise InvalidCommandError(f"a query has 1 to 10000 processes, not {req.processes}")

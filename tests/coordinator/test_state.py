@@ -418,6 +418,25 @@ def test_sessions_and_strings_are_bounded() -> None:
         d.call(m.SubmitQuery(session_id=session, name="q", program="p", args=("a" * 70_000,)))
 
 
+def test_a_querys_arguments_are_bounded_in_number_too() -> None:
+    """Only their joined length was bounded, so a million empty arguments passed (the 4 MiB
+    message limit aside), each a string object the catalog holds, copies to every follower
+    and hands every process."""
+    d = Driver()
+    d.host()
+    session = d.session(lease_ms=60_000)
+    with pytest.raises(InvalidCommandError, match="the query has 1000000 arguments; at most "
+                                                  "4096"):
+        d.call(m.SubmitQuery(session_id=session, name="q", program="p", args=("",) * 1_000_000))
+    version = d.state.catalog.version
+    with pytest.raises(InvalidCommandError, match="4097 arguments"):
+        d.call(m.SubmitQuery(session_id=session, name="q", program="p", args=("x",) * 4097))
+    assert d.state.catalog.version == version
+    query = d.call(m.SubmitQuery(session_id=session, name="q", program="p",
+                                 args=("x",) * 4096)).query
+    assert len(query.args) == 4096
+
+
 def test_one_principal_cannot_take_every_session() -> None:
     """Sessions are bounded per principal too, well below the total: one user opening
     sessions in a loop took all 100,000 and locked everyone out, executors included. The
