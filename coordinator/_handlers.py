@@ -120,6 +120,19 @@ def _bounded(text: str, limit: int, what: str) -> str:
     return text
 
 
+def _record_type(text: str) -> str:
+    """A record type tag (`serde` or `serde/type`, DESIGN §4 "Type tags") as a client gives
+    it: bounded, and printable, since errors and `tq topic` show it. A bad one is described,
+    never repeated."""
+    _bounded(text, MAX_LABEL, "the record type")
+    if not text.isprintable():
+        at = next(i for i, c in enumerate(text) if not c.isprintable())
+        raise InvalidCommandError(f"the record type has a character that is not printable "
+                                  f"(U+{ord(text[at]):04X} at {at}); a record type is "
+                                  "serde or serde/type, printable")
+    return text
+
+
 def _party(state: CoordinatorState, session_id: int, call: Call) -> Party:
     """The party a session acts as; renews its lease (any request counts as a heartbeat)."""
     state.renew(session_id, call.now)
@@ -312,7 +325,7 @@ def create_topic(state: CoordinatorState, req: m.CreateTopic, call: Call) -> m.T
                                        if isinstance(party, SessionRef) else party)
     change = state.apply(CreateTopicCommand(
         name=req.name, partitions=req.partitions,
-        record_type=_bounded(req.record_type, MAX_LABEL, "the record type"), kind=req.kind,
+        record_type=_record_type(req.record_type), kind=req.kind,
         owner=owner, locations=tuple(locations), at_ms=call.wall_ms,
         creator=call.principal, replicas=replicas), call.now, call.wall_ms)
     assert isinstance(change.created, Topic)
@@ -445,6 +458,8 @@ def unpublish(state: CoordinatorState, req: m.Unpublish, call: Call) -> m.Done:
 
 
 def subscribe(state: CoordinatorState, req: m.Subscribe, call: Call) -> m.TopicInfo:
+    if req.record_type is not None:  # before it waits for the topic, held with the request
+        _record_type(req.record_type)
     party = _party(state, req.session_id, call)
     topic = _find(state, req.name, req.wait_ms, req.session_id)
     state.apply(SubscribeCommand(topic_id=topic.topic_id, subscriber=party,

@@ -18,6 +18,7 @@ from catalog import (
     PrincipalRef,
     QueryRef,
     QueryState,
+    RecordTypeMismatchError,
     SessionKind,
     SessionRef,
     TopicExistsError,
@@ -435,6 +436,36 @@ def test_a_querys_arguments_are_bounded_in_number_too() -> None:
     query = d.call(m.SubmitQuery(session_id=session, name="q", program="p",
                                  args=("x",) * 4096)).query
     assert len(query.args) == 4096
+
+
+def test_a_subscribers_record_type_is_checked_before_use_and_never_echoed() -> None:
+    """A Subscribe's record type was neither bounded nor checked: a 1 MB one came back whole
+    in the mismatch error, and one naming a topic not there yet waited, held, with its
+    request. It is checked as a topic's is (at most 256 printable characters), before the
+    topic is looked up; what is refused is described, not repeated."""
+    d = Driver()
+    session = d.session(lease_ms=60_000)
+    d.call(m.CreateTopic(session_id=session, name="t", record_type="json/Point"))
+    huge = "Q" * 1_000_000
+    for name, wait_ms in (("t", 0), ("not-yet", 60_000)):
+        token = d.send(m.Subscribe(session_id=session, name=name, record_type=huge,
+                                   wait_ms=wait_ms))
+        d.commit()
+        with pytest.raises(InvalidCommandError, match="the record type is 1000000 characters "
+                                                      "long; at most 256") as refused:
+            d.answer(token)
+        assert len(str(refused.value)) < 200
+    assert len(d.state.waiters) == 0
+    for bad in ("json/\x1b[2J", "json/a\nb"):
+        for request in (m.Subscribe(session_id=session, name="t", record_type=bad),
+                        m.CreateTopic(session_id=session, name="u", record_type=bad)):
+            with pytest.raises(InvalidCommandError, match="printable") as refused:
+                d.call(request)
+            assert bad not in str(refused.value)
+    with pytest.raises(RecordTypeMismatchError, match="carries 'json/Point' records, not "
+                                                      "'json/Line'"):
+        d.call(m.Subscribe(session_id=session, name="t", record_type="json/Line"))
+    d.call(m.Subscribe(session_id=session, name="t", record_type="json/Point"))
 
 
 def test_one_principal_cannot_take_every_session() -> None:
