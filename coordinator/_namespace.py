@@ -6,7 +6,9 @@ It is chosen when a cluster is first started (`tq up` / `tq coordinator --tenant
 file `namespace` (`T/N`). It never changes afterwards: the catalog's journal was written under
 it, and so were the names every client resolved. A coordinator started on an existing data dir
 with another default refuses, saying which one the cluster has. A data dir from before this
-setting (a catalog but no file) has public/default.
+setting (a catalog but no file) has public/default. A file that is there but holds no
+`TENANT/NAMESPACE` (empty, not UTF-8, a directory, unreadable) stops the start in one line
+naming it: taking a default instead could change what every bare name means.
 
 Must not: do anything but read and write that one small file.
 """
@@ -15,23 +17,34 @@ from __future__ import annotations
 
 import os
 
-from catalog import DEFAULT_NAMESPACE, DEFAULT_TENANT, UserError, set_default_namespace
+from catalog import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TENANT,
+    InvalidTopicNameError,
+    StorageError,
+    TopicName,
+    UserError,
+    set_default_namespace,
+)
 
 __all__ = ["settle_namespace"]
 
 FILE = "namespace"
+# Far more than TENANT/NAMESPACE takes (two topic-name parts); a longer file is not ours.
+MAX_BYTES = 1024
+_FIX = ("it keeps the cluster's default TENANT/NAMESPACE (public/default unless chosen at "
+        "its first start): write back the one this cluster has, or start another cluster "
+        "(another --data)")
 
 
 def settle_namespace(data_dir: str, asked: str | None) -> str:
     """The cluster's default `tenant/namespace`: the stored one, else `asked` (or
     public/default), stored. Also makes it this process's default. UserError when `asked`
-    differs from the stored one, or is not `TENANT/NAMESPACE`."""
+    differs from the stored one, or is not `TENANT/NAMESPACE`; StorageError, naming the
+    file, when the stored one cannot be read or is not one."""
     path = os.path.join(data_dir, FILE)
-    try:
-        with open(path, encoding="utf-8") as file:
-            stored: str | None = file.read().strip()
-    except FileNotFoundError:
-        stored = None
+    stored = _stored(path)
+    if stored is None:
         broker = os.path.join(data_dir, "broker")
         if os.path.isdir(broker) and os.listdir(broker):
             stored = f"{DEFAULT_TENANT}/{DEFAULT_NAMESPACE}"  # a catalog from before
@@ -47,9 +60,41 @@ def settle_namespace(data_dir: str, asked: str | None) -> str:
     set_default_namespace(tenant, namespace)  # InvalidTopicNameError (a UserError) if bad
     if stored is None:
         tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as file:
-            file.write(chosen + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as file:
+                file.write(chosen + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return chosen
+
+
+def _stored(path: str) -> str | None:
+    """The `TENANT/NAMESPACE` the file at `path` keeps; None when there is no file."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise StorageError(f"cannot read {path}: {exc.strerror or exc}; {_FIX}") from exc
+    if len(raw) > MAX_BYTES:
+        raise StorageError(f"{path} holds more than {MAX_BYTES} bytes; {_FIX}")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise StorageError(f"{path} is not UTF-8 text; {_FIX}") from None
+    if not text:
+        raise StorageError(f"{path} is empty; {_FIX}")
+    _, slash, namespace = text.partition("/")
+    try:
+        if not slash or "/" in namespace:
+            raise InvalidTopicNameError(text)
+        TopicName.parse(f"{text}/x")  # both parts are names
+    except InvalidTopicNameError:
+        shown = repr(text) if len(text) <= 80 else repr(text[:80] + "...")
+        raise StorageError(f"{path} holds {shown}, not TENANT/NAMESPACE (each letters, "
+                           f"digits, '.', '_' or '-'); {_FIX}") from None
+    return text
