@@ -107,8 +107,8 @@ def add_connector_options(parser: argparse.ArgumentParser, *, default_port: int 
     parser.add_argument("--connector-credits", type=integer(1), default=1024, metavar="K",
                         help="frames a connector connection may have unacknowledged "
                         "(default 1024)")
-    _add_tls_options(parser, "--connector-tls", "the connector endpoint")
-    _add_insecure(parser)
+    add_tls_options(parser, "--connector-tls", "the connector endpoint")
+    add_insecure(parser)
 
 
 def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | None) -> None:
@@ -127,9 +127,9 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
                         help="Kafka clients must authenticate with SASL as tq users (`tq user "
                         "add`): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default all three; "
                         "comma-separated to choose)")
-    _add_tls_options(parser, "--kafka-tls",
+    add_tls_options(parser, "--kafka-tls",
                      "the Kafka listener (SSL, or SASL_SSL with --kafka-sasl)")
-    _add_insecure(parser)
+    add_insecure(parser)
     add_kafka_limit_options(parser)
     parser.add_argument("--kafka-auto-create-topics", action=argparse.BooleanOptionalAction,
                         default=True,
@@ -146,7 +146,7 @@ def add_kafka_options(parser: argparse.ArgumentParser, *, default_port: int | No
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _add_tls_options(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+def add_tls_options(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
     parser.add_argument(f"{flag}-cert", metavar="FILE",
                         help=f"speak TLS on {what} with this certificate chain (PEM; with "
                         f"{flag}-key)")
@@ -154,13 +154,14 @@ def _add_tls_options(parser: argparse.ArgumentParser, flag: str, what: str) -> N
                         "(PEM)")
 
 
-def _add_insecure(parser: argparse.ArgumentParser) -> None:
+def add_insecure(parser: argparse.ArgumentParser) -> None:
     if any("--insecure" in action.option_strings for action in parser._actions):
         return
     parser.add_argument("--insecure", action="store_true",
                         help="let a listener bound to an address other than loopback take "
                         "clients it cannot authenticate (Kafka without --kafka-sasl) or "
-                        "whose secrets travel in clear (the connector without TLS)")
+                        "whose secrets travel in clear (the connector or the console without "
+                        "TLS)")
 
 
 def _loopback(host: str) -> bool:
@@ -192,7 +193,7 @@ def server_tls(cert: str | None, key: str | None, flag: str) -> object | None:
     return context
 
 
-def _exposed(host: str, insecure: bool, flag: str, needs: str) -> None:
+def exposed(host: str, insecure: bool, flag: str, needs: str) -> None:
     """Refuse an unprotected listener on an address others reach, unless --insecure."""
     if not _loopback(host) and not insecure:
         from catalog.errors import UserError
@@ -241,7 +242,7 @@ def kafka_config(args: argparse.Namespace) -> object | None:
         raise UserError(f"--kafka-sasl {','.join(unknown)}: tq offers "
                         f"{', '.join(SASL_MECHANISMS)}")
     if not sasl:
-        _exposed(args.kafka_host, args.insecure, "--kafka-host",
+        exposed(args.kafka_host, args.insecure, "--kafka-host",
                  "require authentication with --kafka-sasl (and TLS with --kafka-tls-cert)")
     from querylib.server.kafka import GroupConfig
 
@@ -263,7 +264,7 @@ def connector_config(args: argparse.Namespace) -> EndpointConfig | None:
 
     tls = server_tls(args.connector_tls_cert, args.connector_tls_key, "--connector-tls")
     if tls is None:
-        _exposed(args.connector_host, args.insecure, "--connector-host",
+        exposed(args.connector_host, args.insecure, "--connector-host",
                  "its cookie would travel in clear: speak TLS with --connector-tls-cert")
     return EndpointConfig(host=args.connector_host, port=args.connector_port,
                           cookie=args.connector_cookie, initial_credits=args.connector_credits,

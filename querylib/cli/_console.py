@@ -1,7 +1,8 @@
 """The console options of `tq up` and `tq coordinator`, and starting it (DESIGN §13
 "Console"): `--console-port` (default $TQ_CONSOLE_PORT, else 7480, replaced by a free port
-when taken; -1: none) and `--console-host` (default 127.0.0.1; another address makes every
-page ask for a login).
+when taken; -1: none), `--console-host` (default 127.0.0.1; another address makes every page
+ask for a login, and needs `--console-tls-cert/--console-tls-key` or `--insecure`: logins and
+their cookies would cross the network in clear).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def add_console_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--console-host", default="127.0.0.1", metavar="HOST",
                         help="the address the console listens on (default 127.0.0.1; on any "
                         "other address every page asks for a login)")
+    from querylib.cli._broker import add_insecure, add_tls_options
+
+    add_tls_options(parser, "--console-tls", "the web console (HTTPS)")
+    add_insecure(parser)
 
 
 def start_console(args: argparse.Namespace, coordinator: Any, secret: bytes,
@@ -46,7 +51,16 @@ def start_console(args: argparse.Namespace, coordinator: Any, secret: bytes,
         raise UserError(f"{where} {asked} is not a port (0-65535, or -1 for no console)")
     import asyncio
 
+    from querylib.cli._broker import exposed, server_tls
     from querylib.server.console import Console
+
+    server_tls(args.console_tls_cert, args.console_tls_key, "--console-tls")  # loads, or says
+    tls = None if args.console_tls_cert is None else (args.console_tls_cert,
+                                                      args.console_tls_key)
+    if tls is None:
+        exposed(args.console_host, args.insecure, "--console-host",
+                "give the console --console-tls-cert and --console-tls-key (logins and their "
+                "cookies would cross the network in clear)")
 
     loop = asyncio.get_running_loop()
 
@@ -56,7 +70,7 @@ def start_console(args: argparse.Namespace, coordinator: Any, secret: bytes,
 
     return Console(coordinator.endpoint, secret, host=args.console_host,
                    port=_CONSOLE_PORT if asked is None else asked,
-                   fallback=asked is None, metrics=metrics, groups=groups).start()
+                   fallback=asked is None, metrics=metrics, groups=groups, tls=tls).start()
 
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.cookiejar
 import json
+import ssl
 import textwrap
 import urllib.error
 import urllib.parse
@@ -58,11 +59,14 @@ class Browserless:
         def redirect_request(self, *args: Any) -> None:
             return None
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, ca: Path | None = None) -> None:
         self.base = base.rstrip("/")
         self.jar = http.cookiejar.CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar),
-                                                  self._NoRedirect())
+        handlers: list[Any] = [urllib.request.HTTPCookieProcessor(self.jar), self._NoRedirect()]
+        if ca is not None:
+            handlers.append(urllib.request.HTTPSHandler(
+                context=ssl.create_default_context(cafile=str(ca))))
+        self.opener = urllib.request.build_opener(*handlers)
 
     def call(self, path: str, *, data: dict[str, str] | None = None,
              headers: dict[str, str] | None = None, method: str | None = None
@@ -180,7 +184,8 @@ def test_killing_needs_a_login_and_the_principals_right(up: Up, tmp_path: Path) 
 
 def test_bound_to_another_address_every_page_asks_for_a_login(tmp_path: Path) -> None:
     port = free_port()
-    with Up(tmp_path / "home", "--console-port", str(port), "--console-host", "0.0.0.0") as up:
+    with Up(tmp_path / "home", "--console-port", str(port), "--console-host", "0.0.0.0",
+            "--insecure") as up:
         console = Browserless(f"http://127.0.0.1:{port}")  # traffic stays on loopback
         status, headers, _ = console.call("/")
         assert (status, headers["location"]) == (303, "/login")
@@ -260,3 +265,34 @@ def test_a_query_id_no_query_can_have_is_refused_as_bad_input(up: Up) -> None:
         assert "query id" in json.loads(body)["error"]
     assert admin.state()["me"] == "admin"  # and it serves on
     assert up.stderr().count("Traceback") == tracebacks
+
+
+def test_a_console_beyond_loopback_needs_tls_or_insecure(tmp_path: Path) -> None:
+    """Logins (the admin's token link, users' passwords) and their cookies would cross the
+    network in clear: refused at start, as the connector endpoint and Kafka listener are."""
+    done = subprocess_up(tmp_path, "--console-port", str(free_port()),
+                         "--console-host", "0.0.0.0")
+    assert done.returncode == 2, done.stderr
+    assert "--insecure" in done.stderr and "--console-tls-cert" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_console_over_tls(tmp_path: Path) -> None:
+    """With a certificate the console speaks only HTTPS, its login cookie only goes back
+    over HTTPS (Secure), and tq up prints an https:// link."""
+    from tests.integration.test_connector_tls_up import _certificates
+
+    cert, key, ca = _certificates(tmp_path)
+    port = free_port()
+    with Up(tmp_path / "home", "--console-port", str(port), "--console-tls-cert", str(cert),
+            "--console-tls-key", str(key)) as up:
+        link = up.info["console"]
+        assert link == f"https://127.0.0.1:{port}/", link
+        console = Browserless(link, ca=ca)
+        status, headers, _ = console.call("/login", data={
+            "principal": "admin",
+            "password": kafka_password(load_secret(up.info["secret_file"]))})
+        assert status == 303 and "secure" in headers["set-cookie"].lower(), headers
+        assert console.state()["me"] == "admin"
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no TLS: no answer
+            Browserless(f"http://127.0.0.1:{port}").call("/api/state")

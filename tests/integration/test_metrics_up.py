@@ -138,7 +138,8 @@ def test_errors_are_counted_by_type(up: Up) -> None:
 
 def test_bound_elsewhere_metrics_need_a_principals_password(tmp_path: Path) -> None:
     port = free_port()
-    with Up(tmp_path / "home", "--console-port", str(port), "--console-host", "0.0.0.0") as up:
+    with Up(tmp_path / "home", "--console-port", str(port), "--console-host", "0.0.0.0",
+            "--insecure") as up:
         url = f"http://127.0.0.1:{port}/metrics"
         with pytest.raises(urllib.error.HTTPError) as refused:
             scrape(url)

@@ -110,6 +110,7 @@ class Access:
     # knows how: it holds the cluster secret)
     check_password: Callable[[str, str], bool] = lambda principal, password: False
     logins: dict[str, str] = field(default_factory=dict)  # cookie -> principal
+    secure: bool = False  # served over HTTPS: cookies go back over HTTPS only
 
     def login(self, principal: str) -> str:
         while len(self.logins) >= MAX_LOGINS:
@@ -288,7 +289,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
             if not hmac.compare_digest(token.encode(), access.token.encode()):
                 return PlainTextResponse("this login link is not valid (tq prints a new one "
                                          "at every start)", status_code=401)
-            return _logged_in(access.login("admin"))
+            return _logged_in(access.login("admin"), access.secure)
         return FileResponse(STATIC / "login.html")
 
     async def login(request: Request) -> Response:
@@ -312,7 +313,7 @@ def build_app(model: ClusterModel, changes: Changes, access: Access, kill: Kill,
             principal = f"user:{principal}"
         if not principal or not access.check_password(principal, password):
             return RedirectResponse("/login?failed=1", status_code=303)
-        return _logged_in(access.login(principal))
+        return _logged_in(access.login(principal), access.secure)
 
     async def logout(request: Request) -> Response:
         if not _same_origin(request):
@@ -412,7 +413,7 @@ def _basic_auth_ok(access: Access, request: Request) -> bool:
     return access.check_password(principal, password)
 
 
-def _logged_in(cookie: str) -> Response:
+def _logged_in(cookie: str, secure: bool) -> Response:
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict")
+    response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", secure=secure)
     return response

@@ -55,7 +55,10 @@ class Console:
                  metrics: Any = None,
                  groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
-                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 tls: tuple[str, str] | None = None) -> None:
+        """`tls`: (certificate chain, private key) PEM files: HTTPS only, and login cookies
+        that go back over HTTPS only."""
         self.coordinator = coordinator
         self.secret = secret
         self.host = host
@@ -68,7 +71,9 @@ class Console:
         self.groups = groups
         self.max_connections = max_connections
         self.request_timeout = request_timeout
-        self.access = Access(loopback=is_loopback(host), check_password=self._password_ok)
+        self.tls = tls
+        self.access = Access(loopback=is_loopback(host), check_password=self._password_ok,
+                             secure=tls is not None)
         self.port = 0
         self.moved = False  # the default port was taken and another one was used
         self._thread: threading.Thread | None = None
@@ -81,7 +86,7 @@ class Console:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/"
 
     @property
     def login_url(self) -> str:
@@ -161,7 +166,9 @@ class Console:
                                 limit_concurrency=self.max_connections + 1,
                                 http=_timed_http(self.request_timeout),
                                 timeout_keep_alive=math.ceil(self.request_timeout),
-                                h11_max_incomplete_event_size=16 * 1024)
+                                h11_max_incomplete_event_size=16 * 1024,
+                                ssl_certfile=self.tls[0] if self.tls else None,
+                                ssl_keyfile=self.tls[1] if self.tls else None)
         self._server = server = uvicorn.Server(config)
         feeding = asyncio.create_task(self._feed(feed))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
