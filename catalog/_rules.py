@@ -13,7 +13,7 @@ Must not: mutate the catalog (only `Catalog._commit` does), read clocks, do I/O.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -628,7 +628,7 @@ def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> Non
     for shard in cmd.shards:
         if shard == broker.broker_id or cmd.shards.count(shard) > 1:
             raise InvalidCommandError(f"broker {shard} is named twice among the executor's")
-        catalog.broker(shard)  # registered (UnknownBrokerError otherwise)
+    _require_own_brokers(catalog, cmd.session_id, (broker.broker_id, *cmd.shards))
     executor = Executor(
         executor_id=txn.allocate("next_executor_id"),
         session_id=cmd.session_id,
@@ -641,6 +641,24 @@ def _register_executor(catalog: Catalog, txn: Txn, cmd: RegisterExecutor) -> Non
     )
     txn.insert("executors", executor)
     txn.created = executor
+
+
+def _require_own_brokers(catalog: Catalog, session_id: int | None,
+                         broker_ids: Sequence[int]) -> None:
+    """An executor names its host's brokers: those registered by its own principal (its
+    session's and its shards'), not another host's (an admin's executor may name any)."""
+    if session_id is None:
+        return  # the coordinator's own
+    principal = catalog.session(session_id).principal
+    if is_admin(catalog, principal):
+        return
+    for broker_id in broker_ids:
+        broker = catalog.broker(broker_id)  # registered (UnknownBrokerError otherwise)
+        holder = None if broker.session_id is None else catalog.session(broker.session_id)
+        if holder is None or holder.principal != principal:
+            raise NotOwnerError(f"broker {broker_id} was registered by "
+                                f"{holder.principal if holder else 'the coordinator'}, not "
+                                f"{principal}: an executor names its own host's brokers")
 
 
 def _remove_executor(catalog: Catalog, txn: Txn, cmd: RemoveExecutor) -> None:

@@ -116,3 +116,30 @@ def test_a_slot_out_of_range_is_refused() -> None:
     catalog = Catalog()
     with pytest.raises(InvalidCommandError, match="slot"):
         _register(catalog, _agent(catalog), slot=-1)
+
+
+def test_an_executor_names_only_brokers_its_principal_registered() -> None:
+    """An executor record names its host's brokers (its own and its shards): placement puts
+    queries beside them, and the connector and Kafka endpoints locate partitions through
+    them. Another host's principal must not claim them as its own."""
+    from catalog import Executor, RegisterExecutor, Resources
+
+    catalog = Catalog()
+    a = _agent(catalog)
+    own, shard = _register(catalog, a), _register(catalog, a, slot=1)
+    b = _agent(catalog, "executor:b")
+    theirs = _register(catalog, b, "host-b")
+    resources = Resources(cores=1, memory=1 << 30, disk=1 << 30, slots=4)
+    for broker_id, shards in ((own, ()), (theirs, (shard,))):
+        before = catalog.snapshot()
+        with pytest.raises(NotOwnerError, match="registered by executor:a"):
+            catalog.apply(RegisterExecutor(host="host-b", broker_id=broker_id,
+                                           resources=resources, session_id=b.session_id,
+                                           at_ms=7, shards=shards))
+        assert catalog.snapshot() == before
+    made = catalog.apply(RegisterExecutor(host="host-a", broker_id=own, resources=resources,
+                                          session_id=a.session_id, at_ms=8, shards=(shard,)))
+    assert isinstance(made.created, Executor)
+    admin = open_session(catalog, SessionKind.EXECUTOR)  # an admin's executor: any
+    catalog.apply(RegisterExecutor(host="host-b", broker_id=theirs, resources=resources,
+                                   session_id=admin.session_id, at_ms=9))
