@@ -21,7 +21,7 @@ from querylib.kafka import ApiKey, ErrorCode
 from querylib.records import encode_batch
 from querylib.rpc import (
     Credential,
-    DeadlineExceededError,
+    SecretRejectedError,
     load_credential,
     load_secret,
     principal_key,
@@ -163,12 +163,13 @@ def test_rpc_producers_other_than_the_owner_are_refused_a_query_topic(
         with pytest.raises(TqError, match="may not write"):
             Producer(address, "owned", 0, secret=credential, timeout=10)
     # Nobody authenticates as tq itself ("system"), or as a query that does not exist: no
-    # key is valid for them, so their messages are dropped unanswered.
+    # key is valid for them, and the executor's broker, told so by the coordinator, refuses
+    # them at the handshake.
     secret = _secret(up)
     for principal in ["system", f"query:{owner + 1000}"]:
-        with pytest.raises(DeadlineExceededError):
+        with pytest.raises(SecretRejectedError):
             Producer(address, "owned", 0, secret=Credential(
-                principal, principal_key(secret, principal)), timeout=3)
+                principal, principal_key(secret, principal)), timeout=10)
     assert b"by-the-owner" not in _values(up, "owned")
 
 
