@@ -273,3 +273,16 @@ def _topic(cluster: Any, name: str) -> Any:
         return cluster.lookup_topic(name)
     except Exception:  # noqa: BLE001 - not created yet
         return None
+
+
+def test_a_link_that_does_not_decode_draws_a_page_saying_so(up: Up, browser: Any) -> None:
+    """A hand-made or truncated link (`%E0` is half a character) must not stop the page's
+    script: it draws the page of no such query or topic, and the navigation still works."""
+    page = browser.new_page()
+    for link in ("#/query/%E0", "#/topic/%E0%A4"):
+        page.goto(up.info["console"] + link)
+        page.wait_for_selector("#main h1", timeout=WAIT_MS)
+        assert "No such" in page.text_content("#main")
+    page.click("nav a[data-view=executors]")
+    page.wait_for_selector("nav a.active[data-view=executors]", timeout=WAIT_MS)
+    page.close()

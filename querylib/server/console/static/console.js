@@ -313,6 +313,12 @@ function graph() {
 
 // -- drawing ---------------------------------------------------------------------------------
 
+// A link's part as text; one that does not decode (a hand-made or cut link) as it is: the
+// page then says there is no such query or topic rather than stopping the script.
+function decoded(part) {
+  try { return decodeURIComponent(part); } catch (error) { return part; }
+}
+
 function draw() {
   const main = document.getElementById("main");
   if (!state) return;
@@ -323,8 +329,8 @@ function draw() {
   if (view === "graph") content = graph();
   else if (view === "executors") content = executors();
   else if (view === "groups") content = groupsView();
-  else if (view === "query") content = queryView(decodeURIComponent(arg));
-  else if (view === "topic") content = topicView(decodeURIComponent(arg));
+  else if (view === "query") content = queryView(decoded(arg));
+  else if (view === "topic") content = topicView(decoded(arg));
   else content = overview();
   main.replaceChildren(...content.flat().filter(x => x));
   for (const a of document.querySelectorAll("nav a")) {
