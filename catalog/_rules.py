@@ -647,13 +647,13 @@ def _require_own_brokers(catalog: Catalog, session_id: int | None,
                          broker_ids: Sequence[int]) -> None:
     """An executor names its host's brokers: those registered by its own principal (its
     session's and its shards'), not another host's (an admin's executor may name any)."""
+    brokers = [catalog.broker(b) for b in broker_ids]  # registered (UnknownBrokerError)
     if session_id is None:
         return  # the coordinator's own
     principal = catalog.session(session_id).principal
     if is_admin(catalog, principal):
         return
-    for broker_id in broker_ids:
-        broker = catalog.broker(broker_id)  # registered (UnknownBrokerError otherwise)
+    for broker_id, broker in zip(broker_ids, brokers, strict=True):
         holder = None if broker.session_id is None else catalog.session(broker.session_id)
         if holder is None or holder.principal != principal:
             raise NotOwnerError(f"broker {broker_id} was registered by "
