@@ -16,7 +16,7 @@ from typing import Any
 from querylib.broker import list_partitions
 from querylib.log import LogConfig
 from querylib.rpc import RpcError, load_or_create_secret
-from querylib.server.broker import BrokerServer
+from querylib.server.broker import BrokerServer, TopicAccess
 from tests.conftest import Processes, wait_for
 
 
@@ -135,3 +135,14 @@ def next_records(sub: Any, count: int) -> list[Any]:
 def read_records(sub: Any, count: int) -> list[tuple[int, bytes]]:
     """(offset, value) of the next `count` records a blocking Subscriber hands out."""
     return [(r.offset, bytes(r.value or b"")) for r in next_records(sub, count)]
+
+
+class AliceOwnsMine:
+    """A broker's topic directory for tests: topic "mine" is user:alice's; every other topic
+    is open to anyone."""
+
+    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
+        return TopicAccess(topic, "user:alice" if topic == "mine" else "*")
+
+    def watch(self, learn: object, forget: object) -> None:
+        pass

@@ -30,6 +30,7 @@ from querylib.records._types import CONTROL_BIT
 from querylib.rpc import Credential, SecretRejectedError, principal_key
 from querylib.server.broker import BrokerServer, TopicAccess
 from tests.conftest import wait_for_async
+from tests.integration._broker_helpers import AliceOwnsMine
 
 SECRET = os.urandom(32)
 
@@ -190,22 +191,12 @@ def test_batches_issued_back_to_back_are_stored_in_order_without_a_loop_hop(
     assert asyncio.run(main()) == {"rpc": expected, "port": expected}
 
 
-class _AliceOwnsMine:
-    """Topic "mine" is user:alice's; every other topic is open to anyone."""
-
-    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
-        return TopicAccess(topic, "user:alice" if topic == "mine" else "*")
-
-    def watch(self, learn: object, forget: object) -> None:
-        pass
-
-
 def test_a_client_may_write_as_anonymous_and_its_session_stays_its_own(tmp_path: Path) -> None:
     """A downgrade (the connector endpoint writes a shard's partitions so, DESIGN §12): alice's
     session opened as anonymous writes as anonymous (not her own topic), and stays alice's:
     bob cannot use it. Claiming anyone else is still ignored."""
     async def main() -> tuple[str, str]:
-        server = BrokerServer(tmp_path, SECRET, directory=_AliceOwnsMine())
+        server = BrokerServer(tmp_path, SECRET, directory=AliceOwnsMine())
         address = await server.start()
         alice_key = Credential("user:alice", principal_key(SECRET, "user:alice"))
         alice = BrokerLink(address, alice_key, timeout=10, principal="anonymous")
@@ -246,7 +237,7 @@ def test_a_subscriber_on_a_session_opened_as_anonymous_gets_its_credit(tmp_path:
     it grants as it consumes is hers to grant, so it reads on past its first window (it
     stalled once the first was spent: her grants were taken for a stranger's)."""
     async def main() -> int:
-        server = BrokerServer(tmp_path, SECRET, directory=_AliceOwnsMine())
+        server = BrokerServer(tmp_path, SECRET, directory=AliceOwnsMine())
         address = await server.start()
         alice = BrokerLink(address, Credential("user:alice",
                                                principal_key(SECRET, "user:alice")),

@@ -34,7 +34,7 @@ from querylib.errors import CorruptRecordError, OffsetOutOfRangeError
 from querylib.kafka import OutOfOrderSequenceError, UnknownPartitionError
 from querylib.log import LogConfig, PartitionLog
 from querylib.records import decode_batch, encode_batch, iter_batches
-from querylib.server.broker import BrokerLimits, BrokerServer, TopicAccess
+from querylib.server.broker import BrokerLimits, BrokerServer
 from querylib.server.kafka import (
     OFFSETS_TOPIC,
     BrokerBackend,
@@ -43,6 +43,7 @@ from querylib.server.kafka import (
     GroupRecord,
     KafkaConfig,
 )
+from tests.integration._broker_helpers import AliceOwnsMine
 
 T = TypeVar("T")
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -200,16 +201,6 @@ def test_idempotent_retries_and_gaps(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-class _AliceOwnsMine:
-    """Topic "mine" is user:alice's; every other topic is open to anyone."""
-
-    async def resolve(self, topic: str, partition: int, *, create: bool) -> TopicAccess:
-        return TopicAccess(topic, "user:alice" if topic == "mine" else "*")
-
-    def watch(self, learn: object, forget: object) -> None:
-        pass
-
-
 def test_a_retry_is_acknowledged_only_to_a_writer_of_the_topic(tmp_path: Path) -> None:
     """Bob sends a batch under alice's producer id and sequence, to alice's topic: he is
     refused as any write of his there is, not told his batch is stored at her offset."""
@@ -225,7 +216,7 @@ def test_a_retry_is_acknowledged_only_to_a_writer_of_the_topic(tmp_path: Path) -
                                      principal="user:alice")).base_offset == 0  # a retry
         assert (await backend.offsets("mine", 0)).high_watermark == 1
 
-    run(tmp_path, body, directory=_AliceOwnsMine())
+    run(tmp_path, body, directory=AliceOwnsMine())
 
 
 def test_refused_writes_keep_no_producer_state(tmp_path: Path) -> None:
@@ -246,7 +237,7 @@ def test_refused_writes_keep_no_producer_state(tmp_path: Path) -> None:
         assert (await backend.append("t", 0, [one], acks=1)).base_offset == 0
         assert len(backend._producers) == 1  # noqa: SLF001 (only t-0's producers)
 
-    run(tmp_path, body, directory=_AliceOwnsMine())
+    run(tmp_path, body, directory=AliceOwnsMine())
 
 
 def test_offset_for_timestamp(tmp_path: Path) -> None:
