@@ -140,6 +140,20 @@ class Limits:
     max_clock_skew      seconds a message's sent_at may differ from the receiver's clock
     max_sessions        sender sessions remembered by the replay guard and the peer table
     notify_queue        client: notifies buffered for the application (no callback set)
+    keepalive_idle      seconds a connection may carry nothing before TCP keepalive probes
+                        its peer (whole seconds, at least 1)
+    keepalive_interval  seconds between those probes (whole seconds, at least 1)
+    keepalive_count     probes unanswered before the connection is dropped. So a peer that
+                        vanishes without closing (its host gone, a partition) while nothing
+                        is on the way to it is dropped a minute later, and with it its
+                        descriptor and zmq's queues for it
+    unacked_timeout     seconds what was sent may stay unacknowledged before the connection
+                        is dropped (zmq sets it as Linux's TCP_USER_TIMEOUT); 0 leaves it to
+                        the kernel, which retransmits to a vanished peer for about 15 minutes
+                        (tcp_retries2). Not set by default: it also drops a live peer whose
+                        process stalled that long with its receive window full (the kernel
+                        answers the window probes, but the timeout counts from the first),
+                        while keepalive never drops a live peer, however stalled
     """
 
     max_message_bytes: int = 96 * _MiB  # a 64 MiB record batch plus room
@@ -157,6 +171,10 @@ class Limits:
     max_clock_skew: float = 300.0
     max_sessions: int = 65536
     notify_queue: int = 1024
+    keepalive_idle: int = 30
+    keepalive_interval: int = 10
+    keepalive_count: int = 3
+    unacked_timeout: float = 0.0
 
     @property
     def receive_bytes(self) -> int:

@@ -92,12 +92,19 @@ FAIR_SMALL = 4 * 1024
 
 def new_socket(kind: int, limits: Limits, context: zmq.Context[Any] | None = None
                ) -> zmq.Socket[Any]:
-    """A socket with the options every RPC socket gets: no linger, bounded frames and queues."""
+    """A socket with the options every RPC socket gets: no linger, bounded frames and queues,
+    and TCP keepalive, so a connection whose peer vanished is dropped (Limits.keepalive_*,
+    unacked_timeout; zmq passes unacked_timeout to Linux as TCP_USER_TIMEOUT)."""
     sock = (context or zmq.Context.instance()).socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, limits.receive_bytes)
     sock.setsockopt(zmq.SNDHWM, limits.hwm)
     sock.setsockopt(zmq.RCVHWM, limits.hwm if limits.recv_hwm is None else limits.recv_hwm)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, limits.keepalive_idle))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, limits.keepalive_interval))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, max(1, limits.keepalive_count))
+    sock.setsockopt(zmq.TCP_MAXRT, max(0, round(limits.unacked_timeout * 1000)))
     return sock
 
 

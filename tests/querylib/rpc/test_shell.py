@@ -290,3 +290,26 @@ def test_a_fair_pump_closed_by_its_handler_stops_cleanly() -> None:
         assert served == [20 * 1024]
         assert errors == [] and pump.waiting_bytes == 0
     _run_fair("fair-close", test)
+
+
+def test_every_rpc_socket_drops_connections_to_a_vanished_peer_within_about_a_minute() -> None:
+    """The defaults tests/integration/test_silent_peer_netns.py stands for (there shortened):
+    keepalive probes after 30 s of silence, every 10 s, 3 unanswered drop the connection;
+    what was sent is left to the kernel's retransmission bound unless told otherwise."""
+    context = zmq.Context()
+    try:
+        for kind in (zmq.ROUTER, zmq.DEALER):
+            sock = new_socket(kind, Limits(), context)
+            try:
+                assert sock.getsockopt(zmq.TCP_KEEPALIVE) == 1
+                assert sock.getsockopt(zmq.TCP_KEEPALIVE_IDLE) == 30
+                assert sock.getsockopt(zmq.TCP_KEEPALIVE_INTVL) == 10
+                assert sock.getsockopt(zmq.TCP_KEEPALIVE_CNT) == 3
+                assert sock.getsockopt(zmq.TCP_MAXRT) == 0
+            finally:
+                sock.close(0)
+        bounded = new_socket(zmq.DEALER, Limits(unacked_timeout=2.5), context)
+        assert bounded.getsockopt(zmq.TCP_MAXRT) == 2500
+        bounded.close(0)
+    finally:
+        context.term()
