@@ -125,7 +125,7 @@ from catalog._records import (
     catalog_topic,
     check_topic_config,
 )
-from catalog._rules import MAX_BROKER_SLOT, MAX_PARTITIONS, describe_owner
+from catalog._rules import ENDED_QUERIES_KEPT, MAX_BROKER_SLOT, MAX_PARTITIONS, describe_owner
 from catalog.errors import (
     AlreadyPublishedError,
     AlreadySubscribedError,
@@ -176,6 +176,7 @@ __all__ = [
     "COLLECTIONS",
     "DEFAULT_NAMESPACE",
     "DEFAULT_TENANT",
+    "ENDED_QUERIES_KEPT",
     "INGEST",
     "MAX_BROKER_SLOT",
     "MAX_PARTITIONS",

@@ -13,7 +13,9 @@ Policy decisions (the issue leaves them to us):
   subscriptions leave, but the topics it owns stay readable (the log is on disk). Such an
   orphaned topic may be deleted by anyone; a re-run that wants the name deletes it first.
 - Deleting a topic removes every publication and subscription of it.
-- Queries stay in the catalog after they end, with their exit codes (history for `tq status`).
+- Queries stay in the catalog after they end, with their exit codes (history for `tq status`):
+  each submitter's newest ENDED_QUERIES_KEPT, and older ones something still leads back
+  through (`_rules._forget_ended`).
 - A query with a process still running on an executor that leaves fails ("lost executor").
 
 Must not: read clocks, do I/O, or mutate state before a command has been fully checked.

@@ -65,7 +65,13 @@ from catalog._commands import (
     Unsubscribe,
 )
 from catalog._names import TopicName
-from catalog._principals import PrincipalKind, Role, check_principal, principal_kind
+from catalog._principals import (
+    PrincipalKind,
+    Role,
+    check_principal,
+    principal_kind,
+    query_of_principal,
+)
 from catalog._query_state import QueryEvent, classify_exit, next_query_state
 from catalog._records import (
     INGEST,
@@ -128,7 +134,8 @@ from catalog.errors import (
 if TYPE_CHECKING:
     from catalog._catalog import Catalog
 
-__all__ = ["HANDLERS", "MAX_PARTITIONS", "MAX_TOKEN_TTL_MS", "Txn", "describe_owner"]
+__all__ = ["ENDED_QUERIES_KEPT", "HANDLERS", "MAX_PARTITIONS", "MAX_TOKEN_TTL_MS", "Txn",
+           "describe_owner"]
 
 # Partition directories are `<name>-<partition>`; names are at most 249 characters, so four
 # digits keep a directory name under the 255-byte limit of common file systems.
@@ -137,6 +144,9 @@ MAX_BROKER_SLOT = 1023  # a host's brokers: its own (0) and its shards (1..)
 # A join token lives at most a week (default one hour, `tq token create --ttl`): a token that
 # lies around for longer is a credential nobody watches.
 MAX_TOKEN_TTL_MS = 7 * 86_400_000
+# Ended queries kept per submitter (history for `tq status`): as one more ends, its submitter's
+# oldest beyond this are forgotten, except one a kept record still names (`_forget_ended`).
+ENDED_QUERIES_KEPT = 1000
 
 
 class Txn:
@@ -250,6 +260,45 @@ def _transition(
         party = QueryRef(query.query_id)
         txn.retract_all("publications", catalog.publications_of(party))
         txn.retract_all("subscriptions", catalog.subscriptions_of(party))
+        _forget_ended(catalog, txn, query)
+
+
+def _forget_ended(catalog: Catalog, txn: Txn, ending: Query) -> None:
+    """`ending` ends: its submitter keeps its ENDED_QUERIES_KEPT newest ended queries, this one
+    included; older ones go, by id, except those `_leads_back` names (one goes at a later end
+    once nothing names it)."""
+    ended = [q for q in catalog.queries if isinstance(q, Query) and q.owner == ending.owner
+             and q.ended and q.query_id != ending.query_id]
+    excess = len(ended) + 1 - ENDED_QUERIES_KEPT
+    if excess <= 0:
+        return
+    named = _leads_back(catalog)
+    for query in sorted(ended, key=lambda q: q.query_id):
+        if excess <= 0:
+            break
+        if query.query_id not in named:
+            txn.retract("queries", query)
+            excess -= 1
+
+
+def _leads_back(catalog: Catalog) -> set[int]:
+    """The queries through which something still leads back to who may delete, kill or take
+    it over (`_access._owners_of`, `root_principal`): a topic's owning query, and the
+    submitters up the chain of that one and of every live query."""
+    named: set[int] = set()
+    starts = [t.owner.query_id for t in catalog.topics
+              if isinstance(t, Topic) and isinstance(t.owner, QueryRef)]
+    named.update(starts)
+    starts += [q.query_id for q in catalog.queries if isinstance(q, Query) and not q.ended]
+    for query_id in starts:  # a chain met before (or a start, walked in its turn) is done
+        query = catalog.find_query(query_id)
+        while query is not None:
+            parent = query_of_principal(query.owner)
+            if parent is None or parent in named:
+                break
+            named.add(parent)
+            query = catalog.find_query(parent)
+    return named
 
 
 def _lose_executors(catalog: Catalog, txn: Txn, executors: list[Executor], at_ms: int) -> None:
