@@ -125,7 +125,13 @@ from catalog._records import (
     catalog_topic,
     check_topic_config,
 )
-from catalog._rules import ENDED_QUERIES_KEPT, MAX_BROKER_SLOT, MAX_PARTITIONS, describe_owner
+from catalog._rules import (
+    ENDED_QUERIES_KEPT,
+    MAX_BROKER_SLOT,
+    MAX_PARTITIONS,
+    MAX_PARTITIONS_PER_USER,
+    describe_owner,
+)
 from catalog.errors import (
     AlreadyPublishedError,
     AlreadySubscribedError,
@@ -153,6 +159,7 @@ from catalog.errors import (
     ProtocolError,
     QueryEndedError,
     QueryStateError,
+    QuotaExceededError,
     RecordTypeMismatchError,
     ReservedTopicNameError,
     StaleIsrError,
@@ -180,6 +187,7 @@ __all__ = [
     "INGEST",
     "MAX_BROKER_SLOT",
     "MAX_PARTITIONS",
+    "MAX_PARTITIONS_PER_USER",
     "MAX_TOPIC_NAME_LENGTH",
     "QUERY_TRANSITIONS",
     "SYSTEM",
@@ -243,6 +251,7 @@ __all__ = [
     "Publish",
     "Query",
     "QueryEndedError",
+    "QuotaExceededError",
     "QueryEvent",
     "QueryRef",
     "QueryState",

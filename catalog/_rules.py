@@ -121,6 +121,7 @@ from catalog.errors import (
     ProcessAlreadyExitedError,
     QueryEndedError,
     QueryStateError,
+    QuotaExceededError,
     RecordTypeMismatchError,
     ReservedTopicNameError,
     StaleIsrError,
@@ -134,12 +135,15 @@ from catalog.errors import (
 if TYPE_CHECKING:
     from catalog._catalog import Catalog
 
-__all__ = ["ENDED_QUERIES_KEPT", "HANDLERS", "MAX_PARTITIONS", "MAX_TOKEN_TTL_MS", "Txn",
-           "describe_owner"]
+__all__ = ["ENDED_QUERIES_KEPT", "HANDLERS", "MAX_PARTITIONS", "MAX_PARTITIONS_PER_USER",
+           "MAX_TOKEN_TTL_MS", "Txn", "describe_owner"]
 
 # Partition directories are `<name>-<partition>`; names are at most 249 characters, so four
 # digits keep a directory name under the 255-byte limit of common file systems.
 MAX_PARTITIONS = 10_000
+# A user's topics (its own, its queries', the ingest topics it created) hold at most this many
+# partitions in all; an admin's, the system's, are not counted (`_require_partition_quota`).
+MAX_PARTITIONS_PER_USER = 10_000
 MAX_BROKER_SLOT = 1023  # a host's brokers: its own (0) and its shards (1..)
 # A join token lives at most a week (default one hour, `tq token create --ttl`): a token that
 # lies around for longer is a credential nobody watches.
@@ -736,6 +740,8 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
     _require_live(catalog, cmd.owner)
     if catalog.find_topic(name.full) is not None:
         raise TopicExistsError(f"topic {name.short!r} exists already")
+    _require_partition_quota(catalog, _user_of(catalog, cmd.owner, cmd.creator), cmd.partitions,
+                             f"topic {name.short!r}")
     # An earlier incarnation's files on one of these brokers go first: the partition
     # directories are named by the topic, so the drop would take the new topic's data too.
     hosting = set(cmd.locations).union(*cmd.replicas)
@@ -763,6 +769,37 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
     )
     txn.insert("topics", topic)
     txn.created = topic
+
+
+def _user_of(catalog: Catalog, owner: Owner, creator: str) -> str | None:
+    """The principal a topic's partitions count against: who its owner acts for in the end (a
+    query's submitter, up the chain), an ingest topic's creator; None for the system's, an
+    admin's, and a closed session's of an older catalog."""
+    if owner == SYSTEM:
+        return None
+    if owner == INGEST:
+        principal = creator or None
+    elif isinstance(owner, SessionRef):
+        session = catalog.find_session(owner.session_id)
+        principal = None if session is None else session.principal
+    else:
+        principal = owner_principal(owner)
+    if principal is None:
+        return None
+    root = root_principal(catalog, principal)
+    return None if is_admin(catalog, root) else root
+
+
+def _require_partition_quota(catalog: Catalog, user: str | None, more: int, what: str) -> None:
+    if user is None:
+        return
+    held = sum(t.partitions for t in catalog.topics
+               if isinstance(t, Topic) and _user_of(catalog, t.owner, t.creator) == user)
+    if held + more > MAX_PARTITIONS_PER_USER:
+        raise QuotaExceededError(
+            f"{user}'s topics hold {held} partitions; {what} would add {more}, and a user's "
+            f"topics hold at most {MAX_PARTITIONS_PER_USER}: delete topics no longer needed "
+            f"(tq topic delete NAME), or ask an admin to")
 
 
 def _delete_topic(catalog: Catalog, txn: Txn, cmd: DeleteTopic) -> None:
@@ -816,6 +853,9 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
                 f"topic {topic.short_name!r} has {topic.replication_factor} replicas per "
                 f"partition; its new partitions must have as many")
         _check_replicas(catalog, cmd.replicas, cmd.locations, ())
+        _require_partition_quota(catalog, _user_of(catalog, topic.owner, topic.creator),
+                                 cmd.partitions - topic.partitions,
+                                 f"growing topic {topic.short_name!r}")
         locations = topic.locations + tuple(cmd.locations)
         grown = {"replicas": topic.replicas + cmd.replicas, "isr": topic.isr + cmd.replicas,
                  "leader_epochs": topic.leader_epochs + (0,) * len(cmd.replicas)}

@@ -95,6 +95,7 @@ Catalog's families:
         │   ├── AlreadyPublishedError, AlreadySubscribedError, PrincipalExistsError
         │   ├── QueryEndedError, QueryStateError, ProcessAlreadyExitedError
         │   └── RecordTypeMismatchError
+        ├── QuotaExceededError         a user's topics would hold too many partitions
         ├── NotAuthorizedError         the requesting principal may not do this
         │   ├── NotOwnerError          only the owner (or who manages it) may do this
         │   └── JoinTokenError         a join token that is used, expired or revoked
@@ -291,6 +292,14 @@ class ProcessAlreadyExitedError(ConflictError):
 
 class RecordTypeMismatchError(ConflictError):
     """A subscriber expects another record type (or kind) than the topic carries."""
+
+
+class QuotaExceededError(CatalogError):
+    """A user's topics would hold more than MAX_PARTITIONS_PER_USER partitions in all (DESIGN
+    §3 "Ownership")."""
+
+    kafka_error_code = 44  # POLICY_VIOLATION
+    exit_code = 2
 
 
 class NotAuthorizedError(CatalogError):
