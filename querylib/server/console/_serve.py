@@ -20,7 +20,7 @@ import math
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,6 +39,7 @@ __all__ = ["DEFAULT_CONSOLE_PORT", "Console", "ConsoleUnavailableError"]
 
 DEFAULT_CONSOLE_PORT = 7480
 MAX_CONNECTIONS = 256  # open HTTP connections (an event stream holds one): past it, 503
+MAX_CONNECTIONS_PER_ADDRESS = 32  # of them from one client address: past it, 503 for it alone
 REQUEST_TIMEOUT = 10.0  # seconds for a request to arrive, head and body: past it, closed
 logger = logging.getLogger("querylib.console")
 
@@ -55,6 +56,7 @@ class Console:
                  metrics: Any = None,
                  groups: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
+                 max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
                  request_timeout: float = REQUEST_TIMEOUT,
                  tls: tuple[str, str] | None = None) -> None:
         """`tls`: (certificate chain, private key) PEM files: HTTPS only, and login cookies
@@ -70,6 +72,7 @@ class Console:
         # function of the coordinator's loop (called there through `_on_owner`)
         self.groups = groups
         self.max_connections = max_connections
+        self.max_connections_per_address = max_connections_per_address
         self.request_timeout = request_timeout
         self.tls = tls
         self.access = Access(loopback=is_loopback(host), check_password=self._password_ok,
@@ -164,7 +167,8 @@ class Console:
                                 # bounded: past these, 503 (and idle connections close)
                                 # uvicorn counts the arriving connection among the open
                                 limit_concurrency=self.max_connections + 1,
-                                http=_timed_http(self.request_timeout),
+                                http=_timed_http(self.request_timeout,
+                                                 self.max_connections_per_address),
                                 timeout_keep_alive=math.ceil(self.request_timeout),
                                 h11_max_incomplete_event_size=16 * 1024,
                                 ssl_certfile=self.tls[0] if self.tls else None,
@@ -240,13 +244,32 @@ class _TimedHttp(H11Protocol):
     `request_timeout` seconds of the connection's start or of the previous response, or the
     connection closes. uvicorn itself times out only a connection idle after a response, and
     no longer once a byte came: connections that send nothing, or a byte now and then, would
-    hold every place `limit_concurrency` counts, for good."""
+    hold every place `limit_concurrency` counts, for good.
+
+    And at most `per_address` open connections from one client address: past that a
+    connection gets a 503 and is closed, so one client holding event streams open (or
+    reconnecting as fast as its connections time out) cannot take every place. `open_by`
+    counts them, shared by the server's connections."""
 
     request_timeout = REQUEST_TIMEOUT
+    per_address = MAX_CONNECTIONS_PER_ADDRESS
+    open_by: ClassVar[dict[str, int]] = {}
     _deadline: asyncio.TimerHandle | None = None
+    _counted: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self.open_by.get(address, 0) >= self.per_address:
+            body = f"too many connections from {address}; close some and retry\n".encode()
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; "
+                            b"charset=utf-8\r\nConnection: close\r\nContent-Length: "
+                            + str(len(body)).encode() + b"\r\n\r\n" + body)
+            transport.close()
+            return
+        self.open_by[address] = self.open_by.get(address, 0) + 1
+        self._counted = address
         self._await_request()
 
     def on_response_complete(self) -> None:
@@ -256,6 +279,13 @@ class _TimedHttp(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        if self._counted is not None:
+            left = self.open_by[self._counted] - 1
+            if left:
+                self.open_by[self._counted] = left
+            else:
+                del self.open_by[self._counted]
+            self._counted = None
         super().connection_lost(exc)
 
     def _await_request(self) -> None:
@@ -269,5 +299,7 @@ class _TimedHttp(H11Protocol):
             self.transport.close()
 
 
-def _timed_http(request_timeout: float) -> type[_TimedHttp]:
-    return type("TimedHttp", (_TimedHttp,), {"request_timeout": request_timeout})
+def _timed_http(request_timeout: float, per_address: int) -> type[_TimedHttp]:
+    """The protocol class of one console server: its own timeout, bound and counts."""
+    return type("TimedHttp", (_TimedHttp,), {"request_timeout": request_timeout,
+                                             "per_address": per_address, "open_by": {}})

@@ -46,6 +46,48 @@ def test_connections_past_the_limit_are_refused_and_the_rest_served(console: Con
         connection.close()
 
 
+def test_one_address_holds_a_bounded_share_of_the_connections() -> None:
+    """One client (here 127.0.0.1) holding event streams open took every place, and nobody
+    else was served; past its share it is refused, while another address is served."""
+    running = Console("tcp://127.0.0.1:9", os.urandom(32), port=free_port(), fallback=False,
+                      max_connections=5, max_connections_per_address=2).start()
+    try:
+        streams = []
+        for _ in range(2):
+            connection = _connect(running)
+            connection.request("GET", "/api/events")
+            reply = connection.getresponse()
+            assert reply.status == 200
+            streams.append((connection, reply))
+        extra = _connect(running)
+        extra.request("GET", "/api/state")
+        reply = extra.getresponse()
+        assert reply.status == 503
+        assert b"too many connections from 127.0.0.1" in reply.read()
+        extra.close()
+        other = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30,
+                                           source_address=("127.0.0.2", 0))
+        other.request("GET", "/api/state")
+        assert other.getresponse().status == 200
+        other.close()
+        streams[0][0].close()  # a place of its own again once one of its own closed
+        wait_for(lambda: _status(running, "/api/state") == 200, timeout=30,
+                 what="the address's freed place to be served")
+        for connection, _ in streams[1:]:
+            connection.close()
+    finally:
+        running.stop()
+
+
+def _status(console: Console, path: str) -> int:
+    connection = _connect(console)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 def test_a_login_form_past_4_kib_is_refused_unread(console: Console) -> None:
     connection = _connect(console)
     connection.request("POST", "/login", body=b"principal=admin&password=" + b"x" * 100_000,
