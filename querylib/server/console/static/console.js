@@ -180,7 +180,9 @@ function stopLogs() {
 
 function drawLines(pre, lines) {
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.textContent = lines.map(l => `[${l.process}${l.stream === "stderr" ? " stderr" : ""}] ${l.text}`).join("\n");
+  // process -1: the console's own word on the lines (an executor's broker it cannot read now)
+  pre.textContent = lines.map(l => l.process < 0 ? `[console] ${l.text}`
+    : `[${l.process}${l.stream === "stderr" ? " stderr" : ""}] ${l.text}`).join("\n");
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 
