@@ -80,6 +80,20 @@ def test_a_malformed_cluster_file_is_one_clear_error(home: Path, content: bytes)
         discover()
 
 
+def test_writing_the_cluster_file_follows_no_link_planted_in_tq_home(
+        home: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A link planted in TQ_HOME where the file is first written (a shared or pre-made home)
+    must not make the writer truncate and fill the file it points to."""
+    victim = tmp_path_factory.mktemp("elsewhere") / "precious"
+    victim.write_bytes(b"not yours\n")
+    for name in (f".cluster.json.{os.getpid()}.tmp", ".cluster.json.tmp"):
+        (home / name).symlink_to(victim)
+    path = write_cluster_file(_info(home))
+    assert victim.read_bytes() == b"not yours\n"
+    assert not path.is_symlink() and read_cluster_file() == _info(home)
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
 def test_a_missing_secret_is_reported(home: Path) -> None:
     write_cluster_file(_info(home, secret_file=str(home / "missing")))
     with pytest.raises(SecretFileError):
