@@ -119,14 +119,21 @@ def preferred_listen(listen: str, previous: str) -> str | None:
     old_host, _, old_port = previous.rpartition(":")
     return previous if old_host == host and old_port.isdigit() and old_port != "0" else None
 _RETRY = 0.2  # seconds between attempts while the old registration is still up
+_MAX_NUMBER_BYTES = 20  # a broker id or session id: an int64 has at most 19 digits
 
 
 def _remembered(data_dir: Path, name: str = BROKER_ID_FILE) -> int | None:
+    """The positive number in the file, None when there is none or it is damaged: read
+    bounded, and only ASCII digits count (bytes that are no UTF-8, or digits int() refuses,
+    are damage like any other, not a traceback at start)."""
     try:
-        text = (data_dir / name).read_text().strip()
+        with open(data_dir / name, "rb") as f:
+            raw = f.read(_MAX_NUMBER_BYTES + 1).strip()
     except FileNotFoundError:
         return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    if len(raw) > _MAX_NUMBER_BYTES or not raw.isdigit():  # bytes.isdigit: ASCII only
+        return None
+    return int(raw) or None
 
 
 def _remember(data_dir: Path, number: int, name: str = BROKER_ID_FILE) -> None:

@@ -182,6 +182,19 @@ def test_an_id_from_another_cluster_or_a_damaged_file_gets_a_new_one(
     assert (tmp_path / BROKER_ID_FILE).read_text() == "4\n"
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe\n", "\u00b2\n".encode(), b"7" * 5000])
+def test_a_broker_id_file_of_bytes_that_are_no_number_gets_a_new_one(
+        tmp_path: Path, content: bytes) -> None:
+    """Not UTF-8, digits int() refuses (a superscript two), or no id's length: damaged like
+    "garbage", not a traceback at start."""
+    (tmp_path / BROKER_ID_FILE).write_bytes(content)
+    (tmp_path / BROKER_SESSION_FILE).write_bytes(content)
+    catalog = Catalog(next_id=4)
+    assert _register(catalog, tmp_path).broker_id == 4
+    assert (tmp_path / BROKER_ID_FILE).read_text() == "4\n"
+    assert catalog.closed == []
+
+
 # -- addresses ------------------------------------------------------------------------------------
 
 
