@@ -55,6 +55,7 @@ BROKER_ID_FILE = "broker.id"
 BROKER_ENDPOINTS_FILE = "broker.endpoints"
 BROKER_SESSION_FILE = "broker.session"
 NAMESPACE_FILE = "cluster.namespace"
+_MAX_NAMESPACE_BYTES = 1024  # TENANT/NAMESPACE, as the coordinator's own `namespace` file
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,15 @@ def follow_remembered_namespace(data_dir: Path) -> None:
     """Follow the default the last run's session learned, if any (before the broker opens
     its logs: it names what it finds on disk by short names)."""
     try:
-        tenant, _, namespace = (data_dir / NAMESPACE_FILE).read_text().strip().partition("/")
+        with open(data_dir / NAMESPACE_FILE, "rb") as f:
+            raw = f.read(_MAX_NAMESPACE_BYTES + 1)
+        if len(raw) > _MAX_NAMESPACE_BYTES:
+            raise ValueError(f"more than {_MAX_NAMESPACE_BYTES} bytes")
+        tenant, _, namespace = raw.decode("utf-8").strip().partition("/")
         set_default_namespace(tenant, namespace)
     except FileNotFoundError:
         return
-    except (OSError, TqError) as exc:
+    except (OSError, ValueError, TqError) as exc:  # ValueError: too long, or not UTF-8
         logger.warning("ignoring %s: %s", data_dir / NAMESPACE_FILE, exc)
 
 

@@ -10,17 +10,23 @@ from pathlib import Path
 import pytest
 
 from catalog import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TENANT,
     Broker,
     BrokerExistsError,
     NotOwnerError,
     UnknownBrokerError,
     UnknownSessionError,
+    default_namespace,
+    set_default_namespace,
 )
 from executor._broker_id import (
     BROKER_ENDPOINTS_FILE,
     BROKER_ID_FILE,
     BROKER_SESSION_FILE,
+    NAMESPACE_FILE,
     Endpoints,
+    follow_remembered_namespace,
     preferred_listen,
     register_remembered,
     remember_endpoints,
@@ -193,6 +199,21 @@ def test_a_broker_id_file_of_bytes_that_are_no_number_gets_a_new_one(
     assert _register(catalog, tmp_path).broker_id == 4
     assert (tmp_path / BROKER_ID_FILE).read_text() == "4\n"
     assert catalog.closed == []
+
+
+@pytest.mark.parametrize("content", [b"acme/lab\n", b"\xff\xfe/lab\n", b"", b"a/b/c\n"])
+def test_a_damaged_namespace_file_is_ignored_not_a_traceback(tmp_path: Path,
+                                                             content: bytes) -> None:
+    """cluster.namespace is a hint the session confirms: one that is no TENANT/NAMESPACE
+    (not UTF-8 either) leaves the default as it was."""
+    (tmp_path / NAMESPACE_FILE).write_bytes(content)
+    try:
+        follow_remembered_namespace(tmp_path)
+        expected = ("acme", "lab") if content == b"acme/lab\n" else (DEFAULT_TENANT,
+                                                                     DEFAULT_NAMESPACE)
+        assert default_namespace() == expected
+    finally:
+        set_default_namespace(DEFAULT_TENANT, DEFAULT_NAMESPACE)
 
 
 # -- addresses ------------------------------------------------------------------------------------
