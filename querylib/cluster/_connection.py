@@ -143,13 +143,13 @@ def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo
         info = ClusterInfo(
             coordinator=_field(raw, "coordinator", str),
             secret_file=_field(raw, "secret_file", str),
-            catalog_broker=raw.get("catalog_broker") or "",
+            catalog_broker=_text(raw, "catalog_broker") or "",
             pid=raw.get("pid"),
-            host=raw.get("host"),
-            data=raw.get("data"),
-            connector=raw.get("connector") or "",
-            kafka=raw.get("kafka") or "",
-            coordinator_key=raw.get("coordinator_key") or "",
+            host=_text(raw, "host"),
+            data=_text(raw, "data"),
+            connector=_text(raw, "connector") or "",
+            kafka=_text(raw, "kafka") or "",
+            coordinator_key=_text(raw, "coordinator_key") or "",
         )
         if info.pid is not None and not isinstance(info.pid, int):
             raise ValueError("pid is not an integer")
@@ -157,6 +157,15 @@ def read_cluster_file(home: str | os.PathLike[str] | None = None) -> ClusterInfo
         raise ClusterFileError(f"{path} is not a tq connection file ({exc}); delete it and "
                                f"restart the coordinator") from exc
     return info
+
+
+def _text(raw: dict[str, object], name: str) -> str | None:
+    """An optional text field: absent or null is None; any other non-text is damage, said
+    here rather than met where the field is used (a CURVE key that is a number)."""
+    value = raw.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name!r} is not text")
+    return value
 
 
 def _field(raw: dict[str, object], name: str, kind: type[T]) -> T:

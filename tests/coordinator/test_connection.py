@@ -3,6 +3,7 @@ one-line errors when there is none."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -92,6 +93,19 @@ def test_writing_the_cluster_file_follows_no_link_planted_in_tq_home(
     assert victim.read_bytes() == b"not yours\n"
     assert not path.is_symlink() and read_cluster_file() == _info(home)
     assert (path.stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.parametrize("field", [{"coordinator_key": 5}, {"kafka": [1]}, {"host": 5},
+                                   {"data": {}}, {"catalog_broker": 7}, {"connector": True}])
+def test_a_cluster_file_field_of_the_wrong_type_is_one_clear_error(
+        home: Path, field: dict[str, object]) -> None:
+    """Not accepted and carried on to where it is used (a number as the coordinator's CURVE
+    key ended in zmq's TypeError)."""
+    body = {"coordinator": "tcp://127.0.0.1:7400", "secret_file": str(home / "secret"),
+            "pid": os.getpid(), **field}
+    (home / "cluster.json").write_text(json.dumps(body))
+    with pytest.raises(ClusterFileError, match=f"cluster.json.*{next(iter(field))}"):
+        discover()
 
 
 def test_a_missing_secret_is_reported(home: Path) -> None:
