@@ -46,8 +46,16 @@ def joined_host(data_dir: str | os.PathLike[str]) -> JoinedHost | None:
         return None
     credential = load_credential(data / CREDENTIAL_FILE)
     try:
-        text = where.read_bytes()[:_MAX_COORDINATOR_FILE]
-        coordinators = tuple(str(a) for a in json.loads(text)["coordinators"])
+        with open(where, "rb") as f:
+            text = f.read(_MAX_COORDINATOR_FILE + 1)
+        if len(text) > _MAX_COORDINATOR_FILE:
+            raise ValueError(f"more than {_MAX_COORDINATOR_FILE} bytes")
+        found = json.loads(text)["coordinators"]
+        # A list of addresses, as join_host writes it: a string's letters or a number made
+        # into text would be tried as addresses.
+        if not isinstance(found, list) or not all(isinstance(a, str) and a for a in found):
+            raise ValueError("'coordinators' is not a list of addresses")
+        coordinators = tuple(found)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SecretFileError(f"{where} does not say where the coordinator is ({exc}); join "
                               "again with a new token (tq token create)") from None
