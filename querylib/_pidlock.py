@@ -14,18 +14,20 @@ An flock belongs to the open file: it ends with the process however the process 
 too), so a lock left by a killed process is simply taken; and the descriptor is close-on-exec,
 so the processes tq starts do not inherit it.
 
-Must not: remove the file (another process may be about to lock it), or wait for a lock.
+Must not: remove the file (another process may be about to lock it), wait for a lock, or
+open the file through a symbolic link (StorageError says so).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import sys
 from pathlib import Path
 
-from querylib.errors import DataDirInUseError
+from querylib.errors import DataDirInUseError, StorageError
 
 __all__ = ["PidLock", "hold_data_dir"]
 
@@ -50,7 +52,16 @@ class PidLock:
         if self._fd is not None:
             return True
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # Not through a link: one planted in a folder others can write would make us
+            # truncate the file it points to and write our pid into it.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise StorageError(f"lock file {self.path} is a symbolic link; remove it (tq "
+                               "makes its own)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
