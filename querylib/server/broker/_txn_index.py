@@ -57,6 +57,8 @@ def read_history(partition_dir: str) -> TxnHistory | None:
             raise ValueError("too large")
         outer = json.loads(raw)
         body = outer["body"]
+        if not isinstance(body, str):
+            raise TypeError("body is not text")
         if zlib.crc32(body.encode()) != outer["crc"]:
             raise ValueError("CRC mismatch")
         data = json.loads(body)

@@ -86,7 +86,9 @@ def test_a_missing_or_damaged_history_is_walked_again(tmp_path: Path) -> None:
     index = tmp_path / "t-0" / INDEX_FILE
     assert index.exists()
     for damage in (lambda: index.unlink(), lambda: index.write_bytes(b'{"crc": 1, "body"'),
-                   lambda: index.write_text(index.read_text().replace('"through":', '"thru":'))):
+                   lambda: index.write_text(index.read_text().replace('"through":', '"thru":')),
+                   lambda: index.write_bytes(b'{"crc": 0, "body": 5}'),  # JSON, wrong types
+                   lambda: index.write_bytes(b'{"crc": 0, "body": null}')):
         damage()
         aborted, marked = asyncio.run(known_after_restart(tmp_path))
         assert aborted == [(ABORTED, 0)]
