@@ -131,6 +131,7 @@ TXN_CHECK_INTERVAL = 1.0  # seconds between looks for transactions past their ti
 META_FILE = ".tq-kafka.json"
 _ADOPT_BATCH_BYTES = 1 << 20  # of a replica's group state per batch appended here
 PRODUCER_ID_BLOCK = 1000
+_MAX_META_BYTES = 4096  # {"next_producer_id": N, "cluster_id": "..."}; more is not ours
 MAX_PARTITIONS = 10_000  # per topic created through Kafka
 _CLUSTER_ID_LABEL = b"tq kafka cluster id v1"
 # Kafka's topic configs tq honours, in the order of `broker_configs`, whose entries they default to.
@@ -896,11 +897,18 @@ class BrokerBackend:
     def _read_meta(self) -> None:
         path = self._meta_path()
         try:
-            with open(path) as f:
-                meta = json.load(f)
-            self._next_producer_id = self._reserved_producer_ids = int(meta["next_producer_id"])
+            with open(path, "rb") as f:
+                meta = json.loads(f.read(_MAX_META_BYTES + 1))
+            following = meta["next_producer_id"]
+            # A counter below this node's bits (producer id = node << 32 | counter): any
+            # other would hand out negative ids or another node's.
+            if type(following) is not int or not 0 <= following < 1 << 32:
+                raise ValueError(f"next_producer_id {following!r} is no counter")
+            self._next_producer_id = self._reserved_producer_ids = following
             if not self._cluster_id:
-                self._cluster_id = str(meta["cluster_id"])
+                if not isinstance(meta["cluster_id"], str) or not meta["cluster_id"]:
+                    raise ValueError("cluster_id is not text")
+                self._cluster_id = meta["cluster_id"]
         except FileNotFoundError:
             if not self._cluster_id:
                 self._cluster_id = uuid.uuid4().hex[:22]

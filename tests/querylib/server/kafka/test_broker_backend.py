@@ -20,6 +20,7 @@ from catalog.errors import (
     InvalidPartitionsError,
     InvalidTopicNameError,
     ReservedTopicNameError,
+    StorageError,
     TopicExistsError,
     TqError,
 )
@@ -43,6 +44,7 @@ from querylib.server.kafka import (
     GroupRecord,
     KafkaConfig,
 )
+from querylib.server.kafka._broker_backend import META_FILE
 from tests.integration._broker_helpers import AliceOwnsMine
 
 T = TypeVar("T")
@@ -306,6 +308,27 @@ def test_ids_and_the_group_store_survive_a_restart(tmp_path: Path) -> None:
     keys = [r.key[:2] for b in iter_batches(data) if not b.is_control for r in b.records]
     assert keys == [b"\x00\x01", b"\x00\x01", b"\x00\x01", b"\x00\x02"]
     assert decode_batch(data).records[0].value[:2] == b"\x00\x03"
+
+
+@pytest.mark.parametrize("content", [
+    b'{"next_producer_id": -5, "cluster_id": "abc"}',        # would hand out negative ids
+    b'{"next_producer_id": 4294967296, "cluster_id": "abc"}',  # into the next node's ids
+    b'{"next_producer_id": 1.5, "cluster_id": "abc"}',
+    b'{"next_producer_id": true, "cluster_id": "abc"}',
+    b'{"next_producer_id": Infinity, "cluster_id": "abc"}',
+    b'{"next_producer_id": 0, "cluster_id": {}}',
+])
+def test_a_damaged_producer_id_file_stops_the_start_in_one_line(tmp_path: Path,
+                                                                 content: bytes) -> None:
+    """`.tq-kafka.json` keeps the next producer id: one not a counter of this node's ids is
+    refused (StorageError naming the file), not taken and not a traceback."""
+    async def nothing(backend: BrokerBackend) -> None:
+        pass
+
+    run(tmp_path, nothing, secret=None)
+    (tmp_path / META_FILE).write_bytes(content)
+    with pytest.raises(StorageError, match=META_FILE):
+        run(tmp_path, nothing, secret=None)
 
 
 def test_markers_on_another_broker_go_in_one_request_per_broker(
