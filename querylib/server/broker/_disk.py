@@ -118,7 +118,12 @@ def read_incarnation(path: str) -> Incarnation | None:
     try:
         with open(os.path.join(path, INCARNATION_FILE), "rb") as f:
             doc = json.loads(f.read(4096))
-        return Incarnation(int(doc["created_ms"]), int(doc["topic_id"]))
+        created_ms, topic_id = doc["created_ms"], doc["topic_id"]
+        # Integers as written: int() of 70.9 or "70" would name another incarnation (and set
+        # the directory aside), of Infinity raise OverflowError.
+        if type(created_ms) is not int or type(topic_id) is not int:
+            raise ValueError(f"created_ms {created_ms!r}, topic_id {topic_id!r}: not integers")
+        return Incarnation(created_ms, topic_id)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from catalog.errors import StorageError
 from querylib.broker import AsyncProducer, Incarnation, StaleIncarnationError
 from querylib.log import LogConfig
 from querylib.records import iter_batches
@@ -165,3 +166,22 @@ def test_writers_naming_an_incarnation_record_it_one_at_a_time(tmp_path, monkeyp
     asyncio.run(scenario())
     assert most[0] == 1
     assert json.loads((tmp_path / "x-0" / "topic.json").read_text())["topic_id"] == 7
+
+
+@pytest.mark.parametrize("content", [
+    b'{"created_ms": Infinity, "topic_id": 7}',  # JSON Python reads, no integer
+    b'{"created_ms": 70.9, "topic_id": 7}',      # would be taken as 70: another incarnation
+    b'{"created_ms": true, "topic_id": 7}',
+    b'{"created_ms": "70", "topic_id": 7}',
+])
+def test_a_damaged_topic_file_is_one_clear_error_and_the_partition_is_kept(tmp_path, content):
+    """topic.json decides whether a directory is set aside: one that holds no integers is
+    refused naming the file, not read as some other incarnation, and not a traceback."""
+    path = tmp_path / "x-0"
+    open_partition(str(tmp_path), ("x", 0), LogConfig(),
+                   Incarnation(created_ms=70, topic_id=7)).log.close()
+    (path / "topic.json").write_bytes(content)
+    with pytest.raises(StorageError, match="topic.json"):
+        open_partition(str(tmp_path), ("x", 0), LogConfig(),
+                       Incarnation(created_ms=80, topic_id=8))
+    assert path.is_dir() and (path / "topic.json").read_bytes() == content
