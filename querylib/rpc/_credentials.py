@@ -84,7 +84,6 @@ _SEAL_CONTEXT = "tq 2026-11 sealed key"
 _KAFKA_PASSWORD_CONTEXT = "tq 2026-11 kafka sasl password"
 _HANDSHAKE_CONTEXT = "tq 2026-11 zmq handshake token"
 _NONCE = 16
-_MAX_CREDENTIAL_FILE = 4096
 
 
 def principal_key(secret: bytes, principal: str, generation: int = 0) -> bytes:
@@ -149,7 +148,7 @@ class Credential:
 
 def load_credential(path: str | os.PathLike[str]) -> Credential:
     """The credential in the file at `path`: a cluster secret (admin) or a principal's JSON."""
-    data = read_private_file(Path(path), _MAX_CREDENTIAL_FILE).strip()
+    data = read_private_file(Path(path)).strip()
     if not data.startswith(b"{"):
         if len(data) < MIN_SECRET_BYTES:
             raise SecretFileError(f"secret file {path} holds {len(data)} bytes; at least "

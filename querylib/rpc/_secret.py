@@ -4,7 +4,8 @@
 atomically, so two processes starting together agree on one key; it refuses a file that group
 or other may read or write, or that another user owns, as ssh does with private keys. The key
 is the file's content with surrounding whitespace stripped (64 hex characters when we create
-it), so a key written by hand or by another tool works too.
+it), so a key written by hand or by another tool works too; a file over 4 KiB is refused, by
+every reader alike, rather than cut.
 
 This module reads and writes that one file. It must not sign anything or touch sockets.
 """
@@ -22,6 +23,7 @@ __all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "
            "read_private_file"]
 
 MIN_SECRET_BYTES = 16  # below 128 bits a MAC key is guessable offline
+MAX_KEY_FILE_BYTES = 4096  # a key or a credential's JSON; every reader takes the same
 
 
 def default_secret_path() -> Path:
@@ -30,9 +32,11 @@ def default_secret_path() -> Path:
     return Path(home) / "secret"
 
 
-def read_private_file(path: Path, max_bytes: int = 65536) -> bytes:
+def read_private_file(path: Path, max_bytes: int = MAX_KEY_FILE_BYTES) -> bytes:
     """The content of a key or credential file, checked as ssh checks private keys (regular,
-    ours, mode 0600 or stricter, not a symlink); SecretFileError otherwise."""
+    ours, mode 0600 or stricter, not a symlink), and whole: a longer file is refused, not cut
+    (a cut key would differ from one read by a reader with another bound);
+    SecretFileError otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError as exc:
@@ -43,9 +47,13 @@ def read_private_file(path: Path, max_bytes: int = 65536) -> bytes:
     try:
         st = os.fstat(fd)
         _check_mode(path, st)
-        return os.read(fd, max_bytes)
+        data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)
+    if len(data) > max_bytes:
+        raise SecretFileError(f"secret file {path} holds more than {max_bytes} bytes; a key "
+                              "or credential is far shorter: pass the right file")
+    return data
 
 
 def load_secret(path: str | os.PathLike[str]) -> bytes:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from querylib.rpc import SecretFileError, default_secret_path, load_or_create_secret, load_secret
+from querylib.rpc import (
+    SecretFileError,
+    default_secret_path,
+    load_credential,
+    load_or_create_secret,
+    load_secret,
+)
 
 
 def mode(path: Path) -> int:
@@ -90,3 +96,18 @@ def test_concurrent_creators_agree_on_one_key(tmp_path: Path) -> None:
 def test_default_path_follows_tq_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TQ_HOME", str(tmp_path))
     assert default_secret_path() == tmp_path / "secret"
+
+
+@pytest.mark.parametrize("size", [5_000, 70_000])
+def test_an_oversized_key_file_is_refused_not_cut(tmp_path: Path, size: int) -> None:
+    """Every reader of a key file takes all of it or refuses it: the coordinator read up to
+    64 KiB of the secret, a client (its credential) 4 KiB, so a longer hand-written key
+    started a coordinator that refused its own admin; past 64 KiB both cut it silently."""
+    path = tmp_path / "secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"a" * size)
+    with pytest.raises(SecretFileError, match="more than"):
+        load_secret(path)
+    with pytest.raises(SecretFileError, match="more than"):
+        load_credential(path)
