@@ -62,9 +62,11 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
            max_members: int = DEFAULT_MAX_MEMBERS) -> list[str]:
     """Unpack a pack into the (new, empty) directory `dest`; returns the member names.
     InvalidArtifactError for anything but plain files and directories with safe names."""
+    # tarfile reads a run of extended headers (pax, GNU long names) by recursing once per
+    # header, so a pack of a few thousand of them in a row raises RecursionError: hostile input.
     try:
         tar = tarfile.open(fileobj=io.BytesIO(blob), mode="r:")
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, RecursionError) as exc:
         raise InvalidArtifactError(f"not a program pack (an uncompressed tar): {exc}") from exc
     with tar:
         members: list[tarfile.TarInfo] = []
@@ -81,7 +83,7 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
                     raise InvalidArtifactError(f"pack member {name[:80]!r} appears twice")
                 seen.add(name)
                 members.append(member)
-        except tarfile.TarError as exc:
+        except (tarfile.TarError, RecursionError) as exc:
             raise InvalidArtifactError(f"corrupt program pack: {exc}") from exc
         if not members:
             raise InvalidArtifactError("the program pack is empty")

@@ -139,3 +139,14 @@ def test_unpack_into_an_unwritable_place_is_a_storage_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(StorageError):
         unpack(pack_bytes("job.py", b"1"), tmp_path / "file" / "out")
+
+
+def test_unpack_refuses_a_long_chain_of_extended_headers(tmp_path):
+    # tarfile reads each GNU long-name (or pax) header by recursing into the next one, so a
+    # pack of a few thousand of them in a row, well under the size limit, hits the recursion
+    # limit: that is a hostile pack, not a bug in the executor.
+    longname = tarfile.TarInfo("a" * 200).tobuf(format=tarfile.GNU_FORMAT)
+    chain = longname[:-512] * 3000 + pack_bytes("job.py", b"1")
+    assert len(chain) < 4 * MAX
+    with pytest.raises(InvalidArtifactError, match="corrupt program pack|not a program pack"):
+        unpack(chain, tmp_path / "out")
