@@ -10,8 +10,9 @@ keeps each one under `<data>/artifacts/<sha256>/`:
 An install hashes the blob first (DigestMismatchError if it is not what was asked for),
 unpacks into `artifacts/.incoming-*`, and renames that directory into place: the rename is
 the commit, so a directory named by a digest is always complete. Two installers racing for
-the same digest both succeed (the loser drops its copy). A crash leaves only `.incoming-*`
-litter, removed by `clean_incoming()`. Power loss between rename and writeback is not covered
+the same digest both succeed (the loser drops its copy). Removal renames the directory out of
+its digest's name before deleting it. A crash leaves only `.incoming-*` litter, removed by
+`clean_incoming()`. Power loss between rename and writeback is not covered
 (no fsync): `verify()` re-hashes the kept pack when in doubt.
 
 `ArtifactCache` is blocking; `ArtifactFetcher` is the asyncio front the agent uses: it runs
@@ -162,11 +163,18 @@ class ArtifactCache:
                                       expected=artifact.digest, actual=actual)
 
     def remove(self, digest: str) -> bool:
-        """Delete an installed artifact (a running process keeps its open files)."""
+        """Delete an installed artifact (a running process keeps its open files). The rename
+        out of its digest's name comes first, so a crash half way leaves `.incoming-*` litter
+        for `clean_incoming()`, never a half-deleted tree that `lookup` would hand out."""
         found = self.lookup(digest)
         if found is None:
             return False
-        _remove_tree(found.root)
+        doomed = self.directory / f"{_INCOMING}{found.digest[:16]}-{secrets.token_hex(4)}"
+        try:
+            os.rename(found.root, doomed)
+        except FileNotFoundError:
+            return False  # another remover was first
+        _remove_tree(doomed)  # OSError as before: the agent's cleanup logs it and goes on
         return True
 
     def clean_incoming(self) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -302,3 +304,36 @@ def test_verify_notices_a_changed_pack(tmp_path):
     artifact.pack.write_bytes(b"tampered")
     with pytest.raises(DigestMismatchError):
         cache.verify(artifact.digest)
+
+
+_CRASH_WHILE_REMOVING = """
+import os, sys
+from executor import ArtifactCache
+real_unlink, calls = os.unlink, []
+def unlink(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == 2:
+        os._exit(9)  # the host dies half way through the removal
+    return real_unlink(*args, **kwargs)
+os.unlink = unlink
+ArtifactCache(sys.argv[1]).remove(sys.argv[2])
+"""
+
+
+def test_an_artifact_half_removed_by_a_crash_is_never_used(tmp_path):
+    tree = tmp_path / "prog"
+    for name in ("a.py", "b.py", "c.py", "d.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(JOB)
+    cache = ArtifactCache(tmp_path / "artifacts")
+    artifact = cache.install(pack_path(tree, max_bytes=1 << 20))
+    done = subprocess.run([sys.executable, "-c", _CRASH_WHILE_REMOVING, str(cache.directory),
+                           artifact.digest], env={**os.environ, "PYTHONPATH": os.getcwd()},
+                          timeout=60)
+    assert done.returncode == 9
+    restarted = ArtifactCache(tmp_path / "artifacts")
+    restarted.clean_incoming()
+    found = restarted.lookup(artifact.digest)
+    if found is not None:  # still there: then whole
+        restarted.verify(found.digest)
+        assert sorted(os.listdir(found.program)) == ["a.py", "b.py", "c.py", "d.py"]
