@@ -3,8 +3,8 @@
 
 Unpacking treats the blob as hostile: uncompressed only (no decompression bomb), at most
 `max_members` members, only regular files and directories (no links, devices, fifos or sparse
-files), relative names without `..`, no duplicates; then tarfile's `data` filter as a second
-line. Nothing here touches the cache or the network.
+files), relative names without `..`, no duplicates, no file that is also a directory; then
+tarfile's `data` filter as a second line. Nothing here touches the cache or the network.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
     with tar:
         members: list[tarfile.TarInfo] = []
         seen: set[str] = set()
+        files: set[str] = set()
+        parents: set[str] = set()  # directories the members' names imply
         try:
             for member in tar:
                 if len(members) >= max_members:
@@ -82,11 +84,22 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
                 if name in seen:
                     raise InvalidArtifactError(f"pack member {name[:80]!r} appears twice")
                 seen.add(name)
+                if member.isreg():
+                    files.add(name)
+                parent = posixpath.dirname(name)
+                while parent and parent not in parents:
+                    parents.add(parent)
+                    parent = posixpath.dirname(parent)
                 members.append(member)
         except (tarfile.TarError, RecursionError) as exc:
             raise InvalidArtifactError(f"corrupt program pack: {exc}") from exc
         if not members:
             raise InvalidArtifactError("the program pack is empty")
+        # Else the OS refuses it half way through, which would read as this host's fault.
+        clashes = files & parents
+        if clashes:
+            raise InvalidArtifactError(f"pack member {min(clashes)[:80]!r} is both a file and "
+                                       "a directory")
         try:
             tar.extractall(dest, members=members, filter="data")
         except tarfile.TarError as exc:

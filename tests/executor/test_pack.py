@@ -150,3 +150,10 @@ def test_unpack_refuses_a_long_chain_of_extended_headers(tmp_path):
     assert len(chain) < 4 * MAX
     with pytest.raises(InvalidArtifactError, match="corrupt program pack|not a program pack"):
         unpack(chain, tmp_path / "out")
+
+
+@pytest.mark.parametrize("names", [["a", "a/b"], ["a/b", "a"], ["d/a", "d/a/b/c"]])
+def test_unpack_refuses_a_file_that_is_also_a_directory(tmp_path, names):
+    # The pack is at fault, not this host's disk: InvalidArtifactError, not StorageError.
+    with pytest.raises(InvalidArtifactError, match="both a file and a directory"):
+        unpack(hostile(*(member(name) for name in names)), tmp_path / "out")
