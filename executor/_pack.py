@@ -24,6 +24,7 @@ __all__ = ["DEFAULT_MAX_MEMBERS", "pack_bytes", "pack_path", "sha256_hex", "tree
            "unpack"]
 
 DEFAULT_MAX_MEMBERS = 10_000
+MAX_NAME_BYTES = 1024  # a member's path; a program tree needs far less
 
 
 def _translated(error: PackError) -> InvalidArtifactError:
@@ -49,9 +50,15 @@ def pack_bytes(name: str, data: bytes, *, executable: bool = False) -> bytes:
 
 
 def _check_name(name: str) -> str:
-    """The normalised member name, or InvalidArtifactError if it could land outside the tree."""
+    """The normalised member name, or InvalidArtifactError if it could land outside the tree
+    or is too long for the disk (a component past NAME_MAX, or so deep that creating its
+    directories, one recursive call per level, would overflow Python's stack)."""
     if not name or "\x00" in name or "\\" in name or name.startswith("/"):
         raise InvalidArtifactError(f"unsafe member name in pack: {name[:80]!r}")
+    encoded = name.encode("utf-8", "surrogateescape")
+    if len(encoded) > MAX_NAME_BYTES or any(len(part) > 255 for part in encoded.split(b"/")):
+        raise InvalidArtifactError(f"member name too long in pack: {name[:80]!r}... (at most "
+                                   f"{MAX_NAME_BYTES} bytes, 255 between slashes)")
     norm = posixpath.normpath(name)
     if norm == "." or norm.startswith("../") or norm == ".." or "/../" in f"/{norm}/":
         raise InvalidArtifactError(f"unsafe member name in pack: {name[:80]!r}")

@@ -157,3 +157,11 @@ def test_unpack_refuses_a_file_that_is_also_a_directory(tmp_path, names):
     # The pack is at fault, not this host's disk: InvalidArtifactError, not StorageError.
     with pytest.raises(InvalidArtifactError, match="both a file and a directory"):
         unpack(hostile(*(member(name) for name in names)), tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["a" * 300, "a/" * 2100 + "f"])
+def test_unpack_refuses_names_too_long_for_the_disk(tmp_path, name):
+    # A component past NAME_MAX failed as the host's StorageError; thousands of nested
+    # directories as RecursionError (an executor bug): both are the pack's fault.
+    with pytest.raises(InvalidArtifactError, match="too long"):
+        unpack(hostile(member(name)), tmp_path / "out")
