@@ -32,7 +32,8 @@ _BLOCK = 512
 
 
 class PackError(UserError):
-    """A path that cannot be packed (missing, special file, symlinked directory, too large)."""
+    """A path that cannot be packed (missing, special file, symlinked directory, too large,
+    a backslash in a name)."""
 
 
 def sha256_hex(blob: bytes | memoryview) -> str:
@@ -112,6 +113,9 @@ def pack_path(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
     packed or the pack would exceed `max_bytes`."""
     path = Path(path)
     members = _members(path)
+    for name, file, _ in members:
+        if "\\" in name:  # the executor refuses it as a Windows-style path: say so now
+            raise PackError(f"{file} has a backslash in its name; rename it to pack it")
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, file, st in members:

@@ -165,3 +165,12 @@ def test_unpack_refuses_names_too_long_for_the_disk(tmp_path, name):
     # directories as RecursionError (an executor bug): both are the pack's fault.
     with pytest.raises(InvalidArtifactError, match="too long"):
         unpack(hostile(member(name)), tmp_path / "out")
+
+
+def test_packing_refuses_a_name_that_unpacking_would(tmp_path):
+    # Else `tq submit` uploads a program every executor then refuses at each spawn.
+    tree = make_tree(tmp_path / "t", ["main.py", "data\\x.txt"])
+    with pytest.raises(InvalidArtifactError, match="backslash"):
+        pack_path(tree, max_bytes=MAX)
+    with pytest.raises(InvalidArtifactError, match="backslash"):
+        pack_path(tree / "data\\x.txt", max_bytes=MAX)
