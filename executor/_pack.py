@@ -69,11 +69,12 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
            max_members: int = DEFAULT_MAX_MEMBERS) -> list[str]:
     """Unpack a pack into the (new, empty) directory `dest`; returns the member names.
     InvalidArtifactError for anything but plain files and directories with safe names."""
-    # tarfile reads a run of extended headers (pax, GNU long names) by recursing once per
-    # header, so a pack of a few thousand of them in a row raises RecursionError: hostile input.
+    # Besides TarError, tarfile lets out what hostile headers cause: RecursionError (it reads
+    # a run of pax or GNU long-name headers by recursing once per header), ValueError (a
+    # sparse map or number int() cannot read), OverflowError (an mtime os.utime cannot set).
     try:
         tar = tarfile.open(fileobj=io.BytesIO(blob), mode="r:")
-    except (tarfile.TarError, RecursionError) as exc:
+    except (tarfile.TarError, RecursionError, ValueError) as exc:
         raise InvalidArtifactError(f"not a program pack (an uncompressed tar): {exc}") from exc
     with tar:
         members: list[tarfile.TarInfo] = []
@@ -98,7 +99,7 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
                     parents.add(parent)
                     parent = posixpath.dirname(parent)
                 members.append(member)
-        except (tarfile.TarError, RecursionError) as exc:
+        except (tarfile.TarError, RecursionError, ValueError) as exc:
             raise InvalidArtifactError(f"corrupt program pack: {exc}") from exc
         if not members:
             raise InvalidArtifactError("the program pack is empty")
@@ -109,7 +110,7 @@ def unpack(blob: bytes, dest: str | os.PathLike[str], *,
                                        "a directory")
         try:
             tar.extractall(dest, members=members, filter="data")
-        except tarfile.TarError as exc:
+        except (tarfile.TarError, ValueError, OverflowError) as exc:
             raise InvalidArtifactError(f"pack refused while unpacking: {exc}") from exc
         except OSError as exc:
             raise StorageError(f"cannot unpack the program into {dest}: {exc}") from exc

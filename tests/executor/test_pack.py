@@ -174,3 +174,19 @@ def test_packing_refuses_a_name_that_unpacking_would(tmp_path):
         pack_path(tree, max_bytes=MAX)
     with pytest.raises(InvalidArtifactError, match="backslash"):
         pack_path(tree / "data\\x.txt", max_bytes=MAX)
+
+
+@pytest.mark.parametrize("pax_headers, data", [
+    ({"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "s",
+      "GNU.sparse.realsize": "10"}, b"1\n" + b"\0" * 510),  # a sparse map int() cannot read
+    ({"mtime": "1e400"}, b"x"),  # os.utime: OverflowError
+    ({"mtime": "nan"}, b"x"),  # os.utime: ValueError
+])
+def test_unpack_refuses_malformed_header_values(tmp_path, pax_headers, data):
+    # tarfile lets ValueError or OverflowError out for these: the pack's fault, not an
+    # executor bug.
+    info = tarfile.TarInfo("s")
+    info.size = len(data)
+    info.pax_headers = pax_headers
+    with pytest.raises(InvalidArtifactError, match="program pack|pack refused"):
+        unpack(hostile((info, data)), tmp_path / "out")
