@@ -147,7 +147,8 @@ class ExecutorAgent:
                  connector: EndpointConfig | None = None, kafka: Any = None,
                  endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
                  keep_work_dirs: int = 50,
-                 artifact_ttl: float = 7 * 86400.0, brokers: int = 1,
+                 artifact_ttl: float = 7 * 86400.0, artifact_bytes: int = 4 << 30,
+                 brokers: int = 1,
                  shard_args: Sequence[str] | None = None, advertise: str | None = None,
                  broker_id: int | None = None) -> None:
         self.coordinator = coordinator
@@ -181,6 +182,7 @@ class ExecutorAgent:
         # unused for artifact_ttl seconds go (DESIGN §6 "Executor disk cleanup").
         self.keep_work_dirs = keep_work_dirs
         self.artifact_ttl = artifact_ttl
+        self.artifact_bytes = artifact_bytes  # the cache's bound: past it, least recently used go
         self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest
         # Broker 0: the broker, its endpoints, catalog view, keyring and exit feed.
         self.host_broker = HostBroker(self.data_dir, self.secret, listen=broker_listen,
@@ -688,7 +690,7 @@ class ExecutorAgent:
                                            keep=self.keep_work_dirs, running=running)
             digests = await asyncio.to_thread(prune_artifacts, self.fetcher.cache,
                                               unused_for=self.artifact_ttl, now=time.time(),
-                                              running=in_use)
+                                              running=in_use, max_bytes=self.artifact_bytes)
         except OSError as exc:  # a disk problem must not stop the agent; the next exit retries
             logger.warning("executor %s: disk cleanup: %s", self.executor_id, exc)
             return

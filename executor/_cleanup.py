@@ -2,13 +2,15 @@
 disk cleanup"): work directories and cached artifacts.
 
     prune_work_dirs(data / "work", keep=50, running={Path(...), ...})
-    prune_artifacts(cache, unused_for=86400.0, running={digest, ...}, now=time.time())
+    prune_artifacts(cache, unused_for=86400.0, running={digest, ...}, now=time.time(),
+                    max_bytes=4 << 30)
 
 A work directory (`<query>-<process>-<attempt>`) of a process that is not running is
 removed once it is older than the newest `keep` of them, by modification time, so the
 recent ones stay for a post-mortem. An artifact is removed once it has not been used for
 `unused_for` seconds: a spawn marks its use by touching the artifact's directory
-(`touch_artifact`); one a running process uses is never removed.
+(`touch_artifact`); and while the cache holds more than `max_bytes`, the least recently used
+go too. One a running process uses is never removed.
 
 Blocking file I/O, meant for a worker thread; no asyncio, no decisions about queries.
 Must not: remove anything a running process uses, or anything that is not a work directory
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from ._artifacts import ArtifactCache
 
-__all__ = ["prune_artifacts", "prune_work_dirs", "touch_artifact"]
+__all__ = ["cache_bytes", "prune_artifacts", "prune_work_dirs", "touch_artifact"]
 
 logger = logging.getLogger("executor")
 
@@ -99,16 +101,50 @@ def touch_artifact(cache: ArtifactCache, digest: str) -> None:
 
 
 def prune_artifacts(cache: ArtifactCache, *, unused_for: float, now: float,
-                    running: Collection[str] = ()) -> list[str]:
+                    running: Collection[str] = (), max_bytes: int | None = None) -> list[str]:
     """Remove artifacts not used for `unused_for` seconds (before `now`, wall-clock seconds)
-    and not used by a running process; returns their digests."""
+    and not used by a running process; then, while the cache holds more than `max_bytes`,
+    the least recently used of the others. Returns the digests removed, in that order."""
     removed = []
+    kept: list[tuple[float, str, int]] = []  # (last used, digest, bytes)
     for digest in cache.digests():
-        if not _DIGEST.fullmatch(digest) or digest in running:
+        if not _DIGEST.fullmatch(digest):
             continue
         found = cache.lookup(digest)
-        if found is None or now - _age_key(found.root) <= unused_for:
+        if found is None:
             continue
-        if cache.remove(digest):
+        used = _age_key(found.root)
+        if digest not in running and now - used > unused_for and cache.remove(digest):
             removed.append(digest)
+            continue
+        kept.append((used, digest, _tree_bytes(found.root)))
+    if max_bytes is not None:
+        total = sum(size for _, _, size in kept)
+        for _, digest, size in sorted(kept):
+            if total <= max_bytes:
+                break
+            if digest not in running and cache.remove(digest):
+                removed.append(digest)
+                total -= size
     return removed
+
+
+def cache_bytes(cache: ArtifactCache) -> int:
+    """The bytes of the cache's artifacts (their packs and unpacked programs)."""
+    total = 0
+    for digest in cache.digests():
+        found = cache.lookup(digest)
+        if found is not None:
+            total += _tree_bytes(found.root)
+    return total
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass  # going meanwhile
+    return total

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from executor._artifacts import ArtifactCache
-from executor._cleanup import prune_artifacts, prune_work_dirs, touch_artifact
+from executor._cleanup import cache_bytes, prune_artifacts, prune_work_dirs, touch_artifact
 from executor._pack import pack_bytes
 
 NOW = 1_700_000_000.0
@@ -57,6 +57,28 @@ def test_artifacts_unused_for_longer_than_the_ttl_are_removed(tmp_path: Path):
     removed = prune_artifacts(cache, unused_for=600, now=NOW, running={busy.digest})
     assert removed == [stale.digest]
     assert sorted(cache.digests()) == sorted([busy.digest, fresh.digest])
+
+
+def test_the_cache_is_kept_within_its_bytes_least_recently_used_first(tmp_path: Path):
+    """Within the TTL the cache had no bound: a user running a new 64 MiB pack each time filled
+    an executor's disk within the week. Past `max_bytes` the least recently used go (never a
+    running one), as many as it takes."""
+    cache = ArtifactCache(tmp_path / "artifacts")
+    blob = os.urandom(200_000)  # incompressible and large beside the trees' overhead
+    made = [cache.install(pack_bytes("data.bin", blob + bytes([i]))) for i in range(4)]
+    for age, artifact in zip((40, 30, 20, 10), made, strict=True):  # made[0] least recent
+        os.utime(artifact.root, (NOW - age, NOW - age))
+    size = cache_bytes(cache)
+    assert size > 4 * 400_000  # each holds its pack and its unpacked program
+    busy = made[0]  # the least recently used, but its process still runs
+    removed = prune_artifacts(cache, unused_for=3600, now=NOW, running={busy.digest},
+                              max_bytes=size // 2)
+    assert removed == [made[1].digest, made[2].digest]
+    assert sorted(cache.digests()) == sorted([busy.digest, made[3].digest])
+    assert cache_bytes(cache) <= size // 2
+    # Running ones are kept even past the bound: nothing else left to remove.
+    assert prune_artifacts(cache, unused_for=3600, now=NOW,
+                           running={busy.digest, made[3].digest}, max_bytes=1) == []
 
 
 def test_touching_an_artifact_marks_it_used(tmp_path: Path):
