@@ -30,14 +30,20 @@ def _connect(console: Console) -> http.client.HTTPConnection:
     return http.client.HTTPConnection("127.0.0.1", console.port, timeout=30)
 
 
-def test_connections_past_the_limit_are_refused_and_the_rest_served(console: Console) -> None:
+def _event_streams(console: Console, count: int) -> list[tuple[Any, Any]]:
+    """`count` event streams, open (each holds its connection), with their responses."""
     streams = []
-    for _ in range(3):  # event streams hold their connections open
+    for _ in range(count):
         connection = _connect(console)
         connection.request("GET", "/api/events")
         reply = connection.getresponse()
         assert reply.status == 200
         streams.append((connection, reply))
+    return streams
+
+
+def test_connections_past_the_limit_are_refused_and_the_rest_served(console: Console) -> None:
+    streams = _event_streams(console, 3)
     extra = _connect(console)
     extra.request("GET", "/api/state")
     assert extra.getresponse().status == 503
@@ -52,13 +58,7 @@ def test_one_address_holds_a_bounded_share_of_the_connections() -> None:
     running = Console("tcp://127.0.0.1:9", os.urandom(32), port=free_port(), fallback=False,
                       max_connections=5, max_connections_per_address=2).start()
     try:
-        streams = []
-        for _ in range(2):
-            connection = _connect(running)
-            connection.request("GET", "/api/events")
-            reply = connection.getresponse()
-            assert reply.status == 200
-            streams.append((connection, reply))
+        streams = _event_streams(running, 2)
         extra = _connect(running)
         extra.request("GET", "/api/state")
         reply = extra.getresponse()
