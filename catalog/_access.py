@@ -28,6 +28,7 @@ from catalog._principals import (
 )
 from catalog._records import (
     INGEST,
+    SYSTEM,
     Owner,
     Party,
     PrincipalRef,
@@ -46,6 +47,7 @@ __all__ = [
     "is_admin",
     "is_executor",
     "known_principal",
+    "leads_back",
     "manages_query",
     "may_delete_topic",
     "may_read_program",
@@ -55,6 +57,7 @@ __all__ = [
     "owner_principal",
     "party_principal",
     "publishes_as_owner",
+    "quota_principal",
     "root_principal",
     "successor_owner",
 ]
@@ -190,6 +193,45 @@ def root_principal(catalog: Catalog, principal: str) -> str:
             return principal
         principal = query.owner
     return principal
+
+
+def quota_principal(catalog: Catalog, owner: Owner, creator: str) -> str | None:
+    """The principal a topic's partitions count against (the partition quota): who its owner
+    acts for in the end (a query's submitter, up the chain), an ingest topic's creator; None
+    for the system's, an admin's, and a closed session's of an older catalog."""
+    if owner == SYSTEM:
+        return None
+    if owner == INGEST:
+        principal = creator or None
+    elif isinstance(owner, SessionRef):
+        session = catalog.find_session(owner.session_id)
+        principal = None if session is None else session.principal
+    else:
+        principal = owner_principal(owner)
+    if principal is None:
+        return None
+    root = root_principal(catalog, principal)
+    return None if is_admin(catalog, root) else root
+
+
+def leads_back(catalog: Catalog) -> set[int]:
+    """The queries through which something still leads back to who may delete, kill or take
+    it over (`_owners_of`, `root_principal`): a topic's owning query, and the
+    submitters up the chain of that one and of every live query."""
+    named: set[int] = set()
+    starts = [t.owner.query_id for t in catalog.topics
+              if isinstance(t, Topic) and isinstance(t.owner, QueryRef)]
+    named.update(starts)
+    starts += [q.query_id for q in catalog.queries if isinstance(q, Query) and not q.ended]
+    for query_id in starts:  # a chain met before (or a start, walked in its turn) is done
+        query = catalog.find_query(query_id)
+        while query is not None:
+            parent = query_of_principal(query.owner)
+            if parent is None or parent in named:
+                break
+            named.add(parent)
+            query = catalog.find_query(parent)
+    return named
 
 
 def owner_active(catalog: Catalog, topic: Topic) -> bool:

@@ -21,6 +21,7 @@ import msgspec
 from catalog._access import (
     is_admin,
     is_executor,
+    leads_back,
     manages_query,
     may_alter_topic,
     may_delete_topic,
@@ -30,6 +31,7 @@ from catalog._access import (
     party_principal,
     placed_on_session,
     publishes_as_owner,
+    quota_principal,
     root_principal,
     successor_owner,
 )
@@ -70,7 +72,6 @@ from catalog._principals import (
     Role,
     check_principal,
     principal_kind,
-    query_of_principal,
 )
 from catalog._query_state import QueryEvent, classify_exit, next_query_state
 from catalog._records import (
@@ -269,40 +270,20 @@ def _transition(
 
 def _forget_ended(catalog: Catalog, txn: Txn, ending: Query) -> None:
     """`ending` ends: its submitter keeps its ENDED_QUERIES_KEPT newest ended queries, this one
-    included; older ones go, by id, except those `_leads_back` names (one goes at a later end
-    once nothing names it)."""
+    included; older ones go, by id, except those `leads_back` names (one goes at a later end once
+    nothing names it)."""
     ended = [q for q in catalog.queries if isinstance(q, Query) and q.owner == ending.owner
              and q.ended and q.query_id != ending.query_id]
     excess = len(ended) + 1 - ENDED_QUERIES_KEPT
     if excess <= 0:
         return
-    named = _leads_back(catalog)
+    named = leads_back(catalog)
     for query in sorted(ended, key=lambda q: q.query_id):
         if excess <= 0:
             break
         if query.query_id not in named:
             txn.retract("queries", query)
             excess -= 1
-
-
-def _leads_back(catalog: Catalog) -> set[int]:
-    """The queries through which something still leads back to who may delete, kill or take
-    it over (`_access._owners_of`, `root_principal`): a topic's owning query, and the
-    submitters up the chain of that one and of every live query."""
-    named: set[int] = set()
-    starts = [t.owner.query_id for t in catalog.topics
-              if isinstance(t, Topic) and isinstance(t.owner, QueryRef)]
-    named.update(starts)
-    starts += [q.query_id for q in catalog.queries if isinstance(q, Query) and not q.ended]
-    for query_id in starts:  # a chain met before (or a start, walked in its turn) is done
-        query = catalog.find_query(query_id)
-        while query is not None:
-            parent = query_of_principal(query.owner)
-            if parent is None or parent in named:
-                break
-            named.add(parent)
-            query = catalog.find_query(parent)
-    return named
 
 
 def _lose_executors(catalog: Catalog, txn: Txn, executors: list[Executor], at_ms: int) -> None:
@@ -740,8 +721,8 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
     _require_live(catalog, cmd.owner)
     if catalog.find_topic(name.full) is not None:
         raise TopicExistsError(f"topic {name.short!r} exists already")
-    _require_partition_quota(catalog, _user_of(catalog, cmd.owner, cmd.creator), cmd.partitions,
-                             f"topic {name.short!r}")
+    _require_partition_quota(catalog, quota_principal(catalog, cmd.owner, cmd.creator),
+                             cmd.partitions, f"topic {name.short!r}")
     # An earlier incarnation's files on one of these brokers go first: the partition
     # directories are named by the topic, so the drop would take the new topic's data too.
     hosting = set(cmd.locations).union(*cmd.replicas)
@@ -771,30 +752,11 @@ def _create_topic(catalog: Catalog, txn: Txn, cmd: CreateTopic) -> None:
     txn.created = topic
 
 
-def _user_of(catalog: Catalog, owner: Owner, creator: str) -> str | None:
-    """The principal a topic's partitions count against: who its owner acts for in the end (a
-    query's submitter, up the chain), an ingest topic's creator; None for the system's, an
-    admin's, and a closed session's of an older catalog."""
-    if owner == SYSTEM:
-        return None
-    if owner == INGEST:
-        principal = creator or None
-    elif isinstance(owner, SessionRef):
-        session = catalog.find_session(owner.session_id)
-        principal = None if session is None else session.principal
-    else:
-        principal = owner_principal(owner)
-    if principal is None:
-        return None
-    root = root_principal(catalog, principal)
-    return None if is_admin(catalog, root) else root
-
-
 def _require_partition_quota(catalog: Catalog, user: str | None, more: int, what: str) -> None:
     if user is None:
         return
     held = sum(t.partitions for t in catalog.topics
-               if isinstance(t, Topic) and _user_of(catalog, t.owner, t.creator) == user)
+               if isinstance(t, Topic) and quota_principal(catalog, t.owner, t.creator) == user)
     if held + more > MAX_PARTITIONS_PER_USER:
         raise QuotaExceededError(
             f"{user}'s topics hold {held} partitions; {what} would add {more}, and a user's "
@@ -853,7 +815,7 @@ def _alter_topic(catalog: Catalog, txn: Txn, cmd: AlterTopic) -> None:
                 f"topic {topic.short_name!r} has {topic.replication_factor} replicas per "
                 f"partition; its new partitions must have as many")
         _check_replicas(catalog, cmd.replicas, cmd.locations, ())
-        _require_partition_quota(catalog, _user_of(catalog, topic.owner, topic.creator),
+        _require_partition_quota(catalog, quota_principal(catalog, topic.owner, topic.creator),
                                  cmd.partitions - topic.partitions,
                                  f"growing topic {topic.short_name!r}")
         locations = topic.locations + tuple(cmd.locations)
