@@ -34,7 +34,7 @@ import msgspec
 
 from catalog.errors import StorageError, TqError, UnknownTopicError, UserError
 from querylib._keyed_lock import KeyedLock
-from querylib._memory import keep_freed_memory
+from querylib._memory import keep_freed_memory, share_arenas
 from querylib.broker._errors import (
     BrokerClosedError,
     BrokerProtocolError,
@@ -246,6 +246,7 @@ class BrokerServer:
         `read_cache_bytes`: the most its recent catch-up reads, shared by subscriptions
         reading at the same offset, may hold (`ReadCache`)."""
         keep_freed_memory()  # a batch's megabyte is freed once stored and sent: reuse it
+        share_arenas()  # ... in two arenas, not one per read and append thread
         self.data_dir = os.fspath(data_dir)
         self.log_config = log_config or LogConfig()
         self._topic_configs: dict[str, tuple[tuple[str, str], ...]] = {}
