@@ -218,6 +218,9 @@ class Coordinator:
         for request_type in HANDLERS:
             self._rpc.register_direct(request_type, self._serve)
         self.artifacts = ArtifactStore(os.path.join(self.data_dir, "artifacts"))
+        # One upload's start at a time counts what is held and reserves its room, so uploads
+        # that start at once each see the others (their checks await the disk).
+        self._upload_room = asyncio.Lock()
         self._rpc.register(m.UploadArtifact, self._upload)
         self._rpc.register(m.FetchArtifact, self._fetch)
         self._rpc.register(m.ResolvePrincipal, self._resolve_principal)
@@ -711,39 +714,55 @@ class Coordinator:
     async def _upload(self, request: m.UploadArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)
         loop = asyncio.get_running_loop()
+        upload = str(request.session_id)
         if request.offset == 0:
-            await self._room_for_upload(request.sha256, request.size, ctx.principal)
+            await self._room_for_upload(request.sha256, upload, request.size, ctx.principal)
         held = await loop.run_in_executor(
-            None, self.artifacts.receive, request.sha256, str(request.session_id),
+            None, self.artifacts.receive, request.sha256, upload,
             request.offset, request.size, ctx.payload)
         if held == request.size and self.state is not None:  # stored whole, digest checked
+            # Counted as stored before it stops counting as reserved: no room check between.
             self.state.uploaded(f"sha256:{request.sha256}", ctx.principal)
+            self.artifacts.release(upload)
         return m.ArtifactStored(sha256=request.sha256, size=held)
 
-    async def _room_for_upload(self, digest: str, size: int, principal: str) -> None:
-        """As a pack's upload starts: remove the stored packs no live query runs an hour after
-        they were stored, then refuse the upload if it would take `principal` (not an admin
-        nor an executor) past its room for packs no query runs."""
+    async def _room_for_upload(self, digest: str, upload: str, size: int,
+                               principal: str) -> None:
+        """As `upload` (a session of `principal`) starts a pack of `size` bytes: remove the
+        stored packs no live query runs an hour after they were stored, then refuse the
+        upload if it would take `principal` (not an admin nor an executor) past its room for
+        packs no query runs, counting what its other unfinished uploads declared; else
+        reserve the room it declared."""
         assert self.state is not None
         catalog, uploads = self.state.catalog, self.state.uploads
-        running = {q.program.removeprefix("sha256:") for q in catalog.queries if not q.ended}
         loop = asyncio.get_running_loop()
-        for gone in await loop.run_in_executor(None, self.artifacts.prune, running):
-            uploads.pop(f"sha256:{gone}", None)
-        if is_executor(catalog, principal):  # admins too
-            return
-        held = 0
-        for program, uploaders in uploads.items():
-            unclaimed = program.removeprefix("sha256:")
-            if principal in uploaders and unclaimed not in running and unclaimed != digest:
-                stored = await loop.run_in_executor(None, self.artifacts.size_of, unclaimed)
+        async with self._upload_room:
+            running = {q.program.removeprefix("sha256:") for q in catalog.queries
+                       if not q.ended}
+            for gone in await loop.run_in_executor(None, self.artifacts.prune, running):
+                uploads.pop(f"sha256:{gone}", None)
+            if is_executor(catalog, principal):  # admins too
+                self.artifacts.reserve(digest, upload, size, principal)
+                return
+            # Taken together, with no await between: an upload that completes meanwhile is
+            # in one or the other (`_upload` moves it without awaiting).
+            unclaimed = [program.removeprefix("sha256:")
+                         for program, uploaders in uploads.items()
+                         if principal in uploaders and program.removeprefix("sha256:")
+                         not in running and program != f"sha256:{digest}"]
+            reserved = self.artifacts.reserved(principal, besides=upload)
+            held = 0
+            for pack in unclaimed:
+                stored = await loop.run_in_executor(None, self.artifacts.size_of, pack)
                 held += stored or 0
-        room = self.state.config.max_unclaimed_upload_bytes
-        if held + size > room:
-            raise ConflictError(
-                f"{principal} holds {held} bytes of uploaded program packs no query runs; with "
-                f"this one ({size} bytes) that is more than the {room} allowed: submit a query "
-                "of them, or wait an hour for them to be removed")
+            room = self.state.config.max_unclaimed_upload_bytes
+            if held + reserved + size > room:
+                raise ConflictError(
+                    f"{principal} holds {held} bytes of uploaded program packs no query runs "
+                    f"and {reserved} in unfinished uploads; with this one ({size} bytes) that "
+                    f"is more than the {room} allowed: submit a query of them, finish the "
+                    "uploads, or wait an hour for them to be removed")
+            self.artifacts.reserve(digest, upload, size, principal)
 
     async def _fetch(self, request: m.FetchArtifact, ctx: Context) -> m.ArtifactStored:
         self._check_session(request.session_id, ctx.principal)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import ConflictError, Resources, SessionKind
+from catalog import ConflictError, InvalidCommandError, Resources, SessionKind
 from coordinator import Coordinator, CoordinatorConfig
 from coordinator._artifacts import ArtifactStore
 from querylib.cluster import AsyncCluster
@@ -102,3 +102,80 @@ def test_packs_no_live_query_runs_are_removed_an_hour_after_they_were_stored(
     os.utime(tmp_path / digest, (old, old))
     store.receive(digest, "2", 0, len(pack), [pack])
     assert store.prune(keep=set()) == []
+
+
+def _incoming_bytes(data: Path) -> int:
+    return sum(p.stat().st_size for p in (data / "artifacts").glob(".incoming-*"))
+
+
+def test_every_chunk_is_held_to_the_size_its_upload_declared(tmp_path: Path) -> None:
+    """A user whose upload declared a small pack cannot send it bigger: a later chunk that
+    declares more, or runs past what was declared, is refused and the partial file removed.
+    Before, only the first chunk was checked against the user's room, so the next ones could
+    declare up to 64 MiB and fill the coordinator's disk past it."""
+    async def main() -> None:
+        coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
+        try:
+            assert coordinator.endpoint is not None
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+                bob = await admin.add_user("user:bob", "user")
+            async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as user:
+                digest, pack = _pack(1, 2000)
+
+                async def chunk(offset: int, size: int, data: bytes) -> int:
+                    reply = await user.client.request(m.UploadArtifact(
+                        session_id=user._session(), sha256=digest, offset=offset,
+                        size=size), payload=[data])
+                    return reply.size
+
+                assert await chunk(0, 2000, pack[:1000]) == 1000
+                with pytest.raises(InvalidCommandError, match="declared 2000 bytes"):
+                    await chunk(1000, m.ARTIFACT_CHUNK_BYTES * 8, bytes(CHUNK))
+                assert _incoming_bytes(tmp_path) == 0
+                assert await chunk(0, 2000, pack[:1000]) == 1000
+                with pytest.raises(InvalidCommandError, match="does not fit"):
+                    await chunk(1000, 2000, bytes(2000))
+                assert _incoming_bytes(tmp_path) == 0
+                # Bad chunks lose nothing else: the pack uploads whole afterwards.
+                assert await user.upload_artifact(digest, pack) == f"sha256:{digest}"
+        finally:
+            await coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_uploads_that_start_at_once_share_the_users_room(tmp_path: Path) -> None:
+    """Uploads of one user started from several sessions at once reserve their declared sizes
+    as they start: those that would take the user past its room are refused, so unfinished
+    uploads hold no more than the room. Before, each start saw only the stored packs and all
+    of them passed."""
+    async def main() -> None:
+        coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
+        try:
+            assert coordinator.endpoint is not None
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+                bob = await admin.add_user("user:bob", "user")
+            sessions = [AsyncCluster(coordinator.endpoint, bob, lease=10.0) for _ in range(3)]
+            for session in sessions:
+                await session.__aenter__()
+            try:
+                async def start(n: int, user: AsyncCluster) -> int:
+                    digest, pack = _pack(n, 2000)
+                    reply = await user.client.request(m.UploadArtifact(
+                        session_id=user._session(), sha256=digest, offset=0,
+                        size=len(pack)), payload=[pack[:1000]])
+                    return reply.size
+
+                results = await asyncio.gather(
+                    *(start(n, s) for n, s in enumerate(sessions)), return_exceptions=True)
+                refused = [r for r in results if isinstance(r, ConflictError)]
+                assert len(refused) == 2, results
+                assert "unfinished" in str(refused[0])
+                assert _incoming_bytes(tmp_path) == 1000
+            finally:
+                for session in sessions:
+                    await session.__aexit__(None, None, None)
+        finally:
+            await coordinator.close()
+
+    asyncio.run(main())
