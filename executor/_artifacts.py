@@ -11,9 +11,11 @@ An install hashes the blob first (DigestMismatchError if it is not what was aske
 unpacks into `artifacts/.incoming-*`, and renames that directory into place: the rename is
 the commit, so a directory named by a digest is always complete. Two installers racing for
 the same digest both succeed (the loser drops its copy). Removal renames the directory out of
-its digest's name before deleting it. A crash leaves only `.incoming-*` litter, removed by
-`clean_incoming()`. Power loss between rename and writeback is not covered
-(no fsync): `verify()` re-hashes the kept pack when in doubt.
+its digest's name before deleting it. An install removes its `.incoming-*` directory as it
+ends, installed or refused; a crash, or a removal that would not finish (logged), leaves only
+`.incoming-*` litter, which `clean_incoming()` removes: at start and at every cleanup
+(`prune_artifacts`), never an install of this cache in progress. Power loss between rename
+and writeback is not covered (no fsync): `verify()` re-hashes the kept pack when in doubt.
 
 `ArtifactCache` is blocking; `ArtifactFetcher` is the asyncio front the agent uses: it runs
 reads, downloads and installs on worker threads, asks the uploader callback (later: an RPC to
@@ -24,10 +26,12 @@ for it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
 import stat
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,8 @@ from ._pack import DEFAULT_MAX_MEMBERS, sha256_hex, unpack
 
 __all__ = ["DEFAULT_MAX_ARTIFACT_BYTES", "Artifact", "ArtifactCache", "ArtifactFetcher",
            "Uploader"]
+
+logger = logging.getLogger("executor")
 
 DEFAULT_MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 _INCOMING = ".incoming-"
@@ -74,16 +80,32 @@ def _read_only(tree: Path) -> None:
         os.chmod(dirpath, 0o555)
 
 
-def _writable(tree: Path) -> None:
-    """Give directories their write bit back so the tree can be deleted."""
-    for dirpath, _, _ in os.walk(tree):
-        os.chmod(dirpath, stat.S_IRWXU)
+def remove_tree(path: Path) -> bool:
+    """Remove a tree (a work directory, an artifact's); False (logged) if some of it would
+    not go: the caller's next cleanup tries again."""
+    failures: list[str] = []
 
+    # Read-only trees (an artifact's program, on purpose; what a query leaves in its work
+    # directory) give way once each directory is writable again: make it so and retry.
+    def writable_then_retry(func: Callable[[str], object], name: str, _exc: object) -> None:
+        parent = os.path.dirname(name)
+        for target in (parent, name):
+            try:
+                os.chmod(target, os.stat(target).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+            except OSError:
+                pass
+        try:
+            func(name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failures.append(f"{name}: {exc.strerror or exc}")
 
-def _remove_tree(path: Path) -> None:
-    if path.exists():
-        _writable(path)
-        shutil.rmtree(path)
+    shutil.rmtree(path, onerror=writable_then_retry)
+    if failures:
+        logger.warning("cannot remove all of %s (%d left, e.g. %s); trying again at the next "
+                       "cleanup", path, len(failures), failures[0])
+    return not failures
 
 
 class ArtifactCache:
@@ -95,6 +117,10 @@ class ArtifactCache:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.max_members = max_members
+        # The `.incoming-*` names of this cache's installs in progress (on worker threads):
+        # `clean_incoming` leaves them be.
+        self._installing: set[str] = set()
+        self._lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -132,6 +158,8 @@ class ArtifactCache:
         if found is not None:
             return found
         incoming = self.directory / f"{_INCOMING}{actual[:16]}-{secrets.token_hex(4)}"
+        with self._lock:
+            self._installing.add(incoming.name)
         try:
             try:
                 incoming.mkdir()
@@ -148,7 +176,10 @@ class ArtifactCache:
                     return found  # another installer won the race; its copy is the same
                 raise StorageError(f"cannot install artifact {actual}: {exc}") from exc
         finally:
-            _remove_tree(incoming)
+            if incoming.exists():  # refused, or another installer won: what is left goes now
+                remove_tree(incoming)
+            with self._lock:
+                self._installing.discard(incoming.name)
         return Artifact(actual, self.directory / actual)
 
     def verify(self, digest: str) -> None:
@@ -164,8 +195,9 @@ class ArtifactCache:
 
     def remove(self, digest: str) -> bool:
         """Delete an installed artifact (a running process keeps its open files). The rename
-        out of its digest's name comes first, so a crash half way leaves `.incoming-*` litter
-        for `clean_incoming()`, never a half-deleted tree that `lookup` would hand out."""
+        out of its digest's name comes first, so a crash half way, or a tree that would not
+        all go (logged), leaves `.incoming-*` litter for `clean_incoming()`, never a
+        half-deleted tree that `lookup` would hand out."""
         found = self.lookup(digest)
         if found is None:
             return False
@@ -174,15 +206,18 @@ class ArtifactCache:
             os.rename(found.root, doomed)
         except FileNotFoundError:
             return False  # another remover was first
-        _remove_tree(doomed)  # OSError as before: the agent's cleanup logs it and goes on
+        remove_tree(doomed)
         return True
 
     def clean_incoming(self) -> int:
-        """Remove what interrupted installs left behind; call before serving."""
-        stale = [p for p in self.directory.iterdir() if p.name.startswith(_INCOMING)]
-        for path in stale:
-            _remove_tree(path)
-        return len(stale)
+        """Remove what interrupted installs and unfinished removals left behind, but not
+        this cache's installs in progress; returns how many went whole (what would not go
+        is logged, and left for the next call). Call before serving, and at each cleanup."""
+        with self._lock:
+            busy = set(self._installing)
+        stale = [p for p in self.directory.iterdir()
+                 if p.name.startswith(_INCOMING) and p.name not in busy]
+        return sum(remove_tree(path) for path in stale)
 
 
 class ArtifactFetcher:

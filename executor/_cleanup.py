@@ -10,7 +10,8 @@ removed once it is older than the newest `keep` of them, by modification time, s
 recent ones stay for a post-mortem. An artifact is removed once it has not been used for
 `unused_for` seconds: a spawn marks its use by touching the artifact's directory
 (`touch_artifact`); and while the cache holds more than `max_bytes`, the least recently used
-go too. One a running process uses is never removed.
+go too. One a running process uses is never removed. Each pruning of artifacts first removes
+what unfinished removals and interrupted installs left (`ArtifactCache.clean_incoming`).
 
 Blocking file I/O, meant for a worker thread; no asyncio, no decisions about queries.
 Must not: remove anything a running process uses, or anything that is not a work directory
@@ -19,19 +20,14 @@ or an artifact (names are checked).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import shutil
-import stat
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 
-from ._artifacts import ArtifactCache
+from ._artifacts import ArtifactCache, remove_tree
 
 __all__ = ["cache_bytes", "prune_artifacts", "prune_work_dirs", "touch_artifact"]
-
-logger = logging.getLogger("executor")
 
 _WORK_DIR = re.compile(r"\d+-\d+-\d+")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -42,33 +38,6 @@ def _age_key(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _remove(path: Path) -> bool:
-    """Remove a tree; False (logged) if some of it would not go."""
-    failures: list[str] = []
-
-    # Query programs may leave read-only files or directories behind (the artifact's
-    # program tree is made read-only on purpose): make each writable and retry.
-    def writable_then_retry(func: Callable[[str], object], name: str, _exc: object) -> None:
-        parent = os.path.dirname(name)
-        for target in (parent, name):
-            try:
-                os.chmod(target, os.stat(target).st_mode | stat.S_IWUSR | stat.S_IXUSR)
-            except OSError:
-                pass
-        try:
-            func(name)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            failures.append(f"{name}: {exc.strerror or exc}")
-
-    shutil.rmtree(path, onerror=writable_then_retry)
-    if failures:
-        logger.warning("cannot remove all of %s (%d left, e.g. %s); trying again at the next "
-                       "cleanup", path, len(failures), failures[0])
-    return not failures
 
 
 def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
@@ -87,7 +56,7 @@ def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
     idle = sorted((p for p in dirs if p.resolve() not in busy), key=_age_key, reverse=True)
     # The running ones count toward `keep`: they are the newest in use.
     spare = max(keep - (len(dirs) - len(idle)), 0)
-    return [path for path in idle[spare:] if _remove(path)]
+    return [path for path in idle[spare:] if remove_tree(path)]
 
 
 def touch_artifact(cache: ArtifactCache, digest: str) -> None:
@@ -104,7 +73,9 @@ def prune_artifacts(cache: ArtifactCache, *, unused_for: float, now: float,
                     running: Collection[str] = (), max_bytes: int | None = None) -> list[str]:
     """Remove artifacts not used for `unused_for` seconds (before `now`, wall-clock seconds)
     and not used by a running process; then, while the cache holds more than `max_bytes`,
-    the least recently used of the others. Returns the digests removed, in that order."""
+    the least recently used of the others. Returns the digests removed, in that order.
+    First, what removals that would not finish and interrupted installs left goes."""
+    cache.clean_incoming()
     removed = []
     kept: list[tuple[float, str, int]] = []  # (last used, digest, bytes)
     for digest in cache.digests():

@@ -106,3 +106,27 @@ def test_a_work_dir_that_will_not_go_is_logged_and_not_reported_removed(
     finally:
         subprocess.run(["chattr", "-i", str(pinned)], check=True)
     assert prune_work_dirs(root, keep=0) == [stuck]  # the next cleanup finishes it
+
+
+def test_an_artifact_whose_removal_stopped_half_way_goes_at_the_next_cleanup(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """A removal renames the artifact to `.incoming-*` and deletes that; one that would not
+    finish left it, unseen by the cache's byte bound, until the agent restarted. It is logged,
+    and the next cleanup (after the next process exit, the same cache) finishes it."""
+    cache = ArtifactCache(tmp_path / "artifacts")
+    artifact = cache.install(pack_bytes("job.py", b"print('old')\n"))
+    os.utime(artifact.root, (NOW - 3600, NOW - 3600))
+    pinned = artifact.program / "job.py"
+    if subprocess.run(["chattr", "+i", str(pinned)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root on a filesystem with the immutable attribute)")
+    try:
+        with caplog.at_level(logging.WARNING, logger="executor"):
+            assert prune_artifacts(cache, unused_for=600, now=NOW) == [artifact.digest]
+        assert "cannot remove all of" in caplog.text
+        left = [p.name for p in cache.directory.iterdir()]
+        assert len(left) == 1 and left[0].startswith(".incoming-") and cache.digests() == []
+    finally:
+        for path in cache.directory.glob("*/program/job.py"):
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+    assert prune_artifacts(cache, unused_for=600, now=NOW) == []
+    assert list(cache.directory.iterdir()) == []

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
@@ -288,6 +290,32 @@ def test_leftovers_of_an_interrupted_install_are_cleaned(tmp_path):
     os.chmod(cache.directory / ".incoming-abc-1234" / "program", 0o555)
     assert cache.clean_incoming() == 1
     assert list(cache.directory.iterdir()) == []
+
+
+def _refused_half_way() -> bytes:
+    """A pack that passes every check before unpacking and is refused once some of it is
+    on disk: its second member's mtime is past what the platform can set."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, mtime in (("__main__.py", 0), ("b.py", 2**80)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 100_000, mtime
+            tar.addfile(info, io.BytesIO(b"#" * info.size))
+    return buf.getvalue()
+
+
+def test_a_pack_refused_half_way_through_unpacking_leaves_nothing(tmp_path):
+    """The install's `.incoming-*` directory goes when the install ends, refused or not,
+    without a restart."""
+    hostile = _refused_half_way()
+
+    async def upload(d: str) -> bytes | None:
+        return hostile
+
+    f = fetcher(tmp_path, upload=upload)
+    with pytest.raises(InvalidArtifactError, match="refused while unpacking"):
+        run(f.ensure(f"sha256:{sha256_hex(hostile)}"))
+    assert list(f.cache.directory.iterdir()) == []
 
 
 def test_remove_deletes_a_read_only_install(tmp_path):
