@@ -149,6 +149,11 @@ def _download(url: str, *, max_bytes: int, timeout: float) -> bytes:
                 if received > max_bytes:
                     fail(f"more than the maximum of {max_bytes} bytes", FetchReason.TOO_LARGE)
                 chunks.append(chunk)
+            # http.client ends a body cut short with b"", not an error: else half a program
+            # would be installed and run.
+            if length is not None and length.isdigit() and received != int(length):
+                fail(f"the answer ended after {received} of {length} bytes",
+                     FetchReason.UNREACHABLE)
             return b"".join(chunks)
     except urllib.error.HTTPError as exc:
         if exc.code in (404, 410):

@@ -51,6 +51,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for _ in range(64):
                 self.wfile.write(b"#" * 1024)
             return
+        if self.path == "/cut.py":  # the connection drops half way through the body
+            self.send_response(200)
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b"#" * 1024)
+            return
         status, body, headers = self.routes.get(self.path, (404, b"missing", {}))
         self.send_response(status)
         for name, value in {"Content-Length": str(len(body)), **headers}.items():
@@ -315,6 +321,18 @@ def test_a_pack_refused_half_way_through_unpacking_leaves_nothing(tmp_path):
     f = fetcher(tmp_path, upload=upload)
     with pytest.raises(InvalidArtifactError, match="refused while unpacking"):
         run(f.ensure(f"sha256:{sha256_hex(hostile)}"))
+    assert list(f.cache.directory.iterdir()) == []
+
+
+def test_a_download_cut_off_is_refused_and_leaves_nothing(tmp_path, web):
+    """A body shorter than its Content-Length was taken whole: a program cut off half way
+    was installed and would have run. It is refused as unreachable (worth a retry), and
+    nothing of it is on disk (downloads are held in memory, at most `max_bytes`)."""
+    base, _ = web
+    f = fetcher(tmp_path)
+    with pytest.raises(FetchFailedError, match="1024 of 4096 bytes") as caught:
+        run(f.ensure(f"{base}/cut.py"))
+    assert caught.value.reason == FetchReason.UNREACHABLE and caught.value.retriable
     assert list(f.cache.directory.iterdir()) == []
 
 
