@@ -146,7 +146,7 @@ class ExecutorAgent:
                  lease: float = 10.0, grace: float = 5.0,
                  connector: EndpointConfig | None = None, kafka: Any = None,
                  endpoints_required: bool = True, endpoint_fallback: Collection[str] = (),
-                 keep_work_dirs: int = 50,
+                 keep_work_dirs: int = 50, work_dir_bytes: int = 4 << 30,
                  artifact_ttl: float = 7 * 86400.0, artifact_bytes: int = 4 << 30,
                  brokers: int = 1,
                  shard_args: Sequence[str] | None = None, advertise: str | None = None,
@@ -181,6 +181,7 @@ class ExecutorAgent:
         # Disk cleanup after each exit: the newest work dirs stay for post-mortems, artifacts
         # unused for artifact_ttl seconds go (DESIGN §6 "Executor disk cleanup").
         self.keep_work_dirs = keep_work_dirs
+        self.work_dir_bytes = work_dir_bytes  # ended ones' bound: past it, the oldest go
         self.artifact_ttl = artifact_ttl
         self.artifact_bytes = artifact_bytes  # the cache's bound: past it, least recently used go
         self._artifact_of: dict[tuple[int, int], str] = {}  # running process -> its digest
@@ -687,7 +688,8 @@ class ExecutorAgent:
         in_use = set(self._artifact_of.values())
         try:
             dirs = await asyncio.to_thread(prune_work_dirs, self.data_dir / "work",
-                                           keep=self.keep_work_dirs, running=running)
+                                           keep=self.keep_work_dirs, running=running,
+                                           max_bytes=self.work_dir_bytes)
             digests = await asyncio.to_thread(prune_artifacts, self.fetcher.cache,
                                               unused_for=self.artifact_ttl, now=time.time(),
                                               running=in_use, max_bytes=self.artifact_bytes)

@@ -1,17 +1,20 @@
 """Bounded cleanup of what ended queries leave on an executor's disk (DESIGN §6 "Executor
 disk cleanup"): work directories and cached artifacts.
 
-    prune_work_dirs(data / "work", keep=50, running={Path(...), ...})
+    prune_work_dirs(data / "work", keep=50, running={Path(...), ...}, max_bytes=4 << 30)
     prune_artifacts(cache, unused_for=86400.0, running={digest, ...}, now=time.time(),
                     max_bytes=4 << 30)
 
 A work directory (`<query>-<process>-<attempt>`) of a process that is not running is
 removed once it is older than the newest `keep` of them, by modification time, so the
-recent ones stay for a post-mortem. An artifact is removed once it has not been used for
+recent ones stay for a post-mortem; and while those of ended processes hold more than
+`max_bytes`, the oldest of them go too. An artifact is removed once it has not been used for
 `unused_for` seconds: a spawn marks its use by touching the artifact's directory
 (`touch_artifact`); and while the cache holds more than `max_bytes`, the least recently used
-go too. One a running process uses is never removed. Each pruning of artifacts first removes
-what unfinished removals and interrupted installs left (`ArtifactCache.clean_incoming`).
+go too (the same eviction, `_oldest_past`). One a running process uses is never removed.
+Sizes count symlinks as links, never what they point to. Each pruning of artifacts first
+removes what unfinished removals and interrupted installs left
+(`ArtifactCache.clean_incoming`).
 
 Blocking file I/O, meant for a worker thread; no asyncio, no decisions about queries.
 Must not: remove anything a running process uses, or anything that is not a work directory
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from ._artifacts import ArtifactCache, remove_tree
 
@@ -31,6 +35,7 @@ __all__ = ["cache_bytes", "prune_artifacts", "prune_work_dirs", "touch_artifact"
 
 _WORK_DIR = re.compile(r"\d+-\d+-\d+")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_T = TypeVar("_T")
 
 
 def _age_key(path: Path) -> float:
@@ -41,22 +46,29 @@ def _age_key(path: Path) -> float:
 
 
 def prune_work_dirs(root: str | os.PathLike[str], *, keep: int,
-                    running: Collection[Path] = ()) -> list[Path]:
+                    running: Collection[Path] = (), max_bytes: int | None = None) -> list[Path]:
     """Remove the work directories under `root` beyond the newest `keep`, except those of
-    running processes; returns what was removed (what would not go is logged, and left for
-    the next call)."""
+    running processes; then, while the others (those of ended processes) hold more than
+    `max_bytes`, the oldest of them. Returns what was removed, in that order (what would
+    not go is logged, and left for the next call)."""
     if keep < 0:
         raise ValueError("keep is >= 0")
     root = Path(root)
     try:
-        dirs = [p for p in root.iterdir() if p.is_dir() and _WORK_DIR.fullmatch(p.name)]
+        # Not a symlink named like one: it would be measured and removed where it points.
+        dirs = [Path(e.path) for e in os.scandir(root)
+                if e.is_dir(follow_symlinks=False) and _WORK_DIR.fullmatch(e.name)]
     except FileNotFoundError:
         return []
     busy = {Path(p).resolve() for p in running}
     idle = sorted((p for p in dirs if p.resolve() not in busy), key=_age_key, reverse=True)
     # The running ones count toward `keep`: they are the newest in use.
     spare = max(keep - (len(dirs) - len(idle)), 0)
-    return [path for path in idle[spare:] if remove_tree(path)]
+    removed = [path for path in idle[spare:] if remove_tree(path)]
+    if max_bytes is not None:
+        ended = [(_age_key(p), p, _tree_bytes(p)) for p in idle[:spare]]
+        removed += _oldest_past(max_bytes, ended, remove_tree)
+    return removed
 
 
 def touch_artifact(cache: ArtifactCache, digest: str) -> None:
@@ -90,13 +102,23 @@ def prune_artifacts(cache: ArtifactCache, *, unused_for: float, now: float,
             continue
         kept.append((used, digest, _tree_bytes(found.root)))
     if max_bytes is not None:
-        total = sum(size for _, _, size in kept)
-        for _, digest, size in sorted(kept):
-            if total <= max_bytes:
-                break
-            if digest not in running and cache.remove(digest):
-                removed.append(digest)
-                total -= size
+        removed += _oldest_past(max_bytes, kept, cache.remove, running=running)
+    return removed
+
+
+def _oldest_past(max_bytes: int, entries: Iterable[tuple[float, _T, int]],
+                 remove: Callable[[_T], bool], *, running: Collection[_T] = ()) -> list[_T]:
+    """While `entries` (last used, what, bytes) hold more than `max_bytes` in all, remove
+    the least recently used not `running` (they count, but stay); what went, oldest first."""
+    entries = sorted(entries, key=lambda entry: entry[0])
+    total = sum(size for _, _, size in entries)
+    removed = []
+    for _, item, size in entries:
+        if total <= max_bytes:
+            break
+        if item not in running and remove(item):
+            removed.append(item)
+            total -= size
     return removed
 
 
@@ -111,6 +133,7 @@ def cache_bytes(cache: ArtifactCache) -> int:
 
 
 def _tree_bytes(root: Path) -> int:
+    """The bytes of the files under `root`, symlinks as links (never what they point to)."""
     total = 0
     for folder, _, files in os.walk(root):
         for name in files:

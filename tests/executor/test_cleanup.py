@@ -46,6 +46,32 @@ def test_work_dirs_beyond_the_newest_are_removed_but_never_a_running_one(tmp_pat
         prune_work_dirs(root, keep=-1)
 
 
+def test_ended_work_dirs_are_kept_within_their_bytes_oldest_first(tmp_path: Path):
+    """Within the count bound ended work dirs had no bound in bytes: a query that wrote a lot
+    into its work dir left that much for up to 49 later exits. Past `max_bytes` the oldest
+    ended ones go (never a running one's), as many as it takes; sizes are measured without
+    following symlinks, so a link to a big file elsewhere neither counts nor goes."""
+    root = tmp_path / "work"
+    ages = (40, 30, 20, 10)  # made[0] oldest
+    made = [_work_dir(root, f"{n}-0-0", age) for n, age in enumerate(ages)]
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(bytes(2_000_000))
+    (made[3] / "link.bin").symlink_to(elsewhere)  # counted as a link, not as its target
+    for path, age in zip(made, ages, strict=True):
+        (path / "data.bin").write_bytes(os.urandom(200_000))
+        os.utime(path, (NOW - age, NOW - age))  # writing into it made it new again
+    (root / "9-0-0").symlink_to(tmp_path)  # a link named like a work dir: not one
+    running = made[0]  # the oldest, but its process still runs
+    removed = prune_work_dirs(root, keep=50, running=[running], max_bytes=250_000)
+    assert removed == [made[1], made[2]]
+    assert sorted(p.name for p in root.iterdir()) == ["0-0-0", "3-0-0", "9-0-0"]
+    assert elsewhere.stat().st_size == 2_000_000 and (tmp_path / "work").is_dir()
+    # The running one stays even past the bound: nothing else ended left to remove but the
+    # newest, which is within it.
+    assert prune_work_dirs(root, keep=50, running=[running], max_bytes=250_000) == []
+    assert prune_work_dirs(root, keep=50, running=[running], max_bytes=1) == [made[3]]
+
+
 def test_artifacts_unused_for_longer_than_the_ttl_are_removed(tmp_path: Path):
     cache = ArtifactCache(tmp_path / "artifacts")
     stale = cache.install(pack_bytes("job.py", b"print('old')\n"))
