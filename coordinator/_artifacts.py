@@ -58,7 +58,7 @@ class _Upload:
 
 class ArtifactStore:
     """Packs by sha256 under `directory` (blocking: call it off the event loop, except
-    `reserve`, `reserved` and `release`, which touch no disk)."""
+    `reserve`, `reserved`, `release` and `abandon`, which touch no disk or unlink one file)."""
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  max_bytes: int = MAX_ARTIFACT_BYTES) -> None:
@@ -87,6 +87,15 @@ class ArtifactStore:
         """`upload` ended (its pack is stored): it reserves nothing any more."""
         with self._lock:
             self._uploads.pop(upload, None)
+
+    def abandon(self, upload: str) -> None:
+        """`upload`'s session ended: its unfinished upload reserves nothing any more, and the
+        file it left goes (one unlink, when it left one: cheap enough for the event loop).
+        OSError if the file cannot be removed (`_remove_stale` takes it an hour later)."""
+        with self._lock:
+            declared = self._uploads.pop(upload, None)
+        if declared is not None:
+            (self.directory / f"{_INCOMING}{declared.digest}-{upload}").unlink(missing_ok=True)
 
     def _check_size(self, size: int) -> None:
         if not 0 <= size <= self.max_bytes:

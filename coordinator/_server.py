@@ -531,6 +531,11 @@ class Coordinator:
         self._peers.pop(instruction.session_id, None)
         if instruction.expired:
             logger.info("coordinator: session %d expired", instruction.session_id)
+        try:  # a `tq submit` that stopped half way: its upload's room and file go with it
+            self.artifacts.abandon(str(instruction.session_id))
+        except OSError as exc:
+            logger.warning("coordinator: cannot remove the unfinished upload of session %d "
+                           "(removed within the hour): %s", instruction.session_id, exc)
 
     def _respond(self, instruction: Respond) -> None:
         token = instruction.token

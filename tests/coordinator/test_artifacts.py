@@ -48,7 +48,7 @@ def test_a_session_holds_one_unfinished_upload(tmp_path: Path) -> None:
                     await admin.client.request(m.UploadArtifact(
                         session_id=admin._session(), sha256=digest, offset=0,
                         size=len(pack)), payload=[pack[:CHUNK]])
-            return sorted(p.name for p in (tmp_path / "artifacts").iterdir())
+                return sorted(p.name for p in (tmp_path / "artifacts").iterdir())
         finally:
             await coordinator.close()
 
@@ -175,6 +175,39 @@ def test_uploads_that_start_at_once_share_the_users_room(tmp_path: Path) -> None
             finally:
                 for session in sessions:
                     await session.__aexit__(None, None, None)
+        finally:
+            await coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_an_upload_whose_session_ends_frees_its_room_and_its_file(tmp_path: Path) -> None:
+    """`tq submit` interrupted half way through its upload: once its session ends (closed
+    here; an expired lease ends it the same way), the partial file goes and the user's room is
+    whole again. Before, both stayed for an hour: the next submit of a pack that needed the
+    room was refused meanwhile."""
+    async def main() -> None:
+        coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
+        try:
+            assert coordinator.endpoint is not None
+            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+                bob = await admin.add_user("user:bob", "user")
+
+            async def start(user: AsyncCluster, n: int) -> int:
+                digest, pack = _pack(n, 2000)
+                reply = await user.client.request(m.UploadArtifact(
+                    session_id=user._session(), sha256=digest, offset=0, size=len(pack)),
+                    payload=[pack[:1000]])
+                return reply.size
+
+            async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as interrupted:
+                assert await start(interrupted, 1) == 1000
+            deadline = time.monotonic() + 10
+            while _incoming_bytes(tmp_path) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _incoming_bytes(tmp_path) == 0
+            async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as again:
+                assert await start(again, 2) == 1000
         finally:
             await coordinator.close()
 
