@@ -102,9 +102,24 @@ Catalog's families:
         └── CorruptCatalogError        replayed updates do not form a valid catalog
 
 `InvalidTopicNameError` is also a `UserError`: names come from people, and the fix is theirs.
+
+Messages (these errors' and log lines) name what peers sent: `printable` renders such a
+string so that it stays on its one line and cannot move an operator's terminal.
 """
 
 from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` as it may appear in a log line, an error message or a terminal: unchanged when
+    every character is printable (ordinary names read as they are, unquoted), else with each
+    other character escaped as Python's repr writes it (`\\n`, `\\x1b`, `\\u2028`). A name a
+    client chose can then neither start a line of its own ("x\\nERROR forged") nor send a
+    terminal an escape sequence. Backslashes are kept as they are: the result is for reading,
+    not for parsing back."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class TqError(Exception):

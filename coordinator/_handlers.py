@@ -84,6 +84,7 @@ from catalog import SubmitQuery as SubmitQueryCommand
 from catalog import Subscribe as SubscribeCommand
 from catalog import Unpublish as UnpublishCommand
 from catalog import Unsubscribe as UnsubscribeCommand
+from catalog.errors import printable
 from querylib.cluster import messages as m
 from querylib.cluster._errors import QueryFailedError
 
@@ -120,17 +121,26 @@ def _bounded(text: str, limit: int, what: str) -> str:
     return text
 
 
-def _record_type(text: str) -> str:
-    """A record type tag (`serde` or `serde/type`, DESIGN §4 "Type tags") as a client gives
-    it: bounded, and printable, since errors and `tq topic` show it. A bad one is described,
-    never repeated."""
-    _bounded(text, MAX_LABEL, "the record type")
+_HOST = "a host name is printable"
+
+
+def _label(text: str, what: str, form: str) -> str:
+    """A name a client gives that logs, errors and `tq status` show as it is (a query's
+    name, a host's, a record type): bounded, and printable, so it can neither start a line
+    of its own nor move a terminal. A bad one is described, never repeated; `form` says what
+    a good one is."""
+    _bounded(text, MAX_LABEL, what)
     if not text.isprintable():
         at = next(i for i, c in enumerate(text) if not c.isprintable())
-        raise InvalidCommandError(f"the record type has a character that is not printable "
-                                  f"(U+{ord(text[at]):04X} at {at}); a record type is "
-                                  "serde or serde/type, printable")
+        raise InvalidCommandError(f"{what} has a character that is not printable "
+                                  f"(U+{ord(text[at]):04X} at {at}); {form}")
     return text
+
+
+def _record_type(text: str) -> str:
+    """A record type tag (`serde` or `serde/type`, DESIGN §4 "Type tags") as a client gives
+    it, since errors and `tq topic` show it."""
+    return _label(text, "the record type", "a record type is serde or serde/type, printable")
 
 
 def _party(state: CoordinatorState, session_id: int, call: Call) -> Party:
@@ -181,7 +191,7 @@ def open_session(state: CoordinatorState, req: m.OpenSession, call: Call) -> m.S
                                version=state.catalog.version, resumed=True,
                                catalog_broker=state.catalog_broker, namespace=_namespace(),
                            catalog_broker_key=state.catalog_broker_key)
-    peer = req.peer[:200]  # for people to read: bounded, never parsed
+    peer = printable(req.peer[:200])  # for people to read (tq status): bounded, never parsed
     binding = None
     if req.kind == SessionKind.QUERY:
         binding = _check_binding(state, req, call.principal)
@@ -481,7 +491,7 @@ def unsubscribe(state: CoordinatorState, req: m.Unsubscribe, call: Call) -> m.Do
 
 def register_broker(state: CoordinatorState, req: m.RegisterBroker, call: Call) -> m.BrokerInfo:
     state.renew(req.session_id, call.now)
-    change = state.apply(RegisterBrokerCommand(host=_bounded(req.host, MAX_LABEL, "the host"),
+    change = state.apply(RegisterBrokerCommand(host=_label(req.host, "the host", _HOST),
                                                address=_bounded(req.address, MAX_TEXT,
                                                                 "the address"),
                                                session_id=req.session_id,
@@ -532,7 +542,7 @@ def decommission_broker(state: CoordinatorState, req: m.DecommissionBroker,
 def register_executor(state: CoordinatorState, req: m.RegisterExecutor,
                       call: Call) -> m.ExecutorInfo:
     state.renew(req.session_id, call.now)
-    change = state.apply(RegisterExecutorCommand(host=_bounded(req.host, MAX_LABEL, "the host"),
+    change = state.apply(RegisterExecutorCommand(host=_label(req.host, "the host", _HOST),
                                                  broker_id=req.broker_id,
                                                  resources=req.resources,
                                                  session_id=req.session_id, at_ms=call.wall_ms,
@@ -560,7 +570,7 @@ def submit_query(state: CoordinatorState, req: m.SubmitQuery, call: Call) -> m.Q
     state.renew(req.session_id, call.now)
     if principal_kind(call.principal) is PrincipalKind.EXECUTOR:
         raise NotAuthorizedError(f"{call.principal} runs queries; it does not submit them")
-    _bounded(req.name, MAX_LABEL, "the query name")
+    _label(req.name, "the query name", "a query name is printable (tq submit --name NAME)")
     _bounded(req.program, MAX_TEXT, "the program")
     if not may_run_program(state.catalog, call.principal, req.program,
                            uploaded=call.principal in state.uploads.get(req.program, ())):
@@ -692,7 +702,8 @@ class MintToken:
 def create_token(state: CoordinatorState, req: MintToken, call: Call) -> m.TokenMinted:
     state.renew(req.session_id, call.now)
     change = state.apply(CreateTokenCommand(
-        salt=req.salt, name=_bounded(req.name, MAX_LABEL, "the name"), ttl_ms=req.ttl_ms,
+        salt=req.salt, name=_label(req.name, "the token's name", "a token's name is printable"),
+        ttl_ms=req.ttl_ms,
         requester=call.principal, at_ms=call.wall_ms), call.now, call.wall_ms)
     assert isinstance(change.created, JoinToken)
     return m.TokenMinted(token=change.created, sealed_secret=b"", coordinators=[],

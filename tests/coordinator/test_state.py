@@ -3,6 +3,8 @@ a change, replies held until durable, recovery and bootstrap. Time is an input."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from catalog import (
@@ -466,6 +468,44 @@ def test_a_subscribers_record_type_is_checked_before_use_and_never_echoed() -> N
                                                       "'json/Line'"):
         d.call(m.Subscribe(session_id=session, name="t", record_type="json/Line"))
     d.call(m.Subscribe(session_id=session, name="t", record_type="json/Point"))
+
+
+def test_names_clients_give_cannot_forge_a_line_of_status_or_a_log() -> None:
+    """A query's name, a host's and a join token's were bounded but free: a client naming
+    its query "q\\nERROR coordinator: admin key leaked" or "\\x1b[2J" had `tq status`, `tq
+    query` and every error naming the query print a line of its choosing, or clear the
+    operator's terminal. They are refused like a record type (described, never repeated); a
+    session's peer, for people to read only, is kept with its control characters escaped."""
+    from coordinator._handlers import MintToken
+    from querylib.cli._catalog import render_status
+
+    d = Driver()
+    d.host(lease_ms=60_000)
+    client = d.session(lease_ms=60_000)
+    session = d.session(SessionKind.EXECUTOR, lease_ms=60_000)
+    version = d.state.catalog.version
+    for bad in ("q\nERROR coordinator: admin key leaked", "\x1b[2J", "a\rb", "a\u2028b"):
+        for request in (m.SubmitQuery(session_id=client, name=bad, program="p"),
+                        m.RegisterBroker(session_id=session, host=bad, address="tcp://h:1"),
+                        m.RegisterExecutor(session_id=session, host=bad, broker_id=1,
+                                           resources=RESOURCES),
+                        MintToken(session, 60_000, bad, 1)):
+            with pytest.raises(InvalidCommandError, match="not printable") as refused:
+                d.call(request)
+            assert bad not in str(refused.value)
+    assert d.state.catalog.version == version
+    forged = d.call(m.OpenSession(peer="x\nERROR forged \x1b[2J", lease_ms=60_000)).session_id
+    assert d.state.catalog.session(forged).peer == "x\\nERROR forged \\x1b[2J"
+    catalog = d.state.catalog
+    snaps = {name: SimpleNamespace(records=catalog.collection(name).snapshot(),
+                                   version=catalog.version)
+             for name in ("topics", "brokers", "publications", "subscriptions", "executors",
+                          "queries", "sessions")}
+    lines = render_status(snaps, "tcp://c", "-")
+    assert f"  session {forged} client: x\\nERROR forged \\x1b[2J" in lines
+    assert not any(line.startswith("ERROR") or "\x1b" in line for line in lines)
+    assert d.call(m.SubmitQuery(session_id=client, name="clicks: ünïcode",
+                                program="p")).query.name == "clicks: ünïcode"
 
 
 def test_one_principal_cannot_take_every_session() -> None:
