@@ -440,6 +440,7 @@ def render_status(snaps: dict[str, Any], address: str, broker: str,
     loads = loads or {}
     lags = lags or {}
     from catalog import QueryRef, SessionRef
+    from catalog.errors import printable
 
     def records(name: str) -> list[Any]:
         return sorted((r for r, _ in snaps[name].records), key=_key)
@@ -511,7 +512,9 @@ def render_status(snaps: dict[str, Any], address: str, broker: str,
     if groups:
         lines.append(f"consumer groups ({len(groups)})")
         for group in groups:
-            lines.append(f"  group {group['group_id']} [{group['state']}] {group['members']} "
+            # Kafka takes any string as a group id: escaped, it stays on its line.
+            lines.append(f"  group {printable(group['group_id'])} [{group['state']}] "
+                         f"{group['members']} "
                          f"member{'' if group['members'] == 1 else 's'}")
             for c in group["committed"]:
                 lag = "" if c["lag_records"] is None else \

@@ -211,3 +211,31 @@ def test_metadata_lists_the_group_coordinator_leading_no_data_topic(up) -> None:
         pub.close()
         owner.close()
 
+
+
+def test_a_group_id_cannot_forge_a_line_of_tq_status(up) -> None:
+    """Kafka allows any string as a group id, and `tq status` printed it raw: a client that
+    committed an offset as group "g\\nERROR forged \\x1b[2J" made the operator's `tq status`
+    show a line "ERROR forged" of its choosing and send the terminal an escape sequence. The
+    group id is shown with its control characters escaped, on its own line."""
+    group = "g\nERROR forged \x1b[2J"
+    owner = up.connect()
+    pub = owner.publish("kg-forged", serde="json")
+    pub.send(0, [1, 2, 3])
+    consumer = Consumer({"bootstrap.servers": up.info["kafka"], "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition("kg-forged", 0, 2)], asynchronous=False)
+
+        def status() -> list[str] | None:
+            lines = up.tq("status").stdout.splitlines()
+            return lines if any(line.startswith("  group g") for line in lines) else None
+
+        lines = wait_for(status, timeout=60, what="tq status to show the group")
+        assert not [line for line in lines if line.startswith("ERROR") or "\x1b" in line]
+        assert any(line.startswith("  group g\\nERROR forged \\x1b[2J [") for line in lines), \
+            lines
+    finally:
+        consumer.close()
+        pub.close()
+        owner.close()

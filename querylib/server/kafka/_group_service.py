@@ -18,7 +18,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from catalog.errors import TqError
+from catalog.errors import TqError, printable
 from querylib.kafka._apis import ApiKey, build_response, millis
 from querylib.kafka._errors import ErrorCode, error_code_of
 
@@ -127,7 +127,8 @@ class GroupService:
             try:
                 await self.backend.store_group(record)
             except TqError as exc:
-                logger.error("group %s: storing its state failed: %s", record.group_id, exc)
+                logger.error("group %s: storing its state failed: %s", printable(record.group_id),
+                             exc)
 
     # ---- apis ---------------------------------------------------------------------------------
 
