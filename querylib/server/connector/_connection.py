@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from catalog.errors import TqError
+from catalog.errors import TqError, printable
 from querylib.broker import StreamEndedError, TopicAuthorizationError
 from querylib.connector._bulk import BulkWorkerConnection, MessageRun
 from querylib.connector._dialect import Dialect
@@ -186,7 +186,9 @@ class PeerConnection:
         try:
             points = await self.endpoint.admit(self, key)
         except TqError as exc:  # e.g. a data partition that cannot be read
-            self._say(self.conn.error, f"cannot resume {event.program}/{event.instance}: {exc}")
+            # The names are any string the connector chose, and connectors log this reason.
+            self._say(self.conn.error, f"cannot resume {printable(event.program)}/"
+                                       f"{printable(event.instance)}: {exc}")
             self.reason = f"admission failed: {exc}"
             self._ending = True
             return
@@ -408,4 +410,5 @@ class PeerConnection:
             except (ConnectionError, OSError, TqError):
                 pass
             self.finished.set()
-            logger.debug("connector %s: ended (%s)", self.peer, self.reason)
+            # A reason may quote the peer (its ERROR's text): escaped, it stays on its line.
+            logger.debug("connector %s: ended (%s)", self.peer, printable(self.reason))

@@ -6,6 +6,7 @@ fencing, and bad peers that get an ERROR while everyone else goes on."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import threading
@@ -30,6 +31,7 @@ from querylib.connector import (
     released,
 )
 from querylib.connector._records import source_id
+from querylib.errors import LogClosedError
 from querylib.log import LogConfig
 from querylib.records import ControlType, control_of, decode_int64, iter_batches
 from querylib.server.broker import BrokerServer
@@ -592,6 +594,51 @@ def test_names_that_could_share_a_stream_id_are_refused_at_hello(harness, dialec
         conn.send(sid, b"x", message_id=0)
     (batch,) = [b for b in harness.batches("valid") if not b.is_control]
     assert batch.producer_id == source_id("a", "b", sid)
+
+
+FORGED = "x\nERROR forged \x1b[2J"
+
+
+def test_a_peers_error_reason_cannot_forge_a_log_line(harness, caplog):
+    """A connector's ERROR reason is its own free text, and the endpoint logged it raw when
+    the connection ended: "x\\nERROR forged" put a line of the peer's choosing in the
+    broker's log. It is logged with its control characters escaped, on its one line."""
+    caplog.set_level(logging.DEBUG, logger="querylib.connector")
+    raw = Raw(harness, instance="forger")
+    raw.handshake()
+    raw.send(raw.conn.error(FORGED))
+    raw.until(lambda ev: raw.closed, "the session to end")
+
+    def ended() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "ended (connector sent" in
+                r.getMessage()]
+
+    (message,) = wait_for(ended, timeout=10, what="the end to be logged")
+    assert message.endswith("ended (connector sent ERROR: x\\nERROR forged \\x1b[2J)")
+    assert len(message.splitlines()) == 1 and "\x1b" not in message
+
+
+def test_a_program_name_cannot_forge_a_line_of_an_error(harness):
+    """A connector whose history cannot be read back is told "cannot resume PROGRAM/INSTANCE:
+    why", which connectors log: the program and instance names, any string the connector
+    chose, went into it raw. They are escaped; the reason stays one line."""
+    with harness.connector(program=FORGED, instance="i") as conn:
+        sid = conn.open_stream("forged")
+        conn.send(sid, b"x", message_id=0)
+    harness.restart()  # its point is then unverified: the next HELLO reads the data
+    endpoint = harness.endpoint
+    assert endpoint is not None
+
+    async def unreadable(pid: Any) -> Any:
+        raise LogClosedError(f"{pid[0]}-{pid[1]} is closed")
+
+    endpoint.partitions.info = unreadable  # type: ignore[method-assign]
+    raw = Raw(harness, program=FORGED, instance="i")
+    raw.send(raw.conn.hello())
+    raw.until(lambda ev: raw.closed, "the session to end")
+    (error,) = raw.of(PeerError)
+    assert error.reason.startswith("cannot resume x\\nERROR forged \\x1b[2J/i: ")
+    assert len(error.reason.splitlines()) == 1 and "\x1b" not in error.reason
 
 
 def test_closing_the_endpoint_ends_every_connection(tmp_path):
