@@ -108,6 +108,23 @@ def _incoming_bytes(data: Path) -> int:
     return sum(p.stat().st_size for p in (data / "artifacts").glob(".incoming-*"))
 
 
+async def _bob(coordinator: Coordinator) -> object:
+    """The credential of a new user, user:bob."""
+    assert coordinator.endpoint is not None
+    async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
+        return await admin.add_user("user:bob", "user")
+
+
+async def _start_upload(user: AsyncCluster, n: int) -> int:
+    """`user` starts uploading the 2,000-byte pack `n`: its first 1,000 bytes; the bytes the
+    coordinator holds of it."""
+    digest, pack = _pack(n, 2000)
+    reply = await user.client.request(m.UploadArtifact(
+        session_id=user._session(), sha256=digest, offset=0, size=len(pack)),
+        payload=[pack[:1000]])
+    return reply.size
+
+
 def test_every_chunk_is_held_to_the_size_its_upload_declared(tmp_path: Path) -> None:
     """A user whose upload declared a small pack cannot send it bigger: a later chunk that
     declares more, or runs past what was declared, is refused and the partial file removed.
@@ -116,9 +133,8 @@ def test_every_chunk_is_held_to_the_size_its_upload_declared(tmp_path: Path) -> 
     async def main() -> None:
         coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
         try:
+            bob = await _bob(coordinator)
             assert coordinator.endpoint is not None
-            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
-                bob = await admin.add_user("user:bob", "user")
             async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as user:
                 digest, pack = _pack(1, 2000)
 
@@ -152,22 +168,15 @@ def test_uploads_that_start_at_once_share_the_users_room(tmp_path: Path) -> None
     async def main() -> None:
         coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
         try:
+            bob = await _bob(coordinator)
             assert coordinator.endpoint is not None
-            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
-                bob = await admin.add_user("user:bob", "user")
             sessions = [AsyncCluster(coordinator.endpoint, bob, lease=10.0) for _ in range(3)]
             for session in sessions:
                 await session.__aenter__()
             try:
-                async def start(n: int, user: AsyncCluster) -> int:
-                    digest, pack = _pack(n, 2000)
-                    reply = await user.client.request(m.UploadArtifact(
-                        session_id=user._session(), sha256=digest, offset=0,
-                        size=len(pack)), payload=[pack[:1000]])
-                    return reply.size
-
                 results = await asyncio.gather(
-                    *(start(n, s) for n, s in enumerate(sessions)), return_exceptions=True)
+                    *(_start_upload(s, n) for n, s in enumerate(sessions)),
+                    return_exceptions=True)
                 refused = [r for r in results if isinstance(r, ConflictError)]
                 assert len(refused) == 2, results
                 assert "unfinished" in str(refused[0])
@@ -189,25 +198,16 @@ def test_an_upload_whose_session_ends_frees_its_room_and_its_file(tmp_path: Path
     async def main() -> None:
         coordinator = await _coordinator(tmp_path, max_unclaimed_upload_bytes=3000)
         try:
+            bob = await _bob(coordinator)
             assert coordinator.endpoint is not None
-            async with AsyncCluster(coordinator.endpoint, SECRET, lease=10.0) as admin:
-                bob = await admin.add_user("user:bob", "user")
-
-            async def start(user: AsyncCluster, n: int) -> int:
-                digest, pack = _pack(n, 2000)
-                reply = await user.client.request(m.UploadArtifact(
-                    session_id=user._session(), sha256=digest, offset=0, size=len(pack)),
-                    payload=[pack[:1000]])
-                return reply.size
-
             async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as interrupted:
-                assert await start(interrupted, 1) == 1000
+                assert await _start_upload(interrupted, 1) == 1000
             deadline = time.monotonic() + 10
             while _incoming_bytes(tmp_path) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert _incoming_bytes(tmp_path) == 0
             async with AsyncCluster(coordinator.endpoint, bob, lease=10.0) as again:
-                assert await start(again, 2) == 1000
+                assert await _start_upload(again, 2) == 1000
         finally:
             await coordinator.close()
 
