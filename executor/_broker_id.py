@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from catalog import (
     default_namespace,
     set_default_namespace,
 )
+from querylib._state_file import replace_file
 from querylib.cluster import AsyncCluster
 from querylib.cluster.messages import CloseSession
 
@@ -84,19 +84,14 @@ def remembered_endpoints(data_dir: Path) -> Endpoints:
 
 
 def remember_endpoints(data_dir: Path, endpoints: Endpoints) -> None:
-    """Write by rename, as the id."""
-    path = data_dir / BROKER_ENDPOINTS_FILE
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(asdict(endpoints)) + "\n")
-    os.replace(scratch, path)
+    """Write atomically and durably, as the id."""
+    replace_file(data_dir / BROKER_ENDPOINTS_FILE, json.dumps(asdict(endpoints)).encode()
+                 + b"\n")
 
 
 def remember_namespace(data_dir: Path) -> None:
     """Keep the default tenant/namespace this process follows (its session set it)."""
-    path = data_dir / NAMESPACE_FILE
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text("/".join(default_namespace()) + "\n")
-    os.replace(scratch, path)
+    replace_file(data_dir / NAMESPACE_FILE, "/".join(default_namespace()).encode() + b"\n")
 
 
 def follow_remembered_namespace(data_dir: Path) -> None:
@@ -142,11 +137,11 @@ def _remembered(data_dir: Path, name: str = BROKER_ID_FILE) -> int | None:
 
 
 def _remember(data_dir: Path, number: int, name: str = BROKER_ID_FILE) -> None:
-    """Write by rename, so a crash leaves the old number or the new one, never half a file."""
-    path = data_dir / name
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(f"{number}\n")
-    os.replace(scratch, path)
+    """Write atomically and durably (`replace_file`: a temporary file of its own, fsynced,
+    renamed, the folder fsynced), so a crash or power loss leaves the old number or the new
+    one, never half a file, and the id, session and endpoints files never take each other's
+    content."""
+    replace_file(data_dir / name, f"{number}\n".encode())
 
 
 async def _close_predecessor(cluster: AsyncCluster, data_dir: Path) -> None:

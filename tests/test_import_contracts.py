@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("catalog",)),
     ("foundations", ("querylib.errors", "querylib._lazy", "querylib._pidlock",
                      "querylib._argtypes", "querylib._parent", "querylib._memory",
-                     "querylib._tcp", "querylib._lease",
+                     "querylib._tcp", "querylib._lease", "querylib._state_file",
                      "querylib.driver", "querylib.artifacts")),
     ("wire formats", ("querylib.records", "querylib.rpc", "querylib._kio",
                       "querylib._kio_shape")),

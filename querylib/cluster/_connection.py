@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TypeVar
 
 from catalog import ADMIN
 from querylib._pidlock import PidLock, hold_data_dir
+from querylib._state_file import replace_file
 from querylib.rpc import (
     Credential,
     coordinator_public_key,
@@ -102,25 +102,13 @@ class Connection:
 
 
 def write_cluster_file(info: ClusterInfo, home: str | os.PathLike[str] | None = None) -> Path:
-    """Write cluster.json atomically (0600; the folder 0700, created if missing).
-
-    The temporary file beside it has an unguessable name and is made new (O_EXCL), so a link
-    planted in TQ_HOME under that name is never followed; it is fsynced before the rename,
-    so a crash leaves the old file or the new one, never an empty one."""
+    """Write cluster.json atomically and durably (0600; the folder 0700, created if missing):
+    `replace_file`'s temporary file has an unguessable name and is made new, so a link
+    planted in TQ_HOME is never followed, and a crash leaves the old file or the new one,
+    never an empty one."""
     path = cluster_file(home)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(info), f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(path, json.dumps(asdict(info), indent=2).encode() + b"\n")
     return path
 
 

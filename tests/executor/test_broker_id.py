@@ -5,6 +5,10 @@ addresses it listened on."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +30,12 @@ from executor._broker_id import (
     BROKER_SESSION_FILE,
     NAMESPACE_FILE,
     Endpoints,
+    _remember,
     follow_remembered_namespace,
     preferred_listen,
     register_remembered,
     remember_endpoints,
+    remember_namespace,
     remembered_endpoints,
 )
 from querylib.cluster.messages import CloseSession
@@ -238,3 +244,102 @@ def test_endpoints_are_remembered_and_read_back(tmp_path: Path) -> None:
 def test_the_previous_address_is_preferred_only_for_any_free_port(
         listen: str, previous: str, preferred: str | None) -> None:
     assert preferred_listen(listen, previous) == preferred
+
+
+# -- the files themselves ----------------------------------------------------------------------
+
+_ENDPOINTS = Endpoints("tcp://127.0.0.1:40001", "127.0.0.1:40002", "127.0.0.1:40003")
+
+# Each file of the data dir, written as the executor writes it, and what it then holds.
+_WRITERS: dict[str, tuple[Callable[[Path, int], None], Callable[[int], str]]] = {
+    BROKER_ID_FILE: (lambda d, n: _remember(d, n), lambda n: f"{n}\n"),
+    BROKER_SESSION_FILE: (lambda d, n: _remember(d, n, BROKER_SESSION_FILE),
+                          lambda n: f"{n}\n"),
+    BROKER_ENDPOINTS_FILE: (lambda d, n: remember_endpoints(d, _ENDPOINTS), lambda n: (
+        '{"broker": "tcp://127.0.0.1:40001", "connector": "127.0.0.1:40002", '
+        '"kafka": "127.0.0.1:40003"}\n')),
+}
+
+
+@pytest.fixture
+def often_switching() -> Iterator[None]:
+    """Threads switch as often as the interpreter allows, so writers interleave."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("often_switching")
+def test_the_id_session_and_endpoints_files_written_at_once_never_swap(tmp_path: Path) -> None:
+    """Three threads each rewrite one of the files over and over (as the broker's start and
+    its session's renewal may): each file always holds what its own writer wrote last, and
+    no write fails because another's took its temporary file."""
+    rounds = 300
+    failures: list[str] = []
+    start = threading.Barrier(len(_WRITERS))
+
+    def rewrite(name: str) -> None:
+        write, expected = _WRITERS[name]
+        start.wait()
+        for n in range(1, rounds + 1):
+            try:
+                write(tmp_path, n)
+                found = (tmp_path / name).read_text()
+            except OSError as exc:
+                failures.append(f"{name}: write {n}: {exc!r}")
+                return
+            if found != expected(n):
+                failures.append(f"{name} holds {found!r} after write {n}")
+                return
+
+    threads = [threading.Thread(target=rewrite, args=(name,)) for name in _WRITERS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert sorted(os.listdir(tmp_path)) == sorted(_WRITERS)  # no temporary file left
+
+
+@pytest.mark.parametrize("name", sorted(_WRITERS))
+def test_a_link_planted_where_the_temporary_file_was_is_not_followed(tmp_path: Path,
+                                                                     name: str) -> None:
+    """`broker.tmp` was the temporary name of all three files: a link planted there (the
+    data dir is shared, or was unpacked from elsewhere) made the write go to its target."""
+    data = tmp_path / "data"
+    data.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (data / "broker.tmp").symlink_to(victim)
+    write, expected = _WRITERS[name]
+    write(data, 7)
+    assert victim.read_text() == "precious\n"
+    assert (data / name).read_text() == expected(7)
+    assert not (data / name).is_symlink()
+
+
+@pytest.mark.parametrize("name", [*sorted(_WRITERS), NAMESPACE_FILE])
+def test_each_file_is_fsynced_then_its_directory(tmp_path: Path, name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A power loss after the write must leave the new file, not an empty one or none: the
+    file is fsynced before its rename and the directory after it (a power cut cannot be
+    simulated, so the calls to os.fsync, still made, are recorded)."""
+    synced: list[tuple[int, int]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    if name == NAMESPACE_FILE:
+        remember_namespace(tmp_path)
+    else:
+        _WRITERS[name][0](tmp_path, 7)
+    file, folder = os.stat(tmp_path / name), os.stat(tmp_path)
+    assert (file.st_dev, file.st_ino) in synced
+    assert (folder.st_dev, folder.st_ino) in synced
+    assert synced.index((folder.st_dev, folder.st_ino)) > \
+        synced.index((file.st_dev, file.st_ino))
