@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from querylib._state_file import replace_file
 from querylib.cluster import ParsedToken, parse_token, redeem
 from querylib.rpc import Credential, CredentialFile, SecretFileError, load_credential
 
@@ -80,10 +81,10 @@ async def join_host(token: str | ParsedToken, data_dir: str | os.PathLike[str],
         joined = await redeem(parsed, name)
         file.write(joined.credential, coordinator=joined.coordinators[0],
                    coordinator_key=joined.coordinator_key)
-    where = data / COORDINATOR_FILE
-    tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"coordinators": list(joined.coordinators),
-                               "namespace": joined.namespace}) + "\n")
-    os.replace(tmp, where)
+    # Atomically and durably, through a temporary file no one can predict or plant a link
+    # at (the data dir may be on a shared disk), as the broker's id (`replace_file`).
+    replace_file(data / COORDINATOR_FILE, json.dumps(
+        {"coordinators": list(joined.coordinators), "namespace": joined.namespace}).encode()
+        + b"\n")
     return JoinedHost(joined.credential, str(data / CREDENTIAL_FILE), joined.coordinators,
                       joined.local_address)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from catalog import NotAuthorizedError, QueryState
+from executor._join import COORDINATOR_FILE, join_host
 from querylib.cluster import Cluster, parse_token
 from querylib.rpc import (
     BROKER,
@@ -32,7 +33,7 @@ from querylib.rpc import (
     write_credential,
 )
 from tests.conftest import Processes, wait_for
-from tests.coordinator._cluster import ROOT, tq_env
+from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 from tests.integration._up import Up
 
 pytestmark = pytest.mark.timeout(240)
@@ -240,3 +241,38 @@ async def _refused_by_broker(address: str, credential: Credential) -> None:
     async with RpcClient(address, credential.for_audience(BROKER)) as client:
         with pytest.raises((SecretRejectedError, DeadlineExceededError)):
             await client.request(Ping(), timeout=5)
+
+
+def test_coordinator_json_is_written_durably_and_follows_no_planted_link(
+        processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """join_host wrote coordinator.json through `.coordinator.json.<pid>.tmp`, a name anyone
+    on the host can predict, and followed a link planted there (the victim was overwritten
+    and coordinator.json became that link); nor did it fsync, so a crash could leave the
+    file empty. Now the temporary file is new and unguessable, fsynced before the rename,
+    the data directory after (the calls to os.fsync are recorded, still made)."""
+    coordinator = CoordinatorProcess(processes, tmp_path / "home").start()
+    made = tq(coordinator.home, "token", "create", "--ttl", "10m")
+    assert made.returncode == 0, made.stderr
+    data = tmp_path / "host-b"
+    data.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (data / f".{COORDINATOR_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    synced: list[tuple[int, int]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    joined = asyncio.run(join_host(made.stdout.strip(), data, "host-b"))
+    assert victim.read_text() == "precious\n"
+    where = data / COORDINATOR_FILE
+    assert not where.is_symlink()
+    assert json.loads(where.read_text())["coordinators"] == list(joined.coordinators)
+    file, folder = os.stat(where), os.stat(data)
+    assert (file.st_dev, file.st_ino) in synced
+    assert synced.index((folder.st_dev, folder.st_ino)) > \
+        synced.index((file.st_dev, file.st_ino))
