@@ -73,7 +73,7 @@ async def join_host(token: str | ParsedToken, data_dir: str | os.PathLike[str],
     # that cannot hold what it gives must be found out before (CredentialFile).
     data = Path(data_dir)
     try:
-        data.mkdir(parents=True, exist_ok=True)
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise SecretFileError(f"cannot use {data} as the data directory: {exc.strerror}; "
                               "the join token was not used") from exc

@@ -52,7 +52,7 @@ from catalog import ADMIN, InvalidCommandError, PrincipalKind, check_principal, 
 
 from ._curve import curve_public
 from ._errors import SecretFileError
-from ._secret import MIN_SECRET_BYTES, read_private_file
+from ._secret import MIN_SECRET_BYTES, check_secret_folder, read_private_file
 from ._signer import Signer
 
 __all__ = [
@@ -194,6 +194,7 @@ class CredentialFile:
             f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         if os.path.lexists(self.path):
             raise SecretFileError(f"{self.path} exists already; choose another file")
+        check_secret_folder(self.path)
         try:
             self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                                            0o600)

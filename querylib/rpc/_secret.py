@@ -2,7 +2,10 @@
 
 `load_or_create_secret(path)` creates the file (and its folder, 0700) when it is missing,
 atomically, so two processes starting together agree on one key; it refuses a file that group
-or other may read or write, or that another user owns, as ssh does with private keys. The key
+or other may read or write, or that another user owns, as ssh does with private keys. Nor is a
+secret written into a folder group or other may write, or that belongs to another user (root
+aside): they could replace the file tq just wrote (`check_secret_folder`, for credential files
+too). The key
 is the file's content with surrounding whitespace stripped (64 hex characters when we create
 it), so a key written by hand or by another tool works too; a file over 4 KiB is refused, by
 every reader alike, rather than cut.
@@ -19,8 +22,8 @@ from pathlib import Path
 
 from ._errors import SecretFileError
 
-__all__ = ["MIN_SECRET_BYTES", "default_secret_path", "load_or_create_secret", "load_secret",
-           "read_private_file"]
+__all__ = ["MIN_SECRET_BYTES", "check_secret_folder", "default_secret_path",
+           "load_or_create_secret", "load_secret", "read_private_file"]
 
 MIN_SECRET_BYTES = 16  # below 128 bits a MAC key is guessable offline
 MAX_KEY_FILE_BYTES = 4096  # a key or a credential's JSON; every reader takes the same
@@ -87,6 +90,31 @@ def _check_mode(path: Path, st: os.stat_result) -> None:
                               f"(uid {getuid()}); use your own secret file")
 
 
+def check_secret_folder(path: Path) -> None:
+    """Refuse (SecretFileError) to write the secret or credential file `path` into a folder
+    that group or other may write, or that belongs to another user than us or root: whoever
+    may write the folder may replace the file (even a sticky /tmp lets its owner of the name
+    go first), so tq would hand out, or sign with, a key someone else chose. OpenSSH refuses
+    keys in such folders (StrictModes). tq does not chmod the folder itself: it may be shared
+    on purpose, and one of another user's is not ours to change."""
+    folder = path.parent
+    try:
+        st = os.stat(folder)
+    except OSError as exc:
+        raise SecretFileError(f"cannot use folder {folder} for secret file {path}: "
+                              f"{exc.strerror}") from exc
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and st.st_uid not in (getuid(), 0):
+        raise SecretFileError(f"folder {folder} belongs to uid {st.st_uid}, not to you (uid "
+                              f"{getuid()}): its owner could replace secret file {path}; "
+                              "write it into a folder of your own")
+    if st.st_mode & 0o022:
+        raise SecretFileError(
+            f"folder {folder} is writable by group/other (mode {stat.S_IMODE(st.st_mode):04o}):"
+            f" another user could replace secret file {path}; run: chmod 700 {folder}, or "
+            "write it elsewhere")
+
+
 def _create(path: Path) -> None:
     """Write a fresh key to a private temp file, then link it into place.
 
@@ -94,6 +122,7 @@ def _create(path: Path) -> None:
     processes then read the same file; no reader ever sees a half-written key.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_secret_folder(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from querylib.rpc import (
+    Credential,
     SecretFileError,
     default_secret_path,
     load_credential,
     load_or_create_secret,
     load_secret,
+    write_credential,
 )
 
 
@@ -111,3 +113,53 @@ def test_an_oversized_key_file_is_refused_not_cut(tmp_path: Path, size: int) -> 
         load_secret(path)
     with pytest.raises(SecretFileError, match="more than"):
         load_credential(path)
+
+
+# -- the folder a secret is written into ---------------------------------------------------------
+
+# The two ways tq writes a secret: the cluster secret created when missing, and a credential
+# file (`tq user add`, `tq user rotate`, a join token redeemed, an executor's own).
+_WRITERS = {
+    "secret": lambda path: load_or_create_secret(path),
+    "credential": lambda path: write_credential(path, Credential("user:alice",
+                                                                 bytes(range(32)))),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+@pytest.mark.parametrize("folder_mode", [0o777, 0o1777, 0o770, 0o720, 0o702], ids=oct)
+def test_a_secret_is_not_written_into_a_folder_others_may_write(
+        tmp_path: Path, writer: str, folder_mode: int) -> None:
+    """Another user who may write the folder may replace the file tq writes there (with a key
+    of their own, say): refused as ssh refuses keys in such a folder, naming the folder and
+    what to do, with nothing written."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, folder_mode)
+    with pytest.raises(SecretFileError, match=f"{folder}.*chmod 700 {folder}") as info:
+        _WRITERS[writer](folder / "key")
+    assert info.value.exit_code == 2
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder away takes root")
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+def test_a_secret_is_not_written_into_a_folder_of_another_user(tmp_path: Path,
+                                                               writer: str) -> None:
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 54321, -1)
+    with pytest.raises(SecretFileError, match=f"{folder} belongs to uid 54321"):
+        _WRITERS[writer](folder / "key")
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+@pytest.mark.parametrize("folder_mode", [0o700, 0o750, 0o755], ids=oct)
+def test_a_secret_is_written_into_a_folder_only_its_owner_may_write(
+        tmp_path: Path, writer: str, folder_mode: int) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    os.chmod(folder, folder_mode)
+    _WRITERS[writer](folder / "key")
+    assert mode(folder / "key") == 0o600
