@@ -85,7 +85,8 @@ def test_a_missing_or_damaged_history_is_walked_again(tmp_path: Path) -> None:
     asyncio.run(write_history(tmp_path))
     index = tmp_path / "t-0" / INDEX_FILE
     assert index.exists()
-    for damage in (lambda: index.unlink(), lambda: index.write_bytes(b'{"crc": 1, "body"'),
+    for damage in (lambda: index.unlink(), lambda: index.write_bytes(b""),  # a power loss
+                   lambda: index.write_bytes(b'{"crc": 1, "body"'),
                    lambda: index.write_text(index.read_text().replace('"through":', '"thru":')),
                    lambda: index.write_bytes(b'{"crc": 0, "body": 5}'),  # JSON, wrong types
                    lambda: index.write_bytes(b'{"crc": 0, "body": null}')):
