@@ -3,12 +3,12 @@
 `load_or_create_secret(path)` creates the file (and its folder, 0700) when it is missing,
 atomically, so two processes starting together agree on one key; it refuses a file that group
 or other may read or write, or that another user owns, as ssh does with private keys. Nor is a
-secret written into a folder group or other may write, or that belongs to another user (root
-aside): they could replace the file tq just wrote (`check_secret_folder`, for credential files
-too). The key
-is the file's content with surrounding whitespace stripped (64 hex characters when we create
-it), so a key written by hand or by another tool works too; a file over 4 KiB is refused, by
-every reader alike, rather than cut.
+secret written into a folder other users may write (other, or a group other than its owner's
+own), or that belongs to another user (root aside): they could replace the file tq just wrote
+(`check_secret_folder`, for credential files too). The key is the file's content with
+surrounding whitespace stripped (64 hex characters when we create it), so a key written by
+hand or by another tool works too; a file over 4 KiB is refused, by every reader alike, rather
+than cut.
 
 This module reads and writes that one file. It must not sign anything or touch sockets.
 """
@@ -92,7 +92,8 @@ def _check_mode(path: Path, st: os.stat_result) -> None:
 
 def check_secret_folder(path: Path) -> None:
     """Refuse (SecretFileError) to write the secret or credential file `path` into a folder
-    that group or other may write, or that belongs to another user than us or root: whoever
+    that other users may write (other, or a group that is not its owner's own: `_own_group`),
+    or that belongs to another user than us or root: whoever
     may write the folder may replace the file (even a sticky /tmp lets its owner of the name
     go first), so tq would hand out, or sign with, a key someone else chose. OpenSSH refuses
     keys in such folders (StrictModes). tq does not chmod the folder itself: it may be shared
@@ -108,11 +109,27 @@ def check_secret_folder(path: Path) -> None:
         raise SecretFileError(f"folder {folder} belongs to uid {st.st_uid}, not to you (uid "
                               f"{getuid()}): its owner could replace secret file {path}; "
                               "write it into a folder of your own")
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _own_group(st)):
         raise SecretFileError(
             f"folder {folder} is writable by group/other (mode {stat.S_IMODE(st.st_mode):04o}):"
             f" another user could replace secret file {path}; run: chmod 700 {folder}, or "
             "write it elsewhere")
+
+
+def _own_group(st: os.stat_result) -> bool:
+    """Whether the folder's group is its owner's own (a user private group, as Debian and
+    Ubuntu give each user, where umask 002 makes every new folder group-writable): named as
+    its owner, its owner's primary group, no other members. Nobody else may write it then."""
+    try:
+        import grp
+        import pwd
+
+        owner = pwd.getpwuid(st.st_uid)
+        group = grp.getgrgid(st.st_gid)
+    except (ImportError, KeyError):
+        return False
+    return (owner.pw_gid == st.st_gid and group.gr_name == owner.pw_name
+            and not group.gr_mem)
 
 
 def _create(path: Path) -> None:

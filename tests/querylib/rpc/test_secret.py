@@ -127,7 +127,7 @@ _WRITERS = {
 
 
 @pytest.mark.parametrize("writer", sorted(_WRITERS))
-@pytest.mark.parametrize("folder_mode", [0o777, 0o1777, 0o770, 0o720, 0o702], ids=oct)
+@pytest.mark.parametrize("folder_mode", [0o777, 0o1777, 0o702], ids=oct)
 def test_a_secret_is_not_written_into_a_folder_others_may_write(
         tmp_path: Path, writer: str, folder_mode: int) -> None:
     """Another user who may write the folder may replace the file tq writes there (with a key
@@ -135,6 +135,22 @@ def test_a_secret_is_not_written_into_a_folder_others_may_write(
     what to do, with nothing written."""
     folder = tmp_path / "shared"
     folder.mkdir()
+    os.chmod(folder, folder_mode)
+    with pytest.raises(SecretFileError, match=f"{folder}.*chmod 700 {folder}") as info:
+        _WRITERS[writer](folder / "key")
+    assert info.value.exit_code == 2
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another group takes root")
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+@pytest.mark.parametrize("folder_mode", [0o770, 0o720], ids=oct)
+def test_a_secret_is_not_written_into_a_folder_a_shared_group_may_write(
+        tmp_path: Path, writer: str, folder_mode: int) -> None:
+    """The folder's group holds other users (or may: a group that is not its owner's own)."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chown(folder, -1, 54321)  # no such group here: nobody's own
     os.chmod(folder, folder_mode)
     with pytest.raises(SecretFileError, match=f"{folder}.*chmod 700 {folder}") as info:
         _WRITERS[writer](folder / "key")
@@ -160,6 +176,35 @@ def test_a_secret_is_written_into_a_folder_only_its_owner_may_write(
         tmp_path: Path, writer: str, folder_mode: int) -> None:
     folder = tmp_path / "mine"
     folder.mkdir()
+    os.chmod(folder, folder_mode)
+    _WRITERS[writer](folder / "key")
+    assert mode(folder / "key") == 0o600
+
+
+def _own_group() -> bool:
+    """Whether this user's primary group is its own (a user private group, as Debian and
+    Ubuntu make, where umask 002 makes every new folder 0775)."""
+    import grp
+    import pwd
+
+    user = pwd.getpwuid(os.getuid())
+    try:
+        group = grp.getgrgid(user.pw_gid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and not group.gr_mem
+
+
+@pytest.mark.skipif(not _own_group(), reason="this user's group is not its own")
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+@pytest.mark.parametrize("folder_mode", [0o775, 0o770], ids=oct)
+def test_a_secret_is_written_into_a_folder_its_owners_own_group_may_write(
+        tmp_path: Path, writer: str, folder_mode: int) -> None:
+    """A user private group holds its user alone: a folder it may write (every folder made
+    under umask 002) is the user's own, and a newcomer's first `tq user add` there works."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    os.chown(folder, -1, os.getgid())
     os.chmod(folder, folder_mode)
     _WRITERS[writer](folder / "key")
     assert mode(folder / "key") == 0o600
