@@ -831,3 +831,42 @@ def test_a_follower_promoted_while_it_appends_reopens_its_log_once_the_append_is
             await cluster.close()
 
     asyncio.run(main())
+
+
+def test_a_follower_stopped_and_started_knows_the_transactions_it_replicated(tmp_path):
+    """A follower appends its leader's batches without judging them, so its core knows
+    nothing of the transactions in them. Stopped cleanly, it must not keep that ignorance as
+    its transaction history (`_txn_index`) through the offsets it replicated: started again,
+    it would walk only the log after them and serve an aborted transaction's records as
+    committed once it leads (or to a reader of it)."""
+    from querylib.records import transaction_marker_batch
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start()
+        try:
+            link = await producer(cluster.addresses[0])
+            txn = encode_batch([(0, None, b"aborted", ())], producer_id=7, producer_epoch=3,
+                               base_sequence=0, is_transactional=True)
+            for batch in (txn, transaction_marker_batch(7, 3, False, timestamp=0),
+                          encode_batch([(1, None, b"after", ())])):
+                await asyncio.wait_for(link.request(
+                    ProduceRequest(session=link.session, topic="t", partition=0),
+                    payload=[batch]), 30)
+            await link.close()
+            for follower in (2, 3):
+                await wait_for_async(
+                    lambda f=follower: cluster.servers[f - 1].state.partitions[PID]
+                    .visible_end == 3,
+                    timeout=30, what="the follower's high watermark to reach the end")
+        finally:
+            await cluster.close()
+        restarted = BrokerServer(tmp_path / "b2", SECRET, log_config=LogConfig())
+        await restarted.start(None)
+        try:
+            pid = await restarted.port.ensure("t", 0, create=False)
+            assert restarted.port.aborted_transactions(pid, 0, 3) == [(7, 0)]
+        finally:
+            await restarted.close()
+
+    asyncio.run(main())

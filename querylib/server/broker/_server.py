@@ -362,7 +362,10 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         for pid, lane in self._lanes.items():
             part = self.state.partitions.get(pid)
-            if part is not None:
+            # A follower's core never looks into the batches it replicates, so it knows none
+            # of their transactions: its history stays as its opening wrote it, and the next
+            # opening walks all it replicated since.
+            if part is not None and not part.follower:
                 # What the core knows of its transactions, through what it saw durable: the
                 # next opening walks only the log after it (`_disk.transaction_history`).
                 history = TxnHistory(part.visible_end, tuple(part.open_txns.items()),
