@@ -870,3 +870,60 @@ def test_a_follower_stopped_and_started_knows_the_transactions_it_replicated(tmp
             await restarted.close()
 
     asyncio.run(main())
+
+
+def test_a_truncated_replica_forgets_the_transaction_history_of_the_tail_it_dropped(tmp_path):
+    """Broker 1 led, appended a transaction and its abort that nobody acknowledged, and was
+    restarted: its opening kept the history "producer 7 aborted at 0" through offset 2. Its
+    successor committed producer 7's transaction there instead; broker 1, a follower now,
+    truncates to 0 and takes the leader's log. The history must go with the tail it
+    describes: kept, a restart would trust it (it names offsets the log still has) and hide
+    the committed records as aborted."""
+    from querylib.records import transaction_marker_batch
+
+    def txn(value: bytes) -> bytes:
+        return encode_batch([(0, None, value, ())], producer_id=7, producer_epoch=3,
+                            base_sequence=0, is_transactional=True)
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start(leader=1, epoch=1)
+        try:
+            for server in cluster.servers[1:]:
+                server.replication.hold(True)
+            link = await producer(cluster.addresses[0])
+            unacked = [asyncio.ensure_future(link.request(  # the followers hold: never acked
+                ProduceRequest(session=link.session, topic="t", partition=0), payload=[batch]))
+                for batch in (txn(b"tail"), transaction_marker_batch(7, 3, False, timestamp=0))]
+            await wait_for_async(lambda: cluster.log(1).log_end_offset == 2, timeout=30,
+                                 what="the leader appended the tail")
+            await link.close(clean=False)
+            await cluster.servers[0].close()
+            await asyncio.gather(*unacked, return_exceptions=True)
+            cluster.servers[0] = BrokerServer(tmp_path / "b1", SECRET,
+                                              log_config=LogConfig(flush="always"))
+            cluster.addresses[0] = await cluster.servers[0].start()
+            for server in cluster.servers[1:]:
+                server.replication.hold(False)
+            await cluster.set_roles(leader=2, epoch=2, isr=(2, 3))
+            link2 = await producer(cluster.addresses[1])
+            for batch in (txn(b"committed"), transaction_marker_batch(7, 3, True, timestamp=0),
+                          encode_batch([(1, None, b"after", ())])):
+                await asyncio.wait_for(link2.request(
+                    ProduceRequest(session=link2.session, topic="t", partition=0),
+                    payload=[batch]), 30)
+            await link2.close()
+            data = cluster.log(2).read(0, 1 << 20)
+            await wait_for_async(lambda: _stored(cluster, 1) == data, timeout=30,
+                                 what="broker 1 converged on the leader's log")
+        finally:
+            await cluster.close()
+        restarted = BrokerServer(tmp_path / "b1", SECRET, log_config=LogConfig())
+        await restarted.start(None)
+        try:
+            pid = await restarted.port.ensure("t", 0, create=False)
+            assert restarted.port.aborted_transactions(pid, 0, 3) == []
+        finally:
+            await restarted.close()
+
+    asyncio.run(main())

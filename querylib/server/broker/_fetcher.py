@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from catalog.errors import TqError
+from catalog.errors import StorageError, TqError
 from querylib.broker.messages import EpochEndRequest, ReplicaFetchRequest
 from querylib.errors import OffsetOutOfRangeError
 from querylib.log import FlushPolicy, PartitionLog
@@ -27,6 +27,7 @@ from querylib.rpc import BROKER, Credential, RpcClient, RpcError
 
 from ._events import PartitionId, ReplicaAppended, Stimulus
 from ._replication import PartitionRole, follower_truncation
+from ._txn_index import forget_history
 
 __all__ = ["ReplicaFetcher"]
 
@@ -193,6 +194,18 @@ class ReplicaFetcher:
                 logger.info("replica %s: truncating %d..%d (leader %s ended epoch %d at %d)",
                             pid, offset, end, self.address, answer.leader_epoch,
                             answer.end_offset)
-                await self._write(pid, log.truncate_to, offset)
+                await self._write(pid, _truncate_forgetting_history, (log, offset))
             if final:
                 return
+
+
+def _truncate_forgetting_history(args: tuple[PartitionLog, int]) -> None:
+    """Truncate the log at the offset, having removed its transaction history first (a crash
+    in between leaves none: the next opening walks the log)."""
+    log, offset = args
+    try:
+        forget_history(log.path)
+    except OSError as exc:  # a storage failure, retried like a fetch's (the log is intact)
+        raise StorageError(f"{log.path}: cannot remove the transaction history before "
+                           f"truncating the log: {exc}") from exc
+    log.truncate_to(offset)

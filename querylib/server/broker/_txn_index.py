@@ -8,7 +8,8 @@ transaction however far back it is, without reading the whole log.
 The file is `aborted-transactions.tq` in the partition directory: one JSON object with a
 CRC-32 of its body, written whole (temporary file, then rename). A file missing, unreadable,
 damaged (bad CRC or shape) or describing offsets the log no longer has reads as None: the
-opening then walks the whole log again and writes it anew.
+opening then walks the whole log again and writes it anew. A replica truncating its log
+removes it first (`forget_history`): offsets appended again would make it look current.
 
 Blocking file I/O only (an executor thread's); no broker state, no asyncio. Must not decide
 what is aborted: it stores what the walk and the broker core found.
@@ -22,7 +23,9 @@ import os
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["INDEX_FILE", "TxnHistory", "read_history", "write_history"]
+from querylib._state_file import fsync_dir
+
+__all__ = ["INDEX_FILE", "TxnHistory", "forget_history", "read_history", "write_history"]
 
 INDEX_FILE = "aborted-transactions.tq"
 _VERSION = 1
@@ -95,6 +98,17 @@ def write_history(partition_dir: str, history: TxnHistory) -> None:
     with open(tmp, "w") as f:
         f.write(json.dumps({"crc": zlib.crc32(body.encode()), "body": body}))
     os.replace(tmp, path)
+
+
+def forget_history(partition_dir: str) -> None:
+    """Remove the history, durably, before the log is truncated: it may describe the tail
+    that goes, and a later one written there would pass for it (its offsets are in the log
+    again) were the history still read. Without one, the next opening walks the whole log."""
+    try:
+        os.unlink(os.path.join(partition_dir, INDEX_FILE))
+    except FileNotFoundError:
+        return
+    fsync_dir(partition_dir)
 
 
 def _int(value: object) -> int:
