@@ -26,6 +26,7 @@ from catalog import (
     UserError,
     set_default_namespace,
 )
+from querylib._state_file import replace_file
 
 __all__ = ["settle_namespace"]
 
@@ -59,13 +60,10 @@ def settle_namespace(data_dir: str, asked: str | None) -> str:
         raise UserError(f"a default namespace is TENANT/NAMESPACE, not {chosen!r}")
     set_default_namespace(tenant, namespace)  # InvalidTopicNameError (a UserError) if bad
     if stored is None:
-        tmp = path + ".tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as file:
-                file.write(chosen + "\n")
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
+            # A temporary file of its own, fsynced, the directory too: a planted link is not
+            # followed, and a power loss does not lose the default names were resolved with.
+            replace_file(path, chosen.encode() + b"\n", mode=0o644)
         except OSError as exc:
             raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return chosen

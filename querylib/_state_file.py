@@ -1,5 +1,6 @@
 """Small state files replaced whole, durably: cluster.json, an executor's broker.id,
-broker.session, broker.endpoints and cluster.namespace, a joined host's coordinator.json.
+broker.session, broker.endpoints and cluster.namespace, a joined host's coordinator.json, the
+coordinator's namespace, a Kafka listener's .tq-kafka.json and a partition's topic.json.
 
     replace_file(path, data)             # the old content or the new one, never a mix
 

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from catalog import TopicName
 from catalog.errors import InvalidTopicNameError, StorageError
+from querylib._state_file import fsync_dir, replace_file
 from querylib.broker._errors import InvalidTopicError, StaleIncarnationError
 from querylib.broker.messages import Incarnation
 from querylib.errors import CorruptDataError
@@ -132,24 +133,11 @@ def read_incarnation(path: str) -> Incarnation | None:
 
 
 def write_incarnation(path: str, pid: PartitionId, incarnation: Incarnation) -> None:
-    """Record the incarnation in the partition directory (temporary file, fsync, rename)."""
-    target = os.path.join(path, INCARNATION_FILE)
+    """Record the incarnation in the partition directory (`replace_file`: a temporary file of
+    its own, fsync, rename, fsync the directory)."""
     body = json.dumps({"topic": pid[0], "partition": pid[1], "topic_id": incarnation.topic_id,
                        "created_ms": incarnation.created_ms})
-    with open(target + ".tmp", "w") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(target + ".tmp", target)
-    fsync_dir(path)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)  # the rename itself must survive a crash
-    finally:
-        os.close(fd)
+    replace_file(os.path.join(path, INCARNATION_FILE), body.encode(), mode=0o644)
 
 
 def set_aside(data_dir: str, pid: PartitionId, held: Incarnation) -> str:

@@ -69,6 +69,7 @@ from catalog.errors import (
     UnknownTopicError,
 )
 from querylib._keyed_lock import KeyedLock
+from querylib._state_file import replace_file
 from querylib.broker import (
     BrokerLink,
     NotProducerError,
@@ -922,13 +923,12 @@ class BrokerBackend:
         """Durably record the first producer id not yet reserved (ids are never reused), and
         the cluster id where no secret derives it."""
         path = self._meta_path()
-        tmp = path + ".tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump({"next_producer_id": reserved, "cluster_id": self._cluster_id}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            # The directory is fsynced too: a rename a power loss undid would bring back an
+            # older reservation, and ids already handed out with it.
+            replace_file(path, json.dumps({"next_producer_id": reserved,
+                                           "cluster_id": self._cluster_id}).encode(),
+                         mode=0o644)
         except OSError as exc:
             raise StorageError(f"{path}: cannot write: {exc}") from exc
 

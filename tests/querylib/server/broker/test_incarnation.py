@@ -16,7 +16,8 @@ from querylib.broker import AsyncProducer, Incarnation, StaleIncarnationError
 from querylib.log import LogConfig
 from querylib.records import iter_batches
 from querylib.server.broker import BrokerServer
-from querylib.server.broker._disk import open_partition
+from querylib.server.broker._disk import INCARNATION_FILE, open_partition, write_incarnation
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -107,6 +108,26 @@ def test_a_directory_recording_no_topic_is_taken_as_the_one_asked_for(tmp_path):
 
     asyncio.run(scenario())
     assert json.loads((tmp_path / "x-0" / "topic.json").read_text())["topic_id"] == 7
+
+
+def test_a_link_planted_at_the_topic_files_temporary_name_is_not_followed(tmp_path):
+    """`topic.json.tmp` was the temporary name: a link planted there made the incarnation
+    land in its target (and the link take topic.json's place)."""
+    part = tmp_path / "x-0"
+    part.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (part / f"{INCARNATION_FILE}.tmp").symlink_to(victim)
+    write_incarnation(str(part), ("x", 0), Incarnation(100, 5))
+    assert victim.read_text() == "precious\n"
+    assert not (part / INCARNATION_FILE).is_symlink()
+    assert json.loads((part / INCARNATION_FILE).read_text())["topic_id"] == 5
+
+
+def test_the_topic_file_is_fsynced_then_its_directory(tmp_path, monkeypatch):
+    synced = record_fsyncs(monkeypatch)
+    write_incarnation(str(tmp_path), ("x", 0), Incarnation(100, 5))
+    assert_synced_then_its_folder(synced, tmp_path / INCARNATION_FILE)
 
 
 def test_writers_naming_an_incarnation_record_it_one_at_a_time(tmp_path, monkeypatch):

@@ -45,6 +45,7 @@ from querylib.server.kafka import (
     KafkaConfig,
 )
 from querylib.server.kafka._broker_backend import META_FILE
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 from tests.integration._broker_helpers import AliceOwnsMine
 
 T = TypeVar("T")
@@ -329,6 +330,40 @@ def test_a_damaged_producer_id_file_stops_the_start_in_one_line(tmp_path: Path,
     (tmp_path / META_FILE).write_bytes(content)
     with pytest.raises(StorageError, match=META_FILE):
         run(tmp_path, nothing, secret=None)
+
+
+def test_a_link_planted_at_the_producer_id_files_temporary_name_is_not_followed(
+        tmp_path: Path) -> None:
+    """`.tq-kafka.json.tmp` was the temporary name: a link planted there made the reserved
+    producer ids land in its target (and the link take the file's place)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / f"{META_FILE}.tmp").symlink_to(victim)
+
+    async def allocate(backend: BrokerBackend) -> int:
+        return await backend.allocate_producer_id()
+
+    first = run(data, allocate)
+    assert victim.read_text() == "precious\n"
+    assert not (data / META_FILE).is_symlink()
+    assert run(data, allocate) > first  # the reservation was kept in the file itself
+
+
+def test_the_producer_id_file_is_fsynced_then_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Producer ids are never handed out twice: a power loss after a reservation must not
+    bring back the file before it (an old `next_producer_id`), so the directory is fsynced
+    after the rename, as the file is before it."""
+    async def allocate(backend: BrokerBackend) -> list[tuple[int, int]]:
+        synced = record_fsyncs(monkeypatch)
+        await backend.allocate_producer_id()  # the first reserves a block: writes the file
+        monkeypatch.undo()
+        return synced
+
+    synced = run(tmp_path, allocate)
+    assert_synced_then_its_folder(synced, tmp_path / META_FILE)
 
 
 def test_markers_on_another_broker_go_in_one_request_per_broker(
