@@ -1,6 +1,8 @@
 """Small state files replaced whole, durably: cluster.json, an executor's broker.id,
 broker.session, broker.endpoints and cluster.namespace, a joined host's coordinator.json, the
-coordinator's namespace, a Kafka listener's .tq-kafka.json and a partition's topic.json.
+coordinator's namespace, a Kafka listener's .tq-kafka.json, and beside a partition's segments
+its topic.json, recovery-point-offset-checkpoint, log-start-offset-checkpoint,
+leader-epoch-checkpoint and <base>.damage.
 
     replace_file(path, data)             # the old content or the new one, never a mix
 
@@ -10,8 +12,9 @@ folder, or of one file, never share it, and a link planted in the folder is neve
 It is fsynced, renamed over `path` and the folder fsynced, so a power loss leaves the old file
 or the new one, neither empty nor half written. A failed write removes its temporary file.
 
-Must not: read, lock, or decide what a file holds; the partition logs keep their own files
-(`querylib.log`).
+Must not: read, lock, or decide what a file holds. Files appended to in place (a partition
+log's segments and indexes) are not replaced here; nor is the transaction history, a cache
+written without fsync on purpose (`querylib.server.broker._txn_index`).
 """
 
 from __future__ import annotations

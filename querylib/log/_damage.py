@@ -32,6 +32,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+from querylib._state_file import replace_file
 from querylib.errors import RecordError
 from querylib.log._batch import LEADER_EPOCH, describe, pread_exact
 from querylib.log._config import DAMAGE_SUFFIX, INT32_MAX, LOG_SUFFIX
@@ -119,21 +120,17 @@ def segment_damage(log_path: str) -> tuple[Damage, ...]:
 
 
 def save_damage(path: str, damage: Sequence[Damage]) -> None:
-    """Replace the damage file (temporary file, fsync, rename), or remove it when `damage` is
-    empty. The caller makes the directory entry durable."""
+    """Replace the damage file (`replace_file`: a temporary file of its own, fsync, rename,
+    fsync the directory), or remove it when `damage` is empty; the caller makes a removal
+    durable."""
     if not damage:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
         return
-    tmp = path + ".tmp"
     body = json.dumps({"version": 1, "damage": [asdict(d) for d in damage]}, indent=1)
-    with open(tmp, "wb") as f:
-        f.write(body.encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(path, body.encode(), mode=0o644)
 
 
 def damage_at(damage: Iterable[Damage], offset: int) -> Damage | None:

@@ -18,8 +18,8 @@ import os
 import struct
 from collections.abc import Callable
 
+from querylib._state_file import replace_file
 from querylib.log._config import EPOCH_CHECKPOINT_FILE
-from querylib.log._recovery import fsync_dir
 
 _VERSION = 0
 _MAX_BYTES = 1 << 20  # a checkpoint holds one short line per leader change
@@ -156,15 +156,10 @@ def read_epoch_checkpoint(directory: str) -> LeaderEpochCache | None:
 
 
 def write_epoch_checkpoint(directory: str, cache: LeaderEpochCache) -> None:
-    """Replace the checkpoint atomically: temporary file, fsync, rename, fsync the directory."""
-    path = os.path.join(directory, EPOCH_CHECKPOINT_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(cache.dumps().encode("ascii"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(directory)
+    """Replace the checkpoint atomically (`replace_file`: a temporary file of its own, fsync,
+    rename, fsync the directory)."""
+    replace_file(os.path.join(directory, EPOCH_CHECKPOINT_FILE), cache.dumps().encode("ascii"),
+                 mode=0o644)
 
 
 def epochs_of(data: bytes | memoryview, cache: LeaderEpochCache) -> int | None:

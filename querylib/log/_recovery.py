@@ -35,6 +35,7 @@ import os
 from collections.abc import Iterable
 
 from catalog.errors import StorageError
+from querylib._state_file import fsync_dir, replace_file
 from querylib.log._config import (
     BOOT_ID_FILE,
     CHECKPOINT_FILE,
@@ -49,15 +50,6 @@ from querylib.log._segment import LogSegment
 logger = logging.getLogger("querylib.log")
 
 _CHECKPOINT_MAX_BYTES = 4096  # the file holds one line; anything larger is not ours
-
-
-def fsync_dir(directory: str) -> None:
-    """Make renames, creations and unlinks in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(directory: str, file: str = CHECKPOINT_FILE) -> int | None:
@@ -86,21 +78,16 @@ def read_checkpoint(directory: str, file: str = CHECKPOINT_FILE) -> int | None:
 
 def write_checkpoint(directory: str, offset: int, settled: Iterable[str] = (),
                      file: str = CHECKPOINT_FILE) -> None:
-    """Replace the recovery point (or checkpoint `file`) atomically (temporary file, fsync,
-    rename, fsync the directory), then settle the `settled` files below its mtime."""
+    """Replace the recovery point (or checkpoint `file`) atomically (`replace_file`: a
+    temporary file of its own, fsync, rename, fsync the directory), then settle the `settled`
+    files below its mtime."""
     name = os.path.basename(os.path.normpath(directory))
     try:
         topic, partition = parse_partition_dir(name)
     except StorageError:  # a directory not named <topic>-<partition> (tests, tools)
         topic, partition = name.replace(" ", "_") or "-", 0
     path = os.path.join(directory, file)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(f"0\n1\n{topic} {partition} {offset}\n".encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(directory)
+    replace_file(path, f"0\n1\n{topic} {partition} {offset}\n".encode(), mode=0o644)
     settle(settled, path)
 
 
