@@ -49,6 +49,7 @@ from pathlib import Path
 import blake3
 
 from catalog import ADMIN, InvalidCommandError, PrincipalKind, check_principal, principal_kind
+from querylib._state_file import fsync_dir
 
 from ._curve import curve_public
 from ._errors import SecretFileError
@@ -186,7 +187,8 @@ class CredentialFile:
     a file that cannot be written is found out before asking: found out after, the key was
     lost, with the cluster changed (a user no credential proves, a rotation whose old key has
     stopped working, a token used up). Making it opens a private temporary file (0600) beside
-    `path`, which `write` fills and links to `path`; leaving without writing removes it."""
+    `path`, which `write` fills, fsyncs and links to `path`, fsyncing the folder after; leaving
+    without writing removes it."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -222,6 +224,10 @@ class CredentialFile:
                 f.flush()
                 os.fsync(f.fileno())
             os.link(self._tmp, self.path)
+            self._tmp.unlink()
+            # The coordinator has minted the key: a power loss must not take the file's link
+            # (nor leave the temporary name holding the key).
+            fsync_dir(self.path.parent)
         except FileExistsError:
             self._kept = True
             raise SecretFileError(f"{self.path} was made meanwhile; the credential is in "

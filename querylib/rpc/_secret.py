@@ -20,6 +20,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from querylib._state_file import fsync_dir
+
 from ._errors import SecretFileError
 
 __all__ = ["MIN_SECRET_BYTES", "check_secret_folder", "default_secret_path",
@@ -136,7 +138,8 @@ def _create(path: Path) -> None:
     """Write a fresh key to a private temp file, then link it into place.
 
     link() fails if `path` appeared meanwhile, so a concurrent creator's key wins and both
-    processes then read the same file; no reader ever sees a half-written key.
+    processes then read the same file; no reader ever sees a half-written key. The folder is
+    fsynced after, so a power loss keeps the link.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_secret_folder(path)
@@ -156,3 +159,9 @@ def _create(path: Path) -> None:
         raise SecretFileError(f"cannot create secret file {path}: {exc.strerror}") from exc
     finally:
         tmp.unlink(missing_ok=True)
+    try:
+        # The link (ours or a concurrent creator's) must outlive a power loss: the cluster
+        # signs with this key from now on.
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise SecretFileError(f"cannot create secret file {path}: {exc.strerror}") from exc

@@ -32,6 +32,7 @@ from querylib.rpc import (
     SecretRejectedError,
     write_credential,
 )
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 from tests.conftest import Processes, wait_for
 from tests.coordinator._cluster import ROOT, CoordinatorProcess, tq, tq_env
 from tests.integration._up import Up
@@ -258,21 +259,11 @@ def test_coordinator_json_is_written_durably_and_follows_no_planted_link(
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (data / f".{COORDINATOR_FILE}.{os.getpid()}.tmp").symlink_to(victim)
-    synced: list[tuple[int, int]] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        st = os.fstat(fd)
-        synced.append((st.st_dev, st.st_ino))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     joined = asyncio.run(join_host(made.stdout.strip(), data, "host-b"))
     assert victim.read_text() == "precious\n"
     where = data / COORDINATOR_FILE
     assert not where.is_symlink()
     assert json.loads(where.read_text())["coordinators"] == list(joined.coordinators)
-    file, folder = os.stat(where), os.stat(data)
-    assert (file.st_dev, file.st_ino) in synced
-    assert synced.index((folder.st_dev, folder.st_ino)) > \
-        synced.index((file.st_dev, file.st_ino))
+    # The folder is fsynced after the file (and before it too, once the credential is linked).
+    assert_synced_then_its_folder(synced, where)

@@ -18,6 +18,7 @@ from querylib.rpc import (
     load_secret,
     write_credential,
 )
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 
 
 def mode(path: Path) -> int:
@@ -124,6 +125,17 @@ _WRITERS = {
     "credential": lambda path: write_credential(path, Credential("user:alice",
                                                                  bytes(range(32)))),
 }
+
+
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+def test_a_new_secret_is_fsynced_then_its_folder(tmp_path: Path, writer: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key is minted once (the coordinator keeps the user, the cluster signs with it): a
+    power loss right after must not lose the file's link into the folder, so the folder is
+    fsynced after the link, as the file is before it."""
+    synced = record_fsyncs(monkeypatch)
+    _WRITERS[writer](tmp_path / "key")
+    assert_synced_then_its_folder(synced, tmp_path / "key")
 
 
 @pytest.mark.parametrize("writer", sorted(_WRITERS))
