@@ -1,7 +1,7 @@
 """Small state files replaced whole, durably: cluster.json, an executor's broker.id,
 broker.session, broker.endpoints and cluster.namespace, a joined host's coordinator.json, the
 coordinator's namespace, a Kafka listener's .tq-kafka.json, and beside a partition's segments
-its topic.json, recovery-point-offset-checkpoint, log-start-offset-checkpoint,
+its topic.json, cohorts.json, recovery-point-offset-checkpoint, log-start-offset-checkpoint,
 leader-epoch-checkpoint and <base>.damage.
 
     replace_file(path, data)             # the old content or the new one, never a mix

@@ -2,10 +2,11 @@
 
 A partition whose cohort still waits for writers keeps it in `<partition dir>/
 cohorts.json`: `{"cohorts": [[name, writers expected, [writers joined...]], ...]}`,
-oldest first. It is replaced atomically (written to a `.tmp` file, fsynced, renamed, the
-directory fsynced; the log's recovery removes a `.tmp` a crash left) and removed when no
-cohort waits. A file is tiny (at most `max_cohorts` cohorts) and changes only when a
-cohort starts, a writer joins one or a cohort completes, so it costs nothing on the data path.
+oldest first. It is replaced atomically (`querylib._state_file.replace_file`: a `.tmp` file
+of its own, fsynced, renamed, the directory fsynced; the log's recovery removes a `.tmp` a
+crash left) and removed when no cohort waits. A file is tiny (at most `max_cohorts` cohorts)
+and changes only when a cohort starts, a writer joins one or a cohort completes, so it costs
+nothing on the data path.
 
 Before cohorts had their name the file was `writer-groups.json`, `{"groups": [...]}` with the
 same entries: a partition directory holding only that file loads it, and the next save
@@ -28,6 +29,7 @@ from concurrent.futures import Executor
 import msgspec
 
 from catalog.errors import StorageError
+from querylib._state_file import fsync_dir, replace_file
 
 from ._events import CohortsSaved, CohortsSaveFailed, PartitionId, SaveCohorts, Stimulus
 from ._frontier import MAX_COHORT_NAME, MAX_WRITER_NAME, MAX_WRITERS, SavedCohort
@@ -96,17 +98,11 @@ def save_cohorts(directory: str, cohorts: tuple[SavedCohort, ...]) -> None:
         if cohorts:
             data = msgspec.json.encode(_File([(g.name, g.writers, list(g.joined))
                                               for g in cohorts]))
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _sync(directory)
+            replace_file(path, data, mode=0o644)
         elif _unlink(path):
-            _sync(directory)
+            fsync_dir(directory)
         if _unlink(os.path.join(directory, LEGACY_FILE)):  # once, after an upgrade
-            _sync(directory)
+            fsync_dir(directory)
     except OSError as exc:
         raise StorageError(f"cannot save the cohorts in {directory}: {exc}") from exc
 
@@ -117,15 +113,6 @@ def _unlink(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _sync(directory: str) -> None:
-    """The rename or unlink itself must survive a crash."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CohortSaver:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from querylib.broker.messages import Done, ProducerOpened
 from querylib.errors import StorageError
 from querylib.server.broker._cohort_store import (
@@ -32,6 +34,7 @@ from querylib.server.broker._frontier import (
     query_of_cohort,
 )
 from querylib.server.broker._state import BrokerLimits
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 
 from ._sim import Sim
 
@@ -306,3 +309,24 @@ def test_a_writer_groups_file_from_before_cohorts_loads_and_is_replaced(tmp_path
     legacy.write_bytes(b'{"groups":[["q1/n#0",3,[]]]}')
     save_cohorts(str(tmp_path), ())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_planted_at_the_cohorts_temporary_name_is_not_followed(tmp_path: Path) -> None:
+    """`cohorts.json.tmp` was the temporary name: a link planted there made the save land in
+    its target, and the rename put the link in cohorts.json's place."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    part = tmp_path / "t-0"
+    part.mkdir()
+    (part / f"{COHORTS_FILE}.tmp").symlink_to(victim)
+    save_cohorts(str(part), (SavedCohort(G, 2, ("0",)),))
+    assert victim.read_text() == "precious\n"
+    assert not (part / COHORTS_FILE).is_symlink()
+    assert load_cohorts(str(part)) == (SavedCohort(G, 2, ("0",)),)
+
+
+def test_saved_cohorts_are_fsynced_then_their_directory(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    synced = record_fsyncs(monkeypatch)
+    save_cohorts(str(tmp_path), (SavedCohort(G, 2, ("0",)),))
+    assert_synced_then_its_folder(synced, tmp_path / COHORTS_FILE)
