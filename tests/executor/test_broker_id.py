@@ -39,6 +39,7 @@ from executor._broker_id import (
     remembered_endpoints,
 )
 from querylib.cluster.messages import CloseSession
+from tests._fsync import assert_synced_then_its_folder, record_fsyncs
 
 
 class Catalog:
@@ -325,21 +326,9 @@ def test_each_file_is_fsynced_then_its_directory(tmp_path: Path, name: str,
     """A power loss after the write must leave the new file, not an empty one or none: the
     file is fsynced before its rename and the directory after it (a power cut cannot be
     simulated, so the calls to os.fsync, still made, are recorded)."""
-    synced: list[tuple[int, int]] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        st = os.fstat(fd)
-        synced.append((st.st_dev, st.st_ino))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     if name == NAMESPACE_FILE:
         remember_namespace(tmp_path)
     else:
         _WRITERS[name][0](tmp_path, 7)
-    file, folder = os.stat(tmp_path / name), os.stat(tmp_path)
-    assert (file.st_dev, file.st_ino) in synced
-    assert (folder.st_dev, folder.st_ino) in synced
-    assert synced.index((folder.st_dev, folder.st_ino)) > \
-        synced.index((file.st_dev, file.st_ino))
+    assert_synced_then_its_folder(synced, tmp_path / name)

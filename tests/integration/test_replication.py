@@ -861,15 +861,21 @@ def test_a_follower_stopped_and_started_knows_the_transactions_it_replicated(tmp
                     timeout=30, what="the follower's high watermark to reach the end")
         finally:
             await cluster.close()
-        restarted = BrokerServer(tmp_path / "b2", SECRET, log_config=LogConfig())
-        await restarted.start(None)
-        try:
-            pid = await restarted.port.ensure("t", 0, create=False)
-            assert restarted.port.aborted_transactions(pid, 0, 3) == [(7, 0)]
-        finally:
-            await restarted.close()
+        assert await _aborted_after_restart(tmp_path / "b2") == [(7, 0)]
 
     asyncio.run(main())
+
+
+async def _aborted_after_restart(data_dir) -> list[tuple[int, int]]:
+    """The aborted transactions of t-0's first 3 offsets, as a broker started again on
+    `data_dir` (after its cluster closed) reports them."""
+    restarted = BrokerServer(data_dir, SECRET, log_config=LogConfig())
+    await restarted.start(None)
+    try:
+        pid = await restarted.port.ensure("t", 0, create=False)
+        return restarted.port.aborted_transactions(pid, 0, 3)
+    finally:
+        await restarted.close()
 
 
 def test_a_truncated_replica_forgets_the_transaction_history_of_the_tail_it_dropped(tmp_path):
@@ -918,12 +924,6 @@ def test_a_truncated_replica_forgets_the_transaction_history_of_the_tail_it_drop
                                  what="broker 1 converged on the leader's log")
         finally:
             await cluster.close()
-        restarted = BrokerServer(tmp_path / "b1", SECRET, log_config=LogConfig())
-        await restarted.start(None)
-        try:
-            pid = await restarted.port.ensure("t", 0, create=False)
-            assert restarted.port.aborted_transactions(pid, 0, 3) == []
-        finally:
-            await restarted.close()
+        assert await _aborted_after_restart(tmp_path / "b1") == []
 
     asyncio.run(main())
