@@ -42,7 +42,7 @@ from querylib.records._types import CONTROL_BIT, TRANSACTIONAL_BIT
 
 from ._events import PartitionId
 from ._idempotence import last_sequence
-from ._txn_index import TxnHistory, read_history, write_history
+from ._txn_index import TxnHistory, forget_history, read_history, write_history
 
 __all__ = ["OpenedPartition", "find_partitions", "keep_transaction_history", "open_partition",
            "partition_path", "purge_deleted", "read_incarnation", "recover_frontier",
@@ -269,6 +269,16 @@ def transaction_history(log: PartitionLog, path: str, *,
         aborted = [a for a in kept.aborted if a[2] >= start]
         marked = dict(kept.marked)
     else:
+        if kept is not None and kept.through > end:
+            # The log lost its tail below the history's end (recovery cut what a power loss
+            # left unflushed). Removed durably before the new one is written, by a rename
+            # that may fail or not reach the disk: back, it would be trusted once the log grew
+            # past its end again, with a lost transaction open for good.
+            try:
+                forget_history(path)
+            except OSError as exc:
+                raise StorageError(f"{path}: cannot remove a transaction history ending past "
+                                   f"the log end: {exc}") from exc
         lo, opened, aborted, marked = start, {}, [], {}
     if lo < end:
         for data, pos, header in _walk_whole(log, lo, end):

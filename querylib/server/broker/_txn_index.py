@@ -9,7 +9,9 @@ The file is `aborted-transactions.tq` in the partition directory: one JSON objec
 CRC-32 of its body, written whole (temporary file, then rename). A file missing, unreadable,
 damaged (bad CRC or shape) or describing offsets the log no longer has reads as None: the
 opening then walks the whole log again and writes it anew. A replica truncating its log
-removes it first (`forget_history`): offsets appended again would make it look current.
+removes it first (`forget_history`), and so does an opening finding it ends past the log end
+(a tail lost) before it writes the new one: offsets appended again would make it look
+current.
 
 Blocking file I/O only (an executor thread's); no broker state, no asyncio. Must not decide
 what is aborted: it stores what the walk and the broker core found.
@@ -89,10 +91,12 @@ def write_history(partition_dir: str, history: TxnHistory) -> None:
     # loss can leave it in reads as one the opening handles (`_disk.transaction_history`).
     # Missing (the rename lost): None, the whole log is walked. Empty or half written: the
     # CRC or the JSON fails, None, walked. The previous version: its `through` is at most the
-    # log end, and the log below it holds what it held (recovery only cuts the tail), so the
-    # walk after it completes it. The new version with the log's tail lost (flush policies
-    # other than "always" leave it in the page cache): `through` beyond the log end, None,
-    # walked. So no acknowledged transaction's outcome depends on this file reaching the disk
+    # log end, and the log below it holds what it held (a replica's truncation below it, and
+    # an opening finding the log ended below it, removed it durably first: `forget_history`),
+    # so the walk after it completes it. The new version with the log's tail lost (flush
+    # policies other than "always" leave it in the page cache): `through` beyond the log end,
+    # None, walked, and removed durably before the log grows past it again. So no
+    # acknowledged transaction's outcome depends on this file reaching the disk
     # (tests/querylib/server/broker/test_txn_history.py), and a close or an opening pays no
     # fsync per partition for it.
     with open(tmp, "w") as f:

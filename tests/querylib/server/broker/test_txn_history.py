@@ -15,8 +15,8 @@ from querylib.log import LogConfig, PartitionLog
 from querylib.records import encode_batch, transaction_marker_batch
 from querylib.server.broker import BrokerServer
 from querylib.server.broker._bookkeeping import BrokerLimits
-from querylib.server.broker._disk import open_partition
-from querylib.server.broker._txn_index import INDEX_FILE
+from querylib.server.broker._disk import open_partition, transaction_history
+from querylib.server.broker._txn_index import INDEX_FILE, TxnHistory
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 LIMITS = BrokerLimits(producer_scan_bytes=4096)
@@ -123,3 +123,24 @@ def test_a_history_behind_the_log_is_completed_by_a_walk(tmp_path: Path) -> None
     opened = open_partition(str(tmp_path), ("t", 0), LogConfig(), producer_scan_bytes=4096)
     opened.log.close()
     assert opened.transactions == (((ABORTED, 0),), (), ())
+
+
+def test_a_history_beyond_a_cut_log_is_removed_before_the_log_grows_again(tmp_path: Path) -> None:
+    """A log that lost its tail below the history's end (what recovery cuts after a power
+    loss) is walked whole at the opening, and the history it had must not outlive that
+    opening: were the new one never to reach the disk (a rename a power loss takes; here a
+    write that fails), the old one, trusted once the log grew past its end again with other
+    records, would keep a transaction of the lost tail open for good."""
+    path = str(tmp_path / "t-0")
+    with PartitionLog.open(path, LogConfig()) as log:
+        log.append(txn_data(ABORTED, b"lost"))                              # offset 0
+        log.append(plain(0))                                                # 1..1000
+        assert transaction_history(log, path).open == ((ABORTED, 0),)     # kept through 1001
+        log.truncate_to(0)  # the tail lost
+        blocker = os.path.join(path, INDEX_FILE + ".tmp")
+        os.mkdir(blocker)  # the new history cannot be written
+        assert transaction_history(log, path) == TxnHistory(0)
+        os.rmdir(blocker)
+        for i in range(2):
+            log.append(plain(i))                                            # 0..1999
+        assert transaction_history(log, path) == TxnHistory(2000)
