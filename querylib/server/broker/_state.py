@@ -331,6 +331,12 @@ class BrokerState:
         if part is None or not part.txn_deadlines:
             self._txn_partitions.discard(pid)
             return []
+        if part.follower:
+            # Its log is its leader's, which aborts them (a marker here would be a record the
+            # leader lacks); what it knew of them as leader or at its opening may not even be
+            # in its log any more (truncated). Promoted, it opens the partition again and
+            # learns them from its log.
+            return []
         out: list[Instruction] = []
         for producer_id, (deadline, epoch) in list(part.txn_deadlines.items()):
             if deadline <= self.now:

@@ -10,6 +10,7 @@ from querylib.broker._errors import (
     NotLeaderOrFollowerError,
 )
 from querylib.broker.messages import Produced, Subscribed
+from querylib.records import encode_batch
 from querylib.server.broker._events import (
     Deliver,
     OpenProducer,
@@ -257,3 +258,19 @@ def test_a_tail_delivery_of_a_replicated_run_takes_at_most_held_batches_frames()
     assert [(d.offset, d.next_offset) for d in delivered] == \
         [(0, HELD_BATCHES), (HELD_BATCHES, count)]
     assert [len(d.data) for d in delivered] == [HELD_BATCHES, 3]
+
+
+def test_a_deposed_leader_leaves_the_transactions_it_knew_to_its_leader():
+    """A transaction open when its leader was deposed is the new leader's to abort: the
+    follower writes no ABORT marker of its own once it times out (a record its leader lacks,
+    and perhaps of a transaction its truncation cut away); promoted, it learns the
+    transactions again from its log (`_reopen`)."""
+    sim = leading(isr=(1,))
+    sim.feed(Produce("a", "p", P, encode_batch(
+        [(0, None, b"x", ())], producer_id=7, producer_epoch=0, base_sequence=0,
+        is_transactional=True)))
+    sim.complete_append(P)
+    assert sim.state.partitions[P].open_txns == {7: 0}
+    sim.feed(SetReplicaRole(P, role(leader=2, epoch=3), broker_id=1))
+    sim.feed(Tick(sim.state.now + sim.state.limits.max_transaction_seconds + 1))
+    assert not sim.appends[P]
