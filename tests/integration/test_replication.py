@@ -927,3 +927,95 @@ def test_a_truncated_replica_forgets_the_transaction_history_of_the_tail_it_drop
         assert await _aborted_after_restart(tmp_path / "b1") == []
 
     asyncio.run(main())
+
+
+TXN_PRODUCER = 1 << 62 | 777
+
+
+async def cut_a_transaction(cluster: Cluster) -> None:
+    """Broker 2 opens its partition holding a transaction's first record (producer
+    TXN_PRODUCER at offset 2, never ended): promoted at epoch 2, it keeps the transaction
+    history beside its log through offset 3 with that transaction open. Broker 3, which
+    never had the record, leads at epoch 3 and appends other records at 2, 3 and 4; broker 2,
+    its follower, truncates to 2 (the transaction's record goes) and fetches them, so its log
+    (the leader's, byte for byte) holds no transaction at all and ends past the history's."""
+    await cluster.start(leader=1, epoch=1)
+    link, _ = await produce_replicated(cluster, 2)                       # offsets 0, 1
+    cluster.servers[2].replication.hold(True)                           # broker 3 lags
+    txn = asyncio.ensure_future(link.request(
+        ProduceRequest(session=link.session, topic="t", partition=0),
+        payload=[encode_batch([(1, None, b"cut", ())], producer_id=TXN_PRODUCER,
+                              producer_epoch=0, base_sequence=0, is_transactional=True)]))
+    await wait_for_async(lambda: cluster.log(2).log_end_offset == 3, timeout=30,
+                         what="follower 2 fetched the transaction's record")
+    await cluster.set_roles_on((1, 2), leader=2, epoch=2, isr=(1, 2))
+    assert cluster.servers[1].state.partitions[PID].open_txns == {TXN_PRODUCER: 2}
+    with pytest.raises(TqError):
+        await asyncio.wait_for(txn, 30)  # its leader was deposed before acknowledging it
+    await link.close(clean=False)
+    await cluster.set_roles_on((3, 1, 2), leader=3, epoch=3, isr=(3,))
+    link3 = await producer(cluster.addresses[2])
+    for value in (b"c", b"d", b"e"):
+        await asyncio.wait_for(produce(link3, value), 30)
+    await link3.close()
+    data = cluster.log(3).read(0, 1 << 20)
+    await wait_for_async(lambda: _stored(cluster, 2) == data, timeout=30,
+                         what="broker 2 truncated and converged on the leader's log")
+    assert cluster.log(2).log_end_offset == 5
+
+
+def test_a_promoted_follower_forgets_a_transaction_its_truncation_cut(tmp_path):
+    """The history broker 2 kept (through 3, the transaction open at 2) describes a log it no
+    longer has, though its log now ends past 3: promoted again, it knows no open
+    transaction, and its last stable offset (what read_committed readers read up to) is its
+    high watermark, not 2 for good (before: the history was trusted, the cut transaction
+    stayed open, and nothing from offset 2 on was ever read as committed)."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        try:
+            await cut_a_transaction(cluster)
+            await cluster.set_roles(leader=2, epoch=4, isr=(2, 3))
+            state = cluster.servers[1].state
+            assert state.partitions[PID].open_txns == {}
+            await wait_for_async(lambda: state.partition_info(PID).high_watermark == 5,
+                                 timeout=30, what="the new leader's high watermark")
+            assert state.partition_info(PID).log_end == 5  # the last stable offset
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_follower_forgets_a_transaction_its_truncation_cut(tmp_path):
+    """Broker 2's files as a crash leaves them after the truncation, and after a clean close:
+    opened again, neither knows the cut transaction (before: a crash left the history through
+    3 with the transaction open, trusted since the log ends past 3; a clean close kept the
+    follower's transactions as it last learnt them, the cut one open, through its high
+    watermark)."""
+    import shutil
+
+    from querylib.server.broker._disk import open_partition, partition_path
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        try:
+            await cut_a_transaction(cluster)
+            # What a crash leaves: the files as they are now (the follower waits at its
+            # leader's log end, writing nothing).
+            shutil.copytree(partition_path(str(tmp_path / "b2"), PID),
+                            partition_path(str(tmp_path / "crashed"), PID))
+            opened = open_partition(str(tmp_path / "crashed"), PID, LogConfig())
+            opened.log.close()
+            assert opened.log.log_end_offset == 5
+            assert opened.transactions == ((), (), ())
+            await cluster.servers[1].close()
+            cluster.servers[1] = BrokerServer(tmp_path / "b2", SECRET,
+                                              log_config=LogConfig(flush="always"))
+            await cluster.servers[1].start()
+            state = cluster.servers[1].state
+            assert state.partitions[PID].open_txns == {}
+            assert state.partition_info(PID).log_end == 5
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
